@@ -1,0 +1,51 @@
+//! muster's wire contract: the generated types, clients and servers of the
+//! protobuf packages in `proto/muster/`, and the encoded descriptor set that
+//! the servers expose through gRPC reflection.
+//!
+//! This crate owns nothing but the contract: no logic, no conversions. Each
+//! service converts between these types and its domain types in its own
+//! `grpc.rs`.
+#![allow(missing_docs, unreachable_pub, clippy::all)]
+
+/// Shared types: diagnostics, step roles, step events.
+pub mod common {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("muster.common.v1");
+    }
+}
+
+/// The validator's API.
+pub mod validator {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("muster.validator.v1");
+    }
+}
+
+/// The roster's API.
+pub mod roster {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("muster.roster.v1");
+    }
+}
+
+/// The execution service's API.
+pub mod execution {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("muster.execution.v1");
+    }
+}
+
+/// The notifier's API.
+pub mod notifier {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("muster.notifier.v1");
+    }
+}
+
+/// The encoded `FileDescriptorSet` of every muster package, for reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("muster_descriptor");
