@@ -17,13 +17,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let file_descriptors = protox::compile(PROTOS, ["."])?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(
-        out_dir.join("muster_descriptor.bin"),
-        prost::Message::encode_to_vec(&file_descriptors),
-    )?;
-    tonic_prost_build::configure()
-        .build_server(true)
-        .build_client(true)
-        .compile_fds(file_descriptors)?;
+    std::fs::write(out_dir.join("muster_descriptor.bin"), prost::Message::encode_to_vec(&file_descriptors))?;
+    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(file_descriptors)?;
     Ok(())
 }

@@ -1,2 +1,53 @@
-//! placeholder
-fn main() {}
+//! `muster`: start a cluster, validate, publish and run processes, manage the
+//! roster, and serve sample agents.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+mod commands;
+
+#[derive(Debug, Parser)]
+#[command(name = "muster", version, about = "Role-based multi-agent processes on a gRPC cluster")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Starts the four services on this machine (SQLite in the data folder) until Ctrl-C.
+    Up(commands::up::UpArgs),
+    /// The sample end to end: cluster, sample roster, sample agents, sample process.
+    Demo(commands::demo::DemoArgs),
+    /// Publishes and runs a process, showing its progress live; exit code 0 only if it completed.
+    Run(commands::run::RunArgs),
+    /// Imports and lists the roster.
+    Roster(commands::roster::RosterArgs),
+    /// Serves agents with the deterministic sample behaviour (no LLM).
+    Agent(commands::agent::AgentArgs),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("MUSTER_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let outcome = match cli.command {
+        Command::Up(args) => commands::up::run(args).await.map(|()| true),
+        Command::Demo(args) => commands::demo::run(args).await,
+        Command::Run(args) => commands::run::run(&args).await,
+        Command::Roster(args) => commands::roster::run(args).await.map(|()| true),
+        Command::Agent(args) => commands::agent::run(args).await.map(|()| true),
+    };
+    match outcome {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("muster: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}

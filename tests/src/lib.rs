@@ -1,1 +1,163 @@
-//! placeholder
+//! Harness for the end-to-end tests: builds the four service binaries, starts
+//! them as real processes on free ports with SQLite or PostgreSQL, and tears
+//! everything down (processes, data folder, databases) afterwards.
+#![forbid(unsafe_code)]
+
+use std::{path::PathBuf, process::Command, sync::OnceLock};
+
+use muster::cluster::{Cluster, ClusterOptions, DatabaseUrls, Ports, default_binary_dir};
+use muster_proto::roster::v1::{
+    Agent, PutTeamRequest, RegisterAgentRequest, Team, roster_service_client::RosterServiceClient,
+};
+use muster_runtime::testing::TestDatabase;
+
+/// Which database the services use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A SQLite file per service.
+    Sqlite,
+    /// A private PostgreSQL database per service.
+    Postgres,
+}
+
+/// Builds the service binaries once per test process, so a test never runs stale ones.
+pub fn build_service_binaries() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+        let status = Command::new(cargo)
+            .args(["build", "--quiet", "--manifest-path"])
+            .arg(&manifest)
+            .args([
+                "-p",
+                "muster-validator",
+                "-p",
+                "muster-roster",
+                "-p",
+                "muster-execution",
+                "-p",
+                "muster-notifier",
+                "--bins",
+            ])
+            .status()
+            .expect("running cargo build for the service binaries");
+        assert!(status.success(), "building the service binaries failed");
+    });
+}
+
+/// A cluster of four real service processes, removed with everything it made when dropped.
+pub struct TestCluster {
+    /// The running cluster.
+    pub cluster: Option<Cluster>,
+    /// Its data folder.
+    pub data_dir: PathBuf,
+    _databases: Vec<TestDatabase>,
+}
+
+impl TestCluster {
+    /// Starts a cluster; `None` when PostgreSQL is asked for and unavailable (outside CI).
+    pub async fn start(backend: Backend) -> Option<Self> {
+        build_service_binaries();
+        let data_dir = std::env::temp_dir().join(format!("muster-e2e-{}", uuid::Uuid::new_v4().simple()));
+        let mut databases = Vec::new();
+        let database_urls = match backend {
+            Backend::Sqlite => DatabaseUrls::default(),
+            Backend::Postgres => {
+                for _ in 0..3 {
+                    databases.push(TestDatabase::create().await?);
+                }
+                DatabaseUrls {
+                    roster: Some(databases[0].url.clone()),
+                    execution: Some(databases[1].url.clone()),
+                    notifier: Some(databases[2].url.clone()),
+                }
+            }
+        };
+        let options = ClusterOptions {
+            binary_dir: default_binary_dir().expect("locating the binaries"),
+            data_dir: data_dir.clone(),
+            host: std::net::IpAddr::from([127, 0, 0, 1]),
+            ports: Ports { execution: 0, roster: 0, validator: 0, notifier: 0 },
+            database_urls,
+            // `MUSTER_LOG=debug cargo test ...` turns up the services' logs.
+            environment: std::env::var("MUSTER_LOG")
+                .map(|filter| vec![("MUSTER_LOG".to_owned(), filter)])
+                .unwrap_or_default(),
+        };
+        let cluster = Cluster::start(options).await.expect("starting the cluster");
+        Some(Self { cluster: Some(cluster), data_dir, _databases: databases })
+    }
+
+    /// The cluster.
+    pub fn cluster(&self) -> &Cluster {
+        self.cluster.as_ref().expect("the cluster is running")
+    }
+
+    /// The cluster, mutably (to kill and restart services).
+    pub fn cluster_mut(&mut self) -> &mut Cluster {
+        self.cluster.as_mut().expect("the cluster is running")
+    }
+
+    /// Creates the agents' teams, registers the agents and returns their tokens, in order.
+    pub async fn register_agents(&self, agents: &[Agent]) -> Vec<String> {
+        let mut roster =
+            RosterServiceClient::connect(self.cluster().roster_url()).await.expect("connecting to the roster");
+        let mut teams: Vec<&str> =
+            agents.iter().map(|agent| agent.team.as_str()).filter(|team| !team.is_empty()).collect();
+        teams.sort_unstable();
+        teams.dedup();
+        for team in teams {
+            roster
+                .put_team(PutTeamRequest { team: Some(Team { name: team.to_owned(), ..Default::default() }) })
+                .await
+                .unwrap_or_else(|status| panic!("creating team {team}: {status}"));
+        }
+        let mut tokens = Vec::new();
+        for agent in agents {
+            let response = roster
+                .register_agent(RegisterAgentRequest { agent: Some(agent.clone()) })
+                .await
+                .unwrap_or_else(|status| panic!("registering {}: {status}", agent.id))
+                .into_inner();
+            tokens.push(response.token);
+        }
+        tokens
+    }
+
+    /// Stops the services gracefully; the data folder and databases go on drop.
+    pub async fn shutdown(mut self) {
+        if let Some(cluster) = self.cluster.take() {
+            cluster.shutdown().await.expect("stopping the cluster");
+        }
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            // The services' logs are the first thing to read when a test fails.
+            for service in muster::cluster::SERVICES {
+                let log = self.data_dir.join("logs").join(format!("{service}.log"));
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                eprintln!("---- last lines of {} ----", log.display());
+                for line in &lines[lines.len().saturating_sub(40)..] {
+                    eprintln!("{line}");
+                }
+            }
+        }
+        // Child processes are killed on drop (kill_on_drop) before the data goes.
+        self.cluster.take();
+        if std::thread::panicking() {
+            eprintln!("the cluster's data folder is kept for inspection: {}", self.data_dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.data_dir);
+        }
+    }
+}
+
+/// An agent with an id, a role and a team.
+pub fn agent(id: &str, role: &str, team: &str) -> Agent {
+    Agent { id: id.to_owned(), name: id.to_owned(), role: role.to_owned(), team: team.to_owned(), ..Default::default() }
+}

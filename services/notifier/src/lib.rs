@@ -1,1 +1,133 @@
-//! placeholder
+//! The notifier service (`muster.notifier.v1`).
+//!
+//! It owns: the execution service's event stream (IngestEvents), deciding who
+//! hears of each event (the step's informed agents on completion and failure,
+//! its monitors on every event of the step, the execution's lead on every
+//! event of the execution), each agent's durable inbox with cursors and
+//! acknowledgements, live delivery to subscribed agents, and the seed 000
+//! NDJSON memory files, written exactly once per notification.
+//!
+//! It does not own: executions, steps or roles (the execution service sends
+//! them inside each event), agents (the roster), or what an agent does with a
+//! notification.
+#![forbid(unsafe_code)]
+
+pub mod domain;
+mod error;
+mod grpc;
+mod hub;
+mod ingest;
+mod memory;
+pub mod store;
+
+use std::{future::Future, path::PathBuf, sync::Arc};
+
+pub use error::{Error, Result};
+use muster_proto::notifier::v1::notifier_service_server::NotifierServiceServer;
+use muster_runtime::ServerArgs;
+use tokio::sync::watch;
+
+use crate::{
+    grpc::NotifierGrpc,
+    hub::Hub,
+    ingest::{IngestSettings, Ingestor},
+    memory::MemoryFiles,
+    store::SqlStore,
+};
+
+/// The notifier's default port.
+pub const DEFAULT_PORT: u16 = 50054;
+
+/// The notifier's configuration: flags with `MUSTER_*` environment overrides.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "muster-notifier", version)]
+pub struct Config {
+    /// Settings shared by every service.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// The database: `sqlite://...` or `postgres://...`.
+    #[arg(long, env = "MUSTER_DATABASE_URL", default_value = "sqlite://muster-data/notifier.db")]
+    pub database_url: String,
+    /// Most database connections (PostgreSQL; SQLite always uses one).
+    #[arg(long, env = "MUSTER_DATABASE_MAX_CONNECTIONS", default_value_t = 8)]
+    pub database_max_connections: u32,
+    /// The directory for the service's files.
+    #[arg(long, env = "MUSTER_DATA_DIR", default_value = "muster-data")]
+    pub data_dir: PathBuf,
+    /// The root of the agents' memory files (`<memory-dir>/<agent>/events/`);
+    /// defaults to `<data-dir>/agents`.
+    #[arg(long, env = "MUSTER_MEMORY_DIR")]
+    pub memory_dir: Option<PathBuf>,
+    /// Write the NDJSON memory files (`false` turns them off).
+    #[arg(long, env = "MUSTER_MEMORY_FILES", default_value_t = true, action = clap::ArgAction::Set)]
+    pub memory_files: bool,
+    /// Longest `output_summary`, in characters, before the truncation marker.
+    #[arg(long, env = "MUSTER_OUTPUT_SUMMARY_CHARS", default_value_t = 500)]
+    pub output_summary_chars: usize,
+    /// Live notifications buffered per subscriber before it is cut off and
+    /// told to resume from its cursor.
+    #[arg(long, env = "MUSTER_SUBSCRIBER_BUFFER", default_value_t = 4096)]
+    pub subscriber_buffer: usize,
+}
+
+impl Config {
+    /// The memory root: `--memory-dir`, or `<data-dir>/agents`.
+    pub fn memory_root(&self) -> PathBuf {
+        self.memory_dir.clone().unwrap_or_else(|| self.data_dir.join("agents"))
+    }
+}
+
+/// Creates the directory of a SQLite database file if it is missing.
+fn ensure_sqlite_directory(url: &str) -> Result<()> {
+    let Some(rest) = url.strip_prefix("sqlite:") else { return Ok(()) };
+    let path = rest.trim_start_matches("//");
+    let path = path.split('?').next().unwrap_or_default();
+    if path.is_empty() || path.contains(":memory:") {
+        return Ok(());
+    }
+    if let Some(parent) = std::path::Path::new(path).parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .map_err(|source| Error::Io { context: format!("creating {}", parent.display()), source })?;
+    }
+    Ok(())
+}
+
+/// Serves the notifier on `listener` until `shutdown` resolves.
+///
+/// Health turns SERVING once migrations ran and memory lines left unwritten
+/// by a crash are rewritten; ingestion starts then.
+pub async fn run(
+    config: Config,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    ensure_sqlite_directory(&config.database_url)?;
+    let store = Arc::new(SqlStore::connect_lazy(&config.database_url, config.database_max_connections)?);
+    let memory = config.memory_files.then(|| MemoryFiles::new(config.memory_root()));
+    let hub = Hub::new(config.subscriber_buffer);
+    let (ready_sender, ready_receiver) = watch::channel(false);
+    let ingestor = Ingestor::spawn(
+        Arc::clone(&store),
+        Arc::clone(&hub),
+        IngestSettings { output_summary_chars: config.output_summary_chars, memory: memory.clone() },
+        ready_receiver,
+    );
+
+    let ready = {
+        let store = Arc::clone(&store);
+        async move {
+            store.migrate().await?;
+            if let Some(memory) = &memory {
+                memory::recover(store.as_ref(), memory).await?;
+            }
+            let _ = ready_sender.send(true);
+            Ok::<(), muster_runtime::server::BoxError>(())
+        }
+    };
+
+    let service = NotifierServiceServer::new(NotifierGrpc { store, hub, ingestor })
+        .max_decoding_message_size(config.server.max_message_bytes)
+        .max_encoding_message_size(config.server.max_message_bytes);
+    muster_runtime::Server::new(&config.server).add_service(service).serve(listener, ready, shutdown).await?;
+    Ok(())
+}

@@ -1,1 +1,164 @@
-//! placeholder
+//! The roster service: the organisation muster's agents belong to.
+//!
+//! It owns agents (identity, role, team, senior, expertise, status, workload
+//! and capacity, credentials), teams, role definitions, the seed 004
+//! delegation decisions (with the atomic reservation of workload slots, the
+//! queue for busy experts, escalation of stale queued tasks and the audit
+//! trail), roster import from YAML and Markdown, and the rendering of agents'
+//! system prompts.
+//!
+//! It does not run anything: executions, steps, tools and notifications belong
+//! to the execution and notifier services, which ask the roster who should
+//! take a task (`Delegate`), give the slot back (`ReleaseTask`) and who a
+//! token belongs to (`Authenticate`).
+#![forbid(unsafe_code)]
+
+pub mod clock;
+mod convert;
+pub mod domain;
+pub mod error;
+mod grpc;
+pub mod store;
+
+use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
+
+use muster_proto::roster::v1::roster_service_server::RosterServiceServer;
+use muster_runtime::{ServerArgs, db::Backend};
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{Error, Result};
+pub use grpc::Roster;
+use store::{RosterStore, SqlStore};
+
+/// The roster's default port.
+pub const DEFAULT_PORT: u16 = 50052;
+
+/// The roster's default listen address.
+pub fn default_listen_address() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))
+}
+
+/// The roster's settings.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "muster-roster", version, about = "muster's roster service")]
+pub struct Config {
+    /// Settings every service shares.
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Database URL: `sqlite://path` or `postgres://...`.
+    #[arg(long, env = "MUSTER_DATABASE_URL", default_value = "sqlite://muster-data/roster.db")]
+    pub database_url: String,
+    /// Most database connections (PostgreSQL; SQLite uses one).
+    #[arg(long, env = "MUSTER_DATABASE_MAX_CONNECTIONS", default_value_t = 10)]
+    pub database_max_connections: u32,
+    /// Assumed duration of one task, in seconds, for queue wait estimates.
+    #[arg(long, env = "MUSTER_ROSTER_AVERAGE_TASK_SECONDS", default_value_t = 1800)]
+    pub average_task_seconds: u64,
+    /// How often stale queued tasks are looked for, in milliseconds.
+    #[arg(long, env = "MUSTER_ROSTER_QUEUE_SWEEP_INTERVAL_MS", default_value_t = 5000)]
+    pub queue_sweep_interval_ms: u64,
+}
+
+impl Config {
+    /// Settings with every default and this database (for tests and embedding).
+    pub fn with_database(database_url: impl Into<String>) -> Self {
+        Self {
+            server: ServerArgs::default(),
+            database_url: database_url.into(),
+            database_max_connections: 10,
+            average_task_seconds: 1800,
+            queue_sweep_interval_ms: 5000,
+        }
+    }
+
+    /// The delegation framework's settings.
+    pub fn delegation_settings(&self) -> domain::delegation::Settings {
+        domain::delegation::Settings {
+            average_task_millis: i64::try_from(self.average_task_seconds.saturating_mul(1000)).unwrap_or(i64::MAX),
+        }
+    }
+}
+
+/// Creates the directory of a SQLite database file when missing.
+fn ensure_sqlite_directory(url: &str) -> Result<()> {
+    if url.parse::<Backend>().ok() != Some(Backend::Sqlite) || url.contains(":memory:") {
+        return Ok(());
+    }
+    let path = url.trim_start_matches("sqlite:").trim_start_matches("//");
+    let path = path.split('?').next().unwrap_or(path);
+    if let Some(parent) = std::path::Path::new(path).parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .map_err(|error| Error::InvalidArgument(format!("creating {}: {error}", parent.display())))?;
+    }
+    Ok(())
+}
+
+/// Serves the roster on `listener` until `shutdown` resolves, with the system clock.
+pub async fn run(
+    config: Config,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    run_with_clock(config, listener, shutdown, Arc::new(SystemClock)).await
+}
+
+/// Serves the roster with a given clock (tests move a [`ManualClock`]).
+pub async fn run_with_clock(
+    config: Config,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    clock: Arc<dyn Clock>,
+) -> Result<()> {
+    ensure_sqlite_directory(&config.database_url)?;
+    let store = SqlStore::connect(&config.database_url, config.database_max_connections)?;
+    let roster = Roster::new(store, clock, config.delegation_settings());
+    let (ready_sender, ready_receiver) = tokio::sync::watch::channel(false);
+    let (stop_sender, stop_receiver) = tokio::sync::watch::channel(false);
+    let sweeper = tokio::spawn(sweep_queue(
+        roster.clone(),
+        Duration::from_millis(config.queue_sweep_interval_ms.max(10)),
+        ready_receiver,
+        stop_receiver,
+    ));
+    let migrating = roster.clone();
+    let ready = async move {
+        migrating.store().migrate().await.map_err(|error| Box::new(error) as muster_runtime::server::BoxError)?;
+        let _ = ready_sender.send(true);
+        Ok(())
+    };
+    let service = RosterServiceServer::new(roster)
+        .max_decoding_message_size(config.server.max_message_bytes)
+        .max_encoding_message_size(config.server.max_message_bytes);
+    let outcome =
+        muster_runtime::Server::new(&config.server).add_service(service).serve(listener, ready, shutdown).await;
+    let _ = stop_sender.send(true);
+    let _ = sweeper.await;
+    Ok(outcome?)
+}
+
+/// Escalates stale queued tasks every `interval`, once the database is ready.
+async fn sweep_queue<S: RosterStore>(
+    roster: Roster<S>,
+    interval: Duration,
+    mut ready: tokio::sync::watch::Receiver<bool>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    tokio::select! {
+        result = ready.wait_for(|ready| *ready) => if result.is_err() { return },
+        _ = stop.changed() => return,
+    }
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let stopped = tokio::select! {
+            _ = ticker.tick() => false,
+            _ = stop.changed() => true,
+        };
+        if stopped || *stop.borrow() {
+            return;
+        }
+        if let Err(error) = roster.sweep_queue().await {
+            tracing::warn!(%error, "sweeping the delegation queue failed");
+        }
+    }
+}

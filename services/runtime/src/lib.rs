@@ -1,1 +1,57 @@
-//! placeholder
+//! What every muster service shares and nothing a single service owns:
+//! typed configuration ([`config`]), logging ([`telemetry`]), the one gRPC
+//! server builder that adds health, reflection, request tracing and graceful
+//! shutdown to every service ([`server`]), the termination signal
+//! ([`shutdown`]), database pools and migrations for SQLite and PostgreSQL
+//! ([`db`]), and the convention by which a service's errors become gRPC
+//! statuses ([`status`]).
+//!
+//! This crate is not deployable on its own; it holds no business logic.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod db;
+pub mod server;
+pub mod shutdown;
+pub mod status;
+pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod time;
+
+pub use config::ServerArgs;
+pub use server::Server;
+
+/// Errors of the runtime itself.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The database could not be reached or migrated.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Migrations failed.
+    #[error("migration: {0}")]
+    Migration(#[from] sqlx::migrate::MigrateError),
+    /// A database URL names a backend muster does not support.
+    #[error("unsupported database URL {0:?}: use sqlite:// or postgres://")]
+    UnsupportedDatabase(String),
+    /// The gRPC server failed.
+    #[error("server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// Reading or writing a file failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The service's readiness check failed.
+    #[error("not ready: {0}")]
+    NotReady(String),
+    /// Logging or reflection could not be set up.
+    #[error("setup: {0}")]
+    Telemetry(String),
+}
+
+/// The runtime's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

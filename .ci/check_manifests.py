@@ -1,0 +1,663 @@
+#!/usr/bin/env python3
+"""Checks that the Kubernetes manifests and the Dockerfile match the code.
+
+Renders every overlay under k8s/overlays with `kubectl kustomize` and checks,
+for each muster service (a directory services/<name> with a src/main.rs and a
+`pub const DEFAULT_PORT`):
+
+- it has exactly one Deployment per overlay, whose image is muster-<name>
+  (a binary the workspace builds and the Dockerfile can put in an image);
+- MUSTER_LISTEN is set to a non-loopback address whose port is the container's
+  grpc port, the port of the liveness, readiness and startup probes (native
+  gRPC probes on grpc.health.v1.Health) and the target of its Service;
+- every MUSTER_* variable the manifests set (env, envFrom ConfigMaps) is one
+  the service reads: an `env = "MUSTER_..."` attribute in
+  services/runtime/src/config.rs or services/<name>/src;
+- every MUSTER_<SERVICE>_URL the service reads is set and names the Service
+  and port of that other service; database URLs come from a Secret (and, when
+  the overlay generates it, point at a Service of the overlay);
+- paths the service writes (MUSTER_DATA_DIR, MUSTER_MEMORY_DIR, MUSTER_PORT_FILE)
+  are on writable volumes, since the root filesystem is read-only;
+- the pod is locked down (non-root, read-only root filesystem, no privilege
+  escalation, all capabilities dropped, RuntimeDefault seccomp, no service
+  account token, no service links) and its termination grace period outlasts
+  MUSTER_SHUTDOWN_GRACE_SECONDS;
+- the NetworkPolicies allow exactly the edges of the design and nothing else;
+- every resource carries app.kubernetes.io/part-of: muster and app.kubernetes.io/name.
+
+It also checks the Dockerfile against rust-toolchain.toml and the workspace
+(Rust version, the SERVICE list, the packages it builds), and that the prod
+overlay's image tag is the workspace version.
+
+Exits 1 with one line per problem ("drift: ..."), 0 when all is consistent.
+`--self-test` breaks the rendered dev overlay in known ways (a wrong port, an
+unknown variable, an extra network edge, ...) and checks each is reported.
+Needs PyYAML (installed with kubernetes-validate) and kubectl.
+"""
+
+from __future__ import annotations
+
+import base64
+import ipaddress
+import re
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+OVERLAYS = ROOT / "k8s" / "overlays"
+
+# The design's edges (DESIGN.md, issue 7): who may open a connection to whom.
+# "client" and "worker" are pods outside the namespace labelled
+# muster.dev/client: "true" or muster.dev/worker: "true".
+ALLOWED_SOURCES = {
+    "execution": {"client", "worker"},
+    "roster": {"execution", "client"},
+    "validator": {"execution"},
+    "notifier": {"execution", "client", "worker"},
+}
+EXTERNAL_SOURCES = {
+    "client": {"muster.dev/client": "true"},
+    "worker": {"muster.dev/worker": "true"},
+    # A pod of another namespace with no muster label: reaches nothing.
+    "stranger": {"app.kubernetes.io/name": "something-else"},
+}
+WRITTEN_PATHS = ("MUSTER_DATA_DIR", "MUSTER_MEMORY_DIR", "MUSTER_PORT_FILE")
+ENV_ATTRIBUTE = re.compile(r'env\s*=\s*"(MUSTER_[A-Z0-9_]+)"')
+
+problems: list[str] = []
+
+
+def drift(message: str) -> None:
+    problems.append(message)
+
+
+# --- what the code says ---------------------------------------------------
+
+
+@dataclass
+class ServiceCode:
+    name: str
+    default_port: int
+    variables: set[str]
+    binaries: set[str]
+
+
+def read_variables(paths: list[Path]) -> set[str]:
+    found: set[str] = set()
+    for path in paths:
+        found.update(ENV_ATTRIBUTE.findall(path.read_text(encoding="utf-8")))
+    return found
+
+
+def discover_services() -> dict[str, ServiceCode]:
+    shared = read_variables([ROOT / "services" / "runtime" / "src" / "config.rs"])
+    if "MUSTER_LISTEN" not in shared:
+        sys.exit("check_manifests: no MUSTER_LISTEN in services/runtime/src/config.rs; update this script")
+    services = {}
+    for directory in sorted((ROOT / "services").iterdir()):
+        main, lib = directory / "src" / "main.rs", directory / "src" / "lib.rs"
+        if not main.is_file() or not lib.is_file():
+            continue
+        port = re.search(r"pub const DEFAULT_PORT: u16 = (\d+);", lib.read_text(encoding="utf-8"))
+        if not port:
+            continue
+        manifest = tomllib.loads((directory / "Cargo.toml").read_text(encoding="utf-8"))
+        binaries = {binary["name"] for binary in manifest.get("bin", [])} or {manifest["package"]["name"]}
+        services[directory.name] = ServiceCode(
+            name=directory.name,
+            default_port=int(port.group(1)),
+            variables=shared | read_variables(sorted((directory / "src").rglob("*.rs"))),
+            binaries=binaries,
+        )
+    if not services:
+        sys.exit("check_manifests: found no service under services/")
+    return services
+
+
+def shutdown_grace_default() -> int:
+    config = (ROOT / "services" / "runtime" / "src" / "config.rs").read_text(encoding="utf-8")
+    match = re.search(r'env = "MUSTER_SHUTDOWN_GRACE_SECONDS", default_value_t = (\d+)', config)
+    if not match:
+        sys.exit("check_manifests: cannot read the MUSTER_SHUTDOWN_GRACE_SECONDS default; update this script")
+    return int(match.group(1))
+
+
+# --- the rendered manifests -------------------------------------------------
+
+
+@dataclass
+class Rendered:
+    overlay: str
+    namespace: str
+    documents: list[dict]
+    by_kind: dict[str, list[dict]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for document in self.documents:
+            self.by_kind.setdefault(document["kind"], []).append(document)
+
+    def find(self, kind: str, name: str) -> dict | None:
+        return next((d for d in self.by_kind.get(kind, []) if d["metadata"]["name"] == name), None)
+
+
+def render(overlay: Path) -> Rendered:
+    result = subprocess.run(["kubectl", "kustomize", str(overlay)], capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"check_manifests: kubectl kustomize {overlay} failed:\n{result.stderr}")
+    documents = [document for document in yaml.safe_load_all(result.stdout) if document]
+    namespaces = {d["metadata"].get("namespace") for d in documents if d["kind"] != "Namespace"}
+    if len(namespaces) != 1 or None in namespaces:
+        drift(f"{overlay.name}: every resource needs the overlay's one namespace, found {sorted(map(str, namespaces))}")
+    return Rendered(overlay.name, next(iter(namespaces)) or "", documents)
+
+
+def selects(selector: dict | None, labels: dict) -> bool:
+    """Whether a LabelSelector selects these labels (None selects nothing)."""
+    if selector is None:
+        return False
+    for key, value in (selector.get("matchLabels") or {}).items():
+        if labels.get(key) != value:
+            return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and labels.get(key) in values:
+            return False
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+# --- one Deployment ----------------------------------------------------------
+
+
+@dataclass
+class Environment:
+    values: dict[str, str]  # literal values, from env or ConfigMaps
+    secrets: dict[str, tuple[str, str]]  # name -> (secret, key)
+
+
+def environment(rendered: Rendered, where: str, container: dict) -> Environment:
+    values: dict[str, str] = {}
+    secrets: dict[str, tuple[str, str]] = {}
+    for source in container.get("envFrom") or []:
+        if "configMapRef" in source:
+            name = source["configMapRef"]["name"]
+            config_map = rendered.find("ConfigMap", name)
+            if config_map is None:
+                drift(f"{where}: envFrom ConfigMap {name} is not in the overlay")
+                continue
+            prefix = source.get("prefix", "")
+            values.update({prefix + key: str(value) for key, value in (config_map.get("data") or {}).items()})
+        else:
+            drift(f"{where}: envFrom {sorted(source)} hides which variables are set; use env with secretKeyRef")
+    for variable in container.get("env") or []:
+        name = variable["name"]
+        if name in values or name in secrets:
+            drift(f"{where}: {name} is set twice (env overrides envFrom): keep one")
+        if "value" in variable:
+            values[name] = str(variable["value"])
+        elif "secretKeyRef" in (variable.get("valueFrom") or {}):
+            reference = variable["valueFrom"]["secretKeyRef"]
+            secrets[name] = (reference["name"], reference["key"])
+            values.pop(name, None)
+        elif "configMapKeyRef" in (variable.get("valueFrom") or {}):
+            reference = variable["valueFrom"]["configMapKeyRef"]
+            config_map = rendered.find("ConfigMap", reference["name"])
+            if config_map is None or reference["key"] not in (config_map.get("data") or {}):
+                drift(f"{where}: {name} refers to {reference['name']}/{reference['key']}, not in the overlay")
+            else:
+                values[name] = str(config_map["data"][reference["key"]])
+        else:
+            drift(f"{where}: {name} is set from {sorted(variable.get('valueFrom') or {})}, which this check cannot read")
+    return Environment(values, secrets)
+
+
+def check_security(where: str, pod: dict, container: dict) -> None:
+    pod_context = pod.get("securityContext") or {}
+    context = container.get("securityContext") or {}
+
+    def setting(key: str):
+        return context.get(key, pod_context.get(key))
+
+    if setting("runAsNonRoot") is not True:
+        drift(f"{where}: runAsNonRoot must be true")
+    if context.get("readOnlyRootFilesystem") is not True:
+        drift(f"{where}: readOnlyRootFilesystem must be true")
+    if context.get("allowPrivilegeEscalation") is not False:
+        drift(f"{where}: allowPrivilegeEscalation must be false")
+    if context.get("privileged"):
+        drift(f"{where}: must not be privileged")
+    if (context.get("capabilities") or {}).get("drop") != ["ALL"] or (context.get("capabilities") or {}).get("add"):
+        drift(f"{where}: capabilities must drop ALL and add none")
+    if (setting("seccompProfile") or {}).get("type") != "RuntimeDefault":
+        drift(f"{where}: seccompProfile must be RuntimeDefault")
+    if pod.get("automountServiceAccountToken") is not False:
+        drift(f"{where}: automountServiceAccountToken must be false (the services call no Kubernetes API)")
+    if pod.get("enableServiceLinks") is not False:
+        drift(f"{where}: enableServiceLinks must be false (service links inject MUSTER_<SERVICE>_* variables)")
+
+
+def listen_port(where: str, env: Environment) -> int | None:
+    listen = env.values.get("MUSTER_LISTEN")
+    if listen is None:
+        drift(
+            f"{where}: MUSTER_LISTEN is not set; set it to 0.0.0.0:<port> (the built-in defaults differ "
+            "per service, and the roster's listens on 127.0.0.1 only)"
+        )
+        return None
+    host, _, port = listen.rpartition(":")
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+        number = int(port)
+    except ValueError:
+        drift(f"{where}: MUSTER_LISTEN={listen!r} is not an IP:port socket address")
+        return None
+    if address.is_loopback:
+        drift(f"{where}: MUSTER_LISTEN={listen} listens on loopback: probes and Services cannot reach it")
+    return number
+
+
+def check_probes(where: str, container: dict, port: int) -> None:
+    for probe_name in ("livenessProbe", "readinessProbe", "startupProbe"):
+        probe = container.get(probe_name)
+        if probe is None:
+            if probe_name != "startupProbe":
+                drift(f"{where}: no {probe_name}")
+            continue
+        grpc = probe.get("grpc")
+        if grpc is None:
+            drift(f"{where}: {probe_name} must be a native grpc probe (grpc.health.v1.Health)")
+            continue
+        if grpc.get("port") != port:
+            drift(f"{where}: {probe_name} probes port {grpc.get('port')}, the service listens on {port}")
+        if grpc.get("service", "") != "":
+            drift(f"{where}: {probe_name} asks for health service {grpc['service']!r}; the overall status is \"\"")
+
+
+def check_written_paths(where: str, pod: dict, container: dict, env: Environment, code: ServiceCode) -> None:
+    writable = [
+        mount["mountPath"].rstrip("/")
+        for mount in container.get("volumeMounts") or []
+        if not mount.get("readOnly")
+    ]
+    volumes = {volume["name"]: volume for volume in pod.get("volumes") or []}
+    for mount in container.get("volumeMounts") or []:
+        if mount["name"] not in volumes:
+            drift(f"{where}: volumeMount {mount['name']} has no volume")
+    wanted = [name for name in WRITTEN_PATHS if name in env.values]
+    if "MUSTER_DATA_DIR" in code.variables and "MUSTER_DATA_DIR" not in env.values:
+        drift(f"{where}: MUSTER_DATA_DIR is not set; its default is relative to a read-only root filesystem")
+    for name in wanted:
+        path = env.values[name]
+        checked = str(Path(path).parent) if name == "MUSTER_PORT_FILE" else path
+        if not path.startswith("/"):
+            drift(f"{where}: {name}={path} must be absolute (the root filesystem is read-only)")
+        elif not any(checked == mount or checked.startswith(mount + "/") for mount in writable):
+            drift(f"{where}: {name}={path} is not on a writable volume; mounts: {writable or 'none'}")
+
+
+def check_service_exposure(rendered: Rendered, where: str, name: str, pod_labels: dict, port: int, container: dict) -> None:
+    """The Service muster-<name> selects the pods and forwards to the grpc port."""
+    service = rendered.find("Service", f"muster-{name}")
+    selector = (service or {}).get("spec", {}).get("selector") or {}
+    if service is None or not selector or not selects({"matchLabels": selector}, pod_labels):
+        drift(f"{where}: no Service muster-{name} selects its pods")
+        return
+    named = {p.get("name"): p["containerPort"] for p in container.get("ports") or []}
+    for service_port in service["spec"].get("ports") or []:
+        target = service_port.get("targetPort", service_port["port"])
+        resolved = named.get(target) if isinstance(target, str) else target
+        if resolved != port:
+            drift(f"{where}: Service muster-{name} port {service_port['port']} forwards to {target!r}, the service listens on {port}")
+
+
+def resolve_url(rendered: Rendered, where: str, variable: str, url: str, target: str, containers: dict) -> None:
+    """Checks that `url` reaches the grpc port of the `target` service's pods."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
+        drift(f"{where}: {variable}={url} needs a scheme, a host and an explicit port")
+        return
+    labels = parts.hostname.split(".")
+    if len(labels) > 1 and labels[1] != rendered.namespace:
+        drift(f"{where}: {variable}={url} names namespace {labels[1]!r}, the overlay's is {rendered.namespace!r}")
+    service = rendered.find("Service", labels[0])
+    if service is None:
+        drift(f"{where}: {variable}={url}: there is no Service {labels[0]!r}")
+        return
+    target_pods = containers.get(target)
+    if target_pods is None:
+        return
+    pod_labels, container, target_port = target_pods
+    if not selects({"matchLabels": service["spec"].get("selector") or {}}, pod_labels) or not service["spec"].get("selector"):
+        drift(f"{where}: {variable}={url}: Service {labels[0]} does not select the {target} pods")
+        return
+    ports = {p["port"]: p for p in service["spec"].get("ports") or []}
+    if parts.port not in ports:
+        drift(f"{where}: {variable}={url}: Service {labels[0]} has no port {parts.port} (it has {sorted(ports)})")
+        return
+    target_port_spec = ports[parts.port].get("targetPort", parts.port)
+    if isinstance(target_port_spec, str):
+        named = {p.get("name"): p["containerPort"] for p in container.get("ports") or []}
+        resolved = named.get(target_port_spec)
+    else:
+        resolved = target_port_spec
+    if resolved != target_port:
+        drift(f"{where}: {variable}={url} reaches container port {resolved}, {target} listens on {target_port}")
+
+
+def check_database_url(rendered: Rendered, where: str, env: Environment) -> None:
+    if "MUSTER_DATABASE_URL" in env.values:
+        drift(f"{where}: MUSTER_DATABASE_URL is a literal; take it from a Secret (secretKeyRef)")
+        return
+    if "MUSTER_DATABASE_URL" not in env.secrets:
+        drift(f"{where}: MUSTER_DATABASE_URL is not set; the default is a SQLite file on a read-only filesystem")
+        return
+    secret_name, key = env.secrets["MUSTER_DATABASE_URL"]
+    secret = rendered.find("Secret", secret_name)
+    if secret is None:
+        return  # created by the operator (prod): nothing to compare
+    data = {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+    data.update(secret.get("stringData") or {})
+    if key not in data:
+        drift(f"{where}: Secret {secret_name} has no key {key!r}")
+        return
+    url = urlsplit(data[key])
+    if url.scheme not in ("postgres", "postgresql"):
+        drift(f"{where}: the database URL in {secret_name}/{key} must be postgres:// (got {url.scheme}://)")
+        return
+    host = (url.hostname or "").split(".")[0]
+    service = rendered.find("Service", host)
+    if service is None:
+        drift(f"{where}: the database URL in {secret_name}/{key} names host {url.hostname!r}, not a Service of the overlay")
+    elif (url.port or 5432) not in {p["port"] for p in service["spec"].get("ports") or []}:
+        drift(f"{where}: the database URL in {secret_name}/{key} uses port {url.port or 5432}, Service {host} has no such port")
+
+
+# --- network policies --------------------------------------------------------
+
+
+def allowed(rendered: Rendered, destination_labels: dict, port: int, source_labels: dict, same_namespace: bool) -> bool:
+    """Whether the overlay's NetworkPolicies let a pod with `source_labels` (in
+    the overlay's namespace or in another, unlabelled one) open a TCP
+    connection to `port` of a pod with `destination_labels`."""
+    policies = [
+        policy
+        for policy in rendered.by_kind.get("NetworkPolicy", [])
+        if "Ingress" in (policy["spec"].get("policyTypes") or ["Ingress"])
+        and selects(policy["spec"].get("podSelector") or {}, destination_labels)
+    ]
+    if not policies:
+        return True  # no policy isolates the pod
+    if same_namespace:
+        namespace = rendered.find("Namespace", rendered.namespace)
+        namespace_labels = dict((namespace or {}).get("metadata", {}).get("labels") or {})
+        namespace_labels["kubernetes.io/metadata.name"] = rendered.namespace
+    else:
+        namespace_labels = {"kubernetes.io/metadata.name": "elsewhere"}
+    for policy in policies:
+        for rule in policy["spec"].get("ingress") or []:
+            ports = rule.get("ports")
+            if ports and not any(p.get("port") in (None, port) and p.get("protocol", "TCP") == "TCP" for p in ports):
+                continue
+            peers = rule.get("from")
+            if not peers:
+                return True  # a rule without peers admits every source
+            for peer in peers:
+                if "ipBlock" in peer:
+                    continue
+                namespace_selector = peer.get("namespaceSelector")
+                namespace_ok = same_namespace if namespace_selector is None else selects(namespace_selector, namespace_labels)
+                if namespace_ok and selects(peer.get("podSelector") or {}, source_labels):
+                    return True
+    return False
+
+
+def check_network(rendered: Rendered, pods: dict[str, tuple[dict, dict, int]], database_users: set[str]) -> None:
+    default_deny = [
+        policy
+        for policy in rendered.by_kind.get("NetworkPolicy", [])
+        if policy["spec"].get("podSelector") in ({}, None)
+        and "Ingress" in (policy["spec"].get("policyTypes") or [])
+        and not policy["spec"].get("ingress")
+    ]
+    if not default_deny:
+        drift(f"{rendered.overlay}: no default-deny ingress NetworkPolicy (podSelector {{}}, no ingress rule)")
+    sources: dict[str, tuple[dict, bool]] = {name: (labels, True) for name, (labels, _, _) in pods.items()}
+    sources.update({name: (labels, False) for name, labels in EXTERNAL_SOURCES.items()})
+    sources["neighbour"] = ({"app.kubernetes.io/name": "something-else"}, True)
+    for destination, (labels, _, port) in pods.items():
+        expected = ALLOWED_SOURCES.get(destination, set())
+        actual = {name for name, (source_labels, same) in sources.items() if name != destination and allowed(rendered, labels, port, source_labels, same)}
+        if actual != expected:
+            extra, missing = sorted(actual - expected), sorted(expected - actual)
+            drift(
+                f"{rendered.overlay}: network policies for muster-{destination}: "
+                + (f"allow {extra} (not an edge of the design)" if extra else "")
+                + ("; " if extra and missing else "")
+                + (f"block {missing} (an edge of the design)" if missing else "")
+            )
+    # Any other workload of the overlay (the dev PostgreSQL): reached only by the
+    # services that keep a database.
+    for kind in ("StatefulSet", "Deployment"):
+        for workload in rendered.by_kind.get(kind, []):
+            labels = workload["spec"]["template"]["metadata"].get("labels") or {}
+            if any(labels == pod_labels for pod_labels, _, _ in pods.values()):
+                continue
+            for container in workload["spec"]["template"]["spec"]["containers"]:
+                for container_port in container.get("ports") or []:
+                    actual = {name for name, (source_labels, same) in sources.items() if allowed(rendered, labels, container_port["containerPort"], source_labels, same)}
+                    if actual != database_users:
+                        drift(
+                            f"{rendered.overlay}: {kind} {workload['metadata']['name']} port {container_port['containerPort']} "
+                            f"is reachable from {sorted(actual)}; expected exactly the services with a database {sorted(database_users)}"
+                        )
+
+
+# --- the Dockerfile -------------------------------------------------------------
+
+
+def check_dockerfile(services: dict[str, ServiceCode]) -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    toolchain = tomllib.loads((ROOT / "rust-toolchain.toml").read_text(encoding="utf-8"))["toolchain"]["channel"]
+    for version in re.findall(r"^FROM rust:([0-9.]+)", dockerfile, re.MULTILINE):
+        if version != toolchain:
+            drift(f"Dockerfile: FROM rust:{version}, rust-toolchain.toml pins {toolchain}")
+    case = re.search(r'case "\$\{SERVICE\}" in\s*\\\s*\n\s*([a-z |]+)\)', dockerfile)
+    listed = {name.strip() for name in case.group(1).split("|")} if case else set()
+    if listed != set(services):
+        drift(f"Dockerfile: SERVICE accepts {sorted(listed)}, the services are {sorted(services)}")
+    for build in re.findall(r"cargo build --release --locked((?:\s*\\\n|\s+-p\s+[\w-]+)+)", dockerfile):
+        packages = set(re.findall(r"-p\s+([\w-]+)", build))
+        expected = {f"muster-{name}" for name in services}
+        if packages != expected:
+            drift(f"Dockerfile: cargo build builds {sorted(packages)}, the services are {sorted(expected)}")
+    for name, code in services.items():
+        if f"muster-{name}" not in code.binaries:
+            drift(f"services/{name}: the Dockerfile copies target/release/muster-{name}, the package builds {sorted(code.binaries)}")
+
+
+# --- main -----------------------------------------------------------------------
+
+
+def check_overlay(rendered: Rendered, services: dict[str, ServiceCode], grace_default: int, version: str) -> None:
+    for document in rendered.documents:
+        labels = document["metadata"].get("labels") or {}
+        if labels.get("app.kubernetes.io/part-of") != "muster" or not labels.get("app.kubernetes.io/name"):
+            drift(
+                f"{rendered.overlay}: {document['kind']} {document['metadata']['name']} needs the labels "
+                "app.kubernetes.io/part-of=muster and app.kubernetes.io/name"
+            )
+    deployments: dict[str, list[dict]] = {}
+    for deployment in rendered.by_kind.get("Deployment", []):
+        for container in deployment["spec"]["template"]["spec"]["containers"]:
+            image = container["image"].rsplit("/", 1)[-1].split("@")[0]
+            image_name, _, tag = image.partition(":")
+            match = re.fullmatch(r"muster-([a-z]+)", image_name)
+            if match:
+                deployments.setdefault(match.group(1), []).append(deployment)
+                if match.group(1) not in services:
+                    drift(f"{rendered.overlay}: Deployment {deployment['metadata']['name']} runs image {image_name}, no such service")
+                if rendered.overlay == "prod" and tag != version:
+                    drift(f"{rendered.overlay}: image {container['image']} is not tagged with the workspace version {version}")
+    pods: dict[str, tuple[dict, dict, int]] = {}
+    environments: dict[str, tuple[str, Environment]] = {}
+    for name, code in services.items():
+        found = deployments.get(name, [])
+        if len(found) != 1:
+            drift(f"{rendered.overlay}: {len(found)} Deployments run muster-{name}; expected exactly 1")
+            continue
+        deployment = found[0]
+        where = f"{rendered.overlay}: Deployment {deployment['metadata']['name']}"
+        pod = deployment["spec"]["template"]["spec"]
+        labels = deployment["spec"]["template"]["metadata"].get("labels") or {}
+        if labels.get("app.kubernetes.io/name") != f"muster-{name}" or labels.get("app.kubernetes.io/part-of") != "muster":
+            drift(f"{where}: pod labels need app.kubernetes.io/name=muster-{name} and app.kubernetes.io/part-of=muster")
+        container = next(c for c in pod["containers"] if re.search(rf"(^|/)muster-{name}(:|@|$)", c["image"]))
+        env = environment(rendered, where, container)
+        for variable in sorted(set(env.values) | set(env.secrets)):
+            if variable.startswith("MUSTER_") and variable not in code.variables:
+                drift(f"{where}: sets {variable}, which muster-{name} does not read (it reads {', '.join(sorted(code.variables))})")
+        check_security(where, pod, container)
+        port = listen_port(where, env)
+        if port is None:
+            continue
+        grpc_ports = [p for p in container.get("ports") or [] if p.get("name") == "grpc"]
+        if [p["containerPort"] for p in grpc_ports] != [port]:
+            drift(f"{where}: the container's grpc port is {[p['containerPort'] for p in grpc_ports]}, MUSTER_LISTEN says {port}")
+        if port != code.default_port:
+            drift(f"{where}: listens on {port}, muster-{name}'s default port (DEFAULT_PORT, used by the CLI and docs) is {code.default_port}")
+        check_probes(where, container, port)
+        check_written_paths(where, pod, container, env, code)
+        check_service_exposure(rendered, where, name, labels, port, container)
+        grace = int(env.values.get("MUSTER_SHUTDOWN_GRACE_SECONDS", grace_default))
+        termination = pod.get("terminationGracePeriodSeconds", 30)
+        if termination <= grace:
+            drift(f"{where}: terminationGracePeriodSeconds {termination} must exceed MUSTER_SHUTDOWN_GRACE_SECONDS {grace}")
+        if "MUSTER_DATABASE_URL" in code.variables:
+            check_database_url(rendered, where, env)
+        pods[name] = (labels, container, port)
+        environments[name] = (where, env)
+
+    # URLs of other services: set, and pointing at their Service and port.
+    for name, (where, env) in environments.items():
+        for variable in sorted(services[name].variables):
+            match = re.fullmatch(r"MUSTER_([A-Z]+)_URL", variable)
+            if not match or match.group(1).lower() not in services:
+                continue
+            target = match.group(1).lower()
+            if variable not in env.values:
+                drift(f"{where}: {variable} is not set; its default points at 127.0.0.1")
+                continue
+            resolve_url(rendered, where, variable, env.values[variable], target, pods)
+
+    sizes = {name: env.values.get("MUSTER_MAX_MESSAGE_BYTES") for name, (_, env) in environments.items()}
+    if len(set(sizes.values())) > 1:
+        drift(f"{rendered.overlay}: MUSTER_MAX_MESSAGE_BYTES differs between services {sizes}: a message one sends, another may refuse")
+
+    database_users = {name for name, code in services.items() if "MUSTER_DATABASE_URL" in code.variables}
+    check_network(rendered, pods, database_users)
+
+
+def self_test(services: dict[str, ServiceCode], grace_default: int, version: str) -> int:
+    """Breaks the rendered dev overlay in known ways and checks that each break
+    is reported, so the check itself cannot silently stop checking."""
+    import copy
+
+    base = render(OVERLAYS / "dev")
+    problems.clear()
+
+    def deployment(documents: list[dict], name: str) -> dict:
+        return next(d for d in documents if d["kind"] == "Deployment" and d["metadata"]["name"] == f"muster-{name}")
+
+    def container(documents: list[dict], name: str) -> dict:
+        return deployment(documents, name)["spec"]["template"]["spec"]["containers"][0]
+
+    def config(documents: list[dict], name: str) -> dict:
+        reference = container(documents, name)["envFrom"][0]["configMapRef"]["name"]
+        return next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == reference)["data"]
+
+    def policy(documents: list[dict], name: str) -> dict:
+        return next(d for d in documents if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == name)
+
+    cases = {
+        "a URL with the wrong port": ("Service muster-roster has no port", lambda d: config(d, "execution").update(MUSTER_ROSTER_URL="http://muster-roster:50053")),
+        "a URL naming no Service": ("there is no Service", lambda d: config(d, "execution").update(MUSTER_VALIDATOR_URL="http://validator:50053")),
+        "a URL left to its default": ("MUSTER_NOTIFIER_URL is not set", lambda d: config(d, "execution").pop("MUSTER_NOTIFIER_URL")),
+        "a variable the service does not read": ("which muster-roster does not read", lambda d: config(d, "roster").update(MUSTER_ROSTER_TYPO="1")),
+        "a probe on another port": ("livenessProbe probes port", lambda d: container(d, "notifier")["livenessProbe"]["grpc"].update(port=50053)),
+        "an HTTP probe": ("native grpc probe", lambda d: container(d, "validator").update(readinessProbe={"tcpSocket": {"port": 50053}})),
+        "a loopback listener": ("listens on loopback", lambda d: config(d, "roster").update(MUSTER_LISTEN="127.0.0.1:50052")),
+        "no MUSTER_LISTEN": ("MUSTER_LISTEN is not set", lambda d: config(d, "validator").pop("MUSTER_LISTEN")),
+        "a data directory off the volumes": ("not on a writable volume", lambda d: config(d, "notifier").update(MUSTER_DATA_DIR="/data")),
+        "a literal database URL": ("is a literal", lambda d: container(d, "roster").update(env=[{"name": "MUSTER_DATABASE_URL", "value": "sqlite://x.db"}])),
+        "a writable root filesystem": ("readOnlyRootFilesystem", lambda d: container(d, "execution")["securityContext"].update(readOnlyRootFilesystem=False)),
+        "service links": ("enableServiceLinks", lambda d: deployment(d, "roster")["spec"]["template"]["spec"].update(enableServiceLinks=True)),
+        "a grace period longer than the pod's": ("terminationGracePeriodSeconds", lambda d: config(d, "execution").update(MUSTER_SHUTDOWN_GRACE_SECONDS="60")),
+        "different message limits": ("MUSTER_MAX_MESSAGE_BYTES differs", lambda d: config(d, "notifier").update(MUSTER_MAX_MESSAGE_BYTES="1024")),
+        "a missing Deployment": ("0 Deployments run muster-validator", lambda d: d.remove(deployment(d, "validator"))),
+        "clients let into the validator": ("network policies for muster-validator", lambda d: policy(d, "muster-validator")["spec"]["ingress"][0]["from"].append({"namespaceSelector": {}, "podSelector": {"matchLabels": {"muster.dev/client": "true"}}})),
+        "workers shut out of the notifier": ("block ['worker']", lambda d: policy(d, "muster-notifier")["spec"]["ingress"][0]["from"].pop()),
+        "an unlabelled resource": ("needs the labels", lambda d: d.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "stray", "namespace": base.namespace}, "data": {}})),
+        "no default deny": ("no default-deny", lambda d: d.remove(policy(d, "muster-default-deny-ingress"))),
+        "PostgreSQL open to the validator": ("StatefulSet muster-postgres", lambda d: policy(d, "muster-postgres")["spec"]["ingress"][0]["from"].append({"podSelector": {"matchLabels": {"app.kubernetes.io/name": "muster-validator"}}})),
+    }
+    passed = failed = 0
+    for description, (expected, mutate) in cases.items():
+        documents = copy.deepcopy(base.documents)
+        mutate(documents)
+        problems.clear()
+        check_overlay(Rendered("dev", base.namespace, documents), services, grace_default, version)
+        if any(expected in problem for problem in problems):
+            passed += 1
+        else:
+            failed += 1
+            print(f"self-test: {description}: expected a problem containing {expected!r}, got {problems}", file=sys.stderr)
+    problems.clear()
+    check_overlay(base, services, grace_default, version)
+    if problems:
+        failed += 1
+        print(f"self-test: the unmodified dev overlay reports {problems}", file=sys.stderr)
+    else:
+        passed += 1
+    print(f"check_manifests: {passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+def main() -> int:
+    services = discover_services()
+    grace_default = shutdown_grace_default()
+    version = tomllib.loads((ROOT / "Cargo.toml").read_text(encoding="utf-8"))["workspace"]["package"]["version"]
+    if sys.argv[1:] == ["--self-test"]:
+        return self_test(services, grace_default, version)
+    if sys.argv[1:]:
+        sys.exit("usage: check_manifests.py [--self-test]")
+    check_dockerfile(services)
+    overlays = sorted(path for path in OVERLAYS.iterdir() if (path / "kustomization.yaml").is_file())
+    if {path.name for path in overlays} != {"dev", "prod"}:
+        drift(f"k8s/overlays: expected dev and prod, found {[path.name for path in overlays]}")
+    for overlay in overlays:
+        check_overlay(render(overlay), services, grace_default, version)
+    if problems:
+        for problem in problems:
+            print(f"drift: {problem}", file=sys.stderr)
+        print(f"check_manifests: {len(problems)} problem(s): the manifests no longer match the code", file=sys.stderr)
+        return 1
+    print(
+        f"check_manifests: {', '.join(o.name for o in overlays)} match the code "
+        f"({', '.join(f'{n}:{s.default_port}' for n, s in services.items())})"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

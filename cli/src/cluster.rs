@@ -1,0 +1,330 @@
+//! A cluster on one machine: the four service binaries as four child
+//! processes, each with its own database, supervised until stopped.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+use tokio::process::{Child, Command};
+use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+
+/// The four services, in the order they start.
+pub const SERVICES: [&str; 4] = ["validator", "roster", "notifier", "execution"];
+
+/// How to start a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    /// Folder of the `muster-<service>` binaries.
+    pub binary_dir: PathBuf,
+    /// Data folder: SQLite files, logs, the notifier's NDJSON memory.
+    pub data_dir: PathBuf,
+    /// Address to bind the services to.
+    pub host: std::net::IpAddr,
+    /// Ports of execution, roster, validator and notifier; 0 picks free ones.
+    pub ports: Ports,
+    /// Database URL per service; `None` means a SQLite file in the data folder.
+    pub database_urls: DatabaseUrls,
+    /// Extra environment for every service.
+    pub environment: Vec<(String, String)>,
+}
+
+/// The services' ports.
+#[derive(Debug, Clone, Copy)]
+pub struct Ports {
+    /// The execution service.
+    pub execution: u16,
+    /// The roster.
+    pub roster: u16,
+    /// The validator.
+    pub validator: u16,
+    /// The notifier.
+    pub notifier: u16,
+}
+
+impl Default for Ports {
+    fn default() -> Self {
+        Self { execution: 50051, roster: 50052, validator: 50053, notifier: 50054 }
+    }
+}
+
+/// Database URLs of the stateful services.
+#[derive(Debug, Clone, Default)]
+pub struct DatabaseUrls {
+    /// The roster's.
+    pub roster: Option<String>,
+    /// The execution service's.
+    pub execution: Option<String>,
+    /// The notifier's.
+    pub notifier: Option<String>,
+}
+
+impl ClusterOptions {
+    /// Defaults: binaries next to the running program, `./muster-data`, the documented ports.
+    pub fn new(data_dir: impl Into<PathBuf>) -> anyhow::Result<Self> {
+        Ok(Self {
+            binary_dir: default_binary_dir()?,
+            data_dir: data_dir.into(),
+            host: std::net::IpAddr::from([127, 0, 0, 1]),
+            ports: Ports::default(),
+            database_urls: DatabaseUrls::default(),
+            environment: Vec::new(),
+        })
+    }
+}
+
+/// The folder of the running program, where cargo puts the service binaries too.
+pub fn default_binary_dir() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the muster binary")?;
+    let dir = exe.parent().context("the muster binary has no folder")?;
+    // Test binaries live one level down, in `deps/`.
+    Ok(if dir.ends_with("deps") { dir.parent().unwrap_or(dir).to_path_buf() } else { dir.to_path_buf() })
+}
+
+/// One running service.
+#[derive(Debug)]
+pub struct ServiceProcess {
+    /// Its name: `execution`, `roster`, ...
+    pub name: &'static str,
+    /// Where it listens.
+    pub address: SocketAddr,
+    /// Its log file.
+    pub log_path: PathBuf,
+    child: Child,
+}
+
+impl ServiceProcess {
+    /// `http://address`, for clients.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    /// The operating system's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
+/// A running cluster.
+#[derive(Debug)]
+pub struct Cluster {
+    /// The options it was started with.
+    pub options: ClusterOptions,
+    services: Vec<ServiceProcess>,
+}
+
+impl Cluster {
+    /// Starts the four services and waits until each reports SERVING.
+    pub async fn start(options: ClusterOptions) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(options.data_dir.join("logs"))
+            .with_context(|| format!("creating {}", options.data_dir.display()))?;
+        let mut cluster = Self { options, services: Vec::new() };
+        for name in SERVICES {
+            let service = cluster.spawn(name).await?;
+            cluster.services.push(service);
+        }
+        Ok(cluster)
+    }
+
+    /// A service by name.
+    pub fn service(&self, name: &str) -> &ServiceProcess {
+        self.services.iter().find(|service| service.name == name).expect("the four services are always present")
+    }
+
+    /// The execution service's URL.
+    pub fn execution_url(&self) -> String {
+        self.service("execution").url()
+    }
+
+    /// The roster's URL.
+    pub fn roster_url(&self) -> String {
+        self.service("roster").url()
+    }
+
+    /// The validator's URL.
+    pub fn validator_url(&self) -> String {
+        self.service("validator").url()
+    }
+
+    /// The notifier's URL.
+    pub fn notifier_url(&self) -> String {
+        self.service("notifier").url()
+    }
+
+    /// Where the notifier writes agents' NDJSON memory.
+    pub fn memory_dir(&self) -> PathBuf {
+        self.options.data_dir.join("agents")
+    }
+
+    /// Stops a service abruptly (SIGKILL), as a crash would.
+    pub async fn kill(&mut self, name: &str) -> anyhow::Result<()> {
+        let service = self.services.iter_mut().find(|service| service.name == name).context("no such service")?;
+        service.child.kill().await?;
+        Ok(())
+    }
+
+    /// Stops a service gracefully (SIGTERM) and waits for it.
+    pub async fn stop(&mut self, name: &str) -> anyhow::Result<()> {
+        let service = self.services.iter_mut().find(|service| service.name == name).context("no such service")?;
+        terminate(&mut service.child).await
+    }
+
+    /// Starts a stopped service again, on the same address.
+    pub async fn restart(&mut self, name: &'static str) -> anyhow::Result<()> {
+        let position = self.services.iter().position(|service| service.name == name).context("no such service")?;
+        let address = self.services[position].address;
+        let replacement = self.spawn_at(name, address.port()).await?;
+        self.services[position] = replacement;
+        Ok(())
+    }
+
+    /// Stops every service gracefully, the execution service first.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        let mut first_error = None;
+        for service in self.services.iter_mut().rev() {
+            if let Err(error) = terminate(&mut service.child).await {
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    async fn spawn(&self, name: &'static str) -> anyhow::Result<ServiceProcess> {
+        let ports = self.options.ports;
+        let port = match name {
+            "execution" => ports.execution,
+            "roster" => ports.roster,
+            "validator" => ports.validator,
+            _ => ports.notifier,
+        };
+        self.spawn_at(name, port).await
+    }
+
+    async fn spawn_at(&self, name: &'static str, port: u16) -> anyhow::Result<ServiceProcess> {
+        let options = &self.options;
+        let binary = options.binary_dir.join(format!("muster-{name}"));
+        if !binary.exists() {
+            bail!("{} is missing: build the services first with `cargo build --bins`", binary.display());
+        }
+        let log_path = options.data_dir.join("logs").join(format!("{name}.log"));
+        let port_file = options.data_dir.join(format!("{name}.port"));
+        let _ = std::fs::remove_file(&port_file);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("opening {}", log_path.display()))?;
+        let mut command = Command::new(&binary);
+        command
+            .env("MUSTER_LISTEN", SocketAddr::new(options.host, port).to_string())
+            .env("MUSTER_PORT_FILE", &port_file)
+            .env("MUSTER_LOG_FORMAT", "json")
+            .env("MUSTER_SHUTDOWN_GRACE_SECONDS", "5")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true);
+        let sqlite = |file: &str| format!("sqlite://{}", options.data_dir.join(file).display());
+        match name {
+            "roster" => {
+                command.env(
+                    "MUSTER_DATABASE_URL",
+                    options.database_urls.roster.clone().unwrap_or_else(|| sqlite("roster.db")),
+                );
+            }
+            "notifier" => {
+                command
+                    .env(
+                        "MUSTER_DATABASE_URL",
+                        options.database_urls.notifier.clone().unwrap_or_else(|| sqlite("notifier.db")),
+                    )
+                    .env("MUSTER_DATA_DIR", &options.data_dir);
+            }
+            "execution" => {
+                command
+                    .env(
+                        "MUSTER_DATABASE_URL",
+                        options.database_urls.execution.clone().unwrap_or_else(|| sqlite("execution.db")),
+                    )
+                    .env("MUSTER_ROSTER_URL", self.service("roster").url())
+                    .env("MUSTER_VALIDATOR_URL", self.service("validator").url())
+                    .env("MUSTER_NOTIFIER_URL", self.service("notifier").url());
+            }
+            _ => {}
+        }
+        for (key, value) in &options.environment {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().with_context(|| format!("starting {}", binary.display()))?;
+        let address = wait_for_port_file(&port_file, &mut child, name, &log_path).await?;
+        wait_until_serving(address, &mut child, name, &log_path).await?;
+        Ok(ServiceProcess { name, address, log_path, child })
+    }
+}
+
+const STARTUP_LIMIT: Duration = Duration::from_secs(60);
+
+async fn wait_for_port_file(path: &Path, child: &mut Child, name: &str, log: &Path) -> anyhow::Result<SocketAddr> {
+    let deadline = Instant::now() + STARTUP_LIMIT;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && let Ok(address) = text.trim().parse::<SocketAddr>()
+        {
+            return Ok(address);
+        }
+        check_alive(child, name, log)?;
+        if Instant::now() > deadline {
+            bail!("muster-{name} did not start listening within {} s; see {}", STARTUP_LIMIT.as_secs(), log.display());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Polls the gRPC health service until the service reports SERVING.
+pub async fn wait_until_serving(address: SocketAddr, child: &mut Child, name: &str, log: &Path) -> anyhow::Result<()> {
+    let deadline = Instant::now() + STARTUP_LIMIT;
+    let url = format!("http://{address}");
+    loop {
+        if let Ok(channel) = tonic::transport::Endpoint::from_shared(url.clone())?.connect().await
+            && let Ok(response) = HealthClient::new(channel).check(HealthCheckRequest { service: String::new() }).await
+            && response.into_inner().status == ServingStatus::Serving as i32
+        {
+            return Ok(());
+        }
+        check_alive(child, name, log)?;
+        if Instant::now() > deadline {
+            bail!("muster-{name} did not report SERVING within {} s; see {}", STARTUP_LIMIT.as_secs(), log.display());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn check_alive(child: &mut Child, name: &str, log: &Path) -> anyhow::Result<()> {
+    if let Some(status) = child.try_wait()? {
+        let tail = std::fs::read_to_string(log).unwrap_or_default();
+        let tail: Vec<&str> = tail.lines().rev().take(10).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!("muster-{name} exited ({status}) while starting; last log lines:\n{}", tail.join("\n"));
+    }
+    Ok(())
+}
+
+/// SIGTERM, then SIGKILL if the process outlives the grace period.
+async fn terminate(child: &mut Child) -> anyhow::Result<()> {
+    let Some(pid) = child.id() else { return Ok(()) };
+    let pid = nix::unistd::Pid::from_raw(pid as i32);
+    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+    match tokio::time::timeout(Duration::from_secs(15), child.wait()).await {
+        Ok(status) => {
+            status?;
+            Ok(())
+        }
+        Err(_) => {
+            child.kill().await?;
+            bail!("a service ignored SIGTERM for 15 s and was killed")
+        }
+    }
+}

@@ -1,0 +1,7 @@
+//! The subcommands.
+
+pub(crate) mod agent;
+pub(crate) mod demo;
+pub(crate) mod roster;
+pub(crate) mod run;
+pub(crate) mod up;

@@ -1,0 +1,11 @@
+//! The library behind the `muster` command line: starting and supervising a
+//! cluster of the four service processes ([`cluster`]) and the Rust agent
+//! worker library ([`worker`]) with the deterministic sample behaviour the
+//! CLI's sample agents use ([`sample`]).
+//!
+//! It holds no service logic: everything goes through the services' gRPC APIs.
+#![forbid(unsafe_code)]
+
+pub mod cluster;
+pub mod sample;
+pub mod worker;

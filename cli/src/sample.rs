@@ -1,0 +1,54 @@
+//! The sample agents' deterministic behaviour, so sample processes run with no
+//! LLM: each step's output is a JSON object naming the agent, the step, its
+//! instruction, its inputs and the steps it built on.
+//!
+//! Inputs steer it for demonstrations and tests: `"fail": "message"` makes the
+//! step fail (code `SAMPLE_FAILURE`), `"fail_attempts": n` fails the first `n`
+//! attempts with a retryable error, and `"sleep_ms": n` takes that long.
+
+use std::time::Duration;
+
+use muster_proto::execution::v1::Assignment;
+use serde_json::{Value, json};
+
+use crate::worker::{Behaviour, StepOutcome};
+
+/// The deterministic sample behaviour.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SampleBehaviour;
+
+impl Behaviour for SampleBehaviour {
+    async fn run(&self, assignment: Assignment) -> StepOutcome {
+        let inputs: Value = serde_json::from_str(&assignment.inputs_json).unwrap_or(Value::Null);
+        if let Some(milliseconds) = inputs.get("sleep_ms").and_then(Value::as_u64) {
+            tokio::time::sleep(Duration::from_millis(milliseconds)).await;
+        }
+        if let Some(message) = inputs.get("fail").and_then(Value::as_str) {
+            return StepOutcome::Failed {
+                error_code: "SAMPLE_FAILURE".to_owned(),
+                message: message.to_owned(),
+                retryable: false,
+            };
+        }
+        if let Some(failing_attempts) = inputs.get("fail_attempts").and_then(Value::as_u64)
+            && u64::from(assignment.attempt) <= failing_attempts
+        {
+            return StepOutcome::Failed {
+                error_code: "SAMPLE_TRANSIENT".to_owned(),
+                message: format!("attempt {} fails on purpose", assignment.attempt),
+                retryable: true,
+            };
+        }
+        let mut upstream: Vec<&String> = assignment.upstream_outputs.keys().collect();
+        upstream.sort();
+        let output = json!({
+            "agent": assignment.agent_id,
+            "step": assignment.step_id,
+            "text": format!("{} did: {}", assignment.agent_id, assignment.message),
+            "inputs": inputs,
+            "built_on": upstream,
+            "attempt": assignment.attempt,
+        });
+        StepOutcome::Completed { output_json: output.to_string(), tokens_used: 100, cost: 0.01 }
+    }
+}

@@ -1,0 +1,274 @@
+//! `muster validate FILE...`: the validator's rules, offline. Prints each
+//! finding compiler-style (`file:line:col: error[CODE]: message`, the source
+//! line and a caret) or, with `--format json`, one JSON array of findings.
+//! Exit code 0 when no file has an error, 1 when one has, 2 when a file cannot
+//! be read.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use muster_validator::{Context, Diagnostic, DocumentKind, RoleFormat};
+
+/// How findings are printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum OutputFormat {
+    /// Compiler-style lines with the source line and a caret.
+    Text,
+    /// One JSON array of `{file, severity, code, message, path, line, column}`.
+    Json,
+}
+
+/// What the files are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum KindArg {
+    /// `.md` is a role; YAML with `steps` is a process; with a `roles` mapping
+    /// of `can`/`cannot` lists a permission matrix; else a role definition.
+    Auto,
+    /// A process definition.
+    Process,
+    /// A role definition (YAML, or Markdown for `.md` files).
+    Role,
+    /// A permission matrix.
+    Matrix,
+}
+
+/// Arguments of `muster validate`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct ValidateArgs {
+    /// The files to check.
+    #[arg(required = true)]
+    files: Vec<PathBuf>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    format: OutputFormat,
+    /// What the files are.
+    #[arg(long, value_enum, default_value = "auto")]
+    kind: KindArg,
+}
+
+/// The findings of one file.
+struct FileReport {
+    file: String,
+    source: String,
+    diagnostics: Vec<Diagnostic>,
+}
+
+/// Runs `muster validate`.
+pub(crate) fn run(args: &ValidateArgs) -> ExitCode {
+    let mut unreadable = false;
+    let mut reports = Vec::with_capacity(args.files.len());
+    for path in &args.files {
+        match std::fs::read_to_string(path) {
+            Ok(source) => {
+                let diagnostics = validate_file(path, &source, args.kind);
+                reports.push(FileReport { file: path.display().to_string(), source, diagnostics });
+            }
+            Err(error) => {
+                eprintln!("{}: error: cannot read the file: {error}", path.display());
+                unreadable = true;
+            }
+        }
+    }
+    match args.format {
+        OutputFormat::Text => {
+            for report in &reports {
+                print!("{}", render_text(&report.file, &report.source, &report.diagnostics));
+            }
+            let (errors, warnings) = count(&reports);
+            if args.files.len() > 1 || errors + warnings > 0 {
+                eprintln!("{} file(s) checked: {errors} error(s), {warnings} warning(s)", reports.len());
+            }
+        }
+        OutputFormat::Json => println!("{}", render_json(&reports)),
+    }
+    let has_errors = reports.iter().any(|report| report.diagnostics.iter().any(Diagnostic::is_error));
+    ExitCode::from(exit_code(unreadable, has_errors))
+}
+
+fn count(reports: &[FileReport]) -> (usize, usize) {
+    let all = reports.iter().flat_map(|report| &report.diagnostics);
+    let errors = all.clone().filter(|diagnostic| diagnostic.is_error()).count();
+    let warnings = all.count() - errors;
+    (errors, warnings)
+}
+
+/// 2 when a file could not be read, else 1 when any finding is an error, else 0.
+fn exit_code(unreadable: bool, has_errors: bool) -> u8 {
+    if unreadable {
+        2
+    } else if has_errors {
+        1
+    } else {
+        0
+    }
+}
+
+fn is_markdown(path: &Path) -> bool {
+    path.extension()
+        .and_then(|extension| extension.to_str())
+        .is_some_and(|extension| extension.eq_ignore_ascii_case("md") || extension.eq_ignore_ascii_case("markdown"))
+}
+
+/// What the file is, resolving `auto`.
+fn resolve_kind(path: &Path, source: &str, kind: KindArg) -> DocumentKind {
+    match kind {
+        KindArg::Process => DocumentKind::Process,
+        KindArg::Role => DocumentKind::RoleDefinition,
+        KindArg::Matrix => DocumentKind::PermissionMatrix,
+        KindArg::Auto if is_markdown(path) => DocumentKind::RoleDefinition,
+        KindArg::Auto => muster_validator::detect_yaml_kind(source),
+    }
+}
+
+fn validate_file(path: &Path, source: &str, kind: KindArg) -> Vec<Diagnostic> {
+    let context = Context::default();
+    match resolve_kind(path, source, kind) {
+        DocumentKind::Process => muster_validator::validate_process(source, &context).diagnostics,
+        DocumentKind::PermissionMatrix => muster_validator::validate_permission_matrix(source).diagnostics,
+        DocumentKind::RoleDefinition => {
+            let format = if is_markdown(path) { RoleFormat::Markdown } else { RoleFormat::Yaml };
+            muster_validator::validate_role_definition(source, format, &context).diagnostics
+        }
+    }
+}
+
+/// Compiler-style text: the finding, the source line, a caret under the
+/// column, and the path in the document.
+fn render_text(file: &str, source: &str, diagnostics: &[Diagnostic]) -> String {
+    let lines: Vec<&str> = source.lines().collect();
+    let mut out = String::new();
+    for diagnostic in diagnostics {
+        let _ = writeln!(
+            out,
+            "{file}:{}:{}: {}[{}]: {}",
+            diagnostic.line, diagnostic.column, diagnostic.severity, diagnostic.code, diagnostic.message
+        );
+        let line_text = usize::try_from(diagnostic.line).ok().and_then(|line| lines.get(line.checked_sub(1)?));
+        let gutter = diagnostic.line.to_string().len();
+        if let Some(text) = line_text {
+            // Keep tabs in the caret's indentation so it lines up under them.
+            let indent: String = text
+                .chars()
+                .take(usize::try_from(diagnostic.column.saturating_sub(1)).unwrap_or(0))
+                .map(|character| if character == '\t' { '\t' } else { ' ' })
+                .collect();
+            let _ = writeln!(out, "{:>gutter$} |", "");
+            let _ = writeln!(out, "{} | {text}", diagnostic.line);
+            let _ = writeln!(out, "{:>gutter$} | {indent}^", "");
+        }
+        if !diagnostic.path.is_empty() {
+            let _ = writeln!(out, "{:>gutter$} = at {}", "", diagnostic.path);
+        }
+    }
+    out
+}
+
+/// One JSON array of every finding of every file.
+fn render_json(reports: &[FileReport]) -> String {
+    let entries: Vec<serde_json::Value> = reports
+        .iter()
+        .flat_map(|report| {
+            report.diagnostics.iter().map(|diagnostic| {
+                serde_json::json!({
+                    "file": report.file,
+                    "severity": diagnostic.severity.as_str(),
+                    "code": diagnostic.code,
+                    "message": diagnostic.message,
+                    "path": diagnostic.path,
+                    "line": diagnostic.line,
+                    "column": diagnostic.column,
+                })
+            })
+        })
+        .collect();
+    serde_json::Value::Array(entries).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NO_EXECUTOR: &str = "name: p\nsteps:\n  - id: a\n    type: agent_task\n    agent: x\n    message: m\n    roles:\n      monitors: [y]\n";
+
+    #[test]
+    fn text_output_is_compiler_style_with_a_caret() {
+        let diagnostics = validate_file(Path::new("p.yaml"), NO_EXECUTOR, KindArg::Auto);
+        let text = render_text("p.yaml", NO_EXECUTOR, &diagnostics);
+        assert_eq!(
+            text,
+            "p.yaml:7:5: error[EMI002]: Roles must include an 'executor' agent\n  |\n7 |     roles:\n  |     ^\n  = at steps[0].roles\n"
+        );
+    }
+
+    #[test]
+    fn carets_follow_tabs_and_skip_unknown_lines() {
+        let diagnostic = Diagnostic {
+            severity: muster_validator::Severity::Warning,
+            code: "X001",
+            message: "m".to_owned(),
+            path: String::new(),
+            line: 1,
+            column: 3,
+        };
+        assert_eq!(
+            render_text("f", "\tab", std::slice::from_ref(&diagnostic)),
+            "f:1:3: warning[X001]: m\n  |\n1 | \tab\n  | \t ^\n"
+        );
+        let nowhere = Diagnostic { line: 0, column: 0, ..diagnostic };
+        assert_eq!(render_text("f", "", &[nowhere]), "f:0:0: warning[X001]: m\n");
+    }
+
+    #[test]
+    fn json_output_is_one_array_of_findings() {
+        let diagnostics = validate_file(Path::new("p.yaml"), NO_EXECUTOR, KindArg::Auto);
+        let reports = vec![FileReport { file: "p.yaml".to_owned(), source: NO_EXECUTOR.to_owned(), diagnostics }];
+        let value: serde_json::Value = serde_json::from_str(&render_json(&reports)).expect("JSON");
+        assert_eq!(
+            value,
+            serde_json::json!([{
+                "file": "p.yaml",
+                "severity": "error",
+                "code": "EMI002",
+                "message": "Roles must include an 'executor' agent",
+                "path": "steps[0].roles",
+                "line": 7,
+                "column": 5,
+            }])
+        );
+        assert_eq!(render_json(&[]), "[]");
+    }
+
+    #[test]
+    fn kinds_are_detected_from_extension_and_shape() {
+        let auto = |path: &str, source: &str| resolve_kind(Path::new(path), source, KindArg::Auto);
+        assert_eq!(auto("r.md", "steps: []"), DocumentKind::RoleDefinition);
+        assert_eq!(auto("p.yaml", NO_EXECUTOR), DocumentKind::Process);
+        assert_eq!(auto("m.yaml", "roles:\n  lead: {can: [x]}\n"), DocumentKind::PermissionMatrix);
+        assert_eq!(auto("r.yaml", "name: PythonDeveloper\ntools: [x]\n"), DocumentKind::RoleDefinition);
+        assert_eq!(auto("r.yaml", "roles: [a]\n"), DocumentKind::RoleDefinition);
+        assert_eq!(resolve_kind(Path::new("x.yaml"), "name: a", KindArg::Matrix), DocumentKind::PermissionMatrix);
+        let markdown = validate_file(Path::new("r.md"), "# A\n## Mission\nm\n", KindArg::Auto);
+        assert_eq!(markdown, vec![]);
+    }
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(exit_code(false, false), 0);
+        assert_eq!(exit_code(false, true), 1);
+        assert_eq!(exit_code(true, true), 2);
+        assert_eq!(exit_code(true, false), 2);
+    }
+
+    #[test]
+    fn unreadable_files_exit_with_2_and_valid_files_with_0() {
+        let directory = std::env::temp_dir().join(format!("muster-validate-{}", std::process::id()));
+        std::fs::create_dir_all(&directory).expect("temporary directory");
+        let good = directory.join("good.yaml");
+        std::fs::write(&good, "name: p\nsteps:\n  - {id: a, type: human_approval}\n").expect("write");
+        let args = |files: Vec<PathBuf>| ValidateArgs { files, format: OutputFormat::Json, kind: KindArg::Auto };
+        assert_eq!(run(&args(vec![good.clone()])), ExitCode::from(0));
+        assert_eq!(run(&args(vec![good, directory.join("missing.yaml")])), ExitCode::from(2));
+        let _ = std::fs::remove_dir_all(&directory);
+    }
+}

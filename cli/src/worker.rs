@@ -1,0 +1,161 @@
+//! The Rust agent worker library: connect to the execution service, serve
+//! some agents, run each assignment with a [`Behaviour`], and report results.
+//! A worker reconnects by itself when the stream breaks; assignments lost
+//! with a connection are reassigned by the execution service.
+
+use std::{future::Future, sync::Arc, time::Duration};
+
+use muster_proto::execution::v1::{
+    Assignment, ConnectWorkerRequest, ServedAgent, StepFailure, StepResult, WorkerHello, connect_worker_request,
+    connect_worker_response, execution_service_client::ExecutionServiceClient,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// An agent the worker serves, with its roster token.
+#[derive(Debug, Clone)]
+pub struct AgentCredential {
+    /// The agent's id.
+    pub agent_id: String,
+    /// Its bearer token.
+    pub token: String,
+}
+
+/// What a behaviour made of an assignment.
+#[derive(Debug, Clone)]
+pub enum StepOutcome {
+    /// Success, with the output as JSON text, tokens and cost.
+    Completed {
+        /// The output as JSON text.
+        output_json: String,
+        /// Tokens used.
+        tokens_used: u64,
+        /// Cost in US dollars.
+        cost: f64,
+    },
+    /// Failure.
+    Failed {
+        /// A stable code.
+        error_code: String,
+        /// What went wrong.
+        message: String,
+        /// Whether another attempt may succeed.
+        retryable: bool,
+    },
+}
+
+/// How a worker runs its assignments.
+pub trait Behaviour: Send + Sync + 'static {
+    /// Runs one assignment.
+    fn run(&self, assignment: Assignment) -> impl Future<Output = StepOutcome> + Send;
+}
+
+/// Serves `agents` until `shutdown` resolves, reconnecting after failures.
+pub async fn serve<B: Behaviour>(
+    execution_url: String,
+    worker_name: String,
+    agents: Vec<AgentCredential>,
+    behaviour: Arc<B>,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            outcome = session(&execution_url, &worker_name, &agents, &behaviour) => {
+                match outcome {
+                    Err(error) if is_refusal(&error) => return Err(error),
+                    Err(error) => tracing::warn!(%error, "worker connection lost; reconnecting"),
+                    Ok(()) => tracing::info!("worker stream closed by the server; reconnecting"),
+                }
+            }
+        }
+        tokio::select! {
+            () = &mut shutdown => return Ok(()),
+            () = tokio::time::sleep(backoff) => {}
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// A refusal (bad token, bad hello) will not get better by reconnecting.
+fn is_refusal(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<tonic::Status>().is_some_and(|status| {
+        matches!(
+            status.code(),
+            tonic::Code::Unauthenticated | tonic::Code::PermissionDenied | tonic::Code::InvalidArgument
+        )
+    })
+}
+
+async fn session<B: Behaviour>(
+    execution_url: &str,
+    worker_name: &str,
+    agents: &[AgentCredential],
+    behaviour: &Arc<B>,
+) -> anyhow::Result<()> {
+    let mut client = ExecutionServiceClient::connect(execution_url.to_owned()).await?;
+    let (sender, receiver) = mpsc::channel::<ConnectWorkerRequest>(256);
+    sender
+        .send(ConnectWorkerRequest {
+            message: Some(connect_worker_request::Message::Hello(WorkerHello {
+                worker_name: worker_name.to_owned(),
+                agents: agents
+                    .iter()
+                    .map(|agent| ServedAgent { agent_id: agent.agent_id.clone(), token: agent.token.clone() })
+                    .collect(),
+                tools: Vec::new(),
+                max_concurrency: 64,
+            })),
+        })
+        .await?;
+    let mut inbound = client.connect_worker(ReceiverStream::new(receiver)).await?.into_inner();
+    while let Some(message) = inbound.message().await? {
+        match message.message {
+            Some(connect_worker_response::Message::Welcome(welcome)) => {
+                tracing::info!(worker_id = %welcome.worker_id, agents = agents.len(), "worker connected");
+            }
+            Some(connect_worker_response::Message::Assignment(assignment)) => {
+                let behaviour = behaviour.clone();
+                let sender = sender.clone();
+                tokio::spawn(async move {
+                    let assignment_id = assignment.assignment_id.clone();
+                    let started = std::time::Instant::now();
+                    let message = match behaviour.run(assignment).await {
+                        StepOutcome::Completed { output_json, tokens_used, cost } => {
+                            connect_worker_request::Message::Result(StepResult {
+                                assignment_id,
+                                output_json,
+                                tokens_used,
+                                cost,
+                                duration_ms: started.elapsed().as_millis() as u64,
+                                post_to_inbox: String::new(),
+                            })
+                        }
+                        StepOutcome::Failed { error_code, message, retryable } => {
+                            connect_worker_request::Message::Failure(StepFailure {
+                                assignment_id,
+                                error_code,
+                                message,
+                                retryable,
+                            })
+                        }
+                    };
+                    let _ = sender.send(ConnectWorkerRequest { message: Some(message) }).await;
+                });
+            }
+            Some(connect_worker_response::Message::Cancel(cancel)) => {
+                tracing::info!(assignment = %cancel.assignment_id, reason = %cancel.reason, "assignment withdrawn");
+            }
+            Some(connect_worker_response::Message::Delegation(outcome)) => {
+                tracing::info!(assignment = %outcome.assignment_id, accepted = outcome.accepted, reason = %outcome.reason, "delegation answered");
+            }
+            Some(connect_worker_response::Message::ToolCall(call)) => {
+                tracing::warn!(tool = %call.tool, "tool call for a worker that provides no tools");
+            }
+            None => {}
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,264 @@
+//! A step task: finds the step's executor (named, or decided by the roster),
+//! builds the assignment with its task context, hands it to a worker and
+//! waits for the outcome. It reports progress to the driver, which alone
+//! writes state.
+
+use std::{collections::HashMap, sync::Arc, time::Duration};
+
+use muster_proto::{
+    execution::v1::{Assignment, HistoryEntry, StepFailure},
+    roster::v1 as roster,
+};
+use muster_validator::StepDefinition;
+use tokio::sync::mpsc;
+
+use super::{
+    Engine,
+    driver::{assignment_id, step_roles},
+};
+use crate::workers::Outcome;
+
+/// What a step task tells its driver before the outcome.
+#[derive(Debug)]
+pub(crate) enum StepUpdate {
+    /// The step was handed to `agent_id`'s worker queue.
+    Assigned { position: usize, attempt: u32, agent_id: String },
+    /// The roster chose an agent (or escalated to a senior).
+    Delegated { position: usize, attempt: u32, agent_id: String, detail: String, escalated: bool },
+    /// The step waits for a busy expert.
+    Queued { position: usize, attempt: u32, expert_id: String, wait_seconds: u64, detail: String },
+}
+
+impl StepUpdate {
+    pub(crate) fn step(&self) -> (usize, u32) {
+        match self {
+            Self::Assigned { position, attempt, .. }
+            | Self::Delegated { position, attempt, .. }
+            | Self::Queued { position, attempt, .. } => (*position, *attempt),
+        }
+    }
+}
+
+pub(crate) struct StepTask {
+    pub(crate) engine: Arc<Engine>,
+    pub(crate) execution_id: String,
+    pub(crate) process_name: String,
+    pub(crate) process_version: u32,
+    pub(crate) execution_inputs_json: String,
+    pub(crate) lead_agent_id: String,
+    pub(crate) position: usize,
+    pub(crate) attempt: u32,
+    pub(crate) definition: StepDefinition,
+    pub(crate) upstream_outputs: HashMap<String, String>,
+    pub(crate) shared_memory_json: String,
+    pub(crate) history: Vec<HistoryEntry>,
+    pub(crate) updates: mpsc::UnboundedSender<StepUpdate>,
+}
+
+impl StepTask {
+    pub(crate) async fn run(self) -> (usize, u32, Outcome) {
+        let (position, attempt) = (self.position, self.attempt);
+        (position, attempt, self.execute().await)
+    }
+
+    async fn execute(self) -> Outcome {
+        if self.attempt > 1 {
+            let exponent = (self.attempt - 2).min(5);
+            tokio::time::sleep(Duration::from_millis(100 << exponent)).await;
+        }
+        let agent_id = match self.find_executor().await {
+            Ok(agent_id) => agent_id,
+            Err(failure) => return Outcome::Failed(failure),
+        };
+        let _ = self.updates.send(StepUpdate::Assigned {
+            position: self.position,
+            attempt: self.attempt,
+            agent_id: agent_id.clone(),
+        });
+        let assignment = self.assignment(agent_id).await;
+        let id = assignment.assignment_id.clone();
+        let receiver = self.engine.workers.dispatch(assignment).await;
+        let outcome = match self.definition.timeout_seconds {
+            Some(seconds) => match tokio::time::timeout(Duration::from_secs(seconds), receiver).await {
+                Ok(outcome) => outcome,
+                Err(_) => {
+                    self.engine.workers.withdraw(&id, "timed out");
+                    return Outcome::Failed(StepFailure {
+                        assignment_id: id,
+                        error_code: "TIMEOUT".to_owned(),
+                        message: format!("no result within {seconds} s"),
+                        retryable: true,
+                    });
+                }
+            },
+            None => receiver.await,
+        };
+        outcome.unwrap_or(Outcome::WorkerLost)
+    }
+
+    /// The named executor, or the roster's decision for a step that asks for delegation.
+    async fn find_executor(&self) -> Result<String, StepFailure> {
+        if let Some(agent_id) = self.definition.executor() {
+            return Ok(agent_id.to_owned());
+        }
+        let failure = |code: &str, message: String| StepFailure {
+            assignment_id: String::new(),
+            error_code: code.to_owned(),
+            message,
+            retryable: false,
+        };
+        let Some(criteria) = &self.definition.delegate else {
+            return Err(failure("NO_EXECUTOR", "the step names no executor and asks for no delegation".to_owned()));
+        };
+        let urgency = match criteria.urgency.as_deref() {
+            Some("low") => roster::Urgency::Low,
+            Some("high") => roster::Urgency::High,
+            Some("critical") => roster::Urgency::Critical,
+            _ => roster::Urgency::Normal,
+        };
+        let request = roster::DelegateRequest {
+            task_id: format!("{}/{}", self.execution_id, self.definition.id),
+            requester_id: self.lead_agent_id.clone(),
+            required_expertise: criteria.expertise.clone(),
+            required_role: criteria.role.clone().unwrap_or_default(),
+            team: criteria.team.clone().unwrap_or_default(),
+            urgency: urgency as i32,
+            description: self.definition.message.clone(),
+            ..Default::default()
+        };
+        let mut client = self.engine.roster.clone();
+        let decision = loop {
+            match client.delegate(request.clone()).await {
+                Ok(response) => break response.into_inner().decision.unwrap_or_default(),
+                Err(status) if status.code() == tonic::Code::Unavailable => {
+                    // The roster is down: delegations wait for it rather than fail.
+                    tracing::warn!(step = %self.definition.id, error = %status.message(), "roster unavailable; delegation waits");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(status) => {
+                    return Err(failure("NO_EXECUTOR", format!("the roster refused to delegate: {}", status.message())));
+                }
+            }
+        };
+        self.follow_decision(&mut client, decision).await
+    }
+
+    async fn follow_decision(
+        &self,
+        client: &mut crate::clients::RosterClient,
+        decision: roster::DelegationDecision,
+    ) -> Result<String, StepFailure> {
+        let escalation_failure = |reasoning: &str| StepFailure {
+            assignment_id: String::new(),
+            error_code: "ESCALATED".to_owned(),
+            message: format!("no agent can take the step: {reasoning}"),
+            retryable: false,
+        };
+        match roster::DecisionKind::try_from(decision.decision).unwrap_or_default() {
+            roster::DecisionKind::Delegate => {
+                self.report_delegation(&decision, false);
+                Ok(decision.primary_agent_id)
+            }
+            roster::DecisionKind::Escalate if !decision.primary_agent_id.is_empty() => {
+                self.report_delegation(&decision, true);
+                Ok(decision.primary_agent_id)
+            }
+            roster::DecisionKind::Queue => {
+                let _ = self.updates.send(StepUpdate::Queued {
+                    position: self.position,
+                    attempt: self.attempt,
+                    expert_id: decision.primary_agent_id.clone(),
+                    wait_seconds: decision.wait_seconds,
+                    detail: decision.reasoning.clone(),
+                });
+                let task_id = format!("{}/{}", self.execution_id, self.definition.id);
+                let resolved = async {
+                    let mut stream =
+                        client.watch_queued_task(roster::WatchQueuedTaskRequest { task_id }).await?.into_inner();
+                    stream.message().await
+                };
+                match resolved.await {
+                    Ok(Some(roster::WatchQueuedTaskResponse { decision: Some(resolution) })) => {
+                        Box::pin(self.follow_decision(client, resolution)).await
+                    }
+                    Ok(_) => Err(escalation_failure("the roster closed the queue watch without a decision")),
+                    Err(status) => Err(escalation_failure(status.message())),
+                }
+            }
+            _ => Err(escalation_failure(&decision.reasoning)),
+        }
+    }
+
+    fn report_delegation(&self, decision: &roster::DelegationDecision, escalated: bool) {
+        let _ = self.updates.send(StepUpdate::Delegated {
+            position: self.position,
+            attempt: self.attempt,
+            agent_id: decision.primary_agent_id.clone(),
+            detail: if decision.text.is_empty() { decision.reasoning.clone() } else { decision.text.clone() },
+            escalated,
+        });
+    }
+
+    async fn assignment(&self, agent_id: String) -> Assignment {
+        let (role_definition, system_prompt) = self.agent_context(&agent_id).await;
+        Assignment {
+            assignment_id: assignment_id(&self.execution_id, &self.definition.id, self.attempt),
+            idempotency_key: format!("{}/{}", self.execution_id, self.definition.id),
+            attempt: self.attempt,
+            agent_id,
+            execution_id: self.execution_id.clone(),
+            process_name: self.process_name.clone(),
+            process_version: self.process_version,
+            step_id: self.definition.id.clone(),
+            step_name: self.definition.name.clone(),
+            step_type: self.definition.step_type.clone(),
+            message: self.definition.message.clone(),
+            inputs_json: merge_inputs(&self.execution_inputs_json, &self.definition.inputs_json),
+            upstream_outputs: self.upstream_outputs.clone(),
+            shared_memory_json: self.shared_memory_json.clone(),
+            history: self.history.clone(),
+            role_definition,
+            system_prompt,
+            roles: Some(step_roles(&self.definition)),
+            delegation_chain: Vec::new(),
+            timeout_ms: self.definition.timeout_seconds.map(|seconds| seconds * 1000).unwrap_or(0),
+        }
+    }
+
+    /// The agent's role definition and rendered prompt; an assignment goes out
+    /// without them when the roster cannot provide them.
+    async fn agent_context(&self, agent_id: &str) -> (Option<roster::RoleDefinition>, String) {
+        let mut client = self.engine.roster.clone();
+        let role_definition = match client.get_agent(roster::GetAgentRequest { id: agent_id.to_owned() }).await {
+            Ok(response) => match response.into_inner().agent {
+                Some(agent) if !agent.role.is_empty() => client
+                    .get_role_definition(roster::GetRoleDefinitionRequest { name: agent.role })
+                    .await
+                    .ok()
+                    .and_then(|response| response.into_inner().role),
+                _ => None,
+            },
+            Err(status) => {
+                tracing::debug!(agent_id, error = %status.message(), "no agent details for the assignment");
+                None
+            }
+        };
+        let system_prompt = client
+            .render_system_prompt(roster::RenderSystemPromptRequest { agent_id: agent_id.to_owned() })
+            .await
+            .map(|response| response.into_inner().system_prompt)
+            .unwrap_or_default();
+        (role_definition, system_prompt)
+    }
+}
+
+/// The execution's inputs overlaid with the step's own.
+fn merge_inputs(execution_inputs: &str, step_inputs: &str) -> String {
+    let parse = |text: &str| match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    };
+    let mut merged = parse(execution_inputs);
+    merged.extend(parse(step_inputs));
+    serde_json::Value::Object(merged).to_string()
+}

@@ -1,0 +1,421 @@
+//! One execution's driver: the only writer of its state. It starts ready
+//! steps (up to the parallel limit), records what step tasks report, fails
+//! the dependants of failed steps, and ends the execution.
+
+use std::{collections::HashMap, sync::Arc};
+
+use muster_proto::common::v1::{EventType, StepError, StepEvent, StepRoles};
+use muster_validator::{ProcessDefinition, StepDefinition};
+use tokio::{sync::mpsc, task::JoinSet};
+
+use super::{
+    Engine,
+    assignment::{StepTask, StepUpdate},
+};
+use crate::{
+    Result,
+    domain::{ExecutionStatus, StepStatus},
+    store::{ExecutionRow, StepRow},
+    workers::Outcome,
+};
+
+pub(crate) struct Driver {
+    engine: Arc<Engine>,
+    execution: ExecutionRow,
+    definition: ProcessDefinition,
+    index: HashMap<String, usize>,
+    running: JoinSet<(usize, u32, Outcome)>,
+    updates_sender: mpsc::UnboundedSender<StepUpdate>,
+    updates: mpsc::UnboundedReceiver<StepUpdate>,
+    cancel: mpsc::UnboundedReceiver<String>,
+    max_parallel: usize,
+}
+
+impl Driver {
+    pub(crate) fn new(
+        engine: Arc<Engine>,
+        mut execution: ExecutionRow,
+        definition: ProcessDefinition,
+        cancel: mpsc::UnboundedReceiver<String>,
+    ) -> Self {
+        // Steps that were running when the service stopped are assigned again.
+        for step in &mut execution.steps {
+            if step.status == StepStatus::Running {
+                step.status = StepStatus::Ready;
+            }
+        }
+        let index = definition.steps.iter().enumerate().map(|(position, step)| (step.id.clone(), position)).collect();
+        let max_parallel =
+            definition.max_parallel.map(|limit| limit as usize).unwrap_or(engine.default_max_parallel).max(1);
+        let (updates_sender, updates) = mpsc::unbounded_channel();
+        Self {
+            engine,
+            execution,
+            definition,
+            index,
+            running: JoinSet::new(),
+            updates_sender,
+            updates,
+            cancel,
+            max_parallel,
+        }
+    }
+
+    pub(crate) async fn run(mut self) -> Result<()> {
+        loop {
+            self.advance().await?;
+            if self.execution.steps.iter().all(|step| step.status.is_final()) {
+                return self.finish(None).await;
+            }
+            tokio::select! {
+                biased;
+                Some(update) = self.updates.recv() => self.apply_update(update).await?,
+                Some(reason) = self.cancel.recv() => return self.finish(Some(reason)).await,
+                Some(joined) = self.running.join_next() => {
+                    match joined {
+                        Ok((position, attempt, outcome)) => self.settle(position, attempt, outcome).await?,
+                        Err(error) => tracing::error!(execution_id = %self.execution.id, %error, "step task panicked"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Fails the dependants of failed steps, readies steps whose dependencies
+    /// are done, and starts ready steps up to the parallel limit.
+    async fn advance(&mut self) -> Result<()> {
+        let mut changed = Vec::new();
+        let mut events = Vec::new();
+        loop {
+            let mut progressed = false;
+            for position in 0..self.execution.steps.len() {
+                if self.execution.steps[position].status != StepStatus::Pending {
+                    continue;
+                }
+                let definition = &self.definition.steps[position];
+                let mut all_done = true;
+                let mut blocking_failure = None;
+                for dependency in &definition.depends_on {
+                    let Some(&dependency_position) = self.index.get(dependency) else { continue };
+                    let dependency_row = &self.execution.steps[dependency_position];
+                    let continues = self.definition.steps[dependency_position].continue_on_failure;
+                    match dependency_row.status {
+                        StepStatus::Completed => {}
+                        StepStatus::Failed | StepStatus::Cancelled if continues => {}
+                        StepStatus::Failed | StepStatus::Cancelled => blocking_failure = Some(dependency.clone()),
+                        _ => all_done = false,
+                    }
+                }
+                if let Some(failed_dependency) = blocking_failure {
+                    let now = muster_runtime::time::now_millis();
+                    let step = &mut self.execution.steps[position];
+                    step.status = StepStatus::Failed;
+                    step.error_code = "UPSTREAM_FAILED".to_owned();
+                    step.error_message =
+                        format!("step '{failed_dependency}', which this step depends on, did not complete");
+                    step.ended_at = Some(now);
+                    changed.push(position);
+                    let mut event = self.step_event(EventType::StepFailed, position);
+                    event.error = Some(StepError {
+                        code: self.execution.steps[position].error_code.clone(),
+                        message: self.execution.steps[position].error_message.clone(),
+                    });
+                    events.push(event);
+                    progressed = true;
+                } else if all_done {
+                    self.execution.steps[position].status = StepStatus::Ready;
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+        self.persist(&changed, false, events).await?;
+
+        let mut in_flight = self.running.len();
+        for position in 0..self.execution.steps.len() {
+            if in_flight >= self.max_parallel {
+                break;
+            }
+            if self.execution.steps[position].status == StepStatus::Ready {
+                self.spawn_step(position);
+                in_flight += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn spawn_step(&mut self, position: usize) {
+        let step = &mut self.execution.steps[position];
+        step.status = StepStatus::Running;
+        step.attempt += 1;
+        let attempt = step.attempt;
+        let definition = self.definition.steps[position].clone();
+        let upstream_outputs = definition
+            .depends_on
+            .iter()
+            .filter_map(|dependency| {
+                let row = &self.execution.steps[*self.index.get(dependency)?];
+                (row.status == StepStatus::Completed).then(|| (dependency.clone(), row.output_json.clone()))
+            })
+            .collect();
+        let task = StepTask {
+            engine: self.engine.clone(),
+            execution_id: self.execution.id.clone(),
+            process_name: self.execution.process_name.clone(),
+            process_version: self.execution.process_version,
+            execution_inputs_json: self.execution.inputs_json.clone(),
+            lead_agent_id: self.execution.lead_agent_id.clone(),
+            position,
+            attempt,
+            definition,
+            upstream_outputs,
+            shared_memory_json: self.shared_memory_json(),
+            history: self.history(),
+            updates: self.updates_sender.clone(),
+        };
+        self.running.spawn(task.run());
+    }
+
+    async fn apply_update(&mut self, update: StepUpdate) -> Result<()> {
+        let (position, attempt) = update.step();
+        if self.execution.steps[position].attempt != attempt
+            || self.execution.steps[position].status != StepStatus::Running
+        {
+            return Ok(());
+        }
+        let event = match update {
+            StepUpdate::Assigned { agent_id, .. } => {
+                let step = &mut self.execution.steps[position];
+                step.executor = agent_id;
+                step.started_at = Some(muster_runtime::time::now_millis());
+                self.step_event(EventType::StepStarted, position)
+            }
+            StepUpdate::Delegated { agent_id, detail, escalated, .. } => {
+                self.execution.steps[position].executor = agent_id;
+                let kind = if escalated { EventType::StepEscalated } else { EventType::StepDelegated };
+                let mut event = self.step_event(kind, position);
+                event.detail = detail;
+                event
+            }
+            StepUpdate::Queued { expert_id, wait_seconds, detail, .. } => {
+                self.execution.steps[position].executor = expert_id;
+                let mut event = self.step_event(EventType::StepQueued, position);
+                event.wait_seconds = wait_seconds;
+                event.detail = detail;
+                event
+            }
+        };
+        self.persist(&[position], false, vec![event]).await
+    }
+
+    async fn settle(&mut self, position: usize, attempt: u32, outcome: Outcome) -> Result<()> {
+        if self.execution.steps[position].attempt != attempt
+            || self.execution.steps[position].status != StepStatus::Running
+        {
+            return Ok(());
+        }
+        let now = muster_runtime::time::now_millis();
+        let retries = self.definition.steps[position].retries;
+        let step = &mut self.execution.steps[position];
+        let event = match outcome {
+            Outcome::Completed(result) => {
+                step.status = StepStatus::Completed;
+                step.output_json = if result.output_json.is_empty() { "null".to_owned() } else { result.output_json };
+                step.cost = result.cost;
+                step.tokens_used = result.tokens_used;
+                step.ended_at = Some(now);
+                let duration_ms =
+                    step.started_at.map(|started| (now - started).max(0) as u64).unwrap_or(result.duration_ms);
+                let mut event = self.step_event(EventType::StepCompleted, position);
+                event.duration_ms = duration_ms;
+                Some(event)
+            }
+            Outcome::Failed(failure) if failure.retryable && attempt <= retries => {
+                tracing::info!(execution_id = %self.execution.id, step = %step.step_id, attempt, error = %failure.message, "step failed; retrying");
+                step.status = StepStatus::Ready;
+                step.error_code = failure.error_code;
+                step.error_message = failure.message;
+                None
+            }
+            Outcome::Failed(failure) => {
+                step.status = StepStatus::Failed;
+                step.error_code =
+                    if failure.error_code.is_empty() { "WORKER_FAILED".to_owned() } else { failure.error_code };
+                step.error_message = failure.message;
+                step.ended_at = Some(now);
+                let mut event = self.step_event(EventType::StepFailed, position);
+                event.error = Some(StepError {
+                    code: self.execution.steps[position].error_code.clone(),
+                    message: self.execution.steps[position].error_message.clone(),
+                });
+                Some(event)
+            }
+            Outcome::WorkerLost => {
+                tracing::info!(execution_id = %self.execution.id, step = %step.step_id, attempt, "worker lost; assigning the step again");
+                step.status = StepStatus::Ready;
+                None
+            }
+        };
+        if self.execution.steps[position].status.is_final() {
+            self.release_delegation(position);
+        }
+        self.persist(&[position], false, event.into_iter().collect()).await
+    }
+
+    /// Frees the roster slot a delegated step held, whatever its outcome.
+    fn release_delegation(&self, position: usize) {
+        let definition = &self.definition.steps[position];
+        if definition.executor().is_some() || definition.delegate.is_none() {
+            return;
+        }
+        let mut roster = self.engine.roster.clone();
+        let task_id = format!("{}/{}", self.execution.id, definition.id);
+        tokio::spawn(async move {
+            let request = muster_proto::roster::v1::ReleaseTaskRequest { task_id: task_id.clone() };
+            if let Err(status) = roster.release_task(request).await {
+                tracing::warn!(%task_id, error = %status.message(), "could not release the delegated slot");
+            }
+        });
+    }
+
+    /// Ends the execution: cancelled when `cancel_reason` is given, else
+    /// completed when every step completed and failed otherwise.
+    async fn finish(&mut self, cancel_reason: Option<String>) -> Result<()> {
+        let now = muster_runtime::time::now_millis();
+        let mut changed = Vec::new();
+        if let Some(reason) = &cancel_reason {
+            self.running.abort_all();
+            for (position, step) in self.execution.steps.iter_mut().enumerate() {
+                if !step.status.is_final() {
+                    self.engine
+                        .workers
+                        .withdraw(&assignment_id(&self.execution.id, &step.step_id, step.attempt), reason);
+                    step.status = StepStatus::Cancelled;
+                    step.error_code = "CANCELLED".to_owned();
+                    step.error_message = reason.clone();
+                    step.ended_at = Some(now);
+                    changed.push(position);
+                }
+            }
+            for position in changed.clone() {
+                self.release_delegation(position);
+            }
+            self.execution.status = ExecutionStatus::Cancelled;
+            self.execution.reason = reason.clone();
+        } else if let Some(failed) = self.execution.steps.iter().find(|step| step.status != StepStatus::Completed) {
+            self.execution.status = ExecutionStatus::Failed;
+            self.execution.reason =
+                format!("step '{}' {}: {}", failed.step_id, failed.status.as_str(), failed.error_message);
+        } else {
+            self.execution.status = ExecutionStatus::Completed;
+        }
+        self.execution.ended_at = Some(now);
+        let mut event = new_event(&mut self.execution, EventType::ExecutionFinished);
+        event.execution_status = self.execution.status.to_wire() as i32;
+        event.detail = self.execution.reason.clone();
+        self.persist(&changed, true, vec![event]).await?;
+        tracing::info!(execution_id = %self.execution.id, status = self.execution.status.as_str(), reason = %self.execution.reason, "execution finished");
+        Ok(())
+    }
+
+    async fn persist(&mut self, positions: &[usize], execution_changed: bool, events: Vec<StepEvent>) -> Result<()> {
+        if positions.is_empty() && !execution_changed && events.is_empty() {
+            return Ok(());
+        }
+        let steps: Vec<&StepRow> = positions.iter().map(|position| &self.execution.steps[*position]).collect();
+        self.engine.store.record(&self.execution, &steps, execution_changed, &events).await?;
+        self.engine.announce(events);
+        Ok(())
+    }
+
+    fn step_event(&mut self, event_type: EventType, position: usize) -> StepEvent {
+        let definition = &self.definition.steps[position];
+        let row = &self.execution.steps[position];
+        let roles = step_roles(definition);
+        let mut event = StepEvent {
+            step_id: row.step_id.clone(),
+            step_name: definition.name.clone(),
+            roles: Some(roles),
+            agent_id: row.executor.clone(),
+            retry_count: row.attempt.saturating_sub(1),
+            output_json: if event_type == EventType::StepCompleted { row.output_json.clone() } else { String::new() },
+            cost: row.cost,
+            tokens_used: row.tokens_used,
+            ..Default::default()
+        };
+        let base = new_event(&mut self.execution, event_type);
+        event.event_id = base.event_id;
+        event.sequence = base.sequence;
+        event.r#type = base.r#type;
+        event.occurred_at = base.occurred_at;
+        event.execution_id = base.execution_id;
+        event.process_name = base.process_name;
+        event.process_version = base.process_version;
+        event.lead_agent_id = base.lead_agent_id;
+        event
+    }
+
+    fn shared_memory_json(&self) -> String {
+        let memory: serde_json::Map<String, serde_json::Value> = self
+            .execution
+            .steps
+            .iter()
+            .filter(|step| step.status == StepStatus::Completed)
+            .map(|step| {
+                let value = serde_json::from_str(&step.output_json)
+                    .unwrap_or(serde_json::Value::String(step.output_json.clone()));
+                (step.step_id.clone(), value)
+            })
+            .collect();
+        serde_json::Value::Object(memory).to_string()
+    }
+
+    fn history(&self) -> Vec<muster_proto::execution::v1::HistoryEntry> {
+        let mut finished: Vec<&StepRow> = self.execution.steps.iter().filter(|step| step.status.is_final()).collect();
+        finished.sort_by_key(|step| step.ended_at);
+        finished
+            .into_iter()
+            .map(|step| muster_proto::execution::v1::HistoryEntry {
+                step_id: step.step_id.clone(),
+                agent_id: step.executor.clone(),
+                action: step.status.as_str().to_owned(),
+                at: step.ended_at.map(muster_runtime::time::to_timestamp),
+            })
+            .collect()
+    }
+}
+
+/// The roles of a step as sent in events; a step with only an `agent` has it as executor.
+pub(crate) fn step_roles(definition: &StepDefinition) -> StepRoles {
+    match &definition.roles {
+        Some(roles) => StepRoles {
+            executor: roles.executor.clone(),
+            monitors: roles.monitors.clone(),
+            informed: roles.informed.clone(),
+        },
+        None => StepRoles { executor: definition.agent.clone().unwrap_or_default(), ..Default::default() },
+    }
+}
+
+/// The id of one attempt of a step.
+pub(super) fn assignment_id(execution_id: &str, step_id: &str, attempt: u32) -> String {
+    format!("{execution_id}/{step_id}/{attempt}")
+}
+
+/// A new event of the execution, with the next sequence number.
+pub(crate) fn new_event(execution: &mut ExecutionRow, event_type: EventType) -> StepEvent {
+    execution.last_sequence += 1;
+    StepEvent {
+        event_id: uuid::Uuid::now_v7().to_string(),
+        sequence: execution.last_sequence,
+        r#type: event_type as i32,
+        occurred_at: Some(muster_runtime::time::to_timestamp(muster_runtime::time::now_millis())),
+        execution_id: execution.id.clone(),
+        process_name: execution.process_name.clone(),
+        process_version: execution.process_version,
+        lead_agent_id: execution.lead_agent_id.clone(),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,157 @@
+//! The engine: starts executions, drives each one as a DAG in a task of its
+//! own (the only writer of that execution's state), and resumes unfinished
+//! executions after a restart.
+
+mod assignment;
+mod driver;
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+
+use muster_proto::common::v1::{EventType, StepEvent};
+use muster_validator::ProcessDefinition;
+use tokio::sync::{Notify, broadcast, mpsc};
+
+use crate::{
+    Error, Result,
+    clients::RosterClient,
+    domain::ExecutionStatus,
+    store::{ExecutionRow, ProcessRow, StepRow, Store},
+    workers::Workers,
+};
+
+pub(crate) use driver::{new_event, step_roles};
+
+/// Shared by the gRPC handlers and the execution drivers.
+pub(crate) struct Engine {
+    pub(crate) store: Store,
+    pub(crate) workers: Arc<Workers>,
+    pub(crate) roster: RosterClient,
+    /// Every recorded event, for `WatchExecution`.
+    pub(crate) events: broadcast::Sender<StepEvent>,
+    /// Woken whenever events enter the outbox.
+    pub(crate) outbox_wake: Arc<Notify>,
+    pub(crate) default_max_parallel: usize,
+    cancellations: Mutex<HashMap<String, mpsc::UnboundedSender<String>>>,
+}
+
+/// What a caller asks to start.
+pub(crate) struct StartRequest {
+    pub(crate) process: ProcessRow,
+    pub(crate) definition: ProcessDefinition,
+    pub(crate) inputs_json: String,
+    pub(crate) lead_agent_id: String,
+    pub(crate) idempotency_key: Option<String>,
+}
+
+impl Engine {
+    pub(crate) fn new(store: Store, roster: RosterClient, default_max_parallel: usize) -> Arc<Self> {
+        let (events, _) = broadcast::channel(4096);
+        Arc::new(Self {
+            store,
+            workers: Arc::new(Workers::default()),
+            roster,
+            events,
+            outbox_wake: Arc::new(Notify::new()),
+            default_max_parallel,
+            cancellations: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Creates an execution and starts driving it.
+    pub(crate) async fn start(self: &Arc<Self>, request: StartRequest) -> Result<ExecutionRow> {
+        if let Some(key) = &request.idempotency_key
+            && let Some(existing) = self.store.find_by_idempotency_key(key).await?
+        {
+            return self
+                .store
+                .get_execution(&existing)
+                .await?
+                .ok_or_else(|| Error::NotFound(format!("execution {existing} vanished")));
+        }
+        let now = muster_runtime::time::now_millis();
+        let mut execution = ExecutionRow {
+            id: uuid::Uuid::now_v7().to_string(),
+            process_name: request.process.name.clone(),
+            process_version: request.process.version,
+            status: ExecutionStatus::Running,
+            reason: String::new(),
+            lead_agent_id: request.lead_agent_id,
+            inputs_json: request.inputs_json,
+            idempotency_key: request.idempotency_key,
+            started_at: now,
+            ended_at: None,
+            last_sequence: 0,
+            steps: request
+                .definition
+                .steps
+                .iter()
+                .enumerate()
+                .map(|(position, step)| StepRow::new(step.id.clone(), position as u32))
+                .collect(),
+        };
+        let started = new_event(&mut execution, EventType::ExecutionStarted);
+        self.store.create_execution(&execution, std::slice::from_ref(&started)).await?;
+        self.announce(vec![started]);
+        tracing::info!(execution_id = %execution.id, process = %execution.process_name, version = execution.process_version, "execution started");
+        self.spawn_driver(execution.clone(), request.definition);
+        Ok(execution)
+    }
+
+    /// Resumes every execution that had not ended when the service stopped.
+    pub(crate) async fn resume_unfinished(self: &Arc<Self>) -> Result<usize> {
+        let ids = self.store.unfinished_executions().await?;
+        for id in &ids {
+            let Some(execution) = self.store.get_execution(id).await? else { continue };
+            let Some(process) =
+                self.store.get_process(&execution.process_name, Some(execution.process_version)).await?
+            else {
+                tracing::error!(execution_id = %id, "the process version of an unfinished execution is missing");
+                continue;
+            };
+            let definition = parse_definition(&process.source)?;
+            tracing::info!(execution_id = %id, "resuming execution");
+            self.spawn_driver(execution, definition);
+        }
+        Ok(ids.len())
+    }
+
+    /// Asks the driver of a running execution to cancel it.
+    pub(crate) fn request_cancel(&self, execution_id: &str, reason: String) -> bool {
+        let cancellations = self.cancellations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        cancellations.get(execution_id).is_some_and(|cancel| cancel.send(reason).is_ok())
+    }
+
+    pub(crate) fn announce(&self, events: Vec<StepEvent>) {
+        self.outbox_wake.notify_one();
+        for event in events {
+            let _ = self.events.send(event);
+        }
+    }
+
+    fn spawn_driver(self: &Arc<Self>, execution: ExecutionRow, definition: ProcessDefinition) {
+        let (cancel_sender, cancel) = mpsc::unbounded_channel();
+        self.cancellations
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(execution.id.clone(), cancel_sender);
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let execution_id = execution.id.clone();
+            if let Err(error) = driver::Driver::new(engine.clone(), execution, definition, cancel).run().await {
+                tracing::error!(%execution_id, %error, "execution driver stopped; it resumes when the service restarts");
+            }
+            engine.cancellations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&execution_id);
+        });
+    }
+}
+
+/// The runnable model of a stored, already validated process source.
+pub(crate) fn parse_definition(source: &str) -> Result<ProcessDefinition> {
+    let report = muster_validator::validate_process(source, &muster_validator::Context::default());
+    report
+        .process
+        .ok_or_else(|| Error::InvalidProcess(report.diagnostics.iter().map(crate::grpc::diagnostic_to_wire).collect()))
+}

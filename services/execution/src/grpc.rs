@@ -1,0 +1,647 @@
+//! The gRPC face of the execution service: wire types in, domain calls,
+//! wire types out. Errors become statuses through `From<Error> for Status`.
+
+use std::{pin::Pin, sync::Arc};
+
+use muster_proto::{
+    common::v1::{self as common, EventType},
+    execution::v1::{self as wire, execution_service_server::ExecutionService},
+    roster::v1 as roster,
+    validator::v1 as validator,
+};
+use muster_runtime::{status::unimplemented, time::to_timestamp};
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::{Stream, wrappers::ReceiverStream};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::{
+    Error, Result,
+    clients::{ValidatorClient, all_agents, dependency_error},
+    domain::ExecutionStatus,
+    engine::{Engine, StartRequest, parse_definition},
+    store::{ExecutionFilter, ExecutionRow, ProcessRow},
+    workers::{Outcome, WorkerSender},
+};
+
+type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// The ExecutionService implementation.
+pub(crate) struct ExecutionApi {
+    engine: Arc<Engine>,
+    validator: ValidatorClient,
+}
+
+impl ExecutionApi {
+    pub(crate) fn new(engine: Arc<Engine>, validator: ValidatorClient) -> Self {
+        Self { engine, validator }
+    }
+
+    /// What the validator should know: the roster's agents and roles.
+    async fn validation_context(&self) -> Result<validator::ValidationContext> {
+        let mut roster = self.engine.roster.clone();
+        let agents = all_agents(&mut roster)
+            .await?
+            .into_iter()
+            .map(|agent| validator::KnownAgent {
+                offline: agent.status == roster::AgentStatus::Offline as i32,
+                id: agent.id,
+                role: agent.role,
+            })
+            .collect();
+        let roles = roster
+            .list_role_definitions(roster::ListRoleDefinitionsRequest {})
+            .await
+            .map_err(|status| dependency_error("roster", status))?
+            .into_inner()
+            .roles;
+        let check_roles = !roles.is_empty();
+        Ok(validator::ValidationContext {
+            agents,
+            roles: roles
+                .into_iter()
+                .map(|role| validator::KnownRole {
+                    name: role.name,
+                    permitted_tools: role.tools,
+                    permitted_actions: role.permitted_actions,
+                })
+                .collect(),
+            tools: Vec::new(),
+            check_agents: true,
+            check_roles,
+            check_tools: false,
+        })
+    }
+
+    async fn publish(&self, request: wire::PublishProcessRequest) -> Result<wire::PublishProcessResponse> {
+        if request.source.trim().is_empty() {
+            return Err(Error::InvalidArgument("source is empty: send the process YAML".to_owned()));
+        }
+        let context = self.validation_context().await?;
+        let report = self
+            .validator
+            .clone()
+            .validate_process(validator::ValidateProcessRequest {
+                source: request.source.clone(),
+                file_name: request.file_name.clone(),
+                context: Some(context),
+            })
+            .await
+            .map_err(|status| dependency_error("validator", status))?
+            .into_inner();
+        if !report.valid {
+            return Err(Error::InvalidProcess(report.diagnostics));
+        }
+        let definition = parse_definition(&request.source)?;
+        let stored = self
+            .engine
+            .store
+            .publish_process(ProcessRow {
+                name: definition.name.clone(),
+                version: 0,
+                source: request.source,
+                published_at: muster_runtime::time::now_millis(),
+                step_count: definition.steps.len() as u32,
+                warnings: report.diagnostics.clone(),
+            })
+            .await?;
+        tracing::info!(process = %stored.name, version = stored.version, "process published");
+        Ok(wire::PublishProcessResponse {
+            process: Some(process_to_wire(stored, true)),
+            diagnostics: report.diagnostics,
+        })
+    }
+
+    async fn start(&self, request: wire::StartExecutionRequest) -> Result<wire::Execution> {
+        let version = (request.process_version != 0).then_some(request.process_version);
+        let process = self.engine.store.get_process(&request.process_name, version).await?.ok_or_else(|| {
+            Error::NotFound(match version {
+                Some(version) => format!("process '{}' has no version {version}", request.process_name),
+                None => format!("no process named '{}' is published", request.process_name),
+            })
+        })?;
+        let definition = parse_definition(&process.source)?;
+        if let Some(step) = definition.steps.iter().find(|step| step.step_type != "agent_task") {
+            return Err(Error::FailedPrecondition(format!(
+                "step '{}' is of type '{}', which this server cannot run yet; only agent_task steps run",
+                step.id, step.step_type
+            )));
+        }
+        let inputs_json = if request.inputs_json.trim().is_empty() { "{}".to_owned() } else { request.inputs_json };
+        match serde_json::from_str::<serde_json::Value>(&inputs_json) {
+            Ok(serde_json::Value::Object(_)) => {}
+            _ => return Err(Error::InvalidArgument("inputs_json must be a JSON object".to_owned())),
+        }
+        // Every named executor must be in the roster before anything runs.
+        let mut roster = self.engine.roster.clone();
+        for step in &definition.steps {
+            if let Some(executor) = step.executor() {
+                match roster.get_agent(roster::GetAgentRequest { id: executor.to_owned() }).await {
+                    Ok(_) => {}
+                    Err(status) if status.code() == tonic::Code::NotFound => {
+                        return Err(Error::FailedPrecondition(format!(
+                            "step '{}': executor '{executor}' is not in the roster",
+                            step.id
+                        )));
+                    }
+                    Err(status) => return Err(dependency_error("roster", status)),
+                }
+            }
+        }
+        let lead_agent_id = if request.lead_agent_id.is_empty() {
+            definition.lead.clone().unwrap_or_default()
+        } else {
+            request.lead_agent_id
+        };
+        let execution = self
+            .engine
+            .start(StartRequest {
+                process,
+                definition,
+                inputs_json,
+                lead_agent_id,
+                idempotency_key: (!request.idempotency_key.is_empty()).then_some(request.idempotency_key),
+            })
+            .await?;
+        Ok(self.execution_to_wire(execution).await)
+    }
+
+    async fn execution_to_wire(&self, execution: ExecutionRow) -> wire::Execution {
+        let definition =
+            match self.engine.store.get_process(&execution.process_name, Some(execution.process_version)).await {
+                Ok(Some(process)) => parse_definition(&process.source).ok(),
+                _ => None,
+            };
+        execution_to_wire(execution, definition.as_ref())
+    }
+}
+
+#[tonic::async_trait]
+impl ExecutionService for ExecutionApi {
+    async fn publish_process(
+        &self,
+        request: Request<wire::PublishProcessRequest>,
+    ) -> Result<Response<wire::PublishProcessResponse>, Status> {
+        Ok(Response::new(self.publish(request.into_inner()).await?))
+    }
+
+    async fn get_process(
+        &self,
+        request: Request<wire::GetProcessRequest>,
+    ) -> Result<Response<wire::GetProcessResponse>, Status> {
+        let request = request.into_inner();
+        let version = (request.version != 0).then_some(request.version);
+        let process = self
+            .engine
+            .store
+            .get_process(&request.name, version)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("process '{}' not found", request.name)))?;
+        Ok(Response::new(wire::GetProcessResponse { process: Some(process_to_wire(process, true)) }))
+    }
+
+    async fn list_processes(
+        &self,
+        _request: Request<wire::ListProcessesRequest>,
+    ) -> Result<Response<wire::ListProcessesResponse>, Status> {
+        let processes = self.engine.store.list_processes().await?;
+        Ok(Response::new(wire::ListProcessesResponse {
+            processes: processes.into_iter().map(|process| process_to_wire(process, false)).collect(),
+        }))
+    }
+
+    async fn start_execution(
+        &self,
+        request: Request<wire::StartExecutionRequest>,
+    ) -> Result<Response<wire::StartExecutionResponse>, Status> {
+        let execution = self.start(request.into_inner()).await?;
+        Ok(Response::new(wire::StartExecutionResponse { execution: Some(execution) }))
+    }
+
+    async fn get_execution(
+        &self,
+        request: Request<wire::GetExecutionRequest>,
+    ) -> Result<Response<wire::GetExecutionResponse>, Status> {
+        let id = request.into_inner().id;
+        let execution = self
+            .engine
+            .store
+            .get_execution(&id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("execution '{id}' not found")))?;
+        Ok(Response::new(wire::GetExecutionResponse { execution: Some(self.execution_to_wire(execution).await) }))
+    }
+
+    async fn list_executions(
+        &self,
+        request: Request<wire::ListExecutionsRequest>,
+    ) -> Result<Response<wire::ListExecutionsResponse>, Status> {
+        let request = request.into_inner();
+        let filter = ExecutionFilter {
+            process_name: (!request.process_name.is_empty()).then_some(request.process_name),
+            status: common::ExecutionStatus::try_from(request.status).ok().and_then(ExecutionStatus::from_wire),
+            started_after: request.started_after.as_ref().map(muster_runtime::time::from_timestamp),
+            started_before: request.started_before.as_ref().map(muster_runtime::time::from_timestamp),
+            limit: if request.limit == 0 { 100 } else { request.limit.min(1000) },
+        };
+        let executions = self.engine.store.list_executions(&filter).await?;
+        Ok(Response::new(wire::ListExecutionsResponse {
+            executions: executions.into_iter().map(|execution| execution_to_wire(execution, None)).collect(),
+        }))
+    }
+
+    type WatchExecutionStream = ResponseStream<wire::WatchExecutionResponse>;
+
+    async fn watch_execution(
+        &self,
+        request: Request<wire::WatchExecutionRequest>,
+    ) -> Result<Response<Self::WatchExecutionStream>, Status> {
+        let request = request.into_inner();
+        // Subscribe before reading the history, so nothing falls between the two.
+        let live = self.engine.events.subscribe();
+        if self.engine.store.get_execution(&request.execution_id).await?.is_none() {
+            return Err(Error::NotFound(format!("execution '{}' not found", request.execution_id)).into());
+        }
+        let (sender, receiver) = mpsc::channel(256);
+        let engine = self.engine.clone();
+        tokio::spawn(async move {
+            if let Err(status) =
+                stream_events(&engine, &request.execution_id, request.after_sequence, live, &sender).await
+            {
+                let _ = sender.send(Err(status)).await;
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(receiver))))
+    }
+
+    async fn cancel_execution(
+        &self,
+        request: Request<wire::CancelExecutionRequest>,
+    ) -> Result<Response<wire::CancelExecutionResponse>, Status> {
+        let request = request.into_inner();
+        let mut live = self.engine.events.subscribe();
+        let execution = self
+            .engine
+            .store
+            .get_execution(&request.id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("execution '{}' not found", request.id)))?;
+        if execution.status.is_final() {
+            return Err(Error::FailedPrecondition(format!(
+                "execution '{}' already ended ({})",
+                request.id,
+                execution.status.as_str()
+            ))
+            .into());
+        }
+        let reason = if request.reason.is_empty() { "cancelled on request".to_owned() } else { request.reason };
+        if self.engine.request_cancel(&request.id, reason) {
+            let finished = async {
+                loop {
+                    match live.recv().await {
+                        Ok(event)
+                            if event.execution_id == request.id
+                                && event.r#type == EventType::ExecutionFinished as i32 =>
+                        {
+                            break;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => break,
+                        _ => {}
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), finished).await;
+        }
+        let execution = self.engine.store.get_execution(&request.id).await?.unwrap_or(execution);
+        Ok(Response::new(wire::CancelExecutionResponse { execution: Some(self.execution_to_wire(execution).await) }))
+    }
+
+    type ConnectWorkerStream = ReceiverStream<Result<wire::ConnectWorkerResponse, Status>>;
+
+    async fn connect_worker(
+        &self,
+        request: Request<Streaming<wire::ConnectWorkerRequest>>,
+    ) -> Result<Response<Self::ConnectWorkerStream>, Status> {
+        let mut inbound = request.into_inner();
+        let hello = match inbound.message().await? {
+            Some(wire::ConnectWorkerRequest { message: Some(wire::connect_worker_request::Message::Hello(hello)) }) => {
+                hello
+            }
+            _ => return Err(Status::invalid_argument("the first message of a worker must be a hello")),
+        };
+        let agents = self.authenticate_worker(&hello).await?;
+        let (sender, receiver) = mpsc::channel(256);
+        let max_concurrency = if hello.max_concurrency == 0 { 16 } else { hello.max_concurrency as usize };
+        let worker_id =
+            self.engine.workers.register(hello.worker_name.clone(), agents, max_concurrency, sender.clone());
+        let welcome = wire::ConnectWorkerResponse {
+            message: Some(wire::connect_worker_response::Message::Welcome(wire::WorkerWelcome {
+                worker_id: worker_id.to_string(),
+                lease_ms: 30_000,
+            })),
+        };
+        sender.send(Ok(welcome)).await.map_err(|_| Status::cancelled("the worker left"))?;
+        let workers = self.engine.workers.clone();
+        tokio::spawn(async move {
+            serve_worker(worker_id, &mut inbound, &sender, &workers).await;
+            workers.unregister(worker_id);
+        });
+        Ok(Response::new(ReceiverStream::new(receiver)))
+    }
+
+    async fn invoke_tool(
+        &self,
+        _request: Request<wire::InvokeToolRequest>,
+    ) -> Result<Response<wire::InvokeToolResponse>, Status> {
+        Err(unimplemented("ExecutionService.InvokeTool"))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Request<wire::ListToolsRequest>,
+    ) -> Result<Response<wire::ListToolsResponse>, Status> {
+        Err(unimplemented("ExecutionService.ListTools"))
+    }
+
+    async fn submit_approval(
+        &self,
+        _request: Request<wire::SubmitApprovalRequest>,
+    ) -> Result<Response<wire::SubmitApprovalResponse>, Status> {
+        Err(unimplemented("ExecutionService.SubmitApproval"))
+    }
+
+    async fn intervene(
+        &self,
+        _request: Request<wire::InterveneRequest>,
+    ) -> Result<Response<wire::InterveneResponse>, Status> {
+        Err(unimplemented("ExecutionService.Intervene"))
+    }
+
+    async fn assign_role(
+        &self,
+        _request: Request<wire::AssignRoleRequest>,
+    ) -> Result<Response<wire::AssignRoleResponse>, Status> {
+        Err(unimplemented("ExecutionService.AssignRole"))
+    }
+
+    async fn get_my_role(
+        &self,
+        _request: Request<wire::GetMyRoleRequest>,
+    ) -> Result<Response<wire::GetMyRoleResponse>, Status> {
+        Err(unimplemented("ExecutionService.GetMyRole"))
+    }
+
+    async fn check_role(
+        &self,
+        _request: Request<wire::CheckRoleRequest>,
+    ) -> Result<Response<wire::CheckRoleResponse>, Status> {
+        Err(unimplemented("ExecutionService.CheckRole"))
+    }
+
+    async fn set_lead(
+        &self,
+        _request: Request<wire::SetLeadRequest>,
+    ) -> Result<Response<wire::SetLeadResponse>, Status> {
+        Err(unimplemented("ExecutionService.SetLead"))
+    }
+
+    async fn get_session_status(
+        &self,
+        _request: Request<wire::GetSessionStatusRequest>,
+    ) -> Result<Response<wire::GetSessionStatusResponse>, Status> {
+        Err(unimplemented("ExecutionService.GetSessionStatus"))
+    }
+
+    async fn post_to_inbox(
+        &self,
+        _request: Request<wire::PostToInboxRequest>,
+    ) -> Result<Response<wire::PostToInboxResponse>, Status> {
+        Err(unimplemented("ExecutionService.PostToInbox"))
+    }
+
+    async fn list_inbox_messages(
+        &self,
+        _request: Request<wire::ListInboxMessagesRequest>,
+    ) -> Result<Response<wire::ListInboxMessagesResponse>, Status> {
+        Err(unimplemented("ExecutionService.ListInboxMessages"))
+    }
+
+    async fn archive_inbox_message(
+        &self,
+        _request: Request<wire::ArchiveInboxMessageRequest>,
+    ) -> Result<Response<wire::ArchiveInboxMessageResponse>, Status> {
+        Err(unimplemented("ExecutionService.ArchiveInboxMessage"))
+    }
+
+    async fn set_budget(
+        &self,
+        _request: Request<wire::SetBudgetRequest>,
+    ) -> Result<Response<wire::SetBudgetResponse>, Status> {
+        Err(unimplemented("ExecutionService.SetBudget"))
+    }
+
+    async fn list_budgets(
+        &self,
+        _request: Request<wire::ListBudgetsRequest>,
+    ) -> Result<Response<wire::ListBudgetsResponse>, Status> {
+        Err(unimplemented("ExecutionService.ListBudgets"))
+    }
+}
+
+impl ExecutionApi {
+    /// Each served agent must present its own roster token.
+    async fn authenticate_worker(&self, hello: &wire::WorkerHello) -> Result<Vec<String>, Status> {
+        if hello.agents.is_empty() {
+            return Err(Status::invalid_argument("a worker must serve at least one agent"));
+        }
+        let mut roster = self.engine.roster.clone();
+        let mut agents = Vec::with_capacity(hello.agents.len());
+        for served in &hello.agents {
+            let answer = roster.authenticate(roster::AuthenticateRequest { token: served.token.clone() }).await;
+            match answer {
+                Ok(response) => {
+                    let owner = response.into_inner().agent.map(|agent| agent.id).unwrap_or_default();
+                    if owner != served.agent_id {
+                        return Err(Status::permission_denied(format!(
+                            "the token given for agent '{}' does not belong to it",
+                            served.agent_id
+                        )));
+                    }
+                }
+                Err(status)
+                    if matches!(
+                        status.code(),
+                        tonic::Code::Unauthenticated | tonic::Code::NotFound | tonic::Code::InvalidArgument
+                    ) =>
+                {
+                    return Err(Status::unauthenticated(format!(
+                        "the token given for agent '{}' is not valid: {}",
+                        served.agent_id,
+                        status.message()
+                    )));
+                }
+                Err(status) => return Err(dependency_error("roster", status).into()),
+            }
+            agents.push(served.agent_id.clone());
+        }
+        Ok(agents)
+    }
+}
+
+async fn serve_worker(
+    worker_id: u64,
+    inbound: &mut Streaming<wire::ConnectWorkerRequest>,
+    sender: &WorkerSender,
+    workers: &crate::workers::Workers,
+) {
+    use wire::connect_worker_request::Message;
+    loop {
+        let message = match inbound.message().await {
+            Ok(Some(message)) => message,
+            Ok(None) => return,
+            Err(status) => {
+                tracing::info!(worker_id, error = %status.message(), "worker stream ended");
+                return;
+            }
+        };
+        match message.message {
+            Some(Message::Result(result)) => {
+                let id = result.assignment_id.clone();
+                workers.complete(worker_id, &id, Outcome::Completed(result));
+            }
+            Some(Message::Failure(failure)) => {
+                let id = failure.assignment_id.clone();
+                workers.complete(worker_id, &id, Outcome::Failed(failure));
+            }
+            Some(Message::Delegate(delegate)) => {
+                let refusal = wire::ConnectWorkerResponse {
+                    message: Some(wire::connect_worker_response::Message::Delegation(wire::DelegationOutcome {
+                        assignment_id: delegate.assignment_id,
+                        accepted: false,
+                        decision: None,
+                        reason: "delegating a step onward is not implemented by this server yet".to_owned(),
+                    })),
+                };
+                let _ = sender.send(Ok(refusal)).await;
+            }
+            Some(Message::Progress(progress)) => {
+                tracing::debug!(worker_id, assignment = %progress.assignment_id, message = %progress.message, "step progress");
+            }
+            Some(Message::Heartbeat(_)) | Some(Message::ToolResult(_)) => {}
+            Some(Message::Hello(_)) | None => {
+                let _ = sender.send(Err(Status::invalid_argument("a worker says hello once, first"))).await;
+                return;
+            }
+        }
+    }
+}
+
+async fn stream_events(
+    engine: &Engine,
+    execution_id: &str,
+    after_sequence: u64,
+    mut live: broadcast::Receiver<common::StepEvent>,
+    sender: &mpsc::Sender<Result<wire::WatchExecutionResponse, Status>>,
+) -> Result<(), Status> {
+    let mut last = after_sequence;
+    loop {
+        for event in engine.store.events_after(execution_id, last).await? {
+            last = event.sequence;
+            let finished = event.r#type == EventType::ExecutionFinished as i32;
+            if sender.send(Ok(wire::WatchExecutionResponse { event: Some(event) })).await.is_err() || finished {
+                return Ok(());
+            }
+        }
+        loop {
+            match live.recv().await {
+                Ok(event) if event.execution_id == execution_id && event.sequence > last => {
+                    if event.sequence != last + 1 {
+                        break; // A gap: read it from the store.
+                    }
+                    last = event.sequence;
+                    let finished = event.r#type == EventType::ExecutionFinished as i32;
+                    if sender.send(Ok(wire::WatchExecutionResponse { event: Some(event) })).await.is_err() || finished {
+                        return Ok(());
+                    }
+                }
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => break,
+                Err(broadcast::error::RecvError::Closed) => return Err(Status::unavailable("the service is stopping")),
+            }
+        }
+    }
+}
+
+/// A validator diagnostic on the wire.
+pub(crate) fn diagnostic_to_wire(diagnostic: &muster_validator::Diagnostic) -> common::Diagnostic {
+    common::Diagnostic {
+        severity: match diagnostic.severity {
+            muster_validator::Severity::Error => common::Severity::Error as i32,
+            muster_validator::Severity::Warning => common::Severity::Warning as i32,
+        },
+        code: diagnostic.code.to_owned(),
+        message: diagnostic.message.clone(),
+        path: diagnostic.path.clone(),
+        line: diagnostic.line,
+        column: diagnostic.column,
+    }
+}
+
+fn process_to_wire(process: ProcessRow, with_source: bool) -> wire::ProcessVersion {
+    wire::ProcessVersion {
+        name: process.name,
+        version: process.version,
+        source: if with_source { process.source } else { String::new() },
+        published_at: Some(to_timestamp(process.published_at)),
+        step_count: process.step_count,
+        warnings: process.warnings,
+    }
+}
+
+fn execution_to_wire(
+    execution: ExecutionRow,
+    definition: Option<&muster_validator::ProcessDefinition>,
+) -> wire::Execution {
+    let steps = execution
+        .steps
+        .iter()
+        .map(|row| {
+            let step_definition = definition.and_then(|definition| definition.steps.get(row.position as usize));
+            wire::StepState {
+                step_id: row.step_id.clone(),
+                name: step_definition.map(|step| step.name.clone()).unwrap_or_default(),
+                r#type: step_definition.map(|step| step.step_type.clone()).unwrap_or_default(),
+                status: row.status.to_wire() as i32,
+                executor: if row.executor.is_empty() {
+                    step_definition.and_then(|step| step.executor()).unwrap_or_default().to_owned()
+                } else {
+                    row.executor.clone()
+                },
+                roles: step_definition.map(crate::engine::step_roles),
+                attempt: row.attempt,
+                output_json: row.output_json.clone(),
+                error: (!row.error_code.is_empty() && row.status != crate::domain::StepStatus::Completed)
+                    .then(|| common::StepError { code: row.error_code.clone(), message: row.error_message.clone() }),
+                started_at: row.started_at.map(to_timestamp),
+                ended_at: row.ended_at.map(to_timestamp),
+                depends_on: step_definition.map(|step| step.depends_on.clone()).unwrap_or_default(),
+                waiting_for: Vec::new(),
+                wait_seconds: 0,
+                delegation_chain: Vec::new(),
+                cost: row.cost,
+                tokens_used: row.tokens_used,
+            }
+        })
+        .collect();
+    wire::Execution {
+        id: execution.id,
+        process_name: execution.process_name,
+        process_version: execution.process_version,
+        status: execution.status.to_wire() as i32,
+        reason: execution.reason,
+        lead_agent_id: execution.lead_agent_id,
+        started_at: Some(to_timestamp(execution.started_at)),
+        ended_at: execution.ended_at.map(to_timestamp),
+        steps,
+        inputs_json: execution.inputs_json,
+    }
+}

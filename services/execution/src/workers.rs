@@ -1,0 +1,170 @@
+//! Connected agent workers: who serves which agent, and the assignments in
+//! flight on each connection. A worker that disconnects loses its
+//! assignments; their steps go back to be assigned again.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+
+use muster_proto::execution::v1::{
+    Assignment, CancelAssignment, ConnectWorkerResponse, StepFailure, StepResult, connect_worker_response,
+};
+use tokio::sync::{Notify, mpsc, oneshot};
+
+/// What became of an assignment.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    Completed(StepResult),
+    Failed(StepFailure),
+    WorkerLost,
+}
+
+/// The outbound half of a worker connection.
+pub(crate) type WorkerSender = mpsc::Sender<Result<ConnectWorkerResponse, tonic::Status>>;
+
+struct Worker {
+    name: String,
+    agents: Vec<String>,
+    sender: WorkerSender,
+    in_flight: usize,
+    max_concurrency: usize,
+}
+
+struct Pending {
+    worker_id: u64,
+    reply: oneshot::Sender<Outcome>,
+}
+
+#[derive(Default)]
+struct State {
+    next_worker_id: u64,
+    workers: HashMap<u64, Worker>,
+    pending: HashMap<String, Pending>,
+}
+
+/// The registry of connected workers.
+#[derive(Default)]
+pub(crate) struct Workers {
+    state: Mutex<State>,
+    changed: Notify,
+}
+
+impl Workers {
+    /// Adds a connection serving `agents`; returns its id.
+    pub(crate) fn register(
+        &self,
+        name: String,
+        agents: Vec<String>,
+        max_concurrency: usize,
+        sender: WorkerSender,
+    ) -> u64 {
+        let mut state = self.lock();
+        state.next_worker_id += 1;
+        let worker_id = state.next_worker_id;
+        tracing::info!(worker_id, worker = %name, ?agents, "worker connected");
+        state.workers.insert(worker_id, Worker { name, agents, sender, in_flight: 0, max_concurrency });
+        drop(state);
+        self.changed.notify_waiters();
+        worker_id
+    }
+
+    /// Removes a connection; its assignments in flight are lost.
+    pub(crate) fn unregister(&self, worker_id: u64) {
+        let mut state = self.lock();
+        let Some(worker) = state.workers.remove(&worker_id) else { return };
+        let lost: Vec<String> = state
+            .pending
+            .iter()
+            .filter(|(_, pending)| pending.worker_id == worker_id)
+            .map(|(assignment_id, _)| assignment_id.clone())
+            .collect();
+        for assignment_id in &lost {
+            if let Some(pending) = state.pending.remove(assignment_id) {
+                let _ = pending.reply.send(Outcome::WorkerLost);
+            }
+        }
+        tracing::info!(worker_id, worker = %worker.name, lost_assignments = lost.len(), "worker disconnected");
+    }
+
+    /// Hands an assignment to a worker serving its agent, waiting for one to
+    /// connect (or to have room) when needed. The receiver yields the outcome.
+    pub(crate) async fn dispatch(self: &Arc<Self>, assignment: Assignment) -> oneshot::Receiver<Outcome> {
+        loop {
+            let changed = self.changed.notified();
+            let chosen = {
+                let mut state = self.lock();
+                let candidate = state
+                    .workers
+                    .iter()
+                    .filter(|(_, worker)| {
+                        worker.in_flight < worker.max_concurrency && worker.agents.contains(&assignment.agent_id)
+                    })
+                    .min_by_key(|(worker_id, worker)| (worker.in_flight, **worker_id))
+                    .map(|(worker_id, _)| *worker_id);
+                candidate.and_then(|worker_id| {
+                    let worker = state.workers.get_mut(&worker_id)?;
+                    worker.in_flight += 1;
+                    let sender = worker.sender.clone();
+                    let (reply, receiver) = oneshot::channel();
+                    state.pending.insert(assignment.assignment_id.clone(), Pending { worker_id, reply });
+                    Some((worker_id, sender, receiver))
+                })
+            };
+            match chosen {
+                Some((worker_id, sender, receiver)) => {
+                    let message = ConnectWorkerResponse {
+                        message: Some(connect_worker_response::Message::Assignment(assignment.clone())),
+                    };
+                    if sender.send(Ok(message)).await.is_ok() {
+                        return receiver;
+                    }
+                    // The connection closed under us: forget it and choose again.
+                    self.unregister(worker_id);
+                }
+                None => changed.await,
+            }
+        }
+    }
+
+    /// Records the outcome a worker reported for one of its assignments.
+    /// Reports for assignments the worker does not hold are ignored.
+    pub(crate) fn complete(&self, worker_id: u64, assignment_id: &str, outcome: Outcome) {
+        let mut state = self.lock();
+        let holds = state.pending.get(assignment_id).is_some_and(|pending| pending.worker_id == worker_id);
+        if !holds {
+            tracing::warn!(worker_id, assignment_id, "report for an assignment the worker does not hold; ignored");
+            return;
+        }
+        if let Some(pending) = state.pending.remove(assignment_id) {
+            let _ = pending.reply.send(outcome);
+        }
+        if let Some(worker) = state.workers.get_mut(&worker_id) {
+            worker.in_flight = worker.in_flight.saturating_sub(1);
+        }
+        drop(state);
+        self.changed.notify_waiters();
+    }
+
+    /// Withdraws an assignment (timeout, cancellation): the worker is told to stop.
+    pub(crate) fn withdraw(&self, assignment_id: &str, reason: &str) {
+        let mut state = self.lock();
+        let Some(pending) = state.pending.remove(assignment_id) else { return };
+        if let Some(worker) = state.workers.get_mut(&pending.worker_id) {
+            worker.in_flight = worker.in_flight.saturating_sub(1);
+            let message = ConnectWorkerResponse {
+                message: Some(connect_worker_response::Message::Cancel(CancelAssignment {
+                    assignment_id: assignment_id.to_owned(),
+                    reason: reason.to_owned(),
+                })),
+            };
+            let _ = worker.sender.try_send(Ok(message));
+        }
+        drop(state);
+        self.changed.notify_waiters();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,232 @@
+//! Notifier throughput over real gRPC, the server in process on SQLite:
+//! 1. events ingested per second over one IngestEvents stream (3 recipients
+//!    per event), with the NDJSON memory files on and off;
+//! 2. notifications delivered per second to 100 live subscribers, memory
+//!    files on and off: 100 agents monitoring every event (100 stored
+//!    notifications per event), and 100 subscriptions of the lead (1 stored
+//!    notification per event, delivered 100 times).
+//!
+//! Run: `cargo bench -p muster-notifier --bench notifier -- [--events N] [--fanout-events M]`
+//! (add `--profile dev` for an unoptimised build). The inbox is always durable.
+
+use std::{
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use clap::Parser as _;
+use muster_notifier::Config;
+use muster_proto::{
+    common::v1::{EventType, StepEvent, StepRoles},
+    notifier::v1::{
+        IngestEventsRequest, SubscribeRequest, notifier_service_client::NotifierServiceClient, subscribe_response,
+    },
+};
+use tokio_stream::StreamExt as _;
+use tonic::transport::Channel;
+
+const SUBSCRIBERS: usize = 100;
+
+struct Running {
+    client: NotifierServiceClient<Channel>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<muster_notifier::Result<()>>,
+}
+
+async fn start(data_dir: &Path, memory_files: bool) -> anyhow::Result<Running> {
+    let config = Config::parse_from([
+        "muster-notifier".to_owned(),
+        "--database-url".to_owned(),
+        format!("sqlite://{}", data_dir.join("notifier.db").display()),
+        "--data-dir".to_owned(),
+        data_dir.display().to_string(),
+        "--memory-files".to_owned(),
+        memory_files.to_string(),
+        "--log-filter".to_owned(),
+        "warn".to_owned(),
+    ]);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = format!("http://{}", listener.local_addr()?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(muster_notifier::run(config, listener, async move {
+        let _ = stopped.await;
+    }));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(channel) = Channel::from_shared(address.clone())?.connect().await {
+            let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+            if let Ok(response) = health.check(tonic_health::pb::HealthCheckRequest::default()).await
+                && response.into_inner().status
+                    == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+            {
+                return Ok(Running { client: NotifierServiceClient::new(channel), stop, task });
+            }
+        }
+        anyhow::ensure!(Instant::now() < deadline, "the notifier never became SERVING");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+impl Running {
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
+
+fn event(index: usize, monitors: Vec<String>, informed: Vec<String>) -> StepEvent {
+    StepEvent {
+        event_id: format!("bench-{index}"),
+        sequence: index as u64 + 1,
+        r#type: EventType::StepCompleted as i32,
+        occurred_at: Some(prost_types::Timestamp { seconds: 1_768_559_400 + index as i64, nanos: 0 }),
+        execution_id: "bench-execution".to_owned(),
+        process_name: "bench".to_owned(),
+        step_id: format!("step-{index}"),
+        step_name: format!("Step {index}"),
+        roles: Some(StepRoles { executor: "worker".to_owned(), monitors, informed }),
+        lead_agent_id: "lead".to_owned(),
+        output_json: "{\"result\":\"a short output\"}".to_owned(),
+        cost: 0.1,
+        duration_ms: 1500,
+        ..StepEvent::default()
+    }
+}
+
+/// Streams `events` over one IngestEvents call and waits for every ack.
+async fn ingest(client: &mut NotifierServiceClient<Channel>, events: Vec<StepEvent>) -> anyhow::Result<u64> {
+    let count = events.len();
+    let requests = tokio_stream::iter(events.into_iter().map(|event| IngestEventsRequest { event: Some(event) }));
+    let mut responses = client.ingest_events(requests).await?.into_inner();
+    let mut notifications = 0;
+    for _ in 0..count {
+        let ack = responses.next().await.ok_or_else(|| anyhow::anyhow!("stream ended early"))??;
+        notifications += u64::from(ack.notifications);
+    }
+    Ok(notifications)
+}
+
+async fn bench_ingest(root: &Path, events: usize, memory_files: bool) -> anyhow::Result<()> {
+    let data_dir = root.join(format!("ingest-{memory_files}"));
+    std::fs::create_dir_all(&data_dir)?;
+    let mut running = start(&data_dir, memory_files).await?;
+    let batch: Vec<StepEvent> =
+        (0..events).map(|index| event(index, vec!["monitor".to_owned()], vec!["informed".to_owned()])).collect();
+    let started = Instant::now();
+    let notifications = ingest(&mut running.client, batch).await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "ingest   memory_files={memory_files:<5} events={events} notifications={notifications} \
+         seconds={elapsed:.2} events/s={:.0} notifications/s={:.0}",
+        events as f64 / elapsed,
+        notifications as f64 / elapsed
+    );
+    running.stop().await;
+    Ok(())
+}
+
+/// How the 100 subscribers relate to the events.
+#[derive(Debug, Clone, Copy)]
+enum Fanout {
+    /// 100 agents, each subscribed once; every event monitored by all 100:
+    /// 100 stored notifications per event.
+    DistinctAgents,
+    /// 100 subscriptions of one agent (the lead): 1 stored notification per
+    /// event, delivered 100 times.
+    OneAgent,
+}
+
+async fn bench_fanout(root: &Path, events: usize, memory_files: bool, fanout: Fanout) -> anyhow::Result<()> {
+    let data_dir = root.join(format!("fanout-{memory_files}-{fanout:?}"));
+    std::fs::create_dir_all(&data_dir)?;
+    let running = start(&data_dir, memory_files).await?;
+    let agents: Vec<String> = match fanout {
+        Fanout::DistinctAgents => (0..SUBSCRIBERS).map(|index| format!("agent-{index}")).collect(),
+        Fanout::OneAgent => vec!["lead".to_owned(); SUBSCRIBERS],
+    };
+    let monitors = match fanout {
+        Fanout::DistinctAgents => agents.clone(),
+        Fanout::OneAgent => Vec::new(),
+    };
+    let (ready_sender, mut ready_receiver) = tokio::sync::mpsc::channel::<()>(SUBSCRIBERS);
+    let mut readers = Vec::new();
+    for agent in &agents {
+        let mut client = running.client.clone();
+        let agent = agent.clone();
+        let ready = ready_sender.clone();
+        readers.push(tokio::spawn(async move {
+            let mut stream =
+                client.subscribe(SubscribeRequest { agent_id: agent, after_cursor: 0 }).await?.into_inner();
+            let _ = ready.send(()).await;
+            let mut received = 0;
+            while received < events {
+                match stream.next().await {
+                    Some(Ok(message)) => match message.message {
+                        Some(subscribe_response::Message::Notification(_)) => received += 1,
+                        Some(subscribe_response::Message::LaggedAfterCursor(cursor)) => {
+                            anyhow::bail!("subscriber lagged after cursor {cursor}")
+                        }
+                        None => {}
+                    },
+                    Some(Err(status)) => return Err(status.into()),
+                    None => anyhow::bail!("stream ended after {received}"),
+                }
+            }
+            Ok::<_, anyhow::Error>(received)
+        }));
+    }
+    for _ in 0..SUBSCRIBERS {
+        ready_receiver.recv().await;
+    }
+    let batch: Vec<StepEvent> = (0..events).map(|index| event(index, monitors.clone(), Vec::new())).collect();
+    let started = Instant::now();
+    let ingest_task = {
+        let mut client = running.client.clone();
+        tokio::spawn(async move { ingest(&mut client, batch).await })
+    };
+    let mut delivered = 0;
+    for reader in readers {
+        delivered += reader.await??;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    ingest_task.await??;
+    println!(
+        "fan-out  {fanout:?} memory_files={memory_files:<5} subscribers={SUBSCRIBERS} events={events} delivered={delivered} \
+         seconds={elapsed:.2} delivered/s={:.0}",
+        delivered as f64 / elapsed
+    );
+    running.stop().await;
+    Ok(())
+}
+
+fn flag(name: &str, default: usize) -> usize {
+    let arguments: Vec<String> = std::env::args().collect();
+    arguments
+        .iter()
+        .position(|argument| argument == name)
+        .and_then(|index| arguments.get(index + 1))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let events = flag("--events", 20_000);
+    let fanout_events = flag("--fanout-events", 2_000);
+    let root: PathBuf = std::env::temp_dir().join(format!("muster-notifier-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&root)?;
+    let result = async {
+        for memory_files in [true, false] {
+            bench_ingest(&root, events, memory_files).await?;
+        }
+        for fanout in [Fanout::DistinctAgents, Fanout::OneAgent] {
+            for memory_files in [true, false] {
+                bench_fanout(&root, fanout_events, memory_files, fanout).await?;
+            }
+        }
+        Ok::<_, anyhow::Error>(())
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&root);
+    result
+}

@@ -1,0 +1,404 @@
+//! `muster.notifier.v1.NotifierService`: wire <-> domain conversions and the
+//! four RPCs.
+
+use std::{pin::Pin, sync::Arc, task::Poll};
+
+use muster_proto::{
+    common::v1::{EventType, ExecutionStatus, StepEvent},
+    notifier::v1::{
+        AcknowledgeNotificationsRequest, AcknowledgeNotificationsResponse, IngestEventsRequest, IngestEventsResponse,
+        ListNotificationsRequest, ListNotificationsResponse, Notification, RecipientReason, SubscribeRequest,
+        SubscribeResponse, notifier_service_server::NotifierService, subscribe_response,
+    },
+};
+use prost::Message as _;
+use tokio::sync::mpsc;
+use tokio_stream::{Stream, wrappers::ReceiverStream};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::{
+    Error, Result,
+    domain::{Event, EventKind, Reason},
+    hub::Hub,
+    ingest::{Incoming, Ingestor, JobReply, MAX_BATCH_EVENTS},
+    store::{Store, StoredNotification},
+};
+
+/// Longest accepted event or agent id, in bytes.
+const MAX_ID_BYTES: usize = 256;
+/// Notifications read from the inbox per query while streaming a backlog.
+const BACKLOG_PAGE: u32 = 1000;
+/// Batches of one IngestEvents stream stored but not yet answered.
+const IN_FLIGHT_BATCHES: usize = 8;
+/// Earliest and latest timestamps accepted (years 1 and 9999).
+const MIN_SECONDS: i64 = -62_135_596_800;
+const MAX_SECONDS: i64 = 253_402_300_799;
+
+fn kind_from_wire(value: i32) -> Option<EventKind> {
+    Some(match EventType::try_from(value).ok()? {
+        EventType::Unspecified => return None,
+        EventType::StepStarted => EventKind::StepStarted,
+        EventType::StepCompleted => EventKind::StepCompleted,
+        EventType::StepFailed => EventKind::StepFailed,
+        EventType::StepQueued => EventKind::StepQueued,
+        EventType::StepDelegated => EventKind::StepDelegated,
+        EventType::StepEscalated => EventKind::StepEscalated,
+        EventType::ApprovalRequested => EventKind::ApprovalRequested,
+        EventType::StepIntervened => EventKind::StepIntervened,
+        EventType::ExecutionFinished => EventKind::ExecutionFinished,
+        EventType::ExecutionStarted => EventKind::ExecutionStarted,
+    })
+}
+
+fn execution_status_name(value: i32) -> String {
+    match ExecutionStatus::try_from(value) {
+        Ok(ExecutionStatus::Unspecified) | Err(_) => String::new(),
+        Ok(status) => status.as_str_name().trim_start_matches("EXECUTION_STATUS_").to_ascii_lowercase(),
+    }
+}
+
+/// Validates a wire event into the domain view.
+pub(crate) fn event_from_wire(wire: &StepEvent) -> Result<Event> {
+    let invalid = |message: String| Error::InvalidArgument(message);
+    if wire.event_id.is_empty() {
+        return Err(invalid("event.event_id is required".to_owned()));
+    }
+    if wire.event_id.len() > MAX_ID_BYTES {
+        return Err(invalid(format!("event.event_id is longer than {MAX_ID_BYTES} bytes")));
+    }
+    let kind = kind_from_wire(wire.r#type).ok_or_else(|| {
+        invalid(format!("event {}: event.type {} is not a known event type", wire.event_id, wire.r#type))
+    })?;
+    let occurred_at = wire
+        .occurred_at
+        .as_ref()
+        .ok_or_else(|| invalid(format!("event {}: event.occurred_at is required", wire.event_id)))?;
+    if !(MIN_SECONDS..=MAX_SECONDS).contains(&occurred_at.seconds) {
+        return Err(invalid(format!("event {}: event.occurred_at is outside the years 1 to 9999", wire.event_id)));
+    }
+    if wire.execution_id.is_empty() {
+        return Err(invalid(format!("event {}: event.execution_id is required", wire.event_id)));
+    }
+    let roles = wire.roles.clone().unwrap_or_default();
+    let error = wire.error.clone().unwrap_or_default();
+    Ok(Event {
+        event_id: wire.event_id.clone(),
+        kind,
+        occurred_at: muster_runtime::time::from_timestamp(occurred_at),
+        execution_id: wire.execution_id.clone(),
+        process_name: wire.process_name.clone(),
+        step_id: wire.step_id.clone(),
+        step_name: wire.step_name.clone(),
+        monitors: roles.monitors,
+        informed: roles.informed,
+        lead_agent_id: wire.lead_agent_id.clone(),
+        output_json: wire.output_json.clone(),
+        error_code: error.code,
+        error_message: error.message,
+        retry_count: wire.retry_count,
+        cost: wire.cost,
+        duration_ms: wire.duration_ms,
+        agent_id: wire.agent_id.clone(),
+        wait_seconds: wire.wait_seconds,
+        detail: wire.detail.clone(),
+        waiting_for: wire.waiting_for.clone(),
+        execution_status: execution_status_name(wire.execution_status),
+    })
+}
+
+/// Decodes a stored event.
+pub(crate) fn decode_event(bytes: &[u8]) -> Result<(StepEvent, Event)> {
+    let wire = StepEvent::decode(bytes).map_err(|error| Error::Corrupt(format!("stored event: {error}")))?;
+    let event = event_from_wire(&wire).map_err(|error| Error::Corrupt(format!("stored event: {error}")))?;
+    Ok((wire, event))
+}
+
+fn reason_to_wire(reason: Option<Reason>) -> RecipientReason {
+    match reason {
+        Some(Reason::Informed) => RecipientReason::Informed,
+        Some(Reason::Monitor) => RecipientReason::Monitor,
+        Some(Reason::Lead) => RecipientReason::Lead,
+        None => RecipientReason::Unspecified,
+    }
+}
+
+/// A wire notification.
+pub(crate) fn notification_to_wire(
+    cursor: u64,
+    agent_id: &str,
+    reason: Option<Reason>,
+    event: StepEvent,
+    output_summary: &str,
+    created_at: i64,
+) -> Notification {
+    Notification {
+        cursor,
+        agent_id: agent_id.to_owned(),
+        reason: reason_to_wire(reason).into(),
+        event: Some(event),
+        output_summary: output_summary.to_owned(),
+        created_at: Some(muster_runtime::time::to_timestamp(created_at)),
+    }
+}
+
+fn stored_to_wire(stored: &StoredNotification) -> Result<Notification> {
+    let event = StepEvent::decode(stored.encoded.as_slice())
+        .map_err(|error| Error::Corrupt(format!("stored event {}: {error}", stored.event_id)))?;
+    Ok(notification_to_wire(
+        stored.cursor,
+        &stored.agent_id,
+        Some(stored.reason),
+        event,
+        &stored.output_summary,
+        stored.created_at,
+    ))
+}
+
+fn required_agent_id(agent_id: &str) -> Result<()> {
+    if agent_id.is_empty() {
+        return Err(Error::InvalidArgument("agent_id is required".to_owned()));
+    }
+    if agent_id.len() > MAX_ID_BYTES {
+        return Err(Error::InvalidArgument(format!("agent_id is longer than {MAX_ID_BYTES} bytes")));
+    }
+    Ok(())
+}
+
+/// The gRPC service.
+pub(crate) struct NotifierGrpc<S> {
+    pub(crate) store: Arc<S>,
+    pub(crate) hub: Arc<Hub>,
+    pub(crate) ingestor: Ingestor,
+}
+
+/// The next message of `inbound` if one is already available, without waiting.
+async fn ready_message(inbound: &mut Streaming<IngestEventsRequest>) -> Option<Result<IngestEventsRequest, Status>> {
+    std::future::poll_fn(|context| match Pin::new(&mut *inbound).poll_next(context) {
+        Poll::Ready(item) => Poll::Ready(item),
+        Poll::Pending => Poll::Ready(None),
+    })
+    .await
+}
+
+enum InFlight {
+    Batch { event_ids: Vec<String>, answer: tokio::sync::oneshot::Receiver<JobReply> },
+    Refused(Status),
+}
+
+/// Reads an IngestEvents stream in batches of what is already available.
+async fn read_ingest_stream(
+    mut inbound: Streaming<IngestEventsRequest>,
+    ingestor: Ingestor,
+    in_flight: mpsc::Sender<InFlight>,
+) {
+    loop {
+        let first = match inbound.message().await {
+            Ok(Some(message)) => message,
+            Ok(None) => return,
+            Err(status) => {
+                tracing::debug!(%status, "ingest stream ended with an error");
+                return;
+            }
+        };
+        let mut messages = vec![first];
+        while messages.len() < MAX_BATCH_EVENTS {
+            match ready_message(&mut inbound).await {
+                Some(Ok(message)) => messages.push(message),
+                _ => break,
+            }
+        }
+        let mut events = Vec::with_capacity(messages.len());
+        let mut refusal = None;
+        for message in messages {
+            let Some(wire) = message.event else {
+                refusal = Some(Status::invalid_argument("event is required"));
+                break;
+            };
+            match event_from_wire(&wire) {
+                Ok(event) => events.push(Incoming { wire, event }),
+                Err(error) => {
+                    refusal = Some(error.into());
+                    break;
+                }
+            }
+        }
+        if !events.is_empty() {
+            let event_ids = events.iter().map(|incoming| incoming.event.event_id.clone()).collect();
+            let item = match ingestor.submit(events).await {
+                Ok(answer) => InFlight::Batch { event_ids, answer },
+                Err(error) => InFlight::Refused(error.into()),
+            };
+            if in_flight.send(item).await.is_err() {
+                return;
+            }
+        }
+        if let Some(status) = refusal {
+            let _ = in_flight.send(InFlight::Refused(status)).await;
+            return;
+        }
+    }
+}
+
+/// Answers each batch, in the order received, once it is stored.
+async fn answer_ingest_stream(
+    mut in_flight: mpsc::Receiver<InFlight>,
+    output: mpsc::Sender<Result<IngestEventsResponse, Status>>,
+) {
+    while let Some(item) = in_flight.recv().await {
+        match item {
+            InFlight::Batch { event_ids, answer } => match answer.await {
+                Ok(Ok(counts)) => {
+                    for (event_id, notifications) in event_ids.into_iter().zip(counts) {
+                        if output.send(Ok(IngestEventsResponse { event_id, notifications })).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+                Ok(Err(error)) => {
+                    let _ = output.send(Err(error.into())).await;
+                    return;
+                }
+                Err(_) => {
+                    let _ = output.send(Err(Error::ShuttingDown.into())).await;
+                    return;
+                }
+            },
+            InFlight::Refused(status) => {
+                let _ = output.send(Err(status)).await;
+                return;
+            }
+        }
+    }
+}
+
+/// Streams an agent's backlog after `after_cursor`, then live notifications.
+async fn run_subscription<S: Store>(
+    store: Arc<S>,
+    hub: Arc<Hub>,
+    agent_id: String,
+    after_cursor: u64,
+    output: mpsc::Sender<Result<SubscribeResponse, Status>>,
+) {
+    let send = |notification: Notification| {
+        output.send(Ok(SubscribeResponse { message: Some(subscribe_response::Message::Notification(notification)) }))
+    };
+    let mut last_sent = after_cursor;
+    'resubscribe: loop {
+        // Live first, then the backlog: whatever commits in between arrives
+        // through both and is skipped by cursor on the live side.
+        let mut live = hub.subscribe(&agent_id);
+        loop {
+            let page = match store.list(&agent_id, last_sent, BACKLOG_PAGE).await {
+                Ok(page) => page,
+                Err(error) => {
+                    let _ = output.send(Err(error.into())).await;
+                    return;
+                }
+            };
+            for stored in &page {
+                match stored_to_wire(stored) {
+                    Ok(notification) => {
+                        if send(notification).await.is_err() {
+                            return;
+                        }
+                        last_sent = stored.cursor;
+                    }
+                    Err(error) => {
+                        let _ = output.send(Err(error.into())).await;
+                        return;
+                    }
+                }
+            }
+            if page.len() < BACKLOG_PAGE as usize {
+                break;
+            }
+        }
+        if live.overflowed() {
+            // Fell behind while catching up: catch up from the inbox again.
+            continue 'resubscribe;
+        }
+        loop {
+            let next = tokio::select! {
+                next = live.recv() => next,
+                () = output.closed() => return,
+            };
+            match next {
+                Some(notification) if notification.cursor > last_sent => {
+                    let cursor = notification.cursor;
+                    if send(Notification::clone(&notification)).await.is_err() {
+                        return;
+                    }
+                    last_sent = cursor;
+                }
+                Some(_) => {}
+                None => {
+                    if live.overflowed() {
+                        let lagged = subscribe_response::Message::LaggedAfterCursor(last_sent);
+                        let _ = output.send(Ok(SubscribeResponse { message: Some(lagged) })).await;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+}
+
+type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl<S: Store> NotifierService for NotifierGrpc<S> {
+    type IngestEventsStream = ResponseStream<IngestEventsResponse>;
+    type SubscribeStream = ResponseStream<SubscribeResponse>;
+
+    async fn ingest_events(
+        &self,
+        request: Request<Streaming<IngestEventsRequest>>,
+    ) -> Result<Response<Self::IngestEventsStream>, Status> {
+        let inbound = request.into_inner();
+        let (in_flight_sender, in_flight_receiver) = mpsc::channel(IN_FLIGHT_BATCHES);
+        let (output_sender, output_receiver) = mpsc::channel(MAX_BATCH_EVENTS);
+        tokio::spawn(read_ingest_stream(inbound, self.ingestor.clone(), in_flight_sender));
+        tokio::spawn(answer_ingest_stream(in_flight_receiver, output_sender));
+        Ok(Response::new(Box::pin(ReceiverStream::new(output_receiver))))
+    }
+
+    async fn subscribe(&self, request: Request<SubscribeRequest>) -> Result<Response<Self::SubscribeStream>, Status> {
+        let request = request.into_inner();
+        required_agent_id(&request.agent_id)?;
+        let (output_sender, output_receiver) = mpsc::channel(64);
+        tokio::spawn(run_subscription(
+            Arc::clone(&self.store),
+            Arc::clone(&self.hub),
+            request.agent_id,
+            request.after_cursor,
+            output_sender,
+        ));
+        Ok(Response::new(Box::pin(ReceiverStream::new(output_receiver))))
+    }
+
+    async fn list_notifications(
+        &self,
+        request: Request<ListNotificationsRequest>,
+    ) -> Result<Response<ListNotificationsResponse>, Status> {
+        let request = request.into_inner();
+        required_agent_id(&request.agent_id)?;
+        let limit = match request.limit {
+            0 => 100,
+            limit => limit.min(1000),
+        };
+        let stored = self.store.list(&request.agent_id, request.after_cursor, limit).await?;
+        let notifications = stored.iter().map(stored_to_wire).collect::<Result<Vec<_>>>()?;
+        let acknowledged_cursor = self.store.acknowledged_cursor(&request.agent_id).await?;
+        Ok(Response::new(ListNotificationsResponse { notifications, acknowledged_cursor }))
+    }
+
+    async fn acknowledge_notifications(
+        &self,
+        request: Request<AcknowledgeNotificationsRequest>,
+    ) -> Result<Response<AcknowledgeNotificationsResponse>, Status> {
+        let request = request.into_inner();
+        required_agent_id(&request.agent_id)?;
+        let acknowledged_cursor = self.store.acknowledge(&request.agent_id, request.cursor).await?;
+        Ok(Response::new(AcknowledgeNotificationsResponse { acknowledged_cursor }))
+    }
+}

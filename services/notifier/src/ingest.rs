@@ -1,0 +1,283 @@
+//! The single ingest writer. Every IngestEvents stream hands its batches to
+//! one task, which merges whatever is queued (group commit) and, per merged
+//! batch: stores it in one transaction, offers the new notifications to live
+//! subscribers, appends the NDJSON lines (one write and fsync per file),
+//! records that, and only then answers each stream.
+//!
+//! One writer keeps cursors increasing in commit order and lets the memory
+//! files have at most one unconfirmed batch (see [`crate::memory`]).
+
+use std::{sync::Arc, time::Duration};
+
+use muster_proto::common::v1::StepEvent;
+use prost::Message as _;
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::{
+    Error, Result,
+    domain::{
+        Event,
+        memory::{is_safe_agent_directory, ndjson_line, output_summary, relative_file_path},
+        recipients,
+    },
+    grpc::notification_to_wire,
+    hub::Hub,
+    memory::{MemoryFiles, group_by_file},
+    store::{IngestOutcome, MemoryProgress, MemoryState, NewEvent, NewRecipient, Store},
+};
+
+/// Most events merged into one transaction.
+pub(crate) const MAX_BATCH_EVENTS: usize = 2048;
+
+/// An event as received: the wire form (stored and re-sent as is) and the
+/// validated domain view.
+pub(crate) struct Incoming {
+    pub(crate) wire: StepEvent,
+    pub(crate) event: Event,
+}
+
+/// Per event of a job, the number of notifications created (0 for a duplicate).
+pub(crate) type JobReply = Result<Vec<u32>>;
+
+struct Job {
+    events: Vec<Incoming>,
+    reply: oneshot::Sender<JobReply>,
+}
+
+/// A deliberate crash for the crash-consistency tests, chosen with the
+/// environment variable `MUSTER_NOTIFIER_FAILPOINT` (never set in production):
+/// the process aborts, like a kill -9, at that point of the first batch that
+/// creates notifications.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failpoint {
+    /// After the commit, before any line is appended.
+    AfterCommit,
+    /// After writing half of the first file's lines.
+    TornAppend,
+}
+
+impl Failpoint {
+    fn from_environment() -> Option<Self> {
+        match std::env::var("MUSTER_NOTIFIER_FAILPOINT").ok()?.as_str() {
+            "after-commit" => Some(Self::AfterCommit),
+            "torn-append" => Some(Self::TornAppend),
+            other => {
+                tracing::warn!(failpoint = other, "unknown failpoint ignored");
+                None
+            }
+        }
+    }
+}
+
+/// Settings of the writer.
+#[derive(Debug, Clone)]
+pub(crate) struct IngestSettings {
+    pub(crate) output_summary_chars: usize,
+    /// `None` when memory files are turned off.
+    pub(crate) memory: Option<MemoryFiles>,
+}
+
+/// The handle streams submit batches through.
+#[derive(Clone)]
+pub(crate) struct Ingestor {
+    sender: mpsc::Sender<Job>,
+}
+
+impl Ingestor {
+    /// Starts the writer; it waits until `ready` turns true (migrations and
+    /// memory recovery done) before storing anything.
+    pub(crate) fn spawn<S: Store>(
+        store: Arc<S>,
+        hub: Arc<Hub>,
+        settings: IngestSettings,
+        mut ready: watch::Receiver<bool>,
+    ) -> Self {
+        let (sender, mut receiver) = mpsc::channel::<Job>(64);
+        tokio::spawn(async move {
+            if ready.wait_for(|ready| *ready).await.is_err() {
+                return;
+            }
+            let writer = Writer { store, hub, settings, failpoint: Failpoint::from_environment() };
+            while let Some(job) = receiver.recv().await {
+                let mut jobs = vec![job];
+                let mut queued = jobs[0].events.len();
+                while queued < MAX_BATCH_EVENTS {
+                    match receiver.try_recv() {
+                        Ok(job) => {
+                            queued += job.events.len();
+                            jobs.push(job);
+                        }
+                        Err(_) => break,
+                    }
+                }
+                writer.process(jobs).await;
+            }
+        });
+        Self { sender }
+    }
+
+    /// Queues a batch; the answer arrives once it is stored and written.
+    pub(crate) async fn submit(&self, events: Vec<Incoming>) -> Result<oneshot::Receiver<JobReply>> {
+        let (reply, answer) = oneshot::channel();
+        self.sender.send(Job { events, reply }).await.map_err(|_| Error::ShuttingDown)?;
+        Ok(answer)
+    }
+}
+
+struct Writer<S> {
+    store: Arc<S>,
+    hub: Arc<Hub>,
+    settings: IngestSettings,
+    failpoint: Option<Failpoint>,
+}
+
+impl<S: Store> Writer<S> {
+    async fn process(&self, jobs: Vec<Job>) {
+        let received_at = muster_runtime::time::now_millis();
+        let incoming: Vec<&Incoming> = jobs.iter().flat_map(|job| job.events.iter()).collect();
+        let new_events: Vec<NewEvent> = incoming.iter().map(|item| self.prepare(item, received_at)).collect();
+
+        let mut memory_paths: Vec<String> = new_events
+            .iter()
+            .flat_map(|event| event.recipients.iter().filter_map(|recipient| recipient.memory_path.clone()))
+            .collect();
+        memory_paths.sort();
+        memory_paths.dedup();
+        let lengths = match &self.settings.memory {
+            Some(files) if !memory_paths.is_empty() => {
+                let files = files.clone();
+                tokio::task::spawn_blocking(move || files.lengths(memory_paths)).await.unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
+
+        let outcomes = match self.store.ingest(&new_events, &lengths).await {
+            Ok(outcomes) => outcomes,
+            Err(error) => {
+                tracing::error!(%error, events = new_events.len(), "storing events failed");
+                let message = error.to_string();
+                for job in jobs {
+                    let _ = job.reply.send(Err(Error::StoreUnavailable(message.clone())));
+                }
+                return;
+            }
+        };
+
+        // Live delivery, in cursor order.
+        let mut deliveries: Vec<(&str, usize, u64)> = Vec::new();
+        for (index, (event, outcome)) in new_events.iter().zip(&outcomes).enumerate() {
+            if let IngestOutcome::Stored { first_cursor } = outcome {
+                for (offset, recipient) in event.recipients.iter().enumerate() {
+                    deliveries.push((recipient.agent_id.as_str(), index, first_cursor + offset as u64));
+                }
+            }
+        }
+        let agents: Vec<&str> = deliveries.iter().map(|(agent, _, _)| *agent).collect();
+        self.hub.publish(&agents, |delivery| {
+            let (agent_id, index, cursor) = deliveries[delivery];
+            let event = &new_events[index];
+            let recipient_reason = event
+                .recipients
+                .iter()
+                .find(|recipient| recipient.agent_id == agent_id)
+                .map(|recipient| recipient.reason);
+            notification_to_wire(
+                cursor,
+                agent_id,
+                recipient_reason,
+                incoming[index].wire.clone(),
+                &event.output_summary,
+                received_at,
+            )
+        });
+
+        self.write_memory(&incoming, &new_events, &outcomes).await;
+
+        let mut counts = new_events.iter().zip(&outcomes).map(|(event, outcome)| match outcome {
+            IngestOutcome::Stored { .. } => event.recipients.len() as u32,
+            IngestOutcome::Duplicate => 0,
+        });
+        for job in jobs {
+            let job_counts: Vec<u32> = counts.by_ref().take(job.events.len()).collect();
+            let _ = job.reply.send(Ok(job_counts));
+        }
+    }
+
+    fn prepare(&self, item: &Incoming, received_at: i64) -> NewEvent {
+        let event = &item.event;
+        let recipients = recipients(event)
+            .into_iter()
+            .map(|(agent_id, reason)| {
+                let (memory, memory_path) = if self.settings.memory.is_none() {
+                    (MemoryState::Disabled, None)
+                } else if is_safe_agent_directory(&agent_id) {
+                    (MemoryState::Pending, Some(relative_file_path(&agent_id, event.occurred_at)))
+                } else {
+                    tracing::warn!(agent_id = %agent_id.escape_debug(), event_id = %event.event_id,
+                        "agent id cannot name a memory directory; notification stored without a memory line");
+                    (MemoryState::Refused, None)
+                };
+                NewRecipient { agent_id, reason, memory, memory_path }
+            })
+            .collect();
+        NewEvent {
+            event_id: event.event_id.clone(),
+            encoded: item.wire.encode_to_vec(),
+            output_summary: output_summary(event, self.settings.output_summary_chars),
+            received_at,
+            recipients,
+        }
+    }
+
+    async fn write_memory(&self, incoming: &[&Incoming], new_events: &[NewEvent], outcomes: &[IngestOutcome]) {
+        let Some(files) = &self.settings.memory else { return };
+        let mut progress = MemoryProgress::default();
+        let mut lines = Vec::new();
+        for ((item, event), outcome) in incoming.iter().zip(new_events).zip(outcomes) {
+            let IngestOutcome::Stored { first_cursor } = outcome else { continue };
+            // The line says nothing about the agent: one per event serves all.
+            let mut line: Option<String> = None;
+            for (offset, recipient) in event.recipients.iter().enumerate() {
+                let cursor = first_cursor + offset as u64;
+                progress.written_through = progress.written_through.max(cursor);
+                if let Some(path) = &recipient.memory_path {
+                    let line = line.get_or_insert_with(|| ndjson_line(&item.event, &event.output_summary));
+                    lines.push((path.clone(), cursor, line.clone()));
+                }
+            }
+        }
+        if progress.written_through == 0 {
+            return;
+        }
+        let appends = group_by_file(lines);
+        match (self.failpoint, appends.first()) {
+            (Some(Failpoint::AfterCommit), _) => {
+                tracing::error!("failpoint after-commit: aborting");
+                std::process::abort();
+            }
+            (Some(Failpoint::TornAppend), Some(first)) => {
+                tracing::error!("failpoint torn-append: aborting");
+                files.append_torn(first);
+                std::process::abort();
+            }
+            _ => {}
+        }
+        let files = files.clone();
+        progress.failed = match tokio::task::spawn_blocking(move || files.append_all(&appends)).await {
+            Ok(failed) => failed,
+            Err(error) => {
+                // The append task panicked: leave the batch pending, rewritten at start.
+                tracing::error!(%error, "memory append task failed");
+                return;
+            }
+        };
+        // The mark must be recorded before the next batch appends, or a restart
+        // would cut back and rewrite lines that are already there.
+        let mut delay = Duration::from_millis(50);
+        while let Err(error) = self.store.record_memory_progress(&progress).await {
+            tracing::error!(%error, retry_in_ms = delay.as_millis() as u64, "recording memory progress failed");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+}

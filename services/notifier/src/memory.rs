@@ -1,0 +1,191 @@
+//! The NDJSON memory files on disk, written exactly once per notification.
+//!
+//! The scheme (see docs/notifier.md):
+//! 1. The ingest transaction stores the notifications as *pending* together
+//!    with, for every file about to be appended, its length before the append.
+//! 2. After the commit, the lines are appended, one write per file, and
+//!    fsync'd; then one small transaction advances the *written-through* mark
+//!    past the batch (and marks lines whose append failed as *failed*).
+//! 3. At start, pending notifications above the mark (a crash between 1 and 2)
+//!    are rewritten: each of their files is first cut back to its recorded
+//!    length, which removes whatever part of the batch reached the disk, then
+//!    their lines are appended. Failed ones are appended again.
+//!
+//! One process writes a memory root at a time; batches are appended one after
+//! the other, so at most one batch is ever unconfirmed.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    fs::{File, OpenOptions},
+    io::Write as _,
+    path::{Path, PathBuf},
+};
+
+use crate::{
+    Error, Result,
+    domain::memory::{ndjson_line, relative_file_path},
+    grpc::decode_event,
+    store::{MemoryProgress, MemoryState, Store},
+};
+
+/// The lines to append to one file.
+#[derive(Debug, Default)]
+pub(crate) struct FileAppend {
+    /// Relative to the memory root, `/`-separated.
+    pub(crate) path: String,
+    /// The file's length before the append.
+    pub(crate) length_before: u64,
+    /// The notifications whose lines these are.
+    pub(crate) cursors: Vec<u64>,
+    /// The lines, each ending with a newline.
+    pub(crate) text: String,
+}
+
+/// The memory root.
+#[derive(Debug, Clone)]
+pub(crate) struct MemoryFiles {
+    root: PathBuf,
+}
+
+impl MemoryFiles {
+    pub(crate) fn new(root: PathBuf) -> Self {
+        Self { root }
+    }
+
+    fn absolute(&self, relative: &str) -> PathBuf {
+        relative.split('/').fold(self.root.clone(), |path, component| path.join(component))
+    }
+
+    /// The current length of each file (0 when missing). Blocking.
+    pub(crate) fn lengths(&self, paths: impl IntoIterator<Item = String>) -> Vec<(String, u64)> {
+        paths
+            .into_iter()
+            .map(|path| {
+                let length = std::fs::metadata(self.absolute(&path)).map(|metadata| metadata.len()).unwrap_or(0);
+                (path, length)
+            })
+            .collect()
+    }
+
+    /// Appends each group with one write and an fsync. Returns the cursors of
+    /// the groups that failed; a failed file is cut back to its length before.
+    /// Blocking.
+    pub(crate) fn append_all(&self, appends: &[FileAppend]) -> Vec<u64> {
+        let mut failed = Vec::new();
+        for append in appends {
+            let path = self.absolute(&append.path);
+            if let Err(error) = append_and_sync(&path, append.text.as_bytes()) {
+                tracing::error!(path = %path.display(), %error, lines = append.cursors.len(), "appending memory lines failed");
+                if let Ok(file) = OpenOptions::new().write(true).open(&path)
+                    && let Err(error) = file.set_len(append.length_before).and_then(|()| file.sync_all())
+                {
+                    tracing::error!(path = %path.display(), %error, "cutting back a failed memory append failed");
+                }
+                failed.extend_from_slice(&append.cursors);
+            }
+        }
+        failed
+    }
+
+    /// Writes the first half of an append and stops (the torn-append failpoint).
+    pub(crate) fn append_torn(&self, append: &FileAppend) {
+        // One byte past the middle, so the write ends inside a line.
+        let torn_length = (append.text.len() / 2 + 1).min(append.text.len());
+        let half = &append.text.as_bytes()[..torn_length];
+        if let Err(error) = append_and_sync(&self.absolute(&append.path), half) {
+            tracing::error!(%error, "torn append failed");
+        }
+    }
+
+    /// Cuts a file back to `length` if it is longer. Blocking.
+    fn cut_back(&self, relative: &str, length: u64) -> Result<()> {
+        let path = self.absolute(relative);
+        let io_error = |source| Error::Io { context: format!("cutting back {}", path.display()), source };
+        match OpenOptions::new().write(true).open(&path) {
+            Ok(file) => {
+                if file.metadata().map_err(io_error)?.len() > length {
+                    tracing::warn!(path = %path.display(), length, "removing an unconfirmed memory append");
+                    file.set_len(length).map_err(io_error)?;
+                    file.sync_all().map_err(io_error)?;
+                }
+                Ok(())
+            }
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(error) => Err(io_error(error)),
+        }
+    }
+}
+
+fn append_and_sync(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let parent = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent)?;
+    let existed = path.exists();
+    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+    file.write_all(bytes)?;
+    file.sync_data()?;
+    if !existed {
+        // Make the new directory entry durable too.
+        File::open(parent)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Groups pending lines by file, keeping cursor order within each file.
+pub(crate) fn group_by_file(lines: impl IntoIterator<Item = (String, u64, String)>) -> Vec<FileAppend> {
+    let mut groups: BTreeMap<String, FileAppend> = BTreeMap::new();
+    for (path, cursor, line) in lines {
+        let group = groups.entry(path.clone()).or_insert_with(|| FileAppend { path, ..FileAppend::default() });
+        group.cursors.push(cursor);
+        group.text.push_str(&line);
+    }
+    groups.into_values().collect()
+}
+
+/// Rewrites the lines a crash or a failed append left unwritten (step 3 of the
+/// scheme). Runs before ingestion starts.
+pub(crate) async fn recover<S: Store>(store: &S, files: &MemoryFiles) -> Result<()> {
+    const PAGE: u32 = 10_000;
+    let mut after = 0;
+    // Cut each file back once: a later page may append to a file an earlier one did.
+    let mut already_cut: HashSet<String> = HashSet::new();
+    loop {
+        let page = store.unwritten_memory(after, PAGE).await?;
+        let Some(last) = page.last() else { return Ok(()) };
+        after = last.cursor;
+        let mut progress = MemoryProgress::default();
+        let mut lines = Vec::with_capacity(page.len());
+        let mut cut_back_paths = Vec::new();
+        for notification in &page {
+            let (_, event) = decode_event(&notification.encoded)?;
+            let path = relative_file_path(&notification.agent_id, event.occurred_at);
+            match notification.memory {
+                MemoryState::Failed => progress.recovered.push(notification.cursor),
+                _ => {
+                    progress.written_through = progress.written_through.max(notification.cursor);
+                    cut_back_paths.push(path.clone());
+                }
+            }
+            lines.push((path, notification.cursor, ndjson_line(&event, &notification.output_summary)));
+        }
+        cut_back_paths.retain(|path| already_cut.insert(path.clone()));
+        for path in &cut_back_paths {
+            if let Some(length) = store.memory_file_length(path).await? {
+                let files = files.clone();
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || files.cut_back(&path, length))
+                    .await
+                    .map_err(|error| Error::Corrupt(format!("memory task: {error}")))??;
+            }
+        }
+        let appends = group_by_file(lines);
+        let count = page.len();
+        let files = files.clone();
+        let failed = tokio::task::spawn_blocking(move || files.append_all(&appends))
+            .await
+            .map_err(|error| Error::Corrupt(format!("memory task: {error}")))?;
+        progress.recovered.retain(|cursor| !failed.contains(cursor));
+        progress.failed = failed;
+        store.record_memory_progress(&progress).await?;
+        tracing::info!(lines = count, failed = progress.failed.len(), "recovered unwritten memory lines");
+    }
+}

@@ -1,0 +1,300 @@
+//! [`Store`] on SQLite and PostgreSQL through sqlx's `Any` driver.
+//!
+//! Cursors are assigned here, inside the ingest transaction, as the next ids
+//! after the largest one; on PostgreSQL a transaction-scoped advisory lock
+//! serialises ingest transactions, so cursors become visible in increasing
+//! order (a reader never sees cursor 7 before cursor 6 has committed).
+
+use std::collections::HashSet;
+
+use muster_runtime::db::{Backend, Database, Migrations};
+use sqlx::{AssertSqlSafe, Row, any::AnyRow};
+
+use super::{IngestOutcome, MemoryProgress, MemoryState, NewEvent, Store, StoredNotification};
+use crate::{Error, Result, domain::Reason};
+
+/// The notifier's migrations.
+pub(crate) static MIGRATIONS: Migrations = Migrations {
+    sqlite: &[(1, "init", include_str!("../../migrations/sqlite/0001_init.sql"))],
+    postgres: &[(1, "init", include_str!("../../migrations/postgres/0001_init.sql"))],
+};
+
+/// Rows per multi-row statement: stays under both backends' bind limits.
+const ROWS_PER_STATEMENT: usize = 500;
+/// Any number unlikely to collide with another service's advisory locks.
+const INGEST_LOCK_KEY: i64 = 0x6d75_7374_6e74_6679;
+
+/// The SQL implementation of [`Store`].
+#[derive(Debug, Clone)]
+pub struct SqlStore {
+    database: Database,
+}
+
+impl SqlStore {
+    /// A store on `url` (`sqlite://...` or `postgres://...`); connects on first use.
+    pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self> {
+        Ok(Self { database: Database::connect_lazy(url, max_connections)? })
+    }
+
+    /// Runs the migrations.
+    pub async fn migrate(&self) -> Result<()> {
+        Ok(self.database.migrate(&MIGRATIONS).await?)
+    }
+
+    fn notification_from_row(row: &AnyRow) -> Result<StoredNotification> {
+        let reason: i64 = row.try_get("reason")?;
+        let memory: i64 = row.try_get("memory_state")?;
+        Ok(StoredNotification {
+            cursor: to_cursor(row.try_get("notification_id")?),
+            agent_id: row.try_get("agent_id")?,
+            reason: Reason::from_i64(reason).ok_or_else(|| Error::Corrupt(format!("reason {reason}")))?,
+            event_id: row.try_get("event_id")?,
+            encoded: row.try_get("event")?,
+            output_summary: row.try_get("output_summary")?,
+            created_at: row.try_get("received_at")?,
+            memory: MemoryState::from_i64(memory).ok_or_else(|| Error::Corrupt(format!("memory state {memory}")))?,
+        })
+    }
+}
+
+fn to_cursor(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or_default()
+}
+
+fn from_cursor(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// The placeholder of the `number`th (1-based) bind parameter. SQLite gets
+/// anonymous `?`: it resolves `$N` names with a linear search per parameter,
+/// which makes large multi-row statements quadratic.
+fn placeholder(backend: Backend, number: usize) -> String {
+    match backend {
+        Backend::Sqlite => "?".to_owned(),
+        Backend::Postgres => format!("${number}"),
+    }
+}
+
+/// `placeholder(first), placeholder(first + 1), ..` for `count` parameters.
+fn placeholder_list(backend: Backend, first: usize, count: usize) -> String {
+    (first..first + count).map(|number| placeholder(backend, number)).collect::<Vec<_>>().join(", ")
+}
+
+/// `($1, $2, ..), ($k, ..)` for `rows` rows of `columns` placeholders.
+fn placeholders(backend: Backend, rows: usize, columns: usize) -> String {
+    let mut text = String::with_capacity(rows * columns * 5);
+    for row in 0..rows {
+        if row > 0 {
+            text.push_str(", ");
+        }
+        text.push('(');
+        text.push_str(&placeholder_list(backend, row * columns + 1, columns));
+        text.push(')');
+    }
+    text
+}
+
+const NOTIFICATION_COLUMNS: &str = "n.notification_id, n.agent_id, n.reason, n.event_id, n.memory_state, \
+     e.event, e.output_summary, e.received_at";
+
+impl Store for SqlStore {
+    async fn ingest(&self, events: &[NewEvent], memory_file_lengths: &[(String, u64)]) -> Result<Vec<IngestOutcome>> {
+        let mut transaction = self.database.pool.begin().await?;
+        if self.database.backend == Backend::Postgres {
+            sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(INGEST_LOCK_KEY).execute(&mut *transaction).await?;
+        }
+
+        // Which ids are stored already.
+        let mut already_stored: HashSet<String> = HashSet::new();
+        for chunk in events.chunks(ROWS_PER_STATEMENT) {
+            let list = placeholder_list(self.database.backend, 1, chunk.len());
+            let sql = format!("SELECT event_id FROM events WHERE event_id IN ({list})");
+            let mut query = sqlx::query(AssertSqlSafe(sql));
+            for event in chunk {
+                query = query.bind(event.event_id.as_str());
+            }
+            for row in query.fetch_all(&mut *transaction).await? {
+                already_stored.insert(row.try_get("event_id")?);
+            }
+        }
+
+        let max_row = sqlx::query("SELECT COALESCE(MAX(notification_id), 0) AS max_id FROM notifications")
+            .fetch_one(&mut *transaction)
+            .await?;
+        let mut next_cursor = to_cursor(max_row.try_get::<i64, _>("max_id")?) + 1;
+
+        let mut outcomes = Vec::with_capacity(events.len());
+        let mut new_events: Vec<&NewEvent> = Vec::new();
+        let mut seen: HashSet<&str> = HashSet::new();
+        let mut touched_paths: HashSet<&str> = HashSet::new();
+        for event in events {
+            if already_stored.contains(&event.event_id) || !seen.insert(event.event_id.as_str()) {
+                outcomes.push(IngestOutcome::Duplicate);
+                continue;
+            }
+            outcomes.push(IngestOutcome::Stored { first_cursor: next_cursor });
+            next_cursor += event.recipients.len() as u64;
+            touched_paths.extend(event.recipients.iter().filter_map(|recipient| recipient.memory_path.as_deref()));
+            new_events.push(event);
+        }
+
+        for chunk in new_events.chunks(ROWS_PER_STATEMENT / 5) {
+            let sql = format!(
+                "INSERT INTO events (event_id, event, output_summary, notifications, received_at) VALUES {}",
+                placeholders(self.database.backend, chunk.len(), 5)
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql));
+            for event in chunk {
+                query = query
+                    .bind(event.event_id.as_str())
+                    .bind(event.encoded.as_slice())
+                    .bind(event.output_summary.as_str())
+                    .bind(event.recipients.len() as i64)
+                    .bind(event.received_at);
+            }
+            query.execute(&mut *transaction).await?;
+        }
+
+        let notification_rows: Vec<(u64, &NewEvent, usize)> = new_events
+            .iter()
+            .zip(outcomes.iter().filter(|outcome| matches!(outcome, IngestOutcome::Stored { .. })))
+            .flat_map(|(event, outcome)| {
+                let first = match outcome {
+                    IngestOutcome::Stored { first_cursor } => *first_cursor,
+                    IngestOutcome::Duplicate => 0,
+                };
+                (0..event.recipients.len()).map(move |index| (first + index as u64, *event, index))
+            })
+            .collect();
+        for chunk in notification_rows.chunks(ROWS_PER_STATEMENT) {
+            let sql = format!(
+                "INSERT INTO notifications (notification_id, agent_id, reason, event_id, memory_state) VALUES {}",
+                placeholders(self.database.backend, chunk.len(), 5)
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql));
+            for (cursor, event, index) in chunk {
+                let recipient = &event.recipients[*index];
+                query = query
+                    .bind(from_cursor(*cursor))
+                    .bind(recipient.agent_id.as_str())
+                    .bind(recipient.reason.to_i64())
+                    .bind(event.event_id.as_str())
+                    .bind(recipient.memory.to_i64());
+            }
+            query.execute(&mut *transaction).await?;
+        }
+
+        for (path, length) in memory_file_lengths {
+            if !touched_paths.contains(path.as_str()) {
+                continue;
+            }
+            sqlx::query(
+                "INSERT INTO memory_files (path, length_before_append) VALUES ($1, $2) \
+                 ON CONFLICT (path) DO UPDATE SET length_before_append = excluded.length_before_append",
+            )
+            .bind(path.as_str())
+            .bind(from_cursor(*length))
+            .execute(&mut *transaction)
+            .await?;
+        }
+
+        transaction.commit().await?;
+        Ok(outcomes)
+    }
+
+    async fn list(&self, agent_id: &str, after_cursor: u64, limit: u32) -> Result<Vec<StoredNotification>> {
+        let sql = format!(
+            "SELECT {NOTIFICATION_COLUMNS} FROM notifications n JOIN events e ON e.event_id = n.event_id \
+             WHERE n.agent_id = $1 AND n.notification_id > $2 ORDER BY n.notification_id LIMIT $3"
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(agent_id)
+            .bind(from_cursor(after_cursor))
+            .bind(i64::from(limit))
+            .fetch_all(&self.database.pool)
+            .await?;
+        rows.iter().map(Self::notification_from_row).collect()
+    }
+
+    async fn acknowledged_cursor(&self, agent_id: &str) -> Result<u64> {
+        let row = sqlx::query("SELECT acknowledged_cursor FROM acknowledgements WHERE agent_id = $1")
+            .bind(agent_id)
+            .fetch_optional(&self.database.pool)
+            .await?;
+        Ok(match row {
+            Some(row) => to_cursor(row.try_get("acknowledged_cursor")?),
+            None => 0,
+        })
+    }
+
+    async fn acknowledge(&self, agent_id: &str, cursor: u64) -> Result<u64> {
+        let row = sqlx::query(
+            "INSERT INTO acknowledgements (agent_id, acknowledged_cursor, updated_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (agent_id) DO UPDATE SET \
+             acknowledged_cursor = CASE WHEN excluded.acknowledged_cursor > acknowledgements.acknowledged_cursor \
+             THEN excluded.acknowledged_cursor ELSE acknowledgements.acknowledged_cursor END, \
+             updated_at = excluded.updated_at \
+             RETURNING acknowledged_cursor",
+        )
+        .bind(agent_id)
+        .bind(from_cursor(cursor))
+        .bind(muster_runtime::time::now_millis())
+        .fetch_one(&self.database.pool)
+        .await?;
+        Ok(to_cursor(row.try_get("acknowledged_cursor")?))
+    }
+
+    async fn record_memory_progress(&self, progress: &MemoryProgress) -> Result<()> {
+        let mut transaction = self.database.pool.begin().await?;
+        sqlx::query(
+            "UPDATE memory_progress SET written_through = CASE WHEN $1 > written_through THEN $1 \
+             ELSE written_through END WHERE singleton = 1",
+        )
+        .bind(from_cursor(progress.written_through))
+        .execute(&mut *transaction)
+        .await?;
+        for (cursors, state) in [(&progress.failed, MemoryState::Failed), (&progress.recovered, MemoryState::Written)] {
+            for chunk in cursors.chunks(ROWS_PER_STATEMENT) {
+                let list = placeholder_list(self.database.backend, 2, chunk.len());
+                let state_placeholder = placeholder(self.database.backend, 1);
+                let sql = format!(
+                    "UPDATE notifications SET memory_state = {state_placeholder} WHERE notification_id IN ({list})"
+                );
+                let mut query = sqlx::query(AssertSqlSafe(sql)).bind(state.to_i64());
+                for cursor in chunk {
+                    query = query.bind(from_cursor(*cursor));
+                }
+                query.execute(&mut *transaction).await?;
+            }
+        }
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    async fn unwritten_memory(&self, after_cursor: u64, limit: u32) -> Result<Vec<StoredNotification>> {
+        let sql = format!(
+            "SELECT {NOTIFICATION_COLUMNS} FROM notifications n JOIN events e ON e.event_id = n.event_id \
+             WHERE n.notification_id > $1 AND ( \
+               (n.memory_state = 0 AND n.notification_id > (SELECT written_through FROM memory_progress WHERE singleton = 1)) \
+               OR n.memory_state = 4) \
+             ORDER BY n.notification_id LIMIT $2"
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(from_cursor(after_cursor))
+            .bind(i64::from(limit))
+            .fetch_all(&self.database.pool)
+            .await?;
+        rows.iter().map(Self::notification_from_row).collect()
+    }
+
+    async fn memory_file_length(&self, path: &str) -> Result<Option<u64>> {
+        let row = sqlx::query("SELECT length_before_append FROM memory_files WHERE path = $1")
+            .bind(path)
+            .fetch_optional(&self.database.pool)
+            .await?;
+        Ok(match row {
+            Some(row) => Some(to_cursor(row.try_get("length_before_append")?)),
+            None => None,
+        })
+    }
+}

@@ -1,0 +1,250 @@
+//! Exactly-once memory lines across crashes: the inbox and the NDJSON files
+//! agree after a kill -9 and a restart, and after a torn append.
+
+mod common;
+
+use std::{collections::BTreeMap, process::Stdio, time::Duration};
+
+use common::{TempDirectory, TestNotifier, completed, memory_lines, wait_until_serving};
+use muster_notifier::{
+    domain::Reason,
+    store::{MemoryState, NewEvent, NewRecipient, SqlStore, Store},
+};
+use muster_proto::{
+    common::v1::StepEvent,
+    notifier::v1::{IngestEventsRequest, ListNotificationsRequest, notifier_service_client::NotifierServiceClient},
+};
+use prost::Message as _;
+use tokio_stream::StreamExt as _;
+
+const AGENTS: [&str; 3] = ["informed", "monitor", "lead"];
+
+fn events(count: usize) -> Vec<StepEvent> {
+    (0..count).map(|index| completed(&format!("e{index}"), &format!("s{index}"), "{\"n\":1}")).collect()
+}
+
+struct Process {
+    child: tokio::process::Child,
+    address: String,
+}
+
+fn log_file(data_dir: &std::path::Path) -> Stdio {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(data_dir.join("notifier.log"))
+        .map(Stdio::from)
+        .unwrap_or_else(|_| Stdio::null())
+}
+
+async fn spawn_notifier(data_dir: &std::path::Path, failpoint: Option<&str>) -> Process {
+    let port_file = data_dir.join("port");
+    let _ = std::fs::remove_file(&port_file);
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_muster-notifier"));
+    if let Some(failpoint) = failpoint {
+        command.env("MUSTER_NOTIFIER_FAILPOINT", failpoint);
+    }
+    let child = command
+        .arg("--listen")
+        .arg("127.0.0.1:0")
+        .arg("--port-file")
+        .arg(&port_file)
+        .arg("--database-url")
+        .arg(format!("sqlite://{}", data_dir.join("notifier.db").display()))
+        .arg("--data-dir")
+        .arg(data_dir)
+        .env("MUSTER_LOG", "info")
+        .env("MUSTER_LOG_FORMAT", "json")
+        .stdout(log_file(data_dir))
+        .stderr(log_file(data_dir))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawning muster-notifier");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let address = loop {
+        if let Ok(address) = std::fs::read_to_string(&port_file) {
+            break format!("http://{address}");
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no port file");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    wait_until_serving(&address).await;
+    Process { child, address }
+}
+
+/// Streams `events` and returns how many were acknowledged before `stop_after`
+/// acks (or all), without closing politely.
+async fn stream_events(address: &str, events: Vec<StepEvent>, stop_after: usize) -> usize {
+    let mut client = NotifierServiceClient::connect(address.to_owned()).await.expect("connect");
+    let requests = tokio_stream::iter(events.into_iter().map(|event| IngestEventsRequest { event: Some(event) }));
+    let Ok(response) = client.ingest_events(requests).await else { return 0 };
+    let mut responses = response.into_inner();
+    let mut acked = 0;
+    while acked < stop_after {
+        match responses.next().await {
+            Some(Ok(_)) => acked += 1,
+            _ => break,
+        }
+    }
+    acked
+}
+
+async fn inbox(address: &str, agent_id: &str) -> Vec<String> {
+    let mut client = NotifierServiceClient::connect(address.to_owned()).await.expect("connect");
+    let mut event_ids = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = client
+            .list_notifications(ListNotificationsRequest {
+                agent_id: agent_id.to_owned(),
+                after_cursor: after,
+                limit: 1000,
+            })
+            .await
+            .expect("list")
+            .into_inner()
+            .notifications;
+        let Some(last) = page.last() else { return event_ids };
+        after = last.cursor;
+        event_ids.extend(page.into_iter().map(|n| n.event.expect("event").event_id));
+    }
+}
+
+/// Each agent's memory lines, as step ids in file order.
+fn line_steps(memory_root: &std::path::Path, agent: &str) -> Vec<String> {
+    memory_lines(memory_root, agent).iter().map(|line| line["step_id"].as_str().expect("step_id").to_owned()).collect()
+}
+
+#[tokio::test]
+async fn kill_nine_and_restart_neither_lose_nor_double_a_line() {
+    const EVENTS: usize = 10_000;
+    let data = TempDirectory::new("kill");
+    let memory_root = data.0.join("agents");
+    for (round, stop_after) in [(0, 500), (1, 1500), (2, 3000), (3, 6000)] {
+        let mut process = spawn_notifier(&data.0, None).await;
+        // Everything is (re)sent each round, as the execution service resends
+        // whatever was not acknowledged; the notifier is killed mid-stream.
+        let acked = stream_events(&process.address, events(EVENTS), stop_after).await;
+        process.child.start_kill().expect("kill -9");
+        let _ = process.child.wait().await;
+        eprintln!("round {round}: killed after {acked} acks");
+    }
+    let process = spawn_notifier(&data.0, None).await;
+    assert_eq!(stream_events(&process.address, events(EVENTS), EVENTS).await, EVENTS);
+
+    for agent in AGENTS {
+        let stored = inbox(&process.address, agent).await;
+        assert_eq!(stored.len(), EVENTS, "{agent}: one notification per event");
+        let mut lines = line_steps(&memory_root, agent);
+        assert_eq!(lines.len(), EVENTS, "{agent}: one line per notification");
+        lines.sort();
+        lines.dedup();
+        assert_eq!(lines.len(), EVENTS, "{agent}: no line doubled");
+    }
+    drop(process);
+    let log = std::fs::read_to_string(data.0.join("notifier.log")).unwrap_or_default();
+    eprintln!(
+        "recoveries: {}, cut-backs: {}",
+        log.matches("recovered unwritten memory lines").count(),
+        log.matches("removing an unconfirmed memory append").count()
+    );
+}
+
+#[tokio::test]
+async fn a_crash_between_commit_and_append_is_repaired_at_start() {
+    let data = TempDirectory::new("torn");
+    let url = format!("sqlite://{}", data.0.join("notifier.db").display());
+    let memory_root = data.0.join("agents");
+    let relative = "informed/events/notifications_2026-01-16.ndjson";
+    let file = memory_root.join(relative);
+
+    // A first line written normally.
+    let notifier = TestNotifier::start(&data.0, &[]).await;
+    notifier.ingest(vec![completed("e0", "s0", "{}")]).await;
+    notifier.stop().await;
+    let first_line = std::fs::read_to_string(&file).expect("file");
+
+    // Simulate the crash: a batch committed as pending, with the file's length
+    // before the append recorded, and half of its first line on disk.
+    let store = SqlStore::connect_lazy(&url, 1).expect("store");
+    let pending: Vec<NewEvent> = ["e1", "e2"]
+        .iter()
+        .enumerate()
+        .map(|(index, event_id)| NewEvent {
+            event_id: (*event_id).to_owned(),
+            encoded: completed(event_id, &format!("s{}", index + 1), "{}").encode_to_vec(),
+            output_summary: "{}".to_owned(),
+            received_at: 0,
+            recipients: vec![NewRecipient {
+                agent_id: "informed".to_owned(),
+                reason: Reason::Informed,
+                memory: MemoryState::Pending,
+                memory_path: Some(relative.to_owned()),
+            }],
+        })
+        .collect();
+    store.ingest(&pending, &[(relative.to_owned(), first_line.len() as u64)]).await.expect("ingest");
+    drop(store);
+    let mut torn = first_line.clone();
+    torn.push_str("{\"event_type\":\"step_comp");
+    std::fs::write(&file, torn).expect("torn write");
+
+    let notifier = TestNotifier::start(&data.0, &[]).await;
+    assert_eq!(line_steps(&memory_root, "informed"), vec!["s0", "s1", "s2"]);
+    // A restart with nothing pending changes nothing.
+    notifier.stop().await;
+    let notifier = TestNotifier::start(&data.0, &[]).await;
+    assert_eq!(line_steps(&memory_root, "informed"), vec!["s0", "s1", "s2"]);
+    let counts: BTreeMap<&str, usize> =
+        AGENTS.iter().map(|agent| (*agent, memory_lines(&memory_root, agent).len())).collect();
+    assert_eq!(counts["informed"], 3);
+    notifier.stop().await;
+}
+
+/// Crashes the notifier at a failpoint while it stores a second batch, then
+/// restarts it and checks the memory file against the inbox.
+async fn crash_at(failpoint: &str) {
+    let data = TempDirectory::new(failpoint);
+    let memory_root = data.0.join("agents");
+    let process = spawn_notifier(&data.0, None).await;
+    assert_eq!(stream_events(&process.address, events(10), 10).await, 10);
+    drop(process);
+
+    let mut process = spawn_notifier(&data.0, Some(failpoint)).await;
+    // The process aborts before acknowledging anything of this batch.
+    let batch: Vec<StepEvent> = events(30).split_off(10);
+    assert_eq!(stream_events(&process.address, batch, 20).await, 0);
+    let status = process.child.wait().await.expect("exit status");
+    assert!(!status.success(), "the failpoint aborted the process");
+    match failpoint {
+        "after-commit" => assert_eq!(line_steps(&memory_root, "informed").len(), 10),
+        _ => assert!(
+            std::fs::read_to_string(memory_root.join("informed/events/notifications_2026-01-16.ndjson"))
+                .expect("file")
+                .ends_with(|last: char| last != '\n')
+        ),
+    }
+
+    let process = spawn_notifier(&data.0, None).await;
+    // The execution service resends the unacknowledged events: all deduplicated.
+    assert_eq!(stream_events(&process.address, events(30), 30).await, 30);
+    for agent in AGENTS {
+        let stored = inbox(&process.address, agent).await;
+        let lines = line_steps(&memory_root, agent);
+        let expected: Vec<String> = (0..30).map(|index| format!("s{index}")).collect();
+        assert_eq!(stored.len(), 30, "{agent}");
+        assert_eq!(lines, expected, "{agent}: every line once, in order");
+    }
+    let log = std::fs::read_to_string(data.0.join("notifier.log")).unwrap_or_default();
+    assert!(log.contains("recovered unwritten memory lines"), "recovery ran");
+}
+
+#[tokio::test]
+async fn a_crash_after_the_commit_is_repaired_at_restart() {
+    crash_at("after-commit").await;
+}
+
+#[tokio::test]
+async fn a_torn_append_is_cut_back_and_rewritten_at_restart() {
+    crash_at("torn-append").await;
+}

@@ -1,0 +1,159 @@
+//! The store conformance suite, run on SQLite and on PostgreSQL.
+
+mod common;
+
+use muster_notifier::{
+    domain::Reason,
+    store::{IngestOutcome, MemoryProgress, MemoryState, NewEvent, NewRecipient, SqlStore, Store},
+};
+
+fn recipient(agent_id: &str, reason: Reason, memory: MemoryState) -> NewRecipient {
+    let memory_path =
+        (memory == MemoryState::Pending).then(|| format!("{agent_id}/events/notifications_2026-01-16.ndjson"));
+    NewRecipient { agent_id: agent_id.to_owned(), reason, memory, memory_path }
+}
+
+fn new_event(event_id: &str, recipients: Vec<NewRecipient>) -> NewEvent {
+    NewEvent {
+        event_id: event_id.to_owned(),
+        encoded: event_id.as_bytes().to_vec(),
+        output_summary: format!("summary of {event_id}"),
+        received_at: 1_000,
+        recipients,
+    }
+}
+
+async fn conformance<S: Store>(store: &S) {
+    // Ingest: cursors follow the recipients in order, across events.
+    let outcomes = store
+        .ingest(
+            &[
+                new_event(
+                    "e1",
+                    vec![
+                        recipient("alice", Reason::Informed, MemoryState::Pending),
+                        recipient("bob", Reason::Lead, MemoryState::Pending),
+                    ],
+                ),
+                new_event("e2", vec![recipient("alice", Reason::Monitor, MemoryState::Refused)]),
+                // Repeated inside the batch: a duplicate.
+                new_event("e1", vec![recipient("alice", Reason::Informed, MemoryState::Pending)]),
+            ],
+            &[("alice/events/notifications_2026-01-16.ndjson".to_owned(), 0)],
+        )
+        .await
+        .expect("ingest");
+    assert_eq!(
+        outcomes,
+        vec![
+            IngestOutcome::Stored { first_cursor: 1 },
+            IngestOutcome::Stored { first_cursor: 3 },
+            IngestOutcome::Duplicate
+        ]
+    );
+
+    // Resent in a later batch: a duplicate; a new event continues the cursors.
+    let outcomes = store
+        .ingest(
+            &[
+                new_event("e2", vec![recipient("alice", Reason::Monitor, MemoryState::Pending)]),
+                new_event("e3", vec![recipient("alice", Reason::Lead, MemoryState::Disabled)]),
+                new_event("e4", vec![]),
+            ],
+            &[],
+        )
+        .await
+        .expect("second ingest");
+    assert_eq!(
+        outcomes,
+        vec![
+            IngestOutcome::Duplicate,
+            IngestOutcome::Stored { first_cursor: 4 },
+            IngestOutcome::Stored { first_cursor: 5 }
+        ]
+    );
+
+    // Listing: per agent, after a cursor, limited, with the stored event.
+    let alice = store.list("alice", 0, 100).await.expect("list");
+    assert_eq!(alice.iter().map(|n| n.cursor).collect::<Vec<_>>(), vec![1, 3, 4]);
+    assert_eq!(alice[0].reason, Reason::Informed);
+    assert_eq!(alice[0].event_id, "e1");
+    assert_eq!(alice[0].encoded, b"e1".to_vec());
+    assert_eq!(alice[0].output_summary, "summary of e1");
+    assert_eq!(alice[0].created_at, 1_000);
+    assert_eq!(alice[1].memory, MemoryState::Refused);
+    assert_eq!(alice[2].reason, Reason::Lead);
+    assert_eq!(store.list("alice", 1, 1).await.expect("list").iter().map(|n| n.cursor).collect::<Vec<_>>(), vec![3]);
+    assert_eq!(store.list("bob", 0, 100).await.expect("list").len(), 1);
+    assert!(store.list("carol", 0, 100).await.expect("list").is_empty());
+
+    // Acknowledgements are monotonic.
+    assert_eq!(store.acknowledged_cursor("alice").await.expect("ack"), 0);
+    assert_eq!(store.acknowledge("alice", 3).await.expect("ack"), 3);
+    assert_eq!(store.acknowledge("alice", 1).await.expect("ack"), 3);
+    assert_eq!(store.acknowledged_cursor("alice").await.expect("ack"), 3);
+    assert_eq!(store.acknowledge("alice", 4).await.expect("ack"), 4);
+    assert_eq!(store.acknowledged_cursor("bob").await.expect("ack"), 0);
+
+    // Memory bookkeeping: pending lines above the mark, and failed ones.
+    assert_eq!(
+        store.memory_file_length("alice/events/notifications_2026-01-16.ndjson").await.expect("length"),
+        Some(0)
+    );
+    assert_eq!(store.memory_file_length("nobody").await.expect("length"), None);
+    let unwritten = store.unwritten_memory(0, 100).await.expect("unwritten");
+    assert_eq!(unwritten.iter().map(|n| n.cursor).collect::<Vec<_>>(), vec![1, 2]);
+    store
+        .record_memory_progress(&MemoryProgress { written_through: 2, failed: vec![2], recovered: vec![] })
+        .await
+        .expect("progress");
+    let unwritten = store.unwritten_memory(0, 100).await.expect("unwritten");
+    assert_eq!(unwritten.iter().map(|n| (n.cursor, n.memory)).collect::<Vec<_>>(), vec![(2, MemoryState::Failed)]);
+    store
+        .record_memory_progress(&MemoryProgress { written_through: 1, failed: vec![], recovered: vec![2] })
+        .await
+        .expect("progress");
+    assert!(store.unwritten_memory(0, 100).await.expect("unwritten").is_empty());
+    // The mark never goes back.
+    store
+        .ingest(&[new_event("e5", vec![recipient("bob", Reason::Informed, MemoryState::Pending)])], &[])
+        .await
+        .expect("ingest");
+    assert_eq!(store.unwritten_memory(0, 100).await.expect("unwritten").len(), 1);
+
+    // A large batch: one transaction, multi-statement chunks, contiguous cursors.
+    let many: Vec<NewEvent> = (0..1200)
+        .map(|index| {
+            new_event(
+                &format!("bulk-{index}"),
+                vec![
+                    recipient("bulk-a", Reason::Informed, MemoryState::Disabled),
+                    recipient("bulk-b", Reason::Monitor, MemoryState::Disabled),
+                ],
+            )
+        })
+        .collect();
+    let outcomes = store.ingest(&many, &[]).await.expect("bulk ingest");
+    assert_eq!(outcomes.first(), Some(&IngestOutcome::Stored { first_cursor: 6 }));
+    assert_eq!(outcomes.last(), Some(&IngestOutcome::Stored { first_cursor: 6 + 2 * 1199 }));
+    let page = store.list("bulk-b", 0, 1000).await.expect("list");
+    assert_eq!(page.len(), 1000);
+    assert!(page.windows(2).all(|pair| pair[0].cursor + 2 == pair[1].cursor));
+}
+
+#[tokio::test]
+async fn sqlite_store_conforms() {
+    let directory = common::TempDirectory::new("store");
+    let url = format!("sqlite://{}", directory.0.join("store.db").display());
+    let store = SqlStore::connect_lazy(&url, 1).expect("store");
+    store.migrate().await.expect("migrate");
+    conformance(&store).await;
+}
+
+#[tokio::test]
+async fn postgres_store_conforms() {
+    let Some(database) = muster_runtime::testing::TestDatabase::create().await else { return };
+    let store = SqlStore::connect_lazy(&database.url, 4).expect("store");
+    store.migrate().await.expect("migrate");
+    conformance(&store).await;
+}

@@ -1,0 +1,254 @@
+//! Wire <-> domain conversions. Conversions from the wire validate.
+
+use muster_proto::roster::v1 as pb;
+use muster_runtime::time::{from_timestamp, to_timestamp};
+
+use crate::domain::import::{FileDiagnostic, Severity};
+use crate::domain::{
+    delegation::{Decision, DecisionKind, DelegationRequest, Tier, Urgency},
+    model::{Agent, RoleDefinition, Status, Team, normalize_tags, validate_id, validate_name},
+};
+use crate::error::{Error, Result};
+use crate::store::DelegationRecord;
+
+/// The longest task id accepted.
+const MAX_TASK_ID_LENGTH: usize = 512;
+
+pub(crate) fn status_to_wire(status: Status) -> pb::AgentStatus {
+    match status {
+        Status::Idle => pb::AgentStatus::Idle,
+        Status::Active => pb::AgentStatus::Active,
+        Status::Busy => pb::AgentStatus::Busy,
+        Status::Offline => pb::AgentStatus::Offline,
+    }
+}
+
+/// `None` for UNSPECIFIED.
+pub(crate) fn status_from_wire(field: &str, value: i32) -> Result<Option<Status>> {
+    match pb::AgentStatus::try_from(value) {
+        Ok(pb::AgentStatus::Unspecified) => Ok(None),
+        Ok(pb::AgentStatus::Idle) => Ok(Some(Status::Idle)),
+        Ok(pb::AgentStatus::Active) => Ok(Some(Status::Active)),
+        Ok(pb::AgentStatus::Busy) => Ok(Some(Status::Busy)),
+        Ok(pb::AgentStatus::Offline) => Ok(Some(Status::Offline)),
+        Err(_) => Err(Error::InvalidArgument(format!("{field}: unknown status {value}"))),
+    }
+}
+
+pub(crate) fn agent_to_wire(agent: &Agent) -> pb::Agent {
+    pb::Agent {
+        id: agent.id.clone(),
+        name: agent.name.clone(),
+        role: agent.role.clone(),
+        team: agent.team.clone(),
+        senior_id: agent.senior_id.clone(),
+        expertise: agent.expertise.clone(),
+        status: status_to_wire(agent.status()) as i32,
+        current_workload: agent.current_workload,
+        workload_capacity: agent.workload_capacity,
+        availability_until: agent.availability_until.map(to_timestamp),
+        custom_prompt: agent.custom_prompt.clone(),
+        llm_config_json: agent.llm_config_json.clone(),
+        backstory: agent.backstory.clone(),
+        allow_delegation: agent.allow_delegation,
+        max_iterations: agent.max_iterations,
+    }
+}
+
+/// The descriptive fields of an agent given on input, validated. Status and
+/// workload are output only here (SetAgentStatus changes the status).
+pub(crate) fn agent_from_wire(agent: Option<pb::Agent>) -> Result<Agent> {
+    let agent = agent.ok_or_else(|| Error::InvalidArgument("agent: required".into()))?;
+    Agent {
+        id: agent.id.trim().to_owned(),
+        name: agent.name,
+        role: agent.role.trim().to_owned(),
+        team: agent.team.trim().to_owned(),
+        senior_id: agent.senior_id.trim().to_owned(),
+        expertise: agent.expertise,
+        manual_status: None,
+        current_workload: 0,
+        workload_capacity: agent.workload_capacity,
+        availability_until: agent.availability_until.as_ref().map(from_timestamp),
+        custom_prompt: agent.custom_prompt,
+        llm_config_json: agent.llm_config_json,
+        backstory: agent.backstory,
+        allow_delegation: agent.allow_delegation,
+        max_iterations: agent.max_iterations,
+    }
+    .normalize()
+}
+
+pub(crate) fn team_to_wire(team: &Team) -> pb::Team {
+    pb::Team {
+        name: team.name.clone(),
+        description: team.description.clone(),
+        lead_agent_id: team.lead_agent_id.clone(),
+    }
+}
+
+pub(crate) fn team_from_wire(team: Option<pb::Team>) -> Result<Team> {
+    let team = team.ok_or_else(|| Error::InvalidArgument("team: required".into()))?;
+    Team {
+        name: team.name.trim().to_owned(),
+        description: team.description,
+        lead_agent_id: team.lead_agent_id.trim().to_owned(),
+    }
+    .normalize()
+}
+
+pub(crate) fn role_to_wire(role: &RoleDefinition) -> pb::RoleDefinition {
+    pb::RoleDefinition {
+        name: role.name.clone(),
+        description: role.description.clone(),
+        goals: role.goals.clone(),
+        responsibilities: role.responsibilities.clone(),
+        tools: role.tools.clone(),
+        permitted_actions: role.permitted_actions.clone(),
+        input_schema_json: role.input_schema_json.clone(),
+        output_schema_json: role.output_schema_json.clone(),
+        mission: role.mission.clone(),
+        context_files: role.context_files.clone(),
+        schedule: role.schedule.clone(),
+        inbox: role.inbox.clone(),
+        user_preferences: role.user_preferences.clone(),
+    }
+}
+
+pub(crate) fn role_from_wire(role: Option<pb::RoleDefinition>) -> Result<RoleDefinition> {
+    let role = role.ok_or_else(|| Error::InvalidArgument("role: required".into()))?;
+    RoleDefinition {
+        name: role.name.trim().to_owned(),
+        description: role.description,
+        goals: role.goals,
+        responsibilities: role.responsibilities,
+        tools: role.tools,
+        permitted_actions: role.permitted_actions,
+        input_schema_json: role.input_schema_json,
+        output_schema_json: role.output_schema_json,
+        mission: role.mission,
+        context_files: role.context_files,
+        schedule: role.schedule,
+        inbox: role.inbox,
+        user_preferences: role.user_preferences,
+    }
+    .normalize()
+}
+
+pub(crate) fn required_id(field: &str, value: &str) -> Result<String> {
+    let value = value.trim();
+    validate_id(field, value)?;
+    Ok(value.to_owned())
+}
+
+pub(crate) fn required_name(field: &str, value: &str) -> Result<String> {
+    let value = value.trim();
+    validate_name(field, value)?;
+    Ok(value.to_owned())
+}
+
+pub(crate) fn delegation_request_from_wire(request: pb::DelegateRequest) -> Result<DelegationRequest> {
+    let task_id = request.task_id.trim().to_owned();
+    if task_id.is_empty() {
+        return Err(Error::InvalidArgument("task_id: required".into()));
+    }
+    if task_id.len() > MAX_TASK_ID_LENGTH {
+        return Err(Error::InvalidArgument(format!("task_id: longer than {MAX_TASK_ID_LENGTH} characters")));
+    }
+    let requester_id = request.requester_id.trim().to_owned();
+    if !requester_id.is_empty() {
+        validate_id("requester_id", &requester_id)?;
+    }
+    let required_role = request.required_role.trim().to_owned();
+    if !required_role.is_empty() {
+        validate_name("required_role", &required_role)?;
+    }
+    let team = request.team.trim().to_owned();
+    if !team.is_empty() {
+        validate_id("team", &team)?;
+    }
+    let urgency = match pb::Urgency::try_from(request.urgency) {
+        Ok(pb::Urgency::Unspecified | pb::Urgency::Normal) => Urgency::Normal,
+        Ok(pb::Urgency::Low) => Urgency::Low,
+        Ok(pb::Urgency::High) => Urgency::High,
+        Ok(pb::Urgency::Critical) => Urgency::Critical,
+        Err(_) => return Err(Error::InvalidArgument(format!("urgency: unknown value {}", request.urgency))),
+    };
+    let mut delegation_chain = Vec::with_capacity(request.delegation_chain.len());
+    for (index, id) in request.delegation_chain.iter().enumerate() {
+        delegation_chain.push(required_id(&format!("delegation_chain[{index}]"), id)?);
+    }
+    let preferred_agent_id = request.preferred_agent_id.trim().to_owned();
+    if preferred_agent_id.len() > 256 {
+        return Err(Error::InvalidArgument("preferred_agent_id: longer than 256 characters".into()));
+    }
+    Ok(DelegationRequest {
+        task_id,
+        requester_id,
+        required_expertise: normalize_tags("required_expertise", &request.required_expertise)?,
+        required_role,
+        team,
+        urgency,
+        deadline: request.deadline.as_ref().map(from_timestamp),
+        delegation_chain,
+        preferred_agent_id,
+        description: request.description,
+        dry_run: request.dry_run,
+    })
+}
+
+pub(crate) fn decision_to_wire(decision: &Decision) -> pb::DelegationDecision {
+    pb::DelegationDecision {
+        decision: match decision.kind {
+            DecisionKind::Delegate => pb::DecisionKind::Delegate,
+            DecisionKind::Queue => pb::DecisionKind::Queue,
+            DecisionKind::Escalate => pb::DecisionKind::Escalate,
+        } as i32,
+        tier: match decision.tier {
+            Tier::SameTeamMatch => pb::DelegationTier::SameTeamMatch,
+            Tier::SameTeamPartial => pb::DelegationTier::SameTeamPartial,
+            Tier::CrossTeamMatch => pb::DelegationTier::CrossTeamMatch,
+            Tier::QueueForExpert => pb::DelegationTier::QueueForExpert,
+            Tier::Escalate => pb::DelegationTier::Escalate,
+            Tier::Named => pb::DelegationTier::Named,
+        } as i32,
+        primary_agent_id: decision.primary_agent_id.clone(),
+        primary_reason: decision.primary_reason.clone(),
+        fallback_agent_id: decision.fallback_agent_id.clone(),
+        fallback_reason: decision.fallback_reason.clone(),
+        reasoning: decision.reasoning.clone(),
+        wait_seconds: u64::try_from(decision.wait_millis.max(0) / 1000).unwrap_or_default(),
+        notes: decision.notes.clone(),
+        text: decision.text.clone(),
+        candidates: decision.candidates.clone(),
+    }
+}
+
+pub(crate) fn record_to_wire(record: &DelegationRecord) -> pb::DelegationRecord {
+    pb::DelegationRecord {
+        id: record.id.clone(),
+        task_id: record.task_id.clone(),
+        requester_id: record.requester_id.clone(),
+        decision: Some(decision_to_wire(&record.decision)),
+        decided_at: Some(to_timestamp(record.decided_at)),
+        description: record.description.clone(),
+    }
+}
+
+pub(crate) fn diagnostic_to_wire(diagnostic: &FileDiagnostic) -> pb::FileDiagnostic {
+    use muster_proto::common::v1 as common;
+    pb::FileDiagnostic {
+        file_name: diagnostic.file_name.clone(),
+        diagnostic: Some(common::Diagnostic {
+            severity: match diagnostic.severity {
+                Severity::Error => common::Severity::Error,
+                Severity::Warning => common::Severity::Warning,
+            } as i32,
+            code: diagnostic.code.to_owned(),
+            message: diagnostic.message.clone(),
+            path: diagnostic.path.clone(),
+            line: diagnostic.line,
+            column: diagnostic.column,
+        }),
+    }
+}

@@ -1,0 +1,313 @@
+//! The roster's entities and the rules every one of them obeys on input.
+
+use crate::error::{Error, Result};
+
+/// The default number of tasks an agent holds at once (seed 004: `X/5`).
+pub const DEFAULT_CAPACITY: u32 = 5;
+/// The default iteration limit of an agent (seed 001 `max_iterations`).
+pub const DEFAULT_MAX_ITERATIONS: u32 = 10;
+/// The longest id or name the roster accepts.
+pub const MAX_ID_LENGTH: usize = 64;
+/// The largest capacity the roster accepts.
+pub const MAX_CAPACITY: u32 = 1000;
+
+/// An agent's availability (seed 004).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    /// No task held.
+    Idle,
+    /// Some tasks held, room for more.
+    Active,
+    /// At or one below capacity.
+    Busy,
+    /// Not available; never delegated to.
+    Offline,
+}
+
+impl Status {
+    /// The stored spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Idle => "idle",
+            Self::Active => "active",
+            Self::Busy => "busy",
+            Self::Offline => "offline",
+        }
+    }
+
+    /// Parses the stored spelling.
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "idle" => Some(Self::Idle),
+            "active" => Some(Self::Active),
+            "busy" => Some(Self::Busy),
+            "offline" => Some(Self::Offline),
+            _ => None,
+        }
+    }
+
+    /// The status that follows from a workload: `idle` with no task, `busy`
+    /// from one below capacity (4/5 "approaching", 5/5 "at capacity"),
+    /// `active` in between.
+    pub fn from_workload(workload: u32, capacity: u32) -> Self {
+        if workload == 0 {
+            Self::Idle
+        } else if workload.saturating_add(1) >= capacity {
+            Self::Busy
+        } else {
+            Self::Active
+        }
+    }
+}
+
+/// A member of the roster.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Agent {
+    /// Unique id.
+    pub id: String,
+    /// Display name.
+    pub name: String,
+    /// Name of the role definition.
+    pub role: String,
+    /// Team name; empty for none.
+    pub team: String,
+    /// Senior's id; empty for none.
+    pub senior_id: String,
+    /// Lowercase expertise tags, sorted and unique.
+    pub expertise: Vec<String>,
+    /// A status set by hand, which sticks until changed; `None` follows the workload.
+    pub manual_status: Option<Status>,
+    /// Tasks held.
+    pub current_workload: u32,
+    /// Most tasks held at once.
+    pub workload_capacity: u32,
+    /// When a busy agent expects to be free, in ms since the epoch.
+    pub availability_until: Option<i64>,
+    /// The agent's own prompt.
+    pub custom_prompt: String,
+    /// LLM overrides, a JSON object as text (empty for none).
+    pub llm_config_json: String,
+    /// Seed 001 backstory.
+    pub backstory: String,
+    /// Seed 001 allow_delegation.
+    pub allow_delegation: bool,
+    /// Seed 001 max_iterations.
+    pub max_iterations: u32,
+}
+
+impl Agent {
+    /// The effective status: the manual one if set, else the one the workload gives.
+    pub fn status(&self) -> Status {
+        self.manual_status.unwrap_or_else(|| Status::from_workload(self.current_workload, self.workload_capacity))
+    }
+
+    /// Whether the agent can take one more task now: not offline, not set busy
+    /// by hand, and below capacity.
+    pub fn has_free_slot(&self) -> bool {
+        !matches!(self.manual_status, Some(Status::Offline | Status::Busy))
+            && self.current_workload < self.workload_capacity
+    }
+
+    /// Validates and normalises the descriptive fields of an agent given on input:
+    /// id format, name default, tag format, capacity default, JSON object.
+    pub fn normalize(mut self) -> Result<Self> {
+        validate_id("agent.id", &self.id)?;
+        self.name = self.name.trim().to_owned();
+        if self.name.is_empty() {
+            self.name.clone_from(&self.id);
+        }
+        if self.name.chars().count() > 200 {
+            return Err(invalid("agent.name: at most 200 characters"));
+        }
+        if !self.role.is_empty() {
+            validate_name("agent.role", &self.role)?;
+        }
+        if !self.team.is_empty() {
+            validate_id("agent.team", &self.team)?;
+        }
+        if !self.senior_id.is_empty() {
+            validate_id("agent.senior_id", &self.senior_id)?;
+            if self.senior_id == self.id {
+                return Err(invalid(format!("agent.senior_id: agent {:?} cannot be its own senior", self.id)));
+            }
+        }
+        self.expertise = normalize_tags("agent.expertise", &self.expertise)?;
+        if self.workload_capacity == 0 {
+            self.workload_capacity = DEFAULT_CAPACITY;
+        }
+        if self.workload_capacity > MAX_CAPACITY {
+            return Err(invalid(format!("agent.workload_capacity: at most {MAX_CAPACITY}")));
+        }
+        if self.max_iterations == 0 {
+            self.max_iterations = DEFAULT_MAX_ITERATIONS;
+        }
+        validate_json_object("agent.llm_config_json", &self.llm_config_json)?;
+        Ok(self)
+    }
+}
+
+/// A team of agents.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Team {
+    /// Unique name (id format).
+    pub name: String,
+    /// What the team does.
+    pub description: String,
+    /// The lead's agent id; empty for none.
+    pub lead_agent_id: String,
+}
+
+impl Team {
+    /// Validates a team given on input.
+    pub fn normalize(mut self) -> Result<Self> {
+        validate_id("team.name", &self.name)?;
+        self.description = self.description.trim().to_owned();
+        if !self.lead_agent_id.is_empty() {
+            validate_id("team.lead_agent_id", &self.lead_agent_id)?;
+        }
+        Ok(self)
+    }
+}
+
+/// What a role is for and what it may do (seeds 001, 002, 003).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RoleDefinition {
+    /// Unique name.
+    pub name: String,
+    /// A brief description.
+    pub description: String,
+    /// Key objectives.
+    pub goals: Vec<String>,
+    /// Duties.
+    pub responsibilities: Vec<String>,
+    /// Tools the role may use.
+    pub tools: Vec<String>,
+    /// Actions the role may perform (seed 002).
+    pub permitted_actions: Vec<String>,
+    /// JSON schema of its input, as text.
+    pub input_schema_json: String,
+    /// JSON schema of its output, as text.
+    pub output_schema_json: String,
+    /// Seed 003 mission.
+    pub mission: String,
+    /// Seed 003 context files.
+    pub context_files: Vec<String>,
+    /// Seed 003 schedule.
+    pub schedule: String,
+    /// Seed 003 inbox.
+    pub inbox: String,
+    /// Seed 003 user preferences.
+    pub user_preferences: String,
+}
+
+impl RoleDefinition {
+    /// Validates a role definition given on input.
+    pub fn normalize(mut self) -> Result<Self> {
+        validate_name("role.name", &self.name)?;
+        for (field, list) in [("role.tools", &mut self.tools), ("role.permitted_actions", &mut self.permitted_actions)]
+        {
+            for (index, item) in list.iter_mut().enumerate() {
+                *item = item.trim().to_owned();
+                validate_name(&format!("{field}[{index}]"), item)?;
+            }
+            let mut seen = std::collections::HashSet::new();
+            list.retain(|item| seen.insert(item.clone()));
+        }
+        validate_json_object("role.input_schema_json", &self.input_schema_json)?;
+        validate_json_object("role.output_schema_json", &self.output_schema_json)?;
+        Ok(self)
+    }
+}
+
+fn invalid(message: impl Into<String>) -> Error {
+    Error::InvalidArgument(message.into())
+}
+
+/// Checks an id: 1 to 64 characters of lowercase letters, digits, `-`, `_`, `.`.
+pub fn validate_id(field: &str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(invalid(format!("{field}: required")));
+    }
+    if value.len() > MAX_ID_LENGTH {
+        return Err(invalid(format!("{field}: {value:?} is longer than {MAX_ID_LENGTH} characters")));
+    }
+    if let Some(bad) =
+        value.chars().find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.')))
+    {
+        return Err(invalid(format!(
+            "{field}: {value:?} contains {bad:?}; use lowercase letters, digits, '-', '_' and '.'"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a name (role, tool, action): 1 to 64 characters of letters, digits, `-`, `_`, `.`.
+pub fn validate_name(field: &str, value: &str) -> Result<()> {
+    if value.is_empty() {
+        return Err(invalid(format!("{field}: required")));
+    }
+    if value.len() > MAX_ID_LENGTH {
+        return Err(invalid(format!("{field}: {value:?} is longer than {MAX_ID_LENGTH} characters")));
+    }
+    if let Some(bad) = value.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))) {
+        return Err(invalid(format!("{field}: {value:?} contains {bad:?}; use letters, digits, '-', '_' and '.'")));
+    }
+    Ok(())
+}
+
+/// Lowercases, trims, checks, sorts and deduplicates expertise tags.
+pub fn normalize_tags(field: &str, tags: &[String]) -> Result<Vec<String>> {
+    let mut normalized = Vec::with_capacity(tags.len());
+    for (index, tag) in tags.iter().enumerate() {
+        let tag = tag.trim().to_lowercase().replace(' ', "-");
+        validate_id(&format!("{field}[{index}]"), &tag)?;
+        normalized.push(tag);
+    }
+    normalized.sort();
+    normalized.dedup();
+    Ok(normalized)
+}
+
+fn validate_json_object(field: &str, text: &str) -> Result<()> {
+    if text.trim().is_empty() {
+        return Ok(());
+    }
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(_)) => Ok(()),
+        Ok(_) => Err(invalid(format!("{field}: must be a JSON object"))),
+        Err(error) => Err(invalid(format!("{field}: not valid JSON: {error}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_follow_the_format() {
+        assert!(validate_id("id", "research-agent_1.x").is_ok());
+        assert!(validate_id("id", "").is_err());
+        assert!(validate_id("id", "Alice").is_err());
+        assert!(validate_id("id", &"a".repeat(65)).is_err());
+        assert!(validate_id("id", &"a".repeat(64)).is_ok());
+    }
+
+    #[test]
+    fn status_follows_the_seed_thresholds() {
+        assert_eq!(Status::from_workload(0, 5), Status::Idle);
+        assert_eq!(Status::from_workload(3, 5), Status::Active);
+        assert_eq!(Status::from_workload(4, 5), Status::Busy);
+        assert_eq!(Status::from_workload(5, 5), Status::Busy);
+    }
+
+    #[test]
+    fn normalize_fills_defaults() {
+        let agent = Agent { id: "a".into(), expertise: vec!["Rust".into(), "rust".into()], ..Agent::default() }
+            .normalize()
+            .unwrap();
+        assert_eq!(agent.name, "a");
+        assert_eq!(agent.workload_capacity, 5);
+        assert_eq!(agent.max_iterations, 10);
+        assert_eq!(agent.expertise, vec!["rust".to_owned()]);
+    }
+}

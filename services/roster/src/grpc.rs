@@ -1,0 +1,577 @@
+//! The generated `RosterService` trait, implemented over the store.
+
+use std::{collections::HashSet, pin::Pin, sync::Arc};
+
+use muster_proto::roster::v1::{self as pb, roster_service_server::RosterService};
+use sha2::{Digest, Sha256};
+use tokio::sync::broadcast;
+use tokio_stream::{Stream, StreamExt, wrappers::BroadcastStream};
+use tonic::{Request, Response, Status as GrpcStatus};
+
+use crate::clock::Clock;
+use crate::convert::{
+    agent_from_wire, agent_to_wire, decision_to_wire, delegation_request_from_wire, diagnostic_to_wire, record_to_wire,
+    required_id, required_name, role_from_wire, role_to_wire, status_from_wire, team_from_wire, team_to_wire,
+};
+use crate::domain::{
+    delegation::Settings,
+    import::{self, ImportFile, Severity},
+    model::normalize_tags,
+    prompt::render_system_prompt,
+};
+use crate::error::{Error, Result};
+use crate::store::{AgentQuery, DelegationQuery, ImportPlan, QueueResolution, QueueState, RosterStore};
+
+/// Most agents per ListAgents page.
+const MAX_PAGE_SIZE: u32 = 1000;
+/// Capacity of the change and queue broadcast channels.
+const CHANNEL_CAPACITY: usize = 1024;
+
+/// The roster service over a store.
+#[derive(Debug)]
+pub struct Roster<S> {
+    inner: Arc<Inner<S>>,
+}
+
+impl<S> Clone for Roster<S> {
+    fn clone(&self) -> Self {
+        Self { inner: Arc::clone(&self.inner) }
+    }
+}
+
+#[derive(Debug)]
+struct Inner<S> {
+    store: S,
+    clock: Arc<dyn Clock>,
+    settings: Settings,
+    roster_changes: broadcast::Sender<pb::WatchRosterResponse>,
+    queue_resolutions: broadcast::Sender<QueueResolution>,
+}
+
+/// A new bearer token: 32 random bytes, hex, with a recognisable prefix.
+pub(crate) fn new_token() -> Result<String> {
+    let mut bytes = [0_u8; 32];
+    getrandom::fill(&mut bytes).map_err(|error| Error::Internal(format!("random source: {error}")))?;
+    Ok(format!("mst_{}", hex::encode(bytes)))
+}
+
+/// The stored form of a token: its SHA-256, hex.
+pub(crate) fn hash_token(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+impl<S: RosterStore> Roster<S> {
+    /// A service over `store`, reading time from `clock`.
+    pub fn new(store: S, clock: Arc<dyn Clock>, settings: Settings) -> Self {
+        let (roster_changes, _) = broadcast::channel(CHANNEL_CAPACITY);
+        let (queue_resolutions, _) = broadcast::channel(CHANNEL_CAPACITY);
+        Self { inner: Arc::new(Inner { store, clock, settings, roster_changes, queue_resolutions }) }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &S {
+        &self.inner.store
+    }
+
+    fn now(&self) -> i64 {
+        self.inner.clock.now_millis()
+    }
+
+    async fn announce_agents(&self, kind: pb::RosterChangeKind, ids: &[String]) {
+        if self.inner.roster_changes.receiver_count() == 0 {
+            return;
+        }
+        for id in ids {
+            match self.inner.store.get_agent(id).await {
+                Ok(agent) => {
+                    let _ = self
+                        .inner
+                        .roster_changes
+                        .send(pb::WatchRosterResponse { kind: kind as i32, agent: Some(agent_to_wire(&agent)) });
+                }
+                Err(error) => {
+                    tracing::debug!(%error, agent_id = %id, "agent changed and vanished before it was announced")
+                }
+            }
+        }
+    }
+
+    fn announce_resolutions(&self, resolutions: &[QueueResolution]) {
+        for resolution in resolutions {
+            tracing::info!(task_id = %resolution.task_id, decision = resolution.decision.kind.as_str(), agent_id = %resolution.decision.primary_agent_id, "queued task resolved");
+            let _ = self.inner.queue_resolutions.send(resolution.clone());
+        }
+    }
+
+    /// Escalates the queued tasks gone stale; the background sweeper calls this.
+    pub async fn sweep_queue(&self) -> Result<usize> {
+        let resolutions = self.inner.store.escalate_stale(self.now()).await?;
+        self.announce_resolutions(&resolutions);
+        Ok(resolutions.len())
+    }
+
+    async fn import_roster(&self, request: pb::ImportRosterRequest) -> Result<pb::ImportRosterResponse> {
+        if request.files.is_empty() {
+            return Err(Error::InvalidArgument("files: at least one file is required".into()));
+        }
+        let files: Vec<ImportFile> =
+            request.files.into_iter().map(|file| ImportFile { name: file.name, content: file.content }).collect();
+        let mut parsed = import::parse_files(&files);
+        let existing = import::Existing {
+            agents: self
+                .inner
+                .store
+                .list_agents(&AgentQuery::default())
+                .await?
+                .into_iter()
+                .map(|agent| (agent.id, agent.senior_id))
+                .collect(),
+            teams: self.inner.store.list_teams().await?.into_iter().map(|team| team.name).collect(),
+            roles: self.inner.store.list_roles().await?.into_iter().map(|role| role.name).collect(),
+        };
+        let reference_diagnostics = import::check_references(&parsed, &existing);
+        parsed.diagnostics.extend(reference_diagnostics);
+        let diagnostics: Vec<pb::FileDiagnostic> = parsed.diagnostics.iter().map(diagnostic_to_wire).collect();
+        let has_errors = parsed.diagnostics.iter().any(|diagnostic| diagnostic.severity == Severity::Error);
+        let mut response = pb::ImportRosterResponse { diagnostics, ..Default::default() };
+        if has_errors || request.dry_run {
+            if !has_errors {
+                response.agents_imported = u32::try_from(parsed.agents.len()).unwrap_or(u32::MAX);
+                response.teams_imported = u32::try_from(parsed.teams.len()).unwrap_or(u32::MAX);
+                response.roles_imported = u32::try_from(parsed.roles.len()).unwrap_or(u32::MAX);
+            }
+            return Ok(response);
+        }
+        let mut tokens = Vec::with_capacity(parsed.agents.len());
+        let mut plan = ImportPlan { teams: parsed.teams.clone(), roles: parsed.roles.clone(), agents: Vec::new() };
+        for agent in &parsed.agents {
+            let token = new_token()?;
+            plan.agents.push((agent.clone(), hash_token(&token)));
+            tokens.push((agent.id.clone(), token));
+        }
+        let created = self.inner.store.import(&plan, self.now()).await?;
+        let created_set: HashSet<&String> = created.iter().collect();
+        response.issued_tokens = tokens
+            .into_iter()
+            .filter(|(id, _)| created_set.contains(id))
+            .map(|(agent_id, token)| pb::IssuedToken { agent_id, token })
+            .collect();
+        response.agents_imported = u32::try_from(plan.agents.len()).unwrap_or(u32::MAX);
+        response.teams_imported = u32::try_from(plan.teams.len()).unwrap_or(u32::MAX);
+        response.roles_imported = u32::try_from(plan.roles.len()).unwrap_or(u32::MAX);
+        let ids: Vec<String> = plan.agents.iter().map(|(agent, _)| agent.id.clone()).collect();
+        self.announce_agents(pb::RosterChangeKind::AgentUpserted, &ids).await;
+        tracing::info!(
+            agents = ids.len(),
+            created = created.len(),
+            teams = plan.teams.len(),
+            roles = plan.roles.len(),
+            "roster imported"
+        );
+        Ok(response)
+    }
+
+    async fn organization_roster(
+        &self,
+        request: pb::GetOrganizationRosterRequest,
+    ) -> Result<pb::GetOrganizationRosterResponse> {
+        let agent_id = required_id("agent_id", &request.agent_id)?;
+        let caller = self.inner.store.get_agent(&agent_id).await?;
+        let filter = pb::RosterFilter::try_from(request.filter)
+            .map_err(|_| Error::InvalidArgument(format!("filter: unknown value {}", request.filter)))?;
+        let mut query = AgentQuery::default();
+        let mut without_team = false;
+        match filter {
+            pb::RosterFilter::Unspecified | pb::RosterFilter::All => {}
+            pb::RosterFilter::MyTeam if caller.team.is_empty() => without_team = true,
+            pb::RosterFilter::MyTeam => query.team.clone_from(&caller.team),
+            pb::RosterFilter::Available => query.available_only = true,
+            pb::RosterFilter::ByExpertise => {
+                if request.expertise.trim().is_empty() {
+                    return Err(Error::InvalidArgument(
+                        "expertise: required with filter ROSTER_FILTER_BY_EXPERTISE".into(),
+                    ));
+                }
+                let tags = normalize_tags("expertise", &[request.expertise])?;
+                query.expertise = tags.into_iter().next().unwrap_or_default();
+            }
+        }
+        let colleagues = self
+            .inner
+            .store
+            .list_agents(&query)
+            .await?
+            .iter()
+            .filter(|agent| agent.id != caller.id && (!without_team || agent.team.is_empty()))
+            .map(agent_to_wire)
+            .collect();
+        Ok(pb::GetOrganizationRosterResponse { agent_context: Some(agent_to_wire(&caller)), colleagues })
+    }
+}
+
+type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl<S: RosterStore> RosterService for Roster<S> {
+    async fn register_agent(
+        &self,
+        request: Request<pb::RegisterAgentRequest>,
+    ) -> Result<Response<pb::RegisterAgentResponse>, GrpcStatus> {
+        let agent = agent_from_wire(request.into_inner().agent)?;
+        let token = new_token()?;
+        let stored = self.inner.store.insert_agent(&agent, &hash_token(&token), self.now()).await?;
+        tracing::info!(agent_id = %stored.id, "agent registered");
+        self.announce_agents(pb::RosterChangeKind::AgentUpserted, std::slice::from_ref(&stored.id)).await;
+        Ok(Response::new(pb::RegisterAgentResponse { agent: Some(agent_to_wire(&stored)), token }))
+    }
+
+    async fn get_agent(
+        &self,
+        request: Request<pb::GetAgentRequest>,
+    ) -> Result<Response<pb::GetAgentResponse>, GrpcStatus> {
+        let id = required_id("id", &request.into_inner().id)?;
+        let agent = self.inner.store.get_agent(&id).await?;
+        Ok(Response::new(pb::GetAgentResponse { agent: Some(agent_to_wire(&agent)) }))
+    }
+
+    async fn list_agents(
+        &self,
+        request: Request<pb::ListAgentsRequest>,
+    ) -> Result<Response<pb::ListAgentsResponse>, GrpcStatus> {
+        let request = request.into_inner();
+        let page_size = if request.page_size == 0 { MAX_PAGE_SIZE } else { request.page_size.min(MAX_PAGE_SIZE) };
+        let expertise = if request.expertise.trim().is_empty() {
+            String::new()
+        } else {
+            normalize_tags("expertise", &[request.expertise])?.into_iter().next().unwrap_or_default()
+        };
+        let query = AgentQuery {
+            team: request.team.trim().to_owned(),
+            role: request.role.trim().to_owned(),
+            status: status_from_wire("status", request.status)?,
+            expertise,
+            available_only: false,
+            after_id: request.page_token,
+            limit: page_size + 1,
+        };
+        let mut agents = self.inner.store.list_agents(&query).await?;
+        let mut next_page_token = String::new();
+        if agents.len() > page_size as usize {
+            agents.truncate(page_size as usize);
+            next_page_token = agents.last().map(|agent| agent.id.clone()).unwrap_or_default();
+        }
+        Ok(Response::new(pb::ListAgentsResponse {
+            agents: agents.iter().map(agent_to_wire).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn update_agent(
+        &self,
+        request: Request<pb::UpdateAgentRequest>,
+    ) -> Result<Response<pb::UpdateAgentResponse>, GrpcStatus> {
+        let agent = agent_from_wire(request.into_inner().agent)?;
+        let stored = self.inner.store.update_agent(&agent, self.now()).await?;
+        self.announce_agents(pb::RosterChangeKind::AgentUpserted, std::slice::from_ref(&stored.id)).await;
+        Ok(Response::new(pb::UpdateAgentResponse { agent: Some(agent_to_wire(&stored)) }))
+    }
+
+    async fn remove_agent(
+        &self,
+        request: Request<pb::RemoveAgentRequest>,
+    ) -> Result<Response<pb::RemoveAgentResponse>, GrpcStatus> {
+        let id = required_id("id", &request.into_inner().id)?;
+        self.inner.store.remove_agent(&id).await?;
+        tracing::info!(agent_id = %id, "agent removed");
+        let _ = self.inner.roster_changes.send(pb::WatchRosterResponse {
+            kind: pb::RosterChangeKind::AgentRemoved as i32,
+            agent: Some(pb::Agent { id, ..Default::default() }),
+        });
+        Ok(Response::new(pb::RemoveAgentResponse {}))
+    }
+
+    async fn set_agent_status(
+        &self,
+        request: Request<pb::SetAgentStatusRequest>,
+    ) -> Result<Response<pb::SetAgentStatusResponse>, GrpcStatus> {
+        let request = request.into_inner();
+        let id = required_id("id", &request.id)?;
+        let status = status_from_wire("status", request.status)?;
+        let availability_until = request.availability_until.as_ref().map(muster_runtime::time::from_timestamp);
+        let agent = self.inner.store.set_status(&id, status, availability_until, self.now()).await?;
+        tracing::info!(agent_id = %id, status = agent.status().as_str(), "agent status set");
+        let _ = self.inner.roster_changes.send(pb::WatchRosterResponse {
+            kind: pb::RosterChangeKind::AgentStatus as i32,
+            agent: Some(agent_to_wire(&agent)),
+        });
+        Ok(Response::new(pb::SetAgentStatusResponse { agent: Some(agent_to_wire(&agent)) }))
+    }
+
+    async fn put_team(
+        &self,
+        request: Request<pb::PutTeamRequest>,
+    ) -> Result<Response<pb::PutTeamResponse>, GrpcStatus> {
+        let team = team_from_wire(request.into_inner().team)?;
+        let stored = self.inner.store.put_team(&team, self.now()).await?;
+        Ok(Response::new(pb::PutTeamResponse { team: Some(team_to_wire(&stored)) }))
+    }
+
+    async fn list_teams(
+        &self,
+        _request: Request<pb::ListTeamsRequest>,
+    ) -> Result<Response<pb::ListTeamsResponse>, GrpcStatus> {
+        let teams = self.inner.store.list_teams().await?;
+        Ok(Response::new(pb::ListTeamsResponse { teams: teams.iter().map(team_to_wire).collect() }))
+    }
+
+    async fn remove_team(
+        &self,
+        request: Request<pb::RemoveTeamRequest>,
+    ) -> Result<Response<pb::RemoveTeamResponse>, GrpcStatus> {
+        let name = required_id("name", &request.into_inner().name)?;
+        self.inner.store.remove_team(&name).await?;
+        Ok(Response::new(pb::RemoveTeamResponse {}))
+    }
+
+    async fn put_role_definition(
+        &self,
+        request: Request<pb::PutRoleDefinitionRequest>,
+    ) -> Result<Response<pb::PutRoleDefinitionResponse>, GrpcStatus> {
+        let role = role_from_wire(request.into_inner().role)?;
+        let stored = self.inner.store.put_role(&role, self.now()).await?;
+        Ok(Response::new(pb::PutRoleDefinitionResponse { role: Some(role_to_wire(&stored)) }))
+    }
+
+    async fn get_role_definition(
+        &self,
+        request: Request<pb::GetRoleDefinitionRequest>,
+    ) -> Result<Response<pb::GetRoleDefinitionResponse>, GrpcStatus> {
+        let name = required_name("name", &request.into_inner().name)?;
+        let role = self.inner.store.get_role(&name).await?;
+        Ok(Response::new(pb::GetRoleDefinitionResponse { role: Some(role_to_wire(&role)) }))
+    }
+
+    async fn list_role_definitions(
+        &self,
+        _request: Request<pb::ListRoleDefinitionsRequest>,
+    ) -> Result<Response<pb::ListRoleDefinitionsResponse>, GrpcStatus> {
+        let roles = self.inner.store.list_roles().await?;
+        Ok(Response::new(pb::ListRoleDefinitionsResponse { roles: roles.iter().map(role_to_wire).collect() }))
+    }
+
+    async fn remove_role_definition(
+        &self,
+        request: Request<pb::RemoveRoleDefinitionRequest>,
+    ) -> Result<Response<pb::RemoveRoleDefinitionResponse>, GrpcStatus> {
+        let name = required_name("name", &request.into_inner().name)?;
+        self.inner.store.remove_role(&name).await?;
+        Ok(Response::new(pb::RemoveRoleDefinitionResponse {}))
+    }
+
+    async fn import_roster(
+        &self,
+        request: Request<pb::ImportRosterRequest>,
+    ) -> Result<Response<pb::ImportRosterResponse>, GrpcStatus> {
+        Ok(Response::new(self.import_roster(request.into_inner()).await?))
+    }
+
+    async fn get_organization_roster(
+        &self,
+        request: Request<pb::GetOrganizationRosterRequest>,
+    ) -> Result<Response<pb::GetOrganizationRosterResponse>, GrpcStatus> {
+        Ok(Response::new(self.organization_roster(request.into_inner()).await?))
+    }
+
+    async fn delegate(
+        &self,
+        request: Request<pb::DelegateRequest>,
+    ) -> Result<Response<pb::DelegateResponse>, GrpcStatus> {
+        let request = delegation_request_from_wire(request.into_inner())?;
+        if !request.requester_id.is_empty() {
+            // An unknown requester is a caller's mistake, unlike an unknown named colleague.
+            self.inner.store.get_agent(&request.requester_id).await.map_err(|error| match error {
+                Error::NotFound(_) => {
+                    Error::NotFound(format!("requester_id: agent {:?} is not in the roster", request.requester_id))
+                }
+                other => other,
+            })?;
+        }
+        let outcome = self.inner.store.delegate(&request, self.now(), self.inner.settings).await?;
+        tracing::info!(
+            task_id = %request.task_id,
+            decision = outcome.decision.kind.as_str(),
+            tier = outcome.decision.tier.as_str(),
+            agent_id = %outcome.decision.primary_agent_id,
+            dry_run = request.dry_run,
+            "delegation decided"
+        );
+        self.announce_agents(pb::RosterChangeKind::AgentStatus, &outcome.changed_agents).await;
+        Ok(Response::new(pb::DelegateResponse {
+            decision: Some(decision_to_wire(&outcome.decision)),
+            delegation_id: outcome.delegation_id,
+        }))
+    }
+
+    async fn release_task(
+        &self,
+        request: Request<pb::ReleaseTaskRequest>,
+    ) -> Result<Response<pb::ReleaseTaskResponse>, GrpcStatus> {
+        let task_id = request.into_inner().task_id.trim().to_owned();
+        if task_id.is_empty() {
+            return Err(Error::InvalidArgument("task_id: required".into()).into());
+        }
+        let outcome = self.inner.store.release_task(&task_id, self.now()).await?;
+        if let Some(agent_id) = &outcome.agent_id {
+            tracing::info!(task_id = %task_id, agent_id = %agent_id, "task released");
+            self.announce_agents(pb::RosterChangeKind::AgentStatus, std::slice::from_ref(agent_id)).await;
+        }
+        if let Some(offered) = &outcome.offered {
+            self.announce_resolutions(std::slice::from_ref(offered));
+        }
+        Ok(Response::new(pb::ReleaseTaskResponse { agent_id: outcome.agent_id.unwrap_or_default() }))
+    }
+
+    type WatchQueuedTaskStream = ResponseStream<pb::WatchQueuedTaskResponse>;
+
+    async fn watch_queued_task(
+        &self,
+        request: Request<pb::WatchQueuedTaskRequest>,
+    ) -> Result<Response<Self::WatchQueuedTaskStream>, GrpcStatus> {
+        let task_id = request.into_inner().task_id.trim().to_owned();
+        if task_id.is_empty() {
+            return Err(Error::InvalidArgument("task_id: required".into()).into());
+        }
+        // Subscribe before reading the state, so a resolution in between is not missed.
+        let mut receiver = self.inner.queue_resolutions.subscribe();
+        let state = self.inner.store.queue_state(&task_id).await?;
+        let roster = self.clone();
+        let stream = async_stream_once(async move {
+            if let QueueState::Resolved(decision) = state {
+                return Ok(pb::WatchQueuedTaskResponse { decision: Some(decision_to_wire(&decision)) });
+            }
+            loop {
+                match receiver.recv().await {
+                    Ok(resolution) if resolution.task_id == task_id => {
+                        return Ok(pb::WatchQueuedTaskResponse {
+                            decision: Some(decision_to_wire(&resolution.decision)),
+                        });
+                    }
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        if let QueueState::Resolved(decision) = roster.inner.store.queue_state(&task_id).await? {
+                            return Ok(pb::WatchQueuedTaskResponse { decision: Some(decision_to_wire(&decision)) });
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => {
+                        return Err(Error::FailedPrecondition("the roster is shutting down".into()));
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn list_delegations(
+        &self,
+        request: Request<pb::ListDelegationsRequest>,
+    ) -> Result<Response<pb::ListDelegationsResponse>, GrpcStatus> {
+        let request = request.into_inner();
+        let query = DelegationQuery {
+            agent_id: request.agent_id.trim().to_owned(),
+            task_id: request.task_id.trim().to_owned(),
+            since: request.since.as_ref().map(muster_runtime::time::from_timestamp),
+            until: request.until.as_ref().map(muster_runtime::time::from_timestamp),
+            limit: request.limit,
+        };
+        let records = self.inner.store.list_delegations(&query).await?;
+        Ok(Response::new(pb::ListDelegationsResponse { records: records.iter().map(record_to_wire).collect() }))
+    }
+
+    type WatchRosterStream = ResponseStream<pb::WatchRosterResponse>;
+
+    async fn watch_roster(
+        &self,
+        _request: Request<pb::WatchRosterRequest>,
+    ) -> Result<Response<Self::WatchRosterStream>, GrpcStatus> {
+        let stream = BroadcastStream::new(self.inner.roster_changes.subscribe()).filter_map(|change| match change {
+            Ok(change) => Some(Ok(change)),
+            Err(error) => {
+                tracing::warn!(%error, "a roster watcher fell behind; changes were skipped");
+                None
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn render_system_prompt(
+        &self,
+        request: Request<pb::RenderSystemPromptRequest>,
+    ) -> Result<Response<pb::RenderSystemPromptResponse>, GrpcStatus> {
+        let agent_id = required_id("agent_id", &request.into_inner().agent_id)?;
+        let agent = self.inner.store.get_agent(&agent_id).await?;
+        let senior = if agent.senior_id.is_empty() {
+            None
+        } else {
+            match self.inner.store.get_agent(&agent.senior_id).await {
+                Ok(senior) => Some(senior),
+                Err(Error::NotFound(_)) => None,
+                Err(error) => return Err(error.into()),
+            }
+        };
+        Ok(Response::new(pb::RenderSystemPromptResponse {
+            system_prompt: render_system_prompt(&agent, senior.as_ref()),
+        }))
+    }
+
+    async fn authenticate(
+        &self,
+        request: Request<pb::AuthenticateRequest>,
+    ) -> Result<Response<pb::AuthenticateResponse>, GrpcStatus> {
+        let token = request.into_inner().token;
+        let token = token.trim();
+        if token.is_empty() {
+            return Err(Error::InvalidArgument("token: required".into()).into());
+        }
+        match self.inner.store.agent_by_token_hash(&hash_token(token)).await? {
+            Some(agent) => Ok(Response::new(pb::AuthenticateResponse { agent: Some(agent_to_wire(&agent)) })),
+            None => Err(Error::Unauthenticated("the token is not valid: unknown, rotated or revoked".into()).into()),
+        }
+    }
+
+    async fn rotate_token(
+        &self,
+        request: Request<pb::RotateTokenRequest>,
+    ) -> Result<Response<pb::RotateTokenResponse>, GrpcStatus> {
+        let agent_id = required_id("agent_id", &request.into_inner().agent_id)?;
+        let token = new_token()?;
+        self.inner.store.set_token_hash(&agent_id, Some(&hash_token(&token)), self.now()).await?;
+        tracing::info!(agent_id = %agent_id, "token rotated");
+        Ok(Response::new(pb::RotateTokenResponse { token }))
+    }
+
+    async fn revoke_token(
+        &self,
+        request: Request<pb::RevokeTokenRequest>,
+    ) -> Result<Response<pb::RevokeTokenResponse>, GrpcStatus> {
+        let agent_id = required_id("agent_id", &request.into_inner().agent_id)?;
+        self.inner.store.set_token_hash(&agent_id, None, self.now()).await?;
+        tracing::info!(agent_id = %agent_id, "token revoked");
+        Ok(Response::new(pb::RevokeTokenResponse {}))
+    }
+}
+
+/// A stream of the one item `future` produces; the future is dropped when the client goes away.
+fn async_stream_once<T: Send + 'static>(
+    future: impl std::future::Future<Output = Result<T>> + Send + 'static,
+) -> impl Stream<Item = Result<T, GrpcStatus>> + Send + 'static {
+    let (sender, receiver) = tokio::sync::mpsc::channel(1);
+    tokio::spawn(async move {
+        tokio::select! {
+            result = future => {
+                let _ = sender.send(result.map_err(GrpcStatus::from)).await;
+            }
+            () = sender.closed() => {}
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(receiver)
+}

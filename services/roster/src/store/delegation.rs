@@ -1,0 +1,524 @@
+//! Delegation in the database: the snapshot the framework reads, the atomic
+//! slot reservation, the queue and the audit trail.
+
+use std::collections::{HashMap, HashSet};
+
+use sqlx::{Any, AssertSqlSafe, Row, Transaction};
+
+use super::{
+    DelegationOutcome, DelegationQuery, DelegationRecord, QueueResolution, QueueState, ReleaseOutcome,
+    sql::{AGENT_COLUMNS, SqlStore, agent_from_row, fetch_agent},
+};
+use crate::domain::{
+    delegation::{
+        Decision, DecisionKind, DelegationRequest, Settings, Snapshot, decide, queue_escalation_decision,
+        queue_offer_decision,
+    },
+    model::{Status, Team},
+};
+use crate::error::{Error, Result};
+
+/// How many times a Delegate re-decides after losing a race for a slot.
+const MAX_ATTEMPTS: usize = 16;
+/// How far up the hierarchy the snapshot follows seniors.
+const MAX_HIERARCHY_DEPTH: usize = 32;
+
+type Tx = Transaction<'static, Any>;
+
+/// Takes one slot of `agent_id` if it has one; false when someone else took the last.
+async fn reserve_slot(transaction: &mut Tx, agent_id: &str, now: i64) -> Result<bool> {
+    let result = sqlx::query(
+        "UPDATE agents SET current_workload = current_workload + 1, updated_at = $2 \
+         WHERE id = $1 AND current_workload < workload_capacity AND manual_status NOT IN ('offline', 'busy')",
+    )
+    .bind(agent_id.to_owned())
+    .bind(now)
+    .execute(&mut **transaction)
+    .await?;
+    Ok(result.rows_affected() == 1)
+}
+
+async fn free_slot(transaction: &mut Tx, agent_id: &str, now: i64) -> Result<()> {
+    sqlx::query("UPDATE agents SET current_workload = current_workload - 1, updated_at = $2 WHERE id = $1 AND current_workload > 0")
+        .bind(agent_id.to_owned())
+        .bind(now)
+        .execute(&mut **transaction)
+        .await?;
+    Ok(())
+}
+
+/// Most cross-team matches loaded beyond the delegation chain's length: the
+/// framework needs the best two (primary and fallback), ordered as SQL orders them.
+const CROSS_TEAM_MARGIN: usize = 8;
+/// Most busy experts loaded for the queue tier.
+const MAX_BUSY_EXPERTS: usize = 500;
+/// Most offline experts loaded (only to explain an escalation).
+const MAX_OFFLINE_EXPERTS: usize = 20;
+
+/// A statement under construction: SQL with `$n` placeholders and its text binds.
+struct Select {
+    conditions: Vec<String>,
+    binds: Vec<String>,
+}
+
+impl Select {
+    fn new() -> Self {
+        Self { conditions: Vec::new(), binds: Vec::new() }
+    }
+
+    fn bind(&mut self, value: &str) -> String {
+        self.binds.push(value.to_owned());
+        format!("${}", self.binds.len())
+    }
+
+    /// Agents with every required tag (all agents when none is required).
+    fn full_match(&mut self, request: &DelegationRequest) {
+        if request.required_expertise.is_empty() {
+            return;
+        }
+        let placeholders: Vec<String> = request.required_expertise.iter().map(|tag| self.bind(tag)).collect();
+        self.conditions.push(format!(
+            "id IN (SELECT agent_id FROM agent_expertise WHERE tag IN ({}) GROUP BY agent_id HAVING COUNT(*) = {})",
+            placeholders.join(", "),
+            request.required_expertise.len()
+        ));
+    }
+
+    fn role(&mut self, request: &DelegationRequest) {
+        if !request.required_role.is_empty() {
+            let placeholder = self.bind(&request.required_role);
+            self.conditions.push(format!("role = {placeholder}"));
+        }
+    }
+
+    async fn fetch(self, transaction: &mut Tx, order_and_limit: &str) -> Result<Vec<crate::domain::model::Agent>> {
+        let conditions = if self.conditions.is_empty() { "1 = 1".to_owned() } else { self.conditions.join(" AND ") };
+        let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE {conditions} {order_and_limit}");
+        let mut statement = sqlx::query(AssertSqlSafe(sql));
+        for value in self.binds {
+            statement = statement.bind(value);
+        }
+        statement.fetch_all(&mut **transaction).await?.iter().map(agent_from_row).collect()
+    }
+}
+
+/// Loads the agents that may matter to one request, and no more: the
+/// requester's team; the best cross-team full matches with a free slot (in
+/// the framework's order: workload, then id); busy full-match experts (for the
+/// queue); a few offline experts (to explain an escalation); the requester,
+/// the named colleague, the delegation chain, the seniors above the requester
+/// and the team's lead.
+async fn load_snapshot(transaction: &mut Tx, request: &DelegationRequest) -> Result<Snapshot> {
+    let mut agents = Vec::new();
+    let mut seen = HashSet::new();
+    let mut keep = |batch: Vec<crate::domain::model::Agent>, agents: &mut Vec<crate::domain::model::Agent>| {
+        for agent in batch {
+            if seen.insert(agent.id.clone()) {
+                agents.push(agent);
+            }
+        }
+    };
+    let requester =
+        if request.requester_id.is_empty() { None } else { fetch_agent(transaction, &request.requester_id).await? };
+    let home_team = requester
+        .as_ref()
+        .map(|agent| agent.team.clone())
+        .filter(|team| !team.is_empty())
+        .unwrap_or_else(|| request.team.clone());
+    keep(requester.into_iter().collect(), &mut agents);
+
+    if !home_team.is_empty() {
+        let mut same_team = Select::new();
+        let placeholder = same_team.bind(&home_team);
+        same_team.conditions.push(format!("team = {placeholder}"));
+        keep(same_team.fetch(transaction, "").await?, &mut agents);
+    }
+
+    let mut cross_team = Select::new();
+    cross_team.full_match(request);
+    cross_team.role(request);
+    if !home_team.is_empty() {
+        let placeholder = cross_team.bind(&home_team);
+        cross_team.conditions.push(format!("team <> {placeholder}"));
+    }
+    cross_team
+        .conditions
+        .push("current_workload < workload_capacity AND manual_status NOT IN ('offline', 'busy')".to_owned());
+    let limit = request.delegation_chain.len() + CROSS_TEAM_MARGIN;
+    keep(cross_team.fetch(transaction, &format!("ORDER BY current_workload, id LIMIT {limit}")).await?, &mut agents);
+
+    let mut busy = Select::new();
+    busy.full_match(request);
+    busy.role(request);
+    busy.conditions.push(
+        "manual_status <> 'offline' AND (current_workload >= workload_capacity OR manual_status = 'busy')".to_owned(),
+    );
+    keep(busy.fetch(transaction, &format!("ORDER BY id LIMIT {MAX_BUSY_EXPERTS}")).await?, &mut agents);
+
+    if !request.required_expertise.is_empty() {
+        let mut offline = Select::new();
+        let placeholders: Vec<String> = request.required_expertise.iter().map(|tag| offline.bind(tag)).collect();
+        offline
+            .conditions
+            .push(format!("id IN (SELECT agent_id FROM agent_expertise WHERE tag IN ({}))", placeholders.join(", ")));
+        offline.conditions.push("manual_status = 'offline'".to_owned());
+        keep(offline.fetch(transaction, &format!("ORDER BY id LIMIT {MAX_OFFLINE_EXPERTS}")).await?, &mut agents);
+    }
+
+    let mut named: Vec<&String> = request.delegation_chain.iter().collect();
+    named.push(&request.preferred_agent_id);
+    for id in named {
+        if !id.is_empty() && !agents.iter().any(|agent| agent.id == *id) {
+            keep(fetch_agent(transaction, id).await?.into_iter().collect(), &mut agents);
+        }
+    }
+
+    // The seniors above the requester, for escalation.
+    let mut senior_id = agents
+        .iter()
+        .find(|agent| agent.id == request.requester_id)
+        .map(|agent| agent.senior_id.clone())
+        .unwrap_or_default();
+    for _ in 0..MAX_HIERARCHY_DEPTH {
+        if senior_id.is_empty() {
+            break;
+        }
+        let senior = match agents.iter().find(|agent| agent.id == senior_id) {
+            Some(agent) => Some(agent.clone()),
+            None => fetch_agent(transaction, &senior_id).await?,
+        };
+        let Some(senior) = senior else { break };
+        senior_id.clone_from(&senior.senior_id);
+        keep(vec![senior], &mut agents);
+    }
+
+    let mut teams = Vec::new();
+    if !home_team.is_empty() {
+        let row = sqlx::query("SELECT name, description, lead_agent_id FROM teams WHERE name = $1")
+            .bind(home_team)
+            .fetch_optional(&mut **transaction)
+            .await?;
+        if let Some(row) = row {
+            let team = Team {
+                name: row.try_get("name")?,
+                description: row.try_get("description")?,
+                lead_agent_id: row.try_get("lead_agent_id")?,
+            };
+            if !team.lead_agent_id.is_empty() && !agents.iter().any(|agent| agent.id == team.lead_agent_id) {
+                keep(fetch_agent(transaction, &team.lead_agent_id).await?.into_iter().collect(), &mut agents);
+            }
+            teams.push(team);
+        }
+    }
+
+    let mut queued = HashMap::new();
+    let rows = sqlx::query(
+        "SELECT expert_id, COUNT(*) AS waiting FROM queued_tasks WHERE state = 'queued' GROUP BY expert_id",
+    )
+    .fetch_all(&mut **transaction)
+    .await?;
+    for row in rows {
+        let expert: String = row.try_get("expert_id")?;
+        let waiting: i64 = row.try_get("waiting")?;
+        queued.insert(expert, u32::try_from(waiting).unwrap_or(u32::MAX));
+    }
+    Ok(Snapshot { agents, queued, teams })
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|error| Error::Internal(error.to_string()))
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T> {
+    serde_json::from_str(text).map_err(|error| Error::Internal(format!("bad stored json: {error}")))
+}
+
+async fn record(
+    transaction: &mut Tx,
+    task_id: &str,
+    requester_id: &str,
+    decision: &Decision,
+    description: &str,
+    now: i64,
+) -> Result<String> {
+    let id = uuid::Uuid::now_v7().to_string();
+    sqlx::query(
+        "INSERT INTO delegations (id, task_id, requester_id, primary_agent_id, decision, tier, decision_json, description, decided_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+    )
+    .bind(id.clone())
+    .bind(task_id.to_owned())
+    .bind(requester_id.to_owned())
+    .bind(decision.primary_agent_id.clone())
+    .bind(decision.kind.as_str().to_owned())
+    .bind(decision.tier.as_str().to_owned())
+    .bind(to_json(decision)?)
+    .bind(description.to_owned())
+    .bind(now)
+    .execute(&mut **transaction)
+    .await?;
+    Ok(id)
+}
+
+async fn resolve_queued(transaction: &mut Tx, task_id: &str, state: &str, decision: &Decision) -> Result<()> {
+    sqlx::query("UPDATE queued_tasks SET state = $2, resolution_json = $3 WHERE task_id = $1 AND state = 'queued'")
+        .bind(task_id.to_owned())
+        .bind(state.to_owned())
+        .bind(to_json(decision)?)
+        .execute(&mut **transaction)
+        .await?;
+    Ok(())
+}
+
+pub(super) async fn delegate(
+    store: &SqlStore,
+    request: &DelegationRequest,
+    now: i64,
+    settings: Settings,
+) -> Result<DelegationOutcome> {
+    let mut transaction = store.database.pool.begin().await?;
+    let mut lost_races: HashSet<String> = HashSet::new();
+    let mut decision = None;
+    for _ in 0..MAX_ATTEMPTS {
+        let mut snapshot = load_snapshot(&mut transaction, request).await?;
+        // An agent whose last slot went to a concurrent call stays full for this call.
+        for agent in &mut snapshot.agents {
+            if lost_races.contains(&agent.id) {
+                agent.current_workload = agent.current_workload.max(agent.workload_capacity);
+            }
+        }
+        let candidate = decide(request, &snapshot, now, settings);
+        if candidate.kind != DecisionKind::Delegate || request.dry_run {
+            decision = Some(candidate);
+            break;
+        }
+        if reserve_slot(&mut transaction, &candidate.primary_agent_id, now).await? {
+            decision = Some(candidate);
+            break;
+        }
+        tracing::debug!(agent_id = %candidate.primary_agent_id, task_id = %request.task_id, "lost the race for a slot; deciding again");
+        lost_races.insert(candidate.primary_agent_id);
+    }
+    let decision = decision
+        .ok_or_else(|| Error::FailedPrecondition("the roster changed too often while deciding; try again".into()))?;
+    if request.dry_run {
+        return Ok(DelegationOutcome { decision, delegation_id: String::new(), changed_agents: Vec::new() });
+    }
+    let mut changed_agents = Vec::new();
+    match decision.kind {
+        DecisionKind::Delegate => {
+            changed_agents.push(decision.primary_agent_id.clone());
+            // A task holds one slot: a re-delegation moves it.
+            let previous = sqlx::query("SELECT agent_id FROM reservations WHERE task_id = $1")
+                .bind(request.task_id.clone())
+                .fetch_optional(&mut *transaction)
+                .await?;
+            if let Some(previous) = previous {
+                let previous: String = previous.try_get("agent_id")?;
+                free_slot(&mut transaction, &previous, now).await?;
+                changed_agents.push(previous);
+            }
+            sqlx::query(
+                "INSERT INTO reservations (task_id, agent_id, reserved_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (task_id) DO UPDATE SET agent_id = excluded.agent_id, reserved_at = excluded.reserved_at",
+            )
+            .bind(request.task_id.clone())
+            .bind(decision.primary_agent_id.clone())
+            .bind(now)
+            .execute(&mut *transaction)
+            .await?;
+            resolve_queued(&mut transaction, &request.task_id, "superseded", &decision).await?;
+        }
+        DecisionKind::Queue => {
+            let existing = sqlx::query("SELECT queued_at FROM queued_tasks WHERE task_id = $1 AND state = 'queued'")
+                .bind(request.task_id.clone())
+                .fetch_optional(&mut *transaction)
+                .await?;
+            // A task queued again keeps its place and its age.
+            let queued_at = match existing {
+                Some(row) => row.try_get::<i64, _>("queued_at")?,
+                None => now,
+            };
+            let limit = request.urgency.max_wait_millis().map(|limit| queued_at.saturating_add(limit));
+            let expires_at = match (limit, request.deadline) {
+                (Some(limit), Some(deadline)) => Some(limit.min(deadline)),
+                (limit, deadline) => limit.or(deadline),
+            };
+            sqlx::query(
+                "INSERT INTO queued_tasks (task_id, expert_id, requester_id, escalate_to, request_json, queued_at, expires_at, state) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, 'queued') \
+                 ON CONFLICT (task_id) DO UPDATE SET expert_id = excluded.expert_id, requester_id = excluded.requester_id, \
+                 escalate_to = excluded.escalate_to, request_json = excluded.request_json, queued_at = excluded.queued_at, \
+                 expires_at = excluded.expires_at, state = 'queued', resolution_json = NULL",
+            )
+            .bind(request.task_id.clone())
+            .bind(decision.primary_agent_id.clone())
+            .bind(request.requester_id.clone())
+            .bind(decision.fallback_agent_id.clone())
+            .bind(to_json(request)?)
+            .bind(queued_at)
+            .bind(expires_at)
+            .execute(&mut *transaction)
+            .await?;
+        }
+        DecisionKind::Escalate => {
+            resolve_queued(&mut transaction, &request.task_id, "superseded", &decision).await?;
+        }
+    }
+    let delegation_id =
+        record(&mut transaction, &request.task_id, &request.requester_id, &decision, &request.description, now).await?;
+    transaction.commit().await?;
+    Ok(DelegationOutcome { decision, delegation_id, changed_agents })
+}
+
+pub(super) async fn release_task(store: &SqlStore, task_id: &str, now: i64) -> Result<ReleaseOutcome> {
+    let mut transaction = store.database.pool.begin().await?;
+    let deleted = sqlx::query("DELETE FROM reservations WHERE task_id = $1 RETURNING agent_id")
+        .bind(task_id.to_owned())
+        .fetch_optional(&mut *transaction)
+        .await?;
+    let Some(row) = deleted else {
+        return Ok(ReleaseOutcome::default());
+    };
+    let agent_id: String = row.try_get("agent_id")?;
+    free_slot(&mut transaction, &agent_id, now).await?;
+    let mut offered = None;
+    let next = sqlx::query(
+        "SELECT task_id, request_json, queued_at FROM queued_tasks WHERE expert_id = $1 AND state = 'queued' \
+         ORDER BY queued_at, seq LIMIT 1",
+    )
+    .bind(agent_id.clone())
+    .fetch_optional(&mut *transaction)
+    .await?;
+    if let Some(next) = next {
+        let queued_task: String = next.try_get("task_id")?;
+        let request: DelegationRequest = from_json(&next.try_get::<String, _>("request_json")?)?;
+        let queued_at: i64 = next.try_get("queued_at")?;
+        if reserve_slot(&mut transaction, &agent_id, now).await? {
+            let expert = fetch_agent(&mut transaction, &agent_id)
+                .await?
+                .ok_or_else(|| Error::Internal("expert vanished".into()))?;
+            let decision = queue_offer_decision(&expert, queued_at, now);
+            sqlx::query(
+                "INSERT INTO reservations (task_id, agent_id, reserved_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (task_id) DO UPDATE SET agent_id = excluded.agent_id, reserved_at = excluded.reserved_at",
+            )
+            .bind(queued_task.clone())
+            .bind(agent_id.clone())
+            .bind(now)
+            .execute(&mut *transaction)
+            .await?;
+            resolve_queued(&mut transaction, &queued_task, "delegated", &decision).await?;
+            let delegation_id =
+                record(&mut transaction, &queued_task, &request.requester_id, &decision, &request.description, now)
+                    .await?;
+            offered = Some(QueueResolution { task_id: queued_task, decision, delegation_id });
+        }
+    }
+    transaction.commit().await?;
+    Ok(ReleaseOutcome { agent_id: Some(agent_id), offered })
+}
+
+pub(super) async fn escalate_stale(store: &SqlStore, now: i64) -> Result<Vec<QueueResolution>> {
+    let mut transaction = store.database.pool.begin().await?;
+    let rows = sqlx::query(
+        "SELECT q.task_id, q.expert_id, q.escalate_to, q.request_json, q.expires_at, a.manual_status AS expert_status \
+         FROM queued_tasks q LEFT JOIN agents a ON a.id = q.expert_id \
+         WHERE q.state = 'queued' AND ((q.expires_at IS NOT NULL AND q.expires_at <= $1) \
+         OR a.id IS NULL OR a.manual_status = 'offline') ORDER BY q.queued_at, q.seq",
+    )
+    .bind(now)
+    .fetch_all(&mut *transaction)
+    .await?;
+    let mut resolutions = Vec::new();
+    for row in rows {
+        let task_id: String = row.try_get("task_id")?;
+        let expert_id: String = row.try_get("expert_id")?;
+        let escalate_to: String = row.try_get("escalate_to")?;
+        let request: DelegationRequest = from_json(&row.try_get::<String, _>("request_json")?)?;
+        let expert_status: Option<String> = row.try_get("expert_status")?;
+        let reason = match expert_status.as_deref() {
+            None => format!("expert {expert_id} left the roster while the task was queued"),
+            Some(status) if status == Status::Offline.as_str() => {
+                format!("expert {expert_id} went offline while the task was queued")
+            }
+            Some(_) => format!(
+                "the task waited for {expert_id} longer than a {} task may wait{}",
+                request.urgency.as_str(),
+                if request.deadline.is_some() { " (or its deadline came)" } else { "" }
+            ),
+        };
+        let senior = if escalate_to.is_empty() { None } else { fetch_agent(&mut transaction, &escalate_to).await? };
+        let decision = queue_escalation_decision(&expert_id, senior.as_ref(), &reason);
+        resolve_queued(&mut transaction, &task_id, "escalated", &decision).await?;
+        let delegation_id =
+            record(&mut transaction, &task_id, &request.requester_id, &decision, &request.description, now).await?;
+        resolutions.push(QueueResolution { task_id, decision, delegation_id });
+    }
+    transaction.commit().await?;
+    Ok(resolutions)
+}
+
+pub(super) async fn queue_state(store: &SqlStore, task_id: &str) -> Result<QueueState> {
+    let row = sqlx::query("SELECT state, resolution_json FROM queued_tasks WHERE task_id = $1")
+        .bind(task_id.to_owned())
+        .fetch_optional(&store.database.pool)
+        .await?
+        .ok_or_else(|| Error::NotFound(format!("task {task_id:?} was never queued")))?;
+    let state: String = row.try_get("state")?;
+    if state == "queued" {
+        return Ok(QueueState::Queued);
+    }
+    let resolution: Option<String> = row.try_get("resolution_json")?;
+    let resolution =
+        resolution.ok_or_else(|| Error::Internal(format!("queued task {task_id:?} resolved without a decision")))?;
+    Ok(QueueState::Resolved(Box::new(from_json(&resolution)?)))
+}
+
+pub(super) async fn list_delegations(store: &SqlStore, query: &DelegationQuery) -> Result<Vec<DelegationRecord>> {
+    let mut conditions = vec!["1 = 1".to_owned()];
+    let mut text_binds: Vec<String> = Vec::new();
+    let mut time_binds: Vec<i64> = Vec::new();
+    if !query.agent_id.is_empty() {
+        text_binds.push(query.agent_id.clone());
+        let index = text_binds.len();
+        conditions.push(format!("(requester_id = ${index} OR primary_agent_id = ${index})"));
+    }
+    if !query.task_id.is_empty() {
+        text_binds.push(query.task_id.clone());
+        conditions.push(format!("task_id = ${}", text_binds.len()));
+    }
+    if let Some(since) = query.since {
+        time_binds.push(since);
+        conditions.push(format!("decided_at >= ${}", text_binds.len() + time_binds.len()));
+    }
+    if let Some(until) = query.until {
+        time_binds.push(until);
+        conditions.push(format!("decided_at < ${}", text_binds.len() + time_binds.len()));
+    }
+    let limit = if query.limit == 0 { 1000 } else { query.limit.min(10_000) };
+    let sql = format!(
+        "SELECT id, task_id, requester_id, decision_json, description, decided_at FROM delegations WHERE {} ORDER BY decided_at, seq LIMIT {limit}",
+        conditions.join(" AND ")
+    );
+    let mut statement = sqlx::query(AssertSqlSafe(sql));
+    for value in text_binds {
+        statement = statement.bind(value);
+    }
+    for value in time_binds {
+        statement = statement.bind(value);
+    }
+    let rows = statement.fetch_all(&store.database.pool).await?;
+    rows.iter()
+        .map(|row| {
+            Ok(DelegationRecord {
+                id: row.try_get("id")?,
+                task_id: row.try_get("task_id")?,
+                requester_id: row.try_get("requester_id")?,
+                decision: from_json(&row.try_get::<String, _>("decision_json")?)?,
+                decided_at: row.try_get("decided_at")?,
+                description: row.try_get("description")?,
+            })
+        })
+        .collect()
+}

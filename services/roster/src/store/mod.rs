@@ -1,0 +1,190 @@
+//! Storage: the repository trait the service talks to and its one sqlx
+//! implementation (SQLite and PostgreSQL through the `Any` driver).
+
+mod delegation;
+mod sql;
+
+use std::future::Future;
+
+pub use sql::SqlStore;
+
+use crate::domain::{
+    delegation::{Decision, DelegationRequest, Settings},
+    model::{Agent, RoleDefinition, Status, Team},
+};
+use crate::error::Result;
+
+/// ListAgents filters; they combine with AND.
+#[derive(Debug, Clone, Default)]
+pub struct AgentQuery {
+    /// Only this team.
+    pub team: String,
+    /// Only this role.
+    pub role: String,
+    /// Only this effective status.
+    pub status: Option<Status>,
+    /// Only agents with this tag.
+    pub expertise: String,
+    /// Only agents not offline and below capacity.
+    pub available_only: bool,
+    /// Only ids greater than this (pagination).
+    pub after_id: String,
+    /// Most rows; 0 for no limit.
+    pub limit: u32,
+}
+
+/// What ImportRoster stores, all or nothing.
+#[derive(Debug, Clone, Default)]
+pub struct ImportPlan {
+    /// Teams to create or replace.
+    pub teams: Vec<Team>,
+    /// Roles to create or replace.
+    pub roles: Vec<RoleDefinition>,
+    /// Agents to create or update (descriptive fields only for existing ones),
+    /// each with the token hash to give it if it is new.
+    pub agents: Vec<(Agent, String)>,
+}
+
+/// The result of a Delegate.
+#[derive(Debug, Clone)]
+pub struct DelegationOutcome {
+    /// The decision.
+    pub decision: Decision,
+    /// The audit record's id; empty for a dry run.
+    pub delegation_id: String,
+    /// Agents whose workload changed (the delegate, and the agent a re-delegated task left).
+    pub changed_agents: Vec<String>,
+}
+
+/// A queued task resolved: offered to its expert or escalated.
+#[derive(Debug, Clone)]
+pub struct QueueResolution {
+    /// The task.
+    pub task_id: String,
+    /// The decision that resolved it.
+    pub decision: Decision,
+    /// Its audit record's id.
+    pub delegation_id: String,
+}
+
+/// The result of a ReleaseTask.
+#[derive(Debug, Clone, Default)]
+pub struct ReleaseOutcome {
+    /// The agent whose slot was freed; `None` when the task held none.
+    pub agent_id: Option<String>,
+    /// The queued task the freed slot went to, if any.
+    pub offered: Option<QueueResolution>,
+}
+
+/// A queued task's state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueState {
+    /// Still waiting.
+    Queued,
+    /// Resolved by this decision.
+    Resolved(Box<Decision>),
+}
+
+/// A recorded decision.
+#[derive(Debug, Clone)]
+pub struct DelegationRecord {
+    /// Unique id.
+    pub id: String,
+    /// The task.
+    pub task_id: String,
+    /// Who asked.
+    pub requester_id: String,
+    /// The decision.
+    pub decision: Decision,
+    /// When, in ms since the epoch.
+    pub decided_at: i64,
+    /// The task's description.
+    pub description: String,
+}
+
+/// ListDelegations filters.
+#[derive(Debug, Clone, Default)]
+pub struct DelegationQuery {
+    /// Requested by or chose this agent.
+    pub agent_id: String,
+    /// About this task.
+    pub task_id: String,
+    /// At or after (ms).
+    pub since: Option<i64>,
+    /// Before (ms).
+    pub until: Option<i64>,
+    /// Most records.
+    pub limit: u32,
+}
+
+/// The roster's repository. Every method is one transaction.
+pub trait RosterStore: Send + Sync + 'static {
+    /// Creates the schema.
+    fn migrate(&self) -> impl Future<Output = Result<()>> + Send;
+
+    /// Creates an agent with its token hash; ALREADY_EXISTS when the id is taken,
+    /// INVALID_ARGUMENT when its team or senior does not exist.
+    fn insert_agent(&self, agent: &Agent, token_hash: &str, now: i64) -> impl Future<Output = Result<Agent>> + Send;
+    /// One agent; NOT_FOUND when unknown.
+    fn get_agent(&self, id: &str) -> impl Future<Output = Result<Agent>> + Send;
+    /// Agents by id.
+    fn list_agents(&self, query: &AgentQuery) -> impl Future<Output = Result<Vec<Agent>>> + Send;
+    /// Replaces an agent's descriptive fields, keeping workload, manual status and token.
+    fn update_agent(&self, agent: &Agent, now: i64) -> impl Future<Output = Result<Agent>> + Send;
+    /// Removes an agent (and so its token); FAILED_PRECONDITION while it is a senior or a team lead.
+    fn remove_agent(&self, id: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Sets or clears a manual status and the availability.
+    fn set_status(
+        &self,
+        id: &str,
+        status: Option<Status>,
+        availability_until: Option<i64>,
+        now: i64,
+    ) -> impl Future<Output = Result<Agent>> + Send;
+
+    /// Creates or replaces a team; its lead must exist.
+    fn put_team(&self, team: &Team, now: i64) -> impl Future<Output = Result<Team>> + Send;
+    /// Teams by name.
+    fn list_teams(&self) -> impl Future<Output = Result<Vec<Team>>> + Send;
+    /// Removes a team without agents.
+    fn remove_team(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// Creates or replaces a role definition.
+    fn put_role(&self, role: &RoleDefinition, now: i64) -> impl Future<Output = Result<RoleDefinition>> + Send;
+    /// One role definition.
+    fn get_role(&self, name: &str) -> impl Future<Output = Result<RoleDefinition>> + Send;
+    /// Role definitions by name.
+    fn list_roles(&self) -> impl Future<Output = Result<Vec<RoleDefinition>>> + Send;
+    /// Removes a role definition.
+    fn remove_role(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// The agent holding a token hash, if any.
+    fn agent_by_token_hash(&self, token_hash: &str) -> impl Future<Output = Result<Option<Agent>>> + Send;
+    /// Replaces (Some) or revokes (None) an agent's token hash.
+    fn set_token_hash(
+        &self,
+        agent_id: &str,
+        token_hash: Option<&str>,
+        now: i64,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Stores an import in one transaction; returns the ids of the agents it created.
+    fn import(&self, plan: &ImportPlan, now: i64) -> impl Future<Output = Result<Vec<String>>> + Send;
+
+    /// Decides (seed 004) and, unless a dry run, reserves the slot, queues the
+    /// task and records the decision, all in one transaction.
+    fn delegate(
+        &self,
+        request: &DelegationRequest,
+        now: i64,
+        settings: Settings,
+    ) -> impl Future<Output = Result<DelegationOutcome>> + Send;
+    /// Frees a task's slot (idempotent) and offers it to the oldest task queued for that agent.
+    fn release_task(&self, task_id: &str, now: i64) -> impl Future<Output = Result<ReleaseOutcome>> + Send;
+    /// Escalates queued tasks that went stale or whose expert went offline or away.
+    fn escalate_stale(&self, now: i64) -> impl Future<Output = Result<Vec<QueueResolution>>> + Send;
+    /// A queued task's state; NOT_FOUND when it was never queued.
+    fn queue_state(&self, task_id: &str) -> impl Future<Output = Result<QueueState>> + Send;
+    /// Recorded decisions, oldest first.
+    fn list_delegations(&self, query: &DelegationQuery) -> impl Future<Output = Result<Vec<DelegationRecord>>> + Send;
+}

@@ -1,0 +1,604 @@
+//! The sqlx implementation of the repository: agents, teams, roles, tokens
+//! and import. Delegation, queue and audit live in `delegation.rs`.
+
+use std::collections::{HashMap, HashSet};
+
+use muster_runtime::db::{Database, Migrations};
+use sqlx::{Any, AssertSqlSafe, Row, Transaction, any::AnyRow};
+
+use super::{AgentQuery, ImportPlan, RosterStore};
+use crate::domain::{
+    delegation::{DelegationRequest, Settings},
+    model::{Agent, RoleDefinition, Status, Team},
+};
+use crate::error::{Error, Result};
+
+static MIGRATIONS: Migrations = Migrations {
+    sqlite: &[(1, "init", include_str!("../../migrations/sqlite/0001_init.sql"))],
+    postgres: &[(1, "init", include_str!("../../migrations/postgres/0001_init.sql"))],
+};
+
+pub(super) const AGENT_COLUMNS: &str = "id, name, role, team, senior_id, expertise_json, manual_status, \
+     current_workload, workload_capacity, availability_until, custom_prompt, llm_config_json, backstory, \
+     allow_delegation, max_iterations";
+
+/// The effective status in SQL, the same rule as `Status::from_workload`.
+const STATUS_SQL: &str = "(CASE WHEN manual_status <> '' THEN manual_status \
+     WHEN current_workload = 0 THEN 'idle' \
+     WHEN current_workload + 1 >= workload_capacity THEN 'busy' ELSE 'active' END)";
+
+/// The roster's store over a SQLite or PostgreSQL pool.
+#[derive(Debug, Clone)]
+pub struct SqlStore {
+    pub(super) database: Database,
+}
+
+impl SqlStore {
+    /// A store over a pool (not yet migrated).
+    pub fn new(database: Database) -> Self {
+        Self { database }
+    }
+
+    /// Connects lazily to `url` (`sqlite://...` or `postgres://...`).
+    pub fn connect(url: &str, max_connections: u32) -> Result<Self> {
+        let database = Database::connect_lazy(url, max_connections).map_err(|error| match error {
+            muster_runtime::Error::Database(error) => Error::Database(error),
+            other => Error::InvalidArgument(other.to_string()),
+        })?;
+        Ok(Self::new(database))
+    }
+}
+
+pub(super) fn agent_from_row(row: &AnyRow) -> Result<Agent> {
+    let expertise_json: String = row.try_get("expertise_json")?;
+    let manual_status: String = row.try_get("manual_status")?;
+    let manual_status = if manual_status.is_empty() {
+        None
+    } else {
+        Some(
+            Status::parse(&manual_status)
+                .ok_or_else(|| Error::Internal(format!("bad stored status {manual_status:?}")))?,
+        )
+    };
+    Ok(Agent {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        role: row.try_get("role")?,
+        team: row.try_get("team")?,
+        senior_id: row.try_get("senior_id")?,
+        expertise: serde_json::from_str(&expertise_json)
+            .map_err(|error| Error::Internal(format!("bad stored expertise: {error}")))?,
+        manual_status,
+        current_workload: to_u32(row.try_get::<i64, _>("current_workload")?),
+        workload_capacity: to_u32(row.try_get::<i64, _>("workload_capacity")?),
+        availability_until: row.try_get::<Option<i64>, _>("availability_until")?,
+        custom_prompt: row.try_get("custom_prompt")?,
+        llm_config_json: row.try_get("llm_config_json")?,
+        backstory: row.try_get("backstory")?,
+        allow_delegation: row.try_get::<i64, _>("allow_delegation")? != 0,
+        max_iterations: to_u32(row.try_get::<i64, _>("max_iterations")?),
+    })
+}
+
+fn to_u32(value: i64) -> u32 {
+    u32::try_from(value.max(0)).unwrap_or(u32::MAX)
+}
+
+pub(super) async fn fetch_agent(transaction: &mut Transaction<'static, Any>, id: &str) -> Result<Option<Agent>> {
+    let row = sqlx::query(AssertSqlSafe(format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = $1")))
+        .bind(id.to_owned())
+        .fetch_optional(&mut **transaction)
+        .await?;
+    row.as_ref().map(agent_from_row).transpose()
+}
+
+async fn exists(transaction: &mut Transaction<'static, Any>, sql: &'static str, key: &str) -> Result<bool> {
+    Ok(sqlx::query(sql).bind(key.to_owned()).fetch_optional(&mut **transaction).await?.is_some())
+}
+
+/// Checks the references of an agent: its team exists, its senior exists and
+/// the hierarchy stays free of cycles.
+async fn check_agent_references(transaction: &mut Transaction<'static, Any>, agent: &Agent) -> Result<()> {
+    if !agent.team.is_empty() && !exists(transaction, "SELECT 1 FROM teams WHERE name = $1", &agent.team).await? {
+        return Err(Error::InvalidArgument(format!(
+            "agent.team: team {:?} does not exist; create it with PutTeam first",
+            agent.team
+        )));
+    }
+    if agent.senior_id.is_empty() {
+        return Ok(());
+    }
+    let mut seen = vec![agent.id.clone()];
+    let mut current = agent.senior_id.clone();
+    while !current.is_empty() {
+        if seen.contains(&current) {
+            seen.push(current);
+            return Err(Error::InvalidArgument(format!(
+                "agent.senior_id: the hierarchy would loop: {}",
+                seen.join(" -> ")
+            )));
+        }
+        let row = sqlx::query("SELECT senior_id FROM agents WHERE id = $1")
+            .bind(current.clone())
+            .fetch_optional(&mut **transaction)
+            .await?;
+        let Some(row) = row else {
+            if current == agent.senior_id {
+                return Err(Error::InvalidArgument(format!(
+                    "agent.senior_id: senior {:?} does not exist in the roster",
+                    agent.senior_id
+                )));
+            }
+            break;
+        };
+        seen.push(current);
+        current = row.try_get("senior_id")?;
+    }
+    Ok(())
+}
+
+async fn write_expertise(transaction: &mut Transaction<'static, Any>, agent: &Agent) -> Result<()> {
+    sqlx::query("DELETE FROM agent_expertise WHERE agent_id = $1")
+        .bind(agent.id.clone())
+        .execute(&mut **transaction)
+        .await?;
+    for tag in &agent.expertise {
+        sqlx::query("INSERT INTO agent_expertise (tag, agent_id) VALUES ($1, $2)")
+            .bind(tag.clone())
+            .bind(agent.id.clone())
+            .execute(&mut **transaction)
+            .await?;
+    }
+    Ok(())
+}
+
+fn expertise_json(agent: &Agent) -> Result<String> {
+    serde_json::to_string(&agent.expertise).map_err(|error| Error::Internal(error.to_string()))
+}
+
+async fn insert_agent_row(
+    transaction: &mut Transaction<'static, Any>,
+    agent: &Agent,
+    token_hash: &str,
+    now: i64,
+) -> Result<()> {
+    let result = sqlx::query(
+        "INSERT INTO agents (id, name, role, team, senior_id, expertise_json, manual_status, current_workload, \
+         workload_capacity, availability_until, custom_prompt, llm_config_json, backstory, allow_delegation, \
+         max_iterations, token_hash, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, '', 0, $7, $8, $9, $10, $11, $12, $13, $14, $15, $15) \
+         ON CONFLICT (id) DO NOTHING",
+    )
+    .bind(agent.id.clone())
+    .bind(agent.name.clone())
+    .bind(agent.role.clone())
+    .bind(agent.team.clone())
+    .bind(agent.senior_id.clone())
+    .bind(expertise_json(agent)?)
+    .bind(i64::from(agent.workload_capacity))
+    .bind(agent.availability_until)
+    .bind(agent.custom_prompt.clone())
+    .bind(agent.llm_config_json.clone())
+    .bind(agent.backstory.clone())
+    .bind(i64::from(agent.allow_delegation))
+    .bind(i64::from(agent.max_iterations))
+    .bind(token_hash.to_owned())
+    .bind(now)
+    .execute(&mut **transaction)
+    .await?;
+    if result.rows_affected() == 0 {
+        return Err(Error::AlreadyExists(format!("agent {:?} already exists", agent.id)));
+    }
+    write_expertise(transaction, agent).await
+}
+
+async fn update_agent_row(transaction: &mut Transaction<'static, Any>, agent: &Agent, now: i64) -> Result<bool> {
+    let result = sqlx::query(
+        "UPDATE agents SET name = $2, role = $3, team = $4, senior_id = $5, expertise_json = $6, \
+         workload_capacity = $7, availability_until = $8, custom_prompt = $9, llm_config_json = $10, \
+         backstory = $11, allow_delegation = $12, max_iterations = $13, updated_at = $14 WHERE id = $1",
+    )
+    .bind(agent.id.clone())
+    .bind(agent.name.clone())
+    .bind(agent.role.clone())
+    .bind(agent.team.clone())
+    .bind(agent.senior_id.clone())
+    .bind(expertise_json(agent)?)
+    .bind(i64::from(agent.workload_capacity))
+    .bind(agent.availability_until)
+    .bind(agent.custom_prompt.clone())
+    .bind(agent.llm_config_json.clone())
+    .bind(agent.backstory.clone())
+    .bind(i64::from(agent.allow_delegation))
+    .bind(i64::from(agent.max_iterations))
+    .bind(now)
+    .execute(&mut **transaction)
+    .await?;
+    if result.rows_affected() == 0 {
+        return Ok(false);
+    }
+    write_expertise(transaction, agent).await?;
+    Ok(true)
+}
+
+async fn upsert_team_row(transaction: &mut Transaction<'static, Any>, team: &Team, now: i64) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO teams (name, description, lead_agent_id, updated_at) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (name) DO UPDATE SET description = excluded.description, \
+         lead_agent_id = excluded.lead_agent_id, updated_at = excluded.updated_at",
+    )
+    .bind(team.name.clone())
+    .bind(team.description.clone())
+    .bind(team.lead_agent_id.clone())
+    .bind(now)
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
+}
+
+async fn upsert_role_row(transaction: &mut Transaction<'static, Any>, role: &RoleDefinition, now: i64) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO roles (name, definition_json, updated_at) VALUES ($1, $2, $3) \
+         ON CONFLICT (name) DO UPDATE SET definition_json = excluded.definition_json, updated_at = excluded.updated_at",
+    )
+    .bind(role.name.clone())
+    .bind(role_to_json(role))
+    .bind(now)
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
+}
+
+fn role_to_json(role: &RoleDefinition) -> String {
+    serde_json::json!({
+        "name": role.name, "description": role.description, "goals": role.goals,
+        "responsibilities": role.responsibilities, "tools": role.tools,
+        "permitted_actions": role.permitted_actions, "input_schema_json": role.input_schema_json,
+        "output_schema_json": role.output_schema_json, "mission": role.mission,
+        "context_files": role.context_files, "schedule": role.schedule, "inbox": role.inbox,
+        "user_preferences": role.user_preferences,
+    })
+    .to_string()
+}
+
+fn role_from_json(text: &str) -> Result<RoleDefinition> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|error| Error::Internal(format!("bad stored role: {error}")))?;
+    let text_field = |key: &str| value.get(key).and_then(|v| v.as_str()).unwrap_or_default().to_owned();
+    let list_field = |key: &str| {
+        value
+            .get(key)
+            .and_then(|v| v.as_array())
+            .map(|items| items.iter().filter_map(|item| item.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default()
+    };
+    Ok(RoleDefinition {
+        name: text_field("name"),
+        description: text_field("description"),
+        goals: list_field("goals"),
+        responsibilities: list_field("responsibilities"),
+        tools: list_field("tools"),
+        permitted_actions: list_field("permitted_actions"),
+        input_schema_json: text_field("input_schema_json"),
+        output_schema_json: text_field("output_schema_json"),
+        mission: text_field("mission"),
+        context_files: list_field("context_files"),
+        schedule: text_field("schedule"),
+        inbox: text_field("inbox"),
+        user_preferences: text_field("user_preferences"),
+    })
+}
+
+impl RosterStore for SqlStore {
+    async fn migrate(&self) -> Result<()> {
+        self.database.migrate(&MIGRATIONS).await.map_err(|error| Error::Internal(format!("migrating: {error}")))
+    }
+
+    async fn insert_agent(&self, agent: &Agent, token_hash: &str, now: i64) -> Result<Agent> {
+        let mut transaction = self.database.pool.begin().await?;
+        if exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", &agent.id).await? {
+            return Err(Error::AlreadyExists(format!("agent {:?} already exists", agent.id)));
+        }
+        check_agent_references(&mut transaction, agent).await?;
+        insert_agent_row(&mut transaction, agent, token_hash, now).await?;
+        let stored =
+            fetch_agent(&mut transaction, &agent.id).await?.ok_or_else(|| Error::Internal("agent vanished".into()))?;
+        transaction.commit().await?;
+        Ok(stored)
+    }
+
+    async fn get_agent(&self, id: &str) -> Result<Agent> {
+        let row = sqlx::query(AssertSqlSafe(format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = $1")))
+            .bind(id.to_owned())
+            .fetch_optional(&self.database.pool)
+            .await?;
+        match row {
+            Some(row) => agent_from_row(&row),
+            None => Err(Error::NotFound(format!("agent {id:?} is not in the roster"))),
+        }
+    }
+
+    async fn list_agents(&self, query: &AgentQuery) -> Result<Vec<Agent>> {
+        let mut conditions = vec!["id > $1".to_owned()];
+        let mut binds = vec![query.after_id.clone()];
+        let mut add = |condition: &str, value: &str| {
+            binds.push(value.to_owned());
+            conditions.push(condition.replace('?', &format!("${}", binds.len())));
+        };
+        if !query.team.is_empty() {
+            add("team = ?", &query.team);
+        }
+        if !query.role.is_empty() {
+            add("role = ?", &query.role);
+        }
+        if let Some(status) = query.status {
+            add(&format!("{STATUS_SQL} = ?"), status.as_str());
+        }
+        if !query.expertise.is_empty() {
+            add("id IN (SELECT agent_id FROM agent_expertise WHERE tag = ?)", &query.expertise);
+        }
+        if query.available_only {
+            conditions
+                .push("manual_status NOT IN ('offline', 'busy') AND current_workload < workload_capacity".to_owned());
+        }
+        let mut sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE {} ORDER BY id", conditions.join(" AND "));
+        if query.limit > 0 {
+            sql.push_str(&format!(" LIMIT {}", query.limit));
+        }
+        let mut statement = sqlx::query(AssertSqlSafe(sql));
+        for value in binds {
+            statement = statement.bind(value);
+        }
+        statement.fetch_all(&self.database.pool).await?.iter().map(agent_from_row).collect()
+    }
+
+    async fn update_agent(&self, agent: &Agent, now: i64) -> Result<Agent> {
+        let mut transaction = self.database.pool.begin().await?;
+        if !exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", &agent.id).await? {
+            return Err(Error::NotFound(format!("agent {:?} is not in the roster", agent.id)));
+        }
+        check_agent_references(&mut transaction, agent).await?;
+        update_agent_row(&mut transaction, agent, now).await?;
+        let stored =
+            fetch_agent(&mut transaction, &agent.id).await?.ok_or_else(|| Error::Internal("agent vanished".into()))?;
+        transaction.commit().await?;
+        Ok(stored)
+    }
+
+    async fn remove_agent(&self, id: &str) -> Result<()> {
+        let mut transaction = self.database.pool.begin().await?;
+        if !exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", id).await? {
+            return Err(Error::NotFound(format!("agent {id:?} is not in the roster")));
+        }
+        let juniors: Vec<String> = sqlx::query("SELECT id FROM agents WHERE senior_id = $1 ORDER BY id")
+            .bind(id.to_owned())
+            .fetch_all(&mut *transaction)
+            .await?
+            .iter()
+            .map(|row| row.try_get("id"))
+            .collect::<Result<_, _>>()?;
+        if !juniors.is_empty() {
+            return Err(Error::FailedPrecondition(format!(
+                "agent {id:?} is the senior of {}; give them another senior first",
+                juniors.join(", ")
+            )));
+        }
+        sqlx::query("UPDATE teams SET lead_agent_id = '' WHERE lead_agent_id = $1")
+            .bind(id.to_owned())
+            .execute(&mut *transaction)
+            .await?;
+        sqlx::query("DELETE FROM agent_expertise WHERE agent_id = $1")
+            .bind(id.to_owned())
+            .execute(&mut *transaction)
+            .await?;
+        sqlx::query("DELETE FROM agents WHERE id = $1").bind(id.to_owned()).execute(&mut *transaction).await?;
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    async fn set_status(
+        &self,
+        id: &str,
+        status: Option<Status>,
+        availability_until: Option<i64>,
+        now: i64,
+    ) -> Result<Agent> {
+        let mut transaction = self.database.pool.begin().await?;
+        let result =
+            sqlx::query("UPDATE agents SET manual_status = $2, availability_until = $3, updated_at = $4 WHERE id = $1")
+                .bind(id.to_owned())
+                .bind(status.map(Status::as_str).unwrap_or_default().to_owned())
+                .bind(availability_until)
+                .bind(now)
+                .execute(&mut *transaction)
+                .await?;
+        if result.rows_affected() == 0 {
+            return Err(Error::NotFound(format!("agent {id:?} is not in the roster")));
+        }
+        let stored =
+            fetch_agent(&mut transaction, id).await?.ok_or_else(|| Error::Internal("agent vanished".into()))?;
+        transaction.commit().await?;
+        Ok(stored)
+    }
+
+    async fn put_team(&self, team: &Team, now: i64) -> Result<Team> {
+        let mut transaction = self.database.pool.begin().await?;
+        if !team.lead_agent_id.is_empty()
+            && !exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", &team.lead_agent_id).await?
+        {
+            return Err(Error::InvalidArgument(format!(
+                "team.lead_agent_id: agent {:?} is not in the roster",
+                team.lead_agent_id
+            )));
+        }
+        upsert_team_row(&mut transaction, team, now).await?;
+        transaction.commit().await?;
+        Ok(team.clone())
+    }
+
+    async fn list_teams(&self) -> Result<Vec<Team>> {
+        let rows = sqlx::query("SELECT name, description, lead_agent_id FROM teams ORDER BY name")
+            .fetch_all(&self.database.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Team {
+                    name: row.try_get("name")?,
+                    description: row.try_get("description")?,
+                    lead_agent_id: row.try_get("lead_agent_id")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn remove_team(&self, name: &str) -> Result<()> {
+        let mut transaction = self.database.pool.begin().await?;
+        if !exists(&mut transaction, "SELECT 1 FROM teams WHERE name = $1", name).await? {
+            return Err(Error::NotFound(format!("team {name:?} does not exist")));
+        }
+        let members = sqlx::query("SELECT id FROM agents WHERE team = $1 ORDER BY id LIMIT 5")
+            .bind(name.to_owned())
+            .fetch_all(&mut *transaction)
+            .await?;
+        if !members.is_empty() {
+            let ids: Vec<String> = members.iter().map(|row| row.try_get("id")).collect::<Result<_, _>>()?;
+            return Err(Error::FailedPrecondition(format!(
+                "team {name:?} still has agents ({}); move or remove them first",
+                ids.join(", ")
+            )));
+        }
+        sqlx::query("DELETE FROM teams WHERE name = $1").bind(name.to_owned()).execute(&mut *transaction).await?;
+        transaction.commit().await?;
+        Ok(())
+    }
+
+    async fn put_role(&self, role: &RoleDefinition, now: i64) -> Result<RoleDefinition> {
+        let mut transaction = self.database.pool.begin().await?;
+        upsert_role_row(&mut transaction, role, now).await?;
+        transaction.commit().await?;
+        Ok(role.clone())
+    }
+
+    async fn get_role(&self, name: &str) -> Result<RoleDefinition> {
+        let row = sqlx::query("SELECT definition_json FROM roles WHERE name = $1")
+            .bind(name.to_owned())
+            .fetch_optional(&self.database.pool)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("role definition {name:?} does not exist")))?;
+        role_from_json(&row.try_get::<String, _>("definition_json")?)
+    }
+
+    async fn list_roles(&self) -> Result<Vec<RoleDefinition>> {
+        let rows =
+            sqlx::query("SELECT definition_json FROM roles ORDER BY name").fetch_all(&self.database.pool).await?;
+        rows.iter().map(|row| role_from_json(&row.try_get::<String, _>("definition_json")?)).collect()
+    }
+
+    async fn remove_role(&self, name: &str) -> Result<()> {
+        let result =
+            sqlx::query("DELETE FROM roles WHERE name = $1").bind(name.to_owned()).execute(&self.database.pool).await?;
+        if result.rows_affected() == 0 {
+            return Err(Error::NotFound(format!("role definition {name:?} does not exist")));
+        }
+        Ok(())
+    }
+
+    async fn agent_by_token_hash(&self, token_hash: &str) -> Result<Option<Agent>> {
+        let row = sqlx::query(AssertSqlSafe(format!("SELECT {AGENT_COLUMNS} FROM agents WHERE token_hash = $1")))
+            .bind(token_hash.to_owned())
+            .fetch_optional(&self.database.pool)
+            .await?;
+        row.as_ref().map(agent_from_row).transpose()
+    }
+
+    async fn set_token_hash(&self, agent_id: &str, token_hash: Option<&str>, now: i64) -> Result<()> {
+        let result = sqlx::query("UPDATE agents SET token_hash = $2, updated_at = $3 WHERE id = $1")
+            .bind(agent_id.to_owned())
+            .bind(token_hash.map(str::to_owned))
+            .bind(now)
+            .execute(&self.database.pool)
+            .await?;
+        if result.rows_affected() == 0 {
+            return Err(Error::NotFound(format!("agent {agent_id:?} is not in the roster")));
+        }
+        Ok(())
+    }
+
+    async fn import(&self, plan: &ImportPlan, now: i64) -> Result<Vec<String>> {
+        let mut transaction = self.database.pool.begin().await?;
+        for team in &plan.teams {
+            // Leads are set after the agents exist.
+            upsert_team_row(&mut transaction, &Team { lead_agent_id: String::new(), ..team.clone() }, now).await?;
+        }
+        for role in &plan.roles {
+            upsert_role_row(&mut transaction, role, now).await?;
+        }
+        // Agents first without seniors, so the order in the file does not matter.
+        let mut created = Vec::new();
+        let existing: HashSet<String> = sqlx::query("SELECT id FROM agents")
+            .fetch_all(&mut *transaction)
+            .await?
+            .iter()
+            .map(|row| row.try_get("id"))
+            .collect::<Result<_, _>>()?;
+        for (agent, token_hash) in &plan.agents {
+            let without_senior = Agent { senior_id: String::new(), ..agent.clone() };
+            if existing.contains(&agent.id) {
+                update_agent_row(&mut transaction, &without_senior, now).await?;
+            } else {
+                insert_agent_row(&mut transaction, &without_senior, token_hash, now).await?;
+                created.push(agent.id.clone());
+            }
+        }
+        let seniors: HashMap<&str, &str> =
+            plan.agents.iter().map(|(agent, _)| (agent.id.as_str(), agent.senior_id.as_str())).collect();
+        for (agent, _) in &plan.agents {
+            sqlx::query("UPDATE agents SET senior_id = $2 WHERE id = $1")
+                .bind(agent.id.clone())
+                .bind(seniors.get(agent.id.as_str()).copied().unwrap_or_default().to_owned())
+                .execute(&mut *transaction)
+                .await?;
+        }
+        for (agent, _) in &plan.agents {
+            check_agent_references(&mut transaction, agent).await?;
+        }
+        for team in &plan.teams {
+            if !team.lead_agent_id.is_empty() {
+                if !exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", &team.lead_agent_id).await? {
+                    return Err(Error::InvalidArgument(format!(
+                        "team {:?}: lead {:?} is not in the roster",
+                        team.name, team.lead_agent_id
+                    )));
+                }
+                upsert_team_row(&mut transaction, team, now).await?;
+            }
+        }
+        transaction.commit().await?;
+        Ok(created)
+    }
+
+    async fn delegate(
+        &self,
+        request: &DelegationRequest,
+        now: i64,
+        settings: Settings,
+    ) -> Result<super::DelegationOutcome> {
+        super::delegation::delegate(self, request, now, settings).await
+    }
+
+    async fn release_task(&self, task_id: &str, now: i64) -> Result<super::ReleaseOutcome> {
+        super::delegation::release_task(self, task_id, now).await
+    }
+
+    async fn escalate_stale(&self, now: i64) -> Result<Vec<super::QueueResolution>> {
+        super::delegation::escalate_stale(self, now).await
+    }
+
+    async fn queue_state(&self, task_id: &str) -> Result<super::QueueState> {
+        super::delegation::queue_state(self, task_id).await
+    }
+
+    async fn list_delegations(&self, query: &super::DelegationQuery) -> Result<Vec<super::DelegationRecord>> {
+        super::delegation::list_delegations(self, query).await
+    }
+}

@@ -1,0 +1,203 @@
+//! Workload, release, the queue for busy experts, stale-queue escalation and
+//! the concurrency of slot reservation, on SQLite and PostgreSQL.
+
+mod common;
+
+use common::{Backend, TestServer, delegate_request};
+use muster_proto::roster::v1 as pb;
+use pb::DecisionKind as Kind;
+
+async fn org(backend: Backend) -> Option<TestServer> {
+    let mut server = TestServer::on(backend).await?;
+    server.team("data").await;
+    server.agent("boss", "data", "", &["management"], 5).await;
+    server.agent("expert", "data", "boss", &["sql"], 2).await;
+    server.agent("junior", "data", "boss", &["excel"], 5).await;
+    Some(server)
+}
+
+async fn watch(server: &mut TestServer, task_id: &str) -> tonic::Streaming<pb::WatchQueuedTaskResponse> {
+    server
+        .client
+        .watch_queued_task(pb::WatchQueuedTaskRequest { task_id: task_id.into() })
+        .await
+        .expect("watch")
+        .into_inner()
+}
+
+async fn release_offers_the_slot_to_the_oldest_queued_task(backend: Backend) {
+    let Some(mut server) = org(backend).await else { return };
+    for task in ["a", "b"] {
+        let decision = server.delegate(delegate_request(task, "junior", &["sql"])).await;
+        assert_eq!(decision.primary_agent_id, "expert");
+    }
+    let expert = server.get("expert").await;
+    assert_eq!((expert.current_workload, expert.status), (2, pb::AgentStatus::Busy as i32));
+    server.clock.advance(1000);
+    let first = server.delegate(delegate_request("c", "junior", &["sql"])).await;
+    assert_eq!(Kind::try_from(first.decision).unwrap(), Kind::Queue);
+    assert_eq!(first.wait_seconds, 1800);
+    server.clock.advance(1000);
+    let second = server.delegate(delegate_request("d", "boss", &["sql"])).await;
+    assert_eq!(Kind::try_from(second.decision).unwrap(), Kind::Queue);
+    assert_eq!(second.wait_seconds, 3600, "one task queued ahead");
+    let status =
+        server.client.watch_queued_task(pb::WatchQueuedTaskRequest { task_id: "zzz".into() }).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::NotFound);
+
+    let mut watch_c = watch(&mut server, "c").await;
+    let released =
+        server.client.release_task(pb::ReleaseTaskRequest { task_id: "a".into() }).await.unwrap().into_inner();
+    assert_eq!(released.agent_id, "expert");
+    let resolution = watch_c.message().await.unwrap().unwrap().decision.unwrap();
+    assert_eq!(Kind::try_from(resolution.decision).unwrap(), Kind::Delegate);
+    assert_eq!(resolution.primary_agent_id, "expert");
+    assert_eq!(server.get("expert").await.current_workload, 2, "the freed slot went to c at once");
+
+    // Idempotent: a second release of the same task frees nothing.
+    let again = server.client.release_task(pb::ReleaseTaskRequest { task_id: "a".into() }).await.unwrap().into_inner();
+    assert!(again.agent_id.is_empty());
+    assert_eq!(server.get("expert").await.current_workload, 2);
+    let unknown =
+        server.client.release_task(pb::ReleaseTaskRequest { task_id: "never".into() }).await.unwrap().into_inner();
+    assert!(unknown.agent_id.is_empty());
+
+    // A watcher arriving after the resolution gets it at once.
+    let mut late = watch(&mut server, "c").await;
+    assert_eq!(late.message().await.unwrap().unwrap().decision.unwrap().primary_agent_id, "expert");
+
+    // c finishes; d is next.
+    server.client.release_task(pb::ReleaseTaskRequest { task_id: "c".into() }).await.unwrap();
+    let mut watch_d = watch(&mut server, "d").await;
+    let resolution = watch_d.message().await.unwrap().unwrap().decision.unwrap();
+    assert_eq!(resolution.primary_agent_id, "expert");
+    let records = server
+        .client
+        .list_delegations(pb::ListDelegationsRequest { task_id: "d".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .records;
+    let kinds: Vec<i32> = records.iter().map(|record| record.decision.as_ref().unwrap().decision).collect();
+    assert_eq!(kinds, vec![Kind::Queue as i32, Kind::Delegate as i32]);
+    assert_eq!(records[1].requester_id, "boss");
+
+    // Releasing everything returns the expert to idle.
+    for task in ["b", "d"] {
+        server.client.release_task(pb::ReleaseTaskRequest { task_id: task.into() }).await.unwrap();
+    }
+    let expert = server.get("expert").await;
+    assert_eq!((expert.current_workload, expert.status), (0, pb::AgentStatus::Idle as i32));
+    server.stop().await;
+}
+
+async fn stale_queued_tasks_are_escalated(backend: Backend) {
+    let Some(mut server) = org(backend).await else { return };
+    server.delegate(delegate_request("a", "junior", &["sql"])).await;
+    server.delegate(delegate_request("b", "junior", &["sql"])).await;
+    let high = pb::DelegateRequest { urgency: pb::Urgency::High as i32, ..delegate_request("c", "junior", &["sql"]) };
+    assert_eq!(Kind::try_from(server.delegate(high).await.decision).unwrap(), Kind::Queue);
+    let normal = delegate_request("d", "junior", &["sql"]);
+    assert_eq!(Kind::try_from(server.delegate(normal).await.decision).unwrap(), Kind::Queue);
+
+    let mut watch_c = watch(&mut server, "c").await;
+    // Thirty minutes and a millisecond: the high-urgency task is stale, the normal one not.
+    server.clock.advance(30 * 60_000 + 1);
+    let resolution = watch_c.message().await.unwrap().unwrap().decision.unwrap();
+    assert_eq!(Kind::try_from(resolution.decision).unwrap(), Kind::Escalate);
+    assert_eq!(resolution.primary_agent_id, "boss");
+    assert!(resolution.reasoning.contains("longer than a high task may wait"), "{}", resolution.reasoning);
+
+    // The expert going offline escalates what waits for it at once.
+    let mut watch_d = watch(&mut server, "d").await;
+    server
+        .client
+        .set_agent_status(pb::SetAgentStatusRequest {
+            id: "expert".into(),
+            status: pb::AgentStatus::Offline as i32,
+            availability_until: None,
+        })
+        .await
+        .unwrap();
+    let resolution = watch_d.message().await.unwrap().unwrap().decision.unwrap();
+    assert_eq!(Kind::try_from(resolution.decision).unwrap(), Kind::Escalate);
+    assert!(resolution.reasoning.contains("went offline"), "{}", resolution.reasoning);
+    let records = server
+        .client
+        .list_delegations(pb::ListDelegationsRequest { agent_id: "boss".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .records;
+    assert_eq!(records.len(), 2);
+    server.stop().await;
+}
+
+async fn concurrent_delegations_take_the_last_slot_once(backend: Backend) {
+    let Some(mut server) = TestServer::on(backend).await else { return };
+    server.team("ops").await;
+    server.agent("lead", "ops", "", &[], 5).await;
+    server.agent("solo", "ops", "lead", &["pager"], 3).await;
+    server.delegate(delegate_request("warm-1", "lead", &["pager"])).await;
+    server.delegate(delegate_request("warm-2", "lead", &["pager"])).await;
+    assert_eq!(server.get("solo").await.current_workload, 2, "one free slot left");
+
+    let mut calls = Vec::new();
+    for index in 0..32 {
+        let mut client = server.client.clone();
+        calls.push(tokio::spawn(async move {
+            let request = pb::DelegateRequest {
+                urgency: pb::Urgency::Critical as i32,
+                ..delegate_request(&format!("race-{index}"), "lead", &["pager"])
+            };
+            client.delegate(request).await.expect("delegate").into_inner().decision.expect("decision")
+        }));
+    }
+    let mut delegated = 0;
+    for call in calls {
+        let decision = call.await.unwrap();
+        match Kind::try_from(decision.decision).unwrap() {
+            Kind::Delegate => {
+                assert_eq!(decision.primary_agent_id, "solo");
+                delegated += 1;
+            }
+            Kind::Escalate => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(delegated, 1, "exactly one call takes the last slot");
+    let solo = server.get("solo").await;
+    assert_eq!(solo.current_workload, 3);
+    assert!(solo.current_workload <= solo.workload_capacity);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn release_offers_the_slot_to_the_oldest_queued_task_on_sqlite() {
+    release_offers_the_slot_to_the_oldest_queued_task(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn release_offers_the_slot_to_the_oldest_queued_task_on_postgres() {
+    release_offers_the_slot_to_the_oldest_queued_task(Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn stale_queued_tasks_are_escalated_on_sqlite() {
+    stale_queued_tasks_are_escalated(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn stale_queued_tasks_are_escalated_on_postgres() {
+    stale_queued_tasks_are_escalated(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_delegations_take_the_last_slot_once_on_sqlite() {
+    concurrent_delegations_take_the_last_slot_once(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_delegations_take_the_last_slot_once_on_postgres() {
+    concurrent_delegations_take_the_last_slot_once(Backend::Postgres).await;
+}

@@ -1,0 +1,201 @@
+//! One conformance suite over the repository, run against SQLite and PostgreSQL.
+
+mod common;
+
+use muster_roster::{
+    Error,
+    domain::{
+        delegation::{DecisionKind, DelegationRequest, Settings, Urgency},
+        model::{Agent, RoleDefinition, Status, Team},
+    },
+    store::{AgentQuery, DelegationQuery, ImportPlan, QueueState, RosterStore, SqlStore},
+};
+use muster_runtime::testing::TestDatabase;
+
+const NOW: i64 = common::START_MILLIS;
+
+fn agent(id: &str, team: &str, senior: &str, expertise: &[&str], capacity: u32) -> Agent {
+    Agent {
+        id: id.into(),
+        team: team.into(),
+        senior_id: senior.into(),
+        expertise: expertise.iter().map(|tag| (*tag).to_owned()).collect(),
+        workload_capacity: capacity,
+        ..Agent::default()
+    }
+    .normalize()
+    .expect("valid agent")
+}
+
+fn request(task_id: &str, requester: &str, expertise: &[&str]) -> DelegationRequest {
+    DelegationRequest {
+        task_id: task_id.into(),
+        requester_id: requester.into(),
+        required_expertise: expertise.iter().map(|tag| (*tag).to_owned()).collect(),
+        ..DelegationRequest::default()
+    }
+}
+
+async fn conformance(store: SqlStore) {
+    store.migrate().await.expect("migrate");
+    store.migrate().await.expect("migrations are idempotent");
+
+    // Teams and agents.
+    store.put_team(&Team { name: "core".into(), ..Team::default() }, NOW).await.unwrap();
+    let boss = store.insert_agent(&agent("boss", "core", "", &["plan"], 5), "hash-boss", NOW).await.unwrap();
+    assert_eq!((boss.current_workload, boss.workload_capacity, boss.status()), (0, 5, Status::Idle));
+    store.insert_agent(&agent("dev", "core", "boss", &["rust", "sql"], 2), "hash-dev", NOW).await.unwrap();
+    assert!(matches!(
+        store.insert_agent(&agent("dev", "", "", &[], 0), "other", NOW).await,
+        Err(Error::AlreadyExists(_))
+    ));
+    assert!(matches!(
+        store.insert_agent(&agent("x", "", "ghost", &[], 0), "x", NOW).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        store.insert_agent(&agent("x", "nowhere", "", &[], 0), "x", NOW).await,
+        Err(Error::InvalidArgument(_))
+    ));
+    assert!(matches!(store.get_agent("ghost").await, Err(Error::NotFound(_))));
+    assert!(
+        matches!(store.insert_agent(&agent("x", "", "", &[], 0), "hash-dev", NOW).await, Err(Error::Database(_))),
+        "token hashes are unique"
+    );
+
+    let listed = store.list_agents(&AgentQuery { expertise: "sql".into(), ..AgentQuery::default() }).await.unwrap();
+    assert_eq!(listed.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(), vec!["dev"]);
+    let page =
+        store.list_agents(&AgentQuery { after_id: "boss".into(), limit: 1, ..AgentQuery::default() }).await.unwrap();
+    assert_eq!(page.iter().map(|a| a.id.as_str()).collect::<Vec<_>>(), vec!["dev"]);
+
+    // Updates keep the token and the workload.
+    let mut changed = agent("dev", "core", "boss", &["rust"], 2);
+    changed.name = "Developer".into();
+    store.update_agent(&changed, NOW).await.unwrap();
+    assert_eq!(store.agent_by_token_hash("hash-dev").await.unwrap().unwrap().name, "Developer");
+    assert!(
+        store.list_agents(&AgentQuery { expertise: "sql".into(), ..AgentQuery::default() }).await.unwrap().is_empty(),
+        "expertise index follows updates"
+    );
+
+    // Tokens.
+    store.set_token_hash("dev", Some("hash-dev-2"), NOW).await.unwrap();
+    assert!(store.agent_by_token_hash("hash-dev").await.unwrap().is_none());
+    store.set_token_hash("dev", None, NOW).await.unwrap();
+    assert!(store.agent_by_token_hash("hash-dev-2").await.unwrap().is_none());
+
+    // Roles.
+    let role = RoleDefinition {
+        name: "Dev".into(),
+        tools: vec!["git".into()],
+        permitted_actions: vec!["code".into()],
+        ..RoleDefinition::default()
+    };
+    store.put_role(&role, NOW).await.unwrap();
+    assert_eq!(store.get_role("Dev").await.unwrap(), role);
+    assert_eq!(store.list_roles().await.unwrap().len(), 1);
+    store.remove_role("Dev").await.unwrap();
+    assert!(matches!(store.remove_role("Dev").await, Err(Error::NotFound(_))));
+
+    // Delegation reserves slots; status follows workload; release is idempotent.
+    let settings = Settings::default();
+    let outcome = store.delegate(&request("t1", "boss", &["rust"]), NOW, settings).await.unwrap();
+    assert_eq!((outcome.decision.kind, outcome.decision.primary_agent_id.as_str()), (DecisionKind::Delegate, "dev"));
+    assert_eq!(store.get_agent("dev").await.unwrap().status(), Status::Busy, "1/2 is one below capacity");
+    store.delegate(&request("t2", "boss", &["rust"]), NOW, settings).await.unwrap();
+    let queued = store
+        .delegate(&DelegationRequest { urgency: Urgency::Low, ..request("t3", "boss", &["rust"]) }, NOW + 10, settings)
+        .await
+        .unwrap();
+    assert_eq!(queued.decision.kind, DecisionKind::Queue);
+    assert_eq!(store.queue_state("t3").await.unwrap(), QueueState::Queued);
+    assert!(matches!(store.queue_state("t1").await, Err(Error::NotFound(_))));
+
+    let released = store.release_task("t1", NOW + 20).await.unwrap();
+    assert_eq!(released.agent_id.as_deref(), Some("dev"));
+    let offered = released.offered.expect("the queued task gets the slot");
+    assert_eq!((offered.task_id.as_str(), offered.decision.kind), ("t3", DecisionKind::Delegate));
+    assert!(
+        matches!(store.queue_state("t3").await.unwrap(), QueueState::Resolved(decision) if decision.kind == DecisionKind::Delegate)
+    );
+    assert!(store.release_task("t1", NOW + 30).await.unwrap().agent_id.is_none());
+    assert_eq!(store.get_agent("dev").await.unwrap().current_workload, 2);
+
+    // Stale queue entries escalate to the senior chosen when queued.
+    let queued = store
+        .delegate(&DelegationRequest { urgency: Urgency::High, ..request("t4", "boss", &["rust"]) }, NOW, settings)
+        .await
+        .unwrap();
+    assert_eq!(queued.decision.kind, DecisionKind::Queue);
+    assert!(store.escalate_stale(NOW + 30 * 60_000 - 1).await.unwrap().is_empty());
+    let escalated = store.escalate_stale(NOW + 30 * 60_000).await.unwrap();
+    assert_eq!(escalated.len(), 1);
+    assert_eq!(escalated[0].decision.kind, DecisionKind::Escalate);
+    assert!(store.escalate_stale(NOW + 40 * 60_000).await.unwrap().is_empty(), "escalated once");
+
+    // The audit trail.
+    let records = store
+        .list_delegations(&DelegationQuery { agent_id: "dev".into(), ..DelegationQuery::default() })
+        .await
+        .unwrap();
+    assert_eq!(
+        records.iter().map(|r| r.task_id.as_str()).collect::<Vec<_>>(),
+        vec!["t1", "t2", "t4", "t3", "t3"],
+        "ordered by decision time"
+    );
+    let ranged = store
+        .list_delegations(&DelegationQuery {
+            since: Some(NOW + 1),
+            until: Some(NOW + 21),
+            ..DelegationQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(ranged.iter().map(|r| r.task_id.as_str()).collect::<Vec<_>>(), vec!["t3", "t3"]);
+
+    // Manual offline sticks and excludes; import is all or nothing.
+    store.set_status("dev", Some(Status::Offline), None, NOW).await.unwrap();
+    assert_eq!(store.get_agent("dev").await.unwrap().status(), Status::Offline);
+    let plan = ImportPlan {
+        teams: vec![Team { name: "new".into(), lead_agent_id: "newbie".into(), ..Team::default() }],
+        roles: vec![],
+        agents: vec![
+            (agent("newbie", "new", "boss", &[], 0), "hash-newbie".into()),
+            (agent("dev", "core", "boss", &["rust"], 2), "unused".into()),
+        ],
+    };
+    let created = store.import(&plan, NOW).await.unwrap();
+    assert_eq!(created, vec!["newbie"]);
+    assert_eq!(store.get_agent("dev").await.unwrap().current_workload, 2, "existing agents keep their workload");
+    let broken =
+        ImportPlan { agents: vec![(agent("other", "", "ghost", &[], 0), "h".into())], ..ImportPlan::default() };
+    assert!(store.import(&broken, NOW).await.is_err());
+    assert!(matches!(store.get_agent("other").await, Err(Error::NotFound(_))), "rolled back");
+
+    // Removal rules.
+    assert!(matches!(store.remove_agent("boss").await, Err(Error::FailedPrecondition(_))));
+    assert!(matches!(store.remove_team("new").await, Err(Error::FailedPrecondition(_))));
+    store.remove_agent("newbie").await.unwrap();
+    assert_eq!(store.list_teams().await.unwrap().iter().find(|t| t.name == "new").unwrap().lead_agent_id, "");
+    store.remove_team("new").await.unwrap();
+}
+
+#[tokio::test]
+async fn conformance_on_sqlite() {
+    let store = SqlStore::connect(&common::sqlite_url(), 1).unwrap();
+    conformance(store).await;
+}
+
+#[tokio::test]
+async fn conformance_on_sqlite_in_memory() {
+    let store = SqlStore::connect("sqlite::memory:", 1).unwrap();
+    conformance(store).await;
+}
+
+#[tokio::test]
+async fn conformance_on_postgres() {
+    let Some(database) = TestDatabase::create().await else { return };
+    let store = SqlStore::connect(&database.url, 5).unwrap();
+    conformance(store).await;
+}

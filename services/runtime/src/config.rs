@@ -1,0 +1,68 @@
+//! Settings every service takes, as command-line flags with `MUSTER_*`
+//! environment overrides and defaults in code. Each service flattens
+//! [`ServerArgs`] into its own typed configuration.
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+/// How logs are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Pretty on a terminal, JSON otherwise.
+    Auto,
+    /// Human-readable lines.
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Settings shared by all four services.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServerArgs {
+    /// Address to listen on; port 0 picks a free port (see --port-file).
+    #[arg(long, env = "MUSTER_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Once listening, write the bound address to this file (for tests and supervisors).
+    #[arg(long, env = "MUSTER_PORT_FILE")]
+    pub port_file: Option<PathBuf>,
+    /// Log format.
+    #[arg(long, env = "MUSTER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
+    pub log_format: LogFormat,
+    /// Log filter, in `tracing` syntax (`info`, `muster_roster=debug`, ...).
+    #[arg(long, env = "MUSTER_LOG", default_value = "info")]
+    pub log_filter: String,
+    /// Seconds to let in-flight calls finish after SIGTERM or SIGINT.
+    #[arg(long, env = "MUSTER_SHUTDOWN_GRACE_SECONDS", default_value_t = 10)]
+    pub shutdown_grace_seconds: u64,
+    /// Largest gRPC message accepted or sent, in bytes.
+    #[arg(long, env = "MUSTER_MAX_MESSAGE_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_message_bytes: usize,
+    /// Most concurrent requests per connection.
+    #[arg(long, env = "MUSTER_MAX_CONCURRENT_REQUESTS", default_value_t = 1024)]
+    pub max_concurrent_requests: usize,
+}
+
+impl ServerArgs {
+    /// The listen address, or the service's default.
+    pub fn listen_or(&self, default: SocketAddr) -> SocketAddr {
+        self.listen.unwrap_or(default)
+    }
+
+    /// The shutdown grace period.
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_secs(self.shutdown_grace_seconds)
+    }
+}
+
+impl Default for ServerArgs {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            port_file: None,
+            log_format: LogFormat::Auto,
+            log_filter: "info".to_owned(),
+            shutdown_grace_seconds: 10,
+            max_message_bytes: 4 * 1024 * 1024,
+            max_concurrent_requests: 1024,
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The one gRPC server builder. A service registers its own gRPC services and
+//! a readiness check; the builder adds health (NOT_SERVING until the check
+//! passes), reflection v1 and v1alpha, request tracing, limits and graceful
+//! shutdown.
+
+use std::{convert::Infallible, future::Future, time::Duration};
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::{
+    body::Body,
+    server::NamedService,
+    service::{Routes, RoutesBuilder},
+};
+use tonic_health::{ServingStatus, server::HealthReporter};
+use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
+use tracing::Level;
+
+use crate::{Error, Result, config::ServerArgs};
+
+/// Any error a readiness check may end with.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Builds and runs one service's gRPC server.
+pub struct Server {
+    args: ServerArgs,
+    routes: RoutesBuilder,
+    service_names: Vec<&'static str>,
+}
+
+impl Server {
+    /// A server with the shared settings.
+    pub fn new(args: &ServerArgs) -> Self {
+        Self { args: args.clone(), routes: Routes::builder(), service_names: Vec::new() }
+    }
+
+    /// Registers a gRPC service; its health status follows the server's readiness.
+    pub fn add_service<S>(mut self, service: S) -> Self
+    where
+        S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+            + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Future: Send + 'static,
+    {
+        self.routes.add_service(service);
+        self.service_names.push(S::NAME);
+        self
+    }
+
+    /// Serves on `listener` until `shutdown` resolves.
+    ///
+    /// Health answers NOT_SERVING until `ready` succeeds (the database answers,
+    /// migrations ran); if `ready` fails the server stops with its error. On
+    /// shutdown, health turns NOT_SERVING and in-flight calls get the grace
+    /// period to finish; long-lived streams are cut after it.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        ready: impl Future<Output = std::result::Result<(), BoxError>> + Send,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<()> {
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| Error::Io { context: "reading the bound address".to_owned(), source })?;
+        if let Some(port_file) = &self.args.port_file {
+            write_port_file(port_file, &local_addr.to_string())?;
+        }
+
+        let (health, health_service) = tonic_health::server::health_reporter();
+        set_all(&health, &self.service_names, ServingStatus::NotServing).await;
+
+        // Reflection advertises exactly what this server serves, not every
+        // package of the shared descriptor set.
+        let reflection = || {
+            let mut builder = tonic_reflection::server::Builder::configure()
+                .register_encoded_file_descriptor_set(muster_proto::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+                .with_service_name("grpc.health.v1.Health")
+                .with_service_name("grpc.reflection.v1.ServerReflection")
+                .with_service_name("grpc.reflection.v1alpha.ServerReflection");
+            for name in &self.service_names {
+                builder = builder.with_service_name(*name);
+            }
+            builder
+        };
+        let reflection_error =
+            |error: tonic_reflection::server::Error| Error::Telemetry(format!("reflection: {error}"));
+        let reflection_v1 = reflection().build_v1().map_err(reflection_error)?;
+        let reflection_v1alpha = reflection().build_v1alpha().map_err(reflection_error)?;
+
+        let mut routes = self.routes;
+        routes.add_service(health_service).add_service(reflection_v1).add_service(reflection_v1alpha);
+
+        let (stop_sender, stop_receiver) = tokio::sync::oneshot::channel::<()>();
+        let grace = self.args.shutdown_grace();
+        let server = tonic::transport::Server::builder()
+            .concurrency_limit_per_connection(self.args.max_concurrent_requests)
+            .tcp_nodelay(true)
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .layer(
+                TraceLayer::new_for_grpc()
+                    .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
+                    .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
+            )
+            .add_routes(routes.routes())
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async move {
+                let _ = stop_receiver.await;
+            });
+        tracing::info!(address = %local_addr, services = ?self.service_names, "listening");
+
+        let mut server = std::pin::pin!(server);
+        let mut ready = std::pin::pin!(ready);
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut is_ready = false;
+        loop {
+            tokio::select! {
+                result = &mut server => return result.map_err(Error::from),
+                outcome = &mut ready, if !is_ready => {
+                    if let Err(error) = outcome {
+                        tracing::error!(%error, "service failed to become ready");
+                        return Err(Error::NotReady(error.to_string()));
+                    }
+                    is_ready = true;
+                    set_all(&health, &self.service_names, ServingStatus::Serving).await;
+                    tracing::info!("serving");
+                }
+                () = &mut shutdown => break,
+            }
+        }
+
+        set_all(&health, &self.service_names, ServingStatus::NotServing).await;
+        tracing::info!(grace_seconds = grace.as_secs(), "shutting down");
+        let _ = stop_sender.send(());
+        match tokio::time::timeout(grace, &mut server).await {
+            Ok(result) => result.map_err(Error::from)?,
+            Err(_) => tracing::warn!("grace period over; closing the remaining connections"),
+        }
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+async fn set_all(health: &HealthReporter, names: &[&'static str], status: ServingStatus) {
+    health.set_service_status("", status).await;
+    for name in names {
+        health.set_service_status(*name, status).await;
+    }
+}
+
+fn write_port_file(path: &std::path::Path, address: &str) -> Result<()> {
+    let temporary = path.with_extension("tmp");
+    let io_error = |source| Error::Io { context: format!("writing {}", path.display()), source };
+    std::fs::write(&temporary, address).map_err(io_error)?;
+    std::fs::rename(&temporary, path).map_err(io_error)
+}

@@ -1,0 +1,266 @@
+//! Small well-formedness checks shared by the rules: identifiers, cron
+//! expressions, RFC 3339 times and "did you mean" suggestions.
+
+/// Longest identifier (process name, step id, inbox name).
+pub(crate) const MAX_IDENTIFIER_LENGTH: usize = 64;
+
+/// `[a-z0-9][a-z0-9_-]*`, up to 64 characters.
+pub(crate) fn is_identifier(text: &str) -> bool {
+    let mut bytes = text.bytes();
+    text.len() <= MAX_IDENTIFIER_LENGTH
+        && bytes.next().is_some_and(|first| first.is_ascii_lowercase() || first.is_ascii_digit())
+        && bytes.all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_' || byte == b'-')
+}
+
+/// The closest candidate to `word`, when it is close enough to be a typo.
+pub(crate) fn did_you_mean<'c>(word: &str, candidates: &[&'c str]) -> Option<&'c str> {
+    let length = word.chars().count();
+    if length > MAX_IDENTIFIER_LENGTH {
+        return None;
+    }
+    let threshold = (length / 3).max(1);
+    candidates
+        .iter()
+        .filter(|candidate| candidate.len().abs_diff(word.len()) <= threshold * 4)
+        .map(|candidate| (edit_distance(word, candidate), *candidate))
+        .filter(|(distance, _)| *distance <= threshold)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, candidate)| candidate)
+}
+
+/// ` (did you mean 'x'?)` or nothing.
+pub(crate) fn suggestion(word: &str, candidates: &[&str]) -> String {
+    did_you_mean(word, candidates).map(|close| format!(" (did you mean '{close}'?)")).unwrap_or_default()
+}
+
+/// Suggestions against long, document-sized candidate lists (step ids,
+/// agents), with a budget of comparisons per document so that many unknown
+/// references cannot make validation quadratic.
+pub(crate) struct Suggester {
+    comparisons_left: usize,
+}
+
+impl Suggester {
+    pub(crate) fn new() -> Self {
+        Self { comparisons_left: 200_000 }
+    }
+
+    pub(crate) fn suggest(&mut self, word: &str, candidates: &[&str]) -> String {
+        if candidates.len() > self.comparisons_left {
+            self.comparisons_left = 0;
+            return String::new();
+        }
+        self.comparisons_left -= candidates.len();
+        suggestion(word, candidates)
+    }
+}
+
+/// Optimal string alignment distance: edits plus adjacent transpositions.
+fn edit_distance(left: &str, right: &str) -> usize {
+    let left: Vec<char> = left.chars().collect();
+    let right: Vec<char> = right.chars().collect();
+    let width = right.len() + 1;
+    let mut table = vec![0usize; (left.len() + 1) * width];
+    for (row, cell) in table.iter_mut().step_by(width).enumerate() {
+        *cell = row;
+    }
+    for (column, cell) in table.iter_mut().take(width).enumerate() {
+        *cell = column;
+    }
+    for row in 1..=left.len() {
+        for column in 1..=right.len() {
+            let cost = usize::from(left[row - 1] != right[column - 1]);
+            let mut best = (table[(row - 1) * width + column] + 1)
+                .min(table[row * width + column - 1] + 1)
+                .min(table[(row - 1) * width + column - 1] + cost);
+            if row > 1 && column > 1 && left[row - 1] == right[column - 2] && left[row - 2] == right[column - 1] {
+                best = best.min(table[(row - 2) * width + column - 2] + 1);
+            }
+            table[row * width + column] = best;
+        }
+    }
+    table[left.len() * width + right.len()]
+}
+
+const CRON_MACROS: [&str; 8] =
+    ["@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly", "@reboot"];
+const MONTH_NAMES: [&str; 12] = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"];
+const DAY_NAMES: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
+
+/// Checks a five-field cron expression (minute hour day-of-month month
+/// day-of-week) or a macro such as `@daily`; the error says which field is
+/// wrong and why.
+pub(crate) fn check_cron(expression: &str) -> Result<(), String> {
+    let expression = expression.trim();
+    if expression.starts_with('@') {
+        return if CRON_MACROS.contains(&expression) {
+            Ok(())
+        } else {
+            Err(format!("unknown cron macro '{expression}'{}", suggestion(expression, &CRON_MACROS)))
+        };
+    }
+    let fields: Vec<&str> = expression.split_whitespace().collect();
+    if fields.len() != 5 {
+        return Err(format!(
+            "a cron expression has 5 fields (minute hour day-of-month month day-of-week), found {}",
+            fields.len()
+        ));
+    }
+    let specs: [(&str, u32, u32, &[&str], u32); 5] = [
+        ("minute", 0, 59, &[], 0),
+        ("hour", 0, 23, &[], 0),
+        ("day-of-month", 1, 31, &[], 0),
+        ("month", 1, 12, &MONTH_NAMES, 1),
+        ("day-of-week", 0, 7, &DAY_NAMES, 0),
+    ];
+    for (field, (name, low, high, names, name_base)) in fields.iter().zip(specs) {
+        check_cron_field(field, low, high, names, name_base)
+            .map_err(|reason| format!("cron field {name} '{field}': {reason}"))?;
+    }
+    Ok(())
+}
+
+fn check_cron_field(field: &str, low: u32, high: u32, names: &[&str], name_base: u32) -> Result<(), String> {
+    let value = |text: &str| -> Result<u32, String> {
+        let lowered = text.to_ascii_lowercase();
+        if let Some(index) = names.iter().position(|name| *name == lowered) {
+            return Ok(u32::try_from(index).unwrap_or(0) + name_base);
+        }
+        let number: u32 = text.parse().map_err(|_| format!("'{text}' is not a number"))?;
+        if number < low || number > high {
+            return Err(format!("{number} is outside {low}-{high}"));
+        }
+        Ok(number)
+    };
+    for part in field.split(',') {
+        let (range, step) = match part.split_once('/') {
+            Some((range, step)) => (range, Some(step)),
+            None => (part, None),
+        };
+        if let Some(step) = step {
+            let step: u32 = step.parse().map_err(|_| format!("step '{step}' is not a number"))?;
+            if step == 0 {
+                return Err("a step of 0 never fires".to_owned());
+            }
+        }
+        if range == "*" {
+            continue;
+        }
+        match range.split_once('-') {
+            Some((start, end)) => {
+                let (start, end) = (value(start)?, value(end)?);
+                if start > end {
+                    return Err(format!("range {start}-{end} is backwards"));
+                }
+            }
+            None if range.is_empty() => return Err("empty value".to_owned()),
+            None => {
+                value(range)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks an RFC 3339 date-time such as `2026-12-01T09:00:00Z`.
+pub(crate) fn check_rfc3339(text: &str) -> Result<(), String> {
+    let bytes = text.as_bytes();
+    let digits = |range: std::ops::Range<usize>| -> Option<u32> {
+        let slice = bytes.get(range)?;
+        slice
+            .iter()
+            .all(u8::is_ascii_digit)
+            .then(|| slice.iter().fold(0, |sum, digit| sum * 10 + u32::from(digit - b'0')))
+    };
+    let shape = "expected an RFC 3339 time such as 2026-12-01T09:00:00Z";
+    let (Some(year), Some(month), Some(day), Some(hour), Some(minute), Some(second)) =
+        (digits(0..4), digits(5..7), digits(8..10), digits(11..13), digits(14..16), digits(17..19))
+    else {
+        return Err(shape.to_owned());
+    };
+    if bytes.get(4) != Some(&b'-')
+        || bytes.get(7) != Some(&b'-')
+        || !matches!(bytes.get(10), Some(b'T' | b't' | b' '))
+        || bytes.get(13) != Some(&b':')
+        || bytes.get(16) != Some(&b':')
+    {
+        return Err(shape.to_owned());
+    }
+    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+    let days_in_month = match month {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return Err(format!("month {month} does not exist")),
+    };
+    if day == 0 || day > days_in_month {
+        return Err(format!("day {day} does not exist in month {month} of {year}"));
+    }
+    if hour > 23 || minute > 59 || second > 60 {
+        return Err(format!("time {hour:02}:{minute:02}:{second:02} does not exist"));
+    }
+    let mut rest = &text[19..];
+    if let Some(fraction) = rest.strip_prefix('.') {
+        let length = fraction.bytes().take_while(u8::is_ascii_digit).count();
+        if length == 0 {
+            return Err(shape.to_owned());
+        }
+        rest = &fraction[length..];
+    }
+    let offset_ok = match rest {
+        "Z" | "z" => true,
+        offset if offset.len() == 6 && (offset.starts_with('+') || offset.starts_with('-')) => {
+            let offset = offset.as_bytes();
+            offset[3] == b':'
+                && offset[1..3].iter().chain(&offset[4..6]).all(u8::is_ascii_digit)
+                && (offset[1] - b'0') * 10 + (offset[2] - b'0') < 24
+                && (offset[4] - b'0') * 10 + (offset[5] - b'0') < 60
+        }
+        _ => false,
+    };
+    if offset_ok { Ok(()) } else { Err(format!("{shape} (with a time zone: Z or +HH:MM)")) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers() {
+        assert!(is_identifier("research-2_a"));
+        assert!(!is_identifier("Research"));
+        assert!(!is_identifier("-x"));
+        assert!(!is_identifier(""));
+        assert!(!is_identifier(&"a".repeat(65)));
+    }
+
+    #[test]
+    fn cron_expressions() {
+        assert_eq!(check_cron("0 9 * * 1-5"), Ok(()));
+        assert_eq!(check_cron("*/30 9,17 1 jan-dec MON-FRI"), Ok(()));
+        assert_eq!(check_cron("@daily"), Ok(()));
+        assert_eq!(check_cron("0 24 * * *"), Err("cron field hour '24': 24 is outside 0-23".to_owned()));
+        assert!(check_cron("0 9 * *").unwrap_err().contains("found 4"));
+        assert!(check_cron("@dayly").unwrap_err().contains("did you mean '@daily'"));
+        assert!(check_cron("*/0 * * * *").is_err());
+        assert!(check_cron("5-1 * * * *").unwrap_err().contains("backwards"));
+    }
+
+    #[test]
+    fn rfc3339_times() {
+        assert_eq!(check_rfc3339("2026-12-01T00:00:00Z"), Ok(()));
+        assert_eq!(check_rfc3339("2024-02-29T23:59:59.123+02:00"), Ok(()));
+        assert!(check_rfc3339("2026-02-29T00:00:00Z").is_err());
+        assert!(check_rfc3339("2026-12-01").is_err());
+        assert!(check_rfc3339("2026-12-01T00:00:00").is_err());
+        assert!(check_rfc3339("2026-13-01T00:00:00Z").is_err());
+        assert!(check_rfc3339("2026-12-01T00:00:00+2:00").is_err());
+    }
+
+    #[test]
+    fn suggestions() {
+        assert_eq!(did_you_mean("depend_on", &["depends_on", "description"]), Some("depends_on"));
+        assert_eq!(did_you_mean("zzzzzz", &["depends_on"]), None);
+    }
+}

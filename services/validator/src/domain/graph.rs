@@ -1,0 +1,137 @@
+//! Dependency rules: unknown references, cycles (named in full) and steps that
+//! can never run because they wait on a cycle.
+
+use std::collections::HashMap;
+
+use super::diagnostic::{Diagnostics, Position};
+
+/// One `depends_on` entry as written.
+pub(crate) struct Dependency {
+    pub(crate) target: String,
+    pub(crate) path: String,
+    pub(crate) at: Position,
+}
+
+/// A step as the graph rules see it.
+pub(crate) struct GraphStep {
+    pub(crate) id: String,
+    pub(crate) path: String,
+    pub(crate) at: Position,
+    pub(crate) depends_on: Vec<Dependency>,
+}
+
+/// Reports unknown references (DEP001), self references (DEP004), each cycle
+/// once (DEP002) and steps downstream of a cycle (DEP003).
+pub(crate) fn check_dependencies(steps: &[GraphStep], diagnostics: &mut Diagnostics) {
+    let mut index_of: HashMap<&str, usize> = HashMap::with_capacity(steps.len());
+    for (index, step) in steps.iter().enumerate() {
+        index_of.entry(step.id.as_str()).or_insert(index);
+    }
+    let ids: Vec<&str> = steps.iter().map(|step| step.id.as_str()).collect();
+    let mut edges: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
+    let mut suggester = super::formats::Suggester::new();
+    for (index, step) in steps.iter().enumerate() {
+        for dependency in &step.depends_on {
+            match index_of.get(dependency.target.as_str()) {
+                Some(&target) if target == index => diagnostics.error(
+                    "DEP004",
+                    &dependency.path,
+                    dependency.at,
+                    format!("step '{}' depends on itself", step.id),
+                ),
+                Some(&target) => edges[index].push(target),
+                None => diagnostics.error(
+                    "DEP001",
+                    &dependency.path,
+                    dependency.at,
+                    format!(
+                        "step '{}' depends on unknown step '{}'{}",
+                        step.id,
+                        dependency.target,
+                        suggester.suggest(&dependency.target, &ids)
+                    ),
+                ),
+            }
+        }
+    }
+
+    // Iterative depth-first search; colours: 0 new, 1 on the path, 2 done.
+    let mut colour = vec![0u8; steps.len()];
+    let mut in_cycle = vec![false; steps.len()];
+    for start in 0..steps.len() {
+        if colour[start] != 0 {
+            continue;
+        }
+        let mut path: Vec<(usize, usize)> = vec![(start, 0)];
+        colour[start] = 1;
+        while let Some(&mut (node, ref mut next)) = path.last_mut() {
+            if let Some(&target) = edges[node].get(*next) {
+                *next += 1;
+                match colour[target] {
+                    0 => {
+                        colour[target] = 1;
+                        path.push((target, 0));
+                    }
+                    1 => {
+                        let from = path.iter().position(|(member, _)| *member == target).unwrap_or(0);
+                        let members: Vec<usize> = path[from..].iter().map(|(member, _)| *member).collect();
+                        report_cycle(steps, &members, diagnostics);
+                        for member in members {
+                            in_cycle[member] = true;
+                        }
+                    }
+                    _ => {}
+                }
+            } else {
+                colour[node] = 2;
+                path.pop();
+            }
+        }
+    }
+
+    // Steps that wait, directly or not, on a step of a cycle never run.
+    let mut dependants: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
+    for (index, targets) in edges.iter().enumerate() {
+        for target in targets {
+            dependants[*target].push(index);
+        }
+    }
+    let mut blocked = in_cycle.clone();
+    let mut queue: Vec<usize> = (0..steps.len()).filter(|index| in_cycle[*index]).collect();
+    while let Some(node) = queue.pop() {
+        for dependant in &dependants[node] {
+            if !blocked[*dependant] {
+                blocked[*dependant] = true;
+                queue.push(*dependant);
+            }
+        }
+    }
+    for (index, step) in steps.iter().enumerate() {
+        if blocked[index] && !in_cycle[index] {
+            diagnostics.warning(
+                "DEP003",
+                &step.path,
+                step.at,
+                format!("step '{}' can never run: it waits on a dependency cycle", step.id),
+            );
+        }
+    }
+}
+
+/// Reports a cycle at the step of the cycle that comes first in the source,
+/// as `a -> b -> c -> a` where `->` reads "depends on".
+fn report_cycle(steps: &[GraphStep], members: &[usize], diagnostics: &mut Diagnostics) {
+    let Some(first) = members.iter().enumerate().min_by_key(|(_, member)| **member).map(|(offset, _)| offset) else {
+        return;
+    };
+    let mut names: Vec<&str> =
+        members[first..].iter().chain(&members[..first]).map(|member| steps[*member].id.as_str()).collect();
+    names.push(steps[members[first]].id.as_str());
+    let step = &steps[members[first]];
+    diagnostics.error(
+        "DEP002",
+        &step.path,
+        step.at,
+        format!("dependency cycle: {} (each step depends on the next)", names.join(" -> ")),
+    );
+}

@@ -1,0 +1,192 @@
+//! Markdown role files (seed 003): a `# Title` heading names the role; `##`
+//! sections Mission, Goals, Context Files, Tools, Schedule, Inbox and User
+//! Preferences describe it. Lists are `-`, `*` or `+` bullets.
+
+use super::diagnostic::{Diagnostics, Position};
+use super::formats::suggestion;
+use super::role::{
+    ReadRole, RoleDefinition, check_context_file, check_inbox, check_role_name, check_schedule, warn_duplicates,
+};
+use super::yaml::Limits;
+
+const SECTIONS: [&str; 7] = ["Mission", "Goals", "Context Files", "Tools", "Schedule", "Inbox", "User Preferences"];
+const LIST_SECTIONS: [&str; 3] = ["Goals", "Context Files", "Tools"];
+
+struct Line<'a> {
+    number: u32,
+    text: &'a str,
+}
+
+struct Section<'a> {
+    name: &'a str,
+    heading: Position,
+    lines: Vec<Line<'a>>,
+}
+
+/// Reads a Markdown role file; `None` when it has no usable title.
+pub(crate) fn check_markdown_role(
+    source: &str,
+    limits: &Limits,
+    diagnostics: &mut Diagnostics,
+) -> Option<(ReadRole, Position)> {
+    let first = Position { line: 1, column: 1 };
+    if source.len() > limits.max_document_bytes {
+        diagnostics.error(
+            "YAML002",
+            "",
+            first,
+            format!(
+                "the document is {} bytes, more than the limit of {} bytes",
+                source.len(),
+                limits.max_document_bytes
+            ),
+        );
+        return None;
+    }
+    let mut titles: Vec<(&str, Position)> = Vec::new();
+    let mut sections: Vec<Section<'_>> = Vec::new();
+    let mut in_fence = false;
+    for (index, text) in source.lines().enumerate() {
+        let number = u32::try_from(index + 1).unwrap_or(u32::MAX);
+        let trimmed = text.trim_start();
+        if trimmed.starts_with("```") || trimmed.starts_with("~~~") {
+            in_fence = !in_fence;
+        }
+        if !in_fence {
+            if let Some(title) = text.strip_prefix("# ") {
+                if sections.is_empty() {
+                    titles.push((title.trim(), Position { line: number, column: 3 }));
+                    continue;
+                }
+            } else if let Some(name) = text.strip_prefix("## ") {
+                sections.push(Section {
+                    name: name.trim(),
+                    heading: Position { line: number, column: 4 },
+                    lines: Vec::new(),
+                });
+                continue;
+            }
+        }
+        if let Some(section) = sections.last_mut() {
+            section.lines.push(Line { number, text });
+        }
+    }
+
+    // A leading `# roles/x.md` names the file (seed 003 writes one); the title
+    // is the last `#` heading before the first section.
+    let real_titles: Vec<&(&str, Position)> =
+        titles.iter().filter(|(title, _)| !(title.ends_with(".md") || title.contains('/'))).collect();
+    let Some(&&(name, name_at)) = real_titles.last() else {
+        diagnostics.error("MD001", "", first, "the role file has no '# Title' heading naming the role");
+        return None;
+    };
+    if real_titles.len() > 1 {
+        diagnostics.warning(
+            "MD002",
+            "",
+            name_at,
+            format!("several '# ' titles; the role is named by the last one, '{name}'"),
+        );
+    }
+    check_role_name(name, "name", name_at, diagnostics);
+
+    let mut role = RoleDefinition { name: name.to_owned(), ..RoleDefinition::default() };
+    let mut tools: Vec<(String, String, Position)> = Vec::new();
+    let mut seen: Vec<&str> = Vec::new();
+    for section in &sections {
+        let path = section.name.to_owned();
+        let Some(&canonical) = SECTIONS.iter().find(|known| known.eq_ignore_ascii_case(section.name)) else {
+            diagnostics.warning(
+                "MD003",
+                &path,
+                section.heading,
+                format!("unknown section '{}'{}", section.name, suggestion(section.name, &SECTIONS)),
+            );
+            continue;
+        };
+        if seen.contains(&canonical) {
+            diagnostics.error("MD004", &path, section.heading, format!("section '{canonical}' appears twice"));
+            continue;
+        }
+        seen.push(canonical);
+        let content: Vec<&Line<'_>> = section.lines.iter().filter(|line| !line.text.trim().is_empty()).collect();
+        if content.is_empty() {
+            diagnostics.warning("MD006", &path, section.heading, format!("section '{canonical}' is empty"));
+            continue;
+        }
+        if LIST_SECTIONS.contains(&canonical) {
+            let items = list_items(canonical, &content, diagnostics);
+            match canonical {
+                "Goals" => role.goals = items.into_iter().map(|(item, _)| item.to_owned()).collect(),
+                "Context Files" => {
+                    for (index, (file, at)) in items.iter().enumerate() {
+                        check_context_file(file, &format!("Context Files[{index}]"), *at, diagnostics);
+                    }
+                    role.context_files = items.into_iter().map(|(item, _)| item.to_owned()).collect();
+                }
+                _ => {
+                    tools = items
+                        .into_iter()
+                        .enumerate()
+                        .map(|(index, (tool, at))| (tool.to_owned(), format!("Tools[{index}]"), at))
+                        .collect();
+                    warn_duplicates(&tools, diagnostics);
+                }
+            }
+            continue;
+        }
+        let text = content.iter().map(|line| line.text.trim()).collect::<Vec<_>>().join("\n");
+        let at = Position {
+            line: content[0].number,
+            column: u32::try_from(
+                content[0].text[..content[0].text.len() - content[0].text.trim_start().len()].chars().count() + 1,
+            )
+            .unwrap_or(1),
+        };
+        match canonical {
+            "Mission" => role.mission = text,
+            "Schedule" => {
+                check_schedule(&text, &path, at, diagnostics);
+                role.schedule = Some(text);
+            }
+            "Inbox" => {
+                check_inbox(&text, &path, at, diagnostics);
+                role.inbox = Some(text);
+            }
+            _ => role.user_preferences = text,
+        }
+    }
+    if !seen.contains(&"Mission") {
+        diagnostics.error("MD005", "", name_at, format!("role '{name}' has no '## Mission' section"));
+    }
+    role.tools = tools.iter().map(|(tool, _, _)| tool.clone()).collect();
+    Some(((role, tools), name_at))
+}
+
+/// The bullet items of a list section, with the position of each item's text;
+/// other lines draw a warning.
+fn list_items<'a>(section: &str, lines: &[&Line<'a>], diagnostics: &mut Diagnostics) -> Vec<(&'a str, Position)> {
+    let mut items = Vec::with_capacity(lines.len());
+    for line in lines {
+        let indent = line.text.len() - line.text.trim_start().len();
+        let rest = line.text.trim_start();
+        let item = ["- ", "* ", "+ "].iter().find_map(|bullet| rest.strip_prefix(bullet));
+        match item {
+            Some(item) if !item.trim().is_empty() => {
+                let offset = line.text.len() - item.trim_start().len();
+                let column = u32::try_from(line.text[..offset].chars().count() + 1).unwrap_or(1);
+                items.push((item.trim(), Position { line: line.number, column }));
+            }
+            _ => diagnostics.warning(
+                "MD007",
+                section,
+                Position {
+                    line: line.number,
+                    column: u32::try_from(line.text[..indent].chars().count() + 1).unwrap_or(1),
+                },
+                format!("section '{section}' is a list: write each entry as '- entry'"),
+            ),
+        }
+    }
+    items
+}

@@ -1,0 +1,144 @@
+//! The typed process model the execution service runs, and the context the
+//! caller may pass for reference checks.
+
+/// A process definition that passed validation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessDefinition {
+    /// The process name (`[a-z0-9][a-z0-9_-]*`, up to 64 characters).
+    pub name: String,
+    /// Free text; empty when not given.
+    pub description: String,
+    /// The execution's lead agent (seed 002), if the process names one.
+    pub lead: Option<String>,
+    /// Most steps running at once, if the process limits it.
+    pub max_parallel: Option<u32>,
+    /// The steps, in source order.
+    pub steps: Vec<StepDefinition>,
+}
+
+/// What starts a process on its own (seed 003).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Triggers {
+    /// A five-field cron expression (or `@daily`-style macro), in UTC.
+    pub schedule: Option<String>,
+    /// The inbox whose messages start a run.
+    pub inbox: Option<String>,
+}
+
+/// One step of a process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepDefinition {
+    /// Unique id within the process.
+    pub id: String,
+    /// Human name: `name`, else `title`, else the id.
+    pub name: String,
+    /// `agent_task`, `human_approval` or `tool_call`.
+    pub step_type: String,
+    /// The step's `agent`, if given.
+    pub agent: Option<String>,
+    /// The instruction for the executor; empty when not given.
+    pub message: String,
+    /// Ids of the steps this one waits for.
+    pub depends_on: Vec<String>,
+    /// The EMI roles (seed 000), if given.
+    pub roles: Option<StepRoles>,
+    /// The step's inputs as JSON object text; `{}` when none.
+    pub inputs_json: String,
+    /// Seconds before an attempt times out, if limited.
+    pub timeout_seconds: Option<u64>,
+    /// Extra attempts after a failure (0 to 10).
+    pub retries: u32,
+    /// Whether dependants still run when this step fails.
+    pub continue_on_failure: bool,
+    /// The tool a `tool_call` step invokes.
+    pub tool: Option<String>,
+    /// Delegation criteria, when the step asks the roster for an executor.
+    pub delegate: Option<DelegationRequest>,
+    /// The seed 002 action the step performs (`code`, `review`, ...), if declared.
+    pub action: Option<String>,
+}
+
+impl StepDefinition {
+    /// The named executor: `roles.executor`, else `agent`.
+    pub fn executor(&self) -> Option<&str> {
+        self.roles.as_ref().map(|roles| roles.executor.as_str()).or(self.agent.as_deref())
+    }
+}
+
+/// The Executor / Monitor / Informed roles of a step (seed 000).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepRoles {
+    /// The one agent that performs the step.
+    pub executor: String,
+    /// Agents that own the outcome and may intervene.
+    pub monitors: Vec<String>,
+    /// Agents told when the step completes or fails.
+    pub informed: Vec<String>,
+}
+
+/// What a step asks of the roster's `Delegate` when it names no executor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DelegationRequest {
+    /// The role the executor must hold.
+    pub role: Option<String>,
+    /// Expertise the executor should have.
+    pub expertise: Vec<String>,
+    /// The team to prefer.
+    pub team: Option<String>,
+    /// `low`, `normal`, `high` or `critical`.
+    pub urgency: Option<String>,
+    /// An RFC 3339 time by which the work is due.
+    pub deadline: Option<String>,
+}
+
+/// What the caller knows of the world. A `None` list skips the rules that
+/// need it; they are never guessed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Context {
+    /// Every known agent; other agent names are errors.
+    pub agents: Option<Vec<KnownAgent>>,
+    /// Every known role with its permissions.
+    pub roles: Option<Vec<KnownRole>>,
+    /// Every registered tool name.
+    pub tools: Option<Vec<String>>,
+}
+
+/// An agent of the roster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnownAgent {
+    /// The agent's id.
+    pub id: String,
+    /// The agent's role name, if any.
+    pub role: Option<String>,
+    /// True when the agent is offline (references draw a warning).
+    pub offline: bool,
+}
+
+/// A role with what it may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KnownRole {
+    /// The role's name.
+    pub name: String,
+    /// Tools the role may use (seed 001).
+    pub permitted_tools: Vec<String>,
+    /// Actions the role may perform (seed 002).
+    pub permitted_actions: Vec<String>,
+}
+
+/// The outcome of [`crate::validate_process`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessReport {
+    /// Every finding, in source order.
+    pub diagnostics: Vec<super::Diagnostic>,
+    /// The typed process, when no diagnostic is an error.
+    pub process: Option<ProcessDefinition>,
+    /// The process's triggers (seed 003), when it declares valid ones.
+    pub triggers: Option<Triggers>,
+}
+
+impl ProcessReport {
+    /// True when no diagnostic is an error.
+    pub fn is_valid(&self) -> bool {
+        !self.diagnostics.iter().any(super::Diagnostic::is_error)
+    }
+}

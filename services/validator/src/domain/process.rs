@@ -1,0 +1,497 @@
+//! Process rules: the document's schema, each step's fields by type, the EMI
+//! roles, delegation requests, triggers, dependencies and, with a context,
+//! references. Builds the typed [`ProcessDefinition`] when nothing is wrong.
+
+use std::collections::HashMap;
+
+use super::diagnostic::{Diagnostics, Position, child_path, index_path};
+use super::emi::check_step_roles;
+use super::fields::{bool_field, check_keys, integer_field, string_field, string_list_field};
+use super::formats::{check_cron, check_rfc3339, is_identifier, suggestion};
+use super::graph::{Dependency, GraphStep, check_dependencies};
+use super::model::{Context, DelegationRequest, ProcessDefinition, ProcessReport, StepDefinition, Triggers};
+use super::references::{StepReferences, WrittenNames, check_references};
+use super::yaml::{Limits, Node, parse};
+
+const PROCESS_FIELDS: [&str; 7] = ["name", "description", "lead", "max_parallel", "triggers", "steps", "version"];
+const STEP_FIELDS: [&str; 17] = [
+    "id",
+    "name",
+    "title",
+    "description",
+    "type",
+    "agent",
+    "message",
+    "depends_on",
+    "inputs",
+    "timeout_seconds",
+    "retries",
+    "continue_on_failure",
+    "tool",
+    "action",
+    "delegate",
+    "roles",
+    "approvers",
+];
+/// The step types the execution service runs.
+pub const STEP_TYPES: [&str; 3] = ["agent_task", "human_approval", "tool_call"];
+const TRIGGER_FIELDS: [&str; 2] = ["schedule", "inbox"];
+const DELEGATE_FIELDS: [&str; 5] = ["role", "expertise", "team", "urgency", "deadline"];
+const URGENCIES: [&str; 4] = ["low", "normal", "high", "critical"];
+/// Most retries a step may ask for.
+pub const MAX_RETRIES: i64 = 10;
+
+/// What could be read of a process even when it is invalid.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Summary {
+    /// The `name`, when it is a string.
+    pub(crate) name: Option<String>,
+    /// The number of entries in `steps`, when it is a list.
+    pub(crate) step_count: usize,
+}
+
+/// Validates a process YAML document with the given limits.
+pub(crate) fn check_process(source: &str, context: &Context, limits: &Limits) -> ProcessReport {
+    check_process_with_summary(source, context, limits).0
+}
+
+/// [`check_process`], with what could be read of an invalid process.
+pub(crate) fn check_process_with_summary(
+    source: &str,
+    context: &Context,
+    limits: &Limits,
+) -> (ProcessReport, Summary) {
+    let parsed = parse(source, limits);
+    let mut diagnostics = Diagnostics::default();
+    for diagnostic in parsed.diagnostics {
+        diagnostics.push_diagnostic(diagnostic);
+    }
+    let Some(document) = parsed.document else {
+        let report = ProcessReport { diagnostics: diagnostics.into_sorted(), process: None, triggers: None };
+        return (report, Summary::default());
+    };
+    let root = document.root();
+    let summary = Summary {
+        name: root.get("name").and_then(|name| name.as_str()).map(str::to_owned),
+        step_count: root.get("steps").and_then(|steps| steps.sequence()).map_or(0, |steps| steps.len()),
+    };
+    let (process, triggers) = check_root(root, context, limits, &mut diagnostics);
+    let valid = !diagnostics.has_errors();
+    let report = ProcessReport {
+        diagnostics: diagnostics.into_sorted(),
+        process: process.filter(|_| valid),
+        triggers: triggers.filter(|_| valid),
+    };
+    (report, summary)
+}
+
+fn check_root(
+    root: Node<'_>,
+    context: &Context,
+    limits: &Limits,
+    diagnostics: &mut Diagnostics,
+) -> (Option<ProcessDefinition>, Option<Triggers>) {
+    if !root.is_mapping() {
+        diagnostics.error(
+            "PRC001",
+            "",
+            root.position(),
+            format!("a process must be a mapping with 'name' and 'steps', found {}", root.type_name()),
+        );
+        return (None, None);
+    }
+    check_keys(root, "", &PROCESS_FIELDS, "PRC005", "PRC003", "the process", diagnostics);
+
+    let name = match string_field(root, "name", "", "PRC003", diagnostics) {
+        Some((node, name)) => {
+            if !is_identifier(name) {
+                diagnostics.error(
+                    "PRC004",
+                    "name",
+                    node.position(),
+                    format!("process name '{name}' must match [a-z0-9][a-z0-9_-]* and be at most 64 characters"),
+                );
+            }
+            Some(name.to_owned())
+        }
+        None => {
+            if root.get("name").is_none() {
+                diagnostics.error("PRC002", "", root.position(), "the process has no 'name'");
+            }
+            None
+        }
+    };
+    let description = string_field(root, "description", "", "PRC003", diagnostics).map(|(_, text)| text.to_owned());
+    let lead = string_field(root, "lead", "", "PRC003", diagnostics).map(|(node, text)| (node.position(), text));
+    let max_parallel = integer_field(root, "max_parallel", "", ("PRC003", "PRC008"), (1, 100_000), diagnostics);
+    let triggers = root.get("triggers").and_then(|node| check_triggers(node, diagnostics));
+
+    let steps_node = root.get("steps");
+    let Some(steps_node) = steps_node else {
+        diagnostics.error("PRC002", "", root.position(), "the process has no 'steps'");
+        return (None, triggers);
+    };
+    let Some(step_nodes) = steps_node.sequence() else {
+        diagnostics.error(
+            "PRC003",
+            "steps",
+            steps_node.position(),
+            format!("field 'steps' must be a list of steps, found {}", steps_node.type_name()),
+        );
+        return (None, triggers);
+    };
+    if step_nodes.len() == 0 {
+        diagnostics.error("PRC006", "steps", steps_node.position(), "a process needs at least one step");
+    }
+    if step_nodes.len() > limits.max_steps {
+        diagnostics.error(
+            "PRC007",
+            "steps",
+            steps_node.position(),
+            format!("the process has {} steps, more than the limit of {}", step_nodes.len(), limits.max_steps),
+        );
+        return (None, triggers);
+    }
+
+    let mut steps = Vec::with_capacity(step_nodes.len());
+    let mut graph = Vec::with_capacity(step_nodes.len());
+    let collect_references = context.agents.is_some() || context.roles.is_some() || context.tools.is_some();
+    let mut references = Vec::new();
+    let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(step_nodes.len());
+    for (index, step_node) in step_nodes.enumerate() {
+        let path = index_path("steps", index);
+        let Some(checked) = check_step(step_node, &path, collect_references, diagnostics) else { continue };
+        if let Some((id_node, id)) = checked.id {
+            if let Some(previous) = first_seen.insert(id, index) {
+                diagnostics.error(
+                    "STP004",
+                    &child_path(&path, "id"),
+                    id_node.position(),
+                    format!("step id '{id}' is already used by steps[{previous}]"),
+                );
+            }
+            graph.push(GraphStep {
+                id: id.to_owned(),
+                path: path.clone(),
+                at: step_node.position(),
+                depends_on: checked.dependencies,
+            });
+        }
+        references.extend(checked.references);
+        steps.push(checked.definition);
+    }
+    check_dependencies(&graph, diagnostics);
+    check_references(context, lead, &references, diagnostics);
+
+    let process = name.map(|name| ProcessDefinition {
+        name,
+        description: description.unwrap_or_default(),
+        lead: lead.map(|(_, lead)| lead.to_owned()),
+        max_parallel: max_parallel.and_then(|value| u32::try_from(value).ok()),
+        steps: steps.into_iter().flatten().collect(),
+    });
+    (process, triggers)
+}
+
+fn check_triggers(node: Node<'_>, diagnostics: &mut Diagnostics) -> Option<Triggers> {
+    if !node.is_mapping() {
+        diagnostics.error(
+            "TRG001",
+            "triggers",
+            node.position(),
+            format!("field 'triggers' must be a mapping, found {}", node.type_name()),
+        );
+        return None;
+    }
+    check_keys(node, "triggers", &TRIGGER_FIELDS, "TRG004", "TRG001", "triggers", diagnostics);
+    let schedule = string_field(node, "schedule", "triggers", "TRG001", diagnostics).and_then(|(value, text)| {
+        match check_cron(text) {
+            Ok(()) => Some(text.to_owned()),
+            Err(reason) => {
+                diagnostics.error(
+                    "TRG002",
+                    "triggers.schedule",
+                    value.position(),
+                    format!("invalid schedule: {reason}"),
+                );
+                None
+            }
+        }
+    });
+    let inbox = string_field(node, "inbox", "triggers", "TRG001", diagnostics).and_then(|(value, text)| {
+        if is_identifier(text) {
+            Some(text.to_owned())
+        } else {
+            diagnostics.error(
+                "TRG003",
+                "triggers.inbox",
+                value.position(),
+                format!("inbox name '{text}' must match [a-z0-9][a-z0-9_-]* and be at most 64 characters"),
+            );
+            None
+        }
+    });
+    Some(Triggers { schedule, inbox })
+}
+
+struct CheckedStep<'a> {
+    id: Option<(Node<'a>, &'a str)>,
+    dependencies: Vec<Dependency>,
+    /// None when the context has nothing to check references against.
+    references: Option<StepReferences<'a>>,
+    /// None when the step has an error.
+    definition: Option<StepDefinition>,
+}
+
+fn check_step<'a>(
+    step: Node<'a>,
+    path: &str,
+    collect_references: bool,
+    diagnostics: &mut Diagnostics,
+) -> Option<CheckedStep<'a>> {
+    if !step.is_mapping() {
+        diagnostics.error(
+            "STP001",
+            path,
+            step.position(),
+            format!("a step must be a mapping with 'id' and 'type', found {}", step.type_name()),
+        );
+        return None;
+    }
+    let errors_before = diagnostics.error_count();
+    check_keys(step, path, &STEP_FIELDS, "STP008", "STP009", "a step", diagnostics);
+
+    let id = string_field(step, "id", path, "STP009", diagnostics);
+    match id {
+        Some((node, text)) if !is_identifier(text) => diagnostics.error(
+            "STP003",
+            &child_path(path, "id"),
+            node.position(),
+            format!("step id '{text}' must match [a-z0-9][a-z0-9_-]* and be at most 64 characters"),
+        ),
+        None if step.get("id").is_none() => diagnostics.error("STP002", path, step.position(), "the step has no 'id'"),
+        _ => {}
+    }
+    let label = id.map_or_else(|| path.to_owned(), |(_, text)| format!("step '{text}'"));
+
+    let step_type = string_field(step, "type", path, "STP009", diagnostics).map(|(node, text)| {
+        if !STEP_TYPES.contains(&text) {
+            diagnostics.error(
+                "STP006",
+                &child_path(path, "type"),
+                node.position(),
+                format!(
+                    "unknown step type '{text}'{}; known types are {}",
+                    suggestion(text, &STEP_TYPES),
+                    STEP_TYPES.join(", ")
+                ),
+            );
+        }
+        text
+    });
+    if step.get("type").is_none() {
+        diagnostics.error("STP005", path, step.position(), format!("{label} has no 'type'"));
+    }
+    let step_type = step_type.unwrap_or_default();
+
+    let name = string_field(step, "name", path, "STP009", diagnostics)
+        .or_else(|| string_field(step, "title", path, "STP009", diagnostics))
+        .map(|(_, text)| text.to_owned());
+    string_field(step, "description", path, "STP009", diagnostics);
+    let agent = string_field(step, "agent", path, "STP009", diagnostics);
+    let message = string_field(step, "message", path, "STP009", diagnostics);
+    let tool = string_field(step, "tool", path, "STP009", diagnostics);
+    let action = string_field(step, "action", path, "STP009", diagnostics);
+    if let Some((node, text)) = action {
+        let well_formed = text.bytes().next().is_some_and(|first| first.is_ascii_lowercase())
+            && text.bytes().all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_');
+        if !well_formed {
+            diagnostics.error(
+                "STP014",
+                &child_path(path, "action"),
+                node.position(),
+                format!("action '{text}' must match [a-z][a-z0-9_]* (such as 'code' or 'request_review')"),
+            );
+        }
+    }
+    let timeout = integer_field(step, "timeout_seconds", path, ("STP009", "STP010"), (1, 31_536_000), diagnostics);
+    let retries = integer_field(step, "retries", path, ("STP009", "STP011"), (0, MAX_RETRIES), diagnostics);
+    let continue_on_failure = bool_field(step, "continue_on_failure", path, "STP009", diagnostics);
+    string_list_field(step, "approvers", path, "STP009", diagnostics);
+
+    let inputs_json = match step.get("inputs") {
+        None => "{}".to_owned(),
+        Some(inputs) if inputs.is_null() => "{}".to_owned(),
+        Some(inputs) if inputs.is_mapping() => inputs.to_json().to_string(),
+        Some(inputs) => {
+            diagnostics.error(
+                "STP009",
+                &child_path(path, "inputs"),
+                inputs.position(),
+                format!("field 'inputs' must be a mapping, found {}", inputs.type_name()),
+            );
+            "{}".to_owned()
+        }
+    };
+
+    let mut dependencies = Vec::new();
+    let depends_on = string_list_field(step, "depends_on", path, "STP009", diagnostics).unwrap_or_default();
+    let mut listed = std::collections::HashSet::with_capacity(depends_on.len());
+    for (index, (node, target)) in depends_on.iter().enumerate() {
+        let entry_path = index_path(&child_path(path, "depends_on"), index);
+        if !listed.insert(*target) {
+            diagnostics.warning(
+                "STP013",
+                &entry_path,
+                node.position(),
+                format!("'{target}' is listed twice in depends_on"),
+            );
+            continue;
+        }
+        dependencies.push(Dependency { target: (*target).to_owned(), path: entry_path, at: node.position() });
+    }
+
+    let roles_node = step.get("roles");
+    let roles = roles_node.and_then(|roles| check_step_roles(step, roles, path, step_type, diagnostics));
+    let delegate =
+        step.get("delegate").and_then(|node| check_delegate(node, &child_path(path, "delegate"), diagnostics));
+
+    // Required fields by type.
+    match step_type {
+        "agent_task" => {
+            if message.is_none() && step.get("message").is_none() {
+                diagnostics.error("STP007", path, step.position(), format!("agent_task {label} needs a 'message'"));
+            }
+            if agent.is_none() && roles_node.is_none() && step.get("delegate").is_none() && step.get("agent").is_none()
+            {
+                diagnostics.error(
+                    "STP007",
+                    path,
+                    step.position(),
+                    format!("agent_task {label} needs an executor: set 'agent', 'roles.executor' or 'delegate'"),
+                );
+            }
+        }
+        "tool_call" if step.get("tool").is_none() => {
+            diagnostics.error("STP007", path, step.position(), format!("tool_call {label} needs a 'tool'"));
+        }
+        _ => {}
+    }
+    if let Some(node) = step.get("tool").filter(|_| !step_type.is_empty() && step_type != "tool_call") {
+        diagnostics.warning(
+            "STP012",
+            &child_path(path, "tool"),
+            node.position(),
+            format!("'tool' is only used by tool_call steps; {label} is {step_type}"),
+        );
+    }
+    let named_executor = roles.as_ref().map(|roles| roles.executor.as_str()).or(agent.map(|(_, text)| text));
+    if let (Some(node), Some(executor)) = (step.key_node("delegate"), named_executor) {
+        diagnostics.warning(
+            "DLG007",
+            &child_path(path, "delegate"),
+            node.position(),
+            format!("{label} names its executor '{executor}', so 'delegate' is ignored"),
+        );
+    }
+
+    let references = collect_references.then(|| {
+        StepReferences::collect(step, path, WrittenNames { agent, tool, action }, &roles, &delegate, step_type)
+    });
+    let definition = (diagnostics.error_count() == errors_before).then(|| StepDefinition {
+        id: id.map(|(_, text)| text.to_owned()).unwrap_or_default(),
+        name: name.unwrap_or_else(|| id.map(|(_, text)| text.to_owned()).unwrap_or_default()),
+        step_type: step_type.to_owned(),
+        agent: agent.map(|(_, text)| text.to_owned()),
+        message: message.map(|(_, text)| text.to_owned()).unwrap_or_default(),
+        depends_on: dependencies.iter().map(|dependency| dependency.target.clone()).collect(),
+        roles,
+        inputs_json,
+        timeout_seconds: timeout.and_then(|value| u64::try_from(value).ok()),
+        retries: retries.and_then(|value| u32::try_from(value).ok()).unwrap_or(0),
+        continue_on_failure: continue_on_failure.unwrap_or(false),
+        tool: tool.map(|(_, text)| text.to_owned()),
+        delegate: delegate.map(|(request, _)| request),
+        action: action.map(|(_, text)| text.to_owned()),
+    });
+    Some(CheckedStep { id, dependencies, references, definition })
+}
+
+/// The delegation request and the position of its `role` value, if any.
+fn check_delegate<'a>(
+    node: Node<'a>,
+    path: &str,
+    diagnostics: &mut Diagnostics,
+) -> Option<(DelegationRequest, Option<Position>)> {
+    if !node.is_mapping() {
+        diagnostics.error(
+            "DLG001",
+            path,
+            node.position(),
+            format!("field 'delegate' must be a mapping, found {}", node.type_name()),
+        );
+        return None;
+    }
+    let errors_before = diagnostics.error_count();
+    check_keys(node, path, &DELEGATE_FIELDS, "DLG005", "DLG001", "delegate", diagnostics);
+    let role = string_field(node, "role", path, "DLG001", diagnostics);
+    let expertise = string_list_field(node, "expertise", path, "DLG006", diagnostics).unwrap_or_default();
+    for (index, (item, text)) in expertise.iter().enumerate() {
+        if text.trim().is_empty() {
+            diagnostics.error(
+                "DLG006",
+                &index_path(&child_path(path, "expertise"), index),
+                item.position(),
+                "an expertise entry must not be empty",
+            );
+        }
+    }
+    if let Some((value, text)) = role.filter(|(_, text)| text.trim().is_empty()) {
+        diagnostics.error(
+            "DLG002",
+            &child_path(path, "role"),
+            value.position(),
+            format!("delegate role '{text}' is empty"),
+        );
+    }
+    if role.is_none() && expertise.is_empty() && node.get("role").is_none() && node.get("expertise").is_none() {
+        diagnostics.error(
+            "DLG002",
+            path,
+            node.position(),
+            "a delegation request needs a 'role' or a non-empty 'expertise' list",
+        );
+    }
+    let team = string_field(node, "team", path, "DLG001", diagnostics);
+    let urgency = string_field(node, "urgency", path, "DLG001", diagnostics);
+    if let Some((value, text)) = urgency.filter(|(_, text)| !URGENCIES.contains(text)) {
+        diagnostics.error(
+            "DLG003",
+            &child_path(path, "urgency"),
+            value.position(),
+            format!("urgency '{text}' must be one of {}{}", URGENCIES.join(", "), suggestion(text, &URGENCIES)),
+        );
+    }
+    let deadline = string_field(node, "deadline", path, "DLG001", diagnostics);
+    if let Some((value, text)) = deadline
+        && let Err(reason) = check_rfc3339(text)
+    {
+        diagnostics.error(
+            "DLG004",
+            &child_path(path, "deadline"),
+            value.position(),
+            format!("deadline '{text}': {reason}"),
+        );
+    }
+    if diagnostics.error_count() != errors_before {
+        return None;
+    }
+    let request = DelegationRequest {
+        role: role.map(|(_, text)| text.to_owned()),
+        expertise: expertise.iter().map(|(_, text)| (*text).to_owned()).collect(),
+        team: team.map(|(_, text)| text.to_owned()),
+        urgency: urgency.map(|(_, text)| text.to_owned()),
+        deadline: deadline.map(|(_, text)| text.to_owned()),
+    };
+    Some((request, role.map(|(value, _)| value.position())))
+}

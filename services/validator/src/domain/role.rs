@@ -1,0 +1,331 @@
+//! Role definitions: YAML with the seed 001 `RoleDefinition` fields (one
+//! mapping or a list of them, plus the seed 002/003 fields) and Markdown with
+//! the seed 003 sections.
+
+use std::collections::HashMap;
+
+use super::diagnostic::{Diagnostic, Diagnostics, Position, child_path, index_path};
+use super::fields::{check_keys, string_field, string_list_field};
+use super::formats::{check_cron, suggestion};
+use super::markdown;
+use super::model::Context;
+use super::yaml::{Limits, Node, parse};
+
+/// The syntax a role definition is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoleFormat {
+    /// YAML with the seed 001 `RoleDefinition` fields.
+    Yaml,
+    /// Markdown with the seed 003 sections.
+    Markdown,
+}
+
+/// A role definition that was read (possibly with warnings).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RoleDefinition {
+    /// The role's name (`# Title` in Markdown).
+    pub name: String,
+    /// A short description.
+    pub description: String,
+    /// What the role works towards.
+    pub goals: Vec<String>,
+    /// What the role does.
+    pub responsibilities: Vec<String>,
+    /// Tools the role may use (seed 001).
+    pub tools: Vec<String>,
+    /// Actions the role may perform (seed 002).
+    pub permitted_actions: Vec<String>,
+    /// The mission (seed 003).
+    pub mission: String,
+    /// Files the role reads for context (seed 003).
+    pub context_files: Vec<String>,
+    /// When the role runs: a cron expression or the text as written (seed 003).
+    pub schedule: Option<String>,
+    /// The inbox that triggers the role (seed 003).
+    pub inbox: Option<String>,
+    /// How the user wants the role to behave (seed 003).
+    pub user_preferences: String,
+    /// JSON schema of the role's task input, as JSON text (seed 001).
+    pub input_schema_json: Option<String>,
+    /// JSON schema of the role's output, as JSON text (seed 001).
+    pub output_schema_json: Option<String>,
+}
+
+/// The outcome of [`crate::validate_role_definition`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RoleReport {
+    /// Every finding, in source order.
+    pub diagnostics: Vec<Diagnostic>,
+    /// The roles read from the document; empty when it could not be read.
+    pub roles: Vec<RoleDefinition>,
+}
+
+impl RoleReport {
+    /// True when no diagnostic is an error.
+    pub fn is_valid(&self) -> bool {
+        !self.diagnostics.iter().any(Diagnostic::is_error)
+    }
+}
+
+const ROLE_FIELDS: [&str; 13] = [
+    "name",
+    "description",
+    "goals",
+    "responsibilities",
+    "tools",
+    "input_schema",
+    "output_schema",
+    "mission",
+    "context_files",
+    "schedule",
+    "inbox",
+    "user_preferences",
+    "permitted_actions",
+];
+const JSON_SCHEMA_TYPES: [&str; 7] = ["object", "array", "string", "number", "integer", "boolean", "null"];
+
+/// Validates a role definition document.
+pub(crate) fn check_role_definition(
+    source: &str,
+    format: RoleFormat,
+    context: &Context,
+    limits: &Limits,
+) -> RoleReport {
+    let mut diagnostics = Diagnostics::default();
+    let roles = match format {
+        RoleFormat::Markdown => markdown::check_markdown_role(source, limits, &mut diagnostics).into_iter().collect(),
+        RoleFormat::Yaml => check_yaml_roles(source, limits, &mut diagnostics),
+    };
+    let mut seen: HashMap<&str, ()> = HashMap::new();
+    for ((role, _), at) in &roles {
+        if seen.insert(role.name.as_str(), ()).is_some() {
+            diagnostics.error("ROL005", "", *at, format!("role '{}' is defined twice", role.name));
+        }
+    }
+    if let Some(tools) = &context.tools {
+        let names: Vec<&str> = tools.iter().map(String::as_str).collect();
+        for ((_, tools), _) in &roles {
+            for (tool, path, at) in tools {
+                if !names.contains(&tool.as_str()) {
+                    diagnostics.error(
+                        "CTX006",
+                        path,
+                        *at,
+                        format!("unknown tool '{tool}'{}", suggestion(tool, &names)),
+                    );
+                }
+            }
+        }
+    }
+    RoleReport { diagnostics: diagnostics.into_sorted(), roles: roles.into_iter().map(|((role, _), _)| role).collect() }
+}
+
+/// A role and where its tools were written: (tool, path, position).
+pub(crate) type ReadRole = (RoleDefinition, Vec<(String, String, Position)>);
+
+fn check_yaml_roles(source: &str, limits: &Limits, diagnostics: &mut Diagnostics) -> Vec<(ReadRole, Position)> {
+    let parsed = parse(source, limits);
+    for diagnostic in parsed.diagnostics {
+        diagnostics.push_diagnostic(diagnostic);
+    }
+    let Some(document) = parsed.document else { return Vec::new() };
+    let root = document.root();
+    if let Some(items) = root.sequence() {
+        if items.len() == 0 {
+            diagnostics.error("ROL001", "", root.position(), "the list of role definitions is empty");
+        }
+        return items
+            .enumerate()
+            .filter_map(|(index, item)| check_yaml_role(item, &index_path("", index), diagnostics))
+            .collect();
+    }
+    check_yaml_role(root, "", diagnostics).into_iter().collect()
+}
+
+fn check_yaml_role(node: Node<'_>, path: &str, diagnostics: &mut Diagnostics) -> Option<(ReadRole, Position)> {
+    if !node.is_mapping() {
+        diagnostics.error(
+            "ROL001",
+            path,
+            node.position(),
+            format!("a role definition must be a mapping (or a list of them), found {}", node.type_name()),
+        );
+        return None;
+    }
+    check_keys(node, path, &ROLE_FIELDS, "ROL004", "ROL003", "a role definition", diagnostics);
+    let text = |key: &str, diagnostics: &mut Diagnostics| {
+        string_field(node, key, path, "ROL003", diagnostics).map(|(_, text)| text.to_owned())
+    };
+    let list = |key: &str, diagnostics: &mut Diagnostics| {
+        string_list_field(node, key, path, "ROL003", diagnostics).unwrap_or_default()
+    };
+    let name = match string_field(node, "name", path, "ROL003", diagnostics) {
+        Some((value, name)) => {
+            check_role_name(name, &child_path(path, "name"), value.position(), diagnostics);
+            name.to_owned()
+        }
+        None => {
+            if node.get("name").is_none() {
+                diagnostics.error("ROL002", path, node.position(), "the role definition has no 'name'");
+            }
+            String::new()
+        }
+    };
+    let tools_written = list("tools", diagnostics);
+    let tools: Vec<(String, String, Position)> = tools_written
+        .iter()
+        .enumerate()
+        .map(|(index, (item, tool))| {
+            ((*tool).to_owned(), index_path(&child_path(path, "tools"), index), item.position())
+        })
+        .collect();
+    warn_duplicates(&tools, diagnostics);
+    let schedule = string_field(node, "schedule", path, "ROL003", diagnostics).map(|(value, text)| {
+        check_schedule(text, &child_path(path, "schedule"), value.position(), diagnostics);
+        text.to_owned()
+    });
+    let inbox = string_field(node, "inbox", path, "ROL003", diagnostics).map(|(value, text)| {
+        check_inbox(text, &child_path(path, "inbox"), value.position(), diagnostics);
+        text.to_owned()
+    });
+    let context_files = list("context_files", diagnostics);
+    for (index, (item, file)) in context_files.iter().enumerate() {
+        check_context_file(file, &index_path(&child_path(path, "context_files"), index), item.position(), diagnostics);
+    }
+    let role = RoleDefinition {
+        description: text("description", diagnostics).unwrap_or_default(),
+        goals: list("goals", diagnostics).into_iter().map(|(_, goal)| goal.to_owned()).collect(),
+        responsibilities: list("responsibilities", diagnostics).into_iter().map(|(_, item)| item.to_owned()).collect(),
+        tools: tools.iter().map(|(tool, _, _)| tool.clone()).collect(),
+        permitted_actions: list("permitted_actions", diagnostics)
+            .into_iter()
+            .map(|(_, item)| item.to_owned())
+            .collect(),
+        mission: text("mission", diagnostics).unwrap_or_default(),
+        context_files: context_files.iter().map(|(_, file)| (*file).to_owned()).collect(),
+        schedule,
+        inbox,
+        user_preferences: text("user_preferences", diagnostics).unwrap_or_default(),
+        input_schema_json: schema_field(node, "input_schema", path, diagnostics),
+        output_schema_json: schema_field(node, "output_schema", path, diagnostics),
+        name,
+    };
+    Some(((role, tools), node.position()))
+}
+
+fn schema_field(node: Node<'_>, key: &str, path: &str, diagnostics: &mut Diagnostics) -> Option<String> {
+    let value = node.get(key)?;
+    let field_path = child_path(path, key);
+    if value.is_null() {
+        return None;
+    }
+    if !value.is_mapping() {
+        diagnostics.error(
+            "ROL008",
+            &field_path,
+            value.position(),
+            format!("field '{key}' must be a JSON schema mapping, found {}", value.type_name()),
+        );
+        return None;
+    }
+    if let Some(kind) = value.get("type") {
+        let known = match kind.as_str() {
+            Some(name) => JSON_SCHEMA_TYPES.contains(&name),
+            None => kind.sequence().is_some_and(|mut items| {
+                items.all(|item| item.as_str().is_some_and(|name| JSON_SCHEMA_TYPES.contains(&name)))
+            }),
+        };
+        if !known {
+            let shown = kind.scalar_text().unwrap_or("?");
+            diagnostics.error(
+                "ROL008",
+                &child_path(&field_path, "type"),
+                kind.position(),
+                format!(
+                    "'{shown}' is not a JSON schema type{}; use one of {}",
+                    suggestion(shown, &JSON_SCHEMA_TYPES),
+                    JSON_SCHEMA_TYPES.join(", ")
+                ),
+            );
+        }
+    }
+    Some(value.to_json().to_string())
+}
+
+/// Role names: non-empty, at most 64 characters, no control characters.
+pub(crate) fn check_role_name(name: &str, path: &str, at: Position, diagnostics: &mut Diagnostics) {
+    if name.trim().is_empty() || name.chars().count() > 64 || name.chars().any(char::is_control) {
+        diagnostics.error(
+            "ROL010",
+            path,
+            at,
+            format!("role name '{name}' must be 1 to 64 characters without control characters"),
+        );
+    }
+}
+
+pub(crate) fn warn_duplicates(tools: &[(String, String, Position)], diagnostics: &mut Diagnostics) {
+    let mut listed = std::collections::HashSet::with_capacity(tools.len());
+    for (tool, path, at) in tools {
+        if !listed.insert(tool.as_str()) {
+            diagnostics.warning("ROL009", path, *at, format!("tool '{tool}' is listed twice"));
+        }
+    }
+}
+
+/// A schedule is a cron expression (checked), a cron expression in backticks
+/// within text (checked), or free text (a warning: nothing can fire it).
+pub(crate) fn check_schedule(text: &str, path: &str, at: Position, diagnostics: &mut Diagnostics) {
+    let trimmed = text.trim();
+    let code_span = trimmed.split('`').nth(1).filter(|_| trimmed.matches('`').count() >= 2);
+    let looks_like_cron = trimmed.starts_with('@')
+        || (!trimmed.is_empty()
+            && trimmed.chars().all(|character| character.is_ascii_digit() || " */,-?".contains(character)));
+    let candidate = code_span.or(looks_like_cron.then_some(trimmed));
+    match candidate {
+        Some(expression) => {
+            if let Err(reason) = check_cron(expression) {
+                diagnostics.error("ROL006", path, at, format!("invalid schedule: {reason}"));
+            }
+        }
+        None => diagnostics.warning(
+            "ROL011",
+            path,
+            at,
+            format!(
+                "schedule '{trimmed}' is not a cron expression, so nothing can fire it; \
+                 write one, e.g. `0 9,17 * * 1-5` for 9am and 5pm on weekdays"
+            ),
+        ),
+    }
+}
+
+/// An inbox is a name (`risk`) or a relative path (`agent/inbox/risk/`).
+pub(crate) fn check_inbox(text: &str, path: &str, at: Position, diagnostics: &mut Diagnostics) {
+    let trimmed = text.trim();
+    let well_formed = !trimmed.is_empty()
+        && !trimmed.starts_with('/')
+        && !trimmed.split('/').any(|segment| segment == "..")
+        && trimmed.chars().all(|character| character.is_alphanumeric() || "_-./".contains(character));
+    if !well_formed {
+        diagnostics.error(
+            "ROL007",
+            path,
+            at,
+            format!("inbox '{trimmed}' must be a name or a relative path of letters, digits, '_', '-', '.' and '/'"),
+        );
+    }
+}
+
+/// Context files are paths inside the vault: relative, without `..`.
+pub(crate) fn check_context_file(file: &str, path: &str, at: Position, diagnostics: &mut Diagnostics) {
+    let trimmed = file.trim();
+    if trimmed.is_empty() || trimmed.starts_with('/') || trimmed.split('/').any(|segment| segment == "..") {
+        diagnostics.error(
+            "ROL012",
+            path,
+            at,
+            format!("context file '{trimmed}' must be a relative path inside the vault, without '..'"),
+        );
+    }
+}

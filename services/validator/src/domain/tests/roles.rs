@@ -1,0 +1,132 @@
+use super::found;
+use crate::{Context, RoleFormat, Severity, validate_role_definition};
+
+fn yaml(source: &str) -> Vec<(&'static str, u32, u32)> {
+    found(&validate_role_definition(source, RoleFormat::Yaml, &Context::default()).diagnostics)
+}
+
+fn markdown(source: &str) -> Vec<(&'static str, u32, u32)> {
+    found(&validate_role_definition(source, RoleFormat::Markdown, &Context::default()).diagnostics)
+}
+
+/// The seed 001 example, verbatim.
+const SEED_001: &str = "\
+- name: PythonDeveloper
+  description: Writes, tests, and debugs Python code.
+  goals: [\"Implement features as per specification\", \"Ensure code quality\"]
+  responsibilities: [\"Write Python functions/classes\", \"Write unit tests\", \"Debug code\"]
+  tools: [\"file_write\", \"python_interpreter\", \"code_linter\"]
+";
+
+/// The seed 003 example, verbatim (with its leading file-name comment).
+const SEED_003: &str = "\
+# roles/delivery.md
+
+# Delivery Manager
+
+## Mission
+Keep the project delivery on-time and aligned with client priorities.
+Enable the team to deliver by the planned finish date or earlier.
+
+## Goals
+- Track progress against timeline and milestones
+- Identify blockers that threaten delivery dates
+- Recommend adjustments when delivery is at risk
+
+## Context Files
+- project/scope.md
+- project/timeline.md
+- project/team.md
+- project/blockers/
+- project/traffic-lights/
+- memory.md
+
+## Tools
+- read_file
+- write_file
+- append_file
+- list_files
+- move_file
+
+## Schedule
+9am and 5pm, weekdays
+
+## Inbox
+agent/inbox/delivery/
+
+## User Preferences
+(Configured by the User — how this role should behave)
+";
+
+#[test]
+fn the_seed_001_role_list_is_valid() {
+    let report = validate_role_definition(SEED_001, RoleFormat::Yaml, &Context::default());
+    assert_eq!(report.diagnostics, vec![]);
+    assert_eq!(report.roles.len(), 1);
+    assert_eq!(report.roles[0].name, "PythonDeveloper");
+    assert_eq!(report.roles[0].tools, vec!["file_write", "python_interpreter", "code_linter"]);
+}
+
+#[test]
+fn the_seed_003_markdown_role_is_read_with_one_schedule_warning() {
+    let report = validate_role_definition(SEED_003, RoleFormat::Markdown, &Context::default());
+    assert_eq!(found(&report.diagnostics), vec![("ROL011", 30, 1)]);
+    assert_eq!(report.diagnostics[0].severity, Severity::Warning);
+    let role = &report.roles[0];
+    assert_eq!(role.name, "Delivery Manager");
+    assert!(role.mission.starts_with("Keep the project delivery"));
+    assert_eq!(role.goals.len(), 3);
+    assert_eq!(role.context_files.len(), 6);
+    assert_eq!(role.tools, vec!["read_file", "write_file", "append_file", "list_files", "move_file"]);
+    assert_eq!(role.inbox.as_deref(), Some("agent/inbox/delivery/"));
+    assert!(role.user_preferences.contains("Configured by the User"));
+}
+
+#[test]
+fn yaml_role_rules() {
+    assert_eq!(yaml("- just a name\n"), vec![("ROL001", 1, 3)]);
+    assert_eq!(yaml("description: x\n"), vec![("ROL002", 1, 1)]);
+    assert_eq!(yaml("name: [x]\n"), vec![("ROL003", 1, 7)]);
+    assert_eq!(yaml("name: a\ntols: [x]\n"), vec![("ROL004", 2, 1)]);
+    assert_eq!(yaml("- name: a\n- name: a\n"), vec![("ROL005", 2, 3)]);
+    assert_eq!(yaml("name: a\nschedule: \"0 9 * * 8\"\n"), vec![("ROL006", 2, 11)]);
+    assert_eq!(yaml("name: a\ninbox: /etc/inbox\n"), vec![("ROL007", 2, 8)]);
+    assert_eq!(yaml("name: a\ninput_schema: {type: objekt}\n"), vec![("ROL008", 2, 22)]);
+    assert_eq!(yaml("name: a\noutput_schema: text\n"), vec![("ROL008", 2, 16)]);
+    assert_eq!(yaml("name: a\ntools: [x, x]\n"), vec![("ROL009", 2, 12)]);
+    assert_eq!(yaml("name: \"  \"\n"), vec![("ROL010", 1, 7)]);
+    assert_eq!(yaml("name: a\nschedule: every day\n"), vec![("ROL011", 2, 11)]);
+    assert_eq!(yaml("name: a\ncontext_files: [../secrets]\n"), vec![("ROL012", 2, 17)]);
+    assert_eq!(yaml("name: a\nschedule: \"@daily\"\ninput_schema: {type: object}\n"), vec![]);
+}
+
+#[test]
+fn tools_are_checked_against_the_context() {
+    let context =
+        Context { tools: Some(vec!["file_write".to_owned(), "code_linter".to_owned()]), ..Context::default() };
+    let report = validate_role_definition(SEED_001, RoleFormat::Yaml, &context);
+    assert_eq!(found(&report.diagnostics), vec![("CTX006", 5, 25)]);
+    assert_eq!(report.diagnostics[0].path, "[0].tools[1]");
+
+    let report =
+        validate_role_definition("# R\n## Mission\nm\n## Tools\n- file_writ\n", RoleFormat::Markdown, &context);
+    assert_eq!(found(&report.diagnostics), vec![("CTX006", 5, 3)]);
+    assert!(report.diagnostics[0].message.contains("did you mean 'file_write'"));
+}
+
+#[test]
+fn markdown_role_rules() {
+    assert_eq!(markdown("## Mission\nm\n"), vec![("MD001", 1, 1)]);
+    assert_eq!(markdown("# A\n# B\n## Mission\nm\n"), vec![("MD002", 2, 3)]);
+    assert_eq!(markdown("# A\n## Mission\nm\n## Goal\n- g\n"), vec![("MD003", 4, 4)]);
+    assert_eq!(markdown("# A\n## Mission\nm\n## Mission\nn\n"), vec![("MD004", 4, 4)]);
+    assert_eq!(markdown("# A\n## Goals\n- g\n"), vec![("MD005", 1, 3)]);
+    assert_eq!(markdown("# A\n## Mission\nm\n## Tools\n\n"), vec![("MD006", 4, 4)]);
+    assert_eq!(markdown("# A\n## Mission\nm\n## Goals\nbe good\n"), vec![("MD007", 5, 1)]);
+    assert_eq!(markdown("# A\n## Mission\nm\n## Schedule\n`0 9,17 * * 1-5` (twice a day)\n"), vec![]);
+    assert_eq!(markdown("# A\n## Mission\nm\n## Schedule\n0 9 * * 1-8\n"), vec![("ROL006", 5, 1)]);
+    assert_eq!(markdown("# A\n## Mission\nm\n## Inbox\n../x\n"), vec![("ROL007", 5, 1)]);
+    assert_eq!(markdown("# A\n## Mission\nm\n## Context Files\n  - /etc/passwd\n"), vec![("ROL012", 5, 5)]);
+    // Headings inside code fences are text.
+    assert_eq!(markdown("# A\n## Mission\n```\n## Not a section\n```\n"), vec![]);
+}

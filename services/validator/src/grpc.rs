@@ -1,0 +1,170 @@
+//! The gRPC face of the validator: wire types in, library calls, wire types
+//! out. A document that is too large for the validator's limits is answered
+//! with a `YAML002` diagnostic (like every other problem of the document); a
+//! message larger than the server's message limit never reaches this code
+//! (tonic answers RESOURCE_EXHAUSTED). Malformed requests (an unknown
+//! `RoleFormat`, an empty name in the context) are INVALID_ARGUMENT.
+
+use muster_proto::common::v1 as common;
+use muster_proto::validator::v1 as wire;
+use muster_proto::validator::v1::validator_service_server::ValidatorService as ValidatorApi;
+use tonic::{Request, Response, Status};
+
+use crate::domain::{matrix, process, role};
+use crate::{Context, Diagnostic, Error, KnownAgent, KnownRole, Limits, RoleFormat, Severity};
+
+/// The `muster.validator.v1.ValidatorService` implementation.
+#[derive(Debug, Clone)]
+pub struct ValidatorService {
+    limits: Limits,
+}
+
+impl ValidatorService {
+    /// A service that applies `limits` to every document.
+    pub fn new(limits: Limits) -> Self {
+        Self { limits }
+    }
+}
+
+impl TryFrom<Option<wire::ValidationContext>> for Context {
+    type Error = Error;
+
+    fn try_from(context: Option<wire::ValidationContext>) -> Result<Self, Error> {
+        let Some(context) = context else { return Ok(Context::default()) };
+        let agents = if context.check_agents {
+            let agents = context
+                .agents
+                .into_iter()
+                .map(|agent| {
+                    if agent.id.is_empty() {
+                        return Err(Error::InvalidRequest("context.agents: an agent has an empty id".to_owned()));
+                    }
+                    let role = (!agent.role.is_empty()).then_some(agent.role);
+                    Ok(KnownAgent { id: agent.id, role, offline: agent.offline })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Some(agents)
+        } else {
+            None
+        };
+        let roles = if context.check_roles {
+            let roles = context
+                .roles
+                .into_iter()
+                .map(|role| {
+                    if role.name.is_empty() {
+                        return Err(Error::InvalidRequest("context.roles: a role has an empty name".to_owned()));
+                    }
+                    Ok(KnownRole {
+                        name: role.name,
+                        permitted_tools: role.permitted_tools,
+                        permitted_actions: role.permitted_actions,
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Some(roles)
+        } else {
+            None
+        };
+        let tools = context.check_tools.then_some(context.tools);
+        Ok(Context { agents, roles, tools })
+    }
+}
+
+impl From<Diagnostic> for common::Diagnostic {
+    fn from(diagnostic: Diagnostic) -> Self {
+        let severity = match diagnostic.severity {
+            Severity::Error => common::Severity::Error,
+            Severity::Warning => common::Severity::Warning,
+        };
+        Self {
+            severity: severity.into(),
+            code: diagnostic.code.to_owned(),
+            message: diagnostic.message,
+            path: diagnostic.path,
+            line: diagnostic.line,
+            column: diagnostic.column,
+        }
+    }
+}
+
+fn role_format(format: i32, file_name: &str) -> Result<RoleFormat, Error> {
+    match wire::RoleFormat::try_from(format) {
+        Ok(wire::RoleFormat::Yaml) => Ok(RoleFormat::Yaml),
+        Ok(wire::RoleFormat::Markdown) => Ok(RoleFormat::Markdown),
+        Ok(wire::RoleFormat::Unspecified) => {
+            let lowered = file_name.to_ascii_lowercase();
+            Ok(if lowered.ends_with(".md") || lowered.ends_with(".markdown") {
+                RoleFormat::Markdown
+            } else {
+                RoleFormat::Yaml
+            })
+        }
+        Err(_) => Err(Error::InvalidRequest(format!("format: {format} is not a RoleFormat"))),
+    }
+}
+
+/// Runs CPU-bound validation off the async workers.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, Status> {
+    tokio::task::spawn_blocking(work).await.map_err(|error| muster_runtime::status::internal(&error))
+}
+
+fn has_errors(diagnostics: &[Diagnostic]) -> bool {
+    diagnostics.iter().any(Diagnostic::is_error)
+}
+
+#[tonic::async_trait]
+impl ValidatorApi for ValidatorService {
+    async fn validate_process(
+        &self,
+        request: Request<wire::ValidateProcessRequest>,
+    ) -> Result<Response<wire::ValidateProcessResponse>, Status> {
+        let request = request.into_inner();
+        let context = Context::try_from(request.context)?;
+        let limits = self.limits;
+        let source = request.source;
+        let (report, summary) =
+            blocking(move || process::check_process_with_summary(&source, &context, &limits)).await?;
+        tracing::debug!(file = %request.file_name, diagnostics = report.diagnostics.len(), "validated a process");
+        let valid = !has_errors(&report.diagnostics);
+        Ok(Response::new(wire::ValidateProcessResponse {
+            diagnostics: report.diagnostics.into_iter().map(Into::into).collect(),
+            valid,
+            process_name: summary.name.unwrap_or_default(),
+            step_count: u32::try_from(summary.step_count).unwrap_or(u32::MAX),
+        }))
+    }
+
+    async fn validate_role_definition(
+        &self,
+        request: Request<wire::ValidateRoleDefinitionRequest>,
+    ) -> Result<Response<wire::ValidateRoleDefinitionResponse>, Status> {
+        let request = request.into_inner();
+        let format = role_format(request.format, &request.file_name)?;
+        let context = Context::try_from(request.context)?;
+        let limits = self.limits;
+        let source = request.source;
+        let report = blocking(move || role::check_role_definition(&source, format, &context, &limits)).await?;
+        let valid = !has_errors(&report.diagnostics);
+        Ok(Response::new(wire::ValidateRoleDefinitionResponse {
+            valid,
+            role_names: report.roles.iter().map(|role| role.name.clone()).filter(|name| !name.is_empty()).collect(),
+            diagnostics: report.diagnostics.into_iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn validate_permission_matrix(
+        &self,
+        request: Request<wire::ValidatePermissionMatrixRequest>,
+    ) -> Result<Response<wire::ValidatePermissionMatrixResponse>, Status> {
+        let request = request.into_inner();
+        let limits = self.limits;
+        let source = request.source;
+        let report = blocking(move || matrix::check_matrix(&source, &limits)).await?;
+        let valid = !has_errors(&report.diagnostics);
+        Ok(Response::new(wire::ValidatePermissionMatrixResponse {
+            diagnostics: report.diagnostics.into_iter().map(Into::into).collect(),
+            valid,
+        }))
+    }
+}

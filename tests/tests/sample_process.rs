@@ -1,0 +1,277 @@
+//! The sample process end to end: four real service processes, a worker
+//! serving the sample agents, real gRPC, on SQLite and on PostgreSQL.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use muster::{
+    sample::SampleBehaviour,
+    worker::{self, AgentCredential},
+};
+use muster_proto::{
+    common::v1::{EventType, ExecutionStatus, Severity, StepEvent},
+    execution::v1::{
+        GetExecutionRequest, PublishProcessRequest, PublishProcessResponse, StartExecutionRequest, StepStatus,
+        WatchExecutionRequest, execution_service_client::ExecutionServiceClient,
+    },
+    notifier::v1::{ListNotificationsRequest, notifier_service_client::NotifierServiceClient},
+};
+use muster_tests::{Backend, TestCluster, agent};
+use prost::Message;
+
+const SAMPLE_PROCESS: &str = include_str!("../../examples/process.yaml");
+
+/// The agents of the sample process, with a role and team each.
+const SAMPLE_AGENTS: &[(&str, &str, &str)] = &[
+    ("manager-agent", "manager", "content"),
+    ("research-agent", "researcher", "research"),
+    ("analyst-agent", "researcher", "research"),
+    ("writer-agent", "writer", "content"),
+    ("seo-agent", "writer", "content"),
+    ("editor-agent", "reviewer", "content"),
+    ("quality-agent", "reviewer", "content"),
+    ("publisher-agent", "writer", "content"),
+    ("archive-agent", "archivist", "operations"),
+    ("learning-agent", "archivist", "operations"),
+];
+
+/// Steps of the sample process: id, dependencies, informed agents.
+fn sample_steps() -> Vec<(&'static str, Vec<&'static str>, Vec<&'static str>)> {
+    vec![
+        ("research", vec![], vec!["archive-agent"]),
+        ("draft", vec!["research"], vec!["learning-agent"]),
+        ("fact-check", vec!["research"], vec!["learning-agent", "archive-agent"]),
+        ("keywords", vec!["research"], vec!["archive-agent"]),
+        ("review", vec!["draft", "fact-check", "keywords"], vec!["archive-agent", "learning-agent"]),
+        ("publish", vec!["review"], vec!["archive-agent", "manager-agent"]),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sample_process_on_sqlite() {
+    sample_process(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sample_process_on_postgres() {
+    sample_process(Backend::Postgres).await;
+}
+
+async fn sample_process(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let agents: Vec<_> = SAMPLE_AGENTS.iter().map(|(id, role, team)| agent(id, role, team)).collect();
+    let tokens = test.register_agents(&agents).await;
+    let credentials: Vec<AgentCredential> =
+        agents.iter().zip(tokens).map(|(agent, token)| AgentCredential { agent_id: agent.id.clone(), token }).collect();
+    let (stop_worker, worker_stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = tokio::spawn(worker::serve(
+        test.cluster().execution_url(),
+        "e2e-worker".to_owned(),
+        credentials,
+        Arc::new(SampleBehaviour),
+        async move {
+            let _ = worker_stopped.await;
+        },
+    ));
+
+    let mut execution_client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let published = execution_client
+        .publish_process(PublishProcessRequest {
+            source: SAMPLE_PROCESS.to_owned(),
+            file_name: "process.yaml".to_owned(),
+        })
+        .await
+        .expect("the sample process is valid")
+        .into_inner();
+    let process = published.process.unwrap();
+    assert_eq!(process.name, "content-pipeline");
+    assert_eq!(process.version, 1);
+
+    let execution = execution_client
+        .start_execution(StartExecutionRequest { process_name: process.name.clone(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    let events = watch_to_end(&mut execution_client, &execution.id).await;
+
+    // The execution completed, and so did every step.
+    let finished = events.last().unwrap();
+    assert_eq!(finished.r#type, EventType::ExecutionFinished as i32);
+    assert_eq!(finished.execution_status, ExecutionStatus::Completed as i32, "{}", finished.detail);
+    let stored = execution_client
+        .get_execution(GetExecutionRequest { id: execution.id.clone() })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    assert_eq!(stored.status, ExecutionStatus::Completed as i32);
+    assert_eq!(stored.steps.len(), 6);
+    for step in &stored.steps {
+        assert_eq!(step.status, StepStatus::Completed as i32, "step {}", step.step_id);
+        let output: serde_json::Value = serde_json::from_str(&step.output_json).unwrap();
+        assert_eq!(output["step"], step.step_id.as_str());
+    }
+
+    // Sequences are gapless, and each step started only after its dependencies completed.
+    for (position, event) in events.iter().enumerate() {
+        assert_eq!(event.sequence, position as u64 + 1);
+    }
+    let sequence_of = |kind: EventType, step: &str| {
+        events
+            .iter()
+            .find(|event| event.r#type == kind as i32 && event.step_id == step)
+            .map(|event| event.sequence)
+            .unwrap_or_else(|| panic!("no {kind:?} event for {step}"))
+    };
+    for (step, dependencies, _) in sample_steps() {
+        let started = sequence_of(EventType::StepStarted, step);
+        for dependency in dependencies {
+            assert!(
+                sequence_of(EventType::StepCompleted, dependency) < started,
+                "{step} started before {dependency} completed"
+            );
+        }
+    }
+    // The fan-out really ran in parallel: all three started before any of them completed.
+    let fan_out = ["draft", "fact-check", "keywords"];
+    let last_start = fan_out.iter().map(|step| sequence_of(EventType::StepStarted, step)).max().unwrap();
+    let first_completion = fan_out.iter().map(|step| sequence_of(EventType::StepCompleted, step)).min().unwrap();
+    assert!(last_start < first_completion, "the fan-out steps did not run in parallel");
+
+    // The lead hears of every event; once the last one reached its inbox, the notifier has them all.
+    wait_for_lead_notification(&test, &execution.id, finished.sequence).await;
+
+    // Each informed agent has exactly one NDJSON line per step it is informed of, with the seed's fields.
+    let mut expected: HashMap<&str, BTreeSet<&str>> = HashMap::new();
+    for (step, _, informed) in sample_steps() {
+        for agent in informed {
+            expected.entry(agent).or_default().insert(step);
+        }
+    }
+    for (agent, steps) in &expected {
+        let lines = ndjson_lines(&test.data_dir.join("agents").join(agent).join("events"));
+        let lines: Vec<&serde_json::Value> =
+            lines.iter().filter(|line| line["event_type"] != "execution_finished").collect();
+        let informed_lines: Vec<&&serde_json::Value> = lines
+            .iter()
+            .filter(|line| line["event_type"] == "step_completed" && steps.contains(line["step_id"].as_str().unwrap()))
+            .collect();
+        assert_eq!(informed_lines.len(), steps.len(), "{agent}: {lines:#?}");
+        let seen: BTreeSet<&str> = informed_lines.iter().map(|line| line["step_id"].as_str().unwrap()).collect();
+        assert_eq!(&seen, steps, "{agent}");
+        for line in informed_lines {
+            let keys: BTreeSet<&str> = line.as_object().unwrap().keys().map(String::as_str).collect();
+            assert_eq!(
+                keys,
+                BTreeSet::from([
+                    "event_type",
+                    "process_name",
+                    "execution_id",
+                    "step_id",
+                    "step_name",
+                    "output_summary",
+                    "timestamp",
+                    "metadata"
+                ]),
+                "{agent}"
+            );
+            assert_eq!(line["process_name"], "content-pipeline");
+            assert_eq!(line["execution_id"], execution.id.as_str());
+            assert!(line["timestamp"].as_str().unwrap().ends_with('Z'));
+            assert!(line["metadata"]["duration_seconds"].is_u64(), "{line}");
+            assert!(line["metadata"]["cost"].is_string(), "{line}");
+        }
+    }
+
+    // A step with roles but no executor is refused, at the line and column of its roles.
+    let invalid = "name: broken\nsteps:\n  - id: only\n    type: agent_task\n    agent: writer-agent\n    message: Write\n    roles:\n      monitors: [editor-agent]\n";
+    let status = execution_client
+        .publish_process(PublishProcessRequest { source: invalid.to_owned(), file_name: "broken.yaml".to_owned() })
+        .await
+        .expect_err("a step without an executor is refused");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    let details = PublishProcessResponse::decode(status.details()).expect("diagnostics in the status details");
+    let missing_executor = details
+        .diagnostics
+        .iter()
+        .find(|diagnostic| diagnostic.message.contains("executor") && diagnostic.severity == Severity::Error as i32)
+        .unwrap_or_else(|| panic!("no missing-executor error in {:#?}", details.diagnostics));
+    assert_eq!((missing_executor.line, missing_executor.column), (7, 5), "{missing_executor:?}");
+    assert_eq!(missing_executor.code, "EMI002");
+    assert_eq!(missing_executor.path, "steps[0].roles");
+
+    let _ = stop_worker.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+async fn watch_to_end(
+    client: &mut ExecutionServiceClient<tonic::transport::Channel>,
+    execution_id: &str,
+) -> Vec<StepEvent> {
+    let mut stream = client
+        .watch_execution(WatchExecutionRequest { execution_id: execution_id.to_owned(), after_sequence: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut events = Vec::new();
+    let deadline = Duration::from_secs(120);
+    while let Some(response) =
+        tokio::time::timeout(deadline, stream.message()).await.expect("the execution finishes").unwrap()
+    {
+        let event = response.event.unwrap();
+        let done = event.r#type == EventType::ExecutionFinished as i32;
+        events.push(event);
+        if done {
+            break;
+        }
+    }
+    events
+}
+
+async fn wait_for_lead_notification(test: &TestCluster, execution_id: &str, sequence: u64) {
+    let mut notifier = NotifierServiceClient::connect(test.cluster().notifier_url()).await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let notifications = notifier
+            .list_notifications(ListNotificationsRequest {
+                agent_id: "manager-agent".to_owned(),
+                after_cursor: 0,
+                limit: 1000,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .notifications;
+        if notifications.iter().any(|notification| {
+            notification
+                .event
+                .as_ref()
+                .is_some_and(|event| event.execution_id == execution_id && event.sequence == sequence)
+        }) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the notifier never received the last event");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn ndjson_lines(dir: &Path) -> Vec<serde_json::Value> {
+    let mut lines = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return lines };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        assert!(name.starts_with("notifications_") && name.ends_with(".ndjson"), "unexpected file {name}");
+        for line in std::fs::read_to_string(entry.path()).unwrap().lines() {
+            lines.push(serde_json::from_str(line).unwrap_or_else(|error| panic!("{name}: {error}: {line}")));
+        }
+    }
+    lines
+}
