@@ -67,8 +67,12 @@ EXTERNAL_SOURCES = {
     # A pod of another namespace with no muster label: reaches nothing.
     "stranger": {"app.kubernetes.io/name": "something-else"},
 }
+# Read by the code for tests only (crash failpoints, test databases): a
+# manifest that sets one is a mistake.
+TEST_ONLY = re.compile(r"^MUSTER_TEST_|FAILPOINT")
 WRITTEN_PATHS = ("MUSTER_DATA_DIR", "MUSTER_MEMORY_DIR", "MUSTER_PORT_FILE")
-ENV_ATTRIBUTE = re.compile(r'env\s*=\s*"(MUSTER_[A-Z0-9_]+)"')
+# clap's `env = "MUSTER_..."`, and direct reads with std::env::var("MUSTER_...").
+ENV_READ = re.compile(r'(?:\benv\s*=\s*|\benv::var(?:_os)?\(\s*)"(MUSTER_[A-Z0-9_]+)"')
 
 problems: list[str] = []
 
@@ -91,12 +95,15 @@ class ServiceCode:
 def read_variables(paths: list[Path]) -> set[str]:
     found: set[str] = set()
     for path in paths:
-        found.update(ENV_ATTRIBUTE.findall(path.read_text(encoding="utf-8")))
+        found.update(ENV_READ.findall(path.read_text(encoding="utf-8")))
     return found
 
 
 def discover_services() -> dict[str, ServiceCode]:
-    shared = read_variables([ROOT / "services" / "runtime" / "src" / "config.rs"])
+    # What every service reads through muster-runtime (ServerArgs in config.rs,
+    # and anything else its sources read), except the test-only support.
+    runtime = ROOT / "services" / "runtime" / "src"
+    shared = read_variables([path for path in sorted(runtime.rglob("*.rs")) if path.name != "testing.rs"])
     if "MUSTER_LISTEN" not in shared:
         sys.exit("check_manifests: no MUSTER_LISTEN in services/runtime/src/config.rs; update this script")
     services = {}
@@ -106,6 +113,7 @@ def discover_services() -> dict[str, ServiceCode]:
             continue
         port = re.search(r"pub const DEFAULT_PORT: u16 = (\d+);", lib.read_text(encoding="utf-8"))
         if not port:
+            drift(f"services/{directory.name}: has a src/main.rs but no `pub const DEFAULT_PORT: u16 = N;` in src/lib.rs")
             continue
         manifest = tomllib.loads((directory / "Cargo.toml").read_text(encoding="utf-8"))
         binaries = {binary["name"] for binary in manifest.get("bin", [])} or {manifest["package"]["name"]}
@@ -525,7 +533,9 @@ def check_overlay(rendered: Rendered, services: dict[str, ServiceCode], grace_de
         container = next(c for c in pod["containers"] if re.search(rf"(^|/)muster-{name}(:|@|$)", c["image"]))
         env = environment(rendered, where, container)
         for variable in sorted(set(env.values) | set(env.secrets)):
-            if variable.startswith("MUSTER_") and variable not in code.variables:
+            if TEST_ONLY.search(variable):
+                drift(f"{where}: sets {variable}, a test-only switch (crash failpoints, test databases)")
+            elif variable.startswith("MUSTER_") and variable not in code.variables:
                 drift(f"{where}: sets {variable}, which muster-{name} does not read (it reads {', '.join(sorted(code.variables))})")
         check_security(where, pod, container)
         port = listen_port(where, env)
@@ -594,6 +604,7 @@ def self_test(services: dict[str, ServiceCode], grace_default: int, version: str
         "a URL naming no Service": ("there is no Service", lambda d: config(d, "execution").update(MUSTER_VALIDATOR_URL="http://validator:50053")),
         "a URL left to its default": ("MUSTER_NOTIFIER_URL is not set", lambda d: config(d, "execution").pop("MUSTER_NOTIFIER_URL")),
         "a variable the service does not read": ("which muster-roster does not read", lambda d: config(d, "roster").update(MUSTER_ROSTER_TYPO="1")),
+        "a test-only failpoint": ("test-only switch", lambda d: config(d, "notifier").update(MUSTER_NOTIFIER_FAILPOINT="after-commit")),
         "a probe on another port": ("livenessProbe probes port", lambda d: container(d, "notifier")["livenessProbe"]["grpc"].update(port=50053)),
         "an HTTP probe": ("native grpc probe", lambda d: container(d, "validator").update(readinessProbe={"tcpSocket": {"port": 50053}})),
         "a loopback listener": ("listens on loopback", lambda d: config(d, "roster").update(MUSTER_LISTEN="127.0.0.1:50052")),

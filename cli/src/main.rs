@@ -38,7 +38,7 @@ async fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Up(args) => commands::up::run(args).await.map(|()| true),
         Command::Demo(args) => commands::demo::run(args).await,
-        Command::Run(args) => commands::run::run(&args).await,
+        Command::Run(args) => commands::run::run(&args).await.map(|finished| commands::run::completed(&finished)),
         Command::Roster(args) => commands::roster::run(args).await.map(|()| true),
         Command::Agent(args) => commands::agent::run(args).await.map(|()| true),
     };

@@ -157,6 +157,38 @@ impl Drop for TestCluster {
     }
 }
 
+/// A worker serving `agents` with the sample behaviour, stopped when the returned sender is dropped or sent to.
+pub fn spawn_sample_worker(
+    execution_url: String,
+    credentials: Vec<muster::worker::AgentCredential>,
+) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let handle = tokio::spawn(muster::worker::serve(
+        execution_url,
+        "test-worker".to_owned(),
+        credentials,
+        std::sync::Arc::new(muster::sample::SampleBehaviour),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    (stop, handle)
+}
+
+/// A process of `length` steps in a chain, each run by `agent` and informing `informed`.
+pub fn chain_process(name: &str, length: usize, agent: &str, informed: &str, inputs: &str) -> String {
+    let mut yaml = format!("name: {name}\nlead: {informed}\nsteps:\n");
+    for index in 0..length {
+        yaml.push_str(&format!(
+            "  - id: s{index}\n    type: agent_task\n    agent: {agent}\n    message: step {index}\n    inputs: {inputs}\n    roles:\n      executor: {agent}\n      informed: [{informed}]\n"
+        ));
+        if index > 0 {
+            yaml.push_str(&format!("    depends_on: [s{}]\n", index - 1));
+        }
+    }
+    yaml
+}
+
 /// An agent with an id, a role and a team.
 pub fn agent(id: &str, role: &str, team: &str) -> Agent {
     Agent { id: id.to_owned(), name: id.to_owned(), role: role.to_owned(), team: team.to_owned(), ..Default::default() }

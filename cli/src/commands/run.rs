@@ -25,8 +25,8 @@ pub(crate) struct RunArgs {
     pub(crate) inputs: String,
 }
 
-/// Publishes, starts and watches; returns whether the execution completed.
-pub(crate) async fn run(args: &RunArgs) -> anyhow::Result<bool> {
+/// Publishes, starts and watches; returns the execution's last event.
+pub(crate) async fn run(args: &RunArgs) -> anyhow::Result<StepEvent> {
     let source = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
     let file_name = args.file.display().to_string();
     let mut client = ExecutionServiceClient::connect(args.execution.clone())
@@ -68,10 +68,15 @@ pub(crate) async fn run(args: &RunArgs) -> anyhow::Result<bool> {
         let Some(event) = response.event else { continue };
         println!("[{:>7.2}s] {}", started.elapsed().as_secs_f64(), describe(&event));
         if event.r#type == EventType::ExecutionFinished as i32 {
-            return Ok(event.execution_status == ExecutionStatus::Completed as i32);
+            return Ok(event);
         }
     }
     anyhow::bail!("the event stream ended before the execution finished")
+}
+
+/// Whether a final event says the execution completed.
+pub(crate) fn completed(finished: &StepEvent) -> bool {
+    finished.execution_status == ExecutionStatus::Completed as i32
 }
 
 fn describe(event: &StepEvent) -> String {

@@ -11,6 +11,9 @@ use std::collections::{HashMap, HashSet};
 
 use super::model::{Agent, Status, Team};
 
+/// Most candidates a decision lists (the best ranked), so audit records stay small.
+pub const MAX_CANDIDATES: usize = 20;
+
 /// How urgent a task is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
 pub enum Urgency {
@@ -150,7 +153,7 @@ pub struct Decision {
     pub notes: String,
     /// The seed's text rendering.
     pub text: String,
-    /// Agents considered, in ranked order.
+    /// Agents considered, in ranked order (at most [`MAX_CANDIDATES`]).
     pub candidates: Vec<String>,
 }
 
@@ -188,7 +191,7 @@ enum Match {
 struct Ranked<'a> {
     agent: &'a Agent,
     tier: Tier,
-    matched: Vec<&'a str>,
+    matched: usize,
 }
 
 /// Decides who takes a task. `now` is in ms since the epoch.
@@ -233,7 +236,7 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
                         Tier::Named,
                         preferred,
                         primary_reason,
-                        fallback.map(|f| (f.agent, describe(f.agent, &f.matched, home_team, tier_phrase(f.tier)))),
+                        fallback.map(|f| (f.agent, describe(f.agent, &matching_tags(request, f.agent), home_team, tier_phrase(f.tier)))),
                         reasoning,
                         0,
                         notes,
@@ -268,7 +271,7 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
             Tier::SameTeamPartial => format!(
                 "No available same-team colleague has all the required expertise; {} has part of it ({}) and can learn with guidance.",
                 primary.agent.name,
-                primary.matched.join(", ")
+                matching_tags(request, primary.agent).join(", ")
             ),
             _ => format!(
                 "No same-team colleague is available with the required expertise; {} on team {} has it and a free slot ({}/{} tasks).",
@@ -288,8 +291,8 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
             DecisionKind::Delegate,
             primary.tier,
             primary.agent,
-            describe(primary.agent, &primary.matched, home_team, tier_phrase(primary.tier)),
-            fallback.map(|f| (f.agent, describe(f.agent, &f.matched, home_team, tier_phrase(f.tier)))),
+            describe(primary.agent, &matching_tags(request, primary.agent), home_team, tier_phrase(primary.tier)),
+            fallback.map(|f| (f.agent, describe(f.agent, &matching_tags(request, f.agent), home_team, tier_phrase(f.tier)))),
             reasoning,
             0,
             notes,
@@ -301,7 +304,7 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
     let mut experts: Vec<(&Agent, i64)> = snapshot
         .agents
         .iter()
-        .filter(|agent| exclusion(request, agent, &chain).is_none())
+        .filter(|agent| !is_excluded(request, agent, &chain))
         .filter(|agent| expertise_match(request, agent) == Match::Full && !agent.has_free_slot())
         .map(|agent| (agent, estimated_wait(agent, snapshot, now, settings)))
         .collect();
@@ -393,6 +396,8 @@ fn escalate(
 ) -> Decision {
     let target = escalation_target(request, snapshot, by_id, home_team, chain);
     let reasoning = format!("{}.", capitalize(&reason));
+    let mut candidates = candidates;
+    candidates.truncate(MAX_CANDIDATES);
     match target {
         Some(senior) => {
             let primary_reason = format!("{}, senior to escalate to", role_label(senior));
@@ -471,7 +476,7 @@ fn rank<'a>(
     let mut ranked: Vec<Ranked<'a>> = snapshot
         .agents
         .iter()
-        .filter(|agent| exclusion(request, agent, chain).is_none() && agent.has_free_slot())
+        .filter(|agent| !is_excluded(request, agent, chain) && agent.has_free_slot())
         .filter_map(|agent| {
             let same_team = !home_team.is_empty() && agent.team == home_team;
             let tier = match (expertise_match(request, agent), same_team) {
@@ -480,7 +485,7 @@ fn rank<'a>(
                 (Match::Full, false) => Tier::CrossTeamMatch,
                 _ => return None,
             };
-            Some(Ranked { agent, tier, matched: matching_tags(request, agent) })
+            Some(Ranked { agent, tier, matched: matched_count(request, agent) })
         })
         .collect();
     let order = |tier: Tier| match tier {
@@ -489,14 +494,27 @@ fn rank<'a>(
         _ => 2,
     };
     ranked.sort_by(|a, b| {
-        (order(a.tier), std::cmp::Reverse(a.matched.len()), a.agent.current_workload, &a.agent.id).cmp(&(
+        (order(a.tier), std::cmp::Reverse(a.matched), a.agent.current_workload, &a.agent.id).cmp(&(
             order(b.tier),
-            std::cmp::Reverse(b.matched.len()),
+            std::cmp::Reverse(b.matched),
             b.agent.current_workload,
             &b.agent.id,
         ))
     });
     ranked
+}
+
+/// Whether an agent can never take this task (apart from capacity); the
+/// allocation-free twin of [`exclusion`].
+fn is_excluded(request: &DelegationRequest, agent: &Agent, chain: &HashSet<&str>) -> bool {
+    agent.id == request.requester_id
+        || chain.contains(agent.id.as_str())
+        || agent.status() == Status::Offline
+        || !role_matches(request, agent)
+}
+
+fn matched_count(request: &DelegationRequest, agent: &Agent) -> usize {
+    request.required_expertise.iter().filter(|tag| agent.expertise.binary_search(tag).is_ok()).count()
 }
 
 /// Why an agent can never take this task (apart from capacity), if it cannot.
@@ -549,7 +567,7 @@ fn expertise_match(request: &DelegationRequest, agent: &Agent) -> Match {
     if request.required_expertise.is_empty() {
         return Match::Full;
     }
-    let matched = matching_tags(request, agent).len();
+    let matched = matched_count(request, agent);
     if matched == request.required_expertise.len() {
         Match::Full
     } else if matched > 0 {
@@ -629,6 +647,8 @@ fn finish(
     notes: Vec<String>,
     candidates: Vec<String>,
 ) -> Decision {
+    let mut candidates = candidates;
+    candidates.truncate(MAX_CANDIDATES);
     let (fallback_agent_id, fallback_reason, fallback_name) = match fallback {
         Some((agent, reason)) => (agent.id.clone(), reason, agent.name.clone()),
         None => (String::new(), String::new(), String::new()),

@@ -1,0 +1,350 @@
+//! The execution service end to end: retries, failure propagation,
+//! timeouts, cancellation, worker authentication, and recovery from crashes of
+//! the execution service and outages of the notifier.
+
+use std::{collections::HashMap, time::Duration};
+
+use muster::worker::AgentCredential;
+use muster_proto::{
+    common::v1::{EventType, ExecutionStatus, StepEvent},
+    execution::v1::{
+        CancelExecutionRequest, GetExecutionRequest, PublishProcessRequest, StartExecutionRequest, StepStatus,
+        WatchExecutionRequest, execution_service_client::ExecutionServiceClient,
+    },
+    notifier::v1::{ListNotificationsRequest, notifier_service_client::NotifierServiceClient},
+};
+use muster_tests::{Backend, TestCluster, agent, chain_process, spawn_sample_worker};
+use tonic::transport::Channel;
+
+async fn cluster_with_agents(backend: Backend, ids: &[&str]) -> Option<(TestCluster, Vec<AgentCredential>)> {
+    let test = TestCluster::start(backend).await?;
+    let agents: Vec<_> = ids.iter().map(|id| agent(id, "worker", "team")).collect();
+    let tokens = test.register_agents(&agents).await;
+    let credentials =
+        ids.iter().zip(tokens).map(|(id, token)| AgentCredential { agent_id: (*id).to_owned(), token }).collect();
+    Some((test, credentials))
+}
+
+async fn publish_and_start(client: &mut ExecutionServiceClient<Channel>, source: &str) -> String {
+    let process = client
+        .publish_process(PublishProcessRequest { source: source.to_owned(), file_name: "test.yaml".to_owned() })
+        .await
+        .unwrap_or_else(|status| panic!("publish: {status}"))
+        .into_inner()
+        .process
+        .unwrap();
+    client
+        .start_execution(StartExecutionRequest { process_name: process.name, ..Default::default() })
+        .await
+        .unwrap_or_else(|status| panic!("start: {status}"))
+        .into_inner()
+        .execution
+        .unwrap()
+        .id
+}
+
+/// Watches until the execution ends, reconnecting (from the last sequence) when the service restarts.
+async fn events_until_finished(url: &str, execution_id: &str) -> Vec<StepEvent> {
+    let mut events: Vec<StepEvent> = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        assert!(tokio::time::Instant::now() < deadline, "the execution did not finish");
+        let Ok(mut client) = ExecutionServiceClient::connect(url.to_owned()).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let after_sequence = events.last().map_or(0, |event| event.sequence);
+        let Ok(response) = client
+            .watch_execution(WatchExecutionRequest { execution_id: execution_id.to_owned(), after_sequence })
+            .await
+        else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let mut stream = response.into_inner();
+        while let Ok(Some(message)) = stream.message().await {
+            let event = message.event.unwrap();
+            let done = event.r#type == EventType::ExecutionFinished as i32;
+            events.push(event);
+            if done {
+                return events;
+            }
+        }
+    }
+}
+
+fn count(events: &[StepEvent], kind: EventType, step: &str) -> usize {
+    events.iter().filter(|event| event.r#type == kind as i32 && event.step_id == step).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_failures_and_timeouts() {
+    let Some((test, credentials)) = cluster_with_agents(Backend::Sqlite, &["doer", "watcher"]).await else { return };
+    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
+    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let source = r#"
+name: failures
+lead: watcher
+steps:
+  - id: flaky
+    type: agent_task
+    agent: doer
+    message: fails once, then works
+    retries: 2
+    inputs: {fail_attempts: 1}
+  - id: broken
+    type: agent_task
+    agent: doer
+    message: always fails
+    depends_on: [flaky]
+    inputs: {fail: "the tool is down"}
+    roles: {executor: doer, informed: [watcher]}
+  - id: after-broken
+    type: agent_task
+    agent: doer
+    message: never runs
+    depends_on: [broken]
+  - id: slow
+    type: agent_task
+    agent: doer
+    message: too slow
+    timeout_seconds: 1
+    inputs: {sleep_ms: 5000}
+  - id: independent
+    type: agent_task
+    agent: doer
+    message: works
+"#;
+    let execution_id = publish_and_start(&mut client, source).await;
+    let events = events_until_finished(&test.cluster().execution_url(), &execution_id).await;
+    let finished = events.last().unwrap();
+    assert_eq!(finished.execution_status, ExecutionStatus::Failed as i32);
+    assert!(finished.detail.contains("broken") || finished.detail.contains("slow"), "{}", finished.detail);
+
+    let execution = client.get_execution(GetExecutionRequest { id: execution_id.clone() }).await.unwrap().into_inner();
+    let steps: HashMap<String, _> =
+        execution.execution.unwrap().steps.into_iter().map(|step| (step.step_id.clone(), step)).collect();
+    assert_eq!(steps["flaky"].status, StepStatus::Completed as i32);
+    assert_eq!(steps["flaky"].attempt, 2, "a retryable failure is retried");
+    assert_eq!(steps["broken"].status, StepStatus::Failed as i32);
+    assert_eq!(steps["broken"].error.as_ref().unwrap().code, "SAMPLE_FAILURE");
+    assert_eq!(steps["after-broken"].status, StepStatus::Failed as i32);
+    assert_eq!(steps["after-broken"].error.as_ref().unwrap().code, "UPSTREAM_FAILED");
+    assert_eq!(steps["after-broken"].attempt, 0, "a step whose dependency failed never starts");
+    assert_eq!(steps["slow"].status, StepStatus::Failed as i32);
+    assert_eq!(steps["slow"].error.as_ref().unwrap().code, "TIMEOUT");
+    assert_eq!(steps["independent"].status, StepStatus::Completed as i32);
+    assert_eq!(count(&events, EventType::StepFailed, "broken"), 1);
+    assert_eq!(count(&events, EventType::StepStarted, "flaky"), 2);
+
+    // The informed agent's memory has the failure with the seed's failure metadata.
+    let notifier_url = test.cluster().notifier_url();
+    wait_for_event(&notifier_url, "watcher", &finished.event_id).await;
+    let memory = test.data_dir.join("agents/watcher/events");
+    let lines = ndjson(&memory);
+    let failure = lines
+        .iter()
+        .find(|line| line["event_type"] == "step_failed" && line["step_id"] == "broken")
+        .unwrap_or_else(|| panic!("no failure line in {lines:#?}"));
+    assert_eq!(failure["metadata"]["error_code"], "SAMPLE_FAILURE");
+    assert_eq!(failure["metadata"]["retry_count"], 0);
+    assert_eq!(failure["output_summary"], "the tool is down");
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_and_refusals() {
+    let Some((test, mut credentials)) = cluster_with_agents(Backend::Sqlite, &["doer"]).await else { return };
+    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+
+    // A worker with a token that is not the agent's is refused, and says so.
+    let mut forged = credentials.clone();
+    forged[0].token = "not-a-token".to_owned();
+    let (_stop_forged, forged_worker) = spawn_sample_worker(test.cluster().execution_url(), forged);
+    let refusal = forged_worker.await.unwrap().expect_err("a forged token is refused");
+    let status = refusal.downcast_ref::<tonic::Status>().expect("a gRPC refusal");
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status}");
+
+    // An executor missing from the roster stops the start, naming the step and agent.
+    let missing = "name: ghost\nsteps:\n  - id: one\n    type: agent_task\n    agent: doer\n    message: hi\n";
+    client
+        .publish_process(PublishProcessRequest { source: missing.to_owned(), file_name: String::new() })
+        .await
+        .unwrap();
+    let status = client
+        .start_execution(StartExecutionRequest { process_name: "nobody".to_owned(), ..Default::default() })
+        .await
+        .expect_err("an unknown process");
+    assert_eq!(status.code(), tonic::Code::NotFound);
+
+    // Cancelling a running execution cancels its unfinished steps.
+    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), std::mem::take(&mut credentials));
+    let slow = "name: slow\nsteps:\n  - id: wait\n    type: agent_task\n    agent: doer\n    message: wait\n    inputs: {sleep_ms: 60000}\n  - id: later\n    type: agent_task\n    agent: doer\n    message: later\n    depends_on: [wait]\n";
+    let execution_id = publish_and_start(&mut client, slow).await;
+    let cancelled = client
+        .cancel_execution(CancelExecutionRequest { id: execution_id.clone(), reason: "changed my mind".to_owned() })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    assert_eq!(cancelled.status, ExecutionStatus::Cancelled as i32);
+    assert_eq!(cancelled.reason, "changed my mind");
+    assert!(cancelled.steps.iter().all(|step| step.status == StepStatus::Cancelled as i32), "{:?}", cancelled.steps);
+    let again = client
+        .cancel_execution(CancelExecutionRequest { id: execution_id, reason: String::new() })
+        .await
+        .expect_err("an ended execution cannot be cancelled");
+    assert_eq!(again.code(), tonic::Code::FailedPrecondition);
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+/// Kill -9 of the execution service in the middle of a run, then a restart:
+/// the execution completes and every step's result is recorded once.
+async fn execution_service_crash(backend: Backend) {
+    let Some((mut test, credentials)) = cluster_with_agents(backend, &["doer", "watcher"]).await else { return };
+    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
+    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let steps = 60;
+    let source = chain_process("crash", steps, "doer", "watcher", "{sleep_ms: 20}");
+    let execution_id = publish_and_start(&mut client, &source).await;
+
+    // Wait until a third of the chain completed, then crash the service.
+    let mut stream = client
+        .watch_execution(WatchExecutionRequest { execution_id: execution_id.clone(), after_sequence: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut completed = 0;
+    while completed < steps / 3 {
+        let event = stream.message().await.unwrap().unwrap().event.unwrap();
+        completed += usize::from(event.r#type == EventType::StepCompleted as i32);
+    }
+    test.cluster_mut().kill("execution").await.unwrap();
+    test.cluster_mut().restart("execution").await.unwrap();
+
+    let events = events_until_finished(&test.cluster().execution_url(), &execution_id).await;
+    let finished = events.last().unwrap();
+    assert_eq!(finished.execution_status, ExecutionStatus::Completed as i32, "{}", finished.detail);
+    for (position, event) in events.iter().enumerate() {
+        assert_eq!(event.sequence, position as u64 + 1, "event sequences have no gap and no repeat");
+    }
+    for index in 0..steps {
+        assert_eq!(count(&events, EventType::StepCompleted, &format!("s{index}")), 1, "step s{index}");
+    }
+    // The notifier got every event exactly once, whatever was in flight at the crash.
+    wait_for_event(&test.cluster().notifier_url(), "watcher", &finished.event_id).await;
+    let notified = notifications(&test.cluster().notifier_url(), "watcher").await;
+    let mut seen = std::collections::HashSet::new();
+    for event in &notified {
+        assert!(seen.insert(event.event_id.clone()), "event {} notified twice", event.event_id);
+    }
+    assert_eq!(notified.len(), events.len(), "the lead hears of every event once");
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn execution_service_crash_on_sqlite() {
+    execution_service_crash(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn execution_service_crash_on_postgres() {
+    execution_service_crash(Backend::Postgres).await;
+}
+
+/// The notifier stops in the middle of a run and comes back: every event arrives, none twice.
+async fn notifier_outage(backend: Backend) {
+    let Some((mut test, credentials)) = cluster_with_agents(backend, &["doer", "watcher"]).await else { return };
+    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
+    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    test.cluster_mut().stop("notifier").await.unwrap();
+    let source = chain_process("outage", 20, "doer", "watcher", "{}");
+    let execution_id = publish_and_start(&mut client, &source).await;
+    let events = events_until_finished(&test.cluster().execution_url(), &execution_id).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
+    test.cluster_mut().restart("notifier").await.unwrap();
+
+    let finished = events.last().unwrap();
+    wait_for_event(&test.cluster().notifier_url(), "watcher", &finished.event_id).await;
+    let notified = notifications(&test.cluster().notifier_url(), "watcher").await;
+    let ids: Vec<&str> = notified.iter().map(|event| event.event_id.as_str()).collect();
+    let expected: Vec<&str> = events.iter().map(|event| event.event_id.as_str()).collect();
+    assert_eq!(ids, expected, "every event, in order, once");
+    let lines = ndjson(&test.data_dir.join("agents/watcher/events"));
+    let completions = lines.iter().filter(|line| line["event_type"] == "step_completed").count();
+    assert_eq!(completions, 20, "one NDJSON line per completed step");
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifier_outage_on_sqlite() {
+    notifier_outage(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifier_outage_on_postgres() {
+    notifier_outage(Backend::Postgres).await;
+}
+
+async fn notifications(notifier_url: &str, agent_id: &str) -> Vec<StepEvent> {
+    let mut notifier = NotifierServiceClient::connect(notifier_url.to_owned()).await.unwrap();
+    let mut events = Vec::new();
+    let mut after_cursor = 0;
+    loop {
+        let page = notifier
+            .list_notifications(ListNotificationsRequest { agent_id: agent_id.to_owned(), after_cursor, limit: 1000 })
+            .await
+            .unwrap()
+            .into_inner();
+        let Some(last) = page.notifications.last() else { return events };
+        after_cursor = last.cursor;
+        events.extend(page.notifications.into_iter().filter_map(|notification| notification.event));
+    }
+}
+
+async fn wait_for_event(notifier_url: &str, agent_id: &str, event_id: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Ok(mut notifier) = NotifierServiceClient::connect(notifier_url.to_owned()).await
+            && let Ok(page) = notifier
+                .list_notifications(ListNotificationsRequest {
+                    agent_id: agent_id.to_owned(),
+                    after_cursor: 0,
+                    limit: 1000,
+                })
+                .await
+            && page
+                .into_inner()
+                .notifications
+                .iter()
+                .any(|n| n.event.as_ref().is_some_and(|event| event.event_id == event_id))
+        {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "event {event_id} never reached {agent_id}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+fn ndjson(dir: &std::path::Path) -> Vec<serde_json::Value> {
+    let mut lines = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        for line in std::fs::read_to_string(entry.path()).unwrap().lines() {
+            lines.push(serde_json::from_str(line).unwrap());
+        }
+    }
+    lines
+}
