@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 mod commands;
+mod validate;
 
 #[derive(Debug, Parser)]
 #[command(name = "muster", version, about = "Role-based multi-agent processes on a gRPC cluster")]
@@ -22,6 +23,8 @@ enum Command {
     Demo(commands::demo::DemoArgs),
     /// Publishes and runs a process, showing its progress live; exit code 0 only if it completed.
     Run(commands::run::RunArgs),
+    /// Validates process, role and permission-matrix files offline.
+    Validate(validate::ValidateArgs),
     /// Imports and lists the roster.
     Roster(commands::roster::RosterArgs),
     /// Serves agents with the deterministic sample behaviour (no LLM).
@@ -39,6 +42,7 @@ async fn main() -> ExitCode {
         Command::Up(args) => commands::up::run(args).await.map(|()| true),
         Command::Demo(args) => commands::demo::run(args).await,
         Command::Run(args) => commands::run::run(&args).await.map(|finished| commands::run::completed(&finished)),
+        Command::Validate(args) => return validate::run(&args),
         Command::Roster(args) => commands::roster::run(args).await.map(|()| true),
         Command::Agent(args) => commands::agent::run(args).await.map(|()| true),
     };

@@ -95,7 +95,12 @@ async fn session<B: Behaviour>(
     agents: &[AgentCredential],
     behaviour: &Arc<B>,
 ) -> anyhow::Result<()> {
-    let mut client = ExecutionServiceClient::connect(execution_url.to_owned()).await?;
+    let channel = tonic::transport::Endpoint::from_shared(execution_url.to_owned())?
+        .initial_stream_window_size(Some(4 * 1024 * 1024))
+        .initial_connection_window_size(Some(8 * 1024 * 1024))
+        .connect()
+        .await?;
+    let mut client = ExecutionServiceClient::new(channel);
     let (sender, receiver) = mpsc::channel::<ConnectWorkerRequest>(256);
     sender
         .send(ConnectWorkerRequest {

@@ -26,9 +26,12 @@ pub fn build_service_binaries() {
     BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
         let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+        // Benchmarks run from target/release: build the services the same way.
+        let release = default_binary_dir().is_ok_and(|dir| dir.ends_with("release"));
         let status = Command::new(cargo)
             .args(["build", "--quiet", "--manifest-path"])
             .arg(&manifest)
+            .args(release.then_some("--release"))
             .args([
                 "-p",
                 "muster-validator",

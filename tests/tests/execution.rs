@@ -348,3 +348,101 @@ fn ndjson(dir: &std::path::Path) -> Vec<serde_json::Value> {
     }
     lines
 }
+
+fn as_agent<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+}
+
+async fn wait_for_status(
+    client: &mut ExecutionServiceClient<Channel>,
+    execution_id: &str,
+    step_id: &str,
+    status: StepStatus,
+) -> muster_proto::execution::v1::StepState {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let execution =
+            client.get_execution(GetExecutionRequest { id: execution_id.to_owned() }).await.unwrap().into_inner();
+        if let Some(step) = execution.execution.unwrap().steps.into_iter().find(|step| step.step_id == step_id)
+            && step.status == status as i32
+        {
+            return step;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "step {step_id} never reached {status:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn human_approval_waits_for_its_executor_or_monitors() {
+    use muster_proto::execution::v1::SubmitApprovalRequest;
+    let Some((test, credentials)) =
+        cluster_with_agents(Backend::Sqlite, &["doer", "boss", "reviewer", "outsider"]).await
+    else {
+        return;
+    };
+    let token = |agent: &str| credentials.iter().find(|c| c.agent_id == agent).unwrap().token.clone();
+    let (boss_token, reviewer_token, outsider_token) = (token("boss"), token("reviewer"), token("outsider"));
+    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials.clone());
+    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let source = |name: &str| {
+        format!(
+            "name: {name}\nsteps:\n  - id: prepare\n    type: agent_task\n    agent: doer\n    message: prepare\n  - id: sign-off\n    type: human_approval\n    title: Sign off\n    depends_on: [prepare]\n    roles:\n      executor: boss\n      monitors: [reviewer]\n  - id: ship\n    type: agent_task\n    agent: doer\n    message: ship\n    depends_on: [sign-off]\n"
+        )
+    };
+
+    let approved_id = publish_and_start(&mut client, &source("approved")).await;
+    let waiting = wait_for_status(&mut client, &approved_id, "sign-off", StepStatus::WaitingApproval).await;
+    assert_eq!(waiting.waiting_for, vec!["boss".to_owned(), "reviewer".to_owned()]);
+    let decision = |approved: bool, comment: &str| SubmitApprovalRequest {
+        execution_id: approved_id.clone(),
+        step_id: "sign-off".to_owned(),
+        approved,
+        comment: comment.to_owned(),
+    };
+    let status = client.submit_approval(decision(true, "")).await.expect_err("no token");
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    let status =
+        client.submit_approval(as_agent(decision(true, ""), &outsider_token)).await.expect_err("not an approver");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied);
+    assert!(status.message().contains("outsider"), "{}", status.message());
+    let step = client
+        .submit_approval(as_agent(decision(true, "looks good"), &reviewer_token))
+        .await
+        .unwrap()
+        .into_inner()
+        .step
+        .unwrap();
+    assert_eq!(step.status, StepStatus::Completed as i32);
+    assert_eq!(step.executor, "reviewer");
+    let events = events_until_finished(&test.cluster().execution_url(), &approved_id).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
+    assert_eq!(count(&events, EventType::ApprovalRequested, "sign-off"), 1);
+    let late = client.submit_approval(as_agent(decision(false, ""), &boss_token)).await.expect_err("already decided");
+    assert_eq!(late.code(), tonic::Code::FailedPrecondition);
+
+    let rejected_id = publish_and_start(&mut client, &source("rejected")).await;
+    wait_for_status(&mut client, &rejected_id, "sign-off", StepStatus::WaitingApproval).await;
+    let rejection = SubmitApprovalRequest {
+        execution_id: rejected_id.clone(),
+        step_id: "sign-off".to_owned(),
+        approved: false,
+        comment: "not yet".to_owned(),
+    };
+    client.submit_approval(as_agent(rejection, &boss_token)).await.unwrap();
+    let events = events_until_finished(&test.cluster().execution_url(), &rejected_id).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Failed as i32);
+    let failure = events
+        .iter()
+        .find(|event| event.step_id == "sign-off" && event.r#type == EventType::StepFailed as i32)
+        .unwrap();
+    assert_eq!(failure.error.as_ref().unwrap().code, "REJECTED");
+    assert_eq!(failure.error.as_ref().unwrap().message, "rejected by boss: not yet");
+    assert_eq!(count(&events, EventType::StepStarted, "ship"), 0);
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}

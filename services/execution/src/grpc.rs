@@ -18,7 +18,7 @@ use crate::{
     Error, Result,
     clients::{ValidatorClient, all_agents, dependency_error},
     domain::ExecutionStatus,
-    engine::{Engine, StartRequest, parse_definition},
+    engine::{Control, Engine, StartRequest, approvers, parse_definition},
     store::{ExecutionFilter, ExecutionRow, ProcessRow},
     workers::{Outcome, WorkerSender},
 };
@@ -120,9 +120,11 @@ impl ExecutionApi {
             })
         })?;
         let definition = parse_definition(&process.source)?;
-        if let Some(step) = definition.steps.iter().find(|step| step.step_type != "agent_task") {
+        if let Some(step) =
+            definition.steps.iter().find(|step| !matches!(step.step_type.as_str(), "agent_task" | "human_approval"))
+        {
             return Err(Error::FailedPrecondition(format!(
-                "step '{}' is of type '{}', which this server cannot run yet; only agent_task steps run",
+                "step '{}' is of type '{}', which this server cannot run yet; agent_task and human_approval steps run",
                 step.id, step.step_type
             )));
         }
@@ -133,7 +135,8 @@ impl ExecutionApi {
         }
         // Every named executor must be in the roster before anything runs.
         let mut roster = self.engine.roster.clone();
-        for step in &definition.steps {
+        // (An approval step's executor may be a system name: people decide it.)
+        for step in definition.steps.iter().filter(|step| step.step_type == "agent_task") {
             if let Some(executor) = step.executor() {
                 match roster.get_agent(roster::GetAgentRequest { id: executor.to_owned() }).await {
                     Ok(_) => {}
@@ -294,7 +297,7 @@ impl ExecutionService for ExecutionApi {
             .into());
         }
         let reason = if request.reason.is_empty() { "cancelled on request".to_owned() } else { request.reason };
-        if self.engine.request_cancel(&request.id, reason) {
+        if self.engine.control(&request.id, Control::Cancel(reason)) {
             let finished = async {
                 loop {
                     match live.recv().await {
@@ -364,9 +367,52 @@ impl ExecutionService for ExecutionApi {
 
     async fn submit_approval(
         &self,
-        _request: Request<wire::SubmitApprovalRequest>,
+        request: Request<wire::SubmitApprovalRequest>,
     ) -> Result<Response<wire::SubmitApprovalResponse>, Status> {
-        Err(unimplemented("ExecutionService.SubmitApproval"))
+        let caller = self.caller(request.metadata()).await?;
+        let request = request.into_inner();
+        let execution = self
+            .engine
+            .store
+            .get_execution(&request.execution_id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("execution '{}' not found", request.execution_id)))?;
+        let process = self.engine.store.get_process(&execution.process_name, Some(execution.process_version)).await?;
+        let definition = parse_definition(&process.map(|process| process.source).unwrap_or_default())?;
+        let step = definition.steps.iter().find(|step| step.id == request.step_id).ok_or_else(|| {
+            Error::NotFound(format!("execution '{}' has no step '{}'", request.execution_id, request.step_id))
+        })?;
+        if step.step_type != "human_approval" {
+            return Err(Error::FailedPrecondition(format!("step '{}' is not a human_approval step", step.id)).into());
+        }
+        let allowed = approvers(step);
+        if !allowed.contains(&caller) {
+            return Err(Status::permission_denied(format!(
+                "only the step's executor or monitors ({}) may decide step '{}'; {caller} is neither",
+                allowed.join(", "),
+                step.id
+            )));
+        }
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let control = Control::Decide {
+            step_id: request.step_id.clone(),
+            approved: request.approved,
+            by: caller,
+            comment: request.comment,
+            reply,
+        };
+        if !self.engine.control(&request.execution_id, control) {
+            return Err(
+                Error::FailedPrecondition(format!("execution '{}' is not running", request.execution_id)).into()
+            );
+        }
+        answer.await.map_err(|_| Status::unavailable("the execution stopped while deciding; try again"))??;
+        let execution = self.engine.store.get_execution(&request.execution_id).await?.unwrap_or(execution);
+        let step = execution_to_wire(execution, Some(&definition))
+            .steps
+            .into_iter()
+            .find(|state| state.step_id == request.step_id);
+        Ok(Response::new(wire::SubmitApprovalResponse { step }))
     }
 
     async fn intervene(
@@ -448,6 +494,34 @@ impl ExecutionService for ExecutionApi {
 }
 
 impl ExecutionApi {
+    /// The agent making a call, from its `authorization: Bearer <token>` metadata.
+    async fn caller(&self, metadata: &tonic::metadata::MetadataMap) -> Result<String, Status> {
+        let token = metadata
+            .get("authorization")
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .ok_or_else(|| {
+                Status::unauthenticated("send the agent's roster token as `authorization: Bearer <token>`")
+            })?;
+        let mut roster = self.engine.roster.clone();
+        match roster.authenticate(roster::AuthenticateRequest { token: token.to_owned() }).await {
+            Ok(response) => response
+                .into_inner()
+                .agent
+                .map(|agent| agent.id)
+                .ok_or_else(|| Status::unauthenticated("the token belongs to no agent")),
+            Err(status)
+                if matches!(
+                    status.code(),
+                    tonic::Code::Unauthenticated | tonic::Code::NotFound | tonic::Code::InvalidArgument
+                ) =>
+            {
+                Err(Status::unauthenticated(format!("the token is not valid: {}", status.message())))
+            }
+            Err(status) => Err(dependency_error("roster", status).into()),
+        }
+    }
+
     /// Each served agent must present its own roster token.
     async fn authenticate_worker(&self, hello: &wire::WorkerHello) -> Result<Vec<String>, Status> {
         if hello.agents.is_empty() {
@@ -624,7 +698,10 @@ fn execution_to_wire(
                 started_at: row.started_at.map(to_timestamp),
                 ended_at: row.ended_at.map(to_timestamp),
                 depends_on: step_definition.map(|step| step.depends_on.clone()).unwrap_or_default(),
-                waiting_for: Vec::new(),
+                waiting_for: match (row.status, step_definition) {
+                    (crate::domain::StepStatus::WaitingApproval, Some(step)) => approvers(step),
+                    _ => Vec::new(),
+                },
                 wait_seconds: 0,
                 delegation_chain: Vec::new(),
                 cost: row.cost,

@@ -215,7 +215,7 @@ async fn read_ingest_stream(
                 break;
             };
             match event_from_wire(&wire) {
-                Ok(event) => events.push(Incoming { wire, event }),
+                Ok(event) => events.push(Incoming { wire: Arc::new(wire), event }),
                 Err(error) => {
                     refusal = Some(error.into());
                     break;
@@ -323,12 +323,19 @@ async fn run_subscription<S: Store>(
                 () = output.closed() => return,
             };
             match next {
-                Some(notification) if notification.cursor > last_sent => {
-                    let cursor = notification.cursor;
-                    if send(Notification::clone(&notification)).await.is_err() {
+                Some(live) if live.cursor > last_sent => {
+                    let notification = notification_to_wire(
+                        live.cursor,
+                        &live.agent_id,
+                        Some(live.reason),
+                        StepEvent::clone(&live.event),
+                        &live.output_summary,
+                        live.created_at,
+                    );
+                    if send(notification).await.is_err() {
                         return;
                     }
-                    last_sent = cursor;
+                    last_sent = live.cursor;
                 }
                 Some(_) => {}
                 None => {

@@ -14,12 +14,26 @@ use std::{
     },
 };
 
-use muster_proto::notifier::v1::Notification;
+use muster_proto::common::v1::StepEvent;
+
+use crate::domain::Reason;
 use tokio::sync::mpsc;
+
+/// A new notification as the hub passes it on: the event and summary are
+/// shared by every notification of the event.
+pub(crate) struct LiveNotification {
+    pub(crate) cursor: u64,
+    pub(crate) agent_id: String,
+    pub(crate) reason: Reason,
+    pub(crate) event: Arc<StepEvent>,
+    pub(crate) output_summary: Arc<str>,
+    /// When stored, ms since the epoch.
+    pub(crate) created_at: i64,
+}
 
 struct Subscriber {
     id: u64,
-    sender: mpsc::Sender<Arc<Notification>>,
+    sender: mpsc::Sender<Arc<LiveNotification>>,
     overflowed: Arc<AtomicBool>,
 }
 
@@ -32,7 +46,7 @@ pub(crate) struct Hub {
 
 /// One subscription's end: live notifications in cursor order. Unregisters on drop.
 pub(crate) struct LiveReceiver {
-    receiver: mpsc::Receiver<Arc<Notification>>,
+    receiver: mpsc::Receiver<Arc<LiveNotification>>,
     overflowed: Arc<AtomicBool>,
     agent_id: String,
     id: u64,
@@ -41,7 +55,7 @@ pub(crate) struct LiveReceiver {
 
 impl LiveReceiver {
     /// The next live notification; `None` once cut off (see [`Self::overflowed`]).
-    pub(crate) async fn recv(&mut self) -> Option<Arc<Notification>> {
+    pub(crate) async fn recv(&mut self) -> Option<Arc<LiveNotification>> {
         self.receiver.recv().await
     }
 
@@ -94,7 +108,7 @@ impl Hub {
     /// Offers each notification to the subscribers of its agent, in order.
     /// `build(index)` makes the notification of `deliveries[index]`; it is
     /// called only when someone listens.
-    pub(crate) fn publish(&self, deliveries: &[&str], build: impl Fn(usize) -> Notification) {
+    pub(crate) fn publish(&self, deliveries: &[&str], build: impl Fn(usize) -> LiveNotification) {
         let mut subscribers = self.lock();
         if subscribers.is_empty() {
             return;

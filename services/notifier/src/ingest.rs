@@ -16,12 +16,11 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::{
     Error, Result,
     domain::{
-        Event,
+        Event, Reason,
         memory::{is_safe_agent_directory, ndjson_line, output_summary, relative_file_path},
         recipients,
     },
-    grpc::notification_to_wire,
-    hub::Hub,
+    hub::{Hub, LiveNotification},
     memory::{MemoryFiles, group_by_file},
     store::{IngestOutcome, MemoryProgress, MemoryState, NewEvent, NewRecipient, Store},
 };
@@ -32,7 +31,7 @@ pub(crate) const MAX_BATCH_EVENTS: usize = 2048;
 /// An event as received: the wire form (stored and re-sent as is) and the
 /// validated domain view.
 pub(crate) struct Incoming {
-    pub(crate) wire: StepEvent,
+    pub(crate) wire: Arc<StepEvent>,
     pub(crate) event: Event,
 }
 
@@ -164,31 +163,32 @@ impl<S: Store> Writer<S> {
         };
 
         // Live delivery, in cursor order.
-        let mut deliveries: Vec<(&str, usize, u64)> = Vec::new();
+        let mut deliveries: Vec<(&str, usize, u64, Reason)> = Vec::new();
+        let mut summaries: Vec<Arc<str>> = Vec::with_capacity(new_events.len());
         for (index, (event, outcome)) in new_events.iter().zip(&outcomes).enumerate() {
+            summaries.push(Arc::from(event.output_summary.as_str()));
             if let IngestOutcome::Stored { first_cursor } = outcome {
                 for (offset, recipient) in event.recipients.iter().enumerate() {
-                    deliveries.push((recipient.agent_id.as_str(), index, first_cursor + offset as u64));
+                    deliveries.push((
+                        recipient.agent_id.as_str(),
+                        index,
+                        first_cursor + offset as u64,
+                        recipient.reason,
+                    ));
                 }
             }
         }
-        let agents: Vec<&str> = deliveries.iter().map(|(agent, _, _)| *agent).collect();
+        let agents: Vec<&str> = deliveries.iter().map(|(agent, ..)| *agent).collect();
         self.hub.publish(&agents, |delivery| {
-            let (agent_id, index, cursor) = deliveries[delivery];
-            let event = &new_events[index];
-            let recipient_reason = event
-                .recipients
-                .iter()
-                .find(|recipient| recipient.agent_id == agent_id)
-                .map(|recipient| recipient.reason);
-            notification_to_wire(
+            let (agent_id, index, cursor, reason) = deliveries[delivery];
+            LiveNotification {
                 cursor,
-                agent_id,
-                recipient_reason,
-                incoming[index].wire.clone(),
-                &event.output_summary,
-                received_at,
-            )
+                agent_id: agent_id.to_owned(),
+                reason,
+                event: Arc::clone(&incoming[index].wire),
+                output_summary: Arc::clone(&summaries[index]),
+                created_at: received_at,
+            }
         });
 
         self.write_memory(&incoming, &new_events, &outcomes).await;

@@ -33,8 +33,6 @@ use crate::{
 pub(crate) struct FileAppend {
     /// Relative to the memory root, `/`-separated.
     pub(crate) path: String,
-    /// The file's length before the append.
-    pub(crate) length_before: u64,
     /// The notifications whose lines these are.
     pub(crate) cursors: Vec<u64>,
     /// The lines, each ending with a newline.
@@ -56,13 +54,19 @@ impl MemoryFiles {
         relative.split('/').fold(self.root.clone(), |path, component| path.join(component))
     }
 
-    /// The current length of each file (0 when missing). Blocking.
+    /// The current length of each file (0 when missing). A file that cannot
+    /// be examined is left out, so no cut-back length is recorded for it.
+    /// Blocking.
     pub(crate) fn lengths(&self, paths: impl IntoIterator<Item = String>) -> Vec<(String, u64)> {
         paths
             .into_iter()
-            .map(|path| {
-                let length = std::fs::metadata(self.absolute(&path)).map(|metadata| metadata.len()).unwrap_or(0);
-                (path, length)
+            .filter_map(|path| match std::fs::metadata(self.absolute(&path)) {
+                Ok(metadata) => Some((path, metadata.len())),
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => Some((path, 0)),
+                Err(error) => {
+                    tracing::warn!(path = %path, %error, "cannot examine a memory file");
+                    None
+                }
             })
             .collect()
     }
@@ -76,11 +80,6 @@ impl MemoryFiles {
             let path = self.absolute(&append.path);
             if let Err(error) = append_and_sync(&path, append.text.as_bytes()) {
                 tracing::error!(path = %path.display(), %error, lines = append.cursors.len(), "appending memory lines failed");
-                if let Ok(file) = OpenOptions::new().write(true).open(&path)
-                    && let Err(error) = file.set_len(append.length_before).and_then(|()| file.sync_all())
-                {
-                    tracing::error!(path = %path.display(), %error, "cutting back a failed memory append failed");
-                }
                 failed.extend_from_slice(&append.cursors);
             }
         }
@@ -116,13 +115,21 @@ impl MemoryFiles {
     }
 }
 
+/// Appends `bytes` and syncs; on failure, cuts the file back to its length
+/// before the write so no partial line stays behind.
 fn append_and_sync(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let parent = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent)?;
     let existed = path.exists();
     let mut file = OpenOptions::new().create(true).append(true).open(path)?;
-    file.write_all(bytes)?;
-    file.sync_data()?;
+    let length_before = file.metadata()?.len();
+    let written = file.write_all(bytes).and_then(|()| file.sync_data());
+    if let Err(error) = written {
+        if let Err(cut_error) = file.set_len(length_before).and_then(|()| file.sync_all()) {
+            tracing::error!(path = %path.display(), error = %cut_error, "cutting back a failed memory append failed");
+        }
+        return Err(error);
+    }
     if !existed {
         // Make the new directory entry durable too.
         File::open(parent)?.sync_all()?;

@@ -5,7 +5,7 @@ mod common;
 
 use std::{collections::BTreeMap, process::Stdio, time::Duration};
 
-use common::{TempDirectory, TestNotifier, completed, memory_lines, wait_until_serving};
+use common::{TempDirectory, TestNotifier, completed, failed, memory_lines, wait_until_serving};
 use muster_notifier::{
     domain::Reason,
     store::{MemoryState, NewEvent, NewRecipient, SqlStore, Store},
@@ -247,4 +247,29 @@ async fn a_crash_after_the_commit_is_repaired_at_restart() {
 #[tokio::test]
 async fn a_torn_append_is_cut_back_and_rewritten_at_restart() {
     crash_at("torn-append").await;
+}
+
+#[tokio::test]
+async fn a_failed_append_is_retried_at_the_next_start() {
+    let data = TempDirectory::new("failed-append");
+    let memory_root = data.0.join("agents");
+    // A file where the informed agent's events directory should be: its append fails.
+    std::fs::create_dir_all(memory_root.join("informed")).expect("dir");
+    std::fs::write(memory_root.join("informed/events"), "in the way").expect("blocker");
+
+    let notifier = TestNotifier::start(&data.0, &[]).await;
+    let acks = notifier.ingest(vec![completed("e1", "s1", "{}"), failed("e2", "s2")]).await;
+    assert_eq!(acks.iter().map(|ack| ack.notifications).collect::<Vec<_>>(), vec![3, 3], "stored and acknowledged");
+    assert_eq!(line_steps(&memory_root, "monitor"), vec!["s1", "s2"]);
+    notifier.stop().await;
+
+    std::fs::remove_file(memory_root.join("informed/events")).expect("unblock");
+    let notifier = TestNotifier::start(&data.0, &[]).await;
+    assert_eq!(line_steps(&memory_root, "informed"), vec!["s1", "s2"], "rewritten at start");
+    assert_eq!(line_steps(&memory_root, "monitor"), vec!["s1", "s2"], "others untouched");
+    notifier.stop().await;
+    // Written once: a further restart adds nothing.
+    let notifier = TestNotifier::start(&data.0, &[]).await;
+    assert_eq!(line_steps(&memory_root, "informed"), vec!["s1", "s2"]);
+    notifier.stop().await;
 }

@@ -454,7 +454,8 @@ async fn the_service_runs_on_postgresql_too() {
         data.0.display().to_string(),
     ];
     let notifier = TestNotifier::start_with(<muster_notifier::Config as clap::Parser>::parse_from(arguments)).await;
-    let acks = notifier.ingest(vec![completed("e1", "s1", "{}"), failed("e2", "s2"), completed("e1", "s1", "{}")]).await;
+    let acks =
+        notifier.ingest(vec![completed("e1", "s1", "{}"), failed("e2", "s2"), completed("e1", "s1", "{}")]).await;
     assert_eq!(acks.iter().map(|ack| ack.notifications).collect::<Vec<_>>(), vec![3, 3, 0]);
     assert_eq!(event_ids(&list(&notifier, "informed", 0).await), vec!["e1", "e2"]);
     assert_eq!(memory_lines(&notifier.memory_root, "informed").len(), 2);
@@ -469,5 +470,38 @@ async fn the_service_runs_on_postgresql_too() {
     notifier.ingest(vec![completed("e3", "s3", "{}")]).await;
     assert_eq!(event_ids(&receive(&mut stream, 1).await), vec!["e3"]);
     drop(stream);
+    notifier.stop().await;
+}
+
+#[tokio::test]
+async fn subscribing_during_ingestion_sees_every_notification_once_in_order() {
+    const EVENTS: usize = 3000;
+    let data = TempDirectory::new("seam");
+    let notifier = TestNotifier::start(&data.0, &["--memory-files", "false"]).await;
+    let client = notifier.client.clone();
+    let producer = tokio::spawn(async move {
+        for chunk in 0..(EVENTS / 500) {
+            let events = (chunk * 500..(chunk + 1) * 500)
+                .map(|index| step_event(&format!("e{index}"), EventType::StepStarted, &format!("s{index}")))
+                .collect();
+            common::ingest(client.clone(), events).await;
+        }
+    });
+    // Wait until ingestion is under way, then subscribe from the start.
+    while list(&notifier, "lead", 0).await.is_empty() {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut stream = notifier
+        .client
+        .clone()
+        .subscribe(SubscribeRequest { agent_id: "lead".to_owned(), after_cursor: 0 })
+        .await
+        .expect("subscribe")
+        .into_inner();
+    let received = receive(&mut stream, EVENTS).await;
+    producer.await.expect("producer");
+    let expected: Vec<String> = (0..EVENTS).map(|index| format!("e{index}")).collect();
+    assert_eq!(event_ids(&received), expected, "no gap, no repeat at the seam");
+    assert!(tokio::time::timeout(Duration::from_millis(200), stream.next()).await.is_err(), "nothing more");
     notifier.stop().await;
 }

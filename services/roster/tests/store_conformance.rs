@@ -199,3 +199,52 @@ async fn conformance_on_postgres() {
     let store = SqlStore::connect(&database.url, 5).unwrap();
     conformance(store).await;
 }
+
+/// The store loads only the best cross-team matches; the choice must still be
+/// the framework's (lower workload, then id), on the idle fast path and off it.
+async fn cross_team_order(store: SqlStore) {
+    store.migrate().await.unwrap();
+    for team in ["home", "away"] {
+        store.put_team(&Team { name: team.into(), ..Team::default() }, NOW).await.unwrap();
+    }
+    store.insert_agent(&agent("asker", "home", "", &[], 5), "h-asker", NOW).await.unwrap();
+    for index in 0..12 {
+        store
+            .insert_agent(&agent(&format!("w{index:02}"), "away", "", &["rust", "go"], 5), &format!("h{index}"), NOW)
+            .await
+            .unwrap();
+    }
+    // Everyone idle: the lowest id wins, and candidates come in id order.
+    let outcome = store.delegate(&request("r1", "asker", &["rust", "go"]), NOW, Settings::default()).await.unwrap();
+    assert_eq!(outcome.decision.primary_agent_id, "w00");
+    assert_eq!(outcome.decision.candidates[..3], ["w00".to_owned(), "w01".to_owned(), "w02".to_owned()]);
+    // Give every agent but w11 a task, and w00 two: w11 (idle) must win over lower ids.
+    for index in 0..11 {
+        let mut chain = vec![];
+        for other in 0..12 {
+            if other != index {
+                chain.push(format!("w{other:02}"));
+            }
+        }
+        let forced =
+            DelegationRequest { delegation_chain: chain, ..request(&format!("fill-{index}"), "asker", &["rust"]) };
+        let outcome = store.delegate(&forced, NOW, Settings::default()).await.unwrap();
+        assert_eq!(outcome.decision.primary_agent_id, format!("w{index:02}"));
+    }
+    let outcome = store.delegate(&request("r2", "asker", &["go", "rust"]), NOW, Settings::default()).await.unwrap();
+    assert_eq!(outcome.decision.primary_agent_id, "w11", "the idle agent comes first");
+    // Now all hold one task except w00 (two): the lowest id among the least loaded wins.
+    let outcome = store.delegate(&request("r3", "asker", &["rust"]), NOW, Settings::default()).await.unwrap();
+    assert_eq!(outcome.decision.primary_agent_id, "w01", "w00 holds two tasks (r1, fill-0)");
+}
+
+#[tokio::test]
+async fn cross_team_order_on_sqlite() {
+    cross_team_order(SqlStore::connect("sqlite::memory:", 1).unwrap()).await;
+}
+
+#[tokio::test]
+async fn cross_team_order_on_postgres() {
+    let Some(database) = TestDatabase::create().await else { return };
+    cross_team_order(SqlStore::connect(&database.url, 5).unwrap()).await;
+}

@@ -99,6 +99,10 @@ impl Server {
         let server = tonic::transport::Server::builder()
             .concurrency_limit_per_connection(self.args.max_concurrent_requests)
             .tcp_nodelay(true)
+            // Large windows: assignments carry the shared memory of an execution,
+            // and 64 KiB windows would stall them on flow control.
+            .initial_stream_window_size(Some(4 * 1024 * 1024))
+            .initial_connection_window_size(Some(8 * 1024 * 1024))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .layer(
                 TraceLayer::new_for_grpc()

@@ -53,7 +53,12 @@ pub(crate) struct StepTask {
     pub(crate) shared_memory_json: String,
     pub(crate) history: Vec<HistoryEntry>,
     pub(crate) updates: mpsc::UnboundedSender<StepUpdate>,
+    /// Role definitions and prompts already fetched for this execution's agents.
+    pub(crate) agent_contexts: AgentContexts,
 }
+
+/// Per execution: agent id to its role definition and rendered system prompt.
+pub(crate) type AgentContexts = Arc<tokio::sync::Mutex<HashMap<String, (Option<roster::RoleDefinition>, String)>>>;
 
 impl StepTask {
     pub(crate) async fn run(self) -> (usize, u32, Outcome) {
@@ -136,7 +141,10 @@ impl StepTask {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
                 Err(status) => {
-                    return Err(failure("NO_EXECUTOR", format!("the roster refused to delegate: {}", status.message())));
+                    return Err(failure(
+                        "NO_EXECUTOR",
+                        format!("the roster refused to delegate: {}", status.message()),
+                    ));
                 }
             }
         };
@@ -225,9 +233,20 @@ impl StepTask {
         }
     }
 
-    /// The agent's role definition and rendered prompt; an assignment goes out
-    /// without them when the roster cannot provide them.
+    /// The agent's role definition and rendered prompt, fetched once per
+    /// execution; an assignment goes out without them when the roster cannot
+    /// provide them.
     async fn agent_context(&self, agent_id: &str) -> (Option<roster::RoleDefinition>, String) {
+        let cached = self.agent_contexts.lock().await.get(agent_id).cloned();
+        if let Some(context) = cached {
+            return context;
+        }
+        let context = self.fetch_agent_context(agent_id).await;
+        self.agent_contexts.lock().await.insert(agent_id.to_owned(), context.clone());
+        context
+    }
+
+    async fn fetch_agent_context(&self, agent_id: &str) -> (Option<roster::RoleDefinition>, String) {
         let mut client = self.engine.roster.clone();
         let role_definition = match client.get_agent(roster::GetAgentRequest { id: agent_id.to_owned() }).await {
             Ok(response) => match response.into_inner().agent {

@@ -9,11 +9,11 @@ use muster_validator::{ProcessDefinition, StepDefinition};
 use tokio::{sync::mpsc, task::JoinSet};
 
 use super::{
-    Engine,
-    assignment::{StepTask, StepUpdate},
+    Control, Engine,
+    assignment::{AgentContexts, StepTask, StepUpdate},
 };
 use crate::{
-    Result,
+    Error, Result,
     domain::{ExecutionStatus, StepStatus},
     store::{ExecutionRow, StepRow},
     workers::Outcome,
@@ -27,8 +27,9 @@ pub(crate) struct Driver {
     running: JoinSet<(usize, u32, Outcome)>,
     updates_sender: mpsc::UnboundedSender<StepUpdate>,
     updates: mpsc::UnboundedReceiver<StepUpdate>,
-    cancel: mpsc::UnboundedReceiver<String>,
+    controls: mpsc::UnboundedReceiver<Control>,
     max_parallel: usize,
+    agent_contexts: AgentContexts,
 }
 
 impl Driver {
@@ -36,7 +37,7 @@ impl Driver {
         engine: Arc<Engine>,
         mut execution: ExecutionRow,
         definition: ProcessDefinition,
-        cancel: mpsc::UnboundedReceiver<String>,
+        controls: mpsc::UnboundedReceiver<Control>,
     ) -> Self {
         // Steps that were running when the service stopped are assigned again.
         for step in &mut execution.steps {
@@ -56,8 +57,9 @@ impl Driver {
             running: JoinSet::new(),
             updates_sender,
             updates,
-            cancel,
+            controls,
             max_parallel,
+            agent_contexts: AgentContexts::default(),
         }
     }
 
@@ -70,7 +72,13 @@ impl Driver {
             tokio::select! {
                 biased;
                 Some(update) = self.updates.recv() => self.apply_update(update).await?,
-                Some(reason) = self.cancel.recv() => return self.finish(Some(reason)).await,
+                Some(control) = self.controls.recv() => match control {
+                    Control::Cancel(reason) => return self.finish(Some(reason)).await,
+                    Control::Decide { step_id, approved, by, comment, reply } => {
+                        let outcome = self.decide(&step_id, approved, &by, &comment).await;
+                        let _ = reply.send(outcome);
+                    }
+                },
                 Some(joined) = self.running.join_next() => {
                     match joined {
                         Ok((position, attempt, outcome)) => self.settle(position, attempt, outcome).await?,
@@ -139,11 +147,63 @@ impl Driver {
                 break;
             }
             if self.execution.steps[position].status == StepStatus::Ready {
-                self.spawn_step(position);
-                in_flight += 1;
+                if self.definition.steps[position].step_type == HUMAN_APPROVAL {
+                    self.request_approval(position).await?;
+                } else {
+                    self.spawn_step(position);
+                    in_flight += 1;
+                }
             }
         }
         Ok(())
+    }
+
+    /// A human approval step waits for its executor's or a monitor's decision.
+    async fn request_approval(&mut self, position: usize) -> Result<()> {
+        let step = &mut self.execution.steps[position];
+        step.status = StepStatus::WaitingApproval;
+        step.attempt = 1;
+        step.started_at = Some(muster_runtime::time::now_millis());
+        let mut event = self.step_event(EventType::ApprovalRequested, position);
+        event.waiting_for = approvers(&self.definition.steps[position]);
+        self.persist(&[position], false, vec![event]).await
+    }
+
+    /// Records an approval decision: approved completes the step, rejected fails it.
+    async fn decide(&mut self, step_id: &str, approved: bool, by: &str, comment: &str) -> Result<()> {
+        let Some(&position) = self.index.get(step_id) else {
+            return Err(Error::NotFound(format!("execution '{}' has no step '{step_id}'", self.execution.id)));
+        };
+        if self.execution.steps[position].status != StepStatus::WaitingApproval {
+            return Err(Error::FailedPrecondition(format!(
+                "step '{step_id}' is not waiting for approval (it is {})",
+                self.execution.steps[position].status.as_str()
+            )));
+        }
+        let now = muster_runtime::time::now_millis();
+        let step = &mut self.execution.steps[position];
+        step.executor = by.to_owned();
+        step.ended_at = Some(now);
+        let event = if approved {
+            step.status = StepStatus::Completed;
+            step.output_json = serde_json::json!({"approved": true, "by": by, "comment": comment}).to_string();
+            let mut event = self.step_event(EventType::StepCompleted, position);
+            event.duration_ms =
+                self.execution.steps[position].started_at.map_or(0, |started| (now - started).max(0) as u64);
+            event
+        } else {
+            step.status = StepStatus::Failed;
+            step.error_code = "REJECTED".to_owned();
+            step.error_message =
+                if comment.is_empty() { format!("rejected by {by}") } else { format!("rejected by {by}: {comment}") };
+            let mut event = self.step_event(EventType::StepFailed, position);
+            event.error = Some(StepError {
+                code: self.execution.steps[position].error_code.clone(),
+                message: self.execution.steps[position].error_message.clone(),
+            });
+            event
+        };
+        self.persist(&[position], false, vec![event]).await
     }
 
     fn spawn_step(&mut self, position: usize) {
@@ -174,6 +234,7 @@ impl Driver {
             shared_memory_json: self.shared_memory_json(),
             history: self.history(),
             updates: self.updates_sender.clone(),
+            agent_contexts: self.agent_contexts.clone(),
         };
         self.running.spawn(task.run());
     }
@@ -222,7 +283,7 @@ impl Driver {
         let event = match outcome {
             Outcome::Completed(result) => {
                 step.status = StepStatus::Completed;
-                step.output_json = if result.output_json.is_empty() { "null".to_owned() } else { result.output_json };
+                step.output_json = stored_output(result.output_json);
                 step.cost = result.cost;
                 step.tokens_used = result.tokens_used;
                 step.ended_at = Some(now);
@@ -357,19 +418,20 @@ impl Driver {
         event
     }
 
+    /// Every completed step's output by step id, as a JSON object. Outputs are
+    /// valid JSON once stored (see `settle`), so this is concatenation, not parsing.
     fn shared_memory_json(&self) -> String {
-        let memory: serde_json::Map<String, serde_json::Value> = self
-            .execution
-            .steps
-            .iter()
-            .filter(|step| step.status == StepStatus::Completed)
-            .map(|step| {
-                let value = serde_json::from_str(&step.output_json)
-                    .unwrap_or(serde_json::Value::String(step.output_json.clone()));
-                (step.step_id.clone(), value)
-            })
-            .collect();
-        serde_json::Value::Object(memory).to_string()
+        let mut memory = String::from("{");
+        for step in self.execution.steps.iter().filter(|step| step.status == StepStatus::Completed) {
+            if memory.len() > 1 {
+                memory.push(',');
+            }
+            memory.push_str(&serde_json::Value::String(step.step_id.clone()).to_string());
+            memory.push(':');
+            memory.push_str(&step.output_json);
+        }
+        memory.push('}');
+        memory
     }
 
     fn history(&self) -> Vec<muster_proto::execution::v1::HistoryEntry> {
@@ -387,6 +449,17 @@ impl Driver {
     }
 }
 
+/// A worker's output as stored: JSON text. Output that is not JSON is kept as a JSON string.
+fn stored_output(output_json: String) -> String {
+    if output_json.trim().is_empty() {
+        "null".to_owned()
+    } else if serde_json::from_str::<serde::de::IgnoredAny>(&output_json).is_ok() {
+        output_json
+    } else {
+        serde_json::Value::String(output_json).to_string()
+    }
+}
+
 /// The roles of a step as sent in events; a step with only an `agent` has it as executor.
 pub(crate) fn step_roles(definition: &StepDefinition) -> StepRoles {
     match &definition.roles {
@@ -397,6 +470,18 @@ pub(crate) fn step_roles(definition: &StepDefinition) -> StepRoles {
         },
         None => StepRoles { executor: definition.agent.clone().unwrap_or_default(), ..Default::default() },
     }
+}
+
+/// The step type that waits for a person's decision instead of a worker.
+pub(crate) const HUMAN_APPROVAL: &str = "human_approval";
+
+/// Who may decide an approval step: its executor and its monitors.
+pub(crate) fn approvers(definition: &StepDefinition) -> Vec<String> {
+    let roles = step_roles(definition);
+    let mut approvers: Vec<String> =
+        std::iter::once(roles.executor).chain(roles.monitors).filter(|agent| !agent.is_empty()).collect();
+    approvers.dedup();
+    approvers
 }
 
 /// The id of one attempt of a step.

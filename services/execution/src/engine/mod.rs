@@ -12,7 +12,7 @@ use std::{
 
 use muster_proto::common::v1::{EventType, StepEvent};
 use muster_validator::ProcessDefinition;
-use tokio::sync::{Notify, broadcast, mpsc};
+use tokio::sync::{Notify, broadcast, mpsc, oneshot};
 
 use crate::{
     Error, Result,
@@ -22,7 +22,7 @@ use crate::{
     workers::Workers,
 };
 
-pub(crate) use driver::{new_event, step_roles};
+pub(crate) use driver::{approvers, new_event, step_roles};
 
 /// Shared by the gRPC handlers and the execution drivers.
 pub(crate) struct Engine {
@@ -34,7 +34,15 @@ pub(crate) struct Engine {
     /// Woken whenever events enter the outbox.
     pub(crate) outbox_wake: Arc<Notify>,
     pub(crate) default_max_parallel: usize,
-    cancellations: Mutex<HashMap<String, mpsc::UnboundedSender<String>>>,
+    controls: Mutex<HashMap<String, mpsc::UnboundedSender<Control>>>,
+}
+
+/// A request to an execution's driver.
+pub(crate) enum Control {
+    /// End the execution as cancelled, with the reason.
+    Cancel(String),
+    /// Decide a human approval step; the reply says whether the step was waiting.
+    Decide { step_id: String, approved: bool, by: String, comment: String, reply: oneshot::Sender<Result<()>> },
 }
 
 /// What a caller asks to start.
@@ -56,7 +64,7 @@ impl Engine {
             events,
             outbox_wake: Arc::new(Notify::new()),
             default_max_parallel,
-            cancellations: Mutex::new(HashMap::new()),
+            controls: Mutex::new(HashMap::new()),
         })
     }
 
@@ -118,10 +126,10 @@ impl Engine {
         Ok(ids.len())
     }
 
-    /// Asks the driver of a running execution to cancel it.
-    pub(crate) fn request_cancel(&self, execution_id: &str, reason: String) -> bool {
-        let cancellations = self.cancellations.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        cancellations.get(execution_id).is_some_and(|cancel| cancel.send(reason).is_ok())
+    /// Hands a request to the driver of a running execution; false when none runs it.
+    pub(crate) fn control(&self, execution_id: &str, control: Control) -> bool {
+        let controls = self.controls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        controls.get(execution_id).is_some_and(|sender| sender.send(control).is_ok())
     }
 
     pub(crate) fn announce(&self, events: Vec<StepEvent>) {
@@ -132,18 +140,18 @@ impl Engine {
     }
 
     fn spawn_driver(self: &Arc<Self>, execution: ExecutionRow, definition: ProcessDefinition) {
-        let (cancel_sender, cancel) = mpsc::unbounded_channel();
-        self.cancellations
+        let (control_sender, controls) = mpsc::unbounded_channel();
+        self.controls
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(execution.id.clone(), cancel_sender);
+            .insert(execution.id.clone(), control_sender);
         let engine = self.clone();
         tokio::spawn(async move {
             let execution_id = execution.id.clone();
-            if let Err(error) = driver::Driver::new(engine.clone(), execution, definition, cancel).run().await {
+            if let Err(error) = driver::Driver::new(engine.clone(), execution, definition, controls).run().await {
                 tracing::error!(%execution_id, %error, "execution driver stopped; it resumes when the service restarts");
             }
-            engine.cancellations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&execution_id);
+            engine.controls.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&execution_id);
         });
     }
 }

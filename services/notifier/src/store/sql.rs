@@ -5,7 +5,7 @@
 //! serialises ingest transactions, so cursors become visible in increasing
 //! order (a reader never sees cursor 7 before cursor 6 has committed).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use muster_runtime::db::{Backend, Database, Migrations};
 use sqlx::{AssertSqlSafe, Row, any::AnyRow};
@@ -184,18 +184,28 @@ impl Store for SqlStore {
             query.execute(&mut *transaction).await?;
         }
 
-        for (path, length) in memory_file_lengths {
-            if !touched_paths.contains(path.as_str()) {
-                continue;
-            }
-            sqlx::query(
-                "INSERT INTO memory_files (path, length_before_append) VALUES ($1, $2) \
-                 ON CONFLICT (path) DO UPDATE SET length_before_append = excluded.length_before_append",
-            )
-            .bind(path.as_str())
-            .bind(from_cursor(*length))
-            .execute(&mut *transaction)
-            .await?;
+        let known_lengths: HashMap<&str, u64> =
+            memory_file_lengths.iter().map(|(path, length)| (path.as_str(), *length)).collect();
+        for path in &touched_paths {
+            match known_lengths.get(path).copied() {
+                Some(length) => {
+                    sqlx::query(
+                        "INSERT INTO memory_files (path, length_before_append) VALUES ($1, $2) \
+                         ON CONFLICT (path) DO UPDATE SET length_before_append = excluded.length_before_append",
+                    )
+                    .bind(*path)
+                    .bind(from_cursor(length))
+                    .execute(&mut *transaction)
+                    .await?
+                }
+                // Unknown: forget the old length rather than cut back to it.
+                None => {
+                    sqlx::query("DELETE FROM memory_files WHERE path = $1")
+                        .bind(*path)
+                        .execute(&mut *transaction)
+                        .await?
+                }
+            };
         }
 
         transaction.commit().await?;

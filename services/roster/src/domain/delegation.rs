@@ -9,6 +9,8 @@
 
 use std::collections::{HashMap, HashSet};
 
+use super::decision_text::{capitalize, describe, display_team, finish, role_label, tier_phrase};
+pub use super::decision_text::{format_wait, queue_escalation_decision, queue_offer_decision, render_text};
 use super::model::{Agent, Status, Team};
 
 /// Most candidates a decision lists (the best ranked), so audit records stay small.
@@ -236,7 +238,12 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
                         Tier::Named,
                         preferred,
                         primary_reason,
-                        fallback.map(|f| (f.agent, describe(f.agent, &matching_tags(request, f.agent), home_team, tier_phrase(f.tier)))),
+                        fallback.map(|f| {
+                            (
+                                f.agent,
+                                describe(f.agent, &matching_tags(request, f.agent), home_team, tier_phrase(f.tier)),
+                            )
+                        }),
                         reasoning,
                         0,
                         notes,
@@ -292,7 +299,9 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
             primary.tier,
             primary.agent,
             describe(primary.agent, &matching_tags(request, primary.agent), home_team, tier_phrase(primary.tier)),
-            fallback.map(|f| (f.agent, describe(f.agent, &matching_tags(request, f.agent), home_team, tier_phrase(f.tier)))),
+            fallback.map(|f| {
+                (f.agent, describe(f.agent, &matching_tags(request, f.agent), home_team, tier_phrase(f.tier)))
+            }),
             reasoning,
             0,
             notes,
@@ -598,334 +607,6 @@ pub fn estimated_wait(agent: &Agent, snapshot: &Snapshot, now: i64, settings: Se
     base.saturating_add(ahead.saturating_mul(settings.average_task_millis))
 }
 
-fn tier_phrase(tier: Tier) -> &'static str {
-    match tier {
-        Tier::SameTeamMatch => "same team",
-        Tier::SameTeamPartial => "same team, partial expertise",
-        Tier::CrossTeamMatch => "cross-team",
-        Tier::QueueForExpert => "primary expert",
-        Tier::Escalate => "senior",
-        Tier::Named => "named by the requester",
-    }
-}
-
-fn describe(agent: &Agent, matched: &[&str], home_team: &str, phrase: &str) -> String {
-    let mut parts = vec![role_label(agent)];
-    if !matched.is_empty() {
-        parts.push(format!("{} expertise", matched.join(", ")));
-    }
-    let placement = if phrase == "same team" || phrase.starts_with("same team") || phrase == "cross-team" {
-        phrase.to_owned()
-    } else if !home_team.is_empty() && agent.team == home_team {
-        format!("{phrase}, same team")
-    } else {
-        format!("{phrase}, team {}", display_team(&agent.team))
-    };
-    parts.push(placement);
-    parts.push(agent.status().as_str().to_owned());
-    parts.push(format!("{}/{} tasks", agent.current_workload, agent.workload_capacity));
-    parts.join(", ")
-}
-
-fn role_label(agent: &Agent) -> String {
-    if agent.role.is_empty() { "no role".to_owned() } else { agent.role.clone() }
-}
-
-fn display_team(team: &str) -> &str {
-    if team.is_empty() { "(none)" } else { team }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn finish(
-    kind: DecisionKind,
-    tier: Tier,
-    primary: &Agent,
-    primary_reason: String,
-    fallback: Option<(&Agent, String)>,
-    reasoning: String,
-    wait_millis: i64,
-    notes: Vec<String>,
-    candidates: Vec<String>,
-) -> Decision {
-    let mut candidates = candidates;
-    candidates.truncate(MAX_CANDIDATES);
-    let (fallback_agent_id, fallback_reason, fallback_name) = match fallback {
-        Some((agent, reason)) => (agent.id.clone(), reason, agent.name.clone()),
-        None => (String::new(), String::new(), String::new()),
-    };
-    let mut decision = Decision {
-        kind,
-        tier,
-        primary_agent_id: primary.id.clone(),
-        primary_reason,
-        fallback_agent_id,
-        fallback_reason,
-        reasoning,
-        wait_millis,
-        notes: notes.join("; "),
-        text: String::new(),
-        candidates,
-    };
-    decision.text = render_text(&decision, &primary.name, &fallback_name);
-    decision
-}
-
-/// Renders a decision in the seed's DELEGATION DECISION format.
-pub fn render_text(decision: &Decision, primary_name: &str, fallback_name: &str) -> String {
-    let mut text = String::from("DELEGATION DECISION:\n");
-    text.push_str(&format!("Primary Choice: {primary_name} ({})\n", decision.primary_reason));
-    if !decision.fallback_agent_id.is_empty() {
-        text.push_str(&format!("Fallback: {fallback_name} ({})\n", decision.fallback_reason));
-    }
-    let target =
-        if decision.primary_agent_id.is_empty() { "the orchestrator".to_owned() } else { primary_name.to_owned() };
-    let verb = match decision.kind {
-        DecisionKind::Delegate => "to",
-        DecisionKind::Queue => "for",
-        DecisionKind::Escalate => "to",
-    };
-    text.push_str(&format!("Decision: {} {verb} {target}\n", decision.kind.as_str()));
-    text.push_str(&format!("Reasoning: {}\n", decision.reasoning));
-    if decision.kind == DecisionKind::Queue {
-        text.push_str(&format!("Wait Time: {}\n", format_wait(decision.wait_millis)));
-    }
-    if !decision.notes.is_empty() {
-        text.push_str(&format!("Notes: {}\n", decision.notes));
-    }
-    text
-}
-
-/// A duration in ms as `2h 5m`, `45m` or `30s`.
-pub fn format_wait(millis: i64) -> String {
-    let seconds = millis.max(0) / 1000;
-    let (hours, minutes) = (seconds / 3600, (seconds % 3600) / 60);
-    match (hours, minutes) {
-        (0, 0) => format!("{seconds}s"),
-        (0, minutes) => format!("{minutes}m"),
-        (hours, 0) => format!("{hours}h"),
-        (hours, minutes) => format!("{hours}h {minutes}m"),
-    }
-}
-
-fn capitalize(text: &str) -> String {
-    let mut chars = text.chars();
-    match chars.next() {
-        Some(first) => first.to_uppercase().chain(chars).collect(),
-        None => String::new(),
-    }
-}
-
-/// The DELEGATE that resolves a queued task when its expert frees a slot.
-pub fn queue_offer_decision(expert: &Agent, queued_at: i64, now: i64) -> Decision {
-    let reasoning = format!(
-        "{} freed a slot and this task was the oldest queued for them (waited {}).",
-        expert.name,
-        format_wait(now - queued_at)
-    );
-    finish(
-        DecisionKind::Delegate,
-        Tier::QueueForExpert,
-        expert,
-        format!(
-            "{}, primary expert, slot freed, {}/{} tasks",
-            role_label(expert),
-            expert.current_workload,
-            expert.workload_capacity
-        ),
-        None,
-        reasoning,
-        0,
-        Vec::new(),
-        vec![expert.id.clone()],
-    )
-}
-
-/// The ESCALATE that resolves a queued task gone stale (or whose expert went
-/// offline or was removed). `senior` is the escalation target chosen when queued.
-pub fn queue_escalation_decision(expert_id: &str, senior: Option<&Agent>, reason: &str) -> Decision {
-    let reasoning = format!("{}.", capitalize(reason));
-    let notes = vec![format!("was queued for {expert_id}")];
-    match senior {
-        Some(senior) => finish(
-            DecisionKind::Escalate,
-            Tier::Escalate,
-            senior,
-            format!("{}, senior to escalate to", role_label(senior)),
-            None,
-            reasoning,
-            0,
-            notes,
-            vec![expert_id.to_owned()],
-        ),
-        None => {
-            let mut decision = Decision {
-                kind: DecisionKind::Escalate,
-                tier: Tier::Escalate,
-                primary_agent_id: String::new(),
-                primary_reason: "no senior or team lead to escalate to".to_owned(),
-                fallback_agent_id: String::new(),
-                fallback_reason: String::new(),
-                reasoning,
-                wait_millis: 0,
-                notes: format!(
-                    "{}; no senior or team lead to escalate to: the orchestrator must decide",
-                    notes.join("; ")
-                ),
-                text: String::new(),
-                candidates: vec![expert_id.to_owned()],
-            };
-            decision.text = render_text(&decision, "none", "");
-            decision
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use proptest::prelude::*;
-
-    use super::*;
-
-    const TAGS: [&str; 3] = ["x", "y", "z"];
-
-    fn agent_strategy(index: usize) -> impl Strategy<Value = Agent> {
-        (
-            0..3_usize,
-            proptest::collection::vec(any::<bool>(), 3),
-            1..6_u32,
-            0..6_u32,
-            0..4_u8,
-            0..11_usize,
-            any::<bool>(),
-        )
-            .prop_map(move |(team, tags, capacity, workload, manual, senior, has_until)| Agent {
-                id: format!("a{index}"),
-                name: format!("A{index}"),
-                role: if index.is_multiple_of(2) { "even".into() } else { "odd".into() },
-                team: format!("t{team}"),
-                senior_id: if senior < 10 && senior != index { format!("a{senior}") } else { String::new() },
-                expertise: TAGS.iter().zip(&tags).filter(|(_, on)| **on).map(|(tag, _)| (*tag).to_owned()).collect(),
-                manual_status: match manual {
-                    0 => Some(Status::Offline),
-                    1 => Some(Status::Busy),
-                    _ => None,
-                },
-                current_workload: workload.min(capacity),
-                workload_capacity: capacity,
-                availability_until: has_until.then_some(1_000 + i64::from(workload) * 3_600_000),
-                ..Agent::default()
-            })
-    }
-
-    fn case_strategy() -> impl Strategy<Value = (Vec<Agent>, DelegationRequest)> {
-        let agents = (0..10_usize).map(agent_strategy).collect::<Vec<_>>();
-        (
-            agents,
-            0..11_usize,
-            proptest::collection::vec(any::<bool>(), 3),
-            proptest::collection::vec(0..10_usize, 0..4),
-            0..13_usize,
-            0..4_u8,
-            0..3_u8,
-        )
-            .prop_map(|(agents, requester, tags, chain, preferred, urgency, role)| {
-                let request = DelegationRequest {
-                    task_id: "task".into(),
-                    requester_id: if requester < 10 { format!("a{requester}") } else { String::new() },
-                    required_expertise: TAGS
-                        .iter()
-                        .zip(&tags)
-                        .filter(|(_, on)| **on)
-                        .map(|(tag, _)| (*tag).to_owned())
-                        .collect(),
-                    required_role: match role {
-                        0 => "even".into(),
-                        _ => String::new(),
-                    },
-                    team: "t1".into(),
-                    urgency: [Urgency::Low, Urgency::Normal, Urgency::High, Urgency::Critical][usize::from(urgency)],
-                    delegation_chain: chain.into_iter().map(|index| format!("a{index}")).collect(),
-                    preferred_agent_id: match preferred {
-                        10 => "ghost".into(),
-                        11 | 12 => String::new(),
-                        index => format!("a{index}"),
-                    },
-                    ..DelegationRequest::default()
-                };
-                (agents, request)
-            })
-    }
-
-    proptest! {
-        #[test]
-        fn never_offline_never_full_never_in_the_chain((agents, request) in case_strategy()) {
-            let snapshot = Snapshot { agents: agents.clone(), ..Snapshot::default() };
-            let decision = decide(&request, &snapshot, 1_000, Settings::default());
-            let chosen = agents.iter().find(|agent| agent.id == decision.primary_agent_id);
-            if !decision.primary_agent_id.is_empty() {
-                prop_assert!(!request.delegation_chain.contains(&decision.primary_agent_id), "{decision:?}");
-                prop_assert_ne!(&decision.primary_agent_id, &request.requester_id);
-            }
-            match decision.kind {
-                DecisionKind::Delegate => {
-                    let chosen = chosen.expect("a delegate exists");
-                    prop_assert!(chosen.status() != Status::Offline);
-                    prop_assert!(chosen.has_free_slot() && chosen.current_workload < chosen.workload_capacity);
-                    prop_assert!(request.required_role.is_empty() || chosen.role == request.required_role);
-                }
-                DecisionKind::Queue => {
-                    let chosen = chosen.expect("an expert exists");
-                    prop_assert!(chosen.status() != Status::Offline);
-                    prop_assert!(!chosen.has_free_slot());
-                    prop_assert!(request.urgency != Urgency::Critical);
-                    prop_assert!(decision.wait_millis <= request.urgency.max_wait_millis().unwrap_or(0));
-                }
-                DecisionKind::Escalate => {
-                    if let Some(senior) = chosen {
-                        prop_assert!(senior.status() != Status::Offline);
-                    }
-                }
-            }
-            prop_assert!(decision.text.starts_with("DELEGATION DECISION:\nPrimary Choice: "));
-        }
-
-        #[test]
-        fn the_decision_does_not_depend_on_the_order_of_the_roster((agents, request) in case_strategy(), seed in any::<u64>()) {
-            let forward = decide(&request, &Snapshot { agents: agents.clone(), ..Snapshot::default() }, 1_000, Settings::default());
-            let mut shuffled = agents;
-            let len = shuffled.len();
-            for index in 0..len {
-                let other = usize::try_from(seed.rotate_left(u32::try_from(index).unwrap_or(0)) % len as u64).unwrap_or(0);
-                shuffled.swap(index, other);
-            }
-            let backward = decide(&request, &Snapshot { agents: shuffled, ..Snapshot::default() }, 1_000, Settings::default());
-            prop_assert_eq!(forward, backward);
-        }
-
-        #[test]
-        fn an_available_same_team_expert_is_always_found((agents, request) in case_strategy()) {
-            let snapshot = Snapshot { agents: agents.clone(), ..Snapshot::default() };
-            let decision = decide(&request, &snapshot, 1_000, Settings::default());
-            let requester_team = agents.iter().find(|a| a.id == request.requester_id).map(|a| a.team.clone()).unwrap_or_else(|| request.team.clone());
-            let exists = agents.iter().any(|agent| {
-                agent.team == requester_team
-                    && agent.id != request.requester_id
-                    && !request.delegation_chain.contains(&agent.id)
-                    && agent.has_free_slot()
-                    && (request.required_role.is_empty() || agent.role == request.required_role)
-                    && request.required_expertise.iter().all(|tag| agent.expertise.contains(tag))
-            });
-            if exists && request.preferred_agent_id != "ghost" {
-                prop_assert!(matches!(decision.tier, Tier::SameTeamMatch | Tier::Named), "{decision:?}");
-            }
-        }
-    }
-
-    #[test]
-    fn format_wait_reads_well() {
-        assert_eq!(format_wait(30 * 60_000), "30m");
-        assert_eq!(format_wait(5 * 3_600_000 + 60_000), "5h 1m");
-        assert_eq!(format_wait(4 * 3_600_000), "4h");
-        assert_eq!(format_wait(5_000), "5s");
-    }
-}
+#[path = "delegation_tests.rs"]
+mod tests;

@@ -57,13 +57,14 @@ const MAX_OFFLINE_EXPERTS: usize = 20;
 
 /// A statement under construction: SQL with `$n` placeholders and its text binds.
 struct Select {
+    from: String,
     conditions: Vec<String>,
     binds: Vec<String>,
 }
 
 impl Select {
     fn new() -> Self {
-        Self { conditions: Vec::new(), binds: Vec::new() }
+        Self { from: "agents".to_owned(), conditions: Vec::new(), binds: Vec::new() }
     }
 
     fn bind(&mut self, value: &str) -> String {
@@ -93,7 +94,7 @@ impl Select {
 
     async fn fetch(self, transaction: &mut Tx, order_and_limit: &str) -> Result<Vec<crate::domain::model::Agent>> {
         let conditions = if self.conditions.is_empty() { "1 = 1".to_owned() } else { self.conditions.join(" AND ") };
-        let sql = format!("SELECT {AGENT_COLUMNS} FROM agents WHERE {conditions} {order_and_limit}");
+        let sql = format!("SELECT {AGENT_COLUMNS} FROM {} WHERE {conditions} {order_and_limit}", self.from);
         let mut statement = sqlx::query(AssertSqlSafe(sql));
         for value in self.binds {
             statement = statement.bind(value);
@@ -102,13 +103,48 @@ impl Select {
     }
 }
 
+/// Cross-team full matches with a free slot; `idle_only` keeps those without
+/// any task and drives the query from the first tag's index, in id order.
+fn cross_team_matches(request: &DelegationRequest, home_team: &str, idle_only: bool) -> Select {
+    let mut select = Select::new();
+    match request.required_expertise.split_first() {
+        Some((first, others)) if idle_only => {
+            let placeholder = select.bind(first);
+            select.from = "agent_expertise JOIN agents ON agents.id = agent_expertise.agent_id".to_owned();
+            select.conditions.push(format!("agent_expertise.tag = {placeholder}"));
+            for tag in others {
+                let placeholder = select.bind(tag);
+                select.conditions.push(format!(
+                    "EXISTS (SELECT 1 FROM agent_expertise other WHERE other.agent_id = agents.id AND other.tag = {placeholder})"
+                ));
+            }
+        }
+        _ => select.full_match(request),
+    }
+    select.role(request);
+    if !home_team.is_empty() {
+        let placeholder = select.bind(home_team);
+        select.conditions.push(format!("team <> {placeholder}"));
+    }
+    select.conditions.push(if idle_only {
+        "current_workload = 0 AND manual_status NOT IN ('offline', 'busy')".to_owned()
+    } else {
+        "current_workload < workload_capacity AND manual_status NOT IN ('offline', 'busy')".to_owned()
+    });
+    select
+}
+
 /// Loads the agents that may matter to one request, and no more: the
 /// requester's team; the best cross-team full matches with a free slot (in
 /// the framework's order: workload, then id); busy full-match experts (for the
 /// queue); a few offline experts (to explain an escalation); the requester,
 /// the named colleague, the delegation chain, the seniors above the requester
 /// and the team's lead.
-async fn load_snapshot(transaction: &mut Tx, request: &DelegationRequest) -> Result<Snapshot> {
+///
+/// With `with_unavailable` false the busy and offline experts are left out:
+/// they never change a DELEGATE decision, only the queue and escalation tiers,
+/// so the store loads them only when the first decision is not DELEGATE.
+async fn load_snapshot(transaction: &mut Tx, request: &DelegationRequest, with_unavailable: bool) -> Result<Snapshot> {
     let mut agents = Vec::new();
     let mut seen = HashSet::new();
     let mut keep = |batch: Vec<crate::domain::model::Agent>, agents: &mut Vec<crate::domain::model::Agent>| {
@@ -134,35 +170,43 @@ async fn load_snapshot(transaction: &mut Tx, request: &DelegationRequest) -> Res
         keep(same_team.fetch(transaction, "").await?, &mut agents);
     }
 
-    let mut cross_team = Select::new();
-    cross_team.full_match(request);
-    cross_team.role(request);
-    if !home_team.is_empty() {
-        let placeholder = cross_team.bind(&home_team);
-        cross_team.conditions.push(format!("team <> {placeholder}"));
-    }
-    cross_team
-        .conditions
-        .push("current_workload < workload_capacity AND manual_status NOT IN ('offline', 'busy')".to_owned());
+    // The best cross-team matches with a free slot, in the framework's order
+    // (workload, then id). Idle agents come first in that order, and reading
+    // them in id order can stop early on an index, so try them alone first.
     let limit = request.delegation_chain.len() + CROSS_TEAM_MARGIN;
-    keep(cross_team.fetch(transaction, &format!("ORDER BY current_workload, id LIMIT {limit}")).await?, &mut agents);
+    let idle_order = if request.required_expertise.is_empty() { "id" } else { "agent_expertise.agent_id" };
+    let idle = cross_team_matches(request, &home_team, true)
+        .fetch(transaction, &format!("ORDER BY {idle_order} LIMIT {limit}"))
+        .await?;
+    if idle.len() == limit {
+        keep(idle, &mut agents);
+    } else {
+        let any_workload = cross_team_matches(request, &home_team, false)
+            .fetch(transaction, &format!("ORDER BY current_workload, id LIMIT {limit}"))
+            .await?;
+        keep(any_workload, &mut agents);
+    }
 
-    let mut busy = Select::new();
-    busy.full_match(request);
-    busy.role(request);
-    busy.conditions.push(
-        "manual_status <> 'offline' AND (current_workload >= workload_capacity OR manual_status = 'busy')".to_owned(),
-    );
-    keep(busy.fetch(transaction, &format!("ORDER BY id LIMIT {MAX_BUSY_EXPERTS}")).await?, &mut agents);
+    if with_unavailable {
+        let mut busy = Select::new();
+        busy.full_match(request);
+        busy.role(request);
+        busy.conditions.push(
+            "manual_status <> 'offline' AND (current_workload >= workload_capacity OR manual_status = 'busy')"
+                .to_owned(),
+        );
+        keep(busy.fetch(transaction, &format!("ORDER BY id LIMIT {MAX_BUSY_EXPERTS}")).await?, &mut agents);
 
-    if !request.required_expertise.is_empty() {
-        let mut offline = Select::new();
-        let placeholders: Vec<String> = request.required_expertise.iter().map(|tag| offline.bind(tag)).collect();
-        offline
-            .conditions
-            .push(format!("id IN (SELECT agent_id FROM agent_expertise WHERE tag IN ({}))", placeholders.join(", ")));
-        offline.conditions.push("manual_status = 'offline'".to_owned());
-        keep(offline.fetch(transaction, &format!("ORDER BY id LIMIT {MAX_OFFLINE_EXPERTS}")).await?, &mut agents);
+        if !request.required_expertise.is_empty() {
+            let mut offline = Select::new();
+            let placeholders: Vec<String> = request.required_expertise.iter().map(|tag| offline.bind(tag)).collect();
+            offline.conditions.push(format!(
+                "id IN (SELECT agent_id FROM agent_expertise WHERE tag IN ({}))",
+                placeholders.join(", ")
+            ));
+            offline.conditions.push("manual_status = 'offline'".to_owned());
+            keep(offline.fetch(transaction, &format!("ORDER BY id LIMIT {MAX_OFFLINE_EXPERTS}")).await?, &mut agents);
+        }
     }
 
     let mut named: Vec<&String> = request.delegation_chain.iter().collect();
@@ -280,14 +324,23 @@ pub(super) async fn delegate(
     let mut lost_races: HashSet<String> = HashSet::new();
     let mut decision = None;
     for _ in 0..MAX_ATTEMPTS {
-        let mut snapshot = load_snapshot(&mut transaction, request).await?;
-        // An agent whose last slot went to a concurrent call stays full for this call.
-        for agent in &mut snapshot.agents {
-            if lost_races.contains(&agent.id) {
-                agent.current_workload = agent.current_workload.max(agent.workload_capacity);
+        let mut candidate = None;
+        for with_unavailable in [false, true] {
+            let mut snapshot = load_snapshot(&mut transaction, request, with_unavailable).await?;
+            // An agent whose last slot went to a concurrent call stays full for this call.
+            for agent in &mut snapshot.agents {
+                if lost_races.contains(&agent.id) {
+                    agent.current_workload = agent.current_workload.max(agent.workload_capacity);
+                }
+            }
+            let decided = decide(request, &snapshot, now, settings);
+            let delegates = decided.kind == DecisionKind::Delegate;
+            candidate = Some(decided);
+            if delegates {
+                break;
             }
         }
-        let candidate = decide(request, &snapshot, now, settings);
+        let candidate = candidate.ok_or_else(|| Error::Internal("no decision".into()))?;
         if candidate.kind != DecisionKind::Delegate || request.dry_run {
             decision = Some(candidate);
             break;

@@ -17,9 +17,10 @@ pub(crate) fn check_step_roles(
     step_type: &str,
     diagnostics: &mut Diagnostics,
 ) -> Option<StepRoles> {
-    let roles_path = child_path(step_path, "roles");
+    // Paths are built only for findings: most roles are fine.
+    let roles_path = || child_path(step_path, "roles");
     if !roles.is_mapping() {
-        diagnostics.error("EMI001", &roles_path, roles.position(), "Field 'roles' must be an object");
+        diagnostics.error("EMI001", &roles_path(), roles.position(), "Field 'roles' must be an object");
         return None;
     }
     for (key, _) in roles.mapping().into_iter().flatten() {
@@ -27,7 +28,7 @@ pub(crate) fn check_step_roles(
         if !ROLE_FIELDS.contains(&name) && name != super::yaml::MERGE_KEY {
             diagnostics.warning(
                 "EMI008",
-                &child_path(&roles_path, name),
+                &child_path(&roles_path(), name),
                 key.position(),
                 format!("unknown field '{name}' in roles{}", suggestion(name, &ROLE_FIELDS)),
             );
@@ -36,7 +37,7 @@ pub(crate) fn check_step_roles(
     let mut well_formed = true;
 
     // Executor is required if roles are specified.
-    let executor_path = child_path(&roles_path, "executor");
+    let executor_path = || child_path(&roles_path(), "executor");
     let executor_node = roles.get("executor");
     let executor: Option<&str> = match executor_node {
         Some(node) if node.is_truthy() => match node.as_str() {
@@ -49,7 +50,7 @@ pub(crate) fn check_step_roles(
                     let shown = agent.scalar_text().unwrap_or("?");
                     diagnostics.warning(
                         "EMI104",
-                        &executor_path,
+                        &executor_path(),
                         node.position(),
                         format!("Role executor '{name}' differs from step agent '{shown}'"),
                     );
@@ -57,7 +58,7 @@ pub(crate) fn check_step_roles(
                 Some(name)
             }
             None => {
-                diagnostics.error("EMI003", &executor_path, node.position(), "Field 'executor' must be a string");
+                diagnostics.error("EMI003", &executor_path(), node.position(), "Field 'executor' must be a string");
                 well_formed = false;
                 None
             }
@@ -67,8 +68,8 @@ pub(crate) fn check_step_roles(
             // `roles` key that lacks it.
             let roles_key = step.key_node("roles").map_or(roles.position(), |key| key.position());
             let at = executor_node.map_or(roles_key, |node| node.position());
-            let path = if executor_node.is_some() { executor_path.as_str() } else { roles_path.as_str() };
-            diagnostics.error("EMI002", path, at, "Roles must include an 'executor' agent");
+            let path = if executor_node.is_some() { executor_path() } else { roles_path() };
+            diagnostics.error("EMI002", &path, at, "Roles must include an 'executor' agent");
             well_formed = false;
             None
         }
@@ -76,21 +77,21 @@ pub(crate) fn check_step_roles(
 
     let monitors = roles.get("monitors");
     let mut monitor_names: Vec<String> = Vec::new();
-    let monitors_path = child_path(&roles_path, "monitors");
+    let monitors_path = || child_path(&roles_path(), "monitors");
     if let Some(monitors) = monitors {
         match monitors.sequence() {
             None => {
-                diagnostics.error("EMI004", &monitors_path, monitors.position(), "Field 'monitors' must be a list");
+                diagnostics.error("EMI004", &monitors_path(), monitors.position(), "Field 'monitors' must be a list");
                 well_formed = false;
             }
             Some(items) => {
                 for (index, monitor) in items.enumerate() {
-                    let path = index_path(&monitors_path, index);
+                    let path = || index_path(&monitors_path(), index);
                     match monitor.as_str() {
                         None => {
                             diagnostics.error(
                                 "EMI005",
-                                &path,
+                                &path(),
                                 monitor.position(),
                                 "Monitor must be a string (agent name)",
                             );
@@ -100,7 +101,7 @@ pub(crate) fn check_step_roles(
                             if executor == Some(name) {
                                 diagnostics.warning(
                                     "EMI101",
-                                    &path,
+                                    &path(),
                                     monitor.position(),
                                     format!("Agent '{name}' is both executor and monitor (redundant)"),
                                 );
@@ -114,33 +115,33 @@ pub(crate) fn check_step_roles(
     }
 
     let mut informed_names: Vec<String> = Vec::new();
-    let informed_path = child_path(&roles_path, "informed");
+    let informed_path = || child_path(&roles_path(), "informed");
     if let Some(informed) = roles.get("informed") {
         match informed.sequence() {
             None => {
-                diagnostics.error("EMI006", &informed_path, informed.position(), "Field 'informed' must be a list");
+                diagnostics.error("EMI006", &informed_path(), informed.position(), "Field 'informed' must be a list");
                 well_formed = false;
             }
             Some(items) => {
                 for (index, agent) in items.enumerate() {
-                    let path = index_path(&informed_path, index);
+                    let path = || index_path(&informed_path(), index);
                     match agent.as_str() {
                         None => {
-                            diagnostics.error("EMI007", &path, agent.position(), "Informed agent must be a string");
+                            diagnostics.error("EMI007", &path(), agent.position(), "Informed agent must be a string");
                             well_formed = false;
                         }
                         Some(name) => {
                             if executor == Some(name) {
                                 diagnostics.warning(
                                     "EMI102",
-                                    &path,
+                                    &path(),
                                     agent.position(),
                                     format!("Agent '{name}' is both executor and informed (redundant)"),
                                 );
                             } else if monitor_names.iter().any(|monitor| monitor == name) {
                                 diagnostics.warning(
                                     "EMI103",
-                                    &path,
+                                    &path(),
                                     agent.position(),
                                     format!("Agent '{name}' is in both monitors and informed"),
                                 );

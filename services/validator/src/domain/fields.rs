@@ -23,7 +23,10 @@ pub(crate) fn check_keys(
                 type_code,
                 &child_path(path, MERGE_KEY),
                 value.position(),
-                format!("the merge key '<<' in {what} needs a mapping or a list of mappings, found {}", value.type_name()),
+                format!(
+                    "the merge key '<<' in {what} needs a mapping or a list of mappings, found {}",
+                    value.type_name()
+                ),
             ),
             Some(name) => diagnostics.warning(
                 unknown_code,

@@ -8,7 +8,8 @@ use super::diagnostic::{Diagnostics, Position};
 /// One `depends_on` entry as written.
 pub(crate) struct Dependency {
     pub(crate) target: String,
-    pub(crate) path: String,
+    /// Its index in the step's `depends_on` (for the path of a finding).
+    pub(crate) index: usize,
     pub(crate) at: Position,
 }
 
@@ -32,17 +33,15 @@ pub(crate) fn check_dependencies(steps: &[GraphStep], diagnostics: &mut Diagnost
     let mut suggester = super::formats::Suggester::new();
     for (index, step) in steps.iter().enumerate() {
         for dependency in &step.depends_on {
+            let path = || format!("{}.depends_on[{}]", step.path, dependency.index);
             match index_of.get(dependency.target.as_str()) {
-                Some(&target) if target == index => diagnostics.error(
-                    "DEP004",
-                    &dependency.path,
-                    dependency.at,
-                    format!("step '{}' depends on itself", step.id),
-                ),
+                Some(&target) if target == index => {
+                    diagnostics.error("DEP004", &path(), dependency.at, format!("step '{}' depends on itself", step.id))
+                }
                 Some(&target) => edges[index].push(target),
                 None => diagnostics.error(
                     "DEP001",
-                    &dependency.path,
+                    &path(),
                     dependency.at,
                     format!(
                         "step '{}' depends on unknown step '{}'{}",

@@ -56,11 +56,7 @@ pub(crate) fn check_process(source: &str, context: &Context, limits: &Limits) ->
 }
 
 /// [`check_process`], with what could be read of an invalid process.
-pub(crate) fn check_process_with_summary(
-    source: &str,
-    context: &Context,
-    limits: &Limits,
-) -> (ProcessReport, Summary) {
+pub(crate) fn check_process_with_summary(source: &str, context: &Context, limits: &Limits) -> (ProcessReport, Summary) {
     let parsed = parse(source, limits);
     let mut diagnostics = Diagnostics::default();
     for diagnostic in parsed.diagnostics {
@@ -338,17 +334,16 @@ fn check_step<'a>(
     let depends_on = string_list_field(step, "depends_on", path, "STP009", diagnostics).unwrap_or_default();
     let mut listed = std::collections::HashSet::with_capacity(depends_on.len());
     for (index, (node, target)) in depends_on.iter().enumerate() {
-        let entry_path = index_path(&child_path(path, "depends_on"), index);
         if !listed.insert(*target) {
             diagnostics.warning(
                 "STP013",
-                &entry_path,
+                &index_path(&child_path(path, "depends_on"), index),
                 node.position(),
                 format!("'{target}' is listed twice in depends_on"),
             );
             continue;
         }
-        dependencies.push(Dependency { target: (*target).to_owned(), path: entry_path, at: node.position() });
+        dependencies.push(Dependency { target: (*target).to_owned(), index, at: node.position() });
     }
 
     let roles_node = step.get("roles");

@@ -5,7 +5,7 @@
 //! so a "billion laughs" document is refused while it is read, in memory
 //! proportional to its text. Every limit answers with a diagnostic.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use saphyr_parser::{Event, Parser, ScalarStyle, ScanError, Span};
 
@@ -57,11 +57,26 @@ pub(crate) enum ScalarValue {
     String,
 }
 
+/// A node's content. Text and children live in the document's shared
+/// buffers (`text`, `children`), so a node costs no allocation of its own.
 #[derive(Debug)]
-pub(crate) enum Kind {
-    Scalar { text: String, value: ScalarValue },
-    Sequence(Vec<NodeId>),
-    Mapping(Vec<(NodeId, NodeId)>),
+enum Kind {
+    /// `text[start..end]`.
+    Scalar {
+        start: u32,
+        end: u32,
+        value: ScalarValue,
+    },
+    /// `children[start..start + len]`.
+    Sequence {
+        start: u32,
+        len: u32,
+    },
+    /// `children[start..start + 2 * len]`, key and value alternating.
+    Mapping {
+        start: u32,
+        len: u32,
+    },
     Alias(NodeId),
 }
 
@@ -77,6 +92,8 @@ struct NodeData {
 #[derive(Debug)]
 pub(crate) struct Document {
     nodes: Vec<NodeData>,
+    children: Vec<NodeId>,
+    text: String,
     root: NodeId,
 }
 
@@ -114,14 +131,23 @@ impl<'a> Node<'a> {
         self.at
     }
 
-    pub(crate) fn kind(&self) -> &'a Kind {
+    fn kind(&self) -> &'a Kind {
         &self.data().kind
+    }
+
+    fn text(&self, start: u32, end: u32) -> &'a str {
+        self.document.text.get(start as usize..end as usize).unwrap_or_default()
+    }
+
+    fn children(&self, start: u32, count: u32) -> &'a [NodeId] {
+        let start = start as usize;
+        self.document.children.get(start..start + count as usize).unwrap_or_default()
     }
 
     /// The node's text when it is a scalar of any type.
     pub(crate) fn scalar_text(&self) -> Option<&'a str> {
         match self.kind() {
-            Kind::Scalar { text, .. } => Some(text),
+            Kind::Scalar { start, end, .. } => Some(self.text(*start, *end)),
             _ => None,
         }
     }
@@ -136,7 +162,7 @@ impl<'a> Node<'a> {
     /// The text of a string scalar (not null, bool or number).
     pub(crate) fn as_str(&self) -> Option<&'a str> {
         match self.kind() {
-            Kind::Scalar { text, value: ScalarValue::String } => Some(text),
+            Kind::Scalar { start, end, value: ScalarValue::String } => Some(self.text(*start, *end)),
             _ => None,
         }
     }
@@ -160,21 +186,20 @@ impl<'a> Node<'a> {
     }
 
     pub(crate) fn is_mapping(&self) -> bool {
-        matches!(self.kind(), Kind::Mapping(_))
+        matches!(self.kind(), Kind::Mapping { .. })
     }
 
     /// Python truthiness, as seed 000's `if not executor` reads it.
     pub(crate) fn is_truthy(&self) -> bool {
         match self.kind() {
-            Kind::Scalar { text, value } => match value {
+            Kind::Scalar { start, end, value } => match value {
                 ScalarValue::Null => false,
                 ScalarValue::Bool(flag) => *flag,
                 ScalarValue::Int(number) => *number != 0,
                 ScalarValue::Float(number) => *number != 0.0,
-                ScalarValue::String => !text.is_empty(),
+                ScalarValue::String => end > start,
             },
-            Kind::Sequence(items) => !items.is_empty(),
-            Kind::Mapping(entries) => !entries.is_empty(),
+            Kind::Sequence { len, .. } | Kind::Mapping { len, .. } => *len > 0,
             Kind::Alias(_) => true,
         }
     }
@@ -182,7 +207,7 @@ impl<'a> Node<'a> {
     pub(crate) fn sequence(self) -> Option<impl ExactSizeIterator<Item = Node<'a>> + use<'a>> {
         let node = self;
         match self.kind() {
-            Kind::Sequence(items) => Some(items.iter().map(move |id| node.child(*id))),
+            Kind::Sequence { start, len } => Some(self.children(*start, *len).iter().map(move |id| node.child(*id))),
             _ => None,
         }
     }
@@ -190,9 +215,11 @@ impl<'a> Node<'a> {
     pub(crate) fn mapping(self) -> Option<impl ExactSizeIterator<Item = (Node<'a>, Node<'a>)> + use<'a>> {
         let node = self;
         match self.kind() {
-            Kind::Mapping(entries) => {
-                Some(entries.iter().map(move |(key, value)| (node.child(*key), node.child(*value))))
-            }
+            Kind::Mapping { start, len } => Some(
+                self.children(*start, len.saturating_mul(2))
+                    .chunks_exact(2)
+                    .map(move |pair| (node.child(pair[0]), node.child(pair[1]))),
+            ),
             _ => None,
         }
     }
@@ -236,8 +263,8 @@ impl<'a> Node<'a> {
                 ScalarValue::Float(_) => "a number",
                 ScalarValue::String => "a string",
             },
-            Kind::Sequence(_) => "a list",
-            Kind::Mapping(_) => "a mapping",
+            Kind::Sequence { .. } => "a list",
+            Kind::Mapping { .. } => "a mapping",
             Kind::Alias(_) => "an alias",
         }
     }
@@ -247,19 +274,21 @@ impl<'a> Node<'a> {
     pub(crate) fn to_json(self) -> serde_json::Value {
         use serde_json::Value;
         match self.kind() {
-            Kind::Scalar { text, value } => match value {
-                ScalarValue::Null => Value::Null,
-                ScalarValue::Bool(flag) => Value::Bool(*flag),
-                ScalarValue::Int(number) => Value::from(*number),
-                ScalarValue::Float(number) => {
-                    serde_json::Number::from_f64(*number).map_or_else(|| Value::String(text.clone()), Value::Number)
+            Kind::Scalar { start, end, value } => {
+                let text = self.text(*start, *end);
+                match value {
+                    ScalarValue::Null => Value::Null,
+                    ScalarValue::Bool(flag) => Value::Bool(*flag),
+                    ScalarValue::Int(number) => Value::from(*number),
+                    ScalarValue::Float(number) => serde_json::Number::from_f64(*number)
+                        .map_or_else(|| Value::String(text.to_owned()), Value::Number),
+                    ScalarValue::String => Value::String(text.to_owned()),
                 }
-                ScalarValue::String => Value::String(text.clone()),
-            },
-            Kind::Sequence(_) => {
+            }
+            Kind::Sequence { .. } => {
                 Value::Array(self.sequence().into_iter().flatten().map(|item| item.to_json()).collect())
             }
-            Kind::Mapping(_) => {
+            Kind::Mapping { .. } => {
                 let mut object = serde_json::Map::new();
                 let entries: Vec<(Node<'a>, Node<'a>)> = self.mapping().into_iter().flatten().collect();
                 // Merged mappings first, the first source winning; then the
@@ -294,27 +323,24 @@ pub(crate) struct Parsed {
     pub(crate) diagnostics: Vec<Diagnostic>,
 }
 
-enum Frame {
-    Sequence {
-        items: Vec<NodeId>,
-        anchor: usize,
-        at: Position,
-        expanded: u64,
-    },
-    Mapping {
-        entries: Vec<(NodeId, NodeId)>,
-        key: Option<NodeId>,
-        /// Keys seen, once the mapping is large enough for a linear scan to hurt.
-        key_set: Option<std::collections::HashSet<String>>,
-        anchor: usize,
-        at: Position,
-        expanded: u64,
-    },
+/// An open sequence or mapping; its children so far are
+/// `scratch[first_child..]` (for a mapping, keys and values alternating).
+struct Frame {
+    is_mapping: bool,
+    first_child: usize,
+    anchor: usize,
+    at: Position,
+    expanded: u64,
+    /// Keys seen, once a mapping is large enough for a linear scan to hurt.
+    key_set: Option<HashSet<String>>,
 }
 
 struct Builder<'l> {
     limits: &'l Limits,
     nodes: Vec<NodeData>,
+    children: Vec<NodeId>,
+    text: String,
+    scratch: Vec<NodeId>,
     stack: Vec<Frame>,
     anchors: HashMap<usize, NodeId>,
     open_anchors: Vec<usize>,
@@ -353,7 +379,10 @@ pub(crate) fn parse(source: &str, limits: &Limits) -> Parsed {
     }
     let mut builder = Builder {
         limits,
-        nodes: Vec::new(),
+        nodes: Vec::with_capacity(source.len() / 8),
+        children: Vec::with_capacity(source.len() / 8),
+        text: String::with_capacity(source.len()),
+        scratch: Vec::new(),
         stack: Vec::new(),
         anchors: HashMap::new(),
         open_anchors: Vec::new(),
@@ -372,9 +401,10 @@ pub(crate) fn parse(source: &str, limits: &Limits) -> Parsed {
         }
     }
     match builder.root {
-        Some(root) => {
-            Parsed { document: Some(Document { nodes: builder.nodes, root }), diagnostics: builder.diagnostics }
-        }
+        Some(root) => Parsed {
+            document: Some(Document { nodes: builder.nodes, children: builder.children, text: builder.text, root }),
+            diagnostics: builder.diagnostics,
+        },
         None => {
             builder.diagnostics.push(limit(
                 "YAML007",
@@ -402,6 +432,10 @@ fn syntax_error(error: &ScanError, limits: &Limits) -> Diagnostic {
         );
     }
     limit("YAML001", at, format!("YAML syntax error: {}", error.info()))
+}
+
+fn too_large(at: Position) -> Diagnostic {
+    limit("YAML006", at, "the document is too large to index".to_owned())
 }
 
 impl Builder<'_> {
@@ -432,7 +466,10 @@ impl Builder<'_> {
                 } else {
                     ScalarValue::String
                 };
-                let id = self.add(Kind::Scalar { text: text.into_owned(), value }, at, 1)?;
+                let start = u32::try_from(self.text.len()).map_err(|_| too_large(at))?;
+                self.text.push_str(&text);
+                let end = u32::try_from(self.text.len()).map_err(|_| too_large(at))?;
+                let id = self.add(Kind::Scalar { start, end, value }, at, 1)?;
                 self.register(anchor, id);
                 self.attach(id, at)?;
             }
@@ -449,42 +486,31 @@ impl Builder<'_> {
                 let id = self.add(Kind::Alias(target), at, expanded)?;
                 self.attach(id, at)?;
             }
-            Event::SequenceStart(anchor, _) => {
-                self.open(anchor, at)?;
-                self.stack.push(Frame::Sequence { items: Vec::new(), anchor, at, expanded: 1 });
-            }
-            Event::MappingStart(anchor, _) => {
-                self.open(anchor, at)?;
-                self.stack.push(Frame::Mapping {
-                    entries: Vec::new(),
-                    key: None,
-                    key_set: None,
-                    anchor,
-                    at,
-                    expanded: 1,
-                });
-            }
+            Event::SequenceStart(anchor, _) => self.open(false, anchor, at)?,
+            Event::MappingStart(anchor, _) => self.open(true, anchor, at)?,
             Event::SequenceEnd | Event::MappingEnd => {
                 let Some(frame) = self.stack.pop() else { return Ok(()) };
-                let (kind, anchor, start, expanded) = match frame {
-                    Frame::Sequence { items, anchor, at, expanded } => (Kind::Sequence(items), anchor, at, expanded),
-                    Frame::Mapping { entries, anchor, at, expanded, .. } => {
-                        (Kind::Mapping(entries), anchor, at, expanded)
-                    }
+                let start = u32::try_from(self.children.len()).map_err(|_| too_large(frame.at))?;
+                let count = self.scratch.len() - frame.first_child;
+                self.children.extend(self.scratch.drain(frame.first_child..));
+                let kind = if frame.is_mapping {
+                    Kind::Mapping { start, len: u32::try_from(count / 2).map_err(|_| too_large(frame.at))? }
+                } else {
+                    Kind::Sequence { start, len: u32::try_from(count).map_err(|_| too_large(frame.at))? }
                 };
-                if anchor != 0 {
-                    self.open_anchors.retain(|open| *open != anchor);
+                if frame.anchor != 0 {
+                    self.open_anchors.retain(|open| *open != frame.anchor);
                 }
-                let id = self.add(kind, start, expanded)?;
-                self.register(anchor, id);
-                self.attach(id, start)?;
+                let id = self.add(kind, frame.at, frame.expanded)?;
+                self.register(frame.anchor, id);
+                self.attach(id, frame.at)?;
             }
             Event::StreamStart | Event::StreamEnd | Event::DocumentEnd | Event::Nothing => {}
         }
         Ok(())
     }
 
-    fn open(&mut self, anchor: usize, at: Position) -> Result<(), Diagnostic> {
+    fn open(&mut self, is_mapping: bool, anchor: usize, at: Position) -> Result<(), Diagnostic> {
         if self.stack.len() >= self.limits.max_depth {
             return Err(limit(
                 "YAML003",
@@ -495,6 +521,7 @@ impl Builder<'_> {
         if anchor != 0 {
             self.open_anchors.push(anchor);
         }
+        self.stack.push(Frame { is_mapping, first_child: self.scratch.len(), anchor, at, expanded: 1, key_set: None });
         Ok(())
     }
 
@@ -506,7 +533,7 @@ impl Builder<'_> {
                 format!("the document has more than the limit of {} nodes", self.limits.max_nodes),
             ));
         }
-        let id = NodeId::try_from(self.nodes.len()).map_err(|_| limit("YAML006", at, "too many nodes".to_owned()))?;
+        let id = NodeId::try_from(self.nodes.len()).map_err(|_| too_large(at))?;
         self.nodes.push(NodeData { kind, at, expanded });
         Ok(id)
     }
@@ -521,41 +548,31 @@ impl Builder<'_> {
     /// charges its expanded size to the container.
     fn attach(&mut self, id: NodeId, at: Position) -> Result<(), Diagnostic> {
         let size = self.nodes[id as usize].expanded;
+        let Some(frame) = self.stack.last_mut() else {
+            self.root = Some(id);
+            return Ok(());
+        };
+        let siblings = &self.scratch[frame.first_child..];
+        // In a mapping, a node at an even offset is a key.
+        if frame.is_mapping
+            && siblings.len().is_multiple_of(2)
+            && let Some(duplicate) = duplicate_key(&self.nodes, &self.text, siblings, &mut frame.key_set, id)
+        {
+            self.diagnostics.push(duplicate);
+        }
+        self.scratch.push(id);
+        frame.expanded = frame.expanded.saturating_add(size);
         let budget = self.limits.max_expanded_nodes;
-        let over_budget = || {
-            limit(
+        if frame.expanded > budget {
+            return Err(limit(
                 "YAML004",
                 at,
                 format!(
                     "aliases expand the document beyond the limit of {budget} nodes (a \"billion laughs\" document?)"
                 ),
-            )
-        };
-        let Some(frame) = self.stack.last_mut() else {
-            self.root = Some(id);
-            return Ok(());
-        };
-        let total = match frame {
-            Frame::Sequence { items, expanded, .. } => {
-                items.push(id);
-                *expanded = expanded.saturating_add(size);
-                *expanded
-            }
-            Frame::Mapping { entries, key, key_set, expanded, .. } => {
-                match key.take() {
-                    None => *key = Some(id),
-                    Some(key_id) => {
-                        if let Some(duplicate) = duplicate_key(&self.nodes, entries, key_set, key_id) {
-                            self.diagnostics.push(duplicate);
-                        }
-                        entries.push((key_id, id));
-                    }
-                }
-                *expanded = expanded.saturating_add(size);
-                *expanded
-            }
-        };
-        if total > budget { Err(over_budget()) } else { Ok(()) }
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -563,26 +580,28 @@ impl Builder<'_> {
 /// set once it is large (a hostile mapping of a million keys stays linear).
 fn duplicate_key(
     nodes: &[NodeData],
-    entries: &[(NodeId, NodeId)],
-    key_set: &mut Option<std::collections::HashSet<String>>,
+    text: &str,
+    siblings: &[NodeId],
+    key_set: &mut Option<HashSet<String>>,
     key_id: NodeId,
 ) -> Option<Diagnostic> {
     const SMALL: usize = 32;
     let scalar_text = |id: NodeId| match &nodes[id as usize].kind {
-        Kind::Scalar { text, .. } => Some(text),
+        Kind::Scalar { start, end, .. } => text.get(*start as usize..*end as usize),
         _ => None,
     };
-    let text = scalar_text(key_id)?;
-    if key_set.is_none() && entries.len() >= SMALL {
-        *key_set = Some(entries.iter().filter_map(|(existing, _)| scalar_text(*existing).cloned()).collect());
+    let key = scalar_text(key_id)?;
+    let keys = siblings.iter().step_by(2);
+    if key_set.is_none() && siblings.len() / 2 >= SMALL {
+        *key_set = Some(keys.clone().filter_map(|existing| scalar_text(*existing)).map(str::to_owned).collect());
     }
     let is_duplicate = match key_set {
-        Some(set) => !set.insert(text.clone()),
-        None => entries.iter().any(|(existing, _)| scalar_text(*existing) == Some(text)),
+        Some(set) => !set.insert(key.to_owned()),
+        None => keys.into_iter().any(|existing| scalar_text(*existing) == Some(key)),
     };
     is_duplicate.then(|| {
         let at = nodes[key_id as usize].at;
-        limit("YAML009", at, format!("duplicate key '{text}' in a mapping"))
+        limit("YAML009", at, format!("duplicate key '{key}' in a mapping"))
     })
 }
 

@@ -123,7 +123,10 @@ fn a_huge_mapping_of_duplicate_keys_stays_linear() {
 
 #[test]
 fn several_documents_and_empty_documents_are_refused() {
-    assert_eq!(found(&validate_process("name: a\n---\nname: b\n", &Context::default()).diagnostics), vec![("YAML008", 2, 1)]);
+    assert_eq!(
+        found(&validate_process("name: a\n---\nname: b\n", &Context::default()).diagnostics),
+        vec![("YAML008", 2, 1)]
+    );
     assert_eq!(found(&validate_process("", &Context::default()).diagnostics), vec![("YAML007", 1, 1)]);
     assert_eq!(
         found(&validate_process("# only a comment\n", &Context::default()).diagnostics),

@@ -404,7 +404,7 @@ fn yaml_syntax_errors_and_duplicate_keys_have_positions() {
 fn merge_keys_reuse_step_fields() {
     let source = "name: d\nsteps:\n  - &base {id: a, type: agent_task, agent: x, message: m, inputs: {k: 1, j: 2}, roles: {executor: x}}\n  - <<: *base\n    id: b\n    inputs: {<<: {k: 3, z: 0}, j: 5}\n    depends_on: [a]\n  - {<<: 5, id: c, type: human_approval}\n";
     let report = validate_process(source, &Context::default());
-    assert_eq!(found(&report.diagnostics), vec![("STP009", 8, 12)]);
+    assert_eq!(found(&report.diagnostics), vec![("STP009", 8, 10)]);
     let source = source.replace("  - {<<: 5, id: c, type: human_approval}\n", "");
     let report = validate_process(&source, &Context::default());
     assert_eq!(report.diagnostics, vec![]);

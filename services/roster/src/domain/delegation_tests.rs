@@ -1,0 +1,140 @@
+//! Property tests of the delegation framework.
+
+use proptest::prelude::*;
+
+use super::*;
+
+const TAGS: [&str; 3] = ["x", "y", "z"];
+
+fn agent_strategy(index: usize) -> impl Strategy<Value = Agent> {
+    (0..3_usize, proptest::collection::vec(any::<bool>(), 3), 1..6_u32, 0..6_u32, 0..4_u8, 0..11_usize, any::<bool>())
+        .prop_map(move |(team, tags, capacity, workload, manual, senior, has_until)| Agent {
+            id: format!("a{index}"),
+            name: format!("A{index}"),
+            role: if index.is_multiple_of(2) { "even".into() } else { "odd".into() },
+            team: format!("t{team}"),
+            senior_id: if senior < 10 && senior != index { format!("a{senior}") } else { String::new() },
+            expertise: TAGS.iter().zip(&tags).filter(|(_, on)| **on).map(|(tag, _)| (*tag).to_owned()).collect(),
+            manual_status: match manual {
+                0 => Some(Status::Offline),
+                1 => Some(Status::Busy),
+                _ => None,
+            },
+            current_workload: workload.min(capacity),
+            workload_capacity: capacity,
+            availability_until: has_until.then_some(1_000 + i64::from(workload) * 3_600_000),
+            ..Agent::default()
+        })
+}
+
+fn case_strategy() -> impl Strategy<Value = (Vec<Agent>, DelegationRequest)> {
+    let agents = (0..10_usize).map(agent_strategy).collect::<Vec<_>>();
+    (
+        agents,
+        0..11_usize,
+        proptest::collection::vec(any::<bool>(), 3),
+        proptest::collection::vec(0..10_usize, 0..4),
+        0..13_usize,
+        0..4_u8,
+        0..3_u8,
+    )
+        .prop_map(|(agents, requester, tags, chain, preferred, urgency, role)| {
+            let request = DelegationRequest {
+                task_id: "task".into(),
+                requester_id: if requester < 10 { format!("a{requester}") } else { String::new() },
+                required_expertise: TAGS
+                    .iter()
+                    .zip(&tags)
+                    .filter(|(_, on)| **on)
+                    .map(|(tag, _)| (*tag).to_owned())
+                    .collect(),
+                required_role: match role {
+                    0 => "even".into(),
+                    _ => String::new(),
+                },
+                team: "t1".into(),
+                urgency: [Urgency::Low, Urgency::Normal, Urgency::High, Urgency::Critical][usize::from(urgency)],
+                delegation_chain: chain.into_iter().map(|index| format!("a{index}")).collect(),
+                preferred_agent_id: match preferred {
+                    10 => "ghost".into(),
+                    11 | 12 => String::new(),
+                    index => format!("a{index}"),
+                },
+                ..DelegationRequest::default()
+            };
+            (agents, request)
+        })
+}
+
+proptest! {
+    #[test]
+    fn never_offline_never_full_never_in_the_chain((agents, request) in case_strategy()) {
+        let snapshot = Snapshot { agents: agents.clone(), ..Snapshot::default() };
+        let decision = decide(&request, &snapshot, 1_000, Settings::default());
+        let chosen = agents.iter().find(|agent| agent.id == decision.primary_agent_id);
+        if !decision.primary_agent_id.is_empty() {
+            prop_assert!(!request.delegation_chain.contains(&decision.primary_agent_id), "{decision:?}");
+            prop_assert_ne!(&decision.primary_agent_id, &request.requester_id);
+        }
+        match decision.kind {
+            DecisionKind::Delegate => {
+                let chosen = chosen.expect("a delegate exists");
+                prop_assert!(chosen.status() != Status::Offline);
+                prop_assert!(chosen.has_free_slot() && chosen.current_workload < chosen.workload_capacity);
+                prop_assert!(request.required_role.is_empty() || chosen.role == request.required_role);
+            }
+            DecisionKind::Queue => {
+                let chosen = chosen.expect("an expert exists");
+                prop_assert!(chosen.status() != Status::Offline);
+                prop_assert!(!chosen.has_free_slot());
+                prop_assert!(request.urgency != Urgency::Critical);
+                prop_assert!(decision.wait_millis <= request.urgency.max_wait_millis().unwrap_or(0));
+            }
+            DecisionKind::Escalate => {
+                if let Some(senior) = chosen {
+                    prop_assert!(senior.status() != Status::Offline);
+                }
+            }
+        }
+        prop_assert!(decision.text.starts_with("DELEGATION DECISION:\nPrimary Choice: "));
+    }
+
+    #[test]
+    fn the_decision_does_not_depend_on_the_order_of_the_roster((agents, request) in case_strategy(), seed in any::<u64>()) {
+        let forward = decide(&request, &Snapshot { agents: agents.clone(), ..Snapshot::default() }, 1_000, Settings::default());
+        let mut shuffled = agents;
+        let len = shuffled.len();
+        for index in 0..len {
+            let other = usize::try_from(seed.rotate_left(u32::try_from(index).unwrap_or(0)) % len as u64).unwrap_or(0);
+            shuffled.swap(index, other);
+        }
+        let backward = decide(&request, &Snapshot { agents: shuffled, ..Snapshot::default() }, 1_000, Settings::default());
+        prop_assert_eq!(forward, backward);
+    }
+
+    #[test]
+    fn an_available_same_team_expert_is_always_found((agents, request) in case_strategy()) {
+        let snapshot = Snapshot { agents: agents.clone(), ..Snapshot::default() };
+        let decision = decide(&request, &snapshot, 1_000, Settings::default());
+        let requester_team = agents.iter().find(|a| a.id == request.requester_id).map(|a| a.team.clone()).unwrap_or_else(|| request.team.clone());
+        let exists = agents.iter().any(|agent| {
+            agent.team == requester_team
+                && agent.id != request.requester_id
+                && !request.delegation_chain.contains(&agent.id)
+                && agent.has_free_slot()
+                && (request.required_role.is_empty() || agent.role == request.required_role)
+                && request.required_expertise.iter().all(|tag| agent.expertise.contains(tag))
+        });
+        if exists && request.preferred_agent_id != "ghost" {
+            prop_assert!(matches!(decision.tier, Tier::SameTeamMatch | Tier::Named), "{decision:?}");
+        }
+    }
+}
+
+#[test]
+fn format_wait_reads_well() {
+    assert_eq!(format_wait(30 * 60_000), "30m");
+    assert_eq!(format_wait(5 * 3_600_000 + 60_000), "5h 1m");
+    assert_eq!(format_wait(4 * 3_600_000), "4h");
+    assert_eq!(format_wait(5_000), "5s");
+}

@@ -1,0 +1,83 @@
+//! Tests of roster import.
+
+use super::*;
+
+fn file(name: &str, content: &str) -> ImportFile {
+    ImportFile { name: name.into(), content: content.into() }
+}
+
+#[test]
+fn reads_the_roster_format() {
+    let parsed = parse_files(&[file(
+        "roster.yaml",
+        "teams: [{name: research, description: R, lead: alice}]\nagents:\n  - {id: alice, name: Alice, role: researcher, team: research, expertise: [Research, writing], capacity: 3, prompt: hi, llm_config: {model: x}}\nroles:\n  - {name: researcher, goals: [find], actions: [analyze]}\n",
+    )]);
+    assert!(parsed.diagnostics.is_empty(), "{:?}", parsed.diagnostics);
+    assert_eq!(parsed.agents[0].expertise, vec!["research", "writing"]);
+    assert_eq!(parsed.agents[0].workload_capacity, 3);
+    assert_eq!(parsed.agents[0].llm_config_json, r#"{"model":"x"}"#);
+    assert_eq!(parsed.teams[0].lead_agent_id, "alice");
+    assert_eq!(parsed.roles[0].permitted_actions, vec!["analyze"]);
+}
+
+#[test]
+fn reports_positions() {
+    let parsed = parse_files(&[file("r.yaml", "agents:\n  - id: Bad Id\n    capacity: many\n")]);
+    let codes: Vec<(&str, u32, u32)> = parsed.diagnostics.iter().map(|d| (d.code, d.line, d.column)).collect();
+    assert_eq!(codes, vec![("ROS003", 3, 15)]);
+    let parsed = parse_files(&[file("r.yaml", "agents:\n  - id: Bad Id\n")]);
+    assert_eq!(parsed.diagnostics[0].code, "ROS005");
+    assert_eq!(parsed.diagnostics[0].path, "agents[0].id");
+    assert_eq!((parsed.diagnostics[0].line, parsed.diagnostics[0].column), (2, 9));
+    let parsed = parse_files(&[file("r.yaml", "agents: [\n")]);
+    assert_eq!(parsed.diagnostics[0].code, "ROS001");
+}
+
+#[test]
+fn refuses_hostile_yaml() {
+    let deep = format!("agents: {}{}", "[".repeat(40), "]".repeat(40));
+    let parsed = parse_files(&[file("deep.yaml", &deep)]);
+    assert_eq!(
+        (parsed.diagnostics[0].code, parsed.diagnostics[0].column),
+        ("ROS010", 40),
+        "the root mapping and 32 lists"
+    );
+    let deeper = format!("agents: {}{}", "[".repeat(100_000), "]".repeat(100_000));
+    let parsed = parse_files(&[file("deeper.yaml", &deeper)]);
+    assert!(matches!(parsed.diagnostics[0].code, "ROS010" | "ROS001"), "{:?}", parsed.diagnostics[0]);
+    let block = format!("agents:\n{}x\n", "- ".repeat(50));
+    let parsed = parse_files(&[file("block.yaml", &block)]);
+    assert_eq!(parsed.diagnostics[0].code, "ROS010");
+    let laughs = "a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\ne: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\nf: [*e, *e, *e, *e, *e, *e, *e, *e, *e, *e]\n";
+    let parsed = parse_files(&[file("laughs.yaml", laughs)]);
+    assert_eq!(parsed.diagnostics[0].code, "ROS001", "{:?}", parsed.diagnostics);
+    let parsed = parse_files(&[file("big.yaml", &"#".repeat(MAX_FILE_BYTES + 1))]);
+    assert_eq!(parsed.diagnostics[0].code, "ROS010");
+}
+
+#[test]
+fn reads_markdown_roles() {
+    let parsed = parse_files(&[file(
+        "roles/delivery.md",
+        "# roles/delivery.md\n\n# Delivery Manager\n\n## Mission\nKeep delivery on time.\n\n## Goals\n- Track progress\n- Find blockers\n\n## Context Files\n- project/scope.md\n\n## Tools\n- read_file\n\n## Schedule\n9am and 5pm, weekdays\n\n## Inbox\nagent/inbox/delivery/\n\n## User Preferences\n(none)\n",
+    )]);
+    assert!(parsed.diagnostics.is_empty(), "{:?}", parsed.diagnostics);
+    let role = &parsed.roles[0];
+    assert_eq!(role.name, "delivery");
+    assert_eq!(role.description, "Delivery Manager");
+    assert_eq!(role.goals, vec!["Track progress", "Find blockers"]);
+    assert_eq!(role.tools, vec!["read_file"]);
+    assert_eq!(role.inbox, "agent/inbox/delivery/");
+}
+
+#[test]
+fn finds_broken_references_and_cycles() {
+    let parsed = parse_files(&[file(
+        "r.yaml",
+        "agents:\n  - {id: a, senior: b, team: nowhere}\n  - {id: b, senior: a}\n  - {id: c, senior: ghost}\n",
+    )]);
+    let diagnostics = check_references(&parsed, &Existing::default());
+    let codes: Vec<&str> = diagnostics.iter().map(|d| d.code).collect();
+    assert_eq!(codes, vec!["ROS007", "ROS008", "ROS008", "ROS007"]);
+    assert!(diagnostics[1].message.contains("a -> b -> a"));
+}
