@@ -446,3 +446,126 @@ async fn human_approval_waits_for_its_executor_or_monitors() {
     worker.await.unwrap().unwrap();
     test.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn monitors_and_the_lead_intervene_and_nobody_else() {
+    use muster_proto::execution::v1::{InterveneRequest, InterventionAction, SubmitApprovalRequest};
+    let agents = ["doer", "ghost", "boss", "monitor", "outsider"];
+    let Some((test, credentials)) = cluster_with_agents(Backend::Sqlite, &agents).await else { return };
+    let token = |agent: &str| credentials.iter().find(|c| c.agent_id == agent).unwrap().token.clone();
+    // Nobody serves "ghost": its step waits for a worker until reassigned.
+    let served = credentials.iter().filter(|c| c.agent_id != "ghost").cloned().collect();
+    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), served);
+    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let source = r#"
+name: interventions
+lead: boss
+steps:
+  - id: gate
+    type: human_approval
+    title: Final gate
+    roles: {executor: boss}
+  - id: stuck
+    type: agent_task
+    agent: ghost
+    message: nobody serves me
+    roles: {executor: ghost, monitors: [monitor]}
+  - id: flaky
+    type: agent_task
+    agent: doer
+    message: fails the first time
+    inputs: {fail_attempts: 1}
+    roles: {executor: doer, monitors: [monitor]}
+  - id: after-flaky
+    type: agent_task
+    agent: doer
+    message: needs flaky
+    depends_on: [flaky]
+"#;
+    let id = publish_and_start(&mut client, source).await;
+    let intervene = |step: &str, action: InterventionAction, target: &str| InterveneRequest {
+        execution_id: id.clone(),
+        step_id: step.to_owned(),
+        action: action as i32,
+        target_agent_id: target.to_owned(),
+        output_json: String::new(),
+        reason: "test".to_owned(),
+    };
+
+    wait_for_status(&mut client, &id, "after-flaky", StepStatus::Failed).await;
+    let denied = client
+        .intervene(as_agent(intervene("flaky", InterventionAction::Retry, ""), &token("outsider")))
+        .await
+        .expect_err("an outsider may not intervene");
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+    assert!(denied.message().contains("monitors of step 'flaky' (monitor)"), "{}", denied.message());
+    let denied = client
+        .intervene(as_agent(intervene("after-flaky", InterventionAction::Retry, ""), &token("monitor")))
+        .await
+        .expect_err("a monitor only intervenes in its own steps");
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+
+    // A monitor retries its failed step; the dependant that failed with it runs too.
+    client.intervene(as_agent(intervene("flaky", InterventionAction::Retry, ""), &token("monitor"))).await.unwrap();
+    let flaky = wait_for_status(&mut client, &id, "flaky", StepStatus::Completed).await;
+    assert_eq!(flaky.attempt, 2);
+    wait_for_status(&mut client, &id, "after-flaky", StepStatus::Completed).await;
+
+    // A monitor reassigns the step nobody serves.
+    wait_for_status(&mut client, &id, "stuck", StepStatus::Running).await;
+    client
+        .intervene(as_agent(intervene("stuck", InterventionAction::Reassign, "doer"), &token("monitor")))
+        .await
+        .unwrap();
+    let stuck = wait_for_status(&mut client, &id, "stuck", StepStatus::Completed).await;
+    assert_eq!(stuck.executor, "doer");
+
+    // Only the lead pauses and resumes the whole execution.
+    let denied = client
+        .intervene(as_agent(intervene("", InterventionAction::Pause, ""), &token("monitor")))
+        .await
+        .expect_err("only the lead pauses the execution");
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+    let paused = client
+        .intervene(as_agent(intervene("", InterventionAction::Pause, ""), &token("boss")))
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    assert_eq!(paused.status, ExecutionStatus::Paused as i32);
+    client.intervene(as_agent(intervene("", InterventionAction::Resume, ""), &token("boss"))).await.unwrap();
+
+    let approval = SubmitApprovalRequest {
+        execution_id: id.clone(),
+        step_id: "gate".to_owned(),
+        approved: true,
+        comment: String::new(),
+    };
+    client.submit_approval(as_agent(approval, &token("boss"))).await.unwrap();
+    let events = events_until_finished(&test.cluster().execution_url(), &id).await;
+    assert_eq!(
+        events.last().unwrap().execution_status,
+        ExecutionStatus::Completed as i32,
+        "{}",
+        events.last().unwrap().detail
+    );
+    let interventions: Vec<&str> = events
+        .iter()
+        .filter(|event| event.r#type == EventType::StepIntervened as i32)
+        .map(|event| event.detail.as_str())
+        .collect();
+    assert_eq!(
+        interventions,
+        vec![
+            "monitor retried step 'flaky': test",
+            "monitor reassigned step 'stuck' to doer: test",
+            "boss paused the execution: test",
+            "boss resumed the execution: test",
+        ]
+    );
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}

@@ -18,7 +18,9 @@ use crate::{
     Error, Result,
     clients::{ValidatorClient, all_agents, dependency_error},
     domain::ExecutionStatus,
-    engine::{Control, Engine, StartRequest, approvers, parse_definition},
+    engine::{
+        Control, Engine, Intervention, InterventionAction, StartRequest, approvers, parse_definition, step_roles,
+    },
     store::{ExecutionFilter, ExecutionRow, ProcessRow},
     workers::{Outcome, WorkerSender},
 };
@@ -417,9 +419,75 @@ impl ExecutionService for ExecutionApi {
 
     async fn intervene(
         &self,
-        _request: Request<wire::InterveneRequest>,
+        request: Request<wire::InterveneRequest>,
     ) -> Result<Response<wire::InterveneResponse>, Status> {
-        Err(unimplemented("ExecutionService.Intervene"))
+        let caller = self.caller(request.metadata()).await?;
+        let request = request.into_inner();
+        let execution = self
+            .engine
+            .store
+            .get_execution(&request.execution_id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("execution '{}' not found", request.execution_id)))?;
+        let process = self.engine.store.get_process(&execution.process_name, Some(execution.process_version)).await?;
+        let definition = parse_definition(&process.map(|process| process.source).unwrap_or_default())?;
+        let action = match wire::InterventionAction::try_from(request.action).unwrap_or_default() {
+            wire::InterventionAction::Pause => InterventionAction::Pause,
+            wire::InterventionAction::Resume => InterventionAction::Resume,
+            wire::InterventionAction::Retry => InterventionAction::Retry,
+            wire::InterventionAction::Cancel => InterventionAction::Cancel,
+            wire::InterventionAction::Reassign => {
+                if request.target_agent_id.is_empty() {
+                    return Err(Status::invalid_argument("REASSIGN needs target_agent_id"));
+                }
+                let mut roster = self.engine.roster.clone();
+                roster
+                    .get_agent(roster::GetAgentRequest { id: request.target_agent_id.clone() })
+                    .await
+                    .map_err(|status| dependency_error("roster", status))?;
+                InterventionAction::Reassign(request.target_agent_id.clone())
+            }
+            wire::InterventionAction::OverrideOutput => {
+                if serde_json::from_str::<serde_json::Value>(&request.output_json).is_err() {
+                    return Err(Status::invalid_argument("OVERRIDE_OUTPUT needs output_json, a JSON value"));
+                }
+                InterventionAction::OverrideOutput(request.output_json.clone())
+            }
+            wire::InterventionAction::Unspecified => return Err(Status::invalid_argument("action is required")),
+        };
+        // The rule: the execution's lead may intervene anywhere; a step's
+        // monitors only in that step.
+        let is_lead = !execution.lead_agent_id.is_empty() && execution.lead_agent_id == caller;
+        let step_id = (!request.step_id.is_empty()).then(|| request.step_id.clone());
+        match &step_id {
+            None if !is_lead => {
+                return Err(Status::permission_denied(format!(
+                    "only the execution's lead ({}) may pause or resume the whole execution; {caller} is not",
+                    if execution.lead_agent_id.is_empty() { "none is set" } else { &execution.lead_agent_id }
+                )));
+            }
+            Some(step_id) => {
+                let step = definition.steps.iter().find(|step| &step.id == step_id).ok_or_else(|| {
+                    Error::NotFound(format!("execution '{}' has no step '{step_id}'", request.execution_id))
+                })?;
+                let monitors = step_roles(step).monitors;
+                if !is_lead && !monitors.contains(&caller) {
+                    return Err(Status::permission_denied(format!(
+                        "only the execution's lead or the monitors of step '{step_id}' ({}) may intervene in it; {caller} is neither",
+                        if monitors.is_empty() { "none".to_owned() } else { monitors.join(", ") }
+                    )));
+                }
+            }
+            None => {}
+        }
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let intervention = Intervention { step_id, action, by: caller, reason: request.reason };
+        if !self.engine.control(&request.execution_id, Control::Intervene { intervention, reply }) {
+            return Err(Error::FailedPrecondition(format!("execution '{}' has ended", request.execution_id)).into());
+        }
+        answer.await.map_err(|_| Status::unavailable("the execution stopped while intervening; try again"))??;
+        let execution = self.engine.store.get_execution(&request.execution_id).await?.unwrap_or(execution);
+        Ok(Response::new(wire::InterveneResponse { execution: Some(execution_to_wire(execution, Some(&definition))) }))
     }
 
     async fn assign_role(
@@ -690,7 +758,7 @@ fn execution_to_wire(
                 } else {
                     row.executor.clone()
                 },
-                roles: step_definition.map(crate::engine::step_roles),
+                roles: step_definition.map(step_roles),
                 attempt: row.attempt,
                 output_json: row.output_json.clone(),
                 error: (!row.error_code.is_empty() && row.status != crate::domain::StepStatus::Completed)

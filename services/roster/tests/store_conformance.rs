@@ -134,6 +134,19 @@ async fn conformance(store: SqlStore) {
     assert_eq!(escalated[0].decision.kind, DecisionKind::Escalate);
     assert!(store.escalate_stale(NOW + 40 * 60_000).await.unwrap().is_empty(), "escalated once");
 
+    // A queued task that is released leaves the queue: the freed slot is not offered to it.
+    let withdrawn = store
+        .delegate(&DelegationRequest { urgency: Urgency::Low, ..request("t5", "boss", &["rust"]) }, NOW, settings)
+        .await
+        .unwrap();
+    assert_eq!(withdrawn.decision.kind, DecisionKind::Queue);
+    assert!(store.release_task("t5", NOW).await.unwrap().agent_id.is_none());
+    assert!(matches!(store.queue_state("t5").await, Err(Error::NotFound(_))));
+    let freed = store.release_task("t2", NOW).await.unwrap();
+    assert_eq!(freed.agent_id.as_deref(), Some("dev"));
+    assert!(freed.offered.is_none(), "t5 was withdrawn");
+    store.delegate(&request("t2", "boss", &["rust"]), NOW, settings).await.unwrap();
+
     // The audit trail.
     let records = store
         .list_delegations(&DelegationQuery { agent_id: "dev".into(), ..DelegationQuery::default() })
@@ -141,7 +154,7 @@ async fn conformance(store: SqlStore) {
         .unwrap();
     assert_eq!(
         records.iter().map(|r| r.task_id.as_str()).collect::<Vec<_>>(),
-        vec!["t1", "t2", "t4", "t3", "t3"],
+        vec!["t1", "t2", "t4", "t5", "t2", "t3", "t3"],
         "ordered by decision time"
     );
     let ranged = store

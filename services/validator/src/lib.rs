@@ -19,8 +19,8 @@ mod grpc;
 
 pub use domain::matrix::{MatrixReport, MatrixRole};
 pub use domain::model::{
-    Context, DelegationRequest, KnownAgent, KnownRole, ProcessDefinition, ProcessReport, StepDefinition, StepRoles,
-    Triggers,
+    Context, DelegationRequest, KnownAgent, KnownRole, ProcessBudget, ProcessDefinition, ProcessReport, StepDefinition,
+    StepRoles, Triggers,
 };
 pub use domain::process::{MAX_RETRIES, STEP_TYPES};
 pub use domain::role::{RoleDefinition, RoleFormat, RoleReport};

@@ -55,6 +55,8 @@ pub(crate) struct StepTask {
     pub(crate) updates: mpsc::UnboundedSender<StepUpdate>,
     /// Role definitions and prompts already fetched for this execution's agents.
     pub(crate) agent_contexts: AgentContexts,
+    /// The agent a REASSIGN intervention gave the step to.
+    pub(crate) reassigned_to: Option<String>,
 }
 
 /// Per execution: agent id to its role definition and rendered system prompt.
@@ -103,7 +105,7 @@ impl StepTask {
 
     /// The named executor, or the roster's decision for a step that asks for delegation.
     async fn find_executor(&self) -> Result<String, StepFailure> {
-        if let Some(agent_id) = self.definition.executor() {
+        if let Some(agent_id) = self.reassigned_to.as_deref().or(self.definition.executor()) {
             return Ok(agent_id.to_owned());
         }
         let failure = |code: &str, message: String| StepFailure {

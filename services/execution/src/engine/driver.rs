@@ -20,16 +20,20 @@ use crate::{
 };
 
 pub(crate) struct Driver {
-    engine: Arc<Engine>,
-    execution: ExecutionRow,
-    definition: ProcessDefinition,
-    index: HashMap<String, usize>,
-    running: JoinSet<(usize, u32, Outcome)>,
-    updates_sender: mpsc::UnboundedSender<StepUpdate>,
-    updates: mpsc::UnboundedReceiver<StepUpdate>,
-    controls: mpsc::UnboundedReceiver<Control>,
-    max_parallel: usize,
-    agent_contexts: AgentContexts,
+    pub(super) engine: Arc<Engine>,
+    pub(super) execution: ExecutionRow,
+    pub(super) definition: ProcessDefinition,
+    pub(super) index: HashMap<String, usize>,
+    pub(super) running: JoinSet<(usize, u32, Outcome)>,
+    pub(super) updates_sender: mpsc::UnboundedSender<StepUpdate>,
+    pub(super) updates: mpsc::UnboundedReceiver<StepUpdate>,
+    pub(super) controls: mpsc::UnboundedReceiver<Control>,
+    pub(super) max_parallel: usize,
+    pub(super) agent_contexts: AgentContexts,
+    /// Steps given to another agent by a REASSIGN intervention.
+    pub(super) reassigned: HashMap<usize, String>,
+    /// Dependants reopened by a RETRY, to persist with it.
+    pub(super) dependants_reopened: Vec<usize>,
 }
 
 impl Driver {
@@ -60,6 +64,8 @@ impl Driver {
             controls,
             max_parallel,
             agent_contexts: AgentContexts::default(),
+            reassigned: HashMap::new(),
+            dependants_reopened: Vec::new(),
         }
     }
 
@@ -76,6 +82,10 @@ impl Driver {
                     Control::Cancel(reason) => return self.finish(Some(reason)).await,
                     Control::Decide { step_id, approved, by, comment, reply } => {
                         let outcome = self.decide(&step_id, approved, &by, &comment).await;
+                        let _ = reply.send(outcome);
+                    }
+                    Control::Intervene { intervention, reply } => {
+                        let outcome = self.intervene(intervention).await;
                         let _ = reply.send(outcome);
                     }
                 },
@@ -141,6 +151,9 @@ impl Driver {
         }
         self.persist(&changed, false, events).await?;
 
+        if self.execution.status == ExecutionStatus::Paused {
+            return Ok(());
+        }
         let mut in_flight = self.running.len();
         for position in 0..self.execution.steps.len() {
             if in_flight >= self.max_parallel {
@@ -206,7 +219,7 @@ impl Driver {
         self.persist(&[position], false, vec![event]).await
     }
 
-    fn spawn_step(&mut self, position: usize) {
+    pub(super) fn spawn_step(&mut self, position: usize) {
         let step = &mut self.execution.steps[position];
         step.status = StepStatus::Running;
         step.attempt += 1;
@@ -235,6 +248,7 @@ impl Driver {
             history: self.history(),
             updates: self.updates_sender.clone(),
             agent_contexts: self.agent_contexts.clone(),
+            reassigned_to: self.reassigned.get(&position).cloned(),
         };
         self.running.spawn(task.run());
     }
@@ -326,7 +340,7 @@ impl Driver {
     }
 
     /// Frees the roster slot a delegated step held, whatever its outcome.
-    fn release_delegation(&self, position: usize) {
+    pub(super) fn release_delegation(&self, position: usize) {
         let definition = &self.definition.steps[position];
         if definition.executor().is_some() || definition.delegate.is_none() {
             return;
@@ -381,7 +395,12 @@ impl Driver {
         Ok(())
     }
 
-    async fn persist(&mut self, positions: &[usize], execution_changed: bool, events: Vec<StepEvent>) -> Result<()> {
+    pub(super) async fn persist(
+        &mut self,
+        positions: &[usize],
+        execution_changed: bool,
+        events: Vec<StepEvent>,
+    ) -> Result<()> {
         if positions.is_empty() && !execution_changed && events.is_empty() {
             return Ok(());
         }
@@ -391,7 +410,7 @@ impl Driver {
         Ok(())
     }
 
-    fn step_event(&mut self, event_type: EventType, position: usize) -> StepEvent {
+    pub(super) fn step_event(&mut self, event_type: EventType, position: usize) -> StepEvent {
         let definition = &self.definition.steps[position];
         let row = &self.execution.steps[position];
         let roles = step_roles(definition);
@@ -485,7 +504,7 @@ pub(crate) fn approvers(definition: &StepDefinition) -> Vec<String> {
 }
 
 /// The id of one attempt of a step.
-pub(super) fn assignment_id(execution_id: &str, step_id: &str, attempt: u32) -> String {
+pub(crate) fn assignment_id(execution_id: &str, step_id: &str, attempt: u32) -> String {
     format!("{execution_id}/{step_id}/{attempt}")
 }
 

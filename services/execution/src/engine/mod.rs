@@ -4,6 +4,7 @@
 
 mod assignment;
 mod driver;
+mod intervention;
 
 use std::{
     collections::HashMap,
@@ -23,6 +24,7 @@ use crate::{
 };
 
 pub(crate) use driver::{approvers, new_event, step_roles};
+pub(crate) use intervention::{Intervention, InterventionAction};
 
 /// Shared by the gRPC handlers and the execution drivers.
 pub(crate) struct Engine {
@@ -43,6 +45,8 @@ pub(crate) enum Control {
     Cancel(String),
     /// Decide a human approval step; the reply says whether the step was waiting.
     Decide { step_id: String, approved: bool, by: String, comment: String, reply: oneshot::Sender<Result<()>> },
+    /// A monitor's or the lead's intervention.
+    Intervene { intervention: Intervention, reply: oneshot::Sender<Result<()>> },
 }
 
 /// What a caller asks to start.

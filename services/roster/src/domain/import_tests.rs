@@ -61,7 +61,8 @@ fn reads_markdown_roles() {
         "roles/delivery.md",
         "# roles/delivery.md\n\n# Delivery Manager\n\n## Mission\nKeep delivery on time.\n\n## Goals\n- Track progress\n- Find blockers\n\n## Context Files\n- project/scope.md\n\n## Tools\n- read_file\n\n## Schedule\n9am and 5pm, weekdays\n\n## Inbox\nagent/inbox/delivery/\n\n## User Preferences\n(none)\n",
     )]);
-    assert!(parsed.diagnostics.is_empty(), "{:?}", parsed.diagnostics);
+    let codes: Vec<&str> = parsed.diagnostics.iter().map(|d| d.code).collect();
+    assert_eq!(codes, vec!["ROL011"], "the validator warns that the schedule is not cron: {:?}", parsed.diagnostics);
     let role = &parsed.roles[0];
     assert_eq!(role.name, "delivery");
     assert_eq!(role.description, "Delivery Manager");
@@ -80,4 +81,19 @@ fn finds_broken_references_and_cycles() {
     let codes: Vec<&str> = diagnostics.iter().map(|d| d.code).collect();
     assert_eq!(codes, vec!["ROS007", "ROS008", "ROS008", "ROS007"]);
     assert!(diagnostics[1].message.contains("a -> b -> a"));
+}
+
+#[test]
+fn markdown_roles_follow_the_validator_rules() {
+    let parsed = parse_files(&[file("roles/writer.md", "# Writer\n\n## Goals\n- Drafts\n\n## Actions\n- report\n")]);
+    let codes: Vec<&str> = parsed.diagnostics.iter().map(|d| d.code).collect();
+    assert_eq!(
+        codes,
+        vec!["MD005"],
+        "no Mission is an error; Actions is the roster's own section: {:?}",
+        parsed.diagnostics
+    );
+    assert!(parsed.roles.is_empty());
+    let parsed = parse_files(&[file("roles/writer.md", "## Mission\nWrite.\n")]);
+    assert_eq!(parsed.diagnostics[0].code, "MD001", "a title names the role file");
 }

@@ -430,7 +430,14 @@ pub(super) async fn release_task(store: &SqlStore, task_id: &str, now: i64) -> R
         .bind(task_id.to_owned())
         .fetch_optional(&mut *transaction)
         .await?;
+    // A task that ends while still queued leaves the queue: no slot is ever
+    // offered to it.
+    sqlx::query("DELETE FROM queued_tasks WHERE task_id = $1 AND state = 'queued'")
+        .bind(task_id.to_owned())
+        .execute(&mut *transaction)
+        .await?;
     let Some(row) = deleted else {
+        transaction.commit().await?;
         return Ok(ReleaseOutcome::default());
     };
     let agent_id: String = row.try_get("agent_id")?;

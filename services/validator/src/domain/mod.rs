@@ -1,6 +1,7 @@
 //! The validator's rules, free of gRPC: the YAML reader with positions, the
 //! process rules, role definitions and the permission matrix.
 
+mod budget;
 pub(crate) mod diagnostic;
 mod emi;
 mod fields;

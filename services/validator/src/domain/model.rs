@@ -25,6 +25,20 @@ pub struct Triggers {
     pub inbox: Option<String>,
 }
 
+/// Limits per period that a process declares for its own executions (the
+/// execution service's `Budget`, process scope); 0 means no limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessBudget {
+    /// Length of the period, in seconds.
+    pub period_seconds: u64,
+    /// Most cost per period, in US dollars.
+    pub max_cost: f64,
+    /// Most tokens per period.
+    pub max_tokens: u64,
+    /// Most executions per period.
+    pub max_runs: u32,
+}
+
 /// One step of a process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepDefinition {
@@ -134,6 +148,8 @@ pub struct ProcessReport {
     pub process: Option<ProcessDefinition>,
     /// The process's triggers (seed 003), when it declares valid ones.
     pub triggers: Option<Triggers>,
+    /// The process's budget, when it declares a valid one.
+    pub budget: Option<ProcessBudget>,
 }
 
 impl ProcessReport {

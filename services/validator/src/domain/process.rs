@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use super::budget::check_budget;
 use super::diagnostic::{Diagnostics, Position, child_path, index_path};
 use super::emi::check_step_roles;
 use super::fields::{bool_field, check_keys, integer_field, string_field, string_list_field};
@@ -13,7 +14,8 @@ use super::model::{Context, DelegationRequest, ProcessDefinition, ProcessReport,
 use super::references::{StepReferences, WrittenNames, check_references};
 use super::yaml::{Limits, Node, parse};
 
-const PROCESS_FIELDS: [&str; 7] = ["name", "description", "lead", "max_parallel", "triggers", "steps", "version"];
+const PROCESS_FIELDS: [&str; 8] =
+    ["name", "description", "lead", "max_parallel", "triggers", "budget", "steps", "version"];
 const STEP_FIELDS: [&str; 17] = [
     "id",
     "name",
@@ -63,7 +65,8 @@ pub(crate) fn check_process_with_summary(source: &str, context: &Context, limits
         diagnostics.push_diagnostic(diagnostic);
     }
     let Some(document) = parsed.document else {
-        let report = ProcessReport { diagnostics: diagnostics.into_sorted(), process: None, triggers: None };
+        let report =
+            ProcessReport { diagnostics: diagnostics.into_sorted(), process: None, triggers: None, budget: None };
         return (report, Summary::default());
     };
     let root = document.root();
@@ -71,12 +74,14 @@ pub(crate) fn check_process_with_summary(source: &str, context: &Context, limits
         name: root.get("name").and_then(|name| name.as_str()).map(str::to_owned),
         step_count: root.get("steps").and_then(|steps| steps.sequence()).map_or(0, |steps| steps.len()),
     };
+    let budget = root.get("budget").filter(|_| root.is_mapping()).and_then(|node| check_budget(node, &mut diagnostics));
     let (process, triggers) = check_root(root, context, limits, &mut diagnostics);
     let valid = !diagnostics.has_errors();
     let report = ProcessReport {
         diagnostics: diagnostics.into_sorted(),
         process: process.filter(|_| valid),
         triggers: triggers.filter(|_| valid),
+        budget: budget.filter(|_| valid),
     };
     (report, summary)
 }

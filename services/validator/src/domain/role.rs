@@ -192,15 +192,25 @@ fn check_yaml_role(node: Node<'_>, path: &str, diagnostics: &mut Diagnostics) ->
     for (index, (item, file)) in context_files.iter().enumerate() {
         check_context_file(file, &index_path(&child_path(path, "context_files"), index), item.position(), diagnostics);
     }
+    let actions = list("permitted_actions", diagnostics);
+    for (index, (item, action)) in actions.iter().enumerate() {
+        let well_formed = action.bytes().next().is_some_and(|first| first.is_ascii_lowercase())
+            && action.bytes().all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_');
+        if !well_formed {
+            diagnostics.error(
+                "ROL013",
+                &index_path(&child_path(path, "permitted_actions"), index),
+                item.position(),
+                format!("action '{action}' must match [a-z][a-z0-9_]* (such as 'code' or 'request_review')"),
+            );
+        }
+    }
     let role = RoleDefinition {
         description: text("description", diagnostics).unwrap_or_default(),
         goals: list("goals", diagnostics).into_iter().map(|(_, goal)| goal.to_owned()).collect(),
         responsibilities: list("responsibilities", diagnostics).into_iter().map(|(_, item)| item.to_owned()).collect(),
         tools: tools.iter().map(|(tool, _, _)| tool.clone()).collect(),
-        permitted_actions: list("permitted_actions", diagnostics)
-            .into_iter()
-            .map(|(_, item)| item.to_owned())
-            .collect(),
+        permitted_actions: actions.iter().map(|(_, item)| (*item).to_owned()).collect(),
         mission: text("mission", diagnostics).unwrap_or_default(),
         context_files: context_files.iter().map(|(_, file)| (*file).to_owned()).collect(),
         schedule,

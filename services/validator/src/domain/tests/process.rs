@@ -417,3 +417,24 @@ fn merge_keys_reuse_step_fields() {
     let inputs: serde_json::Value = serde_json::from_str(&merged.inputs_json).expect("JSON");
     assert_eq!(inputs, serde_json::json!({"k": 3, "z": 0, "j": 5}));
 }
+
+#[test]
+fn budgets_are_checked() {
+    let base = "steps:\n  - {id: a, type: human_approval}\n";
+    let report = validate_process(
+        &format!("name: d\nbudget: {{period_seconds: 86400, max_cost: 2.5, max_tokens: 100000, max_runs: 20}}\n{base}"),
+        &Context::default(),
+    );
+    assert_eq!(report.diagnostics, vec![]);
+    let budget = report.budget.expect("budget");
+    assert_eq!(
+        (budget.period_seconds, budget.max_cost, budget.max_tokens, budget.max_runs),
+        (86_400, 2.5, 100_000, 20)
+    );
+    assert_eq!(check(&format!("name: d\nbudget: 5\n{base}")), vec![("BDG001", 2, 9)]);
+    assert_eq!(check(&format!("name: d\nbudget: {{max_runs: 3}}\n{base}")), vec![("BDG002", 2, 9)]);
+    assert_eq!(
+        check(&format!("name: d\nbudget: {{period_seconds: 0, max_cost: -1, max_tokens: x, max_run: 2}}\n{base}")),
+        vec![("BDG002", 2, 26), ("BDG003", 2, 39), ("BDG001", 2, 55), ("BDG004", 2, 58)]
+    );
+}

@@ -97,6 +97,7 @@ fn yaml_role_rules() {
     assert_eq!(yaml("name: \"  \"\n"), vec![("ROL010", 1, 7)]);
     assert_eq!(yaml("name: a\nschedule: every day\n"), vec![("ROL011", 2, 11)]);
     assert_eq!(yaml("name: a\ncontext_files: [../secrets]\n"), vec![("ROL012", 2, 17)]);
+    assert_eq!(yaml("name: a\npermitted_actions: [code, Review]\n"), vec![("ROL013", 2, 27)]);
     assert_eq!(yaml("name: a\nschedule: \"@daily\"\ninput_schema: {type: object}\n"), vec![]);
 }
 
