@@ -71,6 +71,12 @@ async fn seed_scenarios(backend: Backend) {
         server.delegate(pb::DelegateRequest { team: "backend".into(), ..delegate_request("t7", "", &["node"]) }).await;
     assert_eq!((tier(&decision), decision.primary_agent_id.as_str()), (Tier::SameTeamMatch, "dave"));
 
+    // A team named in the request wins over the requester's own team.
+    let decision = server
+        .delegate(pb::DelegateRequest { team: "backend".into(), ..delegate_request("t7b", "fe-lead", &["node"]) })
+        .await;
+    assert_eq!((tier(&decision), decision.primary_agent_id.as_str()), (Tier::SameTeamMatch, "bob"), "dave is full");
+
     // Queue versus escalate: dave (the only go expert) is now at capacity 1/1.
     assert_eq!(server.get("dave").await.status, pb::AgentStatus::Busy as i32);
     let decision = server.delegate(delegate_request("t8", "bob", &["go"])).await;

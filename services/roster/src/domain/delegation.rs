@@ -200,7 +200,12 @@ struct Ranked<'a> {
 pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settings: Settings) -> Decision {
     let by_id: HashMap<&str, &Agent> = snapshot.agents.iter().map(|agent| (agent.id.as_str(), agent)).collect();
     let requester = by_id.get(request.requester_id.as_str()).copied();
-    let home_team = requester.map(|agent| agent.team.as_str()).filter(|team| !team.is_empty()).unwrap_or(&request.team);
+    // A team named in the request wins; else the requester's team.
+    let home_team = if request.team.is_empty() {
+        requester.map(|agent| agent.team.as_str()).unwrap_or_default()
+    } else {
+        request.team.as_str()
+    };
     let chain: HashSet<&str> = request.delegation_chain.iter().map(String::as_str).collect();
     let mut notes = Vec::new();
 

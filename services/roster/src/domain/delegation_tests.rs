@@ -52,7 +52,7 @@ fn case_strategy() -> impl Strategy<Value = (Vec<Agent>, DelegationRequest)> {
                     0 => "even".into(),
                     _ => String::new(),
                 },
-                team: "t1".into(),
+                team: ["", "t1", "t2"][requester % 3].to_owned(),
                 urgency: [Urgency::Low, Urgency::Normal, Urgency::High, Urgency::Critical][usize::from(urgency)],
                 delegation_chain: chain.into_iter().map(|index| format!("a{index}")).collect(),
                 preferred_agent_id: match preferred {
@@ -116,7 +116,11 @@ proptest! {
     fn an_available_same_team_expert_is_always_found((agents, request) in case_strategy()) {
         let snapshot = Snapshot { agents: agents.clone(), ..Snapshot::default() };
         let decision = decide(&request, &snapshot, 1_000, Settings::default());
-        let requester_team = agents.iter().find(|a| a.id == request.requester_id).map(|a| a.team.clone()).unwrap_or_else(|| request.team.clone());
+        let requester_team = if request.team.is_empty() {
+            agents.iter().find(|a| a.id == request.requester_id).map(|a| a.team.clone()).unwrap_or_default()
+        } else {
+            request.team.clone()
+        };
         let exists = agents.iter().any(|agent| {
             agent.team == requester_team
                 && agent.id != request.requester_id

@@ -156,11 +156,11 @@ async fn load_snapshot(transaction: &mut Tx, request: &DelegationRequest, with_u
     };
     let requester =
         if request.requester_id.is_empty() { None } else { fetch_agent(transaction, &request.requester_id).await? };
-    let home_team = requester
-        .as_ref()
-        .map(|agent| agent.team.clone())
-        .filter(|team| !team.is_empty())
-        .unwrap_or_else(|| request.team.clone());
+    let home_team = if request.team.is_empty() {
+        requester.as_ref().map(|agent| agent.team.clone()).unwrap_or_default()
+    } else {
+        request.team.clone()
+    };
     keep(requester.into_iter().collect(), &mut agents);
 
     if !home_team.is_empty() {

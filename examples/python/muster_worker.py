@@ -1,0 +1,106 @@
+"""A muster agent worker in Python.
+
+It connects to the execution service's ConnectWorker stream, says which
+agents it serves (each with its roster token), runs each assignment with a
+behaviour function and reports the result. The sample behaviour writes a
+summary of the step from its instruction and what it built on.
+"""
+
+import json
+import queue
+import threading
+
+import grpc
+
+from muster.execution.v1 import execution_pb2, execution_pb2_grpc
+
+
+def sample_behaviour(assignment):
+    """Deterministic: no LLM. Returns (output as a JSON-able value, tokens, cost)."""
+    upstream = sorted(assignment.upstream_outputs.keys())
+    return (
+        {
+            "agent": assignment.agent_id,
+            "step": assignment.step_id,
+            "text": f"{assignment.agent_id} (python) did: {assignment.message}",
+            "built_on": upstream,
+        },
+        42,
+        0.02,
+    )
+
+
+class Worker:
+    """Serves agents until stop() is called."""
+
+    def __init__(self, execution_address, credentials, behaviour=sample_behaviour, name="python-worker"):
+        self._channel = grpc.insecure_channel(execution_address)
+        self._stub = execution_pb2_grpc.ExecutionServiceStub(self._channel)
+        self._credentials = credentials
+        self._behaviour = behaviour
+        self._name = name
+        self._outbox = queue.Queue()
+        self._thread = None
+        self._responses = None
+        self.welcomed = threading.Event()
+        self.handled = 0
+
+    def _requests(self):
+        yield execution_pb2.ConnectWorkerRequest(
+            hello=execution_pb2.WorkerHello(
+                worker_name=self._name,
+                agents=[execution_pb2.ServedAgent(agent_id=a, token=t) for a, t in self._credentials.items()],
+            )
+        )
+        while True:
+            message = self._outbox.get()
+            if message is None:
+                return
+            yield message
+
+    def _serve(self):
+        self._responses = self._stub.ConnectWorker(self._requests())
+        try:
+            for response in self._responses:
+                kind = response.WhichOneof("message")
+                if kind == "welcome":
+                    self.welcomed.set()
+                elif kind == "assignment":
+                    self._run(response.assignment)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.CANCELLED:
+                raise
+
+    def _run(self, assignment):
+        try:
+            output, tokens, cost = self._behaviour(assignment)
+            message = execution_pb2.ConnectWorkerRequest(
+                result=execution_pb2.StepResult(
+                    assignment_id=assignment.assignment_id,
+                    output_json=json.dumps(output),
+                    tokens_used=tokens,
+                    cost=cost,
+                )
+            )
+        except Exception as error:  # a behaviour's fault fails the step, not the worker
+            message = execution_pb2.ConnectWorkerRequest(
+                failure=execution_pb2.StepFailure(
+                    assignment_id=assignment.assignment_id, error_code="PYTHON_ERROR", message=str(error)
+                )
+            )
+        self.handled += 1
+        self._outbox.put(message)
+
+    def start(self):
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        if not self.welcomed.wait(timeout=30):
+            raise RuntimeError("the execution service did not welcome the worker")
+        return self
+
+    def stop(self):
+        self._outbox.put(None)
+        if self._responses is not None:
+            self._responses.cancel()
+        self._thread.join(timeout=10)
+        self._channel.close()
