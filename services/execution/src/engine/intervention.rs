@@ -130,7 +130,7 @@ impl Driver {
             events.push(self.step_event(EventType::StepCompleted, position));
         }
         let mut changed: Vec<usize> = vec![position];
-        changed.extend(self.dependants_reopened.drain(..));
+        changed.append(&mut self.dependants_reopened);
         self.persist(&changed, false, events).await?;
         tracing::info!(execution_id = %self.execution.id, step = %step_id, by = %intervention.by, action = intervention.action.verb(), "intervention");
         Ok(())

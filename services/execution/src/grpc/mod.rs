@@ -9,7 +9,7 @@ use muster_proto::{
     roster::v1 as roster,
     validator::v1 as validator,
 };
-use muster_runtime::{status::unimplemented, time::to_timestamp};
+use muster_runtime::status::unimplemented;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, Streaming};
@@ -22,8 +22,14 @@ use crate::{
         Control, Engine, Intervention, InterventionAction, StartRequest, approvers, parse_definition, step_roles,
     },
     store::{ExecutionFilter, ExecutionRow, ProcessRow},
-    workers::{Outcome, WorkerSender},
 };
+
+mod convert;
+mod streams;
+
+pub(crate) use convert::diagnostic_to_wire;
+use convert::{execution_to_wire, process_to_wire};
+use streams::{serve_worker, stream_events};
 
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
@@ -626,167 +632,5 @@ impl ExecutionApi {
             agents.push(served.agent_id.clone());
         }
         Ok(agents)
-    }
-}
-
-async fn serve_worker(
-    worker_id: u64,
-    inbound: &mut Streaming<wire::ConnectWorkerRequest>,
-    sender: &WorkerSender,
-    workers: &crate::workers::Workers,
-) {
-    use wire::connect_worker_request::Message;
-    loop {
-        let message = match inbound.message().await {
-            Ok(Some(message)) => message,
-            Ok(None) => return,
-            Err(status) => {
-                tracing::info!(worker_id, error = %status.message(), "worker stream ended");
-                return;
-            }
-        };
-        match message.message {
-            Some(Message::Result(result)) => {
-                let id = result.assignment_id.clone();
-                workers.complete(worker_id, &id, Outcome::Completed(result));
-            }
-            Some(Message::Failure(failure)) => {
-                let id = failure.assignment_id.clone();
-                workers.complete(worker_id, &id, Outcome::Failed(failure));
-            }
-            Some(Message::Delegate(delegate)) => {
-                let refusal = wire::ConnectWorkerResponse {
-                    message: Some(wire::connect_worker_response::Message::Delegation(wire::DelegationOutcome {
-                        assignment_id: delegate.assignment_id,
-                        accepted: false,
-                        decision: None,
-                        reason: "delegating a step onward is not implemented by this server yet".to_owned(),
-                    })),
-                };
-                let _ = sender.send(Ok(refusal)).await;
-            }
-            Some(Message::Progress(progress)) => {
-                tracing::debug!(worker_id, assignment = %progress.assignment_id, message = %progress.message, "step progress");
-            }
-            Some(Message::Heartbeat(_)) | Some(Message::ToolResult(_)) => {}
-            Some(Message::Hello(_)) | None => {
-                let _ = sender.send(Err(Status::invalid_argument("a worker says hello once, first"))).await;
-                return;
-            }
-        }
-    }
-}
-
-async fn stream_events(
-    engine: &Engine,
-    execution_id: &str,
-    after_sequence: u64,
-    mut live: broadcast::Receiver<common::StepEvent>,
-    sender: &mpsc::Sender<Result<wire::WatchExecutionResponse, Status>>,
-) -> Result<(), Status> {
-    let mut last = after_sequence;
-    loop {
-        for event in engine.store.events_after(execution_id, last).await? {
-            last = event.sequence;
-            let finished = event.r#type == EventType::ExecutionFinished as i32;
-            if sender.send(Ok(wire::WatchExecutionResponse { event: Some(event) })).await.is_err() || finished {
-                return Ok(());
-            }
-        }
-        loop {
-            match live.recv().await {
-                Ok(event) if event.execution_id == execution_id && event.sequence > last => {
-                    if event.sequence != last + 1 {
-                        break; // A gap: read it from the store.
-                    }
-                    last = event.sequence;
-                    let finished = event.r#type == EventType::ExecutionFinished as i32;
-                    if sender.send(Ok(wire::WatchExecutionResponse { event: Some(event) })).await.is_err() || finished {
-                        return Ok(());
-                    }
-                }
-                Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(_)) => break,
-                Err(broadcast::error::RecvError::Closed) => return Err(Status::unavailable("the service is stopping")),
-            }
-        }
-    }
-}
-
-/// A validator diagnostic on the wire.
-pub(crate) fn diagnostic_to_wire(diagnostic: &muster_validator::Diagnostic) -> common::Diagnostic {
-    common::Diagnostic {
-        severity: match diagnostic.severity {
-            muster_validator::Severity::Error => common::Severity::Error as i32,
-            muster_validator::Severity::Warning => common::Severity::Warning as i32,
-        },
-        code: diagnostic.code.to_owned(),
-        message: diagnostic.message.clone(),
-        path: diagnostic.path.clone(),
-        line: diagnostic.line,
-        column: diagnostic.column,
-    }
-}
-
-fn process_to_wire(process: ProcessRow, with_source: bool) -> wire::ProcessVersion {
-    wire::ProcessVersion {
-        name: process.name,
-        version: process.version,
-        source: if with_source { process.source } else { String::new() },
-        published_at: Some(to_timestamp(process.published_at)),
-        step_count: process.step_count,
-        warnings: process.warnings,
-    }
-}
-
-fn execution_to_wire(
-    execution: ExecutionRow,
-    definition: Option<&muster_validator::ProcessDefinition>,
-) -> wire::Execution {
-    let steps = execution
-        .steps
-        .iter()
-        .map(|row| {
-            let step_definition = definition.and_then(|definition| definition.steps.get(row.position as usize));
-            wire::StepState {
-                step_id: row.step_id.clone(),
-                name: step_definition.map(|step| step.name.clone()).unwrap_or_default(),
-                r#type: step_definition.map(|step| step.step_type.clone()).unwrap_or_default(),
-                status: row.status.to_wire() as i32,
-                executor: if row.executor.is_empty() {
-                    step_definition.and_then(|step| step.executor()).unwrap_or_default().to_owned()
-                } else {
-                    row.executor.clone()
-                },
-                roles: step_definition.map(step_roles),
-                attempt: row.attempt,
-                output_json: row.output_json.clone(),
-                error: (!row.error_code.is_empty() && row.status != crate::domain::StepStatus::Completed)
-                    .then(|| common::StepError { code: row.error_code.clone(), message: row.error_message.clone() }),
-                started_at: row.started_at.map(to_timestamp),
-                ended_at: row.ended_at.map(to_timestamp),
-                depends_on: step_definition.map(|step| step.depends_on.clone()).unwrap_or_default(),
-                waiting_for: match (row.status, step_definition) {
-                    (crate::domain::StepStatus::WaitingApproval, Some(step)) => approvers(step),
-                    _ => Vec::new(),
-                },
-                wait_seconds: 0,
-                delegation_chain: Vec::new(),
-                cost: row.cost,
-                tokens_used: row.tokens_used,
-            }
-        })
-        .collect();
-    wire::Execution {
-        id: execution.id,
-        process_name: execution.process_name,
-        process_version: execution.process_version,
-        status: execution.status.to_wire() as i32,
-        reason: execution.reason,
-        lead_agent_id: execution.lead_agent_id,
-        started_at: Some(to_timestamp(execution.started_at)),
-        ended_at: execution.ended_at.map(to_timestamp),
-        steps,
-        inputs_json: execution.inputs_json,
     }
 }

@@ -1,0 +1,88 @@
+//! Wire conversions of stored state.
+
+use muster_proto::{common::v1 as common, execution::v1 as wire};
+use muster_runtime::time::to_timestamp;
+
+use crate::{
+    domain::StepStatus,
+    engine::{approvers, step_roles},
+    store::{ExecutionRow, ProcessRow},
+};
+
+/// A validator diagnostic on the wire.
+pub(crate) fn diagnostic_to_wire(diagnostic: &muster_validator::Diagnostic) -> common::Diagnostic {
+    common::Diagnostic {
+        severity: match diagnostic.severity {
+            muster_validator::Severity::Error => common::Severity::Error as i32,
+            muster_validator::Severity::Warning => common::Severity::Warning as i32,
+        },
+        code: diagnostic.code.to_owned(),
+        message: diagnostic.message.clone(),
+        path: diagnostic.path.clone(),
+        line: diagnostic.line,
+        column: diagnostic.column,
+    }
+}
+
+pub(super) fn process_to_wire(process: ProcessRow, with_source: bool) -> wire::ProcessVersion {
+    wire::ProcessVersion {
+        name: process.name,
+        version: process.version,
+        source: if with_source { process.source } else { String::new() },
+        published_at: Some(to_timestamp(process.published_at)),
+        step_count: process.step_count,
+        warnings: process.warnings,
+    }
+}
+
+pub(super) fn execution_to_wire(
+    execution: ExecutionRow,
+    definition: Option<&muster_validator::ProcessDefinition>,
+) -> wire::Execution {
+    let steps = execution
+        .steps
+        .iter()
+        .map(|row| {
+            let step_definition = definition.and_then(|definition| definition.steps.get(row.position as usize));
+            wire::StepState {
+                step_id: row.step_id.clone(),
+                name: step_definition.map(|step| step.name.clone()).unwrap_or_default(),
+                r#type: step_definition.map(|step| step.step_type.clone()).unwrap_or_default(),
+                status: row.status.to_wire() as i32,
+                executor: if row.executor.is_empty() {
+                    step_definition.and_then(|step| step.executor()).unwrap_or_default().to_owned()
+                } else {
+                    row.executor.clone()
+                },
+                roles: step_definition.map(step_roles),
+                attempt: row.attempt,
+                output_json: row.output_json.clone(),
+                error: (!row.error_code.is_empty() && row.status != StepStatus::Completed)
+                    .then(|| common::StepError { code: row.error_code.clone(), message: row.error_message.clone() }),
+                started_at: row.started_at.map(to_timestamp),
+                ended_at: row.ended_at.map(to_timestamp),
+                depends_on: step_definition.map(|step| step.depends_on.clone()).unwrap_or_default(),
+                waiting_for: match (row.status, step_definition) {
+                    (StepStatus::WaitingApproval, Some(step)) => approvers(step),
+                    _ => Vec::new(),
+                },
+                wait_seconds: 0,
+                delegation_chain: Vec::new(),
+                cost: row.cost,
+                tokens_used: row.tokens_used,
+            }
+        })
+        .collect();
+    wire::Execution {
+        id: execution.id,
+        process_name: execution.process_name,
+        process_version: execution.process_version,
+        status: execution.status.to_wire() as i32,
+        reason: execution.reason,
+        lead_agent_id: execution.lead_agent_id,
+        started_at: Some(to_timestamp(execution.started_at)),
+        ended_at: execution.ended_at.map(to_timestamp),
+        steps,
+        inputs_json: execution.inputs_json,
+    }
+}
