@@ -569,3 +569,68 @@ steps:
     worker.await.unwrap().unwrap();
     test.shutdown().await;
 }
+
+/// The roster stops in the middle of a run of delegated steps and comes back:
+/// delegations wait for it, and no step fails because of the outage.
+async fn roster_outage(backend: Backend) {
+    use muster_proto::roster::v1::Agent;
+    let Some(mut test) = TestCluster::start(backend).await else { return };
+    let expert = |id: &str| Agent {
+        id: id.to_owned(),
+        name: id.to_owned(),
+        team: "core".to_owned(),
+        senior_id: "boss".to_owned(),
+        expertise: vec!["rust".to_owned()],
+        ..Default::default()
+    };
+    let boss = Agent { id: "boss".to_owned(), name: "boss".to_owned(), team: "core".to_owned(), ..Default::default() };
+    let agents = vec![boss, expert("expert-a"), expert("expert-b")];
+    let tokens = test.register_agents(&agents).await;
+    let credentials =
+        agents.iter().zip(tokens).map(|(agent, token)| AgentCredential { agent_id: agent.id.clone(), token }).collect();
+    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
+    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let mut source = String::from("name: outage\nlead: boss\nsteps:\n");
+    for index in 0..12 {
+        source.push_str(&format!(
+            "  - id: s{index}\n    type: agent_task\n    message: step {index}\n    inputs: {{sleep_ms: 50}}\n    delegate: {{expertise: [rust], team: core}}\n"
+        ));
+        if index > 0 {
+            source.push_str(&format!("    depends_on: [s{}]\n", index - 1));
+        }
+    }
+    let execution_id = publish_and_start(&mut client, &source).await;
+    wait_for_status(&mut client, &execution_id, "s2", StepStatus::Completed).await;
+    test.cluster_mut().stop("roster").await.unwrap();
+    // Steps keep asking the roster while it is down.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    test.cluster_mut().restart("roster").await.unwrap();
+
+    let events = events_until_finished(&test.cluster().execution_url(), &execution_id).await;
+    let finished = events.last().unwrap();
+    assert_eq!(finished.execution_status, ExecutionStatus::Completed as i32, "{}", finished.detail);
+    assert!(events.iter().all(|event| event.r#type != EventType::StepFailed as i32));
+    for index in 0..12 {
+        let step = format!("s{index}");
+        assert_eq!(count(&events, EventType::StepDelegated, &step), 1, "{step} was delegated by the roster once");
+        let delegated = events
+            .iter()
+            .find(|event| event.step_id == step && event.r#type == EventType::StepDelegated as i32)
+            .unwrap();
+        assert!(delegated.agent_id.starts_with("expert-"), "{delegated:?}");
+    }
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roster_outage_on_sqlite() {
+    roster_outage(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roster_outage_on_postgres() {
+    roster_outage(Backend::Postgres).await;
+}

@@ -78,6 +78,7 @@ impl ExecutionStatus {
 pub(crate) enum StepStatus {
     Pending,
     Ready,
+    Queued,
     Running,
     WaitingApproval,
     Paused,
@@ -89,6 +90,7 @@ pub(crate) enum StepStatus {
 stored_enum!(StepStatus {
     Pending => "pending",
     Ready => "ready",
+    Queued => "queued",
     Running => "running",
     WaitingApproval => "waiting_approval",
     Paused => "paused",
@@ -102,10 +104,16 @@ impl StepStatus {
         matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
     }
 
+    /// Held by a step task: looking for its executor, queued, or with a worker.
+    pub(crate) fn is_in_flight(self) -> bool {
+        matches!(self, Self::Running | Self::Queued)
+    }
+
     pub(crate) fn to_wire(self) -> wire::StepStatus {
         match self {
             Self::Pending => wire::StepStatus::Pending,
             Self::Ready => wire::StepStatus::Ready,
+            Self::Queued => wire::StepStatus::Queued,
             Self::Running => wire::StepStatus::Running,
             Self::WaitingApproval => wire::StepStatus::WaitingApproval,
             Self::Paused => wire::StepStatus::Paused,

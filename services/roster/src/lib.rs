@@ -33,9 +33,9 @@ use store::{RosterStore, SqlStore};
 /// The roster's default port.
 pub const DEFAULT_PORT: u16 = 50052;
 
-/// The roster's default listen address.
+/// The roster's default listen address: every interface, like the other services.
 pub fn default_listen_address() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], DEFAULT_PORT))
+    SocketAddr::from(([0, 0, 0, 0], DEFAULT_PORT))
 }
 
 /// The roster's settings.

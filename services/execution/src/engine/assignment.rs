@@ -191,8 +191,17 @@ impl StepTask {
                     Ok(Some(roster::WatchQueuedTaskResponse { decision: Some(resolution) })) => {
                         Box::pin(self.follow_decision(client, resolution)).await
                     }
-                    Ok(_) => Err(escalation_failure("the roster closed the queue watch without a decision")),
-                    Err(status) => Err(escalation_failure(status.message())),
+                    Err(status)
+                        if status.code() != tonic::Code::Unavailable && status.code() != tonic::Code::Unknown =>
+                    {
+                        Err(escalation_failure(status.message()))
+                    }
+                    // The roster restarted or closed the watch: ask again; the
+                    // task keeps its place in the queue.
+                    _ => {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        Box::pin(self.find_executor()).await
+                    }
                 }
             }
             _ => Err(escalation_failure(&decision.reasoning)),
@@ -243,33 +252,39 @@ impl StepTask {
         if let Some(context) = cached {
             return context;
         }
-        let context = self.fetch_agent_context(agent_id).await;
-        self.agent_contexts.lock().await.insert(agent_id.to_owned(), context.clone());
-        context
+        match self.fetch_agent_context(agent_id).await {
+            Ok(context) => {
+                self.agent_contexts.lock().await.insert(agent_id.to_owned(), context.clone());
+                context
+            }
+            Err(status) => {
+                // The roster is unreachable: this assignment goes without; the next one asks again.
+                tracing::warn!(agent_id, error = %status.message(), "no role definition or prompt for the assignment");
+                (None, String::new())
+            }
+        }
     }
 
-    async fn fetch_agent_context(&self, agent_id: &str) -> (Option<roster::RoleDefinition>, String) {
+    async fn fetch_agent_context(
+        &self,
+        agent_id: &str,
+    ) -> Result<(Option<roster::RoleDefinition>, String), tonic::Status> {
         let mut client = self.engine.roster.clone();
-        let role_definition = match client.get_agent(roster::GetAgentRequest { id: agent_id.to_owned() }).await {
-            Ok(response) => match response.into_inner().agent {
-                Some(agent) if !agent.role.is_empty() => client
-                    .get_role_definition(roster::GetRoleDefinitionRequest { name: agent.role })
-                    .await
-                    .ok()
-                    .and_then(|response| response.into_inner().role),
-                _ => None,
+        let agent = client.get_agent(roster::GetAgentRequest { id: agent_id.to_owned() }).await?.into_inner().agent;
+        let role_definition = match agent.map(|agent| agent.role).filter(|role| !role.is_empty()) {
+            Some(role) => match client.get_role_definition(roster::GetRoleDefinitionRequest { name: role }).await {
+                Ok(response) => response.into_inner().role,
+                Err(status) if status.code() == tonic::Code::NotFound => None,
+                Err(status) => return Err(status),
             },
-            Err(status) => {
-                tracing::debug!(agent_id, error = %status.message(), "no agent details for the assignment");
-                None
-            }
+            None => None,
         };
         let system_prompt = client
             .render_system_prompt(roster::RenderSystemPromptRequest { agent_id: agent_id.to_owned() })
-            .await
-            .map(|response| response.into_inner().system_prompt)
-            .unwrap_or_default();
-        (role_definition, system_prompt)
+            .await?
+            .into_inner()
+            .system_prompt;
+        Ok((role_definition, system_prompt))
     }
 }
 

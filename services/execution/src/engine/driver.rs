@@ -45,7 +45,7 @@ impl Driver {
     ) -> Self {
         // Steps that were running when the service stopped are assigned again.
         for step in &mut execution.steps {
-            if step.status == StepStatus::Running {
+            if step.status.is_in_flight() {
                 step.status = StepStatus::Ready;
             }
         }
@@ -255,14 +255,13 @@ impl Driver {
 
     async fn apply_update(&mut self, update: StepUpdate) -> Result<()> {
         let (position, attempt) = update.step();
-        if self.execution.steps[position].attempt != attempt
-            || self.execution.steps[position].status != StepStatus::Running
-        {
+        if self.execution.steps[position].attempt != attempt || !self.execution.steps[position].status.is_in_flight() {
             return Ok(());
         }
         let event = match update {
             StepUpdate::Assigned { agent_id, .. } => {
                 let step = &mut self.execution.steps[position];
+                step.status = StepStatus::Running;
                 step.executor = agent_id;
                 step.started_at = Some(muster_runtime::time::now_millis());
                 self.step_event(EventType::StepStarted, position)
@@ -275,6 +274,7 @@ impl Driver {
                 event
             }
             StepUpdate::Queued { expert_id, wait_seconds, detail, .. } => {
+                self.execution.steps[position].status = StepStatus::Queued;
                 self.execution.steps[position].executor = expert_id;
                 let mut event = self.step_event(EventType::StepQueued, position);
                 event.wait_seconds = wait_seconds;
@@ -286,9 +286,7 @@ impl Driver {
     }
 
     async fn settle(&mut self, position: usize, attempt: u32, outcome: Outcome) -> Result<()> {
-        if self.execution.steps[position].attempt != attempt
-            || self.execution.steps[position].status != StepStatus::Running
-        {
+        if self.execution.steps[position].attempt != attempt || !self.execution.steps[position].status.is_in_flight() {
             return Ok(());
         }
         let now = muster_runtime::time::now_millis();

@@ -65,7 +65,8 @@ impl Driver {
         let mut events = Vec::new();
         match &intervention.action {
             InterventionAction::Pause => {
-                if !matches!(status, StepStatus::Pending | StepStatus::Ready | StepStatus::Running) {
+                if !matches!(status, StepStatus::Pending | StepStatus::Ready | StepStatus::Running | StepStatus::Queued)
+                {
                     return refuse();
                 }
                 self.withdraw(position, "paused");
@@ -78,7 +79,10 @@ impl Driver {
                 self.execution.steps[position].status = StepStatus::Pending;
             }
             InterventionAction::Retry => {
-                if !matches!(status, StepStatus::Failed | StepStatus::Cancelled | StepStatus::Running) {
+                if !matches!(
+                    status,
+                    StepStatus::Failed | StepStatus::Cancelled | StepStatus::Running | StepStatus::Queued
+                ) {
                     return refuse();
                 }
                 self.withdraw(position, "retried");
@@ -105,7 +109,7 @@ impl Driver {
                 self.reassigned.insert(position, agent_id.clone());
                 let step = &mut self.execution.steps[position];
                 step.executor = agent_id.clone();
-                if step.status == StepStatus::Running {
+                if step.status.is_in_flight() {
                     step.status = StepStatus::Ready;
                 }
             }
@@ -164,7 +168,7 @@ impl Driver {
     /// Stops the running attempt of a step, if any: the worker is told, and its late answer is ignored.
     fn withdraw(&mut self, position: usize, reason: &str) {
         let step = &self.execution.steps[position];
-        if step.status == StepStatus::Running {
+        if step.status.is_in_flight() {
             self.engine.workers.withdraw(&assignment_id(&self.execution.id, &step.step_id, step.attempt), reason);
             self.release_delegation(position);
         }
