@@ -2,13 +2,16 @@
 //! LLM: each step's output is a JSON object naming the agent, the step, its
 //! instruction, its inputs and the steps it built on.
 //!
+//! It provides two tools: `word_count` (input `{"text": string}`, output
+//! `{"words": n}`) and `flaky_tool`, which always fails (status 500).
+//!
 //! Inputs steer it for demonstrations and tests: `"fail": "message"` makes the
 //! step fail (code `SAMPLE_FAILURE`), `"fail_attempts": n` fails the first `n`
 //! attempts with a retryable error, and `"sleep_ms": n` takes that long.
 
 use std::time::Duration;
 
-use muster_proto::execution::v1::Assignment;
+use muster_proto::execution::v1::{Assignment, ToolCall, ToolOutput, ToolSpec};
 use serde_json::{Value, json};
 
 use crate::worker::{Behaviour, StepOutcome};
@@ -50,5 +53,42 @@ impl Behaviour for SampleBehaviour {
             "attempt": assignment.attempt,
         });
         StepOutcome::Completed { output_json: output.to_string(), tokens_used: 100, cost: 0.01 }
+    }
+
+    fn tools(&self) -> Vec<ToolSpec> {
+        vec![
+            ToolSpec {
+                name: "word_count".to_owned(),
+                description: "Counts the words of a text".to_owned(),
+                input_schema_json: json!({
+                    "type": "object",
+                    "properties": {"text": {"type": "string"}},
+                    "required": ["text"],
+                    "additionalProperties": false
+                })
+                .to_string(),
+            },
+            ToolSpec {
+                name: "flaky_tool".to_owned(),
+                description: "Always fails, to show how a provider's fault looks".to_owned(),
+                input_schema_json: String::new(),
+            },
+        ]
+    }
+
+    async fn call_tool(&self, call: ToolCall) -> ToolOutput {
+        let input: Value = serde_json::from_str(&call.input_json).unwrap_or(Value::Null);
+        match call.tool.as_str() {
+            "word_count" => {
+                let words = input.get("text").and_then(Value::as_str).map_or(0, |text| text.split_whitespace().count());
+                ToolOutput { output_json: json!({"words": words}).to_string(), error: String::new(), status_code: 200 }
+            }
+            "flaky_tool" => ToolOutput {
+                output_json: String::new(),
+                error: "the sample tool failed on purpose".to_owned(),
+                status_code: 500,
+            },
+            other => ToolOutput { output_json: String::new(), error: format!("no tool '{other}'"), status_code: 404 },
+        }
     }
 }

@@ -6,8 +6,9 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use muster_proto::execution::v1::{
-    Assignment, ConnectWorkerRequest, ServedAgent, StepFailure, StepResult, WorkerHello, connect_worker_request,
-    connect_worker_response, execution_service_client::ExecutionServiceClient,
+    Assignment, ConnectWorkerRequest, ServedAgent, StepFailure, StepResult, ToolCall, ToolCallResult, ToolOutput,
+    ToolSpec, WorkerHello, connect_worker_request, connect_worker_response,
+    execution_service_client::ExecutionServiceClient,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -44,10 +45,27 @@ pub enum StepOutcome {
     },
 }
 
-/// How a worker runs its assignments.
+/// How a worker runs its assignments and the tools it provides.
 pub trait Behaviour: Send + Sync + 'static {
     /// Runs one assignment.
     fn run(&self, assignment: Assignment) -> impl Future<Output = StepOutcome> + Send;
+
+    /// The tools this worker provides (none by default).
+    fn tools(&self) -> Vec<ToolSpec> {
+        Vec::new()
+    }
+
+    /// Runs a tool call; the execution service already checked the caller's
+    /// permission and the input's schema.
+    fn call_tool(&self, call: ToolCall) -> impl Future<Output = ToolOutput> + Send {
+        async move {
+            ToolOutput {
+                output_json: String::new(),
+                error: format!("this worker has no tool '{}'", call.tool),
+                status_code: 404,
+            }
+        }
+    }
 }
 
 /// Serves `agents` until `shutdown` resolves, reconnecting after failures.
@@ -110,7 +128,7 @@ async fn session<B: Behaviour>(
                     .iter()
                     .map(|agent| ServedAgent { agent_id: agent.agent_id.clone(), token: agent.token.clone() })
                     .collect(),
-                tools: Vec::new(),
+                tools: behaviour.tools(),
                 max_concurrency: 64,
             })),
         })
@@ -157,7 +175,15 @@ async fn session<B: Behaviour>(
                 tracing::info!(assignment = %outcome.assignment_id, accepted = outcome.accepted, reason = %outcome.reason, "delegation answered");
             }
             Some(connect_worker_response::Message::ToolCall(call)) => {
-                tracing::warn!(tool = %call.tool, "tool call for a worker that provides no tools");
+                let behaviour = behaviour.clone();
+                let sender = sender.clone();
+                tokio::spawn(async move {
+                    let call_id = call.call_id.clone();
+                    let output = behaviour.call_tool(call).await;
+                    let message =
+                        connect_worker_request::Message::ToolResult(ToolCallResult { call_id, output: Some(output) });
+                    let _ = sender.send(ConnectWorkerRequest { message: Some(message) }).await;
+                });
             }
             None => {}
         }

@@ -211,8 +211,8 @@ async fn execution_service_crash(backend: Backend) {
     let Some((mut test, credentials)) = cluster_with_agents(backend, &["doer", "watcher"]).await else { return };
     let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
     let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
-    let steps = 60;
-    let source = chain_process("crash", steps, "doer", "watcher", "{sleep_ms: 20}");
+    let steps = 1000;
+    let source = chain_process("crash", steps, "doer", "watcher", "{}");
     let execution_id = publish_and_start(&mut client, &source).await;
 
     // Wait until a third of the chain completed, then crash the service.

@@ -8,7 +8,8 @@ use std::{
 };
 
 use muster_proto::execution::v1::{
-    Assignment, CancelAssignment, ConnectWorkerResponse, StepFailure, StepResult, connect_worker_response,
+    Assignment, CancelAssignment, ConnectWorkerResponse, StepFailure, StepResult, ToolCall, ToolOutput, ToolSpec,
+    connect_worker_response,
 };
 use tokio::sync::{Notify, mpsc, oneshot};
 
@@ -26,6 +27,7 @@ pub(crate) type WorkerSender = mpsc::Sender<Result<ConnectWorkerResponse, tonic:
 struct Worker {
     name: String,
     agents: Vec<String>,
+    tools: Vec<ToolSpec>,
     sender: WorkerSender,
     in_flight: usize,
     max_concurrency: usize,
@@ -41,6 +43,7 @@ struct State {
     next_worker_id: u64,
     workers: HashMap<u64, Worker>,
     pending: HashMap<String, Pending>,
+    tool_calls: HashMap<String, (u64, oneshot::Sender<ToolOutput>)>,
 }
 
 /// The registry of connected workers.
@@ -51,19 +54,21 @@ pub(crate) struct Workers {
 }
 
 impl Workers {
-    /// Adds a connection serving `agents`; returns its id.
+    /// Adds a connection serving `agents` and providing `tools`; returns its id.
     pub(crate) fn register(
         &self,
         name: String,
         agents: Vec<String>,
+        tools: Vec<ToolSpec>,
         max_concurrency: usize,
         sender: WorkerSender,
     ) -> u64 {
         let mut state = self.lock();
         state.next_worker_id += 1;
         let worker_id = state.next_worker_id;
-        tracing::info!(worker_id, worker = %name, ?agents, "worker connected");
-        state.workers.insert(worker_id, Worker { name, agents, sender, in_flight: 0, max_concurrency });
+        let tool_names: Vec<&str> = tools.iter().map(|tool| tool.name.as_str()).collect();
+        tracing::info!(worker_id, worker = %name, ?agents, tools = ?tool_names, "worker connected");
+        state.workers.insert(worker_id, Worker { name, agents, tools, sender, in_flight: 0, max_concurrency });
         drop(state);
         self.changed.notify_waiters();
         worker_id
@@ -82,6 +87,17 @@ impl Workers {
         for assignment_id in &lost {
             if let Some(pending) = state.pending.remove(assignment_id) {
                 let _ = pending.reply.send(Outcome::WorkerLost);
+            }
+        }
+        let lost_calls: Vec<String> =
+            state.tool_calls.iter().filter(|(_, (owner, _))| *owner == worker_id).map(|(id, _)| id.clone()).collect();
+        for call_id in lost_calls {
+            if let Some((_, reply)) = state.tool_calls.remove(&call_id) {
+                let _ = reply.send(ToolOutput {
+                    output_json: String::new(),
+                    error: "the worker providing the tool disconnected during the call".to_owned(),
+                    status_code: 500,
+                });
             }
         }
         tracing::info!(worker_id, worker = %worker.name, lost_assignments = lost.len(), "worker disconnected");
@@ -162,6 +178,55 @@ impl Workers {
         }
         drop(state);
         self.changed.notify_waiters();
+    }
+
+    /// The tools connected workers provide, one entry per name, ordered by name.
+    pub(crate) fn tools(&self) -> Vec<ToolSpec> {
+        let state = self.lock();
+        let mut tools: HashMap<&str, &ToolSpec> = HashMap::new();
+        for worker in state.workers.values() {
+            for tool in &worker.tools {
+                tools.entry(tool.name.as_str()).or_insert(tool);
+            }
+        }
+        let mut tools: Vec<ToolSpec> = tools.into_values().cloned().collect();
+        tools.sort_by(|left, right| left.name.cmp(&right.name));
+        tools
+    }
+
+    /// Sends a tool call to a worker providing the tool (the least busy);
+    /// `None` when no connected worker provides it.
+    pub(crate) fn call_tool(&self, call: ToolCall) -> Option<oneshot::Receiver<ToolOutput>> {
+        let mut state = self.lock();
+        let (worker_id, sender) = state
+            .workers
+            .iter()
+            .filter(|(_, worker)| worker.tools.iter().any(|tool| tool.name == call.tool))
+            .min_by_key(|(worker_id, worker)| (worker.in_flight, **worker_id))
+            .map(|(worker_id, worker)| (*worker_id, worker.sender.clone()))?;
+        let (reply, receiver) = oneshot::channel();
+        state.tool_calls.insert(call.call_id.clone(), (worker_id, reply));
+        let message = ConnectWorkerResponse { message: Some(connect_worker_response::Message::ToolCall(call.clone())) };
+        if sender.try_send(Ok(message)).is_err() {
+            state.tool_calls.remove(&call.call_id);
+            return None;
+        }
+        Some(receiver)
+    }
+
+    /// Records a worker's answer to one of its tool calls; others are ignored.
+    pub(crate) fn complete_tool_call(&self, worker_id: u64, call_id: &str, output: ToolOutput) {
+        let mut state = self.lock();
+        if state.tool_calls.get(call_id).is_some_and(|(owner, _)| *owner == worker_id)
+            && let Some((_, reply)) = state.tool_calls.remove(call_id)
+        {
+            let _ = reply.send(output);
+        }
+    }
+
+    /// Forgets a call that timed out.
+    pub(crate) fn abandon_tool_call(&self, call_id: &str) {
+        self.lock().tool_calls.remove(call_id);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {

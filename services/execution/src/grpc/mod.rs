@@ -26,6 +26,7 @@ use crate::{
 
 mod convert;
 mod streams;
+mod tools;
 
 pub(crate) use convert::diagnostic_to_wire;
 use convert::{execution_to_wire, process_to_wire};
@@ -339,11 +340,17 @@ impl ExecutionService for ExecutionApi {
             }
             _ => return Err(Status::invalid_argument("the first message of a worker must be a hello")),
         };
+        tools::check_tool_specs(&hello.tools)?;
         let agents = self.authenticate_worker(&hello).await?;
         let (sender, receiver) = mpsc::channel(256);
         let max_concurrency = if hello.max_concurrency == 0 { 16 } else { hello.max_concurrency as usize };
-        let worker_id =
-            self.engine.workers.register(hello.worker_name.clone(), agents, max_concurrency, sender.clone());
+        let worker_id = self.engine.workers.register(
+            hello.worker_name.clone(),
+            agents,
+            hello.tools.clone(),
+            max_concurrency,
+            sender.clone(),
+        );
         let welcome = wire::ConnectWorkerResponse {
             message: Some(wire::connect_worker_response::Message::Welcome(wire::WorkerWelcome {
                 worker_id: worker_id.to_string(),
@@ -361,16 +368,18 @@ impl ExecutionService for ExecutionApi {
 
     async fn invoke_tool(
         &self,
-        _request: Request<wire::InvokeToolRequest>,
+        request: Request<wire::InvokeToolRequest>,
     ) -> Result<Response<wire::InvokeToolResponse>, Status> {
-        Err(unimplemented("ExecutionService.InvokeTool"))
+        let caller = self.caller(request.metadata()).await?;
+        let output = self.invoke_tool_as(&caller, request.into_inner()).await?;
+        Ok(Response::new(wire::InvokeToolResponse { output: Some(output) }))
     }
 
     async fn list_tools(
         &self,
         _request: Request<wire::ListToolsRequest>,
     ) -> Result<Response<wire::ListToolsResponse>, Status> {
-        Err(unimplemented("ExecutionService.ListTools"))
+        Ok(Response::new(wire::ListToolsResponse { tools: self.engine.workers.tools() }))
     }
 
     async fn submit_approval(
@@ -598,8 +607,8 @@ impl ExecutionApi {
 
     /// Each served agent must present its own roster token.
     async fn authenticate_worker(&self, hello: &wire::WorkerHello) -> Result<Vec<String>, Status> {
-        if hello.agents.is_empty() {
-            return Err(Status::invalid_argument("a worker must serve at least one agent"));
+        if hello.agents.is_empty() && hello.tools.is_empty() {
+            return Err(Status::invalid_argument("a worker must serve at least one agent or provide a tool"));
         }
         let mut roster = self.engine.roster.clone();
         let mut agents = Vec::with_capacity(hello.agents.len());

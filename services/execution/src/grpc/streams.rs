@@ -49,7 +49,11 @@ pub(super) async fn serve_worker(
             Some(Message::Progress(progress)) => {
                 tracing::debug!(worker_id, assignment = %progress.assignment_id, message = %progress.message, "step progress");
             }
-            Some(Message::Heartbeat(_)) | Some(Message::ToolResult(_)) => {}
+            Some(Message::ToolResult(result)) => {
+                let output = result.output.unwrap_or_default();
+                workers.complete_tool_call(worker_id, &result.call_id, output);
+            }
+            Some(Message::Heartbeat(_)) => {}
             Some(Message::Hello(_)) | None => {
                 let _ = sender.send(Err(Status::invalid_argument("a worker says hello once, first"))).await;
                 return;

@@ -1,0 +1,142 @@
+//! Tools (seed 001 `ToolsRegistry`, with the permission check it left for the
+//! future): an agent invokes a tool through the execution service, which
+//! answers with the seed's `ToolOutput` status codes — 403 when the agent's
+//! role does not permit the tool, 404 when no connected worker provides it,
+//! 400 when the input does not match the tool's schema (saying where), 500
+//! when the provider fails, 200 otherwise.
+
+use std::time::Duration;
+
+use muster_proto::{
+    execution::v1::{InvokeToolRequest, ToolCall, ToolOutput, ToolSpec},
+    roster::v1 as roster,
+};
+use tonic::Status;
+
+use super::ExecutionApi;
+use crate::clients::dependency_error;
+
+/// How long a provider may take to answer.
+const TOOL_CALL_LIMIT: Duration = Duration::from_secs(30);
+
+fn output(status_code: u32, error: String) -> ToolOutput {
+    ToolOutput { output_json: String::new(), error, status_code }
+}
+
+/// The tools a worker declares must have names and valid JSON schemas.
+pub(super) fn check_tool_specs(tools: &[ToolSpec]) -> Result<(), Status> {
+    for tool in tools {
+        if tool.name.trim().is_empty() {
+            return Err(Status::invalid_argument("a tool needs a name"));
+        }
+        if let Err(reason) = compile_schema(&tool.input_schema_json) {
+            return Err(Status::invalid_argument(format!("tool '{}': {reason}", tool.name)));
+        }
+    }
+    Ok(())
+}
+
+fn compile_schema(schema_json: &str) -> Result<Option<jsonschema::Validator>, String> {
+    if schema_json.trim().is_empty() {
+        return Ok(None);
+    }
+    let schema: serde_json::Value =
+        serde_json::from_str(schema_json).map_err(|error| format!("the input schema is not JSON: {error}"))?;
+    jsonschema::validator_for(&schema).map(Some).map_err(|error| format!("the input schema is not valid: {error}"))
+}
+
+impl ExecutionApi {
+    /// Runs the four checks, then the tool.
+    pub(super) async fn invoke_tool_as(
+        &self,
+        agent_id: &str,
+        request: InvokeToolRequest,
+    ) -> Result<ToolOutput, Status> {
+        // 1. The agent's role must permit the tool.
+        let mut roster = self.engine.roster.clone();
+        let agent = roster
+            .get_agent(roster::GetAgentRequest { id: agent_id.to_owned() })
+            .await
+            .map_err(|status| dependency_error("roster", status))?
+            .into_inner()
+            .agent
+            .unwrap_or_default();
+        let permitted = if agent.role.is_empty() {
+            Vec::new()
+        } else {
+            match roster.get_role_definition(roster::GetRoleDefinitionRequest { name: agent.role.clone() }).await {
+                Ok(response) => response.into_inner().role.map(|role| role.tools).unwrap_or_default(),
+                Err(status) if status.code() == tonic::Code::NotFound => Vec::new(),
+                Err(status) => return Err(dependency_error("roster", status).into()),
+            }
+        };
+        if !permitted.contains(&request.tool) {
+            let role = if agent.role.is_empty() { "no role".to_owned() } else { format!("role '{}'", agent.role) };
+            return Ok(output(
+                403,
+                format!("agent '{agent_id}' has {role}, which does not permit tool '{}'", request.tool),
+            ));
+        }
+        // 2. A connected worker must provide it.
+        let Some(spec) = self.engine.workers.tools().into_iter().find(|tool| tool.name == request.tool) else {
+            return Ok(output(404, format!("no connected worker provides tool '{}'", request.tool)));
+        };
+        // 3. The input must match the tool's schema.
+        let input_text = if request.input_json.trim().is_empty() { "{}" } else { request.input_json.as_str() };
+        let input: serde_json::Value = match serde_json::from_str(input_text) {
+            Ok(input) => input,
+            Err(error) => return Ok(output(400, format!("input_json is not JSON: {error}"))),
+        };
+        match compile_schema(&spec.input_schema_json) {
+            Ok(Some(validator)) => {
+                let problems: Vec<String> = validator
+                    .iter_errors(&input)
+                    .map(|error| {
+                        let at = error.instance_path().to_string();
+                        format!("at {}: {error}", if at.is_empty() { "/" } else { &at })
+                    })
+                    .collect();
+                if !problems.is_empty() {
+                    return Ok(output(
+                        400,
+                        format!("the input does not match the schema of '{}': {}", request.tool, problems.join("; ")),
+                    ));
+                }
+            }
+            Ok(None) => {}
+            Err(reason) => return Ok(output(500, format!("tool '{}': {reason}", request.tool))),
+        }
+        // 4. The provider runs it.
+        let call = ToolCall {
+            call_id: uuid::Uuid::now_v7().to_string(),
+            tool: request.tool.clone(),
+            input_json: input.to_string(),
+            agent_id: agent_id.to_owned(),
+        };
+        let call_id = call.call_id.clone();
+        let Some(answer) = self.engine.workers.call_tool(call) else {
+            return Ok(output(404, format!("no connected worker provides tool '{}'", request.tool)));
+        };
+        let answer = match tokio::time::timeout(TOOL_CALL_LIMIT, answer).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => output(500, "the provider went away during the call".to_owned()),
+            Err(_) => {
+                self.engine.workers.abandon_tool_call(&call_id);
+                output(500, format!("the provider did not answer within {} s", TOOL_CALL_LIMIT.as_secs()))
+            }
+        };
+        tracing::info!(agent_id, tool = %request.tool, status = answer.status_code, execution_id = %request.execution_id, "tool invoked");
+        Ok(normalise(answer))
+    }
+}
+
+/// A provider's answer with a status code that agrees with its error.
+fn normalise(mut answer: ToolOutput) -> ToolOutput {
+    if answer.status_code == 0 {
+        answer.status_code = if answer.error.is_empty() { 200 } else { 500 };
+    }
+    if !answer.error.is_empty() && (200..300).contains(&answer.status_code) {
+        answer.status_code = 500;
+    }
+    answer
+}

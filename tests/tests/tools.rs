@@ -1,0 +1,91 @@
+//! Tools through the execution service, with the seed 001 `ToolOutput` codes:
+//! 200, 400 (saying where the input is wrong), 403 (the role does not permit
+//! the tool), 404 (no provider) and 500 (the provider failed).
+
+use muster::worker::AgentCredential;
+use muster_proto::{
+    execution::v1::{
+        InvokeToolRequest, ListToolsRequest, ToolOutput, execution_service_client::ExecutionServiceClient,
+    },
+    roster::v1::{PutRoleDefinitionRequest, RoleDefinition, roster_service_client::RosterServiceClient},
+};
+use muster_tests::{Backend, TestCluster, agent, spawn_sample_worker};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_answer_with_the_seed_status_codes() {
+    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let mut roster = RosterServiceClient::connect(test.cluster().roster_url()).await.unwrap();
+    for (role, tools) in [("writer", vec!["word_count", "flaky_tool", "ghost_tool"]), ("reader", vec![])] {
+        let role = RoleDefinition {
+            name: role.to_owned(),
+            tools: tools.into_iter().map(str::to_owned).collect(),
+            ..Default::default()
+        };
+        roster.put_role_definition(PutRoleDefinitionRequest { role: Some(role) }).await.unwrap();
+    }
+    let tokens = test.register_agents(&[agent("wren", "writer", "content"), agent("rory", "reader", "content")]).await;
+    let credentials = vec![AgentCredential { agent_id: "wren".to_owned(), token: tokens[0].clone() }];
+    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
+    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    // The worker's tools are registered once it is connected.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let tools = loop {
+        let tools = client.list_tools(ListToolsRequest {}).await.unwrap().into_inner().tools;
+        if !tools.is_empty() || tokio::time::Instant::now() > deadline {
+            break tools;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let names: Vec<&str> = tools.iter().map(|tool| tool.name.as_str()).collect();
+    assert_eq!(names, vec!["flaky_tool", "word_count"]);
+
+    let mut invoke = async |token: &str, tool: &str, input: &str| -> ToolOutput {
+        let mut request = tonic::Request::new(InvokeToolRequest {
+            tool: tool.to_owned(),
+            input_json: input.to_owned(),
+            execution_id: String::new(),
+        });
+        request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+        client.invoke_tool(request).await.unwrap().into_inner().output.unwrap()
+    };
+    let (writer, reader) = (tokens[0].as_str(), tokens[1].as_str());
+
+    let counted = invoke(writer, "word_count", r#"{"text": "three little words"}"#).await;
+    assert_eq!((counted.status_code, counted.error.as_str()), (200, ""));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&counted.output_json).unwrap(),
+        serde_json::json!({"words": 3})
+    );
+
+    let bad_input = invoke(writer, "word_count", r#"{"text": 5}"#).await;
+    assert_eq!(bad_input.status_code, 400);
+    assert!(bad_input.error.contains("at /text"), "{}", bad_input.error);
+    let missing = invoke(writer, "word_count", "{}").await;
+    assert_eq!(missing.status_code, 400);
+    assert!(missing.error.contains("\"text\" is a required property"), "{}", missing.error);
+
+    let forbidden = invoke(reader, "word_count", r#"{"text": "hi"}"#).await;
+    assert_eq!(forbidden.status_code, 403);
+    assert!(forbidden.error.contains("role 'reader'"), "{}", forbidden.error);
+
+    let no_provider = invoke(writer, "ghost_tool", "{}").await;
+    assert_eq!(no_provider.status_code, 404, "{}", no_provider.error);
+
+    let fault = invoke(writer, "flaky_tool", "{}").await;
+    assert_eq!(fault.status_code, 500);
+    assert_eq!(fault.error, "the sample tool failed on purpose");
+
+    let status = client
+        .invoke_tool(InvokeToolRequest {
+            tool: "word_count".to_owned(),
+            input_json: "{}".to_owned(),
+            execution_id: String::new(),
+        })
+        .await
+        .expect_err("an anonymous call is refused");
+    assert_eq!(status.code(), tonic::Code::Unauthenticated);
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
