@@ -7,7 +7,10 @@
 //!
 //! Inputs steer it for demonstrations and tests: `"fail": "message"` makes the
 //! step fail (code `SAMPLE_FAILURE`), `"fail_attempts": n` fails the first `n`
-//! attempts with a retryable error, and `"sleep_ms": n` takes that long.
+//! attempts with a retryable error, `"sleep_ms": n` takes that long, and
+//! `"delegate": {"from-agent": "to-agent", ...}` makes an agent named there hand
+//! the step onward to the agent it maps to (doing the step itself when the
+//! execution service refuses, for example as a loop).
 
 use std::time::Duration;
 
@@ -19,6 +22,23 @@ use crate::worker::{Behaviour, StepOutcome};
 /// The deterministic sample behaviour.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SampleBehaviour;
+
+impl SampleBehaviour {
+    /// The deterministic output of a step.
+    fn complete(assignment: &Assignment, inputs: &Value) -> StepOutcome {
+        let mut upstream: Vec<&String> = assignment.upstream_outputs.keys().collect();
+        upstream.sort();
+        let output = json!({
+            "agent": assignment.agent_id,
+            "step": assignment.step_id,
+            "text": format!("{} did: {}", assignment.agent_id, assignment.message),
+            "inputs": inputs,
+            "built_on": upstream,
+            "attempt": assignment.attempt,
+        });
+        StepOutcome::Completed { output_json: output.to_string(), tokens_used: 100, cost: 0.01 }
+    }
+}
 
 impl Behaviour for SampleBehaviour {
     async fn run(&self, assignment: Assignment) -> StepOutcome {
@@ -42,17 +62,17 @@ impl Behaviour for SampleBehaviour {
                 retryable: true,
             };
         }
-        let mut upstream: Vec<&String> = assignment.upstream_outputs.keys().collect();
-        upstream.sort();
-        let output = json!({
-            "agent": assignment.agent_id,
-            "step": assignment.step_id,
-            "text": format!("{} did: {}", assignment.agent_id, assignment.message),
-            "inputs": inputs,
-            "built_on": upstream,
-            "attempt": assignment.attempt,
-        });
-        StepOutcome::Completed { output_json: output.to_string(), tokens_used: 100, cost: 0.01 }
+        let delegate_to = inputs.get("delegate").and_then(|map| map.get(&assignment.agent_id)).and_then(Value::as_str);
+        if let Some(target) = delegate_to {
+            let own = Box::new(Self::complete(&assignment, &inputs));
+            return StepOutcome::Delegate {
+                to_agent_id: target.to_owned(),
+                required_expertise: Vec::new(),
+                reason: format!("{} hands it to {target}", assignment.agent_id),
+                otherwise: own,
+            };
+        }
+        Self::complete(&assignment, &inputs)
     }
 
     fn tools(&self) -> Vec<ToolSpec> {

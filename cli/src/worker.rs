@@ -6,8 +6,8 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use muster_proto::execution::v1::{
-    Assignment, ConnectWorkerRequest, ServedAgent, StepFailure, StepResult, ToolCall, ToolCallResult, ToolOutput,
-    ToolSpec, WorkerHello, connect_worker_request, connect_worker_response,
+    Assignment, ConnectWorkerRequest, DelegateStep, ServedAgent, StepFailure, StepResult, ToolCall, ToolCallResult,
+    ToolOutput, ToolSpec, WorkerHeartbeat, WorkerHello, connect_worker_request, connect_worker_response,
     execution_service_client::ExecutionServiceClient,
 };
 use tokio::sync::mpsc;
@@ -33,6 +33,21 @@ pub enum StepOutcome {
         tokens_used: u64,
         /// Cost in US dollars.
         cost: f64,
+    },
+    /// Hand the step onward: to a named colleague, or (with `to_agent_id`
+    /// empty) to whoever the roster chooses for the expertise. If the
+    /// execution service refuses (a delegation loop, nobody available), the
+    /// worker reports `otherwise` instead, with the refusal added to its
+    /// output as `delegation_refused`.
+    Delegate {
+        /// A named colleague, or empty.
+        to_agent_id: String,
+        /// Expertise the delegate needs, when no colleague is named.
+        required_expertise: Vec<String>,
+        /// Why, for the audit trail.
+        reason: String,
+        /// What to report when the delegation is refused.
+        otherwise: Box<StepOutcome>,
     },
     /// Failure.
     Failed {
@@ -107,6 +122,31 @@ fn is_refusal(error: &anyhow::Error) -> bool {
     })
 }
 
+/// The message reporting a finished assignment.
+fn report(assignment_id: String, outcome: StepOutcome, elapsed: Duration) -> connect_worker_request::Message {
+    match outcome {
+        StepOutcome::Completed { output_json, tokens_used, cost } => {
+            connect_worker_request::Message::Result(StepResult {
+                assignment_id,
+                output_json,
+                tokens_used,
+                cost,
+                duration_ms: elapsed.as_millis() as u64,
+                post_to_inbox: String::new(),
+            })
+        }
+        StepOutcome::Failed { error_code, message, retryable } => {
+            connect_worker_request::Message::Failure(StepFailure { assignment_id, error_code, message, retryable })
+        }
+        StepOutcome::Delegate { .. } => connect_worker_request::Message::Failure(StepFailure {
+            assignment_id,
+            error_code: "DELEGATION_REFUSED".to_owned(),
+            message: "the delegation was refused and there was nothing else to report".to_owned(),
+            retryable: false,
+        }),
+    }
+}
+
 async fn session<B: Behaviour>(
     execution_url: &str,
     worker_name: &str,
@@ -134,36 +174,49 @@ async fn session<B: Behaviour>(
         })
         .await?;
     let mut inbound = client.connect_worker(ReceiverStream::new(receiver)).await?.into_inner();
+    // Assignments handed onward, waiting for the service's answer: what to report if refused.
+    let refused_fallbacks: Arc<std::sync::Mutex<std::collections::HashMap<String, StepOutcome>>> = Arc::default();
     while let Some(message) = inbound.message().await? {
         match message.message {
             Some(connect_worker_response::Message::Welcome(welcome)) => {
                 tracing::info!(worker_id = %welcome.worker_id, agents = agents.len(), "worker connected");
+                // Heartbeats keep the lease while assignments take long.
+                let heartbeat_every = Duration::from_millis((welcome.lease_ms / 3).max(50));
+                let sender = sender.clone();
+                tokio::spawn(async move {
+                    let heartbeat = ConnectWorkerRequest {
+                        message: Some(connect_worker_request::Message::Heartbeat(WorkerHeartbeat {})),
+                    };
+                    loop {
+                        tokio::time::sleep(heartbeat_every).await;
+                        if sender.send(heartbeat.clone()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
             }
             Some(connect_worker_response::Message::Assignment(assignment)) => {
                 let behaviour = behaviour.clone();
                 let sender = sender.clone();
+                let refused_fallbacks = refused_fallbacks.clone();
                 tokio::spawn(async move {
                     let assignment_id = assignment.assignment_id.clone();
                     let started = std::time::Instant::now();
                     let message = match behaviour.run(assignment).await {
-                        StepOutcome::Completed { output_json, tokens_used, cost } => {
-                            connect_worker_request::Message::Result(StepResult {
+                        StepOutcome::Delegate { to_agent_id, required_expertise, reason, otherwise } => {
+                            refused_fallbacks
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .insert(assignment_id.clone(), *otherwise);
+                            connect_worker_request::Message::Delegate(DelegateStep {
                                 assignment_id,
-                                output_json,
-                                tokens_used,
-                                cost,
-                                duration_ms: started.elapsed().as_millis() as u64,
-                                post_to_inbox: String::new(),
+                                to_agent_id,
+                                required_expertise,
+                                required_role: String::new(),
+                                reason,
                             })
                         }
-                        StepOutcome::Failed { error_code, message, retryable } => {
-                            connect_worker_request::Message::Failure(StepFailure {
-                                assignment_id,
-                                error_code,
-                                message,
-                                retryable,
-                            })
-                        }
+                        outcome => report(assignment_id, outcome, started.elapsed()),
                     };
                     let _ = sender.send(ConnectWorkerRequest { message: Some(message) }).await;
                 });
@@ -173,6 +226,24 @@ async fn session<B: Behaviour>(
             }
             Some(connect_worker_response::Message::Delegation(outcome)) => {
                 tracing::info!(assignment = %outcome.assignment_id, accepted = outcome.accepted, reason = %outcome.reason, "delegation answered");
+                let fallback = refused_fallbacks
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .remove(&outcome.assignment_id);
+                if let (false, Some(fallback)) = (outcome.accepted, fallback) {
+                    let fallback = match fallback {
+                        StepOutcome::Completed { output_json, tokens_used, cost } => {
+                            let mut output: serde_json::Value = serde_json::from_str(&output_json).unwrap_or_default();
+                            if let Some(object) = output.as_object_mut() {
+                                object.insert("delegation_refused".to_owned(), outcome.reason.clone().into());
+                            }
+                            StepOutcome::Completed { output_json: output.to_string(), tokens_used, cost }
+                        }
+                        other => other,
+                    };
+                    let message = report(outcome.assignment_id, fallback, Duration::ZERO);
+                    sender.send(ConnectWorkerRequest { message: Some(message) }).await?;
+                }
             }
             Some(connect_worker_response::Message::ToolCall(call)) => {
                 let behaviour = behaviour.clone();

@@ -44,6 +44,8 @@ class Worker:
         self._responses = None
         self.welcomed = threading.Event()
         self.handled = 0
+        # Heartbeats keep the worker's lease; the welcome says how long it is.
+        self._heartbeat_every = 5.0
 
     def _requests(self):
         yield execution_pb2.ConnectWorkerRequest(
@@ -53,7 +55,11 @@ class Worker:
             )
         )
         while True:
-            message = self._outbox.get()
+            try:
+                message = self._outbox.get(timeout=self._heartbeat_every)
+            except queue.Empty:
+                yield execution_pb2.ConnectWorkerRequest(heartbeat=execution_pb2.WorkerHeartbeat())
+                continue
             if message is None:
                 return
             yield message
@@ -64,6 +70,7 @@ class Worker:
             for response in self._responses:
                 kind = response.WhichOneof("message")
                 if kind == "welcome":
+                    self._heartbeat_every = max(response.welcome.lease_ms / 3000.0, 0.05)
                     self.welcomed.set()
                 elif kind == "assignment":
                     self._run(response.assignment)

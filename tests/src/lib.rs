@@ -61,6 +61,11 @@ pub struct TestCluster {
 impl TestCluster {
     /// Starts a cluster; `None` when PostgreSQL is asked for and unavailable (outside CI).
     pub async fn start(backend: Backend) -> Option<Self> {
+        Self::start_with_environment(backend, Vec::new()).await
+    }
+
+    /// Starts a cluster whose services get extra environment variables.
+    pub async fn start_with_environment(backend: Backend, extra: Vec<(String, String)>) -> Option<Self> {
         build_service_binaries();
         let data_dir = std::env::temp_dir().join(format!("muster-e2e-{}", uuid::Uuid::new_v4().simple()));
         let mut databases = Vec::new();
@@ -85,8 +90,10 @@ impl TestCluster {
             database_urls,
             // `MUSTER_LOG=debug cargo test ...` turns up the services' logs.
             environment: std::env::var("MUSTER_LOG")
-                .map(|filter| vec![("MUSTER_LOG".to_owned(), filter)])
-                .unwrap_or_default(),
+                .map(|filter| ("MUSTER_LOG".to_owned(), filter))
+                .into_iter()
+                .chain(extra)
+                .collect(),
         };
         let cluster = Cluster::start(options).await.expect("starting the cluster");
         Some(Self { cluster: Some(cluster), data_dir, _databases: databases })

@@ -634,3 +634,117 @@ async fn roster_outage_on_sqlite() {
 async fn roster_outage_on_postgres() {
     roster_outage(Backend::Postgres).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_delegate_onward_and_loops_are_refused() {
+    let Some((test, credentials)) = cluster_with_agents(Backend::Sqlite, &["ann", "bob"]).await else { return };
+    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
+    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let source = r#"
+name: relay
+steps:
+  - id: relay
+    type: agent_task
+    agent: ann
+    message: pass it on
+    inputs: {delegate: {ann: bob, bob: ann}}
+  - id: stranger
+    type: agent_task
+    agent: ann
+    message: ask someone unknown
+    inputs: {delegate: {ann: nobody}}
+"#;
+    let id = publish_and_start(&mut client, source).await;
+    let events = events_until_finished(&test.cluster().execution_url(), &id).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
+    let execution = client.get_execution(GetExecutionRequest { id }).await.unwrap().into_inner().execution.unwrap();
+    let step = |step_id: &str| execution.steps.iter().find(|step| step.step_id == step_id).unwrap().clone();
+
+    // ann hands the step to bob; bob's attempt to hand it back is a loop, refused: bob does it.
+    let relay = step("relay");
+    assert_eq!(relay.executor, "bob");
+    assert_eq!(relay.attempt, 2, "ann's attempt was withdrawn, bob's is the second");
+    let output: serde_json::Value = serde_json::from_str(&relay.output_json).unwrap();
+    assert_eq!(output["agent"], "bob");
+    assert_eq!(output["delegation_refused"], "delegation loop: ann -> bob -> ann; the step stays with bob");
+    let delegated: Vec<&str> = events
+        .iter()
+        .filter(|event| event.r#type == EventType::StepDelegated as i32)
+        .map(|event| event.detail.as_str())
+        .collect();
+    assert_eq!(delegated, vec!["ann delegated step 'relay' to bob: ann hands it to bob"]);
+
+    // A colleague missing from the roster is refused too.
+    let stranger = step("stranger");
+    assert_eq!(stranger.executor, "ann");
+    let output: serde_json::Value = serde_json::from_str(&stranger.output_json).unwrap();
+    assert_eq!(output["delegation_refused"], "colleague 'nobody' is not in the roster");
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_worker_loses_its_assignment_after_the_lease() {
+    use muster_proto::execution::v1::{
+        ConnectWorkerRequest, ServedAgent, WorkerHello, connect_worker_request, connect_worker_response,
+    };
+    let lease = vec![("MUSTER_WORKER_LEASE_MS".to_owned(), "1000".to_owned())];
+    let Some(test) = TestCluster::start_with_environment(Backend::Sqlite, lease).await else { return };
+    let tokens = test.register_agents(&[agent("solo", "worker", "team")]).await;
+
+    // A worker that says hello and then nothing: no heartbeat, no result.
+    let (silent_sender, silent_receiver) = tokio::sync::mpsc::channel(4);
+    silent_sender
+        .send(ConnectWorkerRequest {
+            message: Some(connect_worker_request::Message::Hello(WorkerHello {
+                worker_name: "silent".to_owned(),
+                agents: vec![ServedAgent { agent_id: "solo".to_owned(), token: tokens[0].clone() }],
+                tools: Vec::new(),
+                max_concurrency: 1,
+            })),
+        })
+        .await
+        .unwrap();
+    let mut silent_client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let mut silent = silent_client
+        .connect_worker(tokio_stream::wrappers::ReceiverStream::new(silent_receiver))
+        .await
+        .unwrap()
+        .into_inner();
+    let welcome = silent.message().await.unwrap().unwrap();
+    assert!(
+        matches!(welcome.message, Some(connect_worker_response::Message::Welcome(ref w)) if w.lease_ms == 1000),
+        "{welcome:?}"
+    );
+
+    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let id = publish_and_start(
+        &mut client,
+        "name: lease\nsteps:\n  - id: only\n    type: agent_task\n    agent: solo\n    message: m\n",
+    )
+    .await;
+    let first = silent.message().await.unwrap().unwrap();
+    let Some(connect_worker_response::Message::Assignment(assignment)) = first.message else {
+        panic!("expected the assignment, got {first:?}")
+    };
+    assert_eq!(assignment.attempt, 1);
+
+    // A live worker joins; once the silent one's lease expires, the step moves to it.
+    let credentials = vec![AgentCredential { agent_id: "solo".to_owned(), token: tokens[0].clone() }];
+    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
+    let ended = silent.message().await.expect_err("the silent worker is disconnected");
+    assert_eq!(ended.code(), tonic::Code::DeadlineExceeded, "{ended}");
+    let events = events_until_finished(&test.cluster().execution_url(), &id).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
+    let execution = client.get_execution(GetExecutionRequest { id }).await.unwrap().into_inner().execution.unwrap();
+    assert_eq!(execution.steps[0].attempt, 2, "the second attempt, by the live worker");
+    let output: serde_json::Value = serde_json::from_str(&execution.steps[0].output_json).unwrap();
+    assert_eq!(output["attempt"], 2);
+    drop(silent_sender);
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}

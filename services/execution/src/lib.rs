@@ -53,6 +53,10 @@ pub struct Config {
     /// The notifier service.
     #[arg(long, env = "MUSTER_NOTIFIER_URL", default_value = "http://127.0.0.1:50054")]
     pub notifier_url: String,
+    /// A worker silent (no message, no heartbeat) for longer than this, in
+    /// milliseconds, loses its connection and its assignments.
+    #[arg(long, env = "MUSTER_WORKER_LEASE_MS", default_value_t = 30_000)]
+    pub worker_lease_ms: u64,
     /// Most steps of one execution running at once, unless the process sets `max_parallel`.
     #[arg(long, env = "MUSTER_MAX_PARALLEL_STEPS", default_value_t = 16)]
     pub max_parallel_steps: usize,
@@ -78,7 +82,8 @@ pub async fn run(
     let roster = clients::RosterClient::new(clients::lazy_channel(&config.roster_url).map_err(invalid_url)?);
     let validator = clients::ValidatorClient::new(clients::lazy_channel(&config.validator_url).map_err(invalid_url)?);
     lazy_check_url(&config.notifier_url).map_err(invalid_url)?;
-    let engine = engine::Engine::new(store.clone(), roster, config.max_parallel_steps);
+    let lease = std::time::Duration::from_millis(config.worker_lease_ms.max(100));
+    let engine = engine::Engine::new(store.clone(), roster, config.max_parallel_steps, lease);
     let api = grpc::ExecutionApi::new(engine.clone(), validator);
     let limit = config.server.max_message_bytes;
 
@@ -87,6 +92,14 @@ pub async fn run(
         store.migrate().await?;
         let publisher = tokio::spawn(outbox::publish(store.clone(), notifier_url, engine.outbox_wake.clone()));
         drop(publisher); // runs for the life of the process
+        let workers = engine.workers.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(lease / 4);
+            loop {
+                tick.tick().await;
+                workers.expire_silent(lease);
+            }
+        });
         let resumed = engine.resume_unfinished().await?;
         if resumed > 0 {
             tracing::info!(resumed, "resumed unfinished executions");

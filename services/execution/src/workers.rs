@@ -26,6 +26,7 @@ pub(crate) type WorkerSender = mpsc::Sender<Result<ConnectWorkerResponse, tonic:
 
 struct Worker {
     name: String,
+    last_seen: std::time::Instant,
     agents: Vec<String>,
     tools: Vec<ToolSpec>,
     sender: WorkerSender,
@@ -68,7 +69,10 @@ impl Workers {
         let worker_id = state.next_worker_id;
         let tool_names: Vec<&str> = tools.iter().map(|tool| tool.name.as_str()).collect();
         tracing::info!(worker_id, worker = %name, ?agents, tools = ?tool_names, "worker connected");
-        state.workers.insert(worker_id, Worker { name, agents, tools, sender, in_flight: 0, max_concurrency });
+        state.workers.insert(
+            worker_id,
+            Worker { name, last_seen: std::time::Instant::now(), agents, tools, sender, in_flight: 0, max_concurrency },
+        );
         drop(state);
         self.changed.notify_waiters();
         worker_id
@@ -178,6 +182,37 @@ impl Workers {
         }
         drop(state);
         self.changed.notify_waiters();
+    }
+
+    /// Notes a sign of life from a worker.
+    pub(crate) fn touch(&self, worker_id: u64) {
+        if let Some(worker) = self.lock().workers.get_mut(&worker_id) {
+            worker.last_seen = std::time::Instant::now();
+        }
+    }
+
+    /// Disconnects the workers silent for longer than `lease`: their streams end
+    /// with DEADLINE_EXCEEDED and their assignments go back to be assigned again.
+    pub(crate) fn expire_silent(&self, lease: std::time::Duration) {
+        let silent: Vec<(u64, WorkerSender)> = self
+            .lock()
+            .workers
+            .iter()
+            .filter(|(_, worker)| worker.last_seen.elapsed() > lease)
+            .map(|(worker_id, worker)| (*worker_id, worker.sender.clone()))
+            .collect();
+        for (worker_id, sender) in silent {
+            tracing::warn!(
+                worker_id,
+                lease_ms = lease.as_millis() as u64,
+                "worker silent past its lease; disconnecting it"
+            );
+            let _ = sender.try_send(Err(tonic::Status::deadline_exceeded(format!(
+                "no message or heartbeat for {} ms: the lease expired",
+                lease.as_millis()
+            ))));
+            self.unregister(worker_id);
+        }
     }
 
     /// The tools connected workers provide, one entry per name, ordered by name.

@@ -55,8 +55,10 @@ pub(crate) struct StepTask {
     pub(crate) updates: mpsc::UnboundedSender<StepUpdate>,
     /// Role definitions and prompts already fetched for this execution's agents.
     pub(crate) agent_contexts: AgentContexts,
-    /// The agent a REASSIGN intervention gave the step to.
+    /// The agent a REASSIGN intervention or a delegation gave the step to.
     pub(crate) reassigned_to: Option<String>,
+    /// Agents the step passed through by delegation onward.
+    pub(crate) delegation_chain: Vec<String>,
 }
 
 /// Per execution: agent id to its role definition and rendered system prompt.
@@ -239,7 +241,7 @@ impl StepTask {
             role_definition,
             system_prompt,
             roles: Some(step_roles(&self.definition)),
-            delegation_chain: Vec::new(),
+            delegation_chain: self.delegation_chain.clone(),
             timeout_ms: self.definition.timeout_seconds.map(|seconds| seconds * 1000).unwrap_or(0),
         }
     }

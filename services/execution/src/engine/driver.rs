@@ -32,6 +32,8 @@ pub(crate) struct Driver {
     pub(super) agent_contexts: AgentContexts,
     /// Steps given to another agent by a REASSIGN intervention.
     pub(super) reassigned: HashMap<usize, String>,
+    /// Agents each step passed through by delegation onward, oldest first.
+    pub(super) delegation_chains: HashMap<usize, Vec<String>>,
     /// Dependants reopened by a RETRY, to persist with it.
     pub(super) dependants_reopened: Vec<usize>,
 }
@@ -66,6 +68,7 @@ impl Driver {
             agent_contexts: AgentContexts::default(),
             reassigned: HashMap::new(),
             dependants_reopened: Vec::new(),
+            delegation_chains: HashMap::new(),
         }
     }
 
@@ -82,6 +85,10 @@ impl Driver {
                     Control::Cancel(reason) => return self.finish(Some(reason)).await,
                     Control::Decide { step_id, approved, by, comment, reply } => {
                         let outcome = self.decide(&step_id, approved, &by, &comment).await;
+                        let _ = reply.send(outcome);
+                    }
+                    Control::DelegateOnward { request, reply } => {
+                        let outcome = self.delegate_onward(request).await;
                         let _ = reply.send(outcome);
                     }
                     Control::Intervene { intervention, reply } => {
@@ -249,6 +256,7 @@ impl Driver {
             updates: self.updates_sender.clone(),
             agent_contexts: self.agent_contexts.clone(),
             reassigned_to: self.reassigned.get(&position).cloned(),
+            delegation_chain: self.delegation_chains.get(&position).cloned().unwrap_or_default(),
         };
         self.running.spawn(task.run());
     }

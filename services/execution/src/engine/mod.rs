@@ -3,6 +3,7 @@
 //! executions after a restart.
 
 mod assignment;
+mod delegation;
 mod driver;
 mod intervention;
 
@@ -11,7 +12,10 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use muster_proto::common::v1::{EventType, StepEvent};
+use muster_proto::{
+    common::v1::{EventType, StepEvent},
+    execution::v1::{DelegateStep, DelegationOutcome},
+};
 use muster_validator::ProcessDefinition;
 use tokio::sync::{Notify, broadcast, mpsc, oneshot};
 
@@ -36,6 +40,8 @@ pub(crate) struct Engine {
     /// Woken whenever events enter the outbox.
     pub(crate) outbox_wake: Arc<Notify>,
     pub(crate) default_max_parallel: usize,
+    /// How long a worker may stay silent.
+    pub(crate) worker_lease: std::time::Duration,
     controls: Mutex<HashMap<String, mpsc::UnboundedSender<Control>>>,
 }
 
@@ -45,6 +51,8 @@ pub(crate) enum Control {
     Cancel(String),
     /// Decide a human approval step; the reply says whether the step was waiting.
     Decide { step_id: String, approved: bool, by: String, comment: String, reply: oneshot::Sender<Result<()>> },
+    /// A worker hands its step onward; the reply goes back on its stream.
+    DelegateOnward { request: DelegateStep, reply: oneshot::Sender<DelegationOutcome> },
     /// A monitor's or the lead's intervention.
     Intervene { intervention: Intervention, reply: oneshot::Sender<Result<()>> },
 }
@@ -59,7 +67,12 @@ pub(crate) struct StartRequest {
 }
 
 impl Engine {
-    pub(crate) fn new(store: Store, roster: RosterClient, default_max_parallel: usize) -> Arc<Self> {
+    pub(crate) fn new(
+        store: Store,
+        roster: RosterClient,
+        default_max_parallel: usize,
+        worker_lease: std::time::Duration,
+    ) -> Arc<Self> {
         let (events, _) = broadcast::channel(4096);
         Arc::new(Self {
             store,
@@ -68,6 +81,7 @@ impl Engine {
             events,
             outbox_wake: Arc::new(Notify::new()),
             default_max_parallel,
+            worker_lease,
             controls: Mutex::new(HashMap::new()),
         })
     }

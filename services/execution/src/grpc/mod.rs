@@ -354,14 +354,14 @@ impl ExecutionService for ExecutionApi {
         let welcome = wire::ConnectWorkerResponse {
             message: Some(wire::connect_worker_response::Message::Welcome(wire::WorkerWelcome {
                 worker_id: worker_id.to_string(),
-                lease_ms: 30_000,
+                lease_ms: self.engine.worker_lease.as_millis() as u64,
             })),
         };
         sender.send(Ok(welcome)).await.map_err(|_| Status::cancelled("the worker left"))?;
-        let workers = self.engine.workers.clone();
+        let engine = self.engine.clone();
         tokio::spawn(async move {
-            serve_worker(worker_id, &mut inbound, &sender, &workers).await;
-            workers.unregister(worker_id);
+            serve_worker(worker_id, &mut inbound, &sender, &engine).await;
+            engine.workers.unregister(worker_id);
         });
         Ok(Response::new(ReceiverStream::new(receiver)))
     }

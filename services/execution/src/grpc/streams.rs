@@ -5,7 +5,7 @@ use tokio::sync::{broadcast, mpsc};
 use tonic::{Status, Streaming};
 
 use crate::{
-    engine::Engine,
+    engine::{Control, Engine},
     workers::{Outcome, WorkerSender, Workers},
 };
 
@@ -14,12 +14,16 @@ pub(super) async fn serve_worker(
     worker_id: u64,
     inbound: &mut Streaming<wire::ConnectWorkerRequest>,
     sender: &WorkerSender,
-    workers: &Workers,
+    engine: &Engine,
 ) {
     use wire::connect_worker_request::Message;
+    let workers: &Workers = &engine.workers;
     loop {
         let message = match inbound.message().await {
-            Ok(Some(message)) => message,
+            Ok(Some(message)) => {
+                workers.touch(worker_id);
+                message
+            }
             Ok(None) => return,
             Err(status) => {
                 tracing::info!(worker_id, error = %status.message(), "worker stream ended");
@@ -35,16 +39,18 @@ pub(super) async fn serve_worker(
                 let id = failure.assignment_id.clone();
                 workers.complete(worker_id, &id, Outcome::Failed(failure));
             }
-            Some(Message::Delegate(delegate)) => {
-                let refusal = wire::ConnectWorkerResponse {
-                    message: Some(wire::connect_worker_response::Message::Delegation(wire::DelegationOutcome {
-                        assignment_id: delegate.assignment_id,
-                        accepted: false,
-                        decision: None,
-                        reason: "delegating a step onward is not implemented by this server yet".to_owned(),
-                    })),
+            Some(Message::Delegate(request)) => {
+                let assignment_id = request.assignment_id.clone();
+                let outcome = delegate_onward(engine, request).await.unwrap_or_else(|reason| wire::DelegationOutcome {
+                    assignment_id,
+                    accepted: false,
+                    decision: None,
+                    reason,
+                });
+                let answer = wire::ConnectWorkerResponse {
+                    message: Some(wire::connect_worker_response::Message::Delegation(outcome)),
                 };
-                let _ = sender.send(Ok(refusal)).await;
+                let _ = sender.send(Ok(answer)).await;
             }
             Some(Message::Progress(progress)) => {
                 tracing::debug!(worker_id, assignment = %progress.assignment_id, message = %progress.message, "step progress");
@@ -59,6 +65,19 @@ pub(super) async fn serve_worker(
                 return;
             }
         }
+    }
+}
+
+/// Hands a worker's DelegateStep to the driver of the step's execution.
+async fn delegate_onward(engine: &Engine, request: wire::DelegateStep) -> Result<wire::DelegationOutcome, String> {
+    let execution_id = request.assignment_id.split('/').next().unwrap_or_default().to_owned();
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    if !engine.control(&execution_id, Control::DelegateOnward { request, reply }) {
+        return Err(format!("execution '{execution_id}' is not running"));
+    }
+    match tokio::time::timeout(std::time::Duration::from_secs(30), answer).await {
+        Ok(Ok(outcome)) => Ok(outcome),
+        _ => Err("the execution did not answer the delegation in time; the step stays with you".to_owned()),
     }
 }
 
