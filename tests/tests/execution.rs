@@ -748,3 +748,62 @@ async fn a_silent_worker_loses_its_assignment_after_the_lease() {
     worker.await.unwrap().unwrap();
     test.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_are_pinned_context_is_checked_and_parallelism_is_bounded() {
+    use muster_proto::execution::v1::GetProcessRequest;
+    let Some((test, credentials)) = cluster_with_agents(Backend::Sqlite, &["doer"]).await else { return };
+    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
+    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+
+    // Publishing checks references against the roster: an unknown agent is refused.
+    let unknown = "name: unknown\nsteps:\n  - id: one\n    type: agent_task\n    agent: nobody\n    message: m\n";
+    let status = client
+        .publish_process(PublishProcessRequest { source: unknown.to_owned(), file_name: String::new() })
+        .await
+        .expect_err("an agent missing from the roster is refused at publish");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("nobody"), "{}", status.message());
+
+    // Six steps of 150 ms under `max_parallel: 2`: never more than two at once.
+    let mut bounded = String::from("name: versions\nmax_parallel: 2\nsteps:\n");
+    for index in 0..6 {
+        bounded.push_str(&format!(
+            "  - id: s{index}\n    type: agent_task\n    agent: doer\n    message: m\n    inputs: {{sleep_ms: 150}}\n"
+        ));
+    }
+    let first = publish_and_start(&mut client, &bounded).await;
+    // A second version, published while the first execution runs, does not change it.
+    let second_source =
+        "name: versions\nsteps:\n  - id: other\n    type: agent_task\n    agent: doer\n    message: m\n";
+    let second = publish_and_start(&mut client, second_source).await;
+    let events = events_until_finished(&test.cluster().execution_url(), &first).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
+    assert!(events.iter().all(|event| event.process_version == 1));
+    let mut running: i32 = 0;
+    let mut most = 0;
+    for event in &events {
+        if event.r#type == EventType::StepStarted as i32 {
+            running += 1;
+        } else if event.r#type == EventType::StepCompleted as i32 {
+            running -= 1;
+        }
+        most = most.max(running);
+    }
+    assert_eq!(most, 2, "max_parallel bounds the steps running at once");
+    let later = events_until_finished(&test.cluster().execution_url(), &second).await;
+    assert!(later.iter().all(|event| event.process_version == 2));
+    assert!(later.iter().any(|event| event.step_id == "other"));
+    let original = client
+        .get_process(GetProcessRequest { name: "versions".to_owned(), version: 1 })
+        .await
+        .unwrap()
+        .into_inner()
+        .process
+        .unwrap();
+    assert_eq!(original.source, bounded, "a published version never changes");
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
