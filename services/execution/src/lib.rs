@@ -75,7 +75,6 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::result::Result<(), muster_runtime::Error> {
-    ensure_sqlite_directory(&config.database_url)?;
     let database = Database::connect_lazy(&config.database_url, config.database_max_connections)?;
     let store = store::Store::new(database);
     let invalid_url = |error: Error| muster_runtime::Error::NotReady(error.to_string());
@@ -114,20 +113,4 @@ pub async fn run(
 
 fn lazy_check_url(url: &str) -> Result<()> {
     clients::lazy_channel(url).map(drop)
-}
-
-/// Creates the directory of a SQLite file when it is missing.
-fn ensure_sqlite_directory(url: &str) -> std::result::Result<(), muster_runtime::Error> {
-    let Some(path) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) else { return Ok(()) };
-    let path = path.split('?').next().unwrap_or_default();
-    if path.is_empty() || path == ":memory:" {
-        return Ok(());
-    }
-    if let Some(parent) = std::path::Path::new(path).parent().filter(|parent| !parent.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(|source| muster_runtime::Error::Io {
-            context: format!("creating {}", parent.display()),
-            source,
-        })?;
-    }
-    Ok(())
 }

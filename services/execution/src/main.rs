@@ -1,30 +1,16 @@
-//! The execution service's process: configuration, logging, listener, run.
+//! The `muster-execution` binary: configuration, then [`muster_execution::run`] as a process.
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use muster_execution::Config;
+use clap::Parser as _;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let config = Config::parse();
-    if let Err(error) = muster_runtime::telemetry::init(config.server.log_format, &config.server.log_filter) {
-        eprintln!("muster-execution: {error}");
-        return ExitCode::FAILURE;
-    }
+    let config = muster_execution::Config::parse();
+    let server = config.server.clone();
     let address = config.listen_address();
-    let listener = match tokio::net::TcpListener::bind(address).await {
-        Ok(listener) => listener,
-        Err(error) => {
-            tracing::error!(%address, %error, "cannot listen");
-            return ExitCode::FAILURE;
-        }
-    };
-    match muster_execution::run(config, listener, muster_runtime::shutdown::signal()).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            tracing::error!(%error, "execution service stopped");
-            ExitCode::FAILURE
-        }
-    }
+    muster_runtime::process::serve("muster-execution", &server, address, |listener, shutdown| {
+        muster_execution::run(config, listener, shutdown)
+    })
+    .await
 }

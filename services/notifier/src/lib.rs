@@ -77,21 +77,6 @@ impl Config {
     }
 }
 
-/// Creates the directory of a SQLite database file if it is missing.
-fn ensure_sqlite_directory(url: &str) -> Result<()> {
-    let Some(rest) = url.strip_prefix("sqlite:") else { return Ok(()) };
-    let path = rest.trim_start_matches("//");
-    let path = path.split('?').next().unwrap_or_default();
-    if path.is_empty() || path.contains(":memory:") {
-        return Ok(());
-    }
-    if let Some(parent) = std::path::Path::new(path).parent().filter(|parent| !parent.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .map_err(|source| Error::Io { context: format!("creating {}", parent.display()), source })?;
-    }
-    Ok(())
-}
-
 /// Serves the notifier on `listener` until `shutdown` resolves.
 ///
 /// Health turns SERVING once migrations ran and memory lines left unwritten
@@ -101,7 +86,6 @@ pub async fn run(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    ensure_sqlite_directory(&config.database_url)?;
     let store = Arc::new(SqlStore::connect_lazy(&config.database_url, config.database_max_connections)?);
     let memory = config.memory_files.then(|| MemoryFiles::new(config.memory_root()));
     let hub = Hub::new(config.subscriber_buffer);

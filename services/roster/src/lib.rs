@@ -23,7 +23,7 @@ pub mod store;
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use muster_proto::roster::v1::roster_service_server::RosterServiceServer;
-use muster_runtime::{ServerArgs, db::Backend};
+use muster_runtime::ServerArgs;
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Result};
@@ -79,20 +79,6 @@ impl Config {
     }
 }
 
-/// Creates the directory of a SQLite database file when missing.
-fn ensure_sqlite_directory(url: &str) -> Result<()> {
-    if url.parse::<Backend>().ok() != Some(Backend::Sqlite) || url.contains(":memory:") {
-        return Ok(());
-    }
-    let path = url.trim_start_matches("sqlite:").trim_start_matches("//");
-    let path = path.split('?').next().unwrap_or(path);
-    if let Some(parent) = std::path::Path::new(path).parent().filter(|parent| !parent.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .map_err(|error| Error::InvalidArgument(format!("creating {}: {error}", parent.display())))?;
-    }
-    Ok(())
-}
-
 /// Serves the roster on `listener` until `shutdown` resolves, with the system clock.
 pub async fn run(
     config: Config,
@@ -109,7 +95,6 @@ pub async fn run_with_clock(
     shutdown: impl Future<Output = ()> + Send + 'static,
     clock: Arc<dyn Clock>,
 ) -> Result<()> {
-    ensure_sqlite_directory(&config.database_url)?;
     let store = SqlStore::connect(&config.database_url, config.database_max_connections)?;
     let roster = Roster::new(store, clock, config.delegation_settings());
     let (ready_sender, ready_receiver) = tokio::sync::watch::channel(false);

@@ -58,10 +58,14 @@ pub struct Database {
 
 impl Database {
     /// A pool that connects on first use, so a service can listen (NOT_SERVING)
-    /// before its database answers. SQLite files are created when missing.
+    /// before its database answers. SQLite files, and their folder, are
+    /// created when missing.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self> {
         sqlx::any::install_default_drivers();
         let backend: Backend = url.parse()?;
+        if backend == Backend::Sqlite {
+            create_sqlite_folder(url)?;
+        }
         let (url, max_connections) = match backend {
             // One connection: SQLite serialises writers anyway, and a single
             // connection avoids SQLITE_BUSY on read-to-write upgrades.
@@ -113,6 +117,19 @@ impl Database {
 }
 
 use sqlx::SqlSafeStr as _;
+
+fn create_sqlite_folder(url: &str) -> Result<()> {
+    let path = url.trim_start_matches("sqlite://").trim_start_matches("sqlite:");
+    let path = path.split('?').next().unwrap_or_default();
+    if path.is_empty() || path == ":memory:" {
+        return Ok(());
+    }
+    if let Some(folder) = std::path::Path::new(path).parent().filter(|folder| !folder.as_os_str().is_empty()) {
+        std::fs::create_dir_all(folder)
+            .map_err(|source| Error::Io { context: format!("creating {}", folder.display()), source })?;
+    }
+    Ok(())
+}
 
 fn with_create_mode(url: &str) -> String {
     if url.contains("mode=") || url.contains(":memory:") {

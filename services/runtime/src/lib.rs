@@ -1,5 +1,6 @@
 //! What every muster service shares and nothing a single service owns:
-//! typed configuration ([`config`]), logging ([`telemetry`]), the one gRPC
+//! typed configuration ([`config`]), logging ([`telemetry`]), the life of a
+//! service process ([`process`]), the one gRPC
 //! server builder that adds health, reflection, request tracing and graceful
 //! shutdown to every service ([`server`]), the termination signal
 //! ([`shutdown`]), database pools and migrations for SQLite and PostgreSQL
@@ -11,6 +12,7 @@
 
 pub mod config;
 pub mod db;
+pub mod process;
 pub mod server;
 pub mod shutdown;
 pub mod status;

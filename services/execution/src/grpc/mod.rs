@@ -10,6 +10,7 @@ use muster_proto::{
     validator::v1 as validator,
 };
 use muster_runtime::status::unimplemented;
+use muster_validator::ProcessDefinition;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, Streaming};
@@ -175,6 +176,24 @@ impl ExecutionApi {
             })
             .await?;
         Ok(self.execution_to_wire(execution).await)
+    }
+
+    /// An execution and the definition of the process version it runs.
+    async fn execution_and_definition(&self, execution_id: &str) -> Result<(ExecutionRow, ProcessDefinition)> {
+        let execution = self
+            .engine
+            .store
+            .get_execution(execution_id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("execution '{execution_id}' not found")))?;
+        let process = self
+            .engine
+            .store
+            .get_process(&execution.process_name, Some(execution.process_version))
+            .await?
+            .ok_or_else(|| Error::Storage(format!("the process of execution '{execution_id}' is missing")))?;
+        let definition = parse_definition(&process.source)?;
+        Ok((execution, definition))
     }
 
     async fn execution_to_wire(&self, execution: ExecutionRow) -> wire::Execution {
@@ -388,14 +407,7 @@ impl ExecutionService for ExecutionApi {
     ) -> Result<Response<wire::SubmitApprovalResponse>, Status> {
         let caller = self.caller(request.metadata()).await?;
         let request = request.into_inner();
-        let execution = self
-            .engine
-            .store
-            .get_execution(&request.execution_id)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("execution '{}' not found", request.execution_id)))?;
-        let process = self.engine.store.get_process(&execution.process_name, Some(execution.process_version)).await?;
-        let definition = parse_definition(&process.map(|process| process.source).unwrap_or_default())?;
+        let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
         let step = definition.steps.iter().find(|step| step.id == request.step_id).ok_or_else(|| {
             Error::NotFound(format!("execution '{}' has no step '{}'", request.execution_id, request.step_id))
         })?;
@@ -438,14 +450,7 @@ impl ExecutionService for ExecutionApi {
     ) -> Result<Response<wire::InterveneResponse>, Status> {
         let caller = self.caller(request.metadata()).await?;
         let request = request.into_inner();
-        let execution = self
-            .engine
-            .store
-            .get_execution(&request.execution_id)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("execution '{}' not found", request.execution_id)))?;
-        let process = self.engine.store.get_process(&execution.process_name, Some(execution.process_version)).await?;
-        let definition = parse_definition(&process.map(|process| process.source).unwrap_or_default())?;
+        let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
         let action = match wire::InterventionAction::try_from(request.action).unwrap_or_default() {
             wire::InterventionAction::Pause => InterventionAction::Pause,
             wire::InterventionAction::Resume => InterventionAction::Resume,
