@@ -23,6 +23,14 @@ enum Command {
     Demo(commands::demo::DemoArgs),
     /// Publishes and runs a process, showing its progress live; exit code 0 only if it completed.
     Run(commands::run::RunArgs),
+    /// Publishes a process (a new version), printing its diagnostics.
+    Publish(commands::run::PublishArgs),
+    /// Shows an execution's events live until it ends; exit code 0 only if it completed.
+    Watch(commands::run::WatchArgs),
+    /// Approves or rejects a human approval step, as the agent whose token is given.
+    Approve(commands::act::ApproveArgs),
+    /// Asks the roster who should take a task (the seed 004 decision, as text).
+    Delegate(commands::act::DelegateArgs),
     /// Validates process, role and permission-matrix files offline.
     Validate(validate::ValidateArgs),
     /// Imports and lists the roster.
@@ -42,6 +50,10 @@ async fn main() -> ExitCode {
         Command::Up(args) => commands::up::run(args).await.map(|()| true),
         Command::Demo(args) => commands::demo::run(args).await,
         Command::Run(args) => commands::run::run(&args).await.map(|finished| commands::run::completed(&finished)),
+        Command::Publish(args) => commands::run::publish(&args).await.map(|()| true),
+        Command::Watch(args) => commands::run::watch(&args).await.map(|finished| commands::run::completed(&finished)),
+        Command::Approve(args) => commands::act::approve(args).await.map(|()| true),
+        Command::Delegate(args) => commands::act::delegate(args).await.map(|()| true),
         Command::Validate(args) => return validate::run(&args),
         Command::Roster(args) => commands::roster::run(args).await.map(|()| true),
         Command::Agent(args) => commands::agent::run(args).await.map(|()| true),

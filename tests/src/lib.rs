@@ -20,7 +20,7 @@ pub enum Backend {
     Postgres,
 }
 
-/// Builds the service binaries once per test process, so a test never runs stale ones.
+/// Builds the service binaries and `muster` once per test process, so a test never runs stale ones.
 pub fn build_service_binaries() {
     static BUILT: OnceLock<()> = OnceLock::new();
     BUILT.get_or_init(|| {

@@ -1,5 +1,6 @@
 //! The subcommands.
 
+pub(crate) mod act;
 pub(crate) mod agent;
 pub(crate) mod demo;
 pub(crate) mod roster;

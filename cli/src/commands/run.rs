@@ -1,16 +1,21 @@
-//! `muster run FILE`: publish a process, start it, and show its progress live.
+//! `muster run FILE`: publish a process, start it, and show its progress live;
+//! `muster publish FILE` and `muster watch ID`, its two halves.
 
-use std::{path::PathBuf, time::Instant};
+use std::{
+    path::{Path, PathBuf},
+    time::Instant,
+};
 
 use anyhow::Context;
 use muster_proto::{
     common::v1::{Diagnostic, EventType, ExecutionStatus, StepEvent},
     execution::v1::{
-        PublishProcessRequest, PublishProcessResponse, StartExecutionRequest, WatchExecutionRequest,
+        ProcessVersion, PublishProcessRequest, PublishProcessResponse, StartExecutionRequest, WatchExecutionRequest,
         execution_service_client::ExecutionServiceClient,
     },
 };
 use prost::Message;
+use tonic::transport::Channel;
 
 /// `muster run`
 #[derive(Debug, clap::Args)]
@@ -25,13 +30,36 @@ pub(crate) struct RunArgs {
     pub(crate) inputs: String,
 }
 
-/// Publishes, starts and watches; returns the execution's last event.
-pub(crate) async fn run(args: &RunArgs) -> anyhow::Result<StepEvent> {
-    let source = std::fs::read_to_string(&args.file).with_context(|| format!("reading {}", args.file.display()))?;
-    let file_name = args.file.display().to_string();
-    let mut client = ExecutionServiceClient::connect(args.execution.clone())
+/// `muster publish`
+#[derive(Debug, clap::Args)]
+pub(crate) struct PublishArgs {
+    /// The process YAML.
+    file: PathBuf,
+    /// The execution service.
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051")]
+    execution: String,
+}
+
+/// `muster watch`
+#[derive(Debug, clap::Args)]
+pub(crate) struct WatchArgs {
+    /// The execution's id.
+    execution_id: String,
+    /// The execution service.
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051")]
+    execution: String,
+}
+
+async fn connect(url: &str) -> anyhow::Result<ExecutionServiceClient<Channel>> {
+    ExecutionServiceClient::connect(url.to_owned())
         .await
-        .with_context(|| format!("connecting to the execution service at {}", args.execution))?;
+        .with_context(|| format!("connecting to the execution service at {url}"))
+}
+
+/// Publishes a process file, printing its diagnostics compiler-style.
+async fn publish_file(client: &mut ExecutionServiceClient<Channel>, file: &Path) -> anyhow::Result<ProcessVersion> {
+    let source = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let file_name = file.display().to_string();
     let published = match client
         .publish_process(PublishProcessRequest { source: source.clone(), file_name: file_name.clone() })
         .await
@@ -47,6 +75,40 @@ pub(crate) async fn run(args: &RunArgs) -> anyhow::Result<StepEvent> {
     print_diagnostics(&file_name, &source, &published.diagnostics);
     let process = published.process.context("the execution service returned no process")?;
     println!("published {} version {} ({} steps)", process.name, process.version, process.step_count);
+    Ok(process)
+}
+
+/// Prints an execution's events from the start until it ends; returns the last one.
+async fn watch_events(client: &mut ExecutionServiceClient<Channel>, execution_id: &str) -> anyhow::Result<StepEvent> {
+    let started = Instant::now();
+    let mut events = client
+        .watch_execution(WatchExecutionRequest { execution_id: execution_id.to_owned(), after_sequence: 0 })
+        .await?
+        .into_inner();
+    while let Some(response) = events.message().await? {
+        let Some(event) = response.event else { continue };
+        println!("[{:>7.2}s] {}", started.elapsed().as_secs_f64(), describe(&event));
+        if event.r#type == EventType::ExecutionFinished as i32 {
+            return Ok(event);
+        }
+    }
+    anyhow::bail!("the event stream ended before the execution finished")
+}
+
+/// `muster publish FILE`.
+pub(crate) async fn publish(args: &PublishArgs) -> anyhow::Result<()> {
+    publish_file(&mut connect(&args.execution).await?, &args.file).await.map(drop)
+}
+
+/// `muster watch ID`: returns the execution's last event.
+pub(crate) async fn watch(args: &WatchArgs) -> anyhow::Result<StepEvent> {
+    watch_events(&mut connect(&args.execution).await?, &args.execution_id).await
+}
+
+/// Publishes, starts and watches; returns the execution's last event.
+pub(crate) async fn run(args: &RunArgs) -> anyhow::Result<StepEvent> {
+    let mut client = connect(&args.execution).await?;
+    let process = publish_file(&mut client, &args.file).await?;
     let execution = client
         .start_execution(StartExecutionRequest {
             process_name: process.name.clone(),
@@ -59,19 +121,7 @@ pub(crate) async fn run(args: &RunArgs) -> anyhow::Result<StepEvent> {
         .execution
         .context("the execution service returned no execution")?;
     println!("execution {} started", execution.id);
-    let started = Instant::now();
-    let mut events = client
-        .watch_execution(WatchExecutionRequest { execution_id: execution.id.clone(), after_sequence: 0 })
-        .await?
-        .into_inner();
-    while let Some(response) = events.message().await? {
-        let Some(event) = response.event else { continue };
-        println!("[{:>7.2}s] {}", started.elapsed().as_secs_f64(), describe(&event));
-        if event.r#type == EventType::ExecutionFinished as i32 {
-            return Ok(event);
-        }
-    }
-    anyhow::bail!("the event stream ended before the execution finished")
+    watch_events(&mut client, &execution.id).await
 }
 
 /// Whether a final event says the execution completed.

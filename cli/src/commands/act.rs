@@ -1,0 +1,104 @@
+//! Acting as an agent or asking the roster: `muster approve` and `muster delegate`.
+
+use anyhow::Context;
+use muster_proto::{
+    execution::v1::{SubmitApprovalRequest, execution_service_client::ExecutionServiceClient},
+    roster::v1::{DelegateRequest, Urgency, roster_service_client::RosterServiceClient},
+};
+
+/// `muster approve`
+#[derive(Debug, clap::Args)]
+pub(crate) struct ApproveArgs {
+    /// The execution.
+    execution_id: String,
+    /// The human approval step.
+    step_id: String,
+    /// Reject instead of approving.
+    #[arg(long)]
+    reject: bool,
+    /// A comment, kept with the decision.
+    #[arg(long, default_value = "")]
+    comment: String,
+    /// The deciding agent's roster token (the step's executor or a monitor).
+    #[arg(long, env = "MUSTER_TOKEN", hide_env_values = true)]
+    token: String,
+    /// The execution service.
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051")]
+    execution: String,
+}
+
+pub(crate) async fn approve(args: ApproveArgs) -> anyhow::Result<()> {
+    let mut client = ExecutionServiceClient::connect(args.execution.clone())
+        .await
+        .with_context(|| format!("connecting to the execution service at {}", args.execution))?;
+    let mut request = tonic::Request::new(SubmitApprovalRequest {
+        execution_id: args.execution_id,
+        step_id: args.step_id,
+        approved: !args.reject,
+        comment: args.comment,
+    });
+    request.metadata_mut().insert("authorization", format!("Bearer {}", args.token).parse()?);
+    let step = client.submit_approval(request).await.map_err(|status| anyhow::anyhow!("{}", status.message()))?;
+    let step = step.into_inner().step.context("no step in the answer")?;
+    println!("step {} is now {}", step.step_id, status_name(step.status));
+    Ok(())
+}
+
+fn status_name(status: i32) -> String {
+    muster_proto::execution::v1::StepStatus::try_from(status)
+        .map(|status| status.as_str_name().trim_start_matches("STEP_STATUS_").to_lowercase())
+        .unwrap_or_else(|_| status.to_string())
+}
+
+/// `muster delegate`
+#[derive(Debug, clap::Args)]
+pub(crate) struct DelegateArgs {
+    /// A name for the task, kept in the audit trail.
+    task_id: String,
+    /// Expertise the task needs (repeat for several).
+    #[arg(long = "expertise")]
+    expertise: Vec<String>,
+    /// The agent delegating (its team and senior shape the decision).
+    #[arg(long, default_value = "")]
+    requester: String,
+    /// A team to prefer.
+    #[arg(long, default_value = "")]
+    team: String,
+    /// low, normal, high or critical.
+    #[arg(long, default_value = "normal")]
+    urgency: String,
+    /// Decide and reserve the slot (by default only show the decision).
+    #[arg(long)]
+    commit: bool,
+    /// The roster service.
+    #[arg(long, env = "MUSTER_ROSTER_URL", default_value = "http://127.0.0.1:50052")]
+    roster: String,
+}
+
+pub(crate) async fn delegate(args: DelegateArgs) -> anyhow::Result<()> {
+    let urgency = match args.urgency.as_str() {
+        "low" => Urgency::Low,
+        "normal" => Urgency::Normal,
+        "high" => Urgency::High,
+        "critical" => Urgency::Critical,
+        other => anyhow::bail!("unknown urgency {other:?}: use low, normal, high or critical"),
+    };
+    let mut client = RosterServiceClient::connect(args.roster.clone())
+        .await
+        .with_context(|| format!("connecting to the roster at {}", args.roster))?;
+    let response = client
+        .delegate(DelegateRequest {
+            task_id: args.task_id,
+            requester_id: args.requester,
+            required_expertise: args.expertise,
+            team: args.team,
+            urgency: urgency as i32,
+            dry_run: !args.commit,
+            ..Default::default()
+        })
+        .await
+        .map_err(|status| anyhow::anyhow!("{}", status.message()))?;
+    let decision = response.into_inner().decision.context("no decision in the answer")?;
+    println!("{}", decision.text);
+    Ok(())
+}
