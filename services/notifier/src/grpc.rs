@@ -340,6 +340,12 @@ async fn run_subscription<S: Store>(
                 Some(_) => {}
                 None => {
                     if live.overflowed() {
+                        muster_runtime::metrics::count(
+                            "muster_subscribers_lagged_total",
+                            "Live subscriptions cut off because the subscriber fell behind",
+                            &[],
+                            1,
+                        );
                         let lagged = subscribe_response::Message::LaggedAfterCursor(last_sent);
                         let _ = output.send(Ok(SubscribeResponse { message: Some(lagged) })).await;
                     }

@@ -197,6 +197,24 @@ impl<S: Store> Writer<S> {
             IngestOutcome::Stored { .. } => event.recipients.len() as u32,
             IngestOutcome::Duplicate => 0,
         });
+        let (stored, duplicates) = outcomes.iter().fold((0, 0), |(stored, duplicates), outcome| match outcome {
+            IngestOutcome::Stored { .. } => (stored + 1, duplicates),
+            IngestOutcome::Duplicate => (stored, duplicates + 1),
+        });
+        let notifications: u64 = counts.clone().map(u64::from).sum();
+        muster_runtime::metrics::count("muster_events_ingested_total", "Events stored", &[], stored);
+        muster_runtime::metrics::count(
+            "muster_events_duplicate_total",
+            "Resent events recognised and skipped",
+            &[],
+            duplicates,
+        );
+        muster_runtime::metrics::count(
+            "muster_notifications_total",
+            "Notifications stored in agents' inboxes",
+            &[],
+            notifications,
+        );
         for job in jobs {
             let job_counts: Vec<u32> = counts.by_ref().take(job.events.len()).collect();
             let _ = job.reply.send(Ok(job_counts));

@@ -405,6 +405,14 @@ impl<S: RosterStore> RosterService for Roster<S> {
             dry_run = request.dry_run,
             "delegation decided"
         );
+        if !request.dry_run {
+            muster_runtime::metrics::count(
+                "muster_delegation_decisions_total",
+                "Delegation decisions, by tier of the seed 004 priority order and decision",
+                &[("tier", outcome.decision.tier.as_str()), ("decision", outcome.decision.kind.as_str())],
+                1,
+            );
+        }
         self.announce_agents(pb::RosterChangeKind::AgentStatus, &outcome.changed_agents).await;
         Ok(Response::new(pb::DelegateResponse {
             decision: Some(decision_to_wire(&outcome.decision)),

@@ -4,7 +4,7 @@
 //! server builder that adds health, reflection, request tracing and graceful
 //! shutdown to every service ([`server`]), the termination signal
 //! ([`shutdown`]), database pools and migrations for SQLite and PostgreSQL
-//! ([`db`]), and the convention by which a service's errors become gRPC
+//! ([`db`]), Prometheus metrics ([`metrics`]), and the convention by which a service's errors become gRPC
 //! statuses ([`status`]).
 //!
 //! This crate is not deployable on its own; it holds no business logic.
@@ -12,6 +12,7 @@
 
 pub mod config;
 pub mod db;
+pub mod metrics;
 pub mod process;
 pub mod server;
 pub mod shutdown;

@@ -99,7 +99,15 @@ impl Server {
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let (stop_sender, stop_receiver) = tokio::sync::oneshot::channel::<()>();
         let grace = self.args.shutdown_grace();
+        // `/metrics` answers plain HTTP/1.1 on the same port, for Prometheus.
+        let routes = Routes::from(routes.routes().into_axum_router().route(
+            "/metrics",
+            axum::routing::get(|| async {
+                ([(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render())
+            }),
+        ));
         let server = tonic::transport::Server::builder()
+            .accept_http1(true)
             .concurrency_limit_per_connection(self.args.max_concurrent_requests)
             // Large windows: assignments carry the shared memory of an execution,
             // and 64 KiB windows would stall them on flow control.
@@ -111,7 +119,8 @@ impl Server {
                     .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
                     .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
             )
-            .add_routes(routes.routes())
+            .layer(crate::metrics::RpcMetricsLayer)
+            .add_routes(routes)
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = stop_receiver.await;
             });

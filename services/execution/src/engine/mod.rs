@@ -153,6 +153,21 @@ impl Engine {
     pub(crate) fn announce(&self, events: Vec<StepEvent>) {
         self.outbox_wake.notify_one();
         for event in events {
+            let outcome = match EventType::try_from(event.r#type) {
+                Ok(EventType::StepStarted) => Some("started"),
+                Ok(EventType::StepCompleted) => Some("completed"),
+                Ok(EventType::StepFailed) => Some("failed"),
+                Ok(EventType::StepQueued) => Some("queued"),
+                _ => None,
+            };
+            if let Some(outcome) = outcome {
+                muster_runtime::metrics::count(
+                    "muster_steps_total",
+                    "Steps started, completed, failed and queued",
+                    &[("outcome", outcome)],
+                    1,
+                );
+            }
             let _ = self.events.send(event);
         }
     }
