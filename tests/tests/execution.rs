@@ -807,3 +807,92 @@ async fn versions_are_pinned_context_is_checked_and_parallelism_is_bounded() {
     worker.await.unwrap().unwrap();
     test.shutdown().await;
 }
+
+/// Delegated steps end to end: a busy expert queues the second step until the
+/// first frees the slot, and with the expert offline the roster escalates to
+/// the requester's senior.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delegation_queues_for_a_busy_expert_and_escalates_when_offline() {
+    use muster_proto::roster::v1::{
+        Agent, AgentStatus, SetAgentStatusRequest, roster_service_client::RosterServiceClient,
+    };
+    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let person = |id: &str, senior: &str, expertise: &[&str], capacity: u32| Agent {
+        id: id.to_owned(),
+        name: id.to_owned(),
+        team: "core".to_owned(),
+        senior_id: senior.to_owned(),
+        expertise: expertise.iter().map(|tag| (*tag).to_owned()).collect(),
+        workload_capacity: capacity,
+        ..Default::default()
+    };
+    let agents =
+        vec![person("chief", "", &[], 5), person("lead", "chief", &[], 5), person("expert", "lead", &["rust"], 1)];
+    let tokens = test.register_agents(&agents).await;
+    let credentials =
+        agents.iter().zip(tokens).map(|(agent, token)| AgentCredential { agent_id: agent.id.clone(), token }).collect();
+    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
+    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+
+    // Two parallel steps need the one expert, who takes one task at a time.
+    let queued = "name: queue\nlead: lead\nsteps:\n  - id: first\n    type: agent_task\n    message: m\n    inputs: {sleep_ms: 1500}\n    delegate: {expertise: [rust], team: core}\n  - id: second\n    type: agent_task\n    message: m\n    delegate: {expertise: [rust], team: core}\n";
+    let id = publish_and_start(&mut client, queued).await;
+    let events = events_until_finished(&test.cluster().execution_url(), &id).await;
+    assert_eq!(
+        events.last().unwrap().execution_status,
+        ExecutionStatus::Completed as i32,
+        "{}",
+        events.last().unwrap().detail
+    );
+    let queued_step = events
+        .iter()
+        .find(|event| event.r#type == EventType::StepQueued as i32)
+        .expect("one step waited in the expert's queue");
+    assert_eq!(queued_step.agent_id, "expert");
+    assert!(queued_step.wait_seconds > 0, "{queued_step:?}");
+    let other = if queued_step.step_id == "first" { "second" } else { "first" };
+    let completed = |step: &str| {
+        events
+            .iter()
+            .find(|event| event.step_id == step && event.r#type == EventType::StepCompleted as i32)
+            .unwrap()
+            .sequence
+    };
+    let started = |step: &str| {
+        events
+            .iter()
+            .rfind(|event| event.step_id == step && event.r#type == EventType::StepStarted as i32)
+            .unwrap()
+            .sequence
+    };
+    assert!(completed(other) < started(&queued_step.step_id), "the queued step started once the expert was free");
+    assert!(events.iter().all(|event| event.r#type != EventType::StepStarted as i32 || event.agent_id == "expert"));
+
+    // With the expert offline, nobody has the expertise: the lead's senior takes it.
+    let mut roster = RosterServiceClient::connect(test.cluster().roster_url()).await.unwrap();
+    roster
+        .set_agent_status(SetAgentStatusRequest {
+            id: "expert".to_owned(),
+            status: AgentStatus::Offline as i32,
+            availability_until: None,
+        })
+        .await
+        .unwrap();
+    let escalated = "name: escalate\nlead: lead\nsteps:\n  - id: only\n    type: agent_task\n    message: m\n    delegate: {expertise: [rust], team: core}\n";
+    let id = publish_and_start(&mut client, escalated).await;
+    let events = events_until_finished(&test.cluster().execution_url(), &id).await;
+    assert_eq!(
+        events.last().unwrap().execution_status,
+        ExecutionStatus::Completed as i32,
+        "{}",
+        events.last().unwrap().detail
+    );
+    let escalation = events.iter().find(|event| event.r#type == EventType::StepEscalated as i32).expect("escalated");
+    assert_eq!(escalation.agent_id, "chief", "{escalation:?}");
+    let done = events.iter().find(|event| event.r#type == EventType::StepCompleted as i32).unwrap();
+    assert_eq!(done.agent_id, "chief");
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
