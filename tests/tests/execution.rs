@@ -739,9 +739,11 @@ async fn a_silent_worker_loses_its_assignment_after_the_lease() {
     let events = events_until_finished(&test.cluster().execution_url(), &id).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
     let execution = client.get_execution(GetExecutionRequest { id }).await.unwrap().into_inner().execution.unwrap();
-    assert_eq!(execution.steps[0].attempt, 2, "the second attempt, by the live worker");
+    // (Under heavy load the live worker may itself miss a lease and be given a
+    // later attempt; what matters is that the silent one's attempt moved on.)
+    assert!(execution.steps[0].attempt >= 2, "a later attempt, by the live worker");
     let output: serde_json::Value = serde_json::from_str(&execution.steps[0].output_json).unwrap();
-    assert_eq!(output["attempt"], 2);
+    assert_eq!(output["attempt"], execution.steps[0].attempt);
     drop(silent_sender);
 
     let _ = stop.send(());
@@ -835,7 +837,7 @@ async fn delegation_queues_for_a_busy_expert_and_escalates_when_offline() {
     let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
 
     // Two parallel steps need the one expert, who takes one task at a time.
-    let queued = "name: queue\nlead: lead\nsteps:\n  - id: first\n    type: agent_task\n    message: m\n    inputs: {sleep_ms: 1500}\n    delegate: {expertise: [rust], team: core}\n  - id: second\n    type: agent_task\n    message: m\n    delegate: {expertise: [rust], team: core}\n";
+    let queued = "name: queue\nlead: lead\nsteps:\n  - id: first\n    type: agent_task\n    message: m\n    inputs: {sleep_ms: 3000}\n    delegate: {expertise: [rust], team: core}\n  - id: second\n    type: agent_task\n    message: m\n    delegate: {expertise: [rust], team: core}\n";
     let id = publish_and_start(&mut client, queued).await;
     let events = events_until_finished(&test.cluster().execution_url(), &id).await;
     assert_eq!(
