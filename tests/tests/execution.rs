@@ -316,23 +316,26 @@ async fn notifications(notifier_url: &str, agent_id: &str) -> Vec<StepEvent> {
 }
 
 async fn wait_for_event(notifier_url: &str, agent_id: &str, event_id: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    let mut after_cursor = 0;
     loop {
         if let Ok(mut notifier) = NotifierServiceClient::connect(notifier_url.to_owned()).await
             && let Ok(page) = notifier
                 .list_notifications(ListNotificationsRequest {
                     agent_id: agent_id.to_owned(),
-                    after_cursor: 0,
+                    after_cursor,
                     limit: 1000,
                 })
                 .await
-            && page
-                .into_inner()
-                .notifications
-                .iter()
-                .any(|n| n.event.as_ref().is_some_and(|event| event.event_id == event_id))
         {
-            return;
+            let page = page.into_inner().notifications;
+            if page.iter().any(|n| n.event.as_ref().is_some_and(|event| event.event_id == event_id)) {
+                return;
+            }
+            after_cursor = page.last().map_or(after_cursor, |notification| notification.cursor);
+            if page.len() == 1000 {
+                continue; // more to read at once
+            }
         }
         assert!(tokio::time::Instant::now() < deadline, "event {event_id} never reached {agent_id}");
         tokio::time::sleep(Duration::from_millis(25)).await;
