@@ -1,6 +1,7 @@
 //! The sample agents' deterministic behaviour, so sample processes run with no
 //! LLM: each step's output is a JSON object naming the agent, the step, its
-//! instruction, its inputs and the steps it built on.
+//! instruction, its inputs, the steps it built on, and the context it was given
+//! (role, size of the system prompt, shared-memory keys, history length).
 //!
 //! It provides two tools: `word_count` (input `{"text": string}`, output
 //! `{"words": n}`) and `flaky_tool`, which always fails (status 500).
@@ -28,6 +29,11 @@ impl SampleBehaviour {
     fn complete(assignment: &Assignment, inputs: &Value) -> StepOutcome {
         let mut upstream: Vec<&String> = assignment.upstream_outputs.keys().collect();
         upstream.sort();
+        let memory: Value = serde_json::from_str(&assignment.shared_memory_json).unwrap_or(Value::Null);
+        let mut memory_keys: Vec<&String> =
+            memory.as_object().map(|memory| memory.keys().collect()).unwrap_or_default();
+        memory_keys.sort();
+        // What the agent was told, so its output shows the task context it had.
         let output = json!({
             "agent": assignment.agent_id,
             "step": assignment.step_id,
@@ -35,6 +41,10 @@ impl SampleBehaviour {
             "inputs": inputs,
             "built_on": upstream,
             "attempt": assignment.attempt,
+            "role": assignment.role_definition.as_ref().map(|role| role.name.clone()),
+            "system_prompt_chars": assignment.system_prompt.chars().count(),
+            "memory_keys": memory_keys,
+            "history_steps": assignment.history.len(),
         });
         StepOutcome::Completed { output_json: output.to_string(), tokens_used: 100, cost: 0.01 }
     }

@@ -19,6 +19,7 @@ use muster_proto::{
         WatchExecutionRequest, execution_service_client::ExecutionServiceClient,
     },
     notifier::v1::{ListNotificationsRequest, notifier_service_client::NotifierServiceClient},
+    roster::v1::{PutRoleDefinitionRequest, RoleDefinition, roster_service_client::RosterServiceClient},
 };
 use muster_tests::{Backend, TestCluster, agent};
 use prost::Message;
@@ -63,6 +64,10 @@ async fn sample_process_on_postgres() {
 
 async fn sample_process(backend: Backend) {
     let Some(test) = TestCluster::start(backend).await else { return };
+    let mut roster = RosterServiceClient::connect(test.cluster().roster_url()).await.unwrap();
+    let reviewer =
+        RoleDefinition { name: "reviewer".to_owned(), description: "Reviews".to_owned(), ..Default::default() };
+    roster.put_role_definition(PutRoleDefinitionRequest { role: Some(reviewer) }).await.unwrap();
     let agents: Vec<_> = SAMPLE_AGENTS.iter().map(|(id, role, team)| agent(id, role, team)).collect();
     let tokens = test.register_agents(&agents).await;
     let credentials: Vec<AgentCredential> =
@@ -117,7 +122,15 @@ async fn sample_process(backend: Backend) {
         assert_eq!(step.status, StepStatus::Completed as i32, "step {}", step.step_id);
         let output: serde_json::Value = serde_json::from_str(&step.output_json).unwrap();
         assert_eq!(output["step"], step.step_id.as_str());
+        assert!(output["system_prompt_chars"].as_u64().unwrap() > 0, "every assignment carries the rendered prompt");
     }
+    // The join step saw its upstream outputs, the shared memory, the history and its role definition.
+    let review = stored.steps.iter().find(|step| step.step_id == "review").unwrap();
+    let review: serde_json::Value = serde_json::from_str(&review.output_json).unwrap();
+    assert_eq!(review["built_on"], serde_json::json!(["draft", "fact-check", "keywords"]));
+    assert_eq!(review["memory_keys"], serde_json::json!(["draft", "fact-check", "keywords", "research"]));
+    assert_eq!(review["history_steps"], 4);
+    assert_eq!(review["role"], "reviewer");
 
     // Sequences are gapless, and each step started only after its dependencies completed.
     for (position, event) in events.iter().enumerate() {
