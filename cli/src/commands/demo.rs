@@ -64,7 +64,10 @@ async fn demo(args: &DemoArgs, cluster: &muster::cluster::Cluster) -> anyhow::Re
     }
 
     let memory = cluster.memory_dir();
-    println!("\ninformed agents' NDJSON memory (seed 000 format) is under {}:", memory.display());
+    println!(
+        "\nthe agents' NDJSON memory (seed 000 format: informed agents, monitors and the lead) is under {}:",
+        memory.display()
+    );
     let mut files = Vec::new();
     collect_ndjson(&memory, &mut files);
     files.sort();
