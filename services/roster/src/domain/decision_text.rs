@@ -147,11 +147,14 @@ pub fn queue_offer_decision(expert: &Agent, queued_at: i64, now: i64) -> Decisio
     )
 }
 
-/// The ESCALATE that resolves a queued task gone stale (or whose expert went
-/// offline or was removed). `senior` is the escalation target chosen when queued.
-pub fn queue_escalation_decision(expert_id: &str, senior: Option<&Agent>, reason: &str) -> Decision {
-    let reasoning = format!("{}.", capitalize(reason));
-    let notes = vec![format!("was queued for {expert_id}")];
+/// An ESCALATE to `senior`; without one, an ESCALATE to nobody that leaves the
+/// decision to the orchestrator.
+pub(super) fn escalation(
+    senior: Option<&Agent>,
+    reasoning: String,
+    mut notes: Vec<String>,
+    candidates: Vec<String>,
+) -> Decision {
     match senior {
         Some(senior) => finish(
             DecisionKind::Escalate,
@@ -162,9 +165,10 @@ pub fn queue_escalation_decision(expert_id: &str, senior: Option<&Agent>, reason
             reasoning,
             0,
             notes,
-            vec![expert_id.to_owned()],
+            candidates,
         ),
         None => {
+            notes.push("no senior or team lead to escalate to: the orchestrator must decide".to_owned());
             let mut decision = Decision {
                 kind: DecisionKind::Escalate,
                 tier: Tier::Escalate,
@@ -174,15 +178,20 @@ pub fn queue_escalation_decision(expert_id: &str, senior: Option<&Agent>, reason
                 fallback_reason: String::new(),
                 reasoning,
                 wait_millis: 0,
-                notes: format!(
-                    "{}; no senior or team lead to escalate to: the orchestrator must decide",
-                    notes.join("; ")
-                ),
+                notes: notes.join("; "),
                 text: String::new(),
-                candidates: vec![expert_id.to_owned()],
+                candidates,
             };
             decision.text = render_text(&decision, "none", "");
             decision
         }
     }
+}
+
+/// The ESCALATE that resolves a queued task gone stale (or whose expert went
+/// offline or was removed). `senior` is the escalation target chosen when queued.
+pub fn queue_escalation_decision(expert_id: &str, senior: Option<&Agent>, reason: &str) -> Decision {
+    let reasoning = format!("{}.", capitalize(reason));
+    let notes = vec![format!("was queued for {expert_id}")];
+    escalation(senior, reasoning, notes, vec![expert_id.to_owned()])
 }

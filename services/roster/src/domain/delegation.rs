@@ -9,7 +9,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::decision_text::{capitalize, describe, display_team, finish, role_label, tier_phrase};
+use super::decision_text::{capitalize, describe, display_team, escalation, finish, role_label, tier_phrase};
 pub use super::decision_text::{format_wait, queue_escalation_decision, queue_offer_decision, render_text};
 use super::model::{Agent, Status, Team};
 
@@ -412,41 +412,7 @@ fn escalate(
     let reasoning = format!("{}.", capitalize(&reason));
     let mut candidates = candidates;
     candidates.truncate(MAX_CANDIDATES);
-    match target {
-        Some(senior) => {
-            let primary_reason = format!("{}, senior to escalate to", role_label(senior));
-            finish(
-                DecisionKind::Escalate,
-                Tier::Escalate,
-                senior,
-                primary_reason,
-                None,
-                reasoning,
-                0,
-                notes,
-                candidates,
-            )
-        }
-        None => {
-            let mut notes = notes;
-            notes.push("no senior or team lead to escalate to: the orchestrator must decide".to_owned());
-            let mut decision = Decision {
-                kind: DecisionKind::Escalate,
-                tier: Tier::Escalate,
-                primary_agent_id: String::new(),
-                primary_reason: "no senior or team lead to escalate to".to_owned(),
-                fallback_agent_id: String::new(),
-                fallback_reason: String::new(),
-                reasoning,
-                wait_millis: 0,
-                notes: notes.join("; "),
-                text: String::new(),
-                candidates,
-            };
-            decision.text = render_text(&decision, "none", "");
-            decision
-        }
-    }
+    escalation(target, reasoning, notes, candidates)
 }
 
 /// The senior to escalate to: the requester's senior, or further up when that
