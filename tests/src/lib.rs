@@ -3,11 +3,15 @@
 //! everything down (processes, data folder, databases) afterwards.
 #![forbid(unsafe_code)]
 
-use std::{path::PathBuf, process::Command, sync::OnceLock};
+use std::{path::PathBuf, process::Command, sync::OnceLock, time::Duration};
 
 use muster::cluster::{Cluster, ClusterOptions, DatabaseUrls, Ports, default_binary_dir};
 use muster_proto::roster::v1::{
     Agent, PutTeamRequest, RegisterAgentRequest, Team, roster_service_client::RosterServiceClient,
+};
+use muster_proto::{
+    common::v1::{EventType, StepEvent},
+    execution::v1::{WatchExecutionRequest, execution_service_client::ExecutionServiceClient},
 };
 use muster_runtime::testing::TestDatabase;
 
@@ -202,4 +206,34 @@ pub fn chain_process(name: &str, length: usize, agent: &str, informed: &str, inp
 /// An agent with an id, a role and a team.
 pub fn agent(id: &str, role: &str, team: &str) -> Agent {
     Agent { id: id.to_owned(), name: id.to_owned(), role: role.to_owned(), team: team.to_owned(), ..Default::default() }
+}
+
+/// Watches until the execution ends, reconnecting (from the last sequence) when the service restarts.
+pub async fn events_until_finished(url: &str, execution_id: &str) -> Vec<StepEvent> {
+    let mut events: Vec<StepEvent> = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
+    loop {
+        assert!(tokio::time::Instant::now() < deadline, "the execution did not finish");
+        let Ok(mut client) = ExecutionServiceClient::connect(url.to_owned()).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let after_sequence = events.last().map_or(0, |event| event.sequence);
+        let Ok(response) = client
+            .watch_execution(WatchExecutionRequest { execution_id: execution_id.to_owned(), after_sequence })
+            .await
+        else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let mut stream = response.into_inner();
+        while let Ok(Some(message)) = stream.message().await {
+            let event = message.event.unwrap();
+            let done = event.r#type == EventType::ExecutionFinished as i32;
+            events.push(event);
+            if done {
+                return events;
+            }
+        }
+    }
 }

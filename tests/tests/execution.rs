@@ -11,9 +11,8 @@ use muster_proto::{
         CancelExecutionRequest, GetExecutionRequest, PublishProcessRequest, StartExecutionRequest, StepStatus,
         WatchExecutionRequest, execution_service_client::ExecutionServiceClient,
     },
-    notifier::v1::{ListNotificationsRequest, notifier_service_client::NotifierServiceClient},
 };
-use muster_tests::{Backend, TestCluster, agent, chain_process, spawn_sample_worker};
+use muster_tests::{Backend, TestCluster, agent, chain_process, events_until_finished, spawn_sample_worker};
 use tonic::transport::Channel;
 
 async fn cluster_with_agents(backend: Backend, ids: &[&str]) -> Option<(TestCluster, Vec<AgentCredential>)> {
@@ -41,36 +40,6 @@ async fn publish_and_start(client: &mut ExecutionServiceClient<Channel>, source:
         .execution
         .unwrap()
         .id
-}
-
-/// Watches until the execution ends, reconnecting (from the last sequence) when the service restarts.
-async fn events_until_finished(url: &str, execution_id: &str) -> Vec<StepEvent> {
-    let mut events: Vec<StepEvent> = Vec::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
-    loop {
-        assert!(tokio::time::Instant::now() < deadline, "the execution did not finish");
-        let Ok(mut client) = ExecutionServiceClient::connect(url.to_owned()).await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let after_sequence = events.last().map_or(0, |event| event.sequence);
-        let Ok(response) = client
-            .watch_execution(WatchExecutionRequest { execution_id: execution_id.to_owned(), after_sequence })
-            .await
-        else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
-        let mut stream = response.into_inner();
-        while let Ok(Some(message)) = stream.message().await {
-            let event = message.event.unwrap();
-            let done = event.r#type == EventType::ExecutionFinished as i32;
-            events.push(event);
-            if done {
-                return events;
-            }
-        }
-    }
 }
 
 fn count(events: &[StepEvent], kind: EventType, step: &str) -> usize {
@@ -139,7 +108,9 @@ steps:
 
     // The informed agent's memory has the failure with the seed's failure metadata.
     let notifier_url = test.cluster().notifier_url();
-    wait_for_event(&notifier_url, "watcher", &finished.event_id).await;
+    muster::inbox::wait_for_event(&notifier_url, "watcher", &finished.event_id, Duration::from_secs(120))
+        .await
+        .unwrap();
     let memory = test.data_dir.join("agents/watcher/events");
     let lines = ndjson(&memory);
     let failure = lines
@@ -239,8 +210,20 @@ async fn execution_service_crash(backend: Backend) {
         assert_eq!(count(&events, EventType::StepCompleted, &format!("s{index}")), 1, "step s{index}");
     }
     // The notifier got every event exactly once, whatever was in flight at the crash.
-    wait_for_event(&test.cluster().notifier_url(), "watcher", &finished.event_id).await;
-    let notified = notifications(&test.cluster().notifier_url(), "watcher").await;
+    muster::inbox::wait_for_event(
+        &test.cluster().notifier_url(),
+        "watcher",
+        &finished.event_id,
+        Duration::from_secs(120),
+    )
+    .await
+    .unwrap();
+    let notified: Vec<StepEvent> = muster::inbox::all(&test.cluster().notifier_url(), "watcher")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|notification| notification.event)
+        .collect();
     let mut seen = std::collections::HashSet::new();
     for event in &notified {
         assert!(seen.insert(event.event_id.clone()), "event {} notified twice", event.event_id);
@@ -275,8 +258,20 @@ async fn notifier_outage(backend: Backend) {
     test.cluster_mut().restart("notifier").await.unwrap();
 
     let finished = events.last().unwrap();
-    wait_for_event(&test.cluster().notifier_url(), "watcher", &finished.event_id).await;
-    let notified = notifications(&test.cluster().notifier_url(), "watcher").await;
+    muster::inbox::wait_for_event(
+        &test.cluster().notifier_url(),
+        "watcher",
+        &finished.event_id,
+        Duration::from_secs(120),
+    )
+    .await
+    .unwrap();
+    let notified: Vec<StepEvent> = muster::inbox::all(&test.cluster().notifier_url(), "watcher")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|notification| notification.event)
+        .collect();
     let ids: Vec<&str> = notified.iter().map(|event| event.event_id.as_str()).collect();
     let expected: Vec<&str> = events.iter().map(|event| event.event_id.as_str()).collect();
     assert_eq!(ids, expected, "every event, in order, once");
@@ -297,49 +292,6 @@ async fn notifier_outage_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notifier_outage_on_postgres() {
     notifier_outage(Backend::Postgres).await;
-}
-
-async fn notifications(notifier_url: &str, agent_id: &str) -> Vec<StepEvent> {
-    let mut notifier = NotifierServiceClient::connect(notifier_url.to_owned()).await.unwrap();
-    let mut events = Vec::new();
-    let mut after_cursor = 0;
-    loop {
-        let page = notifier
-            .list_notifications(ListNotificationsRequest { agent_id: agent_id.to_owned(), after_cursor, limit: 1000 })
-            .await
-            .unwrap()
-            .into_inner();
-        let Some(last) = page.notifications.last() else { return events };
-        after_cursor = last.cursor;
-        events.extend(page.notifications.into_iter().filter_map(|notification| notification.event));
-    }
-}
-
-async fn wait_for_event(notifier_url: &str, agent_id: &str, event_id: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    let mut after_cursor = 0;
-    loop {
-        if let Ok(mut notifier) = NotifierServiceClient::connect(notifier_url.to_owned()).await
-            && let Ok(page) = notifier
-                .list_notifications(ListNotificationsRequest {
-                    agent_id: agent_id.to_owned(),
-                    after_cursor,
-                    limit: 1000,
-                })
-                .await
-        {
-            let page = page.into_inner().notifications;
-            if page.iter().any(|n| n.event.as_ref().is_some_and(|event| event.event_id == event_id)) {
-                return;
-            }
-            after_cursor = page.last().map_or(after_cursor, |notification| notification.cursor);
-            if page.len() == 1000 {
-                continue; // more to read at once
-            }
-        }
-        assert!(tokio::time::Instant::now() < deadline, "event {event_id} never reached {agent_id}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 fn ndjson(dir: &std::path::Path) -> Vec<serde_json::Value> {

@@ -5,7 +5,7 @@ use std::{
     collections::{BTreeSet, HashMap},
     path::Path,
     sync::Arc,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use muster::{
@@ -13,15 +13,14 @@ use muster::{
     worker::{self, AgentCredential},
 };
 use muster_proto::{
-    common::v1::{EventType, ExecutionStatus, Severity, StepEvent},
+    common::v1::{EventType, ExecutionStatus, Severity},
     execution::v1::{
         GetExecutionRequest, PublishProcessRequest, PublishProcessResponse, StartExecutionRequest, StepStatus,
-        WatchExecutionRequest, execution_service_client::ExecutionServiceClient,
+        execution_service_client::ExecutionServiceClient,
     },
-    notifier::v1::{ListNotificationsRequest, notifier_service_client::NotifierServiceClient},
     roster::v1::{PutRoleDefinitionRequest, RoleDefinition, roster_service_client::RosterServiceClient},
 };
-use muster_tests::{Backend, TestCluster, agent};
+use muster_tests::{Backend, TestCluster, agent, events_until_finished};
 use prost::Message;
 
 const SAMPLE_PROCESS: &str = include_str!("../../examples/process.yaml");
@@ -103,7 +102,7 @@ async fn sample_process(backend: Backend) {
         .into_inner()
         .execution
         .unwrap();
-    let events = watch_to_end(&mut execution_client, &execution.id).await;
+    let events = events_until_finished(&test.cluster().execution_url(), &execution.id).await;
 
     // The execution completed, and so did every step.
     let finished = events.last().unwrap();
@@ -159,7 +158,14 @@ async fn sample_process(backend: Backend) {
     assert!(last_start < first_completion, "the fan-out steps did not run in parallel");
 
     // The lead hears of every event; once the last one reached its inbox, the notifier has them all.
-    wait_for_lead_notification(&test, &execution.id, finished.sequence).await;
+    muster::inbox::wait_for_event(
+        &test.cluster().notifier_url(),
+        "manager-agent",
+        &finished.event_id,
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
 
     // Each informed agent has exactly one NDJSON line per step it is informed of, with the seed's fields.
     let mut expected: HashMap<&str, BTreeSet<&str>> = HashMap::new();
@@ -223,57 +229,6 @@ async fn sample_process(backend: Backend) {
     let _ = stop_worker.send(());
     worker.await.unwrap().unwrap();
     test.shutdown().await;
-}
-
-async fn watch_to_end(
-    client: &mut ExecutionServiceClient<tonic::transport::Channel>,
-    execution_id: &str,
-) -> Vec<StepEvent> {
-    let mut stream = client
-        .watch_execution(WatchExecutionRequest { execution_id: execution_id.to_owned(), after_sequence: 0 })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut events = Vec::new();
-    let deadline = Duration::from_secs(120);
-    while let Some(response) =
-        tokio::time::timeout(deadline, stream.message()).await.expect("the execution finishes").unwrap()
-    {
-        let event = response.event.unwrap();
-        let done = event.r#type == EventType::ExecutionFinished as i32;
-        events.push(event);
-        if done {
-            break;
-        }
-    }
-    events
-}
-
-async fn wait_for_lead_notification(test: &TestCluster, execution_id: &str, sequence: u64) {
-    let mut notifier = NotifierServiceClient::connect(test.cluster().notifier_url()).await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let notifications = notifier
-            .list_notifications(ListNotificationsRequest {
-                agent_id: "manager-agent".to_owned(),
-                after_cursor: 0,
-                limit: 1000,
-            })
-            .await
-            .unwrap()
-            .into_inner()
-            .notifications;
-        if notifications.iter().any(|notification| {
-            notification
-                .event
-                .as_ref()
-                .is_some_and(|event| event.execution_id == execution_id && event.sequence == sequence)
-        }) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the notifier never received the last event");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 fn ndjson_lines(dir: &Path) -> Vec<serde_json::Value> {

@@ -7,11 +7,7 @@ use std::{path::PathBuf, sync::Arc};
 
 use anyhow::Context;
 use muster::{sample::SampleBehaviour, worker};
-use muster_proto::{
-    common::v1::StepEvent,
-    notifier::v1::{ListNotificationsRequest, notifier_service_client::NotifierServiceClient},
-    roster::v1::roster_service_client::RosterServiceClient,
-};
+use muster_proto::roster::v1::roster_service_client::RosterServiceClient;
 
 use super::{run::RunArgs, up::UpArgs};
 
@@ -60,7 +56,15 @@ async fn demo(args: &DemoArgs, cluster: &muster::cluster::Cluster) -> anyhow::Re
     let _ = worker.await;
     let finished = completed?;
     if !finished.lead_agent_id.is_empty() {
-        wait_for_delivery(cluster, &finished).await?;
+        // The lead hears of every event: once the last one reached its inbox,
+        // the NDJSON files are complete.
+        muster::inbox::wait_for_event(
+            &cluster.notifier_url(),
+            &finished.lead_agent_id,
+            &finished.event_id,
+            std::time::Duration::from_secs(30),
+        )
+        .await?;
     }
 
     let memory = cluster.memory_dir();
@@ -76,34 +80,6 @@ async fn demo(args: &DemoArgs, cluster: &muster::cluster::Cluster) -> anyhow::Re
         println!("  {} ({lines} lines)", file.display());
     }
     Ok(super::run::completed(&finished))
-}
-
-/// Waits until the notifier has the execution's last event (the lead hears of
-/// every event), so the NDJSON files are complete when listed.
-async fn wait_for_delivery(cluster: &muster::cluster::Cluster, finished: &StepEvent) -> anyhow::Result<()> {
-    let mut notifier = NotifierServiceClient::connect(cluster.notifier_url()).await?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    let mut after_cursor = 0;
-    while std::time::Instant::now() < deadline {
-        let page = notifier
-            .list_notifications(ListNotificationsRequest {
-                agent_id: finished.lead_agent_id.clone(),
-                after_cursor,
-                limit: 1000,
-            })
-            .await?
-            .into_inner();
-        if page
-            .notifications
-            .iter()
-            .any(|notification| notification.event.as_ref().is_some_and(|event| event.event_id == finished.event_id))
-        {
-            return Ok(());
-        }
-        after_cursor = page.notifications.last().map_or(after_cursor, |notification| notification.cursor);
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    anyhow::bail!("the notifier did not receive the execution's events within 30 s")
 }
 
 fn collect_ndjson(dir: &std::path::Path, files: &mut Vec<PathBuf>) {
