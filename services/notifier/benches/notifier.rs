@@ -11,7 +11,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use clap::Parser as _;
@@ -51,20 +51,8 @@ async fn start(data_dir: &Path, memory_files: bool) -> anyhow::Result<Running> {
     let task = tokio::spawn(muster_notifier::run(config, listener, async move {
         let _ = stopped.await;
     }));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(channel) = Channel::from_shared(address.clone())?.connect().await {
-            let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
-            if let Ok(response) = health.check(tonic_health::pb::HealthCheckRequest::default()).await
-                && response.into_inner().status
-                    == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-            {
-                return Ok(Running { client: NotifierServiceClient::new(channel), stop, task });
-            }
-        }
-        anyhow::ensure!(Instant::now() < deadline, "the notifier never became SERVING");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let channel = muster_runtime::testing::connect_when_serving(&address).await;
+    Ok(Running { client: NotifierServiceClient::new(channel), stop, task })
 }
 
 impl Running {

@@ -171,23 +171,7 @@ async fn main() {
     let server = tokio::spawn(muster_roster::run(config, listener, async move {
         let _ = stopped.await;
     }));
-    let channel = tonic::transport::Channel::from_shared(format!("http://{address}"))
-        .expect("uri")
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .expect("connect");
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
-    while health
-        .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
-        .await
-        .map(|response| {
-            response.into_inner().status != tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-        })
-        .unwrap_or(true)
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let channel = muster_runtime::testing::connect_when_serving(&format!("http://{address}")).await;
     let mut client = RosterServiceClient::new(channel);
     let mut samples = Vec::with_capacity(sizes.iterations);
     for iteration in 0..sizes.iterations {

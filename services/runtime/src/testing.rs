@@ -62,3 +62,22 @@ impl Drop for TestDatabase {
         let _ = dropper.join();
     }
 }
+
+/// Connects to a server at `url` (`http://host:port`) once its health service
+/// reports SERVING, polling without fixed sleeps; panics after 30 seconds.
+pub async fn connect_when_serving(url: &str) -> tonic::transport::Channel {
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        if let Ok(endpoint) = tonic::transport::Endpoint::from_shared(url.to_owned())
+            && let Ok(channel) = endpoint.tcp_nodelay(true).connect().await
+            && let Ok(response) =
+                HealthClient::new(channel.clone()).check(HealthCheckRequest { service: String::new() }).await
+            && response.into_inner().status == ServingStatus::Serving as i32
+        {
+            return channel;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{url} never reported SERVING");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}

@@ -7,7 +7,6 @@ use muster_proto::validator::v1 as pb;
 use muster_proto::validator::v1::validator_service_client::ValidatorServiceClient;
 use muster_validator::{Config, run};
 use tonic::transport::Channel;
-use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
 
 struct TestServer {
     client: ValidatorServiceClient<Channel>,
@@ -25,17 +24,7 @@ impl TestServer {
         let handle = tokio::spawn(run(config, listener, async move {
             let _ = stopped.await;
         }));
-        let channel = Channel::from_shared(format!("http://{address}")).expect("uri").connect().await.expect("connect");
-        let mut health = HealthClient::new(channel.clone());
-        loop {
-            let request = HealthCheckRequest { service: "muster.validator.v1.ValidatorService".into() };
-            if let Ok(response) = health.check(request).await
-                && response.into_inner().status == ServingStatus::Serving as i32
-            {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
+        let channel = muster_runtime::testing::connect_when_serving(&format!("http://{address}")).await;
         Self { client: ValidatorServiceClient::new(channel), stop: Some(stop), handle: Some(handle) }
     }
 

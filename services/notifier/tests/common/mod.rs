@@ -13,7 +13,6 @@ use muster_proto::{
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::{StreamExt as _, wrappers::ReceiverStream};
 use tonic::transport::Channel;
-use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
 
 /// A directory under the system temp dir, unique to this test, removed on drop.
 pub struct TempDirectory(pub PathBuf);
@@ -95,19 +94,7 @@ impl Drop for TestNotifier {
 
 /// Polls the health service until SERVING (never a fixed sleep).
 pub async fn wait_until_serving(address: &str) -> Channel {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(channel) = Channel::from_shared(address.to_owned()).expect("uri").connect().await {
-            let mut health = HealthClient::new(channel.clone());
-            if let Ok(response) = health.check(HealthCheckRequest { service: String::new() }).await
-                && response.into_inner().status == ServingStatus::Serving as i32
-            {
-                return channel;
-            }
-        }
-        assert!(tokio::time::Instant::now() < deadline, "notifier at {address} never became SERVING");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    muster_runtime::testing::connect_when_serving(address).await
 }
 
 /// Sends events over one stream (all at once) and collects one ack each.

@@ -67,26 +67,7 @@ impl TestServer {
         let clock = Arc::new(ManualClock::new(START_MILLIS));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let handle = tokio::spawn(serve(config, listener, stopped, clock.clone()));
-        let channel = Channel::from_shared(format!("http://{address}"))
-            .expect("uri")
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .expect("connect");
-        let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
-        loop {
-            let response = health
-                .check(tonic_health::pb::HealthCheckRequest { service: "muster.roster.v1.RosterService".into() })
-                .await;
-            if let Ok(response) = response
-                && response.into_inner().status
-                    == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-            {
-                break;
-            }
-            tokio::task::yield_now().await;
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        let channel = muster_runtime::testing::connect_when_serving(&format!("http://{address}")).await;
         Self {
             client: RosterServiceClient::new(channel),
             clock,
