@@ -45,11 +45,13 @@ pub fn build_service_binaries() {
                 "muster-execution",
                 "-p",
                 "muster-notifier",
+                "-p",
+                "muster",
                 "--bins",
             ])
             .status()
-            .expect("running cargo build for the service binaries");
-        assert!(status.success(), "building the service binaries failed");
+            .expect("running cargo build for the service binaries and muster");
+        assert!(status.success(), "building the service binaries and muster failed");
     });
 }
 
