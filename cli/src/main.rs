@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use muster_runtime::config::LogFormat;
 
 mod commands;
 mod validate;
@@ -42,10 +43,17 @@ enum Command {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("MUSTER_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .try_init();
+    // Warnings only unless MUSTER_LOG says otherwise; traces (of `muster
+    // agent`'s assignments) go out when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+    let log_filter = std::env::var("MUSTER_LOG").unwrap_or_else(|_| "warn".to_owned());
+    let service = if matches!(cli.command, Command::Agent(_)) { "muster-agent" } else { "muster" };
+    let telemetry = match muster_runtime::telemetry::init(service, LogFormat::Pretty, &log_filter) {
+        Ok(telemetry) => telemetry,
+        Err(error) => {
+            eprintln!("muster: {error}");
+            return ExitCode::from(2);
+        }
+    };
     let outcome = match cli.command {
         Command::Up(args) => commands::up::run(args).await.map(|()| true),
         Command::Demo(args) => commands::demo::run(args).await,
@@ -58,6 +66,7 @@ async fn main() -> ExitCode {
         Command::Roster(args) => commands::roster::run(args).await.map(|()| true),
         Command::Agent(args) => commands::agent::run(args).await.map(|()| true),
     };
+    telemetry.shutdown().await;
     match outcome {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,

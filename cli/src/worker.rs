@@ -12,6 +12,7 @@ use muster_proto::execution::v1::{
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tracing::Instrument as _;
 
 /// An agent the worker serves, with its roster token.
 #[derive(Debug, Clone)]
@@ -199,7 +200,15 @@ async fn session<B: Behaviour>(
                 let behaviour = behaviour.clone();
                 let sender = sender.clone();
                 let refused_fallbacks = refused_fallbacks.clone();
-                tokio::spawn(async move {
+                let span = tracing::info_span!(
+                    parent: None,
+                    "assignment",
+                    assignment_id = %assignment.assignment_id,
+                    agent_id = %assignment.agent_id,
+                    step_id = %assignment.step_id,
+                );
+                muster_runtime::telemetry::continue_from(&span, &assignment.trace_parent);
+                let run = async move {
                     let assignment_id = assignment.assignment_id.clone();
                     let started = std::time::Instant::now();
                     let message = match behaviour.run(assignment).await {
@@ -219,7 +228,8 @@ async fn session<B: Behaviour>(
                         outcome => report(assignment_id, outcome, started.elapsed()),
                     };
                     let _ = sender.send(ConnectWorkerRequest { message: Some(message) }).await;
-                });
+                };
+                tokio::spawn(run.instrument(span));
             }
             Some(connect_worker_response::Message::Cancel(cancel)) => {
                 tracing::info!(assignment = %cancel.assignment_id, reason = %cancel.reason, "assignment withdrawn");
@@ -248,13 +258,16 @@ async fn session<B: Behaviour>(
             Some(connect_worker_response::Message::ToolCall(call)) => {
                 let behaviour = behaviour.clone();
                 let sender = sender.clone();
-                tokio::spawn(async move {
+                let span = tracing::info_span!(parent: None, "tool call", tool = %call.tool, agent_id = %call.agent_id);
+                muster_runtime::telemetry::continue_from(&span, &call.trace_parent);
+                let run = async move {
                     let call_id = call.call_id.clone();
                     let output = behaviour.call_tool(call).await;
                     let message =
                         connect_worker_request::Message::ToolResult(ToolCallResult { call_id, output: Some(output) });
                     let _ = sender.send(ConnectWorkerRequest { message: Some(message) }).await;
-                });
+                };
+                tokio::spawn(run.instrument(span));
             }
             None => {}
         }

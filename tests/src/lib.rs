@@ -15,6 +15,8 @@ use muster_proto::{
 };
 use muster_runtime::testing::TestDatabase;
 
+pub mod otlp;
+
 /// Which database the services use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {

@@ -5,21 +5,22 @@
 use std::time::Duration;
 
 use muster_proto::{roster::v1 as roster, validator::v1 as validator};
-use tonic::transport::{Channel, Endpoint};
+use muster_runtime::telemetry::{TracedChannel, traced};
+use tonic::transport::Endpoint;
 
 use crate::{Error, Result};
 
-pub(crate) type RosterClient = roster::roster_service_client::RosterServiceClient<Channel>;
-pub(crate) type ValidatorClient = validator::validator_service_client::ValidatorServiceClient<Channel>;
+pub(crate) type RosterClient = roster::roster_service_client::RosterServiceClient<TracedChannel>;
+pub(crate) type ValidatorClient = validator::validator_service_client::ValidatorServiceClient<TracedChannel>;
 
-/// A channel that connects on first use.
-pub(crate) fn lazy_channel(url: &str) -> Result<Channel> {
+/// A channel that connects on first use; its calls carry the caller's trace context.
+pub(crate) fn lazy_channel(url: &str) -> Result<TracedChannel> {
     let endpoint = Endpoint::from_shared(url.to_owned())
         .map_err(|error| Error::InvalidArgument(format!("invalid service URL {url:?}: {error}")))?
         .connect_timeout(Duration::from_secs(5))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(30));
-    Ok(endpoint.connect_lazy())
+    Ok(traced(endpoint.connect_lazy()))
 }
 
 /// Maps a dependency's failure: its own verdicts pass through, outages become UNAVAILABLE.

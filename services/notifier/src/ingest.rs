@@ -123,6 +123,24 @@ impl Ingestor {
     }
 }
 
+/// The span of an event that carries its execution's trace context: it
+/// covers the batch that stores and delivers the event, in that trace.
+fn traced_event_span(event: &StepEvent) -> Option<tracing::Span> {
+    if event.trace_parent.is_empty() {
+        return None;
+    }
+    let span = tracing::info_span!(
+        parent: None,
+        "notify",
+        event_id = %event.event_id,
+        execution_id = %event.execution_id,
+        step_id = %event.step_id,
+        sequence = event.sequence,
+    );
+    muster_runtime::telemetry::continue_from(&span, &event.trace_parent);
+    Some(span)
+}
+
 struct Writer<S> {
     store: Arc<S>,
     hub: Arc<Hub>,
@@ -134,6 +152,7 @@ impl<S: Store> Writer<S> {
     async fn process(&self, jobs: Vec<Job>) {
         let received_at = muster_runtime::time::now_millis();
         let incoming: Vec<&Incoming> = jobs.iter().flat_map(|job| job.events.iter()).collect();
+        let _spans: Vec<tracing::Span> = incoming.iter().filter_map(|item| traced_event_span(&item.wire)).collect();
         let new_events: Vec<NewEvent> = incoming.iter().map(|item| self.prepare(item, received_at)).collect();
 
         let mut memory_paths: Vec<String> = new_events

@@ -1,10 +1,11 @@
 //! What every muster service shares and nothing a single service owns:
-//! typed configuration ([`config`]), logging ([`telemetry`]), the life of a
-//! service process ([`process`]), the one gRPC
-//! server builder that adds health, reflection, request tracing and graceful
-//! shutdown to every service ([`server`]), the termination signal
-//! ([`shutdown`]), database pools and migrations for SQLite and PostgreSQL
-//! ([`db`]), Prometheus metrics ([`metrics`]), and the convention by which a service's errors become gRPC
+//! typed configuration ([`config`]), logs and OpenTelemetry traces with W3C
+//! trace context across calls ([`telemetry`]), the life of a service process
+//! ([`process`]), the one gRPC server builder that adds health, reflection,
+//! request spans, metrics and graceful shutdown to every service
+//! ([`server`]), the termination signal ([`shutdown`]), database pools and
+//! migrations for SQLite and PostgreSQL ([`db`]), Prometheus metrics
+//! ([`metrics`]), and the convention by which a service's errors become gRPC
 //! statuses ([`status`]).
 //!
 //! This crate is not deployable on its own; it holds no business logic.

@@ -1,5 +1,5 @@
-//! The life of a service process, shared by the four `main`s: logging, the
-//! listener, the service's `run`, and the exit code.
+//! The life of a service process, shared by the four `main`s: logs and
+//! traces, the listener, the service's `run`, and the exit code.
 
 use std::{fmt::Display, future::Future, net::SocketAddr, pin::Pin, process::ExitCode};
 
@@ -10,7 +10,7 @@ use crate::config::ServerArgs;
 /// The shutdown signal handed to a service's `run`.
 pub type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Sets up logging, binds `server.listen` (or `default_address`), runs the
+/// Sets up logs and traces (`name` names the process in them), binds `server.listen` (or `default_address`), runs the
 /// service until SIGTERM or SIGINT, and turns the outcome into an exit code.
 pub async fn serve<Run, Running, Failure>(
     name: &str,
@@ -23,23 +23,27 @@ where
     Running: Future<Output = Result<(), Failure>>,
     Failure: Display,
 {
-    if let Err(error) = crate::telemetry::init(server.log_format, &server.log_filter) {
-        eprintln!("{name}: {error}");
-        return ExitCode::FAILURE;
-    }
-    let address = server.listen_or(default_address);
-    let listener = match TcpListener::bind(address).await {
-        Ok(listener) => listener,
+    let telemetry = match crate::telemetry::init(name, server.log_format, &server.log_filter) {
+        Ok(telemetry) => telemetry,
         Err(error) => {
-            tracing::error!(%address, %error, "cannot listen");
+            eprintln!("{name}: {error}");
             return ExitCode::FAILURE;
         }
     };
-    match run(listener, Box::pin(crate::shutdown::signal())).await {
-        Ok(()) => ExitCode::SUCCESS,
+    let address = server.listen_or(default_address);
+    let code = match TcpListener::bind(address).await {
+        Ok(listener) => match run(listener, Box::pin(crate::shutdown::signal())).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                tracing::error!(%error, service = name, "service stopped");
+                ExitCode::FAILURE
+            }
+        },
         Err(error) => {
-            tracing::error!(%error, service = name, "service stopped");
+            tracing::error!(%address, %error, "cannot listen");
             ExitCode::FAILURE
         }
-    }
+    };
+    telemetry.shutdown().await;
+    code
 }

@@ -13,8 +13,12 @@ use tonic::{
     transport::server::TcpIncoming,
 };
 use tonic_health::{ServingStatus, server::HealthReporter};
-use tower_http::trace::{DefaultMakeSpan, DefaultOnResponse, TraceLayer};
-use tracing::Level;
+use tower_http::{
+    classify::GrpcFailureClass,
+    trace::{DefaultOnResponse, TraceLayer},
+};
+use tracing::{Level, Span};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::{Error, Result, config::ServerArgs};
 
@@ -116,8 +120,14 @@ impl Server {
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .layer(
                 TraceLayer::new_for_grpc()
-                    .make_span_with(DefaultMakeSpan::new().level(Level::INFO))
-                    .on_response(DefaultOnResponse::new().level(Level::DEBUG)),
+                    .make_span_with(request_span)
+                    .on_response(DefaultOnResponse::new().level(Level::DEBUG))
+                    .on_failure(|failure: GrpcFailureClass, _latency: Duration, span: &Span| {
+                        span.record("otel.status_code", "ERROR");
+                        if let GrpcFailureClass::Status(status) = failure {
+                            span.record("rpc.grpc.status_code", status.code_raw());
+                        }
+                    }),
             )
             .layer(crate::metrics::RpcMetricsLayer)
             .add_routes(routes)
@@ -156,6 +166,29 @@ impl Server {
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// The span of one call, named after its method as OpenTelemetry's RPC
+/// conventions say, and continuing the caller's trace when the metadata
+/// carries one.
+fn request_span<B>(request: &http::Request<B>) -> Span {
+    let path = request.uri().path();
+    let (service, method) = path.trim_start_matches('/').split_once('/').unwrap_or((path, ""));
+    let span = tracing::info_span!(
+        "grpc request",
+        otel.name = path.trim_start_matches('/'),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        rpc.system = "grpc",
+        rpc.service = service,
+        rpc.method = method,
+        rpc.grpc.status_code = tracing::field::Empty,
+    );
+    let parent = crate::telemetry::extract(request.headers());
+    if opentelemetry::trace::TraceContextExt::has_active_span(&parent) {
+        let _ = span.set_parent(parent);
+    }
+    span
 }
 
 async fn set_all(health: &HealthReporter, names: &[&'static str], status: ServingStatus) {

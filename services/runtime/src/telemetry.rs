@@ -1,25 +1,228 @@
-//! Logging: `tracing` with a human format on a terminal and JSON lines
+//! Logs and traces.
+//!
+//! Logs: `tracing` with a human format on a terminal and JSON lines
 //! otherwise, filtered by `MUSTER_LOG`.
+//!
+//! Traces: when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, the same `tracing` spans are
+//! exported over OTLP/gRPC, configured by the standard `OTEL_*` variables
+//! (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`,
+//! `OTEL_BSP_*`, `OTEL_EXPORTER_OTLP_HEADERS`, ...); `OTEL_SDK_DISABLED=true` or
+//! `OTEL_TRACES_EXPORTER=none` turn it off. W3C trace context travels in gRPC
+//! metadata: [`extract`] continues a caller's trace on the server side, the
+//! [`TraceContextInterceptor`] of every client sends the current one on. Where
+//! one call carries many units of work (a worker's stream, the event stream to
+//! the notifier), each message carries its own `traceparent` ([`traceparent`],
+//! [`continue_from`]).
 
 use std::io::IsTerminal;
 
-use tracing_subscriber::{EnvFilter, fmt, prelude::*};
+use opentelemetry::{
+    Context,
+    propagation::{Extractor, Injector, TextMapPropagator},
+    trace::{TraceContextExt, TracerProvider as _},
+};
+use opentelemetry_sdk::{Resource, propagation::TraceContextPropagator, trace::SdkTracerProvider};
+use tracing::Span;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::{EnvFilter, Layer, filter::LevelFilter, fmt, prelude::*};
 
 use crate::config::LogFormat;
 
-/// Installs the global subscriber. Call once, first thing in `main`.
-pub fn init(format: LogFormat, filter: &str) -> crate::Result<()> {
+/// The installed telemetry; [`Telemetry::shutdown`] sends the last spans.
+#[derive(Debug)]
+#[must_use = "shut telemetry down on exit, or the last spans are lost"]
+pub struct Telemetry {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Exports the spans still buffered and stops the exporter.
+    pub async fn shutdown(self) {
+        if let Some(provider) = self.provider {
+            // The SDK's shutdown blocks until its export thread is done.
+            let outcome = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+            if let Ok(Err(error)) = outcome {
+                eprintln!("exporting the last spans failed: {error}");
+            }
+        }
+    }
+}
+
+/// Whether the `OTEL_*` environment asks for trace export.
+pub fn otlp_requested() -> bool {
+    let set = |name: &str| std::env::var(name).is_ok_and(|value| !value.trim().is_empty());
+    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|value| value.trim().eq_ignore_ascii_case("true"))
+        || std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|value| value.trim().eq_ignore_ascii_case("none"));
+    !disabled && (set("OTEL_EXPORTER_OTLP_ENDPOINT") || set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+}
+
+/// Installs the global subscriber, and the OTLP exporter when the
+/// environment asks for it. `service` names the process in traces unless
+/// `OTEL_SERVICE_NAME` does. Call once, first thing in `main`, inside the
+/// Tokio runtime (the exporter's gRPC client lives on it).
+pub fn init(service: &str, format: LogFormat, filter: &str) -> crate::Result<Telemetry> {
     let filter = EnvFilter::try_new(filter).map_err(|error| crate::Error::Telemetry(error.to_string()))?;
     let json = match format {
         LogFormat::Json => true,
         LogFormat::Pretty => false,
         LogFormat::Auto => !std::io::stderr().is_terminal(),
     };
-    let registry = tracing_subscriber::registry().with(filter);
-    let result = if json {
-        registry.with(fmt::layer().json().with_current_span(false).with_writer(std::io::stderr)).try_init()
+    let logs = if json {
+        fmt::layer().json().with_current_span(false).with_writer(std::io::stderr).boxed()
     } else {
-        registry.with(fmt::layer().with_writer(std::io::stderr)).try_init()
+        fmt::layer().with_writer(std::io::stderr).boxed()
     };
-    result.map_err(|error| crate::Error::Telemetry(error.to_string()))
+    let provider = if otlp_requested() { Some(tracer_provider(service)?) } else { None };
+    // Spans at INFO and above are traced, whatever the log level.
+    let traces = provider.as_ref().map(|provider| {
+        tracing_opentelemetry::layer().with_tracer(provider.tracer("muster")).with_filter(LevelFilter::INFO)
+    });
+    tracing_subscriber::registry()
+        .with(logs.with_filter(filter))
+        .with(traces)
+        .try_init()
+        .map_err(|error| crate::Error::Telemetry(error.to_string()))?;
+    Ok(Telemetry { provider })
+}
+
+fn tracer_provider(service: &str) -> crate::Result<SdkTracerProvider> {
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .build()
+        .map_err(|error| crate::Error::Telemetry(format!("OTLP exporter: {error}")))?;
+    // The builder reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the
+    // service's own name applies only when neither names the service.
+    let detected = Resource::builder().build();
+    let named = detected
+        .get(&opentelemetry::Key::from_static_str("service.name"))
+        .is_some_and(|name| !name.as_str().starts_with("unknown_service"));
+    let resource = if named { detected } else { Resource::builder().with_service_name(service.to_owned()).build() };
+    Ok(SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build())
+}
+
+/// The trace context a request's metadata carries (W3C `traceparent` and
+/// `tracestate`); empty when it carries none.
+pub fn extract(headers: &http::HeaderMap) -> Context {
+    TraceContextPropagator::new().extract(&HeaderExtractor(headers))
+}
+
+/// Makes `span` a child of the W3C `traceparent` a message carries; does
+/// nothing when it is empty or malformed, or when traces are not exported.
+pub fn continue_from(span: &Span, traceparent: &str) {
+    if traceparent.is_empty() {
+        return;
+    }
+    let headers = [("traceparent", traceparent)];
+    let context = TraceContextPropagator::new().extract(&PairExtractor(&headers));
+    if context.span().span_context().is_valid() {
+        let _ = span.set_parent(context);
+    }
+}
+
+/// The W3C `traceparent` of `span`, to hand to work done elsewhere; empty
+/// when traces are not exported.
+pub fn traceparent(span: &Span) -> String {
+    let mut fields = Vec::new();
+    TraceContextPropagator::new().inject_context(&span.context(), &mut PairInjector(&mut fields));
+    fields.into_iter().find_map(|(key, value)| (key == "traceparent").then_some(value)).unwrap_or_default()
+}
+
+/// A client interceptor that sends the current span's trace context with
+/// every call, so the callee's spans join the caller's trace.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TraceContextInterceptor;
+
+impl tonic::service::Interceptor for TraceContextInterceptor {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let context = Span::current().context();
+        if context.span().span_context().is_valid() {
+            TraceContextPropagator::new().inject_context(&context, &mut MetadataInjector(request.metadata_mut()));
+        }
+        Ok(request)
+    }
+}
+
+/// A channel whose calls carry the caller's trace context.
+pub type TracedChannel =
+    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, TraceContextInterceptor>;
+
+/// Wraps `channel` so its calls carry the caller's trace context.
+pub fn traced(channel: tonic::transport::Channel) -> TracedChannel {
+    tonic::service::interceptor::InterceptedService::new(channel, TraceContextInterceptor)
+}
+
+struct HeaderExtractor<'a>(&'a http::HeaderMap);
+
+impl Extractor for HeaderExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
+
+struct PairExtractor<'a>(&'a [(&'a str, &'a str)]);
+
+impl Extractor for PairExtractor<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().find_map(|(name, value)| (*name == key).then_some(*value))
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.iter().map(|(name, _)| *name).collect()
+    }
+}
+
+struct PairInjector<'a>(&'a mut Vec<(String, String)>);
+
+impl Injector for PairInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        self.0.push((key.to_owned(), value));
+    }
+}
+
+struct MetadataInjector<'a>(&'a mut tonic::metadata::MetadataMap);
+
+impl Injector for MetadataInjector<'_> {
+    fn set(&mut self, key: &str, value: String) {
+        if let (Ok(key), Ok(value)) = (
+            tonic::metadata::MetadataKey::from_bytes(key.as_bytes()),
+            tonic::metadata::MetadataValue::try_from(value.as_str()),
+        ) {
+            self.0.insert(key, value);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_traceparent_round_trips_through_metadata_and_messages() {
+        let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let mut headers = http::HeaderMap::new();
+        headers.insert("traceparent", traceparent.parse().unwrap());
+        let context = extract(&headers);
+        assert_eq!(context.span().span_context().trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+
+        let mut metadata = tonic::metadata::MetadataMap::new();
+        TraceContextPropagator::new().inject_context(&context, &mut MetadataInjector(&mut metadata));
+        assert_eq!(metadata.get("traceparent").unwrap().to_str().unwrap(), traceparent);
+    }
+
+    #[test]
+    fn malformed_or_missing_context_is_ignored() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("traceparent", "00-not-a-trace-01".parse().unwrap());
+        assert!(!extract(&headers).span().span_context().is_valid());
+        assert!(!extract(&http::HeaderMap::new()).span().span_context().is_valid());
+        // Without an exporting subscriber, spans have no context to hand on.
+        let span = tracing::info_span!("untraced");
+        continue_from(&span, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        assert_eq!(traceparent(&span), "");
+    }
 }

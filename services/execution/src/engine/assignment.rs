@@ -243,6 +243,7 @@ impl StepTask {
             roles: Some(step_roles(&self.definition)),
             delegation_chain: self.delegation_chain.clone(),
             timeout_ms: self.definition.timeout_seconds.map(|seconds| seconds * 1000).unwrap_or(0),
+            trace_parent: muster_runtime::telemetry::traceparent(&tracing::Span::current()),
         }
     }
 

@@ -7,6 +7,7 @@ use std::{collections::HashMap, sync::Arc};
 use muster_proto::common::v1::{EventType, StepError, StepEvent, StepRoles};
 use muster_validator::{ProcessDefinition, StepDefinition};
 use tokio::{sync::mpsc, task::JoinSet};
+use tracing::Instrument as _;
 
 use super::{
     Control, Engine,
@@ -258,7 +259,8 @@ impl Driver {
             reassigned_to: self.reassigned.get(&position).cloned(),
             delegation_chain: self.delegation_chains.get(&position).cloned().unwrap_or_default(),
         };
-        self.running.spawn(task.run());
+        let span = tracing::info_span!("step", step_id = %task.definition.id, attempt);
+        self.running.spawn(task.run().instrument(span));
     }
 
     async fn apply_update(&mut self, update: StepUpdate) -> Result<()> {
@@ -417,30 +419,20 @@ impl Driver {
     }
 
     pub(super) fn step_event(&mut self, event_type: EventType, position: usize) -> StepEvent {
+        let base = new_event(&mut self.execution, event_type);
         let definition = &self.definition.steps[position];
         let row = &self.execution.steps[position];
-        let roles = step_roles(definition);
-        let mut event = StepEvent {
+        StepEvent {
             step_id: row.step_id.clone(),
             step_name: definition.name.clone(),
-            roles: Some(roles),
+            roles: Some(step_roles(definition)),
             agent_id: row.executor.clone(),
             retry_count: row.attempt.saturating_sub(1),
             output_json: if event_type == EventType::StepCompleted { row.output_json.clone() } else { String::new() },
             cost: row.cost,
             tokens_used: row.tokens_used,
-            ..Default::default()
-        };
-        let base = new_event(&mut self.execution, event_type);
-        event.event_id = base.event_id;
-        event.sequence = base.sequence;
-        event.r#type = base.r#type;
-        event.occurred_at = base.occurred_at;
-        event.execution_id = base.execution_id;
-        event.process_name = base.process_name;
-        event.process_version = base.process_version;
-        event.lead_agent_id = base.lead_agent_id;
-        event
+            ..base
+        }
     }
 
     /// Every completed step's output by step id, as a JSON object. Outputs are
@@ -526,6 +518,7 @@ pub(crate) fn new_event(execution: &mut ExecutionRow, event_type: EventType) -> 
         process_name: execution.process_name.clone(),
         process_version: execution.process_version,
         lead_agent_id: execution.lead_agent_id.clone(),
+        trace_parent: muster_runtime::telemetry::traceparent(&tracing::Span::current()),
         ..Default::default()
     }
 }

@@ -18,6 +18,7 @@ use muster_proto::{
 };
 use muster_validator::ProcessDefinition;
 use tokio::sync::{Notify, broadcast, mpsc, oneshot};
+use tracing::Instrument as _;
 
 use crate::{
     Error, Result,
@@ -110,6 +111,8 @@ impl Engine {
             started_at: now,
             ended_at: None,
             last_sequence: 0,
+            // The execution joins the trace of the call that starts it.
+            trace_parent: muster_runtime::telemetry::traceparent(&tracing::Span::current()),
             steps: request
                 .definition
                 .steps
@@ -179,13 +182,26 @@ impl Engine {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(execution.id.clone(), control_sender);
         let engine = self.clone();
-        tokio::spawn(async move {
-            let execution_id = execution.id.clone();
-            if let Err(error) = driver::Driver::new(engine.clone(), execution, definition, controls).run().await {
-                tracing::error!(%execution_id, %error, "execution driver stopped; it resumes when the service restarts");
+        // The driver's span, and through it every step's, continues the
+        // execution's trace, also when a restarted service resumes it.
+        let span = tracing::info_span!(
+            parent: None,
+            "execution",
+            execution_id = %execution.id,
+            process = %execution.process_name,
+            version = execution.process_version,
+        );
+        muster_runtime::telemetry::continue_from(&span, &execution.trace_parent);
+        tokio::spawn(
+            async move {
+                let execution_id = execution.id.clone();
+                if let Err(error) = driver::Driver::new(engine.clone(), execution, definition, controls).run().await {
+                    tracing::error!(%execution_id, %error, "execution driver stopped; it resumes when the service restarts");
+                }
+                engine.controls.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&execution_id);
             }
-            engine.controls.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&execution_id);
-        });
+            .instrument(span),
+        );
     }
 }
 

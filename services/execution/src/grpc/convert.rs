@@ -35,6 +35,11 @@ pub(super) fn process_to_wire(process: ProcessRow, with_source: bool) -> wire::P
     }
 }
 
+/// The trace id of a W3C `traceparent` (`00-<trace id>-<span id>-<flags>`).
+fn trace_id(traceparent: &str) -> String {
+    traceparent.split('-').nth(1).unwrap_or_default().to_owned()
+}
+
 pub(super) fn execution_to_wire(
     execution: ExecutionRow,
     definition: Option<&muster_validator::ProcessDefinition>,
@@ -80,6 +85,7 @@ pub(super) fn execution_to_wire(
         status: execution.status.to_wire() as i32,
         reason: execution.reason,
         lead_agent_id: execution.lead_agent_id,
+        trace_id: trace_id(&execution.trace_parent),
         started_at: Some(to_timestamp(execution.started_at)),
         ended_at: execution.ended_at.map(to_timestamp),
         steps,

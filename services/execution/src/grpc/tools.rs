@@ -112,6 +112,7 @@ impl ExecutionApi {
             tool: request.tool.clone(),
             input_json: input.to_string(),
             agent_id: agent_id.to_owned(),
+            trace_parent: muster_runtime::telemetry::traceparent(&tracing::Span::current()),
         };
         let call_id = call.call_id.clone();
         let Some(answer) = self.engine.workers.call_tool(call) else {

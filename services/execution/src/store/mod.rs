@@ -16,8 +16,14 @@ use crate::{Error, Result, domain::ExecutionStatus};
 
 /// The migrations of both backends.
 pub(crate) const MIGRATIONS: Migrations = Migrations {
-    sqlite: &[(1, "init", include_str!("../../migrations/sqlite/0001_init.sql"))],
-    postgres: &[(1, "init", include_str!("../../migrations/postgres/0001_init.sql"))],
+    sqlite: &[
+        (1, "init", include_str!("../../migrations/sqlite/0001_init.sql")),
+        (2, "trace parent", include_str!("../../migrations/sqlite/0002_trace_parent.sql")),
+    ],
+    postgres: &[
+        (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
+        (2, "trace parent", include_str!("../../migrations/postgres/0002_trace_parent.sql")),
+    ],
 };
 
 /// An event waiting in the outbox.
@@ -113,7 +119,8 @@ impl Store {
         let mut transaction = self.database.pool.begin().await?;
         sqlx::query(
             "INSERT INTO executions (id, process_name, process_version, status, reason, lead_agent_id, inputs_json, \
-             idempotency_key, started_at, ended_at, last_sequence) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+             idempotency_key, started_at, ended_at, last_sequence, trace_parent) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         )
         .bind(&execution.id)
         .bind(&execution.process_name)
@@ -126,6 +133,7 @@ impl Store {
         .bind(execution.started_at)
         .bind(execution.ended_at)
         .bind(execution.last_sequence as i64)
+        .bind(&execution.trace_parent)
         .execute(&mut *transaction)
         .await?;
         for step in &execution.steps {

@@ -65,6 +65,8 @@ pub(crate) struct ExecutionRow {
     pub(crate) started_at: i64,
     pub(crate) ended_at: Option<i64>,
     pub(crate) last_sequence: u64,
+    /// W3C traceparent of the span that started it; empty when untraced.
+    pub(crate) trace_parent: String,
     pub(crate) steps: Vec<StepRow>,
 }
 
@@ -83,6 +85,7 @@ impl ExecutionRow {
             started_at: row.try_get("started_at")?,
             ended_at: row.try_get("ended_at")?,
             last_sequence: row.try_get::<i64, _>("last_sequence")? as u64,
+            trace_parent: row.try_get("trace_parent")?,
             steps: Vec::new(),
         })
     }
