@@ -1,14 +1,16 @@
 //! The cluster driven from outside Rust: the Python client generated from
 //! `proto/` (a Python worker runs the sample process and reads notifications),
-//! and the README's grpcurl recipes.
+//! and the README's grpcurl and `buf curl` recipes.
 //!
 //! They need `python3` with grpcio and grpcio-tools (or `MUSTER_PYTHON`
-//! pointing at such an interpreter) and `grpcurl` on the PATH (or
-//! `MUSTER_GRPCURL`); `.ci/run` installs both. Without them the tests say so
-//! and pass, except under `CI=true`, where that is a failure.
+//! pointing at such an interpreter), `grpcurl` on the PATH (or
+//! `MUSTER_GRPCURL`) and `buf` on the PATH (or `MUSTER_BUF`); `.ci/run`
+//! installs all three. Without them the tests say so and pass, except under
+//! `CI=true`, where that is a failure.
 
 use std::{path::PathBuf, process::Command};
 
+use muster::cluster::Ports;
 use muster_tests::{Backend, TestCluster, agent};
 
 fn repository() -> PathBuf {
@@ -91,48 +93,254 @@ async fn python_client_runs_the_sample_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpcurl_recipes_work_without_proto_files() {
     let Some(grpcurl) = tool("MUSTER_GRPCURL", "grpcurl", &["-version"]) else { return };
+    let recipes = readme_recipes("grpcurl");
+    assert!(recipes.len() >= 5, "the README's grpcurl recipes: {recipes:?}");
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
     test.register_agents(&[agent("writer-agent", "writer", "content")]).await;
-    let run = |arguments: &[&str]| {
-        let output = Command::new(&grpcurl).args(arguments).output().unwrap();
+    let cluster = test.cluster();
+    let address = |url: String| url.trim_start_matches("http://").to_owned();
+    // Each service by the address the README gives it, and where it runs here.
+    let defaults = Ports::default();
+    let services = [
+        ("muster.execution.v1.ExecutionService", defaults.execution, address(cluster.execution_url())),
+        ("muster.roster.v1.RosterService", defaults.roster, address(cluster.roster_url())),
+        ("muster.validator.v1.ValidatorService", defaults.validator, address(cluster.validator_url())),
+        ("muster.notifier.v1.NotifierService", defaults.notifier, address(cluster.notifier_url())),
+    ];
+    let run = |recipe: &[String]| {
+        let output = Command::new(&grpcurl).args(&recipe[1..]).output().unwrap();
         let text = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(output.status.success(), "grpcurl {arguments:?}: {text}{}", String::from_utf8_lossy(&output.stderr));
+        assert!(output.status.success(), "{recipe:?}: {text}{}", String::from_utf8_lossy(&output.stderr));
         text
     };
-    for (service, url) in [
-        ("muster.execution.v1.ExecutionService", test.cluster().execution_url()),
-        ("muster.roster.v1.RosterService", test.cluster().roster_url()),
-        ("muster.validator.v1.ValidatorService", test.cluster().validator_url()),
-        ("muster.notifier.v1.NotifierService", test.cluster().notifier_url()),
-    ] {
-        let address = url.trim_start_matches("http://").to_owned();
-        let listed = run(&["-plaintext", &address, "list"]);
-        let listed: Vec<&str> = listed.lines().collect();
-        assert_eq!(
-            listed,
-            vec![
-                "grpc.health.v1.Health",
-                "grpc.reflection.v1.ServerReflection",
-                "grpc.reflection.v1alpha.ServerReflection",
-                service
-            ],
-            "{address}"
-        );
-        assert!(run(&["-plaintext", &address, "describe", service]).contains(&format!("{service} is a service")));
-        let health = run(&["-plaintext", "-d", r#"{"service":""}"#, &address, "grpc.health.v1.Health/Check"]);
-        assert!(health.contains("SERVING"), "{health}");
+    // A recipe run against `here` instead of the README's address of `port`.
+    let against = |recipe: &[String], port: u16, here: &str| -> Vec<String> {
+        let readme = format!("127.0.0.1:{port}");
+        recipe.iter().map(|word| if *word == readme { here.to_owned() } else { word.clone() }).collect()
+    };
+
+    let mut checked = Vec::new();
+    for recipe in &recipes {
+        let (position, &(_, port, _)) = recipe
+            .iter()
+            .enumerate()
+            .find_map(|(position, word)| {
+                let service = services.iter().find(|(_, port, _)| *word == format!("127.0.0.1:{port}"))?;
+                Some((position, service))
+            })
+            .unwrap_or_else(|| panic!("{recipe:?} does not call one of the default addresses"));
+        let rest = &recipe[position + 1..];
+        match rest.first().map(String::as_str) {
+            Some("list") => {
+                // Listed alike by every service: run against each.
+                for (service, _, here) in &services {
+                    let listed = run(&against(recipe, port, here));
+                    assert_eq!(
+                        listed.lines().collect::<Vec<_>>(),
+                        [
+                            "grpc.health.v1.Health",
+                            "grpc.reflection.v1.ServerReflection",
+                            "grpc.reflection.v1alpha.ServerReflection",
+                            service
+                        ],
+                        "{here}"
+                    );
+                }
+                checked.push("list");
+            }
+            Some("describe") => {
+                let (service, _, here) = services.iter().find(|(_, readme, _)| *readme == port).unwrap();
+                let described = run(&against(recipe, port, here));
+                assert!(described.contains(&format!("{service} is a service")), "{described}");
+                assert!(described.contains("rpc "), "{described}");
+                checked.push("describe");
+            }
+            Some("grpc.health.v1.Health/Check") => {
+                for (_, _, here) in &services {
+                    let health = json(&run(&against(recipe, port, here)));
+                    assert_eq!(health["status"], "SERVING", "{here}: {health}");
+                }
+                checked.push("health");
+            }
+            Some("muster.roster.v1.RosterService/ListAgents") => {
+                let agents = json(&run(&against(recipe, port, &services[1].2)));
+                assert_eq!(agents["agents"][0]["id"], "writer-agent", "{agents}");
+                assert_eq!(agents["agents"].as_array().map(Vec::len), Some(1), "{agents}");
+                checked.push("list agents");
+            }
+            Some("muster.validator.v1.ValidatorService/ValidateProcess") => {
+                let report = json(&run(&against(recipe, port, &services[2].2)));
+                assert_eq!(report["processName"], "p", "{report}");
+                let diagnostic = &report["diagnostics"][0];
+                assert_eq!(
+                    (&diagnostic["code"], &diagnostic["severity"], &diagnostic["line"]),
+                    (&"PRC006".into(), &"SEVERITY_ERROR".into(), &2.into()),
+                    "{report}"
+                );
+                checked.push("validate");
+            }
+            _ => panic!("no check for the README recipe {recipe:?}: add one here"),
+        }
     }
-    let roster = test.cluster().roster_url().trim_start_matches("http://").to_owned();
-    let agents = run(&["-plaintext", &roster, "muster.roster.v1.RosterService/ListAgents"]);
-    assert!(agents.contains("\"id\": \"writer-agent\""), "{agents}");
-    let validator = test.cluster().validator_url().trim_start_matches("http://").to_owned();
-    let report = run(&[
-        "-plaintext",
-        "-d",
-        r#"{"source":"name: p\nsteps:\n  - id: a\n    type: agent_task\n    agent: x\n    message: m\n    roles:\n      monitors: [y]\n"}"#,
-        &validator,
-        "muster.validator.v1.ValidatorService/ValidateProcess",
-    ]);
-    assert!(report.contains("EMI002") && report.contains("\"line\": 7"), "{report}");
+    assert_eq!(checked, ["list", "describe", "health", "list agents", "validate"], "the README's grpcurl recipes");
     test.shutdown().await;
+}
+
+/// A tool's JSON answer.
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|error| panic!("{error}: {text}"))
+}
+
+/// The README's recipes for `program`: every line of a `sh` block that starts
+/// with `program` and a space, split into arguments as the shell would (the
+/// recipes quote with single quotes only; other shell syntax is refused, so
+/// a recipe this cannot read fails the test instead of being misread).
+fn readme_recipes(program: &str) -> Vec<Vec<String>> {
+    let readme = std::fs::read_to_string(repository().join("README.md")).unwrap();
+    let mut recipes = Vec::new();
+    let mut in_shell_block = false;
+    for line in readme.lines() {
+        match line.trim() {
+            "```sh" => in_shell_block = true,
+            "```" => in_shell_block = false,
+            recipe if in_shell_block && recipe.starts_with(&format!("{program} ")) => {
+                recipes.push(shell_words(recipe));
+            }
+            _ => {}
+        }
+    }
+    recipes
+}
+
+/// Splits a command line into words: blanks separate them, single quotes
+/// keep everything up to the next single quote literally.
+fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word: Option<String> = None;
+    let mut characters = line.chars();
+    while let Some(character) = characters.next() {
+        match character {
+            ' ' | '\t' => words.extend(word.take()),
+            '\'' => {
+                let quoted: String = characters.by_ref().take_while(|&c| c != '\'').collect();
+                word.get_or_insert_with(String::new).push_str(&quoted);
+            }
+            '"' | '\\' | '$' | '`' | '|' | '&' | ';' | '<' | '>' | '(' | ')' | '#' | '*' | '?' => {
+                panic!("README recipe with shell syntax the test does not read ({character:?}): {line}")
+            }
+            other => word.get_or_insert_with(String::new).push(other),
+        }
+    }
+    words.extend(word);
+    words
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buf_curl_recipes_work_without_proto_files() {
+    let Some(buf) = tool("MUSTER_BUF", "buf", &["--version"]) else { return };
+    let recipes = readme_recipes("buf");
+    assert!(recipes.len() >= 4, "the README's buf curl recipes: {recipes:?}");
+    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    test.register_agents(&[agent("writer-agent", "writer", "content")]).await;
+    let cluster = test.cluster();
+    // Each service by the address the README gives it, and where it runs here.
+    let defaults = Ports::default();
+    let services = [
+        ("muster.execution.v1.ExecutionService", defaults.execution, cluster.execution_url()),
+        ("muster.roster.v1.RosterService", defaults.roster, cluster.roster_url()),
+        ("muster.validator.v1.ValidatorService", defaults.validator, cluster.validator_url()),
+        ("muster.notifier.v1.NotifierService", defaults.notifier, cluster.notifier_url()),
+    ];
+    let readme_url = |port: u16| format!("http://127.0.0.1:{port}");
+    let run = |recipe: &[String]| {
+        assert_eq!(recipe[..2], ["buf", "curl"], "{recipe:?}");
+        let output = Command::new(&buf).args(&recipe[1..]).output().unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(output.status.success(), "{recipe:?}: {text}{}", String::from_utf8_lossy(&output.stderr));
+        text
+    };
+    // A recipe run against `url` instead of the README's address of `port`.
+    let against = |recipe: &[String], port: u16, url: &str| -> Vec<String> {
+        recipe.iter().map(|word| word.replace(&readme_url(port), url)).collect()
+    };
+
+    let mut checked = Vec::new();
+    for recipe in &recipes {
+        let target = recipe.last().unwrap();
+        let &(_, port, _) = services
+            .iter()
+            .find(|(_, port, _)| target.starts_with(&readme_url(*port)))
+            .unwrap_or_else(|| panic!("{recipe:?} does not call one of the default addresses"));
+        if recipe.iter().any(|word| word == "--list-services") {
+            // Listed alike by every service: run against each.
+            for (service, _, url) in &services {
+                let listed = run(&against(recipe, port, url));
+                assert_eq!(
+                    listed.lines().collect::<Vec<_>>(),
+                    [
+                        "grpc.health.v1.Health",
+                        "grpc.reflection.v1.ServerReflection",
+                        "grpc.reflection.v1alpha.ServerReflection",
+                        service
+                    ],
+                    "{url}"
+                );
+            }
+            checked.push("list services");
+        } else if recipe.iter().any(|word| word == "--list-methods") {
+            // Every listed service is described, each method named in full.
+            for (service, _, url) in &services {
+                let methods = run(&against(recipe, port, url));
+                let methods: Vec<&str> = methods.lines().collect();
+                for expected in [
+                    "grpc.health.v1.Health/Check",
+                    "grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+                    "grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+                ] {
+                    assert!(methods.contains(&expected), "{url}: {expected} missing from {methods:?}");
+                }
+                let own = methods.iter().filter(|method| method.starts_with(&format!("{service}/"))).count();
+                assert!(own >= 3, "{url}: the methods of {service}: {methods:?}");
+            }
+            checked.push("list methods");
+        } else if target.ends_with("/grpc.health.v1.Health/Check") {
+            for (_, _, url) in &services {
+                let health = json(&run(&against(recipe, port, url)));
+                assert_eq!(health["status"], "SERVING", "{url}: {health}");
+            }
+            checked.push("health");
+        } else if target.ends_with("/muster.roster.v1.RosterService/ListAgents") {
+            let agents = json(&run(&against(recipe, port, &cluster.roster_url())));
+            assert_eq!(agents["agents"][0]["id"], "writer-agent", "{agents}");
+            assert_eq!(agents["agents"].as_array().map(Vec::len), Some(1), "{agents}");
+            checked.push("list agents");
+        } else if target.ends_with("/muster.validator.v1.ValidatorService/ValidateProcess") {
+            let report = json(&run(&against(recipe, port, &cluster.validator_url())));
+            assert_eq!(report["processName"], "p", "{report}");
+            let diagnostic = &report["diagnostics"][0];
+            assert_eq!(
+                (&diagnostic["code"], &diagnostic["severity"], &diagnostic["line"]),
+                (&"PRC006".into(), &"SEVERITY_ERROR".into(), &2.into()),
+                "{report}"
+            );
+            checked.push("validate");
+        } else {
+            panic!("no check for the README recipe {recipe:?}: add one here");
+        }
+    }
+    assert_eq!(
+        checked,
+        ["list services", "list methods", "health", "list agents", "validate"],
+        "the README's buf curl recipes"
+    );
+    test.shutdown().await;
+}
+
+#[test]
+fn recipes_split_as_the_shell_splits_them() {
+    assert_eq!(
+        shell_words(r#"buf curl -d '{"source":"a: b\n"}'  http://h/x"#),
+        ["buf", "curl", "-d", r#"{"source":"a: b\n"}"#, "http://h/x"]
+    );
+    assert_eq!(shell_words("grpcurl -d '' x'y z'"), ["grpcurl", "-d", "", "xy z"]);
 }

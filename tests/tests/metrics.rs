@@ -1,13 +1,21 @@
-//! Every service serves Prometheus metrics at `/metrics` on its gRPC port.
+//! Every service serves Prometheus metrics at `/metrics` on its gRPC port, and
+//! the gauges follow the roster's delegation queue and the notifier's live
+//! subscribers.
+
+use std::time::Duration;
 
 use muster::worker::AgentCredential;
 use muster_proto::{
-    common::v1::{EventType, ExecutionStatus},
+    common::v1::{EventType, ExecutionStatus, StepEvent, StepRoles},
     execution::v1::{
         PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest,
         execution_service_client::ExecutionServiceClient,
     },
-    roster::v1::Agent,
+    notifier::v1::{IngestEventsRequest, SubscribeRequest, notifier_service_client::NotifierServiceClient},
+    roster::v1::{
+        Agent, AgentStatus, DecisionKind, DelegateRequest, ReleaseTaskRequest, SetAgentStatusRequest,
+        roster_service_client::RosterServiceClient,
+    },
 };
 use muster_tests::{Backend, TestCluster, spawn_sample_worker};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -25,6 +33,24 @@ async fn scrape(url: &str) -> String {
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(response.contains("text/plain; version=0.0.4"), "{response}");
     response
+}
+
+/// The value of one series (name and labels exactly as rendered) in a scrape.
+fn gauge(scraped: &str, series: &str) -> Option<f64> {
+    scraped.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Scrapes `url` until `series` has `expected`, for up to ten seconds.
+async fn wait_for_gauge(url: &str, series: &str, expected: f64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let scraped = scrape(url).await;
+        if gauge(&scraped, series) == Some(expected) {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{series} never became {expected}:\n{scraped}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -105,5 +131,147 @@ async fn every_service_serves_its_metrics() {
 
     let _ = stop.send(());
     worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+const QUEUED: &str = "muster_roster_queued_tasks";
+const SUBSCRIBERS: &str = "muster_notifier_subscribers";
+const WATCHER_LAG: &str = "muster_notifier_subscriber_lag{agent_id=\"watcher\"}";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gauges_follow_the_delegation_queue_and_the_live_subscribers() {
+    // A sweeper fast enough for the escalation below, slow enough that the
+    // gauge after each call shows the call's own refresh, not a sweep's.
+    let environment = vec![("MUSTER_ROSTER_QUEUE_SWEEP_INTERVAL_MS".to_owned(), "1000".to_owned())];
+    let Some(mut test) = TestCluster::start_with_environment(Backend::Sqlite, environment).await else { return };
+    let boss = Agent {
+        id: "boss".to_owned(),
+        name: "Boss".to_owned(),
+        team: "core".to_owned(),
+        expertise: vec!["management".to_owned()],
+        ..Default::default()
+    };
+    // The only go expert, with one slot: a second go task waits for it.
+    let solo = Agent {
+        id: "solo".to_owned(),
+        name: "Solo".to_owned(),
+        team: "core".to_owned(),
+        senior_id: "boss".to_owned(),
+        expertise: vec!["go".to_owned()],
+        workload_capacity: 1,
+        ..Default::default()
+    };
+    test.register_agents(&[boss, solo]).await;
+    let roster_url = test.cluster().roster_url();
+    let mut roster = RosterServiceClient::connect(roster_url.clone()).await.unwrap();
+    let go_task = |task_id: &str| DelegateRequest {
+        task_id: task_id.to_owned(),
+        requester_id: "boss".to_owned(),
+        required_expertise: vec!["go".to_owned()],
+        ..Default::default()
+    };
+    let decision = |response: tonic::Response<muster_proto::roster::v1::DelegateResponse>| {
+        DecisionKind::try_from(response.into_inner().decision.unwrap().decision).unwrap()
+    };
+    assert_eq!(gauge(&scrape(&roster_url).await, QUEUED), Some(0.0), "set at startup");
+
+    assert_eq!(decision(roster.delegate(go_task("first")).await.unwrap()), DecisionKind::Delegate);
+    assert_eq!(decision(roster.delegate(go_task("second")).await.unwrap()), DecisionKind::Queue);
+    assert_eq!(gauge(&scrape(&roster_url).await, QUEUED), Some(1.0), "a delegation that queues");
+    let dry_run = DelegateRequest { dry_run: true, ..go_task("third") };
+    assert_eq!(decision(roster.delegate(dry_run).await.unwrap()), DecisionKind::Queue);
+    assert_eq!(gauge(&scrape(&roster_url).await, QUEUED), Some(1.0), "a dry run queues nothing");
+
+    // A new process starts from the queue in the database.
+    test.cluster_mut().stop("roster").await.unwrap();
+    test.cluster_mut().restart("roster").await.unwrap();
+    assert_eq!(gauge(&scrape(&roster_url).await, QUEUED), Some(1.0), "after a restart");
+    roster = RosterServiceClient::connect(roster_url.clone()).await.unwrap();
+
+    // The freed slot goes to the queued task.
+    roster.release_task(ReleaseTaskRequest { task_id: "first".to_owned() }).await.unwrap();
+    assert_eq!(gauge(&scrape(&roster_url).await, QUEUED), Some(0.0), "resolved when a slot freed");
+    // A task released while queued leaves the queue.
+    assert_eq!(decision(roster.delegate(go_task("withdrawn")).await.unwrap()), DecisionKind::Queue);
+    assert_eq!(gauge(&scrape(&roster_url).await, QUEUED), Some(1.0));
+    roster.release_task(ReleaseTaskRequest { task_id: "withdrawn".to_owned() }).await.unwrap();
+    assert_eq!(gauge(&scrape(&roster_url).await, QUEUED), Some(0.0), "released while queued");
+    // The sweeper escalates what waits for an expert who went offline.
+    assert_eq!(decision(roster.delegate(go_task("escalated")).await.unwrap()), DecisionKind::Queue);
+    assert_eq!(gauge(&scrape(&roster_url).await, QUEUED), Some(1.0));
+    roster
+        .set_agent_status(SetAgentStatusRequest {
+            id: "solo".to_owned(),
+            status: AgentStatus::Offline as i32,
+            availability_until: None,
+        })
+        .await
+        .unwrap();
+    wait_for_gauge(&roster_url, QUEUED, 0.0).await;
+
+    // Live subscribers: a watcher that reads nothing yet, through a flow-control
+    // window so small that the notifier soon cannot write to its stream.
+    let notifier_url = test.cluster().notifier_url();
+    let scraped = scrape(&notifier_url).await;
+    assert_eq!(gauge(&scraped, SUBSCRIBERS), Some(0.0), "{scraped}");
+    assert_eq!(gauge(&scraped, WATCHER_LAG), None, "{scraped}");
+    let narrow = tonic::transport::Endpoint::from_shared(notifier_url.clone())
+        .unwrap()
+        .initial_stream_window_size(1024)
+        .connect()
+        .await
+        .unwrap();
+    let mut stream = NotifierServiceClient::new(narrow)
+        .subscribe(SubscribeRequest { agent_id: "watcher".to_owned(), after_cursor: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    wait_for_gauge(&notifier_url, SUBSCRIBERS, 1.0).await;
+    assert_eq!(gauge(&scrape(&notifier_url).await, WATCHER_LAG), Some(0.0), "nothing created for it yet");
+
+    // Fewer than a subscriber's buffer (4096), so it is not cut off.
+    const EVENTS: usize = 3000;
+    let events = (0..EVENTS).map(|index| IngestEventsRequest {
+        event: Some(StepEvent {
+            event_id: format!("lag-{index}"),
+            r#type: EventType::StepCompleted as i32,
+            occurred_at: Some(muster_runtime::time::to_timestamp(muster_runtime::time::now_millis())),
+            execution_id: "lagging-execution".to_owned(),
+            step_id: format!("s{index}"),
+            roles: Some(StepRoles {
+                executor: "solo".to_owned(),
+                monitors: vec!["watcher".to_owned()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    });
+    let mut acks = NotifierServiceClient::connect(notifier_url.clone())
+        .await
+        .unwrap()
+        .ingest_events(tokio_stream::iter(events.collect::<Vec<_>>()))
+        .await
+        .unwrap()
+        .into_inner();
+    for _ in 0..EVENTS {
+        assert_eq!(acks.message().await.unwrap().unwrap().notifications, 1);
+    }
+    // Every notification was handed to the watcher's subscription before its
+    // event was acknowledged; the stream could take only what its window, the
+    // response stream's buffer and one encoded chunk hold.
+    let scraped = scrape(&notifier_url).await;
+    let lag = gauge(&scraped, WATCHER_LAG).unwrap_or_else(|| panic!("no lag for the watcher:\n{scraped}"));
+    assert!((EVENTS as f64 / 2.0..=EVENTS as f64).contains(&lag), "lag {lag} of {EVENTS}:\n{scraped}");
+
+    for index in 0..EVENTS {
+        let message = stream.message().await.unwrap().unwrap();
+        assert!(message.message.is_some(), "notification {index}");
+    }
+    wait_for_gauge(&notifier_url, WATCHER_LAG, 0.0).await;
+    assert_eq!(gauge(&scrape(&notifier_url).await, SUBSCRIBERS), Some(1.0));
+    drop(stream);
+    wait_for_gauge(&notifier_url, SUBSCRIBERS, 0.0).await;
+    assert_eq!(gauge(&scrape(&notifier_url).await, WATCHER_LAG), Some(0.0), "an agent gone has no lag");
+
     test.shutdown().await;
 }

@@ -282,11 +282,13 @@ async fn run_subscription<S: Store>(
     let send = |notification: Notification| {
         output.send(Ok(SubscribeResponse { message: Some(subscribe_response::Message::Notification(notification)) }))
     };
+    // Counted as an open stream, with its lag, until this returns.
+    let subscription = hub.open(&agent_id);
     let mut last_sent = after_cursor;
     'resubscribe: loop {
         // Live first, then the backlog: whatever commits in between arrives
         // through both and is skipped by cursor on the live side.
-        let mut live = hub.subscribe(&agent_id);
+        let mut live = subscription.live();
         loop {
             let page = match store.list(&agent_id, last_sent, BACKLOG_PAGE).await {
                 Ok(page) => page,

@@ -46,6 +46,8 @@ struct Inner<S> {
     settings: Settings,
     roster_changes: broadcast::Sender<pb::WatchRosterResponse>,
     queue_resolutions: broadcast::Sender<QueueResolution>,
+    /// Held while the queue gauge is counted and set (see [`Roster::refresh_queue_gauge`]).
+    queue_gauge: tokio::sync::Mutex<()>,
 }
 
 /// A new bearer token: 32 random bytes, hex, with a recognisable prefix.
@@ -65,7 +67,16 @@ impl<S: RosterStore> Roster<S> {
     pub fn new(store: S, clock: Arc<dyn Clock>, settings: Settings) -> Self {
         let (roster_changes, _) = broadcast::channel(CHANNEL_CAPACITY);
         let (queue_resolutions, _) = broadcast::channel(CHANNEL_CAPACITY);
-        Self { inner: Arc::new(Inner { store, clock, settings, roster_changes, queue_resolutions }) }
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                clock,
+                settings,
+                roster_changes,
+                queue_resolutions,
+                queue_gauge: tokio::sync::Mutex::new(()),
+            }),
+        }
     }
 
     /// The store.
@@ -104,10 +115,45 @@ impl<S: RosterStore> Roster<S> {
     }
 
     /// Escalates the queued tasks gone stale; the background sweeper calls this.
+    ///
+    /// It also sets the queue gauge, even when nothing went stale: replicas
+    /// sharing a database see each other's changes to the queue this way,
+    /// within one sweep interval.
     pub async fn sweep_queue(&self) -> Result<usize> {
         let resolutions = self.inner.store.escalate_stale(self.now()).await?;
         self.announce_resolutions(&resolutions);
+        self.refresh_queue_gauge().await?;
         Ok(resolutions.len())
+    }
+
+    /// Sets the gauge `muster_roster_queued_tasks` to the number of tasks
+    /// waiting in the delegation queue, counted in the store, and returns it.
+    ///
+    /// Called at startup and after every change to the queue: a Delegate
+    /// (which queues a task, or resolves the one queued under its task id),
+    /// a release (which withdraws a queued task or offers it the freed slot)
+    /// and each sweep (escalations). Counting in the store rather than keeping
+    /// a count in memory makes it right after a restart and with several
+    /// replicas. Counts are taken and set one at a time, so the value left
+    /// after concurrent changes was counted after the last of them.
+    pub async fn refresh_queue_gauge(&self) -> Result<u64> {
+        let _one_at_a_time = self.inner.queue_gauge.lock().await;
+        let queued = self.inner.store.queued_task_count().await?;
+        muster_runtime::metrics::set(
+            "muster_roster_queued_tasks",
+            "Tasks waiting in the delegation queue: QUEUE decisions not yet resolved",
+            &[],
+            queued as f64,
+        );
+        Ok(queued)
+    }
+
+    /// [`Self::refresh_queue_gauge`] after a change that is already committed:
+    /// a failure to count is logged, not returned to the caller.
+    async fn refresh_queue_gauge_after_change(&self) {
+        if let Err(error) = self.refresh_queue_gauge().await {
+            tracing::warn!(%error, "counting the delegation queue failed; its gauge is stale until the next change");
+        }
     }
 
     async fn import_roster(&self, request: pb::ImportRosterRequest) -> Result<pb::ImportRosterResponse> {
@@ -412,6 +458,7 @@ impl<S: RosterStore> RosterService for Roster<S> {
                 &[("tier", outcome.decision.tier.as_str()), ("decision", outcome.decision.kind.as_str())],
                 1,
             );
+            self.refresh_queue_gauge_after_change().await;
         }
         self.announce_agents(pb::RosterChangeKind::AgentStatus, &outcome.changed_agents).await;
         Ok(Response::new(pb::DelegateResponse {
@@ -429,6 +476,7 @@ impl<S: RosterStore> RosterService for Roster<S> {
             return Err(Error::InvalidArgument("task_id: required".into()).into());
         }
         let outcome = self.inner.store.release_task(&task_id, self.now()).await?;
+        self.refresh_queue_gauge_after_change().await;
         if let Some(agent_id) = &outcome.agent_id {
             tracing::info!(task_id = %task_id, agent_id = %agent_id, "task released");
             self.announce_agents(pb::RosterChangeKind::AgentStatus, std::slice::from_ref(agent_id)).await;

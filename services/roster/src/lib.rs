@@ -108,6 +108,8 @@ pub async fn run_with_clock(
     let migrating = roster.clone();
     let ready = async move {
         migrating.store().migrate().await.map_err(|error| Box::new(error) as muster_runtime::server::BoxError)?;
+        // The queue outlives the process: its gauge starts from the store.
+        migrating.refresh_queue_gauge().await.map_err(|error| Box::new(error) as muster_runtime::server::BoxError)?;
         let _ = ready_sender.send(true);
         Ok(())
     };

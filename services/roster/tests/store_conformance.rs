@@ -100,6 +100,7 @@ async fn conformance(store: SqlStore) {
 
     // Delegation reserves slots; status follows workload; release is idempotent.
     let settings = Settings::default();
+    assert_eq!(store.queued_task_count().await.unwrap(), 0);
     let outcome = store.delegate(&request("t1", "boss", &["rust"]), NOW, settings).await.unwrap();
     assert_eq!((outcome.decision.kind, outcome.decision.primary_agent_id.as_str()), (DecisionKind::Delegate, "dev"));
     assert_eq!(store.get_agent("dev").await.unwrap().status(), Status::Busy, "1/2 is one below capacity");
@@ -110,12 +111,14 @@ async fn conformance(store: SqlStore) {
         .unwrap();
     assert_eq!(queued.decision.kind, DecisionKind::Queue);
     assert_eq!(store.queue_state("t3").await.unwrap(), QueueState::Queued);
+    assert_eq!(store.queued_task_count().await.unwrap(), 1);
     assert!(matches!(store.queue_state("t1").await, Err(Error::NotFound(_))));
 
     let released = store.release_task("t1", NOW + 20).await.unwrap();
     assert_eq!(released.agent_id.as_deref(), Some("dev"));
     let offered = released.offered.expect("the queued task gets the slot");
     assert_eq!((offered.task_id.as_str(), offered.decision.kind), ("t3", DecisionKind::Delegate));
+    assert_eq!(store.queued_task_count().await.unwrap(), 0, "offered the slot, t3 left the queue");
     assert!(
         matches!(store.queue_state("t3").await.unwrap(), QueueState::Resolved(decision) if decision.kind == DecisionKind::Delegate)
     );
@@ -129,8 +132,10 @@ async fn conformance(store: SqlStore) {
         .unwrap();
     assert_eq!(queued.decision.kind, DecisionKind::Queue);
     assert!(store.escalate_stale(NOW + 30 * 60_000 - 1).await.unwrap().is_empty());
+    assert_eq!(store.queued_task_count().await.unwrap(), 1);
     let escalated = store.escalate_stale(NOW + 30 * 60_000).await.unwrap();
     assert_eq!(escalated.len(), 1);
+    assert_eq!(store.queued_task_count().await.unwrap(), 0, "escalated, t4 left the queue");
     assert_eq!(escalated[0].decision.kind, DecisionKind::Escalate);
     assert!(store.escalate_stale(NOW + 40 * 60_000).await.unwrap().is_empty(), "escalated once");
 
@@ -140,7 +145,9 @@ async fn conformance(store: SqlStore) {
         .await
         .unwrap();
     assert_eq!(withdrawn.decision.kind, DecisionKind::Queue);
+    assert_eq!(store.queued_task_count().await.unwrap(), 1);
     assert!(store.release_task("t5", NOW).await.unwrap().agent_id.is_none());
+    assert_eq!(store.queued_task_count().await.unwrap(), 0, "released, t5 left the queue");
     assert!(matches!(store.queue_state("t5").await, Err(Error::NotFound(_))));
     let freed = store.release_task("t2", NOW).await.unwrap();
     assert_eq!(freed.agent_id.as_deref(), Some("dev"));

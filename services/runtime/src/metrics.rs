@@ -1,7 +1,8 @@
 //! Prometheus metrics: a process-wide registry of counters, gauges and
-//! histograms with labels, the RPC layer that records every call's latency by
-//! method and status code, and the text exposition served at `/metrics` on
-//! each service's gRPC port (HTTP/1.1, so Prometheus scrapes it as is).
+//! histograms with labels, collectors that set gauges when scraped, the RPC
+//! layer that records every call's latency by method and status code, and the
+//! text exposition served at `/metrics` on each service's gRPC port
+//! (HTTP/1.1, so Prometheus scrapes it as is).
 
 use std::{
     collections::BTreeMap,
@@ -55,6 +56,23 @@ pub fn set(name: &'static str, help: &'static str, pairs: &[(&str, &str)], value
     registry.values.insert((name, labels(pairs)), value);
 }
 
+type Collector = Box<dyn Fn() -> bool + Send + Sync>;
+
+fn collectors() -> std::sync::MutexGuard<'static, Vec<Collector>> {
+    static COLLECTORS: OnceLock<Mutex<Vec<Collector>>> = OnceLock::new();
+    COLLECTORS.get_or_init(Mutex::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Registers a collector that [`render`] runs first, to [`set`] gauges read
+/// from in-memory state when scraped rather than copied into the registry at
+/// every change (state that changes on a hot path, such as a notifier
+/// subscriber's lag, which moves with each notification delivered). It
+/// returns false once what it measures is gone, and is then dropped. It must
+/// not register collectors itself.
+pub fn collect_on_render(collector: impl Fn() -> bool + Send + Sync + 'static) {
+    collectors().push(Box::new(collector));
+}
+
 /// Records one observation, in seconds, in a histogram.
 pub fn observe(name: &'static str, help: &'static str, pairs: &[(&str, &str)], seconds: f64) {
     let mut registry = registry();
@@ -84,6 +102,7 @@ fn render_labels(labels: &Labels, extra: Option<(&str, String)>) -> String {
 
 /// Every metric in the Prometheus text format (version 0.0.4).
 pub fn render() -> String {
+    collectors().retain(|collector| collector());
     let registry = registry();
     let mut text = String::new();
     for (name, (help, kind)) in &registry.help {
@@ -170,5 +189,30 @@ where
             );
             Ok(response)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, atomic::AtomicU64, atomic::Ordering};
+
+    use super::*;
+
+    #[test]
+    fn collectors_set_gauges_at_each_render_until_what_they_measure_is_gone() {
+        let depth = Arc::new(AtomicU64::new(3));
+        let measured = Arc::downgrade(&depth);
+        collect_on_render(move || {
+            let Some(depth) = measured.upgrade() else { return false };
+            set("test_collected_depth", "A gauge read when scraped", &[], depth.load(Ordering::Relaxed) as f64);
+            true
+        });
+        assert!(render().contains("# TYPE test_collected_depth gauge\ntest_collected_depth 3\n"));
+        depth.store(5, Ordering::Relaxed);
+        assert!(render().contains("test_collected_depth 5\n"), "read again at the next scrape");
+        let registered = collectors().len();
+        drop(depth);
+        assert!(render().contains("test_collected_depth 5\n"), "the last value stays");
+        assert_eq!(collectors().len(), registered - 1, "a collector whose state is gone is dropped");
     }
 }

@@ -535,6 +535,13 @@ pub(super) async fn queue_state(store: &SqlStore, task_id: &str) -> Result<Queue
     Ok(QueueState::Resolved(Box::new(from_json(&resolution)?)))
 }
 
+pub(super) async fn queued_task_count(store: &SqlStore) -> Result<u64> {
+    let row = sqlx::query("SELECT COUNT(*) AS waiting FROM queued_tasks WHERE state = 'queued'")
+        .fetch_one(&store.database.pool)
+        .await?;
+    Ok(u64::try_from(row.try_get::<i64, _>("waiting")?).unwrap_or(0))
+}
+
 pub(super) async fn list_delegations(store: &SqlStore, query: &DelegationQuery) -> Result<Vec<DelegationRecord>> {
     let mut conditions = vec!["1 = 1".to_owned()];
     let mut text_binds: Vec<String> = Vec::new();

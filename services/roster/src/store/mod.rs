@@ -185,6 +185,9 @@ pub trait RosterStore: Send + Sync + 'static {
     fn escalate_stale(&self, now: i64) -> impl Future<Output = Result<Vec<QueueResolution>>> + Send;
     /// A queued task's state; NOT_FOUND when it was never queued.
     fn queue_state(&self, task_id: &str) -> impl Future<Output = Result<QueueState>> + Send;
+    /// How many tasks wait in the queue: QUEUE decisions not yet resolved
+    /// (offered a slot, escalated, superseded) nor released.
+    fn queued_task_count(&self) -> impl Future<Output = Result<u64>> + Send;
     /// Recorded decisions, oldest first.
     fn list_delegations(&self, query: &DelegationQuery) -> impl Future<Output = Result<Vec<DelegationRecord>>> + Send;
 }

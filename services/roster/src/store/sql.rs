@@ -598,6 +598,10 @@ impl RosterStore for SqlStore {
         super::delegation::queue_state(self, task_id).await
     }
 
+    async fn queued_task_count(&self) -> Result<u64> {
+        super::delegation::queued_task_count(self).await
+    }
+
     async fn list_delegations(&self, query: &super::DelegationQuery) -> Result<Vec<super::DelegationRecord>> {
         super::delegation::list_delegations(self, query).await
     }
