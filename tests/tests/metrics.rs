@@ -11,7 +11,9 @@ use muster_proto::{
         PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest,
         execution_service_client::ExecutionServiceClient,
     },
-    notifier::v1::{IngestEventsRequest, SubscribeRequest, notifier_service_client::NotifierServiceClient},
+    notifier::v1::{
+        IngestEventsRequest, ListNotificationsRequest, SubscribeRequest, notifier_service_client::NotifierServiceClient,
+    },
     roster::v1::{
         Agent, AgentStatus, DecisionKind, DelegateRequest, ReleaseTaskRequest, SetAgentStatusRequest,
         roster_service_client::RosterServiceClient,
@@ -128,6 +130,39 @@ async fn every_service_serves_its_metrics() {
         assert!(tokio::time::Instant::now() < deadline, "{notifier}");
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+    // Notifications handed to the lead, counted by how they were read.
+    let mut notifier = NotifierServiceClient::connect(test.cluster().notifier_url()).await.unwrap();
+    let listed = notifier
+        .list_notifications(ListNotificationsRequest { agent_id: "lead".to_owned(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .notifications;
+    assert!(!listed.is_empty());
+    let scraped = scrape(&test.cluster().notifier_url()).await;
+    let delivered = |scraped: &str, via: &str| {
+        gauge(scraped, &format!("muster_notifications_delivered_total{{via=\"{via}\"}}")).unwrap_or(0.0)
+    };
+    assert_eq!(delivered(&scraped, "list"), listed.len() as f64, "{scraped}");
+    let mut stream = notifier
+        .subscribe(SubscribeRequest { agent_id: "lead".to_owned(), after_cursor: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    for _ in &listed {
+        stream.message().await.unwrap().unwrap();
+    }
+    // Counted once handed to the stream, which may be just after the client read it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let scraped = scrape(&test.cluster().notifier_url()).await;
+        if delivered(&scraped, "backlog") + delivered(&scraped, "live") >= listed.len() as f64 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{} read, {scraped}", listed.len());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(stream);
 
     let _ = stop.send(());
     worker.await.unwrap().unwrap();

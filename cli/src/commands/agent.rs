@@ -34,7 +34,7 @@ pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
         format!("muster-agent-{}", std::process::id()),
         credentials,
         Arc::new(SampleBehaviour),
-        super::up::termination_signal(),
+        muster_runtime::shutdown::signal(),
     )
     .await
 }

@@ -40,7 +40,7 @@ impl UpArgs {
 pub(crate) async fn run(args: UpArgs) -> anyhow::Result<()> {
     let cluster = start(&args).await?;
     println!("press Ctrl-C to stop");
-    termination_signal().await;
+    muster_runtime::shutdown::signal().await;
     println!("stopping...");
     cluster.shutdown().await?;
     println!("stopped");
@@ -60,13 +60,4 @@ pub(crate) async fn start(args: &UpArgs) -> anyhow::Result<Cluster> {
         println!("  {name:<10} {url}   (log: {})", cluster.service(name).log_path.display());
     }
     Ok(cluster)
-}
-
-/// SIGINT or SIGTERM.
-pub(crate) async fn termination_signal() {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async { match terminate.as_mut() { Some(stream) => { stream.recv().await; } None => std::future::pending().await } } => {}
-    }
 }

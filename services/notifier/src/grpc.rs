@@ -271,6 +271,16 @@ async fn answer_ingest_stream(
     }
 }
 
+/// Counts notifications handed to agents, by how they were read.
+fn delivered(via: &str, amount: usize) {
+    muster_runtime::metrics::count(
+        "muster_notifications_delivered_total",
+        "Notifications handed to agents: Subscribe streams replaying the inbox (backlog), live, or ListNotifications",
+        &[("via", via)],
+        amount as u64,
+    );
+}
+
 /// Streams an agent's backlog after `after_cursor`, then live notifications.
 async fn run_subscription<S: Store>(
     store: Arc<S>,
@@ -311,6 +321,7 @@ async fn run_subscription<S: Store>(
                     }
                 }
             }
+            delivered("backlog", page.len());
             if page.len() < BACKLOG_PAGE as usize {
                 break;
             }
@@ -337,6 +348,7 @@ async fn run_subscription<S: Store>(
                     if send(notification).await.is_err() {
                         return;
                     }
+                    delivered("live", 1);
                     last_sent = live.cursor;
                 }
                 Some(_) => {}
@@ -403,6 +415,7 @@ impl<S: Store> NotifierService for NotifierGrpc<S> {
         };
         let stored = self.store.list(&request.agent_id, request.after_cursor, limit).await?;
         let notifications = stored.iter().map(stored_to_wire).collect::<Result<Vec<_>>>()?;
+        delivered("list", notifications.len());
         let acknowledged_cursor = self.store.acknowledged_cursor(&request.agent_id).await?;
         Ok(Response::new(ListNotificationsResponse { notifications, acknowledged_cursor }))
     }
