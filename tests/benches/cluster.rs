@@ -1,20 +1,34 @@
-//! The full cluster under load: four service processes, a worker whose agents
-//! answer at once, a linear chain and a fan-out of steps, on SQLite and (when
-//! it answers) PostgreSQL. Prints steps per second and microseconds per step.
+//! The full cluster under load: four service processes, a stub worker whose
+//! agent answers at once with a small output, a linear chain and a fan-out of
+//! steps, on SQLite and (when it answers) PostgreSQL. Prints steps per second
+//! and microseconds per step.
 //!
 //! `cargo bench -p muster-tests --bench cluster [-- STEPS]` (default 1000 steps).
 
 use std::time::Instant;
 
-use muster::worker::AgentCredential;
+use muster::worker::{AgentCredential, Behaviour, StepOutcome};
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus},
     execution::v1::{
-        PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest,
+        Assignment, PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest,
         execution_service_client::ExecutionServiceClient,
     },
 };
-use muster_tests::{Backend, TestCluster, agent, chain_process, spawn_sample_worker};
+use muster_tests::{Backend, TestCluster, agent, chain_process};
+
+/// Answers every assignment at once with a small output.
+struct Stub;
+
+impl Behaviour for Stub {
+    async fn run(&self, assignment: Assignment) -> StepOutcome {
+        StepOutcome::Completed {
+            output_json: format!(r#"{{"done":"{}"}}"#, assignment.step_id),
+            tokens_used: 1,
+            cost: 0.0,
+        }
+    }
+}
 
 fn fan_out_process(name: &str, width: usize) -> String {
     let mut yaml = format!("name: {name}\nmax_parallel: {width}\nsteps:\n");
@@ -64,7 +78,16 @@ async fn main() {
         let Some(test) = TestCluster::start(backend).await else { continue };
         let tokens = test.register_agents(&[agent("bench-agent", "worker", "bench")]).await;
         let credentials = vec![AgentCredential { agent_id: "bench-agent".to_owned(), token: tokens[0].clone() }];
-        let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let worker = tokio::spawn(muster::worker::serve(
+            test.cluster().execution_url(),
+            "bench-worker".to_owned(),
+            credentials,
+            std::sync::Arc::new(Stub),
+            async move {
+                let _ = stopped.await;
+            },
+        ));
         let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.expect("connect");
         for (shape, source) in [
             ("linear chain", chain_process("bench-chain", steps, "bench-agent", "bench-agent", "{}")),

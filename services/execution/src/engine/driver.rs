@@ -1,6 +1,12 @@
 //! One execution's driver: the only writer of its state. It starts ready
 //! steps (up to the parallel limit), records what step tasks report, fails
 //! the dependants of failed steps, and ends the execution.
+//!
+//! Group commit: what step tasks report is staged, and everything staged in
+//! one turn of the loop (all the reports ready at once, and the steps they
+//! ready) is written in one transaction before the driver waits again.
+//! Requests that answer a caller (approvals, interventions, delegation
+//! onward) are written before the answer goes out.
 
 use std::{collections::HashMap, sync::Arc};
 
@@ -37,6 +43,16 @@ pub(crate) struct Driver {
     pub(super) delegation_chains: HashMap<usize, Vec<String>>,
     /// Dependants reopened by a RETRY, to persist with it.
     pub(super) dependants_reopened: Vec<usize>,
+    /// Changes staged for the next write: changed steps, whether the
+    /// execution's row changed, and the events, in order.
+    staged: Staged,
+}
+
+#[derive(Default)]
+struct Staged {
+    positions: Vec<usize>,
+    execution_changed: bool,
+    events: Vec<StepEvent>,
 }
 
 impl Driver {
@@ -70,6 +86,7 @@ impl Driver {
             reassigned: HashMap::new(),
             dependants_reopened: Vec::new(),
             delegation_chains: HashMap::new(),
+            staged: Staged::default(),
         }
     }
 
@@ -79,9 +96,13 @@ impl Driver {
             if self.execution.steps.iter().all(|step| step.status.is_final()) {
                 return self.finish(None).await;
             }
+            self.flush().await?;
             tokio::select! {
                 biased;
-                Some(update) = self.updates.recv() => self.apply_update(update).await?,
+                Some(update) = self.updates.recv() => {
+                    self.apply_update(update).await?;
+                    self.take_ready_reports().await?;
+                }
                 Some(control) = self.controls.recv() => match control {
                     Control::Cancel(reason) => return self.finish(Some(reason)).await,
                     Control::Decide { step_id, approved, by, comment, reply } => {
@@ -98,11 +119,36 @@ impl Driver {
                     }
                 },
                 Some(joined) = self.running.join_next() => {
-                    match joined {
-                        Ok((position, attempt, outcome)) => self.settle(position, attempt, outcome).await?,
-                        Err(error) => tracing::error!(execution_id = %self.execution.id, %error, "step task panicked"),
-                    }
+                    self.settle_joined(joined).await?;
+                    self.take_ready_reports().await?;
                 }
+            }
+        }
+    }
+
+    /// Takes every report already waiting, without waiting for more, so one
+    /// write records them together.
+    async fn take_ready_reports(&mut self) -> Result<()> {
+        loop {
+            if let Ok(update) = self.updates.try_recv() {
+                self.apply_update(update).await?;
+            } else if let Some(joined) = self.running.try_join_next() {
+                self.settle_joined(joined).await?;
+            } else {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn settle_joined(
+        &mut self,
+        joined: std::result::Result<(usize, u32, Outcome), tokio::task::JoinError>,
+    ) -> Result<()> {
+        match joined {
+            Ok((position, attempt, outcome)) => self.settle(position, attempt, outcome).await,
+            Err(error) => {
+                tracing::error!(execution_id = %self.execution.id, %error, "step task panicked");
+                Ok(())
             }
         }
     }
@@ -157,7 +203,7 @@ impl Driver {
                 break;
             }
         }
-        self.persist(&changed, false, events).await?;
+        self.stage(&changed, false, events);
 
         if self.execution.status == ExecutionStatus::Paused {
             return Ok(());
@@ -292,7 +338,8 @@ impl Driver {
                 event
             }
         };
-        self.persist(&[position], false, vec![event]).await
+        self.stage(&[position], false, vec![event]);
+        Ok(())
     }
 
     async fn settle(&mut self, position: usize, attempt: u32, outcome: Outcome) -> Result<()> {
@@ -344,7 +391,8 @@ impl Driver {
         if self.execution.steps[position].status.is_final() {
             self.release_delegation(position);
         }
-        self.persist(&[position], false, event.into_iter().collect()).await
+        self.stage(&[position], false, event.into_iter().collect());
+        Ok(())
     }
 
     /// Frees the roster slot a delegated step held, whatever its outcome.
@@ -403,19 +451,39 @@ impl Driver {
         Ok(())
     }
 
+    /// Stages changes for the next write (see the module's doc).
+    pub(super) fn stage(&mut self, positions: &[usize], execution_changed: bool, events: Vec<StepEvent>) {
+        for position in positions {
+            if !self.staged.positions.contains(position) {
+                self.staged.positions.push(*position);
+            }
+        }
+        self.staged.execution_changed |= execution_changed;
+        self.staged.events.extend(events);
+    }
+
+    /// Writes what is staged, in one transaction with its events and their
+    /// outbox rows, then announces the events.
+    pub(super) async fn flush(&mut self) -> Result<()> {
+        let staged = std::mem::take(&mut self.staged);
+        if staged.positions.is_empty() && !staged.execution_changed && staged.events.is_empty() {
+            return Ok(());
+        }
+        let steps: Vec<&StepRow> = staged.positions.iter().map(|position| &self.execution.steps[*position]).collect();
+        self.engine.store.record(&self.execution, &steps, staged.execution_changed, &staged.events).await?;
+        self.engine.announce(staged.events);
+        Ok(())
+    }
+
+    /// Writes these changes, and whatever was staged before them, now.
     pub(super) async fn persist(
         &mut self,
         positions: &[usize],
         execution_changed: bool,
         events: Vec<StepEvent>,
     ) -> Result<()> {
-        if positions.is_empty() && !execution_changed && events.is_empty() {
-            return Ok(());
-        }
-        let steps: Vec<&StepRow> = positions.iter().map(|position| &self.execution.steps[*position]).collect();
-        self.engine.store.record(&self.execution, &steps, execution_changed, &events).await?;
-        self.engine.announce(events);
-        Ok(())
+        self.stage(positions, execution_changed, events);
+        self.flush().await
     }
 
     pub(super) fn step_event(&mut self, event_type: EventType, position: usize) -> StepEvent {

@@ -180,7 +180,9 @@ impl Store {
             .execute(&mut *transaction)
             .await?;
         }
-        if execution_changed || !events.is_empty() {
+        // The execution's row changes with its status or lead only: its event
+        // numbering is read back from the history (see `get_execution`).
+        if execution_changed {
             sqlx::query(
                 "UPDATE executions SET status = $1, reason = $2, lead_agent_id = $3, ended_at = $4, last_sequence = $5 \
                  WHERE id = $6",
@@ -215,6 +217,12 @@ impl Store {
             return Ok(None);
         };
         let mut execution = ExecutionRow::from_row(&row)?;
+        let last_event: i64 =
+            sqlx::query_scalar("SELECT COALESCE(MAX(sequence), 0) FROM events WHERE execution_id = $1")
+                .bind(id)
+                .fetch_one(&self.database.pool)
+                .await?;
+        execution.last_sequence = execution.last_sequence.max(last_event as u64);
         let steps = sqlx::query("SELECT * FROM steps WHERE execution_id = $1 ORDER BY position")
             .bind(id)
             .fetch_all(&self.database.pool)
