@@ -10,7 +10,7 @@
 
 use std::{path::PathBuf, process::Command};
 
-use muster::cluster::Ports;
+use muster::cluster::{Cluster, Ports};
 use muster_tests::{Backend, TestCluster, agent};
 
 fn repository() -> PathBuf {
@@ -97,86 +97,38 @@ async fn grpcurl_recipes_work_without_proto_files() {
     assert!(recipes.len() >= 5, "the README's grpcurl recipes: {recipes:?}");
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
     test.register_agents(&[agent("writer-agent", "writer", "content")]).await;
-    let cluster = test.cluster();
-    let address = |url: String| url.trim_start_matches("http://").to_owned();
-    // Each service by the address the README gives it, and where it runs here.
-    let defaults = Ports::default();
-    let services = [
-        ("muster.execution.v1.ExecutionService", defaults.execution, address(cluster.execution_url())),
-        ("muster.roster.v1.RosterService", defaults.roster, address(cluster.roster_url())),
-        ("muster.validator.v1.ValidatorService", defaults.validator, address(cluster.validator_url())),
-        ("muster.notifier.v1.NotifierService", defaults.notifier, address(cluster.notifier_url())),
-    ];
-    let run = |recipe: &[String]| {
-        let output = Command::new(&grpcurl).args(&recipe[1..]).output().unwrap();
-        let text = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(output.status.success(), "{recipe:?}: {text}{}", String::from_utf8_lossy(&output.stderr));
-        text
-    };
-    // A recipe run against `here` instead of the README's address of `port`.
-    let against = |recipe: &[String], port: u16, here: &str| -> Vec<String> {
-        let readme = format!("127.0.0.1:{port}");
-        recipe.iter().map(|word| if *word == readme { here.to_owned() } else { word.clone() }).collect()
-    };
+    let runner = RecipeRunner::new(grpcurl, test.cluster());
 
     let mut checked = Vec::new();
     for recipe in &recipes {
-        let (position, &(_, port, _)) = recipe
-            .iter()
-            .enumerate()
-            .find_map(|(position, word)| {
-                let service = services.iter().find(|(_, port, _)| *word == format!("127.0.0.1:{port}"))?;
-                Some((position, service))
-            })
-            .unwrap_or_else(|| panic!("{recipe:?} does not call one of the default addresses"));
-        let rest = &recipe[position + 1..];
-        match rest.first().map(String::as_str) {
+        let target = runner.target(recipe);
+        let position = recipe.iter().position(|word| *word == target.readme).unwrap();
+        match recipe.get(position + 1).map(String::as_str) {
             Some("list") => {
                 // Listed alike by every service: run against each.
-                for (service, _, here) in &services {
-                    let listed = run(&against(recipe, port, here));
-                    assert_eq!(
-                        listed.lines().collect::<Vec<_>>(),
-                        [
-                            "grpc.health.v1.Health",
-                            "grpc.reflection.v1.ServerReflection",
-                            "grpc.reflection.v1alpha.ServerReflection",
-                            service
-                        ],
-                        "{here}"
-                    );
+                for service in &runner.services {
+                    assert_lists_only(service, &runner.run(recipe, service));
                 }
                 checked.push("list");
             }
             Some("describe") => {
-                let (service, _, here) = services.iter().find(|(_, readme, _)| *readme == port).unwrap();
-                let described = run(&against(recipe, port, here));
-                assert!(described.contains(&format!("{service} is a service")), "{described}");
+                let described = runner.run(recipe, target);
+                assert!(described.contains(&format!("{} is a service", target.name)), "{described}");
                 assert!(described.contains("rpc "), "{described}");
                 checked.push("describe");
             }
             Some("grpc.health.v1.Health/Check") => {
-                for (_, _, here) in &services {
-                    let health = json(&run(&against(recipe, port, here)));
-                    assert_eq!(health["status"], "SERVING", "{here}: {health}");
+                for service in &runner.services {
+                    assert_serving(service, &runner.run(recipe, service));
                 }
                 checked.push("health");
             }
             Some("muster.roster.v1.RosterService/ListAgents") => {
-                let agents = json(&run(&against(recipe, port, &services[1].2)));
-                assert_eq!(agents["agents"][0]["id"], "writer-agent", "{agents}");
-                assert_eq!(agents["agents"].as_array().map(Vec::len), Some(1), "{agents}");
+                assert_only_writer_agent(&runner.run(recipe, target));
                 checked.push("list agents");
             }
             Some("muster.validator.v1.ValidatorService/ValidateProcess") => {
-                let report = json(&run(&against(recipe, port, &services[2].2)));
-                assert_eq!(report["processName"], "p", "{report}");
-                let diagnostic = &report["diagnostics"][0];
-                assert_eq!(
-                    (&diagnostic["code"], &diagnostic["severity"], &diagnostic["line"]),
-                    (&"PRC006".into(), &"SEVERITY_ERROR".into(), &2.into()),
-                    "{report}"
-                );
+                assert_empty_process_refused(&runner.run(recipe, target));
                 checked.push("validate");
             }
             _ => panic!("no check for the README recipe {recipe:?}: add one here"),
@@ -184,6 +136,102 @@ async fn grpcurl_recipes_work_without_proto_files() {
     }
     assert_eq!(checked, ["list", "describe", "health", "list agents", "validate"], "the README's grpcurl recipes");
     test.shutdown().await;
+}
+
+/// A service as the README's recipes call it and as it runs in the test cluster.
+struct Service {
+    name: &'static str,
+    /// `127.0.0.1:<default port>`, as the README writes it.
+    readme: String,
+    /// `127.0.0.1:<port>` where it runs here.
+    here: String,
+}
+
+/// Runs the README's recipes of one tool against the test cluster, each with
+/// the README's address of a service swapped for where it runs here.
+struct RecipeRunner {
+    program: String,
+    services: Vec<Service>,
+}
+
+impl RecipeRunner {
+    fn new(program: String, cluster: &Cluster) -> Self {
+        let defaults = Ports::default();
+        let service = |name, port: u16, url: String| Service {
+            name,
+            readme: format!("127.0.0.1:{port}"),
+            here: url.trim_start_matches("http://").to_owned(),
+        };
+        let services = vec![
+            service("muster.execution.v1.ExecutionService", defaults.execution, cluster.execution_url()),
+            service("muster.roster.v1.RosterService", defaults.roster, cluster.roster_url()),
+            service("muster.validator.v1.ValidatorService", defaults.validator, cluster.validator_url()),
+            service("muster.notifier.v1.NotifierService", defaults.notifier, cluster.notifier_url()),
+        ];
+        Self { program, services }
+    }
+
+    /// The service a recipe calls, by the README's address in it.
+    fn target(&self, recipe: &[String]) -> &Service {
+        self.services
+            .iter()
+            .find(|service| recipe.iter().any(|word| word.contains(&service.readme)))
+            .unwrap_or_else(|| panic!("{recipe:?} does not call one of the default addresses"))
+    }
+
+    /// Runs `recipe` against `on` (whichever service the recipe names) and returns what it printed.
+    fn run(&self, recipe: &[String], on: &Service) -> String {
+        let target = self.target(recipe);
+        let arguments = recipe[1..].iter().map(|word| word.replace(&target.readme, &on.here));
+        let output = Command::new(&self.program).args(arguments).output().unwrap();
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "{recipe:?} on {}: {text}{}",
+            on.here,
+            String::from_utf8_lossy(&output.stderr)
+        );
+        text
+    }
+}
+
+/// A service lists health, both reflection versions and itself, nothing else.
+fn assert_lists_only(service: &Service, listed: &str) {
+    assert_eq!(
+        listed.lines().collect::<Vec<_>>(),
+        [
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+            service.name
+        ],
+        "{}",
+        service.here
+    );
+}
+
+fn assert_serving(service: &Service, answer: &str) {
+    let health = json(answer);
+    assert_eq!(health["status"], "SERVING", "{}: {health}", service.here);
+}
+
+/// The test registers one agent, `writer-agent`.
+fn assert_only_writer_agent(answer: &str) {
+    let agents = json(answer);
+    assert_eq!(agents["agents"][0]["id"], "writer-agent", "{agents}");
+    assert_eq!(agents["agents"].as_array().map(Vec::len), Some(1), "{agents}");
+}
+
+/// The README validates `name: p` with no steps: refused with PRC006 at line 2.
+fn assert_empty_process_refused(answer: &str) {
+    let report = json(answer);
+    assert_eq!(report["processName"], "p", "{report}");
+    let diagnostic = &report["diagnostics"][0];
+    assert_eq!(
+        (&diagnostic["code"], &diagnostic["severity"], &diagnostic["line"]),
+        (&"PRC006".into(), &"SEVERITY_ERROR".into(), &2.into()),
+        "{report}"
+    );
 }
 
 /// A tool's JSON answer.
@@ -242,87 +290,45 @@ async fn buf_curl_recipes_work_without_proto_files() {
     assert!(recipes.len() >= 4, "the README's buf curl recipes: {recipes:?}");
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
     test.register_agents(&[agent("writer-agent", "writer", "content")]).await;
-    let cluster = test.cluster();
-    // Each service by the address the README gives it, and where it runs here.
-    let defaults = Ports::default();
-    let services = [
-        ("muster.execution.v1.ExecutionService", defaults.execution, cluster.execution_url()),
-        ("muster.roster.v1.RosterService", defaults.roster, cluster.roster_url()),
-        ("muster.validator.v1.ValidatorService", defaults.validator, cluster.validator_url()),
-        ("muster.notifier.v1.NotifierService", defaults.notifier, cluster.notifier_url()),
-    ];
-    let readme_url = |port: u16| format!("http://127.0.0.1:{port}");
-    let run = |recipe: &[String]| {
-        assert_eq!(recipe[..2], ["buf", "curl"], "{recipe:?}");
-        let output = Command::new(&buf).args(&recipe[1..]).output().unwrap();
-        let text = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(output.status.success(), "{recipe:?}: {text}{}", String::from_utf8_lossy(&output.stderr));
-        text
-    };
-    // A recipe run against `url` instead of the README's address of `port`.
-    let against = |recipe: &[String], port: u16, url: &str| -> Vec<String> {
-        recipe.iter().map(|word| word.replace(&readme_url(port), url)).collect()
-    };
+    let runner = RecipeRunner::new(buf, test.cluster());
 
     let mut checked = Vec::new();
     for recipe in &recipes {
-        let target = recipe.last().unwrap();
-        let &(_, port, _) = services
-            .iter()
-            .find(|(_, port, _)| target.starts_with(&readme_url(*port)))
-            .unwrap_or_else(|| panic!("{recipe:?} does not call one of the default addresses"));
+        assert_eq!(recipe[..2], ["buf", "curl"], "{recipe:?}");
+        let target = runner.target(recipe);
+        let url = recipe.last().unwrap();
         if recipe.iter().any(|word| word == "--list-services") {
             // Listed alike by every service: run against each.
-            for (service, _, url) in &services {
-                let listed = run(&against(recipe, port, url));
-                assert_eq!(
-                    listed.lines().collect::<Vec<_>>(),
-                    [
-                        "grpc.health.v1.Health",
-                        "grpc.reflection.v1.ServerReflection",
-                        "grpc.reflection.v1alpha.ServerReflection",
-                        service
-                    ],
-                    "{url}"
-                );
+            for service in &runner.services {
+                assert_lists_only(service, &runner.run(recipe, service));
             }
             checked.push("list services");
         } else if recipe.iter().any(|word| word == "--list-methods") {
             // Every listed service is described, each method named in full.
-            for (service, _, url) in &services {
-                let methods = run(&against(recipe, port, url));
+            for service in &runner.services {
+                let methods = runner.run(recipe, service);
                 let methods: Vec<&str> = methods.lines().collect();
                 for expected in [
                     "grpc.health.v1.Health/Check",
                     "grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
                     "grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
                 ] {
-                    assert!(methods.contains(&expected), "{url}: {expected} missing from {methods:?}");
+                    assert!(methods.contains(&expected), "{}: {expected} missing from {methods:?}", service.here);
                 }
-                let own = methods.iter().filter(|method| method.starts_with(&format!("{service}/"))).count();
-                assert!(own >= 3, "{url}: the methods of {service}: {methods:?}");
+                let own = methods.iter().filter(|method| method.starts_with(&format!("{}/", service.name))).count();
+                assert!(own >= 3, "{}: the methods of {}: {methods:?}", service.here, service.name);
             }
             checked.push("list methods");
-        } else if target.ends_with("/grpc.health.v1.Health/Check") {
-            for (_, _, url) in &services {
-                let health = json(&run(&against(recipe, port, url)));
-                assert_eq!(health["status"], "SERVING", "{url}: {health}");
+        } else if url.ends_with("/grpc.health.v1.Health/Check") {
+            for service in &runner.services {
+                assert_serving(service, &runner.run(recipe, service));
             }
             checked.push("health");
-        } else if target.ends_with("/muster.roster.v1.RosterService/ListAgents") {
-            let agents = json(&run(&against(recipe, port, &cluster.roster_url())));
-            assert_eq!(agents["agents"][0]["id"], "writer-agent", "{agents}");
-            assert_eq!(agents["agents"].as_array().map(Vec::len), Some(1), "{agents}");
+        } else if url.ends_with("/muster.roster.v1.RosterService/ListAgents") {
+            assert_only_writer_agent(&runner.run(recipe, target));
             checked.push("list agents");
-        } else if target.ends_with("/muster.validator.v1.ValidatorService/ValidateProcess") {
-            let report = json(&run(&against(recipe, port, &cluster.validator_url())));
-            assert_eq!(report["processName"], "p", "{report}");
-            let diagnostic = &report["diagnostics"][0];
-            assert_eq!(
-                (&diagnostic["code"], &diagnostic["severity"], &diagnostic["line"]),
-                (&"PRC006".into(), &"SEVERITY_ERROR".into(), &2.into()),
-                "{report}"
-            );
+        } else if url.ends_with("/muster.validator.v1.ValidatorService/ValidateProcess") {
+            assert_empty_process_refused(&runner.run(recipe, target));
             checked.push("validate");
         } else {
             panic!("no check for the README recipe {recipe:?}: add one here");
