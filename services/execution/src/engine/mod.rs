@@ -133,7 +133,8 @@ impl Engine {
     pub(crate) async fn resume_unfinished(self: &Arc<Self>) -> Result<usize> {
         let ids = self.store.unfinished_executions().await?;
         for id in &ids {
-            let Some(execution) = self.store.get_execution(id).await? else { continue };
+            let Some(mut execution) = self.store.get_execution(id).await? else { continue };
+            execution.last_sequence = self.store.last_event_sequence(id).await?;
             let Some(process) =
                 self.store.get_process(&execution.process_name, Some(execution.process_version)).await?
             else {

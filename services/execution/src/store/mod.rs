@@ -181,7 +181,7 @@ impl Store {
             .await?;
         }
         // The execution's row changes with its status or lead only: its event
-        // numbering is read back from the history (see `get_execution`).
+        // numbering is read back from the history (`last_event_sequence`).
         if execution_changed {
             sqlx::query(
                 "UPDATE executions SET status = $1, reason = $2, lead_agent_id = $3, ended_at = $4, last_sequence = $5 \
@@ -217,18 +217,22 @@ impl Store {
             return Ok(None);
         };
         let mut execution = ExecutionRow::from_row(&row)?;
-        let last_event: i64 =
-            sqlx::query_scalar("SELECT COALESCE(MAX(sequence), 0) FROM events WHERE execution_id = $1")
-                .bind(id)
-                .fetch_one(&self.database.pool)
-                .await?;
-        execution.last_sequence = execution.last_sequence.max(last_event as u64);
         let steps = sqlx::query("SELECT * FROM steps WHERE execution_id = $1 ORDER BY position")
             .bind(id)
             .fetch_all(&self.database.pool)
             .await?;
         execution.steps = steps.iter().map(StepRow::from_row).collect::<Result<_>>()?;
         Ok(Some(execution))
+    }
+
+    /// The sequence of an execution's last recorded event (0 for none), where
+    /// a resumed execution goes on numbering.
+    pub(crate) async fn last_event_sequence(&self, execution_id: &str) -> Result<u64> {
+        let last: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(sequence), 0) FROM events WHERE execution_id = $1")
+            .bind(execution_id)
+            .fetch_one(&self.database.pool)
+            .await?;
+        Ok(last as u64)
     }
 
     /// Executions without their steps, newest first.

@@ -64,6 +64,8 @@ pub(crate) struct ExecutionRow {
     pub(crate) idempotency_key: Option<String>,
     pub(crate) started_at: i64,
     pub(crate) ended_at: Option<i64>,
+    /// Events numbered so far. The stored column is written with status
+    /// changes only; a resumed execution reads it from its history.
     pub(crate) last_sequence: u64,
     /// W3C traceparent of the span that started it; empty when untraced.
     pub(crate) trace_parent: String,
