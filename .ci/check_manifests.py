@@ -8,21 +8,33 @@ for each muster service (a directory services/<name> with a src/main.rs and a
 - it has exactly one Deployment per overlay, whose image is muster-<name>
   (a binary the workspace builds and the Dockerfile can put in an image);
 - MUSTER_LISTEN is set to a non-loopback address whose port is the container's
-  grpc port, the port of the liveness, readiness and startup probes (native
-  gRPC probes on grpc.health.v1.Health) and the target of its Service;
+  grpc port and the target of its Service; MUSTER_HEALTH_LISTEN, when set, is
+  the container's health port; the liveness, readiness and startup probes
+  (native gRPC probes on grpc.health.v1.Health) target the health port, or the
+  grpc port when there is none (never a TLS port: the kubelet cannot do TLS);
 - every MUSTER_* variable the manifests set (env, envFrom ConfigMaps) is one
-  the service reads: an `env = "MUSTER_..."` attribute in
-  services/runtime/src/config.rs or services/<name>/src;
-- every MUSTER_<SERVICE>_URL the service reads is set and names the Service
-  and port of that other service; database URLs come from a Secret (and, when
-  the overlay generates it, point at a Service of the overlay);
+  the service reads: an `env = "MUSTER_..."` attribute in services/runtime/src
+  (config.rs, auth/mod.rs, tls.rs, ...) or services/<name>/src;
+- every MUSTER_<SERVICE>_URL the service reads (but its own) is set, names the
+  Service and port of that other service, and is https:// exactly when that
+  service serves TLS; database URLs come from a Secret (and, when the overlay
+  generates it, point at a Service of the overlay);
+- credentials are files of read-only, whole (no subPath), non-optional Secret
+  volumes: MUSTER_OPERATORS_FILE always, MUSTER_SERVICE_SECRET_FILE unless
+  mutual TLS identifies the services, never MUSTER_OPERATORS or
+  MUSTER_SERVICE_SECRET inline; when the overlay generates those Secrets,
+  their content is valid (operator lines, a long enough service secret);
+- TLS is all or nothing per overlay: MUSTER_TLS_CERT_FILE, _KEY_FILE and
+  _CA_FILE together, in mounted Secret volumes, the same client-auth mode
+  everywhere, and the Services' appProtocol says h2c or https accordingly;
 - paths the service writes (MUSTER_DATA_DIR, MUSTER_MEMORY_DIR, MUSTER_PORT_FILE)
   are on writable volumes, since the root filesystem is read-only;
 - the pod is locked down (non-root, read-only root filesystem, no privilege
   escalation, all capabilities dropped, RuntimeDefault seccomp, no service
   account token, no service links) and its termination grace period outlasts
   MUSTER_SHUTDOWN_GRACE_SECONDS;
-- the NetworkPolicies allow exactly the edges of the design and nothing else;
+- the NetworkPolicies allow exactly the edges of the design and nothing else,
+  and none of them opens the health port (health and /metrics, no credentials);
 - every resource carries app.kubernetes.io/part-of: muster and app.kubernetes.io/name.
 
 It also checks the Dockerfile against rust-toolchain.toml and the workspace
@@ -30,8 +42,9 @@ It also checks the Dockerfile against rust-toolchain.toml and the workspace
 overlay's image tag is the workspace version.
 
 Exits 1 with one line per problem ("drift: ..."), 0 when all is consistent.
-`--self-test` breaks the rendered dev overlay in known ways (a wrong port, an
-unknown variable, an extra network edge, ...) and checks each is reported.
+`--self-test` breaks the rendered dev and prod overlays in known ways (a wrong
+port, an unknown variable, an extra network edge, a missing credential, an
+http:// URL under TLS, ...) and checks each is reported.
 Needs PyYAML (installed with kubernetes-validate) and kubectl.
 """
 
@@ -52,12 +65,13 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAYS = ROOT / "k8s" / "overlays"
 
-# The design's edges (DESIGN.md, issue 7): who may open a connection to whom.
-# "client" and "worker" are pods outside the namespace labelled
-# muster.dev/client: "true" or muster.dev/worker: "true".
+# The design's edges: who may open a connection to whom. "client" and "worker"
+# are pods outside the namespace labelled muster.dev/client: "true" or
+# muster.dev/worker: "true". Every service but the roster follows the roster's
+# agent credentials (WatchCredentials), hence the roster's sources.
 ALLOWED_SOURCES = {
     "execution": {"client", "worker"},
-    "roster": {"execution", "client"},
+    "roster": {"execution", "validator", "notifier", "client"},
     "validator": {"execution"},
     "notifier": {"execution", "client", "worker"},
 }
@@ -71,6 +85,20 @@ EXTERNAL_SOURCES = {
 # manifest that sets one is a mistake.
 TEST_ONLY = re.compile(r"^MUSTER_TEST_|FAILPOINT")
 WRITTEN_PATHS = ("MUSTER_DATA_DIR", "MUSTER_MEMORY_DIR", "MUSTER_PORT_FILE")
+# Credentials (services/runtime/src/auth/mod.rs, tls.rs): files of mounted
+# Secrets. The inline forms would put them in a ConfigMap or the pod spec, or
+# (from a secretKeyRef) freeze them until a restart.
+OPERATORS_FILE, SERVICE_SECRET_FILE = "MUSTER_OPERATORS_FILE", "MUSTER_SERVICE_SECRET_FILE"
+INLINE_CREDENTIALS = {"MUSTER_OPERATORS": OPERATORS_FILE, "MUSTER_SERVICE_SECRET": SERVICE_SECRET_FILE}
+TLS_FILES = ("MUSTER_TLS_CERT_FILE", "MUSTER_TLS_KEY_FILE", "MUSTER_TLS_CA_FILE")
+CLIENT_AUTH_MODES = ("none", "optional", "required")
+# What the runtime must read for these rules to mean anything.
+RUNTIME_VARIABLES = {
+    "MUSTER_LISTEN", "MUSTER_HEALTH_LISTEN", OPERATORS_FILE, SERVICE_SECRET_FILE, *INLINE_CREDENTIALS,
+    *TLS_FILES, "MUSTER_TLS_CLIENT_AUTH", "MUSTER_ROSTER_URL",
+}
+# An operators file line (services/runtime/src/auth/operators.rs): NAME SHA256.
+OPERATOR_LINE = re.compile(r"[A-Za-z0-9._@-]{1,64}\s+[0-9a-fA-F]{64}")
 # clap's `env = "MUSTER_..."`, and direct reads with std::env::var("MUSTER_...").
 ENV_READ = re.compile(r'(?:\benv\s*=\s*|\benv::var(?:_os)?\(\s*)"(MUSTER_[A-Z0-9_]+)"')
 
@@ -92,6 +120,16 @@ class ServiceCode:
     binaries: set[str]
 
 
+@dataclass
+class Code:
+    """What the checks compare the manifests with."""
+
+    services: dict[str, ServiceCode]
+    grace_default: int  # MUSTER_SHUTDOWN_GRACE_SECONDS
+    secret_min_bytes: int  # the service secret's least length
+    version: str  # the workspace version, the prod image tag
+
+
 def read_variables(paths: list[Path]) -> set[str]:
     found: set[str] = set()
     for path in paths:
@@ -104,8 +142,11 @@ def discover_services() -> dict[str, ServiceCode]:
     # and anything else its sources read), except the test-only support.
     runtime = ROOT / "services" / "runtime" / "src"
     shared = read_variables([path for path in sorted(runtime.rglob("*.rs")) if path.name != "testing.rs"])
-    if "MUSTER_LISTEN" not in shared:
-        sys.exit("check_manifests: no MUSTER_LISTEN in services/runtime/src/config.rs; update this script")
+    if not RUNTIME_VARIABLES <= shared:
+        sys.exit(
+            f"check_manifests: services/runtime/src no longer reads {sorted(RUNTIME_VARIABLES - shared)} "
+            "(config.rs, auth/mod.rs, tls.rs); update this script"
+        )
     services = {}
     for directory in sorted((ROOT / "services").iterdir()):
         main, lib = directory / "src" / "main.rs", directory / "src" / "lib.rs"
@@ -128,12 +169,23 @@ def discover_services() -> dict[str, ServiceCode]:
     return services
 
 
-def shutdown_grace_default() -> int:
-    config = (ROOT / "services" / "runtime" / "src" / "config.rs").read_text(encoding="utf-8")
-    match = re.search(r'env = "MUSTER_SHUTDOWN_GRACE_SECONDS", default_value_t = (\d+)', config)
+def runtime_number(path: str, pattern: str, what: str) -> int:
+    source = (ROOT / "services" / "runtime" / "src" / path).read_text(encoding="utf-8")
+    match = re.search(pattern, source)
     if not match:
-        sys.exit("check_manifests: cannot read the MUSTER_SHUTDOWN_GRACE_SECONDS default; update this script")
+        sys.exit(f"check_manifests: cannot read {what} in services/runtime/src/{path}; update this script")
     return int(match.group(1))
+
+
+def read_code() -> Code:
+    return Code(
+        services=discover_services(),
+        grace_default=runtime_number(
+            "config.rs", r'env = "MUSTER_SHUTDOWN_GRACE_SECONDS", default_value_t = (\d+)', "the MUSTER_SHUTDOWN_GRACE_SECONDS default"
+        ),
+        secret_min_bytes=runtime_number("auth/token.rs", r"const MIN_SECRET_BYTES: usize = (\d+);", "MIN_SECRET_BYTES"),
+        version=tomllib.loads((ROOT / "Cargo.toml").read_text(encoding="utf-8"))["workspace"]["package"]["version"],
+    )
 
 
 # --- the rendered manifests -------------------------------------------------
@@ -152,6 +204,16 @@ class Rendered:
 
     def find(self, kind: str, name: str) -> dict | None:
         return next((d for d in self.by_kind.get(kind, []) if d["metadata"]["name"] == name), None)
+
+    def secret_data(self, name: str) -> dict[str, str] | None:
+        """The decoded keys of Secret `name`; None when the overlay does not
+        make it (the operator creates it)."""
+        secret = self.find("Secret", name)
+        if secret is None:
+            return None
+        data = {key: base64.b64decode(value).decode() for key, value in (secret.get("data") or {}).items()}
+        data.update(secret.get("stringData") or {})
+        return data
 
 
 def render(overlay: Path) -> Rendered:
@@ -192,6 +254,28 @@ def selects(selector: dict | None, labels: dict) -> bool:
 class Environment:
     values: dict[str, str]  # literal values, from env or ConfigMaps
     secrets: dict[str, tuple[str, str]]  # name -> (secret, key)
+
+
+@dataclass
+class Tls:
+    serves: bool  # a certificate: the main port speaks TLS only
+    client_auth: str  # MUSTER_TLS_CLIENT_AUTH
+
+    @property
+    def mutual(self) -> bool:
+        """Client certificates required: a certificate identifies a service."""
+        return self.serves and self.client_auth == "required"
+
+
+@dataclass
+class ServicePod:
+    """A service's pods, as the checks across services see them."""
+
+    labels: dict
+    container: dict
+    port: int  # MUSTER_LISTEN
+    health: int | None  # MUSTER_HEALTH_LISTEN
+    tls: Tls
 
 
 def environment(rendered: Rendered, where: str, container: dict) -> Environment:
@@ -255,6 +339,20 @@ def check_security(where: str, pod: dict, container: dict) -> None:
         drift(f"{where}: enableServiceLinks must be false (service links inject MUSTER_<SERVICE>_* variables)")
 
 
+def socket_port(where: str, variable: str, listen: str) -> int | None:
+    """The port of a listen address, which must not be loopback."""
+    host, _, port = listen.rpartition(":")
+    try:
+        address = ipaddress.ip_address(host.strip("[]"))
+        number = int(port)
+    except ValueError:
+        drift(f"{where}: {variable}={listen!r} is not an IP:port socket address")
+        return None
+    if address.is_loopback:
+        drift(f"{where}: {variable}={listen} listens on loopback: probes and Services cannot reach it")
+    return number
+
+
 def listen_port(where: str, env: Environment) -> int | None:
     listen = env.values.get("MUSTER_LISTEN")
     if listen is None:
@@ -263,19 +361,34 @@ def listen_port(where: str, env: Environment) -> int | None:
             "per service, and the roster's listens on 127.0.0.1 only)"
         )
         return None
-    host, _, port = listen.rpartition(":")
-    try:
-        address = ipaddress.ip_address(host.strip("[]"))
-        number = int(port)
-    except ValueError:
-        drift(f"{where}: MUSTER_LISTEN={listen!r} is not an IP:port socket address")
+    return socket_port(where, "MUSTER_LISTEN", listen)
+
+
+def health_port(where: str, container: dict, env: Environment, port: int) -> int | None:
+    """MUSTER_HEALTH_LISTEN's port, declared as the container's health port."""
+    listen = env.values.get("MUSTER_HEALTH_LISTEN")
+    if listen is None:
         return None
-    if address.is_loopback:
-        drift(f"{where}: MUSTER_LISTEN={listen} listens on loopback: probes and Services cannot reach it")
+    number = socket_port(where, "MUSTER_HEALTH_LISTEN", listen)
+    if number is None:
+        return None
+    if number == port:
+        drift(f"{where}: MUSTER_HEALTH_LISTEN and MUSTER_LISTEN both use port {port}; the health port needs its own")
+    declared = [p["containerPort"] for p in container.get("ports") or [] if p.get("name") == "health"]
+    if declared != [number]:
+        drift(f"{where}: the container's health port is {declared}, MUSTER_HEALTH_LISTEN says {number}")
     return number
 
 
-def check_probes(where: str, container: dict, port: int) -> None:
+def check_probes(where: str, container: dict, port: int, health: int | None, tls: Tls) -> None:
+    """The kubelet's gRPC probes speak plain text without credentials: they
+    target the health port, or the main port when it is plain."""
+    if health is None and tls.serves:
+        drift(
+            f"{where}: the main port speaks TLS only, which the kubelet's gRPC probes cannot: "
+            "set MUSTER_HEALTH_LISTEN, declare a health port and probe it"
+        )
+    expected = port if health is None else health
     for probe_name in ("livenessProbe", "readinessProbe", "startupProbe"):
         probe = container.get(probe_name)
         if probe is None:
@@ -286,8 +399,11 @@ def check_probes(where: str, container: dict, port: int) -> None:
         if grpc is None:
             drift(f"{where}: {probe_name} must be a native grpc probe (grpc.health.v1.Health)")
             continue
-        if grpc.get("port") != port:
-            drift(f"{where}: {probe_name} probes port {grpc.get('port')}, the service listens on {port}")
+        if grpc.get("port") != expected:
+            drift(
+                f"{where}: {probe_name} probes port {grpc.get('port')}, "
+                + (f"the service listens on {port}" if health is None else f"the health port (MUSTER_HEALTH_LISTEN) is {health}")
+            )
         if grpc.get("service", "") != "":
             drift(f"{where}: {probe_name} asks for health service {grpc['service']!r}; the overall status is \"\"")
 
@@ -314,8 +430,9 @@ def check_written_paths(where: str, pod: dict, container: dict, env: Environment
             drift(f"{where}: {name}={path} is not on a writable volume; mounts: {writable or 'none'}")
 
 
-def check_service_exposure(rendered: Rendered, where: str, name: str, pod_labels: dict, port: int, container: dict) -> None:
-    """The Service muster-<name> selects the pods and forwards to the grpc port."""
+def check_service_exposure(rendered: Rendered, where: str, name: str, pod_labels: dict, port: int, container: dict, tls: Tls) -> None:
+    """The Service muster-<name> selects the pods, forwards to the grpc port
+    and names its protocol: HTTP/2 in clear text (h2c) or over TLS (https)."""
     service = rendered.find("Service", f"muster-{name}")
     selector = (service or {}).get("spec", {}).get("selector") or {}
     if service is None or not selector or not selects({"matchLabels": selector}, pod_labels):
@@ -327,10 +444,17 @@ def check_service_exposure(rendered: Rendered, where: str, name: str, pod_labels
         resolved = named.get(target) if isinstance(target, str) else target
         if resolved != port:
             drift(f"{where}: Service muster-{name} port {service_port['port']} forwards to {target!r}, the service listens on {port}")
+        protocol = "https" if tls.serves else "kubernetes.io/h2c"
+        if service_port.get("appProtocol") != protocol:
+            drift(
+                f"{where}: Service muster-{name} port {service_port['port']} has appProtocol "
+                f"{service_port.get('appProtocol')!r}; the port speaks {'TLS' if tls.serves else 'clear text'}: {protocol}"
+            )
 
 
-def resolve_url(rendered: Rendered, where: str, variable: str, url: str, target: str, containers: dict) -> None:
-    """Checks that `url` reaches the grpc port of the `target` service's pods."""
+def resolve_url(rendered: Rendered, where: str, variable: str, url: str, target: str, pods: dict[str, ServicePod]) -> None:
+    """Checks that `url` reaches the grpc port of the `target` service's pods,
+    with TLS exactly when they serve it."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
         drift(f"{where}: {variable}={url} needs a scheme, a host and an explicit port")
@@ -342,10 +466,17 @@ def resolve_url(rendered: Rendered, where: str, variable: str, url: str, target:
     if service is None:
         drift(f"{where}: {variable}={url}: there is no Service {labels[0]!r}")
         return
-    target_pods = containers.get(target)
-    if target_pods is None:
+    target_pod = pods.get(target)
+    if target_pod is None:
         return
-    pod_labels, container, target_port = target_pods
+    scheme = "https" if target_pod.tls.serves else "http"
+    if parts.scheme != scheme:
+        drift(
+            f"{where}: {variable}={url}: muster-{target} speaks "
+            + ("TLS only" if target_pod.tls.serves else "plain text")
+            + f" on that port: use {scheme}://"
+        )
+    pod_labels, container, target_port = target_pod.labels, target_pod.container, target_pod.port
     if not selects({"matchLabels": service["spec"].get("selector") or {}}, pod_labels) or not service["spec"].get("selector"):
         drift(f"{where}: {variable}={url}: Service {labels[0]} does not select the {target} pods")
         return
@@ -371,11 +502,9 @@ def check_database_url(rendered: Rendered, where: str, env: Environment) -> None
         drift(f"{where}: MUSTER_DATABASE_URL is not set; the default is a SQLite file on a read-only filesystem")
         return
     secret_name, key = env.secrets["MUSTER_DATABASE_URL"]
-    secret = rendered.find("Secret", secret_name)
-    if secret is None:
+    data = rendered.secret_data(secret_name)
+    if data is None:
         return  # created by the operator (prod): nothing to compare
-    data = {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
-    data.update(secret.get("stringData") or {})
     if key not in data:
         drift(f"{where}: Secret {secret_name} has no key {key!r}")
         return
@@ -389,6 +518,118 @@ def check_database_url(rendered: Rendered, where: str, env: Environment) -> None
         drift(f"{where}: the database URL in {secret_name}/{key} names host {url.hostname!r}, not a Service of the overlay")
     elif (url.port or 5432) not in {p["port"] for p in service["spec"].get("ports") or []}:
         drift(f"{where}: the database URL in {secret_name}/{key} uses port {url.port or 5432}, Service {host} has no such port")
+
+
+# --- credentials and TLS -------------------------------------------------------
+
+
+def mounted_secret_file(rendered: Rendered, where: str, pod: dict, container: dict, variable: str, path: str) -> str | None:
+    """Checks that `path` (the value of `variable`) is a file of a Secret volume
+    mounted whole and read-only; returns the file's content when the overlay
+    generates that Secret, else None."""
+    mounts = [
+        mount
+        for mount in container.get("volumeMounts") or []
+        if path == mount["mountPath"] or path.startswith(mount["mountPath"].rstrip("/") + "/")
+    ]
+    if not path.startswith("/") or not mounts:
+        drift(f"{where}: {variable}={path} is on no mounted volume; mount the Secret that holds it")
+        return None
+    mount = max(mounts, key=lambda mount: len(mount["mountPath"]))
+    if mount.get("readOnly") is not True:
+        drift(f"{where}: {variable}: volume {mount['name']} must be mounted readOnly (credentials)")
+    if mount.get("subPath") or mount.get("subPathExpr"):
+        drift(f"{where}: {variable}: volume {mount['name']} is mounted with a subPath, which never sees the Secret change")
+    volume = next((v for v in pod.get("volumes") or [] if v["name"] == mount["name"]), None)
+    if volume is None:
+        return None  # reported by check_written_paths
+    secret = volume.get("secret")
+    if secret is None:
+        drift(f"{where}: {variable}={path} is on volume {mount['name']}, which is not a Secret")
+        return None
+    if secret.get("optional"):
+        drift(f"{where}: {variable}: Secret volume {mount['name']} is optional; without the Secret the file is missing and the service stops")
+    # A file mounted by itself (subPath) is the subPath's key.
+    relative = mount.get("subPath", "") if path == mount["mountPath"] else path[len(mount["mountPath"].rstrip("/")) + 1 :]
+    items = secret.get("items")
+    key = next((item["key"] for item in items if item["path"] == relative), None) if items else relative
+    if not key or "/" in key:
+        drift(f"{where}: {variable}={path}: Secret {secret['secretName']} mounted at {mount['mountPath']} has no file {relative!r}")
+        return None
+    data = rendered.secret_data(secret["secretName"])
+    if data is None:
+        return None  # created by the operator: nothing to compare
+    if key not in data:
+        drift(f"{where}: {variable}={path}: Secret {secret['secretName']} has no key {key!r}")
+        return None
+    return data[key]
+
+
+def check_credentials(rendered: Rendered, where: str, pod: dict, container: dict, env: Environment, tls: Tls, code: Code) -> None:
+    """Operators and the service secret, from files of mounted Secrets."""
+    inline_set = {inline for inline in INLINE_CREDENTIALS if inline in env.values or inline in env.secrets}
+    for inline, file_variable in INLINE_CREDENTIALS.items():
+        if inline in inline_set:
+            drift(
+                f"{where}: {inline} is set inline ("
+                + ("a literal anyone reading the manifests sees" if inline in env.values else "a variable never sees its Secret change")
+                + f"); use {file_variable} and a mounted Secret"
+            )
+    if OPERATORS_FILE not in env.values:
+        if "MUSTER_OPERATORS" not in inline_set:
+            drift(f"{where}: {OPERATORS_FILE} is not set: no operator could call the service")
+    else:
+        operators = mounted_secret_file(rendered, where, pod, container, OPERATORS_FILE, env.values[OPERATORS_FILE])
+        if operators is not None:
+            lines = [line.strip() for line in operators.splitlines() if line.strip() and not line.strip().startswith("#")]
+            for line in lines:
+                if not OPERATOR_LINE.fullmatch(line):
+                    drift(f"{where}: the operators file has {line!r}; each line is `NAME SHA256` (muster operator add)")
+            if not lines:
+                drift(f"{where}: the operators file lists no operator")
+    if SERVICE_SECRET_FILE not in env.values:
+        if not tls.mutual and "MUSTER_SERVICE_SECRET" not in inline_set:
+            drift(
+                f"{where}: {SERVICE_SECRET_FILE} is not set and mutual TLS is off: the service has no "
+                "service credential and refuses to start"
+            )
+        return
+    secret = mounted_secret_file(rendered, where, pod, container, SERVICE_SECRET_FILE, env.values[SERVICE_SECRET_FILE])
+    if secret is not None and len(secret.strip().encode()) < code.secret_min_bytes:
+        drift(f"{where}: the service secret has {len(secret.strip().encode())} bytes; it needs at least {code.secret_min_bytes}")
+
+
+def check_tls(rendered: Rendered, where: str, pod: dict, container: dict, env: Environment) -> Tls:
+    """A certificate, its key and the CA, together, from mounted Secrets."""
+    client_auth = env.values.get("MUSTER_TLS_CLIENT_AUTH", "none")
+    if client_auth not in CLIENT_AUTH_MODES:
+        drift(f"{where}: MUSTER_TLS_CLIENT_AUTH={client_auth!r}; it is one of {', '.join(CLIENT_AUTH_MODES)}")
+    given = [variable for variable in TLS_FILES if variable in env.values or variable in env.secrets]
+    if given and len(given) != len(TLS_FILES):
+        drift(
+            f"{where}: sets {given} but not {[v for v in TLS_FILES if v not in given]}: a service with TLS needs "
+            "its certificate, its key and the CA (to check the other services and client certificates)"
+        )
+    for variable in given:
+        if variable in env.secrets:
+            drift(f"{where}: {variable} is a path; take it from the manifests, not from a Secret")
+        else:
+            mounted_secret_file(rendered, where, pod, container, variable, env.values[variable])
+    tls = Tls(serves=bool({"MUSTER_TLS_CERT_FILE", "MUSTER_TLS_KEY_FILE"} & set(given)), client_auth=client_auth)
+    if client_auth != "none" and not tls.serves:
+        drift(f"{where}: MUSTER_TLS_CLIENT_AUTH={client_auth} without a certificate: the server speaks plain text")
+    return tls
+
+
+def check_overlay_tls(rendered: Rendered, pods: dict[str, ServicePod]) -> None:
+    """TLS is all or nothing: a plain client cannot call a TLS server, and a
+    server demanding client certificates refuses a caller without one."""
+    serving = sorted(name for name, pod in pods.items() if pod.tls.serves)
+    if serving and len(serving) != len(pods):
+        drift(f"{rendered.overlay}: TLS is on for {serving} but not for {sorted(set(pods) - set(serving))}: turn it on for all or none")
+    modes = {name: pod.tls.client_auth for name, pod in pods.items()}
+    if len(set(modes.values())) > 1:
+        drift(f"{rendered.overlay}: MUSTER_TLS_CLIENT_AUTH differs between services {modes}")
 
 
 # --- network policies --------------------------------------------------------
@@ -430,7 +671,7 @@ def allowed(rendered: Rendered, destination_labels: dict, port: int, source_labe
     return False
 
 
-def check_network(rendered: Rendered, pods: dict[str, tuple[dict, dict, int]], database_users: set[str]) -> None:
+def check_network(rendered: Rendered, pods: dict[str, ServicePod], database_users: set[str]) -> None:
     default_deny = [
         policy
         for policy in rendered.by_kind.get("NetworkPolicy", [])
@@ -440,12 +681,24 @@ def check_network(rendered: Rendered, pods: dict[str, tuple[dict, dict, int]], d
     ]
     if not default_deny:
         drift(f"{rendered.overlay}: no default-deny ingress NetworkPolicy (podSelector {{}}, no ingress rule)")
-    sources: dict[str, tuple[dict, bool]] = {name: (labels, True) for name, (labels, _, _) in pods.items()}
+    sources: dict[str, tuple[dict, bool]] = {name: (pod.labels, True) for name, pod in pods.items()}
     sources.update({name: (labels, False) for name, labels in EXTERNAL_SOURCES.items()})
     sources["neighbour"] = ({"app.kubernetes.io/name": "something-else"}, True)
-    for destination, (labels, _, port) in pods.items():
+
+    def reaching(labels: dict, port: int, but: str = "") -> set[str]:
+        return {name for name, (source_labels, same) in sources.items() if name != but and allowed(rendered, labels, port, source_labels, same)}
+
+    for destination, pod in pods.items():
+        # The health port answers without credentials: no source of the design
+        # reaches it (the kubelet probes from the pod's node, which policies
+        # always let through; a scraper needs a rule of the operator's).
+        if pod.health is not None and (opened := reaching(pod.labels, pod.health, but=destination)):
+            drift(
+                f"{rendered.overlay}: network policies for muster-{destination}: the health port {pod.health} "
+                f"(health and /metrics without credentials) is open to {sorted(opened)}"
+            )
         expected = ALLOWED_SOURCES.get(destination, set())
-        actual = {name for name, (source_labels, same) in sources.items() if name != destination and allowed(rendered, labels, port, source_labels, same)}
+        actual = reaching(pod.labels, pod.port, but=destination)
         if actual != expected:
             extra, missing = sorted(actual - expected), sorted(expected - actual)
             drift(
@@ -459,11 +712,11 @@ def check_network(rendered: Rendered, pods: dict[str, tuple[dict, dict, int]], d
     for kind in ("StatefulSet", "Deployment"):
         for workload in rendered.by_kind.get(kind, []):
             labels = workload["spec"]["template"]["metadata"].get("labels") or {}
-            if any(labels == pod_labels for pod_labels, _, _ in pods.values()):
+            if any(labels == pod.labels for pod in pods.values()):
                 continue
             for container in workload["spec"]["template"]["spec"]["containers"]:
                 for container_port in container.get("ports") or []:
-                    actual = {name for name, (source_labels, same) in sources.items() if allowed(rendered, labels, container_port["containerPort"], source_labels, same)}
+                    actual = reaching(labels, container_port["containerPort"])
                     if actual != database_users:
                         drift(
                             f"{rendered.overlay}: {kind} {workload['metadata']['name']} port {container_port['containerPort']} "
@@ -497,7 +750,8 @@ def check_dockerfile(services: dict[str, ServiceCode]) -> None:
 # --- main -----------------------------------------------------------------------
 
 
-def check_overlay(rendered: Rendered, services: dict[str, ServiceCode], grace_default: int, version: str) -> None:
+def check_overlay(rendered: Rendered, code: Code) -> None:
+    services = code.services
     for document in rendered.documents:
         labels = document["metadata"].get("labels") or {}
         if labels.get("app.kubernetes.io/part-of") != "muster" or not labels.get("app.kubernetes.io/name"):
@@ -515,11 +769,11 @@ def check_overlay(rendered: Rendered, services: dict[str, ServiceCode], grace_de
                 deployments.setdefault(match.group(1), []).append(deployment)
                 if match.group(1) not in services:
                     drift(f"{rendered.overlay}: Deployment {deployment['metadata']['name']} runs image {image_name}, no such service")
-                if rendered.overlay == "prod" and tag != version:
-                    drift(f"{rendered.overlay}: image {container['image']} is not tagged with the workspace version {version}")
-    pods: dict[str, tuple[dict, dict, int]] = {}
+                if rendered.overlay == "prod" and tag != code.version:
+                    drift(f"{rendered.overlay}: image {container['image']} is not tagged with the workspace version {code.version}")
+    pods: dict[str, ServicePod] = {}
     environments: dict[str, tuple[str, Environment]] = {}
-    for name, code in services.items():
+    for name, service in services.items():
         found = deployments.get(name, [])
         if len(found) != 1:
             drift(f"{rendered.overlay}: {len(found)} Deployments run muster-{name}; expected exactly 1")
@@ -535,34 +789,39 @@ def check_overlay(rendered: Rendered, services: dict[str, ServiceCode], grace_de
         for variable in sorted(set(env.values) | set(env.secrets)):
             if TEST_ONLY.search(variable):
                 drift(f"{where}: sets {variable}, a test-only switch (crash failpoints, test databases)")
-            elif variable.startswith("MUSTER_") and variable not in code.variables:
-                drift(f"{where}: sets {variable}, which muster-{name} does not read (it reads {', '.join(sorted(code.variables))})")
+            elif variable.startswith("MUSTER_") and variable not in service.variables:
+                drift(f"{where}: sets {variable}, which muster-{name} does not read (it reads {', '.join(sorted(service.variables))})")
         check_security(where, pod, container)
+        tls = check_tls(rendered, where, pod, container, env)
+        check_credentials(rendered, where, pod, container, env, tls, code)
         port = listen_port(where, env)
         if port is None:
             continue
         grpc_ports = [p for p in container.get("ports") or [] if p.get("name") == "grpc"]
         if [p["containerPort"] for p in grpc_ports] != [port]:
             drift(f"{where}: the container's grpc port is {[p['containerPort'] for p in grpc_ports]}, MUSTER_LISTEN says {port}")
-        if port != code.default_port:
-            drift(f"{where}: listens on {port}, muster-{name}'s default port (DEFAULT_PORT, used by the CLI and docs) is {code.default_port}")
-        check_probes(where, container, port)
-        check_written_paths(where, pod, container, env, code)
-        check_service_exposure(rendered, where, name, labels, port, container)
-        grace = int(env.values.get("MUSTER_SHUTDOWN_GRACE_SECONDS", grace_default))
+        if port != service.default_port:
+            drift(f"{where}: listens on {port}, muster-{name}'s default port (DEFAULT_PORT, used by the CLI and docs) is {service.default_port}")
+        health = health_port(where, container, env, port)
+        check_probes(where, container, port, health, tls)
+        check_written_paths(where, pod, container, env, service)
+        check_service_exposure(rendered, where, name, labels, port, container, tls)
+        grace = int(env.values.get("MUSTER_SHUTDOWN_GRACE_SECONDS", code.grace_default))
         termination = pod.get("terminationGracePeriodSeconds", 30)
         if termination <= grace:
             drift(f"{where}: terminationGracePeriodSeconds {termination} must exceed MUSTER_SHUTDOWN_GRACE_SECONDS {grace}")
-        if "MUSTER_DATABASE_URL" in code.variables:
+        if "MUSTER_DATABASE_URL" in service.variables:
             check_database_url(rendered, where, env)
-        pods[name] = (labels, container, port)
+        pods[name] = ServicePod(labels, container, port, health, tls)
         environments[name] = (where, env)
 
-    # URLs of other services: set, and pointing at their Service and port.
+    # URLs of other services: set, pointing at their Service and port, with
+    # TLS when they serve it. (A service's own URL, such as the roster's
+    # MUSTER_ROSTER_URL that every service's settings include, is not read.)
     for name, (where, env) in environments.items():
         for variable in sorted(services[name].variables):
             match = re.fullmatch(r"MUSTER_([A-Z]+)_URL", variable)
-            if not match or match.group(1).lower() not in services:
+            if not match or match.group(1).lower() not in services or match.group(1).lower() == name:
                 continue
             target = match.group(1).lower()
             if variable not in env.values:
@@ -574,90 +833,156 @@ def check_overlay(rendered: Rendered, services: dict[str, ServiceCode], grace_de
     if len(set(sizes.values())) > 1:
         drift(f"{rendered.overlay}: MUSTER_MAX_MESSAGE_BYTES differs between services {sizes}: a message one sends, another may refuse")
 
-    database_users = {name for name, code in services.items() if "MUSTER_DATABASE_URL" in code.variables}
+    check_overlay_tls(rendered, pods)
+    database_users = {name for name, service in services.items() if "MUSTER_DATABASE_URL" in service.variables}
     check_network(rendered, pods, database_users)
 
 
-def self_test(services: dict[str, ServiceCode], grace_default: int, version: str) -> int:
-    """Breaks the rendered dev overlay in known ways and checks that each break
+# --- the self-test ---------------------------------------------------------------
+
+
+def find(documents: list[dict], kind: str, name: str) -> dict:
+    return next(d for d in documents if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def deployment(documents: list[dict], name: str) -> dict:
+    return find(documents, "Deployment", f"muster-{name}")
+
+
+def pod_spec(documents: list[dict], name: str) -> dict:
+    return deployment(documents, name)["spec"]["template"]["spec"]
+
+
+def container(documents: list[dict], name: str) -> dict:
+    return pod_spec(documents, name)["containers"][0]
+
+
+def config(documents: list[dict], name: str) -> dict:
+    return find(documents, "ConfigMap", container(documents, name)["envFrom"][0]["configMapRef"]["name"])["data"]
+
+
+def policy(documents: list[dict], name: str) -> dict:
+    return find(documents, "NetworkPolicy", name)
+
+
+def mount(documents: list[dict], name: str, volume: str) -> dict:
+    return next(m for m in container(documents, name)["volumeMounts"] if m["name"] == volume)
+
+
+def remove_named(items: list[dict], name: str) -> None:
+    items.remove(next(item for item in items if item["name"] == name))
+
+
+def generated_secret(documents: list[dict], prefix: str) -> dict:
+    """A Secret the overlay generates (its name carries a hash suffix)."""
+    return next(d for d in documents if d["kind"] == "Secret" and d["metadata"]["name"].startswith(prefix + "-"))
+
+
+def put(secret: dict, key: str, text: str) -> None:
+    secret["data"][key] = base64.b64encode(text.encode()).decode()
+
+
+def drop_service_secret(documents: list[dict]) -> None:
+    """Every service without MUSTER_SERVICE_SECRET_FILE: fine under mutual TLS."""
+    for name in ("execution", "roster", "validator", "notifier"):
+        remove_named(container(documents, name)["env"], SERVICE_SECRET_FILE)
+        remove_named(container(documents, name)["volumeMounts"], "service-secret")
+        remove_named(pod_spec(documents, name)["volumes"], "service-secret")
+
+
+# Each case: the overlay it breaks, how, and a text the report must contain
+# (None: the change is allowed, and nothing at all may be reported).
+SELF_TEST_CASES = {
+    "a URL with the wrong port": ("dev", "Service muster-roster has no port", lambda d: config(d, "execution").update(MUSTER_ROSTER_URL="http://muster-roster:50053")),
+    "a URL naming no Service": ("dev", "there is no Service", lambda d: config(d, "execution").update(MUSTER_VALIDATOR_URL="http://validator:50053")),
+    "a URL left to its default": ("dev", "MUSTER_NOTIFIER_URL is not set", lambda d: config(d, "execution").pop("MUSTER_NOTIFIER_URL")),
+    "the notifier not told where the roster is": ("dev", "muster-notifier: MUSTER_ROSTER_URL is not set", lambda d: config(d, "notifier").pop("MUSTER_ROSTER_URL")),
+    "a variable the service does not read": ("dev", "which muster-roster does not read", lambda d: config(d, "roster").update(MUSTER_ROSTER_TYPO="1")),
+    "a test-only failpoint": ("dev", "test-only switch", lambda d: config(d, "notifier").update(MUSTER_NOTIFIER_FAILPOINT="after-commit")),
+    "a probe on another port": ("dev", "livenessProbe probes port", lambda d: container(d, "notifier")["livenessProbe"]["grpc"].update(port=50053)),
+    "a probe on the main port, not the health port": ("dev", "the health port (MUSTER_HEALTH_LISTEN) is 8081", lambda d: container(d, "validator")["readinessProbe"]["grpc"].update(port=50053)),
+    "a health port not declared": ("dev", "the container's health port is []", lambda d: remove_named(container(d, "roster")["ports"], "health")),
+    "an HTTP probe": ("dev", "native grpc probe", lambda d: container(d, "validator").update(readinessProbe={"tcpSocket": {"port": 50053}})),
+    "a loopback listener": ("dev", "listens on loopback", lambda d: config(d, "roster").update(MUSTER_LISTEN="127.0.0.1:50052")),
+    "no MUSTER_LISTEN": ("dev", "MUSTER_LISTEN is not set", lambda d: config(d, "validator").pop("MUSTER_LISTEN")),
+    "a data directory off the volumes": ("dev", "not on a writable volume", lambda d: config(d, "notifier").update(MUSTER_DATA_DIR="/data")),
+    "a literal database URL": ("dev", "is a literal", lambda d: container(d, "roster").update(env=[{"name": "MUSTER_DATABASE_URL", "value": "sqlite://x.db"}])),
+    "no operators file": ("dev", "MUSTER_OPERATORS_FILE is not set", lambda d: remove_named(container(d, "execution")["env"], OPERATORS_FILE)),
+    "the service secret's volume not mounted": ("dev", "MUSTER_SERVICE_SECRET_FILE=/etc/muster/service/secret is on no mounted volume", lambda d: remove_named(container(d, "validator")["volumeMounts"], "service-secret")),
+    "no service secret without mutual TLS": ("dev", "refuses to start", lambda d: remove_named(container(d, "roster")["env"], SERVICE_SECRET_FILE)),
+    "a writable credentials mount": ("dev", "must be mounted readOnly", lambda d: mount(d, "notifier", "operators").update(readOnly=False)),
+    "a credentials subPath mount": ("dev", "never sees the Secret change", lambda d: mount(d, "roster", "operators").update(mountPath="/etc/muster/operators/operators", subPath="operators")),
+    "an optional credentials volume": ("dev", "is optional", lambda d: next(v for v in pod_spec(d, "execution")["volumes"] if v["name"] == "service-secret")["secret"].update(optional=True)),
+    "the service secret inline": ("dev", "MUSTER_SERVICE_SECRET is set inline", lambda d: config(d, "roster").update(MUSTER_SERVICE_SECRET="x" * 64)),
+    "a malformed dev operators file": ("dev", "each line is `NAME SHA256`", lambda d: put(generated_secret(d, "muster-operators"), "operators", "dev not-a-hash\n")),
+    "a short dev service secret": ("dev", "needs at least", lambda d: put(generated_secret(d, "muster-service-secret"), "secret", "too-short\n")),
+    "a writable root filesystem": ("dev", "readOnlyRootFilesystem", lambda d: container(d, "execution")["securityContext"].update(readOnlyRootFilesystem=False)),
+    "service links": ("dev", "enableServiceLinks", lambda d: pod_spec(d, "roster").update(enableServiceLinks=True)),
+    "a grace period longer than the pod's": ("dev", "terminationGracePeriodSeconds", lambda d: config(d, "execution").update(MUSTER_SHUTDOWN_GRACE_SECONDS="60")),
+    "different message limits": ("dev", "MUSTER_MAX_MESSAGE_BYTES differs", lambda d: config(d, "notifier").update(MUSTER_MAX_MESSAGE_BYTES="1024")),
+    "a missing Deployment": ("dev", "0 Deployments run muster-validator", lambda d: d.remove(deployment(d, "validator"))),
+    "clients let into the validator": ("dev", "network policies for muster-validator", lambda d: policy(d, "muster-validator")["spec"]["ingress"][0]["from"].append({"namespaceSelector": {}, "podSelector": {"matchLabels": {"muster.dev/client": "true"}}})),
+    "workers shut out of the notifier": ("dev", "block ['worker']", lambda d: policy(d, "muster-notifier")["spec"]["ingress"][0]["from"].pop()),
+    "the validator shut out of the roster": ("dev", "block ['validator']", lambda d: policy(d, "muster-roster")["spec"]["ingress"][0]["from"].pop(1)),
+    "the health port opened": ("dev", "the health port 8081", lambda d: policy(d, "muster-notifier")["spec"]["ingress"][0]["ports"].append({"protocol": "TCP", "port": 8081})),
+    "an unlabelled resource": ("dev", "needs the labels", lambda d: d.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "stray", "namespace": "muster-dev"}, "data": {}})),
+    "no default deny": ("dev", "no default-deny", lambda d: d.remove(policy(d, "muster-default-deny-ingress"))),
+    "PostgreSQL open to the validator": ("dev", "StatefulSet muster-postgres", lambda d: policy(d, "muster-postgres")["spec"]["ingress"][0]["from"].append({"podSelector": {"matchLabels": {"app.kubernetes.io/name": "muster-validator"}}})),
+    "an http:// URL to a TLS service": ("prod", "use https://", lambda d: config(d, "execution").update(MUSTER_VALIDATOR_URL="http://muster-validator:50053")),
+    "an https:// URL to a plain service": ("dev", "use http://", lambda d: config(d, "notifier").update(MUSTER_ROSTER_URL="https://muster-roster:50052")),
+    "a TLS key left out": ("prod", "but not ['MUSTER_TLS_KEY_FILE']", lambda d: remove_named(container(d, "roster")["env"], "MUSTER_TLS_KEY_FILE")),
+    "the TLS Secret not mounted": ("prod", "MUSTER_TLS_CERT_FILE=/etc/muster/tls/tls.crt is on no mounted volume", lambda d: remove_named(container(d, "validator")["volumeMounts"], "tls")),
+    "TLS off for one service": ("prod", "TLS is on for", lambda d: [remove_named(container(d, "notifier")["env"], v) for v in (*TLS_FILES, "MUSTER_TLS_CLIENT_AUTH")]),
+    "a TLS port probed by the kubelet": ("prod", "the kubelet's gRPC probes cannot", lambda d: config(d, "execution").pop("MUSTER_HEALTH_LISTEN")),
+    "h2c announced for a TLS port": ("prod", "appProtocol 'kubernetes.io/h2c'", lambda d: find(d, "Service", "muster-roster")["spec"]["ports"][0].update(appProtocol="kubernetes.io/h2c")),
+    "no service secret under mutual TLS": ("prod", None, drop_service_secret),
+}
+
+
+def self_test(code: Code) -> int:
+    """Breaks the rendered overlays in known ways and checks that each break
     is reported, so the check itself cannot silently stop checking."""
     import copy
 
-    base = render(OVERLAYS / "dev")
-    problems.clear()
-
-    def deployment(documents: list[dict], name: str) -> dict:
-        return next(d for d in documents if d["kind"] == "Deployment" and d["metadata"]["name"] == f"muster-{name}")
-
-    def container(documents: list[dict], name: str) -> dict:
-        return deployment(documents, name)["spec"]["template"]["spec"]["containers"][0]
-
-    def config(documents: list[dict], name: str) -> dict:
-        reference = container(documents, name)["envFrom"][0]["configMapRef"]["name"]
-        return next(d for d in documents if d["kind"] == "ConfigMap" and d["metadata"]["name"] == reference)["data"]
-
-    def policy(documents: list[dict], name: str) -> dict:
-        return next(d for d in documents if d["kind"] == "NetworkPolicy" and d["metadata"]["name"] == name)
-
-    cases = {
-        "a URL with the wrong port": ("Service muster-roster has no port", lambda d: config(d, "execution").update(MUSTER_ROSTER_URL="http://muster-roster:50053")),
-        "a URL naming no Service": ("there is no Service", lambda d: config(d, "execution").update(MUSTER_VALIDATOR_URL="http://validator:50053")),
-        "a URL left to its default": ("MUSTER_NOTIFIER_URL is not set", lambda d: config(d, "execution").pop("MUSTER_NOTIFIER_URL")),
-        "a variable the service does not read": ("which muster-roster does not read", lambda d: config(d, "roster").update(MUSTER_ROSTER_TYPO="1")),
-        "a test-only failpoint": ("test-only switch", lambda d: config(d, "notifier").update(MUSTER_NOTIFIER_FAILPOINT="after-commit")),
-        "a probe on another port": ("livenessProbe probes port", lambda d: container(d, "notifier")["livenessProbe"]["grpc"].update(port=50053)),
-        "an HTTP probe": ("native grpc probe", lambda d: container(d, "validator").update(readinessProbe={"tcpSocket": {"port": 50053}})),
-        "a loopback listener": ("listens on loopback", lambda d: config(d, "roster").update(MUSTER_LISTEN="127.0.0.1:50052")),
-        "no MUSTER_LISTEN": ("MUSTER_LISTEN is not set", lambda d: config(d, "validator").pop("MUSTER_LISTEN")),
-        "a data directory off the volumes": ("not on a writable volume", lambda d: config(d, "notifier").update(MUSTER_DATA_DIR="/data")),
-        "a literal database URL": ("is a literal", lambda d: container(d, "roster").update(env=[{"name": "MUSTER_DATABASE_URL", "value": "sqlite://x.db"}])),
-        "a writable root filesystem": ("readOnlyRootFilesystem", lambda d: container(d, "execution")["securityContext"].update(readOnlyRootFilesystem=False)),
-        "service links": ("enableServiceLinks", lambda d: deployment(d, "roster")["spec"]["template"]["spec"].update(enableServiceLinks=True)),
-        "a grace period longer than the pod's": ("terminationGracePeriodSeconds", lambda d: config(d, "execution").update(MUSTER_SHUTDOWN_GRACE_SECONDS="60")),
-        "different message limits": ("MUSTER_MAX_MESSAGE_BYTES differs", lambda d: config(d, "notifier").update(MUSTER_MAX_MESSAGE_BYTES="1024")),
-        "a missing Deployment": ("0 Deployments run muster-validator", lambda d: d.remove(deployment(d, "validator"))),
-        "clients let into the validator": ("network policies for muster-validator", lambda d: policy(d, "muster-validator")["spec"]["ingress"][0]["from"].append({"namespaceSelector": {}, "podSelector": {"matchLabels": {"muster.dev/client": "true"}}})),
-        "workers shut out of the notifier": ("block ['worker']", lambda d: policy(d, "muster-notifier")["spec"]["ingress"][0]["from"].pop()),
-        "an unlabelled resource": ("needs the labels", lambda d: d.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "stray", "namespace": base.namespace}, "data": {}})),
-        "no default deny": ("no default-deny", lambda d: d.remove(policy(d, "muster-default-deny-ingress"))),
-        "PostgreSQL open to the validator": ("StatefulSet muster-postgres", lambda d: policy(d, "muster-postgres")["spec"]["ingress"][0]["from"].append({"podSelector": {"matchLabels": {"app.kubernetes.io/name": "muster-validator"}}})),
-    }
+    bases = {name: render(OVERLAYS / name) for name in ("dev", "prod")}
     passed = failed = 0
-    for description, (expected, mutate) in cases.items():
+    for name, base in bases.items():
+        problems.clear()
+        check_overlay(base, code)
+        if problems:
+            failed += 1
+            print(f"self-test: the unmodified {name} overlay reports {problems}", file=sys.stderr)
+        else:
+            passed += 1
+    for description, (overlay, expected, mutate) in SELF_TEST_CASES.items():
+        base = bases[overlay]
         documents = copy.deepcopy(base.documents)
         mutate(documents)
         problems.clear()
-        check_overlay(Rendered("dev", base.namespace, documents), services, grace_default, version)
-        if any(expected in problem for problem in problems):
+        check_overlay(Rendered(overlay, base.namespace, documents), code)
+        if (not problems) if expected is None else any(expected in problem for problem in problems):
             passed += 1
         else:
             failed += 1
-            print(f"self-test: {description}: expected a problem containing {expected!r}, got {problems}", file=sys.stderr)
+            wanted = "no problem" if expected is None else f"a problem containing {expected!r}"
+            print(f"self-test: {description} ({overlay}): expected {wanted}, got {problems}", file=sys.stderr)
     problems.clear()
-    check_overlay(base, services, grace_default, version)
-    if problems:
-        failed += 1
-        print(f"self-test: the unmodified dev overlay reports {problems}", file=sys.stderr)
-    else:
-        passed += 1
     print(f"check_manifests: {passed} passed, {failed} failed")
     return 1 if failed else 0
 
 
 def main() -> int:
-    services = discover_services()
-    grace_default = shutdown_grace_default()
-    version = tomllib.loads((ROOT / "Cargo.toml").read_text(encoding="utf-8"))["workspace"]["package"]["version"]
+    code = read_code()
     if sys.argv[1:] == ["--self-test"]:
-        return self_test(services, grace_default, version)
+        return self_test(code)
     if sys.argv[1:]:
         sys.exit("usage: check_manifests.py [--self-test]")
-    check_dockerfile(services)
+    check_dockerfile(code.services)
     overlays = sorted(path for path in OVERLAYS.iterdir() if (path / "kustomization.yaml").is_file())
     if {path.name for path in overlays} != {"dev", "prod"}:
         drift(f"k8s/overlays: expected dev and prod, found {[path.name for path in overlays]}")
     for overlay in overlays:
-        check_overlay(render(overlay), services, grace_default, version)
+        check_overlay(render(overlay), code)
     if problems:
         for problem in problems:
             print(f"drift: {problem}", file=sys.stderr)
@@ -665,10 +990,9 @@ def main() -> int:
         return 1
     print(
         f"check_manifests: {', '.join(o.name for o in overlays)} match the code "
-        f"({', '.join(f'{n}:{s.default_port}' for n, s in services.items())})"
+        f"({', '.join(f'{n}:{s.default_port}' for n, s in code.services.items())})"
     )
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

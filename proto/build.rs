@@ -7,6 +7,7 @@ const PROTOS: &[&str] = &[
     "muster/common/v1/common.proto",
     "muster/validator/v1/validator.proto",
     "muster/roster/v1/roster.proto",
+    "muster/roster/v1/credentials.proto",
     "muster/execution/v1/execution.proto",
     "muster/notifier/v1/notifier.proto",
 ];

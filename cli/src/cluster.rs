@@ -9,11 +9,13 @@ use std::{
 };
 
 use anyhow::{Context, bail};
+
+use crate::credentials::{Endpoint, LocalCredentials};
 use tokio::process::{Child, Command};
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
 
 /// The four services, in the order they start.
-pub const SERVICES: [&str; 4] = ["validator", "roster", "notifier", "execution"];
+pub const SERVICES: [&str; 4] = ["roster", "validator", "notifier", "execution"];
 
 /// How to start a cluster.
 #[derive(Debug, Clone)]
@@ -113,15 +115,20 @@ impl ServiceProcess {
 pub struct Cluster {
     /// The options it was started with.
     pub options: ClusterOptions,
+    /// Its local operator and service secret, kept in the data folder.
+    pub credentials: LocalCredentials,
     services: Vec<ServiceProcess>,
 }
 
 impl Cluster {
-    /// Starts the four services and waits until each reports SERVING.
+    /// Starts the four services and waits until each reports SERVING. The
+    /// data folder keeps a local operator's token and the service secret
+    /// (made on first start, mode 0600).
     pub async fn start(options: ClusterOptions) -> anyhow::Result<Self> {
         std::fs::create_dir_all(options.data_dir.join("logs"))
             .with_context(|| format!("creating {}", options.data_dir.display()))?;
-        let mut cluster = Self { options, services: Vec::new() };
+        let credentials = LocalCredentials::ensure(&options.data_dir)?;
+        let mut cluster = Self { options, credentials, services: Vec::new() };
         for name in SERVICES {
             let service = cluster.spawn(name).await?;
             cluster.services.push(service);
@@ -152,6 +159,11 @@ impl Cluster {
     /// The notifier's URL.
     pub fn notifier_url(&self) -> String {
         self.service("notifier").url()
+    }
+
+    /// A service, called as the local operator.
+    pub fn as_operator(&self, name: &str) -> Endpoint {
+        Endpoint::new(self.service(name).url(), self.credentials.operator_token.clone())
     }
 
     /// Where the notifier writes agents' NDJSON memory.
@@ -219,6 +231,7 @@ impl Cluster {
             .with_context(|| format!("opening {}", log_path.display()))?;
         let mut command = Command::new(&binary);
         command
+            .envs(self.credentials.environment())
             .env("MUSTER_LISTEN", SocketAddr::new(options.host, port).to_string())
             .env("MUSTER_PORT_FILE", &port_file)
             .env("MUSTER_LOG_FORMAT", "json")
@@ -249,11 +262,14 @@ impl Cluster {
                         "MUSTER_DATABASE_URL",
                         options.database_urls.execution.clone().unwrap_or_else(|| sqlite("execution.db")),
                     )
-                    .env("MUSTER_ROSTER_URL", self.service("roster").url())
                     .env("MUSTER_VALIDATOR_URL", self.service("validator").url())
                     .env("MUSTER_NOTIFIER_URL", self.service("notifier").url());
             }
             _ => {}
+        }
+        if name != "roster" {
+            // Where agent credentials come from.
+            command.env("MUSTER_ROSTER_URL", self.service("roster").url());
         }
         for (key, value) in &options.environment {
             command.env(key, value);

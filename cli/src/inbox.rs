@@ -5,13 +5,15 @@ use std::time::{Duration, Instant};
 use muster_proto::notifier::v1::{
     ListNotificationsRequest, Notification, notifier_service_client::NotifierServiceClient,
 };
-use tonic::transport::Channel;
+use muster_runtime::auth::client::AuthChannel;
+
+use crate::credentials::Endpoint;
 
 /// Most notifications the notifier returns per page.
 const PAGE: u32 = 1000;
 
 async fn page(
-    notifier: &mut NotifierServiceClient<Channel>,
+    notifier: &mut NotifierServiceClient<AuthChannel>,
     agent_id: &str,
     after_cursor: u64,
 ) -> anyhow::Result<Vec<Notification>> {
@@ -19,9 +21,10 @@ async fn page(
     Ok(notifier.list_notifications(request).await?.into_inner().notifications)
 }
 
-/// Every notification in an agent's inbox, in cursor order.
-pub async fn all(notifier_url: &str, agent_id: &str) -> anyhow::Result<Vec<Notification>> {
-    let mut notifier = NotifierServiceClient::connect(notifier_url.to_owned()).await?;
+/// Every notification in an agent's inbox, in cursor order (read as the
+/// agent itself, or as an operator).
+pub async fn all(notifier: &Endpoint, agent_id: &str) -> anyhow::Result<Vec<Notification>> {
+    let mut notifier = NotifierServiceClient::new(notifier.channel()?);
     let mut notifications: Vec<Notification> = Vec::new();
     loop {
         let after_cursor = notifications.last().map_or(0, |notification| notification.cursor);
@@ -35,13 +38,17 @@ pub async fn all(notifier_url: &str, agent_id: &str) -> anyhow::Result<Vec<Notif
 
 /// Waits until the event `event_id` is in the agent's inbox, reading each
 /// notification once; fails after `limit`.
-pub async fn wait_for_event(notifier_url: &str, agent_id: &str, event_id: &str, limit: Duration) -> anyhow::Result<()> {
+pub async fn wait_for_event(
+    notifier: &Endpoint,
+    agent_id: &str,
+    event_id: &str,
+    limit: Duration,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + limit;
     let mut after_cursor = 0;
+    let mut client = NotifierServiceClient::new(notifier.channel()?);
     loop {
-        if let Ok(mut notifier) = NotifierServiceClient::connect(notifier_url.to_owned()).await
-            && let Ok(next) = page(&mut notifier, agent_id, after_cursor).await
-        {
+        if let Ok(next) = page(&mut client, agent_id, after_cursor).await {
             if next
                 .iter()
                 .any(|notification| notification.event.as_ref().is_some_and(|event| event.event_id == event_id))

@@ -1,12 +1,15 @@
 //! The library behind the `muster` command line: starting and supervising a
-//! cluster of the four service processes ([`cluster`]) and the Rust agent
-//! worker library ([`worker`]), reading agents' inboxes ([`inbox`]), with the deterministic sample behaviour the
+//! cluster of the four service processes ([`cluster`]), the credentials of a
+//! cluster on this machine and the channels that carry them
+//! ([`credentials`]), the Rust agent worker library ([`worker`]), reading
+//! agents' inboxes ([`inbox`]), with the deterministic sample behaviour the
 //! CLI's sample agents use ([`sample`]).
 //!
 //! It holds no service logic: everything goes through the services' gRPC APIs.
 #![forbid(unsafe_code)]
 
 pub mod cluster;
+pub mod credentials;
 pub mod inbox;
 pub mod sample;
 pub mod worker;

@@ -1,5 +1,6 @@
 //! `muster`: start a cluster, validate, publish and run processes, manage the
-//! roster, and serve sample agents.
+//! roster, credentials, sessions and the permission matrix, and serve sample
+//! agents.
 
 use std::process::ExitCode;
 
@@ -12,6 +13,11 @@ mod validate;
 #[derive(Debug, Parser)]
 #[command(name = "muster", version, about = "Role-based multi-agent processes on a gRPC cluster")]
 struct Cli {
+    /// The credential calls carry: an operator's token, or an agent's roster
+    /// token. Without it, the local operator's token that `muster up` keeps
+    /// in its data folder is used.
+    #[arg(long, env = "MUSTER_TOKEN", global = true, hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -30,12 +36,22 @@ enum Command {
     Watch(commands::run::WatchArgs),
     /// Approves or rejects a human approval step, as the agent whose token is given.
     Approve(commands::act::ApproveArgs),
-    /// Asks the roster who should take a task (the seed 004 decision, as text).
+    /// Asks the roster who should take a task: its delegation decision, as text.
     Delegate(commands::act::DelegateArgs),
     /// Validates process, role and permission-matrix files offline.
     Validate(validate::ValidateArgs),
     /// Imports and lists the roster.
     Roster(commands::roster::RosterArgs),
+    /// Rotates or revokes an agent's token.
+    Token(commands::admin::TokenArgs),
+    /// Adds an operator to an operators file.
+    Operator(commands::admin::OperatorArgs),
+    /// Shows or replaces the permission matrix.
+    Matrix(commands::admin::MatrixArgs),
+    /// Team sessions: start one, see its dashboard, assign roles, change the lead.
+    Session(commands::session::SessionArgs),
+    /// Whether an agent's role permits an action, and why.
+    CheckRole(commands::session::CheckRoleArgs),
     /// Serves agents with the deterministic sample behaviour (no LLM).
     Agent(commands::agent::AgentArgs),
 }
@@ -54,17 +70,27 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let token = cli.token.as_deref();
     let outcome = match cli.command {
         Command::Up(args) => commands::up::run(args).await.map(|()| true),
         Command::Demo(args) => commands::demo::run(args).await,
-        Command::Run(args) => commands::run::run(&args).await.map(|finished| commands::run::completed(&finished)),
-        Command::Publish(args) => commands::run::publish(&args).await.map(|()| true),
-        Command::Watch(args) => commands::run::watch(&args).await.map(|finished| commands::run::completed(&finished)),
-        Command::Approve(args) => commands::act::approve(args).await.map(|()| true),
-        Command::Delegate(args) => commands::act::delegate(args).await.map(|()| true),
+        Command::Run(args) => {
+            commands::run::run(&args, token).await.map(|finished| commands::run::completed(&finished))
+        }
+        Command::Publish(args) => commands::run::publish(&args, token).await.map(|()| true),
+        Command::Watch(args) => {
+            commands::run::watch(&args, token).await.map(|finished| commands::run::completed(&finished))
+        }
+        Command::Approve(args) => commands::act::approve(args, token).await.map(|()| true),
+        Command::Delegate(args) => commands::act::delegate(args, token).await.map(|()| true),
         Command::Validate(args) => return validate::run(&args),
-        Command::Roster(args) => commands::roster::run(args).await.map(|()| true),
-        Command::Agent(args) => commands::agent::run(args).await.map(|()| true),
+        Command::Roster(args) => commands::roster::run(args, token).await.map(|()| true),
+        Command::Token(args) => commands::admin::token(args, token).await.map(|()| true),
+        Command::Operator(args) => commands::admin::operator(&args).map(|()| true),
+        Command::Matrix(args) => commands::admin::matrix(args, token).await.map(|()| true),
+        Command::Session(args) => commands::session::run(args, token).await.map(|()| true),
+        Command::CheckRole(args) => commands::session::check_role(args, token).await,
+        Command::Agent(args) => commands::agent::run(args, token).await.map(|()| true),
     };
     telemetry.shutdown().await;
     match outcome {

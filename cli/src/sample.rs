@@ -8,7 +8,8 @@
 //!
 //! Inputs steer it for demonstrations and tests: `"fail": "message"` makes the
 //! step fail (code `SAMPLE_FAILURE`), `"fail_attempts": n` fails the first `n`
-//! attempts with a retryable error, `"sleep_ms": n` takes that long, and
+//! attempts with a retryable error, `"sleep_ms": n` takes that long,
+//! `"iterations": n` reports `n` iterations (1 otherwise), and
 //! `"delegate": {"from-agent": "to-agent", ...}` makes an agent named there hand
 //! the step onward to the agent it maps to (doing the step itself when the
 //! execution service refuses, for example as a loop).
@@ -45,8 +46,12 @@ impl SampleBehaviour {
             "system_prompt_chars": assignment.system_prompt.chars().count(),
             "memory_keys": memory_keys,
             "history_steps": assignment.history.len(),
+            "session_role": assignment.session_role,
+            "max_iterations": assignment.max_iterations,
+            "llm_config": serde_json::from_str::<Value>(&assignment.llm_config_json).unwrap_or(Value::Null),
         });
-        StepOutcome::Completed { output_json: output.to_string(), tokens_used: 100, cost: 0.01 }
+        let iterations = inputs.get("iterations").and_then(Value::as_u64).map_or(1, |iterations| iterations as u32);
+        StepOutcome::Completed { output_json: output.to_string(), tokens_used: 100, cost: 0.01, iterations }
     }
 }
 

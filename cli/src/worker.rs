@@ -14,6 +14,8 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument as _;
 
+use crate::credentials::Endpoint;
+
 /// An agent the worker serves, with its roster token.
 #[derive(Debug, Clone)]
 pub struct AgentCredential {
@@ -26,7 +28,7 @@ pub struct AgentCredential {
 /// What a behaviour made of an assignment.
 #[derive(Debug, Clone)]
 pub enum StepOutcome {
-    /// Success, with the output as JSON text, tokens and cost.
+    /// Success, with the output as JSON text, tokens, cost and iterations.
     Completed {
         /// The output as JSON text.
         output_json: String,
@@ -34,6 +36,9 @@ pub enum StepOutcome {
         tokens_used: u64,
         /// Cost in US dollars.
         cost: f64,
+        /// Iterations the agent ran (more than the assignment's
+        /// `max_iterations` fails the step).
+        iterations: u32,
     },
     /// Hand the step onward: to a named colleague, or (with `to_agent_id`
     /// empty) to whoever the roster chooses for the expertise. If the
@@ -84,9 +89,24 @@ pub trait Behaviour: Send + Sync + 'static {
     }
 }
 
+/// A behaviour's assignments without its tools: for a worker not entitled
+/// to provide them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WithoutTools<B>(pub B);
+
+impl<B: Behaviour> Behaviour for WithoutTools<B> {
+    fn run(&self, assignment: Assignment) -> impl Future<Output = StepOutcome> + Send {
+        self.0.run(assignment)
+    }
+}
+
 /// Serves `agents` until `shutdown` resolves, reconnecting after failures.
+///
+/// The connection itself is made with `execution.token`: an operator's token
+/// (which lets the worker provide any tool), or an agent's; each served agent
+/// proves itself with its own token in the hello.
 pub async fn serve<B: Behaviour>(
-    execution_url: String,
+    execution: Endpoint,
     worker_name: String,
     agents: Vec<AgentCredential>,
     behaviour: Arc<B>,
@@ -97,7 +117,7 @@ pub async fn serve<B: Behaviour>(
     loop {
         tokio::select! {
             () = &mut shutdown => return Ok(()),
-            outcome = session(&execution_url, &worker_name, &agents, &behaviour) => {
+            outcome = session(&execution, &worker_name, &agents, &behaviour) => {
                 match outcome {
                     Err(error) if is_refusal(&error) => return Err(error),
                     Err(error) => tracing::warn!(%error, "worker connection lost; reconnecting"),
@@ -126,7 +146,7 @@ fn is_refusal(error: &anyhow::Error) -> bool {
 /// The message reporting a finished assignment.
 fn report(assignment_id: String, outcome: StepOutcome, elapsed: Duration) -> connect_worker_request::Message {
     match outcome {
-        StepOutcome::Completed { output_json, tokens_used, cost } => {
+        StepOutcome::Completed { output_json, tokens_used, cost, iterations } => {
             connect_worker_request::Message::Result(StepResult {
                 assignment_id,
                 output_json,
@@ -134,6 +154,7 @@ fn report(assignment_id: String, outcome: StepOutcome, elapsed: Duration) -> con
                 cost,
                 duration_ms: elapsed.as_millis() as u64,
                 post_to_inbox: String::new(),
+                iterations,
             })
         }
         StepOutcome::Failed { error_code, message, retryable } => {
@@ -149,17 +170,12 @@ fn report(assignment_id: String, outcome: StepOutcome, elapsed: Duration) -> con
 }
 
 async fn session<B: Behaviour>(
-    execution_url: &str,
+    execution: &Endpoint,
     worker_name: &str,
     agents: &[AgentCredential],
     behaviour: &Arc<B>,
 ) -> anyhow::Result<()> {
-    let channel = tonic::transport::Endpoint::from_shared(execution_url.to_owned())?
-        .initial_stream_window_size(Some(4 * 1024 * 1024))
-        .initial_connection_window_size(Some(8 * 1024 * 1024))
-        .connect()
-        .await?;
-    let mut client = ExecutionServiceClient::new(channel);
+    let mut client = ExecutionServiceClient::new(execution.channel()?);
     let (sender, receiver) = mpsc::channel::<ConnectWorkerRequest>(256);
     sender
         .send(ConnectWorkerRequest {
@@ -242,12 +258,12 @@ async fn session<B: Behaviour>(
                     .remove(&outcome.assignment_id);
                 if let (false, Some(fallback)) = (outcome.accepted, fallback) {
                     let fallback = match fallback {
-                        StepOutcome::Completed { output_json, tokens_used, cost } => {
+                        StepOutcome::Completed { output_json, tokens_used, cost, iterations } => {
                             let mut output: serde_json::Value = serde_json::from_str(&output_json).unwrap_or_default();
                             if let Some(object) = output.as_object_mut() {
                                 object.insert("delegation_refused".to_owned(), outcome.reason.clone().into());
                             }
-                            StepOutcome::Completed { output_json: output.to_string(), tokens_used, cost }
+                            StepOutcome::Completed { output_json: output.to_string(), tokens_used, cost, iterations }
                         }
                         other => other,
                     };

@@ -1,8 +1,9 @@
 """A muster agent worker in Python.
 
-It connects to the execution service's ConnectWorker stream, says which
-agents it serves (each with its roster token), runs each assignment with a
-behaviour function and reports the result. The sample behaviour writes a
+It connects to the execution service's ConnectWorker stream (authenticated
+with the first served agent's roster token, or an operator's token when
+given), says which agents it serves (each proving itself with its own roster
+token), runs each assignment with a behaviour function and reports the result. The sample behaviour writes a
 summary of the step from its instruction and what it built on.
 """
 
@@ -33,10 +34,12 @@ def sample_behaviour(assignment):
 class Worker:
     """Serves agents until stop() is called."""
 
-    def __init__(self, execution_address, credentials, behaviour=sample_behaviour, name="python-worker"):
+    def __init__(self, execution_address, credentials, behaviour=sample_behaviour, name="python-worker", token=None):
         self._channel = grpc.insecure_channel(execution_address)
         self._stub = execution_pb2_grpc.ExecutionServiceStub(self._channel)
         self._credentials = credentials
+        # Every call carries a credential: `authorization: Bearer <token>`.
+        self._metadata = [("authorization", f"Bearer {token or next(iter(credentials.values()))}")]
         self._behaviour = behaviour
         self._name = name
         self._outbox = queue.Queue()
@@ -65,7 +68,7 @@ class Worker:
             yield message
 
     def _serve(self):
-        self._responses = self._stub.ConnectWorker(self._requests())
+        self._responses = self._stub.ConnectWorker(self._requests(), metadata=self._metadata)
         try:
             for response in self._responses:
                 kind = response.WhichOneof("message")

@@ -2,14 +2,20 @@
 notifications of an agent: muster end to end from Python.
 
     PYTHONPATH=examples/python/generated:examples/python \
-      python3 examples/python/run_process.py --tokens tokens.json --process examples/process.yaml \
+      python3 examples/python/run_process.py --tokens muster-data/tokens.json --process examples/process.yaml \
       --read-notifications-of archive-agent
+
+Publishing and starting are for operators: the operator's token comes from
+MUSTER_TOKEN, else from --operator-token-file (by default the local
+operator's token that `muster up` keeps in muster-data/operator.token). The
+agents authenticate with their own roster tokens (--tokens).
 
 Exits 0 when the execution completed.
 """
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -27,20 +33,26 @@ def main():
     parser.add_argument("--notifier", default="127.0.0.1:50054")
     parser.add_argument("--tokens", required=True, help="JSON: agent id to roster token")
     parser.add_argument("--process", required=True, help="the process YAML")
-    parser.add_argument("--read-notifications-of", default=None, help="an agent whose inbox to print")
+    parser.add_argument("--read-notifications-of", default=None, help="an agent whose inbox to print, as the agent")
+    parser.add_argument("--operator-token-file", default="muster-data/operator.token")
     args = parser.parse_args()
 
     with open(args.tokens) as file:
         credentials = json.load(file)
     with open(args.process) as file:
         source = file.read()
+    operator_token = os.environ.get("MUSTER_TOKEN")
+    if not operator_token:
+        with open(args.operator_token_file) as file:
+            operator_token = file.read().strip()
+    as_operator = [("authorization", f"Bearer {operator_token}")]
 
     worker = Worker(args.execution, credentials).start()
     try:
         execution = execution_pb2_grpc.ExecutionServiceStub(grpc.insecure_channel(args.execution))
         try:
             published = execution.PublishProcess(
-                execution_pb2.PublishProcessRequest(source=source, file_name=args.process)
+                execution_pb2.PublishProcessRequest(source=source, file_name=args.process), metadata=as_operator
             )
         except grpc.RpcError as error:
             print(f"publish refused: {error.code().name}: {error.details()}", file=sys.stderr)
@@ -48,11 +60,13 @@ def main():
         process = published.process
         print(f"published {process.name} version {process.version}")
         started = execution.StartExecution(
-            execution_pb2.StartExecutionRequest(process_name=process.name, process_version=process.version)
+            execution_pb2.StartExecutionRequest(process_name=process.name, process_version=process.version),
+            metadata=as_operator,
         ).execution
         print(f"execution {started.id} started")
         finished = None
-        for response in execution.WatchExecution(execution_pb2.WatchExecutionRequest(execution_id=started.id)):
+        watch = execution_pb2.WatchExecutionRequest(execution_id=started.id)
+        for response in execution.WatchExecution(watch, metadata=as_operator):
             event = response.event
             print(f"  {common_pb2.EventType.Name(event.type):<32} {event.step_id} {event.agent_id}")
             if event.type == common_pb2.EVENT_TYPE_EXECUTION_FINISHED:
@@ -65,10 +79,13 @@ def main():
 
     if args.read_notifications_of:
         notifier = notifier_pb2_grpc.NotifierServiceStub(grpc.insecure_channel(args.notifier))
+        # An agent reads its own inbox, with its own token.
+        as_agent = [("authorization", f"Bearer {credentials[args.read_notifications_of]}")]
         deadline = time.monotonic() + 30
         while True:
             page = notifier.ListNotifications(
-                notifier_pb2.ListNotificationsRequest(agent_id=args.read_notifications_of, limit=1000)
+                notifier_pb2.ListNotificationsRequest(agent_id=args.read_notifications_of, limit=1000),
+                metadata=as_agent,
             )
             mine = [n for n in page.notifications if n.event.execution_id == started.id]
             if any(n.event.type == common_pb2.EVENT_TYPE_STEP_COMPLETED for n in mine) or time.monotonic() > deadline:

@@ -10,12 +10,9 @@ use std::time::Instant;
 use muster::worker::{AgentCredential, Behaviour, StepOutcome};
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus},
-    execution::v1::{
-        Assignment, PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest,
-        execution_service_client::ExecutionServiceClient,
-    },
+    execution::v1::{Assignment, PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest},
 };
-use muster_tests::{Backend, TestCluster, agent, chain_process};
+use muster_tests::{Backend, ExecutionClient, TestCluster, agent, chain_process};
 
 /// Answers every assignment at once with a small output.
 struct Stub;
@@ -26,6 +23,7 @@ impl Behaviour for Stub {
             output_json: format!(r#"{{"done":"{}"}}"#, assignment.step_id),
             tokens_used: 1,
             cost: 0.0,
+            iterations: 1,
         }
     }
 }
@@ -40,7 +38,7 @@ fn fan_out_process(name: &str, width: usize) -> String {
     yaml
 }
 
-async fn run_once(client: &mut ExecutionServiceClient<tonic::transport::Channel>, source: &str) -> f64 {
+async fn run_once(client: &mut ExecutionClient, source: &str) -> f64 {
     let process = client
         .publish_process(PublishProcessRequest { source: source.to_owned(), file_name: String::new() })
         .await
@@ -80,7 +78,7 @@ async fn main() {
         let credentials = vec![AgentCredential { agent_id: "bench-agent".to_owned(), token: tokens[0].clone() }];
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let worker = tokio::spawn(muster::worker::serve(
-            test.cluster().execution_url(),
+            test.operator("execution"),
             "bench-worker".to_owned(),
             credentials,
             std::sync::Arc::new(Stub),
@@ -88,7 +86,7 @@ async fn main() {
                 let _ = stopped.await;
             },
         ));
-        let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.expect("connect");
+        let mut client = test.execution();
         for (shape, source) in [
             ("linear chain", chain_process("bench-chain", steps, "bench-agent", "bench-agent", "{}")),
             ("fan-out", fan_out_process("bench-fan-out", steps)),

@@ -5,17 +5,29 @@
 
 use std::{path::PathBuf, process::Command, sync::OnceLock, time::Duration};
 
-use muster::cluster::{Cluster, ClusterOptions, DatabaseUrls, Ports, default_binary_dir};
+use muster::{
+    cluster::{Cluster, ClusterOptions, DatabaseUrls, Ports, default_binary_dir},
+    credentials::Endpoint,
+};
 use muster_proto::roster::v1::{
     Agent, PutTeamRequest, RegisterAgentRequest, Team, roster_service_client::RosterServiceClient,
 };
 use muster_proto::{
     common::v1::{EventType, StepEvent},
     execution::v1::{WatchExecutionRequest, execution_service_client::ExecutionServiceClient},
+    notifier::v1::notifier_service_client::NotifierServiceClient,
 };
-use muster_runtime::testing::TestDatabase;
+use muster_runtime::{auth::client::AuthChannel, testing::TestDatabase};
+
+/// The execution service's client, as the tests use it.
+pub type ExecutionClient = ExecutionServiceClient<AuthChannel>;
+/// The roster's client.
+pub type RosterClient = RosterServiceClient<AuthChannel>;
+/// The notifier's client.
+pub type NotifierClient = NotifierServiceClient<AuthChannel>;
 
 pub mod otlp;
+pub mod raw;
 
 /// Which database the services use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,10 +129,63 @@ impl TestCluster {
         self.cluster.as_mut().expect("the cluster is running")
     }
 
+    /// A service of the cluster, called as its local operator.
+    pub fn operator(&self, service: &str) -> Endpoint {
+        self.cluster().as_operator(service)
+    }
+
+    /// A service of the cluster, called with `token`.
+    pub fn caller(&self, service: &str, token: &str) -> Endpoint {
+        Endpoint::new(self.cluster().service(service).url(), token)
+    }
+
+    /// The credential of one of the cluster's services, from its service secret.
+    pub fn service_token(&self, service: &str) -> String {
+        let secret =
+            std::fs::read_to_string(&self.cluster().credentials.service_secret_file).expect("the service secret");
+        muster_runtime::auth::ServiceSecret::new(&secret).expect("a valid secret").credential(service)
+    }
+
+    /// The execution service, as the operator.
+    pub fn execution(&self) -> ExecutionClient {
+        ExecutionServiceClient::new(self.operator("execution").channel().expect("a channel"))
+    }
+
+    /// The execution service, called with `token`.
+    pub fn execution_as(&self, token: &str) -> ExecutionClient {
+        ExecutionServiceClient::new(self.caller("execution", token).channel().expect("a channel"))
+    }
+
+    /// The execution service, called with these credentials (or none).
+    pub fn execution_with(&self, credentials: muster_runtime::auth::client::Credentials) -> ExecutionClient {
+        let channel =
+            tonic::transport::Endpoint::from_shared(self.cluster().execution_url()).expect("a URL").connect_lazy();
+        ExecutionServiceClient::new(muster_runtime::auth::client::with_credentials(channel, credentials))
+    }
+
+    /// The roster, as the operator.
+    pub fn roster(&self) -> RosterClient {
+        RosterServiceClient::new(self.operator("roster").channel().expect("a channel"))
+    }
+
+    /// The roster, called with `token`.
+    pub fn roster_as(&self, token: &str) -> RosterClient {
+        RosterServiceClient::new(self.caller("roster", token).channel().expect("a channel"))
+    }
+
+    /// The notifier, as the operator.
+    pub fn notifier(&self) -> NotifierClient {
+        NotifierServiceClient::new(self.operator("notifier").channel().expect("a channel"))
+    }
+
+    /// The notifier, called with `token`.
+    pub fn notifier_as(&self, token: &str) -> NotifierClient {
+        NotifierServiceClient::new(self.caller("notifier", token).channel().expect("a channel"))
+    }
+
     /// Creates the agents' teams, registers the agents and returns their tokens, in order.
     pub async fn register_agents(&self, agents: &[Agent]) -> Vec<String> {
-        let mut roster =
-            RosterServiceClient::connect(self.cluster().roster_url()).await.expect("connecting to the roster");
+        let mut roster = self.roster();
         let mut teams: Vec<&str> =
             agents.iter().map(|agent| agent.team.as_str()).filter(|team| !team.is_empty()).collect();
         teams.sort_unstable();
@@ -175,14 +240,16 @@ impl Drop for TestCluster {
     }
 }
 
-/// A worker serving `agents` with the sample behaviour, stopped when the returned sender is dropped or sent to.
+/// A worker serving `agents` with the sample behaviour, stopped when the
+/// returned sender is dropped or sent to; it connects with `execution`'s
+/// credential (an operator's lets it provide the sample tools).
 pub fn spawn_sample_worker(
-    execution_url: String,
+    execution: Endpoint,
     credentials: Vec<muster::worker::AgentCredential>,
 ) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let handle = tokio::spawn(muster::worker::serve(
-        execution_url,
+        execution,
         "test-worker".to_owned(),
         credentials,
         std::sync::Arc::new(muster::sample::SampleBehaviour),
@@ -213,15 +280,12 @@ pub fn agent(id: &str, role: &str, team: &str) -> Agent {
 }
 
 /// Watches until the execution ends, reconnecting (from the last sequence) when the service restarts.
-pub async fn events_until_finished(url: &str, execution_id: &str) -> Vec<StepEvent> {
+pub async fn events_until_finished(execution: &Endpoint, execution_id: &str) -> Vec<StepEvent> {
     let mut events: Vec<StepEvent> = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
     loop {
         assert!(tokio::time::Instant::now() < deadline, "the execution did not finish");
-        let Ok(mut client) = ExecutionServiceClient::connect(url.to_owned()).await else {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            continue;
-        };
+        let mut client = ExecutionServiceClient::new(execution.channel().expect("a channel"));
         let after_sequence = events.last().map_or(0, |event| event.sequence);
         let Ok(response) = client
             .watch_execution(WatchExecutionRequest { execution_id: execution_id.to_owned(), after_sequence })

@@ -1,15 +1,14 @@
 //! The `muster` command line against a running cluster: roster import with
 //! tokens, the sample agents as a separate `muster agent` process, `run`,
-//! `validate`, `delegate`, and an approval decided with `muster approve`.
+//! `validate`, `delegate`, an approval decided with `muster approve`, token
+//! rotation, the permission matrix, role checks and a team session.
 
 use std::{
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
 };
 
-use muster_proto::execution::v1::{
-    GetExecutionRequest, ListExecutionsRequest, StepStatus, execution_service_client::ExecutionServiceClient,
-};
+use muster_proto::execution::v1::{GetExecutionRequest, ListExecutionsRequest, StepStatus};
 use muster_tests::{Backend, TestCluster};
 
 fn muster() -> PathBuf {
@@ -35,9 +34,11 @@ fn text(output: &Output) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_line_drives_the_cluster() {
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    // The command finds the local operator's token in the data folder by itself.
     let environment = vec![
         ("MUSTER_EXECUTION_URL".to_owned(), test.cluster().execution_url()),
         ("MUSTER_ROSTER_URL".to_owned(), test.cluster().roster_url()),
+        ("MUSTER_DATA_DIR".to_owned(), test.data_dir.display().to_string()),
     ];
     let tokens_file = test.data_dir.join("tokens.json");
     let path = |path: &Path| path.display().to_string();
@@ -54,7 +55,44 @@ async fn the_command_line_drives_the_cluster() {
     )
     .await;
     assert!(imported.status.success(), "{}", text(&imported));
-    assert!(text(&imported).contains("imported 10 agents, 3 teams, 5 roles"), "{}", text(&imported));
+    assert!(
+        text(&imported).contains("imported 10 agents (10 new, 0 kept their tokens), 3 teams, 5 roles"),
+        "{}",
+        text(&imported)
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&tokens_file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "the tokens file is its owner's only");
+    }
+    // Importing again rotates nobody: the tokens in the file stay good.
+    let before = std::fs::read_to_string(&tokens_file).unwrap();
+    let again = run(
+        vec![
+            "roster".into(),
+            "import".into(),
+            "examples/roster.yaml".into(),
+            "--tokens-file".into(),
+            path(&tokens_file),
+        ],
+        environment.clone(),
+    )
+    .await;
+    assert!(text(&again).contains("(0 new, 10 kept their tokens)"), "{}", text(&again));
+    assert_eq!(std::fs::read_to_string(&tokens_file).unwrap(), before);
+
+    // Without any credential, the command says so plainly.
+    let anonymous = run(
+        vec!["roster".into(), "list".into()],
+        vec![
+            ("MUSTER_ROSTER_URL".to_owned(), test.cluster().roster_url()),
+            ("MUSTER_DATA_DIR".to_owned(), test.data_dir.join("nowhere").display().to_string()),
+        ],
+    )
+    .await;
+    assert_eq!(anonymous.status.code(), Some(2), "{}", text(&anonymous));
+    assert!(text(&anonymous).contains("no credential: pass --token or set MUSTER_TOKEN"), "{}", text(&anonymous));
 
     let mut agents = Command::new(muster())
         .args(["agent", "--tokens-file", &path(&tokens_file)])
@@ -109,7 +147,7 @@ async fn the_command_line_drives_the_cluster() {
                 .unwrap()
         }
     });
-    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let mut client = test.execution();
     let execution_id = loop {
         let listed = client
             .list_executions(ListExecutionsRequest { process_name: "sign-off".to_owned(), ..Default::default() })
@@ -138,6 +176,122 @@ async fn the_command_line_drives_the_cluster() {
     assert!(text(&approved).contains("step gate is now completed"), "{}", text(&approved));
     let waited = waiting.await.unwrap();
     assert!(waited.status.success(), "{}", text(&waited));
+
+    // An agent's role, checked against the permission matrix in force.
+    let denied = run(vec!["check-role".into(), "writer-agent".into(), "assign_role".into()], environment.clone()).await;
+    assert_eq!(denied.status.code(), Some(1), "{}", text(&denied));
+    assert!(text(&denied).contains("denied: writer-agent 'assign_role'"), "{}", text(&denied));
+    let shown = run(vec!["matrix".into(), "show".into()], environment.clone()).await;
+    assert!(text(&shown).contains("# permission matrix version 1"), "{}", text(&shown));
+    let matrix = test.data_dir.join("matrix.yaml");
+    std::fs::write(
+        &matrix,
+        "roles:
+  writer:
+    can: [assign_role, code]
+",
+    )
+    .unwrap();
+    let applied = run(vec!["matrix".into(), "apply".into(), path(&matrix)], environment.clone()).await;
+    assert!(text(&applied).contains("permission matrix version 2 is in force"), "{}", text(&applied));
+    let allowed =
+        run(vec!["check-role".into(), "writer-agent".into(), "assign_role".into()], environment.clone()).await;
+    assert_eq!(allowed.status.code(), Some(0), "{}", text(&allowed));
+    std::fs::write(
+        &matrix,
+        "roles:
+  writer:
+    can: [code]
+    cannot: [code]
+",
+    )
+    .unwrap();
+    let refused = run(vec!["matrix".into(), "apply".into(), path(&matrix)], environment.clone()).await;
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert!(text(&refused).contains("error[MTX004]"), "{}", text(&refused));
+
+    // A team session: started with a participant, who gets a role, and a new lead.
+    std::fs::write(
+        &matrix,
+        "roles:
+  lead:
+    can: [assign_role]
+    includes: [writer]
+  writer:
+    can: [code]
+",
+    )
+    .unwrap();
+    run(vec!["matrix".into(), "apply".into(), path(&matrix)], environment.clone()).await;
+    let session = test.data_dir.join("session.yaml");
+    std::fs::write(
+        &session,
+        "name: pairing
+steps:
+  - id: gate
+    type: human_approval
+    roles: {executor: manager-agent}
+",
+    )
+    .unwrap();
+    let started = run(
+        vec![
+            "session".into(),
+            "start".into(),
+            path(&session),
+            "--lead".into(),
+            "manager-agent".into(),
+            "--title".into(),
+            "Pair on the draft".into(),
+            "--participant".into(),
+            "writer-agent=writer:Write the draft".into(),
+        ],
+        environment.clone(),
+    )
+    .await;
+    assert!(started.status.success(), "{}", text(&started));
+    let session_id = text(&started)
+        .lines()
+        .find_map(|line| line.strip_prefix("session ")?.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no session id in {}", text(&started)));
+    let status = run(vec!["session".into(), "status".into(), session_id.clone()], environment.clone()).await;
+    assert!(text(&status).contains("👑 LEAD: manager-agent"), "{}", text(&status));
+    assert!(text(&status).contains("📍 writer-agent [WRITER] — Write the draft"), "{}", text(&status));
+    let manager =
+        [environment.clone(), vec![("MUSTER_TOKEN".to_owned(), tokens["manager-agent"].as_str().unwrap().to_owned())]]
+            .concat();
+    let assigned = run(
+        vec!["session".into(), "assign".into(), session_id.clone(), "seo-agent".into(), "writer".into()],
+        manager.clone(),
+    )
+    .await;
+    assert!(text(&assigned).contains("seo-agent is now writer"), "{}", text(&assigned));
+    let writer =
+        [environment.clone(), vec![("MUSTER_TOKEN".to_owned(), tokens["writer-agent"].as_str().unwrap().to_owned())]]
+            .concat();
+    let not_lead =
+        run(vec!["session".into(), "assign".into(), session_id.clone(), "seo-agent".into(), "writer".into()], writer)
+            .await;
+    assert_eq!(not_lead.status.code(), Some(2), "{}", text(&not_lead));
+    assert!(text(&not_lead).contains("PermissionDenied"), "{}", text(&not_lead));
+    let lead =
+        run(vec!["session".into(), "lead".into(), session_id.clone(), "editor-agent".into()], environment.clone())
+            .await;
+    assert!(text(&lead).contains("editor-agent now leads"), "{}", text(&lead));
+
+    // A rotated token: the new one goes into the tokens file, the old one stops working.
+    let rotated = run(
+        vec!["token".into(), "rotate".into(), "writer-agent".into(), "--tokens-file".into(), path(&tokens_file)],
+        environment.clone(),
+    )
+    .await;
+    assert!(rotated.status.success(), "{}", text(&rotated));
+    let old =
+        [environment.clone(), vec![("MUSTER_TOKEN".to_owned(), tokens["writer-agent"].as_str().unwrap().to_owned())]]
+            .concat();
+    let refused = run(vec!["roster".into(), "list".into()], old).await;
+    assert!(text(&refused).contains("Unauthenticated"), "{}", text(&refused));
+    assert!(text(&refused).contains("revoked"), "{}", text(&refused));
 
     agents.kill().unwrap();
     let _ = agents.wait();

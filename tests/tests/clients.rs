@@ -65,6 +65,7 @@ async fn python_client_runs_the_sample_process() {
     assert!(status.success(), "generating the Python client failed");
 
     let address = |url: String| url.trim_start_matches("http://").to_owned();
+    let operator_token_file = test.data_dir.join(muster::credentials::OPERATOR_TOKEN_FILE);
     let output = tokio::task::spawn_blocking({
         let (execution, notifier) = (address(test.cluster().execution_url()), address(test.cluster().notifier_url()));
         move || {
@@ -73,6 +74,8 @@ async fn python_client_runs_the_sample_process() {
                 .args(["--execution", &execution, "--notifier", &notifier, "--read-notifications-of", "archive-agent"])
                 .arg("--tokens")
                 .arg(&tokens_file)
+                .arg("--operator-token-file")
+                .arg(operator_token_file)
                 .arg("--process")
                 .arg(repository().join("examples/process.yaml"))
                 .env("PYTHONPATH", format!("{}:{}", generated.display(), examples.display()))
@@ -96,8 +99,8 @@ async fn grpcurl_recipes_work_without_proto_files() {
     let recipes = readme_recipes("grpcurl");
     assert!(recipes.len() >= 5, "the README's grpcurl recipes: {recipes:?}");
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
-    test.register_agents(&[agent("writer-agent", "writer", "content")]).await;
-    let runner = RecipeRunner::new(grpcurl, test.cluster());
+    let tokens = test.register_agents(&[agent("writer-agent", "writer", "content")]).await;
+    let runner = RecipeRunner::new(grpcurl, test.cluster(), &tokens[0]);
 
     let mut checked = Vec::new();
     for recipe in &recipes {
@@ -131,16 +134,26 @@ async fn grpcurl_recipes_work_without_proto_files() {
                 assert_empty_process_refused(&runner.run(recipe, target));
                 checked.push("validate");
             }
+            Some("muster.notifier.v1.NotifierService/ListNotifications") => {
+                assert_own_inbox_read(&runner.run(recipe, target));
+                checked.push("agent inbox");
+            }
             _ => panic!("no check for the README recipe {recipe:?}: add one here"),
         }
     }
-    assert_eq!(checked, ["list", "describe", "health", "list agents", "validate"], "the README's grpcurl recipes");
+    assert_eq!(
+        checked,
+        ["list", "describe", "health", "list agents", "validate", "agent inbox"],
+        "the README's grpcurl recipes"
+    );
     test.shutdown().await;
 }
 
 /// A service as the README's recipes call it and as it runs in the test cluster.
 struct Service {
     name: &'static str,
+    /// The gRPC services its server serves, as listed (sorted).
+    serves: Vec<&'static str>,
     /// `127.0.0.1:<default port>`, as the README writes it.
     readme: String,
     /// `127.0.0.1:<port>` where it runs here.
@@ -148,17 +161,25 @@ struct Service {
 }
 
 /// Runs the README's recipes of one tool against the test cluster, each with
-/// the README's address of a service swapped for where it runs here.
+/// the README's address of a service swapped for where it runs here, and its
+/// credentials for the test cluster's.
 struct RecipeRunner {
     program: String,
     services: Vec<Service>,
+    operator_token: String,
+    agent_token: String,
 }
 
 impl RecipeRunner {
-    fn new(program: String, cluster: &Cluster) -> Self {
+    fn new(program: String, cluster: &Cluster, agent_token: &str) -> Self {
         let defaults = Ports::default();
         let service = |name, port: u16, url: String| Service {
             name,
+            serves: if name == "muster.roster.v1.RosterService" {
+                vec!["muster.roster.v1.CredentialService", name]
+            } else {
+                vec![name]
+            },
             readme: format!("127.0.0.1:{port}"),
             here: url.trim_start_matches("http://").to_owned(),
         };
@@ -168,7 +189,12 @@ impl RecipeRunner {
             service("muster.validator.v1.ValidatorService", defaults.validator, cluster.validator_url()),
             service("muster.notifier.v1.NotifierService", defaults.notifier, cluster.notifier_url()),
         ];
-        Self { program, services }
+        Self {
+            program,
+            services,
+            operator_token: cluster.credentials.operator_token.clone(),
+            agent_token: agent_token.to_owned(),
+        }
     }
 
     /// The service a recipe calls, by the README's address in it.
@@ -182,7 +208,11 @@ impl RecipeRunner {
     /// Runs `recipe` against `on` (whichever service the recipe names) and returns what it printed.
     fn run(&self, recipe: &[String], on: &Service) -> String {
         let target = self.target(recipe);
-        let arguments = recipe[1..].iter().map(|word| word.replace(&target.readme, &on.here));
+        let arguments = recipe[1..].iter().map(|word| {
+            word.replace(&target.readme, &on.here)
+                .replace(OPERATOR_TOKEN, &self.operator_token)
+                .replace(AGENT_TOKEN, &self.agent_token)
+        });
         let output = Command::new(&self.program).args(arguments).output().unwrap();
         let text = String::from_utf8_lossy(&output.stdout).into_owned();
         assert!(
@@ -195,19 +225,12 @@ impl RecipeRunner {
     }
 }
 
-/// A service lists health, both reflection versions and itself, nothing else.
+/// A service lists health, both reflection versions and what it serves, nothing else.
 fn assert_lists_only(service: &Service, listed: &str) {
-    assert_eq!(
-        listed.lines().collect::<Vec<_>>(),
-        [
-            "grpc.health.v1.Health",
-            "grpc.reflection.v1.ServerReflection",
-            "grpc.reflection.v1alpha.ServerReflection",
-            service.name
-        ],
-        "{}",
-        service.here
-    );
+    let mut expected =
+        vec!["grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"];
+    expected.extend(&service.serves);
+    assert_eq!(listed.lines().collect::<Vec<_>>(), expected, "{}", service.here);
 }
 
 fn assert_serving(service: &Service, answer: &str) {
@@ -234,15 +257,31 @@ fn assert_empty_process_refused(answer: &str) {
     );
 }
 
+/// The writer reads its own inbox, empty in this test: an empty answer.
+fn assert_own_inbox_read(answer: &str) {
+    let inbox = json(answer);
+    assert!(inbox.get("notifications").is_none_or(|notifications| notifications.as_array().is_some()), "{inbox}");
+}
+
 /// A tool's JSON answer.
 fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap_or_else(|error| panic!("{error}: {text}"))
 }
 
+/// How the README's recipes give a credential, and the words that stand for
+/// it once read: the local operator's token, and an agent's.
+const CREDENTIALS: [(&str, &str); 2] = [
+    (r#""authorization: Bearer $(cat muster-data/operator.token)""#, "'authorization: Bearer @OPERATOR_TOKEN@'"),
+    (r#""authorization: Bearer $AGENT_TOKEN""#, "'authorization: Bearer @AGENT_TOKEN@'"),
+];
+const OPERATOR_TOKEN: &str = "@OPERATOR_TOKEN@";
+const AGENT_TOKEN: &str = "@AGENT_TOKEN@";
+
 /// The README's recipes for `program`: every line of a `sh` block that starts
 /// with `program` and a space, split into arguments as the shell would (the
-/// recipes quote with single quotes only; other shell syntax is refused, so
-/// a recipe this cannot read fails the test instead of being misread).
+/// recipes quote with single quotes only, but for the credentials of
+/// [`CREDENTIALS`]; other shell syntax is refused, so a recipe this cannot
+/// read fails the test instead of being misread).
 fn readme_recipes(program: &str) -> Vec<Vec<String>> {
     let readme = std::fs::read_to_string(repository().join("README.md")).unwrap();
     let mut recipes = Vec::new();
@@ -252,7 +291,9 @@ fn readme_recipes(program: &str) -> Vec<Vec<String>> {
             "```sh" => in_shell_block = true,
             "```" => in_shell_block = false,
             recipe if in_shell_block && recipe.starts_with(&format!("{program} ")) => {
-                recipes.push(shell_words(recipe));
+                let recipe =
+                    CREDENTIALS.iter().fold(recipe.to_owned(), |recipe, (written, read)| recipe.replace(written, read));
+                recipes.push(shell_words(&recipe));
             }
             _ => {}
         }
@@ -289,8 +330,8 @@ async fn buf_curl_recipes_work_without_proto_files() {
     let recipes = readme_recipes("buf");
     assert!(recipes.len() >= 4, "the README's buf curl recipes: {recipes:?}");
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
-    test.register_agents(&[agent("writer-agent", "writer", "content")]).await;
-    let runner = RecipeRunner::new(buf, test.cluster());
+    let tokens = test.register_agents(&[agent("writer-agent", "writer", "content")]).await;
+    let runner = RecipeRunner::new(buf, test.cluster(), &tokens[0]);
 
     let mut checked = Vec::new();
     for recipe in &recipes {
@@ -330,13 +371,16 @@ async fn buf_curl_recipes_work_without_proto_files() {
         } else if url.ends_with("/muster.validator.v1.ValidatorService/ValidateProcess") {
             assert_empty_process_refused(&runner.run(recipe, target));
             checked.push("validate");
+        } else if url.ends_with("/muster.notifier.v1.NotifierService/ListNotifications") {
+            assert_own_inbox_read(&runner.run(recipe, target));
+            checked.push("agent inbox");
         } else {
             panic!("no check for the README recipe {recipe:?}: add one here");
         }
     }
     assert_eq!(
         checked,
-        ["list services", "list methods", "health", "list agents", "validate"],
+        ["list services", "list methods", "health", "list agents", "validate", "agent inbox"],
         "the README's buf curl recipes"
     );
     test.shutdown().await;

@@ -9,22 +9,25 @@ use muster_proto::{
     common::v1::{EventType, ExecutionStatus, StepEvent},
     execution::v1::{
         CancelExecutionRequest, GetExecutionRequest, PublishProcessRequest, StartExecutionRequest, StepStatus,
-        WatchExecutionRequest, execution_service_client::ExecutionServiceClient,
+        WatchExecutionRequest,
     },
+    roster::v1::Agent,
 };
-use muster_tests::{Backend, TestCluster, agent, chain_process, events_until_finished, spawn_sample_worker};
-use tonic::transport::Channel;
+use muster_tests::{
+    Backend, ExecutionClient, TestCluster, agent, chain_process, events_until_finished, spawn_sample_worker,
+};
 
+/// A cluster with these agents, each allowed to hand its steps onward.
 async fn cluster_with_agents(backend: Backend, ids: &[&str]) -> Option<(TestCluster, Vec<AgentCredential>)> {
     let test = TestCluster::start(backend).await?;
-    let agents: Vec<_> = ids.iter().map(|id| agent(id, "worker", "team")).collect();
+    let agents: Vec<_> = ids.iter().map(|id| Agent { allow_delegation: true, ..agent(id, "worker", "team") }).collect();
     let tokens = test.register_agents(&agents).await;
     let credentials =
         ids.iter().zip(tokens).map(|(id, token)| AgentCredential { agent_id: (*id).to_owned(), token }).collect();
     Some((test, credentials))
 }
 
-async fn publish_and_start(client: &mut ExecutionServiceClient<Channel>, source: &str) -> String {
+async fn publish_and_start(client: &mut ExecutionClient, source: &str) -> String {
     let process = client
         .publish_process(PublishProcessRequest { source: source.to_owned(), file_name: "test.yaml".to_owned() })
         .await
@@ -49,8 +52,8 @@ fn count(events: &[StepEvent], kind: EventType, step: &str) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_failures_and_timeouts() {
     let Some((test, credentials)) = cluster_with_agents(Backend::Sqlite, &["doer", "watcher"]).await else { return };
-    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
-    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let mut client = test.execution();
     let source = r#"
 name: failures
 lead: watcher
@@ -85,7 +88,7 @@ steps:
     message: works
 "#;
     let execution_id = publish_and_start(&mut client, source).await;
-    let events = events_until_finished(&test.cluster().execution_url(), &execution_id).await;
+    let events = events_until_finished(&test.operator("execution"), &execution_id).await;
     let finished = events.last().unwrap();
     assert_eq!(finished.execution_status, ExecutionStatus::Failed as i32);
     assert!(finished.detail.contains("broken") || finished.detail.contains("slow"), "{}", finished.detail);
@@ -107,8 +110,7 @@ steps:
     assert_eq!(count(&events, EventType::StepStarted, "flaky"), 2);
 
     // The informed agent's memory has the failure with the seed's failure metadata.
-    let notifier_url = test.cluster().notifier_url();
-    muster::inbox::wait_for_event(&notifier_url, "watcher", &finished.event_id, Duration::from_secs(120))
+    muster::inbox::wait_for_event(&test.operator("notifier"), "watcher", &finished.event_id, Duration::from_secs(120))
         .await
         .unwrap();
     let memory = test.data_dir.join("agents/watcher/events");
@@ -129,12 +131,12 @@ steps:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancellation_and_refusals() {
     let Some((test, mut credentials)) = cluster_with_agents(Backend::Sqlite, &["doer"]).await else { return };
-    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let mut client = test.execution();
 
     // A worker with a token that is not the agent's is refused, and says so.
     let mut forged = credentials.clone();
     forged[0].token = "not-a-token".to_owned();
-    let (_stop_forged, forged_worker) = spawn_sample_worker(test.cluster().execution_url(), forged);
+    let (_stop_forged, forged_worker) = spawn_sample_worker(test.operator("execution"), forged);
     let refusal = forged_worker.await.unwrap().expect_err("a forged token is refused");
     let status = refusal.downcast_ref::<tonic::Status>().expect("a gRPC refusal");
     assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status}");
@@ -152,7 +154,7 @@ async fn cancellation_and_refusals() {
     assert_eq!(status.code(), tonic::Code::NotFound);
 
     // Cancelling a running execution cancels its unfinished steps.
-    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), std::mem::take(&mut credentials));
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), std::mem::take(&mut credentials));
     let slow = "name: slow\nsteps:\n  - id: wait\n    type: agent_task\n    agent: doer\n    message: wait\n    inputs: {sleep_ms: 60000}\n  - id: later\n    type: agent_task\n    agent: doer\n    message: later\n    depends_on: [wait]\n";
     let execution_id = publish_and_start(&mut client, slow).await;
     let cancelled = client
@@ -180,8 +182,8 @@ async fn cancellation_and_refusals() {
 /// the execution completes and every step's result is recorded once.
 async fn execution_service_crash(backend: Backend) {
     let Some((mut test, credentials)) = cluster_with_agents(backend, &["doer", "watcher"]).await else { return };
-    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
-    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let mut client = test.execution();
     let steps = 1000;
     let source = chain_process("crash", steps, "doer", "watcher", "{}");
     let execution_id = publish_and_start(&mut client, &source).await;
@@ -200,7 +202,7 @@ async fn execution_service_crash(backend: Backend) {
     test.cluster_mut().kill("execution").await.unwrap();
     test.cluster_mut().restart("execution").await.unwrap();
 
-    let events = events_until_finished(&test.cluster().execution_url(), &execution_id).await;
+    let events = events_until_finished(&test.operator("execution"), &execution_id).await;
     let finished = events.last().unwrap();
     assert_eq!(finished.execution_status, ExecutionStatus::Completed as i32, "{}", finished.detail);
     for (position, event) in events.iter().enumerate() {
@@ -210,15 +212,10 @@ async fn execution_service_crash(backend: Backend) {
         assert_eq!(count(&events, EventType::StepCompleted, &format!("s{index}")), 1, "step s{index}");
     }
     // The notifier got every event exactly once, whatever was in flight at the crash.
-    muster::inbox::wait_for_event(
-        &test.cluster().notifier_url(),
-        "watcher",
-        &finished.event_id,
-        Duration::from_secs(120),
-    )
-    .await
-    .unwrap();
-    let notified: Vec<StepEvent> = muster::inbox::all(&test.cluster().notifier_url(), "watcher")
+    muster::inbox::wait_for_event(&test.operator("notifier"), "watcher", &finished.event_id, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let notified: Vec<StepEvent> = muster::inbox::all(&test.operator("notifier"), "watcher")
         .await
         .unwrap()
         .into_iter()
@@ -248,25 +245,20 @@ async fn execution_service_crash_on_postgres() {
 /// The notifier stops in the middle of a run and comes back: every event arrives, none twice.
 async fn notifier_outage(backend: Backend) {
     let Some((mut test, credentials)) = cluster_with_agents(backend, &["doer", "watcher"]).await else { return };
-    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
-    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let mut client = test.execution();
     test.cluster_mut().stop("notifier").await.unwrap();
     let source = chain_process("outage", 20, "doer", "watcher", "{}");
     let execution_id = publish_and_start(&mut client, &source).await;
-    let events = events_until_finished(&test.cluster().execution_url(), &execution_id).await;
+    let events = events_until_finished(&test.operator("execution"), &execution_id).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
     test.cluster_mut().restart("notifier").await.unwrap();
 
     let finished = events.last().unwrap();
-    muster::inbox::wait_for_event(
-        &test.cluster().notifier_url(),
-        "watcher",
-        &finished.event_id,
-        Duration::from_secs(120),
-    )
-    .await
-    .unwrap();
-    let notified: Vec<StepEvent> = muster::inbox::all(&test.cluster().notifier_url(), "watcher")
+    muster::inbox::wait_for_event(&test.operator("notifier"), "watcher", &finished.event_id, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let notified: Vec<StepEvent> = muster::inbox::all(&test.operator("notifier"), "watcher")
         .await
         .unwrap()
         .into_iter()
@@ -311,7 +303,7 @@ fn as_agent<T>(message: T, token: &str) -> tonic::Request<T> {
 }
 
 async fn wait_for_status(
-    client: &mut ExecutionServiceClient<Channel>,
+    client: &mut ExecutionClient,
     execution_id: &str,
     step_id: &str,
     status: StepStatus,
@@ -340,8 +332,8 @@ async fn human_approval_waits_for_its_executor_or_monitors() {
     };
     let token = |agent: &str| credentials.iter().find(|c| c.agent_id == agent).unwrap().token.clone();
     let (boss_token, reviewer_token, outsider_token) = (token("boss"), token("reviewer"), token("outsider"));
-    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials.clone());
-    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials.clone());
+    let mut client = test.execution();
     let source = |name: &str| {
         format!(
             "name: {name}\nsteps:\n  - id: prepare\n    type: agent_task\n    agent: doer\n    message: prepare\n  - id: sign-off\n    type: human_approval\n    title: Sign off\n    depends_on: [prepare]\n    roles:\n      executor: boss\n      monitors: [reviewer]\n  - id: ship\n    type: agent_task\n    agent: doer\n    message: ship\n    depends_on: [sign-off]\n"
@@ -357,8 +349,14 @@ async fn human_approval_waits_for_its_executor_or_monitors() {
         approved,
         comment: comment.to_owned(),
     };
-    let status = client.submit_approval(decision(true, "")).await.expect_err("no token");
+    let status = test
+        .execution_with(muster_runtime::auth::client::Credentials::none())
+        .submit_approval(decision(true, ""))
+        .await
+        .expect_err("no token");
     assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    let status = client.submit_approval(decision(true, "")).await.expect_err("operators do not decide");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied);
     let status =
         client.submit_approval(as_agent(decision(true, ""), &outsider_token)).await.expect_err("not an approver");
     assert_eq!(status.code(), tonic::Code::PermissionDenied);
@@ -372,7 +370,7 @@ async fn human_approval_waits_for_its_executor_or_monitors() {
         .unwrap();
     assert_eq!(step.status, StepStatus::Completed as i32);
     assert_eq!(step.executor, "reviewer");
-    let events = events_until_finished(&test.cluster().execution_url(), &approved_id).await;
+    let events = events_until_finished(&test.operator("execution"), &approved_id).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
     assert_eq!(count(&events, EventType::ApprovalRequested, "sign-off"), 1);
     let late = client.submit_approval(as_agent(decision(false, ""), &boss_token)).await.expect_err("already decided");
@@ -387,7 +385,7 @@ async fn human_approval_waits_for_its_executor_or_monitors() {
         comment: "not yet".to_owned(),
     };
     client.submit_approval(as_agent(rejection, &boss_token)).await.unwrap();
-    let events = events_until_finished(&test.cluster().execution_url(), &rejected_id).await;
+    let events = events_until_finished(&test.operator("execution"), &rejected_id).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Failed as i32);
     let failure = events
         .iter()
@@ -410,8 +408,8 @@ async fn monitors_and_the_lead_intervene_and_nobody_else() {
     let token = |agent: &str| credentials.iter().find(|c| c.agent_id == agent).unwrap().token.clone();
     // Nobody serves "ghost": its step waits for a worker until reassigned.
     let served = credentials.iter().filter(|c| c.agent_id != "ghost").cloned().collect();
-    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), served);
-    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), served);
+    let mut client = test.execution();
     let source = r#"
 name: interventions
 lead: boss
@@ -498,7 +496,7 @@ steps:
         comment: String::new(),
     };
     client.submit_approval(as_agent(approval, &token("boss"))).await.unwrap();
-    let events = events_until_finished(&test.cluster().execution_url(), &id).await;
+    let events = events_until_finished(&test.operator("execution"), &id).await;
     assert_eq!(
         events.last().unwrap().execution_status,
         ExecutionStatus::Completed as i32,
@@ -543,8 +541,8 @@ async fn roster_outage(backend: Backend) {
     let tokens = test.register_agents(&agents).await;
     let credentials =
         agents.iter().zip(tokens).map(|(agent, token)| AgentCredential { agent_id: agent.id.clone(), token }).collect();
-    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
-    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let mut client = test.execution();
     let mut source = String::from("name: outage\nlead: boss\nsteps:\n");
     for index in 0..12 {
         source.push_str(&format!(
@@ -561,7 +559,7 @@ async fn roster_outage(backend: Backend) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     test.cluster_mut().restart("roster").await.unwrap();
 
-    let events = events_until_finished(&test.cluster().execution_url(), &execution_id).await;
+    let events = events_until_finished(&test.operator("execution"), &execution_id).await;
     let finished = events.last().unwrap();
     assert_eq!(finished.execution_status, ExecutionStatus::Completed as i32, "{}", finished.detail);
     assert!(events.iter().all(|event| event.r#type != EventType::StepFailed as i32));
@@ -593,8 +591,8 @@ async fn roster_outage_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_delegate_onward_and_loops_are_refused() {
     let Some((test, credentials)) = cluster_with_agents(Backend::Sqlite, &["ann", "bob"]).await else { return };
-    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
-    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let mut client = test.execution();
     let source = r#"
 name: relay
 steps:
@@ -610,7 +608,7 @@ steps:
     inputs: {delegate: {ann: nobody}}
 "#;
     let id = publish_and_start(&mut client, source).await;
-    let events = events_until_finished(&test.cluster().execution_url(), &id).await;
+    let events = events_until_finished(&test.operator("execution"), &id).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
     let execution = client.get_execution(GetExecutionRequest { id }).await.unwrap().into_inner().execution.unwrap();
     let step = |step_id: &str| execution.steps.iter().find(|step| step.step_id == step_id).unwrap().clone();
@@ -662,7 +660,7 @@ async fn a_silent_worker_loses_its_assignment_after_the_lease() {
         })
         .await
         .unwrap();
-    let mut silent_client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let mut silent_client = test.execution();
     let mut silent = silent_client
         .connect_worker(tokio_stream::wrappers::ReceiverStream::new(silent_receiver))
         .await
@@ -674,7 +672,7 @@ async fn a_silent_worker_loses_its_assignment_after_the_lease() {
         "{welcome:?}"
     );
 
-    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let mut client = test.execution();
     let id = publish_and_start(
         &mut client,
         "name: lease\nsteps:\n  - id: only\n    type: agent_task\n    agent: solo\n    message: m\n",
@@ -688,10 +686,10 @@ async fn a_silent_worker_loses_its_assignment_after_the_lease() {
 
     // A live worker joins; once the silent one's lease expires, the step moves to it.
     let credentials = vec![AgentCredential { agent_id: "solo".to_owned(), token: tokens[0].clone() }];
-    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
     let ended = silent.message().await.expect_err("the silent worker is disconnected");
     assert_eq!(ended.code(), tonic::Code::DeadlineExceeded, "{ended}");
-    let events = events_until_finished(&test.cluster().execution_url(), &id).await;
+    let events = events_until_finished(&test.operator("execution"), &id).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
     let execution = client.get_execution(GetExecutionRequest { id }).await.unwrap().into_inner().execution.unwrap();
     // (Under heavy load the live worker may itself miss a lease and be given a
@@ -710,8 +708,8 @@ async fn a_silent_worker_loses_its_assignment_after_the_lease() {
 async fn versions_are_pinned_context_is_checked_and_parallelism_is_bounded() {
     use muster_proto::execution::v1::GetProcessRequest;
     let Some((test, credentials)) = cluster_with_agents(Backend::Sqlite, &["doer"]).await else { return };
-    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
-    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let mut client = test.execution();
 
     // Publishing checks references against the roster: an unknown agent is refused.
     let unknown = "name: unknown\nsteps:\n  - id: one\n    type: agent_task\n    agent: nobody\n    message: m\n";
@@ -734,7 +732,7 @@ async fn versions_are_pinned_context_is_checked_and_parallelism_is_bounded() {
     let second_source =
         "name: versions\nsteps:\n  - id: other\n    type: agent_task\n    agent: doer\n    message: m\n";
     let second = publish_and_start(&mut client, second_source).await;
-    let events = events_until_finished(&test.cluster().execution_url(), &first).await;
+    let events = events_until_finished(&test.operator("execution"), &first).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
     assert!(events.iter().all(|event| event.process_version == 1));
     let mut running: i32 = 0;
@@ -748,7 +746,7 @@ async fn versions_are_pinned_context_is_checked_and_parallelism_is_bounded() {
         most = most.max(running);
     }
     assert_eq!(most, 2, "max_parallel bounds the steps running at once");
-    let later = events_until_finished(&test.cluster().execution_url(), &second).await;
+    let later = events_until_finished(&test.operator("execution"), &second).await;
     assert!(later.iter().all(|event| event.process_version == 2));
     assert!(later.iter().any(|event| event.step_id == "other"));
     let original = client
@@ -770,9 +768,7 @@ async fn versions_are_pinned_context_is_checked_and_parallelism_is_bounded() {
 /// the requester's senior.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delegation_queues_for_a_busy_expert_and_escalates_when_offline() {
-    use muster_proto::roster::v1::{
-        Agent, AgentStatus, SetAgentStatusRequest, roster_service_client::RosterServiceClient,
-    };
+    use muster_proto::roster::v1::{AgentStatus, SetAgentStatusRequest};
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
     let person = |id: &str, senior: &str, expertise: &[&str], capacity: u32| Agent {
         id: id.to_owned(),
@@ -788,13 +784,13 @@ async fn delegation_queues_for_a_busy_expert_and_escalates_when_offline() {
     let tokens = test.register_agents(&agents).await;
     let credentials =
         agents.iter().zip(tokens).map(|(agent, token)| AgentCredential { agent_id: agent.id.clone(), token }).collect();
-    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
-    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let mut client = test.execution();
 
     // Two parallel steps need the one expert, who takes one task at a time.
     let queued = "name: queue\nlead: lead\nsteps:\n  - id: first\n    type: agent_task\n    message: m\n    inputs: {sleep_ms: 3000}\n    delegate: {expertise: [rust], team: core}\n  - id: second\n    type: agent_task\n    message: m\n    delegate: {expertise: [rust], team: core}\n";
     let id = publish_and_start(&mut client, queued).await;
-    let events = events_until_finished(&test.cluster().execution_url(), &id).await;
+    let events = events_until_finished(&test.operator("execution"), &id).await;
     assert_eq!(
         events.last().unwrap().execution_status,
         ExecutionStatus::Completed as i32,
@@ -826,7 +822,7 @@ async fn delegation_queues_for_a_busy_expert_and_escalates_when_offline() {
     assert!(events.iter().all(|event| event.r#type != EventType::StepStarted as i32 || event.agent_id == "expert"));
 
     // With the expert offline, nobody has the expertise: the lead's senior takes it.
-    let mut roster = RosterServiceClient::connect(test.cluster().roster_url()).await.unwrap();
+    let mut roster = test.roster();
     roster
         .set_agent_status(SetAgentStatusRequest {
             id: "expert".to_owned(),
@@ -837,7 +833,7 @@ async fn delegation_queues_for_a_busy_expert_and_escalates_when_offline() {
         .unwrap();
     let escalated = "name: escalate\nlead: lead\nsteps:\n  - id: only\n    type: agent_task\n    message: m\n    delegate: {expertise: [rust], team: core}\n";
     let id = publish_and_start(&mut client, escalated).await;
-    let events = events_until_finished(&test.cluster().execution_url(), &id).await;
+    let events = events_until_finished(&test.operator("execution"), &id).await;
     assert_eq!(
         events.last().unwrap().execution_status,
         ExecutionStatus::Completed as i32,

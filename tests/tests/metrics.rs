@@ -7,17 +7,11 @@ use std::time::Duration;
 use muster::worker::AgentCredential;
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus, StepEvent, StepRoles},
-    execution::v1::{
-        PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest,
-        execution_service_client::ExecutionServiceClient,
-    },
+    execution::v1::{PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest},
     notifier::v1::{
         IngestEventsRequest, ListNotificationsRequest, SubscribeRequest, notifier_service_client::NotifierServiceClient,
     },
-    roster::v1::{
-        Agent, AgentStatus, DecisionKind, DelegateRequest, ReleaseTaskRequest, SetAgentStatusRequest,
-        roster_service_client::RosterServiceClient,
-    },
+    roster::v1::{Agent, AgentStatus, DecisionKind, DelegateRequest, ReleaseTaskRequest, SetAgentStatusRequest},
 };
 use muster_tests::{Backend, TestCluster, spawn_sample_worker};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -70,8 +64,8 @@ async fn every_service_serves_its_metrics() {
         AgentCredential { agent_id: "lead".to_owned(), token: tokens[0].clone() },
         AgentCredential { agent_id: "dev".to_owned(), token: tokens[1].clone() },
     ];
-    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
-    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let mut client = test.execution();
     let source = "name: measured\nlead: lead\nsteps:\n  - id: named\n    type: agent_task\n    agent: dev\n    message: m\n    roles: {executor: dev, informed: [lead]}\n  - id: broken\n    type: agent_task\n    agent: dev\n    message: m\n    inputs: {fail: no}\n  - id: delegated\n    type: agent_task\n    message: m\n    delegate: {expertise: [rust], team: core}\n";
     client
         .publish_process(PublishProcessRequest { source: source.to_owned(), file_name: String::new() })
@@ -131,7 +125,7 @@ async fn every_service_serves_its_metrics() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     // Notifications handed to the lead, counted by how they were read.
-    let mut notifier = NotifierServiceClient::connect(test.cluster().notifier_url()).await.unwrap();
+    let mut notifier = test.notifier();
     let listed = notifier
         .list_notifications(ListNotificationsRequest { agent_id: "lead".to_owned(), ..Default::default() })
         .await
@@ -198,7 +192,7 @@ async fn gauges_follow_the_delegation_queue_and_the_live_subscribers() {
     };
     test.register_agents(&[boss, solo]).await;
     let roster_url = test.cluster().roster_url();
-    let mut roster = RosterServiceClient::connect(roster_url.clone()).await.unwrap();
+    let mut roster = test.roster();
     let go_task = |task_id: &str| DelegateRequest {
         task_id: task_id.to_owned(),
         requester_id: "boss".to_owned(),
@@ -221,7 +215,7 @@ async fn gauges_follow_the_delegation_queue_and_the_live_subscribers() {
     test.cluster_mut().stop("roster").await.unwrap();
     test.cluster_mut().restart("roster").await.unwrap();
     assert_eq!(gauge(&scrape(&roster_url).await, QUEUED), Some(1.0), "after a restart");
-    roster = RosterServiceClient::connect(roster_url.clone()).await.unwrap();
+    roster = test.roster();
 
     // The freed slot goes to the queued task.
     roster.release_task(ReleaseTaskRequest { task_id: "first".to_owned() }).await.unwrap();
@@ -256,6 +250,10 @@ async fn gauges_follow_the_delegation_queue_and_the_live_subscribers() {
         .connect()
         .await
         .unwrap();
+    let narrow = muster_runtime::auth::client::with_credentials(
+        narrow,
+        muster_runtime::auth::client::Credentials::bearer(&test.cluster().credentials.operator_token).unwrap(),
+    );
     let mut stream = NotifierServiceClient::new(narrow)
         .subscribe(SubscribeRequest { agent_id: "watcher".to_owned(), after_cursor: 0 })
         .await
@@ -281,9 +279,8 @@ async fn gauges_follow_the_delegation_queue_and_the_live_subscribers() {
             ..Default::default()
         }),
     });
-    let mut acks = NotifierServiceClient::connect(notifier_url.clone())
-        .await
-        .unwrap()
+    let mut acks = test
+        .notifier_as(&test.service_token("execution"))
         .ingest_events(tokio_stream::iter(events.collect::<Vec<_>>()))
         .await
         .unwrap()

@@ -16,9 +16,8 @@ use muster_proto::{
     common::v1::{EventType, ExecutionStatus, Severity},
     execution::v1::{
         GetExecutionRequest, PublishProcessRequest, PublishProcessResponse, StartExecutionRequest, StepStatus,
-        execution_service_client::ExecutionServiceClient,
     },
-    roster::v1::{PutRoleDefinitionRequest, RoleDefinition, roster_service_client::RosterServiceClient},
+    roster::v1::{PutRoleDefinitionRequest, RoleDefinition},
 };
 use muster_tests::{Backend, TestCluster, agent, events_until_finished};
 use prost::Message;
@@ -63,7 +62,7 @@ async fn sample_process_on_postgres() {
 
 async fn sample_process(backend: Backend) {
     let Some(test) = TestCluster::start(backend).await else { return };
-    let mut roster = RosterServiceClient::connect(test.cluster().roster_url()).await.unwrap();
+    let mut roster = test.roster();
     let reviewer =
         RoleDefinition { name: "reviewer".to_owned(), description: "Reviews".to_owned(), ..Default::default() };
     roster.put_role_definition(PutRoleDefinitionRequest { role: Some(reviewer) }).await.unwrap();
@@ -73,7 +72,7 @@ async fn sample_process(backend: Backend) {
         agents.iter().zip(tokens).map(|(agent, token)| AgentCredential { agent_id: agent.id.clone(), token }).collect();
     let (stop_worker, worker_stopped) = tokio::sync::oneshot::channel::<()>();
     let worker = tokio::spawn(worker::serve(
-        test.cluster().execution_url(),
+        test.operator("execution"),
         "e2e-worker".to_owned(),
         credentials,
         Arc::new(SampleBehaviour),
@@ -82,7 +81,7 @@ async fn sample_process(backend: Backend) {
         },
     ));
 
-    let mut execution_client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let mut execution_client = test.execution();
     let published = execution_client
         .publish_process(PublishProcessRequest {
             source: SAMPLE_PROCESS.to_owned(),
@@ -102,7 +101,7 @@ async fn sample_process(backend: Backend) {
         .into_inner()
         .execution
         .unwrap();
-    let events = events_until_finished(&test.cluster().execution_url(), &execution.id).await;
+    let events = events_until_finished(&test.operator("execution"), &execution.id).await;
 
     // The execution completed, and so did every step.
     let finished = events.last().unwrap();
@@ -159,7 +158,7 @@ async fn sample_process(backend: Backend) {
 
     // The lead hears of every event; once the last one reached its inbox, the notifier has them all.
     muster::inbox::wait_for_event(
-        &test.cluster().notifier_url(),
+        &test.operator("notifier"),
         "manager-agent",
         &finished.event_id,
         Duration::from_secs(60),

@@ -4,17 +4,15 @@
 
 use muster::worker::AgentCredential;
 use muster_proto::{
-    execution::v1::{
-        InvokeToolRequest, ListToolsRequest, ToolOutput, execution_service_client::ExecutionServiceClient,
-    },
-    roster::v1::{PutRoleDefinitionRequest, RoleDefinition, roster_service_client::RosterServiceClient},
+    execution::v1::{InvokeToolRequest, ListToolsRequest, ToolOutput},
+    roster::v1::{PutRoleDefinitionRequest, RoleDefinition},
 };
 use muster_tests::{Backend, TestCluster, agent, spawn_sample_worker};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tools_answer_with_the_seed_status_codes() {
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
-    let mut roster = RosterServiceClient::connect(test.cluster().roster_url()).await.unwrap();
+    let mut roster = test.roster();
     for (role, tools) in [("writer", vec!["word_count", "flaky_tool", "ghost_tool"]), ("reader", vec![])] {
         let role = RoleDefinition {
             name: role.to_owned(),
@@ -25,8 +23,8 @@ async fn tools_answer_with_the_seed_status_codes() {
     }
     let tokens = test.register_agents(&[agent("wren", "writer", "content"), agent("rory", "reader", "content")]).await;
     let credentials = vec![AgentCredential { agent_id: "wren".to_owned(), token: tokens[0].clone() }];
-    let (stop, worker) = spawn_sample_worker(test.cluster().execution_url(), credentials);
-    let mut client = ExecutionServiceClient::connect(test.cluster().execution_url()).await.unwrap();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let mut client = test.execution();
     // The worker's tools are registered once it is connected.
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
     let tools = loop {

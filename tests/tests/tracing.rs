@@ -6,19 +6,16 @@
 
 use std::{collections::BTreeSet, path::PathBuf, process::Stdio, time::Duration};
 
+use muster::credentials::Endpoint;
 use muster_proto::{
     common::v1::ExecutionStatus,
-    execution::v1::{
-        Execution, GetExecutionRequest, PublishProcessRequest, StartExecutionRequest,
-        execution_service_client::ExecutionServiceClient,
-    },
+    execution::v1::{Execution, GetExecutionRequest, PublishProcessRequest, StartExecutionRequest},
     roster::v1::Agent,
 };
 use muster_tests::{
-    Backend, TestCluster, events_until_finished,
+    Backend, ExecutionClient, TestCluster, events_until_finished,
     otlp::{ReceivedSpan, TraceSink},
 };
-use tonic::transport::Channel;
 
 const PROCESS: &str = "\
 name: traced
@@ -47,12 +44,12 @@ fn traced<T>(message: T) -> tonic::Request<T> {
 }
 
 async fn run_to_end(
-    client: &mut ExecutionServiceClient<Channel>,
-    url: &str,
+    client: &mut ExecutionClient,
+    execution: &Endpoint,
     request: tonic::Request<StartExecutionRequest>,
 ) -> Execution {
     let started = client.start_execution(request).await.unwrap().into_inner().execution.unwrap();
-    let finished = events_until_finished(url, &started.id).await;
+    let finished = events_until_finished(execution, &started.id).await;
     assert_eq!(finished.last().unwrap().execution_status, ExecutionStatus::Completed as i32, "{finished:#?}");
     client.get_execution(GetExecutionRequest { id: started.id }).await.unwrap().into_inner().execution.unwrap()
 }
@@ -100,14 +97,15 @@ async fn one_execution_is_one_trace_across_the_cluster() {
         .args(["agent", "--tokens-file"])
         .arg(&tokens_file)
         .env("MUSTER_EXECUTION_URL", test.cluster().execution_url())
+        .env("MUSTER_DATA_DIR", &test.data_dir)
         .envs(otel)
         .stdout(Stdio::null())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
 
-    let url = test.cluster().execution_url();
-    let mut client = ExecutionServiceClient::connect(url.clone()).await.unwrap();
+    let url = test.operator("execution");
+    let mut client = test.execution();
     // Published and started under the client's trace.
     client
         .publish_process(traced(PublishProcessRequest { source: PROCESS.to_owned(), file_name: String::new() }))

@@ -6,7 +6,7 @@ use muster_proto::{
     roster::v1::{DelegateRequest, Urgency, roster_service_client::RosterServiceClient},
 };
 
-/// `muster approve`
+/// `muster approve`: as the agent whose token `--token` (or `MUSTER_TOKEN`) gives.
 #[derive(Debug, clap::Args)]
 pub(crate) struct ApproveArgs {
     /// The execution.
@@ -19,26 +19,22 @@ pub(crate) struct ApproveArgs {
     /// A comment, kept with the decision.
     #[arg(long, default_value = "")]
     comment: String,
-    /// The deciding agent's roster token (the step's executor or a monitor).
-    #[arg(long, env = "MUSTER_TOKEN", hide_env_values = true)]
-    token: String,
     /// The execution service.
     #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051")]
     execution: String,
 }
 
-pub(crate) async fn approve(args: ApproveArgs) -> anyhow::Result<()> {
-    let mut client = ExecutionServiceClient::connect(args.execution.clone())
-        .await
-        .with_context(|| format!("connecting to the execution service at {}", args.execution))?;
-    let mut request = tonic::Request::new(SubmitApprovalRequest {
+/// Decides as the agent whose token the command carries (`--token`): the
+/// step's executor or one of its monitors.
+pub(crate) async fn approve(args: ApproveArgs, token: Option<&str>) -> anyhow::Result<()> {
+    let mut client = ExecutionServiceClient::new(super::endpoint(&args.execution, token)?.channel()?);
+    let request = SubmitApprovalRequest {
         execution_id: args.execution_id,
         step_id: args.step_id,
         approved: !args.reject,
         comment: args.comment,
-    });
-    request.metadata_mut().insert("authorization", format!("Bearer {}", args.token).parse()?);
-    let step = client.submit_approval(request).await.map_err(|status| anyhow::anyhow!("{}", status.message()))?;
+    };
+    let step = client.submit_approval(request).await.map_err(super::refused)?;
     let step = step.into_inner().step.context("no step in the answer")?;
     println!("step {} is now {}", step.step_id, status_name(step.status));
     Ok(())
@@ -58,7 +54,8 @@ pub(crate) struct DelegateArgs {
     /// Expertise the task needs (repeat for several).
     #[arg(long = "expertise")]
     expertise: Vec<String>,
-    /// The agent delegating (its team and senior shape the decision).
+    /// The agent delegating (its team and senior shape the decision); an
+    /// agent calling with its own token delegates as itself.
     #[arg(long, default_value = "")]
     requester: String,
     /// A team to prefer.
@@ -75,7 +72,7 @@ pub(crate) struct DelegateArgs {
     roster: String,
 }
 
-pub(crate) async fn delegate(args: DelegateArgs) -> anyhow::Result<()> {
+pub(crate) async fn delegate(args: DelegateArgs, token: Option<&str>) -> anyhow::Result<()> {
     let urgency = match args.urgency.as_str() {
         "low" => Urgency::Low,
         "normal" => Urgency::Normal,
@@ -83,9 +80,7 @@ pub(crate) async fn delegate(args: DelegateArgs) -> anyhow::Result<()> {
         "critical" => Urgency::Critical,
         other => anyhow::bail!("unknown urgency {other:?}: use low, normal, high or critical"),
     };
-    let mut client = RosterServiceClient::connect(args.roster.clone())
-        .await
-        .with_context(|| format!("connecting to the roster at {}", args.roster))?;
+    let mut client = RosterServiceClient::new(super::endpoint(&args.roster, token)?.channel()?);
     let response = client
         .delegate(DelegateRequest {
             task_id: args.task_id,
@@ -97,7 +92,7 @@ pub(crate) async fn delegate(args: DelegateArgs) -> anyhow::Result<()> {
             ..Default::default()
         })
         .await
-        .map_err(|status| anyhow::anyhow!("{}", status.message()))?;
+        .map_err(super::refused)?;
     let decision = response.into_inner().decision.context("no decision in the answer")?;
     println!("{}", decision.text);
     Ok(())

@@ -4,8 +4,9 @@ use std::{path::PathBuf, sync::Arc};
 
 use anyhow::Context;
 use muster::{
+    credentials::Endpoint,
     sample::SampleBehaviour,
-    worker::{self, AgentCredential},
+    worker::{self, AgentCredential, WithoutTools},
 };
 
 /// `muster agent`
@@ -22,21 +23,32 @@ pub(crate) struct AgentArgs {
     agents: Vec<String>,
 }
 
-pub(crate) async fn run(args: AgentArgs) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(&args.tokens_file)
-        .with_context(|| format!("reading {}", args.tokens_file.display()))?;
-    let tokens: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(&text).with_context(|| format!("{} is not a JSON object", args.tokens_file.display()))?;
+/// Serves the agents of the tokens file. The connection is made with the
+/// command's credential (an operator's token lets the worker provide the
+/// sample tools); without one, with the first served agent's own token, and
+/// the worker provides no tools.
+pub(crate) async fn run(args: AgentArgs, token: Option<&str>) -> anyhow::Result<()> {
+    if !args.tokens_file.exists() {
+        anyhow::bail!("{} does not exist: `muster roster import --tokens-file` writes it", args.tokens_file.display());
+    }
+    let tokens = super::roster::read_tokens(&args.tokens_file)?;
     let credentials = credentials(&tokens, &args.agents)?;
+    let name = format!("muster-agent-{}", std::process::id());
+    let shutdown = muster_runtime::shutdown::signal();
     println!("serving {} agents; Ctrl-C to stop", credentials.len());
-    worker::serve(
-        args.execution,
-        format!("muster-agent-{}", std::process::id()),
-        credentials,
-        Arc::new(SampleBehaviour),
-        muster_runtime::shutdown::signal(),
-    )
-    .await
+    match muster::credentials::resolve(token) {
+        Ok(token) => {
+            let execution = Endpoint::new(args.execution, token);
+            worker::serve(execution, name, credentials, Arc::new(SampleBehaviour), shutdown).await
+        }
+        Err(_) => {
+            let token =
+                credentials.first().map(|agent| agent.token.clone()).context("the tokens file names no agent")?;
+            println!("(no operator credential: serving without the sample tools)");
+            let execution = Endpoint::new(args.execution, token);
+            worker::serve(execution, name, credentials, Arc::new(WithoutTools(SampleBehaviour)), shutdown).await
+        }
+    }
 }
 
 pub(crate) fn credentials(

@@ -5,9 +5,8 @@
 
 use std::{path::PathBuf, sync::Arc};
 
-use anyhow::Context;
 use muster::{sample::SampleBehaviour, worker};
-use muster_proto::roster::v1::roster_service_client::RosterServiceClient;
+use muster_proto::roster::v1::{RotateTokenRequest, roster_service_client::RosterServiceClient};
 
 use super::{run::RunArgs, up::UpArgs};
 
@@ -33,12 +32,33 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
 }
 
 async fn demo(args: &DemoArgs, cluster: &muster::cluster::Cluster) -> anyhow::Result<bool> {
-    let mut roster = RosterServiceClient::connect(cluster.roster_url()).await.context("connecting to the roster")?;
-    let tokens = super::roster::import(&mut roster, std::slice::from_ref(&args.roster)).await?;
+    let roster_endpoint = cluster.as_operator("roster");
+    let mut roster = RosterServiceClient::new(roster_endpoint.channel()?);
+    let issued = super::roster::import(&mut roster, std::slice::from_ref(&args.roster)).await?;
+    // The sample agents' tokens live in the data folder, so the demo runs
+    // again on the same data: an agent whose token is not there gets a new one.
+    let tokens_file = args.up.data_dir.join("tokens.json");
+    let mut tokens = super::roster::merge_tokens(&tokens_file, issued)?;
+    let mut rotated = serde_json::Map::new();
+    for agent in super::roster::list_all(&mut roster).await? {
+        if !tokens.contains_key(&agent.id) {
+            let token = roster
+                .rotate_token(RotateTokenRequest { agent_id: agent.id.clone() })
+                .await
+                .map_err(super::refused)?
+                .into_inner()
+                .token;
+            rotated.insert(agent.id, serde_json::Value::String(token));
+        }
+    }
+    if !rotated.is_empty() {
+        println!("new tokens for {} agents whose tokens were not in {}", rotated.len(), tokens_file.display());
+        tokens = super::roster::merge_tokens(&tokens_file, rotated)?;
+    }
     let credentials = super::agent::credentials(&tokens, &[])?;
     let (stop_sender, stop_receiver) = tokio::sync::oneshot::channel::<()>();
     let worker = tokio::spawn(worker::serve(
-        cluster.execution_url(),
+        cluster.as_operator("execution"),
         "muster-demo-agents".to_owned(),
         credentials,
         Arc::new(SampleBehaviour),
@@ -46,11 +66,10 @@ async fn demo(args: &DemoArgs, cluster: &muster::cluster::Cluster) -> anyhow::Re
             let _ = stop_receiver.await;
         },
     ));
-    let completed = super::run::run(&RunArgs {
-        file: args.process.clone(),
-        execution: cluster.execution_url(),
-        inputs: "{}".to_owned(),
-    })
+    let completed = super::run::run(
+        &RunArgs { file: args.process.clone(), execution: cluster.execution_url(), inputs: "{}".to_owned() },
+        Some(&cluster.credentials.operator_token),
+    )
     .await;
     let _ = stop_sender.send(());
     let _ = worker.await;
@@ -59,7 +78,7 @@ async fn demo(args: &DemoArgs, cluster: &muster::cluster::Cluster) -> anyhow::Re
         // The lead hears of every event: once the last one reached its inbox,
         // the NDJSON files are complete.
         muster::inbox::wait_for_event(
-            &cluster.notifier_url(),
+            &cluster.as_operator("notifier"),
             &finished.lead_agent_id,
             &finished.event_id,
             std::time::Duration::from_secs(30),
@@ -69,7 +88,7 @@ async fn demo(args: &DemoArgs, cluster: &muster::cluster::Cluster) -> anyhow::Re
 
     let memory = cluster.memory_dir();
     println!(
-        "\nthe agents' NDJSON memory (seed 000 format: informed agents, monitors and the lead) is under {}:",
+        "\nthe agents' NDJSON memory (one line per notification, for the informed agents, monitors and the lead) is under {}:",
         memory.display()
     );
     let mut files = Vec::new();

@@ -1,8 +1,27 @@
 //! The subcommands.
 
 pub(crate) mod act;
+pub(crate) mod admin;
 pub(crate) mod agent;
 pub(crate) mod demo;
 pub(crate) mod roster;
 pub(crate) mod run;
+pub(crate) mod session;
 pub(crate) mod up;
+
+use muster::credentials::{Endpoint, resolve};
+
+/// The service at `url`, called with the command's credential.
+pub(crate) fn endpoint(url: &str, token: Option<&str>) -> anyhow::Result<Endpoint> {
+    Ok(Endpoint::new(url, resolve(token)?))
+}
+
+/// A refusal from a service, as people read it.
+pub(crate) fn refused(status: tonic::Status) -> anyhow::Error {
+    let hint = match status.code() {
+        tonic::Code::Unauthenticated => " (check --token or MUSTER_TOKEN)",
+        tonic::Code::Unavailable => " (is the cluster running? `muster up`)",
+        _ => "",
+    };
+    anyhow::anyhow!("{:?}: {}{hint}", status.code(), status.message())
+}

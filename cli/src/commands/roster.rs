@@ -1,12 +1,12 @@
 //! `muster roster`: import a roster, list agents.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use muster_proto::roster::v1::{
-    ImportFile, ImportRosterRequest, ListAgentsRequest, RotateTokenRequest, roster_service_client::RosterServiceClient,
+    Agent, ImportFile, ImportRosterRequest, ListAgentsRequest, roster_service_client::RosterServiceClient,
 };
-use tonic::transport::Channel;
+use muster_runtime::auth::client::AuthChannel;
 
 /// `muster roster ...`
 #[derive(Debug, clap::Args)]
@@ -20,13 +20,15 @@ pub(crate) struct RosterArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum RosterCommand {
-    /// Imports roster and role files (YAML, Markdown); prints the tokens issued.
+    /// Imports roster and role files (YAML, Markdown). Agents it creates get
+    /// a token; agents that exist keep theirs (`muster token rotate AGENT`
+    /// issues a new one).
     Import {
         /// The files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
-        /// Writes the agents' tokens here (JSON: agent id to token), for `muster agent`.
-        /// Agents that already had a token get a new one.
+        /// Adds the new agents' tokens to this JSON file (agent id to token,
+        /// for `muster agent`), written readable by its owner only.
         #[arg(long)]
         tokens_file: Option<PathBuf>,
     },
@@ -34,22 +36,29 @@ enum RosterCommand {
     List,
 }
 
-pub(crate) async fn run(args: RosterArgs) -> anyhow::Result<()> {
-    let mut client = RosterServiceClient::connect(args.roster.clone())
-        .await
-        .with_context(|| format!("connecting to the roster at {}", args.roster))?;
+type Client = RosterServiceClient<AuthChannel>;
+
+pub(crate) async fn run(args: RosterArgs, token: Option<&str>) -> anyhow::Result<()> {
+    let mut client = RosterServiceClient::new(super::endpoint(&args.roster, token)?.channel()?);
     match args.command {
         RosterCommand::Import { files, tokens_file } => {
-            let tokens = import(&mut client, &files).await?;
-            if let Some(path) = tokens_file {
-                std::fs::write(&path, serde_json::to_string_pretty(&tokens)?)
-                    .with_context(|| format!("writing {}", path.display()))?;
-                println!("tokens of {} agents written to {}", tokens.len(), path.display());
+            let issued = import(&mut client, &files).await?;
+            match tokens_file {
+                Some(path) => {
+                    let tokens = merge_tokens(&path, issued)?;
+                    println!("{} agent tokens in {}", tokens.len(), path.display());
+                }
+                None if !issued.is_empty() => {
+                    println!("tokens issued (shown once; --tokens-file keeps them):");
+                    for (agent_id, token) in &issued {
+                        println!("  {agent_id:<24} {}", token.as_str().unwrap_or_default());
+                    }
+                }
+                None => {}
             }
         }
         RosterCommand::List => {
-            let agents = client.list_agents(ListAgentsRequest::default()).await?.into_inner().agents;
-            for agent in agents {
+            for agent in list_all(&mut client).await? {
                 println!(
                     "{:<24} {:<16} {:<12} {}/{}  {}",
                     agent.id,
@@ -65,10 +74,27 @@ pub(crate) async fn run(args: RosterArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Imports files and returns a token for every agent of the roster: the ones
-/// issued by the import, and new ones for agents that already existed.
+/// Every agent of the roster, page by page.
+pub(crate) async fn list_all(client: &mut Client) -> anyhow::Result<Vec<Agent>> {
+    let mut agents = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = client
+            .list_agents(ListAgentsRequest { page_token, ..Default::default() })
+            .await
+            .map_err(super::refused)?
+            .into_inner();
+        agents.extend(page.agents);
+        if page.next_page_token.is_empty() {
+            return Ok(agents);
+        }
+        page_token = page.next_page_token;
+    }
+}
+
+/// Imports files; returns the tokens issued to the agents the import created.
 pub(crate) async fn import(
-    client: &mut RosterServiceClient<Channel>,
+    client: &mut Client,
     files: &[PathBuf],
 ) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
     let mut import_files = Vec::new();
@@ -79,6 +105,7 @@ pub(crate) async fn import(
     let response = client
         .import_roster(ImportRosterRequest { files: import_files, dry_run: false })
         .await
+        .map_err(super::refused)
         .context("importing the roster")?
         .into_inner();
     let mut refused = false;
@@ -95,22 +122,39 @@ pub(crate) async fn import(
     if refused {
         anyhow::bail!("the roster was refused; nothing was imported");
     }
+    let kept = (response.agents_imported as usize).saturating_sub(response.issued_tokens.len());
     println!(
-        "imported {} agents, {} teams, {} roles",
-        response.agents_imported, response.teams_imported, response.roles_imported
+        "imported {} agents ({} new, {kept} kept their tokens), {} teams, {} roles",
+        response.agents_imported,
+        response.issued_tokens.len(),
+        response.teams_imported,
+        response.roles_imported
     );
-    let mut tokens: serde_json::Map<String, serde_json::Value> = response
+    Ok(response
         .issued_tokens
         .into_iter()
         .map(|issued| (issued.agent_id, serde_json::Value::String(issued.token)))
-        .collect();
-    let agents = client.list_agents(ListAgentsRequest::default()).await?.into_inner().agents;
-    for agent in agents {
-        if !tokens.contains_key(&agent.id) {
-            let token =
-                client.rotate_token(RotateTokenRequest { agent_id: agent.id.clone() }).await?.into_inner().token;
-            tokens.insert(agent.id, serde_json::Value::String(token));
-        }
-    }
+        .collect())
+}
+
+/// Adds `issued` to the tokens file at `path` (keeping the tokens it held),
+/// written with mode 0600; returns the whole set.
+pub(crate) fn merge_tokens(
+    path: &Path,
+    issued: serde_json::Map<String, serde_json::Value>,
+) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    let mut tokens = read_tokens(path)?;
+    tokens.extend(issued);
+    muster_runtime::files::write_private(path, serde_json::to_string_pretty(&tokens)?.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(tokens)
+}
+
+/// The tokens file at `path`; empty when it does not exist.
+pub(crate) fn read_tokens(path: &Path) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text).with_context(|| format!("{} is not a JSON object", path.display())),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(serde_json::Map::new()),
+        Err(error) => Err(error).with_context(|| format!("reading {}", path.display())),
+    }
 }

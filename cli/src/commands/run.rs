@@ -14,8 +14,8 @@ use muster_proto::{
         execution_service_client::ExecutionServiceClient,
     },
 };
+use muster_runtime::auth::client::AuthChannel;
 use prost::Message;
-use tonic::transport::Channel;
 
 /// `muster run`
 #[derive(Debug, clap::Args)]
@@ -50,14 +50,14 @@ pub(crate) struct WatchArgs {
     execution: String,
 }
 
-async fn connect(url: &str) -> anyhow::Result<ExecutionServiceClient<Channel>> {
-    ExecutionServiceClient::connect(url.to_owned())
-        .await
-        .with_context(|| format!("connecting to the execution service at {url}"))
+type Client = ExecutionServiceClient<AuthChannel>;
+
+fn connect(url: &str, token: Option<&str>) -> anyhow::Result<Client> {
+    Ok(ExecutionServiceClient::new(super::endpoint(url, token)?.channel()?))
 }
 
 /// Publishes a process file, printing its diagnostics compiler-style.
-async fn publish_file(client: &mut ExecutionServiceClient<Channel>, file: &Path) -> anyhow::Result<ProcessVersion> {
+pub(crate) async fn publish_file(client: &mut Client, file: &Path) -> anyhow::Result<ProcessVersion> {
     let source = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
     let file_name = file.display().to_string();
     let published = match client
@@ -69,7 +69,7 @@ async fn publish_file(client: &mut ExecutionServiceClient<Channel>, file: &Path)
             if let Ok(details) = PublishProcessResponse::decode(status.details()) {
                 print_diagnostics(&file_name, &source, &details.diagnostics);
             }
-            anyhow::bail!("publishing {file_name} was refused: {}", status.message());
+            return Err(super::refused(status).context(format!("publishing {file_name} was refused")));
         }
     };
     print_diagnostics(&file_name, &source, &published.diagnostics);
@@ -79,11 +79,12 @@ async fn publish_file(client: &mut ExecutionServiceClient<Channel>, file: &Path)
 }
 
 /// Prints an execution's events from the start until it ends; returns the last one.
-async fn watch_events(client: &mut ExecutionServiceClient<Channel>, execution_id: &str) -> anyhow::Result<StepEvent> {
+async fn watch_events(client: &mut Client, execution_id: &str) -> anyhow::Result<StepEvent> {
     let started = Instant::now();
     let mut events = client
         .watch_execution(WatchExecutionRequest { execution_id: execution_id.to_owned(), after_sequence: 0 })
-        .await?
+        .await
+        .map_err(super::refused)?
         .into_inner();
     while let Some(response) = events.message().await? {
         let Some(event) = response.event else { continue };
@@ -96,18 +97,18 @@ async fn watch_events(client: &mut ExecutionServiceClient<Channel>, execution_id
 }
 
 /// `muster publish FILE`.
-pub(crate) async fn publish(args: &PublishArgs) -> anyhow::Result<()> {
-    publish_file(&mut connect(&args.execution).await?, &args.file).await.map(drop)
+pub(crate) async fn publish(args: &PublishArgs, token: Option<&str>) -> anyhow::Result<()> {
+    publish_file(&mut connect(&args.execution, token)?, &args.file).await.map(drop)
 }
 
 /// `muster watch ID`: returns the execution's last event.
-pub(crate) async fn watch(args: &WatchArgs) -> anyhow::Result<StepEvent> {
-    watch_events(&mut connect(&args.execution).await?, &args.execution_id).await
+pub(crate) async fn watch(args: &WatchArgs, token: Option<&str>) -> anyhow::Result<StepEvent> {
+    watch_events(&mut connect(&args.execution, token)?, &args.execution_id).await
 }
 
 /// Publishes, starts and watches; returns the execution's last event.
-pub(crate) async fn run(args: &RunArgs) -> anyhow::Result<StepEvent> {
-    let mut client = connect(&args.execution).await?;
+pub(crate) async fn run(args: &RunArgs, token: Option<&str>) -> anyhow::Result<StepEvent> {
+    let mut client = connect(&args.execution, token)?;
     let process = publish_file(&mut client, &args.file).await?;
     let execution = client
         .start_execution(StartExecutionRequest {
@@ -116,7 +117,8 @@ pub(crate) async fn run(args: &RunArgs) -> anyhow::Result<StepEvent> {
             inputs_json: args.inputs.clone(),
             ..Default::default()
         })
-        .await?
+        .await
+        .map_err(super::refused)?
         .into_inner()
         .execution
         .context("the execution service returned no execution")?;
@@ -154,6 +156,8 @@ fn describe(event: &StepEvent) -> String {
                 format!("execution {status}: {}", event.detail)
             }
         }
+        EventType::SessionStarted => format!("session started with {}", event.participants.join(", ")),
+        EventType::RoleAssigned | EventType::LeadChanged => event.detail.clone(),
         EventType::Unspecified => "unknown event".to_owned(),
     }
 }

@@ -59,5 +59,9 @@ pub(crate) async fn start(args: &UpArgs) -> anyhow::Result<Cluster> {
     ] {
         println!("  {name:<10} {url}   (log: {})", cluster.service(name).log_path.display());
     }
+    println!(
+        "  the local operator's token is in {} (the muster command uses it by itself)",
+        args.data_dir.join(muster::credentials::OPERATOR_TOKEN_FILE).display()
+    );
     Ok(cluster)
 }

@@ -1,27 +1,16 @@
 //! Clients of the services the execution service depends on: the roster
 //! (agents, roles, delegation) and the validator. Channels connect lazily and
-//! reconnect by themselves, so a dependency that restarts is picked up again.
-
-use std::time::Duration;
+//! reconnect by themselves, so a dependency that restarts is picked up again;
+//! their calls carry the service's credential and the caller's trace context
+//! (`muster_runtime::security`).
 
 use muster_proto::{roster::v1 as roster, validator::v1 as validator};
-use muster_runtime::telemetry::{TracedChannel, traced};
-use tonic::transport::Endpoint;
+use muster_runtime::auth::client::AuthChannel;
 
 use crate::{Error, Result};
 
-pub(crate) type RosterClient = roster::roster_service_client::RosterServiceClient<TracedChannel>;
-pub(crate) type ValidatorClient = validator::validator_service_client::ValidatorServiceClient<TracedChannel>;
-
-/// A channel that connects on first use; its calls carry the caller's trace context.
-pub(crate) fn lazy_channel(url: &str) -> Result<TracedChannel> {
-    let endpoint = Endpoint::from_shared(url.to_owned())
-        .map_err(|error| Error::InvalidArgument(format!("invalid service URL {url:?}: {error}")))?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(Duration::from_secs(30));
-    Ok(traced(endpoint.connect_lazy()))
-}
+pub(crate) type RosterClient = roster::roster_service_client::RosterServiceClient<AuthChannel>;
+pub(crate) type ValidatorClient = validator::validator_service_client::ValidatorServiceClient<AuthChannel>;
 
 /// Maps a dependency's failure: its own verdicts pass through, outages become UNAVAILABLE.
 pub(crate) fn dependency_error(service: &'static str, status: tonic::Status) -> Error {

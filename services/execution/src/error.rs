@@ -11,6 +11,9 @@ pub enum Error {
     /// The process definition has errors.
     #[error("the process has {} error(s); first: {}", .0.iter().filter(|d| d.severity == 1).count(), .0.iter().find(|d| d.severity == 1).map(|d| format!("{}:{}: {}", d.line, d.column, d.message)).unwrap_or_default())]
     InvalidProcess(Vec<Diagnostic>),
+    /// A permission matrix has errors.
+    #[error("the permission matrix has {} error(s); first: {}", .0.iter().filter(|d| d.severity == 1).count(), .0.iter().find(|d| d.severity == 1).map(|d| format!("{}:{}: {}", d.line, d.column, d.message)).unwrap_or_default())]
+    InvalidMatrix(Vec<Diagnostic>),
     /// A named thing does not exist.
     #[error("{0}")]
     NotFound(String),
@@ -42,6 +45,14 @@ impl From<Error> for tonic::Status {
                     process: None,
                     diagnostics: diagnostics.clone(),
                 });
+                tonic::Status::with_details(tonic::Code::InvalidArgument, error.to_string(), details.into())
+            }
+            Error::InvalidMatrix(ref diagnostics) => {
+                let details =
+                    prost::Message::encode_to_vec(&muster_proto::execution::v1::PutPermissionMatrixResponse {
+                        matrix: None,
+                        diagnostics: diagnostics.clone(),
+                    });
                 tonic::Status::with_details(tonic::Code::InvalidArgument, error.to_string(), details.into())
             }
             Error::NotFound(message) => tonic::Status::not_found(message),

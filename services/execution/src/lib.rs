@@ -22,11 +22,15 @@ mod workers;
 
 use std::{future::Future, net::SocketAddr};
 
-use muster_proto::execution::v1::execution_service_server::ExecutionServiceServer;
+use muster_proto::{
+    execution::v1::execution_service_server::ExecutionServiceServer,
+    notifier::v1::notifier_service_client::NotifierServiceClient,
+};
 use muster_runtime::{ServerArgs, db::Database};
 use tokio::net::TcpListener;
 
 pub use error::{Error, Result};
+pub use grpc::ACCESS;
 
 /// The port the execution service listens on by default.
 pub const DEFAULT_PORT: u16 = 50051;
@@ -44,9 +48,6 @@ pub struct Config {
     /// Most database connections (PostgreSQL).
     #[arg(long, env = "MUSTER_DATABASE_MAX_CONNECTIONS", default_value_t = 16)]
     pub database_max_connections: u32,
-    /// The roster service.
-    #[arg(long, env = "MUSTER_ROSTER_URL", default_value = "http://127.0.0.1:50052")]
-    pub roster_url: String,
     /// The validator service.
     #[arg(long, env = "MUSTER_VALIDATOR_URL", default_value = "http://127.0.0.1:50053")]
     pub validator_url: String,
@@ -75,30 +76,26 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::result::Result<(), muster_runtime::Error> {
+    let security = muster_runtime::security::Security::following_roster("execution", &config.server)?;
     let database = Database::connect_lazy(&config.database_url, config.database_max_connections)?;
     let store = store::Store::new(database);
-    let invalid_url = |error: Error| muster_runtime::Error::NotReady(error.to_string());
-    let roster = clients::RosterClient::new(clients::lazy_channel(&config.roster_url).map_err(invalid_url)?);
-    let validator = clients::ValidatorClient::new(clients::lazy_channel(&config.validator_url).map_err(invalid_url)?);
-    lazy_check_url(&config.notifier_url).map_err(invalid_url)?;
+    let roster = clients::RosterClient::new(security.channel(&config.server.auth.roster_url)?);
+    let validator = clients::ValidatorClient::new(security.channel(&config.validator_url)?);
+    let notifier = NotifierServiceClient::new(security.channel(&config.notifier_url)?);
     let lease = std::time::Duration::from_millis(config.worker_lease_ms.max(100));
     let engine = engine::Engine::new(store.clone(), roster, config.max_parallel_steps, lease);
-    let api = grpc::ExecutionApi::new(engine.clone(), validator);
+    let api = grpc::ExecutionApi::new(engine.clone(), validator, security.agents().clone());
     let limit = config.server.max_message_bytes;
 
-    let notifier_url = config.notifier_url.clone();
+    let agents = security.agents().clone();
     let ready = async move {
         store.migrate().await?;
-        let publisher = tokio::spawn(outbox::publish(store.clone(), notifier_url, engine.outbox_wake.clone()));
-        drop(publisher); // runs for the life of the process
-        let workers = engine.workers.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(lease / 4);
-            loop {
-                tick.tick().await;
-                workers.expire_silent(lease);
-            }
-        });
+        engine.load_matrix().await?;
+        // These run for the life of the process.
+        tokio::spawn(outbox::publish(store.clone(), notifier, engine.outbox_wake.clone()));
+        tokio::spawn(expire_silent_workers(engine.workers.clone(), lease));
+        tokio::spawn(drop_revoked_agents(engine.workers.clone(), agents));
+        tokio::spawn(follow_matrix(engine.clone()));
         let resumed = engine.resume_unfinished().await?;
         if resumed > 0 {
             tracing::info!(resumed, "resumed unfinished executions");
@@ -106,11 +103,44 @@ pub async fn run(
         Ok::<(), muster_runtime::server::BoxError>(())
     };
     muster_runtime::Server::new(&config.server)
-        .add_service(ExecutionServiceServer::new(api).max_decoding_message_size(limit).max_encoding_message_size(limit))
-        .serve(listener, ready, shutdown)
+        .add_service(
+            ExecutionServiceServer::new(api).max_decoding_message_size(limit).max_encoding_message_size(limit),
+            grpc::ACCESS,
+        )
+        .serve(listener, &security, ready, shutdown)
         .await
 }
 
-fn lazy_check_url(url: &str) -> Result<()> {
-    clients::lazy_channel(url).map(drop)
+/// Disconnects the workers silent past their lease.
+async fn expire_silent_workers(workers: std::sync::Arc<workers::Workers>, lease: std::time::Duration) {
+    let mut tick = tokio::time::interval(lease / 4);
+    loop {
+        tick.tick().await;
+        workers.expire_silent(lease);
+    }
+}
+
+/// Takes an agent from the workers serving it as soon as the token they
+/// presented for it is revoked.
+async fn drop_revoked_agents(workers: std::sync::Arc<workers::Workers>, agents: muster_runtime::auth::AgentDirectory) {
+    let mut revocations = agents.revocations();
+    loop {
+        match revocations.recv().await {
+            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                workers.drop_revoked(|token| !agents.is_active(token));
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+/// Picks up a permission matrix stored by another replica.
+async fn follow_matrix(engine: std::sync::Arc<engine::Engine>) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+    loop {
+        tick.tick().await;
+        if let Err(error) = engine.load_matrix().await {
+            tracing::warn!(%error, "reading the permission matrix failed");
+        }
+    }
 }

@@ -6,10 +6,13 @@
 use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use muster_proto::notifier::v1::{IngestEventsRequest, notifier_service_client::NotifierServiceClient};
+use muster_runtime::auth::client::AuthChannel;
 use tokio::sync::{Notify, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::{clients::lazy_channel, store::Store};
+use crate::store::Store;
+
+type NotifierClient = NotifierServiceClient<AuthChannel>;
 
 /// Most events sent and not yet acknowledged.
 const MAX_IN_FLIGHT: usize = 2048;
@@ -17,10 +20,10 @@ const MAX_IN_FLIGHT: usize = 2048;
 const BATCH: u32 = 512;
 
 /// Runs until the task is aborted.
-pub(crate) async fn publish(store: Store, notifier_url: String, wake: Arc<Notify>) {
+pub(crate) async fn publish(store: Store, notifier: NotifierClient, wake: Arc<Notify>) {
     let mut backoff = Duration::from_millis(50);
     loop {
-        match session(&store, &notifier_url, &wake).await {
+        match session(&store, notifier.clone(), &wake).await {
             Ok(()) => backoff = Duration::from_millis(50),
             Err(error) => {
                 tracing::warn!(%error, retry_in_ms = backoff.as_millis() as u64, "event stream to the notifier interrupted");
@@ -31,12 +34,10 @@ pub(crate) async fn publish(store: Store, notifier_url: String, wake: Arc<Notify
     }
 }
 
-async fn session(store: &Store, notifier_url: &str, wake: &Notify) -> anyhow::Result<()> {
-    let channel = lazy_channel(notifier_url)?;
-    let mut client = NotifierServiceClient::new(channel);
+async fn session(store: &Store, mut client: NotifierClient, wake: &Notify) -> anyhow::Result<()> {
     let (sender, receiver) = mpsc::channel::<IngestEventsRequest>(BATCH as usize);
     let mut acknowledgements = client.ingest_events(ReceiverStream::new(receiver)).await?.into_inner();
-    tracing::info!(notifier = notifier_url, "event stream to the notifier open");
+    tracing::info!("event stream to the notifier open");
 
     let mut in_flight: VecDeque<(i64, String)> = VecDeque::new();
     let mut last_sent_id = 0_i64;

@@ -1,6 +1,8 @@
-//! Connected agent workers: who serves which agent, and the assignments in
-//! flight on each connection. A worker that disconnects loses its
-//! assignments; their steps go back to be assigned again.
+//! Connected agent workers: who serves which agent (with the token it
+//! proved itself with), and the assignments in flight on each connection. A
+//! worker that disconnects loses its assignments; their steps go back to be
+//! assigned again. So does a worker whose token for an agent is revoked, for
+//! that agent's assignments; it keeps serving the others.
 
 use std::{
     collections::HashMap,
@@ -11,6 +13,7 @@ use muster_proto::execution::v1::{
     Assignment, CancelAssignment, ConnectWorkerResponse, StepFailure, StepResult, ToolCall, ToolOutput, ToolSpec,
     connect_worker_response,
 };
+use muster_runtime::auth::TokenHash;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 /// What became of an assignment.
@@ -24,10 +27,17 @@ pub(crate) enum Outcome {
 /// The outbound half of a worker connection.
 pub(crate) type WorkerSender = mpsc::Sender<Result<ConnectWorkerResponse, tonic::Status>>;
 
+/// An agent a worker serves, and the token it proved itself with.
+#[derive(Debug, Clone)]
+pub(crate) struct ServedAgent {
+    pub(crate) agent_id: String,
+    pub(crate) token: TokenHash,
+}
+
 struct Worker {
     name: String,
     last_seen: std::time::Instant,
-    agents: Vec<String>,
+    agents: Vec<ServedAgent>,
     tools: Vec<ToolSpec>,
     sender: WorkerSender,
     in_flight: usize,
@@ -36,6 +46,7 @@ struct Worker {
 
 struct Pending {
     worker_id: u64,
+    agent_id: String,
     reply: oneshot::Sender<Outcome>,
 }
 
@@ -59,7 +70,7 @@ impl Workers {
     pub(crate) fn register(
         &self,
         name: String,
-        agents: Vec<String>,
+        agents: Vec<ServedAgent>,
         tools: Vec<ToolSpec>,
         max_concurrency: usize,
         sender: WorkerSender,
@@ -68,7 +79,8 @@ impl Workers {
         state.next_worker_id += 1;
         let worker_id = state.next_worker_id;
         let tool_names: Vec<&str> = tools.iter().map(|tool| tool.name.as_str()).collect();
-        tracing::info!(worker_id, worker = %name, ?agents, tools = ?tool_names, "worker connected");
+        let agent_ids: Vec<&str> = agents.iter().map(|agent| agent.agent_id.as_str()).collect();
+        tracing::info!(worker_id, worker = %name, agents = ?agent_ids, tools = ?tool_names, "worker connected");
         state.workers.insert(
             worker_id,
             Worker { name, last_seen: std::time::Instant::now(), agents, tools, sender, in_flight: 0, max_concurrency },
@@ -118,7 +130,8 @@ impl Workers {
                     .workers
                     .iter()
                     .filter(|(_, worker)| {
-                        worker.in_flight < worker.max_concurrency && worker.agents.contains(&assignment.agent_id)
+                        worker.in_flight < worker.max_concurrency
+                            && worker.agents.iter().any(|agent| agent.agent_id == assignment.agent_id)
                     })
                     .min_by_key(|(worker_id, worker)| (worker.in_flight, **worker_id))
                     .map(|(worker_id, _)| *worker_id);
@@ -127,7 +140,10 @@ impl Workers {
                     worker.in_flight += 1;
                     let sender = worker.sender.clone();
                     let (reply, receiver) = oneshot::channel();
-                    state.pending.insert(assignment.assignment_id.clone(), Pending { worker_id, reply });
+                    state.pending.insert(
+                        assignment.assignment_id.clone(),
+                        Pending { worker_id, agent_id: assignment.agent_id.clone(), reply },
+                    );
                     Some((worker_id, sender, receiver))
                 })
             };
@@ -182,6 +198,57 @@ impl Workers {
         }
         drop(state);
         self.changed.notify_waiters();
+    }
+
+    /// Takes from every worker the agents whose token is now `revoked`; their
+    /// assignments on that worker are withdrawn and go back to be assigned.
+    pub(crate) fn drop_revoked(&self, revoked: impl Fn(&TokenHash) -> bool) {
+        let mut state = self.lock();
+        let mut dropped: Vec<(u64, String)> = Vec::new();
+        for (worker_id, worker) in &mut state.workers {
+            worker.agents.retain(|agent| {
+                let keep = !revoked(&agent.token);
+                if !keep {
+                    dropped.push((*worker_id, agent.agent_id.clone()));
+                }
+                keep
+            });
+        }
+        if dropped.is_empty() {
+            return;
+        }
+        let lost: Vec<String> = state
+            .pending
+            .iter()
+            .filter(|(_, pending)| {
+                dropped
+                    .iter()
+                    .any(|(worker_id, agent_id)| *worker_id == pending.worker_id && *agent_id == pending.agent_id)
+            })
+            .map(|(assignment_id, _)| assignment_id.clone())
+            .collect();
+        for assignment_id in lost {
+            let Some(pending) = state.pending.remove(&assignment_id) else { continue };
+            if let Some(worker) = state.workers.get_mut(&pending.worker_id) {
+                worker.in_flight = worker.in_flight.saturating_sub(1);
+                let cancel = ConnectWorkerResponse {
+                    message: Some(connect_worker_response::Message::Cancel(CancelAssignment {
+                        assignment_id: assignment_id.clone(),
+                        reason: format!("the token of agent '{}' was revoked", pending.agent_id),
+                    })),
+                };
+                let _ = worker.sender.try_send(Ok(cancel));
+            }
+            let _ = pending.reply.send(Outcome::WorkerLost);
+        }
+        for (worker_id, agent_id) in &dropped {
+            tracing::info!(worker_id, agent_id = %agent_id, "token revoked; the worker no longer serves the agent");
+        }
+    }
+
+    /// Whether a connected worker serves `agent_id`.
+    pub(crate) fn serves(&self, agent_id: &str) -> bool {
+        self.lock().workers.values().any(|worker| worker.agents.iter().any(|agent| agent.agent_id == agent_id))
     }
 
     /// Notes a sign of life from a worker.

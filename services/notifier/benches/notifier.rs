@@ -22,19 +22,25 @@ use muster_proto::{
         IngestEventsRequest, SubscribeRequest, notifier_service_client::NotifierServiceClient, subscribe_response,
     },
 };
+use muster_runtime::{
+    auth::client::{AuthChannel, with_credentials},
+    testing::TestCredentials,
+};
 use tokio_stream::StreamExt as _;
-use tonic::transport::Channel;
 
 const SUBSCRIBERS: usize = 100;
 
 struct Running {
-    client: NotifierServiceClient<Channel>,
+    /// An operator: subscribes to any inbox.
+    client: NotifierServiceClient<AuthChannel>,
+    /// The execution service: ingests.
+    ingester: NotifierServiceClient<AuthChannel>,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<muster_notifier::Result<()>>,
 }
 
 async fn start(data_dir: &Path, memory_files: bool) -> anyhow::Result<Running> {
-    let config = Config::parse_from([
+    let mut config = Config::parse_from([
         "muster-notifier".to_owned(),
         "--database-url".to_owned(),
         format!("sqlite://{}", data_dir.join("notifier.db").display()),
@@ -45,6 +51,8 @@ async fn start(data_dir: &Path, memory_files: bool) -> anyhow::Result<Running> {
         "--log-filter".to_owned(),
         "warn".to_owned(),
     ]);
+    let credentials = TestCredentials::new();
+    credentials.apply(&mut config.server);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = format!("http://{}", listener.local_addr()?);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -52,7 +60,12 @@ async fn start(data_dir: &Path, memory_files: bool) -> anyhow::Result<Running> {
         let _ = stopped.await;
     }));
     let channel = muster_runtime::testing::connect_when_serving(&address).await;
-    Ok(Running { client: NotifierServiceClient::new(channel), stop, task })
+    Ok(Running {
+        client: NotifierServiceClient::new(with_credentials(channel.clone(), credentials.operator())),
+        ingester: NotifierServiceClient::new(with_credentials(channel, credentials.service("execution"))),
+        stop,
+        task,
+    })
 }
 
 impl Running {
@@ -82,7 +95,7 @@ fn event(index: usize, monitors: Vec<String>, informed: Vec<String>) -> StepEven
 }
 
 /// Streams `events` over one IngestEvents call and waits for every ack.
-async fn ingest(client: &mut NotifierServiceClient<Channel>, events: Vec<StepEvent>) -> anyhow::Result<u64> {
+async fn ingest(client: &mut NotifierServiceClient<AuthChannel>, events: Vec<StepEvent>) -> anyhow::Result<u64> {
     let count = events.len();
     let requests = tokio_stream::iter(events.into_iter().map(|event| IngestEventsRequest { event: Some(event) }));
     let mut responses = client.ingest_events(requests).await?.into_inner();
@@ -101,7 +114,7 @@ async fn bench_ingest(root: &Path, events: usize, memory_files: bool) -> anyhow:
     let batch: Vec<StepEvent> =
         (0..events).map(|index| event(index, vec!["monitor".to_owned()], vec!["informed".to_owned()])).collect();
     let started = Instant::now();
-    let notifications = ingest(&mut running.client, batch).await?;
+    let notifications = ingest(&mut running.ingester, batch).await?;
     let elapsed = started.elapsed().as_secs_f64();
     println!(
         "ingest   memory_files={memory_files:<5} events={events} notifications={notifications} \
@@ -169,7 +182,7 @@ async fn bench_fanout(root: &Path, events: usize, memory_files: bool, fanout: Fa
     let batch: Vec<StepEvent> = (0..events).map(|index| event(index, monitors.clone(), Vec::new())).collect();
     let started = Instant::now();
     let ingest_task = {
-        let mut client = running.client.clone();
+        let mut client = running.ingester.clone();
         tokio::spawn(async move { ingest(&mut client, batch).await })
     };
     let mut delivered = 0;

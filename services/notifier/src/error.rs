@@ -6,6 +6,9 @@ pub enum Error {
     /// The caller sent something invalid; the message says what.
     #[error("{0}")]
     InvalidArgument(String),
+    /// A cursor past what exists (it may become valid later).
+    #[error("{0}")]
+    OutOfRange(String),
     /// The database failed.
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
@@ -38,6 +41,7 @@ impl From<Error> for tonic::Status {
     fn from(error: Error) -> Self {
         match error {
             Error::InvalidArgument(message) => tonic::Status::invalid_argument(message),
+            Error::OutOfRange(message) => tonic::Status::out_of_range(message),
             Error::ShuttingDown => tonic::Status::unavailable("the notifier is shutting down; try again"),
             Error::Database(_) | Error::StoreUnavailable(_) => {
                 muster_runtime::status::unavailable("the notifier database", &error)

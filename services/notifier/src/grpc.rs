@@ -11,6 +11,7 @@ use muster_proto::{
         SubscribeResponse, notifier_service_server::NotifierService, subscribe_response,
     },
 };
+use muster_runtime::auth::{Access, AgentDirectory, Caller, Rule, TokenHash, permission_denied, rule};
 use prost::Message as _;
 use tokio::sync::mpsc;
 use tokio_stream::{Stream, wrappers::ReceiverStream};
@@ -47,6 +48,9 @@ fn kind_from_wire(value: i32) -> Option<EventKind> {
         EventType::StepIntervened => EventKind::StepIntervened,
         EventType::ExecutionFinished => EventKind::ExecutionFinished,
         EventType::ExecutionStarted => EventKind::ExecutionStarted,
+        EventType::SessionStarted => EventKind::SessionStarted,
+        EventType::RoleAssigned => EventKind::RoleAssigned,
+        EventType::LeadChanged => EventKind::LeadChanged,
     })
 }
 
@@ -103,6 +107,7 @@ pub(crate) fn event_from_wire(wire: &StepEvent) -> Result<Event> {
         detail: wire.detail.clone(),
         waiting_for: wire.waiting_for.clone(),
         execution_status: execution_status_name(wire.execution_status),
+        participants: wire.participants.clone(),
     })
 }
 
@@ -118,6 +123,7 @@ fn reason_to_wire(reason: Option<Reason>) -> RecipientReason {
         Some(Reason::Informed) => RecipientReason::Informed,
         Some(Reason::Monitor) => RecipientReason::Monitor,
         Some(Reason::Lead) => RecipientReason::Lead,
+        Some(Reason::Participant) => RecipientReason::Participant,
         None => RecipientReason::Unspecified,
     }
 }
@@ -164,11 +170,37 @@ fn required_agent_id(agent_id: &str) -> Result<()> {
     Ok(())
 }
 
+/// Who may call each method. Finer rules are in the handlers: only the
+/// execution service ingests, an agent reads and acknowledges only its own
+/// inbox (operators may read any).
+pub const ACCESS: &[Rule] = &[
+    rule("IngestEvents", Access::SERVICE),
+    rule("Subscribe", Access::OPERATOR.or(Access::AGENT)),
+    rule("ListNotifications", Access::OPERATOR.or(Access::AGENT)),
+    rule("AcknowledgeNotifications", Access::AGENT),
+];
+
+/// An agent reads only its own inbox.
+fn own_inbox(caller: &Caller, agent_id: &str, action: &str) -> Result<(), Status> {
+    match caller.agent_id() {
+        Some(own) if own != agent_id => Err(permission_denied(
+            caller,
+            action,
+            "NOT_THE_AGENT",
+            format!("an agent reaches only its own inbox, not the inbox of '{agent_id}'"),
+            &[("agent_id", agent_id.to_owned())],
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The gRPC service.
 pub(crate) struct NotifierGrpc<S> {
     pub(crate) store: Arc<S>,
     pub(crate) hub: Arc<Hub>,
     pub(crate) ingestor: Ingestor,
+    /// The agents' credentials, to end a subscription whose token is revoked.
+    pub(crate) agents: AgentDirectory,
 }
 
 /// The next message of `inbound` if one is already available, without waiting.
@@ -281,14 +313,18 @@ fn delivered(via: &str, amount: usize) {
     );
 }
 
-/// Streams an agent's backlog after `after_cursor`, then live notifications.
+/// Streams an agent's backlog after `after_cursor`, then live
+/// notifications; with `revoked`, it ends with UNAUTHENTICATED when that
+/// resolves (the subscriber's token was revoked).
 async fn run_subscription<S: Store>(
     store: Arc<S>,
     hub: Arc<Hub>,
     agent_id: String,
     after_cursor: u64,
     output: mpsc::Sender<Result<SubscribeResponse, Status>>,
+    revoked: impl std::future::Future<Output = ()>,
 ) {
+    let mut revoked = std::pin::pin!(revoked);
     let send = |notification: Notification| {
         output.send(Ok(SubscribeResponse { message: Some(subscribe_response::Message::Notification(notification)) }))
     };
@@ -334,6 +370,13 @@ async fn run_subscription<S: Store>(
             let next = tokio::select! {
                 next = live.recv() => next,
                 () = output.closed() => return,
+                () = &mut revoked => {
+                    let _ = output.send(Err(muster_runtime::auth::unauthenticated(
+                        "CREDENTIAL_REVOKED",
+                        format!("the token of agent '{agent_id}' was revoked; the subscription ends"),
+                    ))).await;
+                    return;
+                }
             };
             match next {
                 Some(live) if live.cursor > last_sent => {
@@ -381,6 +424,16 @@ impl<S: Store> NotifierService for NotifierGrpc<S> {
         &self,
         request: Request<Streaming<IngestEventsRequest>>,
     ) -> Result<Response<Self::IngestEventsStream>, Status> {
+        let caller = Caller::of(&request)?;
+        if !caller.is_service("execution") {
+            return Err(permission_denied(
+                &caller,
+                "ingest events",
+                "EXECUTION_SERVICE_ONLY",
+                "only the execution service records what happens in executions",
+                &[],
+            ));
+        }
         let inbound = request.into_inner();
         let (in_flight_sender, in_flight_receiver) = mpsc::channel(IN_FLIGHT_BATCHES);
         let (output_sender, output_receiver) = mpsc::channel(MAX_BATCH_EVENTS);
@@ -390,15 +443,29 @@ impl<S: Store> NotifierService for NotifierGrpc<S> {
     }
 
     async fn subscribe(&self, request: Request<SubscribeRequest>) -> Result<Response<Self::SubscribeStream>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
         required_agent_id(&request.agent_id)?;
+        own_inbox(&caller, &request.agent_id, "subscribe to the notifications of another agent")?;
         let (output_sender, output_receiver) = mpsc::channel(64);
+        let token: Option<TokenHash> = match &caller {
+            Caller::Agent { token, .. } => Some(*token),
+            _ => None,
+        };
+        let agents = self.agents.clone();
+        let revoked = async move {
+            match token {
+                Some(token) => agents.until_revoked(token).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::spawn(run_subscription(
             Arc::clone(&self.store),
             Arc::clone(&self.hub),
             request.agent_id,
             request.after_cursor,
             output_sender,
+            revoked,
         ));
         Ok(Response::new(Box::pin(ReceiverStream::new(output_receiver))))
     }
@@ -407,8 +474,10 @@ impl<S: Store> NotifierService for NotifierGrpc<S> {
         &self,
         request: Request<ListNotificationsRequest>,
     ) -> Result<Response<ListNotificationsResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
         required_agent_id(&request.agent_id)?;
+        own_inbox(&caller, &request.agent_id, "read the notifications of another agent")?;
         let limit = match request.limit {
             0 => 100,
             limit => limit.min(1000),
@@ -424,8 +493,18 @@ impl<S: Store> NotifierService for NotifierGrpc<S> {
         &self,
         request: Request<AcknowledgeNotificationsRequest>,
     ) -> Result<Response<AcknowledgeNotificationsResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
         required_agent_id(&request.agent_id)?;
+        own_inbox(&caller, &request.agent_id, "acknowledge the notifications of another agent")?;
+        let newest = self.store.newest_cursor(&request.agent_id).await?;
+        if request.cursor > newest {
+            return Err(Error::OutOfRange(format!(
+                "cursor {} is past the newest notification of '{}' (cursor {newest}): acknowledge only what was read",
+                request.cursor, request.agent_id
+            ))
+            .into());
+        }
         let acknowledged_cursor = self.store.acknowledge(&request.agent_id, request.cursor).await?;
         Ok(Response::new(AcknowledgeNotificationsResponse { acknowledged_cursor }))
     }

@@ -1,11 +1,13 @@
 //! The notifier service (`muster.notifier.v1`).
 //!
-//! It owns: the execution service's event stream (IngestEvents), deciding who
-//! hears of each event (the step's informed agents on completion and failure,
-//! its monitors on every event of the step, the execution's lead on every
-//! event of the execution), each agent's durable inbox with cursors and
-//! acknowledgements, live delivery to subscribed agents, and the seed 000
-//! NDJSON memory files, written exactly once per notification.
+//! It owns: the execution service's event stream (IngestEvents, which only
+//! the execution service may send), deciding who hears of each event (the
+//! step's informed agents on completion and failure, its monitors on every
+//! event of the step, the execution's lead on every event of the execution,
+//! the participants a session event is addressed to), each agent's durable
+//! inbox with cursors and acknowledgements (an agent reads and acknowledges
+//! only its own), live delivery to subscribed agents, and the NDJSON memory
+//! files, written exactly once per notification.
 //!
 //! It does not own: executions, steps or roles (the execution service sends
 //! them inside each event), agents (the roster), or what an agent does with a
@@ -23,6 +25,7 @@ pub mod store;
 use std::{future::Future, path::PathBuf, sync::Arc};
 
 pub use error::{Error, Result};
+pub use grpc::ACCESS;
 use muster_proto::notifier::v1::notifier_service_server::NotifierServiceServer;
 use muster_runtime::ServerArgs;
 use tokio::sync::watch;
@@ -86,6 +89,7 @@ pub async fn run(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    let security = muster_runtime::security::Security::following_roster("notifier", &config.server)?;
     let store = Arc::new(SqlStore::connect_lazy(&config.database_url, config.database_max_connections)?);
     let memory = config.memory_files.then(|| MemoryFiles::new(config.memory_root()));
     let hub = Hub::new(config.subscriber_buffer);
@@ -109,9 +113,22 @@ pub async fn run(
         }
     };
 
-    let service = NotifierServiceServer::new(NotifierGrpc { store, hub, ingestor })
+    let agents = security.agents().clone();
+    let service = NotifierServiceServer::new(NotifierGrpc { store, hub, ingestor, agents })
         .max_decoding_message_size(config.server.max_message_bytes)
         .max_encoding_message_size(config.server.max_message_bytes);
-    muster_runtime::Server::new(&config.server).add_service(service).serve(listener, ready, shutdown).await?;
+    muster_runtime::Server::new(&config.server)
+        .add_service(service, grpc::ACCESS)
+        .serve(listener, &security, ready, shutdown)
+        .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod access_tests {
+    #[test]
+    fn every_method_has_an_access_rule() {
+        let gaps = muster_runtime::auth::layer::rule_gaps("muster.notifier.v1.NotifierService", super::ACCESS);
+        assert_eq!(gaps, (Vec::new(), Vec::new()), "(methods without a rule, rules without a method)");
+    }
 }

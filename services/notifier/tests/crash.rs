@@ -14,6 +14,10 @@ use muster_proto::{
     common::v1::StepEvent,
     notifier::v1::{IngestEventsRequest, ListNotificationsRequest, notifier_service_client::NotifierServiceClient},
 };
+use muster_runtime::{
+    auth::client::{AuthChannel, Credentials, with_credentials},
+    testing::TestCredentials,
+};
 use prost::Message as _;
 use tokio_stream::StreamExt as _;
 
@@ -37,6 +41,17 @@ fn log_file(data_dir: &std::path::Path) -> Stdio {
         .unwrap_or_else(|_| Stdio::null())
 }
 
+/// The credentials every notifier process of a test shares.
+fn credentials() -> &'static TestCredentials {
+    static CREDENTIALS: std::sync::OnceLock<TestCredentials> = std::sync::OnceLock::new();
+    CREDENTIALS.get_or_init(TestCredentials::new)
+}
+
+fn client(address: &str, credentials: Credentials) -> NotifierServiceClient<AuthChannel> {
+    let channel = tonic::transport::Endpoint::from_shared(address.to_owned()).expect("an address").connect_lazy();
+    NotifierServiceClient::new(with_credentials(channel, credentials))
+}
+
 async fn spawn_notifier(data_dir: &std::path::Path, failpoint: Option<&str>) -> Process {
     let port_file = data_dir.join("port");
     let _ = std::fs::remove_file(&port_file);
@@ -55,6 +70,9 @@ async fn spawn_notifier(data_dir: &std::path::Path, failpoint: Option<&str>) -> 
         .arg(data_dir)
         .env("MUSTER_LOG", "info")
         .env("MUSTER_LOG_FORMAT", "json")
+        .envs(credentials().environment())
+        // No agent calls in these tests: no roster is needed.
+        .env("MUSTER_ROSTER_URL", "http://127.0.0.1:9")
         .stdout(log_file(data_dir))
         .stderr(log_file(data_dir))
         .kill_on_drop(true)
@@ -75,7 +93,7 @@ async fn spawn_notifier(data_dir: &std::path::Path, failpoint: Option<&str>) -> 
 /// Streams `events` and returns how many were acknowledged before `stop_after`
 /// acks (or all), without closing politely.
 async fn stream_events(address: &str, events: Vec<StepEvent>, stop_after: usize) -> usize {
-    let mut client = NotifierServiceClient::connect(address.to_owned()).await.expect("connect");
+    let mut client = client(address, credentials().service("execution"));
     let requests = tokio_stream::iter(events.into_iter().map(|event| IngestEventsRequest { event: Some(event) }));
     let Ok(response) = client.ingest_events(requests).await else { return 0 };
     let mut responses = response.into_inner();
@@ -90,7 +108,7 @@ async fn stream_events(address: &str, events: Vec<StepEvent>, stop_after: usize)
 }
 
 async fn inbox(address: &str, agent_id: &str) -> Vec<String> {
-    let mut client = NotifierServiceClient::connect(address.to_owned()).await.expect("connect");
+    let mut client = client(address, credentials().operator());
     let mut event_ids = Vec::new();
     let mut after = 0;
     loop {

@@ -217,7 +217,7 @@ async fn subscribe_replays_from_the_cursor_then_goes_live_across_reconnects() {
     let notifier = TestNotifier::start(&data.0, &[]).await;
     notifier.ingest(vec![completed("e1", "s1", "{}"), completed("e2", "s2", "{}")]).await;
 
-    let mut client = notifier.client.clone();
+    let mut client = notifier.client_as("informed").await;
     let mut stream = client
         .subscribe(SubscribeRequest { agent_id: "informed".to_owned(), after_cursor: 0 })
         .await
@@ -271,6 +271,14 @@ async fn subscribe_replays_from_the_cursor_then_goes_live_across_reconnects() {
         .into_inner();
     assert_eq!(listed.notifications.len(), 2);
     assert_eq!(listed.acknowledged_cursor, last_cursor);
+    // Never past the newest notification: the read marker cannot be pushed past everything.
+    for cursor in [u64::MAX, last_cursor + 1_000] {
+        let status = client
+            .acknowledge_notifications(AcknowledgeNotificationsRequest { agent_id: "informed".to_owned(), cursor })
+            .await
+            .expect_err("past the newest");
+        assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
+    }
     notifier.stop().await;
 }
 
@@ -330,7 +338,7 @@ async fn invalid_events_are_refused_with_a_precise_message() {
         .await
         .expect("send");
     let mut responses = notifier
-        .client
+        .ingester
         .clone()
         .ingest_events(tokio_stream::wrappers::ReceiverStream::new(receiver))
         .await
@@ -478,7 +486,7 @@ async fn subscribing_during_ingestion_sees_every_notification_once_in_order() {
     const EVENTS: usize = 3000;
     let data = TempDirectory::new("seam");
     let notifier = TestNotifier::start(&data.0, &["--memory-files", "false"]).await;
-    let client = notifier.client.clone();
+    let client = notifier.ingester.clone();
     let producer = tokio::spawn(async move {
         for chunk in 0..(EVENTS / 500) {
             let events = (chunk * 500..(chunk + 1) * 500)

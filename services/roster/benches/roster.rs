@@ -22,7 +22,18 @@ use muster_roster::{
     },
     store::{AgentQuery, ImportPlan, RosterStore, SqlStore},
 };
+use muster_runtime::{
+    auth::{Caller, TokenHash, client::with_credentials},
+    testing::TestCredentials,
+};
 use tonic::Request;
+
+/// A request as the authentication layer hands it on: from an operator.
+fn as_operator<T>(message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    request.extensions_mut().insert(Caller::Operator { name: "bench".into() });
+    request
+}
 
 fn setting(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
@@ -109,7 +120,9 @@ async fn main() {
             })
             .collect(),
         roles: Vec::new(),
-        agents: (0..sizes.agents).map(|index| (agent_at(index, &sizes), format!("hash-{index}"))).collect(),
+        agents: (0..sizes.agents)
+            .map(|index| (agent_at(index, &sizes), TokenHash::of(&format!("token-{index}"))))
+            .collect(),
     };
     store.import(&plan, 0).await.expect("import");
     println!("loaded in {:.1?}", started.elapsed());
@@ -141,10 +154,10 @@ async fn main() {
         let request = delegate_request(iteration, &sizes);
         let task_id = request.task_id.clone();
         let start = Instant::now();
-        let response = roster.delegate(Request::new(request)).await.expect("delegate");
+        let response = roster.delegate(as_operator(request)).await.expect("delegate");
         samples.push(start.elapsed());
         std::hint::black_box(response);
-        roster.release_task(Request::new(pb::ReleaseTaskRequest { task_id })).await.expect("release");
+        roster.release_task(as_operator(pb::ReleaseTaskRequest { task_id })).await.expect("release");
     }
     report("Delegate, in process", samples);
 
@@ -157,7 +170,7 @@ async fn main() {
             expertise: format!("tag-{}", iteration % sizes.tags),
         };
         let start = Instant::now();
-        let response = roster.get_organization_roster(Request::new(request)).await.expect("roster");
+        let response = roster.get_organization_roster(as_operator(request)).await.expect("roster");
         samples.push(start.elapsed());
         std::hint::black_box(response);
     }
@@ -167,12 +180,14 @@ async fn main() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address");
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let config = Config::with_database(url.clone());
+    let mut config = Config::with_database(url.clone());
+    let credentials = TestCredentials::new();
+    credentials.apply(&mut config.server);
     let server = tokio::spawn(muster_roster::run(config, listener, async move {
         let _ = stopped.await;
     }));
     let channel = muster_runtime::testing::connect_when_serving(&format!("http://{address}")).await;
-    let mut client = RosterServiceClient::new(channel);
+    let mut client = RosterServiceClient::new(with_credentials(channel, credentials.operator()));
     let mut samples = Vec::with_capacity(sizes.iterations);
     for iteration in 0..sizes.iterations {
         let mut request = delegate_request(iteration, &sizes);

@@ -3,7 +3,11 @@
 use std::{collections::HashSet, pin::Pin, sync::Arc};
 
 use muster_proto::roster::v1::{self as pb, roster_service_server::RosterService};
-use sha2::{Digest, Sha256};
+use muster_runtime::auth::{
+    Access, Caller, Rule, TokenHash,
+    directory::{CredentialChange, Position},
+    permission_denied, rule, token,
+};
 use tokio::sync::broadcast;
 use tokio_stream::{Stream, StreamExt, wrappers::BroadcastStream};
 use tonic::{Request, Response, Status as GrpcStatus};
@@ -48,18 +52,62 @@ struct Inner<S> {
     queue_resolutions: broadcast::Sender<QueueResolution>,
     /// Held while the queue gauge is counted and set (see [`Roster::refresh_queue_gauge`]).
     queue_gauge: tokio::sync::Mutex<()>,
+    /// Notified after every credential change this process makes.
+    credentials_changed: tokio::sync::Notify,
+    /// The roster's own copy of the credentials, which authenticates its callers.
+    directory: muster_runtime::auth::AgentDirectory,
 }
 
-/// A new bearer token: 32 random bytes, hex, with a recognisable prefix.
-pub(crate) fn new_token() -> Result<String> {
-    let mut bytes = [0_u8; 32];
-    getrandom::fill(&mut bytes).map_err(|error| Error::Internal(format!("random source: {error}")))?;
-    Ok(format!("mst_{}", hex::encode(bytes)))
+/// Who may call each method of the RosterService. Finer rules (an agent
+/// acting only for itself) are in the handlers.
+pub const ACCESS: &[Rule] = &[
+    rule("RegisterAgent", Access::OPERATOR),
+    rule("GetAgent", Access::ANYONE),
+    rule("ListAgents", Access::ANYONE),
+    rule("UpdateAgent", Access::OPERATOR),
+    rule("RemoveAgent", Access::OPERATOR),
+    rule("SetAgentStatus", Access::OPERATOR.or(Access::AGENT)),
+    rule("PutTeam", Access::OPERATOR),
+    rule("ListTeams", Access::ANYONE),
+    rule("RemoveTeam", Access::OPERATOR),
+    rule("PutRoleDefinition", Access::OPERATOR),
+    rule("GetRoleDefinition", Access::ANYONE),
+    rule("ListRoleDefinitions", Access::ANYONE),
+    rule("RemoveRoleDefinition", Access::OPERATOR),
+    rule("ImportRoster", Access::OPERATOR),
+    rule("GetOrganizationRoster", Access::ANYONE),
+    rule("Delegate", Access::ANYONE),
+    rule("ReleaseTask", Access::OPERATOR.or(Access::SERVICE)),
+    rule("WatchQueuedTask", Access::OPERATOR.or(Access::SERVICE)),
+    rule("ListDelegations", Access::ANYONE),
+    rule("WatchRoster", Access::ANYONE),
+    rule("RenderSystemPrompt", Access::ANYONE),
+    rule("Authenticate", Access::OPERATOR.or(Access::SERVICE)),
+    rule("RotateToken", Access::OPERATOR.or(Access::AGENT)),
+    rule("RevokeToken", Access::OPERATOR.or(Access::AGENT)),
+];
+
+/// Who may call the CredentialService: the cluster's services.
+pub const CREDENTIAL_ACCESS: &[Rule] = &[rule("WatchCredentials", Access::SERVICE)];
+
+/// A new agent token.
+fn new_token() -> Result<String> {
+    token::generate(token::AGENT_PREFIX).map_err(|error| Error::Internal(error.to_string()))
 }
 
-/// The stored form of a token: its SHA-256, hex.
-pub(crate) fn hash_token(token: &str) -> String {
-    hex::encode(Sha256::digest(token.as_bytes()))
+/// Agents act only for themselves; operators and services (whom the access
+/// rules let through) for anyone.
+fn only_for_itself(caller: &Caller, agent_id: &str, action: &str) -> Result<(), GrpcStatus> {
+    match caller.agent_id() {
+        Some(own) if own != agent_id => Err(permission_denied(
+            caller,
+            action,
+            "NOT_THE_AGENT",
+            format!("an agent may do this only for itself, not for '{agent_id}'"),
+            &[("agent_id", agent_id.to_owned())],
+        )),
+        _ => Ok(()),
+    }
 }
 
 impl<S: RosterStore> Roster<S> {
@@ -75,6 +123,8 @@ impl<S: RosterStore> Roster<S> {
                 roster_changes,
                 queue_resolutions,
                 queue_gauge: tokio::sync::Mutex::new(()),
+                credentials_changed: tokio::sync::Notify::new(),
+                directory: muster_runtime::auth::AgentDirectory::new(std::time::Duration::from_secs(5)),
             }),
         }
     }
@@ -86,6 +136,22 @@ impl<S: RosterStore> Roster<S> {
 
     fn now(&self) -> i64 {
         self.inner.clock.now_millis()
+    }
+
+    /// The roster's own copy of the agent credentials, kept from its
+    /// database (see [`muster_runtime::auth::watch::spawn_local_follower`]).
+    pub fn directory(&self) -> &muster_runtime::auth::AgentDirectory {
+        &self.inner.directory
+    }
+
+    /// After a credential change: the roster's own copy takes it at once (a
+    /// token it just issued works on the next call, one it revoked does not),
+    /// and the credential streams are woken.
+    async fn credentials_changed(&self) {
+        if let Err(status) = muster_runtime::auth::watch::catch_up(self, &self.inner.directory).await {
+            tracing::warn!(error = %status.message(), "reading the agents' credentials failed; the follower retries");
+        }
+        self.inner.credentials_changed.notify_waiters();
     }
 
     async fn announce_agents(&self, kind: pb::RosterChangeKind, ids: &[String]) {
@@ -192,10 +258,11 @@ impl<S: RosterStore> Roster<S> {
         let mut plan = ImportPlan { teams: parsed.teams.clone(), roles: parsed.roles.clone(), agents: Vec::new() };
         for agent in &parsed.agents {
             let token = new_token()?;
-            plan.agents.push((agent.clone(), hash_token(&token)));
+            plan.agents.push((agent.clone(), TokenHash::of(&token)));
             tokens.push((agent.id.clone(), token));
         }
         let created = self.inner.store.import(&plan, self.now()).await?;
+        self.credentials_changed().await;
         let created_set: HashSet<&String> = created.iter().collect();
         response.issued_tokens = tokens
             .into_iter()
@@ -265,7 +332,8 @@ impl<S: RosterStore> RosterService for Roster<S> {
     ) -> Result<Response<pb::RegisterAgentResponse>, GrpcStatus> {
         let agent = agent_from_wire(request.into_inner().agent)?;
         let token = new_token()?;
-        let stored = self.inner.store.insert_agent(&agent, &hash_token(&token), self.now()).await?;
+        let stored = self.inner.store.insert_agent(&agent, &TokenHash::of(&token), self.now()).await?;
+        self.credentials_changed().await;
         tracing::info!(agent_id = %stored.id, "agent registered");
         self.announce_agents(pb::RosterChangeKind::AgentUpserted, std::slice::from_ref(&stored.id)).await;
         Ok(Response::new(pb::RegisterAgentResponse { agent: Some(agent_to_wire(&stored)), token }))
@@ -318,6 +386,8 @@ impl<S: RosterStore> RosterService for Roster<S> {
     ) -> Result<Response<pb::UpdateAgentResponse>, GrpcStatus> {
         let agent = agent_from_wire(request.into_inner().agent)?;
         let stored = self.inner.store.update_agent(&agent, self.now()).await?;
+        // Its credentials carry its role.
+        self.credentials_changed().await;
         self.announce_agents(pb::RosterChangeKind::AgentUpserted, std::slice::from_ref(&stored.id)).await;
         Ok(Response::new(pb::UpdateAgentResponse { agent: Some(agent_to_wire(&stored)) }))
     }
@@ -327,7 +397,8 @@ impl<S: RosterStore> RosterService for Roster<S> {
         request: Request<pb::RemoveAgentRequest>,
     ) -> Result<Response<pb::RemoveAgentResponse>, GrpcStatus> {
         let id = required_id("id", &request.into_inner().id)?;
-        self.inner.store.remove_agent(&id).await?;
+        self.inner.store.remove_agent(&id, self.now()).await?;
+        self.credentials_changed().await;
         tracing::info!(agent_id = %id, "agent removed");
         let _ = self.inner.roster_changes.send(pb::WatchRosterResponse {
             kind: pb::RosterChangeKind::AgentRemoved as i32,
@@ -340,8 +411,10 @@ impl<S: RosterStore> RosterService for Roster<S> {
         &self,
         request: Request<pb::SetAgentStatusRequest>,
     ) -> Result<Response<pb::SetAgentStatusResponse>, GrpcStatus> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let id = required_id("id", &request.id)?;
+        only_for_itself(&caller, &id, "set the status of another agent")?;
         let status = status_from_wire("status", request.status)?;
         let availability_until = request.availability_until.as_ref().map(muster_runtime::time::from_timestamp);
         let agent = self.inner.store.set_status(&id, status, availability_until, self.now()).await?;
@@ -425,14 +498,25 @@ impl<S: RosterStore> RosterService for Roster<S> {
         &self,
         request: Request<pb::GetOrganizationRosterRequest>,
     ) -> Result<Response<pb::GetOrganizationRosterResponse>, GrpcStatus> {
-        Ok(Response::new(self.organization_roster(request.into_inner()).await?))
+        let caller = Caller::of(&request)?;
+        let request = request.into_inner();
+        only_for_itself(&caller, request.agent_id.trim(), "read the organisation as another agent")?;
+        Ok(Response::new(self.organization_roster(request).await?))
     }
 
     async fn delegate(
         &self,
         request: Request<pb::DelegateRequest>,
     ) -> Result<Response<pb::DelegateResponse>, GrpcStatus> {
-        let request = delegation_request_from_wire(request.into_inner())?;
+        let caller = Caller::of(&request)?;
+        let mut request = delegation_request_from_wire(request.into_inner())?;
+        // An agent delegates as itself: the requester is the caller.
+        if let Some(own) = caller.agent_id() {
+            if request.requester_id.is_empty() {
+                request.requester_id = own.to_owned();
+            }
+            only_for_itself(&caller, &request.requester_id.clone(), "delegate on behalf of another agent")?;
+        }
         if !request.requester_id.is_empty() {
             // An unknown requester is a caller's mistake, unlike an unknown named colleague.
             self.inner.store.get_agent(&request.requester_id).await.map_err(|error| match error {
@@ -454,7 +538,7 @@ impl<S: RosterStore> RosterService for Roster<S> {
         if !request.dry_run {
             muster_runtime::metrics::count(
                 "muster_delegation_decisions_total",
-                "Delegation decisions, by tier of the seed 004 priority order and decision",
+                "Delegation decisions, by tier of the delegation priority order and decision",
                 &[("tier", outcome.decision.tier.as_str()), ("decision", outcome.decision.kind.as_str())],
                 1,
             );
@@ -531,9 +615,18 @@ impl<S: RosterStore> RosterService for Roster<S> {
         &self,
         request: Request<pb::ListDelegationsRequest>,
     ) -> Result<Response<pb::ListDelegationsResponse>, GrpcStatus> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
+        let mut agent_id = request.agent_id.trim().to_owned();
+        // An agent sees the decisions it asked for or was chosen by.
+        if let Some(own) = caller.agent_id() {
+            if agent_id.is_empty() {
+                agent_id = own.to_owned();
+            }
+            only_for_itself(&caller, &agent_id, "list the delegations of another agent")?;
+        }
         let query = DelegationQuery {
-            agent_id: request.agent_id.trim().to_owned(),
+            agent_id,
             task_id: request.task_id.trim().to_owned(),
             since: request.since.as_ref().map(muster_runtime::time::from_timestamp),
             until: request.until.as_ref().map(muster_runtime::time::from_timestamp),
@@ -563,7 +656,9 @@ impl<S: RosterStore> RosterService for Roster<S> {
         &self,
         request: Request<pb::RenderSystemPromptRequest>,
     ) -> Result<Response<pb::RenderSystemPromptResponse>, GrpcStatus> {
+        let caller = Caller::of(&request)?;
         let agent_id = required_id("agent_id", &request.into_inner().agent_id)?;
+        only_for_itself(&caller, &agent_id, "render the system prompt of another agent")?;
         let agent = self.inner.store.get_agent(&agent_id).await?;
         let senior = if agent.senior_id.is_empty() {
             None
@@ -588,7 +683,7 @@ impl<S: RosterStore> RosterService for Roster<S> {
         if token.is_empty() {
             return Err(Error::InvalidArgument("token: required".into()).into());
         }
-        match self.inner.store.agent_by_token_hash(&hash_token(token)).await? {
+        match self.inner.store.agent_by_token(&TokenHash::of(token)).await? {
             Some(agent) => Ok(Response::new(pb::AuthenticateResponse { agent: Some(agent_to_wire(&agent)) })),
             None => Err(Error::Unauthenticated("the token is not valid: unknown, rotated or revoked".into()).into()),
         }
@@ -598,9 +693,12 @@ impl<S: RosterStore> RosterService for Roster<S> {
         &self,
         request: Request<pb::RotateTokenRequest>,
     ) -> Result<Response<pb::RotateTokenResponse>, GrpcStatus> {
+        let caller = Caller::of(&request)?;
         let agent_id = required_id("agent_id", &request.into_inner().agent_id)?;
+        only_for_itself(&caller, &agent_id, "rotate the token of another agent")?;
         let token = new_token()?;
-        self.inner.store.set_token_hash(&agent_id, Some(&hash_token(&token)), self.now()).await?;
+        self.inner.store.replace_token(&agent_id, Some(&TokenHash::of(&token)), self.now()).await?;
+        self.credentials_changed().await;
         tracing::info!(agent_id = %agent_id, "token rotated");
         Ok(Response::new(pb::RotateTokenResponse { token }))
     }
@@ -609,8 +707,11 @@ impl<S: RosterStore> RosterService for Roster<S> {
         &self,
         request: Request<pb::RevokeTokenRequest>,
     ) -> Result<Response<pb::RevokeTokenResponse>, GrpcStatus> {
+        let caller = Caller::of(&request)?;
         let agent_id = required_id("agent_id", &request.into_inner().agent_id)?;
-        self.inner.store.set_token_hash(&agent_id, None, self.now()).await?;
+        only_for_itself(&caller, &agent_id, "revoke the token of another agent")?;
+        self.inner.store.replace_token(&agent_id, None, self.now()).await?;
+        self.credentials_changed().await;
         tracing::info!(agent_id = %agent_id, "token revoked");
         Ok(Response::new(pb::RevokeTokenResponse {}))
     }
@@ -630,4 +731,14 @@ fn async_stream_once<T: Send + 'static>(
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(receiver)
+}
+
+impl<S: RosterStore> muster_runtime::auth::watch::CredentialLog for Roster<S> {
+    async fn changes_after(&self, position: Position, limit: usize) -> Result<Vec<CredentialChange>, GrpcStatus> {
+        Ok(self.inner.store.credential_changes_after(position, limit).await?)
+    }
+
+    fn changed(&self) -> &tokio::sync::Notify {
+        &self.inner.credentials_changed
+    }
 }

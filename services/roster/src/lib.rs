@@ -22,12 +22,14 @@ pub mod store;
 
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
-use muster_proto::roster::v1::roster_service_server::RosterServiceServer;
-use muster_runtime::ServerArgs;
+use muster_proto::roster::v1::{
+    credential_service_server::CredentialServiceServer, roster_service_server::RosterServiceServer,
+};
+use muster_runtime::{ServerArgs, auth::watch::CredentialStream};
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Result};
-pub use grpc::Roster;
+pub use grpc::{ACCESS, CREDENTIAL_ACCESS, Roster};
 use store::{RosterStore, SqlStore};
 
 /// The roster's default port.
@@ -97,6 +99,10 @@ pub async fn run_with_clock(
 ) -> Result<()> {
     let store = SqlStore::connect(&config.database_url, config.database_max_connections)?;
     let roster = Roster::new(store, clock, config.delegation_settings());
+    // The roster checks agent tokens against its own copy of the
+    // credentials, fed from its database once migrated.
+    let directory = roster.directory().clone();
+    let security = muster_runtime::security::Security::with_directory("roster", &config.server, directory.clone())?;
     let (ready_sender, ready_receiver) = tokio::sync::watch::channel(false);
     let (stop_sender, stop_receiver) = tokio::sync::watch::channel(false);
     let sweeper = tokio::spawn(sweep_queue(
@@ -106,20 +112,30 @@ pub async fn run_with_clock(
         stop_receiver,
     ));
     let migrating = roster.clone();
+    let (follower_sender, follower) = tokio::sync::oneshot::channel();
     let ready = async move {
         migrating.store().migrate().await.map_err(|error| Box::new(error) as muster_runtime::server::BoxError)?;
+        let _ = follower_sender
+            .send(muster_runtime::auth::watch::spawn_local_follower(Arc::new(migrating.clone()), directory));
         // The queue outlives the process: its gauge starts from the store.
         migrating.refresh_queue_gauge().await.map_err(|error| Box::new(error) as muster_runtime::server::BoxError)?;
         let _ = ready_sender.send(true);
         Ok(())
     };
+    let credentials = CredentialServiceServer::new(CredentialStream::new(Arc::new(roster.clone())));
     let service = RosterServiceServer::new(roster)
         .max_decoding_message_size(config.server.max_message_bytes)
         .max_encoding_message_size(config.server.max_message_bytes);
-    let outcome =
-        muster_runtime::Server::new(&config.server).add_service(service).serve(listener, ready, shutdown).await;
+    let outcome = muster_runtime::Server::new(&config.server)
+        .add_service(service, grpc::ACCESS)
+        .add_service(credentials, grpc::CREDENTIAL_ACCESS)
+        .serve(listener, &security, ready, shutdown)
+        .await;
     let _ = stop_sender.send(true);
     let _ = sweeper.await;
+    if let Ok(follower) = follower.await {
+        follower.abort();
+    }
     Ok(outcome?)
 }
 
@@ -147,5 +163,17 @@ async fn sweep_queue<S: RosterStore>(
         if let Err(error) = roster.sweep_queue().await {
             tracing::warn!(%error, "sweeping the delegation queue failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod access_tests {
+    use muster_runtime::auth::layer::rule_gaps;
+
+    #[test]
+    fn every_method_has_an_access_rule() {
+        let none = (Vec::new(), Vec::new());
+        assert_eq!(rule_gaps("muster.roster.v1.RosterService", super::ACCESS), none);
+        assert_eq!(rule_gaps("muster.roster.v1.CredentialService", super::CREDENTIAL_ACCESS), none);
     }
 }

@@ -10,9 +10,16 @@ use muster_roster::{
     },
     store::{AgentQuery, DelegationQuery, ImportPlan, QueueState, RosterStore, SqlStore},
 };
-use muster_runtime::testing::TestDatabase;
+use muster_runtime::{
+    auth::{TokenHash, directory::Position},
+    testing::TestDatabase,
+};
 
 const NOW: i64 = common::START_MILLIS;
+
+fn token(text: &str) -> TokenHash {
+    TokenHash::of(text)
+}
 
 fn agent(id: &str, team: &str, senior: &str, expertise: &[&str], capacity: u32) -> Agent {
     Agent {
@@ -42,24 +49,27 @@ async fn conformance(store: SqlStore) {
 
     // Teams and agents.
     store.put_team(&Team { name: "core".into(), ..Team::default() }, NOW).await.unwrap();
-    let boss = store.insert_agent(&agent("boss", "core", "", &["plan"], 5), "hash-boss", NOW).await.unwrap();
+    let boss = store.insert_agent(&agent("boss", "core", "", &["plan"], 5), &token("hash-boss"), NOW).await.unwrap();
     assert_eq!((boss.current_workload, boss.workload_capacity, boss.status()), (0, 5, Status::Idle));
-    store.insert_agent(&agent("dev", "core", "boss", &["rust", "sql"], 2), "hash-dev", NOW).await.unwrap();
+    store.insert_agent(&agent("dev", "core", "boss", &["rust", "sql"], 2), &token("hash-dev"), NOW).await.unwrap();
     assert!(matches!(
-        store.insert_agent(&agent("dev", "", "", &[], 0), "other", NOW).await,
+        store.insert_agent(&agent("dev", "", "", &[], 0), &token("other"), NOW).await,
         Err(Error::AlreadyExists(_))
     ));
     assert!(matches!(
-        store.insert_agent(&agent("x", "", "ghost", &[], 0), "x", NOW).await,
+        store.insert_agent(&agent("x", "", "ghost", &[], 0), &token("x"), NOW).await,
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(
-        store.insert_agent(&agent("x", "nowhere", "", &[], 0), "x", NOW).await,
+        store.insert_agent(&agent("x", "nowhere", "", &[], 0), &token("x"), NOW).await,
         Err(Error::InvalidArgument(_))
     ));
     assert!(matches!(store.get_agent("ghost").await, Err(Error::NotFound(_))));
     assert!(
-        matches!(store.insert_agent(&agent("x", "", "", &[], 0), "hash-dev", NOW).await, Err(Error::Database(_))),
+        matches!(
+            store.insert_agent(&agent("x", "", "", &[], 0), &token("hash-dev"), NOW).await,
+            Err(Error::Database(_))
+        ),
         "token hashes are unique"
     );
 
@@ -73,17 +83,33 @@ async fn conformance(store: SqlStore) {
     let mut changed = agent("dev", "core", "boss", &["rust"], 2);
     changed.name = "Developer".into();
     store.update_agent(&changed, NOW).await.unwrap();
-    assert_eq!(store.agent_by_token_hash("hash-dev").await.unwrap().unwrap().name, "Developer");
+    assert_eq!(store.agent_by_token(&token("hash-dev")).await.unwrap().unwrap().name, "Developer");
     assert!(
         store.list_agents(&AgentQuery { expertise: "sql".into(), ..AgentQuery::default() }).await.unwrap().is_empty(),
         "expertise index follows updates"
     );
 
-    // Tokens.
-    store.set_token_hash("dev", Some("hash-dev-2"), NOW).await.unwrap();
-    assert!(store.agent_by_token_hash("hash-dev").await.unwrap().is_none());
-    store.set_token_hash("dev", None, NOW).await.unwrap();
-    assert!(store.agent_by_token_hash("hash-dev-2").await.unwrap().is_none());
+    // Tokens: a rotation revokes the old one, a revocation every one, and
+    // each change is in the credential history, in order.
+    let before = store.credential_changes_after(Position::default(), 1000).await.unwrap();
+    assert_eq!(before.len(), 2, "one token each for boss and dev: {before:?}");
+    store.replace_token("dev", Some(&token("hash-dev-2")), NOW).await.unwrap();
+    assert!(store.agent_by_token(&token("hash-dev")).await.unwrap().is_none());
+    assert_eq!(store.agent_by_token(&token("hash-dev-2")).await.unwrap().unwrap().id, "dev");
+    store.replace_token("dev", None, NOW).await.unwrap();
+    assert!(store.agent_by_token(&token("hash-dev-2")).await.unwrap().is_none());
+    assert!(matches!(store.replace_token("ghost", None, NOW).await, Err(Error::NotFound(_))));
+    let last = before.last().unwrap();
+    let after = store
+        .credential_changes_after(Position { revision: last.revision, token: Some(last.token) }, 1000)
+        .await
+        .unwrap();
+    let states: Vec<(bool, bool)> =
+        after.iter().map(|change| (change.token == token("hash-dev-2"), change.active)).collect();
+    assert_eq!(states, [(false, false), (true, false)], "hash-dev revoked at the rotation, then hash-dev-2 revoked");
+    assert!(after.windows(2).all(|pair| (pair[0].revision, pair[0].token) < (pair[1].revision, pair[1].token)));
+    let paged = store.credential_changes_after(Position::default(), 1).await.unwrap();
+    assert_eq!(paged.len(), 1, "changes come in pages");
 
     // Roles.
     let role = RoleDefinition {
@@ -181,22 +207,25 @@ async fn conformance(store: SqlStore) {
         teams: vec![Team { name: "new".into(), lead_agent_id: "newbie".into(), ..Team::default() }],
         roles: vec![],
         agents: vec![
-            (agent("newbie", "new", "boss", &[], 0), "hash-newbie".into()),
-            (agent("dev", "core", "boss", &["rust"], 2), "unused".into()),
+            (agent("newbie", "new", "boss", &[], 0), token("hash-newbie")),
+            (agent("dev", "core", "boss", &["rust"], 2), token("unused")),
         ],
     };
     let created = store.import(&plan, NOW).await.unwrap();
     assert_eq!(created, vec!["newbie"]);
+    assert_eq!(store.agent_by_token(&token("hash-newbie")).await.unwrap().unwrap().id, "newbie");
+    assert!(store.agent_by_token(&token("unused")).await.unwrap().is_none(), "existing agents get no new token");
     assert_eq!(store.get_agent("dev").await.unwrap().current_workload, 2, "existing agents keep their workload");
     let broken =
-        ImportPlan { agents: vec![(agent("other", "", "ghost", &[], 0), "h".into())], ..ImportPlan::default() };
+        ImportPlan { agents: vec![(agent("other", "", "ghost", &[], 0), token("h"))], ..ImportPlan::default() };
     assert!(store.import(&broken, NOW).await.is_err());
     assert!(matches!(store.get_agent("other").await, Err(Error::NotFound(_))), "rolled back");
 
     // Removal rules.
-    assert!(matches!(store.remove_agent("boss").await, Err(Error::FailedPrecondition(_))));
+    assert!(matches!(store.remove_agent("boss", NOW).await, Err(Error::FailedPrecondition(_))));
     assert!(matches!(store.remove_team("new").await, Err(Error::FailedPrecondition(_))));
-    store.remove_agent("newbie").await.unwrap();
+    store.remove_agent("newbie", NOW).await.unwrap();
+    assert!(store.agent_by_token(&token("hash-newbie")).await.unwrap().is_none(), "removal revokes");
     assert_eq!(store.list_teams().await.unwrap().iter().find(|t| t.name == "new").unwrap().lead_agent_id, "");
     store.remove_team("new").await.unwrap();
 }
@@ -227,10 +256,14 @@ async fn cross_team_order(store: SqlStore) {
     for team in ["home", "away"] {
         store.put_team(&Team { name: team.into(), ..Team::default() }, NOW).await.unwrap();
     }
-    store.insert_agent(&agent("asker", "home", "", &[], 5), "h-asker", NOW).await.unwrap();
+    store.insert_agent(&agent("asker", "home", "", &[], 5), &token("h-asker"), NOW).await.unwrap();
     for index in 0..12 {
         store
-            .insert_agent(&agent(&format!("w{index:02}"), "away", "", &["rust", "go"], 5), &format!("h{index}"), NOW)
+            .insert_agent(
+                &agent(&format!("w{index:02}"), "away", "", &["rust", "go"], 5),
+                &token(&format!("h{index}")),
+                NOW,
+            )
             .await
             .unwrap();
     }

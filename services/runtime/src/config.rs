@@ -24,6 +24,11 @@ pub struct ServerArgs {
     /// Once listening, write the bound address to this file (for tests and supervisors).
     #[arg(long, env = "MUSTER_PORT_FILE")]
     pub port_file: Option<PathBuf>,
+    /// Also serve gRPC health and `/metrics` on this address, in plain text
+    /// and without credentials: for Kubernetes probes and Prometheus when the
+    /// main port demands mutual TLS.
+    #[arg(long, env = "MUSTER_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
     /// Log format.
     #[arg(long, env = "MUSTER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Auto)]
     pub log_format: LogFormat,
@@ -39,6 +44,12 @@ pub struct ServerArgs {
     /// Most concurrent requests per connection.
     #[arg(long, env = "MUSTER_MAX_CONCURRENT_REQUESTS", default_value_t = 1024)]
     pub max_concurrent_requests: usize,
+    /// Who may call: operators, agents' credentials, the service secret.
+    #[command(flatten)]
+    pub auth: crate::auth::AuthArgs,
+    /// TLS and mutual TLS.
+    #[command(flatten)]
+    pub tls: crate::tls::TlsArgs,
 }
 
 impl ServerArgs {
@@ -58,11 +69,14 @@ impl Default for ServerArgs {
         Self {
             listen: None,
             port_file: None,
+            health_listen: None,
             log_format: LogFormat::Auto,
             log_filter: "info".to_owned(),
             shutdown_grace_seconds: 10,
             max_message_bytes: 4 * 1024 * 1024,
             max_concurrent_requests: 1024,
+            auth: crate::auth::AuthArgs::default(),
+            tls: crate::tls::TlsArgs::default(),
         }
     }
 }

@@ -6,15 +6,20 @@
 //! ([`server`]), the termination signal ([`shutdown`]), database pools and
 //! migrations for SQLite and PostgreSQL ([`db`]), Prometheus metrics
 //! ([`metrics`]), and the convention by which a service's errors become gRPC
-//! statuses ([`status`]).
+//! statuses ([`status`]), who is calling and what it may call ([`auth`],
+//! with the service-to-service credentials of [`security`]), TLS and mutual
+//! TLS ([`tls`]), and files that hold secrets ([`files`]).
 //!
 //! This crate is not deployable on its own; it holds no business logic.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod config;
 pub mod db;
+pub mod files;
 pub mod metrics;
 pub mod process;
+pub mod security;
 pub mod server;
 pub mod shutdown;
 pub mod status;
@@ -22,6 +27,7 @@ pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod time;
+pub mod tls;
 
 pub use config::ServerArgs;
 pub use server::Server;
@@ -55,6 +61,9 @@ pub enum Error {
     /// Logging or reflection could not be set up.
     #[error("setup: {0}")]
     Telemetry(String),
+    /// The settings are wrong: a file that cannot be parsed, a missing credential.
+    #[error("{0}")]
+    Config(String),
 }
 
 /// The runtime's result type.

@@ -1,7 +1,8 @@
-//! The one gRPC server builder. A service registers its own gRPC services and
-//! a readiness check; the builder adds health (NOT_SERVING until the check
-//! passes), reflection v1 and v1alpha, request tracing, limits and graceful
-//! shutdown.
+//! The one gRPC server builder. A service registers its own gRPC services,
+//! each with the access rule of every method, and a readiness check; the
+//! builder adds authentication ([`crate::auth::layer`]), TLS when configured,
+//! health (NOT_SERVING until the check passes), reflection v1 and v1alpha,
+//! request tracing, metrics, limits and graceful shutdown.
 
 use std::{convert::Infallible, future::Future, time::Duration};
 
@@ -20,7 +21,12 @@ use tower_http::{
 use tracing::{Level, Span};
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::{Error, Result, config::ServerArgs};
+use crate::{
+    Error, Result,
+    auth::{AuthLayer, Rule, layer::Rules},
+    config::ServerArgs,
+    security::Security,
+};
 
 /// Any error a readiness check may end with.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -30,16 +36,18 @@ pub struct Server {
     args: ServerArgs,
     routes: RoutesBuilder,
     service_names: Vec<&'static str>,
+    rules: Rules,
 }
 
 impl Server {
     /// A server with the shared settings.
     pub fn new(args: &ServerArgs) -> Self {
-        Self { args: args.clone(), routes: Routes::builder(), service_names: Vec::new() }
+        Self { args: args.clone(), routes: Routes::builder(), service_names: Vec::new(), rules: Rules::default() }
     }
 
-    /// Registers a gRPC service; its health status follows the server's readiness.
-    pub fn add_service<S>(mut self, service: S) -> Self
+    /// Registers a gRPC service with the access rule of each of its methods;
+    /// its health status follows the server's readiness.
+    pub fn add_service<S>(mut self, service: S, rules: &[Rule]) -> Self
     where
         S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
             + NamedService
@@ -51,10 +59,12 @@ impl Server {
     {
         self.routes.add_service(service);
         self.service_names.push(S::NAME);
+        self.rules.add(S::NAME, rules);
         self
     }
 
-    /// Serves on `listener` until `shutdown` resolves.
+    /// Serves on `listener` until `shutdown` resolves, authenticating
+    /// callers with `security` (and speaking TLS when it says so).
     ///
     /// Health answers NOT_SERVING until `ready` succeeds (the database answers,
     /// migrations ran); if `ready` fails the server stops with its error. On
@@ -63,6 +73,7 @@ impl Server {
     pub async fn serve(
         self,
         listener: TcpListener,
+        security: &Security,
         ready: impl Future<Output = std::result::Result<(), BoxError>> + Send,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<()> {
@@ -100,21 +111,18 @@ impl Server {
         let reflection_v1alpha = reflection().build_v1alpha().map_err(reflection_error)?;
 
         let mut routes = self.routes;
-        routes.add_service(health_service).add_service(reflection_v1).add_service(reflection_v1alpha);
+        routes.add_service(health_service.clone()).add_service(reflection_v1).add_service(reflection_v1alpha);
+        let health_port = match self.args.health_listen {
+            Some(address) => Some(serve_health(address, health_service).await?),
+            None => None,
+        };
 
-        // Nagle's algorithm on accepted sockets would add ~40 ms to small
-        // replies (delayed ACKs): set TCP_NODELAY on every connection.
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let (stop_sender, stop_receiver) = tokio::sync::oneshot::channel::<()>();
         let grace = self.args.shutdown_grace();
         // `/metrics` answers plain HTTP/1.1 on the same port, for Prometheus.
-        let routes = Routes::from(routes.routes().into_axum_router().route(
-            "/metrics",
-            axum::routing::get(|| async {
-                ([(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render())
-            }),
-        ));
-        let server = tonic::transport::Server::builder()
+        let routes =
+            Routes::from(routes.routes().into_axum_router().route("/metrics", axum::routing::get(metrics_page)));
+        let router = tonic::transport::Server::builder()
             .accept_http1(true)
             .concurrency_limit_per_connection(self.args.max_concurrent_requests)
             // Large windows: assignments carry the shared memory of an execution,
@@ -134,13 +142,23 @@ impl Server {
                     }),
             )
             .layer(crate::metrics::RpcMetricsLayer)
-            .add_routes(routes)
-            .serve_with_incoming_shutdown(incoming, async move {
-                let _ = stop_receiver.await;
-            });
-        tracing::info!(address = %local_addr, services = ?self.service_names, "listening");
+            .layer(AuthLayer::new(security.authenticator.clone(), self.rules))
+            .add_routes(routes);
+        let stopped = async move {
+            let _ = stop_receiver.await;
+        };
+        let server: std::pin::Pin<Box<dyn Future<Output = std::result::Result<(), tonic::transport::Error>> + Send>> =
+            match &security.server_tls {
+                Some(tls) => Box::pin(router.serve_with_incoming_shutdown(tls.incoming(listener), stopped)),
+                // Nagle's algorithm on accepted sockets would add ~40 ms to small
+                // replies (delayed ACKs): set TCP_NODELAY on every connection.
+                None => Box::pin(
+                    router.serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), stopped),
+                ),
+            };
+        tracing::info!(address = %local_addr, services = ?self.service_names, tls = security.server_tls.is_some(), "listening");
 
-        let mut server = std::pin::pin!(server);
+        let mut server = server;
         let mut ready = std::pin::pin!(ready);
         let mut shutdown = std::pin::pin!(shutdown);
         let mut is_ready = false;
@@ -167,9 +185,48 @@ impl Server {
             Ok(result) => result.map_err(Error::from)?,
             Err(_) => tracing::warn!("grace period over; closing the remaining connections"),
         }
+        if let Some(health_port) = health_port {
+            health_port.abort();
+        }
         tracing::info!("stopped");
         Ok(())
     }
+}
+
+/// Serves gRPC health and `/metrics` alone on `address`, plain, for probes
+/// and scrapers that cannot present credentials or client certificates.
+async fn serve_health<S>(address: std::net::SocketAddr, health: S) -> Result<tokio::task::JoinHandle<()>>
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+        + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let listener = TcpListener::bind(address)
+        .await
+        .map_err(|source| Error::Io { context: format!("listening on {address} for health"), source })?;
+    let mut routes = Routes::builder();
+    routes.add_service(health);
+    let routes = Routes::from(routes.routes().into_axum_router().route("/metrics", axum::routing::get(metrics_page)));
+    tracing::info!(%address, "health and metrics listening");
+    Ok(tokio::spawn(async move {
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        if let Err(error) = tonic::transport::Server::builder()
+            .accept_http1(true)
+            .add_routes(routes)
+            .serve_with_incoming(incoming)
+            .await
+        {
+            tracing::error!(%error, "the health port stopped");
+        }
+    }))
+}
+
+async fn metrics_page() -> impl axum::response::IntoResponse {
+    ([(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render())
 }
 
 /// The span of one call, named after its method as OpenTelemetry's RPC

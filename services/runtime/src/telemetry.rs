@@ -10,7 +10,8 @@
 //! `OTEL_BSP_*`, `OTEL_EXPORTER_OTLP_HEADERS`, ...); `OTEL_SDK_DISABLED=true` or
 //! `OTEL_TRACES_EXPORTER=none` turn it off. W3C trace context travels in gRPC
 //! metadata: [`extract`] continues a caller's trace on the server side, the
-//! [`TraceContextInterceptor`] of every client sends the current one on. Where
+//! [`TraceContextInterceptor`] (part of every client's
+//! [`crate::auth::client::Credentials`]) sends the current one on. Where
 //! one call carries many units of work (a worker's stream, the event stream to
 //! the notifier), each message carries its own `traceparent` ([`traceparent`],
 //! [`continue_from`]).
@@ -141,15 +142,6 @@ impl tonic::service::Interceptor for TraceContextInterceptor {
         }
         Ok(request)
     }
-}
-
-/// A channel whose calls carry the caller's trace context.
-pub type TracedChannel =
-    tonic::service::interceptor::InterceptedService<tonic::transport::Channel, TraceContextInterceptor>;
-
-/// Wraps `channel` so its calls carry the caller's trace context.
-pub fn traced(channel: tonic::transport::Channel) -> TracedChannel {
-    tonic::service::interceptor::InterceptedService::new(channel, TraceContextInterceptor)
 }
 
 struct HeaderExtractor<'a>(&'a http::HeaderMap);

@@ -3,12 +3,15 @@
 //! severity, a stable code (`docs/diagnostics.md`), a message, a path such as
 //! `steps[2].roles.monitors[0]` and the line and column of the offending node.
 //!
-//! It owns the rules and nothing else: it is stateless, keeps no database and
-//! calls no other service. What it knows of agents, roles and tools comes from
-//! the caller's [`Context`]. The rules are a library ([`validate_process`],
-//! [`validate_role_definition`], [`validate_permission_matrix`]) that the
-//! execution service and the `muster validate` CLI link directly; [`run`]
-//! serves the same rules over gRPC (`muster.validator.v1.ValidatorService`).
+//! It owns the rules and nothing else: it is stateless and keeps no
+//! database; the only service it calls is the roster, for the agent
+//! credentials that authenticate its callers. What it knows of agents, roles
+//! and tools comes from the caller's [`Context`]. The rules are a library
+//! ([`validate_process`], [`validate_role_definition`],
+//! [`validate_permission_matrix`]) that the execution service and the
+//! `muster validate` CLI link directly; [`run`] serves the same rules over
+//! gRPC (`muster.validator.v1.ValidatorService`) to any authenticated caller
+//! ([`ACCESS`]).
 #![forbid(unsafe_code)]
 
 use std::future::Future;
@@ -66,12 +69,27 @@ pub fn validate_permission_matrix(source: &str) -> MatrixReport {
     domain::matrix::check_matrix(source, &Limits::default())
 }
 
+/// Who may call each method: any authenticated caller (operators, agents,
+/// the cluster's services).
+pub const ACCESS: &[muster_runtime::auth::Rule] = {
+    use muster_runtime::auth::{Access, rule};
+    &[
+        rule("ValidateProcess", Access::ANYONE),
+        rule("ValidateRoleDefinition", Access::ANYONE),
+        rule("ValidatePermissionMatrix", Access::ANYONE),
+    ]
+};
+
 /// Serves the validator on `listener` until `shutdown` resolves.
+///
+/// It calls no other service for its work; it follows the roster's agent
+/// credentials only to authenticate agents that call it.
 pub async fn run(
     config: Config,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
+    let security = muster_runtime::security::Security::following_roster("validator", &config.server)?;
     let max_message_bytes = config.server.max_message_bytes;
     let service = muster_proto::validator::v1::validator_service_server::ValidatorServiceServer::new(
         ValidatorService::new(Limits::default()),
@@ -79,8 +97,8 @@ pub async fn run(
     .max_decoding_message_size(max_message_bytes)
     .max_encoding_message_size(max_message_bytes);
     muster_runtime::Server::new(&config.server)
-        .add_service(service)
-        .serve(listener, async { Ok(()) }, shutdown)
+        .add_service(service, ACCESS)
+        .serve(listener, &security, async { Ok(()) }, shutdown)
         .await?;
     Ok(())
 }
@@ -115,4 +133,13 @@ pub fn detect_yaml_kind(source: &str) -> DocumentKind {
         })
     });
     if matrix_shaped { DocumentKind::PermissionMatrix } else { DocumentKind::RoleDefinition }
+}
+
+#[cfg(test)]
+mod access_tests {
+    #[test]
+    fn every_method_has_an_access_rule() {
+        let gaps = muster_runtime::auth::layer::rule_gaps("muster.validator.v1.ValidatorService", super::ACCESS);
+        assert_eq!(gaps, (Vec::new(), Vec::new()), "(methods without a rule, rules without a method)");
+    }
 }

@@ -1,15 +1,23 @@
 //! The validator service in process, over real gRPC: the seed 000 test cases,
-//! context checks, role definitions, the permission matrix and the request
-//! errors.
+//! context checks, role definitions, the permission matrix, the request
+//! errors, and who may call it.
 
 use muster_proto::common::v1::{Diagnostic, Severity};
 use muster_proto::validator::v1 as pb;
 use muster_proto::validator::v1::validator_service_client::ValidatorServiceClient;
+use muster_runtime::{
+    auth::client::{AuthChannel, Credentials, with_credentials},
+    testing::{FakeCredentials, TestCredentials},
+};
 use muster_validator::{Config, run};
 use tonic::transport::Channel;
 
 struct TestServer {
-    client: ValidatorServiceClient<Channel>,
+    /// Calls as an operator.
+    client: ValidatorServiceClient<AuthChannel>,
+    channel: Channel,
+    credentials: TestCredentials,
+    agents: FakeCredentials,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     handle: Option<tokio::task::JoinHandle<muster_validator::Result<()>>>,
 }
@@ -20,12 +28,27 @@ impl TestServer {
         let address = listener.local_addr().expect("address");
         let mut config = Config { server: muster_runtime::ServerArgs::default() };
         config.server.shutdown_grace_seconds = 1;
+        let credentials = TestCredentials::new();
+        credentials.apply(&mut config.server);
+        let agents = FakeCredentials::start(&credentials).await;
+        config.server.auth.roster_url = agents.url.clone();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let handle = tokio::spawn(run(config, listener, async move {
             let _ = stopped.await;
         }));
         let channel = muster_runtime::testing::connect_when_serving(&format!("http://{address}")).await;
-        Self { client: ValidatorServiceClient::new(channel), stop: Some(stop), handle: Some(handle) }
+        Self {
+            client: ValidatorServiceClient::new(with_credentials(channel.clone(), credentials.operator())),
+            channel,
+            credentials,
+            agents,
+            stop: Some(stop),
+            handle: Some(handle),
+        }
+    }
+
+    fn client_with(&self, credentials: Credentials) -> ValidatorServiceClient<AuthChannel> {
+        ValidatorServiceClient::new(with_credentials(self.channel.clone(), credentials))
     }
 
     async fn process(&mut self, source: &str, context: Option<pb::ValidationContext>) -> pb::ValidateProcessResponse {
@@ -191,5 +214,37 @@ async fn hostile_documents_are_answered_with_diagnostics() {
     assert!(!response.valid);
     assert_eq!(response.diagnostics.len(), 1);
     assert_eq!(response.diagnostics[0].code, "YAML004");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn any_authenticated_caller_may_validate_and_nobody_else() {
+    let server = TestServer::start().await;
+    let request = || pb::ValidateProcessRequest { source: "name: p\nsteps: []\n".to_owned(), ..Default::default() };
+    let anonymous = server.client_with(Credentials::none()).validate_process(request()).await.unwrap_err();
+    assert_eq!(anonymous.code(), tonic::Code::Unauthenticated);
+    let garbage = server.client_with(Credentials::bearer("mst_123").unwrap()).validate_process(request()).await;
+    assert_eq!(garbage.unwrap_err().code(), tonic::Code::Unauthenticated);
+    let service = server.credentials.service("execution");
+    server.client_with(service).validate_process(request()).await.expect("a service validates");
+    // An agent, once the validator has its token from the roster's stream.
+    let token = server.agents.issue("alice");
+    let mut as_agent = server.client_with(Credentials::bearer(&token).unwrap());
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while let Err(status) = as_agent.validate_process(request()).await {
+        assert!(tokio::time::Instant::now() < deadline, "the agent was never accepted: {status}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    server.agents.revoke(&token, "alice");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match as_agent.validate_process(request()).await {
+            Err(status) if status.code() == tonic::Code::Unauthenticated => break,
+            outcome => {
+                assert!(tokio::time::Instant::now() < deadline, "still accepted 5 s after revocation: {outcome:?}")
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
     server.stop().await;
 }

@@ -15,8 +15,12 @@ use tokio::sync::mpsc;
 use super::{
     Engine,
     driver::{assignment_id, step_roles},
+    session::SessionSnapshot,
 };
 use crate::workers::Outcome;
+
+/// Iterations an agent may run per step when its roster entry says none.
+const DEFAULT_MAX_ITERATIONS: u32 = 10;
 
 /// What a step task tells its driver before the outcome.
 #[derive(Debug)]
@@ -59,10 +63,22 @@ pub(crate) struct StepTask {
     pub(crate) reassigned_to: Option<String>,
     /// Agents the step passed through by delegation onward.
     pub(crate) delegation_chain: Vec<String>,
+    /// The session, when the execution runs as one.
+    pub(crate) session: Option<SessionSnapshot>,
 }
 
-/// Per execution: agent id to its role definition and rendered system prompt.
-pub(crate) type AgentContexts = Arc<tokio::sync::Mutex<HashMap<String, (Option<roster::RoleDefinition>, String)>>>;
+/// What an assignment tells an agent about itself, from the roster.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct AgentContext {
+    role_definition: Option<roster::RoleDefinition>,
+    system_prompt: String,
+    max_iterations: u32,
+    llm_config_json: String,
+    allow_delegation: bool,
+}
+
+/// Per execution: agent id to what its assignments tell it, fetched once.
+pub(crate) type AgentContexts = Arc<tokio::sync::Mutex<HashMap<String, AgentContext>>>;
 
 impl StepTask {
     pub(crate) async fn run(self) -> (usize, u32, Outcome) {
@@ -79,13 +95,29 @@ impl StepTask {
             Ok(agent_id) => agent_id,
             Err(failure) => return Outcome::Failed(failure),
         };
+        // In a session, only an assigned agent whose role permits the step's action gets it.
+        let session_role = match &self.session {
+            Some(session) => match session.admit(&agent_id, self.definition.action.as_deref()) {
+                Ok(role) => role,
+                Err(reason) => {
+                    return Outcome::Failed(StepFailure {
+                        assignment_id: String::new(),
+                        error_code: "PERMISSION_DENIED".to_owned(),
+                        message: reason,
+                        retryable: false,
+                    });
+                }
+            },
+            None => String::new(),
+        };
         let _ = self.updates.send(StepUpdate::Assigned {
             position: self.position,
             attempt: self.attempt,
             agent_id: agent_id.clone(),
         });
-        let assignment = self.assignment(agent_id).await;
+        let assignment = self.assignment(agent_id, session_role).await;
         let id = assignment.assignment_id.clone();
+        let max_iterations = assignment.max_iterations;
         let receiver = self.engine.workers.dispatch(assignment).await;
         let outcome = match self.definition.timeout_seconds {
             Some(seconds) => match tokio::time::timeout(Duration::from_secs(seconds), receiver).await {
@@ -102,7 +134,18 @@ impl StepTask {
             },
             None => receiver.await,
         };
-        outcome.unwrap_or(Outcome::WorkerLost)
+        match outcome.unwrap_or(Outcome::WorkerLost) {
+            Outcome::Completed(result) if result.iterations > max_iterations => Outcome::Failed(StepFailure {
+                message: format!(
+                    "the agent reported {} iterations; it may run at most {max_iterations} per step",
+                    result.iterations
+                ),
+                assignment_id: result.assignment_id,
+                error_code: "ITERATION_LIMIT".to_owned(),
+                retryable: false,
+            }),
+            outcome => outcome,
+        }
     }
 
     /// The named executor, or the roster's decision for a step that asks for delegation.
@@ -220,8 +263,8 @@ impl StepTask {
         });
     }
 
-    async fn assignment(&self, agent_id: String) -> Assignment {
-        let (role_definition, system_prompt) = self.agent_context(&agent_id).await;
+    async fn assignment(&self, agent_id: String, session_role: String) -> Assignment {
+        let context = self.agent_context(&agent_id).await;
         Assignment {
             assignment_id: assignment_id(&self.execution_id, &self.definition.id, self.attempt),
             idempotency_key: format!("{}/{}", self.execution_id, self.definition.id),
@@ -238,19 +281,24 @@ impl StepTask {
             upstream_outputs: self.upstream_outputs.clone(),
             shared_memory_json: self.shared_memory_json.clone(),
             history: self.history.clone(),
-            role_definition,
-            system_prompt,
+            role_definition: context.role_definition,
+            system_prompt: context.system_prompt,
             roles: Some(step_roles(&self.definition)),
             delegation_chain: self.delegation_chain.clone(),
             timeout_ms: self.definition.timeout_seconds.map(|seconds| seconds * 1000).unwrap_or(0),
             trace_parent: muster_runtime::telemetry::traceparent(&tracing::Span::current()),
+            max_iterations: context.max_iterations,
+            llm_config_json: context.llm_config_json,
+            allow_delegation: context.allow_delegation,
+            session_role,
+            session_context: self.session.as_ref().map(|session| session.context.clone()).unwrap_or_default(),
         }
     }
 
-    /// The agent's role definition and rendered prompt, fetched once per
-    /// execution; an assignment goes out without them when the roster cannot
-    /// provide them.
-    async fn agent_context(&self, agent_id: &str) -> (Option<roster::RoleDefinition>, String) {
+    /// What the assignment tells the agent about itself, fetched once per
+    /// execution; an assignment goes out with the defaults when the roster
+    /// cannot provide it.
+    async fn agent_context(&self, agent_id: &str) -> AgentContext {
         let cached = self.agent_contexts.lock().await.get(agent_id).cloned();
         if let Some(context) = cached {
             return context;
@@ -263,31 +311,40 @@ impl StepTask {
             Err(status) => {
                 // The roster is unreachable: this assignment goes without; the next one asks again.
                 tracing::warn!(agent_id, error = %status.message(), "no role definition or prompt for the assignment");
-                (None, String::new())
+                AgentContext { max_iterations: DEFAULT_MAX_ITERATIONS, ..AgentContext::default() }
             }
         }
     }
 
-    async fn fetch_agent_context(
-        &self,
-        agent_id: &str,
-    ) -> Result<(Option<roster::RoleDefinition>, String), tonic::Status> {
+    async fn fetch_agent_context(&self, agent_id: &str) -> Result<AgentContext, tonic::Status> {
         let mut client = self.engine.roster.clone();
-        let agent = client.get_agent(roster::GetAgentRequest { id: agent_id.to_owned() }).await?.into_inner().agent;
-        let role_definition = match agent.map(|agent| agent.role).filter(|role| !role.is_empty()) {
-            Some(role) => match client.get_role_definition(roster::GetRoleDefinitionRequest { name: role }).await {
+        let agent = client
+            .get_agent(roster::GetAgentRequest { id: agent_id.to_owned() })
+            .await?
+            .into_inner()
+            .agent
+            .unwrap_or_default();
+        let role_definition = if agent.role.is_empty() {
+            None
+        } else {
+            match client.get_role_definition(roster::GetRoleDefinitionRequest { name: agent.role.clone() }).await {
                 Ok(response) => response.into_inner().role,
                 Err(status) if status.code() == tonic::Code::NotFound => None,
                 Err(status) => return Err(status),
-            },
-            None => None,
+            }
         };
         let system_prompt = client
             .render_system_prompt(roster::RenderSystemPromptRequest { agent_id: agent_id.to_owned() })
             .await?
             .into_inner()
             .system_prompt;
-        Ok((role_definition, system_prompt))
+        Ok(AgentContext {
+            role_definition,
+            system_prompt,
+            max_iterations: if agent.max_iterations == 0 { DEFAULT_MAX_ITERATIONS } else { agent.max_iterations },
+            llm_config_json: agent.llm_config_json,
+            allow_delegation: agent.allow_delegation,
+        })
     }
 }
 

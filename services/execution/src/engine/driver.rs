@@ -21,7 +21,7 @@ use super::{
 };
 use crate::{
     Error, Result,
-    domain::{ExecutionStatus, StepStatus},
+    domain::{ExecutionStatus, StepStatus, authority::RoleAssignment},
     store::{ExecutionRow, StepRow},
     workers::Outcome,
 };
@@ -52,6 +52,7 @@ pub(crate) struct Driver {
 struct Staged {
     positions: Vec<usize>,
     execution_changed: bool,
+    assignments: Vec<RoleAssignment>,
     events: Vec<StepEvent>,
 }
 
@@ -105,8 +106,8 @@ impl Driver {
                 }
                 Some(control) = self.controls.recv() => match control {
                     Control::Cancel(reason) => return self.finish(Some(reason)).await,
-                    Control::Decide { step_id, approved, by, comment, reply } => {
-                        let outcome = self.decide(&step_id, approved, &by, &comment).await;
+                    Control::Decide { step_id, approved, by, comment, matrix_version, reply } => {
+                        let outcome = self.decide(&step_id, approved, &by, &comment, matrix_version).await;
                         let _ = reply.send(outcome);
                     }
                     Control::DelegateOnward { request, reply } => {
@@ -115,6 +116,14 @@ impl Driver {
                     }
                     Control::Intervene { intervention, reply } => {
                         let outcome = self.intervene(intervention).await;
+                        let _ = reply.send(outcome);
+                    }
+                    Control::AssignRole { assignment, matrix_version, reply } => {
+                        let outcome = self.assign_role(assignment, matrix_version).await;
+                        let _ = reply.send(outcome);
+                    }
+                    Control::SetLead { agent_id, by, reply } => {
+                        let outcome = self.set_lead(agent_id, &by).await;
                         let _ = reply.send(outcome);
                     }
                 },
@@ -237,7 +246,14 @@ impl Driver {
     }
 
     /// Records an approval decision: approved completes the step, rejected fails it.
-    async fn decide(&mut self, step_id: &str, approved: bool, by: &str, comment: &str) -> Result<()> {
+    async fn decide(
+        &mut self,
+        step_id: &str,
+        approved: bool,
+        by: &str,
+        comment: &str,
+        matrix_version: u32,
+    ) -> Result<()> {
         let Some(&position) = self.index.get(step_id) else {
             return Err(Error::NotFound(format!("execution '{}' has no step '{step_id}'", self.execution.id)));
         };
@@ -251,7 +267,7 @@ impl Driver {
         let step = &mut self.execution.steps[position];
         step.executor = by.to_owned();
         step.ended_at = Some(now);
-        let event = if approved {
+        let mut event = if approved {
             step.status = StepStatus::Completed;
             step.output_json = serde_json::json!({"approved": true, "by": by, "comment": comment}).to_string();
             let mut event = self.step_event(EventType::StepCompleted, position);
@@ -270,6 +286,7 @@ impl Driver {
             });
             event
         };
+        event.matrix_version = matrix_version;
         self.persist(&[position], false, vec![event]).await
     }
 
@@ -304,6 +321,7 @@ impl Driver {
             agent_contexts: self.agent_contexts.clone(),
             reassigned_to: self.reassigned.get(&position).cloned(),
             delegation_chain: self.delegation_chains.get(&position).cloned().unwrap_or_default(),
+            session: self.session_snapshot(),
         };
         let span = tracing::info_span!("step", step_id = %task.definition.id, attempt);
         self.running.spawn(task.run().instrument(span));
@@ -348,6 +366,19 @@ impl Driver {
         }
         let now = muster_runtime::time::now_millis();
         let retries = self.definition.steps[position].retries;
+        // A session step's result counts only while its executor may still perform it.
+        let outcome = match outcome {
+            Outcome::Completed(result) => match self.admit_result(position) {
+                Ok(()) => Outcome::Completed(result),
+                Err(reason) => Outcome::Failed(muster_proto::execution::v1::StepFailure {
+                    assignment_id: result.assignment_id,
+                    error_code: "PERMISSION_DENIED".to_owned(),
+                    message: reason,
+                    retryable: false,
+                }),
+            },
+            other => other,
+        };
         let step = &mut self.execution.steps[position];
         let event = match outcome {
             Outcome::Completed(result) => {
@@ -462,15 +493,27 @@ impl Driver {
         self.staged.events.extend(events);
     }
 
+    /// Stages a changed session assignment for the next write.
+    pub(super) fn stage_assignment(&mut self, assignment: RoleAssignment) {
+        self.staged.assignments.push(assignment);
+    }
+
     /// Writes what is staged, in one transaction with its events and their
     /// outbox rows, then announces the events.
     pub(super) async fn flush(&mut self) -> Result<()> {
         let staged = std::mem::take(&mut self.staged);
-        if staged.positions.is_empty() && !staged.execution_changed && staged.events.is_empty() {
+        if staged.positions.is_empty()
+            && !staged.execution_changed
+            && staged.assignments.is_empty()
+            && staged.events.is_empty()
+        {
             return Ok(());
         }
         let steps: Vec<&StepRow> = staged.positions.iter().map(|position| &self.execution.steps[*position]).collect();
-        self.engine.store.record(&self.execution, &steps, staged.execution_changed, &staged.events).await?;
+        self.engine
+            .store
+            .record(&self.execution, &steps, staged.execution_changed, &staged.assignments, &staged.events)
+            .await?;
         self.engine.announce(staged.events);
         Ok(())
     }

@@ -1,6 +1,6 @@
-//! Interventions by a step's monitors and the execution's lead: pause,
-//! resume, retry, cancel, reassign and override the output. Who may do what
-//! is checked by the gRPC layer; the driver checks that the step's state
+//! Interventions by operators, a step's monitors and the execution's lead:
+//! pause, resume, retry, cancel, reassign and override the output. Who may
+//! do what is checked by the gRPC layer; the driver checks that the step's state
 //! allows it, applies it, and records a STEP_INTERVENED event with it.
 
 use muster_proto::common::v1::EventType;
@@ -23,6 +23,18 @@ pub(crate) enum InterventionAction {
 }
 
 impl InterventionAction {
+    /// What it does, as a verb: `pause`, `reassign`, ...
+    pub(crate) fn verb_infinitive(&self) -> &'static str {
+        match self {
+            Self::Pause => "pause",
+            Self::Resume => "resume",
+            Self::Retry => "retry",
+            Self::Cancel => "cancel",
+            Self::Reassign(_) => "reassign",
+            Self::OverrideOutput(_) => "override the output of",
+        }
+    }
+
     fn verb(&self) -> &'static str {
         match self {
             Self::Pause => "paused",
@@ -41,8 +53,11 @@ pub(crate) struct Intervention {
     /// The step; `None` for execution-wide pause and resume.
     pub(crate) step_id: Option<String>,
     pub(crate) action: InterventionAction,
+    /// Who: an agent's id, or `operator:<name>`.
     pub(crate) by: String,
     pub(crate) reason: String,
+    /// The permission matrix version that authorised it (0: none applied).
+    pub(crate) matrix_version: u32,
 }
 
 impl Driver {
@@ -129,6 +144,11 @@ impl Driver {
         let mut intervened = self.step_event(EventType::StepIntervened, position);
         intervened.agent_id = intervention.by.clone();
         intervened.detail = describe(&intervention, &step_id);
+        intervened.matrix_version = intervention.matrix_version;
+        // The agent a step is reassigned to hears of it.
+        if let InterventionAction::Reassign(agent_id) = &intervention.action {
+            intervened.participants = vec![agent_id.clone()];
+        }
         events.push(intervened);
         if matches!(intervention.action, InterventionAction::OverrideOutput(_)) {
             events.push(self.step_event(EventType::StepCompleted, position));
@@ -162,6 +182,7 @@ impl Driver {
         let mut event = super::new_event(&mut self.execution, EventType::StepIntervened);
         event.agent_id = intervention.by.clone();
         event.detail = describe(&intervention, "");
+        event.matrix_version = intervention.matrix_version;
         self.persist(&[], true, vec![event]).await
     }
 

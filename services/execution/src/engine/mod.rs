@@ -6,6 +6,7 @@ mod assignment;
 mod delegation;
 mod driver;
 mod intervention;
+mod session;
 
 use std::{
     collections::HashMap,
@@ -23,13 +24,17 @@ use tracing::Instrument as _;
 use crate::{
     Error, Result,
     clients::RosterClient,
-    domain::ExecutionStatus,
+    domain::{
+        ExecutionStatus,
+        authority::{DEFAULT_MATRIX, Matrix, RoleAssignment, Session},
+    },
     store::{ExecutionRow, ProcessRow, StepRow, Store},
     workers::Workers,
 };
 
 pub(crate) use driver::{approvers, new_event, step_roles};
 pub(crate) use intervention::{Intervention, InterventionAction};
+pub(crate) use session::step_views;
 
 /// Shared by the gRPC handlers and the execution drivers.
 pub(crate) struct Engine {
@@ -44,6 +49,8 @@ pub(crate) struct Engine {
     /// How long a worker may stay silent.
     pub(crate) worker_lease: std::time::Duration,
     controls: Mutex<HashMap<String, mpsc::UnboundedSender<Control>>>,
+    /// The permission matrix in force.
+    matrix: std::sync::RwLock<Arc<Matrix>>,
 }
 
 /// A request to an execution's driver.
@@ -51,11 +58,23 @@ pub(crate) enum Control {
     /// End the execution as cancelled, with the reason.
     Cancel(String),
     /// Decide a human approval step; the reply says whether the step was waiting.
-    Decide { step_id: String, approved: bool, by: String, comment: String, reply: oneshot::Sender<Result<()>> },
+    Decide {
+        step_id: String,
+        approved: bool,
+        by: String,
+        comment: String,
+        /// The permission matrix version that authorised it (0: none applied).
+        matrix_version: u32,
+        reply: oneshot::Sender<Result<()>>,
+    },
     /// A worker hands its step onward; the reply goes back on its stream.
     DelegateOnward { request: DelegateStep, reply: oneshot::Sender<DelegationOutcome> },
     /// A monitor's or the lead's intervention.
     Intervene { intervention: Intervention, reply: oneshot::Sender<Result<()>> },
+    /// The lead assigns a role in the session; the reply is the matrix version checked against.
+    AssignRole { assignment: RoleAssignment, matrix_version: u32, reply: oneshot::Sender<Result<()>> },
+    /// A new lead.
+    SetLead { agent_id: String, by: String, reply: oneshot::Sender<Result<()>> },
 }
 
 /// What a caller asks to start.
@@ -65,6 +84,8 @@ pub(crate) struct StartRequest {
     pub(crate) inputs_json: String,
     pub(crate) lead_agent_id: String,
     pub(crate) idempotency_key: Option<String>,
+    /// Set to run the execution as a team session.
+    pub(crate) session: Option<Session>,
 }
 
 impl Engine {
@@ -84,7 +105,36 @@ impl Engine {
             default_max_parallel,
             worker_lease,
             controls: Mutex::new(HashMap::new()),
+            matrix: std::sync::RwLock::new(Arc::new(default_matrix())),
         })
+    }
+
+    /// The permission matrix in force.
+    pub(crate) fn matrix(&self) -> Arc<Matrix> {
+        self.matrix.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Reads the matrix in force from the store, storing the default as
+    /// version 1 on first start; a newer version stored elsewhere (another
+    /// replica) is picked up the same way.
+    pub(crate) async fn load_matrix(&self) -> Result<()> {
+        let matrix = match self.store.latest_matrix().await? {
+            Some(matrix) => matrix,
+            None => self.store.put_matrix(default_matrix()).await?,
+        };
+        self.set_matrix(matrix);
+        Ok(())
+    }
+
+    /// Puts a matrix in force, unless a newer one already is.
+    pub(crate) fn set_matrix(&self, matrix: Matrix) {
+        let mut current = self.matrix.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if matrix.version >= current.version {
+            if matrix.version > current.version {
+                tracing::info!(version = matrix.version, "permission matrix in force");
+            }
+            *current = Arc::new(matrix);
+        }
     }
 
     /// Creates an execution and starts driving it.
@@ -113,6 +163,7 @@ impl Engine {
             last_sequence: 0,
             // The execution joins the trace of the call that starts it.
             trace_parent: muster_runtime::telemetry::traceparent(&tracing::Span::current()),
+            session: request.session,
             steps: request
                 .definition
                 .steps
@@ -121,9 +172,18 @@ impl Engine {
                 .map(|(position, step)| StepRow::new(step.id.clone(), position as u32))
                 .collect(),
         };
-        let started = new_event(&mut execution, EventType::ExecutionStarted);
-        self.store.create_execution(&execution, std::slice::from_ref(&started)).await?;
-        self.announce(vec![started]);
+        let mut events = vec![new_event(&mut execution, EventType::ExecutionStarted)];
+        if let Some(session) = execution.session.clone() {
+            // The task context goes to every participant.
+            let mut started = new_event(&mut execution, EventType::SessionStarted);
+            started.participants = session.assignments.keys().cloned().collect();
+            started.detail =
+                crate::domain::session::context_window(&execution.id, &session, &execution.lead_agent_id, &[]);
+            started.matrix_version = self.matrix().version;
+            events.push(started);
+        }
+        self.store.create_execution(&execution, &events).await?;
+        self.announce(events);
         tracing::info!(execution_id = %execution.id, process = %execution.process_name, version = execution.process_version, "execution started");
         self.spawn_driver(execution.clone(), request.definition);
         Ok(execution)
@@ -204,6 +264,13 @@ impl Engine {
             .instrument(span),
         );
     }
+}
+
+/// The built-in matrix, version 1.
+fn default_matrix() -> Matrix {
+    Matrix::parse(1, DEFAULT_MATRIX.to_owned(), muster_runtime::time::now_millis(), "muster".to_owned())
+        .map(|(matrix, _)| matrix)
+        .expect("the built-in permission matrix is valid")
 }
 
 /// The runnable model of a stored, already validated process source.

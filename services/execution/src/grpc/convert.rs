@@ -4,8 +4,12 @@ use muster_proto::{common::v1 as common, execution::v1 as wire};
 use muster_runtime::time::to_timestamp;
 
 use crate::{
-    domain::StepStatus,
-    engine::{approvers, step_roles},
+    domain::{
+        StepStatus,
+        authority::{Matrix, RoleAssignment},
+        session::activity,
+    },
+    engine::{approvers, step_roles, step_views},
     store::{ExecutionRow, ProcessRow},
 };
 
@@ -78,7 +82,9 @@ pub(super) fn execution_to_wire(
             }
         })
         .collect();
+    let session = session_to_wire(&execution, definition);
     wire::Execution {
+        session,
         id: execution.id,
         process_name: execution.process_name,
         process_version: execution.process_version,
@@ -90,5 +96,52 @@ pub(super) fn execution_to_wire(
         ended_at: execution.ended_at.map(to_timestamp),
         steps,
         inputs_json: execution.inputs_json,
+    }
+}
+
+/// The session of an execution, each assignment with its current activity
+/// (known only with the definition).
+pub(super) fn session_to_wire(
+    execution: &ExecutionRow,
+    definition: Option<&muster_validator::ProcessDefinition>,
+) -> Option<wire::Session> {
+    let session = execution.session.as_ref()?;
+    let views = definition.map(|definition| step_views(&execution.steps, definition)).unwrap_or_default();
+    Some(wire::Session {
+        task: Some(wire::SessionTask { title: session.title.clone(), description: session.description.clone() }),
+        assignments: session
+            .assignments
+            .values()
+            .map(|assignment| assignment_to_wire(assignment, activity(&assignment.agent_id, &views)))
+            .collect(),
+    })
+}
+
+pub(super) fn assignment_to_wire(assignment: &RoleAssignment, status: String) -> wire::RoleAssignment {
+    wire::RoleAssignment {
+        agent_id: assignment.agent_id.clone(),
+        role: assignment.role.clone(),
+        subtask: assignment.subtask.clone(),
+        status,
+        assigned_by: assignment.assigned_by.clone(),
+        assigned_at: Some(to_timestamp(assignment.assigned_at)),
+    }
+}
+
+pub(super) fn matrix_to_wire(matrix: &Matrix, with_source: bool) -> wire::PermissionMatrixVersion {
+    wire::PermissionMatrixVersion {
+        version: matrix.version,
+        source: if with_source { matrix.source.clone() } else { String::new() },
+        roles: matrix
+            .roles
+            .iter()
+            .map(|role| wire::MatrixRole {
+                name: role.name.clone(),
+                permitted_actions: role.permitted_actions.clone(),
+                forbidden_actions: role.forbidden_actions.clone(),
+            })
+            .collect(),
+        created_at: Some(to_timestamp(matrix.created_at)),
+        created_by: matrix.created_by.clone(),
     }
 }

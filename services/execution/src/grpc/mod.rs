@@ -1,5 +1,9 @@
 //! The gRPC face of the execution service: wire types in, domain calls,
 //! wire types out. Errors become statuses through `From<Error> for Status`.
+//! Who may call what is in [`access`]; the methods live by subject:
+//! processes and executions here, [`decisions`] (approvals and
+//! interventions), [`sessions`], [`matrix`], [`tools`] and the long-lived
+//! [`streams`] (workers, watches).
 
 use std::{pin::Pin, sync::Arc};
 
@@ -9,7 +13,10 @@ use muster_proto::{
     roster::v1 as roster,
     validator::v1 as validator,
 };
-use muster_runtime::status::unimplemented;
+use muster_runtime::{
+    auth::{AgentDirectory, Caller, permission_denied},
+    status::unimplemented,
+};
 use muster_validator::ProcessDefinition;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
@@ -18,20 +25,23 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::{
     Error, Result,
     clients::{ValidatorClient, all_agents, dependency_error},
-    domain::ExecutionStatus,
-    engine::{
-        Control, Engine, Intervention, InterventionAction, StartRequest, approvers, parse_definition, step_roles,
-    },
+    domain::{ExecutionStatus, authority::Session},
+    engine::{Control, Engine, StartRequest, parse_definition},
     store::{ExecutionFilter, ExecutionRow, ProcessRow},
 };
 
+mod access;
 mod convert;
+mod decisions;
+mod matrix;
+mod sessions;
 mod streams;
 mod tools;
 
+pub use access::ACCESS;
 pub(crate) use convert::diagnostic_to_wire;
 use convert::{execution_to_wire, process_to_wire};
-use streams::{serve_worker, stream_events};
+use streams::stream_events;
 
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
@@ -39,11 +49,20 @@ type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 pub(crate) struct ExecutionApi {
     engine: Arc<Engine>,
     validator: ValidatorClient,
+    /// The agents' credentials, to check the tokens a worker presents.
+    agents: AgentDirectory,
+}
+
+/// What a start needs: the process version, its definition, the inputs.
+struct Prepared {
+    process: ProcessRow,
+    definition: ProcessDefinition,
+    inputs_json: String,
 }
 
 impl ExecutionApi {
-    pub(crate) fn new(engine: Arc<Engine>, validator: ValidatorClient) -> Self {
-        Self { engine, validator }
+    pub(crate) fn new(engine: Arc<Engine>, validator: ValidatorClient, agents: AgentDirectory) -> Self {
+        Self { engine, validator, agents }
     }
 
     /// What the validator should know: the roster's agents and roles.
@@ -121,12 +140,26 @@ impl ExecutionApi {
         })
     }
 
-    async fn start(&self, request: wire::StartExecutionRequest) -> Result<wire::Execution> {
-        let version = (request.process_version != 0).then_some(request.process_version);
-        let process = self.engine.store.get_process(&request.process_name, version).await?.ok_or_else(|| {
+    /// An agent of the roster; FAILED_PRECONDITION naming `what` when it is not in it.
+    async fn roster_agent(&self, agent_id: &str, what: &str) -> Result<roster::Agent> {
+        let mut roster = self.engine.roster.clone();
+        match roster.get_agent(roster::GetAgentRequest { id: agent_id.to_owned() }).await {
+            Ok(response) => Ok(response.into_inner().agent.unwrap_or_default()),
+            Err(status) if matches!(status.code(), tonic::Code::NotFound | tonic::Code::InvalidArgument) => {
+                Err(Error::FailedPrecondition(format!("{what} '{agent_id}' is not in the roster")))
+            }
+            Err(status) => Err(dependency_error("roster", status)),
+        }
+    }
+
+    /// The process version to start, checked: steps this server can run,
+    /// named executors in the roster, inputs a JSON object.
+    async fn prepare_start(&self, process_name: &str, version: u32, inputs_json: String) -> Result<Prepared> {
+        let version = (version != 0).then_some(version);
+        let process = self.engine.store.get_process(process_name, version).await?.ok_or_else(|| {
             Error::NotFound(match version {
-                Some(version) => format!("process '{}' has no version {version}", request.process_name),
-                None => format!("no process named '{}' is published", request.process_name),
+                Some(version) => format!("process '{process_name}' has no version {version}"),
+                None => format!("no process named '{process_name}' is published"),
             })
         })?;
         let definition = parse_definition(&process.source)?;
@@ -138,33 +171,32 @@ impl ExecutionApi {
                 step.id, step.step_type
             )));
         }
-        let inputs_json = if request.inputs_json.trim().is_empty() { "{}".to_owned() } else { request.inputs_json };
+        let inputs_json = if inputs_json.trim().is_empty() { "{}".to_owned() } else { inputs_json };
         match serde_json::from_str::<serde_json::Value>(&inputs_json) {
             Ok(serde_json::Value::Object(_)) => {}
             _ => return Err(Error::InvalidArgument("inputs_json must be a JSON object".to_owned())),
         }
         // Every named executor must be in the roster before anything runs.
-        let mut roster = self.engine.roster.clone();
         // (An approval step's executor may be a system name: people decide it.)
         for step in definition.steps.iter().filter(|step| step.step_type == "agent_task") {
             if let Some(executor) = step.executor() {
-                match roster.get_agent(roster::GetAgentRequest { id: executor.to_owned() }).await {
-                    Ok(_) => {}
-                    Err(status) if status.code() == tonic::Code::NotFound => {
-                        return Err(Error::FailedPrecondition(format!(
-                            "step '{}': executor '{executor}' is not in the roster",
-                            step.id
-                        )));
-                    }
-                    Err(status) => return Err(dependency_error("roster", status)),
-                }
+                self.roster_agent(executor, &format!("step '{}': executor", step.id)).await?;
             }
         }
+        Ok(Prepared { process, definition, inputs_json })
+    }
+
+    async fn start(&self, request: wire::StartExecutionRequest) -> Result<wire::Execution> {
+        let Prepared { process, definition, inputs_json } =
+            self.prepare_start(&request.process_name, request.process_version, request.inputs_json).await?;
         let lead_agent_id = if request.lead_agent_id.is_empty() {
             definition.lead.clone().unwrap_or_default()
         } else {
             request.lead_agent_id
         };
+        if !lead_agent_id.is_empty() {
+            self.roster_agent(&lead_agent_id, "lead").await?;
+        }
         let execution = self
             .engine
             .start(StartRequest {
@@ -173,6 +205,33 @@ impl ExecutionApi {
                 inputs_json,
                 lead_agent_id,
                 idempotency_key: (!request.idempotency_key.is_empty()).then_some(request.idempotency_key),
+                session: None,
+            })
+            .await?;
+        Ok(self.execution_to_wire(execution).await)
+    }
+
+    /// Starts a session from an already checked request.
+    async fn start_as_session(
+        &self,
+        process_name: &str,
+        process_version: u32,
+        inputs_json: String,
+        lead_agent_id: String,
+        session: Session,
+        idempotency_key: String,
+    ) -> Result<wire::Execution> {
+        let Prepared { process, definition, inputs_json } =
+            self.prepare_start(process_name, process_version, inputs_json).await?;
+        let execution = self
+            .engine
+            .start(StartRequest {
+                process,
+                definition,
+                inputs_json,
+                lead_agent_id,
+                idempotency_key: (!idempotency_key.is_empty()).then_some(idempotency_key),
+                session: Some(session),
             })
             .await?;
         Ok(self.execution_to_wire(execution).await)
@@ -203,6 +262,57 @@ impl ExecutionApi {
                 _ => None,
             };
         execution_to_wire(execution, definition.as_ref())
+    }
+
+    async fn cancel(&self, caller: &Caller, request: wire::CancelExecutionRequest) -> Result<wire::Execution, Status> {
+        let mut live = self.engine.events.subscribe();
+        let execution = self
+            .engine
+            .store
+            .get_execution(&request.id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("execution '{}' not found", request.id)))?;
+        if let Some(agent_id) = caller.agent_id() {
+            if execution.lead_agent_id != agent_id {
+                return Err(permission_denied(
+                    caller,
+                    &format!("cancel execution '{}'", request.id),
+                    "NOT_THE_LEAD",
+                    "only operators and the execution's lead may cancel it",
+                    &[("execution_id", request.id.clone())],
+                ));
+            }
+            self.check_session_action(caller, &execution, "close_task", &format!("cancel execution '{}'", request.id))?;
+        }
+        if execution.status.is_final() {
+            return Err(Error::FailedPrecondition(format!(
+                "execution '{}' already ended ({})",
+                request.id,
+                execution.status.as_str()
+            ))
+            .into());
+        }
+        let reason =
+            if request.reason.is_empty() { format!("cancelled by {}", caller.audit_name()) } else { request.reason };
+        if self.engine.control(&request.id, Control::Cancel(reason)) {
+            let finished = async {
+                loop {
+                    match live.recv().await {
+                        Ok(event)
+                            if event.execution_id == request.id
+                                && event.r#type == EventType::ExecutionFinished as i32 =>
+                        {
+                            break;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => break,
+                        _ => {}
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), finished).await;
+        }
+        let execution = self.engine.store.get_execution(&request.id).await?.unwrap_or(execution);
+        Ok(self.execution_to_wire(execution).await)
     }
 }
 
@@ -252,14 +362,13 @@ impl ExecutionService for ExecutionApi {
         &self,
         request: Request<wire::GetExecutionRequest>,
     ) -> Result<Response<wire::GetExecutionResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let id = request.into_inner().id;
-        let execution = self
-            .engine
-            .store
-            .get_execution(&id)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("execution '{id}' not found")))?;
-        Ok(Response::new(wire::GetExecutionResponse { execution: Some(self.execution_to_wire(execution).await) }))
+        let (execution, definition) = self.execution_and_definition(&id).await?;
+        access::require_part(&caller, &execution, &definition, &format!("read execution '{id}'"))?;
+        Ok(Response::new(wire::GetExecutionResponse {
+            execution: Some(execution_to_wire(execution, Some(&definition))),
+        }))
     }
 
     async fn list_executions(
@@ -286,12 +395,12 @@ impl ExecutionService for ExecutionApi {
         &self,
         request: Request<wire::WatchExecutionRequest>,
     ) -> Result<Response<Self::WatchExecutionStream>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
         // Subscribe before reading the history, so nothing falls between the two.
         let live = self.engine.events.subscribe();
-        if self.engine.store.get_execution(&request.execution_id).await?.is_none() {
-            return Err(Error::NotFound(format!("execution '{}' not found", request.execution_id)).into());
-        }
+        let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
+        access::require_part(&caller, &execution, &definition, &format!("watch execution '{}'", execution.id))?;
         let (sender, receiver) = mpsc::channel(256);
         let engine = self.engine.clone();
         tokio::spawn(async move {
@@ -308,42 +417,9 @@ impl ExecutionService for ExecutionApi {
         &self,
         request: Request<wire::CancelExecutionRequest>,
     ) -> Result<Response<wire::CancelExecutionResponse>, Status> {
-        let request = request.into_inner();
-        let mut live = self.engine.events.subscribe();
-        let execution = self
-            .engine
-            .store
-            .get_execution(&request.id)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("execution '{}' not found", request.id)))?;
-        if execution.status.is_final() {
-            return Err(Error::FailedPrecondition(format!(
-                "execution '{}' already ended ({})",
-                request.id,
-                execution.status.as_str()
-            ))
-            .into());
-        }
-        let reason = if request.reason.is_empty() { "cancelled on request".to_owned() } else { request.reason };
-        if self.engine.control(&request.id, Control::Cancel(reason)) {
-            let finished = async {
-                loop {
-                    match live.recv().await {
-                        Ok(event)
-                            if event.execution_id == request.id
-                                && event.r#type == EventType::ExecutionFinished as i32 =>
-                        {
-                            break;
-                        }
-                        Err(broadcast::error::RecvError::Closed) => break,
-                        _ => {}
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), finished).await;
-        }
-        let execution = self.engine.store.get_execution(&request.id).await?.unwrap_or(execution);
-        Ok(Response::new(wire::CancelExecutionResponse { execution: Some(self.execution_to_wire(execution).await) }))
+        let caller = Caller::of(&request)?;
+        let execution = self.cancel(&caller, request.into_inner()).await?;
+        Ok(Response::new(wire::CancelExecutionResponse { execution: Some(execution) }))
     }
 
     type ConnectWorkerStream = ReceiverStream<Result<wire::ConnectWorkerResponse, Status>>;
@@ -352,44 +428,15 @@ impl ExecutionService for ExecutionApi {
         &self,
         request: Request<Streaming<wire::ConnectWorkerRequest>>,
     ) -> Result<Response<Self::ConnectWorkerStream>, Status> {
-        let mut inbound = request.into_inner();
-        let hello = match inbound.message().await? {
-            Some(wire::ConnectWorkerRequest { message: Some(wire::connect_worker_request::Message::Hello(hello)) }) => {
-                hello
-            }
-            _ => return Err(Status::invalid_argument("the first message of a worker must be a hello")),
-        };
-        tools::check_tool_specs(&hello.tools)?;
-        let agents = self.authenticate_worker(&hello).await?;
-        let (sender, receiver) = mpsc::channel(256);
-        let max_concurrency = if hello.max_concurrency == 0 { 16 } else { hello.max_concurrency as usize };
-        let worker_id = self.engine.workers.register(
-            hello.worker_name.clone(),
-            agents,
-            hello.tools.clone(),
-            max_concurrency,
-            sender.clone(),
-        );
-        let welcome = wire::ConnectWorkerResponse {
-            message: Some(wire::connect_worker_response::Message::Welcome(wire::WorkerWelcome {
-                worker_id: worker_id.to_string(),
-                lease_ms: self.engine.worker_lease.as_millis() as u64,
-            })),
-        };
-        sender.send(Ok(welcome)).await.map_err(|_| Status::cancelled("the worker left"))?;
-        let engine = self.engine.clone();
-        tokio::spawn(async move {
-            serve_worker(worker_id, &mut inbound, &sender, &engine).await;
-            engine.workers.unregister(worker_id);
-        });
-        Ok(Response::new(ReceiverStream::new(receiver)))
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.connect(caller, request.into_inner()).await?))
     }
 
     async fn invoke_tool(
         &self,
         request: Request<wire::InvokeToolRequest>,
     ) -> Result<Response<wire::InvokeToolResponse>, Status> {
-        let caller = self.caller(request.metadata()).await?;
+        let caller = Caller::of(&request)?;
         let output = self.invoke_tool_as(&caller, request.into_inner()).await?;
         Ok(Response::new(wire::InvokeToolResponse { output: Some(output) }))
     }
@@ -405,144 +452,86 @@ impl ExecutionService for ExecutionApi {
         &self,
         request: Request<wire::SubmitApprovalRequest>,
     ) -> Result<Response<wire::SubmitApprovalResponse>, Status> {
-        let caller = self.caller(request.metadata()).await?;
-        let request = request.into_inner();
-        let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
-        let step = definition.steps.iter().find(|step| step.id == request.step_id).ok_or_else(|| {
-            Error::NotFound(format!("execution '{}' has no step '{}'", request.execution_id, request.step_id))
-        })?;
-        if step.step_type != "human_approval" {
-            return Err(Error::FailedPrecondition(format!("step '{}' is not a human_approval step", step.id)).into());
-        }
-        let allowed = approvers(step);
-        if !allowed.contains(&caller) {
-            return Err(Status::permission_denied(format!(
-                "only the step's executor or monitors ({}) may decide step '{}'; {caller} is neither",
-                allowed.join(", "),
-                step.id
-            )));
-        }
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let control = Control::Decide {
-            step_id: request.step_id.clone(),
-            approved: request.approved,
-            by: caller,
-            comment: request.comment,
-            reply,
-        };
-        if !self.engine.control(&request.execution_id, control) {
-            return Err(
-                Error::FailedPrecondition(format!("execution '{}' is not running", request.execution_id)).into()
-            );
-        }
-        answer.await.map_err(|_| Status::unavailable("the execution stopped while deciding; try again"))??;
-        let execution = self.engine.store.get_execution(&request.execution_id).await?.unwrap_or(execution);
-        let step = execution_to_wire(execution, Some(&definition))
-            .steps
-            .into_iter()
-            .find(|state| state.step_id == request.step_id);
-        Ok(Response::new(wire::SubmitApprovalResponse { step }))
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.decide(&caller, request.into_inner()).await?))
     }
 
     async fn intervene(
         &self,
         request: Request<wire::InterveneRequest>,
     ) -> Result<Response<wire::InterveneResponse>, Status> {
-        let caller = self.caller(request.metadata()).await?;
-        let request = request.into_inner();
-        let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
-        let action = match wire::InterventionAction::try_from(request.action).unwrap_or_default() {
-            wire::InterventionAction::Pause => InterventionAction::Pause,
-            wire::InterventionAction::Resume => InterventionAction::Resume,
-            wire::InterventionAction::Retry => InterventionAction::Retry,
-            wire::InterventionAction::Cancel => InterventionAction::Cancel,
-            wire::InterventionAction::Reassign => {
-                if request.target_agent_id.is_empty() {
-                    return Err(Status::invalid_argument("REASSIGN needs target_agent_id"));
-                }
-                let mut roster = self.engine.roster.clone();
-                roster
-                    .get_agent(roster::GetAgentRequest { id: request.target_agent_id.clone() })
-                    .await
-                    .map_err(|status| dependency_error("roster", status))?;
-                InterventionAction::Reassign(request.target_agent_id.clone())
-            }
-            wire::InterventionAction::OverrideOutput => {
-                if serde_json::from_str::<serde_json::Value>(&request.output_json).is_err() {
-                    return Err(Status::invalid_argument("OVERRIDE_OUTPUT needs output_json, a JSON value"));
-                }
-                InterventionAction::OverrideOutput(request.output_json.clone())
-            }
-            wire::InterventionAction::Unspecified => return Err(Status::invalid_argument("action is required")),
-        };
-        // The rule: the execution's lead may intervene anywhere; a step's
-        // monitors only in that step.
-        let is_lead = !execution.lead_agent_id.is_empty() && execution.lead_agent_id == caller;
-        let step_id = (!request.step_id.is_empty()).then(|| request.step_id.clone());
-        match &step_id {
-            None if !is_lead => {
-                return Err(Status::permission_denied(format!(
-                    "only the execution's lead ({}) may pause or resume the whole execution; {caller} is not",
-                    if execution.lead_agent_id.is_empty() { "none is set" } else { &execution.lead_agent_id }
-                )));
-            }
-            Some(step_id) => {
-                let step = definition.steps.iter().find(|step| &step.id == step_id).ok_or_else(|| {
-                    Error::NotFound(format!("execution '{}' has no step '{step_id}'", request.execution_id))
-                })?;
-                let monitors = step_roles(step).monitors;
-                if !is_lead && !monitors.contains(&caller) {
-                    return Err(Status::permission_denied(format!(
-                        "only the execution's lead or the monitors of step '{step_id}' ({}) may intervene in it; {caller} is neither",
-                        if monitors.is_empty() { "none".to_owned() } else { monitors.join(", ") }
-                    )));
-                }
-            }
-            None => {}
-        }
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let intervention = Intervention { step_id, action, by: caller, reason: request.reason };
-        if !self.engine.control(&request.execution_id, Control::Intervene { intervention, reply }) {
-            return Err(Error::FailedPrecondition(format!("execution '{}' has ended", request.execution_id)).into());
-        }
-        answer.await.map_err(|_| Status::unavailable("the execution stopped while intervening; try again"))??;
-        let execution = self.engine.store.get_execution(&request.execution_id).await?.unwrap_or(execution);
-        Ok(Response::new(wire::InterveneResponse { execution: Some(execution_to_wire(execution, Some(&definition))) }))
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.intervene_as(&caller, request.into_inner()).await?))
+    }
+
+    async fn start_session(
+        &self,
+        request: Request<wire::StartSessionRequest>,
+    ) -> Result<Response<wire::StartSessionResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.start_session_as(&caller, request.into_inner()).await?))
     }
 
     async fn assign_role(
         &self,
-        _request: Request<wire::AssignRoleRequest>,
+        request: Request<wire::AssignRoleRequest>,
     ) -> Result<Response<wire::AssignRoleResponse>, Status> {
-        Err(unimplemented("ExecutionService.AssignRole"))
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.assign_role_as(&caller, request.into_inner()).await?))
     }
 
     async fn get_my_role(
         &self,
-        _request: Request<wire::GetMyRoleRequest>,
+        request: Request<wire::GetMyRoleRequest>,
     ) -> Result<Response<wire::GetMyRoleResponse>, Status> {
-        Err(unimplemented("ExecutionService.GetMyRole"))
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.my_role(&caller, request.into_inner()).await?))
     }
 
     async fn check_role(
         &self,
-        _request: Request<wire::CheckRoleRequest>,
+        request: Request<wire::CheckRoleRequest>,
     ) -> Result<Response<wire::CheckRoleResponse>, Status> {
-        Err(unimplemented("ExecutionService.CheckRole"))
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.check_role_as(&caller, request.into_inner()).await?))
     }
 
     async fn set_lead(
         &self,
-        _request: Request<wire::SetLeadRequest>,
+        request: Request<wire::SetLeadRequest>,
     ) -> Result<Response<wire::SetLeadResponse>, Status> {
-        Err(unimplemented("ExecutionService.SetLead"))
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.set_lead_as(&caller, request.into_inner()).await?))
     }
 
     async fn get_session_status(
         &self,
-        _request: Request<wire::GetSessionStatusRequest>,
+        request: Request<wire::GetSessionStatusRequest>,
     ) -> Result<Response<wire::GetSessionStatusResponse>, Status> {
-        Err(unimplemented("ExecutionService.GetSessionStatus"))
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.session_status(&caller, request.into_inner()).await?))
+    }
+
+    async fn put_permission_matrix(
+        &self,
+        request: Request<wire::PutPermissionMatrixRequest>,
+    ) -> Result<Response<wire::PutPermissionMatrixResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.put_matrix(&caller, request.into_inner()).await?))
+    }
+
+    async fn get_permission_matrix(
+        &self,
+        request: Request<wire::GetPermissionMatrixRequest>,
+    ) -> Result<Response<wire::GetPermissionMatrixResponse>, Status> {
+        Ok(Response::new(self.get_matrix(request.into_inner()).await?))
+    }
+
+    async fn list_permission_matrix_versions(
+        &self,
+        request: Request<wire::ListPermissionMatrixVersionsRequest>,
+    ) -> Result<Response<wire::ListPermissionMatrixVersionsResponse>, Status> {
+        Ok(Response::new(self.list_matrices(request.into_inner()).await?))
     }
 
     async fn post_to_inbox(
@@ -578,73 +567,5 @@ impl ExecutionService for ExecutionApi {
         _request: Request<wire::ListBudgetsRequest>,
     ) -> Result<Response<wire::ListBudgetsResponse>, Status> {
         Err(unimplemented("ExecutionService.ListBudgets"))
-    }
-}
-
-impl ExecutionApi {
-    /// The agent making a call, from its `authorization: Bearer <token>` metadata.
-    async fn caller(&self, metadata: &tonic::metadata::MetadataMap) -> Result<String, Status> {
-        let token = metadata
-            .get("authorization")
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .ok_or_else(|| {
-                Status::unauthenticated("send the agent's roster token as `authorization: Bearer <token>`")
-            })?;
-        let mut roster = self.engine.roster.clone();
-        match roster.authenticate(roster::AuthenticateRequest { token: token.to_owned() }).await {
-            Ok(response) => response
-                .into_inner()
-                .agent
-                .map(|agent| agent.id)
-                .ok_or_else(|| Status::unauthenticated("the token belongs to no agent")),
-            Err(status)
-                if matches!(
-                    status.code(),
-                    tonic::Code::Unauthenticated | tonic::Code::NotFound | tonic::Code::InvalidArgument
-                ) =>
-            {
-                Err(Status::unauthenticated(format!("the token is not valid: {}", status.message())))
-            }
-            Err(status) => Err(dependency_error("roster", status).into()),
-        }
-    }
-
-    /// Each served agent must present its own roster token.
-    async fn authenticate_worker(&self, hello: &wire::WorkerHello) -> Result<Vec<String>, Status> {
-        if hello.agents.is_empty() && hello.tools.is_empty() {
-            return Err(Status::invalid_argument("a worker must serve at least one agent or provide a tool"));
-        }
-        let mut roster = self.engine.roster.clone();
-        let mut agents = Vec::with_capacity(hello.agents.len());
-        for served in &hello.agents {
-            let answer = roster.authenticate(roster::AuthenticateRequest { token: served.token.clone() }).await;
-            match answer {
-                Ok(response) => {
-                    let owner = response.into_inner().agent.map(|agent| agent.id).unwrap_or_default();
-                    if owner != served.agent_id {
-                        return Err(Status::permission_denied(format!(
-                            "the token given for agent '{}' does not belong to it",
-                            served.agent_id
-                        )));
-                    }
-                }
-                Err(status)
-                    if matches!(
-                        status.code(),
-                        tonic::Code::Unauthenticated | tonic::Code::NotFound | tonic::Code::InvalidArgument
-                    ) =>
-                {
-                    return Err(Status::unauthenticated(format!(
-                        "the token given for agent '{}' is not valid: {}",
-                        served.agent_id,
-                        status.message()
-                    )));
-                }
-                Err(status) => return Err(dependency_error("roster", status).into()),
-            }
-            agents.push(served.agent_id.clone());
-        }
-        Ok(agents)
     }
 }

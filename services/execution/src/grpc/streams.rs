@@ -1,16 +1,142 @@
 //! The long-lived streams: a worker's connection and an execution's events.
+//!
+//! A worker proves each agent it serves with that agent's own token, and may
+//! offer a tool only when entitled to: connected with an operator's
+//! credential, or serving (or calling as) an agent whose role lists the tool.
 
-use muster_proto::{common::v1 as common, execution::v1 as wire};
+use std::collections::BTreeSet;
+
+use muster_proto::{common::v1 as common, execution::v1 as wire, roster::v1 as roster};
+use muster_runtime::auth::{Caller, TokenHash, permission_denied};
 use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
+use super::{ExecutionApi, tools::check_tool_specs};
 use crate::{
+    clients::dependency_error,
     engine::{Control, Engine},
-    workers::{Outcome, WorkerSender, Workers},
+    workers::{Outcome, ServedAgent, WorkerSender, Workers},
 };
 
+impl ExecutionApi {
+    /// Authenticates a worker's hello, registers it and serves its stream.
+    pub(super) async fn connect(
+        &self,
+        caller: Caller,
+        mut inbound: Streaming<wire::ConnectWorkerRequest>,
+    ) -> Result<ReceiverStream<Result<wire::ConnectWorkerResponse, Status>>, Status> {
+        let hello = match inbound.message().await? {
+            Some(wire::ConnectWorkerRequest { message: Some(wire::connect_worker_request::Message::Hello(hello)) }) => {
+                hello
+            }
+            _ => return Err(Status::invalid_argument("the first message of a worker must be a hello")),
+        };
+        if hello.agents.is_empty() && hello.tools.is_empty() {
+            return Err(Status::invalid_argument("a worker must serve at least one agent or provide a tool"));
+        }
+        check_tool_specs(&hello.tools)?;
+        let agents = self.authenticate_served(&hello).await?;
+        self.check_tool_entitlement(&caller, &agents, &hello.tools).await?;
+        let (sender, receiver) = mpsc::channel(256);
+        let max_concurrency = if hello.max_concurrency == 0 { 16 } else { hello.max_concurrency as usize };
+        let worker_id = self.engine.workers.register(
+            hello.worker_name.clone(),
+            agents.into_iter().map(|(agent, _)| agent).collect(),
+            hello.tools.clone(),
+            max_concurrency,
+            sender.clone(),
+        );
+        let welcome = wire::ConnectWorkerResponse {
+            message: Some(wire::connect_worker_response::Message::Welcome(wire::WorkerWelcome {
+                worker_id: worker_id.to_string(),
+                lease_ms: self.engine.worker_lease.as_millis() as u64,
+            })),
+        };
+        sender.send(Ok(welcome)).await.map_err(|_| Status::cancelled("the worker left"))?;
+        let engine = self.engine.clone();
+        tokio::spawn(async move {
+            serve_worker(worker_id, &mut inbound, &sender, &engine).await;
+            engine.workers.unregister(worker_id);
+        });
+        Ok(ReceiverStream::new(receiver))
+    }
+
+    /// Each served agent must present its own, good token; returns the
+    /// agents with their roles.
+    async fn authenticate_served(&self, hello: &wire::WorkerHello) -> Result<Vec<(ServedAgent, String)>, Status> {
+        let mut agents = Vec::with_capacity(hello.agents.len());
+        for served in &hello.agents {
+            let token = TokenHash::of(served.token.trim());
+            let proven = self.agents.authenticate_new(token).await.map_err(|status| {
+                if status.code() == tonic::Code::Unauthenticated {
+                    muster_runtime::auth::unauthenticated(
+                        "CREDENTIAL_UNKNOWN",
+                        format!("the token given for agent '{}' is not valid: {}", served.agent_id, status.message()),
+                    )
+                } else {
+                    status
+                }
+            })?;
+            if !proven.is_agent(&served.agent_id) {
+                return Err(Status::permission_denied(format!(
+                    "the token given for agent '{}' does not belong to it",
+                    served.agent_id
+                )));
+            }
+            agents.push((ServedAgent { agent_id: served.agent_id.clone(), token }, proven.roster_role().to_owned()));
+        }
+        Ok(agents)
+    }
+
+    /// A worker offers only the tools it is entitled to provide: any with an
+    /// operator's credential; else those listed by the role of an agent it
+    /// serves or calls as.
+    async fn check_tool_entitlement(
+        &self,
+        caller: &Caller,
+        agents: &[(ServedAgent, String)],
+        tools: &[wire::ToolSpec],
+    ) -> Result<(), Status> {
+        if tools.is_empty() || caller.is_operator() {
+            return Ok(());
+        }
+        let roles: BTreeSet<String> = agents
+            .iter()
+            .map(|(_, role)| role.clone())
+            .chain(match caller {
+                Caller::Agent { role, .. } => Some(role.to_string()),
+                _ => None,
+            })
+            .filter(|role| !role.is_empty())
+            .collect();
+        let mut entitled: BTreeSet<String> = BTreeSet::new();
+        let mut roster_client = self.engine.roster.clone();
+        for role in &roles {
+            match roster_client.get_role_definition(roster::GetRoleDefinitionRequest { name: role.clone() }).await {
+                Ok(response) => entitled.extend(response.into_inner().role.map(|role| role.tools).unwrap_or_default()),
+                Err(status) if status.code() == tonic::Code::NotFound => {}
+                Err(status) => return Err(dependency_error("roster", status).into()),
+            }
+        }
+        match tools.iter().find(|tool| !entitled.contains(&tool.name)) {
+            None => Ok(()),
+            Some(tool) => Err(permission_denied(
+                caller,
+                &format!("provide tool '{}'", tool.name),
+                "NOT_ENTITLED_TO_TOOL",
+                format!(
+                    "no role of the agents it serves ({}) lists the tool; a worker connected with an operator's credential may provide any tool",
+                    if roles.is_empty() { "none".to_owned() } else { roles.into_iter().collect::<Vec<_>>().join(", ") }
+                ),
+                &[("tool", tool.name.clone())],
+            )),
+        }
+    }
+}
+
 /// Reads a worker's messages until it leaves.
-pub(super) async fn serve_worker(
+async fn serve_worker(
     worker_id: u64,
     inbound: &mut Streaming<wire::ConnectWorkerRequest>,
     sender: &WorkerSender,

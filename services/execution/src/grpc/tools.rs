@@ -1,9 +1,10 @@
-//! Tools (seed 001 `ToolsRegistry`, with the permission check it left for the
-//! future): an agent invokes a tool through the execution service, which
-//! answers with the seed's `ToolOutput` status codes — 403 when the agent's
-//! role does not permit the tool, 404 when no connected worker provides it,
-//! 400 when the input does not match the tool's schema (saying where), 500
-//! when the provider fails, 200 otherwise.
+//! Tools: an agent invokes a tool through the execution service, which
+//! answers with `ToolOutput` status codes — 403 when the agent's role does
+//! not permit the tool, 404 when no connected worker provides it, 400 when
+//! the input does not match the tool's schema (saying where), 500 when the
+//! provider fails, 200 otherwise. Calls go only to workers entitled to
+//! provide the tool (see `ConnectWorker`); within an execution, the agent
+//! must take part in it.
 
 use std::time::Duration;
 
@@ -13,8 +14,10 @@ use muster_proto::{
 };
 use tonic::Status;
 
-use super::ExecutionApi;
-use crate::clients::dependency_error;
+use muster_runtime::auth::{Caller, permission_denied};
+
+use super::{ExecutionApi, access::require_part};
+use crate::{clients::dependency_error, domain::authority::Subject};
 
 /// How long a provider may take to answer.
 const TOOL_CALL_LIMIT: Duration = Duration::from_secs(30);
@@ -46,32 +49,47 @@ fn compile_schema(schema_json: &str) -> Result<Option<jsonschema::Validator>, St
 }
 
 impl ExecutionApi {
-    /// Runs the four checks, then the tool.
+    /// Runs the checks, then the tool.
     pub(super) async fn invoke_tool_as(
         &self,
-        agent_id: &str,
+        caller: &Caller,
         request: InvokeToolRequest,
     ) -> Result<ToolOutput, Status> {
+        let Caller::Agent { id: agent_id, role, .. } = caller else {
+            return Err(Status::permission_denied("tools are invoked by agents"));
+        };
+        // Within an execution, the agent must take part in it (in a session: be assigned).
+        if !request.execution_id.is_empty() {
+            let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
+            let described = format!("invoke tool '{}' in execution '{}'", request.tool, execution.id);
+            require_part(caller, &execution, &definition, &described)?;
+            if let Some(session) = &execution.session {
+                let subject =
+                    Subject { agent_id, roster_role: role, lead: &execution.lead_agent_id, session: Some(session) };
+                if subject.role().is_none() {
+                    return Err(permission_denied(
+                        caller,
+                        &described,
+                        "NOT_ASSIGNED",
+                        "it is not assigned in the session: neither its lead nor a participant",
+                        &[("execution_id", execution.id.clone())],
+                    ));
+                }
+            }
+        }
         // 1. The agent's role must permit the tool.
-        let mut roster = self.engine.roster.clone();
-        let agent = roster
-            .get_agent(roster::GetAgentRequest { id: agent_id.to_owned() })
-            .await
-            .map_err(|status| dependency_error("roster", status))?
-            .into_inner()
-            .agent
-            .unwrap_or_default();
-        let permitted = if agent.role.is_empty() {
+        let permitted = if role.is_empty() {
             Vec::new()
         } else {
-            match roster.get_role_definition(roster::GetRoleDefinitionRequest { name: agent.role.clone() }).await {
+            let mut roster = self.engine.roster.clone();
+            match roster.get_role_definition(roster::GetRoleDefinitionRequest { name: role.to_string() }).await {
                 Ok(response) => response.into_inner().role.map(|role| role.tools).unwrap_or_default(),
                 Err(status) if status.code() == tonic::Code::NotFound => Vec::new(),
                 Err(status) => return Err(dependency_error("roster", status).into()),
             }
         };
         if !permitted.contains(&request.tool) {
-            let role = if agent.role.is_empty() { "no role".to_owned() } else { format!("role '{}'", agent.role) };
+            let role = if role.is_empty() { "no role".to_owned() } else { format!("role '{role}'") };
             return Ok(output(
                 403,
                 format!("agent '{agent_id}' has {role}, which does not permit tool '{}'", request.tool),
@@ -111,7 +129,7 @@ impl ExecutionApi {
             call_id: uuid::Uuid::now_v7().to_string(),
             tool: request.tool.clone(),
             input_json: input.to_string(),
-            agent_id: agent_id.to_owned(),
+            agent_id: agent_id.to_string(),
             trace_parent: muster_runtime::telemetry::traceparent(&tracing::Span::current()),
         };
         let call_id = call.call_id.clone();
@@ -126,7 +144,7 @@ impl ExecutionApi {
                 output(500, format!("the provider did not answer within {} s", TOOL_CALL_LIMIT.as_secs()))
             }
         };
-        tracing::info!(agent_id, tool = %request.tool, status = answer.status_code, execution_id = %request.execution_id, "tool invoked");
+        tracing::info!(agent_id = %agent_id, tool = %request.tool, status = answer.status_code, execution_id = %request.execution_id, "tool invoked");
         Ok(normalise(answer))
     }
 }

@@ -4,6 +4,7 @@
 //! never misses an event and never holds one for a change that did not happen.
 
 mod rows;
+mod sessions;
 
 use muster_proto::common::v1::StepEvent;
 use muster_runtime::db::{Database, Migrations};
@@ -12,17 +13,22 @@ use sqlx::{AssertSqlSafe, Row, any::AnyRow};
 
 pub(crate) use rows::{ExecutionRow, ProcessRow, StepRow};
 
-use crate::{Error, Result, domain::ExecutionStatus};
+use crate::{
+    Error, Result,
+    domain::{ExecutionStatus, authority::RoleAssignment},
+};
 
 /// The migrations of both backends.
 pub(crate) const MIGRATIONS: Migrations = Migrations {
     sqlite: &[
         (1, "init", include_str!("../../migrations/sqlite/0001_init.sql")),
         (2, "trace parent", include_str!("../../migrations/sqlite/0002_trace_parent.sql")),
+        (3, "sessions", include_str!("../../migrations/sqlite/0003_sessions.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
         (2, "trace parent", include_str!("../../migrations/postgres/0002_trace_parent.sql")),
+        (3, "sessions", include_str!("../../migrations/postgres/0003_sessions.sql")),
     ],
 };
 
@@ -119,8 +125,9 @@ impl Store {
         let mut transaction = self.database.pool.begin().await?;
         sqlx::query(
             "INSERT INTO executions (id, process_name, process_version, status, reason, lead_agent_id, inputs_json, \
-             idempotency_key, started_at, ended_at, last_sequence, trace_parent) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+             idempotency_key, started_at, ended_at, last_sequence, trace_parent, is_session, session_title, \
+             session_description) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
         )
         .bind(&execution.id)
         .bind(&execution.process_name)
@@ -134,8 +141,16 @@ impl Store {
         .bind(execution.ended_at)
         .bind(execution.last_sequence as i64)
         .bind(&execution.trace_parent)
+        .bind(i64::from(execution.session.is_some()))
+        .bind(execution.session.as_ref().map(|session| session.title.clone()).unwrap_or_default())
+        .bind(execution.session.as_ref().map(|session| session.description.clone()).unwrap_or_default())
         .execute(&mut *transaction)
         .await?;
+        if let Some(session) = &execution.session {
+            for assignment in session.assignments.values() {
+                sessions::upsert_assignment(&mut transaction, &execution.id, assignment).await?;
+            }
+        }
         for step in &execution.steps {
             sqlx::query("INSERT INTO steps (execution_id, step_id, position, status) VALUES ($1, $2, $3, $4)")
                 .bind(&execution.id)
@@ -150,15 +165,20 @@ impl Store {
         Ok(())
     }
 
-    /// Writes the new state of some steps (and of the execution) with their events, atomically.
+    /// Writes the new state of some steps (and of the execution, and of
+    /// session assignments) with their events, atomically.
     pub(crate) async fn record(
         &self,
         execution: &ExecutionRow,
         changed_steps: &[&StepRow],
         execution_changed: bool,
+        assignments: &[RoleAssignment],
         events: &[StepEvent],
     ) -> Result<()> {
         let mut transaction = self.database.pool.begin().await?;
+        for assignment in assignments {
+            sessions::upsert_assignment(&mut transaction, &execution.id, assignment).await?;
+        }
         for step in changed_steps {
             sqlx::query(
                 "UPDATE steps SET status = $1, executor = $2, attempt = $3, output_json = $4, error_code = $5, \
@@ -217,6 +237,9 @@ impl Store {
             return Ok(None);
         };
         let mut execution = ExecutionRow::from_row(&row)?;
+        if let Some(session) = &mut execution.session {
+            session.assignments = self.assignments(id).await?;
+        }
         let steps = sqlx::query("SELECT * FROM steps WHERE execution_id = $1 ORDER BY position")
             .bind(id)
             .fetch_all(&self.database.pool)

@@ -6,7 +6,7 @@ use sqlx::{Row, any::AnyRow};
 
 use crate::{
     Error, Result,
-    domain::{ExecutionStatus, StepStatus},
+    domain::{ExecutionStatus, StepStatus, authority::Session},
 };
 
 /// A stored process version.
@@ -69,6 +69,8 @@ pub(crate) struct ExecutionRow {
     pub(crate) last_sequence: u64,
     /// W3C traceparent of the span that started it; empty when untraced.
     pub(crate) trace_parent: String,
+    /// Set when it runs as a team session (assignments are loaded with the steps).
+    pub(crate) session: Option<Session>,
     pub(crate) steps: Vec<StepRow>,
 }
 
@@ -88,6 +90,15 @@ impl ExecutionRow {
             ended_at: row.try_get("ended_at")?,
             last_sequence: row.try_get::<i64, _>("last_sequence")? as u64,
             trace_parent: row.try_get("trace_parent")?,
+            session: (row.try_get::<i64, _>("is_session")? != 0)
+                .then(|| {
+                    Ok::<_, Error>(Session {
+                        title: row.try_get("session_title")?,
+                        description: row.try_get("session_description")?,
+                        assignments: Default::default(),
+                    })
+                })
+                .transpose()?,
             steps: Vec::new(),
         })
     }

@@ -96,7 +96,9 @@ struct MemoryLine<'event> {
 
 /// The event-specific `metadata` object: cost and whole seconds on completion,
 /// error code and retry count on failure (seed 000); the responsible agent,
-/// wait, awaited approvers or final status for the other events.
+/// wait, awaited approvers or final status for the other events; for session
+/// events, the agents addressed and what the event says (the task context, a
+/// role and subtask, the new lead).
 fn metadata(event: &Event) -> Map<String, Value> {
     let mut metadata = Map::new();
     let mut put = |key: &str, value: Value| {
@@ -122,6 +124,13 @@ fn metadata(event: &Event) -> Map<String, Value> {
         }
         EventKind::ExecutionFinished => {
             put("execution_status", Value::from(event.execution_status.as_str()));
+        }
+        EventKind::SessionStarted | EventKind::RoleAssigned | EventKind::LeadChanged => {
+            if !event.agent_id.is_empty() {
+                put("agent_id", Value::from(event.agent_id.as_str()));
+            }
+            put("participants", Value::from(event.participants.clone()));
+            put("detail", Value::from(event.detail.as_str()));
         }
         EventKind::StepStarted
         | EventKind::StepDelegated

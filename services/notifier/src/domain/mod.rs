@@ -18,6 +18,9 @@ pub(crate) enum EventKind {
     StepIntervened,
     ExecutionFinished,
     ExecutionStarted,
+    SessionStarted,
+    RoleAssigned,
+    LeadChanged,
 }
 
 impl EventKind {
@@ -34,6 +37,9 @@ impl EventKind {
             Self::StepIntervened => "step_intervened",
             Self::ExecutionFinished => "execution_finished",
             Self::ExecutionStarted => "execution_started",
+            Self::SessionStarted => "session_started",
+            Self::RoleAssigned => "role_assigned",
+            Self::LeadChanged => "lead_changed",
         }
     }
 
@@ -49,6 +55,8 @@ impl EventKind {
 pub enum Reason {
     /// Informed of the step: hears of its completion and failure.
     Informed,
+    /// Addressed as a participant of a session: its start, a role, the lead.
+    Participant,
     /// Monitors the step: hears of every event of it.
     Monitor,
     /// Leads the execution: hears of every event of it.
@@ -61,6 +69,7 @@ impl Reason {
             Self::Informed => 1,
             Self::Monitor => 2,
             Self::Lead => 3,
+            Self::Participant => 4,
         }
     }
 
@@ -69,6 +78,7 @@ impl Reason {
             1 => Some(Self::Informed),
             2 => Some(Self::Monitor),
             3 => Some(Self::Lead),
+            4 => Some(Self::Participant),
             _ => None,
         }
     }
@@ -101,13 +111,16 @@ pub(crate) struct Event {
     pub(crate) waiting_for: Vec<String>,
     /// The execution's final status, lowercased (`completed`), or empty.
     pub(crate) execution_status: String,
+    /// Agents a session event is addressed to.
+    pub(crate) participants: Vec<String>,
 }
 
 /// The agents that hear of `event`, each once with its strongest reason, in
 /// agent id order:
 /// - the step's informed agents on completion and failure (seed 000);
 /// - the step's monitors on every event of the step;
-/// - the execution's lead on every event of the execution.
+/// - the execution's lead on every event of the execution;
+/// - the participants a session event is addressed to.
 ///
 /// An empty agent id names nobody and is skipped.
 pub(crate) fn recipients(event: &Event) -> Vec<(String, Reason)> {
@@ -132,6 +145,9 @@ pub(crate) fn recipients(event: &Event) -> Vec<(String, Reason)> {
         }
     }
     add(&mut strongest, &event.lead_agent_id, Reason::Lead);
+    for agent in &event.participants {
+        add(&mut strongest, agent, Reason::Participant);
+    }
     strongest.into_iter().map(|(agent, reason)| (agent.to_owned(), reason)).collect()
 }
 
@@ -162,6 +178,7 @@ mod tests {
             detail: String::new(),
             waiting_for: Vec::new(),
             execution_status: String::new(),
+            participants: Vec::new(),
         }
     }
 
@@ -189,6 +206,17 @@ mod tests {
                 ("lead".to_owned(), Reason::Lead),
                 ("quality".to_owned(), Reason::Monitor),
             ]
+        );
+    }
+
+    #[test]
+    fn session_events_reach_their_participants_once() {
+        let mut assigned = event(EventKind::RoleAssigned);
+        assigned.step_id.clear();
+        assigned.participants = vec!["dev".to_owned(), "lead".to_owned(), String::new()];
+        assert_eq!(
+            recipients(&assigned),
+            vec![("dev".to_owned(), Reason::Participant), ("lead".to_owned(), Reason::Lead)]
         );
     }
 

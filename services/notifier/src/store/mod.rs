@@ -144,6 +144,9 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<StoredNotification>>> + Send;
 
+    /// The cursor of an agent's newest notification (0 when it has none).
+    fn newest_cursor(&self, agent_id: &str) -> impl Future<Output = Result<u64>> + Send;
+
     /// The cursor an agent acknowledged last (0 when never).
     fn acknowledged_cursor(&self, agent_id: &str) -> impl Future<Output = Result<u64>> + Send;
 

@@ -226,6 +226,15 @@ impl Store for SqlStore {
         rows.iter().map(Self::notification_from_row).collect()
     }
 
+    async fn newest_cursor(&self, agent_id: &str) -> Result<u64> {
+        let newest: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(notification_id) FROM notifications WHERE agent_id = $1")
+                .bind(agent_id)
+                .fetch_one(&self.database.pool)
+                .await?;
+        Ok(newest.map_or(0, to_cursor))
+    }
+
     async fn acknowledged_cursor(&self, agent_id: &str) -> Result<u64> {
         let row = sqlx::query("SELECT acknowledged_cursor FROM acknowledgements WHERE agent_id = $1")
             .bind(agent_id)

@@ -2,17 +2,26 @@
 //! memory root, a typed client, and step event builders.
 #![allow(dead_code, unreachable_pub)]
 
-use std::{path::PathBuf, time::Duration};
+use std::{collections::HashMap, path::PathBuf, sync::Mutex, time::Duration};
 
 use clap::Parser as _;
 use muster_notifier::Config;
 use muster_proto::{
     common::v1::{EventType, StepError, StepEvent, StepRoles},
-    notifier::v1::{IngestEventsRequest, IngestEventsResponse, notifier_service_client::NotifierServiceClient},
+    notifier::v1::{
+        IngestEventsRequest, IngestEventsResponse, ListNotificationsRequest,
+        notifier_service_client::NotifierServiceClient,
+    },
+};
+use muster_runtime::{
+    auth::client::{AuthChannel, Credentials, with_credentials},
+    testing::{FakeCredentials, TestCredentials},
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::{StreamExt as _, wrappers::ReceiverStream};
 use tonic::transport::Channel;
+
+pub type Client = NotifierServiceClient<AuthChannel>;
 
 /// A directory under the system temp dir, unique to this test, removed on drop.
 pub struct TempDirectory(pub PathBuf);
@@ -31,11 +40,18 @@ impl Drop for TempDirectory {
     }
 }
 
-/// A running notifier.
+/// A running notifier, with the roster's credential stream played by a fake.
 pub struct TestNotifier {
-    pub client: NotifierServiceClient<Channel>,
+    /// Calls as an operator: reads any inbox.
+    pub client: Client,
+    /// Calls as the execution service: ingests.
+    pub ingester: Client,
     pub address: String,
     pub memory_root: PathBuf,
+    pub credentials: TestCredentials,
+    pub agents: FakeCredentials,
+    channel: Channel,
+    tokens: Mutex<HashMap<String, String>>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<tokio::task::JoinHandle<muster_notifier::Result<()>>>,
 }
@@ -56,7 +72,11 @@ impl TestNotifier {
         Self::start_with(Config::parse_from(arguments)).await
     }
 
-    pub async fn start_with(config: Config) -> Self {
+    pub async fn start_with(mut config: Config) -> Self {
+        let credentials = TestCredentials::new();
+        credentials.apply(&mut config.server);
+        let agents = FakeCredentials::start(&credentials).await;
+        config.server.auth.roster_url = agents.url.clone();
         let memory_root = config.memory_root();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("binding");
         let address = format!("http://{}", listener.local_addr().expect("address"));
@@ -65,7 +85,44 @@ impl TestNotifier {
             let _ = stopped.await;
         }));
         let channel = wait_until_serving(&address).await;
-        Self { client: NotifierServiceClient::new(channel), address, memory_root, stop: Some(stop), task: Some(task) }
+        Self {
+            client: NotifierServiceClient::new(with_credentials(channel.clone(), credentials.operator())),
+            ingester: NotifierServiceClient::new(with_credentials(channel.clone(), credentials.service("execution"))),
+            address,
+            memory_root,
+            credentials,
+            agents,
+            channel,
+            tokens: Mutex::new(HashMap::new()),
+            stop: Some(stop),
+            task: Some(task),
+        }
+    }
+
+    /// A client calling with these credentials.
+    pub fn client_with(&self, credentials: Credentials) -> Client {
+        NotifierServiceClient::new(with_credentials(self.channel.clone(), credentials))
+    }
+
+    /// The token of `agent_id`, issued on first use.
+    pub fn token_of(&self, agent_id: &str) -> String {
+        self.tokens.lock().unwrap().entry(agent_id.to_owned()).or_insert_with(|| self.agents.issue(agent_id)).clone()
+    }
+
+    /// A client calling as `agent_id`, once the notifier knows its token.
+    pub async fn client_as(&self, agent_id: &str) -> Client {
+        let mut client = self.client_with(Credentials::bearer(&self.token_of(agent_id)).unwrap());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let probe = ListNotificationsRequest { agent_id: agent_id.to_owned(), after_cursor: 0, limit: 1 };
+            match client.list_notifications(probe).await {
+                Ok(_) => return client,
+                Err(status) => {
+                    assert!(tokio::time::Instant::now() < deadline, "the notifier never accepted {agent_id}: {status}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
     }
 
     /// Stops the server and waits for it.
@@ -80,7 +137,7 @@ impl TestNotifier {
 
     /// Sends events over one IngestEvents stream and returns the acks.
     pub async fn ingest(&self, events: Vec<StepEvent>) -> Vec<IngestEventsResponse> {
-        ingest(self.client.clone(), events).await
+        ingest(self.ingester.clone(), events).await
     }
 }
 
@@ -98,7 +155,7 @@ pub async fn wait_until_serving(address: &str) -> Channel {
 }
 
 /// Sends events over one stream (all at once) and collects one ack each.
-pub async fn ingest(mut client: NotifierServiceClient<Channel>, events: Vec<StepEvent>) -> Vec<IngestEventsResponse> {
+pub async fn ingest(mut client: Client, events: Vec<StepEvent>) -> Vec<IngestEventsResponse> {
     let count = events.len();
     let (sender, receiver) = mpsc::channel(count.max(1));
     for event in events {

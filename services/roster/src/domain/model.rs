@@ -223,10 +223,18 @@ fn invalid(message: impl Into<String>) -> Error {
     Error::InvalidArgument(message.into())
 }
 
-/// Checks an id: 1 to 64 characters of lowercase letters, digits, `-`, `_`, `.`.
+/// Checks an id: 1 to 64 characters of lowercase letters, digits, `-`, `_`,
+/// `.`; not `.` or `..` (ids name folders, such as an agent's memory), and
+/// not starting with `-` (ids are command-line arguments).
 pub fn validate_id(field: &str, value: &str) -> Result<()> {
     if value.is_empty() {
         return Err(invalid(format!("{field}: required")));
+    }
+    if value == "." || value == ".." {
+        return Err(invalid(format!("{field}: {value:?} is not an id: it names a folder")));
+    }
+    if value.starts_with('-') {
+        return Err(invalid(format!("{field}: {value:?} starts with '-'; start with a letter, digit, '_' or '.'")));
     }
     if value.len() > MAX_ID_LENGTH {
         return Err(invalid(format!("{field}: {value:?} is longer than {MAX_ID_LENGTH} characters")));
@@ -288,6 +296,10 @@ mod tests {
         assert!(validate_id("id", "research-agent_1.x").is_ok());
         assert!(validate_id("id", "").is_err());
         assert!(validate_id("id", "Alice").is_err());
+        for folder_or_flag in [".", "..", "-rf", "--help"] {
+            assert!(validate_id("id", folder_or_flag).is_err(), "{folder_or_flag}");
+        }
+        assert!(validate_id("id", ".hidden").is_ok());
         assert!(validate_id("id", &"a".repeat(65)).is_err());
         assert!(validate_id("id", &"a".repeat(64)).is_ok());
     }

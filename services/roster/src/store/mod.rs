@@ -1,11 +1,16 @@
 //! Storage: the repository trait the service talks to and its one sqlx
 //! implementation (SQLite and PostgreSQL through the `Any` driver).
 
+mod credentials;
 mod delegation;
 mod sql;
 
 use std::future::Future;
 
+use muster_runtime::auth::{
+    TokenHash,
+    directory::{CredentialChange, Position},
+};
 pub use sql::SqlStore;
 
 use crate::domain::{
@@ -41,8 +46,8 @@ pub struct ImportPlan {
     /// Roles to create or replace.
     pub roles: Vec<RoleDefinition>,
     /// Agents to create or update (descriptive fields only for existing ones),
-    /// each with the token hash to give it if it is new.
-    pub agents: Vec<(Agent, String)>,
+    /// each with the token to give it if it is new.
+    pub agents: Vec<(Agent, TokenHash)>,
 }
 
 /// The result of a Delegate.
@@ -122,17 +127,17 @@ pub trait RosterStore: Send + Sync + 'static {
     /// Creates the schema.
     fn migrate(&self) -> impl Future<Output = Result<()>> + Send;
 
-    /// Creates an agent with its token hash; ALREADY_EXISTS when the id is taken,
+    /// Creates an agent with its token; ALREADY_EXISTS when the id is taken,
     /// INVALID_ARGUMENT when its team or senior does not exist.
-    fn insert_agent(&self, agent: &Agent, token_hash: &str, now: i64) -> impl Future<Output = Result<Agent>> + Send;
+    fn insert_agent(&self, agent: &Agent, token: &TokenHash, now: i64) -> impl Future<Output = Result<Agent>> + Send;
     /// One agent; NOT_FOUND when unknown.
     fn get_agent(&self, id: &str) -> impl Future<Output = Result<Agent>> + Send;
     /// Agents by id.
     fn list_agents(&self, query: &AgentQuery) -> impl Future<Output = Result<Vec<Agent>>> + Send;
     /// Replaces an agent's descriptive fields, keeping workload, manual status and token.
     fn update_agent(&self, agent: &Agent, now: i64) -> impl Future<Output = Result<Agent>> + Send;
-    /// Removes an agent (and so its token); FAILED_PRECONDITION while it is a senior or a team lead.
-    fn remove_agent(&self, id: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Removes an agent and revokes its tokens; FAILED_PRECONDITION while it is a senior.
+    fn remove_agent(&self, id: &str, now: i64) -> impl Future<Output = Result<()>> + Send;
     /// Sets or clears a manual status and the availability.
     fn set_status(
         &self,
@@ -158,15 +163,22 @@ pub trait RosterStore: Send + Sync + 'static {
     /// Removes a role definition.
     fn remove_role(&self, name: &str) -> impl Future<Output = Result<()>> + Send;
 
-    /// The agent holding a token hash, if any.
-    fn agent_by_token_hash(&self, token_hash: &str) -> impl Future<Output = Result<Option<Agent>>> + Send;
-    /// Replaces (Some) or revokes (None) an agent's token hash.
-    fn set_token_hash(
+    /// The agent a good token belongs to, if any.
+    fn agent_by_token(&self, token: &TokenHash) -> impl Future<Output = Result<Option<Agent>>> + Send;
+    /// Revokes an agent's good tokens and, with `Some`, gives it this one;
+    /// NOT_FOUND for an unknown agent.
+    fn replace_token(
         &self,
         agent_id: &str,
-        token_hash: Option<&str>,
+        token: Option<&TokenHash>,
         now: i64,
     ) -> impl Future<Output = Result<()>> + Send;
+    /// Credential changes after `position`, in (revision, token) order, at most `limit`.
+    fn credential_changes_after(
+        &self,
+        position: Position,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<CredentialChange>>> + Send;
 
     /// Stores an import in one transaction; returns the ids of the agents it created.
     fn import(&self, plan: &ImportPlan, now: i64) -> impl Future<Output = Result<Vec<String>>> + Send;

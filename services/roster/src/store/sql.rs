@@ -3,10 +3,16 @@
 
 use std::collections::{HashMap, HashSet};
 
-use muster_runtime::db::{Database, Migrations};
+use muster_runtime::{
+    auth::{
+        TokenHash,
+        directory::{CredentialChange, Position},
+    },
+    db::{Database, Migrations},
+};
 use sqlx::{Any, AssertSqlSafe, Row, Transaction, any::AnyRow};
 
-use super::{AgentQuery, ImportPlan, RosterStore};
+use super::{AgentQuery, ImportPlan, RosterStore, credentials};
 use crate::domain::{
     delegation::{DelegationRequest, Settings},
     model::{Agent, RoleDefinition, Status, Team},
@@ -14,8 +20,14 @@ use crate::domain::{
 use crate::error::{Error, Result};
 
 static MIGRATIONS: Migrations = Migrations {
-    sqlite: &[(1, "init", include_str!("../../migrations/sqlite/0001_init.sql"))],
-    postgres: &[(1, "init", include_str!("../../migrations/postgres/0001_init.sql"))],
+    sqlite: &[
+        (1, "init", include_str!("../../migrations/sqlite/0001_init.sql")),
+        (2, "credentials", include_str!("../../migrations/sqlite/0002_credentials.sql")),
+    ],
+    postgres: &[
+        (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
+        (2, "credentials", include_str!("../../migrations/postgres/0002_credentials.sql")),
+    ],
 };
 
 pub(super) const AGENT_COLUMNS: &str = "id, name, role, team, senior_id, expertise_json, manual_status, \
@@ -156,17 +168,12 @@ fn expertise_json(agent: &Agent) -> Result<String> {
     serde_json::to_string(&agent.expertise).map_err(|error| Error::Internal(error.to_string()))
 }
 
-async fn insert_agent_row(
-    transaction: &mut Transaction<'static, Any>,
-    agent: &Agent,
-    token_hash: &str,
-    now: i64,
-) -> Result<()> {
+async fn insert_agent_row(transaction: &mut Transaction<'static, Any>, agent: &Agent, now: i64) -> Result<()> {
     let result = sqlx::query(
         "INSERT INTO agents (id, name, role, team, senior_id, expertise_json, manual_status, current_workload, \
          workload_capacity, availability_until, custom_prompt, llm_config_json, backstory, allow_delegation, \
-         max_iterations, token_hash, created_at, updated_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, '', 0, $7, $8, $9, $10, $11, $12, $13, $14, $15, $15) \
+         max_iterations, created_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, '', 0, $7, $8, $9, $10, $11, $12, $13, $14, $14) \
          ON CONFLICT (id) DO NOTHING",
     )
     .bind(agent.id.clone())
@@ -182,7 +189,6 @@ async fn insert_agent_row(
     .bind(agent.backstory.clone())
     .bind(i64::from(agent.allow_delegation))
     .bind(i64::from(agent.max_iterations))
-    .bind(token_hash.to_owned())
     .bind(now)
     .execute(&mut **transaction)
     .await?;
@@ -218,6 +224,7 @@ async fn update_agent_row(transaction: &mut Transaction<'static, Any>, agent: &A
         return Ok(false);
     }
     write_expertise(transaction, agent).await?;
+    credentials::set_role(transaction, &agent.id, &agent.role).await?;
     Ok(true)
 }
 
@@ -294,13 +301,15 @@ impl RosterStore for SqlStore {
         self.database.migrate(&MIGRATIONS).await.map_err(|error| Error::Internal(format!("migrating: {error}")))
     }
 
-    async fn insert_agent(&self, agent: &Agent, token_hash: &str, now: i64) -> Result<Agent> {
+    async fn insert_agent(&self, agent: &Agent, token: &TokenHash, now: i64) -> Result<Agent> {
         let mut transaction = self.database.pool.begin().await?;
         if exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", &agent.id).await? {
             return Err(Error::AlreadyExists(format!("agent {:?} already exists", agent.id)));
         }
         check_agent_references(&mut transaction, agent).await?;
-        insert_agent_row(&mut transaction, agent, token_hash, now).await?;
+        insert_agent_row(&mut transaction, agent, now).await?;
+        let revision = credentials::next_revision(&mut transaction).await?;
+        credentials::issue(&mut transaction, &agent.id, &agent.role, token, revision, now).await?;
         let stored =
             fetch_agent(&mut transaction, &agent.id).await?.ok_or_else(|| Error::Internal("agent vanished".into()))?;
         transaction.commit().await?;
@@ -365,7 +374,7 @@ impl RosterStore for SqlStore {
         Ok(stored)
     }
 
-    async fn remove_agent(&self, id: &str) -> Result<()> {
+    async fn remove_agent(&self, id: &str, now: i64) -> Result<()> {
         let mut transaction = self.database.pool.begin().await?;
         if !exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", id).await? {
             return Err(Error::NotFound(format!("agent {id:?} is not in the roster")));
@@ -392,6 +401,8 @@ impl RosterStore for SqlStore {
             .execute(&mut *transaction)
             .await?;
         sqlx::query("DELETE FROM agents WHERE id = $1").bind(id.to_owned()).execute(&mut *transaction).await?;
+        let revision = credentials::next_revision(&mut transaction).await?;
+        credentials::revoke_all(&mut transaction, id, revision, now).await?;
         transaction.commit().await?;
         Ok(())
     }
@@ -503,25 +514,37 @@ impl RosterStore for SqlStore {
         Ok(())
     }
 
-    async fn agent_by_token_hash(&self, token_hash: &str) -> Result<Option<Agent>> {
-        let row = sqlx::query(AssertSqlSafe(format!("SELECT {AGENT_COLUMNS} FROM agents WHERE token_hash = $1")))
-            .bind(token_hash.to_owned())
-            .fetch_optional(&self.database.pool)
-            .await?;
-        row.as_ref().map(agent_from_row).transpose()
+    async fn agent_by_token(&self, token: &TokenHash) -> Result<Option<Agent>> {
+        match credentials::agent_of(&self.database.pool, token).await? {
+            Some(agent_id) => match self.get_agent(&agent_id).await {
+                Ok(agent) => Ok(Some(agent)),
+                Err(Error::NotFound(_)) => Ok(None),
+                Err(error) => Err(error),
+            },
+            None => Ok(None),
+        }
     }
 
-    async fn set_token_hash(&self, agent_id: &str, token_hash: Option<&str>, now: i64) -> Result<()> {
-        let result = sqlx::query("UPDATE agents SET token_hash = $2, updated_at = $3 WHERE id = $1")
+    async fn replace_token(&self, agent_id: &str, token: Option<&TokenHash>, now: i64) -> Result<()> {
+        let mut transaction = self.database.pool.begin().await?;
+        let role: Option<String> = sqlx::query_scalar("SELECT role FROM agents WHERE id = $1")
             .bind(agent_id.to_owned())
-            .bind(token_hash.map(str::to_owned))
-            .bind(now)
-            .execute(&self.database.pool)
+            .fetch_optional(&mut *transaction)
             .await?;
-        if result.rows_affected() == 0 {
+        let Some(role) = role else {
             return Err(Error::NotFound(format!("agent {agent_id:?} is not in the roster")));
+        };
+        let revision = credentials::next_revision(&mut transaction).await?;
+        credentials::revoke_all(&mut transaction, agent_id, revision, now).await?;
+        if let Some(token) = token {
+            credentials::issue(&mut transaction, agent_id, &role, token, revision, now).await?;
         }
+        transaction.commit().await?;
         Ok(())
+    }
+
+    async fn credential_changes_after(&self, position: Position, limit: usize) -> Result<Vec<CredentialChange>> {
+        credentials::changes_after(&self.database.pool, position, limit).await
     }
 
     async fn import(&self, plan: &ImportPlan, now: i64) -> Result<Vec<String>> {
@@ -541,12 +564,19 @@ impl RosterStore for SqlStore {
             .iter()
             .map(|row| row.try_get("id"))
             .collect::<Result<_, _>>()?;
-        for (agent, token_hash) in &plan.agents {
+        // One revision for every token the import issues.
+        let mut revision = None;
+        for (agent, token) in &plan.agents {
             let without_senior = Agent { senior_id: String::new(), ..agent.clone() };
             if existing.contains(&agent.id) {
                 update_agent_row(&mut transaction, &without_senior, now).await?;
             } else {
-                insert_agent_row(&mut transaction, &without_senior, token_hash, now).await?;
+                insert_agent_row(&mut transaction, &without_senior, now).await?;
+                let revision = match revision {
+                    Some(revision) => revision,
+                    None => *revision.insert(credentials::next_revision(&mut transaction).await?),
+                };
+                credentials::issue(&mut transaction, &agent.id, &agent.role, token, revision, now).await?;
                 created.push(agent.id.clone());
             }
         }

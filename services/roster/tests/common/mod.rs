@@ -5,15 +5,21 @@ use std::sync::Arc;
 
 use muster_proto::roster::v1::{self as pb, roster_service_client::RosterServiceClient};
 use muster_roster::{Config, ManualClock, run_with_clock};
-use muster_runtime::testing::TestDatabase;
+use muster_runtime::{
+    auth::client::{AuthChannel, Credentials, with_credentials},
+    testing::{TestCredentials, TestDatabase},
+};
 use tonic::transport::Channel;
 
 /// Where the tests' clock starts: 2026-01-01T00:00:00Z.
 pub const START_MILLIS: i64 = 1_767_225_600_000;
 
 pub struct TestServer {
-    pub client: RosterServiceClient<Channel>,
+    /// A client calling as an operator.
+    pub client: RosterServiceClient<AuthChannel>,
+    pub credentials: TestCredentials,
     pub clock: Arc<ManualClock>,
+    channel: Channel,
     pub database_url: String,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     handle: Option<tokio::task::JoinHandle<()>>,
@@ -64,18 +70,37 @@ impl TestServer {
         let mut config = Config::with_database(database_url.clone());
         config.queue_sweep_interval_ms = sweep_ms;
         config.server.shutdown_grace_seconds = 1;
+        let credentials = TestCredentials::new();
+        credentials.apply(&mut config.server);
         let clock = Arc::new(ManualClock::new(START_MILLIS));
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let handle = tokio::spawn(serve(config, listener, stopped, clock.clone()));
         let channel = muster_runtime::testing::connect_when_serving(&format!("http://{address}")).await;
         Self {
-            client: RosterServiceClient::new(channel),
+            client: RosterServiceClient::new(with_credentials(channel.clone(), credentials.operator())),
+            credentials,
+            channel,
             clock,
             database_url,
             stop: Some(stop),
             handle: Some(handle),
             _database: database,
         }
+    }
+
+    /// A client calling with `credentials`.
+    pub fn client_with(&self, credentials: Credentials) -> RosterServiceClient<AuthChannel> {
+        RosterServiceClient::new(with_credentials(self.channel.clone(), credentials))
+    }
+
+    /// A client calling with a bearer token.
+    pub fn client_as(&self, token: &str) -> RosterServiceClient<AuthChannel> {
+        self.client_with(Credentials::bearer(token).expect("a valid token"))
+    }
+
+    /// A raw channel, for clients of the roster's other services.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
     }
 
     pub async fn team(&mut self, name: &str) {

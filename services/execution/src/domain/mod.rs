@@ -1,4 +1,9 @@
-//! The states of executions and steps, and their names as stored.
+//! The execution service's rules, free of transport and storage: the states
+//! of executions and steps and their names as stored, who may do what
+//! ([`authority`]), and what a session looks like to its members ([`session`]).
+
+pub(crate) mod authority;
+pub(crate) mod session;
 
 use std::str::FromStr;
 

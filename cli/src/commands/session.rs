@@ -1,0 +1,207 @@
+//! Team sessions: `muster session start|status|assign|lead` and
+//! `muster check-role AGENT ACTION`.
+
+use std::path::Path;
+
+use anyhow::Context;
+use muster_proto::execution::v1::{
+    AssignRoleRequest, CheckRoleRequest, GetSessionStatusRequest, InterventionAction, RoleAssignment, RoleCheck,
+    SessionTask, SetLeadRequest, StartSessionRequest, execution_service_client::ExecutionServiceClient,
+};
+
+/// `muster session ...`
+#[derive(Debug, clap::Args)]
+pub(crate) struct SessionArgs {
+    /// The execution service.
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051", global = true)]
+    execution: String,
+    #[command(subcommand)]
+    command: SessionCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum SessionCommand {
+    /// Starts a process as a team session; every participant receives the
+    /// task through its notifications. Operators.
+    Start {
+        /// A published process's name, or a process file to publish first.
+        process: String,
+        /// The lead (an agent of the roster).
+        #[arg(long)]
+        lead: String,
+        /// What the session is about.
+        #[arg(long)]
+        title: String,
+        /// The task in more words.
+        #[arg(long, default_value = "")]
+        description: String,
+        /// A participant: `AGENT=ROLE` or `AGENT=ROLE:SUBTASK` (repeat).
+        #[arg(long = "participant", value_parser = parse_participant)]
+        participants: Vec<RoleAssignment>,
+        /// Inputs of the execution, a JSON object.
+        #[arg(long, default_value = "{}")]
+        inputs: String,
+    },
+    /// The lead's dashboard: assignments, blockers, suggested interventions,
+    /// recent activity. The lead, and operators.
+    Status {
+        /// The execution.
+        execution_id: String,
+    },
+    /// Assigns a role (and a subtask) to an agent; it is notified. The lead.
+    Assign {
+        /// The execution.
+        execution_id: String,
+        /// The agent.
+        agent_id: String,
+        /// A role of the permission matrix.
+        role: String,
+        /// What the agent is to do.
+        #[arg(long, default_value = "")]
+        subtask: String,
+    },
+    /// Designates the lead. Operators, and the current lead.
+    Lead {
+        /// The execution.
+        execution_id: String,
+        /// The new lead.
+        agent_id: String,
+    },
+}
+
+fn parse_participant(text: &str) -> Result<RoleAssignment, String> {
+    let (agent_id, rest) = text.split_once('=').ok_or("expected AGENT=ROLE or AGENT=ROLE:SUBTASK")?;
+    let (role, subtask) = rest.split_once(':').unwrap_or((rest, ""));
+    if agent_id.is_empty() || role.is_empty() {
+        return Err("expected AGENT=ROLE or AGENT=ROLE:SUBTASK".to_owned());
+    }
+    Ok(RoleAssignment {
+        agent_id: agent_id.to_owned(),
+        role: role.to_owned(),
+        subtask: subtask.to_owned(),
+        ..Default::default()
+    })
+}
+
+pub(crate) async fn run(args: SessionArgs, token: Option<&str>) -> anyhow::Result<()> {
+    let mut execution = ExecutionServiceClient::new(super::endpoint(&args.execution, token)?.channel()?);
+    match args.command {
+        SessionCommand::Start { process, lead, title, description, participants, inputs } => {
+            let (process_name, process_version) = if Path::new(&process).is_file() {
+                let published = super::run::publish_file(&mut execution, Path::new(&process)).await?;
+                (published.name, published.version)
+            } else {
+                (process, 0)
+            };
+            let started = execution
+                .start_session(StartSessionRequest {
+                    process_name,
+                    process_version,
+                    inputs_json: inputs,
+                    lead_agent_id: lead,
+                    participants,
+                    task: Some(SessionTask { title, description }),
+                    idempotency_key: String::new(),
+                })
+                .await
+                .map_err(super::refused)?
+                .into_inner()
+                .execution
+                .context("no execution in the answer")?;
+            println!("session {} started; `muster watch {}` follows it", started.id, started.id);
+        }
+        SessionCommand::Status { execution_id } => {
+            let status = execution
+                .get_session_status(GetSessionStatusRequest { execution_id })
+                .await
+                .map_err(super::refused)?
+                .into_inner();
+            print!("{}", status.context_window);
+            if status.blockers.is_empty() {
+                println!("\nno blockers");
+            } else {
+                println!("\nblockers:");
+                for blocker in &status.blockers {
+                    println!("  - {}", blocker.reason);
+                }
+            }
+            if !status.suggested_interventions.is_empty() {
+                println!("\nsuggested interventions:");
+                for suggestion in &status.suggested_interventions {
+                    let action = InterventionAction::try_from(suggestion.action).unwrap_or_default();
+                    let action = action.as_str_name().trim_start_matches("INTERVENTION_ACTION_");
+                    println!("  - [{}] {} ({action})", suggestion.rule, suggestion.text);
+                }
+            }
+            println!("\nrecent activity:");
+            for event in &status.recent_activity {
+                let kind = muster_proto::common::v1::EventType::try_from(event.r#type).unwrap_or_default();
+                let kind = kind.as_str_name().trim_start_matches("EVENT_TYPE_").to_lowercase();
+                println!("  #{:<4} {kind:<20} {} {}", event.sequence, event.step_id, event.detail);
+            }
+        }
+        SessionCommand::Assign { execution_id, agent_id, role, subtask } => {
+            let assigned = execution
+                .assign_role(AssignRoleRequest { execution_id, agent_id, role, subtask })
+                .await
+                .map_err(super::refused)?
+                .into_inner();
+            let assignment = assigned.assignment.unwrap_or_default();
+            println!(
+                "{} is now {} (permission matrix version {})",
+                assignment.agent_id, assignment.role, assigned.matrix_version
+            );
+        }
+        SessionCommand::Lead { execution_id, agent_id } => {
+            let changed = execution
+                .set_lead(SetLeadRequest { execution_id, agent_id })
+                .await
+                .map_err(super::refused)?
+                .into_inner()
+                .execution
+                .context("no execution in the answer")?;
+            println!("{} now leads {}", changed.lead_agent_id, changed.id);
+        }
+    }
+    Ok(())
+}
+
+/// `muster check-role AGENT ACTION`
+#[derive(Debug, clap::Args)]
+pub(crate) struct CheckRoleArgs {
+    /// The agent.
+    agent_id: String,
+    /// The action, such as `code` or `approve`.
+    action: String,
+    /// Within this execution (its session roles and lead); without it, the
+    /// agent's roster role against the permission matrix.
+    #[arg(long)]
+    execution_id: Option<String>,
+    /// The execution service.
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051")]
+    execution: String,
+}
+
+/// Prints the verdict; exit code 0 when allowed, 1 when not.
+pub(crate) async fn check_role(args: CheckRoleArgs, token: Option<&str>) -> anyhow::Result<bool> {
+    let mut execution = ExecutionServiceClient::new(super::endpoint(&args.execution, token)?.channel()?);
+    let verdict = execution
+        .check_role(CheckRoleRequest {
+            execution_id: args.execution_id.unwrap_or_default(),
+            action: args.action.clone(),
+            agent_id: args.agent_id.clone(),
+        })
+        .await
+        .map_err(super::refused)?
+        .into_inner();
+    let check = RoleCheck::try_from(verdict.decided_by).unwrap_or_default();
+    println!(
+        "{}: {} '{}' — {} [{}]",
+        if verdict.allowed { "allowed" } else { "denied" },
+        verdict.agent_id,
+        args.action,
+        verdict.reason,
+        check.as_str_name().trim_start_matches("ROLE_CHECK_").to_lowercase()
+    );
+    Ok(verdict.allowed)
+}

@@ -1,0 +1,261 @@
+//! Who may do what in an execution: the permission matrix, the role an agent
+//! holds, and the check every agent action of a team session passes:
+//!
+//! 1. is the agent assigned (the session's lead, or a participant)?
+//! 2. what is its role (`lead` for the lead, else its assignment)?
+//! 3. does that role permit the action?
+//!
+//! Outside sessions the first check does not apply and the role is the
+//! agent's roster role (`lead` for the execution's lead). The matrix in force
+//! is versioned; every verdict says which version decided it.
+
+use std::collections::BTreeMap;
+
+/// The matrix muster starts with (version 1).
+pub(crate) const DEFAULT_MATRIX: &str = include_str!("../../default-permission-matrix.yaml");
+
+/// The role of a session's lead.
+pub(crate) const LEAD_ROLE: &str = "lead";
+
+/// One role of the matrix, resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MatrixRole {
+    pub(crate) name: String,
+    pub(crate) permitted_actions: Vec<String>,
+    pub(crate) forbidden_actions: Vec<String>,
+}
+
+/// A stored version of the permission matrix.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Matrix {
+    pub(crate) version: u32,
+    pub(crate) source: String,
+    pub(crate) roles: Vec<MatrixRole>,
+    pub(crate) created_at: i64,
+    pub(crate) created_by: String,
+}
+
+impl Matrix {
+    /// Reads a matrix document; its diagnostics when it has errors.
+    pub(crate) fn parse(
+        version: u32,
+        source: String,
+        created_at: i64,
+        created_by: String,
+    ) -> Result<(Self, Vec<muster_validator::Diagnostic>), Vec<muster_validator::Diagnostic>> {
+        let report = muster_validator::validate_permission_matrix(&source);
+        if !report.is_valid() {
+            return Err(report.diagnostics);
+        }
+        let roles = report
+            .roles
+            .into_iter()
+            .map(|role| MatrixRole {
+                name: role.name,
+                permitted_actions: role.permitted_actions,
+                forbidden_actions: role.forbidden_actions,
+            })
+            .collect();
+        Ok((Self { version, source, roles, created_at, created_by }, report.diagnostics))
+    }
+
+    pub(crate) fn role(&self, name: &str) -> Option<&MatrixRole> {
+        self.roles.iter().find(|role| role.name == name)
+    }
+}
+
+/// An agent's role and subtask in a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RoleAssignment {
+    pub(crate) agent_id: String,
+    pub(crate) role: String,
+    pub(crate) subtask: String,
+    /// `operator:<name>` or the assigning lead's id.
+    pub(crate) assigned_by: String,
+    pub(crate) assigned_at: i64,
+}
+
+/// The session side of an execution.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Session {
+    pub(crate) title: String,
+    pub(crate) description: String,
+    /// By agent id.
+    pub(crate) assignments: BTreeMap<String, RoleAssignment>,
+}
+
+/// Which check decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Check {
+    NotAssigned,
+    UnknownRole,
+    Action,
+}
+
+impl Check {
+    /// The `ErrorInfo` reason of a refusal by this check.
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            Self::NotAssigned => "NOT_ASSIGNED",
+            Self::UnknownRole => "UNKNOWN_ROLE",
+            Self::Action => "ROLE_FORBIDS_ACTION",
+        }
+    }
+}
+
+/// What the checks found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Verdict {
+    pub(crate) allowed: bool,
+    /// The role that applied; empty when none did.
+    pub(crate) role: String,
+    pub(crate) check: Check,
+    /// For people: which check decided and what it found.
+    pub(crate) reason: String,
+    pub(crate) matrix_version: u32,
+}
+
+/// Who is asking, where: what the checks need to know.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Subject<'a> {
+    pub(crate) agent_id: &'a str,
+    /// The agent's roster role (used outside sessions).
+    pub(crate) roster_role: &'a str,
+    /// The execution's lead, if any.
+    pub(crate) lead: &'a str,
+    /// The session, when the execution runs as one.
+    pub(crate) session: Option<&'a Session>,
+}
+
+impl Subject<'_> {
+    /// The role the agent holds: `lead` for the lead; in a session its
+    /// assignment (none when unassigned); else its roster role.
+    pub(crate) fn role(&self) -> Option<&str> {
+        if !self.lead.is_empty() && self.agent_id == self.lead {
+            return Some(LEAD_ROLE);
+        }
+        match self.session {
+            Some(session) => session.assignments.get(self.agent_id).map(|assignment| assignment.role.as_str()),
+            None => (!self.roster_role.is_empty()).then_some(self.roster_role),
+        }
+    }
+}
+
+/// Runs the three checks for `action`.
+pub(crate) fn check(matrix: &Matrix, subject: &Subject<'_>, action: &str) -> Verdict {
+    let version = matrix.version;
+    let verdict = |allowed, role: &str, check, reason: String| Verdict {
+        allowed,
+        role: role.to_owned(),
+        check,
+        reason,
+        matrix_version: version,
+    };
+    let Some(role) = subject.role() else {
+        return match subject.session {
+            Some(_) => verdict(
+                false,
+                "",
+                Check::NotAssigned,
+                format!(
+                    "'{}' is not assigned in the session: it is neither its lead nor a participant",
+                    subject.agent_id
+                ),
+            ),
+            None => verdict(
+                false,
+                "",
+                Check::UnknownRole,
+                format!("'{}' has no role, so the permission matrix grants it nothing", subject.agent_id),
+            ),
+        };
+    };
+    let Some(matrix_role) = matrix.role(role) else {
+        return verdict(
+            false,
+            role,
+            Check::UnknownRole,
+            format!("role '{role}' is not in the permission matrix (version {version})"),
+        );
+    };
+    if matrix_role.permitted_actions.iter().any(|permitted| permitted == action) {
+        verdict(
+            true,
+            role,
+            Check::Action,
+            format!("role '{role}' may '{action}' (permission matrix version {version})"),
+        )
+    } else if matrix_role.forbidden_actions.iter().any(|forbidden| forbidden == action) {
+        verdict(
+            false,
+            role,
+            Check::Action,
+            format!("role '{role}' is forbidden to '{action}' (permission matrix version {version})"),
+        )
+    } else {
+        verdict(
+            false,
+            role,
+            Check::Action,
+            format!("'{action}' is not among the actions of role '{role}' (permission matrix version {version})"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn default_matrix() -> Matrix {
+        Matrix::parse(1, DEFAULT_MATRIX.to_owned(), 0, "muster".to_owned()).expect("the default matrix is valid").0
+    }
+
+    fn session(assignments: &[(&str, &str)]) -> Session {
+        Session {
+            title: "t".to_owned(),
+            description: String::new(),
+            assignments: assignments
+                .iter()
+                .map(|(agent, role)| {
+                    (
+                        (*agent).to_owned(),
+                        RoleAssignment {
+                            agent_id: (*agent).to_owned(),
+                            role: (*role).to_owned(),
+                            subtask: String::new(),
+                            assigned_by: "lead".to_owned(),
+                            assigned_at: 0,
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_default_matrix_is_the_team_protocol_table() {
+        let matrix = default_matrix();
+        let session = session(&[("dev", "developer"), ("rev", "reviewer"), ("ana", "analyst"), ("arch", "architect")]);
+        let subject = |agent_id| Subject { agent_id, roster_role: "", lead: "boss", session: Some(&session) };
+        let allowed = |agent, action| check(&matrix, &subject(agent), action).allowed;
+        assert!(allowed("boss", "assign_role") && allowed("boss", "code") && allowed("boss", "approve"));
+        assert!(allowed("dev", "code") && allowed("dev", "report_done") && !allowed("dev", "reassign"));
+        assert!(allowed("rev", "approve") && !allowed("rev", "code"));
+        assert!(allowed("ana", "summarize") && !allowed("ana", "code") && !allowed("ana", "report_done"));
+        assert!(allowed("arch", "design") && !allowed("arch", "assign_role"));
+        let forbidden = check(&matrix, &subject("dev"), "reassign");
+        assert_eq!(forbidden.check, Check::Action);
+        assert!(forbidden.reason.contains("forbidden"), "{}", forbidden.reason);
+        let outsider = check(&matrix, &subject("stranger"), "code");
+        assert_eq!((outsider.allowed, outsider.check), (false, Check::NotAssigned));
+    }
+
+    #[test]
+    fn outside_sessions_the_roster_role_applies() {
+        let matrix = default_matrix();
+        let subject = Subject { agent_id: "a", roster_role: "reviewer", lead: "", session: None };
+        assert!(check(&matrix, &subject, "approve").allowed);
+        let unknown = Subject { roster_role: "writer", ..subject };
+        assert_eq!(check(&matrix, &unknown, "approve").check, Check::UnknownRole);
+    }
+}

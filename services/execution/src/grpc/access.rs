@@ -1,0 +1,123 @@
+//! Who may call what: the coarse rule of every method (enforced by the
+//! runtime's authentication layer), and the finer rules the handlers apply —
+//! an agent reads only the executions it takes part in, and in a session the
+//! permission matrix decides what its role may do.
+
+use muster_runtime::auth::{Access, Caller, Rule, permission_denied, rule};
+use muster_validator::ProcessDefinition;
+use tonic::Status;
+
+use super::ExecutionApi;
+use crate::{
+    domain::authority::{self, Subject, Verdict},
+    engine::{approvers, step_roles},
+    store::ExecutionRow,
+};
+
+/// Who may call each method of the ExecutionService.
+pub const ACCESS: &[Rule] = &[
+    rule("PublishProcess", Access::OPERATOR),
+    rule("GetProcess", Access::ANYONE),
+    rule("ListProcesses", Access::ANYONE),
+    rule("StartExecution", Access::OPERATOR),
+    rule("GetExecution", Access::ANYONE),
+    rule("ListExecutions", Access::OPERATOR.or(Access::SERVICE)),
+    rule("WatchExecution", Access::ANYONE),
+    rule("CancelExecution", Access::OPERATOR.or(Access::AGENT)),
+    rule("ConnectWorker", Access::OPERATOR.or(Access::AGENT)),
+    rule("InvokeTool", Access::AGENT),
+    rule("ListTools", Access::ANYONE),
+    rule("SubmitApproval", Access::AGENT),
+    rule("Intervene", Access::OPERATOR.or(Access::AGENT)),
+    rule("StartSession", Access::OPERATOR),
+    rule("AssignRole", Access::AGENT),
+    rule("GetMyRole", Access::AGENT),
+    rule("CheckRole", Access::OPERATOR.or(Access::AGENT)),
+    rule("SetLead", Access::OPERATOR.or(Access::AGENT)),
+    rule("GetSessionStatus", Access::OPERATOR.or(Access::AGENT)),
+    rule("PutPermissionMatrix", Access::OPERATOR),
+    rule("GetPermissionMatrix", Access::ANYONE),
+    rule("ListPermissionMatrixVersions", Access::ANYONE),
+    rule("PostToInbox", Access::ANYONE),
+    rule("ListInboxMessages", Access::ANYONE),
+    rule("ArchiveInboxMessage", Access::OPERATOR),
+    rule("SetBudget", Access::OPERATOR),
+    rule("ListBudgets", Access::ANYONE),
+];
+
+/// Whether `agent_id` takes part in an execution: its lead, a participant of
+/// its session, named in a step's roles or approvers, or a step's executor.
+pub(super) fn takes_part(agent_id: &str, execution: &ExecutionRow, definition: &ProcessDefinition) -> bool {
+    execution.lead_agent_id == agent_id
+        || execution.session.as_ref().is_some_and(|session| session.assignments.contains_key(agent_id))
+        || execution.steps.iter().any(|step| step.executor == agent_id)
+        || definition.steps.iter().any(|step| {
+            let roles = step_roles(step);
+            roles.executor == agent_id
+                || roles.monitors.iter().chain(&roles.informed).any(|agent| agent == agent_id)
+                || approvers(step).iter().any(|agent| agent == agent_id)
+        })
+}
+
+/// Operators and services see every execution; an agent only those it takes part in.
+pub(super) fn require_part(
+    caller: &Caller,
+    execution: &ExecutionRow,
+    definition: &ProcessDefinition,
+    action: &str,
+) -> Result<(), Status> {
+    match caller.agent_id() {
+        Some(agent_id) if !takes_part(agent_id, execution, definition) => Err(permission_denied(
+            caller,
+            action,
+            "NOT_A_PARTICIPANT",
+            format!("it takes no part in execution '{}'", execution.id),
+            &[("execution_id", execution.id.clone())],
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The refusal of an action the checks denied.
+pub(super) fn refusal(caller: &Caller, action: &str, execution_id: &str, verdict: &Verdict) -> Status {
+    permission_denied(
+        caller,
+        action,
+        verdict.check.reason(),
+        &verdict.reason,
+        &[
+            ("execution_id", execution_id.to_owned()),
+            ("session_role", verdict.role.clone()),
+            ("matrix_version", verdict.matrix_version.to_string()),
+        ],
+    )
+}
+
+impl ExecutionApi {
+    /// In a session, an agent's `action` must pass the permission matrix;
+    /// returns the matrix version that decided (0 when no rule applied:
+    /// operators, or executions that are not sessions).
+    pub(super) fn check_session_action(
+        &self,
+        caller: &Caller,
+        execution: &ExecutionRow,
+        action: &str,
+        described: &str,
+    ) -> Result<u32, Status> {
+        let (Some(agent_id), Some(session)) = (caller.agent_id(), execution.session.as_ref()) else {
+            return Ok(0);
+        };
+        let subject = Subject {
+            agent_id,
+            roster_role: caller.roster_role(),
+            lead: &execution.lead_agent_id,
+            session: Some(session),
+        };
+        let verdict = authority::check(&self.engine.matrix(), &subject, action);
+        if verdict.allowed {
+            Ok(verdict.matrix_version)
+        } else {
+            Err(refusal(caller, described, &execution.id, &verdict))
+        }
+    }
+}

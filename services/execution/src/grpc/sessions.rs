@@ -1,0 +1,408 @@
+//! Team sessions: starting one, assigning roles, changing the lead, the
+//! calling agent's role, role checks, and the lead's dashboard.
+
+use std::collections::{BTreeMap, HashMap};
+
+use muster_proto::{common::v1 as common, execution::v1 as wire, roster::v1 as roster};
+use muster_runtime::auth::{Caller, permission_denied};
+use tonic::Status;
+
+use super::{
+    ExecutionApi,
+    access::require_part,
+    convert::{assignment_to_wire, execution_to_wire},
+};
+use crate::{
+    Error,
+    domain::{
+        authority::{self, Check, LEAD_ROLE, RoleAssignment, Session, Subject},
+        session::{BudgetUse, Presence, Suggested, activity, context_window, dashboard},
+    },
+    engine::{Control, step_views},
+};
+
+/// Longest session title, in characters.
+const MAX_TITLE: usize = 200;
+/// Longest session description or subtask, in characters.
+const MAX_TEXT: usize = 10_000;
+/// Most participants of a session.
+const MAX_PARTICIPANTS: usize = 1_000;
+/// Events a dashboard shows.
+const RECENT_EVENTS: u64 = 20;
+/// How long a step without a timeout is expected to run, for the dashboard.
+const EXPECTED_STEP_SECONDS: u64 = 600;
+
+fn too_long(field: &str, text: &str, limit: usize) -> Result<(), Status> {
+    let length = text.chars().count();
+    if length > limit {
+        return Err(Status::invalid_argument(format!("{field} has {length} characters; at most {limit} are accepted")));
+    }
+    Ok(())
+}
+
+impl ExecutionApi {
+    /// A role an assignment may give: one of the matrix in force, not `lead`
+    /// (the lead is designated with SetLead).
+    fn assignable_role(&self, field: &str, role: &str) -> Result<(), Status> {
+        if role == LEAD_ROLE {
+            return Err(Status::invalid_argument(format!(
+                "{field}: the lead is not assigned as a role; designate it with SetLead (or lead_agent_id)"
+            )));
+        }
+        let matrix = self.engine.matrix();
+        if matrix.role(role).is_none() {
+            let known: Vec<&str> = matrix.roles.iter().map(|role| role.name.as_str()).collect();
+            return Err(Status::invalid_argument(format!(
+                "{field}: role '{role}' is not in the permission matrix (version {}): {}",
+                matrix.version,
+                known.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    pub(super) async fn start_session_as(
+        &self,
+        caller: &Caller,
+        request: wire::StartSessionRequest,
+    ) -> Result<wire::StartSessionResponse, Status> {
+        let task = request.task.unwrap_or_default();
+        if task.title.trim().is_empty() {
+            return Err(Status::invalid_argument("task.title is required: what is the session about?"));
+        }
+        too_long("task.title", &task.title, MAX_TITLE)?;
+        too_long("task.description", &task.description, MAX_TEXT)?;
+        if request.lead_agent_id.is_empty() {
+            return Err(Status::invalid_argument("lead_agent_id is required: a session has a lead"));
+        }
+        self.roster_agent(&request.lead_agent_id, "lead").await?;
+        if request.participants.len() > MAX_PARTICIPANTS {
+            return Err(Status::invalid_argument(format!("a session has at most {MAX_PARTICIPANTS} participants")));
+        }
+        let now = muster_runtime::time::now_millis();
+        let mut assignments = BTreeMap::new();
+        for (index, participant) in request.participants.into_iter().enumerate() {
+            let field = format!("participants[{index}]");
+            if participant.agent_id == request.lead_agent_id {
+                return Err(Status::invalid_argument(format!(
+                    "{field}: '{}' is the lead, whose role is '{LEAD_ROLE}'",
+                    participant.agent_id
+                )));
+            }
+            self.assignable_role(&format!("{field}.role"), &participant.role)?;
+            too_long(&format!("{field}.subtask"), &participant.subtask, MAX_TEXT)?;
+            self.roster_agent(&participant.agent_id, &format!("{field}: agent")).await?;
+            let assignment = RoleAssignment {
+                agent_id: participant.agent_id.clone(),
+                role: participant.role,
+                subtask: participant.subtask,
+                assigned_by: caller.audit_name(),
+                assigned_at: now,
+            };
+            if assignments.insert(participant.agent_id.clone(), assignment).is_some() {
+                return Err(Status::invalid_argument(format!("{field}: '{}' is listed twice", participant.agent_id)));
+            }
+        }
+        let session = Session { title: task.title, description: task.description, assignments };
+        let execution = self
+            .start_as_session(
+                &request.process_name,
+                request.process_version,
+                request.inputs_json,
+                request.lead_agent_id,
+                session,
+                request.idempotency_key,
+            )
+            .await?;
+        Ok(wire::StartSessionResponse { execution: Some(execution) })
+    }
+
+    pub(super) async fn assign_role_as(
+        &self,
+        caller: &Caller,
+        request: wire::AssignRoleRequest,
+    ) -> Result<wire::AssignRoleResponse, Status> {
+        let execution = self
+            .engine
+            .store
+            .get_execution(&request.execution_id)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("execution '{}' not found", request.execution_id)))?;
+        if execution.session.is_none() {
+            return Err(Error::FailedPrecondition(format!(
+                "execution '{}' is not a session: roles are assigned in sessions (StartSession)",
+                request.execution_id
+            ))
+            .into());
+        }
+        let described = format!("assign roles in execution '{}'", request.execution_id);
+        let matrix_version = self.check_session_action(caller, &execution, "assign_role", &described)?;
+        self.assignable_role("role", &request.role)?;
+        too_long("subtask", &request.subtask, MAX_TEXT)?;
+        self.roster_agent(&request.agent_id, "agent").await?;
+        if request.agent_id == execution.lead_agent_id {
+            return Err(Status::invalid_argument(format!(
+                "'{}' is the lead, whose role is '{LEAD_ROLE}'",
+                request.agent_id
+            )));
+        }
+        let assignment = RoleAssignment {
+            agent_id: request.agent_id,
+            role: request.role,
+            subtask: request.subtask,
+            assigned_by: caller.audit_name(),
+            assigned_at: muster_runtime::time::now_millis(),
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let control = Control::AssignRole { assignment: assignment.clone(), matrix_version, reply };
+        if !self.engine.control(&request.execution_id, control) {
+            return Err(Error::FailedPrecondition(format!("execution '{}' has ended", request.execution_id)).into());
+        }
+        answer.await.map_err(|_| Status::unavailable("the execution stopped while assigning; try again"))??;
+        Ok(wire::AssignRoleResponse {
+            assignment: Some(assignment_to_wire(&assignment, String::new())),
+            matrix_version,
+        })
+    }
+
+    pub(super) async fn my_role(
+        &self,
+        caller: &Caller,
+        request: wire::GetMyRoleRequest,
+    ) -> Result<wire::GetMyRoleResponse, Status> {
+        let agent_id = caller.agent_id().unwrap_or_default();
+        let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
+        require_part(caller, &execution, &definition, &format!("read its role in execution '{}'", execution.id))?;
+        let matrix = self.engine.matrix();
+        let subject = Subject {
+            agent_id,
+            roster_role: caller.roster_role(),
+            lead: &execution.lead_agent_id,
+            session: execution.session.as_ref(),
+        };
+        let role = subject.role().unwrap_or_default().to_owned();
+        let views = step_views(&execution.steps, &definition);
+        let assignment = execution.session.as_ref().and_then(|session| session.assignments.get(agent_id));
+        Ok(wire::GetMyRoleResponse {
+            assignment: Some(match assignment {
+                Some(assignment) => assignment_to_wire(assignment, activity(agent_id, &views)),
+                None => wire::RoleAssignment {
+                    agent_id: agent_id.to_owned(),
+                    role: role.clone(),
+                    status: activity(agent_id, &views),
+                    ..Default::default()
+                },
+            }),
+            is_lead: execution.lead_agent_id == agent_id,
+            permitted_actions: matrix.role(&role).map(|role| role.permitted_actions.clone()).unwrap_or_default(),
+            matrix_version: matrix.version,
+            context_window: execution
+                .session
+                .as_ref()
+                .map(|session| context_window(&execution.id, session, &execution.lead_agent_id, &views))
+                .unwrap_or_default(),
+        })
+    }
+
+    pub(super) async fn check_role_as(
+        &self,
+        caller: &Caller,
+        request: wire::CheckRoleRequest,
+    ) -> Result<wire::CheckRoleResponse, Status> {
+        if request.action.trim().is_empty() {
+            return Err(Status::invalid_argument("action is required, such as `code` or `approve`"));
+        }
+        let agent_id = match (request.agent_id.as_str(), caller.agent_id()) {
+            ("", Some(own)) => own.to_owned(),
+            ("", None) => return Err(Status::invalid_argument("agent_id is required: which agent to check")),
+            (named, _) => named.to_owned(),
+        };
+        let execution = if request.execution_id.is_empty() {
+            None
+        } else {
+            Some(self.execution_and_definition(&request.execution_id).await?)
+        };
+        // Agents check themselves; the lead may check the agents of its execution.
+        if let Some(own) = caller.agent_id()
+            && own != agent_id
+            && execution.as_ref().is_none_or(|(execution, _)| execution.lead_agent_id != own)
+        {
+            return Err(permission_denied(
+                caller,
+                &format!("check the role of '{agent_id}'"),
+                "NOT_THE_AGENT",
+                "an agent checks only its own role, except the lead for the agents of its execution",
+                &[("agent_id", agent_id.clone())],
+            ));
+        }
+        let roster_role = if caller.agent_id() == Some(agent_id.as_str()) {
+            caller.roster_role().to_owned()
+        } else {
+            self.roster_agent(&agent_id, "agent").await?.role
+        };
+        let (lead, session) = match &execution {
+            Some((execution, definition)) => {
+                require_part(caller, execution, definition, &format!("check roles in execution '{}'", execution.id))?;
+                (execution.lead_agent_id.as_str(), execution.session.as_ref())
+            }
+            None => ("", None),
+        };
+        let subject = Subject { agent_id: &agent_id, roster_role: &roster_role, lead, session };
+        let verdict = authority::check(&self.engine.matrix(), &subject, request.action.trim());
+        Ok(wire::CheckRoleResponse {
+            allowed: verdict.allowed,
+            reason: verdict.reason,
+            agent_id,
+            role: verdict.role,
+            decided_by: match verdict.check {
+                Check::NotAssigned => wire::RoleCheck::NotAssigned,
+                Check::UnknownRole => wire::RoleCheck::UnknownRole,
+                Check::Action => wire::RoleCheck::Action,
+            } as i32,
+            matrix_version: verdict.matrix_version,
+        })
+    }
+
+    pub(super) async fn set_lead_as(
+        &self,
+        caller: &Caller,
+        request: wire::SetLeadRequest,
+    ) -> Result<wire::SetLeadResponse, Status> {
+        let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
+        let described = format!("set the lead of execution '{}'", request.execution_id);
+        if let Some(own) = caller.agent_id() {
+            if execution.lead_agent_id != own {
+                return Err(permission_denied(
+                    caller,
+                    &described,
+                    "NOT_THE_LEAD",
+                    "only operators and the current lead may designate a lead",
+                    &[("execution_id", request.execution_id.clone())],
+                ));
+            }
+            self.check_session_action(caller, &execution, "assign_role", &described)?;
+        }
+        self.roster_agent(&request.agent_id, "lead").await?;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let control = Control::SetLead { agent_id: request.agent_id, by: caller.audit_name(), reply };
+        if !self.engine.control(&request.execution_id, control) {
+            return Err(Error::FailedPrecondition(format!("execution '{}' has ended", request.execution_id)).into());
+        }
+        answer.await.map_err(|_| Status::unavailable("the execution stopped while changing its lead; try again"))??;
+        let execution = self.engine.store.get_execution(&request.execution_id).await?.unwrap_or(execution);
+        Ok(wire::SetLeadResponse { execution: Some(execution_to_wire(execution, Some(&definition))) })
+    }
+
+    pub(super) async fn session_status(
+        &self,
+        caller: &Caller,
+        request: wire::GetSessionStatusRequest,
+    ) -> Result<wire::GetSessionStatusResponse, Status> {
+        let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
+        if let Some(own) = caller.agent_id()
+            && execution.lead_agent_id != own
+        {
+            return Err(permission_denied(
+                caller,
+                &format!("read the dashboard of execution '{}'", execution.id),
+                "NOT_THE_LEAD",
+                format!(
+                    "the dashboard is for operators and the execution's lead ({})",
+                    if execution.lead_agent_id.is_empty() { "none is set" } else { &execution.lead_agent_id }
+                ),
+                &[("execution_id", execution.id.clone())],
+            ));
+        }
+        let views = step_views(&execution.steps, &definition);
+        // Who can work: the roster's status and the connected workers.
+        let mut presence: HashMap<String, Presence> = HashMap::new();
+        let agents = views
+            .iter()
+            .map(|view| view.executor.to_owned())
+            .chain(execution.session.iter().flat_map(|session| session.assignments.keys().cloned()))
+            .filter(|agent| !agent.is_empty());
+        for agent_id in agents {
+            if presence.contains_key(&agent_id) {
+                continue;
+            }
+            let mut roster_client = self.engine.roster.clone();
+            let offline = match roster_client.get_agent(roster::GetAgentRequest { id: agent_id.clone() }).await {
+                Ok(response) => {
+                    response.into_inner().agent.is_some_and(|agent| agent.status == roster::AgentStatus::Offline as i32)
+                }
+                // Not in the roster (a person deciding an approval) or the roster is away: say nothing.
+                Err(_) => false,
+            };
+            let served = self.engine.workers.serves(&agent_id);
+            presence.insert(agent_id, Presence { offline, served });
+        }
+        let budgets = self.budget_use(&execution.process_name, execution.process_version).await?;
+        let now = muster_runtime::time::now_millis();
+        let present = |agent: &str| presence.get(agent).copied().unwrap_or(Presence { offline: false, served: true });
+        let (blockers, suggestions) = dashboard(&views, &present, &budgets, now, EXPECTED_STEP_SECONDS);
+        let last = self.engine.store.last_event_sequence(&execution.id).await?;
+        let recent_activity: Vec<common::StepEvent> =
+            self.engine.store.events_after(&execution.id, last.saturating_sub(RECENT_EVENTS)).await?;
+        let session = execution.session.clone().unwrap_or_default();
+        Ok(wire::GetSessionStatusResponse {
+            lead_agent_id: execution.lead_agent_id.clone(),
+            assignments: session
+                .assignments
+                .values()
+                .map(|assignment| assignment_to_wire(assignment, activity(&assignment.agent_id, &views)))
+                .collect(),
+            blockers: blockers
+                .into_iter()
+                .map(|blocker| wire::SessionBlocker {
+                    step_id: blocker.step_id,
+                    agent_id: blocker.agent_id,
+                    reason: blocker.reason,
+                })
+                .collect(),
+            recent_activity,
+            suggested_interventions: suggestions
+                .into_iter()
+                .map(|suggestion| wire::SuggestedIntervention {
+                    rule: suggestion.rule.to_owned(),
+                    step_id: suggestion.step_id,
+                    agent_id: suggestion.agent_id,
+                    action: match suggestion.action {
+                        Suggested::Retry => wire::InterventionAction::Retry,
+                        Suggested::Reassign => wire::InterventionAction::Reassign,
+                        Suggested::Resume => wire::InterventionAction::Resume,
+                        Suggested::Pause => wire::InterventionAction::Pause,
+                        Suggested::Nothing => wire::InterventionAction::Unspecified,
+                    } as i32,
+                    text: suggestion.text,
+                })
+                .collect(),
+            context_window: execution
+                .session
+                .as_ref()
+                .map(|session| context_window(&execution.id, session, &execution.lead_agent_id, &views))
+                .unwrap_or_default(),
+            status: execution.status.to_wire() as i32,
+            task: execution.session.as_ref().map(|session| wire::SessionTask {
+                title: session.title.clone(),
+                description: session.description.clone(),
+            }),
+        })
+    }
+
+    /// The use of the process's declared budget in its current period.
+    async fn budget_use(&self, process_name: &str, version: u32) -> Result<Vec<BudgetUse>, Status> {
+        let Some(process) = self.engine.store.get_process(process_name, Some(version)).await? else {
+            return Ok(Vec::new());
+        };
+        let report = muster_validator::validate_process(&process.source, &muster_validator::Context::default());
+        let Some(budget) = report.budget else { return Ok(Vec::new()) };
+        let since = muster_runtime::time::now_millis()
+            .saturating_sub(i64::try_from(budget.period_seconds.saturating_mul(1000)).unwrap_or(i64::MAX));
+        let usage = self.engine.store.process_usage(process_name, since).await?;
+        Ok(vec![
+            BudgetUse { limit: "cost", used: usage.cost, max: budget.max_cost },
+            BudgetUse { limit: "tokens", used: usage.tokens as f64, max: budget.max_tokens as f64 },
+            BudgetUse { limit: "runs", used: usage.runs as f64, max: f64::from(budget.max_runs) },
+        ])
+    }
+}

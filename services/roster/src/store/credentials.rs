@@ -1,0 +1,124 @@
+//! Agent credentials in SQL: the `tokens` table and the revision counter
+//! (see `migrations/*/0002_credentials.sql`). Each function runs inside the
+//! caller's transaction, so a credential changes with the agent it belongs to.
+
+use muster_runtime::auth::{
+    TokenHash,
+    directory::{CredentialChange, Position},
+};
+use sqlx::{Any, Row, Transaction};
+
+use crate::error::{Error, Result};
+
+/// Takes the next revision. The counter row stays locked until the
+/// transaction ends, so revisions commit in order.
+pub(super) async fn next_revision(transaction: &mut Transaction<'static, Any>) -> Result<i64> {
+    let revision: i64 =
+        sqlx::query_scalar("UPDATE credential_revision SET revision = revision + 1 WHERE id = 1 RETURNING revision")
+            .fetch_one(&mut **transaction)
+            .await?;
+    Ok(revision)
+}
+
+/// Records a new good token of `agent_id`.
+pub(super) async fn issue(
+    transaction: &mut Transaction<'static, Any>,
+    agent_id: &str,
+    role: &str,
+    token: &TokenHash,
+    revision: i64,
+    now: i64,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO tokens (token_hash, agent_id, role, active, revision, issued_at) VALUES ($1, $2, $3, 1, $4, $5)",
+    )
+    .bind(token.to_hex())
+    .bind(agent_id.to_owned())
+    .bind(role.to_owned())
+    .bind(revision)
+    .bind(now)
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
+}
+
+/// Revokes every good token of `agent_id`; returns how many there were.
+pub(super) async fn revoke_all(
+    transaction: &mut Transaction<'static, Any>,
+    agent_id: &str,
+    revision: i64,
+    now: i64,
+) -> Result<u64> {
+    let result =
+        sqlx::query("UPDATE tokens SET active = 0, revision = $2, revoked_at = $3 WHERE agent_id = $1 AND active = 1")
+            .bind(agent_id.to_owned())
+            .bind(revision)
+            .bind(now)
+            .execute(&mut **transaction)
+            .await?;
+    Ok(result.rows_affected())
+}
+
+/// Records a new role on the good tokens of `agent_id`, when it changed.
+pub(super) async fn set_role(transaction: &mut Transaction<'static, Any>, agent_id: &str, role: &str) -> Result<()> {
+    let stale: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM tokens WHERE agent_id = $1 AND active = 1 AND role <> $2")
+            .bind(agent_id.to_owned())
+            .bind(role.to_owned())
+            .fetch_one(&mut **transaction)
+            .await?;
+    if stale == 0 {
+        return Ok(());
+    }
+    let revision = next_revision(transaction).await?;
+    sqlx::query("UPDATE tokens SET role = $2, revision = $3 WHERE agent_id = $1 AND active = 1")
+        .bind(agent_id.to_owned())
+        .bind(role.to_owned())
+        .bind(revision)
+        .execute(&mut **transaction)
+        .await?;
+    Ok(())
+}
+
+/// The agent id a good token belongs to.
+pub(super) async fn agent_of(pool: &sqlx::AnyPool, token: &TokenHash) -> Result<Option<String>> {
+    let agent: Option<String> = sqlx::query_scalar("SELECT agent_id FROM tokens WHERE token_hash = $1 AND active = 1")
+        .bind(token.to_hex())
+        .fetch_optional(pool)
+        .await?;
+    Ok(agent)
+}
+
+/// Changes after `position`, in (revision, token) order.
+pub(super) async fn changes_after(
+    pool: &sqlx::AnyPool,
+    position: Position,
+    limit: usize,
+) -> Result<Vec<CredentialChange>> {
+    let revision = i64::try_from(position.revision).unwrap_or(i64::MAX);
+    let token = position.token.map(TokenHash::to_hex).unwrap_or_default();
+    let rows = sqlx::query(
+        "SELECT token_hash, agent_id, role, active, revision FROM tokens \
+         WHERE revision > $1 OR (revision = $1 AND token_hash > $2) ORDER BY revision, token_hash LIMIT $3",
+    )
+    .bind(revision)
+    .bind(token)
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            let hash: String = row.try_get("token_hash")?;
+            let active: i64 = row.try_get("active")?;
+            let revision: i64 = row.try_get("revision")?;
+            Ok(CredentialChange {
+                token: TokenHash::from_hex(&hash)
+                    .ok_or_else(|| Error::Internal(format!("a stored token hash is not 64 hex digits: {hash:?}")))?,
+                agent_id: row.try_get("agent_id")?,
+                role: row.try_get("role")?,
+                active: active != 0,
+                revision: u64::try_from(revision).unwrap_or_default(),
+            })
+        })
+        .collect()
+}

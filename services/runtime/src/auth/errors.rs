@@ -1,0 +1,45 @@
+//! Refusals with a standard `google.rpc.ErrorInfo` detail, so clients in any
+//! language can branch on the reason rather than parse the message.
+
+use std::collections::HashMap;
+
+use tonic_types::{ErrorDetails, StatusExt as _};
+
+use super::Caller;
+
+/// The `domain` of muster's `ErrorInfo` details.
+pub const DOMAIN: &str = "muster.dev";
+
+/// UNAUTHENTICATED with `reason` (`CREDENTIAL_MISSING`, `CREDENTIAL_MALFORMED`,
+/// `CREDENTIAL_UNKNOWN`, `CREDENTIAL_REVOKED`) in its `ErrorInfo`.
+pub fn unauthenticated(reason: &str, message: impl Into<String>) -> tonic::Status {
+    tonic::Status::with_error_details(
+        tonic::Code::Unauthenticated,
+        message,
+        ErrorDetails::with_error_info(reason, DOMAIN, HashMap::<String, String>::new()),
+    )
+}
+
+/// PERMISSION_DENIED naming the caller, its role and the action:
+/// "<caller> may not <action>: <why>", with an `ErrorInfo` whose metadata
+/// holds `caller`, `caller_kind`, `role`, `action` and `extra`.
+pub fn permission_denied(
+    caller: &Caller,
+    action: &str,
+    reason: &str,
+    why: impl std::fmt::Display,
+    extra: &[(&str, String)],
+) -> tonic::Status {
+    let mut metadata: HashMap<String, String> = HashMap::from([
+        ("caller".to_owned(), caller.audit_name()),
+        ("caller_kind".to_owned(), caller.kind().as_str().to_owned()),
+        ("role".to_owned(), caller.role().to_owned()),
+        ("action".to_owned(), action.to_owned()),
+    ]);
+    metadata.extend(extra.iter().map(|(key, value)| ((*key).to_owned(), value.clone())));
+    tonic::Status::with_error_details(
+        tonic::Code::PermissionDenied,
+        format!("{caller} may not {action}: {why}"),
+        ErrorDetails::with_error_info(reason, DOMAIN, metadata),
+    )
+}

@@ -1,0 +1,665 @@
+//! Team sessions and the permission matrix through real gRPC to the real
+//! processes: every (role, action) cell of the default matrix through
+//! CheckRole and through the action it guards; a session from start to close;
+//! the per-agent limits; impersonation attempts; a revoked agent leaving its
+//! worker.
+
+use std::{collections::HashMap, time::Duration};
+
+use muster::worker::AgentCredential;
+use muster_proto::{
+    common::v1::{EventType, ExecutionStatus},
+    execution::v1::{
+        self as execution, AssignRoleRequest, CheckRoleRequest, ConnectWorkerRequest, GetExecutionRequest,
+        GetMyRoleRequest, GetSessionStatusRequest, InterveneRequest, InterventionAction, InvokeToolRequest,
+        PublishProcessRequest, RoleAssignment, RoleCheck, ServedAgent, SessionTask, SetLeadRequest,
+        StartExecutionRequest, StartSessionRequest, StepStatus, SubmitApprovalRequest, ToolSpec, WorkerHello,
+        connect_worker_request,
+    },
+    notifier::v1::ListNotificationsRequest,
+    roster::v1::{Agent, AgentStatus, RevokeTokenRequest, SetAgentStatusRequest, UpdateAgentRequest},
+};
+use muster_tests::{Backend, ExecutionClient, TestCluster, agent, events_until_finished, spawn_sample_worker};
+use tonic::Code;
+use tonic_types::StatusExt as _;
+
+/// The team protocol's table: what each session role may do.
+const ACTIONS: [&str; 18] = [
+    "create_task",
+    "assign_role",
+    "reassign",
+    "unblock",
+    "close_task",
+    "design",
+    "create_subtask",
+    "code",
+    "test",
+    "commit",
+    "report_done",
+    "request_review",
+    "review",
+    "approve",
+    "request_changes",
+    "analyze",
+    "summarize",
+    "report",
+];
+
+fn allowed(role: &str, action: &str) -> bool {
+    let can: &[&str] = match role {
+        "lead" => return true,
+        "architect" => &["design", "create_subtask", "code"],
+        "developer" => &["code", "test", "commit", "report_done", "request_review"],
+        "reviewer" => &["review", "approve", "request_changes", "report_done"],
+        "analyst" => &["analyze", "summarize", "report"],
+        other => panic!("no role {other}"),
+    };
+    can.contains(&action)
+}
+
+/// The agent playing each role, the lead first.
+const PLAYERS: [(&str, &str); 5] =
+    [("boss", "lead"), ("arch", "architect"), ("dev", "developer"), ("rev", "reviewer"), ("ana", "analyst")];
+
+/// Steps: one per (player, action) performing it; per player, two approval
+/// gates it may decide and three long steps it monitors, to intervene in.
+fn matrix_process() -> String {
+    let mut yaml = String::from("name: matrix-cells\nmax_parallel: 1000\nsteps:\n");
+    for (player, _) in PLAYERS {
+        for action in ACTIONS {
+            yaml.push_str(&format!(
+                "  - {{id: a-{player}-{action}, type: agent_task, agent: {player}, message: '{action}', action: {action}}}\n"
+            ));
+        }
+        for gate in ["approve", "reject"] {
+            yaml.push_str(&format!(
+                "  - {{id: {gate}-{player}, type: human_approval, roles: {{executor: sleeper, monitors: [{player}]}}}}\n"
+            ));
+        }
+        for target in ["pause", "cancel", "reassign"] {
+            yaml.push_str(&format!(
+                "  - {{id: {target}-{player}, type: agent_task, agent: sleeper, message: wait, inputs: {{sleep_ms: 600000}}, roles: {{executor: sleeper, monitors: [{player}]}}}}\n"
+            ));
+        }
+    }
+    yaml
+}
+
+fn participant(agent_id: &str, role: &str, subtask: &str) -> RoleAssignment {
+    RoleAssignment { agent_id: agent_id.into(), role: role.into(), subtask: subtask.into(), ..Default::default() }
+}
+
+async fn publish(client: &mut ExecutionClient, source: &str) {
+    client
+        .publish_process(PublishProcessRequest { source: source.to_owned(), file_name: String::new() })
+        .await
+        .unwrap();
+}
+
+async fn step_status(client: &mut ExecutionClient, execution_id: &str) -> HashMap<String, execution::StepState> {
+    let execution =
+        client.get_execution(GetExecutionRequest { id: execution_id.to_owned() }).await.unwrap().into_inner().execution;
+    execution.unwrap().steps.into_iter().map(|step| (step.step_id.clone(), step)).collect()
+}
+
+/// Waits until `done` holds of the steps.
+async fn wait_for_steps(
+    client: &mut ExecutionClient,
+    execution_id: &str,
+    what: &str,
+    done: impl Fn(&HashMap<String, execution::StepState>) -> bool,
+) -> HashMap<String, execution::StepState> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let steps = step_status(client, execution_id).await;
+        if done(&steps) {
+            return steps;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {steps:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn is_final(step: &execution::StepState) -> bool {
+    [StepStatus::Completed, StepStatus::Failed, StepStatus::Cancelled].contains(&step.status())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_cell_of_the_default_matrix_through_check_role_and_the_action_it_guards() {
+    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let names = ["boss", "arch", "dev", "rev", "ana", "sleeper", "spare"];
+    let agents: Vec<Agent> = names.iter().map(|name| agent(name, "member", "core")).collect();
+    let tokens: HashMap<&str, String> = names.into_iter().zip(test.register_agents(&agents).await).collect();
+    let credentials = tokens
+        .iter()
+        .map(|(agent_id, token)| AgentCredential { agent_id: (*agent_id).to_owned(), token: token.clone() });
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials.collect());
+    let mut client = test.execution();
+    publish(&mut client, &matrix_process()).await;
+    let session = client
+        .start_session(StartSessionRequest {
+            process_name: "matrix-cells".into(),
+            lead_agent_id: "boss".into(),
+            participants: vec![
+                participant("arch", "architect", "design it"),
+                participant("dev", "developer", "build it"),
+                participant("rev", "reviewer", "review it"),
+                participant("ana", "analyst", "measure it"),
+                participant("sleeper", "developer", "wait"),
+            ],
+            task: Some(SessionTask { title: "Every cell".into(), description: String::new() }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap()
+        .id;
+
+    // Through CheckRole.
+    for (player, role) in PLAYERS {
+        for action in ACTIONS {
+            let verdict = client
+                .check_role(CheckRoleRequest {
+                    execution_id: session.clone(),
+                    action: action.into(),
+                    agent_id: player.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(verdict.allowed, allowed(role, action), "{role} {action}: {}", verdict.reason);
+            assert_eq!((verdict.role.as_str(), verdict.decided_by()), (role, RoleCheck::Action), "{verdict:?}");
+            assert_eq!(verdict.matrix_version, 1);
+        }
+    }
+
+    // Through the steps that perform each action: completed, or refused.
+    let steps = wait_for_steps(&mut client, &session, "every action step ends", |steps| {
+        steps.iter().filter(|(id, _)| id.starts_with("a-")).all(|(_, step)| is_final(step))
+    })
+    .await;
+    for (player, role) in PLAYERS {
+        for action in ACTIONS {
+            let step = &steps[&format!("a-{player}-{action}")];
+            if allowed(role, action) {
+                assert_eq!(step.status(), StepStatus::Completed, "{role} {action}: {step:?}");
+                let output: serde_json::Value = serde_json::from_str(&step.output_json).unwrap();
+                assert_eq!(output["session_role"], role, "the assignment carries the session role");
+            } else {
+                assert_eq!(step.status(), StepStatus::Failed, "{role} {action}: {step:?}");
+                let error = step.error.clone().unwrap();
+                assert_eq!(error.code, "PERMISSION_DENIED", "{error:?}");
+                assert!(error.message.contains(&format!("may not '{action}'")), "{}", error.message);
+            }
+        }
+    }
+
+    // Through the calls each action guards, made by each player itself.
+    let expect = |outcome: Result<(), tonic::Status>, role: &str, action: &str| match outcome {
+        Ok(()) => assert!(allowed(role, action), "{role} was let {action}"),
+        Err(status) => {
+            assert!(!allowed(role, action), "{role} was refused {action}: {status:?}");
+            assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+            let info = status.get_details_error_info().expect("an ErrorInfo");
+            assert_eq!((info.reason.as_str(), info.metadata["session_role"].as_str()), ("ROLE_FORBIDS_ACTION", role));
+            assert!(status.message().contains(&format!("role '{role}'")), "{}", status.message());
+        }
+    };
+    for (player, role) in PLAYERS {
+        let mut as_player = test.execution_as(&tokens[player]);
+        let assigned = as_player
+            .assign_role(AssignRoleRequest {
+                execution_id: session.clone(),
+                agent_id: "spare".into(),
+                role: "analyst".into(),
+                subtask: format!("assigned by {player}"),
+            })
+            .await;
+        expect(assigned.map(drop), role, "assign_role");
+        for (gate, approved, action) in [("approve", true, "approve"), ("reject", false, "request_changes")] {
+            let decided = as_player
+                .submit_approval(SubmitApprovalRequest {
+                    execution_id: session.clone(),
+                    step_id: format!("{gate}-{player}"),
+                    approved,
+                    comment: String::new(),
+                })
+                .await;
+            expect(decided.map(drop), role, action);
+        }
+        for (target, action, guard) in [
+            ("pause", InterventionAction::Pause, "unblock"),
+            ("cancel", InterventionAction::Cancel, "close_task"),
+            ("reassign", InterventionAction::Reassign, "reassign"),
+        ] {
+            let intervened = as_player
+                .intervene(InterveneRequest {
+                    execution_id: session.clone(),
+                    step_id: format!("{target}-{player}"),
+                    action: action as i32,
+                    target_agent_id: "spare".into(),
+                    ..Default::default()
+                })
+                .await;
+            expect(intervened.map(drop), role, guard);
+        }
+    }
+    client
+        .cancel_execution(execution::CancelExecutionRequest { id: session.clone(), reason: "done".into() })
+        .await
+        .unwrap();
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+const SESSION_PROCESS: &str = "\
+name: feature-x
+steps:
+  - {id: endpoint, type: agent_task, agent: dev1, message: Write the endpoint, action: code}
+  - {id: review, type: human_approval, roles: {executor: rev1}, depends_on: [endpoint]}
+  - {id: docs, type: agent_task, agent: ghost, message: Document it}
+";
+
+/// The notifications of an agent, read with its own token.
+async fn notifications_of(test: &TestCluster, agent_id: &str, token: &str) -> Vec<muster_proto::common::v1::StepEvent> {
+    let mut notifier = test.notifier_as(token);
+    let listed = notifier
+        .list_notifications(ListNotificationsRequest { agent_id: agent_id.to_owned(), after_cursor: 0, limit: 1000 })
+        .await
+        .unwrap()
+        .into_inner();
+    listed.notifications.into_iter().map(|notification| notification.event.unwrap()).collect()
+}
+
+/// Waits until the agent has heard of an event of `kind` about `execution_id`.
+async fn wait_to_hear(
+    test: &TestCluster,
+    agent_id: &str,
+    token: &str,
+    execution_id: &str,
+    kind: EventType,
+) -> muster_proto::common::v1::StepEvent {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let heard = notifications_of(test, agent_id, token).await;
+        if let Some(event) =
+            heard.into_iter().find(|event| event.execution_id == execution_id && event.r#type == kind as i32)
+        {
+            return event;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{agent_id} never heard of {kind:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn a_session_from_start_to_close(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let names = ["tpm", "dev1", "rev1", "ghost", "helper"];
+    let agents: Vec<Agent> = names.iter().map(|name| agent(name, "member", "core")).collect();
+    let tokens: HashMap<&str, String> = names.into_iter().zip(test.register_agents(&agents).await).collect();
+    test.roster()
+        .set_agent_status(SetAgentStatusRequest {
+            id: "ghost".into(),
+            status: AgentStatus::Offline as i32,
+            availability_until: None,
+        })
+        .await
+        .unwrap();
+    // Everyone but the ghost is served.
+    let served = ["tpm", "dev1", "rev1", "helper"]
+        .iter()
+        .map(|agent_id| AgentCredential { agent_id: (*agent_id).to_owned(), token: tokens[agent_id].clone() })
+        .collect();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), served);
+    let mut client = test.execution();
+    publish(&mut client, SESSION_PROCESS).await;
+    let session = client
+        .start_session(StartSessionRequest {
+            process_name: "feature-x".into(),
+            lead_agent_id: "tpm".into(),
+            participants: vec![
+                participant("dev1", "developer", "Write endpoint"),
+                participant("rev1", "reviewer", "Review PR"),
+                participant("ghost", "developer", "Document it"),
+            ],
+            task: Some(SessionTask {
+                title: "Implement feature X".into(),
+                description: "An endpoint and its docs".into(),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    let session_id = session.id.clone();
+    let shown = session.session.clone().unwrap();
+    assert_eq!(shown.task.unwrap().title, "Implement feature X");
+    assert_eq!(shown.assignments.len(), 3);
+
+    // The task context reaches every participant and the lead.
+    for agent_id in ["tpm", "dev1", "rev1", "ghost"] {
+        let started = wait_to_hear(&test, agent_id, &tokens[agent_id], &session_id, EventType::SessionStarted).await;
+        assert!(started.detail.contains("Implement feature X"), "{}", started.detail);
+        assert!(started.detail.contains("👑 LEAD: tpm"), "{}", started.detail);
+        assert!(started.detail.contains("📍 dev1 [DEVELOPER] — Write endpoint"), "{}", started.detail);
+        assert_eq!(started.matrix_version, 1);
+    }
+    assert!(notifications_of(&test, "helper", &tokens["helper"]).await.is_empty(), "not a participant");
+
+    // The developer codes; the review waits for the reviewer.
+    let steps = wait_for_steps(&mut client, &session_id, "the endpoint is written", |steps| {
+        steps["review"].status() == StepStatus::WaitingApproval
+    })
+    .await;
+    assert_eq!(steps["endpoint"].status(), StepStatus::Completed);
+
+    // The developer sees its role and the session as text.
+    let mine = test
+        .execution_as(&tokens["dev1"])
+        .get_my_role(GetMyRoleRequest { execution_id: session_id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(mine.assignment.as_ref().unwrap().role, "developer");
+    assert!(!mine.is_lead);
+    assert!(
+        mine.permitted_actions.contains(&"code".to_owned()) && !mine.permitted_actions.contains(&"approve".to_owned())
+    );
+    assert!(mine.context_window.contains("📍 rev1 [REVIEWER] — Review PR"), "{}", mine.context_window);
+
+    // The lead's dashboard: the ghost blocks the docs, the review waits.
+    let mut as_lead = test.execution_as(&tokens["tpm"]);
+    let dashboard = as_lead
+        .get_session_status(GetSessionStatusRequest { execution_id: session_id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        dashboard
+            .blockers
+            .iter()
+            .any(|blocker| blocker.step_id == "docs" && blocker.reason.contains("ghost, who is offline")),
+        "{:#?}",
+        dashboard.blockers
+    );
+    let offline = dashboard
+        .suggested_interventions
+        .iter()
+        .find(|suggestion| suggestion.rule == "assignee_offline")
+        .unwrap_or_else(|| panic!("{:#?}", dashboard.suggested_interventions));
+    assert_eq!((offline.step_id.as_str(), offline.action()), ("docs", InterventionAction::Reassign));
+    assert!(dashboard.suggested_interventions.iter().any(|suggestion| suggestion.rule == "approval_waiting"));
+    assert!(!dashboard.recent_activity.is_empty());
+    assert!(dashboard.context_window.contains("👑 LEAD: tpm"));
+    // Only the lead (and operators) see it.
+    let refused = test
+        .execution_as(&tokens["dev1"])
+        .get_session_status(GetSessionStatusRequest { execution_id: session_id.clone() })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+
+    // The lead follows the suggestion: a helper gets a role, and the docs.
+    as_lead
+        .assign_role(AssignRoleRequest {
+            execution_id: session_id.clone(),
+            agent_id: "helper".into(),
+            role: "developer".into(),
+            subtask: "Take over the docs".into(),
+        })
+        .await
+        .unwrap();
+    let assigned = wait_to_hear(&test, "helper", &tokens["helper"], &session_id, EventType::RoleAssigned).await;
+    assert!(
+        assigned.detail.contains("tpm assigned helper the role developer: Take over the docs"),
+        "{}",
+        assigned.detail
+    );
+    as_lead
+        .intervene(InterveneRequest {
+            execution_id: session_id.clone(),
+            step_id: "docs".into(),
+            action: InterventionAction::Reassign as i32,
+            target_agent_id: "helper".into(),
+            reason: "ghost is offline".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let reassigned = wait_to_hear(&test, "helper", &tokens["helper"], &session_id, EventType::StepIntervened).await;
+    assert!(reassigned.detail.contains("reassigned step 'docs' to helper"), "{}", reassigned.detail);
+
+    // The reviewer approves; a new lead closes nothing early.
+    test.execution_as(&tokens["rev1"])
+        .submit_approval(SubmitApprovalRequest {
+            execution_id: session_id.clone(),
+            step_id: "review".into(),
+            approved: true,
+            comment: "ship it".into(),
+        })
+        .await
+        .unwrap();
+    as_lead.set_lead(SetLeadRequest { execution_id: session_id.clone(), agent_id: "rev1".into() }).await.unwrap();
+    let changed = wait_to_hear(&test, "rev1", &tokens["rev1"], &session_id, EventType::LeadChanged).await;
+    assert!(changed.detail.contains("tpm made rev1 the lead in place of tpm"), "{}", changed.detail);
+    wait_to_hear(&test, "tpm", &tokens["tpm"], &session_id, EventType::LeadChanged).await;
+
+    let events = events_until_finished(&test.operator("execution"), &session_id).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32, "{events:#?}");
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_from_start_to_close_on_sqlite() {
+    a_session_from_start_to_close(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_from_start_to_close_on_postgres() {
+    a_session_from_start_to_close(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_agent_limits_travel_with_assignments_and_hold() {
+    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let solo = Agent {
+        max_iterations: 3,
+        allow_delegation: false,
+        llm_config_json: r#"{"model":"small"}"#.into(),
+        ..agent("solo", "member", "core")
+    };
+    let tokens = test.register_agents(&[solo, agent("helper", "member", "core")]).await;
+    let served = vec![
+        AgentCredential { agent_id: "solo".into(), token: tokens[0].clone() },
+        AgentCredential { agent_id: "helper".into(), token: tokens[1].clone() },
+    ];
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), served);
+    let mut client = test.execution();
+    publish(
+        &mut client,
+        "name: limits\nsteps:\n\
+         \x20 - {id: within, type: agent_task, agent: solo, message: m, inputs: {iterations: 3}}\n\
+         \x20 - {id: beyond, type: agent_task, agent: solo, message: m, inputs: {iterations: 4}}\n\
+         \x20 - {id: onward, type: agent_task, agent: solo, message: m, inputs: {delegate: {solo: helper}}}\n",
+    )
+    .await;
+    let started = client
+        .start_execution(StartExecutionRequest { process_name: "limits".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    events_until_finished(&test.operator("execution"), &started.id).await;
+    let steps = step_status(&mut client, &started.id).await;
+    let within: serde_json::Value = serde_json::from_str(&steps["within"].output_json).unwrap();
+    assert_eq!((within["max_iterations"].as_u64(), within["llm_config"]["model"].as_str()), (Some(3), Some("small")));
+    let beyond = steps["beyond"].error.clone().unwrap();
+    assert_eq!(beyond.code, "ITERATION_LIMIT", "{beyond:?}");
+    assert!(beyond.message.contains("at most 3"), "{}", beyond.message);
+    // Without allow_delegation the step stays with solo, who does it.
+    let onward: serde_json::Value = serde_json::from_str(&steps["onward"].output_json).unwrap();
+    assert_eq!(onward["agent"], "solo");
+    assert!(onward["delegation_refused"].as_str().unwrap().contains("does not allow delegation"), "{onward}");
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+/// A worker stream with one hello; the status it was refused with, if any.
+async fn hello(client: &mut ExecutionClient, hello: WorkerHello) -> Result<(), tonic::Status> {
+    let message = ConnectWorkerRequest { message: Some(connect_worker_request::Message::Hello(hello)) };
+    let requests = tokio_stream::StreamExt::chain(tokio_stream::iter([message]), tokio_stream::pending());
+    client.connect_worker(requests).await.map(drop)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impersonation_attempts_fail() {
+    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let tokens = test.register_agents(&[agent("alice", "member", "core"), agent("bob", "member", "core")]).await;
+    let tool = ToolSpec { name: "steal".into(), description: String::new(), input_schema_json: String::new() };
+
+    // A tool-only worker: without a credential, refused; with an agent's
+    // whose role lists no such tool, refused; and a call finds no provider.
+    let anonymous = hello(
+        &mut test.execution_with(muster_runtime::auth::client::Credentials::none()),
+        WorkerHello { worker_name: "thief".into(), tools: vec![tool.clone()], ..Default::default() },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(anonymous.code(), Code::Unauthenticated);
+    let unentitled = hello(
+        &mut test.execution_as(&tokens[1]),
+        WorkerHello { worker_name: "thief".into(), tools: vec![tool.clone()], ..Default::default() },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(unentitled.code(), Code::PermissionDenied, "{unentitled:?}");
+    assert_eq!(unentitled.get_details_error_info().unwrap().reason, "NOT_ENTITLED_TO_TOOL");
+    let call = test
+        .execution_as(&tokens[0])
+        .invoke_tool(InvokeToolRequest { tool: "steal".into(), input_json: "{}".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .output
+        .unwrap();
+    assert_eq!(call.status_code, 403, "alice's role does not list the tool either: {call:?}");
+    let tools = test.execution().list_tools(execution::ListToolsRequest {}).await.unwrap().into_inner().tools;
+    assert!(tools.iter().all(|tool| tool.name != "steal"), "nobody provides it: {tools:?}");
+
+    // Serving another agent's assignments: bob's token does not make him alice.
+    let stolen = hello(
+        &mut test.execution_as(&tokens[1]),
+        WorkerHello {
+            worker_name: "impostor".into(),
+            agents: vec![ServedAgent { agent_id: "alice".into(), token: tokens[1].clone() }],
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(stolen.code(), Code::PermissionDenied, "{stolen:?}");
+    assert!(stolen.message().contains("does not belong to it"), "{}", stolen.message());
+
+    // Approving as an informed agent.
+    let mut client = test.execution();
+    publish(
+        &mut client,
+        "name: gate\nsteps:\n  - {id: gate, type: human_approval, roles: {executor: alice, informed: [bob]}}\n",
+    )
+    .await;
+    let started = client
+        .start_execution(StartExecutionRequest { process_name: "gate".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    wait_for_steps(&mut client, &started.id, "the gate waits", |steps| {
+        steps["gate"].status() == StepStatus::WaitingApproval
+    })
+    .await;
+    let informed = test
+        .execution_as(&tokens[1])
+        .submit_approval(SubmitApprovalRequest {
+            execution_id: started.id.clone(),
+            step_id: "gate".into(),
+            approved: true,
+            comment: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(informed.code(), Code::PermissionDenied);
+    assert_eq!(informed.get_details_error_info().unwrap().reason, "NOT_AN_APPROVER");
+    assert_eq!(step_status(&mut client, &started.id).await["gate"].status(), StepStatus::WaitingApproval);
+
+    // Changing an agent's role without operator rights.
+    let promoted = test
+        .roster_as(&tokens[1])
+        .update_agent(UpdateAgentRequest {
+            agent: Some(Agent { role: "lead".into(), ..agent("bob", "member", "core") }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(promoted.code(), Code::PermissionDenied);
+    let bob = test.roster().get_agent(muster_proto::roster::v1::GetAgentRequest { id: "bob".into() }).await.unwrap();
+    assert_eq!(bob.into_inner().agent.unwrap().role, "member");
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_agent_leaves_its_worker_within_five_seconds() {
+    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let tokens = test.register_agents(&[agent("carol", "member", "core"), agent("dave", "member", "core")]).await;
+    let served = vec![
+        AgentCredential { agent_id: "carol".into(), token: tokens[0].clone() },
+        AgentCredential { agent_id: "dave".into(), token: tokens[1].clone() },
+    ];
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), served);
+    let mut client = test.execution();
+    publish(
+        &mut client,
+        "name: revoked\nsteps:\n\
+         \x20 - {id: long, type: agent_task, agent: carol, message: m, inputs: {sleep_ms: 600000}}\n\
+         \x20 - {id: other, type: agent_task, agent: dave, message: m, inputs: {sleep_ms: 1500}}\n",
+    )
+    .await;
+    let started = client
+        .start_execution(StartExecutionRequest { process_name: "revoked".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    wait_for_steps(&mut client, &started.id, "carol's step runs", |steps| {
+        steps["long"].status() == StepStatus::Running && steps["long"].attempt == 1
+    })
+    .await;
+    let revoked_at = tokio::time::Instant::now();
+    test.roster().revoke_token(RevokeTokenRequest { agent_id: "carol".into() }).await.unwrap();
+    // Carol's assignment is withdrawn from the worker: the step waits for
+    // another attempt, which no worker may take now.
+    wait_for_steps(&mut client, &started.id, "carol's attempt is withdrawn", |steps| steps["long"].attempt >= 2).await;
+    assert!(revoked_at.elapsed() < Duration::from_secs(5), "withdrawn after {:?}", revoked_at.elapsed());
+    // The worker serves dave all along.
+    let steps = wait_for_steps(&mut client, &started.id, "dave's step completes", |steps| {
+        steps["other"].status() == StepStatus::Completed
+    })
+    .await;
+    assert_ne!(steps["long"].status(), StepStatus::Completed);
+    client
+        .cancel_execution(execution::CancelExecutionRequest { id: started.id.clone(), reason: "done".into() })
+        .await
+        .unwrap();
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
