@@ -27,6 +27,7 @@ pub type RosterClient = RosterServiceClient<AuthChannel>;
 pub type NotifierClient = NotifierServiceClient<AuthChannel>;
 
 pub mod otlp;
+pub mod pki;
 pub mod raw;
 
 /// Which database the services use.

@@ -227,8 +227,11 @@ impl RecipeRunner {
 
 /// A service lists health, both reflection versions and what it serves, nothing else.
 fn assert_lists_only(service: &Service, listed: &str) {
-    let mut expected =
-        vec!["grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"];
+    let mut expected = vec![
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ];
     expected.extend(&service.serves);
     assert_eq!(listed.lines().collect::<Vec<_>>(), expected, "{}", service.here);
 }
