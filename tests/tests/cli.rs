@@ -42,18 +42,12 @@ async fn the_command_line_drives_the_cluster() {
     ];
     let tokens_file = test.data_dir.join("tokens.json");
     let path = |path: &Path| path.display().to_string();
+    let import = || {
+        let arguments = ["roster", "import", "examples/roster.yaml", "--tokens-file"].map(String::from);
+        run(arguments.into_iter().chain([path(&tokens_file)]).collect(), environment.clone())
+    };
 
-    let imported = run(
-        vec![
-            "roster".into(),
-            "import".into(),
-            "examples/roster.yaml".into(),
-            "--tokens-file".into(),
-            path(&tokens_file),
-        ],
-        environment.clone(),
-    )
-    .await;
+    let imported = import().await;
     assert!(imported.status.success(), "{}", text(&imported));
     assert!(
         text(&imported).contains("imported 10 agents (10 new, 0 kept their tokens), 3 teams, 5 roles"),
@@ -68,17 +62,7 @@ async fn the_command_line_drives_the_cluster() {
     }
     // Importing again rotates nobody: the tokens in the file stay good.
     let before = std::fs::read_to_string(&tokens_file).unwrap();
-    let again = run(
-        vec![
-            "roster".into(),
-            "import".into(),
-            "examples/roster.yaml".into(),
-            "--tokens-file".into(),
-            path(&tokens_file),
-        ],
-        environment.clone(),
-    )
-    .await;
+    let again = import().await;
     assert!(text(&again).contains("(0 new, 10 kept their tokens)"), "{}", text(&again));
     assert_eq!(std::fs::read_to_string(&tokens_file).unwrap(), before);
 

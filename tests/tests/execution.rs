@@ -109,7 +109,7 @@ steps:
     assert_eq!(count(&events, EventType::StepFailed, "broken"), 1);
     assert_eq!(count(&events, EventType::StepStarted, "flaky"), 2);
 
-    // The informed agent's memory has the failure with the seed's failure metadata.
+    // The informed agent's memory has the failure with its metadata (error code and retry count).
     muster::inbox::wait_for_event(&test.operator("notifier"), "watcher", &finished.event_id, Duration::from_secs(120))
         .await
         .unwrap();

@@ -166,7 +166,7 @@ async fn sample_process(backend: Backend) {
     .await
     .unwrap();
 
-    // Each informed agent has exactly one NDJSON line per step it is informed of, with the seed's fields.
+    // Each informed agent has exactly one NDJSON line per step it is informed of, with the memory format's fields.
     let mut expected: HashMap<&str, BTreeSet<&str>> = HashMap::new();
     for (step, _, informed) in sample_steps() {
         for agent in informed {

@@ -325,16 +325,21 @@ impl TlsPostgres {
         }
     }
 
-    fn run(&self, program: &str, arguments: &[&str]) {
+    /// `program` of the server's installation, as the `postgres` user when
+    /// the tests run as root (the server refuses to run as root).
+    fn command(&self, program: &str) -> std::process::Command {
         let program = self.bin.join(program);
-        let mut command = if Self::is_root() {
+        if Self::is_root() {
             let mut command = std::process::Command::new("runuser");
             command.args(["-u", "postgres", "--"]).arg(program);
             command
         } else {
             std::process::Command::new(program)
-        };
-        let output = command.args(arguments).output().unwrap();
+        }
+    }
+
+    fn run(&self, program: &str, arguments: &[&str]) {
+        let output = self.command(program).args(arguments).output().unwrap();
         assert!(
             output.status.success(),
             "{}\n{}",
@@ -351,15 +356,7 @@ impl TlsPostgres {
 impl Drop for TlsPostgres {
     fn drop(&mut self) {
         let data = self.folder.join("data").display().to_string();
-        let program = self.bin.join("pg_ctl");
-        let mut command = if Self::is_root() {
-            let mut command = std::process::Command::new("runuser");
-            command.args(["-u", "postgres", "--"]).arg(program);
-            command
-        } else {
-            std::process::Command::new(program)
-        };
-        let _ = command.args(["-D", &data, "-m", "immediate", "stop"]).output();
+        let _ = self.command("pg_ctl").args(["-D", &data, "-m", "immediate", "stop"]).output();
         let _ = std::fs::remove_dir_all(&self.folder);
     }
 }

@@ -1,4 +1,4 @@
-//! Tools through the execution service, with the seed 001 `ToolOutput` codes:
+//! Tools through the execution service, with the `ToolOutput` status codes:
 //! 200, 400 (saying where the input is wrong), 403 (the role does not permit
 //! the tool), 404 (no provider) and 500 (the provider failed).
 
@@ -10,7 +10,7 @@ use muster_proto::{
 use muster_tests::{Backend, TestCluster, agent, spawn_sample_worker};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tools_answer_with_the_seed_status_codes() {
+async fn tools_answer_with_http_like_status_codes() {
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
     let mut roster = test.roster();
     for (role, tools) in [("writer", vec!["word_count", "flaky_tool", "ghost_tool"]), ("reader", vec![])] {

@@ -11,7 +11,7 @@ use muster_proto::{
         SubscribeResponse, notifier_service_server::NotifierService, subscribe_response,
     },
 };
-use muster_runtime::auth::{Access, AgentDirectory, Caller, Rule, TokenHash, permission_denied, rule};
+use muster_runtime::auth::{Access, AgentDirectory, Caller, Rule, TokenHash, only_for_itself, permission_denied, rule};
 use prost::Message as _;
 use tokio::sync::mpsc;
 use tokio_stream::{Stream, wrappers::ReceiverStream};
@@ -179,20 +179,6 @@ pub const ACCESS: &[Rule] = &[
     rule("ListNotifications", Access::OPERATOR.or(Access::AGENT)),
     rule("AcknowledgeNotifications", Access::AGENT),
 ];
-
-/// An agent reads only its own inbox.
-fn own_inbox(caller: &Caller, agent_id: &str, action: &str) -> Result<(), Status> {
-    match caller.agent_id() {
-        Some(own) if own != agent_id => Err(permission_denied(
-            caller,
-            action,
-            "NOT_THE_AGENT",
-            format!("an agent reaches only its own inbox, not the inbox of '{agent_id}'"),
-            &[("agent_id", agent_id.to_owned())],
-        )),
-        _ => Ok(()),
-    }
-}
 
 /// The gRPC service.
 pub(crate) struct NotifierGrpc<S> {
@@ -446,7 +432,7 @@ impl<S: Store> NotifierService for NotifierGrpc<S> {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         required_agent_id(&request.agent_id)?;
-        own_inbox(&caller, &request.agent_id, "subscribe to the notifications of another agent")?;
+        only_for_itself(&caller, &request.agent_id, "subscribe to the notifications of another agent")?;
         let (output_sender, output_receiver) = mpsc::channel(64);
         let token: Option<TokenHash> = match &caller {
             Caller::Agent { token, .. } => Some(*token),
@@ -477,7 +463,7 @@ impl<S: Store> NotifierService for NotifierGrpc<S> {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         required_agent_id(&request.agent_id)?;
-        own_inbox(&caller, &request.agent_id, "read the notifications of another agent")?;
+        only_for_itself(&caller, &request.agent_id, "read the notifications of another agent")?;
         let limit = match request.limit {
             0 => 100,
             limit => limit.min(1000),
@@ -496,7 +482,7 @@ impl<S: Store> NotifierService for NotifierGrpc<S> {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         required_agent_id(&request.agent_id)?;
-        own_inbox(&caller, &request.agent_id, "acknowledge the notifications of another agent")?;
+        only_for_itself(&caller, &request.agent_id, "acknowledge the notifications of another agent")?;
         let newest = self.store.newest_cursor(&request.agent_id).await?;
         if request.cursor > newest {
             return Err(Error::OutOfRange(format!(

@@ -104,7 +104,7 @@ async fn each_recipient_rule_holds_and_an_agent_in_several_roles_hears_once() {
 }
 
 #[tokio::test]
-async fn memory_lines_have_exactly_the_seed_fields() {
+async fn memory_lines_have_exactly_the_format_fields() {
     let data = TempDirectory::new("ndjson");
     let notifier = TestNotifier::start(&data.0, &[]).await;
     notifier

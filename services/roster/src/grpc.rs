@@ -4,9 +4,9 @@ use std::{collections::HashSet, pin::Pin, sync::Arc};
 
 use muster_proto::roster::v1::{self as pb, roster_service_server::RosterService};
 use muster_runtime::auth::{
-    Access, Caller, Rule, TokenHash,
+    Access, AgentDirectory, Caller, Rule, TokenHash,
     directory::{CredentialChange, Position},
-    permission_denied, rule, token,
+    only_for_itself, rule, token,
 };
 use tokio::sync::broadcast;
 use tokio_stream::{Stream, StreamExt, wrappers::BroadcastStream};
@@ -55,7 +55,7 @@ struct Inner<S> {
     /// Notified after every credential change this process makes.
     credentials_changed: tokio::sync::Notify,
     /// The roster's own copy of the credentials, which authenticates its callers.
-    directory: muster_runtime::auth::AgentDirectory,
+    directory: AgentDirectory,
 }
 
 /// Who may call each method of the RosterService. Finer rules (an agent
@@ -95,21 +95,6 @@ fn new_token() -> Result<String> {
     token::generate(token::AGENT_PREFIX).map_err(|error| Error::Internal(error.to_string()))
 }
 
-/// Agents act only for themselves; operators and services (whom the access
-/// rules let through) for anyone.
-fn only_for_itself(caller: &Caller, agent_id: &str, action: &str) -> Result<(), GrpcStatus> {
-    match caller.agent_id() {
-        Some(own) if own != agent_id => Err(permission_denied(
-            caller,
-            action,
-            "NOT_THE_AGENT",
-            format!("an agent may do this only for itself, not for '{agent_id}'"),
-            &[("agent_id", agent_id.to_owned())],
-        )),
-        _ => Ok(()),
-    }
-}
-
 impl<S: RosterStore> Roster<S> {
     /// A service over `store`, reading time from `clock`.
     pub fn new(store: S, clock: Arc<dyn Clock>, settings: Settings) -> Self {
@@ -124,7 +109,7 @@ impl<S: RosterStore> Roster<S> {
                 queue_resolutions,
                 queue_gauge: tokio::sync::Mutex::new(()),
                 credentials_changed: tokio::sync::Notify::new(),
-                directory: muster_runtime::auth::AgentDirectory::new(std::time::Duration::from_secs(5)),
+                directory: AgentDirectory::new(std::time::Duration::from_secs(5)),
             }),
         }
     }
@@ -140,7 +125,7 @@ impl<S: RosterStore> Roster<S> {
 
     /// The roster's own copy of the agent credentials, kept from its
     /// database (see [`muster_runtime::auth::watch::spawn_local_follower`]).
-    pub fn directory(&self) -> &muster_runtime::auth::AgentDirectory {
+    pub fn directory(&self) -> &AgentDirectory {
         &self.inner.directory
     }
 

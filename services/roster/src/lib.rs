@@ -1,11 +1,10 @@
 //! The roster service: the organisation muster's agents belong to.
 //!
 //! It owns agents (identity, role, team, senior, expertise, status, workload
-//! and capacity, credentials), teams, role definitions, the seed 004
-//! delegation decisions (with the atomic reservation of workload slots, the
-//! queue for busy experts, escalation of stale queued tasks and the audit
-//! trail), roster import from YAML and Markdown, and the rendering of agents'
-//! system prompts.
+//! and capacity, credentials), teams, role definitions, the delegation
+//! decisions (with the atomic reservation of workload slots, the queue for busy
+//! experts, escalation of stale queued tasks and the audit trail), roster
+//! import from YAML and Markdown, and the rendering of agents' system prompts.
 //!
 //! It does not run anything: executions, steps, tools and notifications belong
 //! to the execution and notifier services, which ask the roster who should

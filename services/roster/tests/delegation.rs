@@ -1,5 +1,5 @@
-//! The seed 004 delegation scenarios and edge cases, through the gRPC service,
-//! on SQLite and PostgreSQL.
+//! The delegation scenarios and edge cases, through the gRPC service, on SQLite
+//! and PostgreSQL.
 
 mod common;
 
@@ -30,7 +30,7 @@ fn tier(decision: &pb::DelegationDecision) -> Tier {
     Tier::try_from(decision.tier).unwrap()
 }
 
-async fn seed_scenarios(backend: Backend) {
+async fn delegation_scenarios(backend: Backend) {
     let Some(mut server) = organisation(backend).await else { return };
 
     // Senior to junior, same team, exact expertise; the fallback is the cross-team expert.
@@ -296,13 +296,13 @@ async fn edge_cases(backend: Backend) {
 }
 
 #[tokio::test]
-async fn seed_scenarios_on_sqlite() {
-    seed_scenarios(Backend::Sqlite).await;
+async fn delegation_scenarios_on_sqlite() {
+    delegation_scenarios(Backend::Sqlite).await;
 }
 
 #[tokio::test]
-async fn seed_scenarios_on_postgres() {
-    seed_scenarios(Backend::Postgres).await;
+async fn delegation_scenarios_on_postgres() {
+    delegation_scenarios(Backend::Postgres).await;
 }
 
 #[tokio::test]

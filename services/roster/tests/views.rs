@@ -1,5 +1,5 @@
-//! The organisation roster (seed 004 filters), system prompts, roster import
-//! and the roster change stream.
+//! The organisation roster (its filters: all, my_team, available,
+//! by_expertise), system prompts, roster import and the roster change stream.
 
 mod common;
 

@@ -64,7 +64,7 @@ pub fn validate_role_definition(source: &str, format: RoleFormat, context: &Cont
     domain::role::check_role_definition(source, format, context, &Limits::default())
 }
 
-/// Validates a permission matrix YAML document (seed 002).
+/// Validates a permission matrix YAML document.
 pub fn validate_permission_matrix(source: &str) -> MatrixReport {
     domain::matrix::check_matrix(source, &Limits::default())
 }

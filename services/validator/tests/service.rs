@@ -1,4 +1,4 @@
-//! The validator service in process, over real gRPC: the seed 000 test cases,
+//! The validator service in process, over real gRPC: the EMI step-role cases,
 //! context checks, role definitions, the permission matrix, the request
 //! errors, and who may call it.
 
@@ -81,7 +81,7 @@ fn summary(diagnostics: &[Diagnostic]) -> Vec<(String, i32, u32, u32)> {
 }
 
 #[tokio::test]
-async fn seed_000_roles_without_executor_is_an_error_with_line_and_column() {
+async fn roles_without_executor_is_an_error_with_line_and_column() {
     let mut server = TestServer::start().await;
     let source = "\
 name: content-pipeline
@@ -105,7 +105,7 @@ steps:
 }
 
 #[tokio::test]
-async fn seed_000_same_agent_as_executor_and_monitor_is_a_warning() {
+async fn same_agent_as_executor_and_monitor_is_a_warning() {
     let mut server = TestServer::start().await;
     let source = "\
 name: content-pipeline

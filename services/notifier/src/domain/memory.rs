@@ -1,4 +1,4 @@
-//! The seed 000 memory format: one NDJSON line per notification, in
+//! The NDJSON memory format: one line per notification, in
 //! `<agent>/events/notifications_YYYY-MM-DD.ndjson` (UTC day of the event).
 
 use serde::Serialize;
@@ -60,14 +60,14 @@ fn utc_day(millis: i64) -> String {
     utc_datetime(millis).format(format_description!("[year]-[month]-[day]")).unwrap_or_else(|_| "1970-01-01".to_owned())
 }
 
-/// RFC 3339 in UTC, to the second, as in seed 000: `2026-01-16T10:30:00Z`.
+/// RFC 3339 in UTC, to the second: `2026-01-16T10:30:00Z`.
 pub(crate) fn rfc3339_seconds(millis: i64) -> String {
     utc_datetime(millis)
         .format(format_description!("[year]-[month]-[day]T[hour]:[minute]:[second]Z"))
         .unwrap_or_else(|_| "1970-01-01T00:00:00Z".to_owned())
 }
 
-/// A cost in US dollars as seed 000 writes it: `$0.10`; sub-cent amounts keep
+/// A cost in US dollars with two decimals: `$0.10`; sub-cent amounts keep
 /// their significant digits (`$0.0042`).
 pub(crate) fn format_cost(cost: f64) -> String {
     if !cost.is_finite() {
@@ -95,10 +95,10 @@ struct MemoryLine<'event> {
 }
 
 /// The event-specific `metadata` object: cost and whole seconds on completion,
-/// error code and retry count on failure (seed 000); the responsible agent,
-/// wait, awaited approvers or final status for the other events; for session
-/// events, the agents addressed and what the event says (the task context, a
-/// role and subtask, the new lead).
+/// error code and retry count on failure; the responsible agent, wait, awaited
+/// approvers or final status for the other events; for session events, the
+/// agents addressed and what the event says (the task context, a role and
+/// subtask, the new lead).
 fn metadata(event: &Event) -> Map<String, Value> {
     let mut metadata = Map::new();
     let mut put = |key: &str, value: Value| {
@@ -145,7 +145,7 @@ fn metadata(event: &Event) -> Map<String, Value> {
     metadata
 }
 
-/// One NDJSON line (with its trailing newline) with exactly the seed's fields.
+/// One NDJSON line (with its trailing newline) with exactly the format's fields.
 pub(crate) fn ndjson_line(event: &Event, output_summary: &str) -> String {
     let line = MemoryLine {
         event_type: event.kind.name(),
@@ -169,7 +169,7 @@ mod tests {
     use crate::domain::tests::event;
 
     #[test]
-    fn completion_line_matches_the_seed() {
+    fn completion_line_matches_the_format() {
         let mut completed = event(EventKind::StepCompleted);
         completed.output_json = "{\"topic\":\"rust\"}".to_owned();
         completed.cost = 0.1;

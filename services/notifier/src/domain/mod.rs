@@ -43,7 +43,7 @@ impl EventKind {
         }
     }
 
-    /// Completion and failure: the events informed agents hear of (seed 000).
+    /// Completion and failure: the events informed agents hear of.
     pub(crate) fn is_outcome(self) -> bool {
         matches!(self, Self::StepCompleted | Self::StepFailed)
     }
@@ -117,7 +117,7 @@ pub(crate) struct Event {
 
 /// The agents that hear of `event`, each once with its strongest reason, in
 /// agent id order:
-/// - the step's informed agents on completion and failure (seed 000);
+/// - the step's informed agents on completion and failure;
 /// - the step's monitors on every event of the step;
 /// - the execution's lead on every event of the execution;
 /// - the participants a session event is addressed to.

@@ -176,7 +176,7 @@ pub async fn ingest(mut client: Client, events: Vec<StepEvent>) -> Vec<IngestEve
 }
 
 /// 2026-01-16T10:30:00Z.
-pub const SEED_TIME_SECONDS: i64 = 1_768_559_400;
+pub const EVENT_TIME_SECONDS: i64 = 1_768_559_400;
 
 /// A step event of `kind` for step `step_id` of execution `x1` of
 /// `content-pipeline`, led by `lead`, monitored by `monitor`, informing `informed`.
@@ -185,7 +185,7 @@ pub fn step_event(event_id: &str, kind: EventType, step_id: &str) -> StepEvent {
         event_id: event_id.to_owned(),
         sequence: 1,
         r#type: kind as i32,
-        occurred_at: Some(prost_types::Timestamp { seconds: SEED_TIME_SECONDS, nanos: 0 }),
+        occurred_at: Some(prost_types::Timestamp { seconds: EVENT_TIME_SECONDS, nanos: 0 }),
         execution_id: "x1".to_owned(),
         process_name: "content-pipeline".to_owned(),
         process_version: 1,
@@ -218,7 +218,7 @@ pub fn failed(event_id: &str, step_id: &str) -> StepEvent {
     }
 }
 
-/// The lines of an agent's memory file for the seed day, parsed.
+/// The lines of an agent's memory file for the events' day (2026-01-16), parsed.
 pub fn memory_lines(memory_root: &std::path::Path, agent: &str) -> Vec<serde_json::Value> {
     let path = memory_root.join(agent).join("events").join("notifications_2026-01-16.ndjson");
     match std::fs::read_to_string(&path) {

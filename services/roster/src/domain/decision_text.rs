@@ -1,6 +1,6 @@
-//! The text of delegation decisions: the seed's DELEGATION DECISION format,
-//! the reasons that describe a colleague, and the decisions that resolve a
-//! queued task.
+//! The text of delegation decisions: the DELEGATION DECISION format of the
+//! agents' prompt, the reasons that describe a colleague, and the decisions
+//! that resolve a queued task.
 
 use super::delegation::{Decision, DecisionKind, MAX_CANDIDATES, Tier};
 use super::model::Agent;
@@ -77,7 +77,7 @@ pub(super) fn finish(
     decision
 }
 
-/// Renders a decision in the seed's DELEGATION DECISION format.
+/// Renders a decision in the DELEGATION DECISION format of the agents' prompt.
 pub fn render_text(decision: &Decision, primary_name: &str, fallback_name: &str) -> String {
     let mut text = String::from("DELEGATION DECISION:\n");
     text.push_str(&format!("Primary Choice: {primary_name} ({})\n", decision.primary_reason));

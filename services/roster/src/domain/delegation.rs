@@ -1,5 +1,5 @@
-//! The seed 004 delegation decision framework as a pure function over a
-//! snapshot of the roster: no I/O, no clock of its own, deterministic.
+//! The delegation decision framework as a pure function over a snapshot of the
+//! roster: no I/O, no clock of its own, deterministic.
 //!
 //! Priority order: a colleague the requester named (when eligible); best
 //! same-team match; partial-expertise same team; best cross-team match; queue
@@ -91,7 +91,7 @@ pub enum DecisionKind {
 }
 
 impl DecisionKind {
-    /// The seed's spelling.
+    /// The spelling in the decision text (`Decision: DELEGATE ...`), also stored.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Delegate => "DELEGATE",
@@ -132,7 +132,7 @@ impl Tier {
     }
 }
 
-/// The seed 004 DELEGATION DECISION.
+/// A delegation decision: who takes a task, who is the fallback, and why.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Decision {
     /// DELEGATE, QUEUE or ESCALATE.
@@ -153,7 +153,7 @@ pub struct Decision {
     pub wait_millis: i64,
     /// Special context.
     pub notes: String,
-    /// The seed's text rendering.
+    /// The decision as DELEGATION DECISION text.
     pub text: String,
     /// Agents considered, in ranked order (at most [`MAX_CANDIDATES`]).
     pub candidates: Vec<String>,
@@ -210,7 +210,7 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
     let mut notes = Vec::new();
 
     // The colleague the requester named comes first when eligible; an unknown
-    // one is the seed's "colleague not in roster": escalate.
+    // one is "colleague not in the roster": escalate.
     if !request.preferred_agent_id.is_empty() {
         match by_id.get(request.preferred_agent_id.as_str()) {
             None => {

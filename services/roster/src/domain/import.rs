@@ -1,5 +1,5 @@
 //! Roster import: a YAML roster (teams, agents, roles) and Markdown role files
-//! (seed 003 sections), parsed into entities with diagnostics that carry the
+//! (`##` sections), parsed into entities with diagnostics that carry the
 //! file, the path and the line and column. The format is documented in
 //! `docs/roster-format.md`.
 

@@ -1,7 +1,7 @@
-//! Markdown role files (seed 003): the file name is the role's name, `##`
-//! sections are its fields. The validator's rules
-//! (`muster_validator::validate_role_definition`) give the diagnostics, so a
-//! role file is judged the same by `muster validate` and by an import.
+//! Markdown role files: the file name is the role's name, `##` sections are its
+//! fields. The validator's rules (`muster_validator::validate_role_definition`)
+//! give the diagnostics, so a role file is judged the same by `muster validate`
+//! and by an import.
 
 use std::collections::HashSet;
 
@@ -10,12 +10,13 @@ use muster_validator::{Context, RoleFormat};
 use super::import::{FileDiagnostic, ImportFile, ParsedRoster, Severity, file_diagnostic, invalid_message};
 use super::model::RoleDefinition;
 
-/// Parses a seed 003 Markdown role file: the file name (without `.md`) is the
-/// role's name, the last `#` title before the sections its description, and
-/// the `##` sections its fields.
-/// Sections the roster reads beyond the validator's seed 003 set.
+/// Sections the roster reads beyond the validator's (Mission, Goals, Context
+/// Files, Tools, Schedule, Inbox, User Preferences).
 const EXTRA_SECTIONS: [&str; 4] = ["Description", "Responsibilities", "Actions", "Permitted Actions"];
 
+/// Parses a Markdown role file: the file name (without `.md`) is the role's
+/// name, the last `#` title before the sections its description, and the `##`
+/// sections its fields.
 pub(super) fn parse_markdown_role(file: &ImportFile, parsed: &mut ParsedRoster) {
     let name = file.name.as_str();
     let report = muster_validator::validate_role_definition(&file.content, RoleFormat::Markdown, &Context::default());

@@ -2,16 +2,16 @@
 
 use crate::error::{Error, Result};
 
-/// The default number of tasks an agent holds at once (seed 004: `X/5`).
+/// The default number of tasks an agent holds at once (a workload of `X/5`).
 pub const DEFAULT_CAPACITY: u32 = 5;
-/// The default iteration limit of an agent (seed 001 `max_iterations`).
+/// The default iteration limit of an agent (`max_iterations`).
 pub const DEFAULT_MAX_ITERATIONS: u32 = 10;
 /// The longest id or name the roster accepts.
 pub const MAX_ID_LENGTH: usize = 64;
 /// The largest capacity the roster accepts.
 pub const MAX_CAPACITY: u32 = 1000;
 
-/// An agent's availability (seed 004).
+/// An agent's availability, as delegation decisions read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Status {
     /// No task held.
@@ -87,11 +87,11 @@ pub struct Agent {
     pub custom_prompt: String,
     /// LLM overrides, a JSON object as text (empty for none).
     pub llm_config_json: String,
-    /// Seed 001 backstory.
+    /// The agent's backstory, given to its model.
     pub backstory: String,
-    /// Seed 001 allow_delegation.
+    /// Whether the agent may hand its steps onward to others.
     pub allow_delegation: bool,
-    /// Seed 001 max_iterations.
+    /// Most iterations per task; 0 on input means the default.
     pub max_iterations: u32,
 }
 
@@ -169,7 +169,7 @@ impl Team {
     }
 }
 
-/// What a role is for and what it may do (seeds 001, 002, 003).
+/// What a role is for and what it may do.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RoleDefinition {
     /// Unique name.
@@ -182,21 +182,21 @@ pub struct RoleDefinition {
     pub responsibilities: Vec<String>,
     /// Tools the role may use.
     pub tools: Vec<String>,
-    /// Actions the role may perform (seed 002).
+    /// Actions the role may perform.
     pub permitted_actions: Vec<String>,
     /// JSON schema of its input, as text.
     pub input_schema_json: String,
     /// JSON schema of its output, as text.
     pub output_schema_json: String,
-    /// Seed 003 mission.
+    /// The mission: what the role is for.
     pub mission: String,
-    /// Seed 003 context files.
+    /// Files the role reads for context.
     pub context_files: Vec<String>,
-    /// Seed 003 schedule.
+    /// When the role runs, as written (a cron expression or text).
     pub schedule: String,
-    /// Seed 003 inbox.
+    /// The inbox that triggers the role.
     pub inbox: String,
-    /// Seed 003 user preferences.
+    /// How the user wants the role to behave.
     pub user_preferences: String,
 }
 
@@ -305,7 +305,7 @@ mod tests {
     }
 
     #[test]
-    fn status_follows_the_seed_thresholds() {
+    fn status_follows_the_workload_thresholds() {
         assert_eq!(Status::from_workload(0, 5), Status::Idle);
         assert_eq!(Status::from_workload(3, 5), Status::Active);
         assert_eq!(Status::from_workload(4, 5), Status::Busy);

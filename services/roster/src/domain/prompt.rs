@@ -1,10 +1,10 @@
-//! The seed 004 system prompt: the agent's own prompt, then its static
+//! An agent's system prompt: the agent's own prompt, then its static
 //! organisational context and the delegation framework. Live data (colleagues,
 //! their status and workload) stays out: agents query the roster for it.
 
 use super::model::Agent;
 
-/// The delegation framework every agent's prompt carries (seed 004).
+/// The delegation framework every agent's prompt carries.
 pub const DELEGATION_FRAMEWORK: &str = "\
 Before delegating, get a fresh roster with the `get_organization_roster` tool
 (filters: all, my_team, available, by_expertise). Never rely on remembered

@@ -183,8 +183,8 @@ pub trait RosterStore: Send + Sync + 'static {
     /// Stores an import in one transaction; returns the ids of the agents it created.
     fn import(&self, plan: &ImportPlan, now: i64) -> impl Future<Output = Result<Vec<String>>> + Send;
 
-    /// Decides (seed 004) and, unless a dry run, reserves the slot, queues the
-    /// task and records the decision, all in one transaction.
+    /// Decides who takes the task and, unless a dry run, reserves the slot,
+    /// queues the task and records the decision, all in one transaction.
     fn delegate(
         &self,
         request: &DelegationRequest,

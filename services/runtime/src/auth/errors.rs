@@ -43,3 +43,19 @@ pub fn permission_denied(
         ErrorDetails::with_error_info(reason, DOMAIN, metadata),
     )
 }
+
+/// Agents act only for themselves: PERMISSION_DENIED (`NOT_THE_AGENT`) when
+/// the caller is an agent other than `agent_id`. Operators and services, whom
+/// a method's access rule let through, act for anyone.
+pub fn only_for_itself(caller: &Caller, agent_id: &str, action: &str) -> Result<(), tonic::Status> {
+    match caller.agent_id() {
+        Some(own) if own != agent_id => Err(permission_denied(
+            caller,
+            action,
+            "NOT_THE_AGENT",
+            format!("an agent may do this only for itself, not for '{agent_id}'"),
+            &[("agent_id", agent_id.to_owned())],
+        )),
+        _ => Ok(()),
+    }
+}

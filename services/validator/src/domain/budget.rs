@@ -1,5 +1,6 @@
-//! A process's declared budget (seed 003's runaway loops): limits per period
-//! that the execution service enforces, in the shape of its `Budget` message.
+//! A process's declared budget, its guard against runaway loops: limits per
+//! period that the execution service enforces, in the shape of its `Budget`
+//! message.
 
 use super::diagnostic::{Diagnostics, child_path};
 use super::fields::{check_keys, integer_field};

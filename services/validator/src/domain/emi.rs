@@ -1,6 +1,8 @@
-//! The seed 000 EMI role rules, exactly as `_validate_step_roles` states them:
-//! the same conditions, in the same order, with the same messages; each finding
-//! positioned at the offending node.
+//! The EMI rules for a step's `roles` (executor, monitors, informed): `roles`
+//! is a mapping with a non-empty string executor, and `monitors` and
+//! `informed` are lists of strings; an agent named in two of them draws a
+//! warning. The conditions are checked in a fixed order, with fixed messages;
+//! each finding is positioned at the offending node.
 
 use super::diagnostic::{Diagnostics, child_path, index_path};
 use super::formats::suggestion;

@@ -1,6 +1,6 @@
-//! Markdown role files (seed 003): a `# Title` heading names the role; `##`
-//! sections Mission, Goals, Context Files, Tools, Schedule, Inbox and User
-//! Preferences describe it. Lists are `-`, `*` or `+` bullets.
+//! Markdown role files: a `# Title` heading names the role; `##` sections
+//! Mission, Goals, Context Files, Tools, Schedule, Inbox and User Preferences
+//! describe it. Lists are `-`, `*` or `+` bullets.
 
 use super::diagnostic::{Diagnostics, Position};
 use super::formats::suggestion;
@@ -72,8 +72,8 @@ pub(crate) fn check_markdown_role(
         }
     }
 
-    // A leading `# roles/x.md` names the file (seed 003 writes one); the title
-    // is the last `#` heading before the first section.
+    // A leading `# roles/x.md` line names the file (role files may start with
+    // one); the title is the last `#` heading before the first section.
     let real_titles: Vec<&(&str, Position)> =
         titles.iter().filter(|(title, _)| !(title.ends_with(".md") || title.contains('/'))).collect();
     let Some(&&(name, name_at)) = real_titles.last() else {

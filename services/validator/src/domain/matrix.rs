@@ -1,5 +1,5 @@
-//! The permission matrix (seed 002): which actions each role can and cannot
-//! perform. Format (see `docs/process-format.md`):
+//! The permission matrix: which actions each role can and cannot perform.
+//! Format (see `docs/process-format.md`):
 //!
 //! ```yaml
 //! roles:

@@ -8,7 +8,7 @@ pub struct ProcessDefinition {
     pub name: String,
     /// Free text; empty when not given.
     pub description: String,
-    /// The execution's lead agent (seed 002), if the process names one.
+    /// The execution's lead agent, if the process names one.
     pub lead: Option<String>,
     /// Most steps running at once, if the process limits it.
     pub max_parallel: Option<u32>,
@@ -16,7 +16,7 @@ pub struct ProcessDefinition {
     pub steps: Vec<StepDefinition>,
 }
 
-/// What starts a process on its own (seed 003).
+/// What starts a process on its own: a schedule or an inbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Triggers {
     /// A five-field cron expression (or `@daily`-style macro), in UTC.
@@ -54,7 +54,7 @@ pub struct StepDefinition {
     pub message: String,
     /// Ids of the steps this one waits for.
     pub depends_on: Vec<String>,
-    /// The EMI roles (seed 000), if given.
+    /// The EMI roles (executor, monitors, informed), if given.
     pub roles: Option<StepRoles>,
     /// The step's inputs as JSON object text; `{}` when none.
     pub inputs_json: String,
@@ -68,7 +68,8 @@ pub struct StepDefinition {
     pub tool: Option<String>,
     /// Delegation criteria, when the step asks the roster for an executor.
     pub delegate: Option<DelegationRequest>,
-    /// The seed 002 action the step performs (`code`, `review`, ...), if declared.
+    /// The action the step performs (`code`, `review`, ...), checked against its
+    /// role's permitted actions, if declared.
     pub action: Option<String>,
 }
 
@@ -79,7 +80,7 @@ impl StepDefinition {
     }
 }
 
-/// The Executor / Monitor / Informed roles of a step (seed 000).
+/// The Executor / Monitor / Informed roles of a step.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StepRoles {
     /// The one agent that performs the step.
@@ -133,9 +134,9 @@ pub struct KnownAgent {
 pub struct KnownRole {
     /// The role's name.
     pub name: String,
-    /// Tools the role may use (seed 001).
+    /// Tools the role may use.
     pub permitted_tools: Vec<String>,
-    /// Actions the role may perform (seed 002).
+    /// Actions the role may perform.
     pub permitted_actions: Vec<String>,
 }
 
@@ -146,7 +147,7 @@ pub struct ProcessReport {
     pub diagnostics: Vec<super::Diagnostic>,
     /// The typed process, when no diagnostic is an error.
     pub process: Option<ProcessDefinition>,
-    /// The process's triggers (seed 003), when it declares valid ones.
+    /// The process's triggers, when it declares valid ones.
     pub triggers: Option<Triggers>,
     /// The process's budget, when it declares a valid one.
     pub budget: Option<ProcessBudget>,

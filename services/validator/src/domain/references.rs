@@ -1,7 +1,6 @@
 //! References against the caller's context: unknown or offline agents,
-//! unknown roles, actions a role may not perform (seed 002) and tools a role
-//! may not use or that are not registered (seed 001). A rule whose list the
-//! context lacks is skipped.
+//! unknown roles, actions a role may not perform and tools a role may not use
+//! or that are not registered. A rule whose list the context lacks is skipped.
 
 use std::collections::HashMap;
 
@@ -45,8 +44,8 @@ impl<'a> StepReferences<'a> {
         step_type: &str,
     ) -> Self {
         let WrittenNames { agent, tool, action } = written;
-        // A human approval's executor may be a person or a system (seed 000),
-        // not a roster agent.
+        // A human approval's executor may be a person or a system, not a roster
+        // agent.
         let executor_is_agent = step_type != "human_approval";
         let reference = |field: &str, (node, name): (Node<'a>, &'a str)| Reference {
             name,

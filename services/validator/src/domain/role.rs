@@ -1,6 +1,5 @@
-//! Role definitions: YAML with the seed 001 `RoleDefinition` fields (one
-//! mapping or a list of them, plus the seed 002/003 fields) and Markdown with
-//! the seed 003 sections.
+//! Role definitions: YAML with the `RoleDefinition` fields (one mapping or a
+//! list of them) and Markdown role files (a `# Title` and `##` sections).
 
 use std::collections::HashMap;
 
@@ -14,9 +13,9 @@ use super::yaml::{Limits, Node, parse};
 /// The syntax a role definition is written in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RoleFormat {
-    /// YAML with the seed 001 `RoleDefinition` fields.
+    /// YAML with the `RoleDefinition` fields, one mapping or a list of them.
     Yaml,
-    /// Markdown with the seed 003 sections.
+    /// A Markdown role file: a `# Title` heading and `##` sections.
     Markdown,
 }
 
@@ -31,23 +30,23 @@ pub struct RoleDefinition {
     pub goals: Vec<String>,
     /// What the role does.
     pub responsibilities: Vec<String>,
-    /// Tools the role may use (seed 001).
+    /// Tools the role may use.
     pub tools: Vec<String>,
-    /// Actions the role may perform (seed 002).
+    /// Actions the role may perform.
     pub permitted_actions: Vec<String>,
-    /// The mission (seed 003).
+    /// The mission: what the role is for.
     pub mission: String,
-    /// Files the role reads for context (seed 003).
+    /// Files the role reads for context.
     pub context_files: Vec<String>,
-    /// When the role runs: a cron expression or the text as written (seed 003).
+    /// When the role runs: a cron expression or the text as written.
     pub schedule: Option<String>,
-    /// The inbox that triggers the role (seed 003).
+    /// The inbox that triggers the role.
     pub inbox: Option<String>,
-    /// How the user wants the role to behave (seed 003).
+    /// How the user wants the role to behave.
     pub user_preferences: String,
-    /// JSON schema of the role's task input, as JSON text (seed 001).
+    /// JSON schema of the role's task input, as JSON text.
     pub input_schema_json: Option<String>,
-    /// JSON schema of the role's output, as JSON text (seed 001).
+    /// JSON schema of the role's output, as JSON text.
     pub output_schema_json: Option<String>,
 }
 

@@ -1,8 +1,8 @@
 use super::found;
 use crate::validate_permission_matrix;
 
-/// The seed 002 table as a permission matrix.
-const SEED_002: &str = "\
+/// The example permission matrix of `docs/process-format.md`.
+const EXAMPLE_MATRIX: &str = "\
 roles:
   lead:
     description: Runs the session
@@ -23,8 +23,8 @@ roles:
 ";
 
 #[test]
-fn the_seed_002_matrix_is_valid_and_lead_can_do_all_below() {
-    let report = validate_permission_matrix(SEED_002);
+fn the_example_matrix_is_valid_and_lead_can_do_all_below() {
+    let report = validate_permission_matrix(EXAMPLE_MATRIX);
     assert_eq!(report.diagnostics, vec![]);
     let lead = report.roles.iter().find(|role| role.name == "lead").expect("lead");
     for action in ["create_task", "assign_role", "design", "code", "review", "approve", "summarize"] {

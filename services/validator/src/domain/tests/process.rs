@@ -88,7 +88,7 @@ fn a_full_process_is_valid_and_typed() {
     assert_eq!(triggers.inbox.as_deref(), Some("risk"));
 }
 
-// --- seed 000: `_validate_step_roles`, rule by rule -----------------------
+// --- EMI: the step roles (`roles`), rule by rule -------------------------
 
 #[test]
 fn roles_must_be_an_object() {
@@ -118,7 +118,7 @@ fn roles_without_executor_is_an_error_at_the_roles_key() {
 
 #[test]
 fn an_empty_or_false_executor_counts_as_missing() {
-    // Seed 000 reads `if not executor`: "", null, 0 and false are all missing.
+    // An executor that is not truthy is missing: "", null, 0 and false.
     for value in ["\"\"", "~", "0", "false"] {
         let source = process(&format!("  - id: a\n    type: human_approval\n    roles:\n      executor: {value}\n"));
         assert_eq!(check(&source), vec![("EMI002", 6, 17)], "executor: {value}");

@@ -9,8 +9,8 @@ fn markdown(source: &str) -> Vec<(&'static str, u32, u32)> {
     found(&validate_role_definition(source, RoleFormat::Markdown, &Context::default()).diagnostics)
 }
 
-/// The seed 001 example, verbatim.
-const SEED_001: &str = "\
+/// A YAML role list with the core `RoleDefinition` fields.
+const YAML_ROLES: &str = "\
 - name: PythonDeveloper
   description: Writes, tests, and debugs Python code.
   goals: [\"Implement features as per specification\", \"Ensure code quality\"]
@@ -18,8 +18,8 @@ const SEED_001: &str = "\
   tools: [\"file_write\", \"python_interpreter\", \"code_linter\"]
 ";
 
-/// The seed 003 example, verbatim (with its leading file-name comment).
-const SEED_003: &str = "\
+/// A Markdown role file with every section (and a leading file-name line).
+const MARKDOWN_ROLE: &str = "\
 # roles/delivery.md
 
 # Delivery Manager
@@ -59,8 +59,8 @@ agent/inbox/delivery/
 ";
 
 #[test]
-fn the_seed_001_role_list_is_valid() {
-    let report = validate_role_definition(SEED_001, RoleFormat::Yaml, &Context::default());
+fn the_yaml_role_list_is_valid() {
+    let report = validate_role_definition(YAML_ROLES, RoleFormat::Yaml, &Context::default());
     assert_eq!(report.diagnostics, vec![]);
     assert_eq!(report.roles.len(), 1);
     assert_eq!(report.roles[0].name, "PythonDeveloper");
@@ -68,8 +68,8 @@ fn the_seed_001_role_list_is_valid() {
 }
 
 #[test]
-fn the_seed_003_markdown_role_is_read_with_one_schedule_warning() {
-    let report = validate_role_definition(SEED_003, RoleFormat::Markdown, &Context::default());
+fn the_markdown_role_is_read_with_one_schedule_warning() {
+    let report = validate_role_definition(MARKDOWN_ROLE, RoleFormat::Markdown, &Context::default());
     assert_eq!(found(&report.diagnostics), vec![("ROL011", 30, 1)]);
     assert_eq!(report.diagnostics[0].severity, Severity::Warning);
     let role = &report.roles[0];
@@ -105,7 +105,7 @@ fn yaml_role_rules() {
 fn tools_are_checked_against_the_context() {
     let context =
         Context { tools: Some(vec!["file_write".to_owned(), "code_linter".to_owned()]), ..Context::default() };
-    let report = validate_role_definition(SEED_001, RoleFormat::Yaml, &context);
+    let report = validate_role_definition(YAML_ROLES, RoleFormat::Yaml, &context);
     assert_eq!(found(&report.diagnostics), vec![("CTX006", 5, 25)]);
     assert_eq!(report.diagnostics[0].path, "[0].tools[1]");
 

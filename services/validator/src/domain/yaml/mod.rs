@@ -190,7 +190,9 @@ impl<'a> Node<'a> {
         matches!(self.kind(), Kind::Mapping { .. })
     }
 
-    /// Python truthiness, as seed 000's `if not executor` reads it.
+    /// Python truthiness: null, false, 0, an empty string and an empty list or
+    /// mapping are false, anything else is true. An executor that is not
+    /// truthy is no executor.
     pub(crate) fn is_truthy(&self) -> bool {
         match self.kind() {
             Kind::Scalar { start, end, value } => match value {
