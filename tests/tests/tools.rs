@@ -7,6 +7,7 @@ use muster_proto::{
     execution::v1::{InvokeToolRequest, ListToolsRequest, ToolOutput},
     roster::v1::{PutRoleDefinitionRequest, RoleDefinition},
 };
+use muster_runtime::auth::client::Credentials;
 use muster_tests::{Backend, TestCluster, agent, spawn_sample_worker};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -73,7 +74,8 @@ async fn tools_answer_with_http_like_status_codes() {
     assert_eq!(fault.status_code, 500);
     assert_eq!(fault.error, "the sample tool failed on purpose");
 
-    let status = client
+    let status = test
+        .execution_with(Credentials::none())
         .invoke_tool(InvokeToolRequest {
             tool: "word_count".to_owned(),
             input_json: "{}".to_owned(),
@@ -82,6 +84,16 @@ async fn tools_answer_with_http_like_status_codes() {
         .await
         .expect_err("an anonymous call is refused");
     assert_eq!(status.code(), tonic::Code::Unauthenticated);
+    // An operator is no agent: tools are called by agents alone.
+    let status = client
+        .invoke_tool(InvokeToolRequest {
+            tool: "word_count".to_owned(),
+            input_json: r#"{"text": "hi"}"#.to_owned(),
+            execution_id: String::new(),
+        })
+        .await
+        .expect_err("an operator may not call a tool");
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
 
     let _ = stop.send(());
     worker.await.unwrap().unwrap();
