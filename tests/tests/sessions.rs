@@ -434,7 +434,12 @@ async fn a_session_from_start_to_close(backend: Backend) {
     let reassigned = wait_to_hear(&test, "helper", &tokens["helper"], &session_id, EventType::StepIntervened).await;
     assert!(reassigned.detail.contains("reassigned step 'docs' to helper"), "{}", reassigned.detail);
 
-    // The reviewer approves; a new lead closes nothing early.
+    // The lead hands over while the review still holds the session open;
+    // the new lead closes nothing early, and the reviewer approves.
+    as_lead.set_lead(SetLeadRequest { execution_id: session_id.clone(), agent_id: "rev1".into() }).await.unwrap();
+    let changed = wait_to_hear(&test, "rev1", &tokens["rev1"], &session_id, EventType::LeadChanged).await;
+    assert!(changed.detail.contains("tpm made rev1 the lead in place of tpm"), "{}", changed.detail);
+    wait_to_hear(&test, "tpm", &tokens["tpm"], &session_id, EventType::LeadChanged).await;
     test.execution_as(&tokens["rev1"])
         .submit_approval(SubmitApprovalRequest {
             execution_id: session_id.clone(),
@@ -444,13 +449,17 @@ async fn a_session_from_start_to_close(backend: Backend) {
         })
         .await
         .unwrap();
-    as_lead.set_lead(SetLeadRequest { execution_id: session_id.clone(), agent_id: "rev1".into() }).await.unwrap();
-    let changed = wait_to_hear(&test, "rev1", &tokens["rev1"], &session_id, EventType::LeadChanged).await;
-    assert!(changed.detail.contains("tpm made rev1 the lead in place of tpm"), "{}", changed.detail);
-    wait_to_hear(&test, "tpm", &tokens["tpm"], &session_id, EventType::LeadChanged).await;
 
     let events = events_until_finished(&test.operator("execution"), &session_id).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32, "{events:#?}");
+    // A session that has ended changes lead no more.
+    let ended = test
+        .execution()
+        .set_lead(SetLeadRequest { execution_id: session_id.clone(), agent_id: "tpm".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(ended.code(), Code::FailedPrecondition, "{ended:?}");
+    assert!(ended.message().contains("has ended (completed)"), "{}", ended.message());
     let _ = stop.send(());
     worker.await.unwrap().unwrap();
     test.shutdown().await;

@@ -51,8 +51,7 @@ impl ExecutionApi {
         }
         let action = if request.approved { "approve" } else { "request_changes" };
         let matrix_version = self.check_session_action(caller, &execution, action, &described)?;
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let control = Control::Decide {
+        let control = |reply| Control::Decide {
             step_id: request.step_id.clone(),
             approved: request.approved,
             by: caller.audit_name(),
@@ -60,12 +59,7 @@ impl ExecutionApi {
             matrix_version,
             reply,
         };
-        if !self.engine.control(&request.execution_id, control) {
-            return Err(
-                Error::FailedPrecondition(format!("execution '{}' is not running", request.execution_id)).into()
-            );
-        }
-        answer.await.map_err(|_| Status::unavailable("the execution stopped while deciding; try again"))??;
+        self.control(&request.execution_id, control).await?;
         let execution = self.engine.store.get_execution(&request.execution_id).await?.unwrap_or(execution);
         let step = execution_to_wire(execution, Some(&definition))
             .steps
@@ -148,13 +142,9 @@ impl ExecutionApi {
             }
             matrix_version = self.check_session_action(caller, &execution, session_action(&action), &described)?;
         }
-        let (reply, answer) = tokio::sync::oneshot::channel();
         let intervention =
             Intervention { step_id, action, by: caller.audit_name(), reason: request.reason, matrix_version };
-        if !self.engine.control(&request.execution_id, Control::Intervene { intervention, reply }) {
-            return Err(Error::FailedPrecondition(format!("execution '{}' has ended", request.execution_id)).into());
-        }
-        answer.await.map_err(|_| Status::unavailable("the execution stopped while intervening; try again"))??;
+        self.control(&request.execution_id, |reply| Control::Intervene { intervention, reply }).await?;
         let execution = self.engine.store.get_execution(&request.execution_id).await?.unwrap_or(execution);
         Ok(wire::InterveneResponse { execution: Some(execution_to_wire(execution, Some(&definition))) })
     }

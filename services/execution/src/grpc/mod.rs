@@ -237,6 +237,31 @@ impl ExecutionApi {
         Ok(self.execution_to_wire(execution).await)
     }
 
+    /// Hands a control to the execution's driver and waits for its answer.
+    /// An execution that has ended, or ends before its driver reads the
+    /// control, is FAILED_PRECONDITION; one whose driver stopped without
+    /// ending it (the service shutting down) is UNAVAILABLE, to retry.
+    async fn control(
+        &self,
+        execution_id: &str,
+        control: impl FnOnce(tokio::sync::oneshot::Sender<Result<()>>) -> Control,
+    ) -> std::result::Result<(), Status> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if self.engine.control(execution_id, control(reply))
+            && let Ok(outcome) = answer.await
+        {
+            return Ok(outcome?);
+        }
+        match self.engine.store.get_execution(execution_id).await? {
+            Some(execution) if execution.status.is_final() => Err(Error::FailedPrecondition(format!(
+                "execution '{execution_id}' has ended ({})",
+                execution.status.as_str()
+            ))
+            .into()),
+            _ => Err(Status::unavailable(format!("execution '{execution_id}' is not running here now; try again"))),
+        }
+    }
+
     /// An execution and the definition of the process version it runs.
     async fn execution_and_definition(&self, execution_id: &str) -> Result<(ExecutionRow, ProcessDefinition)> {
         let execution = self

@@ -153,12 +153,8 @@ impl ExecutionApi {
             assigned_by: caller.audit_name(),
             assigned_at: muster_runtime::time::now_millis(),
         };
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let control = Control::AssignRole { assignment: assignment.clone(), matrix_version, reply };
-        if !self.engine.control(&request.execution_id, control) {
-            return Err(Error::FailedPrecondition(format!("execution '{}' has ended", request.execution_id)).into());
-        }
-        answer.await.map_err(|_| Status::unavailable("the execution stopped while assigning; try again"))??;
+        let control = |reply| Control::AssignRole { assignment: assignment.clone(), matrix_version, reply };
+        self.control(&request.execution_id, control).await?;
         Ok(wire::AssignRoleResponse {
             assignment: Some(assignment_to_wire(&assignment, String::new())),
             matrix_version,
@@ -283,12 +279,8 @@ impl ExecutionApi {
             self.check_session_action(caller, &execution, "assign_role", &described)?;
         }
         self.roster_agent(&request.agent_id, "lead").await?;
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let control = Control::SetLead { agent_id: request.agent_id, by: caller.audit_name(), reply };
-        if !self.engine.control(&request.execution_id, control) {
-            return Err(Error::FailedPrecondition(format!("execution '{}' has ended", request.execution_id)).into());
-        }
-        answer.await.map_err(|_| Status::unavailable("the execution stopped while changing its lead; try again"))??;
+        let control = |reply| Control::SetLead { agent_id: request.agent_id, by: caller.audit_name(), reply };
+        self.control(&request.execution_id, control).await?;
         let execution = self.engine.store.get_execution(&request.execution_id).await?.unwrap_or(execution);
         Ok(wire::SetLeadResponse { execution: Some(execution_to_wire(execution, Some(&definition))) })
     }
