@@ -5,7 +5,12 @@
 //! 2. the authentication layer around a service that answers at once, in
 //!    process, against the bare service;
 //! 3. a unary call (`ValidateProcess` of a one-line document) over gRPC on
-//!    loopback, to a server with the layer and to one without.
+//!    loopback, to a server with the layer and to one without;
+//! 4. the checks inside the execution service's handlers, over gRPC to the
+//!    real cluster: `GetExecution` of a 1,000-step execution as an operator
+//!    (no finer check) and as an agent that takes part in it only through
+//!    its last step (the whole "takes part" check), and `CheckRole` (the
+//!    permission matrix and nothing else).
 //!
 //! `cargo bench -p muster-tests --bench auth` (AUTH_BENCH_ITERATIONS, default 20,000;
 //! AUTH_BENCH_AGENTS, default 100,000).
@@ -16,9 +21,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use muster_proto::validator::v1::{
-    ValidateProcessRequest, validator_service_client::ValidatorServiceClient,
-    validator_service_server::ValidatorServiceServer,
+use muster_proto::{
+    execution::v1::{CheckRoleRequest, GetExecutionRequest, PublishProcessRequest, StartExecutionRequest},
+    validator::v1::{
+        ValidateProcessRequest, validator_service_client::ValidatorServiceClient,
+        validator_service_server::ValidatorServiceServer,
+    },
 };
 use muster_runtime::{
     auth::{
@@ -34,6 +42,20 @@ use tower::{Layer as _, Service as _, ServiceExt as _};
 
 fn setting(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
+}
+
+/// Times `calls` runs of `call`, after a warm-up.
+async fn time<F: Future<Output = ()>>(calls: usize, mut call: impl FnMut() -> F) -> Vec<Duration> {
+    for _ in 0..100 {
+        call().await;
+    }
+    let mut samples = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let started = Instant::now();
+        call().await;
+        samples.push(started.elapsed());
+    }
+    samples
 }
 
 fn report(name: &str, mut samples: Vec<Duration>) -> Duration {
@@ -180,16 +202,69 @@ async fn main() {
             .expect("connect");
         let credentials =
             caller.map_or_else(Credentials::none, |index| Credentials::bearer(&callers[index].1).expect("a token"));
-        let mut client = ValidatorServiceClient::new(with_credentials(channel, credentials));
-        for _ in 0..100 {
-            client.validate_process(document.clone()).await.expect("warm up");
-        }
-        let mut samples = Vec::with_capacity(calls);
-        for _ in 0..calls {
-            let started = Instant::now();
-            client.validate_process(document.clone()).await.expect("validate");
-            samples.push(started.elapsed());
-        }
+        let client = ValidatorServiceClient::new(with_credentials(channel, credentials));
+        let samples = time(calls, || {
+            let mut client = client.clone();
+            let document = document.clone();
+            async move {
+                client.validate_process(document).await.expect("validate");
+            }
+        })
+        .await;
         report(name, samples);
     }
+
+    // 4. The execution service's own checks, on the real cluster.
+    handler_checks(calls).await;
+}
+
+async fn handler_checks(calls: usize) {
+    let Some(test) = muster_tests::TestCluster::start(muster_tests::Backend::Sqlite).await else { return };
+    let tokens = test
+        .register_agents(&[
+            muster_tests::agent("first", "member", "core"),
+            muster_tests::agent("last", "reviewer", "core"),
+        ])
+        .await;
+    let mut operator = test.execution();
+    let mut source = "name: wide\nmax_parallel: 1\nsteps:\n".to_owned();
+    for index in 0..999 {
+        source.push_str(&format!("  - {{id: s{index}, type: agent_task, agent: first, message: m}}\n"));
+    }
+    source.push_str("  - {id: end, type: agent_task, agent: last, message: m}\n");
+    operator.publish_process(PublishProcessRequest { source, file_name: String::new() }).await.expect("publish");
+    let execution = operator
+        .start_execution(StartExecutionRequest { process_name: "wide".into(), ..Default::default() })
+        .await
+        .expect("start")
+        .into_inner()
+        .execution
+        .expect("an execution");
+    let get = GetExecutionRequest { id: execution.id.clone() };
+    let as_agent = test.execution_as(&tokens[1]);
+    let mut p50 = Vec::new();
+    for (name, client) in [("operator", operator.clone()), ("agent", as_agent.clone())] {
+        let samples = time(calls / 5, || {
+            let mut client = client.clone();
+            let get = get.clone();
+            async move {
+                client.get_execution(get).await.expect("get");
+            }
+        })
+        .await;
+        p50.push(report(&format!("GetExecution, 1,000 steps, gRPC loopback ({name})"), samples));
+    }
+    println!("{:<58} {:>10.2?}", "  the agent's checks (p50 difference)", p50[1].saturating_sub(p50[0]));
+    let check =
+        CheckRoleRequest { execution_id: execution.id.clone(), action: "approve".into(), agent_id: String::new() };
+    let samples = time(calls, || {
+        let mut client = as_agent.clone();
+        let check = check.clone();
+        async move {
+            assert!(client.check_role(check).await.expect("check").into_inner().allowed);
+        }
+    })
+    .await;
+    report("CheckRole in a 1,000-step execution, gRPC loopback (agent)", samples);
+    test.shutdown().await;
 }

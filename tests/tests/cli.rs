@@ -161,10 +161,16 @@ async fn the_command_line_drives_the_cluster() {
     let waited = waiting.await.unwrap();
     assert!(waited.status.success(), "{}", text(&waited));
 
-    // An agent's role, checked against the permission matrix in force.
-    let denied = run(vec!["check-role".into(), "writer-agent".into(), "assign_role".into()], environment.clone()).await;
+    // An agent's role, checked against the permission matrix in force: the
+    // editor is a reviewer, a role of the default matrix; the writer's role
+    // is not one, so the matrix does not restrict it.
+    let denied = run(vec!["check-role".into(), "editor-agent".into(), "assign_role".into()], environment.clone()).await;
     assert_eq!(denied.status.code(), Some(1), "{}", text(&denied));
-    assert!(text(&denied).contains("denied: writer-agent 'assign_role'"), "{}", text(&denied));
+    assert!(text(&denied).contains("denied: editor-agent 'assign_role'"), "{}", text(&denied));
+    let ungoverned =
+        run(vec!["check-role".into(), "writer-agent".into(), "assign_role".into()], environment.clone()).await;
+    assert_eq!(ungoverned.status.code(), Some(0), "{}", text(&ungoverned));
+    assert!(text(&ungoverned).contains("[not_governed]"), "{}", text(&ungoverned));
     let shown = run(vec!["matrix".into(), "show".into()], environment.clone()).await;
     assert!(text(&shown).contains("# permission matrix version 1"), "{}", text(&shown));
     let matrix = test.data_dir.join("matrix.yaml");
@@ -172,15 +178,18 @@ async fn the_command_line_drives_the_cluster() {
         &matrix,
         "roles:
   writer:
-    can: [assign_role, code]
+    can: [code]
 ",
     )
     .unwrap();
     let applied = run(vec!["matrix".into(), "apply".into(), path(&matrix)], environment.clone()).await;
     assert!(text(&applied).contains("permission matrix version 2 is in force"), "{}", text(&applied));
-    let allowed =
+    let governed =
         run(vec!["check-role".into(), "writer-agent".into(), "assign_role".into()], environment.clone()).await;
+    assert_eq!(governed.status.code(), Some(1), "{}", text(&governed));
+    let allowed = run(vec!["check-role".into(), "writer-agent".into(), "code".into()], environment.clone()).await;
     assert_eq!(allowed.status.code(), Some(0), "{}", text(&allowed));
+    assert!(text(&allowed).contains("[action]"), "{}", text(&allowed));
     std::fs::write(
         &matrix,
         "roles:

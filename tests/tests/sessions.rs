@@ -61,8 +61,13 @@ fn allowed(role: &str, action: &str) -> bool {
 const PLAYERS: [(&str, &str); 5] =
     [("boss", "lead"), ("arch", "architect"), ("dev", "developer"), ("rev", "reviewer"), ("ana", "analyst")];
 
-/// Steps: one per (player, action) performing it; per player, two approval
-/// gates it may decide and three long steps it monitors, to intervene in.
+/// The interventions each player tries on a long step it monitors, and the
+/// action of the matrix each needs.
+const INTERVENTIONS: [&str; 6] = ["pause", "resume", "retry", "override", "cancel", "reassign"];
+
+/// Steps: one per (player, action) performing it; per player, a step it
+/// hands onward, two approval gates it may decide and a long step per
+/// intervention it monitors, to intervene in.
 fn matrix_process() -> String {
     let mut yaml = String::from("name: matrix-cells\nmax_parallel: 1000\nsteps:\n");
     for (player, _) in PLAYERS {
@@ -76,7 +81,10 @@ fn matrix_process() -> String {
                 "  - {{id: {gate}-{player}, type: human_approval, roles: {{executor: sleeper, monitors: [{player}]}}}}\n"
             ));
         }
-        for target in ["pause", "cancel", "reassign"] {
+        yaml.push_str(&format!(
+            "  - {{id: h-{player}, type: agent_task, agent: {player}, message: hand it on, inputs: {{delegate: {{{player}: helper}}}}}}\n"
+        ));
+        for target in INTERVENTIONS {
             yaml.push_str(&format!(
                 "  - {{id: {target}-{player}, type: agent_task, agent: sleeper, message: wait, inputs: {{sleep_ms: 600000}}, roles: {{executor: sleeper, monitors: [{player}]}}}}\n"
             ));
@@ -120,15 +128,21 @@ async fn wait_for_steps(
     }
 }
 
+/// The names of the tools connected workers provide.
+async fn client_tools(test: &TestCluster) -> Vec<String> {
+    let listed = test.execution().list_tools(execution::ListToolsRequest {}).await.unwrap().into_inner();
+    listed.tools.into_iter().map(|tool| tool.name).collect()
+}
+
 fn is_final(step: &execution::StepState) -> bool {
     [StepStatus::Completed, StepStatus::Failed, StepStatus::Cancelled].contains(&step.status())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_cell_of_the_default_matrix_through_check_role_and_the_action_it_guards() {
-    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
-    let names = ["boss", "arch", "dev", "rev", "ana", "sleeper", "spare"];
-    let agents: Vec<Agent> = names.iter().map(|name| agent(name, "member", "core")).collect();
+async fn every_cell_of_the_default_matrix_through_check_role_and_the_action_it_guards(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let names = ["boss", "arch", "dev", "rev", "ana", "sleeper", "spare", "helper"];
+    let agents: Vec<Agent> =
+        names.iter().map(|name| Agent { allow_delegation: true, ..agent(name, "member", "core") }).collect();
     let tokens: HashMap<&str, String> = names.into_iter().zip(test.register_agents(&agents).await).collect();
     let credentials = tokens
         .iter()
@@ -146,6 +160,7 @@ async fn every_cell_of_the_default_matrix_through_check_role_and_the_action_it_g
                 participant("rev", "reviewer", "review it"),
                 participant("ana", "analyst", "measure it"),
                 participant("sleeper", "developer", "wait"),
+                participant("helper", "developer", "take what is handed on"),
             ],
             task: Some(SessionTask { title: "Every cell".into(), description: String::new() }),
             ..Default::default()
@@ -176,10 +191,24 @@ async fn every_cell_of_the_default_matrix_through_check_role_and_the_action_it_g
     }
 
     // Through the steps that perform each action: completed, or refused.
-    let steps = wait_for_steps(&mut client, &session, "every action step ends", |steps| {
-        steps.iter().filter(|(id, _)| id.starts_with("a-")).all(|(_, step)| is_final(step))
+    let steps = wait_for_steps(&mut client, &session, "every action and hand-off step ends", |steps| {
+        steps.iter().filter(|(id, _)| id.starts_with("a-") || id.starts_with("h-")).all(|(_, step)| is_final(step))
     })
     .await;
+    // Through a worker handing its step onward (`reassign`): the step goes
+    // to the helper, or stays with the player, who is told why.
+    for (player, role) in PLAYERS {
+        let step = &steps[&format!("h-{player}")];
+        assert_eq!(step.status(), StepStatus::Completed, "{role} hand-off: {step:?}");
+        let output: serde_json::Value = serde_json::from_str(&step.output_json).unwrap();
+        if allowed(role, "reassign") {
+            assert_eq!(output["agent"], "helper", "{role} hands it on: {output}");
+        } else {
+            assert_eq!(output["agent"], player, "{role} keeps it: {output}");
+            let refused = output["delegation_refused"].as_str().unwrap_or_default();
+            assert!(refused.contains(&format!("role '{role}'")), "{role}: {output}");
+        }
+    }
     for (player, role) in PLAYERS {
         for action in ACTIONS {
             let step = &steps[&format!("a-{player}-{action}")];
@@ -229,30 +258,83 @@ async fn every_cell_of_the_default_matrix_through_check_role_and_the_action_it_g
                 .await;
             expect(decided.map(drop), role, action);
         }
+        // The step to resume is paused by an operator first.
+        client
+            .intervene(InterveneRequest {
+                execution_id: session.clone(),
+                step_id: format!("resume-{player}"),
+                action: InterventionAction::Pause as i32,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
         for (target, action, guard) in [
             ("pause", InterventionAction::Pause, "unblock"),
+            ("resume", InterventionAction::Resume, "unblock"),
+            ("retry", InterventionAction::Retry, "unblock"),
+            ("override", InterventionAction::OverrideOutput, "unblock"),
             ("cancel", InterventionAction::Cancel, "close_task"),
             ("reassign", InterventionAction::Reassign, "reassign"),
         ] {
+            assert!(INTERVENTIONS.contains(&target));
             let intervened = as_player
                 .intervene(InterveneRequest {
                     execution_id: session.clone(),
                     step_id: format!("{target}-{player}"),
                     action: action as i32,
                     target_agent_id: "spare".into(),
+                    output_json: r#"{"overridden": true}"#.into(),
                     ..Default::default()
                 })
                 .await;
             expect(intervened.map(drop), role, guard);
         }
     }
-    client
+
+    // Handing the lead on (`assign_role`) and closing the session
+    // (`close_task`) are the lead's: others are refused as not the lead.
+    for (player, _) in &PLAYERS[1..] {
+        let mut as_player = test.execution_as(&tokens[player]);
+        let relead = as_player
+            .set_lead(SetLeadRequest { execution_id: session.clone(), agent_id: (*player).into() })
+            .await
+            .unwrap_err();
+        assert_eq!(relead.get_details_error_info().unwrap().reason, "NOT_THE_LEAD", "{relead:?}");
+        let closed = as_player
+            .cancel_execution(execution::CancelExecutionRequest { id: session.clone(), reason: String::new() })
+            .await
+            .unwrap_err();
+        assert_eq!(closed.get_details_error_info().unwrap().reason, "NOT_THE_LEAD", "{closed:?}");
+    }
+    let releaded = test
+        .execution_as(&tokens["boss"])
+        .set_lead(SetLeadRequest { execution_id: session.clone(), agent_id: "arch".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(releaded.execution.unwrap().lead_agent_id, "arch");
+    let closed = test
+        .execution_as(&tokens["arch"])
         .cancel_execution(execution::CancelExecutionRequest { id: session.clone(), reason: "done".into() })
         .await
+        .unwrap()
+        .into_inner()
+        .execution
         .unwrap();
+    assert_eq!(closed.status(), ExecutionStatus::Cancelled, "{closed:?}");
     let _ = stop.send(());
     worker.await.unwrap().unwrap();
     test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_cell_of_the_default_matrix_on_sqlite() {
+    every_cell_of_the_default_matrix_through_check_role_and_the_action_it_guards(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_cell_of_the_default_matrix_on_postgres() {
+    every_cell_of_the_default_matrix_through_check_role_and_the_action_it_guards(Backend::Postgres).await;
 }
 
 const SESSION_PROCESS: &str = "\
@@ -475,9 +557,8 @@ async fn a_session_from_start_to_close_on_postgres() {
     a_session_from_start_to_close(Backend::Postgres).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn per_agent_limits_travel_with_assignments_and_hold() {
-    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+async fn per_agent_limits_travel_with_assignments_and_hold(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
     let solo = Agent {
         max_iterations: 3,
         allow_delegation: false,
@@ -529,9 +610,8 @@ async fn hello(client: &mut ExecutionClient, hello: WorkerHello) -> Result<(), t
     client.connect_worker(requests).await.map(drop)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn impersonation_attempts_fail() {
-    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+async fn impersonation_attempts_fail(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
     let tokens = test.register_agents(&[agent("alice", "member", "core"), agent("bob", "member", "core")]).await;
     let tool = ToolSpec { name: "steal".into(), description: String::new(), input_schema_json: String::new() };
 
@@ -610,6 +690,69 @@ async fn impersonation_attempts_fail() {
     assert_eq!(informed.get_details_error_info().unwrap().reason, "NOT_AN_APPROVER");
     assert_eq!(step_status(&mut client, &started.id).await["gate"].status(), StepStatus::WaitingApproval);
 
+    // Handing on a step one does not hold: bob, serving himself, names
+    // alice's running assignment; the step stays with alice.
+    let (stop, worker) = spawn_sample_worker(
+        test.operator("execution"),
+        vec![AgentCredential { agent_id: "alice".into(), token: tokens[0].clone() }],
+    );
+    publish(
+        &mut client,
+        "name: held\nsteps:\n  - {id: long, type: agent_task, agent: alice, message: m, inputs: {sleep_ms: 600000}}\n",
+    )
+    .await;
+    let held = client
+        .start_execution(StartExecutionRequest { process_name: "held".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    wait_for_steps(&mut client, &held.id, "alice's step runs", |steps| steps["long"].status() == StepStatus::Running)
+        .await;
+    let (requests, outbound) = tokio::sync::mpsc::channel(4);
+    let say = |message| ConnectWorkerRequest { message: Some(message) };
+    requests
+        .send(say(connect_worker_request::Message::Hello(WorkerHello {
+            worker_name: "hijacker".into(),
+            agents: vec![ServedAgent { agent_id: "bob".into(), token: tokens[1].clone() }],
+            ..Default::default()
+        })))
+        .await
+        .unwrap();
+    requests
+        .send(say(connect_worker_request::Message::Delegate(execution::DelegateStep {
+            assignment_id: format!("{}/long/1", held.id),
+            to_agent_id: "bob".into(),
+            ..Default::default()
+        })))
+        .await
+        .unwrap();
+    let mut answers = test
+        .execution_as(&tokens[1])
+        .connect_worker(tokio_stream::wrappers::ReceiverStream::new(outbound))
+        .await
+        .unwrap()
+        .into_inner();
+    let refusal = loop {
+        match answers.message().await.unwrap().and_then(|answer| answer.message) {
+            Some(execution::connect_worker_response::Message::Delegation(outcome)) => break outcome,
+            Some(_) => {}
+            None => panic!("the stream ended without an answer"),
+        }
+    };
+    assert!(!refusal.accepted, "{refusal:?}");
+    assert!(refusal.reason.contains("does not hold"), "{}", refusal.reason);
+    let steps = step_status(&mut client, &held.id).await;
+    assert_eq!((steps["long"].status(), steps["long"].executor.as_str()), (StepStatus::Running, "alice"));
+    drop(requests);
+    client
+        .cancel_execution(execution::CancelExecutionRequest { id: held.id.clone(), reason: "done".into() })
+        .await
+        .unwrap();
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+
     // Changing an agent's role without operator rights.
     let promoted = test
         .roster_as(&tokens[1])
@@ -624,10 +767,42 @@ async fn impersonation_attempts_fail() {
     test.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_revoked_agent_leaves_its_worker_within_five_seconds() {
-    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
-    let tokens = test.register_agents(&[agent("carol", "member", "core"), agent("dave", "member", "core")]).await;
+async fn a_revoked_agent_leaves_its_worker_within_five_seconds(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let toolsmith = muster_proto::roster::v1::RoleDefinition {
+        name: "toolsmith".into(),
+        tools: vec!["grep".into()],
+        ..Default::default()
+    };
+    test.roster()
+        .put_role_definition(muster_proto::roster::v1::PutRoleDefinitionRequest { role: Some(toolsmith) })
+        .await
+        .unwrap();
+    let tokens = test
+        .register_agents(&[
+            agent("carol", "member", "core"),
+            agent("dave", "member", "core"),
+            agent("smith", "toolsmith", "core"),
+        ])
+        .await;
+    // A tool-only worker connected with smith's token, offering a tool its role lists.
+    let grep = ToolSpec { name: "grep".into(), description: String::new(), input_schema_json: String::new() };
+    let hello = ConnectWorkerRequest {
+        message: Some(connect_worker_request::Message::Hello(WorkerHello {
+            worker_name: "tools".into(),
+            tools: vec![grep],
+            ..Default::default()
+        })),
+    };
+    let mut tool_stream = test
+        .execution_as(&tokens[2])
+        .connect_worker(tokio_stream::StreamExt::chain(tokio_stream::iter([hello]), tokio_stream::pending()))
+        .await
+        .unwrap()
+        .into_inner();
+    tool_stream.message().await.unwrap().expect("a welcome");
+    let listed = client_tools(&test).await;
+    assert!(listed.contains(&"grep".to_owned()), "{listed:?}");
     let served = vec![
         AgentCredential { agent_id: "carol".into(), token: tokens[0].clone() },
         AgentCredential { agent_id: "dave".into(), token: tokens[1].clone() },
@@ -654,6 +829,20 @@ async fn a_revoked_agent_leaves_its_worker_within_five_seconds() {
     .await;
     let revoked_at = tokio::time::Instant::now();
     test.roster().revoke_token(RevokeTokenRequest { agent_id: "carol".into() }).await.unwrap();
+    test.roster().revoke_token(RevokeTokenRequest { agent_id: "smith".into() }).await.unwrap();
+    // The connection opened with smith's token ends, and its tool with it.
+    let ended = loop {
+        match tool_stream.message().await {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the stream ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(ended.code(), Code::Unauthenticated, "{ended:?}");
+    assert_eq!(ended.get_details_error_info().unwrap().reason, "CREDENTIAL_REVOKED");
+    assert!(revoked_at.elapsed() < Duration::from_secs(5), "disconnected after {:?}", revoked_at.elapsed());
+    let listed = client_tools(&test).await;
+    assert!(!listed.contains(&"grep".to_owned()), "{listed:?}");
     // Carol's assignment is withdrawn from the worker: the step waits for
     // another attempt, which no worker may take now.
     wait_for_steps(&mut client, &started.id, "carol's attempt is withdrawn", |steps| steps["long"].attempt >= 2).await;
@@ -671,4 +860,138 @@ async fn a_revoked_agent_leaves_its_worker_within_five_seconds() {
     let _ = stop.send(());
     worker.await.unwrap().unwrap();
     test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_agent_limits_travel_with_assignments_and_hold_on_sqlite() {
+    per_agent_limits_travel_with_assignments_and_hold(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_agent_limits_travel_with_assignments_and_hold_on_postgres() {
+    per_agent_limits_travel_with_assignments_and_hold(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impersonation_attempts_fail_on_sqlite() {
+    impersonation_attempts_fail(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impersonation_attempts_fail_on_postgres() {
+    impersonation_attempts_fail(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_agent_leaves_its_worker_within_five_seconds_on_sqlite() {
+    a_revoked_agent_leaves_its_worker_within_five_seconds(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_agent_leaves_its_worker_within_five_seconds_on_postgres() {
+    a_revoked_agent_leaves_its_worker_within_five_seconds(Backend::Postgres).await;
+}
+
+/// Outside sessions the matrix governs the roles it names: an agent whose
+/// roster role is one of them is held to it, in CheckRole and in the real
+/// action alike; an agent whose role it does not name is held to the
+/// step's roles only.
+async fn outside_sessions_the_matrix_governs_its_own_roles(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let agents = [agent("rev", "reviewer", "core"), agent("dev", "developer", "core"), agent("wri", "writer", "core")];
+    let tokens: HashMap<&str, String> =
+        ["rev", "dev", "wri"].into_iter().zip(test.register_agents(&agents).await).collect();
+    let served = tokens
+        .iter()
+        .map(|(agent_id, token)| AgentCredential { agent_id: (*agent_id).to_owned(), token: token.clone() });
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), served.collect());
+    let mut client = test.execution();
+    publish(
+        &mut client,
+        "name: governed\nsteps:\n\
+         \x20 - {id: code-by-reviewer, type: agent_task, agent: rev, message: m, action: code}\n\
+         \x20 - {id: code-by-developer, type: agent_task, agent: dev, message: m, action: code}\n\
+         \x20 - {id: code-by-writer, type: agent_task, agent: wri, message: m, action: code}\n\
+         \x20 - {id: long, type: agent_task, agent: wri, message: m, inputs: {sleep_ms: 600000}, roles: {executor: wri, monitors: [rev, wri]}}\n\
+         \x20 - {id: gate, type: human_approval, roles: {executor: rev}}\n",
+    )
+    .await;
+    let started = client
+        .start_execution(StartExecutionRequest { process_name: "governed".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    let steps = wait_for_steps(&mut client, &started.id, "the code steps end and the gate waits", |steps| {
+        ["code-by-reviewer", "code-by-developer", "code-by-writer"].iter().all(|id| is_final(&steps[*id]))
+            && steps["long"].status() == StepStatus::Running
+            && steps["gate"].status() == StepStatus::WaitingApproval
+    })
+    .await;
+    let refused = steps["code-by-reviewer"].error.clone().unwrap();
+    assert_eq!(refused.code, "PERMISSION_DENIED", "{refused:?}");
+    assert!(refused.message.contains("rev may not 'code'"), "{}", refused.message);
+    assert_eq!(steps["code-by-developer"].status(), StepStatus::Completed);
+    assert_eq!(steps["code-by-writer"].status(), StepStatus::Completed, "the writer's role is not governed");
+
+    for (agent_id, allowed, decided_by) in [("rev", false, RoleCheck::Action), ("wri", true, RoleCheck::NotGoverned)] {
+        let verdict = client
+            .check_role(CheckRoleRequest {
+                execution_id: started.id.clone(),
+                action: "unblock".into(),
+                agent_id: agent_id.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!((verdict.allowed, verdict.decided_by()), (allowed, decided_by), "{verdict:?}");
+        let paused = test
+            .execution_as(&tokens[agent_id])
+            .intervene(InterveneRequest {
+                execution_id: started.id.clone(),
+                step_id: "long".into(),
+                action: InterventionAction::Pause as i32,
+                ..Default::default()
+            })
+            .await;
+        match paused {
+            Ok(_) => assert!(allowed, "{agent_id} paused the step"),
+            Err(status) => {
+                assert!(!allowed, "{agent_id} was refused: {status:?}");
+                let info = status.get_details_error_info().unwrap();
+                assert_eq!(
+                    (info.reason.as_str(), info.metadata["matrix_version"].as_str()),
+                    ("ROLE_FORBIDS_ACTION", "1")
+                );
+            }
+        }
+    }
+    // The reviewer may approve.
+    test.execution_as(&tokens["rev"])
+        .submit_approval(SubmitApprovalRequest {
+            execution_id: started.id.clone(),
+            step_id: "gate".into(),
+            approved: true,
+            comment: String::new(),
+        })
+        .await
+        .unwrap();
+    client
+        .cancel_execution(execution::CancelExecutionRequest { id: started.id.clone(), reason: "done".into() })
+        .await
+        .unwrap();
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outside_sessions_the_matrix_governs_its_own_roles_on_sqlite() {
+    outside_sessions_the_matrix_governs_its_own_roles(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outside_sessions_the_matrix_governs_its_own_roles_on_postgres() {
+    outside_sessions_the_matrix_governs_its_own_roles(Backend::Postgres).await;
 }

@@ -395,3 +395,180 @@ async fn postgres_is_reached_over_tls() {
     }
     drop(connection);
 }
+
+/// Creates the databases of the stateful services on the private server.
+async fn tls_databases(postgres: &TlsPostgres) -> Vec<(&'static str, String)> {
+    use sqlx::Connection as _;
+    let verify_full = |database: &str| {
+        format!(
+            "postgres://postgres@localhost:{}/{database}?sslmode=verify-full&sslrootcert={}",
+            postgres.port,
+            postgres.ca.display()
+        )
+    };
+    let mut admin = sqlx::PgConnection::connect(&verify_full("postgres")).await.expect("the private server");
+    let mut urls = Vec::new();
+    for service in ["roster", "execution", "notifier"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {service}"))).execute(&mut admin).await.unwrap();
+        urls.push((service, verify_full(service)));
+    }
+    urls
+}
+
+/// The whole cluster under mutual TLS, with no service secret: each
+/// service knows the others by their certificates alone — the execution
+/// service ingests its events into the notifier that way — and a worker
+/// and the command line reach it over TLS with a client certificate. The
+/// stateful services keep their data in PostgreSQL reached over TLS
+/// (`verify-full`) when the machine has PostgreSQL's server programs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_whole_cluster_runs_under_mutual_tls() {
+    use muster_proto::{
+        common::v1::EventType,
+        execution::v1::{
+            PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest,
+            execution_service_client::ExecutionServiceClient,
+        },
+        notifier::v1::{ListNotificationsRequest, notifier_service_client::NotifierServiceClient},
+    };
+    let folder = Folder::new("mtls-cluster");
+    let postgres = TlsPostgres::start();
+    let databases = match &postgres {
+        Some(postgres) => tls_databases(postgres).await,
+        None => Vec::new(),
+    };
+    let ca = TestCa::new("muster cluster CA");
+    let ca_file = ca.write(&folder.0.join("ca.crt"));
+    let credentials = TestCredentials::new();
+    let operators: Vec<(String, String)> =
+        credentials.environment().into_iter().filter(|(name, _)| name == "MUSTER_OPERATORS").collect();
+    let mut services: std::collections::HashMap<&str, Process> = std::collections::HashMap::new();
+    let url = |process: &Process| format!("https://localhost:{}", process.address.port());
+    for (service, dependencies) in [
+        ("roster", &[][..]),
+        ("validator", &["roster"][..]),
+        ("notifier", &["roster"][..]),
+        ("execution", &["roster", "validator", "notifier"][..]),
+    ] {
+        let certificate = ca.issue(&folder.0, service, &[&format!("muster-{service}"), "localhost"]);
+        let mut environment = [operators.clone(), tls_environment(&ca_file, &certificate)].concat();
+        for dependency in dependencies {
+            environment.push((format!("MUSTER_{}_URL", dependency.to_uppercase()), url(&services[dependency])));
+        }
+        if let Some((_, database)) = databases.iter().find(|(name, _)| *name == service) {
+            environment.push(("MUSTER_DATABASE_URL".into(), database.clone()));
+        }
+        if service == "notifier" {
+            environment.push(("MUSTER_DATA_DIR".into(), folder.0.display().to_string()));
+        }
+        services.insert(service, spawn(service, &folder.0, environment).await);
+    }
+    let address = |service: &str| services[service].address;
+    let client_certificate = ca.issue(&folder.0, "workstation", &["ops-workstation"]);
+    let operator = credentials.operator_token.clone();
+
+    let mut roster =
+        RosterServiceClient::new(tls_channel(address("roster"), &ca_file, Some(&client_certificate), Some(&operator)));
+    let mut tokens = serde_json::Map::new();
+    for agent_id in ["doer", "told"] {
+        let token =
+            eventually("the roster registers over TLS", || {
+                let mut roster = roster.clone();
+                async move {
+                    roster.register_agent(RegisterAgentRequest { agent: Some(agent(agent_id, "member", "")) }).await
+                }
+            })
+            .await
+            .into_inner()
+            .token;
+        tokens.insert(agent_id.into(), token.into());
+    }
+    let told_token = tokens["told"].as_str().unwrap().to_owned();
+    roster.list_teams(ListTeamsRequest {}).await.unwrap();
+    let tokens_file = folder.0.join("tokens.json");
+    std::fs::write(&tokens_file, serde_json::Value::Object(tokens.clone()).to_string()).unwrap();
+
+    // A worker over TLS, presenting the client certificate and the operator's token.
+    let muster = muster::cluster::default_binary_dir().unwrap().join("muster");
+    let log = std::fs::File::create(folder.0.join("agent.log")).unwrap();
+    let _worker = tokio::process::Command::new(muster)
+        .args(["agent", "--execution", &url(&services["execution"]), "--tokens-file"])
+        .arg(&tokens_file)
+        .env("MUSTER_TOKEN", &operator)
+        .env("MUSTER_TLS_CA_FILE", &ca_file)
+        .env("MUSTER_TLS_CERT_FILE", &client_certificate.cert)
+        .env("MUSTER_TLS_KEY_FILE", &client_certificate.key)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+
+    // A process runs to its end; its informed agent hears of it through
+    // the notifier, which accepted the events on the execution service's
+    // certificate alone.
+    let mut execution = ExecutionServiceClient::new(tls_channel(
+        address("execution"),
+        &ca_file,
+        Some(&client_certificate),
+        Some(&operator),
+    ));
+    let source = "name: secure\nsteps:\n  - {id: work, type: agent_task, agent: doer, message: m, roles: {executor: doer, informed: [told]}}\n";
+    eventually("the execution service publishes over TLS", || {
+        let mut execution = execution.clone();
+        async move {
+            execution.publish_process(PublishProcessRequest { source: source.into(), file_name: String::new() }).await
+        }
+    })
+    .await;
+    let started = execution
+        .start_execution(StartExecutionRequest { process_name: "secure".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    let mut events = execution
+        .watch_execution(WatchExecutionRequest { execution_id: started.id.clone(), after_sequence: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let finished = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(event) = events.message().await.unwrap() {
+            if event.event.as_ref().is_some_and(|event| event.r#type == EventType::ExecutionFinished as i32) {
+                return event.event.unwrap();
+            }
+        }
+        panic!("the watch ended before the execution did");
+    })
+    .await
+    .expect("the execution finishes");
+    assert_eq!(finished.execution_status, muster_proto::common::v1::ExecutionStatus::Completed as i32, "{finished:?}");
+    let notifier = NotifierServiceClient::new(tls_channel(
+        address("notifier"),
+        &ca_file,
+        Some(&client_certificate),
+        Some(&told_token),
+    ));
+    let heard = eventually("the informed agent hears of the step", || {
+        let mut notifier = notifier.clone();
+        let execution_id = started.id.clone();
+        async move {
+            let listed = notifier
+                .list_notifications(ListNotificationsRequest { agent_id: "told".into(), after_cursor: 0, limit: 100 })
+                .await?
+                .into_inner();
+            listed
+                .notifications
+                .into_iter()
+                .filter_map(|notification| notification.event)
+                .find(|event| event.execution_id == execution_id && event.r#type == EventType::StepCompleted as i32)
+                .ok_or_else(|| tonic::Status::not_found("not yet"))
+        }
+    })
+    .await;
+    assert_eq!(heard.step_id, "work");
+    drop(services);
+    drop(postgres);
+}

@@ -34,14 +34,22 @@ pub(crate) struct ServedAgent {
     pub(crate) token: TokenHash,
 }
 
+/// A worker's connection as it said hello.
+pub(crate) struct Connection {
+    pub(crate) name: String,
+    pub(crate) agents: Vec<ServedAgent>,
+    pub(crate) tools: Vec<ToolSpec>,
+    pub(crate) max_concurrency: usize,
+    /// The agent token the connection was opened with, if it was an
+    /// agent's: its revocation ends the connection.
+    pub(crate) opened_with: Option<TokenHash>,
+    pub(crate) sender: WorkerSender,
+}
+
 struct Worker {
-    name: String,
+    connection: Connection,
     last_seen: std::time::Instant,
-    agents: Vec<ServedAgent>,
-    tools: Vec<ToolSpec>,
-    sender: WorkerSender,
     in_flight: usize,
-    max_concurrency: usize,
 }
 
 struct Pending {
@@ -66,25 +74,15 @@ pub(crate) struct Workers {
 }
 
 impl Workers {
-    /// Adds a connection serving `agents` and providing `tools`; returns its id.
-    pub(crate) fn register(
-        &self,
-        name: String,
-        agents: Vec<ServedAgent>,
-        tools: Vec<ToolSpec>,
-        max_concurrency: usize,
-        sender: WorkerSender,
-    ) -> u64 {
+    /// Adds a connection; returns its id.
+    pub(crate) fn register(&self, connection: Connection) -> u64 {
         let mut state = self.lock();
         state.next_worker_id += 1;
         let worker_id = state.next_worker_id;
-        let tool_names: Vec<&str> = tools.iter().map(|tool| tool.name.as_str()).collect();
-        let agent_ids: Vec<&str> = agents.iter().map(|agent| agent.agent_id.as_str()).collect();
-        tracing::info!(worker_id, worker = %name, agents = ?agent_ids, tools = ?tool_names, "worker connected");
-        state.workers.insert(
-            worker_id,
-            Worker { name, last_seen: std::time::Instant::now(), agents, tools, sender, in_flight: 0, max_concurrency },
-        );
+        let tool_names: Vec<&str> = connection.tools.iter().map(|tool| tool.name.as_str()).collect();
+        let agent_ids: Vec<&str> = connection.agents.iter().map(|agent| agent.agent_id.as_str()).collect();
+        tracing::info!(worker_id, worker = %connection.name, agents = ?agent_ids, tools = ?tool_names, "worker connected");
+        state.workers.insert(worker_id, Worker { connection, last_seen: std::time::Instant::now(), in_flight: 0 });
         drop(state);
         self.changed.notify_waiters();
         worker_id
@@ -116,7 +114,7 @@ impl Workers {
                 });
             }
         }
-        tracing::info!(worker_id, worker = %worker.name, lost_assignments = lost.len(), "worker disconnected");
+        tracing::info!(worker_id, worker = %worker.connection.name, lost_assignments = lost.len(), "worker disconnected");
     }
 
     /// Hands an assignment to a worker serving its agent, waiting for one to
@@ -130,15 +128,15 @@ impl Workers {
                     .workers
                     .iter()
                     .filter(|(_, worker)| {
-                        worker.in_flight < worker.max_concurrency
-                            && worker.agents.iter().any(|agent| agent.agent_id == assignment.agent_id)
+                        worker.in_flight < worker.connection.max_concurrency
+                            && worker.connection.agents.iter().any(|agent| agent.agent_id == assignment.agent_id)
                     })
                     .min_by_key(|(worker_id, worker)| (worker.in_flight, **worker_id))
                     .map(|(worker_id, _)| *worker_id);
                 candidate.and_then(|worker_id| {
                     let worker = state.workers.get_mut(&worker_id)?;
                     worker.in_flight += 1;
-                    let sender = worker.sender.clone();
+                    let sender = worker.connection.sender.clone();
                     let (reply, receiver) = oneshot::channel();
                     state.pending.insert(
                         assignment.assignment_id.clone(),
@@ -163,12 +161,20 @@ impl Workers {
         }
     }
 
+    /// Whether the worker holds the assignment now.
+    pub(crate) fn holds(&self, worker_id: u64, assignment_id: &str) -> bool {
+        Self::holds_in(&self.lock(), worker_id, assignment_id)
+    }
+
+    fn holds_in(state: &State, worker_id: u64, assignment_id: &str) -> bool {
+        state.pending.get(assignment_id).is_some_and(|pending| pending.worker_id == worker_id)
+    }
+
     /// Records the outcome a worker reported for one of its assignments.
     /// Reports for assignments the worker does not hold are ignored.
     pub(crate) fn complete(&self, worker_id: u64, assignment_id: &str, outcome: Outcome) {
         let mut state = self.lock();
-        let holds = state.pending.get(assignment_id).is_some_and(|pending| pending.worker_id == worker_id);
-        if !holds {
+        if !Self::holds_in(&state, worker_id, assignment_id) {
             tracing::warn!(worker_id, assignment_id, "report for an assignment the worker does not hold; ignored");
             return;
         }
@@ -194,19 +200,35 @@ impl Workers {
                     reason: reason.to_owned(),
                 })),
             };
-            let _ = worker.sender.try_send(Ok(message));
+            let _ = worker.connection.sender.try_send(Ok(message));
         }
         drop(state);
         self.changed.notify_waiters();
     }
 
-    /// Takes from every worker the agents whose token is now `revoked`; their
+    /// Ends the connections opened with a token that is now `revoked`, and
+    /// takes from every other worker the agents whose token is revoked: their
     /// assignments on that worker are withdrawn and go back to be assigned.
     pub(crate) fn drop_revoked(&self, revoked: impl Fn(&TokenHash) -> bool) {
+        let closed: Vec<(u64, WorkerSender)> = self
+            .lock()
+            .workers
+            .iter()
+            .filter(|(_, worker)| worker.connection.opened_with.as_ref().is_some_and(&revoked))
+            .map(|(worker_id, worker)| (*worker_id, worker.connection.sender.clone()))
+            .collect();
+        for (worker_id, sender) in closed {
+            tracing::info!(worker_id, "the token the worker connected with was revoked; disconnecting it");
+            let _ = sender.try_send(Err(muster_runtime::auth::unauthenticated(
+                "CREDENTIAL_REVOKED",
+                "the token this worker connected with was revoked",
+            )));
+            self.unregister(worker_id);
+        }
         let mut state = self.lock();
         let mut dropped: Vec<(u64, String)> = Vec::new();
         for (worker_id, worker) in &mut state.workers {
-            worker.agents.retain(|agent| {
+            worker.connection.agents.retain(|agent| {
                 let keep = !revoked(&agent.token);
                 if !keep {
                     dropped.push((*worker_id, agent.agent_id.clone()));
@@ -237,7 +259,7 @@ impl Workers {
                         reason: format!("the token of agent '{}' was revoked", pending.agent_id),
                     })),
                 };
-                let _ = worker.sender.try_send(Ok(cancel));
+                let _ = worker.connection.sender.try_send(Ok(cancel));
             }
             let _ = pending.reply.send(Outcome::WorkerLost);
         }
@@ -248,7 +270,10 @@ impl Workers {
 
     /// Whether a connected worker serves `agent_id`.
     pub(crate) fn serves(&self, agent_id: &str) -> bool {
-        self.lock().workers.values().any(|worker| worker.agents.iter().any(|agent| agent.agent_id == agent_id))
+        self.lock()
+            .workers
+            .values()
+            .any(|worker| worker.connection.agents.iter().any(|agent| agent.agent_id == agent_id))
     }
 
     /// Notes a sign of life from a worker.
@@ -266,7 +291,7 @@ impl Workers {
             .workers
             .iter()
             .filter(|(_, worker)| worker.last_seen.elapsed() > lease)
-            .map(|(worker_id, worker)| (*worker_id, worker.sender.clone()))
+            .map(|(worker_id, worker)| (*worker_id, worker.connection.sender.clone()))
             .collect();
         for (worker_id, sender) in silent {
             tracing::warn!(
@@ -287,7 +312,7 @@ impl Workers {
         let state = self.lock();
         let mut tools: HashMap<&str, &ToolSpec> = HashMap::new();
         for worker in state.workers.values() {
-            for tool in &worker.tools {
+            for tool in &worker.connection.tools {
                 tools.entry(tool.name.as_str()).or_insert(tool);
             }
         }
@@ -303,9 +328,9 @@ impl Workers {
         let (worker_id, sender) = state
             .workers
             .iter()
-            .filter(|(_, worker)| worker.tools.iter().any(|tool| tool.name == call.tool))
+            .filter(|(_, worker)| worker.connection.tools.iter().any(|tool| tool.name == call.tool))
             .min_by_key(|(worker_id, worker)| (worker.in_flight, **worker_id))
-            .map(|(worker_id, worker)| (*worker_id, worker.sender.clone()))?;
+            .map(|(worker_id, worker)| (*worker_id, worker.connection.sender.clone()))?;
         let (reply, receiver) = oneshot::channel();
         state.tool_calls.insert(call.call_id.clone(), (worker_id, reply));
         let message = ConnectWorkerResponse { message: Some(connect_worker_response::Message::ToolCall(call.clone())) };

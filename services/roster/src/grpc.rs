@@ -6,7 +6,7 @@ use muster_proto::roster::v1::{self as pb, roster_service_server::RosterService}
 use muster_runtime::auth::{
     Access, AgentDirectory, Caller, Rule, TokenHash,
     directory::{CredentialChange, Position},
-    only_for_itself, rule, token,
+    only_for_itself, permission_denied, rule, token,
 };
 use tokio::sync::broadcast;
 use tokio_stream::{Stream, StreamExt, wrappers::BroadcastStream};
@@ -504,12 +504,23 @@ impl<S: RosterStore> RosterService for Roster<S> {
         }
         if !request.requester_id.is_empty() {
             // An unknown requester is a caller's mistake, unlike an unknown named colleague.
-            self.inner.store.get_agent(&request.requester_id).await.map_err(|error| match error {
+            let requester = self.inner.store.get_agent(&request.requester_id).await.map_err(|error| match error {
                 Error::NotFound(_) => {
                     Error::NotFound(format!("requester_id: agent {:?} is not in the roster", request.requester_id))
                 }
                 other => other,
             })?;
+            // An agent whose roster entry does not allow delegation may ask
+            // what would be decided, but not reserve a colleague's capacity.
+            if caller.agent_id().is_some() && !requester.allow_delegation && !request.dry_run {
+                return Err(permission_denied(
+                    &caller,
+                    "delegate a task",
+                    "DELEGATION_NOT_ALLOWED",
+                    "its roster entry does not allow delegation; a dry run shows the decision without reserving anyone",
+                    &[("agent_id", request.requester_id.clone())],
+                ));
+            }
         }
         let outcome = self.inner.store.delegate(&request, self.now(), self.inner.settings).await?;
         tracing::info!(

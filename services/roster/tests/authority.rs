@@ -82,6 +82,20 @@ async fn agents_act_for_themselves_only(backend: Backend) {
         .await
         .unwrap();
     assert!(decision.into_inner().decision.unwrap().text.contains("DELEGATION DECISION"));
+    // Without allow_delegation in its roster entry, only a dry run: no colleague's slot is reserved.
+    let reserving = as_alice
+        .delegate(pb::DelegateRequest { task_id: "own".into(), dry_run: false, ..Default::default() })
+        .await
+        .unwrap_err();
+    assert_eq!(reserving.code(), Code::PermissionDenied, "{reserving:?}");
+    assert_eq!(reason(&reserving).0, "DELEGATION_NOT_ALLOWED");
+    let recorded = server
+        .client
+        .list_delegations(pb::ListDelegationsRequest { agent_id: "alice".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(recorded.records.is_empty(), "nothing was recorded: {recorded:?}");
     let rotated =
         as_alice.rotate_token(pb::RotateTokenRequest { agent_id: "alice".into() }).await.unwrap().into_inner().token;
 

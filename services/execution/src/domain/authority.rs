@@ -6,8 +6,11 @@
 //! 3. does that role permit the action?
 //!
 //! Outside sessions the first check does not apply and the role is the
-//! agent's roster role (`lead` for the execution's lead). The matrix in force
-//! is versioned; every verdict says which version decided it.
+//! agent's roster role (`lead` for the execution's lead). There the matrix
+//! governs only the roles it names: an agent whose roster role is not one of
+//! them is not restricted by it, and the step's roles (executor, monitors)
+//! alone decide what it may do. The matrix in force is versioned; every
+//! verdict says which version decided it.
 
 use std::collections::BTreeMap;
 
@@ -90,6 +93,8 @@ pub(crate) enum Check {
     NotAssigned,
     UnknownRole,
     Action,
+    /// Outside sessions, a role the matrix does not name: it does not apply.
+    NotGoverned,
 }
 
 impl Check {
@@ -99,6 +104,7 @@ impl Check {
             Self::NotAssigned => "NOT_ASSIGNED",
             Self::UnknownRole => "UNKNOWN_ROLE",
             Self::Action => "ROLE_FORBIDS_ACTION",
+            Self::NotGoverned => "NOT_GOVERNED",
         }
     }
 }
@@ -163,14 +169,29 @@ pub(crate) fn check(matrix: &Matrix, subject: &Subject<'_>, action: &str) -> Ver
                 ),
             ),
             None => verdict(
-                false,
+                true,
                 "",
-                Check::UnknownRole,
-                format!("'{}' has no role, so the permission matrix grants it nothing", subject.agent_id),
+                Check::NotGoverned,
+                format!(
+                    "'{}' has no roster role: outside sessions the permission matrix (version {version}) does not \
+                     restrict it, and the step's roles alone decide",
+                    subject.agent_id
+                ),
             ),
         };
     };
     let Some(matrix_role) = matrix.role(role) else {
+        if subject.session.is_none() {
+            return verdict(
+                true,
+                role,
+                Check::NotGoverned,
+                format!(
+                    "role '{role}' is not in the permission matrix (version {version}): outside sessions the \
+                     matrix does not restrict it, and the step's roles alone decide"
+                ),
+            );
+        }
         return verdict(
             false,
             role,
@@ -255,7 +276,22 @@ mod tests {
         let matrix = default_matrix();
         let subject = Subject { agent_id: "a", roster_role: "reviewer", lead: "", session: None };
         assert!(check(&matrix, &subject, "approve").allowed);
-        let unknown = Subject { roster_role: "writer", ..subject };
-        assert_eq!(check(&matrix, &unknown, "approve").check, Check::UnknownRole);
+        assert!(!check(&matrix, &subject, "code").allowed, "a matrix role is restricted outside sessions too");
+        let lead = Subject { agent_id: "boss", roster_role: "writer", lead: "boss", session: None };
+        assert_eq!(check(&matrix, &lead, "close_task").role, LEAD_ROLE);
+        let ungoverned = Subject { roster_role: "writer", ..subject };
+        let verdict = check(&matrix, &ungoverned, "approve");
+        assert_eq!((verdict.allowed, verdict.check), (true, Check::NotGoverned), "{verdict:?}");
+        let roleless = Subject { roster_role: "", ..subject };
+        assert_eq!(check(&matrix, &roleless, "code").check, Check::NotGoverned);
+    }
+
+    #[test]
+    fn in_a_session_a_role_outside_the_matrix_is_refused() {
+        let matrix = default_matrix();
+        let session = session(&[("w", "writer")]);
+        let subject = Subject { agent_id: "w", roster_role: "", lead: "", session: Some(&session) };
+        let verdict = check(&matrix, &subject, "code");
+        assert_eq!((verdict.allowed, verdict.check), (false, Check::UnknownRole), "{verdict:?}");
     }
 }

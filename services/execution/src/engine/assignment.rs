@@ -17,7 +17,10 @@ use super::{
     driver::{assignment_id, step_roles},
     session::SessionSnapshot,
 };
-use crate::workers::Outcome;
+use crate::{
+    domain::authority::{self, Subject},
+    workers::Outcome,
+};
 
 /// Iterations an agent may run per step when its roster entry says none.
 const DEFAULT_MAX_ITERATIONS: u32 = 10;
@@ -70,6 +73,7 @@ pub(crate) struct StepTask {
 /// What an assignment tells an agent about itself, from the roster.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct AgentContext {
+    roster_role: String,
     role_definition: Option<roster::RoleDefinition>,
     system_prompt: String,
     max_iterations: u32,
@@ -95,18 +99,19 @@ impl StepTask {
             Ok(agent_id) => agent_id,
             Err(failure) => return Outcome::Failed(failure),
         };
+        let refused = |reason| {
+            Outcome::Failed(StepFailure {
+                assignment_id: String::new(),
+                error_code: "PERMISSION_DENIED".to_owned(),
+                message: reason,
+                retryable: false,
+            })
+        };
         // In a session, only an assigned agent whose role permits the step's action gets it.
         let session_role = match &self.session {
             Some(session) => match session.admit(&agent_id, self.definition.action.as_deref()) {
                 Ok(role) => role,
-                Err(reason) => {
-                    return Outcome::Failed(StepFailure {
-                        assignment_id: String::new(),
-                        error_code: "PERMISSION_DENIED".to_owned(),
-                        message: reason,
-                        retryable: false,
-                    });
-                }
+                Err(reason) => return refused(reason),
             },
             None => String::new(),
         };
@@ -115,7 +120,17 @@ impl StepTask {
             attempt: self.attempt,
             agent_id: agent_id.clone(),
         });
-        let assignment = self.assignment(agent_id, session_role).await;
+        let context = match self.agent_context(&agent_id).await {
+            Ok(context) => context,
+            Err(failure) => return Outcome::Failed(failure),
+        };
+        // Outside sessions, the matrix decides for the roles it governs.
+        if self.session.is_none()
+            && let Err(reason) = self.admit_by_roster_role(&agent_id, &context.roster_role)
+        {
+            return refused(reason);
+        }
+        let assignment = self.assignment(agent_id, session_role, context);
         let id = assignment.assignment_id.clone();
         let max_iterations = assignment.max_iterations;
         let receiver = self.engine.workers.dispatch(assignment).await;
@@ -182,7 +197,7 @@ impl StepTask {
         let decision = loop {
             match client.delegate(request.clone()).await {
                 Ok(response) => break response.into_inner().decision.unwrap_or_default(),
-                Err(status) if status.code() == tonic::Code::Unavailable => {
+                Err(status) if is_outage(&status) => {
                     // The roster is down: delegations wait for it rather than fail.
                     tracing::warn!(step = %self.definition.id, error = %status.message(), "roster unavailable; delegation waits");
                     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -263,8 +278,17 @@ impl StepTask {
         });
     }
 
-    async fn assignment(&self, agent_id: String, session_role: String) -> Assignment {
-        let context = self.agent_context(&agent_id).await;
+    /// Outside sessions, whether the executor may perform the step's
+    /// `action` (when it declares one): the matrix decides when it governs
+    /// the executor's roster role.
+    fn admit_by_roster_role(&self, agent_id: &str, roster_role: &str) -> Result<(), String> {
+        let Some(action) = self.definition.action.as_deref() else { return Ok(()) };
+        let subject = Subject { agent_id, roster_role, lead: &self.lead_agent_id, session: None };
+        let verdict = authority::check(&self.engine.matrix(), &subject, action);
+        if verdict.allowed { Ok(()) } else { Err(format!("{agent_id} may not '{action}': {}", verdict.reason)) }
+    }
+
+    fn assignment(&self, agent_id: String, session_role: String, context: AgentContext) -> Assignment {
         Assignment {
             assignment_id: assignment_id(&self.execution_id, &self.definition.id, self.attempt),
             idempotency_key: format!("{}/{}", self.execution_id, self.definition.id),
@@ -296,22 +320,32 @@ impl StepTask {
     }
 
     /// What the assignment tells the agent about itself, fetched once per
-    /// execution; an assignment goes out with the defaults when the roster
-    /// cannot provide it.
-    async fn agent_context(&self, agent_id: &str) -> AgentContext {
+    /// execution. While the roster cannot be reached the step waits for it
+    /// (an assignment never goes out without the agent's limits); an agent
+    /// that left the roster fails the step.
+    async fn agent_context(&self, agent_id: &str) -> Result<AgentContext, StepFailure> {
         let cached = self.agent_contexts.lock().await.get(agent_id).cloned();
         if let Some(context) = cached {
-            return context;
+            return Ok(context);
         }
-        match self.fetch_agent_context(agent_id).await {
-            Ok(context) => {
-                self.agent_contexts.lock().await.insert(agent_id.to_owned(), context.clone());
-                context
-            }
-            Err(status) => {
-                // The roster is unreachable: this assignment goes without; the next one asks again.
-                tracing::warn!(agent_id, error = %status.message(), "no role definition or prompt for the assignment");
-                AgentContext { max_iterations: DEFAULT_MAX_ITERATIONS, ..AgentContext::default() }
+        loop {
+            match self.fetch_agent_context(agent_id).await {
+                Ok(context) => {
+                    self.agent_contexts.lock().await.insert(agent_id.to_owned(), context.clone());
+                    return Ok(context);
+                }
+                Err(status) if is_outage(&status) => {
+                    tracing::warn!(agent_id, error = %status.message(), "the roster cannot describe the agent; the assignment waits");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(status) => {
+                    return Err(StepFailure {
+                        assignment_id: String::new(),
+                        error_code: "NO_EXECUTOR".to_owned(),
+                        message: format!("the roster cannot describe agent '{agent_id}': {}", status.message()),
+                        retryable: false,
+                    });
+                }
             }
         }
     }
@@ -339,6 +373,7 @@ impl StepTask {
             .into_inner()
             .system_prompt;
         Ok(AgentContext {
+            roster_role: agent.role,
             role_definition,
             system_prompt,
             max_iterations: if agent.max_iterations == 0 { DEFAULT_MAX_ITERATIONS } else { agent.max_iterations },
@@ -346,6 +381,17 @@ impl StepTask {
             allow_delegation: agent.allow_delegation,
         })
     }
+}
+
+/// Whether a roster answer means "not now" rather than "no".
+fn is_outage(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Unknown
+            | tonic::Code::ResourceExhausted
+    )
 }
 
 /// The execution's inputs overlaid with the step's own.

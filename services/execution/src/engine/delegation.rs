@@ -1,6 +1,7 @@
 //! A worker hands its step onward: to a named colleague, or to whoever the
 //! roster chooses by criteria. Only an agent whose roster entry allows
-//! delegation may, and in a session only one whose role may `reassign`. The
+//! delegation may, and only when the permission matrix lets its role
+//! `reassign` (in a session, or outside one when the matrix names its role). The
 //! chain of agents the step passed through is tracked, and handing it back
 //! to anyone in it is refused as a loop.
 
@@ -34,28 +35,28 @@ impl Driver {
         let step_id = self.execution.steps[position].step_id.clone();
         let chain = self.delegation_chains.get(&position).cloned().unwrap_or_default();
         let mut roster_client = self.engine.roster.clone();
-        // The agent's own limit, then (in a session) its role.
-        match roster_client.get_agent(roster::GetAgentRequest { id: current.clone() }).await {
-            Ok(response) if response.get_ref().agent.as_ref().is_some_and(|agent| agent.allow_delegation) => {}
-            Ok(_) => {
-                return refuse(
-                    format!("{current} may not hand steps onward: its roster entry does not allow delegation"),
-                    None,
-                );
-            }
+        // The agent's own limit, then its role.
+        let roster_role = match roster_client.get_agent(roster::GetAgentRequest { id: current.clone() }).await {
+            Ok(response) => match response.into_inner().agent {
+                Some(agent) if agent.allow_delegation => agent.role,
+                _ => {
+                    return refuse(
+                        format!("{current} may not hand steps onward: its roster entry does not allow delegation"),
+                        None,
+                    );
+                }
+            },
             Err(status) => return refuse(format!("the roster cannot be asked now: {}", status.message()), None),
-        }
-        if let Some(session) = &self.execution.session {
-            let subject = Subject {
-                agent_id: &current,
-                roster_role: "",
-                lead: &self.execution.lead_agent_id,
-                session: Some(session),
-            };
-            let verdict = authority::check(&self.engine.matrix(), &subject, "reassign");
-            if !verdict.allowed {
-                return refuse(format!("{current} may not hand the step onward: {}", verdict.reason), None);
-            }
+        };
+        let subject = Subject {
+            agent_id: &current,
+            roster_role: &roster_role,
+            lead: &self.execution.lead_agent_id,
+            session: self.execution.session.as_ref(),
+        };
+        let verdict = authority::check(&self.engine.matrix(), &subject, "reassign");
+        if !verdict.allowed {
+            return refuse(format!("{current} may not hand the step onward: {}", verdict.reason), None);
         }
         let (target, decision) = if !request.to_agent_id.is_empty() {
             let target = request.to_agent_id.clone();

@@ -29,7 +29,7 @@ use crate::{
 pub(crate) struct Driver {
     pub(super) engine: Arc<Engine>,
     pub(super) execution: ExecutionRow,
-    pub(super) definition: ProcessDefinition,
+    pub(super) definition: Arc<ProcessDefinition>,
     pub(super) index: HashMap<String, usize>,
     pub(super) running: JoinSet<(usize, u32, Outcome)>,
     pub(super) updates_sender: mpsc::UnboundedSender<StepUpdate>,
@@ -60,7 +60,7 @@ impl Driver {
     pub(crate) fn new(
         engine: Arc<Engine>,
         mut execution: ExecutionRow,
-        definition: ProcessDefinition,
+        definition: Arc<ProcessDefinition>,
         controls: mpsc::UnboundedReceiver<Control>,
     ) -> Self {
         // Steps that were running when the service stopped are assigned again.

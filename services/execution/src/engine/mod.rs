@@ -51,7 +51,12 @@ pub(crate) struct Engine {
     controls: Mutex<HashMap<String, mpsc::UnboundedSender<Control>>>,
     /// The permission matrix in force.
     matrix: std::sync::RwLock<Arc<Matrix>>,
+    /// Parsed definitions of published process versions, which never change.
+    definitions: Mutex<HashMap<(String, u32), Arc<ProcessDefinition>>>,
 }
+
+/// Most parsed process definitions kept at once.
+const DEFINITIONS_KEPT: usize = 256;
 
 /// A request to an execution's driver.
 pub(crate) enum Control {
@@ -80,7 +85,7 @@ pub(crate) enum Control {
 /// What a caller asks to start.
 pub(crate) struct StartRequest {
     pub(crate) process: ProcessRow,
-    pub(crate) definition: ProcessDefinition,
+    pub(crate) definition: Arc<ProcessDefinition>,
     pub(crate) inputs_json: String,
     pub(crate) lead_agent_id: String,
     pub(crate) idempotency_key: Option<String>,
@@ -106,6 +111,7 @@ impl Engine {
             worker_lease,
             controls: Mutex::new(HashMap::new()),
             matrix: std::sync::RwLock::new(Arc::new(default_matrix())),
+            definitions: Mutex::new(HashMap::new()),
         })
     }
 
@@ -124,6 +130,35 @@ impl Engine {
         };
         self.set_matrix(matrix);
         Ok(())
+    }
+
+    /// The definition of a stored process version, parsed once.
+    pub(crate) fn parsed(&self, process: &ProcessRow) -> Result<Arc<ProcessDefinition>> {
+        let key = (process.name.clone(), process.version);
+        if let Some(definition) = self.definitions.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
+            return Ok(definition.clone());
+        }
+        let definition = Arc::new(parse_definition(&process.source)?);
+        let mut definitions = self.definitions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if definitions.len() >= DEFINITIONS_KEPT {
+            definitions.clear();
+        }
+        definitions.insert(key, definition.clone());
+        Ok(definition)
+    }
+
+    /// The definition of process `name` at `version`, parsed once.
+    pub(crate) async fn definition(&self, name: &str, version: u32) -> Result<Arc<ProcessDefinition>> {
+        let key = (name.to_owned(), version);
+        if let Some(definition) = self.definitions.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
+            return Ok(definition.clone());
+        }
+        let process = self
+            .store
+            .get_process(name, Some(version))
+            .await?
+            .ok_or_else(|| Error::Storage(format!("version {version} of process '{name}' is missing")))?;
+        self.parsed(&process)
     }
 
     /// Puts a matrix in force, unless a newer one already is.
@@ -195,13 +230,13 @@ impl Engine {
         for id in &ids {
             let Some(mut execution) = self.store.get_execution(id).await? else { continue };
             execution.last_sequence = self.store.last_event_sequence(id).await?;
-            let Some(process) =
-                self.store.get_process(&execution.process_name, Some(execution.process_version)).await?
-            else {
-                tracing::error!(execution_id = %id, "the process version of an unfinished execution is missing");
-                continue;
+            let definition = match self.definition(&execution.process_name, execution.process_version).await {
+                Ok(definition) => definition,
+                Err(error) => {
+                    tracing::error!(execution_id = %id, %error, "the process version of an unfinished execution cannot be read");
+                    continue;
+                }
             };
-            let definition = parse_definition(&process.source)?;
             tracing::info!(execution_id = %id, "resuming execution");
             self.spawn_driver(execution, definition);
         }
@@ -236,7 +271,7 @@ impl Engine {
         }
     }
 
-    fn spawn_driver(self: &Arc<Self>, execution: ExecutionRow, definition: ProcessDefinition) {
+    fn spawn_driver(self: &Arc<Self>, execution: ExecutionRow, definition: Arc<ProcessDefinition>) {
         let (control_sender, controls) = mpsc::unbounded_channel();
         self.controls
             .lock()

@@ -1,7 +1,8 @@
 //! Who may call what: the coarse rule of every method (enforced by the
 //! runtime's authentication layer), and the finer rules the handlers apply —
-//! an agent reads only the executions it takes part in, and in a session the
-//! permission matrix decides what its role may do.
+//! an agent reads only the executions it takes part in, and the permission
+//! matrix decides what its role may do (in a session, or outside one when
+//! the matrix names its roster role).
 
 use muster_runtime::auth::{Access, Caller, Rule, permission_denied, rule};
 use muster_validator::ProcessDefinition;
@@ -9,7 +10,7 @@ use tonic::Status;
 
 use super::ExecutionApi;
 use crate::{
-    domain::authority::{self, Subject, Verdict},
+    domain::authority::{self, Check, Subject, Verdict},
     engine::{approvers, step_roles},
     store::ExecutionRow,
 };
@@ -94,30 +95,29 @@ pub(super) fn refusal(caller: &Caller, action: &str, execution_id: &str, verdict
 }
 
 impl ExecutionApi {
-    /// In a session, an agent's `action` must pass the permission matrix;
-    /// returns the matrix version that decided (0 when no rule applied:
-    /// operators, or executions that are not sessions).
-    pub(super) fn check_session_action(
+    /// An agent's `action` must pass the permission matrix: in a session
+    /// always, outside one when the matrix governs its role (see
+    /// [`authority`]). Returns the matrix version that decided (0 when no
+    /// rule applied: operators, or a role the matrix does not govern).
+    pub(super) fn check_matrix_action(
         &self,
         caller: &Caller,
         execution: &ExecutionRow,
         action: &str,
         described: &str,
     ) -> Result<u32, Status> {
-        let (Some(agent_id), Some(session)) = (caller.agent_id(), execution.session.as_ref()) else {
-            return Ok(0);
-        };
+        let Some(agent_id) = caller.agent_id() else { return Ok(0) };
         let subject = Subject {
             agent_id,
             roster_role: caller.roster_role(),
             lead: &execution.lead_agent_id,
-            session: Some(session),
+            session: execution.session.as_ref(),
         };
         let verdict = authority::check(&self.engine.matrix(), &subject, action);
-        if verdict.allowed {
-            Ok(verdict.matrix_version)
-        } else {
-            Err(refusal(caller, described, &execution.id, &verdict))
+        match verdict.check {
+            _ if !verdict.allowed => Err(refusal(caller, described, &execution.id, &verdict)),
+            Check::NotGoverned => Ok(0),
+            _ => Ok(verdict.matrix_version),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Approvals and interventions: who may decide a human approval step (its
 //! executor and monitors), who may intervene (operators, the lead anywhere,
-//! a step's monitors in that step), and, in a session, what their role may do.
+//! a step's monitors in that step), and what the permission matrix lets
+//! their role do.
 
 use muster_proto::{execution::v1 as wire, roster::v1 as roster};
 use muster_runtime::auth::{Caller, permission_denied};
@@ -13,8 +14,8 @@ use crate::{
     engine::{Control, Intervention, InterventionAction, approvers, step_roles},
 };
 
-/// The matrix action an intervention needs in a session.
-fn session_action(action: &InterventionAction) -> &'static str {
+/// The matrix action an intervention needs.
+fn matrix_action(action: &InterventionAction) -> &'static str {
     match action {
         InterventionAction::Reassign(_) => "reassign",
         InterventionAction::Cancel => "close_task",
@@ -50,7 +51,7 @@ impl ExecutionApi {
             ));
         }
         let action = if request.approved { "approve" } else { "request_changes" };
-        let matrix_version = self.check_session_action(caller, &execution, action, &described)?;
+        let matrix_version = self.check_matrix_action(caller, &execution, action, &described)?;
         let control = |reply| Control::Decide {
             step_id: request.step_id.clone(),
             approved: request.approved,
@@ -61,7 +62,7 @@ impl ExecutionApi {
         };
         self.control(&request.execution_id, control).await?;
         let execution = self.engine.store.get_execution(&request.execution_id).await?.unwrap_or(execution);
-        let step = execution_to_wire(execution, Some(&definition))
+        let step = execution_to_wire(execution, Some(&*definition))
             .steps
             .into_iter()
             .find(|state| state.step_id == request.step_id);
@@ -140,12 +141,12 @@ impl ExecutionApi {
                     &[("execution_id", request.execution_id.clone())],
                 ));
             }
-            matrix_version = self.check_session_action(caller, &execution, session_action(&action), &described)?;
+            matrix_version = self.check_matrix_action(caller, &execution, matrix_action(&action), &described)?;
         }
         let intervention =
             Intervention { step_id, action, by: caller.audit_name(), reason: request.reason, matrix_version };
         self.control(&request.execution_id, |reply| Control::Intervene { intervention, reply }).await?;
         let execution = self.engine.store.get_execution(&request.execution_id).await?.unwrap_or(execution);
-        Ok(wire::InterveneResponse { execution: Some(execution_to_wire(execution, Some(&definition))) })
+        Ok(wire::InterveneResponse { execution: Some(execution_to_wire(execution, Some(&*definition))) })
     }
 }

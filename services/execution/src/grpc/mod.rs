@@ -51,18 +51,20 @@ pub(crate) struct ExecutionApi {
     validator: ValidatorClient,
     /// The agents' credentials, to check the tokens a worker presents.
     agents: AgentDirectory,
+    /// The tools each role lists, to authorise tool calls and providers.
+    role_tools: tools::RoleTools,
 }
 
 /// What a start needs: the process version, its definition, the inputs.
 struct Prepared {
     process: ProcessRow,
-    definition: ProcessDefinition,
+    definition: Arc<ProcessDefinition>,
     inputs_json: String,
 }
 
 impl ExecutionApi {
     pub(crate) fn new(engine: Arc<Engine>, validator: ValidatorClient, agents: AgentDirectory) -> Self {
-        Self { engine, validator, agents }
+        Self { engine, validator, agents, role_tools: tools::RoleTools::default() }
     }
 
     /// What the validator should know: the roster's agents and roles.
@@ -162,7 +164,7 @@ impl ExecutionApi {
                 None => format!("no process named '{process_name}' is published"),
             })
         })?;
-        let definition = parse_definition(&process.source)?;
+        let definition = self.engine.parsed(&process)?;
         if let Some(step) =
             definition.steps.iter().find(|step| !matches!(step.step_type.as_str(), "agent_task" | "human_approval"))
         {
@@ -263,30 +265,20 @@ impl ExecutionApi {
     }
 
     /// An execution and the definition of the process version it runs.
-    async fn execution_and_definition(&self, execution_id: &str) -> Result<(ExecutionRow, ProcessDefinition)> {
+    async fn execution_and_definition(&self, execution_id: &str) -> Result<(ExecutionRow, Arc<ProcessDefinition>)> {
         let execution = self
             .engine
             .store
             .get_execution(execution_id)
             .await?
             .ok_or_else(|| Error::NotFound(format!("execution '{execution_id}' not found")))?;
-        let process = self
-            .engine
-            .store
-            .get_process(&execution.process_name, Some(execution.process_version))
-            .await?
-            .ok_or_else(|| Error::Storage(format!("the process of execution '{execution_id}' is missing")))?;
-        let definition = parse_definition(&process.source)?;
+        let definition = self.engine.definition(&execution.process_name, execution.process_version).await?;
         Ok((execution, definition))
     }
 
     async fn execution_to_wire(&self, execution: ExecutionRow) -> wire::Execution {
-        let definition =
-            match self.engine.store.get_process(&execution.process_name, Some(execution.process_version)).await {
-                Ok(Some(process)) => parse_definition(&process.source).ok(),
-                _ => None,
-            };
-        execution_to_wire(execution, definition.as_ref())
+        let definition = self.engine.definition(&execution.process_name, execution.process_version).await.ok();
+        execution_to_wire(execution, definition.as_deref())
     }
 
     async fn cancel(&self, caller: &Caller, request: wire::CancelExecutionRequest) -> Result<wire::Execution, Status> {
@@ -307,7 +299,7 @@ impl ExecutionApi {
                     &[("execution_id", request.id.clone())],
                 ));
             }
-            self.check_session_action(caller, &execution, "close_task", &format!("cancel execution '{}'", request.id))?;
+            self.check_matrix_action(caller, &execution, "close_task", &format!("cancel execution '{}'", request.id))?;
         }
         if execution.status.is_final() {
             return Err(Error::FailedPrecondition(format!(
@@ -392,7 +384,7 @@ impl ExecutionService for ExecutionApi {
         let (execution, definition) = self.execution_and_definition(&id).await?;
         access::require_part(&caller, &execution, &definition, &format!("read execution '{id}'"))?;
         Ok(Response::new(wire::GetExecutionResponse {
-            execution: Some(execution_to_wire(execution, Some(&definition))),
+            execution: Some(execution_to_wire(execution, Some(&*definition))),
         }))
     }
 

@@ -136,7 +136,7 @@ impl ExecutionApi {
             .into());
         }
         let described = format!("assign roles in execution '{}'", request.execution_id);
-        let matrix_version = self.check_session_action(caller, &execution, "assign_role", &described)?;
+        let matrix_version = self.check_matrix_action(caller, &execution, "assign_role", &described)?;
         self.assignable_role("role", &request.role)?;
         too_long("subtask", &request.subtask, MAX_TEXT)?;
         self.roster_agent(&request.agent_id, "agent").await?;
@@ -254,6 +254,7 @@ impl ExecutionApi {
                 Check::NotAssigned => wire::RoleCheck::NotAssigned,
                 Check::UnknownRole => wire::RoleCheck::UnknownRole,
                 Check::Action => wire::RoleCheck::Action,
+                Check::NotGoverned => wire::RoleCheck::NotGoverned,
             } as i32,
             matrix_version: verdict.matrix_version,
         })
@@ -276,13 +277,13 @@ impl ExecutionApi {
                     &[("execution_id", request.execution_id.clone())],
                 ));
             }
-            self.check_session_action(caller, &execution, "assign_role", &described)?;
+            self.check_matrix_action(caller, &execution, "assign_role", &described)?;
         }
         self.roster_agent(&request.agent_id, "lead").await?;
         let control = |reply| Control::SetLead { agent_id: request.agent_id, by: caller.audit_name(), reply };
         self.control(&request.execution_id, control).await?;
         let execution = self.engine.store.get_execution(&request.execution_id).await?.unwrap_or(execution);
-        Ok(wire::SetLeadResponse { execution: Some(execution_to_wire(execution, Some(&definition))) })
+        Ok(wire::SetLeadResponse { execution: Some(execution_to_wire(execution, Some(&*definition))) })
     }
 
     pub(super) async fn session_status(

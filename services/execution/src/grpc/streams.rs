@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use muster_proto::{common::v1 as common, execution::v1 as wire, roster::v1 as roster};
+use muster_proto::{common::v1 as common, execution::v1 as wire};
 use muster_runtime::auth::{Caller, TokenHash, permission_denied};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
@@ -14,9 +14,8 @@ use tonic::{Status, Streaming};
 
 use super::{ExecutionApi, tools::check_tool_specs};
 use crate::{
-    clients::dependency_error,
     engine::{Control, Engine},
-    workers::{Outcome, ServedAgent, WorkerSender, Workers},
+    workers::{Connection, Outcome, ServedAgent, WorkerSender, Workers},
 };
 
 impl ExecutionApi {
@@ -40,13 +39,17 @@ impl ExecutionApi {
         self.check_tool_entitlement(&caller, &agents, &hello.tools).await?;
         let (sender, receiver) = mpsc::channel(256);
         let max_concurrency = if hello.max_concurrency == 0 { 16 } else { hello.max_concurrency as usize };
-        let worker_id = self.engine.workers.register(
-            hello.worker_name.clone(),
-            agents.into_iter().map(|(agent, _)| agent).collect(),
-            hello.tools.clone(),
+        let worker_id = self.engine.workers.register(Connection {
+            name: hello.worker_name.clone(),
+            agents: agents.into_iter().map(|(agent, _)| agent).collect(),
+            tools: hello.tools.clone(),
             max_concurrency,
-            sender.clone(),
-        );
+            opened_with: match &caller {
+                Caller::Agent { token, .. } => Some(*token),
+                _ => None,
+            },
+            sender: sender.clone(),
+        });
         let welcome = wire::ConnectWorkerResponse {
             message: Some(wire::connect_worker_response::Message::Welcome(wire::WorkerWelcome {
                 worker_id: worker_id.to_string(),
@@ -111,13 +114,8 @@ impl ExecutionApi {
             .filter(|role| !role.is_empty())
             .collect();
         let mut entitled: BTreeSet<String> = BTreeSet::new();
-        let mut roster_client = self.engine.roster.clone();
         for role in &roles {
-            match roster_client.get_role_definition(roster::GetRoleDefinitionRequest { name: role.clone() }).await {
-                Ok(response) => entitled.extend(response.into_inner().role.map(|role| role.tools).unwrap_or_default()),
-                Err(status) if status.code() == tonic::Code::NotFound => {}
-                Err(status) => return Err(dependency_error("roster", status).into()),
-            }
+            entitled.extend(self.role_tools.of(&self.engine.roster, role).await?.iter().cloned());
         }
         match tools.iter().find(|tool| !entitled.contains(&tool.name)) {
             None => Ok(()),
@@ -167,7 +165,13 @@ async fn serve_worker(
             }
             Some(Message::Delegate(request)) => {
                 let assignment_id = request.assignment_id.clone();
-                let outcome = delegate_onward(engine, request).await.unwrap_or_else(|reason| wire::DelegationOutcome {
+                // Only the worker holding the assignment may hand its step onward.
+                let outcome = if workers.holds(worker_id, &assignment_id) {
+                    delegate_onward(engine, request).await
+                } else {
+                    Err(format!("this worker does not hold assignment '{assignment_id}'"))
+                };
+                let outcome = outcome.unwrap_or_else(|reason| wire::DelegationOutcome {
                     assignment_id,
                     accepted: false,
                     decision: None,

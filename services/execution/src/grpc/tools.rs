@@ -6,7 +6,11 @@
 //! provide the tool (see `ConnectWorker`); within an execution, the agent
 //! must take part in it.
 
-use std::time::Duration;
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::{Duration, Instant},
+};
 
 use muster_proto::{
     execution::v1::{InvokeToolRequest, ToolCall, ToolOutput, ToolSpec},
@@ -21,6 +25,55 @@ use crate::{clients::dependency_error, domain::authority::Subject};
 
 /// How long a provider may take to answer.
 const TOOL_CALL_LIMIT: Duration = Duration::from_secs(30);
+
+/// How long the tools a role lists are trusted before the roster is asked again.
+const ROLE_TOOLS_TTL: Duration = Duration::from_secs(2);
+
+/// When the roster was asked, and the tools the role lists.
+type Fetched = (Instant, Arc<[String]>);
+
+/// The tools each role lists, as the roster said a moment ago: a tool call
+/// is authorised without a roster round trip, and a change to a role's tools
+/// takes effect within [`ROLE_TOOLS_TTL`].
+#[derive(Default)]
+pub(super) struct RoleTools {
+    known: Mutex<HashMap<String, Fetched>>,
+}
+
+impl RoleTools {
+    /// Most roles remembered at once.
+    const KEPT: usize = 1024;
+
+    pub(super) async fn of(&self, roster: &crate::clients::RosterClient, role: &str) -> Result<Arc<[String]>, Status> {
+        if role.is_empty() {
+            return Ok(Arc::from([]));
+        }
+        if let Some((fetched, tools)) = self.lock().get(role)
+            && fetched.elapsed() < ROLE_TOOLS_TTL
+        {
+            return Ok(tools.clone());
+        }
+        let tools: Arc<[String]> = match roster
+            .clone()
+            .get_role_definition(roster::GetRoleDefinitionRequest { name: role.to_owned() })
+            .await
+        {
+            Ok(response) => response.into_inner().role.map(|role| role.tools).unwrap_or_default().into(),
+            Err(status) if status.code() == tonic::Code::NotFound => Arc::from([]),
+            Err(status) => return Err(dependency_error("roster", status).into()),
+        };
+        let mut known = self.lock();
+        if known.len() >= Self::KEPT {
+            known.clear();
+        }
+        known.insert(role.to_owned(), (Instant::now(), tools.clone()));
+        Ok(tools)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Fetched>> {
+        self.known.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 fn output(status_code: u32, error: String) -> ToolOutput {
     ToolOutput { output_json: String::new(), error, status_code }
@@ -78,16 +131,7 @@ impl ExecutionApi {
             }
         }
         // 1. The agent's role must permit the tool.
-        let permitted = if role.is_empty() {
-            Vec::new()
-        } else {
-            let mut roster = self.engine.roster.clone();
-            match roster.get_role_definition(roster::GetRoleDefinitionRequest { name: role.to_string() }).await {
-                Ok(response) => response.into_inner().role.map(|role| role.tools).unwrap_or_default(),
-                Err(status) if status.code() == tonic::Code::NotFound => Vec::new(),
-                Err(status) => return Err(dependency_error("roster", status).into()),
-            }
-        };
+        let permitted = self.role_tools.of(&self.engine.roster, role).await?;
         if !permitted.contains(&request.tool) {
             let role = if role.is_empty() { "no role".to_owned() } else { format!("role '{role}'") };
             return Ok(output(
