@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use muster_validator::{Context, Diagnostic, DocumentKind, RoleFormat};
+use muster_format::{Context, Diagnostic, DocumentKind, RoleFormat};
 
 /// How findings are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -117,18 +117,18 @@ fn resolve_kind(path: &Path, source: &str, kind: KindArg) -> DocumentKind {
         KindArg::Role => DocumentKind::RoleDefinition,
         KindArg::Matrix => DocumentKind::PermissionMatrix,
         KindArg::Auto if is_markdown(path) => DocumentKind::RoleDefinition,
-        KindArg::Auto => muster_validator::detect_yaml_kind(source),
+        KindArg::Auto => muster_format::detect_yaml_kind(source),
     }
 }
 
 fn validate_file(path: &Path, source: &str, kind: KindArg) -> Vec<Diagnostic> {
     let context = Context::default();
     match resolve_kind(path, source, kind) {
-        DocumentKind::Process => muster_validator::validate_process(source, &context).diagnostics,
-        DocumentKind::PermissionMatrix => muster_validator::validate_permission_matrix(source).diagnostics,
+        DocumentKind::Process => muster_format::validate_process(source, &context).diagnostics,
+        DocumentKind::PermissionMatrix => muster_format::validate_permission_matrix(source).diagnostics,
         DocumentKind::RoleDefinition => {
             let format = if is_markdown(path) { RoleFormat::Markdown } else { RoleFormat::Yaml };
-            muster_validator::validate_role_definition(source, format, &context).diagnostics
+            muster_format::validate_role_definition(source, format, &context).diagnostics
         }
     }
 }
@@ -204,7 +204,7 @@ mod tests {
     #[test]
     fn carets_follow_tabs_and_skip_unknown_lines() {
         let diagnostic = Diagnostic {
-            severity: muster_validator::Severity::Warning,
+            severity: muster_format::Severity::Warning,
             code: "X001",
             message: "m".to_owned(),
             path: String::new(),

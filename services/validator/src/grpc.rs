@@ -5,13 +5,13 @@
 //! (tonic answers RESOURCE_EXHAUSTED). Malformed requests (an unknown
 //! `RoleFormat`, an empty name in the context) are INVALID_ARGUMENT.
 
-use muster_proto::common::v1 as common;
 use muster_proto::validator::v1 as wire;
 use muster_proto::validator::v1::validator_service_server::ValidatorService as ValidatorApi;
 use tonic::{Request, Response, Status};
 
-use crate::domain::{matrix, process, role};
-use crate::{Context, Diagnostic, Error, KnownAgent, KnownRole, Limits, RoleFormat, Severity};
+use muster_format::{Context, Diagnostic, KnownAgent, KnownRole, Limits, RoleFormat};
+
+use crate::Error;
 
 /// The `muster.validator.v1.ValidatorService` implementation.
 #[derive(Debug, Clone)]
@@ -26,66 +26,46 @@ impl ValidatorService {
     }
 }
 
-impl TryFrom<Option<wire::ValidationContext>> for Context {
-    type Error = Error;
-
-    fn try_from(context: Option<wire::ValidationContext>) -> Result<Self, Error> {
-        let Some(context) = context else { return Ok(Context::default()) };
-        let agents = if context.check_agents {
-            let agents = context
-                .agents
-                .into_iter()
-                .map(|agent| {
-                    if agent.id.is_empty() {
-                        return Err(Error::InvalidRequest("context.agents: an agent has an empty id".to_owned()));
-                    }
-                    let role = (!agent.role.is_empty()).then_some(agent.role);
-                    Ok(KnownAgent { id: agent.id, role, offline: agent.offline })
+/// The caller's validation context, checked.
+fn context_from_wire(context: Option<wire::ValidationContext>) -> Result<Context, Error> {
+    let Some(context) = context else { return Ok(Context::default()) };
+    let agents = if context.check_agents {
+        let agents = context
+            .agents
+            .into_iter()
+            .map(|agent| {
+                if agent.id.is_empty() {
+                    return Err(Error::InvalidRequest("context.agents: an agent has an empty id".to_owned()));
+                }
+                let role = (!agent.role.is_empty()).then_some(agent.role);
+                Ok(KnownAgent { id: agent.id, role, offline: agent.offline })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Some(agents)
+    } else {
+        None
+    };
+    let roles = if context.check_roles {
+        let roles = context
+            .roles
+            .into_iter()
+            .map(|role| {
+                if role.name.is_empty() {
+                    return Err(Error::InvalidRequest("context.roles: a role has an empty name".to_owned()));
+                }
+                Ok(KnownRole {
+                    name: role.name,
+                    permitted_tools: role.permitted_tools,
+                    permitted_actions: role.permitted_actions,
                 })
-                .collect::<Result<Vec<_>, _>>()?;
-            Some(agents)
-        } else {
-            None
-        };
-        let roles = if context.check_roles {
-            let roles = context
-                .roles
-                .into_iter()
-                .map(|role| {
-                    if role.name.is_empty() {
-                        return Err(Error::InvalidRequest("context.roles: a role has an empty name".to_owned()));
-                    }
-                    Ok(KnownRole {
-                        name: role.name,
-                        permitted_tools: role.permitted_tools,
-                        permitted_actions: role.permitted_actions,
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Some(roles)
-        } else {
-            None
-        };
-        let tools = context.check_tools.then_some(context.tools);
-        Ok(Context { agents, roles, tools })
-    }
-}
-
-impl From<Diagnostic> for common::Diagnostic {
-    fn from(diagnostic: Diagnostic) -> Self {
-        let severity = match diagnostic.severity {
-            Severity::Error => common::Severity::Error,
-            Severity::Warning => common::Severity::Warning,
-        };
-        Self {
-            severity: severity.into(),
-            code: diagnostic.code.to_owned(),
-            message: diagnostic.message,
-            path: diagnostic.path,
-            line: diagnostic.line,
-            column: diagnostic.column,
-        }
-    }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Some(roles)
+    } else {
+        None
+    };
+    let tools = context.check_tools.then_some(context.tools);
+    Ok(Context { agents, roles, tools })
 }
 
 fn role_format(format: i32, file_name: &str) -> Result<RoleFormat, Error> {
@@ -120,18 +100,17 @@ impl ValidatorApi for ValidatorService {
         request: Request<wire::ValidateProcessRequest>,
     ) -> Result<Response<wire::ValidateProcessResponse>, Status> {
         let request = request.into_inner();
-        let context = Context::try_from(request.context)?;
+        let context = context_from_wire(request.context)?;
         let limits = self.limits;
         let source = request.source;
-        let (report, summary) =
-            blocking(move || process::check_process_with_summary(&source, &context, &limits)).await?;
+        let report = blocking(move || muster_format::validate_process_with_limits(&source, &context, &limits)).await?;
         tracing::debug!(file = %request.file_name, diagnostics = report.diagnostics.len(), "validated a process");
         let valid = !has_errors(&report.diagnostics);
         Ok(Response::new(wire::ValidateProcessResponse {
-            diagnostics: report.diagnostics.into_iter().map(Into::into).collect(),
+            diagnostics: report.diagnostics.iter().map(Into::into).collect(),
             valid,
-            process_name: summary.name.unwrap_or_default(),
-            step_count: u32::try_from(summary.step_count).unwrap_or(u32::MAX),
+            process_name: report.name.unwrap_or_default(),
+            step_count: u32::try_from(report.step_count).unwrap_or(u32::MAX),
         }))
     }
 
@@ -141,15 +120,17 @@ impl ValidatorApi for ValidatorService {
     ) -> Result<Response<wire::ValidateRoleDefinitionResponse>, Status> {
         let request = request.into_inner();
         let format = role_format(request.format, &request.file_name)?;
-        let context = Context::try_from(request.context)?;
+        let context = context_from_wire(request.context)?;
         let limits = self.limits;
         let source = request.source;
-        let report = blocking(move || role::check_role_definition(&source, format, &context, &limits)).await?;
+        let report =
+            blocking(move || muster_format::validate_role_definition_with_limits(&source, format, &context, &limits))
+                .await?;
         let valid = !has_errors(&report.diagnostics);
         Ok(Response::new(wire::ValidateRoleDefinitionResponse {
             valid,
             role_names: report.roles.iter().map(|role| role.name.clone()).filter(|name| !name.is_empty()).collect(),
-            diagnostics: report.diagnostics.into_iter().map(Into::into).collect(),
+            diagnostics: report.diagnostics.iter().map(Into::into).collect(),
         }))
     }
 
@@ -160,10 +141,10 @@ impl ValidatorApi for ValidatorService {
         let request = request.into_inner();
         let limits = self.limits;
         let source = request.source;
-        let report = blocking(move || matrix::check_matrix(&source, &limits)).await?;
+        let report = blocking(move || muster_format::validate_permission_matrix_with_limits(&source, &limits)).await?;
         let valid = !has_errors(&report.diagnostics);
         Ok(Response::new(wire::ValidatePermissionMatrixResponse {
-            diagnostics: report.diagnostics.into_iter().map(Into::into).collect(),
+            diagnostics: report.diagnostics.iter().map(Into::into).collect(),
             valid,
         }))
     }

@@ -45,8 +45,8 @@ impl Matrix {
         source: String,
         created_at: i64,
         created_by: String,
-    ) -> Result<(Self, Vec<muster_validator::Diagnostic>), Vec<muster_validator::Diagnostic>> {
-        let report = muster_validator::validate_permission_matrix(&source);
+    ) -> Result<(Self, Vec<muster_format::Diagnostic>), Vec<muster_format::Diagnostic>> {
+        let report = muster_format::validate_permission_matrix(&source);
         if !report.is_valid() {
             return Err(report.diagnostics);
         }

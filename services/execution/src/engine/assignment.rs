@@ -5,11 +5,11 @@
 
 use std::{collections::HashMap, sync::Arc, time::Duration};
 
+use muster_format::StepDefinition;
 use muster_proto::{
     execution::v1::{Assignment, HistoryEntry, StepFailure},
     roster::v1 as roster,
 };
-use muster_validator::StepDefinition;
 use tokio::sync::mpsc;
 
 use super::{

@@ -10,8 +10,8 @@
 
 use std::{collections::HashMap, sync::Arc};
 
+use muster_format::{ProcessDefinition, StepDefinition};
 use muster_proto::common::v1::{EventType, StepError, StepEvent, StepRoles};
-use muster_validator::{ProcessDefinition, StepDefinition};
 use tokio::{sync::mpsc, task::JoinSet};
 use tracing::Instrument as _;
 

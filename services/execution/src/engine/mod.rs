@@ -13,11 +13,11 @@ use std::{
     sync::{Arc, Mutex},
 };
 
+use muster_format::ProcessDefinition;
 use muster_proto::{
     common::v1::{EventType, StepEvent},
     execution::v1::{DelegateStep, DelegationOutcome},
 };
-use muster_validator::ProcessDefinition;
 use tokio::sync::{Notify, broadcast, mpsc, oneshot};
 use tracing::Instrument as _;
 
@@ -310,8 +310,6 @@ fn default_matrix() -> Matrix {
 
 /// The runnable model of a stored, already validated process source.
 pub(crate) fn parse_definition(source: &str) -> Result<ProcessDefinition> {
-    let report = muster_validator::validate_process(source, &muster_validator::Context::default());
-    report
-        .process
-        .ok_or_else(|| Error::InvalidProcess(report.diagnostics.iter().map(crate::grpc::diagnostic_to_wire).collect()))
+    let report = muster_format::validate_process(source, &muster_format::Context::default());
+    report.process.ok_or_else(|| Error::InvalidProcess(report.diagnostics.iter().map(Into::into).collect()))
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use muster_proto::common::v1::EventType;
 
-use muster_validator::ProcessDefinition;
+use muster_format::ProcessDefinition;
 
 use super::{driver::Driver, new_event};
 use crate::{

@@ -4,8 +4,8 @@
 //! matrix decides what its role may do (in a session, or outside one when
 //! the matrix names its roster role).
 
+use muster_format::ProcessDefinition;
 use muster_runtime::auth::{Access, Caller, Rule, permission_denied, rule};
-use muster_validator::ProcessDefinition;
 use tonic::Status;
 
 use super::ExecutionApi;

@@ -13,21 +13,6 @@ use crate::{
     store::{ExecutionRow, ProcessRow},
 };
 
-/// A validator diagnostic on the wire.
-pub(crate) fn diagnostic_to_wire(diagnostic: &muster_validator::Diagnostic) -> common::Diagnostic {
-    common::Diagnostic {
-        severity: match diagnostic.severity {
-            muster_validator::Severity::Error => common::Severity::Error as i32,
-            muster_validator::Severity::Warning => common::Severity::Warning as i32,
-        },
-        code: diagnostic.code.to_owned(),
-        message: diagnostic.message.clone(),
-        path: diagnostic.path.clone(),
-        line: diagnostic.line,
-        column: diagnostic.column,
-    }
-}
-
 pub(super) fn process_to_wire(process: ProcessRow, with_source: bool) -> wire::ProcessVersion {
     wire::ProcessVersion {
         name: process.name,
@@ -46,7 +31,7 @@ fn trace_id(traceparent: &str) -> String {
 
 pub(super) fn execution_to_wire(
     execution: ExecutionRow,
-    definition: Option<&muster_validator::ProcessDefinition>,
+    definition: Option<&muster_format::ProcessDefinition>,
 ) -> wire::Execution {
     let steps = execution
         .steps
@@ -103,7 +88,7 @@ pub(super) fn execution_to_wire(
 /// (known only with the definition).
 pub(super) fn session_to_wire(
     execution: &ExecutionRow,
-    definition: Option<&muster_validator::ProcessDefinition>,
+    definition: Option<&muster_format::ProcessDefinition>,
 ) -> Option<wire::Session> {
     let session = execution.session.as_ref()?;
     let views = definition.map(|definition| step_views(&execution.steps, definition)).unwrap_or_default();

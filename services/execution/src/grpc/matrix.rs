@@ -4,7 +4,7 @@ use muster_proto::execution::v1 as wire;
 use muster_runtime::auth::Caller;
 use tonic::Status;
 
-use super::{ExecutionApi, convert::matrix_to_wire, diagnostic_to_wire};
+use super::{ExecutionApi, convert::matrix_to_wire};
 use crate::{Error, domain::authority::Matrix};
 
 /// Versions listed per page when the caller does not say.
@@ -28,12 +28,12 @@ impl ExecutionApi {
         }
         let (matrix, warnings) =
             Matrix::parse(0, request.source, muster_runtime::time::now_millis(), caller.audit_name())
-                .map_err(|diagnostics| Error::InvalidMatrix(diagnostics.iter().map(diagnostic_to_wire).collect()))?;
+                .map_err(|diagnostics| Error::InvalidMatrix(diagnostics.iter().map(Into::into).collect()))?;
         let stored = self.engine.store.put_matrix(matrix).await?;
         tracing::info!(version = stored.version, by = %stored.created_by, "permission matrix stored");
         let response = wire::PutPermissionMatrixResponse {
             matrix: Some(matrix_to_wire(&stored, true)),
-            diagnostics: warnings.iter().map(diagnostic_to_wire).collect(),
+            diagnostics: warnings.iter().map(Into::into).collect(),
         };
         self.engine.set_matrix(stored);
         Ok(response)

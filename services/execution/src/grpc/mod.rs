@@ -7,6 +7,7 @@
 
 use std::{pin::Pin, sync::Arc};
 
+use muster_format::ProcessDefinition;
 use muster_proto::{
     common::v1::{self as common, EventType},
     execution::v1::{self as wire, execution_service_server::ExecutionService},
@@ -17,7 +18,6 @@ use muster_runtime::{
     auth::{AgentDirectory, Caller, permission_denied},
     status::unimplemented,
 };
-use muster_validator::ProcessDefinition;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, Streaming};
@@ -39,7 +39,6 @@ mod streams;
 mod tools;
 
 pub use access::ACCESS;
-pub(crate) use convert::diagnostic_to_wire;
 use convert::{execution_to_wire, process_to_wire};
 use streams::stream_events;
 

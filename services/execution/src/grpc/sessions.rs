@@ -387,7 +387,7 @@ impl ExecutionApi {
         let Some(process) = self.engine.store.get_process(process_name, Some(version)).await? else {
             return Ok(Vec::new());
         };
-        let report = muster_validator::validate_process(&process.source, &muster_validator::Context::default());
+        let report = muster_format::validate_process(&process.source, &muster_format::Context::default());
         let Some(budget) = report.budget else { return Ok(Vec::new()) };
         let since = muster_runtime::time::now_millis()
             .saturating_sub(i64::try_from(budget.period_seconds.saturating_mul(1000)).unwrap_or(i64::MAX));

@@ -43,47 +43,37 @@ const URGENCIES: [&str; 4] = ["low", "normal", "high", "critical"];
 /// Most retries a step may ask for.
 pub const MAX_RETRIES: i64 = 10;
 
-/// What could be read of a process even when it is invalid.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Summary {
-    /// The `name`, when it is a string.
-    pub(crate) name: Option<String>,
-    /// The number of entries in `steps`, when it is a list.
-    pub(crate) step_count: usize,
-}
-
 /// Validates a process YAML document with the given limits.
 pub(crate) fn check_process(source: &str, context: &Context, limits: &Limits) -> ProcessReport {
-    check_process_with_summary(source, context, limits).0
-}
-
-/// [`check_process`], with what could be read of an invalid process.
-pub(crate) fn check_process_with_summary(source: &str, context: &Context, limits: &Limits) -> (ProcessReport, Summary) {
     let parsed = parse(source, limits);
     let mut diagnostics = Diagnostics::default();
     for diagnostic in parsed.diagnostics {
         diagnostics.push_diagnostic(diagnostic);
     }
     let Some(document) = parsed.document else {
-        let report =
-            ProcessReport { diagnostics: diagnostics.into_sorted(), process: None, triggers: None, budget: None };
-        return (report, Summary::default());
+        return ProcessReport {
+            diagnostics: diagnostics.into_sorted(),
+            process: None,
+            triggers: None,
+            budget: None,
+            name: None,
+            step_count: 0,
+        };
     };
     let root = document.root();
-    let summary = Summary {
-        name: root.get("name").and_then(|name| name.as_str()).map(str::to_owned),
-        step_count: root.get("steps").and_then(|steps| steps.sequence()).map_or(0, |steps| steps.len()),
-    };
+    let name = root.get("name").and_then(|name| name.as_str()).map(str::to_owned);
+    let step_count = root.get("steps").and_then(|steps| steps.sequence()).map_or(0, |steps| steps.len());
     let budget = root.get("budget").filter(|_| root.is_mapping()).and_then(|node| check_budget(node, &mut diagnostics));
     let (process, triggers) = check_root(root, context, limits, &mut diagnostics);
     let valid = !diagnostics.has_errors();
-    let report = ProcessReport {
+    ProcessReport {
         diagnostics: diagnostics.into_sorted(),
         process: process.filter(|_| valid),
         triggers: triggers.filter(|_| valid),
         budget: budget.filter(|_| valid),
-    };
-    (report, summary)
+        name,
+        step_count,
+    }
 }
 
 fn check_root(

@@ -1,7 +1,7 @@
 //! Validator throughput: generated processes of 100, 1,000 and 10,000 steps,
 //! each step with EMI roles, inputs and dependencies on earlier steps.
 //!
-//! Run with `cargo bench -p muster-validator --bench validate`; prints one line
+//! Run with `cargo bench -p muster-format --bench validate`; prints one line
 //! per size with the document size, the best time of a full validation and its
 //! MB/s, and, for comparison, the best time of the YAML parser alone (events)
 //! and of the parser building the validator's node tree.
@@ -9,7 +9,7 @@
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use muster_validator::{Context, validate_process};
+use muster_format::{Context, validate_process};
 
 fn generate(steps: usize) -> String {
     let mut source = String::with_capacity(steps * 400);
@@ -68,7 +68,7 @@ fn main() {
             std::hint::black_box(count);
         });
         let (tree, _) = time(|| {
-            std::hint::black_box(muster_validator::detect_yaml_kind(&source));
+            std::hint::black_box(muster_format::detect_yaml_kind(&source));
         });
         let (full, runs) = time(|| {
             std::hint::black_box(validate_process(&source, &context));

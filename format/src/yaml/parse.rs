@@ -6,7 +6,7 @@ use saphyr_parser::{Event, Parser, ScalarStyle, ScanError, Span};
 
 use super::scalar::resolve_plain;
 use super::{Document, Kind, Limits, NodeData, NodeId, Parsed, ScalarValue};
-use crate::domain::diagnostic::{Diagnostic, Position, Severity};
+use crate::diagnostic::{Diagnostic, Position, Severity};
 
 /// An open sequence or mapping; its children so far are
 /// `scratch[first_child..]` (for a mapping, keys and values alternating).

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use muster_validator::{
+use muster_format::{
     Context, KnownAgent, KnownRole, RoleFormat, validate_permission_matrix, validate_process, validate_role_definition,
 };
 use proptest::prelude::*;

@@ -151,6 +151,10 @@ pub struct ProcessReport {
     pub triggers: Option<Triggers>,
     /// The process's budget, when it declares a valid one.
     pub budget: Option<ProcessBudget>,
+    /// The `name`, when it is a string (also of an invalid process).
+    pub name: Option<String>,
+    /// The number of entries in `steps`, when it is a list (also of an invalid process).
+    pub step_count: usize,
 }
 
 impl ProcessReport {
