@@ -164,6 +164,22 @@ fn check_cron_field(field: &str, low: u32, high: u32, names: &[&str], name_base:
 
 /// Checks an RFC 3339 date-time such as `2026-12-01T09:00:00Z`.
 pub(crate) fn check_rfc3339(text: &str) -> Result<(), String> {
+    rfc3339_millis(text).map(drop)
+}
+
+/// Days from 1970-01-01 to the given proleptic Gregorian date.
+fn days_from_epoch(year: i64, month: i64, day: i64) -> i64 {
+    // Howard Hinnant's days_from_civil.
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let day_of_year = (153 * (month + if month > 2 { -3 } else { 9 }) + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
+}
+
+/// An RFC 3339 date-time as milliseconds since the Unix epoch, or why it is not one.
+pub fn rfc3339_millis(text: &str) -> Result<i64, String> {
     let bytes = text.as_bytes();
     let digits = |range: std::ops::Range<usize>| -> Option<u32> {
         let slice = bytes.get(range)?;
@@ -201,25 +217,44 @@ pub(crate) fn check_rfc3339(text: &str) -> Result<(), String> {
         return Err(format!("time {hour:02}:{minute:02}:{second:02} does not exist"));
     }
     let mut rest = &text[19..];
+    let mut millis = 0_i64;
     if let Some(fraction) = rest.strip_prefix('.') {
         let length = fraction.bytes().take_while(u8::is_ascii_digit).count();
         if length == 0 {
             return Err(shape.to_owned());
         }
+        millis = fraction[..length]
+            .bytes()
+            .chain(std::iter::repeat(b'0'))
+            .take(3)
+            .fold(0, |sum, digit| sum * 10 + i64::from(digit - b'0'));
         rest = &fraction[length..];
     }
-    let offset_ok = match rest {
-        "Z" | "z" => true,
+    let offset_minutes = match rest {
+        "Z" | "z" => Some(0),
         offset if offset.len() == 6 && (offset.starts_with('+') || offset.starts_with('-')) => {
+            let sign = if offset.starts_with('-') { -1 } else { 1 };
             let offset = offset.as_bytes();
-            offset[3] == b':'
+            let well_formed = offset[3] == b':'
                 && offset[1..3].iter().chain(&offset[4..6]).all(u8::is_ascii_digit)
                 && (offset[1] - b'0') * 10 + (offset[2] - b'0') < 24
-                && (offset[4] - b'0') * 10 + (offset[5] - b'0') < 60
+                && (offset[4] - b'0') * 10 + (offset[5] - b'0') < 60;
+            well_formed.then(|| {
+                sign * (i64::from((offset[1] - b'0') * 10 + (offset[2] - b'0')) * 60
+                    + i64::from((offset[4] - b'0') * 10 + (offset[5] - b'0')))
+            })
         }
-        _ => false,
+        _ => None,
     };
-    if offset_ok { Ok(()) } else { Err(format!("{shape} (with a time zone: Z or +HH:MM)")) }
+    let Some(offset_minutes) = offset_minutes else {
+        return Err(format!("{shape} (with a time zone: Z or +HH:MM)"));
+    };
+    let seconds = days_from_epoch(i64::from(year), i64::from(month), i64::from(day)) * 86_400
+        + i64::from(hour) * 3600
+        + i64::from(minute) * 60
+        + i64::from(second.min(59))
+        - offset_minutes * 60;
+    Ok(seconds * 1000 + millis)
 }
 
 #[cfg(test)]
@@ -245,6 +280,14 @@ mod tests {
         assert!(check_cron("@dayly").unwrap_err().contains("did you mean '@daily'"));
         assert!(check_cron("*/0 * * * *").is_err());
         assert!(check_cron("5-1 * * * *").unwrap_err().contains("backwards"));
+    }
+
+    #[test]
+    fn rfc3339_instants() {
+        assert_eq!(rfc3339_millis("1970-01-01T00:00:00Z"), Ok(0));
+        assert_eq!(rfc3339_millis("2026-12-01T09:00:00.5Z"), Ok(1_796_115_600_500));
+        assert_eq!(rfc3339_millis("2026-12-01T11:00:00+02:00"), rfc3339_millis("2026-12-01T09:00:00Z"));
+        assert_eq!(rfc3339_millis("2000-03-01T00:00:00Z"), Ok(951_868_800_000));
     }
 
     #[test]

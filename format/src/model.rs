@@ -2,7 +2,7 @@
 //! caller may pass for reference checks.
 
 /// A process definition that passed validation.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ProcessDefinition {
     /// The process name (`[a-z0-9][a-z0-9_-]*`, up to 64 characters).
     pub name: String,
@@ -14,10 +14,16 @@ pub struct ProcessDefinition {
     pub max_parallel: Option<u32>,
     /// The steps, in source order.
     pub steps: Vec<StepDefinition>,
+    /// What starts the process on its own, if it declares anything.
+    #[serde(default)]
+    pub triggers: Option<Triggers>,
+    /// Its budget, if it declares one.
+    #[serde(default)]
+    pub budget: Option<ProcessBudget>,
 }
 
 /// What starts a process on its own: a schedule or an inbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Triggers {
     /// A five-field cron expression (or `@daily`-style macro), in UTC.
     pub schedule: Option<String>,
@@ -27,7 +33,7 @@ pub struct Triggers {
 
 /// Limits per period that a process declares for its own executions (the
 /// execution service's `Budget`, process scope); 0 means no limit.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ProcessBudget {
     /// Length of the period, in seconds.
     pub period_seconds: u64,
@@ -40,7 +46,7 @@ pub struct ProcessBudget {
 }
 
 /// One step of a process.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct StepDefinition {
     /// Unique id within the process.
     pub id: String,
@@ -71,6 +77,14 @@ pub struct StepDefinition {
     /// The action the step performs (`code`, `review`, ...), checked against its
     /// role's permitted actions, if declared.
     pub action: Option<String>,
+    /// Who may decide a `human_approval` step; empty means its executor and
+    /// monitors.
+    #[serde(default)]
+    pub approvers: Vec<String>,
+    /// Seconds a started step may wait for a worker to take it, if limited
+    /// here (the execution service has a default).
+    #[serde(default)]
+    pub schedule_to_start_seconds: Option<u64>,
 }
 
 impl StepDefinition {
@@ -78,10 +92,25 @@ impl StepDefinition {
     pub fn executor(&self) -> Option<&str> {
         self.roles.as_ref().map(|roles| roles.executor.as_str()).or(self.agent.as_deref())
     }
+
+    /// Who may decide a `human_approval` step: its `approvers` when it lists
+    /// them, else its executor and monitors.
+    pub fn approvers(&self) -> Vec<String> {
+        if !self.approvers.is_empty() {
+            return self.approvers.clone();
+        }
+        let mut approvers: Vec<String> = self.executor().into_iter().map(str::to_owned).collect();
+        for monitor in self.roles.iter().flat_map(|roles| &roles.monitors) {
+            if !approvers.contains(monitor) {
+                approvers.push(monitor.clone());
+            }
+        }
+        approvers
+    }
 }
 
 /// The Executor / Monitor / Informed roles of a step.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StepRoles {
     /// The one agent that performs the step.
     pub executor: String,
@@ -92,7 +121,7 @@ pub struct StepRoles {
 }
 
 /// What a step asks of the roster's `Delegate` when it names no executor.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DelegationRequest {
     /// The role the executor must hold.
     pub role: Option<String>,

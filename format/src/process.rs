@@ -16,7 +16,7 @@ use super::yaml::{Limits, Node, parse};
 
 const PROCESS_FIELDS: [&str; 8] =
     ["name", "description", "lead", "max_parallel", "triggers", "budget", "steps", "version"];
-const STEP_FIELDS: [&str; 17] = [
+const STEP_FIELDS: [&str; 18] = [
     "id",
     "name",
     "title",
@@ -34,6 +34,7 @@ const STEP_FIELDS: [&str; 17] = [
     "delegate",
     "roles",
     "approvers",
+    "schedule_to_start_seconds",
 ];
 /// The step types the execution service runs.
 pub const STEP_TYPES: [&str; 3] = ["agent_task", "human_approval", "tool_call"];
@@ -66,6 +67,7 @@ pub(crate) fn check_process(source: &str, context: &Context, limits: &Limits) ->
     let budget = root.get("budget").filter(|_| root.is_mapping()).and_then(|node| check_budget(node, &mut diagnostics));
     let (process, triggers) = check_root(root, context, limits, &mut diagnostics);
     let valid = !diagnostics.has_errors();
+    let process = process.map(|process| ProcessDefinition { budget: budget.clone(), ..process });
     ProcessReport {
         diagnostics: diagnostics.into_sorted(),
         process: process.filter(|_| valid),
@@ -180,6 +182,8 @@ fn check_root(
         lead: lead.map(|(_, lead)| lead.to_owned()),
         max_parallel: max_parallel.and_then(|value| u32::try_from(value).ok()),
         steps: steps.into_iter().flatten().collect(),
+        triggers: triggers.clone(),
+        budget: None,
     });
     (process, triggers)
 }
@@ -308,7 +312,9 @@ fn check_step<'a>(
     let timeout = integer_field(step, "timeout_seconds", path, ("STP009", "STP010"), (1, 31_536_000), diagnostics);
     let retries = integer_field(step, "retries", path, ("STP009", "STP011"), (0, MAX_RETRIES), diagnostics);
     let continue_on_failure = bool_field(step, "continue_on_failure", path, "STP009", diagnostics);
-    string_list_field(step, "approvers", path, "STP009", diagnostics);
+    let approvers = string_list_field(step, "approvers", path, "STP009", diagnostics).unwrap_or_default();
+    let schedule_to_start =
+        integer_field(step, "schedule_to_start_seconds", path, ("STP009", "STP010"), (1, 31_536_000), diagnostics);
 
     let inputs_json = match step.get("inputs") {
         None => "{}".to_owned(),
@@ -386,7 +392,14 @@ fn check_step<'a>(
     }
 
     let references = collect_references.then(|| {
-        StepReferences::collect(step, path, WrittenNames { agent, tool, action }, &roles, &delegate, step_type)
+        StepReferences::collect(
+            step,
+            path,
+            WrittenNames { agent, tool, action, approvers: &approvers },
+            &roles,
+            &delegate,
+            step_type,
+        )
     });
     let definition = (diagnostics.error_count() == errors_before).then(|| StepDefinition {
         id: id.map(|(_, text)| text.to_owned()).unwrap_or_default(),
@@ -403,6 +416,8 @@ fn check_step<'a>(
         tool: tool.map(|(_, text)| text.to_owned()),
         delegate: delegate.map(|(request, _)| request),
         action: action.map(|(_, text)| text.to_owned()),
+        approvers: approvers.iter().map(|(_, text)| (*text).to_owned()).collect(),
+        schedule_to_start_seconds: schedule_to_start.and_then(|value| u64::try_from(value).ok()),
     });
     Some(CheckedStep { id, dependencies, references, definition })
 }

@@ -17,11 +17,12 @@ pub(crate) struct Reference<'a> {
     pub(crate) at: Position,
 }
 
-/// The string fields of a step that name something: `agent`, `tool`, `action`.
-pub(crate) struct WrittenNames<'a> {
+/// The fields of a step that name something: `agent`, `tool`, `action`, `approvers`.
+pub(crate) struct WrittenNames<'a, 'b> {
     pub(crate) agent: Option<(Node<'a>, &'a str)>,
     pub(crate) tool: Option<(Node<'a>, &'a str)>,
     pub(crate) action: Option<(Node<'a>, &'a str)>,
+    pub(crate) approvers: &'b [(Node<'a>, &'a str)],
 }
 
 /// What one step refers to.
@@ -38,12 +39,12 @@ impl<'a> StepReferences<'a> {
     pub(crate) fn collect(
         step: Node<'a>,
         path: &str,
-        written: WrittenNames<'a>,
+        written: WrittenNames<'a, '_>,
         roles: &Option<StepRoles>,
         delegate: &Option<(DelegationRequest, Option<Position>)>,
         step_type: &str,
     ) -> Self {
-        let WrittenNames { agent, tool, action } = written;
+        let WrittenNames { agent, tool, action, approvers } = written;
         // A human approval's executor may be a person or a system, not a roster
         // agent.
         let executor_is_agent = step_type != "human_approval";
@@ -81,6 +82,12 @@ impl<'a> StepReferences<'a> {
                     }
                 }
             }
+        }
+        // Approvers decide with their own agent token: they are roster agents.
+        for (index, (node, name)) in approvers.iter().enumerate() {
+            let found =
+                Reference { name, path: index_path(&child_path(path, "approvers"), index), at: node.position() };
+            agents.push((found, false));
         }
         let delegate_role = match (delegate, step.get("delegate").and_then(|node| node.get("role"))) {
             (Some((request, Some(at))), Some(node)) => request.role.as_ref().and(node.as_str()).map(|name| Reference {

@@ -276,7 +276,7 @@ fn table() -> Vec<Row> {
             |_| execution::GetProcessRequest { name: "auth-process".into(), version: 0 }.encode_to_vec(),
             ALL,
         ),
-        row("ExecutionService/ListProcesses", |_| execution::ListProcessesRequest {}.encode_to_vec(), ALL),
+        row("ExecutionService/ListProcesses", |_| execution::ListProcessesRequest::default().encode_to_vec(), ALL),
         row(
             "ExecutionService/StartExecution",
             |_| {
@@ -334,6 +334,11 @@ fn table() -> Vec<Row> {
             [OK, OK, PD, PD],
         ),
         row("ExecutionService/ListTools", |_| execution::ListToolsRequest {}.encode_to_vec(), ALL),
+        row(
+            "ExecutionService/ListWorkers",
+            |_| execution::ListWorkersRequest::default().encode_to_vec(),
+            [PD, PD, OK, OK],
+        ),
         row(
             "ExecutionService/SubmitApproval",
             |fixture| {

@@ -464,8 +464,9 @@ steps:
     assert_eq!(flaky.attempt, 2);
     wait_for_status(&mut client, &id, "after-flaky", StepStatus::Completed).await;
 
-    // A monitor reassigns the step nobody serves.
-    wait_for_status(&mut client, &id, "stuck", StepStatus::Running).await;
+    // A monitor reassigns the step nobody serves: it waits for a worker, not running.
+    let waiting = wait_for_status(&mut client, &id, "stuck", StepStatus::WaitingForWorker).await;
+    assert_eq!((waiting.executor.as_str(), waiting.started_at), ("ghost", None), "{waiting:?}");
     client
         .intervene(as_agent(intervene("stuck", InterventionAction::Reassign, "doer"), &token("monitor")))
         .await

@@ -1,25 +1,50 @@
-//! The execution service's errors and their gRPC statuses.
+//! The execution service's errors, and the one table that turns them into
+//! gRPC statuses.
 
-use muster_proto::common::v1::Diagnostic;
+use muster_runtime::auth::Caller;
+
+use crate::domain::model::Finding;
 
 /// Everything that can go wrong in the execution service.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     /// The request is malformed.
     #[error("{0}")]
     InvalidArgument(String),
     /// The process definition has errors.
-    #[error("the process has {} error(s); first: {}", .0.iter().filter(|d| d.severity == 1).count(), .0.iter().find(|d| d.severity == 1).map(|d| format!("{}:{}: {}", d.line, d.column, d.message)).unwrap_or_default())]
-    InvalidProcess(Vec<Diagnostic>),
+    #[error("the process has {} error(s); first: {}", .0.iter().filter(|finding| finding.error).count(), first_error(.0))]
+    InvalidProcess(Vec<Finding>),
     /// A permission matrix has errors.
-    #[error("the permission matrix has {} error(s); first: {}", .0.iter().filter(|d| d.severity == 1).count(), .0.iter().find(|d| d.severity == 1).map(|d| format!("{}:{}: {}", d.line, d.column, d.message)).unwrap_or_default())]
-    InvalidMatrix(Vec<Diagnostic>),
+    #[error("the permission matrix has {} error(s); first: {}", .0.iter().filter(|finding| finding.error).count(), first_error(.0))]
+    InvalidMatrix(Vec<Finding>),
     /// A named thing does not exist.
     #[error("{0}")]
     NotFound(String),
     /// The request cannot be carried out in the current state.
     #[error("{0}")]
     FailedPrecondition(String),
+    /// The caller may not do this.
+    #[error("{caller} may not {action}: {message}")]
+    PermissionDenied {
+        /// Who asked.
+        caller: Caller,
+        /// What it asked to do.
+        action: String,
+        /// The stable reason, such as `NOT_THE_LEAD`.
+        reason: &'static str,
+        /// Why not, for people.
+        message: String,
+        /// More about the refusal, for the `ErrorInfo` detail.
+        metadata: Vec<(&'static str, String)>,
+    },
+    /// A credential presented in a request (not the call's own) is not good.
+    #[error("{message}")]
+    Unauthenticated {
+        /// The stable reason, such as `CREDENTIAL_UNKNOWN`.
+        reason: &'static str,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A service muster depends on cannot be reached.
     #[error("{service} is unavailable: {detail}")]
     Unavailable {
@@ -28,36 +53,57 @@ pub enum Error {
         /// What happened.
         detail: String,
     },
+    /// The execution is not driven here now (the service is stopping).
+    #[error("execution '{0}' is not running here now; try again")]
+    NotRunningHere(String),
     /// The database failed.
     #[error("storage: {0}")]
     Storage(String),
 }
 
+fn first_error(findings: &[Finding]) -> String {
+    findings
+        .iter()
+        .find(|finding| finding.error)
+        .map(|finding| format!("{}:{}: {}", finding.line, finding.column, finding.message))
+        .unwrap_or_default()
+}
+
 /// The execution service's result type.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl From<Error> for tonic::Status {
     fn from(error: Error) -> Self {
+        use muster_proto::{common::v1 as common, execution::v1 as wire};
+        let findings = |findings: &[Finding]| -> Vec<common::Diagnostic> {
+            findings.iter().map(crate::wire::finding_to_wire).collect()
+        };
         match error {
             Error::InvalidArgument(message) => tonic::Status::invalid_argument(message),
-            Error::InvalidProcess(ref diagnostics) => {
-                let details = prost::Message::encode_to_vec(&muster_proto::execution::v1::PublishProcessResponse {
+            Error::InvalidProcess(ref found) => {
+                let details = prost::Message::encode_to_vec(&wire::PublishProcessResponse {
                     process: None,
-                    diagnostics: diagnostics.clone(),
+                    diagnostics: findings(found),
+                    unchanged: false,
                 });
                 tonic::Status::with_details(tonic::Code::InvalidArgument, error.to_string(), details.into())
             }
-            Error::InvalidMatrix(ref diagnostics) => {
-                let details =
-                    prost::Message::encode_to_vec(&muster_proto::execution::v1::PutPermissionMatrixResponse {
-                        matrix: None,
-                        diagnostics: diagnostics.clone(),
-                    });
+            Error::InvalidMatrix(ref found) => {
+                let details = prost::Message::encode_to_vec(&wire::PutPermissionMatrixResponse {
+                    matrix: None,
+                    diagnostics: findings(found),
+                });
                 tonic::Status::with_details(tonic::Code::InvalidArgument, error.to_string(), details.into())
             }
             Error::NotFound(message) => tonic::Status::not_found(message),
             Error::FailedPrecondition(message) => tonic::Status::failed_precondition(message),
+            Error::PermissionDenied { caller, action, reason, message, metadata } => {
+                let metadata: Vec<(&str, String)> = metadata.into_iter().collect();
+                muster_runtime::auth::permission_denied(&caller, &action, reason, message, &metadata)
+            }
+            Error::Unauthenticated { reason, message } => muster_runtime::auth::unauthenticated(reason, message),
             Error::Unavailable { service, detail } => muster_runtime::status::unavailable(service, &detail),
+            Error::NotRunningHere(_) => tonic::Status::unavailable(error.to_string()),
             Error::Storage(detail) => muster_runtime::status::internal(&detail),
         }
     }

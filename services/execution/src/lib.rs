@@ -1,14 +1,22 @@
 //! The execution service: it owns processes and their versions, executions
-//! and their steps, the event history and the outbox of events bound for the
-//! notifier. It runs each execution as a DAG (independent steps in parallel,
-//! a failed step failing its dependants), finds each step's executor (named,
-//! or decided by the roster's `Delegate`), hands steps to agent workers
-//! connected over a bidirectional stream, records every state change with its
-//! event in one transaction, and resumes unfinished executions after a restart.
+//! and their steps, and the log of their events. It runs each execution as a
+//! DAG (independent steps in parallel, a failed step failing its
+//! dependants), finds each step's executor (named, or decided by the
+//! roster's `Delegate`), hands steps to agent workers connected over a
+//! bidirectional stream, records every state change with its events in one
+//! transaction, streams the log to the notifier, and resumes unfinished
+//! executions after a restart.
 //!
-//! It does not own agents or roles (the roster does), validation rules (the
-//! validator does; the execution service asks it, with the roster as context)
-//! or notifications (the notifier does).
+//! It does not own agents or roles (the roster does) or notifications (the
+//! notifier does). The document formats and their rules are the
+//! `muster-format` library's; a process is checked once, when it is
+//! published, and kept as its checked model.
+//!
+//! The layers: [`grpc`](crate) turns wire requests into calls of the
+//! engine and errors into statuses; the engine (`engine/`) drives
+//! executions with domain types (`domain/`) only; storage sits behind the
+//! `Store` trait (`store/`), the roster behind the `Roster` trait
+//! (`clients/`).
 #![forbid(unsafe_code)]
 
 mod clients;
@@ -16,11 +24,10 @@ mod domain;
 mod engine;
 mod error;
 mod grpc;
-mod outbox;
 mod store;
-mod workers;
+mod wire;
 
-use std::{future::Future, net::SocketAddr};
+use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use muster_proto::{
     execution::v1::execution_service_server::ExecutionServiceServer,
@@ -29,7 +36,7 @@ use muster_proto::{
 use muster_runtime::{ServerArgs, db::Database};
 use tokio::net::TcpListener;
 
-pub use error::{Error, Result};
+pub(crate) use error::{Error, Result};
 pub use grpc::ACCESS;
 
 /// The port the execution service listens on by default.
@@ -48,9 +55,9 @@ pub struct Config {
     /// Most database connections (PostgreSQL).
     #[arg(long, env = "MUSTER_DATABASE_MAX_CONNECTIONS", default_value_t = 16)]
     pub database_max_connections: u32,
-    /// The validator service.
-    #[arg(long, env = "MUSTER_VALIDATOR_URL", default_value = "http://127.0.0.1:50053")]
-    pub validator_url: String,
+    /// Read-only connections for reads, beside the writing one (SQLite).
+    #[arg(long, env = "MUSTER_DATABASE_READERS", default_value_t = 4)]
+    pub database_readers: u32,
     /// The notifier service.
     #[arg(long, env = "MUSTER_NOTIFIER_URL", default_value = "http://127.0.0.1:50054")]
     pub notifier_url: String,
@@ -61,6 +68,10 @@ pub struct Config {
     /// Most steps of one execution running at once, unless the process sets `max_parallel`.
     #[arg(long, env = "MUSTER_MAX_PARALLEL_STEPS", default_value_t = 16)]
     pub max_parallel_steps: usize,
+    /// How long a step may wait for a worker to take it, in seconds, unless
+    /// it sets `schedule_to_start_seconds`; 0 waits as long as it takes.
+    #[arg(long, env = "MUSTER_SCHEDULE_TO_START_SECONDS", default_value_t = 600)]
+    pub schedule_to_start_seconds: u64,
 }
 
 impl Config {
@@ -77,57 +88,86 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::result::Result<(), muster_runtime::Error> {
     let security = muster_runtime::security::Security::following_roster("execution", &config.server)?;
-    let database = Database::connect_lazy(&config.database_url, config.database_max_connections)?;
-    let store = store::Store::new(database);
-    let roster = clients::RosterClient::new(security.channel(&config.server.auth.roster_url)?);
-    let validator = clients::ValidatorClient::new(security.channel(&config.validator_url)?);
+    let database = Database::connect_lazy_with_readers(
+        &config.database_url,
+        config.database_max_connections,
+        config.database_readers,
+    )?;
+    let store: Arc<dyn store::Store> = Arc::new(store::SqlStore::new(database));
+    let roster = Arc::new(clients::roster::RosterClient::new(security.channel(&config.server.auth.roster_url)?));
     let notifier = NotifierServiceClient::new(security.channel(&config.notifier_url)?);
-    let lease = std::time::Duration::from_millis(config.worker_lease_ms.max(100));
-    let engine = engine::Engine::new(store.clone(), roster, config.max_parallel_steps, lease);
-    let api = grpc::ExecutionApi::new(engine.clone(), validator, security.agents().clone());
+    let lease = Duration::from_millis(config.worker_lease_ms.max(100));
+    let settings = engine::Settings {
+        max_parallel: config.max_parallel_steps,
+        worker_lease: lease,
+        schedule_to_start: (config.schedule_to_start_seconds > 0)
+            .then(|| Duration::from_secs(config.schedule_to_start_seconds)),
+    };
+    let engine = engine::Engine::new(store.clone(), roster, settings);
+    let measured = Arc::downgrade(&engine);
+    muster_runtime::metrics::collect_on_render(move || {
+        let Some(engine) = measured.upgrade() else { return false };
+        muster_runtime::metrics::set(
+            "muster_execution_steps_waiting_for_worker",
+            "Steps whose executor is chosen and that wait for a connected worker with room",
+            &[],
+            engine.workers.waiting() as f64,
+        );
+        muster_runtime::metrics::set(
+            "muster_execution_workers",
+            "Connected workers",
+            &[],
+            engine.workers.count() as f64,
+        );
+        true
+    });
+    let api = grpc::ExecutionApi::new(engine.clone(), security.agents().clone());
     let limit = config.server.max_message_bytes;
 
     let agents = security.agents().clone();
+    let started = engine.clone();
     let ready = async move {
         store.migrate().await?;
-        engine.load_matrix().await?;
-        // These run for the life of the process.
-        tokio::spawn(outbox::publish(store.clone(), notifier, engine.outbox_wake.clone()));
-        tokio::spawn(expire_silent_workers(engine.workers.clone(), lease));
-        tokio::spawn(drop_revoked_agents(engine.workers.clone(), agents));
-        tokio::spawn(follow_matrix(engine.clone()));
-        let resumed = engine.resume_unfinished().await?;
+        started.load_matrix().await?;
+        // These run for the life of the engine.
+        started.spawn(clients::notifier::publish(store.clone(), notifier, started.log_wake.clone()));
+        started.spawn(expire_silent_workers(started.clone(), lease));
+        started.spawn(drop_revoked_agents(started.clone(), agents));
+        started.spawn(follow_matrix(started.clone()));
+        let resumed = started.resume_unfinished().await?;
         if resumed > 0 {
             tracing::info!(resumed, "resumed unfinished executions");
         }
         Ok::<(), muster_runtime::server::BoxError>(())
     };
-    muster_runtime::Server::new(&config.server)
+    let served = muster_runtime::Server::new(&config.server)
         .add_service(
             ExecutionServiceServer::new(api).max_decoding_message_size(limit).max_encoding_message_size(limit),
             grpc::ACCESS,
         )
         .serve(listener, &security, ready, shutdown)
-        .await
+        .await;
+    engine.shutdown().await;
+    served
 }
 
 /// Disconnects the workers silent past their lease.
-async fn expire_silent_workers(workers: std::sync::Arc<workers::Workers>, lease: std::time::Duration) {
+async fn expire_silent_workers(engine: Arc<engine::Engine>, lease: Duration) {
     let mut tick = tokio::time::interval(lease / 4);
     loop {
         tick.tick().await;
-        workers.expire_silent(lease);
+        engine.workers.expire_silent(lease);
     }
 }
 
 /// Takes an agent from the workers serving it as soon as the token they
 /// presented for it is revoked.
-async fn drop_revoked_agents(workers: std::sync::Arc<workers::Workers>, agents: muster_runtime::auth::AgentDirectory) {
+async fn drop_revoked_agents(engine: Arc<engine::Engine>, agents: muster_runtime::auth::AgentDirectory) {
     let mut revocations = agents.revocations();
     loop {
         match revocations.recv().await {
             Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                workers.drop_revoked(|token| !agents.is_active(token));
+                engine.workers.drop_revoked(|token| !agents.is_active(token));
             }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         }
@@ -135,8 +175,8 @@ async fn drop_revoked_agents(workers: std::sync::Arc<workers::Workers>, agents: 
 }
 
 /// Picks up a permission matrix stored by another replica.
-async fn follow_matrix(engine: std::sync::Arc<engine::Engine>) {
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+async fn follow_matrix(engine: Arc<engine::Engine>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(5));
     loop {
         tick.tick().await;
         if let Err(error) = engine.load_matrix().await {

@@ -50,10 +50,44 @@ pub struct Migrations {
 /// A pool and the backend it talks to.
 #[derive(Debug, Clone)]
 pub struct Database {
-    /// The pool.
+    /// The pool: every write goes through it.
     pub pool: AnyPool,
+    /// Reads that need not wait for writers. With SQLite, which lets one
+    /// connection write at a time, a separate pool of read-only connections
+    /// (WAL lets them read while the writer writes); with PostgreSQL, the
+    /// same pool as [`Database::pool`].
+    pub reads: AnyPool,
     /// Which backend.
     pub backend: Backend,
+}
+
+/// The placeholder of the `number`th (1-based) bind parameter. SQLite gets
+/// anonymous `?`: it resolves `$N` names with a linear search per parameter,
+/// which makes large multi-row statements quadratic.
+pub fn placeholder(backend: Backend, number: usize) -> String {
+    match backend {
+        Backend::Sqlite => "?".to_owned(),
+        Backend::Postgres => format!("${number}"),
+    }
+}
+
+/// `placeholder(first), placeholder(first + 1), ..` for `count` parameters.
+pub fn placeholder_list(backend: Backend, first: usize, count: usize) -> String {
+    (first..first + count).map(|number| placeholder(backend, number)).collect::<Vec<_>>().join(", ")
+}
+
+/// `($1, $2, ..), ($k, ..)` for `rows` rows of `columns` placeholders.
+pub fn placeholders(backend: Backend, rows: usize, columns: usize) -> String {
+    let mut text = String::with_capacity(rows * columns * 5);
+    for row in 0..rows {
+        if row > 0 {
+            text.push_str(", ");
+        }
+        text.push('(');
+        text.push_str(&placeholder_list(backend, row * columns + 1, columns));
+        text.push(')');
+    }
+    text
 }
 
 impl Database {
@@ -61,6 +95,13 @@ impl Database {
     /// before its database answers. SQLite files, and their folder, are
     /// created when missing.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self> {
+        Self::connect_lazy_with_readers(url, max_connections, 0)
+    }
+
+    /// [`Database::connect_lazy`], with `readers` read-only connections for
+    /// [`Database::reads`] when the backend is SQLite (0: reads share the
+    /// single writing connection).
+    pub fn connect_lazy_with_readers(url: &str, max_connections: u32, readers: u32) -> Result<Self> {
         sqlx::any::install_default_drivers();
         let backend: Backend = url.parse()?;
         if backend == Backend::Sqlite {
@@ -72,23 +113,13 @@ impl Database {
             Backend::Sqlite => (with_create_mode(url), 1),
             Backend::Postgres => (url.to_owned(), max_connections),
         };
-        let pool = AnyPoolOptions::new()
-            .max_connections(max_connections)
-            .after_connect(move |connection, _| {
-                Box::pin(async move {
-                    if backend == Backend::Sqlite {
-                        connection
-                            .execute(
-                                "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
-                                 PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000;",
-                            )
-                            .await?;
-                    }
-                    Ok(())
-                })
-            })
-            .connect_lazy(&url)?;
-        Ok(Self { pool, backend })
+        let pool = pool_options(backend, max_connections, false).connect_lazy(&url)?;
+        let reads = if backend == Backend::Sqlite && readers > 0 {
+            pool_options(backend, readers, true).connect_lazy(&url)?
+        } else {
+            pool.clone()
+        };
+        Ok(Self { pool, reads, backend })
     }
 
     /// Runs the migrations of this backend.
@@ -114,6 +145,27 @@ impl Database {
         migrator.run(&self.pool).await?;
         Ok(())
     }
+}
+
+/// Pool settings: SQLite connections in WAL mode (the read-only ones
+/// refuse writes).
+fn pool_options(backend: Backend, max_connections: u32, read_only: bool) -> AnyPoolOptions {
+    AnyPoolOptions::new().max_connections(max_connections).after_connect(move |connection, _| {
+        Box::pin(async move {
+            if backend == Backend::Sqlite {
+                connection
+                    .execute(
+                        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
+                         PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000;",
+                    )
+                    .await?;
+                if read_only {
+                    connection.execute("PRAGMA query_only = ON;").await?;
+                }
+            }
+            Ok(())
+        })
+    })
 }
 
 use sqlx::SqlSafeStr as _;

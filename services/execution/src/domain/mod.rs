@@ -1,13 +1,14 @@
 //! The execution service's rules, free of transport and storage: the states
-//! of executions and steps and their names as stored, who may do what
-//! ([`authority`]), and what a session looks like to its members ([`session`]).
+//! of executions and steps and their names as stored ([`model`]), the order
+//! steps may run in ([`dag`]), who may do what ([`authority`]), and what a
+//! session looks like to its members ([`session`]).
 
 pub(crate) mod authority;
+pub(crate) mod dag;
+pub(crate) mod model;
 pub(crate) mod session;
 
 use std::str::FromStr;
-
-use muster_proto::{common::v1 as common, execution::v1 as wire};
 
 use crate::Error;
 
@@ -55,27 +56,6 @@ impl ExecutionStatus {
     pub(crate) fn is_final(self) -> bool {
         matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
     }
-
-    pub(crate) fn to_wire(self) -> common::ExecutionStatus {
-        match self {
-            Self::Running => common::ExecutionStatus::Running,
-            Self::Completed => common::ExecutionStatus::Completed,
-            Self::Failed => common::ExecutionStatus::Failed,
-            Self::Cancelled => common::ExecutionStatus::Cancelled,
-            Self::Paused => common::ExecutionStatus::Paused,
-        }
-    }
-
-    pub(crate) fn from_wire(status: common::ExecutionStatus) -> Option<Self> {
-        match status {
-            common::ExecutionStatus::Unspecified => None,
-            common::ExecutionStatus::Running => Some(Self::Running),
-            common::ExecutionStatus::Completed => Some(Self::Completed),
-            common::ExecutionStatus::Failed => Some(Self::Failed),
-            common::ExecutionStatus::Cancelled => Some(Self::Cancelled),
-            common::ExecutionStatus::Paused => Some(Self::Paused),
-        }
-    }
 }
 
 /// Where a step is.
@@ -84,6 +64,7 @@ pub(crate) enum StepStatus {
     Pending,
     Ready,
     Queued,
+    WaitingForWorker,
     Running,
     WaitingApproval,
     Paused,
@@ -96,6 +77,7 @@ stored_enum!(StepStatus {
     Pending => "pending",
     Ready => "ready",
     Queued => "queued",
+    WaitingForWorker => "waiting_for_worker",
     Running => "running",
     WaitingApproval => "waiting_approval",
     Paused => "paused",
@@ -109,22 +91,10 @@ impl StepStatus {
         matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
     }
 
-    /// Held by a step task: looking for its executor, queued, or with a worker.
+    /// Handed on to be done: queued for an expert, waiting for a worker, or
+    /// with one. (A ready step whose executor is being found is in flight
+    /// too; the driver knows which.)
     pub(crate) fn is_in_flight(self) -> bool {
-        matches!(self, Self::Running | Self::Queued)
-    }
-
-    pub(crate) fn to_wire(self) -> wire::StepStatus {
-        match self {
-            Self::Pending => wire::StepStatus::Pending,
-            Self::Ready => wire::StepStatus::Ready,
-            Self::Queued => wire::StepStatus::Queued,
-            Self::Running => wire::StepStatus::Running,
-            Self::WaitingApproval => wire::StepStatus::WaitingApproval,
-            Self::Paused => wire::StepStatus::Paused,
-            Self::Completed => wire::StepStatus::Completed,
-            Self::Failed => wire::StepStatus::Failed,
-            Self::Cancelled => wire::StepStatus::Cancelled,
-        }
+        matches!(self, Self::Queued | Self::WaitingForWorker | Self::Running)
     }
 }

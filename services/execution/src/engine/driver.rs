@@ -1,579 +1,1115 @@
 //! One execution's driver: the only writer of its state. It starts ready
-//! steps (up to the parallel limit), records what step tasks report, fails
-//! the dependants of failed steps, and ends the execution.
+//! steps (up to the parallel limit), finds their executors, hands them to
+//! workers, records what workers report, fails the dependants of failed
+//! steps, and ends the execution.
 //!
-//! Group commit: what step tasks report is staged, and everything staged in
-//! one turn of the loop (all the reports ready at once, and the steps they
-//! ready) is written in one transaction before the driver waits again.
-//! Requests that answer a caller (approvals, interventions, delegation
-//! onward) are written before the answer goes out.
+//! Everything happens in turns. A turn takes every input waiting (worker
+//! reports, the roster's answers, callers' requests, due timers), applies
+//! them to the state in memory, and writes every change with its events in
+//! one commit; only then does it act on them — send assignments, answer
+//! callers, tell watchers. So a worker never gets a step whose start is not
+//! recorded, and nothing a caller was told is lost if the service dies.
+//!
+//! Costs stay flat as an execution grows: a step that ends looks only at its
+//! dependants, an assignment carries a bounded history and shared memory,
+//! and nothing rescans every step.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, HashMap, VecDeque},
+    sync::Arc,
+    time::Duration,
+};
 
-use muster_format::{ProcessDefinition, StepDefinition};
-use muster_proto::common::v1::{EventType, StepError, StepEvent, StepRoles};
-use tokio::{sync::mpsc, task::JoinSet};
+use muster_format::{StepDefinition, StepRoles};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::{
-    Control, Engine,
-    assignment::{AgentContexts, StepTask, StepUpdate},
-};
+use super::{Control, Engine, Found, Input, Route, workers::Slot};
 use crate::{
-    Error, Result,
-    domain::{ExecutionStatus, StepStatus, authority::RoleAssignment},
-    store::{ExecutionRow, StepRow},
-    workers::Outcome,
+    Result,
+    clients::roster::{DelegationAsk, RosterFailure, patiently},
+    domain::{
+        ExecutionStatus, StepStatus,
+        authority::{self, RoleAssignment, Subject},
+        dag::{Dag, Readiness},
+        model::{AgentContext, Assignment, Event, EventKind, Execution, HistoryEntry, Outcome, ProcessVersion, Step},
+    },
+    store::{StepWrite, Write},
 };
+
+/// Most steps whose outputs an assignment's shared memory carries.
+const SHARED_MEMORY_STEPS: usize = 100;
+/// Most bytes of outputs an assignment's shared memory carries.
+const SHARED_MEMORY_BYTES: usize = 256 * 1024;
+/// Most history entries an assignment carries.
+const HISTORY_ENTRIES: usize = 100;
+/// Most inputs taken in one turn before writing.
+const INPUTS_PER_TURN: usize = 4096;
+
+/// What a timer is for; it applies only if its attempt is still the step's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Timer {
+    /// The attempt ran out of time.
+    Timeout,
+    /// No worker took the attempt in time.
+    ScheduleToStart,
+    /// A failed attempt's retry may start.
+    Retry,
+}
+
+/// A due time: (milliseconds since the epoch, what, step, attempt).
+type Due = Reverse<(i64, Timer, usize, u32)>;
+
+/// What an agent's assignments tell it, per agent of the execution.
+enum Known {
+    /// Being fetched; these attempts wait for it.
+    Fetching(Vec<(usize, u32)>),
+    Ready(Arc<AgentContext>),
+}
+
+/// Done after a commit.
+enum Effect {
+    Send { slot: Slot, assignment: Arc<Assignment>, route: Route },
+    Release(String),
+}
+
+/// Changes waiting for the next commit.
+#[derive(Default)]
+struct Staged {
+    steps: Vec<usize>,
+    execution_changed: bool,
+    assignments: Vec<RoleAssignment>,
+    events: Vec<Event>,
+}
 
 pub(crate) struct Driver {
     pub(super) engine: Arc<Engine>,
-    pub(super) execution: ExecutionRow,
-    pub(super) definition: Arc<ProcessDefinition>,
-    pub(super) index: HashMap<String, usize>,
-    pub(super) running: JoinSet<(usize, u32, Outcome)>,
-    pub(super) updates_sender: mpsc::UnboundedSender<StepUpdate>,
-    pub(super) updates: mpsc::UnboundedReceiver<StepUpdate>,
-    pub(super) controls: mpsc::UnboundedReceiver<Control>,
-    pub(super) max_parallel: usize,
-    pub(super) agent_contexts: AgentContexts,
-    /// Steps given to another agent by a REASSIGN intervention.
-    pub(super) reassigned: HashMap<usize, String>,
-    /// Agents each step passed through by delegation onward, oldest first.
-    pub(super) delegation_chains: HashMap<usize, Vec<String>>,
-    /// Dependants reopened by a RETRY, to persist with it.
-    pub(super) dependants_reopened: Vec<usize>,
-    /// Changes staged for the next write: changed steps, whether the
-    /// execution's row changed, and the events, in order.
+    pub(super) execution: Execution,
+    pub(super) process: Arc<ProcessVersion>,
+    pub(super) dag: Dag,
+    pub(super) steps: Vec<Step>,
+    /// Attempts underway: executor being found, queued, waiting for a
+    /// worker, or running. They count against `max_parallel`.
+    active: Vec<bool>,
+    in_flight: usize,
+    max_parallel: usize,
+    /// Steps ready to start, in the order they became ready.
+    ready: VecDeque<usize>,
+    /// Steps in the order they ended (for history and shared memory).
+    ended: Vec<usize>,
+    completed: usize,
+    /// The span of each attempt underway: the step's part of the trace.
+    spans: Vec<Option<tracing::Span>>,
+    route: mpsc::UnboundedSender<Input>,
+    inputs: mpsc::UnboundedReceiver<Input>,
+    contexts: HashMap<String, Known>,
+    timers: BinaryHeap<Due>,
+    /// The execution's inputs, parsed once.
+    execution_inputs: serde_json::Map<String, serde_json::Value>,
     staged: Staged,
-}
-
-#[derive(Default)]
-struct Staged {
-    positions: Vec<usize>,
-    execution_changed: bool,
-    assignments: Vec<RoleAssignment>,
-    events: Vec<StepEvent>,
+    staged_mark: Vec<bool>,
+    after_commit: Vec<Effect>,
 }
 
 impl Driver {
-    pub(crate) fn new(
+    pub(super) fn new(
         engine: Arc<Engine>,
-        mut execution: ExecutionRow,
-        definition: Arc<ProcessDefinition>,
-        controls: mpsc::UnboundedReceiver<Control>,
+        execution: Execution,
+        mut steps: Vec<Step>,
+        process: Arc<ProcessVersion>,
+        route: mpsc::UnboundedSender<Input>,
+        inputs: mpsc::UnboundedReceiver<Input>,
     ) -> Self {
-        // Steps that were running when the service stopped are assigned again.
-        for step in &mut execution.steps {
+        let count = steps.len();
+        // Attempts that were underway when the service stopped start again.
+        for step in &mut steps {
             if step.status.is_in_flight() {
                 step.status = StepStatus::Ready;
             }
         }
-        let index = definition.steps.iter().enumerate().map(|(position, step)| (step.id.clone(), position)).collect();
+        let mut ended: Vec<usize> = (0..count).filter(|position| steps[*position].status.is_final()).collect();
+        ended.sort_by_key(|position| steps[*position].ended_at);
+        let completed = steps.iter().filter(|step| step.status == StepStatus::Completed).count();
         let max_parallel =
-            definition.max_parallel.map(|limit| limit as usize).unwrap_or(engine.default_max_parallel).max(1);
-        let (updates_sender, updates) = mpsc::unbounded_channel();
+            process.definition.max_parallel.map(|limit| limit as usize).unwrap_or(engine.settings.max_parallel).max(1);
+        let execution_inputs = match serde_json::from_str(&execution.inputs_json) {
+            Ok(serde_json::Value::Object(map)) => map,
+            _ => serde_json::Map::new(),
+        };
         Self {
+            dag: Dag::new(&process.definition),
             engine,
             execution,
-            definition,
-            index,
-            running: JoinSet::new(),
-            updates_sender,
-            updates,
-            controls,
+            process,
+            steps,
+            active: vec![false; count],
+            in_flight: 0,
             max_parallel,
-            agent_contexts: AgentContexts::default(),
-            reassigned: HashMap::new(),
-            dependants_reopened: Vec::new(),
-            delegation_chains: HashMap::new(),
+            ready: VecDeque::new(),
+            ended,
+            completed,
+            spans: vec![None; count],
+            route,
+            inputs,
+            contexts: HashMap::new(),
+            timers: BinaryHeap::new(),
+            execution_inputs,
             staged: Staged::default(),
+            staged_mark: vec![false; count],
+            after_commit: Vec::new(),
         }
     }
 
-    pub(crate) async fn run(mut self) -> Result<()> {
+    pub(super) fn definition(&self, position: usize) -> &StepDefinition {
+        &self.process.definition.steps[position]
+    }
+
+    pub(super) async fn run(mut self, stopping: CancellationToken) -> Result<()> {
+        self.reopen_all();
         loop {
-            self.advance().await?;
-            if self.execution.steps.iter().all(|step| step.status.is_final()) {
+            self.advance();
+            if self.ended.len() == self.steps.len() {
                 return self.finish(None).await;
             }
             self.flush().await?;
+            let next_due = self.timers.peek().map(|Reverse((due, ..))| *due);
+            let sleep = next_due.map(|due| {
+                let wait = (due - muster_runtime::time::now_millis()).max(0) as u64;
+                tokio::time::sleep(Duration::from_millis(wait))
+            });
             tokio::select! {
                 biased;
-                Some(update) = self.updates.recv() => {
-                    self.apply_update(update).await?;
-                    self.take_ready_reports().await?;
-                }
-                Some(control) = self.controls.recv() => match control {
-                    Control::Cancel(reason) => return self.finish(Some(reason)).await,
-                    Control::Decide { step_id, approved, by, comment, matrix_version, reply } => {
-                        let outcome = self.decide(&step_id, approved, &by, &comment, matrix_version).await;
-                        let _ = reply.send(outcome);
+                () = stopping.cancelled() => return Ok(()),
+                input = self.inputs.recv() => {
+                    let Some(input) = input else { return Ok(()) };
+                    if let Some(cancelled) = self.handle(input).await? {
+                        return self.finish(Some(cancelled)).await;
                     }
-                    Control::DelegateOnward { request, reply } => {
-                        let outcome = self.delegate_onward(request).await;
-                        let _ = reply.send(outcome);
-                    }
-                    Control::Intervene { intervention, reply } => {
-                        let outcome = self.intervene(intervention).await;
-                        let _ = reply.send(outcome);
-                    }
-                    Control::AssignRole { assignment, matrix_version, reply } => {
-                        let outcome = self.assign_role(assignment, matrix_version).await;
-                        let _ = reply.send(outcome);
-                    }
-                    Control::SetLead { agent_id, by, reply } => {
-                        let outcome = self.set_lead(agent_id, &by).await;
-                        let _ = reply.send(outcome);
-                    }
-                },
-                Some(joined) = self.running.join_next() => {
-                    self.settle_joined(joined).await?;
-                    self.take_ready_reports().await?;
-                }
-            }
-        }
-    }
-
-    /// Takes every report already waiting, without waiting for more, so one
-    /// write records them together.
-    async fn take_ready_reports(&mut self) -> Result<()> {
-        loop {
-            if let Ok(update) = self.updates.try_recv() {
-                self.apply_update(update).await?;
-            } else if let Some(joined) = self.running.try_join_next() {
-                self.settle_joined(joined).await?;
-            } else {
-                return Ok(());
-            }
-        }
-    }
-
-    async fn settle_joined(
-        &mut self,
-        joined: std::result::Result<(usize, u32, Outcome), tokio::task::JoinError>,
-    ) -> Result<()> {
-        match joined {
-            Ok((position, attempt, outcome)) => self.settle(position, attempt, outcome).await,
-            Err(error) => {
-                tracing::error!(execution_id = %self.execution.id, %error, "step task panicked");
-                Ok(())
-            }
-        }
-    }
-
-    /// Fails the dependants of failed steps, readies steps whose dependencies
-    /// are done, and starts ready steps up to the parallel limit.
-    async fn advance(&mut self) -> Result<()> {
-        let mut changed = Vec::new();
-        let mut events = Vec::new();
-        loop {
-            let mut progressed = false;
-            for position in 0..self.execution.steps.len() {
-                if self.execution.steps[position].status != StepStatus::Pending {
-                    continue;
-                }
-                let definition = &self.definition.steps[position];
-                let mut all_done = true;
-                let mut blocking_failure = None;
-                for dependency in &definition.depends_on {
-                    let Some(&dependency_position) = self.index.get(dependency) else { continue };
-                    let dependency_row = &self.execution.steps[dependency_position];
-                    let continues = self.definition.steps[dependency_position].continue_on_failure;
-                    match dependency_row.status {
-                        StepStatus::Completed => {}
-                        StepStatus::Failed | StepStatus::Cancelled if continues => {}
-                        StepStatus::Failed | StepStatus::Cancelled => blocking_failure = Some(dependency.clone()),
-                        _ => all_done = false,
+                    for _ in 0..INPUTS_PER_TURN {
+                        let Ok(input) = self.inputs.try_recv() else { break };
+                        if let Some(cancelled) = self.handle(input).await? {
+                            return self.finish(Some(cancelled)).await;
+                        }
                     }
                 }
-                if let Some(failed_dependency) = blocking_failure {
-                    let now = muster_runtime::time::now_millis();
-                    let step = &mut self.execution.steps[position];
-                    step.status = StepStatus::Failed;
-                    step.error_code = "UPSTREAM_FAILED".to_owned();
-                    step.error_message =
-                        format!("step '{failed_dependency}', which this step depends on, did not complete");
-                    step.ended_at = Some(now);
-                    changed.push(position);
-                    let mut event = self.step_event(EventType::StepFailed, position);
-                    event.error = Some(StepError {
-                        code: self.execution.steps[position].error_code.clone(),
-                        message: self.execution.steps[position].error_message.clone(),
-                    });
-                    events.push(event);
-                    progressed = true;
-                } else if all_done {
-                    self.execution.steps[position].status = StepStatus::Ready;
-                    progressed = true;
+                () = async { sleep.expect("guarded").await }, if sleep.is_some() => self.fire_timers(),
+            }
+            self.fire_timers();
+        }
+    }
+
+    /// Applies one input; returns the reason when the execution is cancelled.
+    async fn handle(&mut self, input: Input) -> Result<Option<String>> {
+        match input {
+            Input::Report { position, attempt, outcome } => {
+                if self.is_current(position, attempt) && self.steps[position].status == StepStatus::Running {
+                    self.settle(position, outcome);
                 }
             }
-            if !progressed {
-                break;
-            }
-        }
-        self.stage(&changed, false, events);
-
-        if self.execution.status == ExecutionStatus::Paused {
-            return Ok(());
-        }
-        let mut in_flight = self.running.len();
-        for position in 0..self.execution.steps.len() {
-            if in_flight >= self.max_parallel {
-                break;
-            }
-            if self.execution.steps[position].status == StepStatus::Ready {
-                if self.definition.steps[position].step_type == HUMAN_APPROVAL {
-                    self.request_approval(position).await?;
-                } else {
-                    self.spawn_step(position);
-                    in_flight += 1;
+            Input::Executor { position, attempt, found } => self.executor_found(position, attempt, found),
+            Input::Context { agent_id, context } => self.context_known(agent_id, context),
+            Input::WorkerReady { position, attempt, slot } => {
+                if self.is_current(position, attempt) && self.steps[position].status == StepStatus::WaitingForWorker {
+                    self.dispatch(position, slot);
                 }
             }
+            Input::Control(control) => return self.control(control).await,
         }
-        Ok(())
+        Ok(None)
     }
 
-    /// A human approval step waits for its executor's or a monitor's decision.
-    async fn request_approval(&mut self, position: usize) -> Result<()> {
-        let step = &mut self.execution.steps[position];
-        step.status = StepStatus::WaitingApproval;
-        step.attempt = 1;
-        step.started_at = Some(muster_runtime::time::now_millis());
-        let mut event = self.step_event(EventType::ApprovalRequested, position);
-        event.waiting_for = approvers(&self.definition.steps[position]);
-        self.persist(&[position], false, vec![event]).await
-    }
-
-    /// Records an approval decision: approved completes the step, rejected fails it.
-    async fn decide(
-        &mut self,
-        step_id: &str,
-        approved: bool,
-        by: &str,
-        comment: &str,
-        matrix_version: u32,
-    ) -> Result<()> {
-        let Some(&position) = self.index.get(step_id) else {
-            return Err(Error::NotFound(format!("execution '{}' has no step '{step_id}'", self.execution.id)));
-        };
-        if self.execution.steps[position].status != StepStatus::WaitingApproval {
-            return Err(Error::FailedPrecondition(format!(
-                "step '{step_id}' is not waiting for approval (it is {})",
-                self.execution.steps[position].status.as_str()
-            )));
-        }
-        let now = muster_runtime::time::now_millis();
-        let step = &mut self.execution.steps[position];
-        step.executor = by.to_owned();
-        step.ended_at = Some(now);
-        let mut event = if approved {
-            step.status = StepStatus::Completed;
-            step.output_json = serde_json::json!({"approved": true, "by": by, "comment": comment}).to_string();
-            let mut event = self.step_event(EventType::StepCompleted, position);
-            event.duration_ms =
-                self.execution.steps[position].started_at.map_or(0, |started| (now - started).max(0) as u64);
-            event
-        } else {
-            step.status = StepStatus::Failed;
-            step.error_code = "REJECTED".to_owned();
-            step.error_message =
-                if comment.is_empty() { format!("rejected by {by}") } else { format!("rejected by {by}: {comment}") };
-            let mut event = self.step_event(EventType::StepFailed, position);
-            event.error = Some(StepError {
-                code: self.execution.steps[position].error_code.clone(),
-                message: self.execution.steps[position].error_message.clone(),
-            });
-            event
-        };
-        event.matrix_version = matrix_version;
-        self.persist(&[position], false, vec![event]).await
-    }
-
-    pub(super) fn spawn_step(&mut self, position: usize) {
-        let step = &mut self.execution.steps[position];
-        step.status = StepStatus::Running;
-        step.attempt += 1;
-        let attempt = step.attempt;
-        let definition = self.definition.steps[position].clone();
-        let upstream_outputs = definition
-            .depends_on
-            .iter()
-            .filter_map(|dependency| {
-                let row = &self.execution.steps[*self.index.get(dependency)?];
-                (row.status == StepStatus::Completed).then(|| (dependency.clone(), row.output_json.clone()))
-            })
-            .collect();
-        let task = StepTask {
-            engine: self.engine.clone(),
-            execution_id: self.execution.id.clone(),
-            process_name: self.execution.process_name.clone(),
-            process_version: self.execution.process_version,
-            execution_inputs_json: self.execution.inputs_json.clone(),
-            lead_agent_id: self.execution.lead_agent_id.clone(),
-            position,
-            attempt,
-            definition,
-            upstream_outputs,
-            shared_memory_json: self.shared_memory_json(),
-            history: self.history(),
-            updates: self.updates_sender.clone(),
-            agent_contexts: self.agent_contexts.clone(),
-            reassigned_to: self.reassigned.get(&position).cloned(),
-            delegation_chain: self.delegation_chains.get(&position).cloned().unwrap_or_default(),
-            session: self.session_snapshot(),
-        };
-        let span = tracing::info_span!("step", step_id = %task.definition.id, attempt);
-        self.running.spawn(task.run().instrument(span));
-    }
-
-    async fn apply_update(&mut self, update: StepUpdate) -> Result<()> {
-        let (position, attempt) = update.step();
-        if self.execution.steps[position].attempt != attempt || !self.execution.steps[position].status.is_in_flight() {
-            return Ok(());
-        }
-        let event = match update {
-            StepUpdate::Assigned { agent_id, .. } => {
-                let step = &mut self.execution.steps[position];
-                step.status = StepStatus::Running;
-                step.executor = agent_id;
-                step.started_at = Some(muster_runtime::time::now_millis());
-                self.step_event(EventType::StepStarted, position)
+    async fn control(&mut self, control: Control) -> Result<Option<String>> {
+        match control {
+            Control::Cancel(reason) => return Ok(Some(reason)),
+            Control::Decide { step_id, approved, by, comment, matrix_version, reply } => {
+                let outcome = self.decide(&step_id, approved, &by, &comment, matrix_version);
+                let outcome = self.written(outcome).await?;
+                let _ = reply.send(outcome);
             }
-            StepUpdate::Delegated { agent_id, detail, escalated, .. } => {
-                self.execution.steps[position].executor = agent_id;
-                let kind = if escalated { EventType::StepEscalated } else { EventType::StepDelegated };
-                let mut event = self.step_event(kind, position);
-                event.detail = detail;
-                event
+            Control::HandOff { request, reply } => {
+                let answer = self.hand_off(request).await;
+                self.flush().await?;
+                let _ = reply.send(answer);
             }
-            StepUpdate::Queued { expert_id, wait_seconds, detail, .. } => {
-                self.execution.steps[position].status = StepStatus::Queued;
-                self.execution.steps[position].executor = expert_id;
-                let mut event = self.step_event(EventType::StepQueued, position);
-                event.wait_seconds = wait_seconds;
-                event.detail = detail;
-                event
+            Control::Intervene { intervention, reply } => {
+                let outcome = self.intervene(intervention);
+                let outcome = self.written(outcome).await?;
+                let _ = reply.send(outcome);
             }
-        };
-        self.stage(&[position], false, vec![event]);
-        Ok(())
-    }
-
-    async fn settle(&mut self, position: usize, attempt: u32, outcome: Outcome) -> Result<()> {
-        if self.execution.steps[position].attempt != attempt || !self.execution.steps[position].status.is_in_flight() {
-            return Ok(());
-        }
-        let now = muster_runtime::time::now_millis();
-        let retries = self.definition.steps[position].retries;
-        // A session step's result counts only while its executor may still perform it.
-        let outcome = match outcome {
-            Outcome::Completed(result) => match self.admit_result(position) {
-                Ok(()) => Outcome::Completed(result),
-                Err(reason) => Outcome::Failed(muster_proto::execution::v1::StepFailure {
-                    assignment_id: result.assignment_id,
-                    error_code: "PERMISSION_DENIED".to_owned(),
-                    message: reason,
-                    retryable: false,
-                }),
-            },
-            other => other,
-        };
-        let step = &mut self.execution.steps[position];
-        let event = match outcome {
-            Outcome::Completed(result) => {
-                step.status = StepStatus::Completed;
-                step.output_json = stored_output(result.output_json);
-                step.cost = result.cost;
-                step.tokens_used = result.tokens_used;
-                step.ended_at = Some(now);
-                let duration_ms =
-                    step.started_at.map(|started| (now - started).max(0) as u64).unwrap_or(result.duration_ms);
-                let mut event = self.step_event(EventType::StepCompleted, position);
-                event.duration_ms = duration_ms;
-                Some(event)
+            Control::AssignRole { assignment, matrix_version, reply } => {
+                let outcome = self.assign_role(assignment, matrix_version);
+                let outcome = self.written(outcome).await?;
+                let _ = reply.send(outcome);
             }
-            Outcome::Failed(failure) if failure.retryable && attempt <= retries => {
-                tracing::info!(execution_id = %self.execution.id, step = %step.step_id, attempt, error = %failure.message, "step failed; retrying");
-                step.status = StepStatus::Ready;
-                step.error_code = failure.error_code;
-                step.error_message = failure.message;
-                None
-            }
-            Outcome::Failed(failure) => {
-                step.status = StepStatus::Failed;
-                step.error_code =
-                    if failure.error_code.is_empty() { "WORKER_FAILED".to_owned() } else { failure.error_code };
-                step.error_message = failure.message;
-                step.ended_at = Some(now);
-                let mut event = self.step_event(EventType::StepFailed, position);
-                event.error = Some(StepError {
-                    code: self.execution.steps[position].error_code.clone(),
-                    message: self.execution.steps[position].error_message.clone(),
-                });
-                Some(event)
-            }
-            Outcome::WorkerLost => {
-                tracing::info!(execution_id = %self.execution.id, step = %step.step_id, attempt, "worker lost; assigning the step again");
-                step.status = StepStatus::Ready;
-                None
-            }
-        };
-        if self.execution.steps[position].status.is_final() {
-            self.release_delegation(position);
-        }
-        self.stage(&[position], false, event.into_iter().collect());
-        Ok(())
-    }
-
-    /// Frees the roster slot a delegated step held, whatever its outcome.
-    pub(super) fn release_delegation(&self, position: usize) {
-        let definition = &self.definition.steps[position];
-        if definition.executor().is_some() || definition.delegate.is_none() {
-            return;
-        }
-        let mut roster = self.engine.roster.clone();
-        let task_id = format!("{}/{}", self.execution.id, definition.id);
-        tokio::spawn(async move {
-            let request = muster_proto::roster::v1::ReleaseTaskRequest { task_id: task_id.clone() };
-            if let Err(status) = roster.release_task(request).await {
-                tracing::warn!(%task_id, error = %status.message(), "could not release the delegated slot");
-            }
-        });
-    }
-
-    /// Ends the execution: cancelled when `cancel_reason` is given, else
-    /// completed when every step completed and failed otherwise.
-    async fn finish(&mut self, cancel_reason: Option<String>) -> Result<()> {
-        let now = muster_runtime::time::now_millis();
-        let mut changed = Vec::new();
-        if let Some(reason) = &cancel_reason {
-            self.running.abort_all();
-            for (position, step) in self.execution.steps.iter_mut().enumerate() {
-                if !step.status.is_final() {
-                    self.engine
-                        .workers
-                        .withdraw(&assignment_id(&self.execution.id, &step.step_id, step.attempt), reason);
-                    step.status = StepStatus::Cancelled;
-                    step.error_code = "CANCELLED".to_owned();
-                    step.error_message = reason.clone();
-                    step.ended_at = Some(now);
-                    changed.push(position);
-                }
-            }
-            for position in changed.clone() {
-                self.release_delegation(position);
-            }
-            self.execution.status = ExecutionStatus::Cancelled;
-            self.execution.reason = reason.clone();
-        } else if let Some(failed) = self.execution.steps.iter().find(|step| step.status != StepStatus::Completed) {
-            self.execution.status = ExecutionStatus::Failed;
-            self.execution.reason =
-                format!("step '{}' {}: {}", failed.step_id, failed.status.as_str(), failed.error_message);
-        } else {
-            self.execution.status = ExecutionStatus::Completed;
-        }
-        self.execution.ended_at = Some(now);
-        let mut event = new_event(&mut self.execution, EventType::ExecutionFinished);
-        event.execution_status = self.execution.status.to_wire() as i32;
-        event.detail = self.execution.reason.clone();
-        self.persist(&changed, true, vec![event]).await?;
-        tracing::info!(execution_id = %self.execution.id, status = self.execution.status.as_str(), reason = %self.execution.reason, "execution finished");
-        Ok(())
-    }
-
-    /// Stages changes for the next write (see the module's doc).
-    pub(super) fn stage(&mut self, positions: &[usize], execution_changed: bool, events: Vec<StepEvent>) {
-        for position in positions {
-            if !self.staged.positions.contains(position) {
-                self.staged.positions.push(*position);
+            Control::SetLead { agent_id, by, reply } => {
+                self.set_lead(agent_id, &by);
+                self.flush().await?;
+                let _ = reply.send(Ok(()));
             }
         }
-        self.staged.execution_changed |= execution_changed;
-        self.staged.events.extend(events);
+        Ok(None)
     }
 
-    /// Stages a changed session assignment for the next write.
+    /// Writes what an accepted request changed before it is answered; a
+    /// refused request changed nothing.
+    async fn written(&mut self, outcome: Result<()>) -> Result<Result<()>> {
+        if outcome.is_ok() {
+            self.flush().await?;
+        }
+        Ok(outcome)
+    }
+
+    pub(super) fn is_current(&self, position: usize, attempt: u32) -> bool {
+        self.active[position] && self.steps[position].attempt == attempt
+    }
+
+    pub(super) fn route(&self, position: usize) -> Route {
+        Route { driver: self.route.clone(), position, attempt: self.steps[position].attempt }
+    }
+
+    /// Sets a step's status, keeping count of ended steps and staging it.
+    pub(super) fn set_status(&mut self, position: usize, status: StepStatus) {
+        let was_final = self.steps[position].status.is_final();
+        let was_completed = self.steps[position].status == StepStatus::Completed;
+        self.steps[position].status = status;
+        match (was_final, status.is_final()) {
+            (false, true) => self.ended.push(position),
+            (true, false) => self.ended.retain(|ended| *ended != position),
+            _ => {}
+        }
+        match (was_completed, status == StepStatus::Completed) {
+            (false, true) => self.completed += 1,
+            (true, false) => self.completed -= 1,
+            _ => {}
+        }
+        self.stage(position);
+    }
+
+    pub(super) fn stage(&mut self, position: usize) {
+        if !self.staged_mark[position] {
+            self.staged_mark[position] = true;
+            self.staged.steps.push(position);
+        }
+    }
+
+    pub(super) fn stage_execution(&mut self) {
+        self.staged.execution_changed = true;
+    }
+
     pub(super) fn stage_assignment(&mut self, assignment: RoleAssignment) {
         self.staged.assignments.push(assignment);
     }
 
-    /// Writes what is staged, in one transaction with its events and their
-    /// outbox rows, then announces the events.
+    pub(super) fn record(&mut self, event: Event) {
+        self.staged.events.push(event);
+    }
+
+    /// A step that goes back to be started, before the others waiting.
+    pub(super) fn reopened_ready(&mut self, position: usize) {
+        self.ready.push_front(position);
+    }
+
+    pub(super) fn release_later(&mut self, task_id: String) {
+        self.after_commit.push(Effect::Release(task_id));
+    }
+
+    /// Ready steps whose dependencies are done, failed steps' dependants
+    /// failed, after a start or anything that reopened steps.
+    pub(super) fn reopen_all(&mut self) {
+        let mut blocked = Vec::new();
+        for position in 0..self.steps.len() {
+            match self.steps[position].status {
+                StepStatus::Pending => match self.dag.readiness(position, &self.steps) {
+                    Readiness::Ready => {
+                        self.set_status(position, StepStatus::Ready);
+                        self.ready.push_back(position);
+                    }
+                    Readiness::Blocked(_) => blocked.push(position),
+                    Readiness::Waiting => {}
+                },
+                StepStatus::Ready if !self.active[position] => match self.steps[position].retry_at {
+                    Some(due) => self.timers.push(Reverse((due, Timer::Retry, position, self.steps[position].attempt))),
+                    None if !self.ready.contains(&position) => self.ready.push_back(position),
+                    None => {}
+                },
+                _ => {}
+            }
+        }
+        for position in blocked {
+            if self.steps[position].status == StepStatus::Pending
+                && let Readiness::Blocked(dependency) = self.dag.readiness(position, &self.steps)
+            {
+                self.fail_upstream(position, dependency);
+            }
+        }
+    }
+
+    /// Starts ready steps while there is room.
+    fn advance(&mut self) {
+        if self.execution.status == ExecutionStatus::Paused {
+            return;
+        }
+        while self.in_flight < self.max_parallel {
+            let Some(position) = self.ready.pop_front() else { return };
+            let step = &self.steps[position];
+            if step.status == StepStatus::Ready && !self.active[position] && step.retry_at.is_none() {
+                self.start(position);
+            }
+        }
+    }
+
+    /// Starts an attempt: an approval waits for its decision; a task finds
+    /// its executor — the agent it was reassigned or handed to, else the one
+    /// it names, else the roster's choice.
+    fn start(&mut self, position: usize) {
+        let now = muster_runtime::time::now_millis();
+        if self.definition(position).step_type == super::HUMAN_APPROVAL {
+            let waiting_for = self.definition(position).approvers();
+            let step = &mut self.steps[position];
+            step.attempt = 1;
+            step.started_at = Some(now);
+            self.set_status(position, StepStatus::WaitingApproval);
+            let mut event = self.step_event(EventKind::ApprovalRequested, position);
+            event.waiting_for = waiting_for;
+            self.record(event);
+            return;
+        }
+        let step = &mut self.steps[position];
+        step.attempt += 1;
+        step.retry_at = None;
+        let attempt = step.attempt;
+        self.active[position] = true;
+        self.in_flight += 1;
+        let span = tracing::info_span!("step", step_id = %self.definition(position).id, attempt);
+        self.spans[position] = Some(span);
+        let named = self.steps[position]
+            .assigned_to
+            .clone()
+            .or_else(|| self.definition(position).executor().map(str::to_owned));
+        match named {
+            Some(agent_id) => self.executor_known(position, attempt, agent_id),
+            None => self.ask_roster(position),
+        }
+    }
+
+    /// Asks the roster who takes a step; its answer comes back as [`Input::Executor`].
+    fn ask_roster(&mut self, position: usize) {
+        let definition = self.definition(position);
+        let Some(criteria) = definition.delegate.clone() else {
+            let message = "the step names no executor and asks for no delegation".to_owned();
+            self.end_attempt(position);
+            self.fail(position, "NO_EXECUTOR", message);
+            return;
+        };
+        let ask = DelegationAsk {
+            task_id: self.task_id(position),
+            requester_id: self.execution.lead_agent_id.clone(),
+            required_expertise: criteria.expertise,
+            required_role: criteria.role.unwrap_or_default(),
+            team: criteria.team.unwrap_or_default(),
+            urgency: criteria.urgency.unwrap_or_default(),
+            deadline: criteria.deadline.as_deref().and_then(|text| muster_format::rfc3339_millis(text).ok()),
+            delegation_chain: self.steps[position].delegation_chain.clone(),
+            description: definition.message.clone(),
+        };
+        let roster = self.engine.roster.clone();
+        let route = self.route(position);
+        let span = self.spans[position].clone().unwrap_or_else(tracing::Span::none);
+        self.engine.spawn(resolve(roster, ask, route).instrument(span));
+    }
+
+    fn executor_found(&mut self, position: usize, attempt: u32, found: Found) {
+        if !self.is_current(position, attempt) {
+            // The step moved on while the roster decided: give back what it
+            // reserved, unless the step holds the task's slot again since.
+            if matches!(found, Found::Chosen { .. }) && !self.active[position] && !self.steps[position].roster_reserved
+            {
+                self.release_later(self.task_id(position));
+            }
+            return;
+        }
+        match found {
+            Found::Chosen { agent_id, escalated, detail } => {
+                self.steps[position].executor = agent_id.clone();
+                self.steps[position].wait_seconds = 0;
+                self.steps[position].roster_reserved = true;
+                let kind = if escalated { EventKind::StepEscalated } else { EventKind::StepDelegated };
+                let mut event = self.step_event(kind, position);
+                event.detail = detail;
+                self.record(event);
+                self.executor_known(position, attempt, agent_id);
+            }
+            Found::Queued { expert_id, wait_seconds, detail } => {
+                let step = &mut self.steps[position];
+                step.executor = expert_id;
+                step.wait_seconds = wait_seconds;
+                self.set_status(position, StepStatus::Queued);
+                let mut event = self.step_event(EventKind::StepQueued, position);
+                event.wait_seconds = wait_seconds;
+                event.detail = detail;
+                self.record(event);
+            }
+            Found::Failed { code, message } => {
+                self.end_attempt(position);
+                self.fail(position, &code, message);
+            }
+        }
+    }
+
+    /// The executor is known: with what the roster says of it, the step goes
+    /// to a worker.
+    pub(super) fn executor_known(&mut self, position: usize, attempt: u32, agent_id: String) {
+        self.steps[position].executor = agent_id.clone();
+        self.stage(position);
+        match self.contexts.get_mut(&agent_id) {
+            Some(Known::Ready(context)) => {
+                let context = context.clone();
+                self.assign(position, context);
+            }
+            Some(Known::Fetching(waiting)) => waiting.push((position, attempt)),
+            None => {
+                self.contexts.insert(agent_id.clone(), Known::Fetching(vec![(position, attempt)]));
+                let roster = self.engine.roster.clone();
+                let driver = self.route.clone();
+                self.engine.spawn(async move {
+                    let fetched = patiently(Duration::from_millis(500), "an assignment", || {
+                        roster.agent_context(agent_id.clone())
+                    })
+                    .await;
+                    let context = fetched.map(Arc::new).map_err(|failure| match failure {
+                        RosterFailure::NotFound(_) => format!("agent '{agent_id}' is not in the roster"),
+                        other => format!("the roster cannot describe agent '{agent_id}': {}", other.message()),
+                    });
+                    let _ = driver.send(Input::Context { agent_id, context });
+                });
+            }
+        }
+    }
+
+    fn context_known(&mut self, agent_id: String, context: std::result::Result<Arc<AgentContext>, String>) {
+        let Some(Known::Fetching(waiting)) = self.contexts.remove(&agent_id) else { return };
+        match context {
+            Ok(context) => {
+                self.contexts.insert(agent_id, Known::Ready(context.clone()));
+                for (position, attempt) in waiting {
+                    if self.is_current(position, attempt) && self.steps[position].status == StepStatus::Ready {
+                        self.assign(position, context.clone());
+                    }
+                }
+            }
+            Err(message) => {
+                for (position, attempt) in waiting {
+                    if self.is_current(position, attempt) {
+                        self.end_attempt(position);
+                        self.fail(position, "NO_EXECUTOR", message.clone());
+                    }
+                }
+            }
+        }
+    }
+
+    /// The executor may take the step (its session role, or the matrix for
+    /// its roster role, permits the step's action): a worker with room gets
+    /// it, or it waits for one.
+    fn assign(&mut self, position: usize, context: Arc<AgentContext>) {
+        let agent_id = self.steps[position].executor.clone();
+        if let Err(reason) = self.admit(position, &agent_id, &context.roster_role) {
+            self.end_attempt(position);
+            self.fail(position, "PERMISSION_DENIED", reason);
+            return;
+        }
+        match self.engine.workers.acquire(&agent_id, self.route(position)) {
+            Some(slot) => self.dispatch(position, slot),
+            None => {
+                self.set_status(position, StepStatus::WaitingForWorker);
+                let limit = self
+                    .definition(position)
+                    .schedule_to_start_seconds
+                    .map(Duration::from_secs)
+                    .or(self.engine.settings.schedule_to_start);
+                if let Some(limit) = limit {
+                    let due = muster_runtime::time::now_millis() + limit.as_millis() as i64;
+                    self.timers.push(Reverse((due, Timer::ScheduleToStart, position, self.steps[position].attempt)));
+                }
+            }
+        }
+    }
+
+    /// Whether the executor may perform the step: in a session it must be
+    /// assigned and its role permit the step's `action`; outside sessions the
+    /// matrix decides for the roster roles it governs.
+    fn admit(&self, position: usize, agent_id: &str, roster_role: &str) -> std::result::Result<(), String> {
+        let action = self.definition(position).action.as_deref();
+        if let Some(session) = &self.execution.session {
+            return super::session::admit(
+                &self.engine.matrix(),
+                &self.execution.lead_agent_id,
+                session,
+                agent_id,
+                action,
+            )
+            .map(drop);
+        }
+        let Some(action) = action else { return Ok(()) };
+        let subject = Subject { agent_id, roster_role, lead: &self.execution.lead_agent_id, session: None };
+        let verdict = authority::check(&self.engine.matrix(), &subject, action);
+        if verdict.allowed { Ok(()) } else { Err(format!("{agent_id} may not '{action}': {}", verdict.reason)) }
+    }
+
+    /// A worker has room: the step starts, and the assignment goes out once
+    /// that is written.
+    fn dispatch(&mut self, position: usize, slot: Slot) {
+        let now = muster_runtime::time::now_millis();
+        self.steps[position].started_at = Some(now);
+        self.set_status(position, StepStatus::Running);
+        let event = self.step_event(EventKind::StepStarted, position);
+        self.record(event);
+        if let Some(seconds) = self.definition(position).timeout_seconds {
+            let due = now + (seconds * 1000) as i64;
+            self.timers.push(Reverse((due, Timer::Timeout, position, self.steps[position].attempt)));
+        }
+        let assignment = Arc::new(self.assignment(position));
+        let route = self.route(position);
+        self.after_commit.push(Effect::Send { slot, assignment, route });
+    }
+
+    /// What a worker reported: the attempt ends completed, failed (retried
+    /// when it may be), or lost (assigned again).
+    fn settle(&mut self, position: usize, outcome: Outcome) {
+        self.end_attempt(position);
+        let now = muster_runtime::time::now_millis();
+        let outcome = match outcome {
+            Outcome::Completed { iterations, .. } if iterations > self.max_iterations(position) => Outcome::Failed {
+                error_code: "ITERATION_LIMIT".to_owned(),
+                message: format!(
+                    "the agent reported {iterations} iterations; it may run at most {} per step",
+                    self.max_iterations(position)
+                ),
+                retryable: false,
+            },
+            Outcome::Completed { .. } if self.admit_result(position).is_err() => Outcome::Failed {
+                error_code: "PERMISSION_DENIED".to_owned(),
+                message: self.admit_result(position).err().unwrap_or_default(),
+                retryable: false,
+            },
+            other => other,
+        };
+        match outcome {
+            Outcome::Completed { output_json, tokens_used, cost, duration_ms, .. } => {
+                let step = &mut self.steps[position];
+                step.output_json = Some(Arc::from(stored_output(output_json)));
+                step.cost = cost;
+                step.tokens_used = tokens_used;
+                step.ended_at = Some(now);
+                step.error_code.clear();
+                step.error_message.clear();
+                let duration_ms = step.started_at.map_or(duration_ms, |started| (now - started).max(0) as u64);
+                self.set_status(position, StepStatus::Completed);
+                let mut event = self.step_event(EventKind::StepCompleted, position);
+                event.duration_ms = duration_ms;
+                self.record(event);
+                self.release_delegation(position);
+                self.after_end(position);
+            }
+            Outcome::Failed { error_code, message, retryable } => {
+                let code = if error_code.is_empty() { "WORKER_FAILED".to_owned() } else { error_code };
+                if retryable && self.steps[position].attempt <= self.definition(position).retries {
+                    tracing::info!(execution_id = %self.execution.id, step = %self.definition(position).id, attempt = self.steps[position].attempt, error = %message, "step failed; retrying");
+                    let exponent = (self.steps[position].attempt - 1).min(5);
+                    let due = now + (100_i64 << exponent);
+                    let step = &mut self.steps[position];
+                    step.error_code = code;
+                    step.error_message = message;
+                    step.retry_at = Some(due);
+                    self.set_status(position, StepStatus::Ready);
+                    self.timers.push(Reverse((due, Timer::Retry, position, self.steps[position].attempt)));
+                } else {
+                    self.fail(position, &code, message);
+                }
+            }
+            Outcome::WorkerLost => {
+                tracing::info!(execution_id = %self.execution.id, step = %self.definition(position).id, attempt = self.steps[position].attempt, "worker lost; assigning the step again");
+                self.set_status(position, StepStatus::Ready);
+                self.ready.push_front(position);
+            }
+        }
+    }
+
+    /// The attempt is no longer underway.
+    pub(super) fn end_attempt(&mut self, position: usize) {
+        if std::mem::replace(&mut self.active[position], false) {
+            self.in_flight -= 1;
+        }
+        self.spans[position] = None;
+    }
+
+    fn max_iterations(&self, position: usize) -> u32 {
+        match self.contexts.get(&self.steps[position].executor) {
+            Some(Known::Ready(context)) => context.max_iterations,
+            _ => crate::clients::roster::DEFAULT_MAX_ITERATIONS,
+        }
+    }
+
+    /// Fails a step for good, with its event, and fails the dependants it blocks.
+    pub(super) fn fail(&mut self, position: usize, code: &str, message: String) {
+        let now = muster_runtime::time::now_millis();
+        self.steps[position].retry_at = None;
+        self.steps[position].ended_with_error(code, message, now);
+        self.set_status(position, StepStatus::Failed);
+        let mut event = self.step_event(EventKind::StepFailed, position);
+        event.error = Some((self.steps[position].error_code.clone(), self.steps[position].error_message.clone()));
+        self.record(event);
+        self.release_delegation(position);
+        self.after_end(position);
+    }
+
+    fn fail_upstream(&mut self, position: usize, dependency: usize) {
+        let message =
+            format!("step '{}', which this step depends on, did not complete", self.definition(dependency).id);
+        self.fail(position, "UPSTREAM_FAILED", message);
+    }
+
+    /// A step ended: its pending dependants become ready, or fail when it
+    /// blocks them (and theirs after them, without recursion).
+    pub(super) fn after_end(&mut self, position: usize) {
+        let mut ended = vec![position];
+        while let Some(next) = ended.pop() {
+            for index in 0..self.dag.dependants(next).len() {
+                let dependant = self.dag.dependants(next)[index];
+                if self.steps[dependant].status != StepStatus::Pending {
+                    continue;
+                }
+                match self.dag.readiness(dependant, &self.steps) {
+                    Readiness::Ready => {
+                        self.set_status(dependant, StepStatus::Ready);
+                        self.ready.push_back(dependant);
+                    }
+                    Readiness::Blocked(dependency) => {
+                        let message = format!(
+                            "step '{}', which this step depends on, did not complete",
+                            self.definition(dependency).id
+                        );
+                        let now = muster_runtime::time::now_millis();
+                        self.steps[dependant].ended_with_error("UPSTREAM_FAILED", message, now);
+                        self.set_status(dependant, StepStatus::Failed);
+                        let mut event = self.step_event(EventKind::StepFailed, dependant);
+                        event.error = Some((
+                            self.steps[dependant].error_code.clone(),
+                            self.steps[dependant].error_message.clone(),
+                        ));
+                        self.record(event);
+                        ended.push(dependant);
+                    }
+                    Readiness::Waiting => {}
+                }
+            }
+        }
+    }
+
+    /// Frees the roster slot the step holds, if it holds one.
+    pub(super) fn release_delegation(&mut self, position: usize) {
+        if std::mem::replace(&mut self.steps[position].roster_reserved, false) {
+            self.stage(position);
+            let task_id = self.task_id(position);
+            self.release_later(task_id);
+        }
+    }
+
+    pub(super) fn task_id(&self, position: usize) -> String {
+        format!("{}/{}", self.execution.id, self.definition(position).id)
+    }
+
+    /// Due timers take effect.
+    fn fire_timers(&mut self) {
+        let now = muster_runtime::time::now_millis();
+        while let Some(Reverse((due, timer, position, attempt))) = self.timers.peek().copied() {
+            if due > now {
+                return;
+            }
+            self.timers.pop();
+            if self.steps[position].attempt != attempt {
+                continue;
+            }
+            match timer {
+                Timer::Timeout if self.active[position] && self.steps[position].status == StepStatus::Running => {
+                    self.engine.workers.withdraw(&self.assignment_id(position), "timed out");
+                    let seconds = self.definition(position).timeout_seconds.unwrap_or_default();
+                    self.settle(
+                        position,
+                        Outcome::Failed {
+                            error_code: "TIMEOUT".to_owned(),
+                            message: format!("no result within {seconds} s"),
+                            retryable: true,
+                        },
+                    );
+                }
+                Timer::ScheduleToStart
+                    if self.active[position] && self.steps[position].status == StepStatus::WaitingForWorker =>
+                {
+                    self.no_worker_in_time(position);
+                }
+                Timer::Retry if !self.active[position] && self.steps[position].status == StepStatus::Ready => {
+                    self.steps[position].retry_at = None;
+                    self.stage(position);
+                    self.ready.push_back(position);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// No worker took the step in time: a step the roster chose an agent for
+    /// goes back to the roster without that agent; one whose executor is
+    /// named fails.
+    fn no_worker_in_time(&mut self, position: usize) {
+        let agent_id = self.steps[position].executor.clone();
+        self.engine.workers.stop_waiting(&agent_id, &self.route(position));
+        self.end_attempt(position);
+        let limit = self
+            .definition(position)
+            .schedule_to_start_seconds
+            .map(Duration::from_secs)
+            .or(self.engine.settings.schedule_to_start)
+            .unwrap_or_default();
+        let why = format!("no worker serving '{agent_id}' took the step within {} s", limit.as_secs());
+        let chosen_by_roster =
+            self.steps[position].assigned_to.is_none() && self.definition(position).executor().is_none();
+        if chosen_by_roster {
+            self.release_delegation(position);
+            self.steps[position].delegation_chain.push(agent_id);
+            let mut event = self.step_event(EventKind::StepDelegated, position);
+            event.detail = format!("{why}; the roster is asked again, without that agent");
+            self.record(event);
+            self.set_status(position, StepStatus::Ready);
+            self.ready.push_front(position);
+        } else {
+            self.fail(position, "NO_WORKER", why);
+        }
+    }
+
+    pub(super) fn assignment_id(&self, position: usize) -> String {
+        format!("{}/{}/{}", self.execution.id, self.definition(position).id, self.steps[position].attempt)
+    }
+
+    /// The assignment of a step's current attempt, with its task context.
+    fn assignment(&self, position: usize) -> Assignment {
+        let definition = self.definition(position);
+        let step = &self.steps[position];
+        let context = match self.contexts.get(&step.executor) {
+            Some(Known::Ready(context)) => context.clone(),
+            _ => Arc::new(AgentContext::default()),
+        };
+        let upstream_outputs = self
+            .dag
+            .dependencies(position)
+            .iter()
+            .filter(|dependency| self.steps[**dependency].status == StepStatus::Completed)
+            .filter_map(|dependency| {
+                let output = self.steps[*dependency].output_json.clone()?;
+                Some((self.definition(*dependency).id.clone(), output))
+            })
+            .collect();
+        let (shared_memory, shared_memory_left_out) = self.shared_memory();
+        let (session_role, session_context) = match &self.execution.session {
+            Some(session) => (
+                super::session::admit(
+                    &self.engine.matrix(),
+                    &self.execution.lead_agent_id,
+                    session,
+                    &step.executor,
+                    definition.action.as_deref(),
+                )
+                .unwrap_or_default(),
+                crate::domain::session::context_window(
+                    &self.execution.id,
+                    session,
+                    &self.execution.lead_agent_id,
+                    &super::step_views(&self.steps, &self.process.definition),
+                ),
+            ),
+            None => (String::new(), String::new()),
+        };
+        let span = self.spans[position].as_ref().cloned().unwrap_or_else(tracing::Span::current);
+        Assignment {
+            assignment_id: self.assignment_id(position),
+            idempotency_key: self.task_id(position),
+            attempt: step.attempt,
+            agent_id: step.executor.clone(),
+            execution_id: self.execution.id.clone(),
+            process_name: self.execution.process_name.clone(),
+            process_version: self.execution.process_version,
+            step_id: definition.id.clone(),
+            step_name: definition.name.clone(),
+            step_type: definition.step_type.clone(),
+            message: definition.message.clone(),
+            inputs_json: self.merged_inputs(&definition.inputs_json),
+            upstream_outputs,
+            shared_memory,
+            shared_memory_left_out,
+            history: self.history(),
+            context,
+            roles: step_roles(definition),
+            delegation_chain: step.delegation_chain.clone(),
+            timeout_ms: definition.timeout_seconds.map_or(0, |seconds| seconds * 1000),
+            trace_parent: muster_runtime::telemetry::traceparent(&span),
+            session_role,
+            session_context,
+        }
+    }
+
+    /// The execution's inputs overlaid with the step's own, as JSON text.
+    fn merged_inputs(&self, step_inputs: &str) -> String {
+        match serde_json::from_str::<serde_json::Value>(step_inputs) {
+            Ok(serde_json::Value::Object(own)) if !own.is_empty() => {
+                let mut merged = self.execution_inputs.clone();
+                merged.extend(own);
+                serde_json::Value::Object(merged).to_string()
+            }
+            _ => serde_json::Value::Object(self.execution_inputs.clone()).to_string(),
+        }
+    }
+
+    /// The outputs of the most recently completed steps that fit, newest
+    /// first, and how many completed steps were left out.
+    fn shared_memory(&self) -> (Vec<(String, Arc<str>)>, u32) {
+        let mut memory = Vec::new();
+        let mut bytes = 0;
+        for &position in self.ended.iter().rev() {
+            if memory.len() >= SHARED_MEMORY_STEPS {
+                break;
+            }
+            let step = &self.steps[position];
+            let Some(output) = step.output_json.as_ref().filter(|_| step.status == StepStatus::Completed) else {
+                continue;
+            };
+            if bytes + output.len() > SHARED_MEMORY_BYTES {
+                break;
+            }
+            bytes += output.len();
+            memory.push((self.definition(position).id.clone(), output.clone()));
+        }
+        let left_out = self.completed.saturating_sub(memory.len());
+        (memory, u32::try_from(left_out).unwrap_or(u32::MAX))
+    }
+
+    /// The most recent ended steps, oldest first.
+    fn history(&self) -> Vec<HistoryEntry> {
+        let start = self.ended.len().saturating_sub(HISTORY_ENTRIES);
+        self.ended[start..]
+            .iter()
+            .map(|&position| {
+                let step = &self.steps[position];
+                HistoryEntry {
+                    step_id: self.definition(position).id.clone(),
+                    agent_id: step.executor.clone(),
+                    action: step.status.as_str(),
+                    at: step.ended_at,
+                }
+            })
+            .collect()
+    }
+
+    /// An event about a step, numbered next.
+    pub(super) fn step_event(&mut self, kind: EventKind, position: usize) -> Event {
+        let now = muster_runtime::time::now_millis();
+        let trace_parent = match &self.spans[position] {
+            Some(span) => muster_runtime::telemetry::traceparent(span),
+            None => muster_runtime::telemetry::traceparent(&tracing::Span::current()),
+        };
+        let mut event = Event::new(&mut self.execution, kind, now, trace_parent);
+        let definition = &self.process.definition.steps[position];
+        let step = &self.steps[position];
+        event.step_id = definition.id.clone();
+        event.step_name = definition.name.clone();
+        event.roles = Some(step_roles(definition));
+        event.agent_id = step.executor.clone();
+        event.retry_count = step.attempt.saturating_sub(1);
+        if kind == EventKind::StepCompleted {
+            event.output_json = step.output_json.clone();
+        }
+        event.cost = step.cost;
+        event.tokens_used = step.tokens_used;
+        event
+    }
+
+    /// An event about the execution as a whole, numbered next.
+    pub(super) fn execution_event(&mut self, kind: EventKind) -> Event {
+        let trace_parent = muster_runtime::telemetry::traceparent(&tracing::Span::current());
+        Event::new(&mut self.execution, kind, muster_runtime::time::now_millis(), trace_parent)
+    }
+
+    /// Ends the execution: cancelled when `cancel_reason` is given, else
+    /// completed when every step completed and failed otherwise.
+    async fn finish(mut self, cancel_reason: Option<String>) -> Result<()> {
+        let now = muster_runtime::time::now_millis();
+        if let Some(reason) = &cancel_reason {
+            for position in 0..self.steps.len() {
+                if self.steps[position].status.is_final() {
+                    continue;
+                }
+                self.stop_attempt(position, reason);
+                let step = &mut self.steps[position];
+                step.error_code = "CANCELLED".to_owned();
+                step.error_message = reason.clone();
+                step.ended_at = Some(now);
+                step.retry_at = None;
+                self.set_status(position, StepStatus::Cancelled);
+            }
+            self.execution.status = ExecutionStatus::Cancelled;
+            self.execution.reason = reason.clone();
+        } else if let Some(failed) = self.steps.iter().position(|step| step.status != StepStatus::Completed) {
+            let step = &self.steps[failed];
+            self.execution.status = ExecutionStatus::Failed;
+            self.execution.reason =
+                format!("step '{}' {}: {}", self.definition(failed).id, step.status.as_str(), step.error_message);
+        } else {
+            self.execution.status = ExecutionStatus::Completed;
+        }
+        self.execution.ended_at = Some(now);
+        let mut event = self.execution_event(EventKind::ExecutionFinished);
+        event.execution_status = Some(self.execution.status);
+        event.detail = self.execution.reason.clone();
+        self.record(event);
+        self.stage_execution();
+        self.flush().await?;
+        tracing::info!(execution_id = %self.execution.id, status = self.execution.status.as_str(), reason = %self.execution.reason, "execution finished");
+        Ok(())
+    }
+
+    /// Stops whatever an attempt is doing: a worker's assignment is
+    /// withdrawn, a wait for a worker given up, a roster slot released.
+    pub(super) fn stop_attempt(&mut self, position: usize, reason: &str) {
+        match self.steps[position].status {
+            StepStatus::Running => self.engine.workers.withdraw(&self.assignment_id(position), reason),
+            StepStatus::WaitingForWorker => {
+                let agent_id = self.steps[position].executor.clone();
+                self.engine.workers.stop_waiting(&agent_id, &self.route(position));
+            }
+            _ => {}
+        }
+        self.release_delegation(position);
+        self.end_attempt(position);
+    }
+
+    /// Writes what is staged in one commit with its events, then acts on it:
+    /// assignments go out, watchers hear the events, slots are released.
     pub(super) async fn flush(&mut self) -> Result<()> {
         let staged = std::mem::take(&mut self.staged);
-        if staged.positions.is_empty()
+        if staged.steps.is_empty()
             && !staged.execution_changed
             && staged.assignments.is_empty()
             && staged.events.is_empty()
         {
+            self.run_effects();
             return Ok(());
         }
-        let steps: Vec<&StepRow> = staged.positions.iter().map(|position| &self.execution.steps[*position]).collect();
-        self.engine
-            .store
-            .record(&self.execution, &steps, staged.execution_changed, &staged.assignments, &staged.events)
-            .await?;
+        let mut writes = Vec::with_capacity(4);
+        if staged.execution_changed {
+            writes.push(Write::UpdateExecution(self.execution.clone()));
+        }
+        if !staged.steps.is_empty() {
+            let steps = staged
+                .steps
+                .iter()
+                .map(|&position| {
+                    self.staged_mark[position] = false;
+                    StepWrite {
+                        execution_id: self.execution.id.clone(),
+                        position: position as u32,
+                        step_id: self.definition(position).id.clone(),
+                        step: self.steps[position].clone(),
+                    }
+                })
+                .collect();
+            writes.push(Write::Steps(steps));
+        }
+        for assignment in staged.assignments {
+            writes.push(Write::Assignment { execution_id: self.execution.id.clone(), assignment });
+        }
+        if !staged.events.is_empty() {
+            writes.push(Write::Events(staged.events.clone()));
+        }
+        self.engine.store.commit(writes).await?;
         self.engine.announce(staged.events);
+        self.run_effects();
         Ok(())
     }
 
-    /// Writes these changes, and whatever was staged before them, now.
-    pub(super) async fn persist(
-        &mut self,
-        positions: &[usize],
-        execution_changed: bool,
-        events: Vec<StepEvent>,
-    ) -> Result<()> {
-        self.stage(positions, execution_changed, events);
-        self.flush().await
-    }
-
-    pub(super) fn step_event(&mut self, event_type: EventType, position: usize) -> StepEvent {
-        let base = new_event(&mut self.execution, event_type);
-        let definition = &self.definition.steps[position];
-        let row = &self.execution.steps[position];
-        StepEvent {
-            step_id: row.step_id.clone(),
-            step_name: definition.name.clone(),
-            roles: Some(step_roles(definition)),
-            agent_id: row.executor.clone(),
-            retry_count: row.attempt.saturating_sub(1),
-            output_json: if event_type == EventType::StepCompleted { row.output_json.clone() } else { String::new() },
-            cost: row.cost,
-            tokens_used: row.tokens_used,
-            ..base
-        }
-    }
-
-    /// Every completed step's output by step id, as a JSON object. Outputs are
-    /// valid JSON once stored (see `settle`), so this is concatenation, not parsing.
-    fn shared_memory_json(&self) -> String {
-        let mut memory = String::from("{");
-        for step in self.execution.steps.iter().filter(|step| step.status == StepStatus::Completed) {
-            if memory.len() > 1 {
-                memory.push(',');
+    fn run_effects(&mut self) {
+        for effect in self.after_commit.drain(..) {
+            match effect {
+                Effect::Send { slot, assignment, route } => slot.send(assignment, route),
+                Effect::Release(task_id) => {
+                    let roster = self.engine.roster.clone();
+                    self.engine.spawn(async move {
+                        if let Err(failure) = roster.release(task_id.clone()).await {
+                            tracing::warn!(%task_id, error = %failure.message(), "could not release the delegated slot");
+                        }
+                    });
+                }
             }
-            memory.push_str(&serde_json::Value::String(step.step_id.clone()).to_string());
-            memory.push(':');
-            memory.push_str(&step.output_json);
         }
-        memory.push('}');
-        memory
     }
+}
 
-    fn history(&self) -> Vec<muster_proto::execution::v1::HistoryEntry> {
-        let mut finished: Vec<&StepRow> = self.execution.steps.iter().filter(|step| step.status.is_final()).collect();
-        finished.sort_by_key(|step| step.ended_at);
-        finished
-            .into_iter()
-            .map(|step| muster_proto::execution::v1::HistoryEntry {
-                step_id: step.step_id.clone(),
-                agent_id: step.executor.clone(),
-                action: step.status.as_str().to_owned(),
-                at: step.ended_at.map(muster_runtime::time::to_timestamp),
-            })
-            .collect()
+/// Asks the roster who takes a step, following a queued task until the
+/// expert takes it or the wait goes stale; the answer goes to the driver.
+async fn resolve(roster: Arc<dyn crate::clients::roster::Roster>, ask: DelegationAsk, route: Route) {
+    let send = |found: Found| {
+        let _ = route.driver.send(Input::Executor { position: route.position, attempt: route.attempt, found });
+    };
+    loop {
+        let asked = patiently(Duration::from_millis(500), "a delegation", || roster.delegate(ask.clone())).await;
+        let mut decision = match asked {
+            Ok(decision) => decision,
+            Err(failure) => {
+                return send(Found::Failed {
+                    code: "NO_EXECUTOR".to_owned(),
+                    message: format!("the roster refused to delegate: {}", failure.message()),
+                });
+            }
+        };
+        loop {
+            let detail = if decision.text.is_empty() { decision.reasoning.clone() } else { decision.text.clone() };
+            match decision.kind {
+                crate::domain::model::DecisionKind::Delegate => {
+                    return send(Found::Chosen { agent_id: decision.primary_agent_id, escalated: false, detail });
+                }
+                crate::domain::model::DecisionKind::Escalate if !decision.primary_agent_id.is_empty() => {
+                    return send(Found::Chosen { agent_id: decision.primary_agent_id, escalated: true, detail });
+                }
+                crate::domain::model::DecisionKind::Escalate => {
+                    return send(Found::Failed {
+                        code: "ESCALATED".to_owned(),
+                        message: format!("no agent can take the step: {}", decision.reasoning),
+                    });
+                }
+                crate::domain::model::DecisionKind::Queue => {
+                    send(Found::Queued {
+                        expert_id: decision.primary_agent_id.clone(),
+                        wait_seconds: decision.wait_seconds,
+                        detail: decision.reasoning.clone(),
+                    });
+                    match roster.watch_queued(ask.task_id.clone()).await {
+                        Ok(Some(resolution)) => decision = resolution,
+                        Err(RosterFailure::Refused(message) | RosterFailure::NotFound(message)) => {
+                            return send(Found::Failed {
+                                code: "ESCALATED".to_owned(),
+                                message: format!("no agent can take the step: {message}"),
+                            });
+                        }
+                        // The roster restarted or closed the watch: ask again;
+                        // the task keeps its place in the queue.
+                        _ => {
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            break;
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -588,48 +1124,15 @@ fn stored_output(output_json: String) -> String {
     }
 }
 
-/// The roles of a step as sent in events; a step with only an `agent` has it as executor.
+/// The roles of a step as events and assignments carry them; a step with
+/// only an `agent` has it as executor.
 pub(crate) fn step_roles(definition: &StepDefinition) -> StepRoles {
     match &definition.roles {
-        Some(roles) => StepRoles {
-            executor: roles.executor.clone(),
-            monitors: roles.monitors.clone(),
-            informed: roles.informed.clone(),
+        Some(roles) => roles.clone(),
+        None => StepRoles {
+            executor: definition.agent.clone().unwrap_or_default(),
+            monitors: Vec::new(),
+            informed: Vec::new(),
         },
-        None => StepRoles { executor: definition.agent.clone().unwrap_or_default(), ..Default::default() },
-    }
-}
-
-/// The step type that waits for a person's decision instead of a worker.
-pub(crate) const HUMAN_APPROVAL: &str = "human_approval";
-
-/// Who may decide an approval step: its executor and its monitors.
-pub(crate) fn approvers(definition: &StepDefinition) -> Vec<String> {
-    let roles = step_roles(definition);
-    let mut approvers: Vec<String> =
-        std::iter::once(roles.executor).chain(roles.monitors).filter(|agent| !agent.is_empty()).collect();
-    approvers.dedup();
-    approvers
-}
-
-/// The id of one attempt of a step.
-pub(crate) fn assignment_id(execution_id: &str, step_id: &str, attempt: u32) -> String {
-    format!("{execution_id}/{step_id}/{attempt}")
-}
-
-/// A new event of the execution, with the next sequence number.
-pub(crate) fn new_event(execution: &mut ExecutionRow, event_type: EventType) -> StepEvent {
-    execution.last_sequence += 1;
-    StepEvent {
-        event_id: uuid::Uuid::now_v7().to_string(),
-        sequence: execution.last_sequence,
-        r#type: event_type as i32,
-        occurred_at: Some(muster_runtime::time::to_timestamp(muster_runtime::time::now_millis())),
-        execution_id: execution.id.clone(),
-        process_name: execution.process_name.clone(),
-        process_version: execution.process_version,
-        lead_agent_id: execution.lead_agent_id.clone(),
-        trace_parent: muster_runtime::telemetry::traceparent(&tracing::Span::current()),
-        ..Default::default()
     }
 }

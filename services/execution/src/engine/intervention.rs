@@ -1,14 +1,14 @@
-//! Interventions by operators, a step's monitors and the execution's lead:
-//! pause, resume, retry, cancel, reassign and override the output. Who may
-//! do what is checked by the gRPC layer; the driver checks that the step's state
-//! allows it, applies it, and records a STEP_INTERVENED event with it.
+//! Decisions and interventions of people and agents, applied by the driver:
+//! approving or rejecting a human approval step, and pausing, resuming,
+//! retrying, cancelling, reassigning a step or overriding its output (or
+//! pausing and resuming the whole execution). Who may do what is checked
+//! by the gRPC layer; the driver checks that the step's state allows it,
+//! applies it, and records its event.
 
-use muster_proto::common::v1::EventType;
-
-use super::driver::{Driver, assignment_id};
+use super::driver::Driver;
 use crate::{
     Error, Result,
-    domain::{ExecutionStatus, StepStatus},
+    domain::{ExecutionStatus, StepStatus, model::EventKind},
 };
 
 /// What an intervention does.
@@ -61,14 +61,64 @@ pub(crate) struct Intervention {
 }
 
 impl Driver {
-    pub(super) async fn intervene(&mut self, intervention: Intervention) -> Result<()> {
+    fn position_of(&self, step_id: &str) -> Result<usize> {
+        self.process
+            .definition
+            .steps
+            .iter()
+            .position(|step| step.id == step_id)
+            .ok_or_else(|| Error::NotFound(format!("execution '{}' has no step '{step_id}'", self.execution.id)))
+    }
+
+    /// Records an approval decision: approved completes the step, rejected fails it.
+    pub(super) fn decide(
+        &mut self,
+        step_id: &str,
+        approved: bool,
+        by: &str,
+        comment: &str,
+        matrix_version: u32,
+    ) -> Result<()> {
+        let position = self.position_of(step_id)?;
+        if self.steps[position].status != StepStatus::WaitingApproval {
+            return Err(Error::FailedPrecondition(format!(
+                "step '{step_id}' is not waiting for approval (it is {})",
+                self.steps[position].status.as_str()
+            )));
+        }
+        let now = muster_runtime::time::now_millis();
+        let step = &mut self.steps[position];
+        step.executor = by.to_owned();
+        step.ended_at = Some(now);
+        let mut event = if approved {
+            step.output_json =
+                Some(serde_json::json!({"approved": true, "by": by, "comment": comment}).to_string().into());
+            let waited = step.started_at.map_or(0, |started| (now - started).max(0) as u64);
+            self.set_status(position, StepStatus::Completed);
+            let mut event = self.step_event(EventKind::StepCompleted, position);
+            event.duration_ms = waited;
+            event
+        } else {
+            let message =
+                if comment.is_empty() { format!("rejected by {by}") } else { format!("rejected by {by}: {comment}") };
+            self.steps[position].ended_with_error("REJECTED", message, now);
+            self.set_status(position, StepStatus::Failed);
+            let mut event = self.step_event(EventKind::StepFailed, position);
+            event.error = Some((self.steps[position].error_code.clone(), self.steps[position].error_message.clone()));
+            event
+        };
+        event.matrix_version = matrix_version;
+        self.record(event);
+        self.after_end(position);
+        Ok(())
+    }
+
+    pub(super) fn intervene(&mut self, intervention: Intervention) -> Result<()> {
         let Some(step_id) = intervention.step_id.clone() else {
-            return self.intervene_on_execution(intervention).await;
+            return self.intervene_on_execution(intervention);
         };
-        let Some(&position) = self.index.get(&step_id) else {
-            return Err(Error::NotFound(format!("execution '{}' has no step '{step_id}'", self.execution.id)));
-        };
-        let status = self.execution.steps[position].status;
+        let position = self.position_of(&step_id)?;
+        let status = self.steps[position].status;
         let refuse = || {
             Err(Error::FailedPrecondition(format!(
                 "step '{step_id}' is {}: it cannot be {}",
@@ -77,71 +127,100 @@ impl Driver {
             )))
         };
         let now = muster_runtime::time::now_millis();
-        let mut events = Vec::new();
+        let mut reopened = false;
         match &intervention.action {
             InterventionAction::Pause => {
-                if !matches!(status, StepStatus::Pending | StepStatus::Ready | StepStatus::Running | StepStatus::Queued)
-                {
+                if !matches!(
+                    status,
+                    StepStatus::Pending
+                        | StepStatus::Ready
+                        | StepStatus::Running
+                        | StepStatus::Queued
+                        | StepStatus::WaitingForWorker
+                ) {
                     return refuse();
                 }
-                self.withdraw(position, "paused");
-                self.execution.steps[position].status = StepStatus::Paused;
+                self.stop_attempt(position, "paused");
+                self.steps[position].retry_at = None;
+                self.set_status(position, StepStatus::Paused);
             }
             InterventionAction::Resume => {
                 if status != StepStatus::Paused {
                     return refuse();
                 }
-                self.execution.steps[position].status = StepStatus::Pending;
+                self.set_status(position, StepStatus::Pending);
+                reopened = true;
             }
             InterventionAction::Retry => {
                 if !matches!(
                     status,
-                    StepStatus::Failed | StepStatus::Cancelled | StepStatus::Running | StepStatus::Queued
+                    StepStatus::Failed
+                        | StepStatus::Cancelled
+                        | StepStatus::Running
+                        | StepStatus::Queued
+                        | StepStatus::WaitingForWorker
                 ) {
                     return refuse();
                 }
-                self.withdraw(position, "retried");
+                self.stop_attempt(position, "retried");
                 self.reopen(position);
                 // Dependants that failed because of this step get another chance too.
-                self.reopen_dependants(&step_id);
+                for dependant in self.dag.downstream(position) {
+                    if self.steps[dependant].status == StepStatus::Failed
+                        && self.steps[dependant].error_code == "UPSTREAM_FAILED"
+                    {
+                        self.reopen(dependant);
+                    }
+                }
+                reopened = true;
             }
             InterventionAction::Cancel => {
                 if status.is_final() {
                     return refuse();
                 }
-                self.withdraw(position, "cancelled");
-                let step = &mut self.execution.steps[position];
-                step.status = StepStatus::Cancelled;
+                self.stop_attempt(position, "cancelled");
+                let step = &mut self.steps[position];
                 step.error_code = "CANCELLED".to_owned();
                 step.error_message = format!("cancelled by {}", intervention.by);
                 step.ended_at = Some(now);
+                step.retry_at = None;
+                self.set_status(position, StepStatus::Cancelled);
             }
             InterventionAction::Reassign(agent_id) => {
                 if status.is_final() || status == StepStatus::WaitingApproval {
                     return refuse();
                 }
-                self.withdraw(position, "reassigned");
-                self.reassigned.insert(position, agent_id.clone());
-                let step = &mut self.execution.steps[position];
+                let underway = matches!(
+                    status,
+                    StepStatus::Ready | StepStatus::Running | StepStatus::Queued | StepStatus::WaitingForWorker
+                );
+                self.stop_attempt(position, "reassigned");
+                let step = &mut self.steps[position];
+                step.assigned_to = Some(agent_id.clone());
                 step.executor = agent_id.clone();
-                if step.status.is_in_flight() {
-                    step.status = StepStatus::Ready;
+                step.retry_at = None;
+                if underway {
+                    self.set_status(position, StepStatus::Ready);
+                    self.reopened_ready(position);
+                } else {
+                    self.stage(position);
                 }
             }
             InterventionAction::OverrideOutput(output_json) => {
                 if status == StepStatus::Completed {
                     return refuse();
                 }
-                self.withdraw(position, "output overridden");
-                let step = &mut self.execution.steps[position];
-                step.status = StepStatus::Completed;
-                step.output_json = output_json.clone();
+                self.stop_attempt(position, "output overridden");
+                let step = &mut self.steps[position];
+                step.output_json = Some(output_json.as_str().into());
                 step.error_code.clear();
                 step.error_message.clear();
                 step.ended_at = Some(now);
+                step.retry_at = None;
+                self.set_status(position, StepStatus::Completed);
             }
         }
-        let mut intervened = self.step_event(EventType::StepIntervened, position);
+        let mut intervened = self.step_event(EventKind::StepIntervened, position);
         intervened.agent_id = intervention.by.clone();
         intervened.detail = describe(&intervention, &step_id);
         intervened.matrix_version = intervention.matrix_version;
@@ -149,18 +228,24 @@ impl Driver {
         if let InterventionAction::Reassign(agent_id) = &intervention.action {
             intervened.participants = vec![agent_id.clone()];
         }
-        events.push(intervened);
-        if matches!(intervention.action, InterventionAction::OverrideOutput(_)) {
-            events.push(self.step_event(EventType::StepCompleted, position));
+        self.record(intervened);
+        match &intervention.action {
+            InterventionAction::OverrideOutput(_) => {
+                let completed = self.step_event(EventKind::StepCompleted, position);
+                self.record(completed);
+                self.after_end(position);
+            }
+            InterventionAction::Cancel => self.after_end(position),
+            _ => {}
         }
-        let mut changed: Vec<usize> = vec![position];
-        changed.append(&mut self.dependants_reopened);
-        self.persist(&changed, false, events).await?;
+        if reopened {
+            self.reopen_all();
+        }
         tracing::info!(execution_id = %self.execution.id, step = %step_id, by = %intervention.by, action = intervention.action.verb(), "intervention");
         Ok(())
     }
 
-    async fn intervene_on_execution(&mut self, intervention: Intervention) -> Result<()> {
+    fn intervene_on_execution(&mut self, intervention: Intervention) -> Result<()> {
         let next = match (&intervention.action, self.execution.status) {
             (InterventionAction::Pause, ExecutionStatus::Running) => ExecutionStatus::Paused,
             (InterventionAction::Resume, ExecutionStatus::Paused) => ExecutionStatus::Running,
@@ -179,48 +264,23 @@ impl Driver {
             }
         };
         self.execution.status = next;
-        let mut event = super::new_event(&mut self.execution, EventType::StepIntervened);
+        self.stage_execution();
+        let mut event = self.execution_event(EventKind::StepIntervened);
         event.agent_id = intervention.by.clone();
         event.detail = describe(&intervention, "");
         event.matrix_version = intervention.matrix_version;
-        self.persist(&[], true, vec![event]).await
+        self.record(event);
+        Ok(())
     }
 
-    /// Stops the running attempt of a step, if any: the worker is told, and its late answer is ignored.
-    fn withdraw(&mut self, position: usize, reason: &str) {
-        let step = &self.execution.steps[position];
-        if step.status.is_in_flight() {
-            self.engine.workers.withdraw(&assignment_id(&self.execution.id, &step.step_id, step.attempt), reason);
-            self.release_delegation(position);
-        }
-    }
-
+    /// A step back to the start: pending again, its error and end cleared.
     fn reopen(&mut self, position: usize) {
-        let step = &mut self.execution.steps[position];
-        step.status = StepStatus::Pending;
+        let step = &mut self.steps[position];
         step.error_code.clear();
         step.error_message.clear();
         step.ended_at = None;
-    }
-
-    fn reopen_dependants(&mut self, step_id: &str) {
-        let dependants: Vec<usize> = self
-            .definition
-            .steps
-            .iter()
-            .enumerate()
-            .filter(|(position, definition)| {
-                definition.depends_on.iter().any(|dependency| dependency == step_id)
-                    && self.execution.steps[*position].error_code == "UPSTREAM_FAILED"
-            })
-            .map(|(position, _)| position)
-            .collect();
-        for position in dependants {
-            self.reopen(position);
-            self.dependants_reopened.push(position);
-            let id = self.execution.steps[position].step_id.clone();
-            self.reopen_dependants(&id);
-        }
+        step.retry_at = None;
+        self.set_status(position, StepStatus::Pending);
     }
 }
 

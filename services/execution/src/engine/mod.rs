@@ -1,68 +1,113 @@
-//! The engine: starts executions, drives each one as a DAG in a task of its
-//! own (the only writer of that execution's state), and resumes unfinished
-//! executions after a restart.
+//! The engine: publishes processes, starts executions and drives each one
+//! in a task of its own (its [`driver`], the only writer of its state),
+//! hands steps to the connected [`workers`], and resumes unfinished
+//! executions after a restart. It speaks domain types only; the roster is
+//! reached through the [`Roster`] trait and storage through [`Store`], so
+//! tests drive it with their own.
+//!
+//! Background work (drivers, the tasks that ask the roster, the notifier
+//! publisher, the lease sweeper) runs on one [`TaskTracker`]: on shutdown
+//! the engine stops taking work, cancels them and waits for them.
 
-mod assignment;
-mod delegation;
 mod driver;
+mod handoff;
 mod intervention;
 mod session;
+pub(crate) mod workers;
 
 use std::{
     collections::HashMap,
-    sync::{Arc, Mutex},
+    sync::{Arc, Mutex, PoisonError, RwLock},
+    time::Duration,
 };
 
-use muster_format::ProcessDefinition;
-use muster_proto::{
-    common::v1::{EventType, StepEvent},
-    execution::v1::{DelegateStep, DelegationOutcome},
-};
+use sha2::Digest as _;
 use tokio::sync::{Notify, broadcast, mpsc, oneshot};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tracing::Instrument as _;
+
+pub(crate) use driver::step_roles;
+pub(crate) use intervention::{Intervention, InterventionAction};
+pub(crate) use session::step_views;
+use workers::{Slot, Workers};
 
 use crate::{
     Error, Result,
-    clients::RosterClient,
+    clients::roster::{Roster, RosterFailure},
     domain::{
         ExecutionStatus,
         authority::{DEFAULT_MATRIX, Matrix, RoleAssignment, Session},
+        model::{
+            AgentContext, Event, EventKind, Execution, Finding, HandOff, HandOffAnswer, Outcome, ProcessVersion, Step,
+        },
     },
-    store::{ExecutionRow, ProcessRow, StepRow, Store},
-    workers::Workers,
+    store::{NewProcess, Published, StepWrite, Store, Write},
 };
 
-pub(crate) use driver::{approvers, new_event, step_roles};
-pub(crate) use intervention::{Intervention, InterventionAction};
-pub(crate) use session::step_views;
-
-/// Shared by the gRPC handlers and the execution drivers.
-pub(crate) struct Engine {
-    pub(crate) store: Store,
-    pub(crate) workers: Arc<Workers>,
-    pub(crate) roster: RosterClient,
-    /// Every recorded event, for `WatchExecution`.
-    pub(crate) events: broadcast::Sender<StepEvent>,
-    /// Woken whenever events enter the outbox.
-    pub(crate) outbox_wake: Arc<Notify>,
-    pub(crate) default_max_parallel: usize,
-    /// How long a worker may stay silent.
-    pub(crate) worker_lease: std::time::Duration,
-    controls: Mutex<HashMap<String, mpsc::UnboundedSender<Control>>>,
-    /// The permission matrix in force.
-    matrix: std::sync::RwLock<Arc<Matrix>>,
-    /// Parsed definitions of published process versions, which never change.
-    definitions: Mutex<HashMap<(String, u32), Arc<ProcessDefinition>>>,
+/// How the engine runs executions.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Settings {
+    /// Most steps of one execution in flight at once, unless the process sets `max_parallel`.
+    pub(crate) max_parallel: usize,
+    /// How long a worker may stay silent before it loses its assignments.
+    pub(crate) worker_lease: Duration,
+    /// How long a step may wait for a worker, unless it sets its own
+    /// `schedule_to_start_seconds`; `None`: as long as it takes.
+    pub(crate) schedule_to_start: Option<Duration>,
 }
 
-/// Most parsed process definitions kept at once.
-const DEFINITIONS_KEPT: usize = 256;
+/// Where a worker's report (or a slot on a worker) goes: the driver of the
+/// step's execution, with the step and its attempt.
+#[derive(Debug, Clone)]
+pub(crate) struct Route {
+    pub(crate) driver: mpsc::UnboundedSender<Input>,
+    pub(crate) position: usize,
+    pub(crate) attempt: u32,
+}
+
+impl Route {
+    pub(crate) fn report(&self, outcome: Outcome) {
+        let _ = self.driver.send(Input::Report { position: self.position, attempt: self.attempt, outcome });
+    }
+
+    fn is(&self, other: &Route) -> bool {
+        self.position == other.position && self.attempt == other.attempt && self.driver.same_channel(&other.driver)
+    }
+}
+
+/// What a driver is told.
+#[derive(Debug)]
+pub(crate) enum Input {
+    /// A worker reported on an attempt (or lost it).
+    Report { position: usize, attempt: u32, outcome: Outcome },
+    /// The roster answered who executes an attempt.
+    Executor { position: usize, attempt: u32, found: Found },
+    /// What an agent's assignments tell it, fetched from the roster.
+    Context { agent_id: String, context: std::result::Result<Arc<AgentContext>, String> },
+    /// A worker has room for an attempt that waited for one.
+    WorkerReady { position: usize, attempt: u32, slot: Slot },
+    /// A request from a caller.
+    Control(Control),
+}
+
+/// The roster's answer for a delegated step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// The roster chose an agent (a delegate, or a senior it escalated to).
+    Chosen { agent_id: String, escalated: bool, detail: String },
+    /// The step waits in a busy expert's queue; the roster answers again
+    /// when the expert takes it or the wait goes stale.
+    Queued { expert_id: String, wait_seconds: u64, detail: String },
+    /// Nobody can take it.
+    Failed { code: String, message: String },
+}
 
 /// A request to an execution's driver.
+#[derive(Debug)]
 pub(crate) enum Control {
     /// End the execution as cancelled, with the reason.
     Cancel(String),
-    /// Decide a human approval step; the reply says whether the step was waiting.
+    /// Decide a human approval step.
     Decide {
         step_id: String,
         approved: bool,
@@ -72,11 +117,11 @@ pub(crate) enum Control {
         matrix_version: u32,
         reply: oneshot::Sender<Result<()>>,
     },
-    /// A worker hands its step onward; the reply goes back on its stream.
-    DelegateOnward { request: DelegateStep, reply: oneshot::Sender<DelegationOutcome> },
-    /// A monitor's or the lead's intervention.
+    /// A worker hands its step onward.
+    HandOff { request: HandOff, reply: oneshot::Sender<HandOffAnswer> },
+    /// A monitor's, the lead's or an operator's intervention.
     Intervene { intervention: Intervention, reply: oneshot::Sender<Result<()>> },
-    /// The lead assigns a role in the session; the reply is the matrix version checked against.
+    /// The lead assigns a role in the session.
     AssignRole { assignment: RoleAssignment, matrix_version: u32, reply: oneshot::Sender<Result<()>> },
     /// A new lead.
     SetLead { agent_id: String, by: String, reply: oneshot::Sender<Result<()>> },
@@ -84,8 +129,7 @@ pub(crate) enum Control {
 
 /// What a caller asks to start.
 pub(crate) struct StartRequest {
-    pub(crate) process: ProcessRow,
-    pub(crate) definition: Arc<ProcessDefinition>,
+    pub(crate) process: Arc<ProcessVersion>,
     pub(crate) inputs_json: String,
     pub(crate) lead_agent_id: String,
     pub(crate) idempotency_key: Option<String>,
@@ -93,31 +137,77 @@ pub(crate) struct StartRequest {
     pub(crate) session: Option<Session>,
 }
 
+/// The step type that waits for a decision instead of a worker.
+pub(crate) const HUMAN_APPROVAL: &str = "human_approval";
+
+/// Most published versions kept parsed in memory.
+const PROCESSES_KEPT: usize = 256;
+
+/// Shared by the gRPC handlers and the drivers.
+pub(crate) struct Engine {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) roster: Arc<dyn Roster>,
+    pub(crate) workers: Arc<Workers>,
+    /// Every recorded event, as it is committed, for watchers.
+    pub(crate) events: broadcast::Sender<Arc<Event>>,
+    /// Woken when events enter the log, for the notifier's publisher.
+    pub(crate) log_wake: Arc<Notify>,
+    pub(crate) settings: Settings,
+    /// The background work; closed and awaited on shutdown.
+    pub(crate) tasks: TaskTracker,
+    /// Cancelled when the service stops.
+    pub(crate) stopping: CancellationToken,
+    drivers: Mutex<HashMap<String, mpsc::UnboundedSender<Input>>>,
+    /// The permission matrix in force.
+    matrix: RwLock<Arc<Matrix>>,
+    /// Published versions, which never change, by name and version.
+    processes: Mutex<HashMap<(String, u32), Arc<ProcessVersion>>>,
+}
+
 impl Engine {
-    pub(crate) fn new(
-        store: Store,
-        roster: RosterClient,
-        default_max_parallel: usize,
-        worker_lease: std::time::Duration,
-    ) -> Arc<Self> {
-        let (events, _) = broadcast::channel(4096);
+    pub(crate) fn new(store: Arc<dyn Store>, roster: Arc<dyn Roster>, settings: Settings) -> Arc<Self> {
+        let (events, _) = broadcast::channel(16_384);
         Arc::new(Self {
             store,
-            workers: Arc::new(Workers::default()),
             roster,
+            workers: Arc::new(Workers::default()),
             events,
-            outbox_wake: Arc::new(Notify::new()),
-            default_max_parallel,
-            worker_lease,
-            controls: Mutex::new(HashMap::new()),
-            matrix: std::sync::RwLock::new(Arc::new(default_matrix())),
-            definitions: Mutex::new(HashMap::new()),
+            log_wake: Arc::new(Notify::new()),
+            settings,
+            tasks: TaskTracker::new(),
+            stopping: CancellationToken::new(),
+            drivers: Mutex::new(HashMap::new()),
+            matrix: RwLock::new(Arc::new(default_matrix())),
+            processes: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Stops the background work: drivers stop between turns (their
+    /// executions resume on the next start), and the call returns when every
+    /// task has ended.
+    pub(crate) async fn shutdown(&self) {
+        self.stopping.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+
+    /// Spawns background work that stops with the engine.
+    pub(crate) fn spawn<F>(&self, work: F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let stopping = self.stopping.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                () = stopping.cancelled() => {}
+                () = work => {}
+            }
+        });
     }
 
     /// The permission matrix in force.
     pub(crate) fn matrix(&self) -> Arc<Matrix> {
-        self.matrix.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.matrix.read().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// Reads the matrix in force from the store, storing the default as
@@ -132,38 +222,9 @@ impl Engine {
         Ok(())
     }
 
-    /// The definition of a stored process version, parsed once.
-    pub(crate) fn parsed(&self, process: &ProcessRow) -> Result<Arc<ProcessDefinition>> {
-        let key = (process.name.clone(), process.version);
-        if let Some(definition) = self.definitions.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
-            return Ok(definition.clone());
-        }
-        let definition = Arc::new(parse_definition(&process.source)?);
-        let mut definitions = self.definitions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if definitions.len() >= DEFINITIONS_KEPT {
-            definitions.clear();
-        }
-        definitions.insert(key, definition.clone());
-        Ok(definition)
-    }
-
-    /// The definition of process `name` at `version`, parsed once.
-    pub(crate) async fn definition(&self, name: &str, version: u32) -> Result<Arc<ProcessDefinition>> {
-        let key = (name.to_owned(), version);
-        if let Some(definition) = self.definitions.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key) {
-            return Ok(definition.clone());
-        }
-        let process = self
-            .store
-            .get_process(name, Some(version))
-            .await?
-            .ok_or_else(|| Error::Storage(format!("version {version} of process '{name}' is missing")))?;
-        self.parsed(&process)
-    }
-
     /// Puts a matrix in force, unless a newer one already is.
     pub(crate) fn set_matrix(&self, matrix: Matrix) {
-        let mut current = self.matrix.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut current = self.matrix.write().unwrap_or_else(PoisonError::into_inner);
         if matrix.version >= current.version {
             if matrix.version > current.version {
                 tracing::info!(version = matrix.version, "permission matrix in force");
@@ -172,19 +233,86 @@ impl Engine {
         }
     }
 
-    /// Creates an execution and starts driving it.
-    pub(crate) async fn start(self: &Arc<Self>, request: StartRequest) -> Result<ExecutionRow> {
+    /// Checks a process (with the roster's agents and roles as context) and
+    /// stores it as a new version, unless its latest version has the same
+    /// source; returns the version and whether it is new.
+    pub(crate) async fn publish(&self, source: String) -> Result<(Arc<ProcessVersion>, bool)> {
+        let context = self.roster.validation_context().await.map_err(|failure| match failure {
+            RosterFailure::Unavailable(detail) => Error::Unavailable { service: "roster", detail },
+            other => Error::FailedPrecondition(format!("the roster: {}", other.message())),
+        })?;
+        let checked_source = source.clone();
+        let report = tokio::task::spawn_blocking(move || muster_format::validate_process(&checked_source, &context))
+            .await
+            .map_err(|error| Error::Storage(format!("validation stopped: {error}")))?;
+        let findings: Vec<Finding> = report.diagnostics.iter().map(Finding::from).collect();
+        let Some(definition) = report.process else {
+            return Err(Error::InvalidProcess(findings));
+        };
+        let published = self
+            .store
+            .publish_process(NewProcess {
+                name: definition.name.clone(),
+                content_hash: hex::encode(sha2::Sha256::digest(source.as_bytes())),
+                source,
+                published_at: muster_runtime::time::now_millis(),
+                warnings: findings,
+                definition: Arc::new(definition),
+            })
+            .await?;
+        let (version, new) = match published {
+            Published::New(version) => (version, true),
+            Published::Unchanged(version) => (version, false),
+        };
+        Ok((self.remember(version), new))
+    }
+
+    fn remember(&self, version: ProcessVersion) -> Arc<ProcessVersion> {
+        let version = Arc::new(version);
+        let mut processes = self.processes.lock().unwrap_or_else(PoisonError::into_inner);
+        if processes.len() >= PROCESSES_KEPT {
+            processes.clear();
+        }
+        processes.insert((version.name.clone(), version.version), version.clone());
+        version
+    }
+
+    /// A published version (`None`: the latest), from memory once read.
+    pub(crate) async fn process(&self, name: &str, version: Option<u32>) -> Result<Option<Arc<ProcessVersion>>> {
+        if let Some(version) = version
+            && let Some(found) =
+                self.processes.lock().unwrap_or_else(PoisonError::into_inner).get(&(name.to_owned(), version))
+        {
+            return Ok(Some(found.clone()));
+        }
+        Ok(self.store.process(name, version).await?.map(|version| self.remember(version)))
+    }
+
+    /// The definition an execution runs.
+    pub(crate) async fn definition_of(&self, execution: &Execution) -> Result<Arc<ProcessVersion>> {
+        self.process(&execution.process_name, Some(execution.process_version)).await?.ok_or_else(|| {
+            Error::Storage(format!(
+                "version {} of process '{}' is missing",
+                execution.process_version, execution.process_name
+            ))
+        })
+    }
+
+    /// Creates an execution and starts driving it; with an idempotency key
+    /// already used, returns that execution instead.
+    pub(crate) async fn start(self: &Arc<Self>, request: StartRequest) -> Result<Execution> {
         if let Some(key) = &request.idempotency_key
             && let Some(existing) = self.store.find_by_idempotency_key(key).await?
         {
             return self
                 .store
-                .get_execution(&existing)
+                .execution(&existing)
                 .await?
                 .ok_or_else(|| Error::NotFound(format!("execution {existing} vanished")));
         }
         let now = muster_runtime::time::now_millis();
-        let mut execution = ExecutionRow {
+        let trace_parent = muster_runtime::telemetry::traceparent(&tracing::Span::current());
+        let mut execution = Execution {
             id: uuid::Uuid::now_v7().to_string(),
             process_name: request.process.name.clone(),
             process_version: request.process.version,
@@ -197,66 +325,86 @@ impl Engine {
             ended_at: None,
             last_sequence: 0,
             // The execution joins the trace of the call that starts it.
-            trace_parent: muster_runtime::telemetry::traceparent(&tracing::Span::current()),
+            trace_parent: trace_parent.clone(),
             session: request.session,
-            steps: request
-                .definition
-                .steps
-                .iter()
-                .enumerate()
-                .map(|(position, step)| StepRow::new(step.id.clone(), position as u32))
-                .collect(),
         };
-        let mut events = vec![new_event(&mut execution, EventType::ExecutionStarted)];
+        let mut events = vec![Event::new(&mut execution, EventKind::ExecutionStarted, now, trace_parent.clone())];
         if let Some(session) = execution.session.clone() {
             // The task context goes to every participant.
-            let mut started = new_event(&mut execution, EventType::SessionStarted);
+            let mut started = Event::new(&mut execution, EventKind::SessionStarted, now, trace_parent);
             started.participants = session.assignments.keys().cloned().collect();
             started.detail =
                 crate::domain::session::context_window(&execution.id, &session, &execution.lead_agent_id, &[]);
             started.matrix_version = self.matrix().version;
             events.push(started);
         }
-        self.store.create_execution(&execution, &events).await?;
+        let definition = &request.process.definition;
+        let steps: Vec<Step> = definition.steps.iter().map(|_| Step::new()).collect();
+        let step_writes = steps
+            .iter()
+            .zip(&definition.steps)
+            .enumerate()
+            .map(|(position, (step, step_definition))| StepWrite {
+                execution_id: execution.id.clone(),
+                position: position as u32,
+                step_id: step_definition.id.clone(),
+                step: step.clone(),
+            })
+            .collect();
+        self.store
+            .commit(vec![
+                Write::CreateExecution(execution.clone()),
+                Write::Steps(step_writes),
+                Write::Events(events.clone()),
+            ])
+            .await?;
         self.announce(events);
         tracing::info!(execution_id = %execution.id, process = %execution.process_name, version = execution.process_version, "execution started");
-        self.spawn_driver(execution.clone(), request.definition);
+        self.spawn_driver(execution.clone(), steps, request.process);
         Ok(execution)
     }
 
     /// Resumes every execution that had not ended when the service stopped.
     pub(crate) async fn resume_unfinished(self: &Arc<Self>) -> Result<usize> {
         let ids = self.store.unfinished_executions().await?;
+        let mut resumed = 0;
         for id in &ids {
-            let Some(mut execution) = self.store.get_execution(id).await? else { continue };
+            let Some(mut execution) = self.store.execution(id).await? else { continue };
             execution.last_sequence = self.store.last_event_sequence(id).await?;
-            let definition = match self.definition(&execution.process_name, execution.process_version).await {
-                Ok(definition) => definition,
+            let process = match self.definition_of(&execution).await {
+                Ok(process) => process,
                 Err(error) => {
                     tracing::error!(execution_id = %id, %error, "the process version of an unfinished execution cannot be read");
                     continue;
                 }
             };
+            let steps: Vec<Step> = self.store.steps(id).await?.into_iter().map(|(_, step)| step).collect();
+            if steps.len() != process.definition.steps.len() {
+                tracing::error!(execution_id = %id, "the stored steps do not match the process version; not resumed");
+                continue;
+            }
             tracing::info!(execution_id = %id, "resuming execution");
-            self.spawn_driver(execution, definition);
+            self.spawn_driver(execution, steps, process);
+            resumed += 1;
         }
-        Ok(ids.len())
+        Ok(resumed)
     }
 
     /// Hands a request to the driver of a running execution; false when none runs it.
     pub(crate) fn control(&self, execution_id: &str, control: Control) -> bool {
-        let controls = self.controls.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        controls.get(execution_id).is_some_and(|sender| sender.send(control).is_ok())
+        let drivers = self.drivers.lock().unwrap_or_else(PoisonError::into_inner);
+        drivers.get(execution_id).is_some_and(|driver| driver.send(Input::Control(control)).is_ok())
     }
 
-    pub(crate) fn announce(&self, events: Vec<StepEvent>) {
-        self.outbox_wake.notify_one();
+    /// Tells watchers and the notifier's publisher about committed events.
+    pub(crate) fn announce(&self, events: Vec<Event>) {
+        self.log_wake.notify_one();
         for event in events {
-            let outcome = match EventType::try_from(event.r#type) {
-                Ok(EventType::StepStarted) => Some("started"),
-                Ok(EventType::StepCompleted) => Some("completed"),
-                Ok(EventType::StepFailed) => Some("failed"),
-                Ok(EventType::StepQueued) => Some("queued"),
+            let outcome = match event.kind {
+                EventKind::StepStarted => Some("started"),
+                EventKind::StepCompleted => Some("completed"),
+                EventKind::StepFailed => Some("failed"),
+                EventKind::StepQueued => Some("queued"),
                 _ => None,
             };
             if let Some(outcome) = outcome {
@@ -267,16 +415,13 @@ impl Engine {
                     1,
                 );
             }
-            let _ = self.events.send(event);
+            let _ = self.events.send(Arc::new(event));
         }
     }
 
-    fn spawn_driver(self: &Arc<Self>, execution: ExecutionRow, definition: Arc<ProcessDefinition>) {
-        let (control_sender, controls) = mpsc::unbounded_channel();
-        self.controls
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(execution.id.clone(), control_sender);
+    fn spawn_driver(self: &Arc<Self>, execution: Execution, steps: Vec<Step>, process: Arc<ProcessVersion>) {
+        let (sender, inputs) = mpsc::unbounded_channel();
+        self.drivers.lock().unwrap_or_else(PoisonError::into_inner).insert(execution.id.clone(), sender.clone());
         let engine = self.clone();
         // The driver's span, and through it every step's, continues the
         // execution's trace, also when a restarted service resumes it.
@@ -288,13 +433,18 @@ impl Engine {
             version = execution.process_version,
         );
         muster_runtime::telemetry::continue_from(&span, &execution.trace_parent);
-        tokio::spawn(
+        let stopping = self.stopping.clone();
+        self.tasks.spawn(
             async move {
                 let execution_id = execution.id.clone();
-                if let Err(error) = driver::Driver::new(engine.clone(), execution, definition, controls).run().await {
-                    tracing::error!(%execution_id, %error, "execution driver stopped; it resumes when the service restarts");
+                let driver = driver::Driver::new(engine.clone(), execution, steps, process, sender, inputs);
+                match driver.run(stopping).await {
+                    Ok(()) => {}
+                    Err(error) => {
+                        tracing::error!(%execution_id, %error, "execution driver stopped; it resumes when the service restarts");
+                    }
                 }
-                engine.controls.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&execution_id);
+                engine.drivers.lock().unwrap_or_else(PoisonError::into_inner).remove(&execution_id);
             }
             .instrument(span),
         );
@@ -306,10 +456,4 @@ fn default_matrix() -> Matrix {
     Matrix::parse(1, DEFAULT_MATRIX.to_owned(), muster_runtime::time::now_millis(), "muster".to_owned())
         .map(|(matrix, _)| matrix)
         .expect("the built-in permission matrix is valid")
-}
-
-/// The runnable model of a stored, already validated process source.
-pub(crate) fn parse_definition(source: &str) -> Result<ProcessDefinition> {
-    let report = muster_format::validate_process(source, &muster_format::Context::default());
-    report.process.ok_or_else(|| Error::InvalidProcess(report.diagnostics.iter().map(Into::into).collect()))
 }

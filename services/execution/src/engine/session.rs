@@ -3,42 +3,22 @@
 //! concerned), and the checks a session step's executor passes before it
 //! gets the step and when it reports the result.
 
-use std::sync::Arc;
-
-use muster_proto::common::v1::EventType;
-
 use muster_format::ProcessDefinition;
 
-use super::{driver::Driver, new_event};
+use super::driver::Driver;
 use crate::{
     Error, Result,
     domain::{
         StepStatus,
         authority::{self, Matrix, RoleAssignment, Session, Subject},
-        session::{StepView, context_window},
+        model::{EventKind, Step},
+        session::StepView,
     },
-    store::StepRow,
 };
 
-/// What a step task needs of its session: to check its executor and to brief it.
-#[derive(Debug, Clone)]
-pub(crate) struct SessionSnapshot {
-    pub(crate) matrix: Arc<Matrix>,
-    pub(crate) lead: String,
-    pub(crate) session: Session,
-    /// The session as text for the executor's prompt.
-    pub(crate) context: String,
-}
-
-impl SessionSnapshot {
-    /// The executor's role when it may perform the step (assigned, and its
-    /// role permits the step's `action` when it declares one); else why not.
-    pub(crate) fn admit(&self, agent_id: &str, action: Option<&str>) -> std::result::Result<String, String> {
-        admit(&self.matrix, &self.lead, &self.session, agent_id, action)
-    }
-}
-
-fn admit(
+/// The executor's session role when it may perform a step (assigned, and
+/// its role permits the step's `action` when it declares one); else why not.
+pub(crate) fn admit(
     matrix: &Matrix,
     lead: &str,
     session: &Session,
@@ -65,51 +45,43 @@ fn admit(
 }
 
 /// The steps of an execution as the session's views see them.
-pub(crate) fn step_views<'a>(steps: &'a [StepRow], definition: &'a ProcessDefinition) -> Vec<StepView<'a>> {
+pub(crate) fn step_views<'a>(steps: &'a [Step], definition: &'a ProcessDefinition) -> Vec<StepView<'a>> {
     steps
         .iter()
         .zip(&definition.steps)
-        .map(|(row, step)| StepView {
-            id: &row.step_id,
-            name: &step.name,
-            status: row.status,
-            executor: if row.executor.is_empty() { step.executor().unwrap_or_default() } else { &row.executor },
-            started_at: row.started_at,
-            timeout_seconds: step.timeout_seconds,
-            error_code: &row.error_code,
-            error_message: &row.error_message,
-            approvers: if row.status == StepStatus::WaitingApproval { super::approvers(step) } else { Vec::new() },
+        .map(|(step, step_definition)| StepView {
+            id: &step_definition.id,
+            name: &step_definition.name,
+            status: step.status,
+            executor: if step.executor.is_empty() {
+                step_definition.executor().unwrap_or_default()
+            } else {
+                &step.executor
+            },
+            started_at: step.started_at,
+            timeout_seconds: step_definition.timeout_seconds,
+            error_code: &step.error_code,
+            error_message: &step.error_message,
+            approvers: if step.status == StepStatus::WaitingApproval {
+                step_definition.approvers()
+            } else {
+                Vec::new()
+            },
         })
         .collect()
 }
 
 impl Driver {
-    /// The session as a step task needs it, when the execution is one.
-    pub(super) fn session_snapshot(&self) -> Option<SessionSnapshot> {
-        let session = self.execution.session.as_ref()?;
-        Some(SessionSnapshot {
-            matrix: self.engine.matrix(),
-            lead: self.execution.lead_agent_id.clone(),
-            session: session.clone(),
-            context: context_window(
-                &self.execution.id,
-                session,
-                &self.execution.lead_agent_id,
-                &step_views(&self.execution.steps, &self.definition),
-            ),
-        })
-    }
-
     /// Whether the executor of a session step may report its result now:
     /// the session, or the executor's role, may have changed since it started.
     pub(super) fn admit_result(&self, position: usize) -> std::result::Result<(), String> {
         let Some(session) = &self.execution.session else { return Ok(()) };
-        let executor = &self.execution.steps[position].executor;
-        let action = self.definition.steps[position].action.as_deref();
+        let executor = &self.steps[position].executor;
+        let action = self.definition(position).action.as_deref();
         admit(&self.engine.matrix(), &self.execution.lead_agent_id, session, executor, action).map(drop)
     }
 
-    pub(super) async fn assign_role(&mut self, assignment: RoleAssignment, matrix_version: u32) -> Result<()> {
+    pub(super) fn assign_role(&mut self, assignment: RoleAssignment, matrix_version: u32) -> Result<()> {
         let Some(session) = &mut self.execution.session else {
             return Err(Error::FailedPrecondition(format!(
                 "execution '{}' is not a session: roles are assigned in sessions (StartSession)",
@@ -117,7 +89,7 @@ impl Driver {
             )));
         };
         session.assignments.insert(assignment.agent_id.clone(), assignment.clone());
-        let mut event = new_event(&mut self.execution, EventType::RoleAssigned);
+        let mut event = self.execution_event(EventKind::RoleAssigned);
         event.participants = vec![assignment.agent_id.clone()];
         event.agent_id = assignment.agent_id.clone();
         event.matrix_version = matrix_version;
@@ -127,13 +99,14 @@ impl Driver {
             event.detail.push_str(&format!(": {}", assignment.subtask));
         }
         tracing::info!(execution_id = %self.execution.id, agent_id = %assignment.agent_id, role = %assignment.role, by = %assignment.assigned_by, "role assigned");
+        self.record(event);
         self.stage_assignment(assignment);
-        self.persist(&[], false, vec![event]).await
+        Ok(())
     }
 
-    pub(super) async fn set_lead(&mut self, agent_id: String, by: &str) -> Result<()> {
+    pub(super) fn set_lead(&mut self, agent_id: String, by: &str) {
         let previous = std::mem::replace(&mut self.execution.lead_agent_id, agent_id.clone());
-        let mut event = new_event(&mut self.execution, EventType::LeadChanged);
+        let mut event = self.execution_event(EventKind::LeadChanged);
         event.participants =
             [agent_id.clone(), previous.clone()].into_iter().filter(|agent| !agent.is_empty()).collect();
         event.agent_id = agent_id.clone();
@@ -143,6 +116,7 @@ impl Driver {
             format!("{by} made {agent_id} the lead in place of {previous}")
         };
         tracing::info!(execution_id = %self.execution.id, lead = %agent_id, %previous, by, "lead changed");
-        self.persist(&[], true, vec![event]).await
+        self.record(event);
+        self.stage_execution();
     }
 }

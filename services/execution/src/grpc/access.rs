@@ -4,15 +4,15 @@
 //! matrix decides what its role may do (in a session, or outside one when
 //! the matrix names its roster role).
 
-use muster_format::ProcessDefinition;
-use muster_runtime::auth::{Access, Caller, Rule, permission_denied, rule};
-use tonic::Status;
+use muster_runtime::auth::{Access, Caller, Rule, rule};
 
 use super::ExecutionApi;
 use crate::{
-    domain::authority::{self, Check, Subject, Verdict},
-    engine::{approvers, step_roles},
-    store::ExecutionRow,
+    Error, Result,
+    domain::{
+        authority::{self, Check, Subject, Verdict},
+        model::{Execution, ProcessVersion},
+    },
 };
 
 /// Who may call each method of the ExecutionService.
@@ -26,6 +26,7 @@ pub const ACCESS: &[Rule] = &[
     rule("WatchExecution", Access::ANYONE),
     rule("CancelExecution", Access::OPERATOR.or(Access::AGENT)),
     rule("ConnectWorker", Access::OPERATOR.or(Access::AGENT)),
+    rule("ListWorkers", Access::OPERATOR.or(Access::SERVICE)),
     rule("InvokeTool", Access::AGENT),
     rule("ListTools", Access::ANYONE),
     rule("SubmitApproval", Access::AGENT),
@@ -46,47 +47,25 @@ pub const ACCESS: &[Rule] = &[
     rule("ListBudgets", Access::ANYONE),
 ];
 
-/// Whether `agent_id` takes part in an execution: its lead, a participant of
-/// its session, named in a step's roles or approvers, or a step's executor.
-pub(super) fn takes_part(agent_id: &str, execution: &ExecutionRow, definition: &ProcessDefinition) -> bool {
-    execution.lead_agent_id == agent_id
-        || execution.session.as_ref().is_some_and(|session| session.assignments.contains_key(agent_id))
-        || execution.steps.iter().any(|step| step.executor == agent_id)
-        || definition.steps.iter().any(|step| {
-            let roles = step_roles(step);
-            roles.executor == agent_id
-                || roles.monitors.iter().chain(&roles.informed).any(|agent| agent == agent_id)
-                || approvers(step).iter().any(|agent| agent == agent_id)
-        })
-}
-
-/// Operators and services see every execution; an agent only those it takes part in.
-pub(super) fn require_part(
+/// A refusal naming the caller, the action and why.
+pub(super) fn denied(
     caller: &Caller,
-    execution: &ExecutionRow,
-    definition: &ProcessDefinition,
-    action: &str,
-) -> Result<(), Status> {
-    match caller.agent_id() {
-        Some(agent_id) if !takes_part(agent_id, execution, definition) => Err(permission_denied(
-            caller,
-            action,
-            "NOT_A_PARTICIPANT",
-            format!("it takes no part in execution '{}'", execution.id),
-            &[("execution_id", execution.id.clone())],
-        )),
-        _ => Ok(()),
-    }
+    action: impl Into<String>,
+    reason: &'static str,
+    message: impl Into<String>,
+    metadata: Vec<(&'static str, String)>,
+) -> Error {
+    Error::PermissionDenied { caller: caller.clone(), action: action.into(), reason, message: message.into(), metadata }
 }
 
 /// The refusal of an action the checks denied.
-pub(super) fn refusal(caller: &Caller, action: &str, execution_id: &str, verdict: &Verdict) -> Status {
-    permission_denied(
+pub(super) fn refusal(caller: &Caller, action: &str, execution_id: &str, verdict: &Verdict) -> Error {
+    denied(
         caller,
         action,
         verdict.check.reason(),
-        &verdict.reason,
-        &[
+        verdict.reason.clone(),
+        vec![
             ("execution_id", execution_id.to_owned()),
             ("session_role", verdict.role.clone()),
             ("matrix_version", verdict.matrix_version.to_string()),
@@ -95,6 +74,41 @@ pub(super) fn refusal(caller: &Caller, action: &str, execution_id: &str, verdict
 }
 
 impl ExecutionApi {
+    /// Whether `agent_id` takes part in an execution: its lead, a participant
+    /// of its session, named in a step (roles, approvers), or the executor of
+    /// a step (the store is asked only when nothing else says so).
+    pub(super) async fn takes_part(
+        &self,
+        agent_id: &str,
+        execution: &Execution,
+        process: &ProcessVersion,
+    ) -> Result<bool> {
+        Ok(execution.lead_agent_id == agent_id
+            || execution.session.as_ref().is_some_and(|session| session.assignments.contains_key(agent_id))
+            || process.names(agent_id)
+            || self.engine.store.executes_a_step(&execution.id, agent_id).await?)
+    }
+
+    /// Operators and services see every execution; an agent only those it takes part in.
+    pub(super) async fn require_part(
+        &self,
+        caller: &Caller,
+        execution: &Execution,
+        process: &ProcessVersion,
+        action: &str,
+    ) -> Result<()> {
+        match caller.agent_id() {
+            Some(agent_id) if !self.takes_part(agent_id, execution, process).await? => Err(denied(
+                caller,
+                action,
+                "NOT_A_PARTICIPANT",
+                format!("it takes no part in execution '{}'", execution.id),
+                vec![("execution_id", execution.id.clone())],
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// An agent's `action` must pass the permission matrix: in a session
     /// always, outside one when the matrix governs its role (see
     /// [`authority`]). Returns the matrix version that decided (0 when no
@@ -102,10 +116,10 @@ impl ExecutionApi {
     pub(super) fn check_matrix_action(
         &self,
         caller: &Caller,
-        execution: &ExecutionRow,
+        execution: &Execution,
         action: &str,
         described: &str,
-    ) -> Result<u32, Status> {
+    ) -> Result<u32> {
         let Some(agent_id) = caller.agent_id() else { return Ok(0) };
         let subject = Subject {
             agent_id,

@@ -1,4 +1,4 @@
-//! Wire conversions of stored state.
+//! Domain state as the gRPC answers show it.
 
 use muster_proto::{common::v1 as common, execution::v1 as wire};
 use muster_runtime::time::to_timestamp;
@@ -7,20 +7,21 @@ use crate::{
     domain::{
         StepStatus,
         authority::{Matrix, RoleAssignment},
+        model::{Execution, ProcessVersion, Step},
         session::activity,
     },
-    engine::{approvers, step_roles, step_views},
-    store::{ExecutionRow, ProcessRow},
+    engine::{step_roles, step_views, workers::WorkerView},
+    wire::{execution_status_to_wire, finding_to_wire, roles_to_wire, step_status_to_wire},
 };
 
-pub(super) fn process_to_wire(process: ProcessRow, with_source: bool) -> wire::ProcessVersion {
+pub(super) fn process_to_wire(process: &ProcessVersion, with_source: bool) -> wire::ProcessVersion {
     wire::ProcessVersion {
-        name: process.name,
+        name: process.name.clone(),
         version: process.version,
-        source: if with_source { process.source } else { String::new() },
+        source: if with_source { process.source.clone() } else { String::new() },
         published_at: Some(to_timestamp(process.published_at)),
         step_count: process.step_count,
-        warnings: process.warnings,
+        warnings: process.warnings.iter().map(finding_to_wire).collect(),
     }
 }
 
@@ -29,69 +30,75 @@ fn trace_id(traceparent: &str) -> String {
     traceparent.split('-').nth(1).unwrap_or_default().to_owned()
 }
 
+/// An execution with its steps (none when `steps` is empty, as in lists).
 pub(super) fn execution_to_wire(
-    execution: ExecutionRow,
+    execution: &Execution,
+    steps: &[Step],
     definition: Option<&muster_format::ProcessDefinition>,
 ) -> wire::Execution {
-    let steps = execution
-        .steps
-        .iter()
-        .map(|row| {
-            let step_definition = definition.and_then(|definition| definition.steps.get(row.position as usize));
-            wire::StepState {
-                step_id: row.step_id.clone(),
-                name: step_definition.map(|step| step.name.clone()).unwrap_or_default(),
-                r#type: step_definition.map(|step| step.step_type.clone()).unwrap_or_default(),
-                status: row.status.to_wire() as i32,
-                executor: if row.executor.is_empty() {
-                    step_definition.and_then(|step| step.executor()).unwrap_or_default().to_owned()
+    let states = match definition {
+        Some(definition) if definition.steps.len() == steps.len() => steps
+            .iter()
+            .zip(&definition.steps)
+            .map(|(step, step_definition)| wire::StepState {
+                step_id: step_definition.id.clone(),
+                name: step_definition.name.clone(),
+                r#type: step_definition.step_type.clone(),
+                status: step_status_to_wire(step.status) as i32,
+                executor: if step.executor.is_empty() {
+                    step_definition.executor().unwrap_or_default().to_owned()
                 } else {
-                    row.executor.clone()
+                    step.executor.clone()
                 },
-                roles: step_definition.map(step_roles),
-                attempt: row.attempt,
-                output_json: row.output_json.clone(),
-                error: (!row.error_code.is_empty() && row.status != StepStatus::Completed)
-                    .then(|| common::StepError { code: row.error_code.clone(), message: row.error_message.clone() }),
-                started_at: row.started_at.map(to_timestamp),
-                ended_at: row.ended_at.map(to_timestamp),
-                depends_on: step_definition.map(|step| step.depends_on.clone()).unwrap_or_default(),
-                waiting_for: match (row.status, step_definition) {
-                    (StepStatus::WaitingApproval, Some(step)) => approvers(step),
-                    _ => Vec::new(),
+                roles: Some(roles_to_wire(&step_roles(step_definition))),
+                attempt: step.attempt,
+                output_json: step.output_json.as_deref().unwrap_or_default().to_owned(),
+                error: (!step.error_code.is_empty() && step.status != StepStatus::Completed)
+                    .then(|| common::StepError { code: step.error_code.clone(), message: step.error_message.clone() }),
+                started_at: step.started_at.map(to_timestamp),
+                ended_at: step.ended_at.map(to_timestamp),
+                depends_on: step_definition.depends_on.clone(),
+                waiting_for: if step.status == StepStatus::WaitingApproval {
+                    step_definition.approvers()
+                } else {
+                    Vec::new()
                 },
-                wait_seconds: 0,
-                delegation_chain: Vec::new(),
-                cost: row.cost,
-                tokens_used: row.tokens_used,
-            }
-        })
-        .collect();
-    let session = session_to_wire(&execution, definition);
+                wait_seconds: if step.status == StepStatus::Queued { step.wait_seconds } else { 0 },
+                delegation_chain: step.delegation_chain.clone(),
+                cost: step.cost,
+                tokens_used: step.tokens_used,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     wire::Execution {
-        session,
-        id: execution.id,
-        process_name: execution.process_name,
+        session: session_to_wire(execution, steps, definition),
+        id: execution.id.clone(),
+        process_name: execution.process_name.clone(),
         process_version: execution.process_version,
-        status: execution.status.to_wire() as i32,
-        reason: execution.reason,
-        lead_agent_id: execution.lead_agent_id,
+        status: execution_status_to_wire(execution.status) as i32,
+        reason: execution.reason.clone(),
+        lead_agent_id: execution.lead_agent_id.clone(),
         trace_id: trace_id(&execution.trace_parent),
         started_at: Some(to_timestamp(execution.started_at)),
         ended_at: execution.ended_at.map(to_timestamp),
-        steps,
-        inputs_json: execution.inputs_json,
+        steps: states,
+        inputs_json: execution.inputs_json.clone(),
     }
 }
 
 /// The session of an execution, each assignment with its current activity
-/// (known only with the definition).
+/// (known only with the steps).
 pub(super) fn session_to_wire(
-    execution: &ExecutionRow,
+    execution: &Execution,
+    steps: &[Step],
     definition: Option<&muster_format::ProcessDefinition>,
 ) -> Option<wire::Session> {
     let session = execution.session.as_ref()?;
-    let views = definition.map(|definition| step_views(&execution.steps, definition)).unwrap_or_default();
+    let views = match definition {
+        Some(definition) if definition.steps.len() == steps.len() => step_views(steps, definition),
+        _ => Vec::new(),
+    };
     Some(wire::Session {
         task: Some(wire::SessionTask { title: session.title.clone(), description: session.description.clone() }),
         assignments: session
@@ -128,5 +135,19 @@ pub(super) fn matrix_to_wire(matrix: &Matrix, with_source: bool) -> wire::Permis
             .collect(),
         created_at: Some(to_timestamp(matrix.created_at)),
         created_by: matrix.created_by.clone(),
+    }
+}
+
+pub(super) fn worker_to_wire(worker: &WorkerView) -> wire::WorkerInfo {
+    let now = muster_runtime::time::now_millis();
+    wire::WorkerInfo {
+        worker_id: worker.worker_id.to_string(),
+        name: worker.name.clone(),
+        agents: worker.agents.clone(),
+        tools: worker.tools.clone(),
+        in_flight: u32::try_from(worker.in_flight).unwrap_or(u32::MAX),
+        max_concurrency: u32::try_from(worker.max_concurrency).unwrap_or(u32::MAX),
+        connected_at: Some(to_timestamp(now - worker.connected_for.as_millis() as i64)),
+        last_seen_at: Some(to_timestamp(now - worker.silent_for.as_millis() as i64)),
     }
 }

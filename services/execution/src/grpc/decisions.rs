@@ -1,17 +1,15 @@
 //! Approvals and interventions: who may decide a human approval step (its
-//! executor and monitors), who may intervene (operators, the lead anywhere,
-//! a step's monitors in that step), and what the permission matrix lets
-//! their role do.
+//! `approvers`, else its executor and monitors), who may intervene
+//! (operators, the lead anywhere, a step's monitors in that step), and what
+//! the permission matrix lets their role do.
 
-use muster_proto::{execution::v1 as wire, roster::v1 as roster};
-use muster_runtime::auth::{Caller, permission_denied};
-use tonic::Status;
+use muster_proto::execution::v1 as wire;
+use muster_runtime::auth::Caller;
 
-use super::{ExecutionApi, convert::execution_to_wire};
+use super::{ExecutionApi, access::denied, convert::execution_to_wire};
 use crate::{
-    Error,
-    clients::dependency_error,
-    engine::{Control, Intervention, InterventionAction, approvers, step_roles},
+    Error, Result,
+    engine::{Control, Intervention, InterventionAction, step_roles},
 };
 
 /// The matrix action an intervention needs.
@@ -31,23 +29,25 @@ impl ExecutionApi {
         &self,
         caller: &Caller,
         request: wire::SubmitApprovalRequest,
-    ) -> Result<wire::SubmitApprovalResponse, Status> {
-        let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
-        let step = definition.steps.iter().find(|step| step.id == request.step_id).ok_or_else(|| {
+    ) -> Result<wire::SubmitApprovalResponse> {
+        let (execution, process) = self.execution_and_process(&request.execution_id).await?;
+        let step = process.definition.steps.iter().find(|step| step.id == request.step_id).ok_or_else(|| {
             Error::NotFound(format!("execution '{}' has no step '{}'", request.execution_id, request.step_id))
         })?;
-        if step.step_type != "human_approval" {
-            return Err(Error::FailedPrecondition(format!("step '{}' is not a human_approval step", step.id)).into());
+        if step.step_type != crate::engine::HUMAN_APPROVAL {
+            return Err(Error::FailedPrecondition(format!("step '{}' is not a human_approval step", step.id)));
         }
         let described = format!("decide step '{}' of execution '{}'", step.id, request.execution_id);
-        let allowed = approvers(step);
+        let allowed = step.approvers();
         if !caller.agent_id().is_some_and(|agent_id| allowed.iter().any(|approver| approver == agent_id)) {
-            return Err(permission_denied(
+            let who =
+                if step.approvers.is_empty() { "the step's executor or monitors" } else { "the step's approvers" };
+            return Err(denied(
                 caller,
-                &described,
+                described,
                 "NOT_AN_APPROVER",
-                format!("only the step's executor or monitors ({}) may decide it", allowed.join(", ")),
-                &[("execution_id", request.execution_id.clone()), ("step_id", step.id.clone())],
+                format!("only {who} ({}) may decide it", allowed.join(", ")),
+                vec![("execution_id", request.execution_id.clone()), ("step_id", step.id.clone())],
             ));
         }
         let action = if request.approved { "approve" } else { "request_changes" };
@@ -61,8 +61,9 @@ impl ExecutionApi {
             reply,
         };
         self.control(&request.execution_id, control).await?;
-        let execution = self.engine.store.get_execution(&request.execution_id).await?.unwrap_or(execution);
-        let step = execution_to_wire(execution, Some(&*definition))
+        let execution = self.engine.store.execution(&request.execution_id).await?.unwrap_or(execution);
+        let steps = self.steps(&request.execution_id).await?;
+        let step = execution_to_wire(&execution, &steps, Some(&process.definition))
             .steps
             .into_iter()
             .find(|state| state.step_id == request.step_id);
@@ -73,8 +74,8 @@ impl ExecutionApi {
         &self,
         caller: &Caller,
         request: wire::InterveneRequest,
-    ) -> Result<wire::InterveneResponse, Status> {
-        let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
+    ) -> Result<wire::InterveneResponse> {
+        let (execution, process) = self.execution_and_process(&request.execution_id).await?;
         let action = match wire::InterventionAction::try_from(request.action).unwrap_or_default() {
             wire::InterventionAction::Pause => InterventionAction::Pause,
             wire::InterventionAction::Resume => InterventionAction::Resume,
@@ -82,28 +83,26 @@ impl ExecutionApi {
             wire::InterventionAction::Cancel => InterventionAction::Cancel,
             wire::InterventionAction::Reassign => {
                 if request.target_agent_id.is_empty() {
-                    return Err(Status::invalid_argument("REASSIGN needs target_agent_id"));
+                    return Err(Error::InvalidArgument("REASSIGN needs target_agent_id".to_owned()));
                 }
-                let mut roster = self.engine.roster.clone();
-                roster
-                    .get_agent(roster::GetAgentRequest { id: request.target_agent_id.clone() })
-                    .await
-                    .map_err(|status| dependency_error("roster", status))?;
+                self.roster_agent(&request.target_agent_id, "target_agent_id").await?;
                 InterventionAction::Reassign(request.target_agent_id.clone())
             }
             wire::InterventionAction::OverrideOutput => {
                 if serde_json::from_str::<serde_json::Value>(&request.output_json).is_err() {
-                    return Err(Status::invalid_argument("OVERRIDE_OUTPUT needs output_json, a JSON value"));
+                    return Err(Error::InvalidArgument("OVERRIDE_OUTPUT needs output_json, a JSON value".to_owned()));
                 }
                 InterventionAction::OverrideOutput(request.output_json.clone())
             }
-            wire::InterventionAction::Unspecified => return Err(Status::invalid_argument("action is required")),
+            wire::InterventionAction::Unspecified => {
+                return Err(Error::InvalidArgument("action is required".to_owned()));
+            }
         };
         let step_id = (!request.step_id.is_empty()).then(|| request.step_id.clone());
         if let Some(step_id) = &step_id
-            && !definition.steps.iter().any(|step| &step.id == step_id)
+            && !process.definition.steps.iter().any(|step| &step.id == step_id)
         {
-            return Err(Error::NotFound(format!("execution '{}' has no step '{step_id}'", request.execution_id)).into());
+            return Err(Error::NotFound(format!("execution '{}' has no step '{step_id}'", request.execution_id)));
         }
         let target = match &step_id {
             Some(step_id) => format!("step '{step_id}' of execution '{}'", request.execution_id),
@@ -121,24 +120,29 @@ impl ExecutionApi {
                     if execution.lead_agent_id.is_empty() { "none is set" } else { &execution.lead_agent_id }
                 )),
                 Some(step_id) if !is_lead => {
-                    let step =
-                        definition.steps.iter().find(|step| &step.id == step_id).map(step_roles).unwrap_or_default();
-                    (!step.monitors.iter().any(|monitor| monitor == agent_id)).then(|| {
+                    let monitors: Vec<String> = process
+                        .definition
+                        .steps
+                        .iter()
+                        .find(|step| &step.id == step_id)
+                        .map(|step| step_roles(step).monitors)
+                        .unwrap_or_default();
+                    (!monitors.iter().any(|monitor| monitor == agent_id)).then(|| {
                         format!(
                             "only operators, the execution's lead and the monitors of step '{step_id}' ({}) may intervene in it",
-                            if step.monitors.is_empty() { "none".to_owned() } else { step.monitors.join(", ") }
+                            if monitors.is_empty() { "none".to_owned() } else { monitors.join(", ") }
                         )
                     })
                 }
                 _ => None,
             };
             if let Some(why) = why {
-                return Err(permission_denied(
+                return Err(denied(
                     caller,
-                    &described,
+                    described,
                     "NOT_LEAD_OR_MONITOR",
                     why,
-                    &[("execution_id", request.execution_id.clone())],
+                    vec![("execution_id", request.execution_id.clone())],
                 ));
             }
             matrix_version = self.check_matrix_action(caller, &execution, matrix_action(&action), &described)?;
@@ -146,7 +150,10 @@ impl ExecutionApi {
         let intervention =
             Intervention { step_id, action, by: caller.audit_name(), reason: request.reason, matrix_version };
         self.control(&request.execution_id, |reply| Control::Intervene { intervention, reply }).await?;
-        let execution = self.engine.store.get_execution(&request.execution_id).await?.unwrap_or(execution);
-        Ok(wire::InterveneResponse { execution: Some(execution_to_wire(execution, Some(&*definition))) })
+        let execution = self.engine.store.execution(&request.execution_id).await?.unwrap_or(execution);
+        let steps = self.steps(&request.execution_id).await?;
+        Ok(wire::InterveneResponse {
+            execution: Some(execution_to_wire(&execution, &steps, Some(&process.definition))),
+        })
     }
 }

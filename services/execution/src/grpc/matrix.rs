@@ -2,10 +2,12 @@
 
 use muster_proto::execution::v1 as wire;
 use muster_runtime::auth::Caller;
-use tonic::Status;
 
 use super::{ExecutionApi, convert::matrix_to_wire};
-use crate::{Error, domain::authority::Matrix};
+use crate::{
+    Error, Result,
+    domain::{authority::Matrix, model::Finding},
+};
 
 /// Versions listed per page when the caller does not say.
 const DEFAULT_PAGE: u32 = 100;
@@ -19,16 +21,16 @@ impl ExecutionApi {
         &self,
         caller: &Caller,
         request: wire::PutPermissionMatrixRequest,
-    ) -> Result<wire::PutPermissionMatrixResponse, Status> {
+    ) -> Result<wire::PutPermissionMatrixResponse> {
         if request.source.len() > MAX_SOURCE_BYTES {
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::InvalidArgument(format!(
                 "the matrix has {} bytes; at most {MAX_SOURCE_BYTES} are accepted",
                 request.source.len()
             )));
         }
         let (matrix, warnings) =
             Matrix::parse(0, request.source, muster_runtime::time::now_millis(), caller.audit_name())
-                .map_err(|diagnostics| Error::InvalidMatrix(diagnostics.iter().map(Into::into).collect()))?;
+                .map_err(|diagnostics| Error::InvalidMatrix(diagnostics.iter().map(Finding::from).collect()))?;
         let stored = self.engine.store.put_matrix(matrix).await?;
         tracing::info!(version = stored.version, by = %stored.created_by, "permission matrix stored");
         let response = wire::PutPermissionMatrixResponse {
@@ -42,7 +44,7 @@ impl ExecutionApi {
     pub(super) async fn get_matrix(
         &self,
         request: wire::GetPermissionMatrixRequest,
-    ) -> Result<wire::GetPermissionMatrixResponse, Status> {
+    ) -> Result<wire::GetPermissionMatrixResponse> {
         let matrix =
             if request.version == 0 {
                 (*self.engine.matrix()).clone()
@@ -57,7 +59,7 @@ impl ExecutionApi {
     pub(super) async fn list_matrices(
         &self,
         request: wire::ListPermissionMatrixVersionsRequest,
-    ) -> Result<wire::ListPermissionMatrixVersionsResponse, Status> {
+    ) -> Result<wire::ListPermissionMatrixVersionsResponse> {
         let page_size = match request.page_size {
             0 => DEFAULT_PAGE,
             size => size.min(MAX_PAGE),
@@ -69,7 +71,7 @@ impl ExecutionApi {
                 request
                     .page_token
                     .parse::<u32>()
-                    .map_err(|_| Status::invalid_argument("page_token is not one this service gave"))?,
+                    .map_err(|_| Error::InvalidArgument("page_token is not one this service gave".to_owned()))?,
             )
         };
         let mut versions = self.engine.store.matrices(before, page_size + 1).await?;

@@ -1,33 +1,28 @@
-//! The gRPC face of the execution service: wire types in, domain calls,
-//! wire types out. Errors become statuses through `From<Error> for Status`.
-//! Who may call what is in [`access`]; the methods live by subject:
-//! processes and executions here, [`decisions`] (approvals and
-//! interventions), [`sessions`], [`matrix`], [`tools`] and the long-lived
-//! [`streams`] (workers, watches).
+//! The gRPC face of the execution service: wire types in, engine calls,
+//! wire types out; every failure is an [`Error`] and becomes a status
+//! through its one table. Who may call what is in [`access`]; the methods
+//! live by subject: processes and executions here, [`decisions`] (approvals
+//! and interventions), [`sessions`], [`matrix`], [`tools`] and the
+//! long-lived [`streams`] (workers, watches).
 
 use std::{pin::Pin, sync::Arc};
 
-use muster_format::ProcessDefinition;
-use muster_proto::{
-    common::v1::{self as common, EventType},
-    execution::v1::{self as wire, execution_service_server::ExecutionService},
-    roster::v1 as roster,
-    validator::v1 as validator,
-};
-use muster_runtime::{
-    auth::{AgentDirectory, Caller, permission_denied},
-    status::unimplemented,
-};
+use muster_proto::execution::v1::{self as wire, execution_service_server::ExecutionService};
+use muster_runtime::auth::{AgentDirectory, Caller};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::{
     Error, Result,
-    clients::{ValidatorClient, all_agents, dependency_error},
-    domain::{ExecutionStatus, authority::Session},
-    engine::{Control, Engine, StartRequest, parse_definition},
-    store::{ExecutionFilter, ExecutionRow, ProcessRow},
+    clients::roster::{AgentInfo, RosterFailure},
+    domain::{
+        authority::Session,
+        model::{EventKind, Execution, ProcessVersion, Step},
+    },
+    engine::{Control, Engine, StartRequest},
+    store::ExecutionFilter,
+    wire::execution_status_from_wire,
 };
 
 mod access;
@@ -44,154 +39,139 @@ use streams::stream_events;
 
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+/// Longest source of a process accepted for publishing, in bytes.
+const MAX_SOURCE_BYTES: usize = 4 * 1024 * 1024;
+/// Longest execution inputs, in bytes.
+const MAX_INPUTS_BYTES: usize = 1024 * 1024;
+/// Longest idempotency key, in bytes.
+const MAX_IDEMPOTENCY_KEY_BYTES: usize = 128;
+/// Rows of a list page when the caller does not say, and at most.
+const DEFAULT_PAGE: u32 = 100;
+const MAX_PAGE: u32 = 1000;
+
 /// The ExecutionService implementation.
 pub(crate) struct ExecutionApi {
     engine: Arc<Engine>,
-    validator: ValidatorClient,
     /// The agents' credentials, to check the tokens a worker presents.
     agents: AgentDirectory,
     /// The tools each role lists, to authorise tool calls and providers.
     role_tools: tools::RoleTools,
 }
 
-/// What a start needs: the process version, its definition, the inputs.
-struct Prepared {
-    process: ProcessRow,
-    definition: Arc<ProcessDefinition>,
-    inputs_json: String,
+/// The page size asked for, within bounds.
+fn page_size(asked: u32) -> u32 {
+    if asked == 0 { DEFAULT_PAGE } else { asked.min(MAX_PAGE) }
+}
+
+/// An agent of the roster; FAILED_PRECONDITION naming `what` when it is not in it.
+fn roster_answer(
+    agent_id: &str,
+    what: &str,
+    answer: std::result::Result<AgentInfo, RosterFailure>,
+) -> Result<AgentInfo> {
+    match answer {
+        Ok(agent) => Ok(agent),
+        Err(RosterFailure::NotFound(_)) => {
+            Err(Error::FailedPrecondition(format!("{what} '{agent_id}' is not in the roster")))
+        }
+        Err(RosterFailure::Unavailable(detail)) => Err(Error::Unavailable { service: "roster", detail }),
+        Err(RosterFailure::Refused(message)) => Err(Error::FailedPrecondition(format!("roster: {message}"))),
+    }
 }
 
 impl ExecutionApi {
-    pub(crate) fn new(engine: Arc<Engine>, validator: ValidatorClient, agents: AgentDirectory) -> Self {
-        Self { engine, validator, agents, role_tools: tools::RoleTools::default() }
+    pub(crate) fn new(engine: Arc<Engine>, agents: AgentDirectory) -> Self {
+        Self { engine, agents, role_tools: tools::RoleTools::default() }
     }
 
-    /// What the validator should know: the roster's agents and roles.
-    async fn validation_context(&self) -> Result<validator::ValidationContext> {
-        let mut roster = self.engine.roster.clone();
-        let agents = all_agents(&mut roster)
-            .await?
-            .into_iter()
-            .map(|agent| validator::KnownAgent {
-                offline: agent.status == roster::AgentStatus::Offline as i32,
-                id: agent.id,
-                role: agent.role,
-            })
-            .collect();
-        let roles = roster
-            .list_role_definitions(roster::ListRoleDefinitionsRequest {})
-            .await
-            .map_err(|status| dependency_error("roster", status))?
-            .into_inner()
-            .roles;
-        let check_roles = !roles.is_empty();
-        Ok(validator::ValidationContext {
-            agents,
-            roles: roles
-                .into_iter()
-                .map(|role| validator::KnownRole {
-                    name: role.name,
-                    permitted_tools: role.tools,
-                    permitted_actions: role.permitted_actions,
-                })
-                .collect(),
-            tools: Vec::new(),
-            check_agents: true,
-            check_roles,
-            check_tools: false,
-        })
+    /// An agent of the roster; FAILED_PRECONDITION naming `what` when it is not in it.
+    async fn roster_agent(&self, agent_id: &str, what: &str) -> Result<AgentInfo> {
+        roster_answer(agent_id, what, self.engine.roster.agent(agent_id.to_owned()).await)
     }
 
     async fn publish(&self, request: wire::PublishProcessRequest) -> Result<wire::PublishProcessResponse> {
         if request.source.trim().is_empty() {
             return Err(Error::InvalidArgument("source is empty: send the process YAML".to_owned()));
         }
-        let context = self.validation_context().await?;
-        let report = self
-            .validator
-            .clone()
-            .validate_process(validator::ValidateProcessRequest {
-                source: request.source.clone(),
-                file_name: request.file_name.clone(),
-                context: Some(context),
-            })
-            .await
-            .map_err(|status| dependency_error("validator", status))?
-            .into_inner();
-        if !report.valid {
-            return Err(Error::InvalidProcess(report.diagnostics));
+        if request.source.len() > MAX_SOURCE_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "source has {} bytes; at most {MAX_SOURCE_BYTES} are accepted",
+                request.source.len()
+            )));
         }
-        let definition = parse_definition(&request.source)?;
-        let stored = self
-            .engine
-            .store
-            .publish_process(ProcessRow {
-                name: definition.name.clone(),
-                version: 0,
-                source: request.source,
-                published_at: muster_runtime::time::now_millis(),
-                step_count: definition.steps.len() as u32,
-                warnings: report.diagnostics.clone(),
-            })
-            .await?;
-        tracing::info!(process = %stored.name, version = stored.version, "process published");
+        let (process, new) = self.engine.publish(request.source).await?;
+        if new {
+            tracing::info!(process = %process.name, version = process.version, "process published");
+        }
         Ok(wire::PublishProcessResponse {
-            process: Some(process_to_wire(stored, true)),
-            diagnostics: report.diagnostics,
+            diagnostics: process.warnings.iter().map(crate::wire::finding_to_wire).collect(),
+            process: Some(process_to_wire(&process, true)),
+            unchanged: !new,
         })
-    }
-
-    /// An agent of the roster; FAILED_PRECONDITION naming `what` when it is not in it.
-    async fn roster_agent(&self, agent_id: &str, what: &str) -> Result<roster::Agent> {
-        let mut roster = self.engine.roster.clone();
-        match roster.get_agent(roster::GetAgentRequest { id: agent_id.to_owned() }).await {
-            Ok(response) => Ok(response.into_inner().agent.unwrap_or_default()),
-            Err(status) if matches!(status.code(), tonic::Code::NotFound | tonic::Code::InvalidArgument) => {
-                Err(Error::FailedPrecondition(format!("{what} '{agent_id}' is not in the roster")))
-            }
-            Err(status) => Err(dependency_error("roster", status)),
-        }
     }
 
     /// The process version to start, checked: steps this server can run,
     /// named executors in the roster, inputs a JSON object.
-    async fn prepare_start(&self, process_name: &str, version: u32, inputs_json: String) -> Result<Prepared> {
+    async fn prepare_start(
+        &self,
+        process_name: &str,
+        version: u32,
+        inputs_json: &str,
+    ) -> Result<(Arc<ProcessVersion>, String)> {
         let version = (version != 0).then_some(version);
-        let process = self.engine.store.get_process(process_name, version).await?.ok_or_else(|| {
+        let process = self.engine.process(process_name, version).await?.ok_or_else(|| {
             Error::NotFound(match version {
                 Some(version) => format!("process '{process_name}' has no version {version}"),
                 None => format!("no process named '{process_name}' is published"),
             })
         })?;
-        let definition = self.engine.parsed(&process)?;
-        if let Some(step) =
-            definition.steps.iter().find(|step| !matches!(step.step_type.as_str(), "agent_task" | "human_approval"))
+        if let Some(step) = process
+            .definition
+            .steps
+            .iter()
+            .find(|step| !matches!(step.step_type.as_str(), "agent_task" | "human_approval"))
         {
             return Err(Error::FailedPrecondition(format!(
                 "step '{}' is of type '{}', which this server cannot run yet; agent_task and human_approval steps run",
                 step.id, step.step_type
             )));
         }
-        let inputs_json = if inputs_json.trim().is_empty() { "{}".to_owned() } else { inputs_json };
+        if inputs_json.len() > MAX_INPUTS_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "inputs_json has {} bytes; at most {MAX_INPUTS_BYTES} are accepted",
+                inputs_json.len()
+            )));
+        }
+        let inputs_json = if inputs_json.trim().is_empty() { "{}".to_owned() } else { inputs_json.to_owned() };
         match serde_json::from_str::<serde_json::Value>(&inputs_json) {
             Ok(serde_json::Value::Object(_)) => {}
             _ => return Err(Error::InvalidArgument("inputs_json must be a JSON object".to_owned())),
         }
         // Every named executor must be in the roster before anything runs.
         // (An approval step's executor may be a system name: people decide it.)
-        for step in definition.steps.iter().filter(|step| step.step_type == "agent_task") {
+        for step in process.definition.steps.iter().filter(|step| step.step_type == "agent_task") {
             if let Some(executor) = step.executor() {
                 self.roster_agent(executor, &format!("step '{}': executor", step.id)).await?;
             }
         }
-        Ok(Prepared { process, definition, inputs_json })
+        Ok((process, inputs_json))
+    }
+
+    fn idempotency_key(key: String) -> Result<Option<String>> {
+        if key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "idempotency_key has {} bytes; at most {MAX_IDEMPOTENCY_KEY_BYTES} are accepted",
+                key.len()
+            )));
+        }
+        Ok((!key.is_empty()).then_some(key))
     }
 
     async fn start(&self, request: wire::StartExecutionRequest) -> Result<wire::Execution> {
-        let Prepared { process, definition, inputs_json } =
-            self.prepare_start(&request.process_name, request.process_version, request.inputs_json).await?;
+        let (process, inputs_json) =
+            self.prepare_start(&request.process_name, request.process_version, &request.inputs_json).await?;
         let lead_agent_id = if request.lead_agent_id.is_empty() {
-            definition.lead.clone().unwrap_or_default()
+            process.definition.lead.clone().unwrap_or_default()
         } else {
             request.lead_agent_id
         };
@@ -202,14 +182,13 @@ impl ExecutionApi {
             .engine
             .start(StartRequest {
                 process,
-                definition,
                 inputs_json,
                 lead_agent_id,
-                idempotency_key: (!request.idempotency_key.is_empty()).then_some(request.idempotency_key),
+                idempotency_key: Self::idempotency_key(request.idempotency_key)?,
                 session: None,
             })
             .await?;
-        Ok(self.execution_to_wire(execution).await)
+        self.execution_to_wire(execution).await
     }
 
     /// Starts a session from an already checked request.
@@ -217,25 +196,23 @@ impl ExecutionApi {
         &self,
         process_name: &str,
         process_version: u32,
-        inputs_json: String,
+        inputs_json: &str,
         lead_agent_id: String,
         session: Session,
         idempotency_key: String,
     ) -> Result<wire::Execution> {
-        let Prepared { process, definition, inputs_json } =
-            self.prepare_start(process_name, process_version, inputs_json).await?;
+        let (process, inputs_json) = self.prepare_start(process_name, process_version, inputs_json).await?;
         let execution = self
             .engine
             .start(StartRequest {
                 process,
-                definition,
                 inputs_json,
                 lead_agent_id,
-                idempotency_key: (!idempotency_key.is_empty()).then_some(idempotency_key),
+                idempotency_key: Self::idempotency_key(idempotency_key)?,
                 session: Some(session),
             })
             .await?;
-        Ok(self.execution_to_wire(execution).await)
+        self.execution_to_wire(execution).await
     }
 
     /// Hands a control to the execution's driver and waits for its answer.
@@ -246,56 +223,61 @@ impl ExecutionApi {
         &self,
         execution_id: &str,
         control: impl FnOnce(tokio::sync::oneshot::Sender<Result<()>>) -> Control,
-    ) -> std::result::Result<(), Status> {
+    ) -> Result<()> {
         let (reply, answer) = tokio::sync::oneshot::channel();
         if self.engine.control(execution_id, control(reply))
             && let Ok(outcome) = answer.await
         {
-            return Ok(outcome?);
+            return outcome;
         }
-        match self.engine.store.get_execution(execution_id).await? {
+        match self.engine.store.execution(execution_id).await? {
             Some(execution) if execution.status.is_final() => Err(Error::FailedPrecondition(format!(
                 "execution '{execution_id}' has ended ({})",
                 execution.status.as_str()
-            ))
-            .into()),
-            _ => Err(Status::unavailable(format!("execution '{execution_id}' is not running here now; try again"))),
+            ))),
+            _ => Err(Error::NotRunningHere(execution_id.to_owned())),
         }
     }
 
-    /// An execution and the definition of the process version it runs.
-    async fn execution_and_definition(&self, execution_id: &str) -> Result<(ExecutionRow, Arc<ProcessDefinition>)> {
+    /// An execution (without its steps) and the process version it runs.
+    async fn execution_and_process(&self, execution_id: &str) -> Result<(Execution, Arc<ProcessVersion>)> {
         let execution = self
             .engine
             .store
-            .get_execution(execution_id)
+            .execution(execution_id)
             .await?
             .ok_or_else(|| Error::NotFound(format!("execution '{execution_id}' not found")))?;
-        let definition = self.engine.definition(&execution.process_name, execution.process_version).await?;
-        Ok((execution, definition))
+        let process = self.engine.definition_of(&execution).await?;
+        Ok((execution, process))
     }
 
-    async fn execution_to_wire(&self, execution: ExecutionRow) -> wire::Execution {
-        let definition = self.engine.definition(&execution.process_name, execution.process_version).await.ok();
-        execution_to_wire(execution, definition.as_deref())
+    async fn steps(&self, execution_id: &str) -> Result<Vec<Step>> {
+        Ok(self.engine.store.steps(execution_id).await?.into_iter().map(|(_, step)| step).collect())
     }
 
-    async fn cancel(&self, caller: &Caller, request: wire::CancelExecutionRequest) -> Result<wire::Execution, Status> {
+    /// An execution with its steps, as answers show it.
+    async fn execution_to_wire(&self, execution: Execution) -> Result<wire::Execution> {
+        let process = self.engine.definition_of(&execution).await?;
+        let steps = self.steps(&execution.id).await?;
+        Ok(execution_to_wire(&execution, &steps, Some(&process.definition)))
+    }
+
+    async fn cancel(&self, caller: &Caller, request: wire::CancelExecutionRequest) -> Result<wire::Execution> {
         let mut live = self.engine.events.subscribe();
         let execution = self
             .engine
             .store
-            .get_execution(&request.id)
+            .execution(&request.id)
             .await?
             .ok_or_else(|| Error::NotFound(format!("execution '{}' not found", request.id)))?;
         if let Some(agent_id) = caller.agent_id() {
             if execution.lead_agent_id != agent_id {
-                return Err(permission_denied(
+                return Err(access::denied(
                     caller,
-                    &format!("cancel execution '{}'", request.id),
+                    format!("cancel execution '{}'", request.id),
                     "NOT_THE_LEAD",
                     "only operators and the execution's lead may cancel it",
-                    &[("execution_id", request.id.clone())],
+                    vec![("execution_id", request.id.clone())],
                 ));
             }
             self.check_matrix_action(caller, &execution, "close_task", &format!("cancel execution '{}'", request.id))?;
@@ -305,8 +287,7 @@ impl ExecutionApi {
                 "execution '{}' already ended ({})",
                 request.id,
                 execution.status.as_str()
-            ))
-            .into());
+            )));
         }
         let reason =
             if request.reason.is_empty() { format!("cancelled by {}", caller.audit_name()) } else { request.reason };
@@ -314,10 +295,7 @@ impl ExecutionApi {
             let finished = async {
                 loop {
                     match live.recv().await {
-                        Ok(event)
-                            if event.execution_id == request.id
-                                && event.r#type == EventType::ExecutionFinished as i32 =>
-                        {
+                        Ok(event) if event.execution_id == request.id && event.kind == EventKind::ExecutionFinished => {
                             break;
                         }
                         Err(broadcast::error::RecvError::Closed) => break,
@@ -327,9 +305,61 @@ impl ExecutionApi {
             };
             let _ = tokio::time::timeout(std::time::Duration::from_secs(10), finished).await;
         }
-        let execution = self.engine.store.get_execution(&request.id).await?.unwrap_or(execution);
-        Ok(self.execution_to_wire(execution).await)
+        let execution = self.engine.store.execution(&request.id).await?.unwrap_or(execution);
+        self.execution_to_wire(execution).await
     }
+
+    async fn list_executions(&self, request: wire::ListExecutionsRequest) -> Result<wire::ListExecutionsResponse> {
+        let limit = page_size(request.limit);
+        let after = if request.page_token.is_empty() {
+            None
+        } else {
+            let token_error = || Error::InvalidArgument("page_token is not one this service gave".to_owned());
+            let (started_at, id) = request.page_token.split_once('/').ok_or_else(token_error)?;
+            Some((started_at.parse::<i64>().map_err(|_| token_error())?, id.to_owned()))
+        };
+        let filter = ExecutionFilter {
+            process_name: (!request.process_name.is_empty()).then_some(request.process_name),
+            status: muster_proto::common::v1::ExecutionStatus::try_from(request.status)
+                .ok()
+                .and_then(execution_status_from_wire),
+            started_after: request.started_after.as_ref().map(muster_runtime::time::from_timestamp),
+            started_before: request.started_before.as_ref().map(muster_runtime::time::from_timestamp),
+            after,
+            limit: limit + 1,
+        };
+        let mut executions = self.engine.store.list_executions(&filter).await?;
+        let next_page_token = if executions.len() > limit as usize {
+            executions.truncate(limit as usize);
+            executions.last().map(|last| format!("{}/{}", last.started_at, last.id)).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(wire::ListExecutionsResponse {
+            executions: executions.iter().map(|execution| execution_to_wire(execution, &[], None)).collect(),
+            next_page_token,
+        })
+    }
+
+    async fn list_processes(&self, request: wire::ListProcessesRequest) -> Result<wire::ListProcessesResponse> {
+        let limit = page_size(request.page_size);
+        let mut processes = self.engine.store.list_processes(&request.page_token, limit + 1).await?;
+        let next_page_token = if processes.len() > limit as usize {
+            processes.truncate(limit as usize);
+            processes.last().map(|last| last.name.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(wire::ListProcessesResponse {
+            processes: processes.iter().map(|process| process_to_wire(process, false)).collect(),
+            next_page_token,
+        })
+    }
+}
+
+/// A handler's answer: its error through the one table.
+fn answer<T>(outcome: Result<T>) -> Result<Response<T>, Status> {
+    outcome.map(Response::new).map_err(Status::from)
 }
 
 #[tonic::async_trait]
@@ -338,7 +368,7 @@ impl ExecutionService for ExecutionApi {
         &self,
         request: Request<wire::PublishProcessRequest>,
     ) -> Result<Response<wire::PublishProcessResponse>, Status> {
-        Ok(Response::new(self.publish(request.into_inner()).await?))
+        answer(self.publish(request.into_inner()).await)
     }
 
     async fn get_process(
@@ -347,31 +377,28 @@ impl ExecutionService for ExecutionApi {
     ) -> Result<Response<wire::GetProcessResponse>, Status> {
         let request = request.into_inner();
         let version = (request.version != 0).then_some(request.version);
-        let process = self
-            .engine
-            .store
-            .get_process(&request.name, version)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("process '{}' not found", request.name)))?;
-        Ok(Response::new(wire::GetProcessResponse { process: Some(process_to_wire(process, true)) }))
+        let found = self.engine.process(&request.name, version).await.and_then(|process| {
+            process.ok_or_else(|| Error::NotFound(format!("process '{}' not found", request.name)))
+        });
+        answer(found.map(|process| wire::GetProcessResponse { process: Some(process_to_wire(&process, true)) }))
     }
 
     async fn list_processes(
         &self,
-        _request: Request<wire::ListProcessesRequest>,
+        request: Request<wire::ListProcessesRequest>,
     ) -> Result<Response<wire::ListProcessesResponse>, Status> {
-        let processes = self.engine.store.list_processes().await?;
-        Ok(Response::new(wire::ListProcessesResponse {
-            processes: processes.into_iter().map(|process| process_to_wire(process, false)).collect(),
-        }))
+        answer(self.list_processes(request.into_inner()).await)
     }
 
     async fn start_execution(
         &self,
         request: Request<wire::StartExecutionRequest>,
     ) -> Result<Response<wire::StartExecutionResponse>, Status> {
-        let execution = self.start(request.into_inner()).await?;
-        Ok(Response::new(wire::StartExecutionResponse { execution: Some(execution) }))
+        answer(
+            self.start(request.into_inner())
+                .await
+                .map(|execution| wire::StartExecutionResponse { execution: Some(execution) }),
+        )
     }
 
     async fn get_execution(
@@ -380,29 +407,22 @@ impl ExecutionService for ExecutionApi {
     ) -> Result<Response<wire::GetExecutionResponse>, Status> {
         let caller = Caller::of(&request)?;
         let id = request.into_inner().id;
-        let (execution, definition) = self.execution_and_definition(&id).await?;
-        access::require_part(&caller, &execution, &definition, &format!("read execution '{id}'"))?;
-        Ok(Response::new(wire::GetExecutionResponse {
-            execution: Some(execution_to_wire(execution, Some(&*definition))),
-        }))
+        let outcome = async {
+            let (execution, process) = self.execution_and_process(&id).await?;
+            self.require_part(&caller, &execution, &process, &format!("read execution '{id}'")).await?;
+            let steps = self.steps(&id).await?;
+            Ok(wire::GetExecutionResponse {
+                execution: Some(execution_to_wire(&execution, &steps, Some(&process.definition))),
+            })
+        };
+        answer(outcome.await)
     }
 
     async fn list_executions(
         &self,
         request: Request<wire::ListExecutionsRequest>,
     ) -> Result<Response<wire::ListExecutionsResponse>, Status> {
-        let request = request.into_inner();
-        let filter = ExecutionFilter {
-            process_name: (!request.process_name.is_empty()).then_some(request.process_name),
-            status: common::ExecutionStatus::try_from(request.status).ok().and_then(ExecutionStatus::from_wire),
-            started_after: request.started_after.as_ref().map(muster_runtime::time::from_timestamp),
-            started_before: request.started_before.as_ref().map(muster_runtime::time::from_timestamp),
-            limit: if request.limit == 0 { 100 } else { request.limit.min(1000) },
-        };
-        let executions = self.engine.store.list_executions(&filter).await?;
-        Ok(Response::new(wire::ListExecutionsResponse {
-            executions: executions.into_iter().map(|execution| execution_to_wire(execution, None)).collect(),
-        }))
+        answer(self.list_executions(request.into_inner()).await)
     }
 
     type WatchExecutionStream = ResponseStream<wire::WatchExecutionResponse>;
@@ -415,8 +435,8 @@ impl ExecutionService for ExecutionApi {
         let request = request.into_inner();
         // Subscribe before reading the history, so nothing falls between the two.
         let live = self.engine.events.subscribe();
-        let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
-        access::require_part(&caller, &execution, &definition, &format!("watch execution '{}'", execution.id))?;
+        let (execution, process) = self.execution_and_process(&request.execution_id).await?;
+        self.require_part(&caller, &execution, &process, &format!("watch execution '{}'", execution.id)).await?;
         let (sender, receiver) = mpsc::channel(256);
         let engine = self.engine.clone();
         tokio::spawn(async move {
@@ -434,11 +454,14 @@ impl ExecutionService for ExecutionApi {
         request: Request<wire::CancelExecutionRequest>,
     ) -> Result<Response<wire::CancelExecutionResponse>, Status> {
         let caller = Caller::of(&request)?;
-        let execution = self.cancel(&caller, request.into_inner()).await?;
-        Ok(Response::new(wire::CancelExecutionResponse { execution: Some(execution) }))
+        answer(
+            self.cancel(&caller, request.into_inner())
+                .await
+                .map(|execution| wire::CancelExecutionResponse { execution: Some(execution) }),
+        )
     }
 
-    type ConnectWorkerStream = ReceiverStream<Result<wire::ConnectWorkerResponse, Status>>;
+    type ConnectWorkerStream = ResponseStream<wire::ConnectWorkerResponse>;
 
     async fn connect_worker(
         &self,
@@ -448,20 +471,54 @@ impl ExecutionService for ExecutionApi {
         Ok(Response::new(self.connect(caller, request.into_inner()).await?))
     }
 
+    async fn list_workers(
+        &self,
+        request: Request<wire::ListWorkersRequest>,
+    ) -> Result<Response<wire::ListWorkersResponse>, Status> {
+        let request = request.into_inner();
+        let limit = page_size(request.page_size) as usize;
+        let after: u64 = if request.page_token.is_empty() {
+            0
+        } else {
+            match request.page_token.parse() {
+                Ok(after) => after,
+                Err(_) => {
+                    return answer(Err(Error::InvalidArgument("page_token is not one this service gave".to_owned())));
+                }
+            }
+        };
+        let mut workers: Vec<_> =
+            self.engine.workers.list().into_iter().filter(|worker| worker.worker_id > after).collect();
+        let next_page_token = if workers.len() > limit {
+            workers.truncate(limit);
+            workers.last().map(|last| last.worker_id.to_string()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(wire::ListWorkersResponse {
+            workers: workers.iter().map(convert::worker_to_wire).collect(),
+            next_page_token,
+        }))
+    }
+
     async fn invoke_tool(
         &self,
         request: Request<wire::InvokeToolRequest>,
     ) -> Result<Response<wire::InvokeToolResponse>, Status> {
         let caller = Caller::of(&request)?;
-        let output = self.invoke_tool_as(&caller, request.into_inner()).await?;
-        Ok(Response::new(wire::InvokeToolResponse { output: Some(output) }))
+        answer(
+            self.invoke_tool_as(&caller, request.into_inner())
+                .await
+                .map(|output| wire::InvokeToolResponse { output: Some(crate::wire::tool_output_to_wire(output)) }),
+        )
     }
 
     async fn list_tools(
         &self,
         _request: Request<wire::ListToolsRequest>,
     ) -> Result<Response<wire::ListToolsResponse>, Status> {
-        Ok(Response::new(wire::ListToolsResponse { tools: self.engine.workers.tools() }))
+        let tools = self.engine.workers.tools();
+        Ok(Response::new(wire::ListToolsResponse { tools: tools.iter().map(crate::wire::tool_to_wire).collect() }))
     }
 
     async fn submit_approval(
@@ -469,7 +526,7 @@ impl ExecutionService for ExecutionApi {
         request: Request<wire::SubmitApprovalRequest>,
     ) -> Result<Response<wire::SubmitApprovalResponse>, Status> {
         let caller = Caller::of(&request)?;
-        Ok(Response::new(self.decide(&caller, request.into_inner()).await?))
+        answer(self.decide(&caller, request.into_inner()).await)
     }
 
     async fn intervene(
@@ -477,7 +534,7 @@ impl ExecutionService for ExecutionApi {
         request: Request<wire::InterveneRequest>,
     ) -> Result<Response<wire::InterveneResponse>, Status> {
         let caller = Caller::of(&request)?;
-        Ok(Response::new(self.intervene_as(&caller, request.into_inner()).await?))
+        answer(self.intervene_as(&caller, request.into_inner()).await)
     }
 
     async fn start_session(
@@ -485,7 +542,7 @@ impl ExecutionService for ExecutionApi {
         request: Request<wire::StartSessionRequest>,
     ) -> Result<Response<wire::StartSessionResponse>, Status> {
         let caller = Caller::of(&request)?;
-        Ok(Response::new(self.start_session_as(&caller, request.into_inner()).await?))
+        answer(self.start_session_as(&caller, request.into_inner()).await)
     }
 
     async fn assign_role(
@@ -493,7 +550,7 @@ impl ExecutionService for ExecutionApi {
         request: Request<wire::AssignRoleRequest>,
     ) -> Result<Response<wire::AssignRoleResponse>, Status> {
         let caller = Caller::of(&request)?;
-        Ok(Response::new(self.assign_role_as(&caller, request.into_inner()).await?))
+        answer(self.assign_role_as(&caller, request.into_inner()).await)
     }
 
     async fn get_my_role(
@@ -501,7 +558,7 @@ impl ExecutionService for ExecutionApi {
         request: Request<wire::GetMyRoleRequest>,
     ) -> Result<Response<wire::GetMyRoleResponse>, Status> {
         let caller = Caller::of(&request)?;
-        Ok(Response::new(self.my_role(&caller, request.into_inner()).await?))
+        answer(self.my_role(&caller, request.into_inner()).await)
     }
 
     async fn check_role(
@@ -509,7 +566,7 @@ impl ExecutionService for ExecutionApi {
         request: Request<wire::CheckRoleRequest>,
     ) -> Result<Response<wire::CheckRoleResponse>, Status> {
         let caller = Caller::of(&request)?;
-        Ok(Response::new(self.check_role_as(&caller, request.into_inner()).await?))
+        answer(self.check_role_as(&caller, request.into_inner()).await)
     }
 
     async fn set_lead(
@@ -517,7 +574,7 @@ impl ExecutionService for ExecutionApi {
         request: Request<wire::SetLeadRequest>,
     ) -> Result<Response<wire::SetLeadResponse>, Status> {
         let caller = Caller::of(&request)?;
-        Ok(Response::new(self.set_lead_as(&caller, request.into_inner()).await?))
+        answer(self.set_lead_as(&caller, request.into_inner()).await)
     }
 
     async fn get_session_status(
@@ -525,7 +582,7 @@ impl ExecutionService for ExecutionApi {
         request: Request<wire::GetSessionStatusRequest>,
     ) -> Result<Response<wire::GetSessionStatusResponse>, Status> {
         let caller = Caller::of(&request)?;
-        Ok(Response::new(self.session_status(&caller, request.into_inner()).await?))
+        answer(self.session_status(&caller, request.into_inner()).await)
     }
 
     async fn put_permission_matrix(
@@ -533,55 +590,55 @@ impl ExecutionService for ExecutionApi {
         request: Request<wire::PutPermissionMatrixRequest>,
     ) -> Result<Response<wire::PutPermissionMatrixResponse>, Status> {
         let caller = Caller::of(&request)?;
-        Ok(Response::new(self.put_matrix(&caller, request.into_inner()).await?))
+        answer(self.put_matrix(&caller, request.into_inner()).await)
     }
 
     async fn get_permission_matrix(
         &self,
         request: Request<wire::GetPermissionMatrixRequest>,
     ) -> Result<Response<wire::GetPermissionMatrixResponse>, Status> {
-        Ok(Response::new(self.get_matrix(request.into_inner()).await?))
+        answer(self.get_matrix(request.into_inner()).await)
     }
 
     async fn list_permission_matrix_versions(
         &self,
         request: Request<wire::ListPermissionMatrixVersionsRequest>,
     ) -> Result<Response<wire::ListPermissionMatrixVersionsResponse>, Status> {
-        Ok(Response::new(self.list_matrices(request.into_inner()).await?))
+        answer(self.list_matrices(request.into_inner()).await)
     }
 
     async fn post_to_inbox(
         &self,
         _request: Request<wire::PostToInboxRequest>,
     ) -> Result<Response<wire::PostToInboxResponse>, Status> {
-        Err(unimplemented("ExecutionService.PostToInbox"))
+        Err(muster_runtime::status::unimplemented("ExecutionService.PostToInbox"))
     }
 
     async fn list_inbox_messages(
         &self,
         _request: Request<wire::ListInboxMessagesRequest>,
     ) -> Result<Response<wire::ListInboxMessagesResponse>, Status> {
-        Err(unimplemented("ExecutionService.ListInboxMessages"))
+        Err(muster_runtime::status::unimplemented("ExecutionService.ListInboxMessages"))
     }
 
     async fn archive_inbox_message(
         &self,
         _request: Request<wire::ArchiveInboxMessageRequest>,
     ) -> Result<Response<wire::ArchiveInboxMessageResponse>, Status> {
-        Err(unimplemented("ExecutionService.ArchiveInboxMessage"))
+        Err(muster_runtime::status::unimplemented("ExecutionService.ArchiveInboxMessage"))
     }
 
     async fn set_budget(
         &self,
         _request: Request<wire::SetBudgetRequest>,
     ) -> Result<Response<wire::SetBudgetResponse>, Status> {
-        Err(unimplemented("ExecutionService.SetBudget"))
+        Err(muster_runtime::status::unimplemented("ExecutionService.SetBudget"))
     }
 
     async fn list_budgets(
         &self,
         _request: Request<wire::ListBudgetsRequest>,
     ) -> Result<Response<wire::ListBudgetsResponse>, Status> {
-        Err(unimplemented("ExecutionService.ListBudgets"))
+        Err(muster_runtime::status::unimplemented("ExecutionService.ListBudgets"))
     }
 }

@@ -3,19 +3,20 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use muster_proto::{common::v1 as common, execution::v1 as wire, roster::v1 as roster};
-use muster_runtime::auth::{Caller, permission_denied};
-use tonic::Status;
+use muster_proto::{common::v1 as common, execution::v1 as wire};
+use muster_runtime::auth::Caller;
+use prost::Message as _;
 
 use super::{
     ExecutionApi,
-    access::require_part,
+    access::denied,
     convert::{assignment_to_wire, execution_to_wire},
 };
 use crate::{
-    Error,
+    Error, Result,
     domain::{
         authority::{self, Check, LEAD_ROLE, RoleAssignment, Session, Subject},
+        model::ProcessVersion,
         session::{BudgetUse, Presence, Suggested, activity, context_window, dashboard},
     },
     engine::{Control, step_views},
@@ -32,10 +33,10 @@ const RECENT_EVENTS: u64 = 20;
 /// How long a step without a timeout is expected to run, for the dashboard.
 const EXPECTED_STEP_SECONDS: u64 = 600;
 
-fn too_long(field: &str, text: &str, limit: usize) -> Result<(), Status> {
+fn too_long(field: &str, text: &str, limit: usize) -> Result<()> {
     let length = text.chars().count();
     if length > limit {
-        return Err(Status::invalid_argument(format!("{field} has {length} characters; at most {limit} are accepted")));
+        return Err(Error::InvalidArgument(format!("{field} has {length} characters; at most {limit} are accepted")));
     }
     Ok(())
 }
@@ -43,16 +44,16 @@ fn too_long(field: &str, text: &str, limit: usize) -> Result<(), Status> {
 impl ExecutionApi {
     /// A role an assignment may give: one of the matrix in force, not `lead`
     /// (the lead is designated with SetLead).
-    fn assignable_role(&self, field: &str, role: &str) -> Result<(), Status> {
+    fn assignable_role(&self, field: &str, role: &str) -> Result<()> {
         if role == LEAD_ROLE {
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::InvalidArgument(format!(
                 "{field}: the lead is not assigned as a role; designate it with SetLead (or lead_agent_id)"
             )));
         }
         let matrix = self.engine.matrix();
         if matrix.role(role).is_none() {
             let known: Vec<&str> = matrix.roles.iter().map(|role| role.name.as_str()).collect();
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::InvalidArgument(format!(
                 "{field}: role '{role}' is not in the permission matrix (version {}): {}",
                 matrix.version,
                 known.join(", ")
@@ -65,26 +66,26 @@ impl ExecutionApi {
         &self,
         caller: &Caller,
         request: wire::StartSessionRequest,
-    ) -> Result<wire::StartSessionResponse, Status> {
+    ) -> Result<wire::StartSessionResponse> {
         let task = request.task.unwrap_or_default();
         if task.title.trim().is_empty() {
-            return Err(Status::invalid_argument("task.title is required: what is the session about?"));
+            return Err(Error::InvalidArgument("task.title is required: what is the session about?".to_owned()));
         }
         too_long("task.title", &task.title, MAX_TITLE)?;
         too_long("task.description", &task.description, MAX_TEXT)?;
         if request.lead_agent_id.is_empty() {
-            return Err(Status::invalid_argument("lead_agent_id is required: a session has a lead"));
+            return Err(Error::InvalidArgument("lead_agent_id is required: a session has a lead".to_owned()));
         }
         self.roster_agent(&request.lead_agent_id, "lead").await?;
         if request.participants.len() > MAX_PARTICIPANTS {
-            return Err(Status::invalid_argument(format!("a session has at most {MAX_PARTICIPANTS} participants")));
+            return Err(Error::InvalidArgument(format!("a session has at most {MAX_PARTICIPANTS} participants")));
         }
         let now = muster_runtime::time::now_millis();
         let mut assignments = BTreeMap::new();
         for (index, participant) in request.participants.into_iter().enumerate() {
             let field = format!("participants[{index}]");
             if participant.agent_id == request.lead_agent_id {
-                return Err(Status::invalid_argument(format!(
+                return Err(Error::InvalidArgument(format!(
                     "{field}: '{}' is the lead, whose role is '{LEAD_ROLE}'",
                     participant.agent_id
                 )));
@@ -100,7 +101,7 @@ impl ExecutionApi {
                 assigned_at: now,
             };
             if assignments.insert(participant.agent_id.clone(), assignment).is_some() {
-                return Err(Status::invalid_argument(format!("{field}: '{}' is listed twice", participant.agent_id)));
+                return Err(Error::InvalidArgument(format!("{field}: '{}' is listed twice", participant.agent_id)));
             }
         }
         let session = Session { title: task.title, description: task.description, assignments };
@@ -108,7 +109,7 @@ impl ExecutionApi {
             .start_as_session(
                 &request.process_name,
                 request.process_version,
-                request.inputs_json,
+                &request.inputs_json,
                 request.lead_agent_id,
                 session,
                 request.idempotency_key,
@@ -121,19 +122,18 @@ impl ExecutionApi {
         &self,
         caller: &Caller,
         request: wire::AssignRoleRequest,
-    ) -> Result<wire::AssignRoleResponse, Status> {
+    ) -> Result<wire::AssignRoleResponse> {
         let execution = self
             .engine
             .store
-            .get_execution(&request.execution_id)
+            .execution(&request.execution_id)
             .await?
             .ok_or_else(|| Error::NotFound(format!("execution '{}' not found", request.execution_id)))?;
         if execution.session.is_none() {
             return Err(Error::FailedPrecondition(format!(
                 "execution '{}' is not a session: roles are assigned in sessions (StartSession)",
                 request.execution_id
-            ))
-            .into());
+            )));
         }
         let described = format!("assign roles in execution '{}'", request.execution_id);
         let matrix_version = self.check_matrix_action(caller, &execution, "assign_role", &described)?;
@@ -141,7 +141,7 @@ impl ExecutionApi {
         too_long("subtask", &request.subtask, MAX_TEXT)?;
         self.roster_agent(&request.agent_id, "agent").await?;
         if request.agent_id == execution.lead_agent_id {
-            return Err(Status::invalid_argument(format!(
+            return Err(Error::InvalidArgument(format!(
                 "'{}' is the lead, whose role is '{LEAD_ROLE}'",
                 request.agent_id
             )));
@@ -165,10 +165,11 @@ impl ExecutionApi {
         &self,
         caller: &Caller,
         request: wire::GetMyRoleRequest,
-    ) -> Result<wire::GetMyRoleResponse, Status> {
+    ) -> Result<wire::GetMyRoleResponse> {
         let agent_id = caller.agent_id().unwrap_or_default();
-        let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
-        require_part(caller, &execution, &definition, &format!("read its role in execution '{}'", execution.id))?;
+        let (execution, process) = self.execution_and_process(&request.execution_id).await?;
+        self.require_part(caller, &execution, &process, &format!("read its role in execution '{}'", execution.id))
+            .await?;
         let matrix = self.engine.matrix();
         let subject = Subject {
             agent_id,
@@ -177,7 +178,8 @@ impl ExecutionApi {
             session: execution.session.as_ref(),
         };
         let role = subject.role().unwrap_or_default().to_owned();
-        let views = step_views(&execution.steps, &definition);
+        let steps = self.steps(&execution.id).await?;
+        let views = step_views(&steps, &process.definition);
         let assignment = execution.session.as_ref().and_then(|session| session.assignments.get(agent_id));
         Ok(wire::GetMyRoleResponse {
             assignment: Some(match assignment {
@@ -204,31 +206,31 @@ impl ExecutionApi {
         &self,
         caller: &Caller,
         request: wire::CheckRoleRequest,
-    ) -> Result<wire::CheckRoleResponse, Status> {
+    ) -> Result<wire::CheckRoleResponse> {
         if request.action.trim().is_empty() {
-            return Err(Status::invalid_argument("action is required, such as `code` or `approve`"));
+            return Err(Error::InvalidArgument("action is required, such as `code` or `approve`".to_owned()));
         }
         let agent_id = match (request.agent_id.as_str(), caller.agent_id()) {
             ("", Some(own)) => own.to_owned(),
-            ("", None) => return Err(Status::invalid_argument("agent_id is required: which agent to check")),
+            ("", None) => return Err(Error::InvalidArgument("agent_id is required: which agent to check".to_owned())),
             (named, _) => named.to_owned(),
         };
         let execution = if request.execution_id.is_empty() {
             None
         } else {
-            Some(self.execution_and_definition(&request.execution_id).await?)
+            Some(self.execution_and_process(&request.execution_id).await?)
         };
         // Agents check themselves; the lead may check the agents of its execution.
         if let Some(own) = caller.agent_id()
             && own != agent_id
             && execution.as_ref().is_none_or(|(execution, _)| execution.lead_agent_id != own)
         {
-            return Err(permission_denied(
+            return Err(denied(
                 caller,
-                &format!("check the role of '{agent_id}'"),
+                format!("check the role of '{agent_id}'"),
                 "NOT_THE_AGENT",
                 "an agent checks only its own role, except the lead for the agents of its execution",
-                &[("agent_id", agent_id.clone())],
+                vec![("agent_id", agent_id.clone())],
             ));
         }
         let roster_role = if caller.agent_id() == Some(agent_id.as_str()) {
@@ -237,8 +239,9 @@ impl ExecutionApi {
             self.roster_agent(&agent_id, "agent").await?.role
         };
         let (lead, session) = match &execution {
-            Some((execution, definition)) => {
-                require_part(caller, execution, definition, &format!("check roles in execution '{}'", execution.id))?;
+            Some((execution, process)) => {
+                self.require_part(caller, execution, process, &format!("check roles in execution '{}'", execution.id))
+                    .await?;
                 (execution.lead_agent_id.as_str(), execution.session.as_ref())
             }
             None => ("", None),
@@ -264,17 +267,17 @@ impl ExecutionApi {
         &self,
         caller: &Caller,
         request: wire::SetLeadRequest,
-    ) -> Result<wire::SetLeadResponse, Status> {
-        let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
+    ) -> Result<wire::SetLeadResponse> {
+        let (execution, process) = self.execution_and_process(&request.execution_id).await?;
         let described = format!("set the lead of execution '{}'", request.execution_id);
         if let Some(own) = caller.agent_id() {
             if execution.lead_agent_id != own {
-                return Err(permission_denied(
+                return Err(denied(
                     caller,
-                    &described,
+                    described,
                     "NOT_THE_LEAD",
                     "only operators and the current lead may designate a lead",
-                    &[("execution_id", request.execution_id.clone())],
+                    vec![("execution_id", request.execution_id.clone())],
                 ));
             }
             self.check_matrix_action(caller, &execution, "assign_role", &described)?;
@@ -282,31 +285,33 @@ impl ExecutionApi {
         self.roster_agent(&request.agent_id, "lead").await?;
         let control = |reply| Control::SetLead { agent_id: request.agent_id, by: caller.audit_name(), reply };
         self.control(&request.execution_id, control).await?;
-        let execution = self.engine.store.get_execution(&request.execution_id).await?.unwrap_or(execution);
-        Ok(wire::SetLeadResponse { execution: Some(execution_to_wire(execution, Some(&*definition))) })
+        let execution = self.engine.store.execution(&request.execution_id).await?.unwrap_or(execution);
+        let steps = self.steps(&request.execution_id).await?;
+        Ok(wire::SetLeadResponse { execution: Some(execution_to_wire(&execution, &steps, Some(&process.definition))) })
     }
 
     pub(super) async fn session_status(
         &self,
         caller: &Caller,
         request: wire::GetSessionStatusRequest,
-    ) -> Result<wire::GetSessionStatusResponse, Status> {
-        let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
+    ) -> Result<wire::GetSessionStatusResponse> {
+        let (execution, process) = self.execution_and_process(&request.execution_id).await?;
         if let Some(own) = caller.agent_id()
             && execution.lead_agent_id != own
         {
-            return Err(permission_denied(
+            return Err(denied(
                 caller,
-                &format!("read the dashboard of execution '{}'", execution.id),
+                format!("read the dashboard of execution '{}'", execution.id),
                 "NOT_THE_LEAD",
                 format!(
                     "the dashboard is for operators and the execution's lead ({})",
                     if execution.lead_agent_id.is_empty() { "none is set" } else { &execution.lead_agent_id }
                 ),
-                &[("execution_id", execution.id.clone())],
+                vec![("execution_id", execution.id.clone())],
             ));
         }
-        let views = step_views(&execution.steps, &definition);
+        let steps = self.steps(&execution.id).await?;
+        let views = step_views(&steps, &process.definition);
         // Who can work: the roster's status and the connected workers.
         let mut presence: HashMap<String, Presence> = HashMap::new();
         let agents = views
@@ -318,24 +323,27 @@ impl ExecutionApi {
             if presence.contains_key(&agent_id) {
                 continue;
             }
-            let mut roster_client = self.engine.roster.clone();
-            let offline = match roster_client.get_agent(roster::GetAgentRequest { id: agent_id.clone() }).await {
-                Ok(response) => {
-                    response.into_inner().agent.is_some_and(|agent| agent.status == roster::AgentStatus::Offline as i32)
-                }
-                // Not in the roster (a person deciding an approval) or the roster is away: say nothing.
-                Err(_) => false,
-            };
+            // Not in the roster (a person deciding an approval) or the roster is away: say nothing.
+            let offline = self.engine.roster.agent(agent_id.clone()).await.is_ok_and(|agent| agent.offline);
             let served = self.engine.workers.serves(&agent_id);
             presence.insert(agent_id, Presence { offline, served });
         }
-        let budgets = self.budget_use(&execution.process_name, execution.process_version).await?;
+        let budgets = self.budget_use(&process).await?;
         let now = muster_runtime::time::now_millis();
         let present = |agent: &str| presence.get(agent).copied().unwrap_or(Presence { offline: false, served: true });
         let (blockers, suggestions) = dashboard(&views, &present, &budgets, now, EXPECTED_STEP_SECONDS);
         let last = self.engine.store.last_event_sequence(&execution.id).await?;
-        let recent_activity: Vec<common::StepEvent> =
-            self.engine.store.events_after(&execution.id, last.saturating_sub(RECENT_EVENTS)).await?;
+        let recent_activity: Vec<common::StepEvent> = self
+            .engine
+            .store
+            .events_after(&execution.id, last.saturating_sub(RECENT_EVENTS), RECENT_EVENTS as u32)
+            .await?
+            .iter()
+            .map(|bytes| {
+                common::StepEvent::decode(bytes.as_slice())
+                    .map_err(|error| Error::Storage(format!("corrupt stored event: {error}")))
+            })
+            .collect::<Result<_>>()?;
         let session = execution.session.clone().unwrap_or_default();
         Ok(wire::GetSessionStatusResponse {
             lead_agent_id: execution.lead_agent_id.clone(),
@@ -374,7 +382,7 @@ impl ExecutionApi {
                 .as_ref()
                 .map(|session| context_window(&execution.id, session, &execution.lead_agent_id, &views))
                 .unwrap_or_default(),
-            status: execution.status.to_wire() as i32,
+            status: crate::wire::execution_status_to_wire(execution.status) as i32,
             task: execution.session.as_ref().map(|session| wire::SessionTask {
                 title: session.title.clone(),
                 description: session.description.clone(),
@@ -383,15 +391,11 @@ impl ExecutionApi {
     }
 
     /// The use of the process's declared budget in its current period.
-    async fn budget_use(&self, process_name: &str, version: u32) -> Result<Vec<BudgetUse>, Status> {
-        let Some(process) = self.engine.store.get_process(process_name, Some(version)).await? else {
-            return Ok(Vec::new());
-        };
-        let report = muster_format::validate_process(&process.source, &muster_format::Context::default());
-        let Some(budget) = report.budget else { return Ok(Vec::new()) };
+    async fn budget_use(&self, process: &ProcessVersion) -> Result<Vec<BudgetUse>> {
+        let Some(budget) = &process.definition.budget else { return Ok(Vec::new()) };
         let since = muster_runtime::time::now_millis()
             .saturating_sub(i64::try_from(budget.period_seconds.saturating_mul(1000)).unwrap_or(i64::MAX));
-        let usage = self.engine.store.process_usage(process_name, since).await?;
+        let usage = self.engine.store.process_usage(&process.name, since).await?;
         Ok(vec![
             BudgetUse { limit: "cost", used: usage.cost, max: budget.max_cost },
             BudgetUse { limit: "tokens", used: usage.tokens as f64, max: budget.max_tokens as f64 },

@@ -4,19 +4,62 @@
 //! offer a tool only when entitled to: connected with an operator's
 //! credential, or serving (or calling as) an agent whose role lists the tool.
 
-use std::collections::BTreeSet;
+use std::{collections::BTreeSet, sync::Arc};
 
 use muster_proto::{common::v1 as common, execution::v1 as wire};
-use muster_runtime::auth::{Caller, TokenHash, permission_denied};
+use muster_runtime::auth::{Caller, TokenHash};
+use prost::Message as _;
 use tokio::sync::{broadcast, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::StreamExt as _;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::{ExecutionApi, tools::check_tool_specs};
+use super::{ExecutionApi, ResponseStream, access::denied, tools::check_tool_specs};
 use crate::{
-    engine::{Control, Engine},
-    workers::{Connection, Outcome, ServedAgent, WorkerSender, Workers},
+    Error, Result,
+    domain::model::{EventKind, HandOff, HandOffAnswer, Outcome},
+    engine::{
+        Control, Engine,
+        workers::{Closing, Connection, ServedAgent, ToWorker},
+    },
+    wire::{
+        assignment_to_wire, decision_to_wire, event_to_wire, tool_call_to_wire, tool_from_wire, tool_output_from_wire,
+    },
 };
+
+/// Most assignments a worker takes at once when it does not say.
+const DEFAULT_MAX_CONCURRENCY: usize = 16;
+/// How long a hand-off may wait for the execution's answer.
+const HAND_OFF_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A message for the worker, on the wire.
+fn to_wire(message: ToWorker) -> Result<wire::ConnectWorkerResponse, Status> {
+    use wire::connect_worker_response::Message;
+    let message = match message {
+        ToWorker::Assignment(assignment) => Message::Assignment(assignment_to_wire(&assignment)),
+        ToWorker::Cancel { assignment_id, reason } => Message::Cancel(wire::CancelAssignment { assignment_id, reason }),
+        ToWorker::ToolCall(call) => Message::ToolCall(tool_call_to_wire(&call)),
+        ToWorker::HandOffAnswer(answer) => Message::Delegation(wire::DelegationOutcome {
+            assignment_id: answer.assignment_id,
+            accepted: answer.accepted,
+            decision: answer.decision.as_ref().map(decision_to_wire),
+            reason: answer.reason,
+        }),
+        ToWorker::Close(Closing::Revoked) => {
+            return Err(muster_runtime::auth::unauthenticated(
+                "CREDENTIAL_REVOKED",
+                "the token this worker connected with was revoked",
+            ));
+        }
+        ToWorker::Close(Closing::LeaseExpired(lease)) => {
+            return Err(Status::deadline_exceeded(format!(
+                "no message or heartbeat for {} ms: the lease expired",
+                lease.as_millis()
+            )));
+        }
+    };
+    Ok(wire::ConnectWorkerResponse { message: Some(message) })
+}
 
 impl ExecutionApi {
     /// Authenticates a worker's hello, registers it and serves its stream.
@@ -24,68 +67,90 @@ impl ExecutionApi {
         &self,
         caller: Caller,
         mut inbound: Streaming<wire::ConnectWorkerRequest>,
-    ) -> Result<ReceiverStream<Result<wire::ConnectWorkerResponse, Status>>, Status> {
+    ) -> Result<ResponseStream<wire::ConnectWorkerResponse>, Status> {
         let hello = match inbound.message().await? {
             Some(wire::ConnectWorkerRequest { message: Some(wire::connect_worker_request::Message::Hello(hello)) }) => {
                 hello
             }
-            _ => return Err(Status::invalid_argument("the first message of a worker must be a hello")),
+            _ => return Err(Error::InvalidArgument("the first message of a worker must be a hello".to_owned()).into()),
         };
         if hello.agents.is_empty() && hello.tools.is_empty() {
-            return Err(Status::invalid_argument("a worker must serve at least one agent or provide a tool"));
+            return Err(
+                Error::InvalidArgument("a worker must serve at least one agent or provide a tool".to_owned()).into()
+            );
         }
-        check_tool_specs(&hello.tools)?;
-        let agents = self.authenticate_served(&hello).await?;
-        self.check_tool_entitlement(&caller, &agents, &hello.tools).await?;
-        let (sender, receiver) = mpsc::channel(256);
-        let max_concurrency = if hello.max_concurrency == 0 { 16 } else { hello.max_concurrency as usize };
+        let tools: Vec<_> = hello.tools.into_iter().map(tool_from_wire).collect();
+        check_tool_specs(&tools)?;
+        let agents = self.authenticate_served(&caller, &hello.agents).await?;
+        self.check_tool_entitlement(&caller, &agents, &tools).await?;
+        let (sender, outbound) = mpsc::unbounded_channel();
+        let max_concurrency =
+            if hello.max_concurrency == 0 { DEFAULT_MAX_CONCURRENCY } else { hello.max_concurrency as usize };
         let worker_id = self.engine.workers.register(Connection {
             name: hello.worker_name.clone(),
             agents: agents.into_iter().map(|(agent, _)| agent).collect(),
-            tools: hello.tools.clone(),
+            tools,
             max_concurrency,
             opened_with: match &caller {
                 Caller::Agent { token, .. } => Some(*token),
                 _ => None,
             },
-            sender: sender.clone(),
+            sender,
         });
         let welcome = wire::ConnectWorkerResponse {
             message: Some(wire::connect_worker_response::Message::Welcome(wire::WorkerWelcome {
                 worker_id: worker_id.to_string(),
-                lease_ms: self.engine.worker_lease.as_millis() as u64,
+                lease_ms: self.engine.settings.worker_lease.as_millis() as u64,
             })),
         };
-        sender.send(Ok(welcome)).await.map_err(|_| Status::cancelled("the worker left"))?;
         let engine = self.engine.clone();
         tokio::spawn(async move {
-            serve_worker(worker_id, &mut inbound, &sender, &engine).await;
+            serve_worker(worker_id, &mut inbound, &engine).await;
             engine.workers.unregister(worker_id);
         });
-        Ok(ReceiverStream::new(receiver))
+        // The stream ends after a message that closes the connection.
+        let messages = UnboundedReceiverStream::new(outbound).map(to_wire);
+        let mut closed = false;
+        let messages = messages.take_while(move |message| {
+            let keep = !closed;
+            closed |= message.is_err();
+            keep
+        });
+        Ok(Box::pin(tokio_stream::once(Ok(welcome)).chain(messages)))
     }
 
     /// Each served agent must present its own, good token; returns the
     /// agents with their roles.
-    async fn authenticate_served(&self, hello: &wire::WorkerHello) -> Result<Vec<(ServedAgent, String)>, Status> {
-        let mut agents = Vec::with_capacity(hello.agents.len());
-        for served in &hello.agents {
+    async fn authenticate_served(
+        &self,
+        caller: &Caller,
+        served: &[wire::ServedAgent],
+    ) -> Result<Vec<(ServedAgent, String)>> {
+        let mut agents = Vec::with_capacity(served.len());
+        for served in served {
             let token = TokenHash::of(served.token.trim());
             let proven = self.agents.authenticate_new(token).await.map_err(|status| {
                 if status.code() == tonic::Code::Unauthenticated {
-                    muster_runtime::auth::unauthenticated(
-                        "CREDENTIAL_UNKNOWN",
-                        format!("the token given for agent '{}' is not valid: {}", served.agent_id, status.message()),
-                    )
+                    Error::Unauthenticated {
+                        reason: "CREDENTIAL_UNKNOWN",
+                        message: format!(
+                            "the token given for agent '{}' is not valid: {}",
+                            served.agent_id,
+                            status.message()
+                        ),
+                    }
                 } else {
-                    status
+                    Error::Unavailable { service: "roster", detail: status.message().to_owned() }
                 }
             })?;
             if !proven.is_agent(&served.agent_id) {
-                return Err(Status::permission_denied(format!(
-                    "the token given for agent '{}' does not belong to it",
-                    served.agent_id
-                )));
+                return Err(denied(
+                    caller,
+                    format!("serve agent '{}'", served.agent_id),
+                    "NOT_THE_AGENT",
+                    format!("the token given for agent '{}' does not belong to it", served.agent_id),
+                    vec![("agent_id", served.agent_id.clone())],
+                ));
             }
             agents.push((ServedAgent { agent_id: served.agent_id.clone(), token }, proven.roster_role().to_owned()));
         }
@@ -99,8 +164,8 @@ impl ExecutionApi {
         &self,
         caller: &Caller,
         agents: &[(ServedAgent, String)],
-        tools: &[wire::ToolSpec],
-    ) -> Result<(), Status> {
+        tools: &[crate::domain::model::Tool],
+    ) -> Result<()> {
         if tools.is_empty() || caller.is_operator() {
             return Ok(());
         }
@@ -115,33 +180,28 @@ impl ExecutionApi {
             .collect();
         let mut entitled: BTreeSet<String> = BTreeSet::new();
         for role in &roles {
-            entitled.extend(self.role_tools.of(&self.engine.roster, role).await?.iter().cloned());
+            entitled.extend(self.role_tools.of(self.engine.roster.as_ref(), role).await?.iter().cloned());
         }
         match tools.iter().find(|tool| !entitled.contains(&tool.name)) {
             None => Ok(()),
-            Some(tool) => Err(permission_denied(
+            Some(tool) => Err(denied(
                 caller,
-                &format!("provide tool '{}'", tool.name),
+                format!("provide tool '{}'", tool.name),
                 "NOT_ENTITLED_TO_TOOL",
                 format!(
                     "no role of the agents it serves ({}) lists the tool; a worker connected with an operator's credential may provide any tool",
                     if roles.is_empty() { "none".to_owned() } else { roles.into_iter().collect::<Vec<_>>().join(", ") }
                 ),
-                &[("tool", tool.name.clone())],
+                vec![("tool", tool.name.clone())],
             )),
         }
     }
 }
 
 /// Reads a worker's messages until it leaves.
-async fn serve_worker(
-    worker_id: u64,
-    inbound: &mut Streaming<wire::ConnectWorkerRequest>,
-    sender: &WorkerSender,
-    engine: &Engine,
-) {
+async fn serve_worker(worker_id: u64, inbound: &mut Streaming<wire::ConnectWorkerRequest>, engine: &Arc<Engine>) {
     use wire::connect_worker_request::Message;
-    let workers: &Workers = &engine.workers;
+    let workers = &engine.workers;
     loop {
         let message = match inbound.message().await {
             Ok(Some(message)) => {
@@ -156,57 +216,71 @@ async fn serve_worker(
         };
         match message.message {
             Some(Message::Result(result)) => {
-                let id = result.assignment_id.clone();
-                workers.complete(worker_id, &id, Outcome::Completed(result));
+                let outcome = Outcome::Completed {
+                    output_json: result.output_json,
+                    tokens_used: result.tokens_used,
+                    cost: result.cost,
+                    duration_ms: result.duration_ms,
+                    iterations: result.iterations,
+                };
+                workers.complete(worker_id, &result.assignment_id, outcome);
             }
             Some(Message::Failure(failure)) => {
-                let id = failure.assignment_id.clone();
-                workers.complete(worker_id, &id, Outcome::Failed(failure));
+                let outcome = Outcome::Failed {
+                    error_code: failure.error_code,
+                    message: failure.message,
+                    retryable: failure.retryable,
+                };
+                workers.complete(worker_id, &failure.assignment_id, outcome);
             }
             Some(Message::Delegate(request)) => {
+                let request = HandOff {
+                    assignment_id: request.assignment_id,
+                    to_agent_id: request.to_agent_id,
+                    required_expertise: request.required_expertise,
+                    required_role: request.required_role,
+                    reason: request.reason,
+                };
                 let assignment_id = request.assignment_id.clone();
                 // Only the worker holding the assignment may hand its step onward.
-                let outcome = if workers.holds(worker_id, &assignment_id) {
-                    delegate_onward(engine, request).await
+                let answer = if workers.holds(worker_id, &assignment_id) {
+                    hand_off(engine, request).await
                 } else {
                     Err(format!("this worker does not hold assignment '{assignment_id}'"))
                 };
-                let outcome = outcome.unwrap_or_else(|reason| wire::DelegationOutcome {
+                let answer = answer.unwrap_or_else(|reason| HandOffAnswer {
                     assignment_id,
                     accepted: false,
                     decision: None,
                     reason,
                 });
-                let answer = wire::ConnectWorkerResponse {
-                    message: Some(wire::connect_worker_response::Message::Delegation(outcome)),
-                };
-                let _ = sender.send(Ok(answer)).await;
+                workers.answer_hand_off(worker_id, answer);
             }
             Some(Message::Progress(progress)) => {
                 tracing::debug!(worker_id, assignment = %progress.assignment_id, message = %progress.message, "step progress");
             }
             Some(Message::ToolResult(result)) => {
-                let output = result.output.unwrap_or_default();
+                let output = tool_output_from_wire(result.output.unwrap_or_default());
                 workers.complete_tool_call(worker_id, &result.call_id, output);
             }
             Some(Message::Heartbeat(_)) => {}
             Some(Message::Hello(_)) | None => {
-                let _ = sender.send(Err(Status::invalid_argument("a worker says hello once, first"))).await;
+                tracing::info!(worker_id, "a worker said hello twice; disconnecting it");
                 return;
             }
         }
     }
 }
 
-/// Hands a worker's DelegateStep to the driver of the step's execution.
-async fn delegate_onward(engine: &Engine, request: wire::DelegateStep) -> Result<wire::DelegationOutcome, String> {
+/// Hands a worker's hand-off to the driver of the step's execution.
+async fn hand_off(engine: &Engine, request: HandOff) -> std::result::Result<HandOffAnswer, String> {
     let execution_id = request.assignment_id.split('/').next().unwrap_or_default().to_owned();
     let (reply, answer) = tokio::sync::oneshot::channel();
-    if !engine.control(&execution_id, Control::DelegateOnward { request, reply }) {
+    if !engine.control(&execution_id, Control::HandOff { request, reply }) {
         return Err(format!("execution '{execution_id}' is not running"));
     }
-    match tokio::time::timeout(std::time::Duration::from_secs(30), answer).await {
-        Ok(Ok(outcome)) => Ok(outcome),
+    match tokio::time::timeout(HAND_OFF_WAIT, answer).await {
+        Ok(Ok(answer)) => Ok(answer),
         _ => Err("the execution did not answer the delegation in time; the step stays with you".to_owned()),
     }
 }
@@ -216,16 +290,25 @@ pub(super) async fn stream_events(
     engine: &Engine,
     execution_id: &str,
     after_sequence: u64,
-    mut live: broadcast::Receiver<common::StepEvent>,
+    mut live: broadcast::Receiver<Arc<crate::domain::model::Event>>,
     sender: &mpsc::Sender<Result<wire::WatchExecutionResponse, Status>>,
 ) -> Result<(), Status> {
     let mut last = after_sequence;
     loop {
-        for event in engine.store.events_after(execution_id, last).await? {
-            last = event.sequence;
-            let finished = event.r#type == common::EventType::ExecutionFinished as i32;
-            if sender.send(Ok(wire::WatchExecutionResponse { event: Some(event) })).await.is_err() || finished {
-                return Ok(());
+        loop {
+            let stored = engine.store.events_after(execution_id, last, 1000).await?;
+            let more = stored.len() == 1000;
+            for bytes in stored {
+                let event = common::StepEvent::decode(bytes.as_slice())
+                    .map_err(|error| Status::internal(format!("corrupt stored event: {error}")))?;
+                last = event.sequence;
+                let finished = event.r#type == common::EventType::ExecutionFinished as i32;
+                if sender.send(Ok(wire::WatchExecutionResponse { event: Some(event) })).await.is_err() || finished {
+                    return Ok(());
+                }
+            }
+            if !more {
+                break;
             }
         }
         loop {
@@ -235,7 +318,8 @@ pub(super) async fn stream_events(
                         break; // A gap: read it from the store.
                     }
                     last = event.sequence;
-                    let finished = event.r#type == common::EventType::ExecutionFinished as i32;
+                    let finished = event.kind == EventKind::ExecutionFinished;
+                    let event = event_to_wire(&event);
                     if sender.send(Ok(wire::WatchExecutionResponse { event: Some(event) })).await.is_err() || finished {
                         return Ok(());
                     }

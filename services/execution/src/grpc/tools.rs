@@ -12,16 +12,18 @@ use std::{
     time::{Duration, Instant},
 };
 
-use muster_proto::{
-    execution::v1::{InvokeToolRequest, ToolCall, ToolOutput, ToolSpec},
-    roster::v1 as roster,
+use muster_proto::execution::v1::InvokeToolRequest;
+use muster_runtime::auth::Caller;
+
+use super::{ExecutionApi, access::denied};
+use crate::{
+    Error, Result,
+    clients::roster::{Roster, RosterFailure},
+    domain::{
+        authority::Subject,
+        model::{Tool, ToolCall, ToolOutput},
+    },
 };
-use tonic::Status;
-
-use muster_runtime::auth::{Caller, permission_denied};
-
-use super::{ExecutionApi, access::require_part};
-use crate::{clients::dependency_error, domain::authority::Subject};
 
 /// How long a provider may take to answer.
 const TOOL_CALL_LIMIT: Duration = Duration::from_secs(30);
@@ -44,7 +46,7 @@ impl RoleTools {
     /// Most roles remembered at once.
     const KEPT: usize = 1024;
 
-    pub(super) async fn of(&self, roster: &crate::clients::RosterClient, role: &str) -> Result<Arc<[String]>, Status> {
+    pub(super) async fn of(&self, roster: &dyn Roster, role: &str) -> Result<Arc<[String]>> {
         if role.is_empty() {
             return Ok(Arc::from([]));
         }
@@ -53,14 +55,10 @@ impl RoleTools {
         {
             return Ok(tools.clone());
         }
-        let tools: Arc<[String]> = match roster
-            .clone()
-            .get_role_definition(roster::GetRoleDefinitionRequest { name: role.to_owned() })
-            .await
-        {
-            Ok(response) => response.into_inner().role.map(|role| role.tools).unwrap_or_default().into(),
-            Err(status) if status.code() == tonic::Code::NotFound => Arc::from([]),
-            Err(status) => return Err(dependency_error("roster", status).into()),
+        let tools: Arc<[String]> = match roster.role_tools(role.to_owned()).await {
+            Ok(tools) => tools.into(),
+            Err(RosterFailure::Unavailable(detail)) => return Err(Error::Unavailable { service: "roster", detail }),
+            Err(failure) => return Err(Error::FailedPrecondition(format!("roster: {}", failure.message()))),
         };
         let mut known = self.lock();
         if known.len() >= Self::KEPT {
@@ -76,17 +74,17 @@ impl RoleTools {
 }
 
 fn output(status_code: u32, error: String) -> ToolOutput {
-    ToolOutput { output_json: String::new(), error, status_code }
+    ToolOutput::error(status_code, error)
 }
 
 /// The tools a worker declares must have names and valid JSON schemas.
-pub(super) fn check_tool_specs(tools: &[ToolSpec]) -> Result<(), Status> {
+pub(super) fn check_tool_specs(tools: &[Tool]) -> Result<()> {
     for tool in tools {
         if tool.name.trim().is_empty() {
-            return Err(Status::invalid_argument("a tool needs a name"));
+            return Err(Error::InvalidArgument("a tool needs a name".to_owned()));
         }
         if let Err(reason) = compile_schema(&tool.input_schema_json) {
-            return Err(Status::invalid_argument(format!("tool '{}': {reason}", tool.name)));
+            return Err(Error::InvalidArgument(format!("tool '{}': {reason}", tool.name)));
         }
     }
     Ok(())
@@ -103,35 +101,37 @@ fn compile_schema(schema_json: &str) -> Result<Option<jsonschema::Validator>, St
 
 impl ExecutionApi {
     /// Runs the checks, then the tool.
-    pub(super) async fn invoke_tool_as(
-        &self,
-        caller: &Caller,
-        request: InvokeToolRequest,
-    ) -> Result<ToolOutput, Status> {
+    pub(super) async fn invoke_tool_as(&self, caller: &Caller, request: InvokeToolRequest) -> Result<ToolOutput> {
         let Caller::Agent { id: agent_id, role, .. } = caller else {
-            return Err(Status::permission_denied("tools are invoked by agents"));
+            return Err(denied(
+                caller,
+                "invoke a tool",
+                "CALLER_KIND_NOT_ALLOWED",
+                "tools are invoked by agents",
+                Vec::new(),
+            ));
         };
         // Within an execution, the agent must take part in it (in a session: be assigned).
         if !request.execution_id.is_empty() {
-            let (execution, definition) = self.execution_and_definition(&request.execution_id).await?;
+            let (execution, process) = self.execution_and_process(&request.execution_id).await?;
             let described = format!("invoke tool '{}' in execution '{}'", request.tool, execution.id);
-            require_part(caller, &execution, &definition, &described)?;
+            self.require_part(caller, &execution, &process, &described).await?;
             if let Some(session) = &execution.session {
                 let subject =
                     Subject { agent_id, roster_role: role, lead: &execution.lead_agent_id, session: Some(session) };
                 if subject.role().is_none() {
-                    return Err(permission_denied(
+                    return Err(denied(
                         caller,
-                        &described,
+                        described,
                         "NOT_ASSIGNED",
                         "it is not assigned in the session: neither its lead nor a participant",
-                        &[("execution_id", execution.id.clone())],
+                        vec![("execution_id", execution.id.clone())],
                     ));
                 }
             }
         }
         // 1. The agent's role must permit the tool.
-        let permitted = self.role_tools.of(&self.engine.roster, role).await?;
+        let permitted = self.role_tools.of(self.engine.roster.as_ref(), role).await?;
         if !permitted.contains(&request.tool) {
             let role = if role.is_empty() { "no role".to_owned() } else { format!("role '{role}'") };
             return Ok(output(

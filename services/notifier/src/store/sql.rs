@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use muster_runtime::db::{Backend, Database, Migrations};
+use muster_runtime::db::{Backend, Database, Migrations, placeholder, placeholder_list, placeholders};
 use sqlx::{AssertSqlSafe, Row, any::AnyRow};
 
 use super::{IngestOutcome, MemoryProgress, MemoryState, NewEvent, Store, StoredNotification};
@@ -63,35 +63,6 @@ fn to_cursor(value: i64) -> u64 {
 
 fn from_cursor(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-/// The placeholder of the `number`th (1-based) bind parameter. SQLite gets
-/// anonymous `?`: it resolves `$N` names with a linear search per parameter,
-/// which makes large multi-row statements quadratic.
-fn placeholder(backend: Backend, number: usize) -> String {
-    match backend {
-        Backend::Sqlite => "?".to_owned(),
-        Backend::Postgres => format!("${number}"),
-    }
-}
-
-/// `placeholder(first), placeholder(first + 1), ..` for `count` parameters.
-fn placeholder_list(backend: Backend, first: usize, count: usize) -> String {
-    (first..first + count).map(|number| placeholder(backend, number)).collect::<Vec<_>>().join(", ")
-}
-
-/// `($1, $2, ..), ($k, ..)` for `rows` rows of `columns` placeholders.
-fn placeholders(backend: Backend, rows: usize, columns: usize) -> String {
-    let mut text = String::with_capacity(rows * columns * 5);
-    for row in 0..rows {
-        if row > 0 {
-            text.push_str(", ");
-        }
-        text.push('(');
-        text.push_str(&placeholder_list(backend, row * columns + 1, columns));
-        text.push(')');
-    }
-    text
 }
 
 const NOTIFICATION_COLUMNS: &str = "n.notification_id, n.agent_id, n.reason, n.event_id, n.memory_state, \

@@ -1,0 +1,103 @@
+//! The notifier's publisher: streams the event log to the notifier in log
+//! order, from the notifier's cursor on, and moves the cursor forward as the
+//! notifier acknowledges. When the notifier is down, events wait in the log;
+//! after a reconnect everything past the cursor is sent again (the notifier
+//! deduplicates by event id).
+
+use std::{collections::VecDeque, sync::Arc, time::Duration};
+
+use muster_proto::{
+    common::v1::StepEvent,
+    notifier::v1::{IngestEventsRequest, notifier_service_client::NotifierServiceClient},
+};
+use muster_runtime::auth::client::AuthChannel;
+use prost::Message as _;
+use tokio::sync::{Notify, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::store::{NOTIFIER_CURSOR, Store};
+
+/// The notifier over gRPC.
+pub(crate) type NotifierClient = NotifierServiceClient<AuthChannel>;
+
+/// Most events sent and not yet acknowledged.
+const MAX_IN_FLIGHT: usize = 4096;
+/// Log entries read at once.
+const BATCH: u32 = 1024;
+
+/// Runs until the task is cancelled.
+pub(crate) async fn publish(store: Arc<dyn Store>, notifier: NotifierClient, wake: Arc<Notify>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match session(store.as_ref(), notifier.clone(), &wake).await {
+            Ok(()) => backoff = Duration::from_millis(50),
+            Err(error) => {
+                tracing::warn!(%error, retry_in_ms = backoff.as_millis() as u64, "event stream to the notifier interrupted");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+async fn session(store: &dyn Store, mut client: NotifierClient, wake: &Notify) -> anyhow::Result<()> {
+    let (sender, receiver) = mpsc::channel::<IngestEventsRequest>(BATCH as usize);
+    let mut acknowledgements = client.ingest_events(ReceiverStream::new(receiver)).await?.into_inner();
+    tracing::info!("event stream to the notifier open");
+
+    let mut in_flight: VecDeque<(i64, String)> = VecDeque::new();
+    let mut last_sent = store.cursor(NOTIFIER_CURSOR).await?;
+    loop {
+        let woken = wake.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        if in_flight.len() < MAX_IN_FLIGHT {
+            for (position, bytes) in store.log_after(last_sent, BATCH).await? {
+                let event = StepEvent::decode(bytes.as_slice())
+                    .map_err(|error| anyhow::anyhow!("event {position} of the log is corrupt: {error}"))?;
+                let event_id = event.event_id.clone();
+                sender.send(IngestEventsRequest { event: Some(event) }).await?;
+                in_flight.push_back((position, event_id));
+                last_sent = position;
+            }
+        }
+        tokio::select! {
+            acknowledgement = acknowledgements.message() => {
+                let mut acknowledged;
+                let mut next = acknowledgement?;
+                // Every acknowledgement already here moves the cursor once.
+                loop {
+                    let Some(acknowledgement) = next else {
+                        anyhow::bail!("the notifier closed the stream");
+                    };
+                    let Some((position, event_id)) = in_flight.pop_front() else {
+                        anyhow::bail!("acknowledgement for {} with nothing in flight", acknowledgement.event_id);
+                    };
+                    if event_id != acknowledgement.event_id {
+                        anyhow::bail!("acknowledgement out of order: expected {event_id}, got {}", acknowledgement.event_id);
+                    }
+                    acknowledged = Some(position);
+                    match futures_now(&mut acknowledgements).await {
+                        Some(more) => next = more?,
+                        None => break,
+                    }
+                }
+                if let Some(position) = acknowledged {
+                    store.advance_cursor(NOTIFIER_CURSOR, position).await?;
+                }
+            }
+            () = &mut woken, if in_flight.len() < MAX_IN_FLIGHT => {}
+        }
+    }
+}
+
+/// The next message if one is already waiting, without waiting for it.
+async fn futures_now(
+    stream: &mut tonic::Streaming<muster_proto::notifier::v1::IngestEventsResponse>,
+) -> Option<Result<Option<muster_proto::notifier::v1::IngestEventsResponse>, tonic::Status>> {
+    tokio::select! {
+        biased;
+        message = stream.message() => Some(message),
+        () = std::future::ready(()) => None,
+    }
+}

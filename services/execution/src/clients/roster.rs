@@ -1,0 +1,306 @@
+//! What the execution service asks of the roster ([`Roster`]), and its
+//! implementation over gRPC ([`RosterClient`]). The engine and the handlers
+//! see only the trait, so tests drive the engine with a roster of their own.
+
+use std::{sync::Arc, time::Duration};
+
+use muster_proto::roster::v1 as roster;
+use muster_runtime::auth::client::AuthChannel;
+
+use crate::{
+    domain::model::{AgentContext, Decision},
+    store::BoxFuture,
+    wire,
+};
+
+/// Iterations an agent may run per step when its roster entry says none.
+pub(crate) const DEFAULT_MAX_ITERATIONS: u32 = 10;
+
+/// Why the roster did not answer as hoped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RosterFailure {
+    /// The roster cannot be reached now: ask again later.
+    Unavailable(String),
+    /// What was asked about does not exist.
+    NotFound(String),
+    /// The roster refused the request, saying why.
+    Refused(String),
+}
+
+impl RosterFailure {
+    pub(crate) fn message(&self) -> &str {
+        match self {
+            Self::Unavailable(message) | Self::NotFound(message) | Self::Refused(message) => message,
+        }
+    }
+}
+
+/// An agent as the execution service needs to know it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct AgentInfo {
+    pub(crate) id: String,
+    pub(crate) role: String,
+    pub(crate) offline: bool,
+    pub(crate) allow_delegation: bool,
+}
+
+/// A delegation to ask for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct DelegationAsk {
+    /// `<execution>/<step>`: the roster keeps one reservation per task.
+    pub(crate) task_id: String,
+    pub(crate) requester_id: String,
+    pub(crate) required_expertise: Vec<String>,
+    pub(crate) required_role: String,
+    pub(crate) team: String,
+    /// `low`, `normal`, `high` or `critical`.
+    pub(crate) urgency: String,
+    /// When the work is due, in milliseconds since the epoch.
+    pub(crate) deadline: Option<i64>,
+    /// Agents the task passed through: none of them is chosen again.
+    pub(crate) delegation_chain: Vec<String>,
+    pub(crate) description: String,
+}
+
+/// The roster, as the execution service uses it.
+pub(crate) trait Roster: Send + Sync + 'static {
+    /// Decides (and, for DELEGATE, reserves) who takes a task.
+    fn delegate(&self, ask: DelegationAsk) -> BoxFuture<'_, Result<Decision, RosterFailure>>;
+    /// Waits until a queued task is resolved: offered to its expert or
+    /// escalated. `Ok(None)` when the roster closed the watch (ask again).
+    fn watch_queued(&self, task_id: String) -> BoxFuture<'_, Result<Option<Decision>, RosterFailure>>;
+    /// Ends a task's reservation, freeing its slot.
+    fn release(&self, task_id: String) -> BoxFuture<'_, Result<(), RosterFailure>>;
+    /// An agent, or `NotFound`.
+    fn agent(&self, agent_id: String) -> BoxFuture<'_, Result<AgentInfo, RosterFailure>>;
+    /// What an assignment tells an agent about itself: role definition,
+    /// rendered system prompt, limits, LLM settings.
+    fn agent_context(&self, agent_id: String) -> BoxFuture<'_, Result<AgentContext, RosterFailure>>;
+    /// The tools a role lists (none for an unknown role).
+    fn role_tools(&self, role: String) -> BoxFuture<'_, Result<Vec<String>, RosterFailure>>;
+    /// Every agent and role, to check a process's references at publish.
+    fn validation_context(&self) -> BoxFuture<'_, Result<muster_format::Context, RosterFailure>>;
+}
+
+/// The roster over gRPC: calls carry the service's credential and the
+/// caller's trace context; the channel reconnects by itself.
+#[derive(Debug, Clone)]
+pub(crate) struct RosterClient {
+    client: roster::roster_service_client::RosterServiceClient<AuthChannel>,
+}
+
+impl RosterClient {
+    pub(crate) fn new(channel: AuthChannel) -> Self {
+        Self { client: roster::roster_service_client::RosterServiceClient::new(channel) }
+    }
+}
+
+/// Maps a status: outages are `Unavailable`, the roster's verdicts the others.
+fn failure(status: tonic::Status) -> RosterFailure {
+    let message = status.message().to_owned();
+    match status.code() {
+        tonic::Code::NotFound => RosterFailure::NotFound(message),
+        tonic::Code::Unavailable
+        | tonic::Code::DeadlineExceeded
+        | tonic::Code::Unknown
+        | tonic::Code::ResourceExhausted
+        | tonic::Code::Cancelled
+        | tonic::Code::Aborted => RosterFailure::Unavailable(format!("{}: {message}", status.code())),
+        _ => RosterFailure::Refused(message),
+    }
+}
+
+fn urgency(urgency: &str) -> roster::Urgency {
+    match urgency {
+        "low" => roster::Urgency::Low,
+        "high" => roster::Urgency::High,
+        "critical" => roster::Urgency::Critical,
+        _ => roster::Urgency::Normal,
+    }
+}
+
+fn agent_info(agent: roster::Agent) -> AgentInfo {
+    AgentInfo {
+        offline: agent.status == roster::AgentStatus::Offline as i32,
+        allow_delegation: agent.allow_delegation,
+        id: agent.id,
+        role: agent.role,
+    }
+}
+
+impl Roster for RosterClient {
+    fn delegate(&self, ask: DelegationAsk) -> BoxFuture<'_, Result<Decision, RosterFailure>> {
+        let mut client = self.client.clone();
+        Box::pin(async move {
+            let request = roster::DelegateRequest {
+                task_id: ask.task_id,
+                requester_id: ask.requester_id,
+                required_expertise: ask.required_expertise,
+                required_role: ask.required_role,
+                team: ask.team,
+                urgency: urgency(&ask.urgency) as i32,
+                deadline: ask.deadline.map(muster_runtime::time::to_timestamp),
+                delegation_chain: ask.delegation_chain,
+                description: ask.description,
+                ..Default::default()
+            };
+            let response = client.delegate(request).await.map_err(failure)?.into_inner();
+            Ok(wire::decision_from_wire(response.decision.unwrap_or_default()))
+        })
+    }
+
+    fn watch_queued(&self, task_id: String) -> BoxFuture<'_, Result<Option<Decision>, RosterFailure>> {
+        let mut client = self.client.clone();
+        Box::pin(async move {
+            let mut stream = client
+                .watch_queued_task(roster::WatchQueuedTaskRequest { task_id })
+                .await
+                .map_err(failure)?
+                .into_inner();
+            match stream.message().await.map_err(failure)? {
+                Some(roster::WatchQueuedTaskResponse { decision: Some(decision) }) => {
+                    Ok(Some(wire::decision_from_wire(decision)))
+                }
+                _ => Ok(None),
+            }
+        })
+    }
+
+    fn release(&self, task_id: String) -> BoxFuture<'_, Result<(), RosterFailure>> {
+        let mut client = self.client.clone();
+        Box::pin(async move {
+            client.release_task(roster::ReleaseTaskRequest { task_id }).await.map_err(failure)?;
+            Ok(())
+        })
+    }
+
+    fn agent(&self, agent_id: String) -> BoxFuture<'_, Result<AgentInfo, RosterFailure>> {
+        let mut client = self.client.clone();
+        Box::pin(async move {
+            let response = client.get_agent(roster::GetAgentRequest { id: agent_id.clone() }).await.map_err(
+                |status| match status.code() {
+                    // An id the roster cannot hold is an agent it does not have.
+                    tonic::Code::InvalidArgument => RosterFailure::NotFound(status.message().to_owned()),
+                    _ => failure(status),
+                },
+            )?;
+            response
+                .into_inner()
+                .agent
+                .map(agent_info)
+                .ok_or_else(|| RosterFailure::NotFound(format!("agent '{agent_id}' is not in the roster")))
+        })
+    }
+
+    fn agent_context(&self, agent_id: String) -> BoxFuture<'_, Result<AgentContext, RosterFailure>> {
+        let mut client = self.client.clone();
+        Box::pin(async move {
+            let agent = client
+                .get_agent(roster::GetAgentRequest { id: agent_id.clone() })
+                .await
+                .map_err(failure)?
+                .into_inner()
+                .agent
+                .ok_or_else(|| RosterFailure::NotFound(format!("agent '{agent_id}' is not in the roster")))?;
+            let role_definition = if agent.role.is_empty() {
+                None
+            } else {
+                match client.get_role_definition(roster::GetRoleDefinitionRequest { name: agent.role.clone() }).await {
+                    Ok(response) => response.into_inner().role.map(wire::role_definition_from_wire),
+                    Err(status) if status.code() == tonic::Code::NotFound => None,
+                    Err(status) => return Err(failure(status)),
+                }
+            };
+            let system_prompt = client
+                .render_system_prompt(roster::RenderSystemPromptRequest { agent_id })
+                .await
+                .map_err(failure)?
+                .into_inner()
+                .system_prompt;
+            Ok(AgentContext {
+                roster_role: agent.role,
+                role_definition,
+                system_prompt: Arc::from(system_prompt),
+                max_iterations: if agent.max_iterations == 0 { DEFAULT_MAX_ITERATIONS } else { agent.max_iterations },
+                llm_config_json: agent.llm_config_json,
+                allow_delegation: agent.allow_delegation,
+            })
+        })
+    }
+
+    fn role_tools(&self, role: String) -> BoxFuture<'_, Result<Vec<String>, RosterFailure>> {
+        let mut client = self.client.clone();
+        Box::pin(async move {
+            match client.get_role_definition(roster::GetRoleDefinitionRequest { name: role }).await {
+                Ok(response) => Ok(response.into_inner().role.map(|role| role.tools).unwrap_or_default()),
+                Err(status) if status.code() == tonic::Code::NotFound => Ok(Vec::new()),
+                Err(status) => Err(failure(status)),
+            }
+        })
+    }
+
+    fn validation_context(&self) -> BoxFuture<'_, Result<muster_format::Context, RosterFailure>> {
+        let mut client = self.client.clone();
+        Box::pin(async move {
+            let mut agents = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let page = client
+                    .list_agents(roster::ListAgentsRequest { page_size: 1000, page_token, ..Default::default() })
+                    .await
+                    .map_err(failure)?
+                    .into_inner();
+                agents.extend(page.agents.into_iter().map(|agent| muster_format::KnownAgent {
+                    offline: agent.status == roster::AgentStatus::Offline as i32,
+                    role: (!agent.role.is_empty()).then_some(agent.role),
+                    id: agent.id,
+                }));
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
+            let roles = client
+                .list_role_definitions(roster::ListRoleDefinitionsRequest {})
+                .await
+                .map_err(failure)?
+                .into_inner()
+                .roles;
+            let roles: Vec<muster_format::KnownRole> = roles
+                .into_iter()
+                .map(|role| muster_format::KnownRole {
+                    name: role.name,
+                    permitted_tools: role.tools,
+                    permitted_actions: role.permitted_actions,
+                })
+                .collect();
+            Ok(muster_format::Context {
+                agents: Some(agents),
+                // Roles are checked when the roster defines some.
+                roles: (!roles.is_empty()).then_some(roles),
+                tools: None,
+            })
+        })
+    }
+}
+
+/// Retries `call` while the roster is unavailable, waiting `pause` between
+/// attempts; its verdicts (found, not found, refused) end the wait.
+pub(crate) async fn patiently<T, F>(
+    pause: Duration,
+    what: &str,
+    mut call: impl FnMut() -> F,
+) -> Result<T, RosterFailure>
+where
+    F: std::future::Future<Output = Result<T, RosterFailure>>,
+{
+    loop {
+        match call().await {
+            Err(RosterFailure::Unavailable(message)) => {
+                tracing::warn!(error = %message, "the roster is unavailable; {what} waits");
+                tokio::time::sleep(pause).await;
+            }
+            outcome => return outcome,
+        }
+    }
+}

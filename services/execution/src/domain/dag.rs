@@ -1,0 +1,140 @@
+//! The order steps may run in: each step's dependencies and dependants by
+//! position, and whether a waiting step may start, must fail because a
+//! dependency failed, or waits on. The driver asks only about the
+//! dependants of a step that just ended, so a run costs time in proportion
+//! to its edges, not to its steps squared.
+
+use muster_format::ProcessDefinition;
+
+use super::{StepStatus, model::Step};
+
+/// The dependency graph of a process, by step position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Dag {
+    dependencies: Vec<Vec<usize>>,
+    dependants: Vec<Vec<usize>>,
+    continue_on_failure: Vec<bool>,
+}
+
+/// What a pending step's dependencies allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Readiness {
+    /// Every dependency is done: it may start.
+    Ready,
+    /// Some dependency has not ended yet.
+    Waiting,
+    /// This dependency failed (or was cancelled) and does not let its
+    /// dependants go on.
+    Blocked(usize),
+}
+
+impl Dag {
+    /// The graph of a checked process (step ids unique, references known).
+    pub(crate) fn new(definition: &ProcessDefinition) -> Self {
+        let index: std::collections::HashMap<&str, usize> =
+            definition.steps.iter().enumerate().map(|(position, step)| (step.id.as_str(), position)).collect();
+        let mut dependencies = vec![Vec::new(); definition.steps.len()];
+        let mut dependants = vec![Vec::new(); definition.steps.len()];
+        for (position, step) in definition.steps.iter().enumerate() {
+            for dependency in &step.depends_on {
+                if let Some(&on) = index.get(dependency.as_str()) {
+                    dependencies[position].push(on);
+                    dependants[on].push(position);
+                }
+            }
+        }
+        let continue_on_failure = definition.steps.iter().map(|step| step.continue_on_failure).collect();
+        Self { dependencies, dependants, continue_on_failure }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.dependencies.len()
+    }
+
+    pub(crate) fn dependencies(&self, position: usize) -> &[usize] {
+        &self.dependencies[position]
+    }
+
+    pub(crate) fn dependants(&self, position: usize) -> &[usize] {
+        &self.dependants[position]
+    }
+
+    /// Whether the step at `position` may start, given the steps' states.
+    pub(crate) fn readiness(&self, position: usize, steps: &[Step]) -> Readiness {
+        let mut waiting = false;
+        for &dependency in &self.dependencies[position] {
+            match steps[dependency].status {
+                StepStatus::Completed => {}
+                StepStatus::Failed | StepStatus::Cancelled if self.continue_on_failure[dependency] => {}
+                StepStatus::Failed | StepStatus::Cancelled => return Readiness::Blocked(dependency),
+                _ => waiting = true,
+            }
+        }
+        if waiting { Readiness::Waiting } else { Readiness::Ready }
+    }
+
+    /// The steps reachable from `position` through dependants, each once, in
+    /// breadth-first order (without `position` itself).
+    pub(crate) fn downstream(&self, position: usize) -> Vec<usize> {
+        let mut seen = vec![false; self.len()];
+        let mut order = Vec::new();
+        let mut queue = std::collections::VecDeque::from([position]);
+        seen[position] = true;
+        while let Some(next) = queue.pop_front() {
+            for &dependant in &self.dependants[next] {
+                if !seen[dependant] {
+                    seen[dependant] = true;
+                    order.push(dependant);
+                    queue.push_back(dependant);
+                }
+            }
+        }
+        order
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn definition(yaml: &str) -> ProcessDefinition {
+        let report = muster_format::validate_process(yaml, &muster_format::Context::default());
+        report.process.unwrap_or_else(|| panic!("{:?}", report.diagnostics))
+    }
+
+    fn steps(statuses: &[StepStatus]) -> Vec<Step> {
+        statuses.iter().map(|status| Step { status: *status, ..Step::new() }).collect()
+    }
+
+    const DIAMOND: &str = "name: d\nsteps:\n\
+        \x20 - {id: a, type: agent_task, agent: x, message: m}\n\
+        \x20 - {id: b, type: agent_task, agent: x, message: m, depends_on: [a]}\n\
+        \x20 - {id: c, type: agent_task, agent: x, message: m, depends_on: [a], continue_on_failure: true}\n\
+        \x20 - {id: d, type: agent_task, agent: x, message: m, depends_on: [b, c]}\n";
+
+    #[test]
+    fn a_step_waits_for_every_dependency() {
+        use StepStatus::*;
+        let dag = Dag::new(&definition(DIAMOND));
+        assert_eq!(dag.dependants(0), &[1, 2]);
+        assert_eq!(dag.dependencies(3), &[1, 2]);
+        assert_eq!(dag.readiness(0, &steps(&[Pending, Pending, Pending, Pending])), Readiness::Ready);
+        assert_eq!(dag.readiness(3, &steps(&[Completed, Completed, Running, Pending])), Readiness::Waiting);
+        assert_eq!(dag.readiness(3, &steps(&[Completed, Completed, Completed, Pending])), Readiness::Ready);
+    }
+
+    #[test]
+    fn a_failure_blocks_unless_the_step_lets_its_dependants_go_on() {
+        use StepStatus::*;
+        let dag = Dag::new(&definition(DIAMOND));
+        assert_eq!(dag.readiness(3, &steps(&[Completed, Completed, Failed, Pending])), Readiness::Ready);
+        assert_eq!(dag.readiness(3, &steps(&[Completed, Cancelled, Completed, Pending])), Readiness::Blocked(1));
+    }
+
+    #[test]
+    fn downstream_lists_each_reachable_step_once() {
+        let dag = Dag::new(&definition(DIAMOND));
+        assert_eq!(dag.downstream(0), vec![1, 2, 3]);
+        assert_eq!(dag.downstream(3), Vec::<usize>::new());
+    }
+}

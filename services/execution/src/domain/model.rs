@@ -1,0 +1,413 @@
+//! The state of an execution and its steps, the events it records, and what
+//! flows between the engine and the workers — as the engine and the store
+//! see them. Their wire forms live in `grpc/convert.rs`.
+
+use std::sync::Arc;
+
+use muster_format::StepRoles;
+
+use super::{ExecutionStatus, StepStatus, authority::Session};
+
+/// An execution: which process version it runs, where it is, who leads it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Execution {
+    pub(crate) id: String,
+    pub(crate) process_name: String,
+    pub(crate) process_version: u32,
+    pub(crate) status: ExecutionStatus,
+    /// Why it ended (failed, cancelled); empty otherwise.
+    pub(crate) reason: String,
+    pub(crate) lead_agent_id: String,
+    /// The execution's inputs, a JSON object as text.
+    pub(crate) inputs_json: String,
+    pub(crate) idempotency_key: Option<String>,
+    pub(crate) started_at: i64,
+    pub(crate) ended_at: Option<i64>,
+    /// Events numbered so far: the next event is `last_sequence + 1`.
+    pub(crate) last_sequence: u64,
+    /// W3C traceparent of the span that started it; empty when untraced.
+    pub(crate) trace_parent: String,
+    /// Set when it runs as a team session.
+    pub(crate) session: Option<Session>,
+}
+
+/// The state of one step of an execution; steps are kept in definition
+/// order, so a step's position is its index in the process definition.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Step {
+    pub(crate) status: StepStatus,
+    /// The agent executing (or chosen to execute) it; for a decided
+    /// approval, who decided.
+    pub(crate) executor: String,
+    /// Attempts started, from 1.
+    pub(crate) attempt: u32,
+    /// The output, JSON text, once completed.
+    pub(crate) output_json: Option<Arc<str>>,
+    pub(crate) error_code: String,
+    pub(crate) error_message: String,
+    pub(crate) started_at: Option<i64>,
+    pub(crate) ended_at: Option<i64>,
+    pub(crate) cost: f64,
+    pub(crate) tokens_used: u64,
+    /// The agent a REASSIGN intervention or a hand-off gave the step to: it
+    /// takes the place of the named executor or the roster's choice.
+    pub(crate) assigned_to: Option<String>,
+    /// Agents the step passed through by hand-offs, oldest first.
+    pub(crate) delegation_chain: Vec<String>,
+    /// The estimated wait of a queued step, in seconds.
+    pub(crate) wait_seconds: u64,
+    /// When a failed attempt's retry may start (milliseconds since the epoch).
+    pub(crate) retry_at: Option<i64>,
+    /// The roster holds a slot of the executor for this step (it chose the
+    /// executor): released when the step ends or leaves that agent.
+    pub(crate) roster_reserved: bool,
+}
+
+impl Step {
+    /// A step that has not started.
+    pub(crate) fn new() -> Self {
+        Self {
+            status: StepStatus::Pending,
+            executor: String::new(),
+            attempt: 0,
+            output_json: None,
+            error_code: String::new(),
+            error_message: String::new(),
+            started_at: None,
+            ended_at: None,
+            cost: 0.0,
+            tokens_used: 0,
+            assigned_to: None,
+            delegation_chain: Vec::new(),
+            wait_seconds: 0,
+            retry_at: None,
+            roster_reserved: false,
+        }
+    }
+
+    /// Records why and when the step ended without its output (the caller
+    /// sets its status).
+    pub(crate) fn ended_with_error(&mut self, code: &str, message: String, now: i64) {
+        self.error_code = code.to_owned();
+        self.error_message = message;
+        self.ended_at = Some(now);
+    }
+}
+
+/// What kind of thing happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EventKind {
+    ExecutionStarted,
+    StepStarted,
+    StepCompleted,
+    StepFailed,
+    StepQueued,
+    StepDelegated,
+    StepEscalated,
+    ApprovalRequested,
+    StepIntervened,
+    ExecutionFinished,
+    SessionStarted,
+    RoleAssigned,
+    LeadChanged,
+}
+
+/// Something that happened in an execution: recorded with the state change,
+/// told to the notifier, streamed to watchers.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Event {
+    pub(crate) event_id: String,
+    pub(crate) kind: EventKind,
+    pub(crate) execution_id: String,
+    /// Per execution, from 1, without gaps.
+    pub(crate) sequence: u64,
+    pub(crate) occurred_at: i64,
+    pub(crate) process_name: String,
+    pub(crate) process_version: u32,
+    pub(crate) lead_agent_id: String,
+    pub(crate) step_id: String,
+    pub(crate) step_name: String,
+    pub(crate) roles: Option<StepRoles>,
+    /// The step's executor, or who acted (intervened, decided, was assigned).
+    pub(crate) agent_id: String,
+    pub(crate) output_json: Option<Arc<str>>,
+    /// Code and message of a failure.
+    pub(crate) error: Option<(String, String)>,
+    pub(crate) retry_count: u32,
+    pub(crate) cost: f64,
+    pub(crate) tokens_used: u64,
+    pub(crate) duration_ms: u64,
+    pub(crate) wait_seconds: u64,
+    pub(crate) detail: String,
+    pub(crate) waiting_for: Vec<String>,
+    pub(crate) execution_status: Option<ExecutionStatus>,
+    pub(crate) trace_parent: String,
+    /// Agents the event is addressed to beyond the step's roles.
+    pub(crate) participants: Vec<String>,
+    /// The permission matrix version that authorised the action (0: none).
+    pub(crate) matrix_version: u32,
+}
+
+impl Event {
+    /// An event of `execution`, numbered next.
+    pub(crate) fn new(execution: &mut Execution, kind: EventKind, now: i64, trace_parent: String) -> Self {
+        execution.last_sequence += 1;
+        Self {
+            event_id: uuid::Uuid::now_v7().to_string(),
+            kind,
+            execution_id: execution.id.clone(),
+            sequence: execution.last_sequence,
+            occurred_at: now,
+            process_name: execution.process_name.clone(),
+            process_version: execution.process_version,
+            lead_agent_id: execution.lead_agent_id.clone(),
+            step_id: String::new(),
+            step_name: String::new(),
+            roles: None,
+            agent_id: String::new(),
+            output_json: None,
+            error: None,
+            retry_count: 0,
+            cost: 0.0,
+            tokens_used: 0,
+            duration_ms: 0,
+            wait_seconds: 0,
+            detail: String::new(),
+            waiting_for: Vec::new(),
+            execution_status: None,
+            trace_parent,
+            participants: Vec::new(),
+            matrix_version: 0,
+        }
+    }
+}
+
+/// A published version of a process.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ProcessVersion {
+    pub(crate) name: String,
+    pub(crate) version: u32,
+    /// The YAML exactly as published.
+    pub(crate) source: String,
+    /// SHA-256 of the source, hex: publishing the same source again returns this version.
+    pub(crate) content_hash: String,
+    pub(crate) published_at: i64,
+    pub(crate) step_count: u32,
+    /// Warnings found when it was published.
+    pub(crate) warnings: Vec<Finding>,
+    /// The definition, parsed and checked once, when it was published.
+    pub(crate) definition: Arc<muster_format::ProcessDefinition>,
+}
+
+impl ProcessVersion {
+    /// Whether the definition names `agent_id` in a step: as its agent, in
+    /// its roles (executor, monitors, informed) or among its approvers.
+    pub(crate) fn names(&self, agent_id: &str) -> bool {
+        self.definition.steps.iter().any(|step| {
+            step.agent.as_deref() == Some(agent_id)
+                || step.approvers.iter().any(|approver| approver == agent_id)
+                || step.roles.as_ref().is_some_and(|roles| {
+                    roles.executor == agent_id
+                        || roles.monitors.iter().chain(&roles.informed).any(|name| name == agent_id)
+                })
+        })
+    }
+}
+
+/// A diagnostic about a document, as kept with what it was found in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Finding {
+    pub(crate) error: bool,
+    pub(crate) code: String,
+    pub(crate) message: String,
+    pub(crate) path: String,
+    pub(crate) line: u32,
+    pub(crate) column: u32,
+}
+
+impl From<&muster_format::Diagnostic> for Finding {
+    fn from(diagnostic: &muster_format::Diagnostic) -> Self {
+        Self {
+            error: diagnostic.is_error(),
+            code: diagnostic.code.to_owned(),
+            message: diagnostic.message.clone(),
+            path: diagnostic.path.clone(),
+            line: diagnostic.line,
+            column: diagnostic.column,
+        }
+    }
+}
+
+/// What an agent is told about itself with each assignment (from the roster).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct AgentContext {
+    pub(crate) roster_role: String,
+    pub(crate) role_definition: Option<RoleDefinition>,
+    pub(crate) system_prompt: Arc<str>,
+    pub(crate) max_iterations: u32,
+    pub(crate) llm_config_json: String,
+    pub(crate) allow_delegation: bool,
+}
+
+/// A role definition as an assignment carries it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct RoleDefinition {
+    pub(crate) name: String,
+    pub(crate) description: String,
+    pub(crate) goals: Vec<String>,
+    pub(crate) responsibilities: Vec<String>,
+    pub(crate) tools: Vec<String>,
+    pub(crate) permitted_actions: Vec<String>,
+    pub(crate) input_schema_json: String,
+    pub(crate) output_schema_json: String,
+    pub(crate) mission: String,
+    pub(crate) context_files: Vec<String>,
+    pub(crate) schedule: String,
+    pub(crate) inbox: String,
+    pub(crate) user_preferences: String,
+}
+
+/// A past action, given to an executor as history.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct HistoryEntry {
+    pub(crate) step_id: String,
+    pub(crate) agent_id: String,
+    pub(crate) action: &'static str,
+    pub(crate) at: Option<i64>,
+}
+
+/// A step handed to a worker to run as one of its agents.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Assignment {
+    /// `<execution>/<step>/<attempt>`.
+    pub(crate) assignment_id: String,
+    /// `<execution>/<step>`: the same for every attempt.
+    pub(crate) idempotency_key: String,
+    pub(crate) attempt: u32,
+    pub(crate) agent_id: String,
+    pub(crate) execution_id: String,
+    pub(crate) process_name: String,
+    pub(crate) process_version: u32,
+    pub(crate) step_id: String,
+    pub(crate) step_name: String,
+    pub(crate) step_type: String,
+    pub(crate) message: String,
+    pub(crate) inputs_json: String,
+    /// Outputs of the steps it depends on, by step id.
+    pub(crate) upstream_outputs: Vec<(String, Arc<str>)>,
+    /// Outputs of the most recently completed steps, by step id (bounded:
+    /// see `shared_memory_left_out`).
+    pub(crate) shared_memory: Vec<(String, Arc<str>)>,
+    /// Completed steps whose outputs did not fit into `shared_memory`.
+    pub(crate) shared_memory_left_out: u32,
+    /// The most recent finished steps, oldest first.
+    pub(crate) history: Vec<HistoryEntry>,
+    pub(crate) context: Arc<AgentContext>,
+    pub(crate) roles: StepRoles,
+    pub(crate) delegation_chain: Vec<String>,
+    pub(crate) timeout_ms: u64,
+    pub(crate) trace_parent: String,
+    pub(crate) session_role: String,
+    pub(crate) session_context: String,
+}
+
+/// What a worker reported of an assignment.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Outcome {
+    Completed {
+        output_json: String,
+        tokens_used: u64,
+        cost: f64,
+        duration_ms: u64,
+        iterations: u32,
+    },
+    Failed {
+        error_code: String,
+        message: String,
+        retryable: bool,
+    },
+    /// The worker went away (or was made to) before reporting.
+    WorkerLost,
+}
+
+/// A worker hands its step onward.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct HandOff {
+    pub(crate) assignment_id: String,
+    /// A named colleague; empty to let the roster choose by the criteria.
+    pub(crate) to_agent_id: String,
+    pub(crate) required_expertise: Vec<String>,
+    pub(crate) required_role: String,
+    pub(crate) reason: String,
+}
+
+/// The answer to a hand-off.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct HandOffAnswer {
+    pub(crate) assignment_id: String,
+    pub(crate) accepted: bool,
+    pub(crate) decision: Option<Decision>,
+    pub(crate) reason: String,
+}
+
+/// What the roster decided for a delegation, with its reasons.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Decision {
+    pub(crate) kind: DecisionKind,
+    /// The tier of the delegation priority order that decided, as the roster names it.
+    pub(crate) tier: i32,
+    /// The delegate, the expert queued for, or the senior.
+    pub(crate) primary_agent_id: String,
+    pub(crate) primary_reason: String,
+    pub(crate) fallback_agent_id: String,
+    pub(crate) fallback_reason: String,
+    pub(crate) reasoning: String,
+    /// For a queue: the estimated wait, in seconds.
+    pub(crate) wait_seconds: u64,
+    pub(crate) notes: String,
+    /// The decision as text (the DELEGATION DECISION block).
+    pub(crate) text: String,
+    pub(crate) candidates: Vec<String>,
+}
+
+/// The roster's kinds of decision.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) enum DecisionKind {
+    #[default]
+    Delegate,
+    Queue,
+    Escalate,
+}
+
+/// A tool a worker provides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Tool {
+    pub(crate) name: String,
+    pub(crate) description: String,
+    /// JSON schema of the input, JSON text; empty accepts any object.
+    pub(crate) input_schema_json: String,
+}
+
+/// A tool call sent to a worker.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ToolCall {
+    pub(crate) call_id: String,
+    pub(crate) tool: String,
+    pub(crate) input_json: String,
+    pub(crate) agent_id: String,
+    pub(crate) trace_parent: String,
+}
+
+/// A tool's answer, with the tool protocol's status codes (200, 400, 403, 404, 500).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ToolOutput {
+    pub(crate) output_json: String,
+    pub(crate) error: String,
+    pub(crate) status_code: u32,
+}
+
+impl ToolOutput {
+    pub(crate) fn error(status_code: u32, error: String) -> Self {
+        Self { output_json: String::new(), error, status_code }
+    }
+}

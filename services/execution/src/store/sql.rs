@@ -1,0 +1,743 @@
+//! [`Store`] on SQLite and PostgreSQL through sqlx's `Any` driver, with
+//! portable SQL and one migration set per backend.
+//!
+//! Writes of executions go through one writer task: each commit waits in
+//! its queue, and the writer puts every commit waiting when it is free into
+//! one transaction (group commit), with one multi-row statement per table.
+//! Being the only writer of the event log also makes positions in the log
+//! follow commit order, which the notifier's cursor relies on. Reads use
+//! the database's read pool, so they never wait behind the writer.
+
+use std::{collections::HashMap, sync::Arc};
+
+use muster_proto::common::v1 as common;
+use muster_runtime::db::{Database, Migrations, placeholder, placeholders};
+use prost::Message as _;
+use sqlx::{AssertSqlSafe, Row, any::AnyRow};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{BoxFuture, ExecutionFilter, NewProcess, Published, StepWrite, Store, Usage, Write};
+use crate::{
+    Error, Result,
+    domain::{
+        authority::{Matrix, RoleAssignment, Session},
+        model::{Event, Execution, Finding, ProcessVersion, Step},
+    },
+    wire,
+};
+
+/// The migrations of both backends.
+const MIGRATIONS: Migrations = Migrations {
+    sqlite: &[
+        (1, "init", include_str!("../../migrations/sqlite/0001_init.sql")),
+        (2, "trace parent", include_str!("../../migrations/sqlite/0002_trace_parent.sql")),
+        (3, "sessions", include_str!("../../migrations/sqlite/0003_sessions.sql")),
+        (4, "engine", include_str!("../../migrations/sqlite/0004_engine.sql")),
+    ],
+    postgres: &[
+        (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
+        (2, "trace parent", include_str!("../../migrations/postgres/0002_trace_parent.sql")),
+        (3, "sessions", include_str!("../../migrations/postgres/0003_sessions.sql")),
+        (4, "engine", include_str!("../../migrations/postgres/0004_engine.sql")),
+    ],
+};
+
+/// Most commits put into one transaction.
+const MOST_COMMITS_PER_TRANSACTION: usize = 256;
+/// Rows per multi-row statement.
+const STEP_ROWS_PER_STATEMENT: usize = 400;
+const EVENT_ROWS_PER_STATEMENT: usize = 1000;
+
+/// A commit waiting for the writer.
+struct Job {
+    writes: Vec<Write>,
+    done: oneshot::Sender<Result<()>>,
+}
+
+/// The store on a SQL database.
+#[derive(Clone)]
+pub(crate) struct SqlStore {
+    database: Database,
+    writer: mpsc::Sender<Job>,
+}
+
+impl std::fmt::Debug for SqlStore {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("SqlStore").field("backend", &self.database.backend).finish_non_exhaustive()
+    }
+}
+
+impl SqlStore {
+    /// A store on `database`; its writer runs until the last clone is dropped.
+    pub(crate) fn new(database: Database) -> Self {
+        let (writer, jobs) = mpsc::channel(4096);
+        tokio::spawn(write_loop(database.clone(), jobs));
+        Self { database, writer }
+    }
+}
+
+/// Applies queued commits, grouping what waits into one transaction. A
+/// group that fails is applied again commit by commit, so one bad commit
+/// fails alone.
+async fn write_loop(database: Database, mut jobs: mpsc::Receiver<Job>) {
+    while let Some(first) = jobs.recv().await {
+        let mut group = vec![first];
+        while group.len() < MOST_COMMITS_PER_TRANSACTION {
+            match jobs.try_recv() {
+                Ok(job) => group.push(job),
+                Err(_) => break,
+            }
+        }
+        let outcome = apply(&database, group.iter().flat_map(|job| &job.writes)).await;
+        match outcome {
+            Ok(()) => {
+                for job in group {
+                    let _ = job.done.send(Ok(()));
+                }
+            }
+            Err(error) if group.len() == 1 => {
+                let _ = group.pop().map(|job| job.done.send(Err(error)));
+            }
+            Err(_) => {
+                for job in group {
+                    let outcome = apply(&database, job.writes.iter()).await;
+                    let _ = job.done.send(outcome);
+                }
+            }
+        }
+    }
+}
+
+/// Writes in one transaction: new executions first (their steps and
+/// assignments refer to them), then updates, steps, assignments and events,
+/// each table in as few statements as its rows allow.
+async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>) -> Result<()> {
+    let mut created = Vec::new();
+    let mut updated = Vec::new();
+    let mut steps: Vec<&StepWrite> = Vec::new();
+    let mut assignments = Vec::new();
+    let mut events: Vec<&Event> = Vec::new();
+    for write in writes {
+        match write {
+            Write::CreateExecution(execution) => created.push(execution),
+            Write::UpdateExecution(execution) => updated.push(execution),
+            Write::Steps(rows) => steps.extend(rows),
+            Write::Assignment { execution_id, assignment } => assignments.push((execution_id, assignment)),
+            Write::Events(list) => events.extend(list),
+        }
+    }
+    // A step written twice in one transaction keeps its last state (one
+    // multi-row upsert may touch a row only once).
+    let mut last_write: HashMap<(&str, u32), usize> = HashMap::with_capacity(steps.len());
+    for (index, step) in steps.iter().enumerate() {
+        last_write.insert((step.execution_id.as_str(), step.position), index);
+    }
+    let steps: Vec<&StepWrite> = steps
+        .iter()
+        .enumerate()
+        .filter(|(index, step)| last_write[&(step.execution_id.as_str(), step.position)] == *index)
+        .map(|(_, step)| *step)
+        .collect();
+
+    let backend = database.backend;
+    let mut transaction = database.pool.begin().await?;
+    for execution in created {
+        insert_execution(&mut transaction, execution).await?;
+    }
+    for execution in updated {
+        sqlx::query(
+            "UPDATE executions SET status = $1, reason = $2, lead_agent_id = $3, ended_at = $4, last_sequence = $5 \
+             WHERE id = $6",
+        )
+        .bind(execution.status.as_str())
+        .bind(execution.reason.clone())
+        .bind(execution.lead_agent_id.clone())
+        .bind(execution.ended_at)
+        .bind(execution.last_sequence as i64)
+        .bind(execution.id.clone())
+        .execute(&mut *transaction)
+        .await?;
+    }
+    for chunk in steps.chunks(STEP_ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "INSERT INTO steps (execution_id, step_id, position, status, executor, attempt, output_json, error_code, \
+             error_message, started_at, ended_at, cost, tokens_used, assigned_to, delegation_chain, wait_seconds, \
+             retry_at, roster_reserved) VALUES {} ON CONFLICT (execution_id, step_id) DO UPDATE SET status = excluded.status, \
+             executor = excluded.executor, attempt = excluded.attempt, output_json = excluded.output_json, \
+             error_code = excluded.error_code, error_message = excluded.error_message, \
+             started_at = excluded.started_at, ended_at = excluded.ended_at, cost = excluded.cost, \
+             tokens_used = excluded.tokens_used, assigned_to = excluded.assigned_to, \
+             delegation_chain = excluded.delegation_chain, wait_seconds = excluded.wait_seconds, \
+             retry_at = excluded.retry_at, roster_reserved = excluded.roster_reserved",
+            placeholders(backend, chunk.len(), 18)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for write in chunk {
+            let step = &write.step;
+            query = query
+                .bind(write.execution_id.clone())
+                .bind(write.step_id.clone())
+                .bind(i64::from(write.position))
+                .bind(step.status.as_str())
+                .bind(step.executor.clone())
+                .bind(i64::from(step.attempt))
+                .bind(step.output_json.as_deref().unwrap_or_default().to_owned())
+                .bind(step.error_code.clone())
+                .bind(step.error_message.clone())
+                .bind(step.started_at)
+                .bind(step.ended_at)
+                .bind(step.cost)
+                .bind(step.tokens_used as i64)
+                .bind(step.assigned_to.clone())
+                .bind(serde_json::to_string(&step.delegation_chain).unwrap_or_else(|_| "[]".to_owned()))
+                .bind(step.wait_seconds as i64)
+                .bind(step.retry_at)
+                .bind(i64::from(step.roster_reserved));
+        }
+        query.execute(&mut *transaction).await?;
+    }
+    for (execution_id, assignment) in assignments {
+        upsert_assignment(&mut transaction, execution_id, assignment).await?;
+    }
+    for chunk in events.chunks(EVENT_ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "INSERT INTO events (execution_id, sequence, event) VALUES {}",
+            placeholders(backend, chunk.len(), 3)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for event in chunk {
+            query = query
+                .bind(event.execution_id.clone())
+                .bind(event.sequence as i64)
+                .bind(wire::event_to_wire(event).encode_to_vec());
+        }
+        query.execute(&mut *transaction).await?;
+    }
+    transaction.commit().await?;
+    Ok(())
+}
+
+async fn insert_execution(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, execution: &Execution) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO executions (id, process_name, process_version, status, reason, lead_agent_id, inputs_json, \
+         idempotency_key, started_at, ended_at, last_sequence, trace_parent, is_session, session_title, \
+         session_description) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+    )
+    .bind(execution.id.clone())
+    .bind(execution.process_name.clone())
+    .bind(i64::from(execution.process_version))
+    .bind(execution.status.as_str())
+    .bind(execution.reason.clone())
+    .bind(execution.lead_agent_id.clone())
+    .bind(execution.inputs_json.clone())
+    .bind(execution.idempotency_key.clone())
+    .bind(execution.started_at)
+    .bind(execution.ended_at)
+    .bind(execution.last_sequence as i64)
+    .bind(execution.trace_parent.clone())
+    .bind(i64::from(execution.session.is_some()))
+    .bind(execution.session.as_ref().map(|session| session.title.clone()).unwrap_or_default())
+    .bind(execution.session.as_ref().map(|session| session.description.clone()).unwrap_or_default())
+    .execute(&mut **transaction)
+    .await?;
+    if let Some(session) = &execution.session {
+        for assignment in session.assignments.values() {
+            upsert_assignment(transaction, &execution.id, assignment).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn upsert_assignment(
+    transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
+    execution_id: &str,
+    assignment: &RoleAssignment,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO session_assignments (execution_id, agent_id, role, subtask, assigned_by, assigned_at) \
+         VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (execution_id, agent_id) DO UPDATE SET role = excluded.role, \
+         subtask = excluded.subtask, assigned_by = excluded.assigned_by, assigned_at = excluded.assigned_at",
+    )
+    .bind(execution_id.to_owned())
+    .bind(assignment.agent_id.clone())
+    .bind(assignment.role.clone())
+    .bind(assignment.subtask.clone())
+    .bind(assignment.assigned_by.clone())
+    .bind(assignment.assigned_at)
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
+}
+
+/// Diagnostics are stored as one encoded message of wire diagnostics.
+#[derive(Clone, PartialEq, prost::Message)]
+struct StoredDiagnostics {
+    #[prost(message, repeated, tag = "1")]
+    diagnostics: Vec<common::Diagnostic>,
+}
+
+fn encode_findings(findings: &[Finding]) -> Vec<u8> {
+    StoredDiagnostics { diagnostics: findings.iter().map(wire::finding_to_wire).collect() }.encode_to_vec()
+}
+
+fn decode_findings(bytes: &[u8]) -> Result<Vec<Finding>> {
+    StoredDiagnostics::decode(bytes)
+        .map(|stored| stored.diagnostics.into_iter().map(wire::finding_from_wire).collect())
+        .map_err(|error| Error::Storage(format!("corrupt stored diagnostics: {error}")))
+}
+
+fn process_from_row(row: &AnyRow) -> Result<ProcessVersion> {
+    let name: String = row.try_get("name")?;
+    let version = row.try_get::<i64, _>("version")? as u32;
+    let source: String = row.try_get("source")?;
+    let warnings: Vec<u8> = row.try_get("warnings")?;
+    let stored: Option<String> = row.try_get("definition")?;
+    let definition = match stored {
+        Some(json) => serde_json::from_str(&json).map_err(|error| {
+            Error::Storage(format!("process {name} version {version}: corrupt definition: {error}"))
+        })?,
+        // Published before definitions were stored: checked once more, here.
+        None => muster_format::validate_process(&source, &muster_format::Context::default())
+            .process
+            .ok_or_else(|| Error::Storage(format!("process {name} version {version} no longer parses")))?,
+    };
+    Ok(ProcessVersion {
+        content_hash: row.try_get("content_hash")?,
+        published_at: row.try_get("published_at")?,
+        step_count: row.try_get::<i64, _>("step_count")? as u32,
+        warnings: decode_findings(&warnings)?,
+        definition: Arc::new(definition),
+        name,
+        version,
+        source,
+    })
+}
+
+fn execution_from_row(row: &AnyRow) -> Result<Execution> {
+    let status: String = row.try_get("status")?;
+    Ok(Execution {
+        id: row.try_get("id")?,
+        process_name: row.try_get("process_name")?,
+        process_version: row.try_get::<i64, _>("process_version")? as u32,
+        status: status.parse()?,
+        reason: row.try_get("reason")?,
+        lead_agent_id: row.try_get("lead_agent_id")?,
+        inputs_json: row.try_get("inputs_json")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        started_at: row.try_get("started_at")?,
+        ended_at: row.try_get("ended_at")?,
+        last_sequence: row.try_get::<i64, _>("last_sequence")? as u64,
+        trace_parent: row.try_get("trace_parent")?,
+        session: (row.try_get::<i64, _>("is_session")? != 0)
+            .then(|| {
+                Ok::<_, Error>(Session {
+                    title: row.try_get("session_title")?,
+                    description: row.try_get("session_description")?,
+                    assignments: Default::default(),
+                })
+            })
+            .transpose()?,
+    })
+}
+
+fn step_from_row(row: &AnyRow) -> Result<(String, Step)> {
+    let status: String = row.try_get("status")?;
+    let output: String = row.try_get("output_json")?;
+    let chain: String = row.try_get("delegation_chain")?;
+    let step = Step {
+        status: status.parse()?,
+        executor: row.try_get("executor")?,
+        attempt: row.try_get::<i64, _>("attempt")? as u32,
+        output_json: (!output.is_empty()).then(|| Arc::from(output)),
+        error_code: row.try_get("error_code")?,
+        error_message: row.try_get("error_message")?,
+        started_at: row.try_get("started_at")?,
+        ended_at: row.try_get("ended_at")?,
+        cost: row.try_get("cost")?,
+        tokens_used: row.try_get::<i64, _>("tokens_used")? as u64,
+        assigned_to: row.try_get("assigned_to")?,
+        delegation_chain: serde_json::from_str(&chain)
+            .map_err(|error| Error::Storage(format!("corrupt delegation chain: {error}")))?,
+        wait_seconds: row.try_get::<i64, _>("wait_seconds")? as u64,
+        retry_at: row.try_get("retry_at")?,
+        roster_reserved: row.try_get::<i64, _>("roster_reserved")? != 0,
+    };
+    Ok((row.try_get("step_id")?, step))
+}
+
+/// A stored matrix version whose document no longer parses is corrupt data.
+fn matrix_from_row(row: &AnyRow) -> Result<Matrix> {
+    let version: i64 = row.try_get("version")?;
+    Matrix::parse(version as u32, row.try_get("source")?, row.try_get("created_at")?, row.try_get("created_by")?)
+        .map(|(matrix, _)| matrix)
+        .map_err(|_| Error::Storage(format!("permission matrix version {version} no longer parses")))
+}
+
+impl SqlStore {
+    async fn assignments(&self, execution_id: &str) -> Result<std::collections::BTreeMap<String, RoleAssignment>> {
+        let rows = sqlx::query("SELECT * FROM session_assignments WHERE execution_id = $1 ORDER BY agent_id")
+            .bind(execution_id.to_owned())
+            .fetch_all(&self.database.reads)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let assignment = RoleAssignment {
+                    agent_id: row.try_get("agent_id")?,
+                    role: row.try_get("role")?,
+                    subtask: row.try_get("subtask")?,
+                    assigned_by: row.try_get("assigned_by")?,
+                    assigned_at: row.try_get("assigned_at")?,
+                };
+                Ok((assignment.agent_id.clone(), assignment))
+            })
+            .collect()
+    }
+}
+
+impl Store for SqlStore {
+    fn migrate(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(
+            async move { self.database.migrate(&MIGRATIONS).await.map_err(|error| Error::Storage(error.to_string())) },
+        )
+    }
+
+    fn publish_process(&self, process: NewProcess) -> BoxFuture<'_, Result<Published>> {
+        Box::pin(async move {
+            let mut transaction = self.database.pool.begin().await?;
+            let latest = sqlx::query("SELECT * FROM processes WHERE name = $1 ORDER BY version DESC LIMIT 1")
+                .bind(process.name.clone())
+                .fetch_optional(&mut *transaction)
+                .await?;
+            let latest = latest.as_ref().map(process_from_row).transpose()?;
+            if let Some(latest) = latest.filter(|latest| latest.content_hash == process.content_hash) {
+                return Ok(Published::Unchanged(latest));
+            }
+            let version: i64 =
+                sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) + 1 FROM processes WHERE name = $1")
+                    .bind(process.name.clone())
+                    .fetch_one(&mut *transaction)
+                    .await?;
+            let definition = serde_json::to_string(&*process.definition)
+                .map_err(|error| Error::Storage(format!("encoding the definition: {error}")))?;
+            sqlx::query(
+                "INSERT INTO processes (name, version, source, published_at, step_count, warnings, definition, \
+                 content_hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            )
+            .bind(process.name.clone())
+            .bind(version)
+            .bind(process.source.clone())
+            .bind(process.published_at)
+            .bind(process.definition.steps.len() as i64)
+            .bind(encode_findings(&process.warnings))
+            .bind(definition)
+            .bind(process.content_hash.clone())
+            .execute(&mut *transaction)
+            .await?;
+            transaction.commit().await?;
+            Ok(Published::New(ProcessVersion {
+                step_count: process.definition.steps.len() as u32,
+                name: process.name,
+                version: version as u32,
+                source: process.source,
+                content_hash: process.content_hash,
+                published_at: process.published_at,
+                warnings: process.warnings,
+                definition: process.definition,
+            }))
+        })
+    }
+
+    fn process<'a>(&'a self, name: &'a str, version: Option<u32>) -> BoxFuture<'a, Result<Option<ProcessVersion>>> {
+        Box::pin(async move {
+            let row = match version {
+                Some(version) => {
+                    sqlx::query("SELECT * FROM processes WHERE name = $1 AND version = $2")
+                        .bind(name.to_owned())
+                        .bind(i64::from(version))
+                        .fetch_optional(&self.database.reads)
+                        .await?
+                }
+                None => {
+                    sqlx::query("SELECT * FROM processes WHERE name = $1 ORDER BY version DESC LIMIT 1")
+                        .bind(name.to_owned())
+                        .fetch_optional(&self.database.reads)
+                        .await?
+                }
+            };
+            row.as_ref().map(process_from_row).transpose()
+        })
+    }
+
+    fn list_processes<'a>(&'a self, after_name: &'a str, limit: u32) -> BoxFuture<'a, Result<Vec<ProcessVersion>>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "SELECT p.* FROM processes p JOIN (SELECT name, MAX(version) AS version FROM processes \
+                 WHERE name > $1 GROUP BY name) l ON p.name = l.name AND p.version = l.version \
+                 ORDER BY p.name LIMIT $2",
+            )
+            .bind(after_name.to_owned())
+            .bind(i64::from(limit))
+            .fetch_all(&self.database.reads)
+            .await?;
+            rows.iter().map(process_from_row).collect()
+        })
+    }
+
+    fn commit(&self, writes: Vec<Write>) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let (done, outcome) = oneshot::channel();
+            self.writer
+                .send(Job { writes, done })
+                .await
+                .map_err(|_| Error::Storage("the store's writer has stopped".to_owned()))?;
+            outcome.await.map_err(|_| Error::Storage("the store's writer has stopped".to_owned()))?
+        })
+    }
+
+    fn execution<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Option<Execution>>> {
+        Box::pin(async move {
+            let Some(row) = sqlx::query("SELECT * FROM executions WHERE id = $1")
+                .bind(id.to_owned())
+                .fetch_optional(&self.database.reads)
+                .await?
+            else {
+                return Ok(None);
+            };
+            let mut execution = execution_from_row(&row)?;
+            if let Some(session) = &mut execution.session {
+                session.assignments = self.assignments(id).await?;
+            }
+            Ok(Some(execution))
+        })
+    }
+
+    fn steps<'a>(&'a self, execution_id: &'a str) -> BoxFuture<'a, Result<Vec<(String, Step)>>> {
+        Box::pin(async move {
+            let rows = sqlx::query("SELECT * FROM steps WHERE execution_id = $1 ORDER BY position")
+                .bind(execution_id.to_owned())
+                .fetch_all(&self.database.reads)
+                .await?;
+            rows.iter().map(step_from_row).collect()
+        })
+    }
+
+    fn executes_a_step<'a>(&'a self, execution_id: &'a str, agent_id: &'a str) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let found = sqlx::query("SELECT 1 AS found FROM steps WHERE execution_id = $1 AND executor = $2 LIMIT 1")
+                .bind(execution_id.to_owned())
+                .bind(agent_id.to_owned())
+                .fetch_optional(&self.database.reads)
+                .await?;
+            Ok(found.is_some())
+        })
+    }
+
+    fn find_by_idempotency_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>>> {
+        Box::pin(async move {
+            let row = sqlx::query("SELECT id FROM executions WHERE idempotency_key = $1")
+                .bind(key.to_owned())
+                .fetch_optional(&self.database.reads)
+                .await?;
+            Ok(row.map(|row| row.try_get("id")).transpose()?)
+        })
+    }
+
+    fn list_executions<'a>(&'a self, filter: &'a ExecutionFilter) -> BoxFuture<'a, Result<Vec<Execution>>> {
+        Box::pin(async move {
+            let backend = self.database.backend;
+            let mut sql = String::from("SELECT * FROM executions WHERE 1 = 1");
+            let mut parameter = 0;
+            let mut next = || {
+                parameter += 1;
+                placeholder(backend, parameter)
+            };
+            if filter.process_name.is_some() {
+                sql.push_str(&format!(" AND process_name = {}", next()));
+            }
+            if filter.status.is_some() {
+                sql.push_str(&format!(" AND status = {}", next()));
+            }
+            if filter.started_after.is_some() {
+                sql.push_str(&format!(" AND started_at >= {}", next()));
+            }
+            if filter.started_before.is_some() {
+                sql.push_str(&format!(" AND started_at < {}", next()));
+            }
+            if filter.after.is_some() {
+                let (first, second, third) = (next(), next(), next());
+                sql.push_str(&format!(" AND (started_at < {first} OR (started_at = {second} AND id > {third}))"));
+            }
+            sql.push_str(&format!(" ORDER BY started_at DESC, id LIMIT {}", filter.limit));
+            let mut query = sqlx::query(AssertSqlSafe(sql));
+            if let Some(name) = &filter.process_name {
+                query = query.bind(name.clone());
+            }
+            if let Some(status) = filter.status {
+                query = query.bind(status.as_str());
+            }
+            if let Some(after) = filter.started_after {
+                query = query.bind(after);
+            }
+            if let Some(before) = filter.started_before {
+                query = query.bind(before);
+            }
+            if let Some((started_at, id)) = &filter.after {
+                query = query.bind(*started_at).bind(*started_at).bind(id.clone());
+            }
+            let rows = query.fetch_all(&self.database.reads).await?;
+            rows.iter().map(execution_from_row).collect()
+        })
+    }
+
+    fn unfinished_executions(&self) -> BoxFuture<'_, Result<Vec<String>>> {
+        Box::pin(async move {
+            let rows =
+                sqlx::query("SELECT id FROM executions WHERE status IN ('running', 'paused') ORDER BY started_at, id")
+                    .fetch_all(&self.database.reads)
+                    .await?;
+            rows.iter().map(|row| Ok(row.try_get("id")?)).collect()
+        })
+    }
+
+    fn last_event_sequence<'a>(&'a self, execution_id: &'a str) -> BoxFuture<'a, Result<u64>> {
+        Box::pin(async move {
+            let last: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(sequence), 0) FROM events WHERE execution_id = $1")
+                .bind(execution_id.to_owned())
+                .fetch_one(&self.database.reads)
+                .await?;
+            Ok(last as u64)
+        })
+    }
+
+    fn events_after<'a>(
+        &'a self,
+        execution_id: &'a str,
+        after_sequence: u64,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<Vec<Vec<u8>>>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "SELECT event FROM events WHERE execution_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3",
+            )
+            .bind(execution_id.to_owned())
+            .bind(after_sequence as i64)
+            .bind(i64::from(limit))
+            .fetch_all(&self.database.reads)
+            .await?;
+            rows.iter().map(|row| Ok(row.try_get("event")?)).collect()
+        })
+    }
+
+    fn log_after(&self, after_position: i64, limit: u32) -> BoxFuture<'_, Result<Vec<(i64, Vec<u8>)>>> {
+        Box::pin(async move {
+            let rows = sqlx::query("SELECT id, event FROM events WHERE id > $1 ORDER BY id LIMIT $2")
+                .bind(after_position)
+                .bind(i64::from(limit))
+                .fetch_all(&self.database.reads)
+                .await?;
+            rows.iter().map(|row| Ok((row.try_get("id")?, row.try_get("event")?))).collect()
+        })
+    }
+
+    fn cursor<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<i64>> {
+        Box::pin(async move {
+            let position: Option<i64> = sqlx::query_scalar("SELECT position FROM event_cursors WHERE name = $1")
+                .bind(name.to_owned())
+                .fetch_optional(&self.database.reads)
+                .await?;
+            Ok(position.unwrap_or(0))
+        })
+    }
+
+    fn advance_cursor<'a>(&'a self, name: &'a str, position: i64) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            sqlx::query(
+                "INSERT INTO event_cursors (name, position) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE \
+                 SET position = excluded.position WHERE event_cursors.position < excluded.position",
+            )
+            .bind(name.to_owned())
+            .bind(position)
+            .execute(&self.database.pool)
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn latest_matrix(&self) -> BoxFuture<'_, Result<Option<Matrix>>> {
+        Box::pin(async move {
+            let row = sqlx::query("SELECT * FROM permission_matrices ORDER BY version DESC LIMIT 1")
+                .fetch_optional(&self.database.reads)
+                .await?;
+            row.as_ref().map(matrix_from_row).transpose()
+        })
+    }
+
+    fn matrix(&self, version: u32) -> BoxFuture<'_, Result<Option<Matrix>>> {
+        Box::pin(async move {
+            let row = sqlx::query("SELECT * FROM permission_matrices WHERE version = $1")
+                .bind(i64::from(version))
+                .fetch_optional(&self.database.reads)
+                .await?;
+            row.as_ref().map(matrix_from_row).transpose()
+        })
+    }
+
+    fn matrices(&self, before: Option<u32>, limit: u32) -> BoxFuture<'_, Result<Vec<Matrix>>> {
+        Box::pin(async move {
+            let rows =
+                sqlx::query("SELECT * FROM permission_matrices WHERE version < $1 ORDER BY version DESC LIMIT $2")
+                    .bind(before.map_or(i64::MAX, i64::from))
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.database.reads)
+                    .await?;
+            rows.iter().map(matrix_from_row).collect()
+        })
+    }
+
+    fn put_matrix(&self, matrix: Matrix) -> BoxFuture<'_, Result<Matrix>> {
+        Box::pin(async move {
+            let mut transaction = self.database.pool.begin().await?;
+            let latest: Option<i64> =
+                sqlx::query_scalar("SELECT MAX(version) FROM permission_matrices").fetch_one(&mut *transaction).await?;
+            let version = latest.unwrap_or(0) + 1;
+            sqlx::query(
+                "INSERT INTO permission_matrices (version, source, created_at, created_by) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(version)
+            .bind(matrix.source.clone())
+            .bind(matrix.created_at)
+            .bind(matrix.created_by.clone())
+            .execute(&mut *transaction)
+            .await?;
+            transaction.commit().await?;
+            Ok(Matrix { version: version as u32, ..matrix })
+        })
+    }
+
+    fn process_usage<'a>(&'a self, process_name: &'a str, since: i64) -> BoxFuture<'a, Result<Usage>> {
+        Box::pin(async move {
+            let row = sqlx::query(
+                "SELECT COUNT(DISTINCT e.id) AS runs, CAST(COALESCE(SUM(s.cost), 0) AS DOUBLE PRECISION) AS cost, \
+                 CAST(COALESCE(SUM(s.tokens_used), 0) AS BIGINT) AS tokens \
+                 FROM executions e LEFT JOIN steps s ON s.execution_id = e.id \
+                 WHERE e.process_name = $1 AND e.started_at >= $2",
+            )
+            .bind(process_name.to_owned())
+            .bind(since)
+            .fetch_one(&self.database.reads)
+            .await?;
+            Ok(Usage {
+                cost: row.try_get("cost")?,
+                tokens: row.try_get::<i64, _>("tokens")? as u64,
+                runs: row.try_get::<i64, _>("runs")? as u64,
+            })
+        })
+    }
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(error: sqlx::Error) -> Self {
+        Error::Storage(error.to_string())
+    }
+}

@@ -1,0 +1,303 @@
+//! The contracts' forms of the domain types, for the three edges where they
+//! leave the service: the gRPC face (`grpc/`), the clients of the roster and
+//! the notifier (`clients/`), and the event log, which keeps each event in
+//! its wire encoding so the notifier and watchers are sent stored bytes as
+//! they are.
+
+use muster_proto::{common::v1 as common, execution::v1 as wire, roster::v1 as roster};
+use muster_runtime::time::to_timestamp;
+
+use crate::domain::{
+    ExecutionStatus, StepStatus,
+    model::{
+        Assignment, Decision, DecisionKind, Event, EventKind, Finding, HistoryEntry, RoleDefinition, Tool, ToolCall,
+        ToolOutput,
+    },
+};
+
+pub(crate) fn finding_to_wire(finding: &Finding) -> common::Diagnostic {
+    common::Diagnostic {
+        severity: if finding.error { common::Severity::Error } else { common::Severity::Warning } as i32,
+        code: finding.code.clone(),
+        message: finding.message.clone(),
+        path: finding.path.clone(),
+        line: finding.line,
+        column: finding.column,
+    }
+}
+
+pub(crate) fn finding_from_wire(diagnostic: common::Diagnostic) -> Finding {
+    Finding {
+        error: diagnostic.severity == common::Severity::Error as i32,
+        code: diagnostic.code,
+        message: diagnostic.message,
+        path: diagnostic.path,
+        line: diagnostic.line,
+        column: diagnostic.column,
+    }
+}
+
+pub(crate) fn roles_to_wire(roles: &muster_format::StepRoles) -> common::StepRoles {
+    common::StepRoles {
+        executor: roles.executor.clone(),
+        monitors: roles.monitors.clone(),
+        informed: roles.informed.clone(),
+    }
+}
+
+fn event_type(kind: EventKind) -> common::EventType {
+    match kind {
+        EventKind::ExecutionStarted => common::EventType::ExecutionStarted,
+        EventKind::StepStarted => common::EventType::StepStarted,
+        EventKind::StepCompleted => common::EventType::StepCompleted,
+        EventKind::StepFailed => common::EventType::StepFailed,
+        EventKind::StepQueued => common::EventType::StepQueued,
+        EventKind::StepDelegated => common::EventType::StepDelegated,
+        EventKind::StepEscalated => common::EventType::StepEscalated,
+        EventKind::ApprovalRequested => common::EventType::ApprovalRequested,
+        EventKind::StepIntervened => common::EventType::StepIntervened,
+        EventKind::ExecutionFinished => common::EventType::ExecutionFinished,
+        EventKind::SessionStarted => common::EventType::SessionStarted,
+        EventKind::RoleAssigned => common::EventType::RoleAssigned,
+        EventKind::LeadChanged => common::EventType::LeadChanged,
+    }
+}
+
+pub(crate) fn execution_status_to_wire(status: ExecutionStatus) -> common::ExecutionStatus {
+    match status {
+        ExecutionStatus::Running => common::ExecutionStatus::Running,
+        ExecutionStatus::Completed => common::ExecutionStatus::Completed,
+        ExecutionStatus::Failed => common::ExecutionStatus::Failed,
+        ExecutionStatus::Cancelled => common::ExecutionStatus::Cancelled,
+        ExecutionStatus::Paused => common::ExecutionStatus::Paused,
+    }
+}
+
+pub(crate) fn execution_status_from_wire(status: common::ExecutionStatus) -> Option<ExecutionStatus> {
+    match status {
+        common::ExecutionStatus::Unspecified => None,
+        common::ExecutionStatus::Running => Some(ExecutionStatus::Running),
+        common::ExecutionStatus::Completed => Some(ExecutionStatus::Completed),
+        common::ExecutionStatus::Failed => Some(ExecutionStatus::Failed),
+        common::ExecutionStatus::Cancelled => Some(ExecutionStatus::Cancelled),
+        common::ExecutionStatus::Paused => Some(ExecutionStatus::Paused),
+    }
+}
+
+pub(crate) fn step_status_to_wire(status: StepStatus) -> wire::StepStatus {
+    match status {
+        StepStatus::Pending => wire::StepStatus::Pending,
+        StepStatus::Ready => wire::StepStatus::Ready,
+        StepStatus::Queued => wire::StepStatus::Queued,
+        StepStatus::WaitingForWorker => wire::StepStatus::WaitingForWorker,
+        StepStatus::Running => wire::StepStatus::Running,
+        StepStatus::WaitingApproval => wire::StepStatus::WaitingApproval,
+        StepStatus::Paused => wire::StepStatus::Paused,
+        StepStatus::Completed => wire::StepStatus::Completed,
+        StepStatus::Failed => wire::StepStatus::Failed,
+        StepStatus::Cancelled => wire::StepStatus::Cancelled,
+    }
+}
+
+pub(crate) fn event_to_wire(event: &Event) -> common::StepEvent {
+    common::StepEvent {
+        event_id: event.event_id.clone(),
+        sequence: event.sequence,
+        r#type: event_type(event.kind) as i32,
+        occurred_at: Some(to_timestamp(event.occurred_at)),
+        execution_id: event.execution_id.clone(),
+        process_name: event.process_name.clone(),
+        process_version: event.process_version,
+        step_id: event.step_id.clone(),
+        step_name: event.step_name.clone(),
+        roles: event.roles.as_ref().map(roles_to_wire),
+        lead_agent_id: event.lead_agent_id.clone(),
+        output_json: event.output_json.as_deref().unwrap_or_default().to_owned(),
+        error: event
+            .error
+            .as_ref()
+            .map(|(code, message)| common::StepError { code: code.clone(), message: message.clone() }),
+        retry_count: event.retry_count,
+        cost: event.cost,
+        tokens_used: event.tokens_used,
+        duration_ms: event.duration_ms,
+        agent_id: event.agent_id.clone(),
+        wait_seconds: event.wait_seconds,
+        detail: event.detail.clone(),
+        waiting_for: event.waiting_for.clone(),
+        execution_status: event.execution_status.map_or(0, |status| execution_status_to_wire(status) as i32),
+        trace_parent: event.trace_parent.clone(),
+        participants: event.participants.clone(),
+        matrix_version: event.matrix_version,
+    }
+}
+
+pub(crate) fn decision_from_wire(decision: roster::DelegationDecision) -> Decision {
+    Decision {
+        kind: match roster::DecisionKind::try_from(decision.decision) {
+            Ok(roster::DecisionKind::Queue) => DecisionKind::Queue,
+            Ok(roster::DecisionKind::Escalate) => DecisionKind::Escalate,
+            _ => DecisionKind::Delegate,
+        },
+        tier: decision.tier,
+        primary_agent_id: decision.primary_agent_id,
+        primary_reason: decision.primary_reason,
+        fallback_agent_id: decision.fallback_agent_id,
+        fallback_reason: decision.fallback_reason,
+        reasoning: decision.reasoning,
+        wait_seconds: decision.wait_seconds,
+        notes: decision.notes,
+        text: decision.text,
+        candidates: decision.candidates,
+    }
+}
+
+pub(crate) fn decision_to_wire(decision: &Decision) -> roster::DelegationDecision {
+    roster::DelegationDecision {
+        decision: match decision.kind {
+            DecisionKind::Delegate => roster::DecisionKind::Delegate,
+            DecisionKind::Queue => roster::DecisionKind::Queue,
+            DecisionKind::Escalate => roster::DecisionKind::Escalate,
+        } as i32,
+        tier: decision.tier,
+        primary_agent_id: decision.primary_agent_id.clone(),
+        primary_reason: decision.primary_reason.clone(),
+        fallback_agent_id: decision.fallback_agent_id.clone(),
+        fallback_reason: decision.fallback_reason.clone(),
+        reasoning: decision.reasoning.clone(),
+        wait_seconds: decision.wait_seconds,
+        notes: decision.notes.clone(),
+        text: decision.text.clone(),
+        candidates: decision.candidates.clone(),
+    }
+}
+
+pub(crate) fn role_definition_from_wire(role: roster::RoleDefinition) -> RoleDefinition {
+    RoleDefinition {
+        name: role.name,
+        description: role.description,
+        goals: role.goals,
+        responsibilities: role.responsibilities,
+        tools: role.tools,
+        permitted_actions: role.permitted_actions,
+        input_schema_json: role.input_schema_json,
+        output_schema_json: role.output_schema_json,
+        mission: role.mission,
+        context_files: role.context_files,
+        schedule: role.schedule,
+        inbox: role.inbox,
+        user_preferences: role.user_preferences,
+    }
+}
+
+fn role_definition_to_wire(role: &RoleDefinition) -> roster::RoleDefinition {
+    roster::RoleDefinition {
+        name: role.name.clone(),
+        description: role.description.clone(),
+        goals: role.goals.clone(),
+        responsibilities: role.responsibilities.clone(),
+        tools: role.tools.clone(),
+        permitted_actions: role.permitted_actions.clone(),
+        input_schema_json: role.input_schema_json.clone(),
+        output_schema_json: role.output_schema_json.clone(),
+        mission: role.mission.clone(),
+        context_files: role.context_files.clone(),
+        schedule: role.schedule.clone(),
+        inbox: role.inbox.clone(),
+        user_preferences: role.user_preferences.clone(),
+    }
+}
+
+fn history_to_wire(entry: &HistoryEntry) -> wire::HistoryEntry {
+    wire::HistoryEntry {
+        step_id: entry.step_id.clone(),
+        agent_id: entry.agent_id.clone(),
+        action: entry.action.to_owned(),
+        at: entry.at.map(to_timestamp),
+    }
+}
+
+/// The shared memory as a JSON object of step id to output. Outputs are
+/// JSON text once stored, so this is concatenation, not parsing.
+fn memory_json(memory: &[(String, std::sync::Arc<str>)]) -> String {
+    let mut text =
+        String::with_capacity(2 + memory.iter().map(|(id, output)| id.len() + output.len() + 4).sum::<usize>());
+    text.push('{');
+    for (index, (step_id, output)) in memory.iter().enumerate() {
+        if index > 0 {
+            text.push(',');
+        }
+        text.push_str(&serde_json::Value::String(step_id.clone()).to_string());
+        text.push(':');
+        text.push_str(output);
+    }
+    text.push('}');
+    text
+}
+
+pub(crate) fn assignment_to_wire(assignment: &Assignment) -> wire::Assignment {
+    let context = &assignment.context;
+    wire::Assignment {
+        assignment_id: assignment.assignment_id.clone(),
+        idempotency_key: assignment.idempotency_key.clone(),
+        attempt: assignment.attempt,
+        agent_id: assignment.agent_id.clone(),
+        execution_id: assignment.execution_id.clone(),
+        process_name: assignment.process_name.clone(),
+        process_version: assignment.process_version,
+        step_id: assignment.step_id.clone(),
+        step_name: assignment.step_name.clone(),
+        step_type: assignment.step_type.clone(),
+        message: assignment.message.clone(),
+        inputs_json: assignment.inputs_json.clone(),
+        upstream_outputs: assignment
+            .upstream_outputs
+            .iter()
+            .map(|(step_id, output)| (step_id.clone(), output.to_string()))
+            .collect(),
+        shared_memory_json: memory_json(&assignment.shared_memory),
+        shared_memory_left_out: assignment.shared_memory_left_out,
+        history: assignment.history.iter().map(history_to_wire).collect(),
+        role_definition: context.role_definition.as_ref().map(role_definition_to_wire),
+        system_prompt: context.system_prompt.to_string(),
+        roles: Some(roles_to_wire(&assignment.roles)),
+        delegation_chain: assignment.delegation_chain.clone(),
+        timeout_ms: assignment.timeout_ms,
+        trace_parent: assignment.trace_parent.clone(),
+        max_iterations: context.max_iterations,
+        llm_config_json: context.llm_config_json.clone(),
+        allow_delegation: context.allow_delegation,
+        session_role: assignment.session_role.clone(),
+        session_context: assignment.session_context.clone(),
+    }
+}
+
+pub(crate) fn tool_from_wire(tool: wire::ToolSpec) -> Tool {
+    Tool { name: tool.name, description: tool.description, input_schema_json: tool.input_schema_json }
+}
+
+pub(crate) fn tool_to_wire(tool: &Tool) -> wire::ToolSpec {
+    wire::ToolSpec {
+        name: tool.name.clone(),
+        description: tool.description.clone(),
+        input_schema_json: tool.input_schema_json.clone(),
+    }
+}
+
+pub(crate) fn tool_call_to_wire(call: &ToolCall) -> wire::ToolCall {
+    wire::ToolCall {
+        call_id: call.call_id.clone(),
+        tool: call.tool.clone(),
+        input_json: call.input_json.clone(),
+        agent_id: call.agent_id.clone(),
+        trace_parent: call.trace_parent.clone(),
+    }
+}
+
+pub(crate) fn tool_output_from_wire(output: wire::ToolOutput) -> ToolOutput {
+    ToolOutput { output_json: output.output_json, error: output.error, status_code: output.status_code }
+}
+
+pub(crate) fn tool_output_to_wire(output: ToolOutput) -> wire::ToolOutput {
+    wire::ToolOutput { output_json: output.output_json, error: output.error, status_code: output.status_code }
+}
