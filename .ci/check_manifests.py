@@ -68,11 +68,13 @@ OVERLAYS = ROOT / "k8s" / "overlays"
 # The design's edges: who may open a connection to whom. "client" and "worker"
 # are pods outside the namespace labelled muster.dev/client: "true" or
 # muster.dev/worker: "true". Every service but the roster follows the roster's
-# agent credentials (WatchCredentials), hence the roster's sources.
+# agent credentials (WatchCredentials), hence the roster's sources. The
+# validator serves clients only: the execution service checks what it
+# publishes in-process, with the muster-format library.
 ALLOWED_SOURCES = {
     "execution": {"client", "worker"},
     "roster": {"execution", "validator", "notifier", "client"},
-    "validator": {"execution"},
+    "validator": {"client"},
     "notifier": {"execution", "client", "worker"},
 }
 EXTERNAL_SOURCES = {
@@ -894,7 +896,7 @@ def drop_service_secret(documents: list[dict]) -> None:
 # (None: the change is allowed, and nothing at all may be reported).
 SELF_TEST_CASES = {
     "a URL with the wrong port": ("dev", "Service muster-roster has no port", lambda d: config(d, "execution").update(MUSTER_ROSTER_URL="http://muster-roster:50053")),
-    "a URL naming no Service": ("dev", "there is no Service", lambda d: config(d, "execution").update(MUSTER_VALIDATOR_URL="http://validator:50053")),
+    "a URL naming no Service": ("dev", "there is no Service", lambda d: config(d, "execution").update(MUSTER_NOTIFIER_URL="http://notifier:50054")),
     "a URL left to its default": ("dev", "MUSTER_NOTIFIER_URL is not set", lambda d: config(d, "execution").pop("MUSTER_NOTIFIER_URL")),
     "the notifier not told where the roster is": ("dev", "muster-notifier: MUSTER_ROSTER_URL is not set", lambda d: config(d, "notifier").pop("MUSTER_ROSTER_URL")),
     "a variable the service does not read": ("dev", "which muster-roster does not read", lambda d: config(d, "roster").update(MUSTER_ROSTER_TYPO="1")),
@@ -921,14 +923,15 @@ SELF_TEST_CASES = {
     "a grace period longer than the pod's": ("dev", "terminationGracePeriodSeconds", lambda d: config(d, "execution").update(MUSTER_SHUTDOWN_GRACE_SECONDS="60")),
     "different message limits": ("dev", "MUSTER_MAX_MESSAGE_BYTES differs", lambda d: config(d, "notifier").update(MUSTER_MAX_MESSAGE_BYTES="1024")),
     "a missing Deployment": ("dev", "0 Deployments run muster-validator", lambda d: d.remove(deployment(d, "validator"))),
-    "clients let into the validator": ("dev", "network policies for muster-validator", lambda d: policy(d, "muster-validator")["spec"]["ingress"][0]["from"].append({"namespaceSelector": {}, "podSelector": {"matchLabels": {"muster.dev/client": "true"}}})),
+    "clients of other namespaces shut out of the validator": ("dev", "network policies for muster-validator: block ['client']", lambda d: policy(d, "muster-validator")["spec"]["ingress"][0]["from"][0].pop("namespaceSelector")),
+    "the execution service let into the validator": ("dev", "network policies for muster-validator: allow ['execution']", lambda d: policy(d, "muster-validator")["spec"]["ingress"][0]["from"].append({"podSelector": {"matchLabels": {"app.kubernetes.io/name": "muster-execution"}}})),
     "workers shut out of the notifier": ("dev", "block ['worker']", lambda d: policy(d, "muster-notifier")["spec"]["ingress"][0]["from"].pop()),
     "the validator shut out of the roster": ("dev", "block ['validator']", lambda d: policy(d, "muster-roster")["spec"]["ingress"][0]["from"].pop(1)),
     "the health port opened": ("dev", "the health port 8081", lambda d: policy(d, "muster-notifier")["spec"]["ingress"][0]["ports"].append({"protocol": "TCP", "port": 8081})),
     "an unlabelled resource": ("dev", "needs the labels", lambda d: d.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "stray", "namespace": "muster-dev"}, "data": {}})),
     "no default deny": ("dev", "no default-deny", lambda d: d.remove(policy(d, "muster-default-deny-ingress"))),
     "PostgreSQL open to the validator": ("dev", "StatefulSet muster-postgres", lambda d: policy(d, "muster-postgres")["spec"]["ingress"][0]["from"].append({"podSelector": {"matchLabels": {"app.kubernetes.io/name": "muster-validator"}}})),
-    "an http:// URL to a TLS service": ("prod", "use https://", lambda d: config(d, "execution").update(MUSTER_VALIDATOR_URL="http://muster-validator:50053")),
+    "an http:// URL to a TLS service": ("prod", "use https://", lambda d: config(d, "execution").update(MUSTER_NOTIFIER_URL="http://muster-notifier:50054")),
     "an https:// URL to a plain service": ("dev", "use http://", lambda d: config(d, "notifier").update(MUSTER_ROSTER_URL="https://muster-roster:50052")),
     "a TLS key left out": ("prod", "but not ['MUSTER_TLS_KEY_FILE']", lambda d: remove_named(container(d, "roster")["env"], "MUSTER_TLS_KEY_FILE")),
     "the TLS Secret not mounted": ("prod", "MUSTER_TLS_CERT_FILE=/etc/muster/tls/tls.crt is on no mounted volume", lambda d: remove_named(container(d, "validator")["volumeMounts"], "tls")),
