@@ -262,7 +262,6 @@ impl Cluster {
                         "MUSTER_DATABASE_URL",
                         options.database_urls.execution.clone().unwrap_or_else(|| sqlite("execution.db")),
                     )
-                    .env("MUSTER_VALIDATOR_URL", self.service("validator").url())
                     .env("MUSTER_NOTIFIER_URL", self.service("notifier").url());
             }
             _ => {}

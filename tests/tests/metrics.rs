@@ -12,6 +12,7 @@ use muster_proto::{
         IngestEventsRequest, ListNotificationsRequest, SubscribeRequest, notifier_service_client::NotifierServiceClient,
     },
     roster::v1::{Agent, AgentStatus, DecisionKind, DelegateRequest, ReleaseTaskRequest, SetAgentStatusRequest},
+    validator::v1::{ValidateProcessRequest, validator_service_client::ValidatorServiceClient},
 };
 use muster_tests::{Backend, TestCluster, spawn_sample_worker};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -67,6 +68,11 @@ async fn every_service_serves_its_metrics() {
     let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
     let mut client = test.execution();
     let source = "name: measured\nlead: lead\nsteps:\n  - id: named\n    type: agent_task\n    agent: dev\n    message: m\n    roles: {executor: dev, informed: [lead]}\n  - id: broken\n    type: agent_task\n    agent: dev\n    message: m\n    inputs: {fail: no}\n  - id: delegated\n    type: agent_task\n    message: m\n    delegate: {expertise: [rust], team: core}\n";
+    // Checked with the validator, as a client would, then published.
+    ValidatorServiceClient::new(test.operator("validator").channel().unwrap())
+        .validate_process(ValidateProcessRequest { source: source.to_owned(), ..Default::default() })
+        .await
+        .unwrap();
     client
         .publish_process(PublishProcessRequest { source: source.to_owned(), file_name: String::new() })
         .await

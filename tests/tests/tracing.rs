@@ -1,8 +1,9 @@
 //! One execution is one trace: the four services and a `muster agent`
 //! worker export their spans over OTLP to a sink, and the spans of an
 //! execution share its trace id and hang together by parent links — from
-//! the client's call, through the validator, the roster's delegation, the
-//! worker's stream and the notifier.
+//! the client's calls (checking the process with the validator, publishing
+//! it, which asks the roster for the references), through the roster's
+//! delegation, the worker's stream and the notifier.
 
 use std::{collections::BTreeSet, path::PathBuf, process::Stdio, time::Duration};
 
@@ -11,6 +12,7 @@ use muster_proto::{
     common::v1::ExecutionStatus,
     execution::v1::{Execution, GetExecutionRequest, PublishProcessRequest, StartExecutionRequest},
     roster::v1::Agent,
+    validator::v1::{ValidateProcessRequest, validator_service_client::ValidatorServiceClient},
 };
 use muster_tests::{
     Backend, ExecutionClient, TestCluster, events_until_finished,
@@ -106,7 +108,14 @@ async fn one_execution_is_one_trace_across_the_cluster() {
 
     let url = test.operator("execution");
     let mut client = test.execution();
-    // Published and started under the client's trace.
+    // Checked, published and started under the client's trace.
+    let validator = test.operator("validator").channel().unwrap();
+    let checked = ValidatorServiceClient::new(validator)
+        .validate_process(traced(ValidateProcessRequest { source: PROCESS.to_owned(), ..Default::default() }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(checked.valid, "{checked:?}");
     client
         .publish_process(traced(PublishProcessRequest { source: PROCESS.to_owned(), file_name: String::new() }))
         .await
@@ -139,9 +148,9 @@ async fn one_execution_is_one_trace_across_the_cluster() {
 
     let everyone = ["muster-agent", "muster-execution", "muster-notifier", "muster-roster", "muster-validator"];
 
-    // The client's trace holds the publication (validator) and the whole execution.
+    // The client's trace holds the check (validator), the publication and the whole execution.
     assert_eq!(services_in(&spans, CLIENT_TRACE_ID), everyone.map(str::to_owned).into(), "{spans:#?}");
-    // A trace started by muster has everything but the publication, which came before it.
+    // A trace started by muster has everything but the check, which came before it.
     assert_eq!(services_in(&spans, &own.trace_id), everyone[..4].iter().map(|s| s.to_string()).collect(), "{spans:#?}");
 
     for trace_id in [CLIENT_TRACE_ID, own.trace_id.as_str()] {
@@ -171,14 +180,25 @@ async fn one_execution_is_one_trace_across_the_cluster() {
             assert_eq!(parent.map(|parent| parent.service.as_str()), Some("muster-execution"), "{span:?}");
         }
     }
-    // The validator checked the publication in the client's trace, under the execution service's call.
+    // The validator checked the process in the client's trace, under the client's call.
     let validations = spans
         .iter()
         .filter(|span| span.service == "muster-validator" && span.trace_id == CLIENT_TRACE_ID)
         .collect::<Vec<_>>();
     assert!(!validations.is_empty());
-    for validation in validations {
-        let parent = spans.iter().find(|span| span.span_id == validation.parent_span_id).unwrap();
+    // Publishing asked the roster for the agents and roles the process
+    // refers to, under the execution service's call.
+    let references = spans
+        .iter()
+        .filter(|span| {
+            span.service == "muster-roster"
+                && span.trace_id == CLIENT_TRACE_ID
+                && span.name == "muster.roster.v1.RosterService/ListAgents"
+        })
+        .collect::<Vec<_>>();
+    assert!(!references.is_empty(), "{spans:#?}");
+    for reference in references {
+        let parent = spans.iter().find(|span| span.span_id == reference.parent_span_id).unwrap();
         assert_eq!(parent.name, "muster.execution.v1.ExecutionService/PublishProcess", "{spans:#?}");
     }
 }

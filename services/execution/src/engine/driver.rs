@@ -773,7 +773,7 @@ impl Driver {
             .map(Duration::from_secs)
             .or(self.engine.settings.schedule_to_start)
             .unwrap_or_default();
-        let why = format!("no worker serving '{agent_id}' took the step within {} s", limit.as_secs());
+        let why = format!("no worker serving '{agent_id}' took the step within {}", seconds_or_milliseconds(limit));
         let chosen_by_roster =
             self.steps[position].assigned_to.is_none() && self.definition(position).executor().is_none();
         if chosen_by_roster {
@@ -1111,6 +1111,11 @@ async fn resolve(roster: Arc<dyn crate::clients::roster::Roster>, ask: Delegatio
             }
         }
     }
+}
+
+/// A duration as people read it: whole seconds, else milliseconds.
+fn seconds_or_milliseconds(duration: Duration) -> String {
+    if duration.subsec_millis() == 0 { format!("{} s", duration.as_secs()) } else { format!("{} ms", duration.as_millis()) }
 }
 
 /// A worker's output as stored: JSON text. Output that is not JSON is kept as a JSON string.

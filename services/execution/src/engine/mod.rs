@@ -13,6 +13,8 @@ mod driver;
 mod handoff;
 mod intervention;
 mod session;
+#[cfg(test)]
+mod tests;
 pub(crate) mod workers;
 
 use std::{

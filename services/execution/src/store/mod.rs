@@ -10,6 +10,8 @@
 //! execution are grouped: what arrives while a transaction runs goes into
 //! the next one.
 
+#[cfg(test)]
+mod conformance;
 mod sql;
 
 use std::{future::Future, pin::Pin, sync::Arc};

@@ -1,0 +1,411 @@
+//! The engine on its own: a real store (a SQLite file), a roster and
+//! workers of the test's making.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use muster_runtime::db::Database;
+use tokio::sync::mpsc;
+
+use super::{
+    Engine, Settings, StartRequest,
+    workers::{Connection, ServedAgent, ToWorker},
+};
+use crate::{
+    clients::roster::{AgentInfo, DelegationAsk, Roster, RosterFailure},
+    domain::{
+        ExecutionStatus, StepStatus,
+        model::{AgentContext, Decision, DecisionKind, Event, EventKind, Outcome},
+    },
+    store::{BoxFuture, SqlStore, Store},
+};
+
+/// A roster that knows a few agents and decides delegations with a rule of
+/// the test's; it records what it was asked.
+#[derive(Default)]
+struct FakeRoster {
+    agents: Vec<&'static str>,
+    /// Agent chosen for a delegation, from the agents not in the chain.
+    delegates: Vec<&'static str>,
+    asked: Mutex<Vec<DelegationAsk>>,
+    released: Mutex<Vec<String>>,
+}
+
+impl Roster for FakeRoster {
+    fn delegate(&self, ask: DelegationAsk) -> BoxFuture<'_, Result<Decision, RosterFailure>> {
+        let chosen = self.delegates.iter().find(|agent| !ask.delegation_chain.iter().any(|passed| passed == *agent));
+        let decision = match chosen {
+            Some(agent) => Decision {
+                kind: DecisionKind::Delegate,
+                primary_agent_id: (*agent).to_owned(),
+                reasoning: format!("{agent} has the expertise"),
+                ..Decision::default()
+            },
+            None => Decision { kind: DecisionKind::Escalate, reasoning: "nobody is left".to_owned(), ..Decision::default() },
+        };
+        self.asked.lock().unwrap().push(ask);
+        Box::pin(async move { Ok(decision) })
+    }
+
+    fn watch_queued(&self, _task_id: String) -> BoxFuture<'_, Result<Option<Decision>, RosterFailure>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    fn release(&self, task_id: String) -> BoxFuture<'_, Result<(), RosterFailure>> {
+        self.released.lock().unwrap().push(task_id);
+        Box::pin(async { Ok(()) })
+    }
+
+    fn agent(&self, agent_id: String) -> BoxFuture<'_, Result<AgentInfo, RosterFailure>> {
+        let known = self.agents.contains(&agent_id.as_str());
+        Box::pin(async move {
+            if known {
+                Ok(AgentInfo { id: agent_id, allow_delegation: true, ..AgentInfo::default() })
+            } else {
+                Err(RosterFailure::NotFound(format!("agent '{agent_id}' is not in the roster")))
+            }
+        })
+    }
+
+    fn agent_context(&self, agent_id: String) -> BoxFuture<'_, Result<AgentContext, RosterFailure>> {
+        let known = self.agents.contains(&agent_id.as_str());
+        Box::pin(async move {
+            if known {
+                Ok(AgentContext { max_iterations: 10, system_prompt: "be brief".into(), ..AgentContext::default() })
+            } else {
+                Err(RosterFailure::NotFound(agent_id))
+            }
+        })
+    }
+
+    fn role_tools(&self, _role: String) -> BoxFuture<'_, Result<Vec<String>, RosterFailure>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
+
+    fn validation_context(&self) -> BoxFuture<'_, Result<muster_format::Context, RosterFailure>> {
+        let agents = self
+            .agents
+            .iter()
+            .map(|id| muster_format::KnownAgent { id: (*id).to_owned(), role: None, offline: false })
+            .collect();
+        Box::pin(async move { Ok(muster_format::Context { agents: Some(agents), roles: None, tools: None }) })
+    }
+}
+
+/// What a fake worker does with an assignment.
+#[derive(Clone, Copy)]
+enum Behaviour {
+    /// Completes it, with `{"step": id}`.
+    Complete,
+    /// Fails the first attempt (retryable), completes the next.
+    FailOnce,
+    /// Never answers.
+    Hold,
+}
+
+/// A SQLite file and the engine on it, removed when dropped.
+struct Harness {
+    engine: Arc<Engine>,
+    roster: Arc<FakeRoster>,
+    file: std::path::PathBuf,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.file.display()));
+        }
+    }
+}
+
+fn settings() -> Settings {
+    Settings { max_parallel: 16, worker_lease: Duration::from_secs(30), schedule_to_start: None }
+}
+
+async fn engine_on(file: &std::path::Path, roster: Arc<FakeRoster>, settings: Settings) -> Arc<Engine> {
+    let database = Database::connect_lazy_with_readers(&format!("sqlite://{}", file.display()), 1, 2).unwrap();
+    let store: Arc<dyn Store> = Arc::new(SqlStore::new(database));
+    store.migrate().await.unwrap();
+    let engine = Engine::new(store, roster, settings);
+    engine.load_matrix().await.unwrap();
+    engine
+}
+
+impl Harness {
+    async fn new(roster: FakeRoster, settings: Settings) -> Self {
+        let file = std::env::temp_dir().join(format!("muster-engine-{}.db", uuid::Uuid::new_v4().simple()));
+        let roster = Arc::new(roster);
+        let engine = engine_on(&file, roster.clone(), settings).await;
+        Self { engine, roster, file }
+    }
+
+    /// A worker serving `agents`; its task ends when its connection does.
+    fn worker(&self, agents: &[&str], behaviour: Behaviour) -> u64 {
+        let (sender, mut inbox) = mpsc::unbounded_channel();
+        let worker_id = self.engine.workers.register(Connection {
+            name: "test".to_owned(),
+            agents: agents
+                .iter()
+                .map(|agent| ServedAgent {
+                    agent_id: (*agent).to_owned(),
+                    token: muster_runtime::auth::TokenHash::of(agent),
+                })
+                .collect(),
+            tools: Vec::new(),
+            max_concurrency: 64,
+            opened_with: None,
+            sender,
+        });
+        let workers = self.engine.workers.clone();
+        tokio::spawn(async move {
+            while let Some(message) = inbox.recv().await {
+                let ToWorker::Assignment(assignment) = message else { continue };
+                let outcome = match behaviour {
+                    Behaviour::Hold => continue,
+                    Behaviour::FailOnce if assignment.attempt == 1 => Outcome::Failed {
+                        error_code: "FLAKY".to_owned(),
+                        message: "first attempts fail".to_owned(),
+                        retryable: true,
+                    },
+                    _ => Outcome::Completed {
+                        output_json: format!(r#"{{"step":"{}"}}"#, assignment.step_id),
+                        tokens_used: 1,
+                        cost: 0.0,
+                        duration_ms: 0,
+                        iterations: 1,
+                    },
+                };
+                workers.complete(worker_id, &assignment.assignment_id, outcome);
+            }
+        });
+        worker_id
+    }
+
+    async fn run(&self, source: &str) -> String {
+        let (process, _) = self.engine.publish(source.to_owned()).await.unwrap();
+        let execution = self
+            .engine
+            .start(StartRequest {
+                process,
+                inputs_json: "{}".to_owned(),
+                lead_agent_id: String::new(),
+                idempotency_key: None,
+                session: None,
+            })
+            .await
+            .unwrap();
+        execution.id
+    }
+
+    /// Waits for the execution to end; returns its events.
+    async fn finished(&self, execution_id: &str) -> (ExecutionStatus, Vec<Event>) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let execution = self.engine.store.execution(execution_id).await.unwrap().unwrap();
+            if execution.status.is_final() {
+                let events = self
+                    .engine
+                    .store
+                    .events_after(execution_id, 0, 100_000)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|bytes| decode(bytes))
+                    .collect();
+                return (execution.status, events);
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{execution_id} did not end");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn steps(&self, execution_id: &str) -> HashMap<String, crate::domain::model::Step> {
+        self.engine.store.steps(execution_id).await.unwrap().into_iter().collect()
+    }
+
+    async fn wait_for(&self, execution_id: &str, step_id: &str, status: StepStatus) -> crate::domain::model::Step {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let step = self.steps(execution_id).await.remove(step_id).unwrap();
+            if step.status == status {
+                return step;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{step_id} never became {status:?}: {step:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// An event as stored, back in the domain's terms that the tests look at.
+fn decode(bytes: &[u8]) -> Event {
+    use muster_proto::common::v1::{EventType, StepEvent};
+    let wire = <StepEvent as prost::Message>::decode(bytes).unwrap();
+    let kind = match EventType::try_from(wire.r#type).unwrap() {
+        EventType::StepStarted => EventKind::StepStarted,
+        EventType::StepCompleted => EventKind::StepCompleted,
+        EventType::StepFailed => EventKind::StepFailed,
+        EventType::StepDelegated => EventKind::StepDelegated,
+        EventType::ExecutionFinished => EventKind::ExecutionFinished,
+        EventType::ExecutionStarted => EventKind::ExecutionStarted,
+        EventType::StepIntervened => EventKind::StepIntervened,
+        other => panic!("unexpected {other:?}"),
+    };
+    let mut execution = crate::domain::model::Execution {
+        id: wire.execution_id,
+        process_name: wire.process_name,
+        process_version: wire.process_version,
+        status: ExecutionStatus::Running,
+        reason: String::new(),
+        lead_agent_id: String::new(),
+        inputs_json: String::new(),
+        idempotency_key: None,
+        started_at: 0,
+        ended_at: None,
+        last_sequence: wire.sequence - 1,
+        trace_parent: String::new(),
+        session: None,
+    };
+    let mut event = Event::new(&mut execution, kind, 0, String::new());
+    event.step_id = wire.step_id;
+    event.agent_id = wire.agent_id;
+    event.detail = wire.detail;
+    event.error = wire.error.map(|error| (error.code, error.message));
+    event
+}
+
+fn chain(length: usize, agent: &str) -> String {
+    let mut yaml = String::from("name: chain\nmax_parallel: 4\nsteps:\n");
+    for index in 0..length {
+        yaml.push_str(&format!("  - {{id: s{index}, type: agent_task, agent: {agent}, message: m"));
+        if index > 0 {
+            yaml.push_str(&format!(", depends_on: [s{}]", index - 1));
+        }
+        yaml.push_str("}\n");
+    }
+    yaml
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_runs_in_order_and_each_step_sees_its_upstream() {
+    let harness = Harness::new(FakeRoster { agents: vec!["doer"], ..FakeRoster::default() }, settings()).await;
+    harness.worker(&["doer"], Behaviour::Complete);
+    let id = harness.run(&chain(50, "doer")).await;
+    let (status, events) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Completed);
+    // Each step starts only after the one before it completed.
+    let position = |kind: EventKind, step: &str| {
+        events.iter().position(|event| event.kind == kind && event.step_id == step).unwrap_or_else(|| panic!("{kind:?} {step}"))
+    };
+    for index in 1..50 {
+        assert!(
+            position(EventKind::StepCompleted, &format!("s{}", index - 1))
+                < position(EventKind::StepStarted, &format!("s{index}"))
+        );
+    }
+    // Numbered without gaps, from 1.
+    assert!(events.iter().enumerate().all(|(index, event)| event.sequence == index as u64 + 1));
+    let steps = harness.steps(&id).await;
+    assert_eq!(steps["s49"].output_json.as_deref(), Some(r#"{"step":"s49"}"#));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_fails_its_dependants_unless_a_step_goes_on_without_it() {
+    let harness = Harness::new(FakeRoster { agents: vec!["doer", "ghost"], ..FakeRoster::default() }, settings()).await;
+    harness.worker(&["doer"], Behaviour::Complete);
+    let source = "name: failing\nsteps:\n\
+        \x20 - {id: first, type: agent_task, agent: doer, message: m}\n\
+        \x20 - {id: missing, type: agent_task, agent: doer, message: m, roles: {executor: nobody}}\n\
+        \x20 - {id: after, type: agent_task, agent: doer, message: m, depends_on: [missing]}\n\
+        \x20 - {id: later, type: agent_task, agent: doer, message: m, depends_on: [after]}\n\
+        \x20 - {id: tolerant, type: agent_task, agent: doer, message: m, depends_on: [first]}\n";
+    // 'nobody' is unknown to the roster: the process cannot even be published.
+    assert!(harness.engine.publish(source.to_owned()).await.is_err());
+    let source = source.replace("roles: {executor: nobody}", "roles: {executor: ghost}");
+    let id = harness.run(&source).await;
+    // Nobody serves the ghost: its step waits for a worker, then is cancelled.
+    harness.wait_for(&id, "missing", StepStatus::WaitingForWorker).await;
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let intervention = super::Intervention {
+        step_id: Some("missing".to_owned()),
+        action: super::InterventionAction::Cancel,
+        by: "operator:test".to_owned(),
+        reason: String::new(),
+        matrix_version: 0,
+    };
+    assert!(harness.engine.control(&id, super::Control::Intervene { intervention, reply }));
+    answer.await.unwrap().unwrap();
+    let (status, _) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Failed);
+    let steps = harness.steps(&id).await;
+    assert_eq!(steps["missing"].status, StepStatus::Cancelled);
+    for dependant in ["after", "later"] {
+        assert_eq!((steps[dependant].status, steps[dependant].error_code.as_str()), (StepStatus::Failed, "UPSTREAM_FAILED"));
+        assert_eq!(steps[dependant].attempt, 0, "it never started");
+    }
+    assert_eq!(steps["tolerant"].status, StepStatus::Completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retryable_failure_is_retried_after_a_pause() {
+    let harness = Harness::new(FakeRoster { agents: vec!["doer"], ..FakeRoster::default() }, settings()).await;
+    harness.worker(&["doer"], Behaviour::FailOnce);
+    let id = harness.run("name: retry\nsteps:\n  - {id: flaky, type: agent_task, agent: doer, message: m, retries: 1}\n").await;
+    let (status, _) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Completed);
+    let step = harness.steps(&id).await.remove("flaky").unwrap();
+    assert_eq!((step.attempt, step.retry_at), (2, None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_no_worker_takes_in_time_goes_back_to_the_roster_or_fails() {
+    let roster = FakeRoster { agents: vec!["away", "here", "named"], delegates: vec!["away", "here"], ..FakeRoster::default() };
+    let settings = Settings { schedule_to_start: Some(Duration::from_millis(300)), ..settings() };
+    let harness = Harness::new(roster, settings).await;
+    harness.worker(&["here"], Behaviour::Complete);
+    let source = "name: nobody-takes-it\nsteps:\n\
+        \x20 - {id: delegated, type: agent_task, message: m, delegate: {expertise: [x]}}\n\
+        \x20 - {id: named, type: agent_task, agent: named, message: m}\n";
+    let id = harness.run(source).await;
+    let (status, events) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Failed);
+    let steps = harness.steps(&id).await;
+    // The roster chose 'away', whom no worker serves; asked again without it, it chose 'here'.
+    let delegated = &steps["delegated"];
+    assert_eq!((delegated.status, delegated.executor.as_str()), (StepStatus::Completed, "here"));
+    assert_eq!(delegated.delegation_chain, ["away"]);
+    assert!(!delegated.roster_reserved, "the slot is released when the step ends");
+    let asked = harness.roster.asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 2);
+    assert_eq!(asked[1].delegation_chain, ["away"]);
+    let released = harness.roster.released.lock().unwrap().clone();
+    assert_eq!(released, [format!("{id}/delegated"), format!("{id}/delegated")], "both reservations released");
+    assert!(events.iter().any(|event| event.kind == EventKind::StepDelegated && event.detail.contains("no worker serving 'away'")));
+    // A named executor no worker serves fails.
+    let named = &steps["named"];
+    assert_eq!((named.status, named.error_code.as_str()), (StepStatus::Failed, "NO_WORKER"));
+    assert!(named.error_message.contains("no worker serving 'named' took the step within 300 ms"), "{}", named.error_message);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_stops_mid_run_resumes_where_the_store_says() {
+    let mut harness = Harness::new(FakeRoster { agents: vec!["doer"], ..FakeRoster::default() }, settings()).await;
+    harness.worker(&["doer"], Behaviour::Hold);
+    let id = harness.run(&chain(3, "doer")).await;
+    let held = harness.wait_for(&id, "s0", StepStatus::Running).await;
+    assert_eq!(held.attempt, 1);
+    harness.engine.shutdown().await;
+
+    // A new engine on the same store, with a worker that answers.
+    harness.engine = engine_on(&harness.file, harness.roster.clone(), settings()).await;
+    assert_eq!(harness.engine.resume_unfinished().await.unwrap(), 1);
+    harness.worker(&["doer"], Behaviour::Complete);
+    let (status, events) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Completed);
+    let steps = harness.steps(&id).await;
+    assert_eq!(steps["s0"].attempt, 2, "the attempt under way when it stopped is started again");
+    assert_eq!(steps["s2"].attempt, 1);
+    assert!(events.iter().enumerate().all(|(index, event)| event.sequence == index as u64 + 1), "numbering goes on");
+}

@@ -1,0 +1,283 @@
+//! One conformance suite over the [`Store`], run against SQLite and
+//! PostgreSQL: both backends behave the same, commit by commit.
+
+use std::sync::Arc;
+
+use muster_runtime::{db::Database, testing::TestDatabase};
+
+use super::{ExecutionFilter, NOTIFIER_CURSOR, NewProcess, Published, SqlStore, StepWrite, Store, Write};
+use crate::domain::{
+    ExecutionStatus, StepStatus,
+    authority::{DEFAULT_MATRIX, Matrix, RoleAssignment, Session},
+    model::{Event, EventKind, Execution, Step},
+};
+
+const PROCESS: &str = "name: flow\nsteps:\n\
+    \x20 - {id: a, type: agent_task, agent: x, message: m}\n\
+    \x20 - {id: b, type: agent_task, agent: x, message: m, depends_on: [a]}\n";
+
+fn new_process(source: &str, hash: &str) -> NewProcess {
+    let definition = muster_format::validate_process(source, &muster_format::Context::default()).process.unwrap();
+    NewProcess {
+        name: definition.name.clone(),
+        source: source.to_owned(),
+        content_hash: hash.to_owned(),
+        published_at: 1_000,
+        warnings: Vec::new(),
+        definition: Arc::new(definition),
+    }
+}
+
+fn execution(id: &str, started_at: i64, session: Option<Session>) -> Execution {
+    Execution {
+        id: id.to_owned(),
+        process_name: "flow".to_owned(),
+        process_version: 1,
+        status: ExecutionStatus::Running,
+        reason: String::new(),
+        lead_agent_id: "lead".to_owned(),
+        inputs_json: "{}".to_owned(),
+        idempotency_key: Some(format!("key-{id}")),
+        started_at,
+        ended_at: None,
+        last_sequence: 0,
+        trace_parent: String::new(),
+        session,
+    }
+}
+
+fn steps(execution_id: &str, states: &[Step]) -> Write {
+    Write::Steps(
+        states
+            .iter()
+            .enumerate()
+            .map(|(position, step)| StepWrite {
+                execution_id: execution_id.to_owned(),
+                position: position as u32,
+                step_id: ["a", "b"][position].to_owned(),
+                step: step.clone(),
+            })
+            .collect(),
+    )
+}
+
+fn events(execution: &mut Execution, count: usize) -> Vec<Event> {
+    (0..count).map(|_| Event::new(execution, EventKind::StepStarted, 2_000, String::new())).collect()
+}
+
+async fn conformance(store: SqlStore) {
+    store.migrate().await.expect("migrate");
+    store.migrate().await.expect("migrations run once");
+
+    // Processes: a new source is a new version; the same source returns it.
+    let Published::New(first) = store.publish_process(new_process(PROCESS, "hash-1")).await.unwrap() else {
+        panic!("a first publish stores version 1");
+    };
+    assert_eq!((first.version, first.step_count), (1, 2));
+    let Published::Unchanged(same) = store.publish_process(new_process(PROCESS, "hash-1")).await.unwrap() else {
+        panic!("the same source returns the latest version");
+    };
+    assert_eq!(same.version, 1);
+    let changed = PROCESS.replace("message: m}", "message: n}");
+    let Published::New(second) = store.publish_process(new_process(&changed, "hash-2")).await.unwrap() else {
+        panic!("a changed source is a new version");
+    };
+    assert_eq!(second.version, 2);
+    let latest = store.process("flow", None).await.unwrap().unwrap();
+    assert_eq!((latest.version, latest.definition.steps[0].message.as_str()), (2, "n"));
+    let pinned = store.process("flow", Some(1)).await.unwrap().unwrap();
+    assert_eq!((pinned.source.as_str(), pinned.definition.steps[1].depends_on.clone()), (PROCESS, vec!["a".to_owned()]));
+    assert!(store.process("flow", Some(3)).await.unwrap().is_none());
+    for name in ["alpha", "omega"] {
+        store.publish_process(new_process(&PROCESS.replace("name: flow", &format!("name: {name}")), name)).await.unwrap();
+    }
+    let page: Vec<String> =
+        store.list_processes("", 2).await.unwrap().into_iter().map(|process| process.name).collect();
+    assert_eq!(page, ["alpha", "flow"]);
+    let next = store.list_processes("flow", 2).await.unwrap();
+    assert_eq!((next.len(), next[0].name.as_str(), next[0].version), (1, "omega", 1));
+
+    // An execution with its steps and first events, in one commit.
+    let assignment = RoleAssignment {
+        agent_id: "dev".to_owned(),
+        role: "developer".to_owned(),
+        subtask: "code".to_owned(),
+        assigned_by: "operator:ops".to_owned(),
+        assigned_at: 1_500,
+    };
+    let session = Session {
+        title: "t".to_owned(),
+        description: "d".to_owned(),
+        assignments: [(assignment.agent_id.clone(), assignment.clone())].into(),
+    };
+    let mut first_run = execution("e1", 1_000, Some(session.clone()));
+    let started = events(&mut first_run, 2);
+    store
+        .commit(vec![
+            Write::CreateExecution(first_run.clone()),
+            steps("e1", &[Step::new(), Step::new()]),
+            Write::Events(started.clone()),
+        ])
+        .await
+        .unwrap();
+    let stored = store.execution("e1").await.unwrap().unwrap();
+    assert_eq!(stored.session.as_ref().unwrap().assignments["dev"], assignment);
+    assert_eq!((stored.status, stored.idempotency_key.as_deref()), (ExecutionStatus::Running, Some("key-e1")));
+    assert_eq!(store.find_by_idempotency_key("key-e1").await.unwrap().as_deref(), Some("e1"));
+    assert_eq!(store.last_event_sequence("e1").await.unwrap(), 2);
+
+    // Steps: written twice in one commit, the last state stays; every field round-trips.
+    let running = Step { status: StepStatus::Running, executor: "x".to_owned(), attempt: 1, ..Step::new() };
+    let done = Step {
+        status: StepStatus::Completed,
+        executor: "y".to_owned(),
+        attempt: 2,
+        output_json: Some("{\"ok\":true}".into()),
+        started_at: Some(3_000),
+        ended_at: Some(4_000),
+        cost: 0.25,
+        tokens_used: 42,
+        assigned_to: Some("y".to_owned()),
+        delegation_chain: vec!["x".to_owned()],
+        wait_seconds: 7,
+        retry_at: Some(5_000),
+        roster_reserved: true,
+        ..Step::new()
+    };
+    first_run.status = ExecutionStatus::Paused;
+    first_run.lead_agent_id = "lead-2".to_owned();
+    let more = events(&mut first_run, 3);
+    store
+        .commit(vec![
+            steps("e1", &[running.clone()]),
+            steps("e1", &[done.clone()]),
+            Write::UpdateExecution(first_run.clone()),
+            Write::Assignment {
+                execution_id: "e1".to_owned(),
+                assignment: RoleAssignment { role: "reviewer".to_owned(), ..assignment.clone() },
+            },
+            Write::Events(more),
+        ])
+        .await
+        .unwrap();
+    let read = store.steps("e1").await.unwrap();
+    assert_eq!(read.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+    assert_eq!(read[0].1, done);
+    assert_eq!(read[1].1, Step::new());
+    assert!(store.executes_a_step("e1", "y").await.unwrap());
+    assert!(!store.executes_a_step("e1", "x").await.unwrap());
+    let stored = store.execution("e1").await.unwrap().unwrap();
+    assert_eq!((stored.status, stored.lead_agent_id.as_str()), (ExecutionStatus::Paused, "lead-2"));
+    assert_eq!(stored.session.unwrap().assignments["dev"].role, "reviewer");
+
+    // A commit that breaks a rule changes nothing, and fails alone among
+    // the commits written with it.
+    let other = execution("e2", 2_000, None);
+    let create_other = vec![Write::CreateExecution(other.clone()), steps("e2", &[Step::new(), Step::new()])];
+    let duplicate = Write::Events(vec![started[0].clone()]);
+    let (bad, good) = tokio::join!(
+        store.commit(vec![steps("e1", &[Step { attempt: 9, ..done.clone() }]), duplicate]),
+        store.commit(create_other),
+    );
+    assert!(bad.is_err(), "an event numbered twice is refused");
+    good.expect("the other commit lands");
+    assert_eq!(store.steps("e1").await.unwrap()[0].1.attempt, 2, "the failed commit wrote nothing");
+    assert_eq!(store.steps("e2").await.unwrap().len(), 2);
+
+    // Events: by execution after a sequence, bounded; the log in commit order.
+    let events_of_e1 = store.events_after("e1", 1, 3).await.unwrap();
+    assert_eq!(events_of_e1.len(), 3);
+    let concurrent: Vec<_> = (1..=20)
+        .map(|sequence| {
+            let store = store.clone();
+            let mut run = Execution { last_sequence: sequence - 1, ..other.clone() };
+            let event = events(&mut run, 1);
+            tokio::spawn(async move { store.commit(vec![Write::Events(event)]).await })
+        })
+        .collect();
+    for commit in concurrent {
+        commit.await.unwrap().unwrap();
+    }
+    let log = store.log_after(0, 1000).await.unwrap();
+    assert_eq!(log.len(), 5 + 20);
+    assert!(log.windows(2).all(|pair| pair[0].0 < pair[1].0), "positions grow");
+    let tail = store.log_after(log[9].0, 1000).await.unwrap();
+    assert_eq!(tail.len(), 15);
+    assert_eq!(store.cursor(NOTIFIER_CURSOR).await.unwrap(), 0);
+    store.advance_cursor(NOTIFIER_CURSOR, log[9].0).await.unwrap();
+    store.advance_cursor(NOTIFIER_CURSOR, log[3].0).await.unwrap();
+    assert_eq!(store.cursor(NOTIFIER_CURSOR).await.unwrap(), log[9].0, "a cursor never moves back");
+
+    // Lists and recovery.
+    let mut ended = execution("e3", 3_000, None);
+    ended.status = ExecutionStatus::Completed;
+    ended.ended_at = Some(3_500);
+    store.commit(vec![Write::CreateExecution(ended), steps("e3", &[done.clone(), done])]).await.unwrap();
+    assert_eq!(store.unfinished_executions().await.unwrap(), ["e1", "e2"]);
+    let newest_first = |filter: ExecutionFilter| {
+        let store = store.clone();
+        async move {
+            store.list_executions(&filter).await.unwrap().into_iter().map(|execution| execution.id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(newest_first(ExecutionFilter { limit: 10, ..ExecutionFilter::default() }).await, ["e3", "e2", "e1"]);
+    assert_eq!(newest_first(ExecutionFilter { limit: 2, ..ExecutionFilter::default() }).await, ["e3", "e2"]);
+    assert_eq!(
+        newest_first(ExecutionFilter { limit: 2, after: Some((2_000, "e2".to_owned())), ..ExecutionFilter::default() })
+            .await,
+        ["e1"]
+    );
+    assert_eq!(
+        newest_first(ExecutionFilter {
+            status: Some(ExecutionStatus::Completed),
+            limit: 10,
+            ..ExecutionFilter::default()
+        })
+        .await,
+        ["e3"]
+    );
+    assert_eq!(
+        newest_first(ExecutionFilter { started_after: Some(1_500), started_before: Some(3_000), limit: 10, ..Default::default() })
+            .await,
+        ["e2"]
+    );
+    let usage = store.process_usage("flow", 0).await.unwrap();
+    assert_eq!((usage.runs, usage.tokens), (3, 42 + 42 + 42));
+
+    // The permission matrix: versions, the newest in force.
+    assert!(store.latest_matrix().await.unwrap().is_none());
+    let (matrix, _) = Matrix::parse(0, DEFAULT_MATRIX.to_owned(), 10, "muster".to_owned()).unwrap();
+    let first_matrix = store.put_matrix(matrix.clone()).await.unwrap();
+    let second_matrix = store.put_matrix(Matrix { created_by: "operator:ops".to_owned(), ..matrix }).await.unwrap();
+    assert_eq!((first_matrix.version, second_matrix.version), (1, 2));
+    assert_eq!(store.latest_matrix().await.unwrap().unwrap().created_by, "operator:ops");
+    assert_eq!(store.matrix(1).await.unwrap().unwrap().created_by, "muster");
+    let versions: Vec<u32> = store.matrices(None, 10).await.unwrap().iter().map(|matrix| matrix.version).collect();
+    assert_eq!(versions, [2, 1]);
+    let older: Vec<u32> = store.matrices(Some(2), 10).await.unwrap().iter().map(|matrix| matrix.version).collect();
+    assert_eq!(older, [1]);
+}
+
+/// A SQLite file removed when dropped.
+struct SqliteFile(std::path::PathBuf);
+
+impl Drop for SqliteFile {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.0.display()));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_conforms_on_sqlite() {
+    let file = SqliteFile(std::env::temp_dir().join(format!("muster-execution-store-{}.db", uuid::Uuid::new_v4().simple())));
+    let database = Database::connect_lazy_with_readers(&format!("sqlite://{}", file.0.display()), 1, 2).unwrap();
+    conformance(SqlStore::new(database)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_conforms_on_postgres() {
+    let Some(database) = TestDatabase::create().await else { return };
+    conformance(SqlStore::new(Database::connect_lazy(&database.url, 4).unwrap())).await;
+}
