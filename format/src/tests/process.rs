@@ -354,6 +354,38 @@ fn context_agents() {
 }
 
 #[test]
+fn approvers_are_roster_agents_and_decide_approvals() {
+    let source = "name: d\nsteps:\n  - id: gate\n    type: human_approval\n    roles: {executor: approval-system, monitors: [dev]}\n    approvers: [boss, bsos]\n";
+    let report = validate_process(source, &context());
+    assert_eq!(found(&report.diagnostics), vec![("CTX001", 6, 23)]);
+    assert_eq!(report.diagnostics[0].path, "steps[0].approvers[1]");
+    let valid = validate_process(&source.replace(", bsos", ""), &context()).process.unwrap();
+    assert_eq!(valid.steps[0].approvers(), ["boss"], "the approvers, not the executor and monitors");
+    let unlisted = validate_process(&source.replace("    approvers: [boss, bsos]\n", ""), &context()).process.unwrap();
+    assert_eq!(unlisted.steps[0].approvers(), ["approval-system", "dev"]);
+}
+
+#[test]
+fn schedule_to_start_is_a_positive_number_of_seconds() {
+    let step = |value: &str| {
+        process(&format!("  - {{id: a, type: agent_task, agent: x, message: m, schedule_to_start_seconds: {value}}}\n"))
+    };
+    let report = validate_process(&step("90"), &Context::default());
+    assert_eq!(report.process.unwrap().steps[0].schedule_to_start_seconds, Some(90));
+    assert_eq!(check(&step("0")), vec![("STP010", 3, 80)]);
+    assert_eq!(check(&step("soon")), vec![("STP009", 3, 80)]);
+}
+
+#[test]
+fn the_checked_model_round_trips_through_json() {
+    let process = validate_process(FULL, &Context::default()).process.unwrap();
+    let stored = serde_json::to_string(&process).unwrap();
+    let read: crate::ProcessDefinition = serde_json::from_str(&stored).unwrap();
+    assert_eq!(read, process);
+    assert_eq!(read.triggers.unwrap().inbox.as_deref(), Some("risk"));
+}
+
+#[test]
 fn context_roles_actions_and_tools() {
     let source = "name: d\nsteps:\n  - {id: a, type: agent_task, message: m, agent: dev, action: review}\n  - {id: b, type: tool_call, agent: boss, tool: code_linter}\n  - {id: c, type: tool_call, agent: dev, tool: linter}\n  - {id: e, type: agent_task, message: m, delegate: {role: reviewer}}\n  - {id: f, type: agent_task, message: m, delegate: {role: lead}, action: code}\n";
     let report = validate_process(source, &context());

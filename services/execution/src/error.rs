@@ -24,19 +24,8 @@ pub(crate) enum Error {
     #[error("{0}")]
     FailedPrecondition(String),
     /// The caller may not do this.
-    #[error("{caller} may not {action}: {message}")]
-    PermissionDenied {
-        /// Who asked.
-        caller: Caller,
-        /// What it asked to do.
-        action: String,
-        /// The stable reason, such as `NOT_THE_LEAD`.
-        reason: &'static str,
-        /// Why not, for people.
-        message: String,
-        /// More about the refusal, for the `ErrorInfo` detail.
-        metadata: Vec<(&'static str, String)>,
-    },
+    #[error("{} may not {}: {}", .0.caller, .0.action, .0.message)]
+    PermissionDenied(Box<Refusal>),
     /// A credential presented in a request (not the call's own) is not good.
     #[error("{message}")]
     Unauthenticated {
@@ -59,6 +48,21 @@ pub(crate) enum Error {
     /// The database failed.
     #[error("storage: {0}")]
     Storage(String),
+}
+
+/// Why a caller may not do something.
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    /// Who asked.
+    pub(crate) caller: Caller,
+    /// What it asked to do.
+    pub(crate) action: String,
+    /// The stable reason, such as `NOT_THE_LEAD`.
+    pub(crate) reason: &'static str,
+    /// Why not, for people.
+    pub(crate) message: String,
+    /// More about the refusal, for the `ErrorInfo` detail.
+    pub(crate) metadata: Vec<(&'static str, String)>,
 }
 
 fn first_error(findings: &[Finding]) -> String {
@@ -97,7 +101,8 @@ impl From<Error> for tonic::Status {
             }
             Error::NotFound(message) => tonic::Status::not_found(message),
             Error::FailedPrecondition(message) => tonic::Status::failed_precondition(message),
-            Error::PermissionDenied { caller, action, reason, message, metadata } => {
+            Error::PermissionDenied(refusal) => {
+                let Refusal { caller, action, reason, message, metadata } = *refusal;
                 let metadata: Vec<(&str, String)> = metadata.into_iter().collect();
                 muster_runtime::auth::permission_denied(&caller, &action, reason, message, &metadata)
             }

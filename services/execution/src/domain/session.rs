@@ -93,6 +93,9 @@ pub(crate) fn activity(agent_id: &str, steps: &[StepView<'_>]) -> String {
     if let Some(step) = mine().find(|step| step.status == StepStatus::Queued) {
         return format!("queued for {}", step.name);
     }
+    if let Some(step) = mine().find(|step| step.status == StepStatus::WaitingForWorker) {
+        return format!("waiting for a worker to start {}", step.name);
+    }
     if let Some(step) = mine().find(|step| matches!(step.status, StepStatus::Pending | StepStatus::Ready)) {
         return format!("waiting to start {}", step.name);
     }
@@ -146,9 +149,14 @@ pub(crate) fn dashboard(
         });
     };
     for step in steps {
-        let waits_for_agent =
-            matches!(step.status, StepStatus::Pending | StepStatus::Ready | StepStatus::Running | StepStatus::Queued)
-                && !step.executor.is_empty();
+        let waits_for_agent = matches!(
+            step.status,
+            StepStatus::Pending
+                | StepStatus::Ready
+                | StepStatus::Running
+                | StepStatus::Queued
+                | StepStatus::WaitingForWorker
+        ) && !step.executor.is_empty();
         if waits_for_agent {
             let presence = presence(step.executor);
             if presence.offline || !presence.served {
@@ -302,8 +310,12 @@ mod tests {
         overdue.timeout_seconds = Some(100);
         let mut failed = step("broken", StepStatus::Failed, "dev");
         failed.error_code = "WORKER_FAILED";
-        let steps =
-            [overdue, step("waiting", StepStatus::Queued, "expert"), failed, step("next", StepStatus::Ready, "ghost")];
+        let steps = [
+            overdue,
+            step("waiting", StepStatus::Queued, "expert"),
+            failed,
+            step("next", StepStatus::WaitingForWorker, "ghost"),
+        ];
         let presence = |agent: &str| Presence { offline: agent == "ghost", served: agent != "ghost" };
         let budgets = [BudgetUse { limit: "cost", used: 9.0, max: 10.0 }];
         let (blockers, suggestions) = dashboard(&steps, &presence, &budgets, 90_000, 600);

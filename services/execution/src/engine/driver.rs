@@ -1115,7 +1115,11 @@ async fn resolve(roster: Arc<dyn crate::clients::roster::Roster>, ask: Delegatio
 
 /// A duration as people read it: whole seconds, else milliseconds.
 fn seconds_or_milliseconds(duration: Duration) -> String {
-    if duration.subsec_millis() == 0 { format!("{} s", duration.as_secs()) } else { format!("{} ms", duration.as_millis()) }
+    if duration.subsec_millis() == 0 {
+        format!("{} s", duration.as_secs())
+    } else {
+        format!("{} ms", duration.as_millis())
+    }
 }
 
 /// A worker's output as stored: JSON text. Output that is not JSON is kept as a JSON string.

@@ -44,7 +44,9 @@ impl Roster for FakeRoster {
                 reasoning: format!("{agent} has the expertise"),
                 ..Decision::default()
             },
-            None => Decision { kind: DecisionKind::Escalate, reasoning: "nobody is left".to_owned(), ..Decision::default() },
+            None => {
+                Decision { kind: DecisionKind::Escalate, reasoning: "nobody is left".to_owned(), ..Decision::default() }
+            }
         };
         self.asked.lock().unwrap().push(ask);
         Box::pin(async move { Ok(decision) })
@@ -297,7 +299,10 @@ async fn a_chain_runs_in_order_and_each_step_sees_its_upstream() {
     assert_eq!(status, ExecutionStatus::Completed);
     // Each step starts only after the one before it completed.
     let position = |kind: EventKind, step: &str| {
-        events.iter().position(|event| event.kind == kind && event.step_id == step).unwrap_or_else(|| panic!("{kind:?} {step}"))
+        events
+            .iter()
+            .position(|event| event.kind == kind && event.step_id == step)
+            .unwrap_or_else(|| panic!("{kind:?} {step}"))
     };
     for index in 1..50 {
         assert!(
@@ -342,7 +347,10 @@ async fn a_failure_fails_its_dependants_unless_a_step_goes_on_without_it() {
     let steps = harness.steps(&id).await;
     assert_eq!(steps["missing"].status, StepStatus::Cancelled);
     for dependant in ["after", "later"] {
-        assert_eq!((steps[dependant].status, steps[dependant].error_code.as_str()), (StepStatus::Failed, "UPSTREAM_FAILED"));
+        assert_eq!(
+            (steps[dependant].status, steps[dependant].error_code.as_str()),
+            (StepStatus::Failed, "UPSTREAM_FAILED")
+        );
         assert_eq!(steps[dependant].attempt, 0, "it never started");
     }
     assert_eq!(steps["tolerant"].status, StepStatus::Completed);
@@ -352,7 +360,9 @@ async fn a_failure_fails_its_dependants_unless_a_step_goes_on_without_it() {
 async fn a_retryable_failure_is_retried_after_a_pause() {
     let harness = Harness::new(FakeRoster { agents: vec!["doer"], ..FakeRoster::default() }, settings()).await;
     harness.worker(&["doer"], Behaviour::FailOnce);
-    let id = harness.run("name: retry\nsteps:\n  - {id: flaky, type: agent_task, agent: doer, message: m, retries: 1}\n").await;
+    let id = harness
+        .run("name: retry\nsteps:\n  - {id: flaky, type: agent_task, agent: doer, message: m, retries: 1}\n")
+        .await;
     let (status, _) = harness.finished(&id).await;
     assert_eq!(status, ExecutionStatus::Completed);
     let step = harness.steps(&id).await.remove("flaky").unwrap();
@@ -361,7 +371,8 @@ async fn a_retryable_failure_is_retried_after_a_pause() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_no_worker_takes_in_time_goes_back_to_the_roster_or_fails() {
-    let roster = FakeRoster { agents: vec!["away", "here", "named"], delegates: vec!["away", "here"], ..FakeRoster::default() };
+    let roster =
+        FakeRoster { agents: vec!["away", "here", "named"], delegates: vec!["away", "here"], ..FakeRoster::default() };
     let settings = Settings { schedule_to_start: Some(Duration::from_millis(300)), ..settings() };
     let harness = Harness::new(roster, settings).await;
     harness.worker(&["here"], Behaviour::Complete);
@@ -382,11 +393,19 @@ async fn a_step_no_worker_takes_in_time_goes_back_to_the_roster_or_fails() {
     assert_eq!(asked[1].delegation_chain, ["away"]);
     let released = harness.roster.released.lock().unwrap().clone();
     assert_eq!(released, [format!("{id}/delegated"), format!("{id}/delegated")], "both reservations released");
-    assert!(events.iter().any(|event| event.kind == EventKind::StepDelegated && event.detail.contains("no worker serving 'away'")));
+    assert!(
+        events
+            .iter()
+            .any(|event| event.kind == EventKind::StepDelegated && event.detail.contains("no worker serving 'away'"))
+    );
     // A named executor no worker serves fails.
     let named = &steps["named"];
     assert_eq!((named.status, named.error_code.as_str()), (StepStatus::Failed, "NO_WORKER"));
-    assert!(named.error_message.contains("no worker serving 'named' took the step within 300 ms"), "{}", named.error_message);
+    assert!(
+        named.error_message.contains("no worker serving 'named' took the step within 300 ms"),
+        "{}",
+        named.error_message
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -323,7 +323,7 @@ impl Workers {
     /// assignments the worker does not hold are ignored.
     pub(crate) fn complete(self: &Arc<Self>, worker_id: u64, assignment_id: &str, outcome: Outcome) {
         let mut state = self.lock();
-        if !state.pending.get(assignment_id).is_some_and(|pending| pending.worker_id == worker_id) {
+        if state.pending.get(assignment_id).is_none_or(|pending| pending.worker_id != worker_id) {
             tracing::warn!(worker_id, assignment_id, "report for an assignment the worker does not hold; ignored");
             return;
         }

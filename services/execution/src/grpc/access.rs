@@ -13,6 +13,7 @@ use crate::{
         authority::{self, Check, Subject, Verdict},
         model::{Execution, ProcessVersion},
     },
+    error::Refusal,
 };
 
 /// Who may call each method of the ExecutionService.
@@ -55,7 +56,13 @@ pub(super) fn denied(
     message: impl Into<String>,
     metadata: Vec<(&'static str, String)>,
 ) -> Error {
-    Error::PermissionDenied { caller: caller.clone(), action: action.into(), reason, message: message.into(), metadata }
+    Error::PermissionDenied(Box::new(Refusal {
+        caller: caller.clone(),
+        action: action.into(),
+        reason,
+        message: message.into(),
+        metadata,
+    }))
 }
 
 /// The refusal of an action the checks denied.

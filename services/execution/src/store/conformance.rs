@@ -86,10 +86,16 @@ async fn conformance(store: SqlStore) {
     let latest = store.process("flow", None).await.unwrap().unwrap();
     assert_eq!((latest.version, latest.definition.steps[0].message.as_str()), (2, "n"));
     let pinned = store.process("flow", Some(1)).await.unwrap().unwrap();
-    assert_eq!((pinned.source.as_str(), pinned.definition.steps[1].depends_on.clone()), (PROCESS, vec!["a".to_owned()]));
+    assert_eq!(
+        (pinned.source.as_str(), pinned.definition.steps[1].depends_on.clone()),
+        (PROCESS, vec!["a".to_owned()])
+    );
     assert!(store.process("flow", Some(3)).await.unwrap().is_none());
     for name in ["alpha", "omega"] {
-        store.publish_process(new_process(&PROCESS.replace("name: flow", &format!("name: {name}")), name)).await.unwrap();
+        store
+            .publish_process(new_process(&PROCESS.replace("name: flow", &format!("name: {name}")), name))
+            .await
+            .unwrap();
     }
     let page: Vec<String> =
         store.list_processes("", 2).await.unwrap().into_iter().map(|process| process.name).collect();
@@ -149,8 +155,8 @@ async fn conformance(store: SqlStore) {
     let more = events(&mut first_run, 3);
     store
         .commit(vec![
-            steps("e1", &[running.clone()]),
-            steps("e1", &[done.clone()]),
+            steps("e1", std::slice::from_ref(&running)),
+            steps("e1", std::slice::from_ref(&done)),
             Write::UpdateExecution(first_run.clone()),
             Write::Assignment {
                 execution_id: "e1".to_owned(),
@@ -237,8 +243,13 @@ async fn conformance(store: SqlStore) {
         ["e3"]
     );
     assert_eq!(
-        newest_first(ExecutionFilter { started_after: Some(1_500), started_before: Some(3_000), limit: 10, ..Default::default() })
-            .await,
+        newest_first(ExecutionFilter {
+            started_after: Some(1_500),
+            started_before: Some(3_000),
+            limit: 10,
+            ..Default::default()
+        })
+        .await,
         ["e2"]
     );
     let usage = store.process_usage("flow", 0).await.unwrap();
@@ -271,7 +282,8 @@ impl Drop for SqliteFile {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_conforms_on_sqlite() {
-    let file = SqliteFile(std::env::temp_dir().join(format!("muster-execution-store-{}.db", uuid::Uuid::new_v4().simple())));
+    let file =
+        SqliteFile(std::env::temp_dir().join(format!("muster-execution-store-{}.db", uuid::Uuid::new_v4().simple())));
     let database = Database::connect_lazy_with_readers(&format!("sqlite://{}", file.0.display()), 1, 2).unwrap();
     conformance(SqlStore::new(database)).await;
 }

@@ -94,6 +94,9 @@ pub(crate) struct Usage {
     pub(crate) runs: u64,
 }
 
+/// An event of the log: its position and its stored (wire) encoding.
+pub(crate) type LogEntry = (i64, Vec<u8>);
+
 /// The name of the notifier's cursor in the event log.
 pub(crate) const NOTIFIER_CURSOR: &str = "notifier";
 
@@ -137,7 +140,7 @@ pub(crate) trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> BoxFuture<'a, Result<Vec<Vec<u8>>>>;
     /// The log after a position, in commit order: (position, encoded event).
-    fn log_after(&self, after_position: i64, limit: u32) -> BoxFuture<'_, Result<Vec<(i64, Vec<u8>)>>>;
+    fn log_after(&self, after_position: i64, limit: u32) -> BoxFuture<'_, Result<Vec<LogEntry>>>;
     /// A reader's position in the log (0 when it has none).
     fn cursor<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<i64>>;
     /// Moves a reader's position in the log forward (never back).

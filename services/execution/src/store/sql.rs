@@ -16,7 +16,7 @@ use prost::Message as _;
 use sqlx::{AssertSqlSafe, Row, any::AnyRow};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{BoxFuture, ExecutionFilter, NewProcess, Published, StepWrite, Store, Usage, Write};
+use super::{BoxFuture, ExecutionFilter, LogEntry, NewProcess, Published, StepWrite, Store, Usage, Write};
 use crate::{
     Error, Result,
     domain::{
@@ -629,7 +629,7 @@ impl Store for SqlStore {
         })
     }
 
-    fn log_after(&self, after_position: i64, limit: u32) -> BoxFuture<'_, Result<Vec<(i64, Vec<u8>)>>> {
+    fn log_after(&self, after_position: i64, limit: u32) -> BoxFuture<'_, Result<Vec<LogEntry>>> {
         Box::pin(async move {
             let rows = sqlx::query("SELECT id, event FROM events WHERE id > $1 ORDER BY id LIMIT $2")
                 .bind(after_position)
