@@ -1,9 +1,10 @@
 //! The full cluster under load: four service processes, a stub worker whose
 //! agent answers at once with a small output, a linear chain and a fan-out of
-//! steps, on SQLite and (when it answers) PostgreSQL. Prints steps per second
-//! and microseconds per step.
+//! steps of several sizes, on SQLite and (when it answers) PostgreSQL.
+//! Prints steps per second, microseconds per step, and the CPU each process
+//! used (in % of one core) while the execution ran.
 //!
-//! `cargo bench -p muster-tests --bench cluster [-- STEPS]` (default 1000 steps).
+//! `cargo bench -p muster-tests --bench cluster [-- SIZE ...]` (default 100 1000 10000).
 
 use std::time::Instant;
 
@@ -36,6 +37,34 @@ fn fan_out_process(name: &str, width: usize) -> String {
         ));
     }
     yaml
+}
+
+/// A metric's value (the sum of its series) as the execution service serves it.
+async fn metric(url: &str, name: &str) -> f64 {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let address = url.trim_start_matches("http://");
+    let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else { return 0.0 };
+    let request = format!("GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return 0.0;
+    }
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text).await;
+    text.lines()
+        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with([' ', '{']))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// CPU time a process has used, in seconds (user and system), from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
+    // The fields after the command name, which ends with the last ')'.
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    let ticks = |index: usize| fields.get(index).and_then(|field| field.parse::<f64>().ok()).unwrap_or(0.0);
+    // utime and stime are fields 14 and 15 of the line, 11 and 12 after the name; 100 ticks a second.
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 async fn run_once(client: &mut ExecutionClient, source: &str) -> f64 {
@@ -71,7 +100,14 @@ async fn run_once(client: &mut ExecutionClient, source: &str) -> f64 {
 
 #[tokio::main]
 async fn main() {
-    let steps: usize = std::env::args().skip(1).find_map(|argument| argument.parse().ok()).unwrap_or(1000);
+    let mut sizes: Vec<usize> = std::env::args().skip(1).filter_map(|argument| argument.parse().ok()).collect();
+    if sizes.is_empty() {
+        sizes = vec![100, 1000, 10_000];
+    }
+    println!(
+        "{:<9} {:<8} {:>6}  {:>7} {:>11} {:>8}  {:>8} {:>9}   CPU % of a core: execution notifier roster worker+client",
+        "backend", "shape", "steps", "seconds", "steps/s", "µs/step", "commits", "µs/commit"
+    );
     for backend in [Backend::Sqlite, Backend::Postgres] {
         let Some(test) = TestCluster::start(backend).await else { continue };
         let tokens = test.register_agents(&[agent("bench-agent", "worker", "bench")]).await;
@@ -87,16 +123,37 @@ async fn main() {
             },
         ));
         let mut client = test.execution();
-        for (shape, source) in [
-            ("linear chain", chain_process("bench-chain", steps, "bench-agent", "bench-agent", "{}")),
-            ("fan-out", fan_out_process("bench-fan-out", steps)),
-        ] {
-            let seconds = run_once(&mut client, &source).await;
-            println!(
-                "{backend:?} {shape:<12} {steps} steps: {seconds:.3} s, {:.0} steps/s, {:.0} µs/step",
-                steps as f64 / seconds,
-                seconds * 1e6 / steps as f64
-            );
+        let processes: Vec<u32> = ["execution", "notifier", "roster"]
+            .iter()
+            .map(|service| test.cluster().service(service).pid().unwrap_or_default())
+            .chain([std::process::id()])
+            .collect();
+        for &steps in &sizes {
+            for (shape, source) in [
+                ("chain", chain_process(&format!("chain-{steps}"), steps, "bench-agent", "bench-agent", "{}")),
+                ("fan-out", fan_out_process(&format!("fan-out-{steps}"), steps)),
+            ] {
+                let url = test.cluster().execution_url();
+                let commits_before = metric(&url, "muster_execution_commit_seconds_count").await;
+                let commit_time_before = metric(&url, "muster_execution_commit_seconds_sum").await;
+                let before: Vec<f64> = processes.iter().map(|pid| cpu_seconds(*pid)).collect();
+                let seconds = run_once(&mut client, &source).await;
+                let transactions = metric(&url, "muster_execution_commit_seconds_count").await - commits_before;
+                let commit_time = metric(&url, "muster_execution_commit_seconds_sum").await - commit_time_before;
+                let used: Vec<String> = processes
+                    .iter()
+                    .zip(&before)
+                    .map(|(pid, before)| format!("{:>4.0}", (cpu_seconds(*pid) - before) * 100.0 / seconds))
+                    .collect();
+                println!(
+                    "{:<9} {shape:<8} {steps:>6}  {seconds:>7.3} {:>11.0} {:>8.0}  {transactions:>8} {:>9.0}   {}",
+                    format!("{backend:?}"),
+                    steps as f64 / seconds,
+                    seconds * 1e6 / steps as f64,
+                    commit_time * 1e6 / transactions.max(1.0),
+                    used.join(" ")
+                );
+            }
         }
         let _ = stop.send(());
         let _ = worker.await;

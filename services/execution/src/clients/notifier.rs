@@ -1,6 +1,8 @@
 //! The notifier's publisher: streams the event log to the notifier in log
 //! order, from the notifier's cursor on, and moves the cursor forward as the
-//! notifier acknowledges. When the notifier is down, events wait in the log;
+//! notifier acknowledges (written at most every 100 ms, off the engine's
+//! way: after a restart, what the notifier acknowledged since is sent again
+//! and deduplicated). When the notifier is down, events wait in the log;
 //! after a reconnect everything past the cursor is sent again (the notifier
 //! deduplicates by event id).
 
@@ -24,6 +26,9 @@ pub(crate) type NotifierClient = NotifierServiceClient<AuthChannel>;
 const MAX_IN_FLIGHT: usize = 4096;
 /// Log entries read at once.
 const BATCH: u32 = 1024;
+/// How often, at most, the cursor is written while acknowledgements flow:
+/// after a restart, what was acknowledged since is sent again, once.
+const CURSOR_EVERY: Duration = Duration::from_millis(100);
 
 /// Runs until the task is cancelled.
 pub(crate) async fn publish(store: Arc<dyn Store>, notifier: NotifierClient, wake: Arc<Notify>) {
@@ -47,6 +52,10 @@ async fn session(store: &dyn Store, mut client: NotifierClient, wake: &Notify) -
 
     let mut in_flight: VecDeque<(i64, String)> = VecDeque::new();
     let mut last_sent = store.cursor(NOTIFIER_CURSOR).await?;
+    let mut acknowledged = last_sent;
+    let mut written = last_sent;
+    let mut write_cursor = tokio::time::interval(CURSOR_EVERY);
+    write_cursor.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let woken = wake.notified();
         tokio::pin!(woken);
@@ -63,9 +72,7 @@ async fn session(store: &dyn Store, mut client: NotifierClient, wake: &Notify) -
         }
         tokio::select! {
             acknowledgement = acknowledgements.message() => {
-                let mut acknowledged;
                 let mut next = acknowledgement?;
-                // Every acknowledgement already here moves the cursor once.
                 loop {
                     let Some(acknowledgement) = next else {
                         anyhow::bail!("the notifier closed the stream");
@@ -76,15 +83,16 @@ async fn session(store: &dyn Store, mut client: NotifierClient, wake: &Notify) -
                     if event_id != acknowledgement.event_id {
                         anyhow::bail!("acknowledgement out of order: expected {event_id}, got {}", acknowledgement.event_id);
                     }
-                    acknowledged = Some(position);
-                    match futures_now(&mut acknowledgements).await {
+                    acknowledged = position;
+                    match message_now(&mut acknowledgements).await {
                         Some(more) => next = more?,
                         None => break,
                     }
                 }
-                if let Some(position) = acknowledged {
-                    store.advance_cursor(NOTIFIER_CURSOR, position).await?;
-                }
+            }
+            _ = write_cursor.tick(), if acknowledged > written => {
+                store.advance_cursor(NOTIFIER_CURSOR, acknowledged).await?;
+                written = acknowledged;
             }
             () = &mut woken, if in_flight.len() < MAX_IN_FLIGHT => {}
         }
@@ -92,7 +100,7 @@ async fn session(store: &dyn Store, mut client: NotifierClient, wake: &Notify) -
 }
 
 /// The next message if one is already waiting, without waiting for it.
-async fn futures_now(
+async fn message_now(
     stream: &mut tonic::Streaming<muster_proto::notifier::v1::IngestEventsResponse>,
 ) -> Option<Result<Option<muster_proto::notifier::v1::IngestEventsResponse>, tonic::Status>> {
     tokio::select! {

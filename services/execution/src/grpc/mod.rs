@@ -147,10 +147,14 @@ impl ExecutionApi {
             Ok(serde_json::Value::Object(_)) => {}
             _ => return Err(Error::InvalidArgument("inputs_json must be a JSON object".to_owned())),
         }
-        // Every named executor must be in the roster before anything runs.
-        // (An approval step's executor may be a system name: people decide it.)
+        // Every named executor must still be in the roster before anything
+        // runs; each is asked about once. (An approval step's executor may be
+        // a system name: people decide it.)
+        let mut asked = std::collections::HashSet::new();
         for step in process.definition.steps.iter().filter(|step| step.step_type == "agent_task") {
-            if let Some(executor) = step.executor() {
+            if let Some(executor) = step.executor()
+                && asked.insert(executor)
+            {
                 self.roster_agent(executor, &format!("step '{}': executor", step.id)).await?;
             }
         }

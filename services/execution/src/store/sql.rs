@@ -88,7 +88,20 @@ async fn write_loop(database: Database, mut jobs: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
+        let started = std::time::Instant::now();
         let outcome = apply(&database, group.iter().flat_map(|job| &job.writes)).await;
+        muster_runtime::metrics::observe(
+            "muster_execution_commit_seconds",
+            "Transactions of the execution store's writer, each holding every commit that waited for it",
+            &[],
+            started.elapsed().as_secs_f64(),
+        );
+        muster_runtime::metrics::count(
+            "muster_execution_commits_total",
+            "Commits of executions' changes (several share a transaction when they wait together)",
+            &[],
+            group.len() as u64,
+        );
         match outcome {
             Ok(()) => {
                 for job in group {
