@@ -319,6 +319,7 @@ impl Driver {
     /// failed, after a start or anything that reopened steps.
     pub(super) fn reopen_all(&mut self) {
         let mut blocked = Vec::new();
+        let queued: std::collections::HashSet<usize> = self.ready.iter().copied().collect();
         for position in 0..self.steps.len() {
             match self.steps[position].status {
                 StepStatus::Pending => match self.dag.readiness(position, &self.steps) {
@@ -331,7 +332,7 @@ impl Driver {
                 },
                 StepStatus::Ready if !self.active[position] => match self.steps[position].retry_at {
                     Some(due) => self.timers.push(Reverse((due, Timer::Retry, position, self.steps[position].attempt))),
-                    None if !self.ready.contains(&position) => self.ready.push_back(position),
+                    None if !queued.contains(&position) => self.ready.push_back(position),
                     None => {}
                 },
                 _ => {}
@@ -589,10 +590,11 @@ impl Driver {
                 ),
                 retryable: false,
             },
-            Outcome::Completed { .. } if self.admit_result(position).is_err() => Outcome::Failed {
-                error_code: "PERMISSION_DENIED".to_owned(),
-                message: self.admit_result(position).err().unwrap_or_default(),
-                retryable: false,
+            Outcome::Completed { .. } => match self.admit_result(position) {
+                Ok(()) => outcome,
+                Err(message) => {
+                    Outcome::Failed { error_code: "PERMISSION_DENIED".to_owned(), message, retryable: false }
+                }
             },
             other => other,
         };
@@ -654,6 +656,12 @@ impl Driver {
 
     /// Fails a step for good, with its event, and fails the dependants it blocks.
     pub(super) fn fail(&mut self, position: usize, code: &str, message: String) {
+        self.record_failure(position, code, message);
+        self.after_end(position);
+    }
+
+    /// A step failed: its state, its event, its roster slot given back.
+    fn record_failure(&mut self, position: usize, code: &str, message: String) {
         let now = muster_runtime::time::now_millis();
         self.steps[position].retry_at = None;
         self.steps[position].ended_with_error(code, message, now);
@@ -662,12 +670,14 @@ impl Driver {
         event.error = Some((self.steps[position].error_code.clone(), self.steps[position].error_message.clone()));
         self.record(event);
         self.release_delegation(position);
-        self.after_end(position);
+    }
+
+    fn upstream_failure(&self, dependency: usize) -> String {
+        format!("step '{}', which this step depends on, did not complete", self.definition(dependency).id)
     }
 
     fn fail_upstream(&mut self, position: usize, dependency: usize) {
-        let message =
-            format!("step '{}', which this step depends on, did not complete", self.definition(dependency).id);
+        let message = self.upstream_failure(dependency);
         self.fail(position, "UPSTREAM_FAILED", message);
     }
 
@@ -687,19 +697,8 @@ impl Driver {
                         self.ready.push_back(dependant);
                     }
                     Readiness::Blocked(dependency) => {
-                        let message = format!(
-                            "step '{}', which this step depends on, did not complete",
-                            self.definition(dependency).id
-                        );
-                        let now = muster_runtime::time::now_millis();
-                        self.steps[dependant].ended_with_error("UPSTREAM_FAILED", message, now);
-                        self.set_status(dependant, StepStatus::Failed);
-                        let mut event = self.step_event(EventKind::StepFailed, dependant);
-                        event.error = Some((
-                            self.steps[dependant].error_code.clone(),
-                            self.steps[dependant].error_message.clone(),
-                        ));
-                        self.record(event);
+                        let message = self.upstream_failure(dependency);
+                        self.record_failure(dependant, "UPSTREAM_FAILED", message);
                         ended.push(dependant);
                     }
                     Readiness::Waiting => {}
