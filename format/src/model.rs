@@ -121,7 +121,7 @@ pub struct StepRoles {
 }
 
 /// What a step asks of the roster's `Delegate` when it names no executor.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct DelegationRequest {
     /// The role the executor must hold.
     pub role: Option<String>,

@@ -182,6 +182,10 @@ pub(crate) fn delegation_request_from_wire(request: pb::DelegateRequest) -> Resu
     if preferred_agent_id.len() > 256 {
         return Err(Error::InvalidArgument("preferred_agent_id: longer than 256 characters".into()));
     }
+    let assigned_agent_id = request.assigned_agent_id.trim().to_owned();
+    if assigned_agent_id.len() > 256 {
+        return Err(Error::InvalidArgument("assigned_agent_id: longer than 256 characters".into()));
+    }
     Ok(DelegationRequest {
         task_id,
         requester_id,
@@ -194,6 +198,7 @@ pub(crate) fn delegation_request_from_wire(request: pb::DelegateRequest) -> Resu
         preferred_agent_id,
         description: request.description,
         dry_run: request.dry_run,
+        assigned_agent_id,
     })
 }
 

@@ -172,6 +172,66 @@ async fn concurrent_delegations_take_the_last_slot_once(backend: Backend) {
     server.stop().await;
 }
 
+async fn a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates(backend: Backend) {
+    let Some(mut server) = org(backend).await else { return };
+    let assigned = |task: &str, agent: &str| pb::DelegateRequest {
+        task_id: task.into(),
+        requester_id: "junior".into(),
+        assigned_agent_id: agent.into(),
+        ..Default::default()
+    };
+    // A free slot: delegated to the agent, whatever the criteria would pick.
+    let first = server.delegate(assigned("a", "expert")).await;
+    assert_eq!((Kind::try_from(first.decision).unwrap(), first.primary_agent_id.as_str()), (Kind::Delegate, "expert"));
+    assert_eq!(pb::DelegationTier::try_from(first.tier).unwrap(), pb::DelegationTier::Named);
+    // Asked again for the same task (a restarted step), it keeps its one slot.
+    let again = server.delegate(assigned("a", "expert")).await;
+    assert_eq!(Kind::try_from(again.decision).unwrap(), Kind::Delegate);
+    assert_eq!(server.get("expert").await.current_workload, 1);
+    server.delegate(assigned("b", "expert")).await;
+    // At capacity: the task waits for the agent, whatever its urgency.
+    let critical = pb::DelegateRequest { urgency: pb::Urgency::Critical as i32, ..assigned("c", "expert") };
+    let queued = server.delegate(critical).await;
+    assert_eq!((Kind::try_from(queued.decision).unwrap(), queued.primary_agent_id.as_str()), (Kind::Queue, "expert"));
+    assert_eq!(queued.fallback_agent_id, "boss", "the senior to escalate to");
+    // A task holding a slot of another agent and handed to the busy expert
+    // waits too, and gives its former slot back when the expert takes it.
+    server.delegate(assigned("m", "boss")).await;
+    assert_eq!(server.get("boss").await.current_workload, 1);
+    server.clock.advance(1);
+    let moved = server.delegate(assigned("m", "expert")).await;
+    assert_eq!(Kind::try_from(moved.decision).unwrap(), Kind::Queue);
+    let mut watch_c = watch(&mut server, "c").await;
+    server.client.release_task(pb::ReleaseTaskRequest { task_id: "a".into() }).await.unwrap();
+    let resolution = watch_c.message().await.unwrap().unwrap().decision.unwrap();
+    assert_eq!((Kind::try_from(resolution.decision).unwrap(), resolution.primary_agent_id.as_str()), (Kind::Delegate, "expert"));
+    let mut watch_m = watch(&mut server, "m").await;
+    server.client.release_task(pb::ReleaseTaskRequest { task_id: "b".into() }).await.unwrap();
+    let resolution = watch_m.message().await.unwrap().unwrap().decision.unwrap();
+    assert_eq!(resolution.primary_agent_id, "expert");
+    assert_eq!(server.get("boss").await.current_workload, 0, "the former slot is given back");
+    assert_eq!(server.get("expert").await.current_workload, 2);
+    // Offline, or not in the roster: escalated to the requester's senior.
+    server
+        .client
+        .set_agent_status(pb::SetAgentStatusRequest {
+            id: "expert".into(),
+            status: pb::AgentStatus::Offline as i32,
+            availability_until: None,
+        })
+        .await
+        .unwrap();
+    for (task, agent, why) in [("d", "expert", "is offline"), ("e", "ghost", "is not in the roster")] {
+        let decision = server.delegate(assigned(task, agent)).await;
+        assert_eq!((Kind::try_from(decision.decision).unwrap(), decision.primary_agent_id.as_str()), (Kind::Escalate, "boss"));
+        assert!(decision.reasoning.contains(why), "{}", decision.reasoning);
+    }
+    let too_long = server.client.delegate(assigned("f", &"x".repeat(300))).await.unwrap_err();
+    assert_eq!(too_long.code(), tonic::Code::InvalidArgument);
+    assert!(too_long.message().contains("assigned_agent_id"), "{}", too_long.message());
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn release_offers_the_slot_to_the_oldest_queued_task_on_sqlite() {
     release_offers_the_slot_to_the_oldest_queued_task(Backend::Sqlite).await;
@@ -200,4 +260,14 @@ async fn concurrent_delegations_take_the_last_slot_once_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_delegations_take_the_last_slot_once_on_postgres() {
     concurrent_delegations_take_the_last_slot_once(Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates_on_sqlite() {
+    a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates_on_postgres() {
+    a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates(Backend::Postgres).await;
 }

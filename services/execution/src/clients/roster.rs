@@ -60,6 +60,9 @@ pub(crate) struct DelegationAsk {
     /// Agents the task passed through: none of them is chosen again.
     pub(crate) delegation_chain: Vec<String>,
     pub(crate) description: String,
+    /// The agent the step names (or was handed or reassigned to): the
+    /// roster checks only its capacity and status.
+    pub(crate) assigned_agent_id: String,
 }
 
 /// The roster, as the execution service uses it.
@@ -142,6 +145,7 @@ impl Roster for RosterClient {
                 deadline: ask.deadline.map(muster_runtime::time::to_timestamp),
                 delegation_chain: ask.delegation_chain,
                 description: ask.description,
+                assigned_agent_id: ask.assigned_agent_id,
                 ..Default::default()
             };
             let response = client.delegate(request).await.map_err(failure)?.into_inner();

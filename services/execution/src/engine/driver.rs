@@ -361,9 +361,10 @@ impl Driver {
         }
     }
 
-    /// Starts an attempt: an approval waits for its decision; a task finds
-    /// its executor — the agent it was reassigned or handed to, else the one
-    /// it names, else the roster's choice.
+    /// Starts an attempt: an approval waits for its decision; a task asks
+    /// the roster for its executor — the agent it was reassigned or handed
+    /// to, else the one it names (the roster checks its capacity and
+    /// status), else whom the roster chooses by the step's criteria.
     fn start(&mut self, position: usize) {
         let now = muster_runtime::time::now_millis();
         if self.definition(position).step_type == super::HUMAN_APPROVAL {
@@ -389,22 +390,25 @@ impl Driver {
             .assigned_to
             .clone()
             .or_else(|| self.definition(position).executor().map(str::to_owned));
-        match named {
-            Some(agent_id) => self.executor_known(position, attempt, agent_id),
-            None => self.ask_roster(position),
-        }
+        self.ask_roster(position, named);
     }
 
-    /// Asks the roster who takes a step; its answer comes back as [`Input::Executor`].
-    fn ask_roster(&mut self, position: usize) {
+    /// Asks the roster who takes a step (`assigned`: about the agent named
+    /// for it); its answer comes back as [`Input::Executor`].
+    fn ask_roster(&mut self, position: usize, assigned: Option<String>) {
         let definition = self.definition(position);
-        let Some(criteria) = definition.delegate.clone() else {
-            let message = "the step names no executor and asks for no delegation".to_owned();
-            self.end_attempt(position);
-            self.fail(position, "NO_EXECUTOR", message);
-            return;
+        let criteria = match (&assigned, definition.delegate.clone()) {
+            (_, Some(criteria)) => criteria,
+            (Some(_), None) => muster_format::DelegationRequest::default(),
+            (None, None) => {
+                let message = "the step names no executor and asks for no delegation".to_owned();
+                self.end_attempt(position);
+                self.fail(position, "NO_EXECUTOR", message);
+                return;
+            }
         };
         let ask = DelegationAsk {
+            assigned_agent_id: assigned.unwrap_or_default(),
             task_id: self.task_id(position),
             requester_id: self.execution.lead_agent_id.clone(),
             required_expertise: criteria.expertise,
@@ -776,7 +780,6 @@ impl Driver {
         let chosen_by_roster =
             self.steps[position].assigned_to.is_none() && self.definition(position).executor().is_none();
         if chosen_by_roster {
-            self.release_delegation(position);
             self.steps[position].delegation_chain.push(agent_id);
             let mut event = self.step_event(EventKind::StepDelegated, position);
             event.detail = format!("{why}; the roster is asked again, without that agent");
@@ -980,6 +983,14 @@ impl Driver {
     /// Stops whatever an attempt is doing: a worker's assignment is
     /// withdrawn, a wait for a worker given up, a roster slot released.
     pub(super) fn stop_attempt(&mut self, position: usize, reason: &str) {
+        self.withdraw_attempt(position, reason);
+        self.release_delegation(position);
+    }
+
+    /// Stops an attempt but keeps the step's roster slot, for a step that
+    /// starts again at once: its next delegation moves the slot (or keeps
+    /// it, for the same agent), and no release can race it.
+    pub(super) fn withdraw_attempt(&mut self, position: usize, reason: &str) {
         match self.steps[position].status {
             StepStatus::Running => self.engine.workers.withdraw(&self.assignment_id(position), reason),
             StepStatus::WaitingForWorker => {
@@ -988,7 +999,6 @@ impl Driver {
             }
             _ => {}
         }
-        self.release_delegation(position);
         self.end_attempt(position);
     }
 

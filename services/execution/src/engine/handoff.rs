@@ -100,14 +100,14 @@ impl Driver {
             (decision.primary_agent_id.clone(), Some(decision))
         };
 
-        // Accepted: the current attempt is withdrawn and the step goes to the target.
-        self.engine.workers.withdraw(&request.assignment_id, "delegated onward");
+        // Accepted: the current attempt is withdrawn and the step goes to the
+        // target. The task keeps its roster slot: a decision by criteria
+        // moved it to the target already; for a named target, the step's
+        // next start asks the roster about it, which moves the slot when the
+        // target has room, or queues the step for it.
+        self.withdraw_attempt(position, "delegated onward");
         if decision.is_some() {
-            // The roster moved the task's slot to the target.
-            self.end_attempt(position);
             self.steps[position].roster_reserved = true;
-        } else {
-            self.stop_attempt(position, "delegated onward");
         }
         let step = &mut self.steps[position];
         step.delegation_chain.push(current.clone());

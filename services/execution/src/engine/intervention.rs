@@ -162,7 +162,7 @@ impl Driver {
                 ) {
                     return refuse();
                 }
-                self.stop_attempt(position, "retried");
+                self.withdraw_attempt(position, "retried");
                 self.reopen(position);
                 // Dependants that failed because of this step get another chance too.
                 for dependant in self.dag.downstream(position) {
@@ -194,7 +194,7 @@ impl Driver {
                     status,
                     StepStatus::Ready | StepStatus::Running | StepStatus::Queued | StepStatus::WaitingForWorker
                 );
-                self.stop_attempt(position, "reassigned");
+                self.withdraw_attempt(position, "reassigned");
                 let step = &mut self.steps[position];
                 step.assigned_to = Some(agent_id.clone());
                 step.executor = agent_id.clone();

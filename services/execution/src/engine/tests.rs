@@ -30,6 +30,8 @@ struct FakeRoster {
     agents: Vec<&'static str>,
     /// Agent chosen for a delegation, from the agents not in the chain.
     delegates: Vec<&'static str>,
+    /// Agents at capacity: a step assigned to one is queued.
+    full: Vec<&'static str>,
     asked: Mutex<Vec<DelegationAsk>>,
     released: Mutex<Vec<String>>,
 }
@@ -37,7 +39,26 @@ struct FakeRoster {
 impl Roster for FakeRoster {
     fn delegate(&self, ask: DelegationAsk) -> BoxFuture<'_, Result<Decision, RosterFailure>> {
         let chosen = self.delegates.iter().find(|agent| !ask.delegation_chain.iter().any(|passed| passed == *agent));
+        let assigned = ask.assigned_agent_id.as_str();
         let decision = match chosen {
+            _ if self.full.contains(&assigned) => Decision {
+                kind: DecisionKind::Queue,
+                primary_agent_id: assigned.to_owned(),
+                wait_seconds: 60,
+                reasoning: format!("{assigned} is at capacity"),
+                ..Decision::default()
+            },
+            _ if self.agents.contains(&assigned) => Decision {
+                kind: DecisionKind::Delegate,
+                primary_agent_id: assigned.to_owned(),
+                reasoning: format!("{assigned} is assigned the task"),
+                ..Decision::default()
+            },
+            _ if !assigned.is_empty() => Decision {
+                kind: DecisionKind::Escalate,
+                reasoning: format!("{assigned} is not in the roster"),
+                ..Decision::default()
+            },
             Some(agent) => Decision {
                 kind: DecisionKind::Delegate,
                 primary_agent_id: (*agent).to_owned(),
@@ -253,6 +274,8 @@ fn decode(bytes: &[u8]) -> Event {
         EventType::ExecutionFinished => EventKind::ExecutionFinished,
         EventType::ExecutionStarted => EventKind::ExecutionStarted,
         EventType::StepIntervened => EventKind::StepIntervened,
+        EventType::StepQueued => EventKind::StepQueued,
+        EventType::StepEscalated => EventKind::StepEscalated,
         other => panic!("unexpected {other:?}"),
     };
     let mut execution = crate::domain::model::Execution {
@@ -388,11 +411,23 @@ async fn a_step_no_worker_takes_in_time_goes_back_to_the_roster_or_fails() {
     assert_eq!((delegated.status, delegated.executor.as_str()), (StepStatus::Completed, "here"));
     assert_eq!(delegated.delegation_chain, ["away"]);
     assert!(!delegated.roster_reserved, "the slot is released when the step ends");
-    let asked = harness.roster.asked.lock().unwrap().clone();
+    let asked: Vec<DelegationAsk> = harness
+        .roster
+        .asked
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|ask| ask.task_id.ends_with("/delegated"))
+        .cloned()
+        .collect();
     assert_eq!(asked.len(), 2);
     assert_eq!(asked[1].delegation_chain, ["away"]);
     let released = harness.roster.released.lock().unwrap().clone();
-    assert_eq!(released, [format!("{id}/delegated"), format!("{id}/delegated")], "both reservations released");
+    assert_eq!(
+        released.iter().filter(|task| task.ends_with("/delegated")).count(),
+        1,
+        "the second decision moved the task's slot; it is released once, at the end: {released:?}"
+    );
     assert!(
         events
             .iter()
@@ -427,4 +462,52 @@ async fn an_engine_that_stops_mid_run_resumes_where_the_store_says() {
     assert_eq!(steps["s0"].attempt, 2, "the attempt under way when it stopped is started again");
     assert_eq!(steps["s2"].attempt, 1);
     assert!(events.iter().enumerate().all(|(index, event)| event.sequence == index as u64 + 1), "numbering goes on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_executor_goes_through_the_roster_capacity_and_status() {
+    let roster = FakeRoster { agents: vec!["free", "full"], full: vec!["full"], ..FakeRoster::default() };
+    let harness = Harness::new(roster, settings()).await;
+    harness.worker(&["free", "full"], Behaviour::Complete);
+    let source = "name: named\nsteps:\n\
+        \x20 - {id: free, type: agent_task, agent: free, message: m}\n\
+        \x20 - {id: full, type: agent_task, agent: full, message: m}\n";
+    let id = harness.run(source).await;
+    // At capacity: queued for the agent, not given to it.
+    let queued = harness.wait_for(&id, "full", StepStatus::Queued).await;
+    assert_eq!((queued.executor.as_str(), queued.wait_seconds, queued.attempt), ("full", 60, 1));
+    harness.wait_for(&id, "free", StepStatus::Completed).await;
+    let asked = harness.roster.asked.lock().unwrap().clone();
+    let assigned: Vec<&str> = asked.iter().map(|ask| ask.assigned_agent_id.as_str()).collect();
+    assert!(assigned.contains(&"free") && assigned.contains(&"full"), "{assigned:?}");
+    // The reservation the roster made for the free agent is released when its step ends.
+    let released = harness.roster.released.lock().unwrap().clone();
+    assert_eq!(released, [format!("{id}/free")]);
+    let steps = harness.steps(&id).await;
+    assert_eq!(steps["full"].status, StepStatus::Queued, "still waiting for a slot: {:?}", steps["full"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_reassigned_to_an_agent_the_roster_cannot_place_fails_as_escalated() {
+    let harness = Harness::new(FakeRoster { agents: vec!["doer"], ..FakeRoster::default() }, settings()).await;
+    // Nobody serves 'doer': the step waits for a worker until it is reassigned.
+    let id = harness.run("name: gone\nsteps:\n  - {id: a, type: agent_task, agent: doer, message: m}\n").await;
+    harness.wait_for(&id, "a", StepStatus::WaitingForWorker).await;
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let intervention = super::Intervention {
+        step_id: Some("a".to_owned()),
+        action: super::InterventionAction::Reassign("ghost".to_owned()),
+        by: "operator:test".to_owned(),
+        reason: String::new(),
+        matrix_version: 0,
+    };
+    assert!(harness.engine.control(&id, super::Control::Intervene { intervention, reply }));
+    answer.await.unwrap().unwrap();
+    let (status, _) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Failed);
+    let step = harness.steps(&id).await.remove("a").unwrap();
+    assert_eq!(step.error_code, "ESCALATED", "{step:?}");
+    assert!(step.error_message.contains("ghost is not in the roster"), "{}", step.error_message);
+    let asked = harness.roster.asked.lock().unwrap().clone();
+    assert_eq!(asked.last().unwrap().assigned_agent_id, "ghost");
 }

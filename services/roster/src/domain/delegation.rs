@@ -77,6 +77,10 @@ pub struct DelegationRequest {
     pub description: String,
     /// Decide only; reserve and record nothing.
     pub dry_run: bool,
+    /// The agent the task is for (a process names it): only its capacity
+    /// and status decide, see [`decide`]. Empty to choose by the criteria.
+    #[serde(default)]
+    pub assigned_agent_id: String,
 }
 
 /// DELEGATE, QUEUE or ESCALATE.
@@ -197,6 +201,11 @@ struct Ranked<'a> {
 }
 
 /// Decides who takes a task. `now` is in ms since the epoch.
+///
+/// A task assigned to an agent ([`DelegationRequest::assigned_agent_id`])
+/// goes to that agent when it has a free slot, waits in its queue when it is
+/// at capacity or busy, and escalates when it is offline or not in the
+/// roster; the criteria, the chain and the requester do not apply.
 pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settings: Settings) -> Decision {
     let by_id: HashMap<&str, &Agent> = snapshot.agents.iter().map(|agent| (agent.id.as_str(), agent)).collect();
     let requester = by_id.get(request.requester_id.as_str()).copied();
@@ -208,6 +217,10 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
     };
     let chain: HashSet<&str> = request.delegation_chain.iter().map(String::as_str).collect();
     let mut notes = Vec::new();
+
+    if !request.assigned_agent_id.is_empty() {
+        return decide_assigned(request, snapshot, &by_id, home_team, &chain, now, settings);
+    }
 
     // The colleague the requester named comes first when eligible; an unknown
     // one is "colleague not in the roster": escalate.
@@ -395,6 +408,59 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
         "no colleague has the required expertise; escalating to the manager for guidance".to_owned()
     };
     escalate(request, snapshot, &by_id, home_team, &chain, reason, considered, notes)
+}
+
+/// A task a process assigned to one agent: that agent, its queue, or escalation.
+fn decide_assigned(
+    request: &DelegationRequest,
+    snapshot: &Snapshot,
+    by_id: &HashMap<&str, &Agent>,
+    home_team: &str,
+    chain: &HashSet<&str>,
+    now: i64,
+    settings: Settings,
+) -> Decision {
+    let assigned = request.assigned_agent_id.as_str();
+    let Some(agent) = by_id.get(assigned).copied() else {
+        let reason = format!("{assigned:?}, assigned the task, is not in the roster; escalating to the manager");
+        return escalate(request, snapshot, by_id, home_team, chain, reason, Vec::new(), Vec::new());
+    };
+    if agent.status() == Status::Offline {
+        let reason = format!("{}, assigned the task, is offline; escalating to the manager", agent.name);
+        return escalate(request, snapshot, by_id, home_team, chain, reason, vec![agent.id.clone()], Vec::new());
+    }
+    let matched = matching_tags(request, agent);
+    if agent.has_free_slot() {
+        let reasoning = format!(
+            "{} is assigned the task and has a free slot ({}/{} tasks).",
+            agent.name, agent.current_workload, agent.workload_capacity
+        );
+        let reason = describe(agent, &matched, home_team, "assigned the task");
+        return finish(
+            DecisionKind::Delegate,
+            Tier::Named,
+            agent,
+            reason,
+            None,
+            reasoning,
+            0,
+            Vec::new(),
+            vec![agent.id.clone()],
+        );
+    }
+    let wait = estimated_wait(agent, snapshot, now, settings);
+    let fallback = escalation_target(request, snapshot, by_id, home_team, chain)
+        .map(|senior| (senior, format!("{}, senior to escalate to if the wait runs over", role_label(senior))));
+    let reasoning = format!(
+        "{} is assigned the task and has no free slot ({}/{} tasks, {}); the task waits for its next free slot, in about {}.",
+        agent.name,
+        agent.current_workload,
+        agent.workload_capacity,
+        agent.status().as_str(),
+        format_wait(wait)
+    );
+    let reason = describe(agent, &matched, home_team, "assigned the task, at capacity");
+    finish(DecisionKind::Queue, Tier::Named, agent, reason, fallback, reasoning, wait, Vec::new(), vec![agent.id.clone()])
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -14,7 +14,7 @@ use crate::domain::{
         Decision, DecisionKind, DelegationRequest, Settings, Snapshot, decide, queue_escalation_decision,
         queue_offer_decision,
     },
-    model::{Status, Team},
+    model::{Agent, Status, Team},
 };
 use crate::error::{Error, Result};
 
@@ -92,7 +92,7 @@ impl Select {
         }
     }
 
-    async fn fetch(self, transaction: &mut Tx, order_and_limit: &str) -> Result<Vec<crate::domain::model::Agent>> {
+    async fn fetch(self, transaction: &mut Tx, order_and_limit: &str) -> Result<Vec<Agent>> {
         let conditions = if self.conditions.is_empty() { "1 = 1".to_owned() } else { self.conditions.join(" AND ") };
         let sql = format!("SELECT {AGENT_COLUMNS} FROM {} WHERE {conditions} {order_and_limit}", self.from);
         let mut statement = sqlx::query(AssertSqlSafe(sql));
@@ -147,7 +147,7 @@ fn cross_team_matches(request: &DelegationRequest, home_team: &str, idle_only: b
 async fn load_snapshot(transaction: &mut Tx, request: &DelegationRequest, with_unavailable: bool) -> Result<Snapshot> {
     let mut agents = Vec::new();
     let mut seen = HashSet::new();
-    let mut keep = |batch: Vec<crate::domain::model::Agent>, agents: &mut Vec<crate::domain::model::Agent>| {
+    let mut keep = |batch: Vec<Agent>, agents: &mut Vec<Agent>| {
         for agent in batch {
             if seen.insert(agent.id.clone()) {
                 agents.push(agent);
@@ -162,59 +162,11 @@ async fn load_snapshot(transaction: &mut Tx, request: &DelegationRequest, with_u
         request.team.clone()
     };
     keep(requester.into_iter().collect(), &mut agents);
-
-    if !home_team.is_empty() {
-        let mut same_team = Select::new();
-        let placeholder = same_team.bind(&home_team);
-        same_team.conditions.push(format!("team = {placeholder}"));
-        keep(same_team.fetch(transaction, "").await?, &mut agents);
-    }
-
-    // The best cross-team matches with a free slot, in the framework's order
-    // (workload, then id). Idle agents come first in that order, and reading
-    // them in id order can stop early on an index, so try them alone first.
-    let limit = request.delegation_chain.len() + CROSS_TEAM_MARGIN;
-    let idle_order = if request.required_expertise.is_empty() { "id" } else { "agent_expertise.agent_id" };
-    let idle = cross_team_matches(request, &home_team, true)
-        .fetch(transaction, &format!("ORDER BY {idle_order} LIMIT {limit}"))
-        .await?;
-    if idle.len() == limit {
-        keep(idle, &mut agents);
+    if !request.assigned_agent_id.is_empty() {
+        // Only the assigned agent, and whom it escalates to, can matter.
+        keep(fetch_agent(transaction, &request.assigned_agent_id).await?.into_iter().collect(), &mut agents);
     } else {
-        let any_workload = cross_team_matches(request, &home_team, false)
-            .fetch(transaction, &format!("ORDER BY current_workload, id LIMIT {limit}"))
-            .await?;
-        keep(any_workload, &mut agents);
-    }
-
-    if with_unavailable {
-        let mut busy = Select::new();
-        busy.full_match(request);
-        busy.role(request);
-        busy.conditions.push(
-            "manual_status <> 'offline' AND (current_workload >= workload_capacity OR manual_status = 'busy')"
-                .to_owned(),
-        );
-        keep(busy.fetch(transaction, &format!("ORDER BY id LIMIT {MAX_BUSY_EXPERTS}")).await?, &mut agents);
-
-        if !request.required_expertise.is_empty() {
-            let mut offline = Select::new();
-            let placeholders: Vec<String> = request.required_expertise.iter().map(|tag| offline.bind(tag)).collect();
-            offline.conditions.push(format!(
-                "id IN (SELECT agent_id FROM agent_expertise WHERE tag IN ({}))",
-                placeholders.join(", ")
-            ));
-            offline.conditions.push("manual_status = 'offline'".to_owned());
-            keep(offline.fetch(transaction, &format!("ORDER BY id LIMIT {MAX_OFFLINE_EXPERTS}")).await?, &mut agents);
-        }
-    }
-
-    let mut named: Vec<&String> = request.delegation_chain.iter().collect();
-    named.push(&request.preferred_agent_id);
-    for id in named {
-        if !id.is_empty() && !agents.iter().any(|agent| agent.id == *id) {
-            keep(fetch_agent(transaction, id).await?.into_iter().collect(), &mut agents);
-        }
+        load_candidates(transaction, request, &home_team, with_unavailable, &mut agents, &mut keep).await?;
     }
 
     // The seniors above the requester, for escalation.
@@ -256,17 +208,91 @@ async fn load_snapshot(transaction: &mut Tx, request: &DelegationRequest, with_u
     }
 
     let mut queued = HashMap::new();
-    let rows = sqlx::query(
-        "SELECT expert_id, COUNT(*) AS waiting FROM queued_tasks WHERE state = 'queued' GROUP BY expert_id",
-    )
-    .fetch_all(&mut **transaction)
-    .await?;
+    let rows = if request.assigned_agent_id.is_empty() {
+        sqlx::query("SELECT expert_id, COUNT(*) AS waiting FROM queued_tasks WHERE state = 'queued' GROUP BY expert_id")
+            .fetch_all(&mut **transaction)
+            .await?
+    } else {
+        sqlx::query(
+            "SELECT expert_id, COUNT(*) AS waiting FROM queued_tasks WHERE state = 'queued' AND expert_id = $1 \
+             GROUP BY expert_id",
+        )
+        .bind(request.assigned_agent_id.clone())
+        .fetch_all(&mut **transaction)
+        .await?
+    };
     for row in rows {
         let expert: String = row.try_get("expert_id")?;
         let waiting: i64 = row.try_get("waiting")?;
         queued.insert(expert, u32::try_from(waiting).unwrap_or(u32::MAX));
     }
     Ok(Snapshot { agents, queued, teams })
+}
+
+/// The candidates of a request decided by its criteria (see [`load_snapshot`]).
+async fn load_candidates(
+    transaction: &mut Tx,
+    request: &DelegationRequest,
+    home_team: &str,
+    with_unavailable: bool,
+    agents: &mut Vec<Agent>,
+    keep: &mut impl FnMut(Vec<Agent>, &mut Vec<Agent>),
+) -> Result<()> {
+    if !home_team.is_empty() {
+        let mut same_team = Select::new();
+        let placeholder = same_team.bind(home_team);
+        same_team.conditions.push(format!("team = {placeholder}"));
+        keep(same_team.fetch(transaction, "").await?, agents);
+    }
+
+    // The best cross-team matches with a free slot, in the framework's order
+    // (workload, then id). Idle agents come first in that order, and reading
+    // them in id order can stop early on an index, so try them alone first.
+    let limit = request.delegation_chain.len() + CROSS_TEAM_MARGIN;
+    let idle_order = if request.required_expertise.is_empty() { "id" } else { "agent_expertise.agent_id" };
+    let idle = cross_team_matches(request, home_team, true)
+        .fetch(transaction, &format!("ORDER BY {idle_order} LIMIT {limit}"))
+        .await?;
+    if idle.len() == limit {
+        keep(idle, agents);
+    } else {
+        let any_workload = cross_team_matches(request, home_team, false)
+            .fetch(transaction, &format!("ORDER BY current_workload, id LIMIT {limit}"))
+            .await?;
+        keep(any_workload, agents);
+    }
+
+    if with_unavailable {
+        let mut busy = Select::new();
+        busy.full_match(request);
+        busy.role(request);
+        busy.conditions.push(
+            "manual_status <> 'offline' AND (current_workload >= workload_capacity OR manual_status = 'busy')"
+                .to_owned(),
+        );
+        keep(busy.fetch(transaction, &format!("ORDER BY id LIMIT {MAX_BUSY_EXPERTS}")).await?, agents);
+
+        if !request.required_expertise.is_empty() {
+            let mut offline = Select::new();
+            let placeholders: Vec<String> = request.required_expertise.iter().map(|tag| offline.bind(tag)).collect();
+            offline.conditions.push(format!(
+                "id IN (SELECT agent_id FROM agent_expertise WHERE tag IN ({}))",
+                placeholders.join(", ")
+            ));
+            offline.conditions.push("manual_status = 'offline'".to_owned());
+            keep(offline.fetch(transaction, &format!("ORDER BY id LIMIT {MAX_OFFLINE_EXPERTS}")).await?, agents);
+        }
+    }
+
+    let mut named: Vec<&String> = request.delegation_chain.iter().collect();
+    named.push(&request.preferred_agent_id);
+    for id in named {
+        if !id.is_empty() && !agents.iter().any(|agent| agent.id == *id) {
+            keep(fetch_agent(transaction, id).await?.into_iter().collect(), agents);
+        }
+    }
+
+    Ok(())
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> Result<String> {
@@ -321,27 +347,39 @@ pub(super) async fn delegate(
     settings: Settings,
 ) -> Result<DelegationOutcome> {
     let mut transaction = store.database.pool.begin().await?;
+    // A task holds one slot; the agent holding it has that slot for it.
+    let held_by: Option<String> = sqlx::query("SELECT agent_id FROM reservations WHERE task_id = $1")
+        .bind(request.task_id.clone())
+        .fetch_optional(&mut *transaction)
+        .await?
+        .map(|row| row.try_get("agent_id"))
+        .transpose()?;
     let mut lost_races: HashSet<String> = HashSet::new();
     let mut decision = None;
     for _ in 0..MAX_ATTEMPTS {
         let mut candidate = None;
         for with_unavailable in [false, true] {
             let mut snapshot = load_snapshot(&mut transaction, request, with_unavailable).await?;
-            // An agent whose last slot went to a concurrent call stays full for this call.
             for agent in &mut snapshot.agents {
                 if lost_races.contains(&agent.id) {
+                    // Its last slot went to a concurrent call: full for this call.
                     agent.current_workload = agent.current_workload.max(agent.workload_capacity);
+                } else if held_by.as_ref() == Some(&agent.id) {
+                    agent.current_workload = agent.current_workload.saturating_sub(1);
                 }
             }
             let decided = decide(request, &snapshot, now, settings);
-            let delegates = decided.kind == DecisionKind::Delegate;
+            let settled = decided.kind == DecisionKind::Delegate || !request.assigned_agent_id.is_empty();
             candidate = Some(decided);
-            if delegates {
+            if settled {
                 break;
             }
         }
         let candidate = candidate.ok_or_else(|| Error::Internal("no decision".into()))?;
-        if candidate.kind != DecisionKind::Delegate || request.dry_run {
+        if candidate.kind != DecisionKind::Delegate
+            || request.dry_run
+            || held_by.as_ref() == Some(&candidate.primary_agent_id)
+        {
             decision = Some(candidate);
             break;
         }
@@ -361,13 +399,9 @@ pub(super) async fn delegate(
     match decision.kind {
         DecisionKind::Delegate => {
             changed_agents.push(decision.primary_agent_id.clone());
-            // A task holds one slot: a re-delegation moves it.
-            let previous = sqlx::query("SELECT agent_id FROM reservations WHERE task_id = $1")
-                .bind(request.task_id.clone())
-                .fetch_optional(&mut *transaction)
-                .await?;
-            if let Some(previous) = previous {
-                let previous: String = previous.try_get("agent_id")?;
+            // A task holds one slot: a re-delegation moves it, one to the
+            // agent holding it keeps it.
+            if let Some(previous) = held_by.filter(|previous| *previous != decision.primary_agent_id) {
                 free_slot(&mut transaction, &previous, now).await?;
                 changed_agents.push(previous);
             }
@@ -455,6 +489,14 @@ pub(super) async fn release_task(store: &SqlStore, task_id: &str, now: i64) -> R
         let request: DelegationRequest = from_json(&next.try_get::<String, _>("request_json")?)?;
         let queued_at: i64 = next.try_get("queued_at")?;
         if reserve_slot(&mut transaction, &agent_id, now).await? {
+            // A task handed to a busy agent may still hold its former slot.
+            let former = sqlx::query("SELECT agent_id FROM reservations WHERE task_id = $1")
+                .bind(queued_task.clone())
+                .fetch_optional(&mut *transaction)
+                .await?;
+            if let Some(former) = former {
+                free_slot(&mut transaction, &former.try_get::<String, _>("agent_id")?, now).await?;
+            }
             let expert = fetch_agent(&mut transaction, &agent_id)
                 .await?
                 .ok_or_else(|| Error::Internal("expert vanished".into()))?;
