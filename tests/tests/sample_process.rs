@@ -95,7 +95,12 @@ async fn sample_process(backend: Backend) {
     assert_eq!(process.version, 1);
 
     let execution = execution_client
-        .start_execution(StartExecutionRequest { process_name: process.name.clone(), ..Default::default() })
+        .start_execution(StartExecutionRequest {
+            process_name: process.name.clone(),
+            // Each step takes a moment, so the fan-out's three steps overlap.
+            inputs_json: r#"{"sleep_ms": 300}"#.to_owned(),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner()

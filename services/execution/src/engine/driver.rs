@@ -386,11 +386,12 @@ impl Driver {
         self.in_flight += 1;
         let span = tracing::info_span!("step", step_id = %self.definition(position).id, attempt);
         self.spans[position] = Some(span);
-        let named = self.steps[position]
-            .assigned_to
-            .clone()
-            .or_else(|| self.definition(position).executor().map(str::to_owned));
-        self.ask_roster(position, named);
+        self.ask_roster(position, self.named_executor(position));
+    }
+
+    /// The agent the step was reassigned or handed to, else the one it names.
+    fn named_executor(&self, position: usize) -> Option<String> {
+        self.steps[position].assigned_to.clone().or_else(|| self.definition(position).executor().map(str::to_owned))
     }
 
     /// Asks the roster who takes a step (`assigned`: about the agent named
@@ -440,10 +441,13 @@ impl Driver {
                 self.steps[position].executor = agent_id.clone();
                 self.steps[position].wait_seconds = 0;
                 self.steps[position].roster_reserved = true;
-                let kind = if escalated { EventKind::StepEscalated } else { EventKind::StepDelegated };
-                let mut event = self.step_event(kind, position);
-                event.detail = detail;
-                self.record(event);
+                // The agent the step names taking it is no news; anyone else is.
+                if escalated || self.named_executor(position).as_ref() != Some(&agent_id) {
+                    let kind = if escalated { EventKind::StepEscalated } else { EventKind::StepDelegated };
+                    let mut event = self.step_event(kind, position);
+                    event.detail = detail;
+                    self.record(event);
+                }
                 self.executor_known(position, attempt, agent_id);
             }
             Found::Queued { expert_id, wait_seconds, detail } => {
