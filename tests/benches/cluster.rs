@@ -110,7 +110,10 @@ async fn main() {
     );
     for backend in [Backend::Sqlite, Backend::Postgres] {
         let Some(test) = TestCluster::start(backend).await else { continue };
-        let tokens = test.register_agents(&[agent("bench-agent", "worker", "bench")]).await;
+        // Room for the widest fan-out: every step holds one of its roster slots.
+        let bench_agent =
+            muster_proto::roster::v1::Agent { workload_capacity: 100_000, ..agent("bench-agent", "worker", "bench") };
+        let tokens = test.register_agents(&[bench_agent]).await;
         let credentials = vec![AgentCredential { agent_id: "bench-agent".to_owned(), token: tokens[0].clone() }];
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let worker = tokio::spawn(muster::worker::serve(

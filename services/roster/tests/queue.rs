@@ -204,7 +204,10 @@ async fn a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates(backend: Ba
     let mut watch_c = watch(&mut server, "c").await;
     server.client.release_task(pb::ReleaseTaskRequest { task_id: "a".into() }).await.unwrap();
     let resolution = watch_c.message().await.unwrap().unwrap().decision.unwrap();
-    assert_eq!((Kind::try_from(resolution.decision).unwrap(), resolution.primary_agent_id.as_str()), (Kind::Delegate, "expert"));
+    assert_eq!(
+        (Kind::try_from(resolution.decision).unwrap(), resolution.primary_agent_id.as_str()),
+        (Kind::Delegate, "expert")
+    );
     let mut watch_m = watch(&mut server, "m").await;
     server.client.release_task(pb::ReleaseTaskRequest { task_id: "b".into() }).await.unwrap();
     let resolution = watch_m.message().await.unwrap().unwrap().decision.unwrap();
@@ -223,7 +226,10 @@ async fn a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates(backend: Ba
         .unwrap();
     for (task, agent, why) in [("d", "expert", "is offline"), ("e", "ghost", "is not in the roster")] {
         let decision = server.delegate(assigned(task, agent)).await;
-        assert_eq!((Kind::try_from(decision.decision).unwrap(), decision.primary_agent_id.as_str()), (Kind::Escalate, "boss"));
+        assert_eq!(
+            (Kind::try_from(decision.decision).unwrap(), decision.primary_agent_id.as_str()),
+            (Kind::Escalate, "boss")
+        );
         assert!(decision.reasoning.contains(why), "{}", decision.reasoning);
     }
     let too_long = server.client.delegate(assigned("f", &"x".repeat(300))).await.unwrap_err();

@@ -410,4 +410,16 @@ impl ToolOutput {
     pub(crate) fn error(status_code: u32, error: String) -> Self {
         Self { output_json: String::new(), error, status_code }
     }
+
+    /// The answer with a status code that agrees with its error: none given
+    /// is 200 without an error and 500 with one; a 2xx with an error is 500.
+    pub(crate) fn normalised(mut self) -> Self {
+        if self.status_code == 0 {
+            self.status_code = if self.error.is_empty() { 200 } else { 500 };
+        }
+        if !self.error.is_empty() && (200..300).contains(&self.status_code) {
+            self.status_code = 500;
+        }
+        self
+    }
 }

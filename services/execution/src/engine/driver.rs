@@ -26,7 +26,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use super::{Control, Engine, Found, Input, Route, workers::Slot};
+mod tool_step;
+
+use super::{Control, Engine, Found, Input, Route, schema, workers::Slot};
 use crate::{
     Result,
     clients::roster::{DelegationAsk, RosterFailure, patiently},
@@ -57,6 +59,8 @@ enum Timer {
     ScheduleToStart,
     /// A failed attempt's retry may start.
     Retry,
+    /// A tool step waiting for a worker that provides its tool looks again.
+    ToolProvider,
 }
 
 /// A due time: (milliseconds since the epoch, what, step, attempt).
@@ -72,6 +76,7 @@ enum Known {
 /// Done after a commit.
 enum Effect {
     Send { slot: Slot, assignment: Arc<Assignment>, route: Route },
+    CallTool { call: crate::domain::model::ToolCall, limit: Duration, route: Route },
     Release(String),
 }
 
@@ -111,6 +116,8 @@ pub(crate) struct Driver {
     staged: Staged,
     staged_mark: Vec<bool>,
     after_commit: Vec<Effect>,
+    /// Tools' and roles' schemas, compiled once.
+    schemas: schema::Compiled,
 }
 
 impl Driver {
@@ -159,6 +166,7 @@ impl Driver {
             staged: Staged::default(),
             staged_mark: vec![false; count],
             after_commit: Vec::new(),
+            schemas: schema::Compiled::default(),
         }
     }
 
@@ -389,9 +397,15 @@ impl Driver {
         self.ask_roster(position, self.named_executor(position));
     }
 
-    /// The agent the step was reassigned or handed to, else the one it names.
+    /// The agent the step was reassigned or handed to, else the one it
+    /// names; a tool step that names none and has no criteria runs as the
+    /// execution's lead.
     fn named_executor(&self, position: usize) -> Option<String> {
-        self.steps[position].assigned_to.clone().or_else(|| self.definition(position).executor().map(str::to_owned))
+        let definition = self.definition(position);
+        self.steps[position].assigned_to.clone().or_else(|| definition.executor().map(str::to_owned)).or_else(|| {
+            (self.is_tool_step(position) && definition.delegate.is_none() && !self.execution.lead_agent_id.is_empty())
+                .then(|| self.execution.lead_agent_id.clone())
+        })
     }
 
     /// Asks the roster who takes a step (`assigned`: about the agent named
@@ -529,21 +543,59 @@ impl Driver {
             self.fail(position, "PERMISSION_DENIED", reason);
             return;
         }
-        match self.engine.workers.acquire(&agent_id, self.route(position)) {
-            Some(slot) => self.dispatch(position, slot),
-            None => {
-                self.set_status(position, StepStatus::WaitingForWorker);
-                let limit = self
-                    .definition(position)
-                    .schedule_to_start_seconds
-                    .map(Duration::from_secs)
-                    .or(self.engine.settings.schedule_to_start);
-                if let Some(limit) = limit {
-                    let due = muster_runtime::time::now_millis() + limit.as_millis() as i64;
-                    self.timers.push(Reverse((due, Timer::ScheduleToStart, position, self.steps[position].attempt)));
-                }
+        if self.is_tool_step(position) {
+            return self.call_tool(position, &context);
+        }
+        if let Some(schema) = context.role_definition.as_ref().map(|role| role.input_schema_json.as_str())
+            && !schema.trim().is_empty()
+        {
+            let inputs = self.merged_inputs(&self.definition(position).inputs_json);
+            let inputs: serde_json::Value = serde_json::from_str(&inputs).unwrap_or_default();
+            if let Err(reason) = self.schemas.check(schema, &inputs) {
+                let role = &context.roster_role;
+                self.end_attempt(position);
+                let message = format!("the inputs do not match the input schema of role '{role}': {reason}");
+                self.fail(position, "INPUT_SCHEMA", message);
+                return;
             }
         }
+        match self.engine.workers.acquire(&agent_id, self.route(position)) {
+            Some(slot) => self.dispatch(position, slot),
+            None => self.wait_for_worker(position),
+        }
+    }
+
+    /// The step waits for a worker, until its schedule-to-start limit.
+    fn wait_for_worker(&mut self, position: usize) {
+        self.set_status(position, StepStatus::WaitingForWorker);
+        let limit = self
+            .definition(position)
+            .schedule_to_start_seconds
+            .map(Duration::from_secs)
+            .or(self.engine.settings.schedule_to_start);
+        if let Some(limit) = limit {
+            let due = muster_runtime::time::now_millis() + limit.as_millis() as i64;
+            self.timers.push(Reverse((due, Timer::ScheduleToStart, position, self.steps[position].attempt)));
+        }
+    }
+
+    /// Whether a completed agent task's output matches its executor's role's
+    /// output schema (when the role has one).
+    fn check_output(&mut self, position: usize, output_json: &str) -> std::result::Result<(), String> {
+        if self.is_tool_step(position) {
+            return Ok(());
+        }
+        let Some(Known::Ready(context)) = self.contexts.get(&self.steps[position].executor) else { return Ok(()) };
+        let Some(role) = context.role_definition.as_ref().filter(|role| !role.output_schema_json.trim().is_empty())
+        else {
+            return Ok(());
+        };
+        let (name, schema) = (role.name.clone(), role.output_schema_json.clone());
+        let output: serde_json::Value =
+            serde_json::from_str(&stored_output(output_json.to_owned())).unwrap_or_default();
+        self.schemas
+            .check(&schema, &output)
+            .map_err(|reason| format!("the output does not match the output schema of role '{name}': {reason}"))
     }
 
     /// Whether the executor may perform the step: in a session it must be
@@ -598,8 +650,13 @@ impl Driver {
                 ),
                 retryable: false,
             },
-            Outcome::Completed { .. } => match self.admit_result(position) {
-                Ok(()) => outcome,
+            Outcome::Completed { ref output_json, .. } => match self.admit_result(position) {
+                Ok(()) => match self.check_output(position, output_json) {
+                    Ok(()) => outcome,
+                    Err(message) => {
+                        Outcome::Failed { error_code: "OUTPUT_SCHEMA".to_owned(), message, retryable: true }
+                    }
+                },
                 Err(message) => {
                     Outcome::Failed { error_code: "PERMISSION_DENIED".to_owned(), message, retryable: false }
                 }
@@ -757,6 +814,11 @@ impl Driver {
                 {
                     self.no_worker_in_time(position);
                 }
+                Timer::ToolProvider
+                    if self.active[position] && self.steps[position].status == StepStatus::WaitingForWorker =>
+                {
+                    self.look_for_provider(position);
+                }
                 Timer::Retry if !self.active[position] && self.steps[position].status == StepStatus::Ready => {
                     self.steps[position].retry_at = None;
                     self.stage(position);
@@ -780,6 +842,11 @@ impl Driver {
             .map(Duration::from_secs)
             .or(self.engine.settings.schedule_to_start)
             .unwrap_or_default();
+        if self.is_tool_step(position) {
+            let tool = self.definition(position).tool.clone().unwrap_or_default();
+            let why = format!("no connected worker provided tool '{tool}' within {}", seconds_or_milliseconds(limit));
+            return self.fail(position, "NO_WORKER", why);
+        }
         let why = format!("no worker serving '{agent_id}' took the step within {}", seconds_or_milliseconds(limit));
         let chosen_by_roster =
             self.steps[position].assigned_to.is_none() && self.definition(position).executor().is_none();
@@ -1054,6 +1121,11 @@ impl Driver {
         for effect in self.after_commit.drain(..) {
             match effect {
                 Effect::Send { slot, assignment, route } => slot.send(assignment, route),
+                Effect::CallTool { call, limit, route } => {
+                    let span = self.spans[route.position].clone().unwrap_or_else(tracing::Span::none);
+                    let call = tool_step::run_call(self.engine.workers.clone(), call, limit, route);
+                    self.engine.spawn(call.instrument(span));
+                }
                 Effect::Release(task_id) => {
                     let roster = self.engine.roster.clone();
                     self.engine.spawn(async move {

@@ -12,6 +12,7 @@
 mod driver;
 mod handoff;
 mod intervention;
+pub(crate) mod schema;
 mod session;
 #[cfg(test)]
 mod tests;
@@ -141,6 +142,8 @@ pub(crate) struct StartRequest {
 
 /// The step type that waits for a decision instead of a worker.
 pub(crate) const HUMAN_APPROVAL: &str = "human_approval";
+/// The step type the engine runs by invoking a tool.
+pub(crate) const TOOL_CALL: &str = "tool_call";
 
 /// Most published versions kept parsed in memory.
 const PROCESSES_KEPT: usize = 256;
@@ -311,6 +314,22 @@ impl Engine {
                 .execution(&existing)
                 .await?
                 .ok_or_else(|| Error::NotFound(format!("execution {existing} vanished")));
+        }
+        // A tool step runs under an agent's identity: the one it names, the
+        // roster's choice, or the execution's lead.
+        if request.lead_agent_id.is_empty()
+            && let Some(step) = request
+                .process
+                .definition
+                .steps
+                .iter()
+                .find(|step| step.step_type == TOOL_CALL && step.executor().is_none() && step.delegate.is_none())
+        {
+            return Err(Error::FailedPrecondition(format!(
+                "tool_call step '{}' runs under an agent's identity: name it with 'agent' or 'roles.executor', \
+                 ask the roster with 'delegate', or give the execution a lead",
+                step.id
+            )));
         }
         let now = muster_runtime::time::now_millis();
         let trace_parent = muster_runtime::telemetry::traceparent(&tracing::Span::current());

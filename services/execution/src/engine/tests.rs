@@ -18,7 +18,7 @@ use crate::{
     clients::roster::{AgentInfo, DelegationAsk, Roster, RosterFailure},
     domain::{
         ExecutionStatus, StepStatus,
-        model::{AgentContext, Decision, DecisionKind, Event, EventKind, Outcome},
+        model::{AgentContext, Decision, DecisionKind, Event, EventKind, Outcome, RoleDefinition, Tool, ToolOutput},
     },
     store::{BoxFuture, SqlStore, Store},
 };
@@ -32,6 +32,8 @@ struct FakeRoster {
     delegates: Vec<&'static str>,
     /// Agents at capacity: a step assigned to one is queued.
     full: Vec<&'static str>,
+    /// The role each agent has, by agent.
+    roles: HashMap<&'static str, RoleDefinition>,
     asked: Mutex<Vec<DelegationAsk>>,
     released: Mutex<Vec<String>>,
 }
@@ -95,9 +97,16 @@ impl Roster for FakeRoster {
 
     fn agent_context(&self, agent_id: String) -> BoxFuture<'_, Result<AgentContext, RosterFailure>> {
         let known = self.agents.contains(&agent_id.as_str());
+        let role = self.roles.get(agent_id.as_str()).cloned();
         Box::pin(async move {
             if known {
-                Ok(AgentContext { max_iterations: 10, system_prompt: "be brief".into(), ..AgentContext::default() })
+                Ok(AgentContext {
+                    max_iterations: 10,
+                    system_prompt: "be brief".into(),
+                    roster_role: role.as_ref().map(|role| role.name.clone()).unwrap_or_default(),
+                    role_definition: role,
+                    ..AgentContext::default()
+                })
             } else {
                 Err(RosterFailure::NotFound(agent_id))
             }
@@ -205,6 +214,35 @@ impl Harness {
             }
         });
         worker_id
+    }
+
+    /// A worker providing `tools` (name, input schema), answering each call with `answer`.
+    fn tool_worker(&self, tools: &[(&str, &str)], answer: fn(&str, serde_json::Value) -> ToolOutput) {
+        let (sender, mut inbox) = mpsc::unbounded_channel();
+        let worker_id = self.engine.workers.register(Connection {
+            name: "tools".to_owned(),
+            agents: Vec::new(),
+            tools: tools
+                .iter()
+                .map(|(name, schema)| Tool {
+                    name: (*name).to_owned(),
+                    description: String::new(),
+                    input_schema_json: (*schema).to_owned(),
+                })
+                .collect(),
+            max_concurrency: 64,
+            opened_with: None,
+            sender,
+        });
+        let workers = self.engine.workers.clone();
+        tokio::spawn(async move {
+            while let Some(message) = inbox.recv().await {
+                if let ToWorker::ToolCall(call) = message {
+                    let input = serde_json::from_str(&call.input_json).unwrap();
+                    workers.complete_tool_call(worker_id, &call.call_id, answer(&call.tool, input));
+                }
+            }
+        });
     }
 
     async fn run(&self, source: &str) -> String {
@@ -510,4 +548,129 @@ async fn a_step_reassigned_to_an_agent_the_roster_cannot_place_fails_as_escalate
     assert!(step.error_message.contains("ghost is not in the roster"), "{}", step.error_message);
     let asked = harness.roster.asked.lock().unwrap().clone();
     assert_eq!(asked.last().unwrap().assigned_agent_id, "ghost");
+}
+
+fn role(name: &str, tools: &[&str], input_schema: &str, output_schema: &str) -> RoleDefinition {
+    RoleDefinition {
+        name: name.to_owned(),
+        tools: tools.iter().map(|tool| (*tool).to_owned()).collect(),
+        input_schema_json: input_schema.to_owned(),
+        output_schema_json: output_schema.to_owned(),
+        ..RoleDefinition::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_step_invokes_its_tool_under_its_executor_and_keeps_its_output() {
+    let roster = FakeRoster {
+        agents: vec!["doer", "lead"],
+        roles: HashMap::from([
+            ("doer", role("calculator", &["add", "later"], "", "")),
+            ("lead", role("boss", &[], "", "")),
+        ]),
+        ..FakeRoster::default()
+    };
+    let harness = Harness::new(roster, settings()).await;
+    let schema = r#"{"type": "object", "required": ["x", "y"], "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}}"#;
+    harness.tool_worker(&[("add", schema), ("forbidden", "")], |tool, input| match tool {
+        "add" => ToolOutput {
+            output_json: serde_json::json!({"sum": input["x"].as_i64().unwrap() + input["y"].as_i64().unwrap()})
+                .to_string(),
+            error: String::new(),
+            status_code: 200,
+        },
+        _ => ToolOutput::error(500, "unreachable".to_owned()),
+    });
+    harness.worker(&["doer"], Behaviour::Complete);
+    let source = "name: tools\nsteps:\n\
+        \x20 - {id: add, type: tool_call, agent: doer, tool: add, inputs: {x: 1, y: 2}}\n\
+        \x20 - {id: after, type: agent_task, agent: doer, message: m, depends_on: [add]}\n\
+        \x20 - {id: bad-input, type: tool_call, agent: doer, tool: add, inputs: {x: one, y: 2}}\n\
+        \x20 - {id: not-permitted, type: tool_call, agent: doer, tool: forbidden}\n\
+        \x20 - {id: as-lead, type: tool_call, tool: add, inputs: {x: 1, y: 1}}\n\
+        \x20 - {id: later, type: tool_call, agent: doer, tool: later, inputs: {n: 5}}\n";
+    // A tool step that names no agent needs the execution's lead.
+    let (process, _) = harness.engine.publish(source.to_owned()).await.unwrap();
+    let start = |lead: &str| StartRequest {
+        process: process.clone(),
+        inputs_json: "{}".to_owned(),
+        lead_agent_id: lead.to_owned(),
+        idempotency_key: None,
+        session: None,
+    };
+    let refused = harness.engine.start(start("")).await.unwrap_err();
+    assert!(refused.to_string().contains("tool_call step 'as-lead' runs under an agent's identity"), "{refused}");
+    let id = harness.engine.start(start("lead")).await.unwrap().id;
+
+    // Nobody provides 'later' yet: the step waits for a worker; a provider connecting runs it.
+    harness.wait_for(&id, "later", StepStatus::WaitingForWorker).await;
+    harness.tool_worker(&[("later", "")], |_, input| ToolOutput {
+        output_json: serde_json::json!({"twice": input["n"].as_i64().unwrap() * 2}).to_string(),
+        error: String::new(),
+        status_code: 0,
+    });
+    let (status, _) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Failed);
+    let steps = harness.steps(&id).await;
+    assert_eq!(steps["add"].status, StepStatus::Completed);
+    assert_eq!(steps["add"].output_json.as_deref(), Some(r#"{"sum":3}"#));
+    assert_eq!(steps["after"].status, StepStatus::Completed, "a tool step's dependants run");
+    assert_eq!(steps["later"].output_json.as_deref(), Some(r#"{"twice":10}"#));
+    let bad = &steps["bad-input"];
+    assert_eq!((bad.status, bad.error_code.as_str()), (StepStatus::Failed, "INVALID_INPUT"));
+    assert!(
+        bad.error_message.contains("input schema of tool 'add'") && bad.error_message.contains("at /x"),
+        "{}",
+        bad.error_message
+    );
+    let denied = &steps["not-permitted"];
+    assert_eq!((denied.status, denied.error_code.as_str()), (StepStatus::Failed, "PERMISSION_DENIED"));
+    assert!(
+        denied.error_message.contains("role 'calculator', which does not permit tool 'forbidden'"),
+        "{}",
+        denied.error_message
+    );
+    // The lead's role does not permit 'add': the step ran as the lead, and was refused as the lead.
+    let as_lead = &steps["as-lead"];
+    assert_eq!((as_lead.executor.as_str(), as_lead.error_code.as_str()), ("lead", "PERMISSION_DENIED"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_input_and_output_schemas_apply_to_its_steps() {
+    let roster = FakeRoster {
+        agents: vec!["writer", "strict"],
+        roles: HashMap::from([
+            (
+                "writer",
+                role("writer", &[], r#"{"type": "object", "required": ["topic"]}"#, r#"{"required": ["step"]}"#),
+            ),
+            ("strict", role("strict", &[], "", r#"{"type": "object", "required": ["text"]}"#)),
+        ]),
+        ..FakeRoster::default()
+    };
+    let harness = Harness::new(roster, settings()).await;
+    harness.worker(&["writer", "strict"], Behaviour::Complete);
+    let source = "name: schemas\nsteps:\n\
+        \x20 - {id: fits, type: agent_task, agent: writer, message: m, inputs: {topic: t}}\n\
+        \x20 - {id: no-topic, type: agent_task, agent: writer, message: m}\n\
+        \x20 - {id: wrong-output, type: agent_task, agent: strict, message: m, retries: 1}\n";
+    let id = harness.run(source).await;
+    let (status, _) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Failed);
+    let steps = harness.steps(&id).await;
+    assert_eq!(steps["fits"].status, StepStatus::Completed);
+    let no_topic = &steps["no-topic"];
+    assert_eq!((no_topic.error_code.as_str(), no_topic.started_at), ("INPUT_SCHEMA", None), "never handed to a worker");
+    assert!(
+        no_topic.error_message.contains("input schema of role 'writer'") && no_topic.error_message.contains("topic"),
+        "{}",
+        no_topic.error_message
+    );
+    let wrong = &steps["wrong-output"];
+    assert_eq!((wrong.error_code.as_str(), wrong.attempt), ("OUTPUT_SCHEMA", 2), "a wrong output is retried");
+    assert!(
+        wrong.error_message.contains("output schema of role 'strict'") && wrong.error_message.contains("text"),
+        "{}",
+        wrong.error_message
+    );
 }

@@ -487,6 +487,12 @@ impl Workers {
         tools
     }
 
+    /// The tool a connected worker provides under `name`, if any.
+    pub(crate) fn tool(&self, name: &str) -> Option<Tool> {
+        let state = self.lock();
+        state.workers.values().flat_map(|worker| &worker.connection.tools).find(|tool| tool.name == name).cloned()
+    }
+
     /// Sends a tool call to a worker providing the tool (the least busy);
     /// `None` when no connected worker provides it.
     pub(crate) fn call_tool(&self, call: ToolCall) -> Option<oneshot::Receiver<ToolOutput>> {

@@ -125,17 +125,6 @@ impl ExecutionApi {
                 None => format!("no process named '{process_name}' is published"),
             })
         })?;
-        if let Some(step) = process
-            .definition
-            .steps
-            .iter()
-            .find(|step| !matches!(step.step_type.as_str(), "agent_task" | "human_approval"))
-        {
-            return Err(Error::FailedPrecondition(format!(
-                "step '{}' is of type '{}', which this server cannot run yet; agent_task and human_approval steps run",
-                step.id, step.step_type
-            )));
-        }
         if inputs_json.len() > MAX_INPUTS_BYTES {
             return Err(Error::InvalidArgument(format!(
                 "inputs_json has {} bytes; at most {MAX_INPUTS_BYTES} are accepted",
@@ -151,7 +140,7 @@ impl ExecutionApi {
         // runs; each is asked about once. (An approval step's executor may be
         // a system name: people decide it.)
         let mut asked = std::collections::HashSet::new();
-        for step in process.definition.steps.iter().filter(|step| step.step_type == "agent_task") {
+        for step in process.definition.steps.iter().filter(|step| step.step_type != crate::engine::HUMAN_APPROVAL) {
             if let Some(executor) = step.executor()
                 && asked.insert(executor)
             {

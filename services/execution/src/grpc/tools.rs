@@ -23,6 +23,7 @@ use crate::{
         authority::Subject,
         model::{Tool, ToolCall, ToolOutput},
     },
+    engine::schema,
 };
 
 /// How long a provider may take to answer.
@@ -83,20 +84,11 @@ pub(super) fn check_tool_specs(tools: &[Tool]) -> Result<()> {
         if tool.name.trim().is_empty() {
             return Err(Error::InvalidArgument("a tool needs a name".to_owned()));
         }
-        if let Err(reason) = compile_schema(&tool.input_schema_json) {
-            return Err(Error::InvalidArgument(format!("tool '{}': {reason}", tool.name)));
+        if let Err(reason) = schema::compile(&tool.input_schema_json) {
+            return Err(Error::InvalidArgument(format!("tool '{}': input_schema_json: {reason}", tool.name)));
         }
     }
     Ok(())
-}
-
-fn compile_schema(schema_json: &str) -> Result<Option<jsonschema::Validator>, String> {
-    if schema_json.trim().is_empty() {
-        return Ok(None);
-    }
-    let schema: serde_json::Value =
-        serde_json::from_str(schema_json).map_err(|error| format!("the input schema is not JSON: {error}"))?;
-    jsonschema::validator_for(&schema).map(Some).map_err(|error| format!("the input schema is not valid: {error}"))
 }
 
 impl ExecutionApi {
@@ -140,7 +132,7 @@ impl ExecutionApi {
             ));
         }
         // 2. A connected worker must provide it.
-        let Some(spec) = self.engine.workers.tools().into_iter().find(|tool| tool.name == request.tool) else {
+        let Some(spec) = self.engine.workers.tool(&request.tool) else {
             return Ok(output(404, format!("no connected worker provides tool '{}'", request.tool)));
         };
         // 3. The input must match the tool's schema.
@@ -149,15 +141,9 @@ impl ExecutionApi {
             Ok(input) => input,
             Err(error) => return Ok(output(400, format!("input_json is not JSON: {error}"))),
         };
-        match compile_schema(&spec.input_schema_json) {
+        match schema::compile(&spec.input_schema_json) {
             Ok(Some(validator)) => {
-                let problems: Vec<String> = validator
-                    .iter_errors(&input)
-                    .map(|error| {
-                        let at = error.instance_path().to_string();
-                        format!("at {}: {error}", if at.is_empty() { "/" } else { &at })
-                    })
-                    .collect();
+                let problems = schema::violations(&validator, &input);
                 if !problems.is_empty() {
                     return Ok(output(
                         400,
@@ -189,17 +175,6 @@ impl ExecutionApi {
             }
         };
         tracing::info!(agent_id = %agent_id, tool = %request.tool, status = answer.status_code, execution_id = %request.execution_id, "tool invoked");
-        Ok(normalise(answer))
+        Ok(answer.normalised())
     }
-}
-
-/// A provider's answer with a status code that agrees with its error.
-fn normalise(mut answer: ToolOutput) -> ToolOutput {
-    if answer.status_code == 0 {
-        answer.status_code = if answer.error.is_empty() { 200 } else { 500 };
-    }
-    if !answer.error.is_empty() && (200..300).contains(&answer.status_code) {
-        answer.status_code = 500;
-    }
-    answer
 }

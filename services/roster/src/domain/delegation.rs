@@ -460,7 +460,17 @@ fn decide_assigned(
         format_wait(wait)
     );
     let reason = describe(agent, &matched, home_team, "assigned the task, at capacity");
-    finish(DecisionKind::Queue, Tier::Named, agent, reason, fallback, reasoning, wait, Vec::new(), vec![agent.id.clone()])
+    finish(
+        DecisionKind::Queue,
+        Tier::Named,
+        agent,
+        reason,
+        fallback,
+        reasoning,
+        wait,
+        Vec::new(),
+        vec![agent.id.clone()],
+    )
 }
 
 #[allow(clippy::too_many_arguments)]
