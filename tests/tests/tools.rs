@@ -4,11 +4,15 @@
 
 use muster::worker::AgentCredential;
 use muster_proto::{
-    execution::v1::{InvokeToolRequest, ListToolsRequest, ToolOutput},
+    common::v1::ExecutionStatus,
+    execution::v1::{
+        GetExecutionRequest, InvokeToolRequest, ListToolsRequest, PublishProcessRequest, StartExecutionRequest,
+        StepStatus, ToolOutput,
+    },
     roster::v1::{PutRoleDefinitionRequest, RoleDefinition},
 };
 use muster_runtime::auth::client::Credentials;
-use muster_tests::{Backend, TestCluster, agent, spawn_sample_worker};
+use muster_tests::{Backend, TestCluster, agent, events_until_finished, spawn_sample_worker};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tools_answer_with_http_like_status_codes() {
@@ -94,6 +98,44 @@ async fn tools_answer_with_http_like_status_codes() {
         .await
         .expect_err("an operator may not call a tool");
     assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+
+    // A tool_call step: the execution service invokes the tool as the
+    // step's executor; its output is the step's output, which the next step
+    // builds on. Inputs that do not match the tool's schema fail it, saying where.
+    let source = r#"
+name: counted
+steps:
+  - {id: count, type: tool_call, agent: wren, tool: word_count, inputs: {text: "four words right here"}}
+  - {id: use-it, type: agent_task, agent: wren, message: use the count, depends_on: [count]}
+  - {id: wrong-input, type: tool_call, agent: wren, tool: word_count, inputs: {text: 5}}
+"#;
+    let process = client
+        .publish_process(PublishProcessRequest { source: source.to_owned(), file_name: "counted.yaml".to_owned() })
+        .await
+        .unwrap()
+        .into_inner()
+        .process
+        .unwrap();
+    let execution = client
+        .start_execution(StartExecutionRequest { process_name: process.name, ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    let events = events_until_finished(&test.operator("execution"), &execution.id).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Failed as i32);
+    let execution =
+        client.get_execution(GetExecutionRequest { id: execution.id }).await.unwrap().into_inner().execution.unwrap();
+    let step = |id: &str| execution.steps.iter().find(|step| step.step_id == id).unwrap().clone();
+    let count = step("count");
+    assert_eq!((count.status, count.executor.as_str()), (StepStatus::Completed as i32, "wren"));
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&count.output_json).unwrap(), serde_json::json!({"words": 4}));
+    let used: serde_json::Value = serde_json::from_str(&step("use-it").output_json).unwrap();
+    assert_eq!(used["built_on"], serde_json::json!(["count"]), "the next step saw the tool's output");
+    let wrong = step("wrong-input").error.unwrap();
+    assert_eq!(wrong.code, "INVALID_INPUT");
+    assert!(wrong.message.contains("at /text"), "{}", wrong.message);
 
     let _ = stop.send(());
     worker.await.unwrap().unwrap();
