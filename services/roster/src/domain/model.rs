@@ -8,8 +8,9 @@ pub const DEFAULT_CAPACITY: u32 = 5;
 pub const DEFAULT_MAX_ITERATIONS: u32 = 10;
 /// The longest id or name the roster accepts.
 pub const MAX_ID_LENGTH: usize = 64;
-/// The largest capacity the roster accepts.
-pub const MAX_CAPACITY: u32 = 1000;
+/// The largest capacity the roster accepts: an agent may stand for a fleet
+/// of workers taking its tasks.
+pub const MAX_CAPACITY: u32 = 100_000;
 
 /// An agent's availability, as delegation decisions read it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
