@@ -538,7 +538,9 @@ impl<S: RosterStore> RosterService for Roster<S> {
                 &[("tier", outcome.decision.tier.as_str()), ("decision", outcome.decision.kind.as_str())],
                 1,
             );
-            self.refresh_queue_gauge_after_change().await;
+            if outcome.queue_changed {
+                self.refresh_queue_gauge_after_change().await;
+            }
         }
         self.announce_agents(pb::RosterChangeKind::AgentStatus, &outcome.changed_agents).await;
         Ok(Response::new(pb::DelegateResponse {
@@ -556,7 +558,9 @@ impl<S: RosterStore> RosterService for Roster<S> {
             return Err(Error::InvalidArgument("task_id: required".into()).into());
         }
         let outcome = self.inner.store.release_task(&task_id, self.now()).await?;
-        self.refresh_queue_gauge_after_change().await;
+        if outcome.queue_changed {
+            self.refresh_queue_gauge_after_change().await;
+        }
         if let Some(agent_id) = &outcome.agent_id {
             tracing::info!(task_id = %task_id, agent_id = %agent_id, "task released");
             self.announce_agents(pb::RosterChangeKind::AgentStatus, std::slice::from_ref(agent_id)).await;

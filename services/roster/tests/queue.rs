@@ -232,6 +232,15 @@ async fn a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates(backend: Ba
         );
         assert!(decision.reasoning.contains(why), "{}", decision.reasoning);
     }
+    // The audit trail keeps what the roster decided: queue waits and
+    // escalations of assigned tasks, not the slot an assigned agent took.
+    let recorded = async |server: &mut TestServer, task: &str| {
+        let request = pb::ListDelegationsRequest { task_id: task.into(), ..Default::default() };
+        server.client.list_delegations(request).await.unwrap().into_inner().records.len()
+    };
+    assert_eq!(recorded(&mut server, "b").await, 0);
+    assert_eq!(recorded(&mut server, "c").await, 2, "queued, then offered the slot");
+    assert_eq!(recorded(&mut server, "e").await, 1);
     let too_long = server.client.delegate(assigned("f", &"x".repeat(300))).await.unwrap_err();
     assert_eq!(too_long.code(), tonic::Code::InvalidArgument);
     assert!(too_long.message().contains("assigned_agent_id"), "{}", too_long.message());

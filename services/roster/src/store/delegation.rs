@@ -330,14 +330,55 @@ async fn record(
     Ok(id)
 }
 
-async fn resolve_queued(transaction: &mut Tx, task_id: &str, state: &str, decision: &Decision) -> Result<()> {
-    sqlx::query("UPDATE queued_tasks SET state = $2, resolution_json = $3 WHERE task_id = $1 AND state = 'queued'")
-        .bind(task_id.to_owned())
-        .bind(state.to_owned())
-        .bind(to_json(decision)?)
-        .execute(&mut **transaction)
+/// Resolves the task's place in the queue, if it has one; true if it had.
+async fn resolve_queued(transaction: &mut Tx, task_id: &str, state: &str, decision: &Decision) -> Result<bool> {
+    let result =
+        sqlx::query("UPDATE queued_tasks SET state = $2, resolution_json = $3 WHERE task_id = $1 AND state = 'queued'")
+            .bind(task_id.to_owned())
+            .bind(state.to_owned())
+            .bind(to_json(decision)?)
+            .execute(&mut **transaction)
+            .await?;
+    Ok(result.rows_affected() > 0)
+}
+
+/// A task assigned to an agent that has a free slot (or already holds one
+/// of its slots for the task): reserved in one short transaction, without
+/// loading a snapshot. `None` when the agent has no free slot, is offline or
+/// busy, or is not in the roster: the framework decides then.
+async fn take_assigned_slot(
+    transaction: &mut Tx,
+    request: &DelegationRequest,
+    held_by: Option<&String>,
+    now: i64,
+    settings: Settings,
+) -> Result<Option<(Decision, Vec<String>)>> {
+    let assigned = &request.assigned_agent_id;
+    let agent = if held_by == Some(assigned) {
+        let Some(mut agent) = fetch_agent(transaction, assigned).await? else { return Ok(None) };
+        // Its slot for this task counts as free for it.
+        agent.current_workload = agent.current_workload.saturating_sub(1);
+        agent
+    } else {
+        let row = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE agents SET current_workload = current_workload + 1, updated_at = $2 \
+             WHERE id = $1 AND current_workload < workload_capacity AND manual_status NOT IN ('offline', 'busy') \
+             RETURNING {AGENT_COLUMNS}"
+        )))
+        .bind(assigned.clone())
+        .bind(now)
+        .fetch_optional(&mut **transaction)
         .await?;
-    Ok(())
+        let Some(row) = row else { return Ok(None) };
+        let mut agent = agent_from_row(&row)?;
+        agent.current_workload = agent.current_workload.saturating_sub(1);
+        agent
+    };
+    let decision = decide(request, &Snapshot { agents: vec![agent], ..Snapshot::default() }, now, settings);
+    if decision.kind != DecisionKind::Delegate {
+        return Err(Error::Internal(format!("an agent with a free slot was not chosen: {}", decision.reasoning)));
+    }
+    Ok(Some((decision, vec![assigned.clone()])))
 }
 
 pub(super) async fn delegate(
@@ -354,6 +395,23 @@ pub(super) async fn delegate(
         .await?
         .map(|row| row.try_get("agent_id"))
         .transpose()?;
+    if !request.assigned_agent_id.is_empty()
+        && !request.dry_run
+        && let Some((decision, changed_agents)) =
+            take_assigned_slot(&mut transaction, request, held_by.as_ref(), now, settings).await?
+    {
+        let mut changed_agents = changed_agents;
+        if let Some(previous) = held_by.filter(|previous| *previous != decision.primary_agent_id) {
+            free_slot(&mut transaction, &previous, now).await?;
+            changed_agents.push(previous);
+        }
+        upsert_reservation(&mut transaction, &request.task_id, &decision.primary_agent_id, now).await?;
+        let queue_changed = resolve_queued(&mut transaction, &request.task_id, "superseded", &decision).await?;
+        transaction.commit().await?;
+        // A task a process assigned by name is no choice of the roster's: the
+        // audit trail keeps its queue waits and escalations, not this.
+        return Ok(DelegationOutcome { decision, delegation_id: String::new(), changed_agents, queue_changed });
+    }
     let mut lost_races: HashSet<String> = HashSet::new();
     let mut decision = None;
     for _ in 0..MAX_ATTEMPTS {
@@ -393,10 +451,15 @@ pub(super) async fn delegate(
     let decision = decision
         .ok_or_else(|| Error::FailedPrecondition("the roster changed too often while deciding; try again".into()))?;
     if request.dry_run {
-        return Ok(DelegationOutcome { decision, delegation_id: String::new(), changed_agents: Vec::new() });
+        return Ok(DelegationOutcome {
+            decision,
+            delegation_id: String::new(),
+            changed_agents: Vec::new(),
+            queue_changed: false,
+        });
     }
     let mut changed_agents = Vec::new();
-    match decision.kind {
+    let queue_changed = match decision.kind {
         DecisionKind::Delegate => {
             changed_agents.push(decision.primary_agent_id.clone());
             // A task holds one slot: a re-delegation moves it, one to the
@@ -405,16 +468,8 @@ pub(super) async fn delegate(
                 free_slot(&mut transaction, &previous, now).await?;
                 changed_agents.push(previous);
             }
-            sqlx::query(
-                "INSERT INTO reservations (task_id, agent_id, reserved_at) VALUES ($1, $2, $3) \
-                 ON CONFLICT (task_id) DO UPDATE SET agent_id = excluded.agent_id, reserved_at = excluded.reserved_at",
-            )
-            .bind(request.task_id.clone())
-            .bind(decision.primary_agent_id.clone())
-            .bind(now)
-            .execute(&mut *transaction)
-            .await?;
-            resolve_queued(&mut transaction, &request.task_id, "superseded", &decision).await?;
+            upsert_reservation(&mut transaction, &request.task_id, &decision.primary_agent_id, now).await?;
+            resolve_queued(&mut transaction, &request.task_id, "superseded", &decision).await?
         }
         DecisionKind::Queue => {
             let existing = sqlx::query("SELECT queued_at FROM queued_tasks WHERE task_id = $1 AND state = 'queued'")
@@ -447,15 +502,31 @@ pub(super) async fn delegate(
             .bind(expires_at)
             .execute(&mut *transaction)
             .await?;
+            true
         }
-        DecisionKind::Escalate => {
-            resolve_queued(&mut transaction, &request.task_id, "superseded", &decision).await?;
-        }
-    }
-    let delegation_id =
-        record(&mut transaction, &request.task_id, &request.requester_id, &decision, &request.description, now).await?;
+        DecisionKind::Escalate => resolve_queued(&mut transaction, &request.task_id, "superseded", &decision).await?,
+    };
+    let delegation_id = if decision.kind == DecisionKind::Delegate && !request.assigned_agent_id.is_empty() {
+        String::new()
+    } else {
+        record(&mut transaction, &request.task_id, &request.requester_id, &decision, &request.description, now).await?
+    };
     transaction.commit().await?;
-    Ok(DelegationOutcome { decision, delegation_id, changed_agents })
+    Ok(DelegationOutcome { decision, delegation_id, changed_agents, queue_changed })
+}
+
+/// The task's one reservation: `agent_id` holds a slot for it.
+async fn upsert_reservation(transaction: &mut Tx, task_id: &str, agent_id: &str, now: i64) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO reservations (task_id, agent_id, reserved_at) VALUES ($1, $2, $3) \
+         ON CONFLICT (task_id) DO UPDATE SET agent_id = excluded.agent_id, reserved_at = excluded.reserved_at",
+    )
+    .bind(task_id.to_owned())
+    .bind(agent_id.to_owned())
+    .bind(now)
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
 }
 
 pub(super) async fn release_task(store: &SqlStore, task_id: &str, now: i64) -> Result<ReleaseOutcome> {
@@ -466,13 +537,15 @@ pub(super) async fn release_task(store: &SqlStore, task_id: &str, now: i64) -> R
         .await?;
     // A task that ends while still queued leaves the queue: no slot is ever
     // offered to it.
-    sqlx::query("DELETE FROM queued_tasks WHERE task_id = $1 AND state = 'queued'")
+    let left_queue = sqlx::query("DELETE FROM queued_tasks WHERE task_id = $1 AND state = 'queued'")
         .bind(task_id.to_owned())
         .execute(&mut *transaction)
-        .await?;
+        .await?
+        .rows_affected()
+        > 0;
     let Some(row) = deleted else {
         transaction.commit().await?;
-        return Ok(ReleaseOutcome::default());
+        return Ok(ReleaseOutcome { queue_changed: left_queue, ..ReleaseOutcome::default() });
     };
     let agent_id: String = row.try_get("agent_id")?;
     free_slot(&mut transaction, &agent_id, now).await?;
@@ -501,15 +574,7 @@ pub(super) async fn release_task(store: &SqlStore, task_id: &str, now: i64) -> R
                 .await?
                 .ok_or_else(|| Error::Internal("expert vanished".into()))?;
             let decision = queue_offer_decision(&expert, queued_at, now);
-            sqlx::query(
-                "INSERT INTO reservations (task_id, agent_id, reserved_at) VALUES ($1, $2, $3) \
-                 ON CONFLICT (task_id) DO UPDATE SET agent_id = excluded.agent_id, reserved_at = excluded.reserved_at",
-            )
-            .bind(queued_task.clone())
-            .bind(agent_id.clone())
-            .bind(now)
-            .execute(&mut *transaction)
-            .await?;
+            upsert_reservation(&mut transaction, &queued_task, &agent_id, now).await?;
             resolve_queued(&mut transaction, &queued_task, "delegated", &decision).await?;
             let delegation_id =
                 record(&mut transaction, &queued_task, &request.requester_id, &decision, &request.description, now)
@@ -518,7 +583,8 @@ pub(super) async fn release_task(store: &SqlStore, task_id: &str, now: i64) -> R
         }
     }
     transaction.commit().await?;
-    Ok(ReleaseOutcome { agent_id: Some(agent_id), offered })
+    let queue_changed = left_queue || offered.is_some();
+    Ok(ReleaseOutcome { agent_id: Some(agent_id), offered, queue_changed })
 }
 
 pub(super) async fn escalate_stale(store: &SqlStore, now: i64) -> Result<Vec<QueueResolution>> {

@@ -59,6 +59,8 @@ pub struct DelegationOutcome {
     pub delegation_id: String,
     /// Agents whose workload changed (the delegate, and the agent a re-delegated task left).
     pub changed_agents: Vec<String>,
+    /// Whether the queue of waiting tasks changed (a task queued, or one that waited resolved).
+    pub queue_changed: bool,
 }
 
 /// A queued task resolved: offered to its expert or escalated.
@@ -79,6 +81,8 @@ pub struct ReleaseOutcome {
     pub agent_id: Option<String>,
     /// The queued task the freed slot went to, if any.
     pub offered: Option<QueueResolution>,
+    /// Whether the queue of waiting tasks changed.
+    pub queue_changed: bool,
 }
 
 /// A queued task's state.
