@@ -47,8 +47,7 @@ async fn all_workers(client: &mut ExecutionClient) -> Vec<WorkerInfo> {
     let mut workers = Vec::new();
     let mut page_token = String::new();
     loop {
-        let page =
-            client.list_workers(ListWorkersRequest { page_size: 300, page_token }).await.unwrap().into_inner();
+        let page = client.list_workers(ListWorkersRequest { page_size: 300, page_token }).await.unwrap().into_inner();
         assert!(page.workers.len() <= 300);
         workers.extend(page.workers);
         if page.next_page_token.is_empty() {

@@ -138,7 +138,8 @@ async fn conformance(store: SqlStore) {
         status: StepStatus::Completed,
         executor: "y".to_owned(),
         attempt: 2,
-        output_json: Some("{\"ok\":true}".into()),
+        // Quotes, escapes, a line break and text beyond ASCII survive every backend's encoding.
+        output_json: Some("{\"ok\":true,\"text\":\"a \\\"quote\\\"\\nnext — ü ✓\"}".into()),
         started_at: Some(3_000),
         ended_at: Some(4_000),
         cost: 0.25,
