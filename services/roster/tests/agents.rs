@@ -335,6 +335,7 @@ async fn the_token_is_stored_only_as_a_hash() {
     let mut server = TestServer::sqlite().await;
     let token = server.agent("alice", "", "", &[], 0).await;
     let url = server.database_url.clone();
+    let _file = server.take_file();
     server.stop().await;
     let path = url.trim_start_matches("sqlite://");
     let bytes = std::fs::read(path).unwrap();

@@ -232,7 +232,8 @@ async fn conformance(store: SqlStore) {
 
 #[tokio::test]
 async fn conformance_on_sqlite() {
-    let store = SqlStore::connect(&common::sqlite_url(), 1).unwrap();
+    let file = common::sqlite_file();
+    let store = SqlStore::connect(&file.url, 1).unwrap();
     conformance(store).await;
 }
 

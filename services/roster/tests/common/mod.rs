@@ -24,11 +24,26 @@ pub struct TestServer {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     handle: Option<tokio::task::JoinHandle<()>>,
     _database: Option<TestDatabase>,
+    _file: Option<SqliteFile>,
 }
 
-pub fn sqlite_url() -> String {
+/// A SQLite file of a test's own, removed (with its WAL files) when dropped.
+pub struct SqliteFile {
+    path: std::path::PathBuf,
+    pub url: String,
+}
+
+impl Drop for SqliteFile {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.path.display()));
+        }
+    }
+}
+
+pub fn sqlite_file() -> SqliteFile {
     let path = std::env::temp_dir().join(format!("muster-roster-test-{}.db", uuid_like()));
-    format!("sqlite://{}", path.display())
+    SqliteFile { url: format!("sqlite://{}", path.display()), path }
 }
 
 fn uuid_like() -> String {
@@ -48,7 +63,10 @@ pub enum Backend {
 
 impl TestServer {
     pub async fn sqlite() -> Self {
-        Self::start(sqlite_url(), None, 50).await
+        let file = sqlite_file();
+        let mut server = Self::start(file.url.clone(), None, 50).await;
+        server._file = Some(file);
+        server
     }
 
     pub async fn postgres() -> Option<Self> {
@@ -85,6 +103,7 @@ impl TestServer {
             stop: Some(stop),
             handle: Some(handle),
             _database: database,
+            _file: None,
         }
     }
 
@@ -154,6 +173,12 @@ impl TestServer {
     pub fn clock_now(&self) -> i64 {
         use muster_roster::Clock as _;
         self.clock.now_millis()
+    }
+
+    /// The server's SQLite file, for a test that reads it after the server stopped.
+    #[allow(dead_code)]
+    pub fn take_file(&mut self) -> Option<SqliteFile> {
+        self._file.take()
     }
 
     pub async fn stop(mut self) {
