@@ -1,7 +1,8 @@
 //! One execution's driver: the only writer of its state. It starts ready
-//! steps (up to the parallel limit), finds their executors, hands them to
-//! workers, records what workers report, fails the dependants of failed
-//! steps, and ends the execution.
+//! steps (up to the parallel limit), has the roster place them (a named
+//! executor's capacity and status, or a choice by criteria), hands them to
+//! workers or invokes their tools ([`tool_step`]), records the outcomes,
+//! fails the dependants of failed steps, and ends the execution.
 //!
 //! Everything happens in turns. A turn takes every input waiting (worker
 //! reports, the roster's answers, callers' requests, due timers), applies
