@@ -14,7 +14,10 @@ use muster_proto::roster::v1::{
 };
 use muster_proto::{
     common::v1::{EventType, StepEvent},
-    execution::v1::{WatchExecutionRequest, execution_service_client::ExecutionServiceClient},
+    execution::v1::{
+        PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest,
+        execution_service_client::ExecutionServiceClient,
+    },
     notifier::v1::notifier_service_client::NotifierServiceClient,
 };
 use muster_runtime::{auth::client::AuthChannel, testing::TestDatabase};
@@ -278,6 +281,25 @@ pub fn chain_process(name: &str, length: usize, agent: &str, informed: &str, inp
 /// An agent with an id, a role and a team.
 pub fn agent(id: &str, role: &str, team: &str) -> Agent {
     Agent { id: id.to_owned(), name: id.to_owned(), role: role.to_owned(), team: team.to_owned(), ..Default::default() }
+}
+
+/// Publishes a process and starts an execution of it with no inputs; its id.
+pub async fn publish_and_start(client: &mut ExecutionClient, source: &str) -> String {
+    let process = client
+        .publish_process(PublishProcessRequest { source: source.to_owned(), file_name: "test.yaml".to_owned() })
+        .await
+        .unwrap_or_else(|status| panic!("publish: {status}"))
+        .into_inner()
+        .process
+        .expect("a published process");
+    client
+        .start_execution(StartExecutionRequest { process_name: process.name, ..Default::default() })
+        .await
+        .unwrap_or_else(|status| panic!("start: {status}"))
+        .into_inner()
+        .execution
+        .expect("an execution")
+        .id
 }
 
 /// Watches until the execution ends, reconnecting (from the last sequence) when the service restarts.

@@ -14,7 +14,8 @@ use muster_proto::{
     roster::v1::Agent,
 };
 use muster_tests::{
-    Backend, ExecutionClient, TestCluster, agent, chain_process, events_until_finished, spawn_sample_worker,
+    Backend, ExecutionClient, TestCluster, agent, chain_process, events_until_finished, publish_and_start,
+    spawn_sample_worker,
 };
 
 /// A cluster with these agents, each allowed to hand its steps onward.
@@ -25,24 +26,6 @@ async fn cluster_with_agents(backend: Backend, ids: &[&str]) -> Option<(TestClus
     let credentials =
         ids.iter().zip(tokens).map(|(id, token)| AgentCredential { agent_id: (*id).to_owned(), token }).collect();
     Some((test, credentials))
-}
-
-async fn publish_and_start(client: &mut ExecutionClient, source: &str) -> String {
-    let process = client
-        .publish_process(PublishProcessRequest { source: source.to_owned(), file_name: "test.yaml".to_owned() })
-        .await
-        .unwrap_or_else(|status| panic!("publish: {status}"))
-        .into_inner()
-        .process
-        .unwrap();
-    client
-        .start_execution(StartExecutionRequest { process_name: process.name, ..Default::default() })
-        .await
-        .unwrap_or_else(|status| panic!("start: {status}"))
-        .into_inner()
-        .execution
-        .unwrap()
-        .id
 }
 
 fn count(events: &[StepEvent], kind: EventType, step: &str) -> usize {

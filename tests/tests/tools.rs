@@ -5,14 +5,11 @@
 use muster::worker::AgentCredential;
 use muster_proto::{
     common::v1::ExecutionStatus,
-    execution::v1::{
-        GetExecutionRequest, InvokeToolRequest, ListToolsRequest, PublishProcessRequest, StartExecutionRequest,
-        StepStatus, ToolOutput,
-    },
+    execution::v1::{GetExecutionRequest, InvokeToolRequest, ListToolsRequest, StepStatus, ToolOutput},
     roster::v1::{PutRoleDefinitionRequest, RoleDefinition},
 };
 use muster_runtime::auth::client::Credentials;
-use muster_tests::{Backend, TestCluster, agent, events_until_finished, spawn_sample_worker};
+use muster_tests::{Backend, TestCluster, agent, events_until_finished, publish_and_start, spawn_sample_worker};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tools_answer_with_http_like_status_codes() {
@@ -109,24 +106,11 @@ steps:
   - {id: use-it, type: agent_task, agent: wren, message: use the count, depends_on: [count]}
   - {id: wrong-input, type: tool_call, agent: wren, tool: word_count, inputs: {text: 5}}
 "#;
-    let process = client
-        .publish_process(PublishProcessRequest { source: source.to_owned(), file_name: "counted.yaml".to_owned() })
-        .await
-        .unwrap()
-        .into_inner()
-        .process
-        .unwrap();
-    let execution = client
-        .start_execution(StartExecutionRequest { process_name: process.name, ..Default::default() })
-        .await
-        .unwrap()
-        .into_inner()
-        .execution
-        .unwrap();
-    let events = events_until_finished(&test.operator("execution"), &execution.id).await;
+    let execution_id = publish_and_start(&mut client, source).await;
+    let events = events_until_finished(&test.operator("execution"), &execution_id).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Failed as i32);
     let execution =
-        client.get_execution(GetExecutionRequest { id: execution.id }).await.unwrap().into_inner().execution.unwrap();
+        client.get_execution(GetExecutionRequest { id: execution_id }).await.unwrap().into_inner().execution.unwrap();
     let step = |id: &str| execution.steps.iter().find(|step| step.step_id == id).unwrap().clone();
     let count = step("count");
     assert_eq!((count.status, count.executor.as_str()), (StepStatus::Completed as i32, "wren"));

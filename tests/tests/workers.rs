@@ -12,13 +12,10 @@ use std::{
 use muster::worker::{AgentCredential, Behaviour, StepOutcome};
 use muster_proto::{
     common::v1::ExecutionStatus,
-    execution::v1::{
-        Assignment, GetExecutionRequest, ListWorkersRequest, PublishProcessRequest, StartExecutionRequest, StepStatus,
-        WorkerInfo,
-    },
+    execution::v1::{Assignment, GetExecutionRequest, ListWorkersRequest, StepStatus, WorkerInfo},
     roster::v1::Agent,
 };
-use muster_tests::{Backend, ExecutionClient, TestCluster, agent, events_until_finished};
+use muster_tests::{Backend, ExecutionClient, TestCluster, agent, events_until_finished, publish_and_start};
 use tokio::sync::watch;
 
 const WORKERS: usize = 1000;
@@ -100,20 +97,7 @@ async fn a_thousand_workers_are_served_at_once() {
     for index in 0..WORKERS {
         source.push_str(&format!("  - {{id: s{index}, type: agent_task, agent: crowd, message: m}}\n"));
     }
-    let process = client
-        .publish_process(PublishProcessRequest { source, file_name: "crowd.yaml".to_owned() })
-        .await
-        .unwrap()
-        .into_inner()
-        .process
-        .unwrap();
-    let execution = client
-        .start_execution(StartExecutionRequest { process_name: process.name, ..Default::default() })
-        .await
-        .unwrap()
-        .into_inner()
-        .execution
-        .unwrap();
+    let execution_id = publish_and_start(&mut client, &source).await;
 
     // Every step is out, one on each worker.
     let loaded = until(&mut client, "taking the steps", |workers| in_flight(workers) == WORKERS as u32).await;
@@ -121,10 +105,10 @@ async fn a_thousand_workers_are_served_at_once() {
     assert!(loaded.iter().all(|worker| worker.in_flight == 1), "one step per worker");
     open.send(true).unwrap();
 
-    let events = events_until_finished(&test.operator("execution"), &execution.id).await;
+    let events = events_until_finished(&test.operator("execution"), &execution_id).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
     let stored =
-        client.get_execution(GetExecutionRequest { id: execution.id }).await.unwrap().into_inner().execution.unwrap();
+        client.get_execution(GetExecutionRequest { id: execution_id }).await.unwrap().into_inner().execution.unwrap();
     assert_eq!(stored.steps.len(), WORKERS);
     let mut ran_on = HashSet::new();
     for step in &stored.steps {

@@ -475,10 +475,19 @@ impl Driver {
                 event.detail = detail;
                 self.record(event);
             }
-            Found::Failed { code, message } => {
-                self.end_attempt(position);
-                self.fail(position, &code, message);
-            }
+            Found::Failed { code, message } => match self.named_executor(position) {
+                // Nobody to escalate to for an agent the step names: the step
+                // waits for that agent (up to its schedule-to-start time),
+                // where a lead or operator can see it and reassign it.
+                Some(named) if code == "ESCALATED" => {
+                    tracing::info!(execution_id = %self.execution.id, step = %self.definition(position).id, agent_id = %named, reason = %message, "waiting for the named executor");
+                    self.executor_known(position, attempt, named);
+                }
+                _ => {
+                    self.end_attempt(position);
+                    self.fail(position, &code, message);
+                }
+            },
         }
     }
 

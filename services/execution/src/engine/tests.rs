@@ -32,6 +32,8 @@ struct FakeRoster {
     delegates: Vec<&'static str>,
     /// Agents at capacity: a step assigned to one is queued.
     full: Vec<&'static str>,
+    /// Agents offline: a step assigned to one is escalated, to nobody.
+    offline: Vec<&'static str>,
     /// The role each agent has, by agent.
     roles: HashMap<&'static str, RoleDefinition>,
     asked: Mutex<Vec<DelegationAsk>>,
@@ -48,6 +50,11 @@ impl Roster for FakeRoster {
                 primary_agent_id: assigned.to_owned(),
                 wait_seconds: 60,
                 reasoning: format!("{assigned} is at capacity"),
+                ..Decision::default()
+            },
+            _ if self.offline.contains(&assigned) => Decision {
+                kind: DecisionKind::Escalate,
+                reasoning: format!("{assigned} is offline and nobody is senior to the requester"),
                 ..Decision::default()
             },
             _ if self.agents.contains(&assigned) => Decision {
@@ -245,6 +252,20 @@ impl Harness {
         });
     }
 
+    /// An operator's intervention on a step, applied.
+    async fn intervene(&self, execution_id: &str, step_id: &str, action: super::InterventionAction) {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let intervention = super::Intervention {
+            step_id: Some(step_id.to_owned()),
+            action,
+            by: "operator:test".to_owned(),
+            reason: String::new(),
+            matrix_version: 0,
+        };
+        assert!(self.engine.control(execution_id, super::Control::Intervene { intervention, reply }));
+        answer.await.unwrap().unwrap();
+    }
+
     async fn run(&self, source: &str) -> String {
         let (process, _) = self.engine.publish(source.to_owned()).await.unwrap();
         let execution = self
@@ -393,16 +414,7 @@ async fn a_failure_fails_its_dependants_unless_a_step_goes_on_without_it() {
     let id = harness.run(&source).await;
     // Nobody serves the ghost: its step waits for a worker, then is cancelled.
     harness.wait_for(&id, "missing", StepStatus::WaitingForWorker).await;
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    let intervention = super::Intervention {
-        step_id: Some("missing".to_owned()),
-        action: super::InterventionAction::Cancel,
-        by: "operator:test".to_owned(),
-        reason: String::new(),
-        matrix_version: 0,
-    };
-    assert!(harness.engine.control(&id, super::Control::Intervene { intervention, reply }));
-    answer.await.unwrap().unwrap();
+    harness.intervene(&id, "missing", super::InterventionAction::Cancel).await;
     let (status, _) = harness.finished(&id).await;
     assert_eq!(status, ExecutionStatus::Failed);
     let steps = harness.steps(&id).await;
@@ -526,26 +538,23 @@ async fn a_named_executor_goes_through_the_roster_capacity_and_status() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_step_reassigned_to_an_agent_the_roster_cannot_place_fails_as_escalated() {
-    let harness = Harness::new(FakeRoster { agents: vec!["doer"], ..FakeRoster::default() }, settings()).await;
-    // Nobody serves 'doer': the step waits for a worker until it is reassigned.
-    let id = harness.run("name: gone\nsteps:\n  - {id: a, type: agent_task, agent: doer, message: m}\n").await;
-    harness.wait_for(&id, "a", StepStatus::WaitingForWorker).await;
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    let intervention = super::Intervention {
-        step_id: Some("a".to_owned()),
-        action: super::InterventionAction::Reassign("ghost".to_owned()),
-        by: "operator:test".to_owned(),
-        reason: String::new(),
-        matrix_version: 0,
-    };
-    assert!(harness.engine.control(&id, super::Control::Intervene { intervention, reply }));
-    answer.await.unwrap().unwrap();
-    let (status, _) = harness.finished(&id).await;
-    assert_eq!(status, ExecutionStatus::Failed);
-    let step = harness.steps(&id).await.remove("a").unwrap();
-    assert_eq!(step.error_code, "ESCALATED", "{step:?}");
-    assert!(step.error_message.contains("ghost is not in the roster"), "{}", step.error_message);
+async fn an_offline_named_executor_nobody_stands_in_for_is_waited_for_and_a_missing_one_fails() {
+    let roster = FakeRoster { agents: vec!["doer", "away"], offline: vec!["away"], ..FakeRoster::default() };
+    let harness = Harness::new(roster, settings()).await;
+    let source = "name: gone\nsteps:\n\
+        \x20 - {id: a, type: agent_task, agent: away, message: m}\n\
+        \x20 - {id: b, type: agent_task, agent: doer, message: m}\n";
+    let id = harness.run(source).await;
+    // Offline, with nobody to escalate to: the step waits for its agent
+    // (where a lead or an operator sees it and can reassign it), holding no slot.
+    let waiting = harness.wait_for(&id, "a", StepStatus::WaitingForWorker).await;
+    assert_eq!((waiting.executor.as_str(), waiting.roster_reserved), ("away", false));
+    // Reassigned to an agent the roster does not have: it fails, saying so.
+    harness.wait_for(&id, "b", StepStatus::WaitingForWorker).await;
+    harness.intervene(&id, "b", super::InterventionAction::Reassign("ghost".to_owned())).await;
+    let failed = harness.wait_for(&id, "b", StepStatus::Failed).await;
+    assert_eq!(failed.error_code, "NO_EXECUTOR", "{failed:?}");
+    assert!(failed.error_message.contains("agent 'ghost' is not in the roster"), "{}", failed.error_message);
     let asked = harness.roster.asked.lock().unwrap().clone();
     assert_eq!(asked.last().unwrap().assigned_agent_id, "ghost");
 }
