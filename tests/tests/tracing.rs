@@ -160,10 +160,12 @@ async fn one_execution_is_one_trace_across_the_cluster() {
         for (_, parent) in &steps {
             assert_eq!(parent.map(|parent| parent.name.as_str()), Some("execution"), "{spans:#?}");
         }
-        // The roster decided the delegated step inside that step's span.
+        // The roster placed each step (the named one and the delegated one) inside that step's span.
         let delegations = with_parents(&spans, trace_id, "muster-roster", "muster.roster.v1.RosterService/Delegate");
-        assert_eq!(delegations.len(), 1, "{spans:#?}");
-        assert_eq!(delegations[0].1.map(|parent| parent.name.as_str()), Some("step"), "{spans:#?}");
+        assert_eq!(delegations.len(), 2, "{spans:#?}");
+        for (_, parent) in &delegations {
+            assert_eq!(parent.map(|parent| parent.name.as_str()), Some("step"), "{spans:#?}");
+        }
         // The worker ran each assignment in the span of its step, across the worker stream.
         let assignments = with_parents(&spans, trace_id, "muster-agent", "assignment");
         assert_eq!(assignments.len(), 2, "{spans:#?}");
