@@ -180,6 +180,11 @@ fn table() -> Vec<Row> {
             [PD, OK, OK, OK],
         ),
         row(
+            "RosterService/DelegateBatch",
+            |_| roster::DelegateBatchRequest { requests: Vec::new() }.encode_to_vec(),
+            [PD, PD, OK, OK],
+        ),
+        row(
             "RosterService/ReleaseTask",
             |_| roster::ReleaseTaskRequest { task_id: "nothing".into() }.encode_to_vec(),
             [PD, PD, OK, OK],

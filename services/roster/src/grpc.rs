@@ -77,6 +77,7 @@ pub const ACCESS: &[Rule] = &[
     rule("ImportRoster", Access::OPERATOR),
     rule("GetOrganizationRoster", Access::ANYONE),
     rule("Delegate", Access::ANYONE),
+    rule("DelegateBatch", Access::OPERATOR.or(Access::SERVICE)),
     rule("ReleaseTask", Access::OPERATOR.or(Access::SERVICE)),
     rule("WatchQueuedTask", Access::OPERATOR.or(Access::SERVICE)),
     rule("ListDelegations", Access::ANYONE),
@@ -547,6 +548,73 @@ impl<S: RosterStore> RosterService for Roster<S> {
             decision: Some(decision_to_wire(&outcome.decision)),
             delegation_id: outcome.delegation_id,
         }))
+    }
+
+    async fn delegate_batch(
+        &self,
+        request: Request<pb::DelegateBatchRequest>,
+    ) -> Result<Response<pb::DelegateBatchResponse>, GrpcStatus> {
+        const MOST_REQUESTS: usize = 1000;
+        let requests = request.into_inner().requests;
+        if requests.len() > MOST_REQUESTS {
+            return Err(Error::InvalidArgument(format!(
+                "requests: {} given; at most {MOST_REQUESTS} are accepted",
+                requests.len()
+            ))
+            .into());
+        }
+        let mut decided = Vec::with_capacity(requests.len());
+        let mut tasks = std::collections::HashSet::new();
+        for (index, request) in requests.into_iter().enumerate() {
+            let request = delegation_request_from_wire(request)
+                .map_err(|error| Error::InvalidArgument(format!("requests[{index}]: {error}")))?;
+            if request.dry_run {
+                return Err(Error::InvalidArgument(format!("requests[{index}]: a batch takes no dry runs")).into());
+            }
+            if !tasks.insert(request.task_id.clone()) {
+                return Err(Error::InvalidArgument(format!(
+                    "requests[{index}]: task_id {:?} is asked about twice",
+                    request.task_id
+                ))
+                .into());
+            }
+            decided.push(request);
+        }
+        // An unknown requester is a caller's mistake: each is looked up once.
+        let requesters: std::collections::BTreeSet<&str> =
+            decided.iter().map(|request| request.requester_id.as_str()).filter(|id| !id.is_empty()).collect();
+        for requester in requesters {
+            self.inner.store.get_agent(requester).await.map_err(|error| match error {
+                Error::NotFound(_) => Error::NotFound(format!("requester_id: agent {requester:?} is not in the roster")),
+                other => other,
+            })?;
+        }
+        let outcomes = self.inner.store.delegate_batch(&decided, self.now(), self.inner.settings).await?;
+        let mut changed = std::collections::BTreeSet::new();
+        let mut queue_changed = false;
+        for outcome in &outcomes {
+            muster_runtime::metrics::count(
+                "muster_delegation_decisions_total",
+                "Delegation decisions, by tier of the delegation priority order and decision",
+                &[("tier", outcome.decision.tier.as_str()), ("decision", outcome.decision.kind.as_str())],
+                1,
+            );
+            changed.extend(outcome.changed_agents.iter().cloned());
+            queue_changed |= outcome.queue_changed;
+        }
+        tracing::info!(tasks = outcomes.len(), "delegations decided in a batch");
+        if queue_changed {
+            self.refresh_queue_gauge_after_change().await;
+        }
+        self.announce_agents(pb::RosterChangeKind::AgentStatus, &changed.into_iter().collect::<Vec<_>>()).await;
+        let responses = outcomes
+            .into_iter()
+            .map(|outcome| pb::DelegateResponse {
+                decision: Some(decision_to_wire(&outcome.decision)),
+                delegation_id: outcome.delegation_id,
+            })
+            .collect();
+        Ok(Response::new(pb::DelegateBatchResponse { responses }))
     }
 
     async fn release_task(

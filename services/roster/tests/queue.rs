@@ -247,6 +247,70 @@ async fn a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates(backend: Ba
     server.stop().await;
 }
 
+async fn a_batch_places_many_tasks_of_one_agent_at_once(backend: Backend) {
+    let Some(mut server) = org(backend).await else { return };
+    let junior_token = server.agent("junior2", "data", "boss", &["excel"], 5).await;
+    let assigned = |task: &str, agent: &str| pb::DelegateRequest {
+        task_id: task.into(),
+        requester_id: "junior".into(),
+        assigned_agent_id: agent.into(),
+        ..Default::default()
+    };
+    // The expert (capacity 2) already holds "held".
+    server.delegate(assigned("held", "expert")).await;
+    let requests = vec![
+        assigned("held", "expert"),
+        assigned("t1", "expert"),
+        assigned("t2", "expert"),
+        assigned("t3", "expert"),
+        delegate_request("by-criteria", "boss", &["excel"]),
+    ];
+    let responses =
+        server.client.delegate_batch(pb::DelegateBatchRequest { requests }).await.unwrap().into_inner().responses;
+    let decided: Vec<(Kind, String)> = responses
+        .iter()
+        .map(|response| {
+            let decision = response.decision.as_ref().unwrap();
+            (Kind::try_from(decision.decision).unwrap(), decision.primary_agent_id.clone())
+        })
+        .collect();
+    assert_eq!(
+        decided,
+        [
+            (Kind::Delegate, "expert".to_owned()),
+            (Kind::Delegate, "expert".to_owned()),
+            (Kind::Queue, "expert".to_owned()),
+            (Kind::Queue, "expert".to_owned()),
+            (Kind::Delegate, "junior".to_owned()),
+        ],
+        "the held task keeps its slot, the one free slot goes to the first, the rest wait"
+    );
+    assert_eq!(server.get("expert").await.current_workload, 2, "never over capacity");
+    // Released, the slots go to the tasks queued in the batch, oldest first.
+    let mut watch_t2 = watch(&mut server, "t2").await;
+    server.client.release_task(pb::ReleaseTaskRequest { task_id: "held".into() }).await.unwrap();
+    assert_eq!(watch_t2.message().await.unwrap().unwrap().decision.unwrap().primary_agent_id, "expert");
+
+    // Refused as a whole: a task asked about twice, a dry run, too many, an agent calling.
+    let twice = vec![assigned("x", "expert"), assigned("x", "expert")];
+    let status = server.client.delegate_batch(pb::DelegateBatchRequest { requests: twice }).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("requests[1]: task_id \"x\" is asked about twice"), "{}", status.message());
+    let dry = vec![pb::DelegateRequest { dry_run: true, ..assigned("y", "expert") }];
+    let status = server.client.delegate_batch(pb::DelegateBatchRequest { requests: dry }).await.unwrap_err();
+    assert!(status.message().contains("requests[0]: a batch takes no dry runs"), "{}", status.message());
+    let many: Vec<_> = (0..1001).map(|index| assigned(&format!("m{index}"), "expert")).collect();
+    let status = server.client.delegate_batch(pb::DelegateBatchRequest { requests: many }).await.unwrap_err();
+    assert!(status.message().contains("at most 1000"), "{}", status.message());
+    let status = server
+        .client_as(&junior_token)
+        .delegate_batch(pb::DelegateBatchRequest { requests: vec![assigned("z", "expert")] })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    server.stop().await;
+}
+
 #[tokio::test]
 async fn release_offers_the_slot_to_the_oldest_queued_task_on_sqlite() {
     release_offers_the_slot_to_the_oldest_queued_task(Backend::Sqlite).await;
@@ -285,4 +349,14 @@ async fn a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates_on_sqlite()
 #[tokio::test]
 async fn a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates_on_postgres() {
     a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates(Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn a_batch_places_many_tasks_of_one_agent_at_once_on_sqlite() {
+    a_batch_places_many_tasks_of_one_agent_at_once(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn a_batch_places_many_tasks_of_one_agent_at_once_on_postgres() {
+    a_batch_places_many_tasks_of_one_agent_at_once(Backend::Postgres).await;
 }

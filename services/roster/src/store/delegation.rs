@@ -515,6 +515,166 @@ pub(super) async fn delegate(
     Ok(DelegationOutcome { decision, delegation_id, changed_agents, queue_changed })
 }
 
+/// Most rows in one multi-row statement of a batch.
+const BATCH_ROWS_PER_STATEMENT: usize = 300;
+
+/// [`delegate`] for many tasks. Tasks assigned to the same agent are placed
+/// together in one transaction: those already holding a slot of the agent
+/// keep it, the others take as many of its free slots as there are (one
+/// conditional workload update for all of them). Every task left over — not
+/// assigned, or with no free slot for it — is decided alone.
+pub(super) async fn delegate_batch(
+    store: &SqlStore,
+    requests: &[DelegationRequest],
+    now: i64,
+    settings: Settings,
+) -> Result<Vec<DelegationOutcome>> {
+    let mut by_agent: std::collections::BTreeMap<&str, Vec<usize>> = std::collections::BTreeMap::new();
+    for (index, request) in requests.iter().enumerate() {
+        if !request.assigned_agent_id.is_empty() && !request.dry_run {
+            by_agent.entry(request.assigned_agent_id.as_str()).or_default().push(index);
+        }
+    }
+    let mut outcomes: Vec<Option<DelegationOutcome>> = requests.iter().map(|_| None).collect();
+    if !by_agent.is_empty() {
+        let mut transaction = store.database.pool.begin().await?;
+        for (agent_id, indexes) in by_agent {
+            place_on_agent(&mut transaction, store.database.backend, requests, agent_id, &indexes, now, settings, &mut outcomes)
+                .await?;
+        }
+        transaction.commit().await?;
+    }
+    let mut answered = Vec::with_capacity(requests.len());
+    for (request, outcome) in requests.iter().zip(outcomes) {
+        answered.push(match outcome {
+            Some(outcome) => outcome,
+            None => delegate(store, request, now, settings).await?,
+        });
+    }
+    Ok(answered)
+}
+
+/// Places the tasks at `indexes` (all assigned to `agent_id`) on its free
+/// slots, filling their `outcomes`; tasks it has no slot for are left `None`.
+#[allow(clippy::too_many_arguments)]
+async fn place_on_agent(
+    transaction: &mut Tx,
+    backend: muster_runtime::db::Backend,
+    requests: &[DelegationRequest],
+    agent_id: &str,
+    indexes: &[usize],
+    now: i64,
+    settings: Settings,
+    outcomes: &mut [Option<DelegationOutcome>],
+) -> Result<()> {
+    // Who holds each task's slot now.
+    let mut held_by: HashMap<String, String> = HashMap::new();
+    for chunk in indexes.chunks(BATCH_ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "SELECT task_id, agent_id FROM reservations WHERE task_id IN ({})",
+            muster_runtime::db::placeholder_list(backend, 1, chunk.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for &index in chunk {
+            query = query.bind(requests[index].task_id.clone());
+        }
+        for row in query.fetch_all(&mut **transaction).await? {
+            held_by.insert(row.try_get("task_id")?, row.try_get("agent_id")?);
+        }
+    }
+    let (kept, wanted): (Vec<usize>, Vec<usize>) =
+        indexes.iter().partition(|&&index| held_by.get(&requests[index].task_id).map(String::as_str) == Some(agent_id));
+    // Take as many free slots as the agent has, in one conditional update.
+    let mut taken = 0;
+    let mut agent = None;
+    for _ in 0..MAX_ATTEMPTS {
+        let Some(current) = fetch_agent(transaction, agent_id).await? else { break };
+        let free = if matches!(current.status(), Status::Offline) || current.manual_status == Some(Status::Busy) {
+            0
+        } else {
+            current.workload_capacity.saturating_sub(current.current_workload) as usize
+        };
+        let want = free.min(wanted.len());
+        if want == 0 {
+            agent = Some(current);
+            break;
+        }
+        let updated = sqlx::query(
+            "UPDATE agents SET current_workload = current_workload + $2, updated_at = $3 \
+             WHERE id = $1 AND current_workload + $2 <= workload_capacity AND manual_status NOT IN ('offline', 'busy')",
+        )
+        .bind(agent_id.to_owned())
+        .bind(want as i64)
+        .bind(now)
+        .execute(&mut **transaction)
+        .await?;
+        if updated.rows_affected() == 1 {
+            taken = want;
+            agent = Some(current);
+            break;
+        }
+    }
+    let Some(mut agent) = agent else { return Ok(()) };
+    let placed: Vec<usize> = kept.iter().copied().chain(wanted[..taken].iter().copied()).collect();
+    if placed.is_empty() {
+        return Ok(());
+    }
+    // A task moving here gives back the slot it held elsewhere.
+    for &index in &wanted[..taken] {
+        if let Some(previous) = held_by.get(&requests[index].task_id) {
+            free_slot(transaction, previous, now).await?;
+        }
+    }
+    for chunk in wanted[..taken].chunks(BATCH_ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "INSERT INTO reservations (task_id, agent_id, reserved_at) VALUES {} \
+             ON CONFLICT (task_id) DO UPDATE SET agent_id = excluded.agent_id, reserved_at = excluded.reserved_at",
+            muster_runtime::db::placeholders(backend, chunk.len(), 3)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for &index in chunk {
+            query = query.bind(requests[index].task_id.clone()).bind(agent_id.to_owned()).bind(now);
+        }
+        query.execute(&mut **transaction).await?;
+    }
+    // Tasks that waited in a queue leave it (rare: a step handed to the agent while queued).
+    let mut queued = HashSet::new();
+    for chunk in placed.chunks(BATCH_ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "SELECT task_id FROM queued_tasks WHERE state = 'queued' AND task_id IN ({})",
+            muster_runtime::db::placeholder_list(backend, 1, chunk.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for &index in chunk {
+            query = query.bind(requests[index].task_id.clone());
+        }
+        for row in query.fetch_all(&mut **transaction).await? {
+            queued.insert(row.try_get::<String, _>("task_id")?);
+        }
+    }
+    // Each decision as the framework words it, the agent's workload as each task found it.
+    for (count, &index) in placed.iter().enumerate() {
+        let request = &requests[index];
+        let mut seen = agent.clone();
+        if count < kept.len() {
+            seen.current_workload = seen.current_workload.saturating_sub(1);
+        }
+        let decision = decide(request, &Snapshot { agents: vec![seen], ..Snapshot::default() }, now, settings);
+        if decision.kind != DecisionKind::Delegate {
+            return Err(Error::Internal(format!("an agent with a free slot was not chosen: {}", decision.reasoning)));
+        }
+        let queue_changed = queued.contains(&request.task_id)
+            && resolve_queued(transaction, &request.task_id, "superseded", &decision).await?;
+        let mut changed_agents = vec![agent_id.to_owned()];
+        changed_agents.extend(held_by.get(&request.task_id).filter(|previous| previous.as_str() != agent_id).cloned());
+        outcomes[index] = Some(DelegationOutcome { decision, delegation_id: String::new(), changed_agents, queue_changed });
+        if count >= kept.len() {
+            agent.current_workload += 1;
+        }
+    }
+    Ok(())
+}
+
 /// The task's one reservation: `agent_id` holds a slot for it.
 async fn upsert_reservation(transaction: &mut Tx, task_id: &str, agent_id: &str, now: i64) -> Result<()> {
     sqlx::query(

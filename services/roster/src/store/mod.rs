@@ -195,6 +195,15 @@ pub trait RosterStore: Send + Sync + 'static {
         now: i64,
         settings: Settings,
     ) -> impl Future<Output = Result<DelegationOutcome>> + Send;
+    /// [`Self::delegate`] for many tasks, answering in their order: tasks
+    /// assigned to one agent take its free slots in one transaction; the
+    /// rest are decided one by one.
+    fn delegate_batch(
+        &self,
+        requests: &[DelegationRequest],
+        now: i64,
+        settings: Settings,
+    ) -> impl Future<Output = Result<Vec<DelegationOutcome>>> + Send;
     /// Frees a task's slot (idempotent) and offers it to the oldest task queued for that agent.
     fn release_task(&self, task_id: &str, now: i64) -> impl Future<Output = Result<ReleaseOutcome>> + Send;
     /// Escalates queued tasks that went stale or whose expert went offline or away.

@@ -616,6 +616,15 @@ impl RosterStore for SqlStore {
         super::delegation::delegate(self, request, now, settings).await
     }
 
+    async fn delegate_batch(
+        &self,
+        requests: &[DelegationRequest],
+        now: i64,
+        settings: Settings,
+    ) -> Result<Vec<super::DelegationOutcome>> {
+        super::delegation::delegate_batch(self, requests, now, settings).await
+    }
+
     async fn release_task(&self, task_id: &str, now: i64) -> Result<super::ReleaseOutcome> {
         super::delegation::release_task(self, task_id, now).await
     }
