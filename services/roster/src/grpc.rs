@@ -585,7 +585,9 @@ impl<S: RosterStore> RosterService for Roster<S> {
             decided.iter().map(|request| request.requester_id.as_str()).filter(|id| !id.is_empty()).collect();
         for requester in requesters {
             self.inner.store.get_agent(requester).await.map_err(|error| match error {
-                Error::NotFound(_) => Error::NotFound(format!("requester_id: agent {requester:?} is not in the roster")),
+                Error::NotFound(_) => {
+                    Error::NotFound(format!("requester_id: agent {requester:?} is not in the roster"))
+                }
                 other => other,
             })?;
         }

@@ -69,6 +69,8 @@ pub(crate) struct DelegationAsk {
 pub(crate) trait Roster: Send + Sync + 'static {
     /// Decides (and, for DELEGATE, reserves) who takes a task.
     fn delegate(&self, ask: DelegationAsk) -> BoxFuture<'_, Result<Decision, RosterFailure>>;
+    /// Decides many tasks in one call, answering in their order.
+    fn delegate_batch(&self, asks: Vec<DelegationAsk>) -> BoxFuture<'_, Result<Vec<Decision>, RosterFailure>>;
     /// Waits until a queued task is resolved: offered to its expert or
     /// escalated. `Ok(None)` when the roster closed the watch (ask again).
     fn watch_queued(&self, task_id: String) -> BoxFuture<'_, Result<Option<Decision>, RosterFailure>>;
@@ -131,25 +133,61 @@ fn agent_info(agent: roster::Agent) -> AgentInfo {
     }
 }
 
+fn delegate_request(ask: DelegationAsk) -> roster::DelegateRequest {
+    roster::DelegateRequest {
+        task_id: ask.task_id,
+        requester_id: ask.requester_id,
+        required_expertise: ask.required_expertise,
+        required_role: ask.required_role,
+        team: ask.team,
+        urgency: urgency(&ask.urgency) as i32,
+        deadline: ask.deadline.map(muster_runtime::time::to_timestamp),
+        delegation_chain: ask.delegation_chain,
+        description: ask.description,
+        assigned_agent_id: ask.assigned_agent_id,
+        ..Default::default()
+    }
+}
+
+/// Most tasks in one `DelegateBatch`.
+const BATCH: usize = 1000;
+
 impl Roster for RosterClient {
     fn delegate(&self, ask: DelegationAsk) -> BoxFuture<'_, Result<Decision, RosterFailure>> {
         let mut client = self.client.clone();
         Box::pin(async move {
-            let request = roster::DelegateRequest {
-                task_id: ask.task_id,
-                requester_id: ask.requester_id,
-                required_expertise: ask.required_expertise,
-                required_role: ask.required_role,
-                team: ask.team,
-                urgency: urgency(&ask.urgency) as i32,
-                deadline: ask.deadline.map(muster_runtime::time::to_timestamp),
-                delegation_chain: ask.delegation_chain,
-                description: ask.description,
-                assigned_agent_id: ask.assigned_agent_id,
-                ..Default::default()
-            };
-            let response = client.delegate(request).await.map_err(failure)?.into_inner();
+            let response = client.delegate(delegate_request(ask)).await.map_err(failure)?.into_inner();
             Ok(wire::decision_from_wire(response.decision.unwrap_or_default()))
+        })
+    }
+
+    fn delegate_batch(&self, asks: Vec<DelegationAsk>) -> BoxFuture<'_, Result<Vec<Decision>, RosterFailure>> {
+        let mut client = self.client.clone();
+        Box::pin(async move {
+            let mut decisions = Vec::with_capacity(asks.len());
+            let mut asks = asks.into_iter().peekable();
+            while asks.peek().is_some() {
+                let requests: Vec<_> = asks.by_ref().take(BATCH).map(delegate_request).collect();
+                let asked = requests.len();
+                let response = client
+                    .delegate_batch(roster::DelegateBatchRequest { requests })
+                    .await
+                    .map_err(failure)?
+                    .into_inner();
+                if response.responses.len() != asked {
+                    return Err(RosterFailure::Refused(format!(
+                        "the roster answered {} of {asked} tasks",
+                        response.responses.len()
+                    )));
+                }
+                decisions.extend(
+                    response
+                        .responses
+                        .into_iter()
+                        .map(|answer| wire::decision_from_wire(answer.decision.unwrap_or_default())),
+                );
+            }
+            Ok(decisions)
         })
     }
 

@@ -119,6 +119,8 @@ pub(crate) struct Driver {
     after_commit: Vec<Effect>,
     /// Tools' and roles' schemas, compiled once.
     schemas: schema::Compiled,
+    /// Questions for the roster from this turn, sent together.
+    asks: Vec<(DelegationAsk, Route, tracing::Span)>,
 }
 
 impl Driver {
@@ -168,6 +170,7 @@ impl Driver {
             staged_mark: vec![false; count],
             after_commit: Vec::new(),
             schemas: schema::Compiled::default(),
+            asks: Vec::new(),
         }
     }
 
@@ -179,6 +182,7 @@ impl Driver {
         self.reopen_all();
         loop {
             self.advance();
+            self.send_asks();
             if self.ended.len() == self.steps.len() {
                 return self.finish(None).await;
             }
@@ -435,10 +439,46 @@ impl Driver {
             delegation_chain: self.steps[position].delegation_chain.clone(),
             description: definition.message.clone(),
         };
-        let roster = self.engine.roster.clone();
         let route = self.route(position);
         let span = self.spans[position].clone().unwrap_or_else(tracing::Span::none);
-        self.engine.spawn(resolve(roster, ask, route).instrument(span));
+        self.asks.push((ask, route, span));
+    }
+
+    /// Sends the turn's questions to the roster: one alone, or all in one
+    /// batch (a fan-out's steps are placed in one round trip).
+    fn send_asks(&mut self) {
+        let roster = self.engine.roster.clone();
+        match self.asks.len() {
+            0 => {}
+            1 => {
+                let (ask, route, span) = self.asks.pop().expect("one ask");
+                self.engine.spawn(resolve(roster, ask, route, None).instrument(span));
+            }
+            _ => {
+                let asks = std::mem::take(&mut self.asks);
+                let engine = self.engine.clone();
+                self.engine.spawn(async move {
+                    let questions: Vec<DelegationAsk> = asks.iter().map(|(ask, ..)| ask.clone()).collect();
+                    let answers =
+                        patiently(Duration::from_millis(500), "a delegation", || roster.delegate_batch(questions.clone()))
+                            .await;
+                    match answers {
+                        Ok(decisions) => {
+                            for ((ask, route, span), decision) in asks.into_iter().zip(decisions) {
+                                engine.spawn(resolve(roster.clone(), ask, route, Some(decision)).instrument(span));
+                            }
+                        }
+                        // A roster that cannot batch is asked task by task.
+                        Err(failure) => {
+                            tracing::warn!(error = %failure.message(), "the roster refused a batch; asking task by task");
+                            for (ask, route, span) in asks {
+                                engine.spawn(resolve(roster.clone(), ask, route, None).instrument(span));
+                            }
+                        }
+                    }
+                });
+            }
+        }
     }
 
     fn executor_found(&mut self, position: usize, attempt: u32, found: Found) {
@@ -1149,14 +1189,23 @@ impl Driver {
     }
 }
 
-/// Asks the roster who takes a step, following a queued task until the
-/// expert takes it or the wait goes stale; the answer goes to the driver.
-async fn resolve(roster: Arc<dyn crate::clients::roster::Roster>, ask: DelegationAsk, route: Route) {
+/// Asks the roster who takes a step (unless its `first` answer came in a
+/// batch), following a queued task until the expert takes it or the wait
+/// goes stale; the answer goes to the driver.
+async fn resolve(
+    roster: Arc<dyn crate::clients::roster::Roster>,
+    ask: DelegationAsk,
+    route: Route,
+    mut first: Option<crate::domain::model::Decision>,
+) {
     let send = |found: Found| {
         let _ = route.driver.send(Input::Executor { position: route.position, attempt: route.attempt, found });
     };
     loop {
-        let asked = patiently(Duration::from_millis(500), "a delegation", || roster.delegate(ask.clone())).await;
+        let asked = match first.take() {
+            Some(decision) => Ok(decision),
+            None => patiently(Duration::from_millis(500), "a delegation", || roster.delegate(ask.clone())).await,
+        };
         let mut decision = match asked {
             Ok(decision) => decision,
             Err(failure) => {

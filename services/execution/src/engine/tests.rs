@@ -37,6 +37,8 @@ struct FakeRoster {
     /// The role each agent has, by agent.
     roles: HashMap<&'static str, RoleDefinition>,
     asked: Mutex<Vec<DelegationAsk>>,
+    /// The size of each batch asked for.
+    batches: Mutex<Vec<usize>>,
     released: Mutex<Vec<String>>,
 }
 
@@ -80,6 +82,18 @@ impl Roster for FakeRoster {
         };
         self.asked.lock().unwrap().push(ask);
         Box::pin(async move { Ok(decision) })
+    }
+
+    fn delegate_batch(&self, asks: Vec<DelegationAsk>) -> BoxFuture<'_, Result<Vec<Decision>, RosterFailure>> {
+        self.batches.lock().unwrap().push(asks.len());
+        let answers: Vec<_> = asks.into_iter().map(|ask| self.delegate(ask)).collect();
+        Box::pin(async move {
+            let mut decisions = Vec::new();
+            for answer in answers {
+                decisions.push(answer.await?);
+            }
+            Ok(decisions)
+        })
     }
 
     fn watch_queued(&self, _task_id: String) -> BoxFuture<'_, Result<Option<Decision>, RosterFailure>> {
@@ -682,4 +696,20 @@ async fn a_role_input_and_output_schemas_apply_to_its_steps() {
         "{}",
         wrong.error_message
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_steps_a_turn_starts_are_placed_in_one_batch() {
+    let harness = Harness::new(FakeRoster { agents: vec!["doer"], ..FakeRoster::default() }, settings()).await;
+    harness.worker(&["doer"], Behaviour::Complete);
+    let mut source = String::from("name: wide\nmax_parallel: 12\nsteps:\n");
+    for index in 0..12 {
+        source.push_str(&format!("  - {{id: s{index}, type: agent_task, agent: doer, message: m}}\n"));
+    }
+    let id = harness.run(&source).await;
+    let (status, _) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Completed);
+    assert_eq!(*harness.roster.batches.lock().unwrap(), [12], "twelve steps, one question to the roster");
+    let released = harness.roster.released.lock().unwrap().len();
+    assert_eq!(released, 12, "every slot is released when its step ends");
 }

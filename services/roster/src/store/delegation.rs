@@ -539,8 +539,17 @@ pub(super) async fn delegate_batch(
     if !by_agent.is_empty() {
         let mut transaction = store.database.pool.begin().await?;
         for (agent_id, indexes) in by_agent {
-            place_on_agent(&mut transaction, store.database.backend, requests, agent_id, &indexes, now, settings, &mut outcomes)
-                .await?;
+            place_on_agent(
+                &mut transaction,
+                store.database.backend,
+                requests,
+                agent_id,
+                &indexes,
+                now,
+                settings,
+                &mut outcomes,
+            )
+            .await?;
         }
         transaction.commit().await?;
     }
@@ -667,7 +676,8 @@ async fn place_on_agent(
             && resolve_queued(transaction, &request.task_id, "superseded", &decision).await?;
         let mut changed_agents = vec![agent_id.to_owned()];
         changed_agents.extend(held_by.get(&request.task_id).filter(|previous| previous.as_str() != agent_id).cloned());
-        outcomes[index] = Some(DelegationOutcome { decision, delegation_id: String::new(), changed_agents, queue_changed });
+        outcomes[index] =
+            Some(DelegationOutcome { decision, delegation_id: String::new(), changed_agents, queue_changed });
         if count >= kept.len() {
             agent.current_workload += 1;
         }
