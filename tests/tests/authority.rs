@@ -190,6 +190,11 @@ fn table() -> Vec<Row> {
             [PD, PD, OK, OK],
         ),
         row(
+            "RosterService/ReleaseTasks",
+            |_| roster::ReleaseTasksRequest { task_ids: vec!["nothing".into()] }.encode_to_vec(),
+            [PD, PD, OK, OK],
+        ),
+        row(
             "RosterService/WatchQueuedTask",
             |_| roster::WatchQueuedTaskRequest { task_id: "nothing".into() }.encode_to_vec(),
             [PD, PD, NotFound, NotFound],

@@ -79,6 +79,7 @@ pub const ACCESS: &[Rule] = &[
     rule("Delegate", Access::ANYONE),
     rule("DelegateBatch", Access::OPERATOR.or(Access::SERVICE)),
     rule("ReleaseTask", Access::OPERATOR.or(Access::SERVICE)),
+    rule("ReleaseTasks", Access::OPERATOR.or(Access::SERVICE)),
     rule("WatchQueuedTask", Access::OPERATOR.or(Access::SERVICE)),
     rule("ListDelegations", Access::ANYONE),
     rule("WatchRoster", Access::ANYONE),
@@ -639,6 +640,36 @@ impl<S: RosterStore> RosterService for Roster<S> {
             self.announce_resolutions(std::slice::from_ref(offered));
         }
         Ok(Response::new(pb::ReleaseTaskResponse { agent_id: outcome.agent_id.unwrap_or_default() }))
+    }
+
+    async fn release_tasks(
+        &self,
+        request: Request<pb::ReleaseTasksRequest>,
+    ) -> Result<Response<pb::ReleaseTasksResponse>, GrpcStatus> {
+        const MOST_TASKS: usize = 1000;
+        let task_ids: Vec<String> = request.into_inner().task_ids.iter().map(|id| id.trim().to_owned()).collect();
+        if task_ids.len() > MOST_TASKS {
+            return Err(Error::InvalidArgument(format!(
+                "task_ids: {} given; at most {MOST_TASKS} are accepted",
+                task_ids.len()
+            ))
+            .into());
+        }
+        if let Some(index) = task_ids.iter().position(String::is_empty) {
+            return Err(Error::InvalidArgument(format!("task_ids[{index}]: required")).into());
+        }
+        let outcomes = self.inner.store.release_tasks(&task_ids, self.now()).await?;
+        if outcomes.iter().any(|outcome| outcome.queue_changed) {
+            self.refresh_queue_gauge_after_change().await;
+        }
+        let freed: std::collections::BTreeSet<String> =
+            outcomes.iter().filter_map(|outcome| outcome.agent_id.clone()).collect();
+        tracing::info!(tasks = task_ids.len(), agents = freed.len(), "tasks released");
+        self.announce_agents(pb::RosterChangeKind::AgentStatus, &freed.into_iter().collect::<Vec<_>>()).await;
+        let offered: Vec<QueueResolution> = outcomes.iter().filter_map(|outcome| outcome.offered.clone()).collect();
+        self.announce_resolutions(&offered);
+        let agent_ids = outcomes.into_iter().map(|outcome| outcome.agent_id.unwrap_or_default()).collect();
+        Ok(Response::new(pb::ReleaseTasksResponse { agent_ids }))
     }
 
     type WatchQueuedTaskStream = ResponseStream<pb::WatchQueuedTaskResponse>;

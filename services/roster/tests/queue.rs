@@ -290,6 +290,21 @@ async fn a_batch_places_many_tasks_of_one_agent_at_once(backend: Backend) {
     let mut watch_t2 = watch(&mut server, "t2").await;
     server.client.release_task(pb::ReleaseTaskRequest { task_id: "held".into() }).await.unwrap();
     assert_eq!(watch_t2.message().await.unwrap().unwrap().decision.unwrap().primary_agent_id, "expert");
+    // Many released at once, each as alone: the freed expert slot goes to t3.
+    let mut watch_t3 = watch(&mut server, "t3").await;
+    let task_ids = vec!["t1".to_owned(), "by-criteria".to_owned(), "never".to_owned()];
+    let released =
+        server.client.release_tasks(pb::ReleaseTasksRequest { task_ids }).await.unwrap().into_inner().agent_ids;
+    assert_eq!(released, ["expert", "junior", ""]);
+    assert_eq!(watch_t3.message().await.unwrap().unwrap().decision.unwrap().primary_agent_id, "expert");
+    assert_eq!(server.get("expert").await.current_workload, 2, "t2 and t3");
+    assert_eq!(server.get("junior").await.current_workload, 0);
+    let status = server
+        .client
+        .release_tasks(pb::ReleaseTasksRequest { task_ids: vec!["a".into(), " ".into()] })
+        .await
+        .unwrap_err();
+    assert!(status.message().contains("task_ids[1]: required"), "{}", status.message());
 
     // Refused as a whole: a task asked about twice, a dry run, too many, an agent calling.
     let twice = vec![assigned("x", "expert"), assigned("x", "expert")];

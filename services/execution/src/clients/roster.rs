@@ -76,6 +76,8 @@ pub(crate) trait Roster: Send + Sync + 'static {
     fn watch_queued(&self, task_id: String) -> BoxFuture<'_, Result<Option<Decision>, RosterFailure>>;
     /// Ends a task's reservation, freeing its slot.
     fn release(&self, task_id: String) -> BoxFuture<'_, Result<(), RosterFailure>>;
+    /// Ends many tasks' reservations in one call.
+    fn release_batch(&self, task_ids: Vec<String>) -> BoxFuture<'_, Result<(), RosterFailure>>;
     /// An agent, or `NotFound`.
     fn agent(&self, agent_id: String) -> BoxFuture<'_, Result<AgentInfo, RosterFailure>>;
     /// What an assignment tells an agent about itself: role definition,
@@ -212,6 +214,17 @@ impl Roster for RosterClient {
         let mut client = self.client.clone();
         Box::pin(async move {
             client.release_task(roster::ReleaseTaskRequest { task_id }).await.map_err(failure)?;
+            Ok(())
+        })
+    }
+
+    fn release_batch(&self, task_ids: Vec<String>) -> BoxFuture<'_, Result<(), RosterFailure>> {
+        let mut client = self.client.clone();
+        Box::pin(async move {
+            for chunk in task_ids.chunks(BATCH) {
+                let request = roster::ReleaseTasksRequest { task_ids: chunk.to_vec() };
+                client.release_tasks(request).await.map_err(failure)?;
+            }
             Ok(())
         })
     }

@@ -1168,6 +1168,7 @@ impl Driver {
     }
 
     fn run_effects(&mut self) {
+        let mut releases = Vec::new();
         for effect in self.after_commit.drain(..) {
             match effect {
                 Effect::Send { slot, assignment, route } => slot.send(assignment, route),
@@ -1176,15 +1177,21 @@ impl Driver {
                     let call = tool_step::run_call(self.engine.workers.clone(), call, limit, route);
                     self.engine.spawn(call.instrument(span));
                 }
-                Effect::Release(task_id) => {
-                    let roster = self.engine.roster.clone();
-                    self.engine.spawn(async move {
-                        if let Err(failure) = roster.release(task_id.clone()).await {
-                            tracing::warn!(%task_id, error = %failure.message(), "could not release the delegated slot");
-                        }
-                    });
-                }
+                Effect::Release(task_id) => releases.push(task_id),
             }
+        }
+        // The slots the turn's ended steps held go back in one call.
+        if !releases.is_empty() {
+            let roster = self.engine.roster.clone();
+            self.engine.spawn(async move {
+                let released = match releases.as_slice() {
+                    [task_id] => roster.release(task_id.clone()).await,
+                    _ => roster.release_batch(releases.clone()).await,
+                };
+                if let Err(failure) = released {
+                    tracing::warn!(tasks = ?releases, error = %failure.message(), "could not release the slots");
+                }
+            });
         }
     }
 }

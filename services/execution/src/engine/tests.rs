@@ -105,6 +105,11 @@ impl Roster for FakeRoster {
         Box::pin(async { Ok(()) })
     }
 
+    fn release_batch(&self, task_ids: Vec<String>) -> BoxFuture<'_, Result<(), RosterFailure>> {
+        self.released.lock().unwrap().extend(task_ids);
+        Box::pin(async { Ok(()) })
+    }
+
     fn agent(&self, agent_id: String) -> BoxFuture<'_, Result<AgentInfo, RosterFailure>> {
         let known = self.agents.contains(&agent_id.as_str());
         Box::pin(async move {

@@ -701,58 +701,72 @@ async fn upsert_reservation(transaction: &mut Tx, task_id: &str, agent_id: &str,
 
 pub(super) async fn release_task(store: &SqlStore, task_id: &str, now: i64) -> Result<ReleaseOutcome> {
     let mut transaction = store.database.pool.begin().await?;
+    let outcome = release_in(&mut transaction, task_id, now).await?;
+    transaction.commit().await?;
+    Ok(outcome)
+}
+
+/// [`release_task`] for many tasks, in one transaction: the ends of a
+/// fan-out's steps take the agent's row once instead of once per task.
+pub(super) async fn release_tasks(store: &SqlStore, task_ids: &[String], now: i64) -> Result<Vec<ReleaseOutcome>> {
+    let mut transaction = store.database.pool.begin().await?;
+    let mut outcomes = Vec::with_capacity(task_ids.len());
+    for task_id in task_ids {
+        outcomes.push(release_in(&mut transaction, task_id, now).await?);
+    }
+    transaction.commit().await?;
+    Ok(outcomes)
+}
+
+async fn release_in(transaction: &mut Tx, task_id: &str, now: i64) -> Result<ReleaseOutcome> {
     let deleted = sqlx::query("DELETE FROM reservations WHERE task_id = $1 RETURNING agent_id")
         .bind(task_id.to_owned())
-        .fetch_optional(&mut *transaction)
+        .fetch_optional(&mut **transaction)
         .await?;
     // A task that ends while still queued leaves the queue: no slot is ever
     // offered to it.
     let left_queue = sqlx::query("DELETE FROM queued_tasks WHERE task_id = $1 AND state = 'queued'")
         .bind(task_id.to_owned())
-        .execute(&mut *transaction)
+        .execute(&mut **transaction)
         .await?
         .rows_affected()
         > 0;
     let Some(row) = deleted else {
-        transaction.commit().await?;
         return Ok(ReleaseOutcome { queue_changed: left_queue, ..ReleaseOutcome::default() });
     };
     let agent_id: String = row.try_get("agent_id")?;
-    free_slot(&mut transaction, &agent_id, now).await?;
+    free_slot(transaction, &agent_id, now).await?;
     let mut offered = None;
     let next = sqlx::query(
         "SELECT task_id, request_json, queued_at FROM queued_tasks WHERE expert_id = $1 AND state = 'queued' \
          ORDER BY queued_at, seq LIMIT 1",
     )
     .bind(agent_id.clone())
-    .fetch_optional(&mut *transaction)
+    .fetch_optional(&mut **transaction)
     .await?;
     if let Some(next) = next {
         let queued_task: String = next.try_get("task_id")?;
         let request: DelegationRequest = from_json(&next.try_get::<String, _>("request_json")?)?;
         let queued_at: i64 = next.try_get("queued_at")?;
-        if reserve_slot(&mut transaction, &agent_id, now).await? {
+        if reserve_slot(transaction, &agent_id, now).await? {
             // A task handed to a busy agent may still hold its former slot.
             let former = sqlx::query("SELECT agent_id FROM reservations WHERE task_id = $1")
                 .bind(queued_task.clone())
-                .fetch_optional(&mut *transaction)
+                .fetch_optional(&mut **transaction)
                 .await?;
             if let Some(former) = former {
-                free_slot(&mut transaction, &former.try_get::<String, _>("agent_id")?, now).await?;
+                free_slot(transaction, &former.try_get::<String, _>("agent_id")?, now).await?;
             }
-            let expert = fetch_agent(&mut transaction, &agent_id)
-                .await?
-                .ok_or_else(|| Error::Internal("expert vanished".into()))?;
+            let expert =
+                fetch_agent(transaction, &agent_id).await?.ok_or_else(|| Error::Internal("expert vanished".into()))?;
             let decision = queue_offer_decision(&expert, queued_at, now);
-            upsert_reservation(&mut transaction, &queued_task, &agent_id, now).await?;
-            resolve_queued(&mut transaction, &queued_task, "delegated", &decision).await?;
+            upsert_reservation(transaction, &queued_task, &agent_id, now).await?;
+            resolve_queued(transaction, &queued_task, "delegated", &decision).await?;
             let delegation_id =
-                record(&mut transaction, &queued_task, &request.requester_id, &decision, &request.description, now)
-                    .await?;
+                record(transaction, &queued_task, &request.requester_id, &decision, &request.description, now).await?;
             offered = Some(QueueResolution { task_id: queued_task, decision, delegation_id });
         }
     }
-    transaction.commit().await?;
     let queue_changed = left_queue || offered.is_some();
     Ok(ReleaseOutcome { agent_id: Some(agent_id), offered, queue_changed })
 }

@@ -206,6 +206,8 @@ pub trait RosterStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<DelegationOutcome>>> + Send;
     /// Frees a task's slot (idempotent) and offers it to the oldest task queued for that agent.
     fn release_task(&self, task_id: &str, now: i64) -> impl Future<Output = Result<ReleaseOutcome>> + Send;
+    /// [`Self::release_task`] for many tasks, in one transaction.
+    fn release_tasks(&self, task_ids: &[String], now: i64) -> impl Future<Output = Result<Vec<ReleaseOutcome>>> + Send;
     /// Escalates queued tasks that went stale or whose expert went offline or away.
     fn escalate_stale(&self, now: i64) -> impl Future<Output = Result<Vec<QueueResolution>>> + Send;
     /// A queued task's state; NOT_FOUND when it was never queued.

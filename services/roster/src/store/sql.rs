@@ -629,6 +629,10 @@ impl RosterStore for SqlStore {
         super::delegation::release_task(self, task_id, now).await
     }
 
+    async fn release_tasks(&self, task_ids: &[String], now: i64) -> Result<Vec<super::ReleaseOutcome>> {
+        super::delegation::release_tasks(self, task_ids, now).await
+    }
+
     async fn escalate_stale(&self, now: i64) -> Result<Vec<super::QueueResolution>> {
         super::delegation::escalate_stale(self, now).await
     }
