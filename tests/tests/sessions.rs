@@ -141,8 +141,12 @@ fn is_final(step: &execution::StepState) -> bool {
 async fn every_cell_of_the_default_matrix_through_check_role_and_the_action_it_guards(backend: Backend) {
     let Some(test) = TestCluster::start(backend).await else { return };
     let names = ["boss", "arch", "dev", "rev", "ana", "sleeper", "spare", "helper"];
-    let agents: Vec<Agent> =
-        names.iter().map(|name| Agent { allow_delegation: true, ..agent(name, "member", "core") }).collect();
+    // Every step the roster places takes a slot of its agent: the sleeper
+    // holds one step per player and target at once.
+    let agents: Vec<Agent> = names
+        .iter()
+        .map(|name| Agent { allow_delegation: true, workload_capacity: 100, ..agent(name, "member", "core") })
+        .collect();
     let tokens: HashMap<&str, String> = names.into_iter().zip(test.register_agents(&agents).await).collect();
     let credentials = tokens
         .iter()
