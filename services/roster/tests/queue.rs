@@ -25,6 +25,15 @@ async fn watch(server: &mut TestServer, task_id: &str) -> tonic::Streaming<pb::W
         .into_inner()
 }
 
+async fn go_offline(server: &mut TestServer, agent_id: &str) {
+    let request = pb::SetAgentStatusRequest {
+        id: agent_id.into(),
+        status: pb::AgentStatus::Offline as i32,
+        availability_until: None,
+    };
+    server.client.set_agent_status(request).await.unwrap();
+}
+
 async fn release_offers_the_slot_to_the_oldest_queued_task(backend: Backend) {
     let Some(mut server) = org(backend).await else { return };
     for task in ["a", "b"] {
@@ -110,15 +119,7 @@ async fn stale_queued_tasks_are_escalated(backend: Backend) {
 
     // The expert going offline escalates what waits for it at once.
     let mut watch_d = watch(&mut server, "d").await;
-    server
-        .client
-        .set_agent_status(pb::SetAgentStatusRequest {
-            id: "expert".into(),
-            status: pb::AgentStatus::Offline as i32,
-            availability_until: None,
-        })
-        .await
-        .unwrap();
+    go_offline(&mut server, "expert").await;
     let resolution = watch_d.message().await.unwrap().unwrap().decision.unwrap();
     assert_eq!(Kind::try_from(resolution.decision).unwrap(), Kind::Escalate);
     assert!(resolution.reasoning.contains("went offline"), "{}", resolution.reasoning);
@@ -215,15 +216,7 @@ async fn a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates(backend: Ba
     assert_eq!(server.get("boss").await.current_workload, 0, "the former slot is given back");
     assert_eq!(server.get("expert").await.current_workload, 2);
     // Offline, or not in the roster: escalated to the requester's senior.
-    server
-        .client
-        .set_agent_status(pb::SetAgentStatusRequest {
-            id: "expert".into(),
-            status: pb::AgentStatus::Offline as i32,
-            availability_until: None,
-        })
-        .await
-        .unwrap();
+    go_offline(&mut server, "expert").await;
     for (task, agent, why) in [("d", "expert", "is offline"), ("e", "ghost", "is not in the roster")] {
         let decision = server.delegate(assigned(task, agent)).await;
         assert_eq!(
