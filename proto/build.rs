@@ -1,9 +1,13 @@
-//! Compiles the contracts with protox (pure Rust, no system `protoc`) and
-//! generates the tonic clients and servers into `OUT_DIR`.
+//! Compiles the contracts with protox (pure Rust, no system `protoc`),
+//! generates the tonic clients and servers into `OUT_DIR`, and writes the
+//! table of request field limits (`limits.rs`) from the descriptors.
 
-use std::path::PathBuf;
+use std::{fmt::Write as _, path::PathBuf};
+
+use prost_reflect::{DescriptorPool, FieldDescriptor, Kind, MessageDescriptor, Value};
 
 const PROTOS: &[&str] = &[
+    "muster/common/v1/limits.proto",
     "muster/common/v1/common.proto",
     "muster/validator/v1/validator.proto",
     "muster/roster/v1/roster.proto",
@@ -12,13 +16,136 @@ const PROTOS: &[&str] = &[
     "muster/notifier/v1/notifier.proto",
 ];
 
+/// The defaults of `muster/common/v1/limits.proto`.
+const DEFAULT_ID_BYTES: u32 = 128;
+const DEFAULT_BYTES: u32 = 1024;
+const DEFAULT_ITEMS: u32 = 1000;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in PROTOS {
         println!("cargo:rerun-if-changed={proto}");
     }
-    let file_descriptors = protox::compile(PROTOS, ["."])?;
+    let mut compiler = protox::Compiler::new(["."])?;
+    compiler.include_source_info(true).include_imports(true).open_files(PROTOS)?;
     let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
-    std::fs::write(out_dir.join("muster_descriptor.bin"), prost::Message::encode_to_vec(&file_descriptors))?;
-    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(file_descriptors)?;
+    // Encoded by the compiler itself, so that the custom `limits` options
+    // reach reflection clients.
+    std::fs::write(out_dir.join("muster_descriptor.bin"), compiler.encode_file_descriptor_set())?;
+    std::fs::write(out_dir.join("limits.rs"), limits_table(&compiler.descriptor_pool())?)?;
+    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(compiler.file_descriptor_set())?;
     Ok(())
+}
+
+/// Every message a muster RPC can receive, each field with its limits.
+fn limits_table(pool: &DescriptorPool) -> Result<String, Box<dyn std::error::Error>> {
+    let extension = pool.get_extension_by_name("muster.common.v1.limits").ok_or("the limits option is not defined")?;
+    let mut table = Table::default();
+    let mut methods = Vec::new();
+    for service in pool.services().filter(|service| service.package_name().starts_with("muster.")) {
+        for method in service.methods() {
+            let input = table.message(&method.input(), None, &extension);
+            let streaming = method.is_client_streaming() || method.is_server_streaming();
+            methods.push(format!(
+                "Method {{ path: \"/{}/{}\", input: {input}, streaming: {streaming} }}",
+                service.full_name(),
+                method.name()
+            ));
+        }
+    }
+    let mut out = String::from("/// Every request message, by index.\npub static MESSAGES: &[Message] = &[\n");
+    for message in &table.rendered {
+        writeln!(out, "    {message},")?;
+    }
+    out.push_str("];\n\n/// Every muster method, by path, with the index of its request message.\npub static METHODS: &[Method] = &[\n");
+    methods.sort();
+    for method in methods {
+        writeln!(out, "    {method},")?;
+    }
+    out.push_str("];\n");
+    Ok(out)
+}
+
+#[derive(Default)]
+struct Table {
+    /// Full names (with the map field's limits for map entries) to indexes.
+    indexes: std::collections::HashMap<String, usize>,
+    rendered: Vec<String>,
+}
+
+impl Table {
+    /// The index of `message`, adding it (and what it contains) when new.
+    /// A map entry inherits the byte limit of its map field.
+    fn message(
+        &mut self,
+        message: &MessageDescriptor,
+        entry_bytes: Option<u32>,
+        extension: &prost_reflect::ExtensionDescriptor,
+    ) -> usize {
+        let key = format!("{}/{entry_bytes:?}", message.full_name());
+        if let Some(index) = self.indexes.get(&key) {
+            return *index;
+        }
+        let index = self.rendered.len();
+        self.indexes.insert(key, index);
+        self.rendered.push(String::new());
+        let mut fields: Vec<FieldDescriptor> = message.fields().collect();
+        fields.sort_by_key(FieldDescriptor::number);
+        let mut rendered = Vec::new();
+        for field in fields {
+            let (max_bytes, max_items) = limits(&field, extension);
+            let max_bytes = entry_bytes.or(max_bytes).unwrap_or_else(|| default_bytes(&field));
+            let kind = match field.kind() {
+                Kind::String => "Kind::Text".to_owned(),
+                Kind::Bytes => "Kind::Bytes".to_owned(),
+                Kind::Message(inner) => {
+                    let inherited =
+                        inner.is_map_entry().then_some(max_bytes).filter(|_| max_bytes_set(&field, extension));
+                    format!("Kind::Message({})", self.message(&inner, inherited, extension))
+                }
+                Kind::Double | Kind::Fixed64 | Kind::Sfixed64 => "Kind::Fixed64".to_owned(),
+                Kind::Float | Kind::Fixed32 | Kind::Sfixed32 => "Kind::Fixed32".to_owned(),
+                _ => "Kind::Varint".to_owned(),
+            };
+            let max_items = if field.is_list() || field.is_map() { max_items.unwrap_or(DEFAULT_ITEMS) } else { 1 };
+            rendered.push(format!(
+                "Field {{ number: {}, name: \"{}\", kind: {kind}, max_bytes: {max_bytes}, max_items: {max_items} }}",
+                field.number(),
+                field.name()
+            ));
+        }
+        self.rendered[index] =
+            format!("Message {{ name: \"{}\", fields: &[{}] }}", message.full_name(), rendered.join(", "));
+        index
+    }
+}
+
+/// The field's declared `(max_bytes, max_items)`, where set.
+fn limits(field: &FieldDescriptor, extension: &prost_reflect::ExtensionDescriptor) -> (Option<u32>, Option<u32>) {
+    let options = field.options();
+    if !options.has_extension(extension) {
+        return (None, None);
+    }
+    let declared = options.get_extension(extension);
+    let read = |name: &str| match declared.as_message().and_then(|limits| limits.get_field_by_name(name)) {
+        Some(value) => match value.as_ref() {
+            Value::U32(0) => None,
+            Value::U32(limit) => Some(*limit),
+            _ => None,
+        },
+        None => None,
+    };
+    (read("max_bytes"), read("max_items"))
+}
+
+fn max_bytes_set(field: &FieldDescriptor, extension: &prost_reflect::ExtensionDescriptor) -> bool {
+    limits(field, extension).0.is_some()
+}
+
+fn default_bytes(field: &FieldDescriptor) -> u32 {
+    let name = field.name();
+    if name == "id" || name.ends_with("_id") || name.ends_with("_ids") || name.ends_with("_key") {
+        DEFAULT_ID_BYTES
+    } else {
+        DEFAULT_BYTES
+    }
 }

@@ -47,5 +47,7 @@ pub mod notifier {
     }
 }
 
+pub mod limits;
+
 /// The encoded `FileDescriptorSet` of every muster package, for reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("muster_descriptor");

@@ -12,10 +12,10 @@ pub(crate) enum Error {
     #[error("{0}")]
     InvalidArgument(String),
     /// The process definition has errors.
-    #[error("the process has {} error(s); first: {}", .0.iter().filter(|finding| finding.error).count(), first_error(.0))]
+    #[error("the process has {}", summary(.0))]
     InvalidProcess(Vec<Finding>),
     /// A permission matrix has errors.
-    #[error("the permission matrix has {} error(s); first: {}", .0.iter().filter(|finding| finding.error).count(), first_error(.0))]
+    #[error("the permission matrix has {}", summary(.0))]
     InvalidMatrix(Vec<Finding>),
     /// A named thing does not exist.
     #[error("{0}")]
@@ -65,12 +65,18 @@ pub(crate) struct Refusal {
     pub(crate) metadata: Vec<(&'static str, String)>,
 }
 
-fn first_error(findings: &[Finding]) -> String {
-    findings
+/// `2 error(s); first: 3:5: ...`, the first error cut to a sentence's length.
+fn summary(findings: &[Finding]) -> String {
+    let errors = findings.iter().filter(|finding| finding.error).count();
+    let first = findings
         .iter()
         .find(|finding| finding.error)
-        .map(|finding| format!("{}:{}: {}", finding.line, finding.column, finding.message))
-        .unwrap_or_default()
+        .map(|finding| {
+            let message = muster_runtime::status::truncate(&finding.message, 512);
+            format!("{}:{}: {message}", finding.line, finding.column)
+        })
+        .unwrap_or_default();
+    format!("{errors} error(s); first: {first}")
 }
 
 /// The execution service's result type.
@@ -78,38 +84,62 @@ pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl From<Error> for tonic::Status {
     fn from(error: Error) -> Self {
-        use muster_proto::{common::v1 as common, execution::v1 as wire};
-        let findings = |findings: &[Finding]| -> Vec<common::Diagnostic> {
-            findings.iter().map(crate::wire::finding_to_wire).collect()
-        };
+        use muster_proto::execution::v1 as wire;
+        use muster_runtime::status::{MAX_MESSAGE_BYTES, truncate};
+        let message = truncate(&error.to_string(), MAX_MESSAGE_BYTES).into_owned();
         match error {
-            Error::InvalidArgument(message) => tonic::Status::invalid_argument(message),
+            Error::InvalidArgument(_) => tonic::Status::invalid_argument(message),
             Error::InvalidProcess(ref found) => {
                 let details = prost::Message::encode_to_vec(&wire::PublishProcessResponse {
                     process: None,
-                    diagnostics: findings(found),
+                    diagnostics: bounded_diagnostics(found),
                     unchanged: false,
                 });
-                tonic::Status::with_details(tonic::Code::InvalidArgument, error.to_string(), details.into())
+                tonic::Status::with_details(tonic::Code::InvalidArgument, message, details.into())
             }
             Error::InvalidMatrix(ref found) => {
                 let details = prost::Message::encode_to_vec(&wire::PutPermissionMatrixResponse {
                     matrix: None,
-                    diagnostics: findings(found),
+                    diagnostics: bounded_diagnostics(found),
                 });
-                tonic::Status::with_details(tonic::Code::InvalidArgument, error.to_string(), details.into())
+                tonic::Status::with_details(tonic::Code::InvalidArgument, message, details.into())
             }
-            Error::NotFound(message) => tonic::Status::not_found(message),
-            Error::FailedPrecondition(message) => tonic::Status::failed_precondition(message),
+            Error::NotFound(_) => tonic::Status::not_found(message),
+            Error::FailedPrecondition(_) => tonic::Status::failed_precondition(message),
             Error::PermissionDenied(refusal) => {
                 let Refusal { caller, action, reason, message, metadata } = *refusal;
                 let metadata: Vec<(&str, String)> = metadata.into_iter().collect();
+                let message = truncate(&message, MAX_MESSAGE_BYTES).into_owned();
                 muster_runtime::auth::permission_denied(&caller, &action, reason, message, &metadata)
             }
-            Error::Unauthenticated { reason, message } => muster_runtime::auth::unauthenticated(reason, message),
+            Error::Unauthenticated { reason, .. } => muster_runtime::auth::unauthenticated(reason, message),
             Error::Unavailable { service, detail } => muster_runtime::status::unavailable(service, &detail),
-            Error::NotRunningHere(_) => tonic::Status::unavailable(error.to_string()),
+            Error::NotRunningHere(_) => tonic::Status::unavailable(message),
             Error::Storage(detail) => muster_runtime::status::internal(&detail),
         }
     }
+}
+
+/// The diagnostics of a refused document that fit in a status's details:
+/// the first ones (errors before warnings), each message cut to a sentence's
+/// length. The status message says how many there are in all.
+fn bounded_diagnostics(findings: &[Finding]) -> Vec<muster_proto::common::v1::Diagnostic> {
+    use muster_runtime::status::{MAX_DETAILS_BYTES, truncate};
+    let mut ordered: Vec<&Finding> = findings.iter().filter(|finding| finding.error).collect();
+    ordered.extend(findings.iter().filter(|finding| !finding.error));
+    let mut room = MAX_DETAILS_BYTES;
+    let mut kept = Vec::new();
+    for finding in ordered {
+        let mut diagnostic = crate::wire::finding_to_wire(finding);
+        diagnostic.message = truncate(&diagnostic.message, 512).into_owned();
+        diagnostic.path = truncate(&diagnostic.path, 256).into_owned();
+        diagnostic.code = truncate(&diagnostic.code, 64).into_owned();
+        let size = prost::Message::encoded_len(&diagnostic) + 4;
+        if size > room {
+            break;
+        }
+        room -= size;
+        kept.push(diagnostic);
+    }
+    kept
 }

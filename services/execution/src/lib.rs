@@ -52,10 +52,11 @@ pub struct Config {
     /// Where executions are stored: sqlite://FILE or postgres://...
     #[arg(long, env = "MUSTER_DATABASE_URL", default_value = "sqlite://muster-data/execution.db")]
     pub database_url: String,
-    /// Most database connections (PostgreSQL).
+    /// Most database connections of the engine's writes (PostgreSQL).
     #[arg(long, env = "MUSTER_DATABASE_MAX_CONNECTIONS", default_value_t = 16)]
     pub database_max_connections: u32,
-    /// Read-only connections for reads, beside the writing one (SQLite).
+    /// Connections of their own for reads (GetExecution, ListExecutions,
+    /// WatchExecution's history...), so that reads never take the engine's.
     #[arg(long, env = "MUSTER_DATABASE_READERS", default_value_t = 4)]
     pub database_readers: u32,
     /// The notifier service.
@@ -121,8 +122,8 @@ pub async fn run(
         );
         true
     });
-    let api = grpc::ExecutionApi::new(engine.clone(), security.agents().clone());
     let limit = config.server.max_message_bytes;
+    let api = grpc::ExecutionApi::new(engine.clone(), security.agents().clone(), limit);
 
     let agents = security.agents().clone();
     let started = engine.clone();

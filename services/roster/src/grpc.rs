@@ -28,6 +28,9 @@ use crate::store::{AgentQuery, DelegationQuery, ImportPlan, QueueResolution, Que
 
 /// Most agents per ListAgents page.
 const MAX_PAGE_SIZE: u32 = 1000;
+/// Bytes after which a page of agents ends early (one agent is at most
+/// ~150 KiB, so a page stays far below the 4 MiB message limit).
+const MAX_PAGE_BYTES: usize = 1024 * 1024;
 /// Capacity of the change and queue broadcast channels.
 const CHANNEL_CAPACITY: usize = 1024;
 
@@ -355,16 +358,26 @@ impl<S: RosterStore> RosterService for Roster<S> {
             after_id: request.page_token,
             limit: page_size + 1,
         };
-        let mut agents = self.inner.store.list_agents(&query).await?;
-        let mut next_page_token = String::new();
-        if agents.len() > page_size as usize {
-            agents.truncate(page_size as usize);
-            next_page_token = agents.last().map(|agent| agent.id.clone()).unwrap_or_default();
+        let found = self.inner.store.list_agents(&query).await?;
+        // A page ends at `page_size` agents or at about `MAX_PAGE_BYTES`,
+        // whichever comes first: long prompts cannot push an answer past the
+        // message limit.
+        let mut agents = Vec::new();
+        let mut bytes = 0;
+        for agent in found.iter().take(page_size as usize) {
+            let agent = agent_to_wire(agent);
+            bytes += prost::Message::encoded_len(&agent);
+            agents.push(agent);
+            if bytes >= MAX_PAGE_BYTES {
+                break;
+            }
         }
-        Ok(Response::new(pb::ListAgentsResponse {
-            agents: agents.iter().map(agent_to_wire).collect(),
-            next_page_token,
-        }))
+        let next_page_token = if found.len() > agents.len() {
+            agents.last().map(|agent| agent.id.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(pb::ListAgentsResponse { agents, next_page_token }))
     }
 
     async fn update_agent(

@@ -44,6 +44,18 @@ pub struct ServerArgs {
     /// Most concurrent requests per connection.
     #[arg(long, env = "MUSTER_MAX_CONCURRENT_REQUESTS", default_value_t = 1024)]
     pub max_concurrent_requests: usize,
+    /// Most calls that are not reads handled at once by the whole service
+    /// (a streaming call counts while it opens); more are refused at once
+    /// with RESOURCE_EXHAUSTED and a retry delay, and health reads
+    /// NOT_SERVING while that lasts.
+    #[arg(long, env = "MUSTER_MAX_IN_FLIGHT", default_value_t = 256)]
+    pub max_in_flight: usize,
+    /// Most reads (`Get*`, `List*`, `Watch*`, `Subscribe`, `Check*`,
+    /// `Render*`) handled at once, shed like the rest past it. Kept small: a
+    /// read in flight competes for the CPU with the work, and more reads at
+    /// once only queue longer.
+    #[arg(long, env = "MUSTER_MAX_READS_IN_FLIGHT", default_value_t = 32)]
+    pub max_reads_in_flight: usize,
     /// Who may call: operators, agents' credentials, the service secret.
     #[command(flatten)]
     pub auth: crate::auth::AuthArgs,
@@ -75,6 +87,8 @@ impl Default for ServerArgs {
             shutdown_grace_seconds: 10,
             max_message_bytes: 4 * 1024 * 1024,
             max_concurrent_requests: 1024,
+            max_in_flight: 256,
+            max_reads_in_flight: 32,
             auth: crate::auth::AuthArgs::default(),
             tls: crate::tls::TlsArgs::default(),
         }

@@ -52,10 +52,10 @@ pub struct Migrations {
 pub struct Database {
     /// The pool: every write goes through it.
     pub pool: AnyPool,
-    /// Reads that need not wait for writers. With SQLite, which lets one
-    /// connection write at a time, a separate pool of read-only connections
-    /// (WAL lets them read while the writer writes); with PostgreSQL, the
-    /// same pool as [`Database::pool`].
+    /// Reads that need not wait for writers, nor make writers wait: a
+    /// separate pool (read-only connections with SQLite, which WAL lets read
+    /// while the one writer writes), or the same pool as [`Database::pool`]
+    /// when no readers were asked for.
     pub reads: AnyPool,
     /// Which backend.
     pub backend: Backend,
@@ -98,9 +98,8 @@ impl Database {
         Self::connect_lazy_with_readers(url, max_connections, 0)
     }
 
-    /// [`Database::connect_lazy`], with `readers` read-only connections for
-    /// [`Database::reads`] when the backend is SQLite (0: reads share the
-    /// single writing connection).
+    /// [`Database::connect_lazy`], with a pool of `readers` connections for
+    /// [`Database::reads`] (0: reads share the writers' pool).
     pub fn connect_lazy_with_readers(url: &str, max_connections: u32, readers: u32) -> Result<Self> {
         sqlx::any::install_default_drivers();
         let backend: Backend = url.parse()?;
@@ -114,8 +113,10 @@ impl Database {
             Backend::Postgres => (url.to_owned(), max_connections),
         };
         let pool = pool_options(backend, max_connections, false).connect_lazy(&url)?;
-        let reads = if backend == Backend::Sqlite && readers > 0 {
-            pool_options(backend, readers, true).connect_lazy(&url)?
+        // Reads get connections of their own, so that a flood of reads
+        // cannot take the connections the writers need.
+        let reads = if readers > 0 {
+            pool_options(backend, readers, backend == Backend::Sqlite).connect_lazy(&url)?
         } else {
             pool.clone()
         };

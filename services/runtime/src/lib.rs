@@ -8,7 +8,8 @@
 //! ([`metrics`]), and the convention by which a service's errors become gRPC
 //! statuses ([`status`]), who is calling and what it may call ([`auth`],
 //! with the service-to-service credentials of [`security`]), TLS and mutual
-//! TLS ([`tls`]), and files that hold secrets ([`files`]).
+//! TLS ([`tls`]), files that hold secrets ([`files`]), and the size limits of
+//! every request field, checked on the wire ([`limits`]).
 //!
 //! This crate is not deployable on its own; it holds no business logic.
 #![forbid(unsafe_code)]
@@ -17,10 +18,12 @@ pub mod auth;
 pub mod config;
 pub mod db;
 pub mod files;
+pub mod limits;
 pub mod metrics;
 pub mod process;
 pub mod security;
 pub mod server;
+pub mod shed;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;

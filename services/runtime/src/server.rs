@@ -1,8 +1,9 @@
 //! The one gRPC server builder. A service registers its own gRPC services,
 //! each with the access rule of every method, and a readiness check; the
 //! builder adds authentication ([`crate::auth::layer`]), TLS when configured,
-//! health (NOT_SERVING until the check passes), reflection v1 and v1alpha,
-//! request tracing, metrics, limits and graceful shutdown.
+//! health (NOT_SERVING until the check passes, and while overloaded),
+//! reflection v1 and v1alpha, request tracing, metrics, load shedding
+//! ([`crate::shed`]), request limits ([`crate::limits`]) and graceful shutdown.
 
 use std::{convert::Infallible, future::Future, time::Duration};
 
@@ -25,7 +26,9 @@ use crate::{
     Error, Result,
     auth::{AuthLayer, Rule, layer::Rules},
     config::ServerArgs,
+    limits::LimitsLayer,
     security::Security,
+    shed::{ShedLayer, Shedding},
 };
 
 /// Any error a readiness check may end with.
@@ -117,6 +120,7 @@ impl Server {
             None => None,
         };
 
+        let shedding = Shedding::new(self.args.max_reads_in_flight, self.args.max_in_flight);
         let (stop_sender, stop_receiver) = tokio::sync::oneshot::channel::<()>();
         let grace = self.args.shutdown_grace();
         // `/metrics` answers plain HTTP/1.1 on the same port, for Prometheus.
@@ -143,6 +147,8 @@ impl Server {
             )
             .layer(crate::metrics::RpcMetricsLayer)
             .layer(AuthLayer::new(security.authenticator.clone(), self.rules))
+            .layer(ShedLayer::new(shedding.clone()))
+            .layer(LimitsLayer::new(self.args.max_message_bytes))
             .add_routes(routes);
         let stopped = async move {
             let _ = stop_receiver.await;
@@ -162,6 +168,7 @@ impl Server {
         let mut ready = std::pin::pin!(ready);
         let mut shutdown = std::pin::pin!(shutdown);
         let mut is_ready = false;
+        let mut overload_watch = None;
         loop {
             tokio::select! {
                 result = &mut server => return result.map_err(Error::from),
@@ -173,11 +180,20 @@ impl Server {
                     is_ready = true;
                     set_all(&health, &self.service_names, ServingStatus::Serving).await;
                     tracing::info!("serving");
+                    let (health, names) = (health.clone(), self.service_names.clone());
+                    overload_watch = Some(tokio::spawn(shedding.clone().watch(move |overloaded| {
+                        let (health, names) = (health.clone(), names.clone());
+                        let status = if overloaded { ServingStatus::NotServing } else { ServingStatus::Serving };
+                        async move { set_all(&health, &names, status).await }
+                    })));
                 }
                 () = &mut shutdown => break,
             }
         }
 
+        if let Some(watch) = overload_watch {
+            watch.abort();
+        }
         set_all(&health, &self.service_names, ServingStatus::NotServing).await;
         tracing::info!(grace_seconds = grace.as_secs(), "shutting down");
         let _ = stop_sender.send(());

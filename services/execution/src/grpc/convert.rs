@@ -30,43 +30,57 @@ fn trace_id(traceparent: &str) -> String {
     traceparent.split('-').nth(1).unwrap_or_default().to_owned()
 }
 
+/// Most bytes of step outputs in one answer: later outputs are omitted
+/// (`output_omitted`), so that an answer always fits in a message.
+const MAX_OUTPUTS_BYTES: usize = 2 * 1024 * 1024;
+
 /// An execution with its steps (none when `steps` is empty, as in lists).
 pub(super) fn execution_to_wire(
     execution: &Execution,
     steps: &[Step],
     definition: Option<&muster_format::ProcessDefinition>,
 ) -> wire::Execution {
+    let mut room = MAX_OUTPUTS_BYTES;
     let states = match definition {
         Some(definition) if definition.steps.len() == steps.len() => steps
             .iter()
             .zip(&definition.steps)
-            .map(|(step, step_definition)| wire::StepState {
-                step_id: step_definition.id.clone(),
-                name: step_definition.name.clone(),
-                r#type: step_definition.step_type.clone(),
-                status: step_status_to_wire(step.status) as i32,
-                executor: if step.executor.is_empty() {
-                    step_definition.executor().unwrap_or_default().to_owned()
-                } else {
-                    step.executor.clone()
-                },
-                roles: Some(roles_to_wire(&step_roles(step_definition))),
-                attempt: step.attempt,
-                output_json: step.output_json.as_deref().unwrap_or_default().to_owned(),
-                error: (!step.error_code.is_empty() && step.status != StepStatus::Completed)
-                    .then(|| common::StepError { code: step.error_code.clone(), message: step.error_message.clone() }),
-                started_at: step.started_at.map(to_timestamp),
-                ended_at: step.ended_at.map(to_timestamp),
-                depends_on: step_definition.depends_on.clone(),
-                waiting_for: if step.status == StepStatus::WaitingApproval {
-                    step_definition.approvers()
-                } else {
-                    Vec::new()
-                },
-                wait_seconds: if step.status == StepStatus::Queued { step.wait_seconds } else { 0 },
-                delegation_chain: step.delegation_chain.clone(),
-                cost: step.cost,
-                tokens_used: step.tokens_used,
+            .map(|(step, step_definition)| {
+                let output = step.output_json.as_deref().unwrap_or_default();
+                let output_omitted = output.len() > room;
+                if !output_omitted {
+                    room -= output.len();
+                }
+                wire::StepState {
+                    step_id: step_definition.id.clone(),
+                    name: step_definition.name.clone(),
+                    r#type: step_definition.step_type.clone(),
+                    status: step_status_to_wire(step.status) as i32,
+                    executor: if step.executor.is_empty() {
+                        step_definition.executor().unwrap_or_default().to_owned()
+                    } else {
+                        step.executor.clone()
+                    },
+                    roles: Some(roles_to_wire(&step_roles(step_definition))),
+                    attempt: step.attempt,
+                    output_json: if output_omitted { String::new() } else { output.to_owned() },
+                    output_omitted,
+                    error: (!step.error_code.is_empty() && step.status != StepStatus::Completed).then(|| {
+                        common::StepError { code: step.error_code.clone(), message: step.error_message.clone() }
+                    }),
+                    started_at: step.started_at.map(to_timestamp),
+                    ended_at: step.ended_at.map(to_timestamp),
+                    depends_on: step_definition.depends_on.clone(),
+                    waiting_for: if step.status == StepStatus::WaitingApproval {
+                        step_definition.approvers()
+                    } else {
+                        Vec::new()
+                    },
+                    wait_seconds: if step.status == StepStatus::Queued { step.wait_seconds } else { 0 },
+                    delegation_chain: step.delegation_chain.clone(),
+                    cost: step.cost,
+                    tokens_used: step.tokens_used,
+                }
             })
             .collect(),
         _ => Vec::new(),

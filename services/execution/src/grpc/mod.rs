@@ -56,6 +56,9 @@ pub(crate) struct ExecutionApi {
     agents: AgentDirectory,
     /// The tools each role lists, to authorise tool calls and providers.
     role_tools: tools::RoleTools,
+    /// The largest message the service sends: a bigger assignment fails its
+    /// step instead of breaking the worker's stream.
+    max_message_bytes: usize,
 }
 
 /// The page size asked for, within bounds.
@@ -80,8 +83,8 @@ fn roster_answer(
 }
 
 impl ExecutionApi {
-    pub(crate) fn new(engine: Arc<Engine>, agents: AgentDirectory) -> Self {
-        Self { engine, agents, role_tools: tools::RoleTools::default() }
+    pub(crate) fn new(engine: Arc<Engine>, agents: AgentDirectory, max_message_bytes: usize) -> Self {
+        Self { engine, agents, role_tools: tools::RoleTools::default(), max_message_bytes }
     }
 
     /// An agent of the roster; FAILED_PRECONDITION naming `what` when it is not in it.

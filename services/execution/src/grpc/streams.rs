@@ -33,6 +33,35 @@ const DEFAULT_MAX_CONCURRENCY: usize = 16;
 const HAND_OFF_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A message for the worker, on the wire.
+/// `message`, unless it is an assignment too big for one message: that
+/// step fails (ASSIGNMENT_TOO_LARGE, not retried) and the worker's stream,
+/// with the other assignments on it, goes on.
+fn deliverable(
+    engine: &Engine,
+    worker_id: u64,
+    limit: usize,
+    message: Result<wire::ConnectWorkerResponse, Status>,
+) -> Option<Result<wire::ConnectWorkerResponse, Status>> {
+    if let Ok(response) = &message
+        && let Some(wire::connect_worker_response::Message::Assignment(assignment)) = &response.message
+        && response.encoded_len() > limit
+    {
+        let size = response.encoded_len();
+        tracing::warn!(assignment_id = %assignment.assignment_id, size, limit, "assignment too large to send");
+        let outcome = Outcome::Failed {
+            error_code: "ASSIGNMENT_TOO_LARGE".to_owned(),
+            message: format!(
+                "the step's assignment is {size} bytes (its message, inputs and the outputs of the steps it \
+                 depends on), more than the {limit}-byte message limit (MUSTER_MAX_MESSAGE_BYTES)"
+            ),
+            retryable: false,
+        };
+        engine.workers.complete(worker_id, &assignment.assignment_id, outcome);
+        return None;
+    }
+    Some(message)
+}
+
 fn to_wire(message: ToWorker) -> Result<wire::ConnectWorkerResponse, Status> {
     use wire::connect_worker_response::Message;
     let message = match message {
@@ -109,7 +138,9 @@ impl ExecutionApi {
             engine.workers.unregister(worker_id);
         });
         // The stream ends after a message that closes the connection.
-        let messages = UnboundedReceiverStream::new(outbound).map(to_wire);
+        let (engine, limit) = (self.engine.clone(), self.max_message_bytes);
+        let messages = UnboundedReceiverStream::new(outbound)
+            .filter_map(move |message| deliverable(&engine, worker_id, limit, to_wire(message)));
         let mut closed = false;
         let messages = messages.take_while(move |message| {
             let keep = !closed;

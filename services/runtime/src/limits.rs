@@ -1,0 +1,434 @@
+//! Request limits, checked on the wire before a handler sees the request.
+//!
+//! Every field of every request message has a maximum: the one its contract
+//! declares with the `(muster.common.v1.limits)` option, or the default of
+//! its kind (the table is [`muster_proto::limits`]). [`LimitsLayer`] reads
+//! each request message's protobuf encoding as it arrives, without decoding
+//! it into types or copying it, and refuses:
+//!
+//! - a message longer than the server's largest message with
+//!   RESOURCE_EXHAUSTED, before buffering it;
+//! - a field over its limit, or a string that is not UTF-8, with
+//!   INVALID_ARGUMENT naming the field (`agent.custom_prompt`,
+//!   `files[3].content`) and the limit;
+//! - bytes that are not a protobuf encoding with INVALID_ARGUMENT.
+//!
+//! The refusal reaches a unary handler's caller as the call's status, and a
+//! streaming handler as an error on its request stream.
+
+use std::{
+    collections::HashMap,
+    pin::Pin,
+    sync::LazyLock,
+    task::{Context, Poll},
+};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http_body::Frame;
+use muster_proto::limits::{Field, Kind, MESSAGES, METHODS};
+use tonic::{Code, Status, body::Body};
+
+/// Deepest nesting of messages accepted (prost's own limit is 100).
+const MAX_DEPTH: usize = 64;
+
+/// The request message of every muster method, by HTTP/2 path.
+static METHOD_INPUTS: LazyLock<HashMap<&'static str, usize>> =
+    LazyLock::new(|| METHODS.iter().map(|method| (method.path, method.input)).collect());
+
+/// Checks the encoded request message `input` (an index of
+/// [`muster_proto::limits::MESSAGES`]) against the limits of its fields.
+pub fn check(input: usize, encoded: &[u8]) -> Result<(), Status> {
+    walk(input, encoded, 0).map_err(Violation::into_status)
+}
+
+/// Why a message was refused, with the path of the field from the innermost
+/// out (reversed when reported).
+struct Violation {
+    code: Code,
+    path: Vec<String>,
+    problem: String,
+}
+
+impl Violation {
+    fn new(code: Code, problem: String) -> Self {
+        Self { code, path: Vec::new(), problem }
+    }
+
+    fn at(mut self, segment: String) -> Self {
+        self.path.push(segment);
+        self
+    }
+
+    fn into_status(self) -> Status {
+        let path: Vec<&str> = self.path.iter().rev().map(String::as_str).collect();
+        let message = if path.is_empty() {
+            format!("the request {}", self.problem)
+        } else {
+            format!("field {} {}", path.join("."), self.problem)
+        };
+        Status::new(self.code, message)
+    }
+}
+
+fn malformed(problem: &str) -> Violation {
+    Violation::new(Code::InvalidArgument, format!("is not a valid protobuf encoding: {problem}"))
+}
+
+fn walk(message: usize, mut bytes: &[u8], depth: usize) -> Result<(), Violation> {
+    if depth > MAX_DEPTH {
+        return Err(Violation::new(Code::InvalidArgument, format!("nests messages deeper than {MAX_DEPTH} levels")));
+    }
+    let fields = MESSAGES[message].fields;
+    // Elements seen so far of each field, by the field's position.
+    let mut counts = vec![0u32; fields.len()];
+    while !bytes.is_empty() {
+        let key = varint(&mut bytes).ok_or_else(|| malformed("a truncated field key"))?;
+        let number = u32::try_from(key >> 3).map_err(|_| malformed("a field number out of range"))?;
+        let position = fields.binary_search_by_key(&number, |field| field.number).ok();
+        let field = position.map(|position| &fields[position]);
+        let mut items = 1;
+        match key & 7 {
+            0 => {
+                varint(&mut bytes).ok_or_else(|| malformed("a truncated varint"))?;
+            }
+            1 => skip(&mut bytes, 8)?,
+            5 => skip(&mut bytes, 4)?,
+            2 => {
+                let length = varint(&mut bytes).ok_or_else(|| malformed("a truncated length"))?;
+                let length = usize::try_from(length).map_err(|_| malformed("a length out of range"))?;
+                if length > bytes.len() {
+                    return Err(malformed("a length beyond the end of the message"));
+                }
+                let (value, rest) = bytes.split_at(length);
+                bytes = rest;
+                if let Some(field) = field {
+                    let index = position.map_or(0, |position| counts[position]);
+                    items = check_value(field, value, depth).map_err(|violation| {
+                        let segment = if field.max_items > 1 {
+                            format!("{}[{index}]", field.name)
+                        } else {
+                            field.name.to_owned()
+                        };
+                        violation.at(segment)
+                    })?;
+                }
+            }
+            _ => return Err(malformed("an unsupported wire type (groups are not used by muster)")),
+        }
+        if let (Some(position), Some(field)) = (position, field) {
+            counts[position] = counts[position].saturating_add(items);
+            if counts[position] > field.max_items && field.max_items > 1 {
+                return Err(Violation::new(
+                    Code::InvalidArgument,
+                    format!("has more than {} elements (the limit)", field.max_items),
+                )
+                .at(field.name.to_owned()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks one length-delimited value of `field`; returns how many elements
+/// it holds (a packed repeated scalar holds several).
+fn check_value(field: &Field, value: &[u8], depth: usize) -> Result<u32, Violation> {
+    let too_long = || {
+        Violation::new(
+            Code::InvalidArgument,
+            format!("is {} bytes; the limit is {} bytes", value.len(), field.max_bytes),
+        )
+    };
+    match field.kind {
+        Kind::Text => {
+            if value.len() > field.max_bytes as usize {
+                return Err(too_long());
+            }
+            if std::str::from_utf8(value).is_err() {
+                return Err(Violation::new(Code::InvalidArgument, "is not valid UTF-8".to_owned()));
+            }
+            Ok(1)
+        }
+        Kind::Bytes if value.len() > field.max_bytes as usize => Err(too_long()),
+        Kind::Bytes => Ok(1),
+        Kind::Message(inner) => walk(inner, value, depth + 1).map(|()| 1),
+        // Packed repeated numbers: every byte without its top bit ends a varint.
+        Kind::Varint => Ok(count(value.iter().filter(|byte| **byte < 0x80).count())),
+        Kind::Fixed32 => Ok(count(value.len() / 4)),
+        Kind::Fixed64 => Ok(count(value.len() / 8)),
+    }
+}
+
+fn count(elements: usize) -> u32 {
+    u32::try_from(elements).unwrap_or(u32::MAX)
+}
+
+fn varint(bytes: &mut &[u8]) -> Option<u64> {
+    let mut value = 0u64;
+    for (index, byte) in bytes.iter().enumerate().take(10) {
+        value |= u64::from(byte & 0x7f) << (7 * index);
+        if byte & 0x80 == 0 {
+            *bytes = &bytes[index + 1..];
+            return Some(value);
+        }
+    }
+    None
+}
+
+fn skip(bytes: &mut &[u8], length: usize) -> Result<(), Violation> {
+    if bytes.len() < length {
+        return Err(malformed("a truncated fixed-size number"));
+    }
+    *bytes = &bytes[length..];
+    Ok(())
+}
+
+/// The tower layer that checks every muster request's messages.
+#[derive(Debug, Clone, Copy)]
+pub struct LimitsLayer {
+    max_message_bytes: usize,
+}
+
+impl LimitsLayer {
+    /// Refuses messages longer than `max_message_bytes`, and fields over their limits.
+    pub fn new(max_message_bytes: usize) -> Self {
+        Self { max_message_bytes }
+    }
+}
+
+impl<S> tower::Layer<S> for LimitsLayer {
+    type Service = Limits<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Limits { inner, max_message_bytes: self.max_message_bytes }
+    }
+}
+
+/// The service of [`LimitsLayer`].
+#[derive(Debug, Clone)]
+pub struct Limits<S> {
+    inner: S,
+    max_message_bytes: usize,
+}
+
+impl<S> tower::Service<http::Request<Body>> for Limits<S>
+where
+    S: tower::Service<http::Request<Body>>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, context: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(context)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        match METHOD_INPUTS.get(request.uri().path()) {
+            Some(&input) => {
+                let max_message_bytes = self.max_message_bytes;
+                self.inner.call(request.map(|body| {
+                    Body::new(CheckedBody { inner: body, input, max_message_bytes, buffer: BytesMut::new() })
+                }))
+            }
+            // Health, reflection and `/metrics` are not muster's to limit.
+            None => self.inner.call(request),
+        }
+    }
+}
+
+/// A request body that hands on each gRPC message once it is whole and
+/// within its limits.
+struct CheckedBody {
+    inner: Body,
+    input: usize,
+    max_message_bytes: usize,
+    /// Bytes of the message being received.
+    buffer: BytesMut,
+}
+
+/// The gRPC message header: a compression flag and a 4-byte length.
+const HEADER_BYTES: usize = 5;
+
+impl CheckedBody {
+    /// The next whole message of the buffer, checked, if one is there.
+    fn next_message(&mut self) -> Option<Result<Bytes, Status>> {
+        if self.buffer.len() < HEADER_BYTES {
+            return None;
+        }
+        let compressed = self.buffer[0] != 0;
+        let length = u32::from_be_bytes([self.buffer[1], self.buffer[2], self.buffer[3], self.buffer[4]]) as usize;
+        if length > self.max_message_bytes {
+            return Some(Err(Status::resource_exhausted(format!(
+                "the request message is {length} bytes; the limit is {} bytes",
+                self.max_message_bytes
+            ))));
+        }
+        if self.buffer.len() < HEADER_BYTES + length {
+            self.buffer.reserve(HEADER_BYTES + length - self.buffer.len());
+            return None;
+        }
+        let message = self.buffer.split_to(HEADER_BYTES + length).freeze();
+        // Compressed messages are refused by the server (muster accepts none).
+        if !compressed && let Err(status) = check(self.input, &message[HEADER_BYTES..]) {
+            return Some(Err(status));
+        }
+        Some(Ok(message))
+    }
+}
+
+impl http_body::Body for CheckedBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        loop {
+            if let Some(message) = self.next_message() {
+                return Poll::Ready(Some(message.map(Frame::data)));
+            }
+            match std::task::ready!(Pin::new(&mut self.inner).poll_frame(context)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(mut data) => {
+                        let chunk = data.copy_to_bytes(data.remaining());
+                        self.buffer.extend_from_slice(&chunk);
+                    }
+                    Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
+                },
+                Some(Err(error)) => return Poll::Ready(Some(Err(Status::from_error(error.into())))),
+                // A partial message at the end is the decoder's to report.
+                None if !self.buffer.is_empty() => {
+                    let rest = self.buffer.split().freeze();
+                    return Poll::Ready(Some(Ok(Frame::data(rest))));
+                }
+                None => return Poll::Ready(None),
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.buffer.is_empty() && self.inner.is_end_stream()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use muster_proto::roster::v1::{Agent, ImportFile, ImportRosterRequest, RegisterAgentRequest};
+    use prost::Message as _;
+
+    use super::*;
+
+    fn input_of(path: &str) -> usize {
+        METHOD_INPUTS[path]
+    }
+
+    fn register(agent: Agent) -> Vec<u8> {
+        RegisterAgentRequest { agent: Some(agent) }.encode_to_vec()
+    }
+
+    #[test]
+    fn every_method_of_every_service_has_its_request_limits() {
+        assert!(METHODS.len() >= 60, "{} methods", METHODS.len());
+        for method in METHODS {
+            assert!(MESSAGES[method.input].name.ends_with("Request"), "{}", method.path);
+        }
+        // Every string field has a limit, and identifiers the short one.
+        let agent = MESSAGES.iter().find(|message| message.name == "muster.roster.v1.Agent").unwrap();
+        let limit = |name: &str| agent.fields.iter().find(|field| field.name == name).unwrap().max_bytes;
+        assert_eq!((limit("id"), limit("name"), limit("custom_prompt")), (128, 1024, 64 * 1024));
+    }
+
+    /// `docs/deploy.md` lists every field whose limit is not its kind's default.
+    #[test]
+    fn the_deployment_guide_lists_every_field_limit_above_the_default() {
+        let guide = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/deploy.md")).unwrap();
+        let size = |bytes: u32| match bytes {
+            bytes if bytes % (1 << 20) == 0 => format!("{} MiB", bytes >> 20),
+            bytes => format!("{} KiB", bytes >> 10),
+        };
+        let mut listed = 0;
+        for message in MESSAGES {
+            for field in message.fields {
+                let mut limits = Vec::new();
+                if matches!(field.kind, Kind::Text | Kind::Bytes) && ![128, 1024].contains(&field.max_bytes) {
+                    limits.push(size(field.max_bytes));
+                }
+                if ![1, 1000].contains(&field.max_items) {
+                    let items = field.max_items.to_string();
+                    let grouped = match items.len() {
+                        4..=6 => format!("{},{}", &items[..items.len() - 3], &items[items.len() - 3..]),
+                        _ => items,
+                    };
+                    limits.push(format!("{grouped} elements"));
+                }
+                if limits.is_empty() {
+                    continue;
+                }
+                let row = format!("| `{}.{}` | {} |", message.name, field.name, limits.join(", "));
+                assert!(guide.contains(&row), "docs/deploy.md lacks the row {row}");
+                listed += 1;
+            }
+        }
+        assert!(listed > 40, "{listed} fields");
+    }
+
+    #[test]
+    fn a_field_over_its_limit_is_named_with_the_limit() {
+        let register_agent = input_of("/muster.roster.v1.RosterService/RegisterAgent");
+        let ok = register(Agent { id: "a".repeat(128), custom_prompt: "p".repeat(64 * 1024), ..Default::default() });
+        check(register_agent, &ok).unwrap();
+
+        let big = register(Agent { id: "a".into(), custom_prompt: "p".repeat(3 << 20), ..Default::default() });
+        let status = check(register_agent, &big).unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(status.message(), "field agent.custom_prompt is 3145728 bytes; the limit is 65536 bytes");
+
+        let long_id = register(Agent { id: "a".repeat(129), ..Default::default() });
+        assert_eq!(
+            check(register_agent, &long_id).unwrap_err().message(),
+            "field agent.id is 129 bytes; the limit is 128 bytes"
+        );
+    }
+
+    #[test]
+    fn repeated_fields_are_counted_and_their_elements_named_by_index() {
+        let import = input_of("/muster.roster.v1.RosterService/ImportRoster");
+        let file = |content: &str| ImportFile { name: "team.yaml".into(), content: content.into() };
+        let too_many = ImportRosterRequest { files: vec![file("x"); 201], dry_run: false }.encode_to_vec();
+        assert_eq!(
+            check(import, &too_many).unwrap_err().message(),
+            "field files has more than 200 elements (the limit)"
+        );
+        let big = ImportRosterRequest { files: vec![file("x"), file(&"y".repeat((1 << 20) + 1))], dry_run: false }
+            .encode_to_vec();
+        assert_eq!(
+            check(import, &big).unwrap_err().message(),
+            "field files[1].content is 1048577 bytes; the limit is 1048576 bytes"
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_and_broken_encodings_are_invalid_arguments() {
+        let register_agent = input_of("/muster.roster.v1.RosterService/RegisterAgent");
+        let mut bytes = register(Agent { id: "ab".into(), ..Default::default() });
+        let at = bytes.iter().rposition(|byte| *byte == b'b').unwrap();
+        bytes[at] = 0xff;
+        let status = check(register_agent, &bytes).unwrap_err();
+        assert_eq!((status.code(), status.message()), (Code::InvalidArgument, "field agent.id is not valid UTF-8"));
+
+        let truncated = &register(Agent { id: "abc".into(), ..Default::default() })[..4];
+        let status = check(register_agent, truncated).unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().starts_with("the request is not a valid protobuf encoding"), "{}", status.message());
+    }
+
+    #[test]
+    fn unknown_fields_are_skipped() {
+        let register_agent = input_of("/muster.roster.v1.RosterService/RegisterAgent");
+        // Field 99, length-delimited, 3 bytes: a newer client's field.
+        let mut bytes = register(Agent { id: "a".into(), ..Default::default() });
+        bytes.extend_from_slice(&[0x9a, 0x06, 3, b'x', b'y', b'z']);
+        check(register_agent, &bytes).unwrap();
+    }
+}
