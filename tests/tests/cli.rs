@@ -4,42 +4,21 @@
 //! rotation, the permission matrix, role checks and a team session.
 
 use std::{
-    path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
+    path::Path,
+    process::{Command, Stdio},
 };
 
 use muster_proto::execution::v1::{GetExecutionRequest, ListExecutionsRequest, StepStatus};
-use muster_tests::{Backend, TestCluster};
-
-fn muster() -> PathBuf {
-    muster::cluster::default_binary_dir().unwrap().join("muster")
-}
-
-fn repository() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-async fn run(arguments: Vec<String>, environment: Vec<(String, String)>) -> Output {
-    tokio::task::spawn_blocking(move || {
-        Command::new(muster()).args(arguments).envs(environment).current_dir(repository()).output().unwrap()
-    })
-    .await
-    .unwrap()
-}
-
-fn text(output: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
-}
+use muster_tests::{
+    Backend, TestCluster,
+    command::{muster, repository, run, text},
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_line_drives_the_cluster() {
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
     // The command finds the local operator's token in the data folder by itself.
-    let environment = vec![
-        ("MUSTER_EXECUTION_URL".to_owned(), test.cluster().execution_url()),
-        ("MUSTER_ROSTER_URL".to_owned(), test.cluster().roster_url()),
-        ("MUSTER_DATA_DIR".to_owned(), test.data_dir.display().to_string()),
-    ];
+    let environment = test.command_environment();
     let tokens_file = test.data_dir.join("tokens.json");
     let path = |path: &Path| path.display().to_string();
     let import = || {
