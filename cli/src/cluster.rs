@@ -1,5 +1,8 @@
 //! A cluster on one machine: the four service binaries as four child
-//! processes, each with its own database, supervised until stopped.
+//! processes, each with its own database, until stopped. Supervised
+//! ([`Cluster::supervise`], as `muster up` does), a service that exits is
+//! restarted on its address with its database and arguments, with backoff,
+//! until it keeps crashing.
 
 use std::{
     net::SocketAddr,
@@ -13,6 +16,10 @@ use anyhow::{Context, bail};
 use crate::credentials::{Endpoint, LocalCredentials};
 use tokio::process::{Child, Command};
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+
+mod supervision;
+
+pub use supervision::{RestartPolicy, SupervisionEvent};
 
 /// The four services, in the order they start.
 pub const SERVICES: [&str; 4] = ["roster", "validator", "notifier", "execution"];
@@ -171,7 +178,9 @@ impl Cluster {
         self.options.data_dir.join("agents")
     }
 
-    /// Stops a service abruptly (SIGKILL), as a crash would.
+    /// Stops a service abruptly (SIGKILL), as a crash would. It stays down
+    /// until [`Cluster::restart`]: only a supervised cluster restarts
+    /// services by itself, and supervision holds the cluster while it runs.
     pub async fn kill(&mut self, name: &str) -> anyhow::Result<()> {
         let service = self.services.iter_mut().find(|service| service.name == name).context("no such service")?;
         service.child.kill().await?;
@@ -319,12 +328,36 @@ pub async fn wait_until_serving(address: SocketAddr, child: &mut Child, name: &s
 
 fn check_alive(child: &mut Child, name: &str, log: &Path) -> anyhow::Result<()> {
     if let Some(status) = child.try_wait()? {
-        let tail = std::fs::read_to_string(log).unwrap_or_default();
-        let tail: Vec<&str> = tail.lines().rev().take(10).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        bail!("muster-{name} exited ({status}) while starting; last log lines:\n{}", tail.join("\n"));
+        return Err(ExitedWhileStarting { name: name.to_owned(), status, log_tail: log_tail(log, 10) }.into());
     }
     Ok(())
+}
+
+/// A service process that ended before it served.
+#[derive(Debug)]
+struct ExitedWhileStarting {
+    name: String,
+    status: std::process::ExitStatus,
+    log_tail: Vec<String>,
+}
+
+impl std::fmt::Display for ExitedWhileStarting {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "muster-{} exited ({}) while starting; last log lines:", self.name, self.status)?;
+        for line in &self.log_tail {
+            write!(formatter, "\n{line}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ExitedWhileStarting {}
+
+/// The last `lines` lines of a log file (none when it cannot be read).
+fn log_tail(log: &Path, lines: usize) -> Vec<String> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].iter().map(|line| (*line).to_owned()).collect()
 }
 
 /// SIGTERM, then SIGKILL if the process outlives the grace period.

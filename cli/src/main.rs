@@ -24,7 +24,7 @@ struct Cli {
 
 #[derive(Debug, clap::Subcommand)]
 enum Command {
-    /// Starts the four services on this machine (SQLite in the data folder) until Ctrl-C.
+    /// Starts the four services on this machine (SQLite in the data folder) until Ctrl-C, restarting any that exits.
     Up(commands::up::UpArgs),
     /// The sample end to end: cluster, sample roster, sample agents, sample process.
     Demo(commands::demo::DemoArgs),
