@@ -28,11 +28,11 @@ enum Command {
     Up(commands::up::UpArgs),
     /// The sample end to end: cluster, sample roster, sample agents, sample process.
     Demo(commands::demo::DemoArgs),
-    /// Publishes and runs a process, showing its progress live; exit code 0 only if it completed.
+    /// Publishes and runs a process, showing its progress live (across restarts of the execution service); exit code 0 only if it completed.
     Run(commands::run::RunArgs),
     /// Publishes a process (a new version), printing its diagnostics.
     Publish(commands::run::PublishArgs),
-    /// Shows an execution's events live until it ends; exit code 0 only if it completed.
+    /// Shows an execution's events live until it ends (across restarts of the execution service); exit code 0 only if it completed.
     Watch(commands::run::WatchArgs),
     /// Approves or rejects a human approval step, as the agent whose token is given.
     Approve(commands::act::ApproveArgs),

@@ -1,17 +1,24 @@
 //! The `muster` command line against a running cluster: roster import with
 //! tokens, the sample agents as a separate `muster agent` process, `run`,
 //! `validate`, `delegate`, an approval decided with `muster approve`, token
-//! rotation, the permission matrix, role checks and a team session.
+//! rotation, the permission matrix, role checks and a team session; `muster
+//! run` across a restart of the execution service.
 
 use std::{
     path::Path,
     process::{Command, Stdio},
+    time::Duration,
 };
 
-use muster_proto::execution::v1::{GetExecutionRequest, ListExecutionsRequest, StepStatus};
+use muster::worker::AgentCredential;
+use muster_proto::{
+    common::v1::{EventType, ExecutionStatus},
+    execution::v1::{GetExecutionRequest, ListExecutionsRequest, StepStatus},
+};
 use muster_tests::{
-    Backend, TestCluster,
-    command::{muster, repository, run, text},
+    Backend, TestCluster, agent, chain_process,
+    command::{Background, muster, repository, run, text},
+    events_until_finished, spawn_sample_worker,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,5 +274,63 @@ steps:
 
     agents.kill().unwrap();
     let _ = agents.wait();
+    test.shutdown().await;
+}
+
+/// `muster run` while the execution service crashes and comes back: it
+/// reconnects, resumes after the last event it printed and completes, having
+/// printed every event of the execution exactly once. With the service gone
+/// for good, `muster watch` gives up after its reconnect timeout, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn muster_run_resumes_after_the_execution_service_restarts() {
+    let Some(mut test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let ids = ["doer", "watcher"];
+    let tokens = test.register_agents(&ids.map(|id| agent(id, "worker", "team"))).await;
+    let credentials =
+        ids.iter().zip(tokens).map(|(id, token)| AgentCredential { agent_id: (*id).to_owned(), token }).collect();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let steps = 300;
+    let process = test.data_dir.join("long-chain.yaml");
+    std::fs::write(&process, chain_process("long-chain", steps, "doer", "watcher", "{}")).unwrap();
+    let environment = test.command_environment();
+
+    let mut running = Background::spawn(&["run", &process.display().to_string()], &environment);
+    // The crash comes while most of the chain is still to run.
+    let output = running.wait_for(&format!("{:<20} completed", "s5"), Duration::from_secs(120)).await;
+    let execution_id = output
+        .lines()
+        .find_map(|line| line.strip_prefix("execution ")?.strip_suffix(" started"))
+        .unwrap_or_else(|| panic!("no execution id in {output}"))
+        .to_owned();
+    test.cluster_mut().kill("execution").await.unwrap();
+    test.cluster_mut().restart("execution").await.unwrap();
+    let (status, output) = running.wait(Duration::from_secs(300)).await;
+    assert!(status.success(), "{output}");
+    assert!(output.contains("lost the execution service"), "{output}");
+    assert!(output.contains("reconnected to the execution service; resuming after event"), "{output}");
+    assert!(output.contains("execution completed"), "{output}");
+
+    let events = events_until_finished(&test.operator("execution"), &execution_id).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
+    let printed: Vec<&str> = output.lines().filter(|line| line.starts_with('[')).collect();
+    assert_eq!(printed.len(), events.len(), "each event printed once, none missing:\n{output}");
+    for index in 0..steps {
+        let step = format!("{:<20} completed", format!("s{index}"));
+        let completions = printed.iter().filter(|line| line.contains(&step)).count();
+        assert_eq!(completions, 1, "s{index} completed once:\n{output}");
+    }
+    let started = events.iter().filter(|event| event.r#type == EventType::StepStarted as i32).count();
+    assert_eq!(printed.iter().filter(|line| line.contains(" started     by ")).count(), started, "{output}");
+
+    // The service gone for good: watching gives up after the timeout, naming the way back.
+    test.cluster_mut().kill("execution").await.unwrap();
+    let watched =
+        run(vec!["watch".into(), execution_id.clone(), "--reconnect-timeout".into(), "1".into()], environment).await;
+    assert_eq!(watched.status.code(), Some(2), "{}", text(&watched));
+    assert!(text(&watched).contains(&format!("gave up watching execution {execution_id}")), "{}", text(&watched));
+    assert!(text(&watched).contains(&format!("`muster watch {execution_id}`")), "{}", text(&watched));
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
     test.shutdown().await;
 }
