@@ -33,6 +33,8 @@ pub(crate) enum Error {
         reason: &'static str,
         /// What is wrong with it.
         message: String,
+        /// Whose credential it is, for the `ErrorInfo` detail (`agent_id`).
+        metadata: Vec<(&'static str, String)>,
     },
     /// A service muster depends on cannot be reached.
     #[error("{service} is unavailable: {detail}")]
@@ -106,7 +108,9 @@ impl From<Error> for tonic::Status {
                 let metadata: Vec<(&str, String)> = metadata.into_iter().collect();
                 muster_runtime::auth::permission_denied(&caller, &action, reason, message, &metadata)
             }
-            Error::Unauthenticated { reason, message } => muster_runtime::auth::unauthenticated(reason, message),
+            Error::Unauthenticated { reason, message, metadata } => {
+                muster_runtime::auth::unauthenticated_with(reason, message, &metadata)
+            }
             Error::Unavailable { service, detail } => muster_runtime::status::unavailable(service, &detail),
             Error::NotRunningHere(_) => tonic::Status::unavailable(error.to_string()),
             Error::Storage(detail) => muster_runtime::status::internal(&detail),
