@@ -52,7 +52,7 @@ enum Command {
     Session(commands::session::SessionArgs),
     /// Whether an agent's role permits an action, and why.
     CheckRole(commands::session::CheckRoleArgs),
-    /// Serves agents with the deterministic sample behaviour (no LLM).
+    /// Serves agents with the deterministic sample behaviour (no LLM); an agent whose token is refused is left out.
     Agent(commands::agent::AgentArgs),
 }
 

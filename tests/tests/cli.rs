@@ -2,7 +2,8 @@
 //! tokens, the sample agents as a separate `muster agent` process, `run`,
 //! `validate`, `delegate`, an approval decided with `muster approve`, token
 //! rotation, the permission matrix, role checks and a team session; `muster
-//! run` across a restart of the execution service.
+//! run` across a restart of the execution service, and `muster agent` with
+//! one agent's token refused.
 
 use std::{
     path::Path,
@@ -14,11 +15,12 @@ use muster::worker::AgentCredential;
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus},
     execution::v1::{GetExecutionRequest, ListExecutionsRequest, StepStatus},
+    roster::v1::RotateTokenRequest,
 };
 use muster_tests::{
     Backend, TestCluster, agent, chain_process,
     command::{Background, muster, repository, run, text},
-    events_until_finished, spawn_sample_worker,
+    events_until_finished, publish_and_start, spawn_sample_worker,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -332,5 +334,75 @@ async fn muster_run_resumes_after_the_execution_service_restarts() {
 
     let _ = stop.send(());
     worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+/// Runs a one-step process for `agent` and waits for it to complete.
+async fn one_step_completes(test: &TestCluster, name: &str, agent: &str) {
+    let mut client = test.execution();
+    let execution_id = publish_and_start(&mut client, &chain_process(name, 1, agent, agent, "{}")).await;
+    let events = events_until_finished(&test.operator("execution"), &execution_id).await;
+    let finished = events.last().unwrap();
+    assert_eq!(finished.execution_status, ExecutionStatus::Completed as i32, "{}", finished.detail);
+}
+
+/// `muster agent` whose tokens file holds one agent's rotated token: the
+/// worker reports that agent, names it, and goes on serving the others —
+/// whether the refusal comes in the hello (connected as the operator) or
+/// for the connection itself (connected with that agent's own token). With
+/// no agent left, the command fails saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn muster_agent_goes_on_without_an_agent_whose_token_is_refused() {
+    let Some(mut test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let ids = ["archivist", "doer", "watcher"];
+    let tokens = test.register_agents(&ids.map(|id| agent(id, "worker", "team"))).await;
+    let tokens_file = test.data_dir.join("tokens.json");
+    let tokens: serde_json::Map<String, serde_json::Value> =
+        ids.iter().zip(tokens).map(|(id, token)| ((*id).to_owned(), token.into())).collect();
+    std::fs::write(&tokens_file, serde_json::Value::Object(tokens).to_string()).unwrap();
+    let tokens_file = tokens_file.display().to_string();
+    let environment = test.command_environment();
+
+    // archivist's token is rotated under the running worker; when the
+    // execution service comes back, the worker's hello is refused for it.
+    let mut agents = Background::spawn(&["agent", "--tokens-file", &tokens_file], &environment);
+    agents.wait_for("connected: serving archivist, doer, watcher", Duration::from_secs(60)).await;
+    test.roster().rotate_token(RotateTokenRequest { agent_id: "archivist".to_owned() }).await.unwrap();
+    test.cluster_mut().kill("execution").await.unwrap();
+    test.cluster_mut().restart("execution").await.unwrap();
+    let output = agents.wait_for("connected: serving doer, watcher", Duration::from_secs(120)).await;
+    assert!(output.contains("agent archivist is not served"), "{output}");
+    assert!(output.contains("the token given for agent 'archivist' is not valid"), "{output}");
+    assert!(output.contains("revoked"), "{output}");
+    one_step_completes(&test, "for-doer", "doer").await;
+    drop(agents);
+
+    // Without an operator's credential the connection carries the first
+    // agent's token, archivist's, which is refused: doer's carries it next.
+    let anonymous: Vec<(String, String)> = environment
+        .iter()
+        .filter(|(key, _)| key != "MUSTER_DATA_DIR")
+        .cloned()
+        .chain([("MUSTER_DATA_DIR".to_owned(), test.data_dir.join("nowhere").display().to_string())])
+        .collect();
+    let mut agents = Background::spawn(&["agent", "--tokens-file", &tokens_file], &anonymous);
+    let output = agents.wait_for("connected: serving doer, watcher", Duration::from_secs(60)).await;
+    assert!(output.contains("agent archivist is not served"), "{output}");
+    assert!(output.contains("revoked"), "{output}");
+    one_step_completes(&test, "for-watcher", "watcher").await;
+    drop(agents);
+
+    // Nobody left to serve: the command ends, saying whom it could not serve.
+    let alone = run(
+        ["agent", "--tokens-file", &tokens_file, "--serve", "archivist"].map(String::from).to_vec(),
+        environment.clone(),
+    )
+    .await;
+    assert_eq!(alone.status.code(), Some(2), "{}", text(&alone));
+    assert!(
+        text(&alone).contains("no agent left to serve: the execution service refused the tokens of archivist"),
+        "{}",
+        text(&alone)
+    );
     test.shutdown().await;
 }
