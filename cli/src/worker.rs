@@ -149,9 +149,8 @@ pub async fn serve<B: Behaviour>(
 /// the connection's own token is an agent's and the service refuses it, that
 /// agent goes and the next one's token carries the connection. When no agent
 /// is left, serving ends with an error naming the refused agents, whose
-/// source is the last refusal's status.
-/// Any other refusal (a tool the worker may not provide, a malformed hello)
-/// ends serving at once.
+/// source is the last refusal's status. Any other refusal (a tool the worker
+/// may not provide, a malformed hello) ends serving at once.
 pub async fn serve_reporting<B: Behaviour>(
     mut execution: Endpoint,
     worker_name: String,

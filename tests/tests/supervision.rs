@@ -143,6 +143,8 @@ async fn muster_up_gives_up_on_a_service_that_keeps_crashing() {
         assert!(output.contains(&format!("(attempt {attempt})")), "{output}");
     }
     assert!(output.contains("validator did not come back: it exited (exit status: "), "{output}");
+    // What each failed start wrote to the log is shown with it.
+    assert!(output.contains("cannot listen"), "{output}");
     assert!(output.contains("validator crashed 5 times within 60 s"), "{output}");
     assert!(output.contains("gave up restarting it"), "{output}");
     assert!(output.contains("stopping the other services..."), "{output}");

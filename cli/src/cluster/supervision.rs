@@ -70,8 +70,8 @@ pub enum SupervisionEvent {
         what: String,
         /// Its log file.
         log_path: PathBuf,
-        /// The last lines of its log, when it ended by itself (a process
-        /// killed by a signal wrote nothing about it).
+        /// The last lines this run of it wrote to its log, when it ended by
+        /// itself (a process killed by a signal wrote nothing about it).
         log_tail: Vec<String>,
         /// The crash's number within the window, and of the restart to come.
         attempt: usize,
@@ -116,8 +116,10 @@ impl Cluster {
             let name = self.services[position].name;
             let address = self.services[position].address;
             let log_path = self.services[position].log_path.clone();
+            let log_start = self.services[position].log_start;
             let mut what = format!("exited unexpectedly ({status})");
-            let mut tail = if ended_by_itself(status) { log_tail(&log_path, LOG_TAIL_LINES) } else { Vec::new() };
+            let mut tail =
+                if ended_by_itself(status) { log_tail(&log_path, log_start, LOG_TAIL_LINES) } else { Vec::new() };
             loop {
                 let attempt = record_crash(crashes.entry(name).or_default(), policy.window);
                 let given_up = attempt >= policy.max_crashes;
@@ -164,7 +166,7 @@ impl Cluster {
                         (what, tail) = match error.downcast_ref::<ExitedWhileStarting>() {
                             Some(exited) => (
                                 format!("did not come back: it exited ({}) while starting", exited.status),
-                                log_tail(&log_path, LOG_TAIL_LINES),
+                                exited.log_tail[exited.log_tail.len().saturating_sub(LOG_TAIL_LINES)..].to_vec(),
                             ),
                             None => (format!("did not come back: {error:#}"), Vec::new()),
                         };
