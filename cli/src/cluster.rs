@@ -1,5 +1,8 @@
 //! A cluster on one machine: the four service binaries as four child
-//! processes, each with its own database, supervised until stopped.
+//! processes, each with its own database, until stopped. Supervised
+//! ([`Cluster::supervise`], as `muster up` does), a service that exits is
+//! restarted on its address with its database and arguments, with backoff,
+//! until it keeps crashing.
 
 use std::{
     net::SocketAddr,
@@ -13,6 +16,10 @@ use anyhow::{Context, bail};
 use crate::credentials::{Endpoint, LocalCredentials};
 use tokio::process::{Child, Command};
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+
+mod supervision;
+
+pub use supervision::{RestartPolicy, SupervisionEvent};
 
 /// The four services, in the order they start.
 pub const SERVICES: [&str; 4] = ["roster", "validator", "notifier", "execution"];
@@ -95,6 +102,9 @@ pub struct ServiceProcess {
     pub address: SocketAddr,
     /// Its log file.
     pub log_path: PathBuf,
+    /// Where in the log file this process began writing (the file is kept
+    /// across restarts).
+    log_start: u64,
     child: Child,
 }
 
@@ -171,7 +181,9 @@ impl Cluster {
         self.options.data_dir.join("agents")
     }
 
-    /// Stops a service abruptly (SIGKILL), as a crash would.
+    /// Stops a service abruptly (SIGKILL), as a crash would. It stays down
+    /// until [`Cluster::restart`]: only a supervised cluster restarts
+    /// services by itself, and supervision holds the cluster while it runs.
     pub async fn kill(&mut self, name: &str) -> anyhow::Result<()> {
         let service = self.services.iter_mut().find(|service| service.name == name).context("no such service")?;
         service.child.kill().await?;
@@ -229,6 +241,7 @@ impl Cluster {
             .append(true)
             .open(&log_path)
             .with_context(|| format!("opening {}", log_path.display()))?;
+        let log_start = log.metadata().map_or(0, |metadata| metadata.len());
         let mut command = Command::new(&binary);
         command
             .envs(self.credentials.environment())
@@ -274,15 +287,21 @@ impl Cluster {
             command.env(key, value);
         }
         let mut child = command.spawn().with_context(|| format!("starting {}", binary.display()))?;
-        let address = wait_for_port_file(&port_file, &mut child, name, &log_path).await?;
-        wait_until_serving(address, &mut child, name, &log_path).await?;
-        Ok(ServiceProcess { name, address, log_path, child })
+        let address = wait_for_port_file(&port_file, &mut child, name, &log_path, log_start).await?;
+        wait_until_serving(address, &mut child, name, &log_path, log_start).await?;
+        Ok(ServiceProcess { name, address, log_path, log_start, child })
     }
 }
 
 const STARTUP_LIMIT: Duration = Duration::from_secs(60);
 
-async fn wait_for_port_file(path: &Path, child: &mut Child, name: &str, log: &Path) -> anyhow::Result<SocketAddr> {
+async fn wait_for_port_file(
+    path: &Path,
+    child: &mut Child,
+    name: &str,
+    log: &Path,
+    log_start: u64,
+) -> anyhow::Result<SocketAddr> {
     let deadline = Instant::now() + STARTUP_LIMIT;
     loop {
         if let Ok(text) = std::fs::read_to_string(path)
@@ -290,7 +309,7 @@ async fn wait_for_port_file(path: &Path, child: &mut Child, name: &str, log: &Pa
         {
             return Ok(address);
         }
-        check_alive(child, name, log)?;
+        check_alive(child, name, log, log_start)?;
         if Instant::now() > deadline {
             bail!("muster-{name} did not start listening within {} s; see {}", STARTUP_LIMIT.as_secs(), log.display());
         }
@@ -298,8 +317,15 @@ async fn wait_for_port_file(path: &Path, child: &mut Child, name: &str, log: &Pa
     }
 }
 
-/// Polls the gRPC health service until the service reports SERVING.
-pub async fn wait_until_serving(address: SocketAddr, child: &mut Child, name: &str, log: &Path) -> anyhow::Result<()> {
+/// Polls the gRPC health service until the service reports SERVING; fails,
+/// with what the process wrote to `log` from byte `log_start`, if it exits.
+pub async fn wait_until_serving(
+    address: SocketAddr,
+    child: &mut Child,
+    name: &str,
+    log: &Path,
+    log_start: u64,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + STARTUP_LIMIT;
     let url = format!("http://{address}");
     loop {
@@ -309,7 +335,7 @@ pub async fn wait_until_serving(address: SocketAddr, child: &mut Child, name: &s
         {
             return Ok(());
         }
-        check_alive(child, name, log)?;
+        check_alive(child, name, log, log_start)?;
         if Instant::now() > deadline {
             bail!("muster-{name} did not report SERVING within {} s; see {}", STARTUP_LIMIT.as_secs(), log.display());
         }
@@ -317,14 +343,42 @@ pub async fn wait_until_serving(address: SocketAddr, child: &mut Child, name: &s
     }
 }
 
-fn check_alive(child: &mut Child, name: &str, log: &Path) -> anyhow::Result<()> {
+fn check_alive(child: &mut Child, name: &str, log: &Path, log_start: u64) -> anyhow::Result<()> {
     if let Some(status) = child.try_wait()? {
-        let tail = std::fs::read_to_string(log).unwrap_or_default();
-        let tail: Vec<&str> = tail.lines().rev().take(10).collect();
-        let tail: Vec<&str> = tail.into_iter().rev().collect();
-        bail!("muster-{name} exited ({status}) while starting; last log lines:\n{}", tail.join("\n"));
+        let log_tail = log_tail(log, log_start, 10);
+        return Err(ExitedWhileStarting { name: name.to_owned(), status, log_tail }.into());
     }
     Ok(())
+}
+
+/// A service process that ended before it served.
+#[derive(Debug)]
+struct ExitedWhileStarting {
+    name: String,
+    status: std::process::ExitStatus,
+    log_tail: Vec<String>,
+}
+
+impl std::fmt::Display for ExitedWhileStarting {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "muster-{} exited ({}) while starting; last log lines:", self.name, self.status)?;
+        for line in &self.log_tail {
+            write!(formatter, "\n{line}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ExitedWhileStarting {}
+
+/// The last `lines` lines a log file holds from byte `from` on (none when it
+/// cannot be read).
+fn log_tail(log: &Path, from: u64, lines: usize) -> Vec<String> {
+    let bytes = std::fs::read(log).unwrap_or_default();
+    let from = usize::try_from(from).ok().filter(|from| *from <= bytes.len()).unwrap_or(0);
+    let text = String::from_utf8_lossy(&bytes[from..]);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].iter().map(|line| (*line).to_owned()).collect()
 }
 
 /// SIGTERM, then SIGKILL if the process outlives the grace period.

@@ -24,15 +24,15 @@ struct Cli {
 
 #[derive(Debug, clap::Subcommand)]
 enum Command {
-    /// Starts the four services on this machine (SQLite in the data folder) until Ctrl-C.
+    /// Starts the four services on this machine (SQLite in the data folder) until Ctrl-C, restarting any that exits.
     Up(commands::up::UpArgs),
     /// The sample end to end: cluster, sample roster, sample agents, sample process.
     Demo(commands::demo::DemoArgs),
-    /// Publishes and runs a process, showing its progress live; exit code 0 only if it completed.
+    /// Publishes and runs a process, showing its progress live (across restarts of the execution service); exit code 0 only if it completed.
     Run(commands::run::RunArgs),
     /// Publishes a process (a new version), printing its diagnostics.
     Publish(commands::run::PublishArgs),
-    /// Shows an execution's events live until it ends; exit code 0 only if it completed.
+    /// Shows an execution's events live until it ends (across restarts of the execution service); exit code 0 only if it completed.
     Watch(commands::run::WatchArgs),
     /// Approves or rejects a human approval step, as the agent whose token is given.
     Approve(commands::act::ApproveArgs),
@@ -52,7 +52,7 @@ enum Command {
     Session(commands::session::SessionArgs),
     /// Whether an agent's role permits an action, and why.
     CheckRole(commands::session::CheckRoleArgs),
-    /// Serves agents with the deterministic sample behaviour (no LLM).
+    /// Serves agents with the deterministic sample behaviour (no LLM); an agent whose token is refused is left out.
     Agent(commands::agent::AgentArgs),
 }
 

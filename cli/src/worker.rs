@@ -1,7 +1,8 @@
 //! The Rust agent worker library: connect to the execution service, serve
 //! some agents, run each assignment with a [`Behaviour`], and report results.
 //! A worker reconnects by itself when the stream breaks; assignments lost
-//! with a connection are reassigned by the execution service.
+//! with a connection are reassigned by the execution service. An agent whose
+//! token the service refuses is left out and the others go on being served.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -100,6 +101,26 @@ impl<B: Behaviour> Behaviour for WithoutTools<B> {
     }
 }
 
+/// What a worker tells its owner about the agents it serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    /// The service welcomed the worker (again): it serves these agents.
+    Connected {
+        /// The id the service gave this connection.
+        worker_id: String,
+        /// The agents it serves.
+        agents: Vec<String>,
+    },
+    /// The service refused an agent's credential (rotated, revoked, not the
+    /// agent's): the worker goes on serving the others without it.
+    AgentRefused {
+        /// The agent.
+        agent_id: String,
+        /// The service's refusal.
+        reason: String,
+    },
+}
+
 /// Serves `agents` until `shutdown` resolves, reconnecting after failures.
 ///
 /// The connection itself is made with `execution.token`: an operator's token
@@ -112,14 +133,64 @@ pub async fn serve<B: Behaviour>(
     behaviour: Arc<B>,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    let notify = |notice: Notice| {
+        if let Notice::AgentRefused { agent_id, reason } = notice {
+            tracing::warn!(agent_id = %agent_id, %reason, "agent refused; serving the others");
+        }
+    };
+    serve_reporting(execution, worker_name, agents, behaviour, notify, shutdown).await
+}
+
+/// [`serve`], telling `notify` when the worker connects and when an agent's
+/// credential is refused.
+///
+/// One refused agent does not stop the others: the service names the agent
+/// whose token it refused, and the worker connects again without it. When
+/// the connection's own token is an agent's and the service refuses it, that
+/// agent goes and the next one's token carries the connection. When no agent
+/// is left, serving ends with an error naming the refused agents, whose
+/// source is the last refusal's status. Any other refusal (a tool the worker
+/// may not provide, a malformed hello) ends serving at once.
+pub async fn serve_reporting<B: Behaviour>(
+    mut execution: Endpoint,
+    worker_name: String,
+    mut agents: Vec<AgentCredential>,
+    behaviour: Arc<B>,
+    mut notify: impl FnMut(Notice) + Send,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
     let mut shutdown = std::pin::pin!(shutdown);
+    let serves_agents = !agents.is_empty();
+    let mut refused: Vec<String> = Vec::new();
     let mut backoff = Duration::from_millis(100);
     loop {
         tokio::select! {
             () = &mut shutdown => return Ok(()),
-            outcome = session(&execution, &worker_name, &agents, &behaviour) => {
+            outcome = session(&execution, &worker_name, &agents, &behaviour, &mut notify) => {
                 match outcome {
-                    Err(error) if is_refusal(&error) => return Err(error),
+                    Err(error) if is_refusal(&error) => {
+                        let Some((agent_id, reason)) = refused_agent(&error, &execution, &agents) else {
+                            return Err(error);
+                        };
+                        tracing::info!(agent_id = %agent_id, %reason, "agent refused; serving the others");
+                        let carried_the_connection =
+                            agents.iter().any(|agent| agent.agent_id == agent_id && agent.token == execution.token);
+                        agents.retain(|agent| agent.agent_id != agent_id);
+                        if carried_the_connection && let Some(next) = agents.first() {
+                            execution.token = next.token.clone();
+                        }
+                        notify(Notice::AgentRefused { agent_id: agent_id.clone(), reason });
+                        refused.push(agent_id);
+                        if serves_agents && agents.is_empty() {
+                            // The last refusal stays the error's source, for callers that look at its status.
+                            return Err(error.context(format!(
+                                "no agent left to serve: the execution service refused the tokens of {}",
+                                refused.join(", ")
+                            )));
+                        }
+                        // Another agent's credential may be refused next: no backoff.
+                        continue;
+                    }
                     Err(error) => tracing::warn!(%error, "worker connection lost; reconnecting"),
                     Ok(()) => tracing::info!("worker stream closed by the server; reconnecting"),
                 }
@@ -141,6 +212,23 @@ fn is_refusal(error: &anyhow::Error) -> bool {
             tonic::Code::Unauthenticated | tonic::Code::PermissionDenied | tonic::Code::InvalidArgument
         )
     })
+}
+
+/// The served agent a refusal is about, and the refusal: the agent the
+/// service names, else, when the connection's own credential was refused,
+/// the agent whose token it is.
+fn refused_agent(error: &anyhow::Error, execution: &Endpoint, agents: &[AgentCredential]) -> Option<(String, String)> {
+    let status = error.downcast_ref::<tonic::Status>()?;
+    let reason = format!("{:?}: {}", status.code(), status.message());
+    let named = muster_runtime::auth::error_info(status).and_then(|(_, metadata)| metadata.get("agent_id").cloned());
+    let agent = match named {
+        Some(agent_id) => agents.iter().find(|agent| agent.agent_id == agent_id),
+        None if status.code() == tonic::Code::Unauthenticated => {
+            agents.iter().find(|agent| agent.token == execution.token)
+        }
+        None => None,
+    }?;
+    Some((agent.agent_id.clone(), reason))
 }
 
 /// The message reporting a finished assignment.
@@ -174,6 +262,7 @@ async fn session<B: Behaviour>(
     worker_name: &str,
     agents: &[AgentCredential],
     behaviour: &Arc<B>,
+    notify: &mut impl FnMut(Notice),
 ) -> anyhow::Result<()> {
     let mut client = ExecutionServiceClient::new(execution.channel()?);
     let (sender, receiver) = mpsc::channel::<ConnectWorkerRequest>(256);
@@ -197,6 +286,10 @@ async fn session<B: Behaviour>(
         match message.message {
             Some(connect_worker_response::Message::Welcome(welcome)) => {
                 tracing::info!(worker_id = %welcome.worker_id, agents = agents.len(), "worker connected");
+                notify(Notice::Connected {
+                    worker_id: welcome.worker_id.clone(),
+                    agents: agents.iter().map(|agent| agent.agent_id.clone()).collect(),
+                });
                 // Heartbeats keep the lease while assignments take long.
                 let heartbeat_every = Duration::from_millis((welcome.lease_ms / 3).max(50));
                 let sender = sender.clone();

@@ -29,6 +29,7 @@ pub type RosterClient = RosterServiceClient<AuthChannel>;
 /// The notifier's client.
 pub type NotifierClient = NotifierServiceClient<AuthChannel>;
 
+pub mod command;
 pub mod otlp;
 pub mod pki;
 pub mod raw;
@@ -150,6 +151,16 @@ impl TestCluster {
         muster_runtime::auth::ServiceSecret::new(&secret).expect("a valid secret").credential(service)
     }
 
+    /// The environment that points the `muster` command at this cluster, as
+    /// its local operator (whose token the command finds in the data folder).
+    pub fn command_environment(&self) -> Vec<(String, String)> {
+        vec![
+            ("MUSTER_EXECUTION_URL".to_owned(), self.cluster().execution_url()),
+            ("MUSTER_ROSTER_URL".to_owned(), self.cluster().roster_url()),
+            ("MUSTER_DATA_DIR".to_owned(), self.data_dir.display().to_string()),
+        ]
+    }
+
     /// The execution service, as the operator.
     pub fn execution(&self) -> ExecutionClient {
         ExecutionServiceClient::new(self.operator("execution").channel().expect("a channel"))
@@ -241,6 +252,24 @@ impl Drop for TestCluster {
         } else {
             let _ = std::fs::remove_dir_all(&self.data_dir);
         }
+    }
+}
+
+/// A folder in the temporary folder, removed when dropped.
+pub struct Folder(pub PathBuf);
+
+impl Folder {
+    /// A new, empty folder whose name starts with `muster-<label>-`.
+    pub fn new(label: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("muster-{label}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&path).expect("creating a temporary folder");
+        Self(path)
+    }
+}
+
+impl Drop for Folder {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 

@@ -1,45 +1,33 @@
 //! The `muster` command line against a running cluster: roster import with
 //! tokens, the sample agents as a separate `muster agent` process, `run`,
 //! `validate`, `delegate`, an approval decided with `muster approve`, token
-//! rotation, the permission matrix, role checks and a team session.
+//! rotation, the permission matrix, role checks and a team session; `muster
+//! run` across a restart of the execution service, and `muster agent` with
+//! one agent's token refused.
 
 use std::{
-    path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
+    path::Path,
+    process::{Command, Stdio},
+    time::Duration,
 };
 
-use muster_proto::execution::v1::{GetExecutionRequest, ListExecutionsRequest, StepStatus};
-use muster_tests::{Backend, TestCluster};
-
-fn muster() -> PathBuf {
-    muster::cluster::default_binary_dir().unwrap().join("muster")
-}
-
-fn repository() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-async fn run(arguments: Vec<String>, environment: Vec<(String, String)>) -> Output {
-    tokio::task::spawn_blocking(move || {
-        Command::new(muster()).args(arguments).envs(environment).current_dir(repository()).output().unwrap()
-    })
-    .await
-    .unwrap()
-}
-
-fn text(output: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
-}
+use muster::worker::AgentCredential;
+use muster_proto::{
+    common::v1::{EventType, ExecutionStatus},
+    execution::v1::{GetExecutionRequest, ListExecutionsRequest, StepStatus},
+    roster::v1::RotateTokenRequest,
+};
+use muster_tests::{
+    Backend, TestCluster, agent, chain_process,
+    command::{Background, muster, repository, run, text},
+    events_until_finished, publish_and_start, spawn_sample_worker,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_line_drives_the_cluster() {
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
     // The command finds the local operator's token in the data folder by itself.
-    let environment = vec![
-        ("MUSTER_EXECUTION_URL".to_owned(), test.cluster().execution_url()),
-        ("MUSTER_ROSTER_URL".to_owned(), test.cluster().roster_url()),
-        ("MUSTER_DATA_DIR".to_owned(), test.data_dir.display().to_string()),
-    ];
+    let environment = test.command_environment();
     let tokens_file = test.data_dir.join("tokens.json");
     let path = |path: &Path| path.display().to_string();
     let import = || {
@@ -288,5 +276,133 @@ steps:
 
     agents.kill().unwrap();
     let _ = agents.wait();
+    test.shutdown().await;
+}
+
+/// `muster run` while the execution service crashes and comes back: it
+/// reconnects, resumes after the last event it printed and completes, having
+/// printed every event of the execution exactly once. With the service gone
+/// for good, `muster watch` gives up after its reconnect timeout, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn muster_run_resumes_after_the_execution_service_restarts() {
+    let Some(mut test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let ids = ["doer", "watcher"];
+    let tokens = test.register_agents(&ids.map(|id| agent(id, "worker", "team"))).await;
+    let credentials =
+        ids.iter().zip(tokens).map(|(id, token)| AgentCredential { agent_id: (*id).to_owned(), token }).collect();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let steps = 300;
+    let process = test.data_dir.join("long-chain.yaml");
+    std::fs::write(&process, chain_process("long-chain", steps, "doer", "watcher", "{}")).unwrap();
+    let environment = test.command_environment();
+
+    let mut running = Background::spawn(&["run", &process.display().to_string()], &environment);
+    // The crash comes while most of the chain is still to run.
+    let output = running.wait_for(&format!("{:<20} completed", "s5"), Duration::from_secs(120)).await;
+    let execution_id = output
+        .lines()
+        .find_map(|line| line.strip_prefix("execution ")?.strip_suffix(" started"))
+        .unwrap_or_else(|| panic!("no execution id in {output}"))
+        .to_owned();
+    test.cluster_mut().kill("execution").await.unwrap();
+    test.cluster_mut().restart("execution").await.unwrap();
+    let (status, output) = running.wait(Duration::from_secs(300)).await;
+    assert!(status.success(), "{output}");
+    assert!(output.contains("lost the execution service"), "{output}");
+    assert!(output.contains("reconnected to the execution service; resuming after event"), "{output}");
+    assert!(output.contains("execution completed"), "{output}");
+
+    let events = events_until_finished(&test.operator("execution"), &execution_id).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
+    let printed: Vec<&str> = output.lines().filter(|line| line.starts_with('[')).collect();
+    assert_eq!(printed.len(), events.len(), "each event printed once, none missing:\n{output}");
+    for index in 0..steps {
+        let step = format!("{:<20} completed", format!("s{index}"));
+        let completions = printed.iter().filter(|line| line.contains(&step)).count();
+        assert_eq!(completions, 1, "s{index} completed once:\n{output}");
+    }
+    let started = events.iter().filter(|event| event.r#type == EventType::StepStarted as i32).count();
+    assert_eq!(printed.iter().filter(|line| line.contains(" started     by ")).count(), started, "{output}");
+
+    // The service gone for good: watching gives up after the timeout, naming the way back.
+    test.cluster_mut().kill("execution").await.unwrap();
+    let watched =
+        run(vec!["watch".into(), execution_id.clone(), "--reconnect-timeout".into(), "1".into()], environment).await;
+    assert_eq!(watched.status.code(), Some(2), "{}", text(&watched));
+    assert!(text(&watched).contains(&format!("gave up watching execution {execution_id}")), "{}", text(&watched));
+    assert!(text(&watched).contains(&format!("`muster watch {execution_id}`")), "{}", text(&watched));
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+/// Runs a one-step process for `agent` and waits for it to complete.
+async fn one_step_completes(test: &TestCluster, name: &str, agent: &str) {
+    let mut client = test.execution();
+    let execution_id = publish_and_start(&mut client, &chain_process(name, 1, agent, agent, "{}")).await;
+    let events = events_until_finished(&test.operator("execution"), &execution_id).await;
+    let finished = events.last().unwrap();
+    assert_eq!(finished.execution_status, ExecutionStatus::Completed as i32, "{}", finished.detail);
+}
+
+/// `muster agent` whose tokens file holds one agent's rotated token: the
+/// worker reports that agent, names it, and goes on serving the others —
+/// whether the refusal comes in the hello (connected as the operator) or
+/// for the connection itself (connected with that agent's own token). With
+/// no agent left, the command fails saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn muster_agent_goes_on_without_an_agent_whose_token_is_refused() {
+    let Some(mut test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let ids = ["archivist", "doer", "watcher"];
+    let tokens = test.register_agents(&ids.map(|id| agent(id, "worker", "team"))).await;
+    let tokens_file = test.data_dir.join("tokens.json");
+    let tokens: serde_json::Map<String, serde_json::Value> =
+        ids.iter().zip(tokens).map(|(id, token)| ((*id).to_owned(), token.into())).collect();
+    std::fs::write(&tokens_file, serde_json::Value::Object(tokens).to_string()).unwrap();
+    let tokens_file = tokens_file.display().to_string();
+    let environment = test.command_environment();
+
+    // archivist's token is rotated under the running worker; when the
+    // execution service comes back, the worker's hello is refused for it.
+    let mut agents = Background::spawn(&["agent", "--tokens-file", &tokens_file], &environment);
+    agents.wait_for("connected: serving archivist, doer, watcher", Duration::from_secs(60)).await;
+    test.roster().rotate_token(RotateTokenRequest { agent_id: "archivist".to_owned() }).await.unwrap();
+    test.cluster_mut().kill("execution").await.unwrap();
+    test.cluster_mut().restart("execution").await.unwrap();
+    let output = agents.wait_for("connected: serving doer, watcher", Duration::from_secs(120)).await;
+    assert!(output.contains("agent archivist is not served"), "{output}");
+    assert!(output.contains("the token given for agent 'archivist' is not valid"), "{output}");
+    assert!(output.contains("revoked"), "{output}");
+    one_step_completes(&test, "for-doer", "doer").await;
+    drop(agents);
+
+    // Without an operator's credential the connection carries the first
+    // agent's token, archivist's, which is refused: doer's carries it next.
+    let anonymous: Vec<(String, String)> = environment
+        .iter()
+        .filter(|(key, _)| key != "MUSTER_DATA_DIR")
+        .cloned()
+        .chain([("MUSTER_DATA_DIR".to_owned(), test.data_dir.join("nowhere").display().to_string())])
+        .collect();
+    let mut agents = Background::spawn(&["agent", "--tokens-file", &tokens_file], &anonymous);
+    let output = agents.wait_for("connected: serving doer, watcher", Duration::from_secs(60)).await;
+    assert!(output.contains("agent archivist is not served"), "{output}");
+    assert!(output.contains("revoked"), "{output}");
+    one_step_completes(&test, "for-watcher", "watcher").await;
+    drop(agents);
+
+    // Nobody left to serve: the command ends, saying whom it could not serve.
+    let alone = run(
+        ["agent", "--tokens-file", &tokens_file, "--serve", "archivist"].map(String::from).to_vec(),
+        environment.clone(),
+    )
+    .await;
+    assert_eq!(alone.status.code(), Some(2), "{}", text(&alone));
+    assert!(
+        text(&alone).contains("no agent left to serve: the execution service refused the tokens of archivist"),
+        "{}",
+        text(&alone)
+    );
     test.shutdown().await;
 }

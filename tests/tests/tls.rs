@@ -22,26 +22,9 @@ use muster_runtime::{
     testing::TestCredentials,
     tls::{ClientTls, TlsArgs},
 };
-use muster_tests::{agent, build_service_binaries, pki::TestCa};
+use muster_tests::{Folder, agent, build_service_binaries, pki::TestCa};
 use tonic::Code;
 use tonic_types::StatusExt as _;
-
-/// A folder removed when dropped.
-struct Folder(PathBuf);
-
-impl Folder {
-    fn new(label: &str) -> Self {
-        let path = std::env::temp_dir().join(format!("muster-{label}-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&path).unwrap();
-        Self(path)
-    }
-}
-
-impl Drop for Folder {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A service binary running as a process, killed when dropped.
 struct Process {

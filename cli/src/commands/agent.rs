@@ -6,7 +6,7 @@ use anyhow::Context;
 use muster::{
     credentials::Endpoint,
     sample::SampleBehaviour,
-    worker::{self, AgentCredential, WithoutTools},
+    worker::{self, AgentCredential, Notice, WithoutTools},
 };
 
 /// `muster agent`
@@ -26,7 +26,9 @@ pub(crate) struct AgentArgs {
 /// Serves the agents of the tokens file. The connection is made with the
 /// command's credential (an operator's token lets the worker provide the
 /// sample tools); without one, with the first served agent's own token, and
-/// the worker provides no tools.
+/// the worker provides no tools. An agent whose token the service refuses
+/// (rotated, revoked) is reported and left out; the others go on being
+/// served, and the command fails only when no agent is left.
 pub(crate) async fn run(args: AgentArgs, token: Option<&str>) -> anyhow::Result<()> {
     if !args.tokens_file.exists() {
         anyhow::bail!("{} does not exist: `muster roster import --tokens-file` writes it", args.tokens_file.display());
@@ -36,17 +38,26 @@ pub(crate) async fn run(args: AgentArgs, token: Option<&str>) -> anyhow::Result<
     let name = format!("muster-agent-{}", std::process::id());
     let shutdown = muster_runtime::shutdown::signal();
     println!("serving {} agents; Ctrl-C to stop", credentials.len());
+    let tokens_file = args.tokens_file.display().to_string();
+    let report = move |notice: Notice| match notice {
+        Notice::Connected { agents, .. } => println!("connected: serving {}", agents.join(", ")),
+        Notice::AgentRefused { agent_id, reason } => eprintln!(
+            "agent {agent_id} is not served: the execution service refused its token ({reason}); \
+             if it was rotated, put the new one in {tokens_file} and restart `muster agent`"
+        ),
+    };
     match muster::credentials::resolve(token) {
         Ok(token) => {
             let execution = Endpoint::new(args.execution, token);
-            worker::serve(execution, name, credentials, Arc::new(SampleBehaviour), shutdown).await
+            worker::serve_reporting(execution, name, credentials, Arc::new(SampleBehaviour), report, shutdown).await
         }
         Err(_) => {
             let token =
                 credentials.first().map(|agent| agent.token.clone()).context("the tokens file names no agent")?;
             println!("(no operator credential: serving without the sample tools)");
             let execution = Endpoint::new(args.execution, token);
-            worker::serve(execution, name, credentials, Arc::new(WithoutTools(SampleBehaviour)), shutdown).await
+            let behaviour = Arc::new(WithoutTools(SampleBehaviour));
+            worker::serve_reporting(execution, name, credentials, behaviour, report, shutdown).await
         }
     }
 }

@@ -8,7 +8,10 @@ use std::{path::PathBuf, sync::Arc};
 use muster::{sample::SampleBehaviour, worker};
 use muster_proto::roster::v1::{RotateTokenRequest, roster_service_client::RosterServiceClient};
 
-use super::{run::RunArgs, up::UpArgs};
+use super::{
+    run::{ReconnectArgs, RunArgs},
+    up::UpArgs,
+};
 
 /// `muster demo`
 #[derive(Debug, clap::Args)]
@@ -67,7 +70,12 @@ async fn demo(args: &DemoArgs, cluster: &muster::cluster::Cluster) -> anyhow::Re
         },
     ));
     let completed = super::run::run(
-        &RunArgs { file: args.process.clone(), execution: cluster.execution_url(), inputs: "{}".to_owned() },
+        &RunArgs {
+            file: args.process.clone(),
+            execution: cluster.execution_url(),
+            inputs: "{}".to_owned(),
+            reconnect: ReconnectArgs::default(),
+        },
         Some(&cluster.credentials.operator_token),
     )
     .await;

@@ -1,12 +1,17 @@
 //! `muster run FILE`: publish a process, start it, and show its progress live;
 //! `muster publish FILE` and `muster watch ID`, its two halves.
+//!
+//! Watching survives a restart of the execution service: when the stream
+//! breaks, it reconnects with backoff and resumes after the last event it
+//! printed, so no event is shown twice or missed.
 
 use std::{
     path::{Path, PathBuf},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use anyhow::Context;
+use muster::credentials::Endpoint;
 use muster_proto::{
     common::v1::{Diagnostic, EventType, ExecutionStatus, StepEvent},
     execution::v1::{
@@ -28,6 +33,24 @@ pub(crate) struct RunArgs {
     /// Inputs of the execution, a JSON object.
     #[arg(long, default_value = "{}")]
     pub(crate) inputs: String,
+    #[command(flatten)]
+    pub(crate) reconnect: ReconnectArgs,
+}
+
+/// How long watching tries to reach the execution service again.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub(crate) struct ReconnectArgs {
+    /// Seconds to keep reconnecting when the execution service cannot be
+    /// reached while watching; then the command gives up (the execution goes
+    /// on, and `muster watch` shows the rest).
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    pub(crate) reconnect_timeout: u64,
+}
+
+impl Default for ReconnectArgs {
+    fn default() -> Self {
+        Self { reconnect_timeout: 60 }
+    }
 }
 
 /// `muster publish`
@@ -48,6 +71,8 @@ pub(crate) struct WatchArgs {
     /// The execution service.
     #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051")]
     execution: String,
+    #[command(flatten)]
+    reconnect: ReconnectArgs,
 }
 
 type Client = ExecutionServiceClient<AuthChannel>;
@@ -79,21 +104,88 @@ pub(crate) async fn publish_file(client: &mut Client, file: &Path) -> anyhow::Re
 }
 
 /// Prints an execution's events from the start until it ends; returns the last one.
-async fn watch_events(client: &mut Client, execution_id: &str) -> anyhow::Result<StepEvent> {
+///
+/// When the stream breaks or the service cannot be reached, it connects again
+/// with backoff and asks for the events after the last one printed; it gives
+/// up after `reconnect.reconnect_timeout` seconds without a connection.
+async fn watch_events(execution: &Endpoint, execution_id: &str, reconnect: ReconnectArgs) -> anyhow::Result<StepEvent> {
     let started = Instant::now();
-    let mut events = client
-        .watch_execution(WatchExecutionRequest { execution_id: execution_id.to_owned(), after_sequence: 0 })
-        .await
-        .map_err(super::refused)?
-        .into_inner();
-    while let Some(response) = events.message().await? {
-        let Some(event) = response.event else { continue };
-        println!("[{:>7.2}s] {}", started.elapsed().as_secs_f64(), describe(&event));
-        if event.r#type == EventType::ExecutionFinished as i32 {
-            return Ok(event);
+    let give_up_after = Duration::from_secs(reconnect.reconnect_timeout);
+    let mut last_sequence = 0;
+    // Since when the service has been out of reach.
+    let mut lost: Option<Instant> = None;
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let mut client = ExecutionServiceClient::new(execution.channel()?);
+        let request = WatchExecutionRequest { execution_id: execution_id.to_owned(), after_sequence: last_sequence };
+        let why = match client.watch_execution(request).await {
+            Err(status) if is_transient(&status) => describe_status(&status),
+            Err(status) => return Err(super::refused(status)),
+            Ok(response) => {
+                if lost.take().is_some() {
+                    eprintln!("reconnected to the execution service; resuming after event {last_sequence}");
+                }
+                backoff = FIRST_BACKOFF;
+                let mut events = response.into_inner();
+                loop {
+                    match events.message().await {
+                        Ok(Some(response)) => {
+                            let Some(event) = response.event else { continue };
+                            // After a reconnect the service sends from `after_sequence`; never print one twice.
+                            if event.sequence <= last_sequence {
+                                continue;
+                            }
+                            last_sequence = event.sequence;
+                            println!("[{:>7.2}s] {}", started.elapsed().as_secs_f64(), describe(&event));
+                            if event.r#type == EventType::ExecutionFinished as i32 {
+                                return Ok(event);
+                            }
+                        }
+                        Ok(None) => break "the event stream ended before the execution finished".to_owned(),
+                        Err(status) if is_transient(&status) => break describe_status(&status),
+                        Err(status) => return Err(super::refused(status)),
+                    }
+                }
+            }
+        };
+        let since = lost.get_or_insert_with(|| {
+            eprintln!("lost the execution service ({why}); reconnecting to resume after event {last_sequence}");
+            Instant::now()
+        });
+        let out_of_reach = since.elapsed();
+        if out_of_reach >= give_up_after {
+            anyhow::bail!(
+                "gave up watching execution {execution_id}: the execution service has been out of reach for {} s \
+                 (last: {why}); the execution goes on without this command: `muster watch {execution_id}` shows the rest",
+                out_of_reach.as_secs()
+            );
         }
+        tokio::time::sleep(backoff.min(give_up_after - out_of_reach)).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
     }
-    anyhow::bail!("the event stream ended before the execution finished")
+}
+
+/// The first wait before connecting again; it doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Whether a failed call or a broken stream may work on a new connection: the
+/// service is restarting, unreachable, or the connection broke under the
+/// stream (which surfaces as UNKNOWN or INTERNAL with an h2 error).
+fn is_transient(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::Internal
+            | tonic::Code::Cancelled
+            | tonic::Code::Aborted
+            | tonic::Code::DeadlineExceeded
+    )
+}
+
+fn describe_status(status: &tonic::Status) -> String {
+    format!("{:?}: {}", status.code(), status.message())
 }
 
 /// `muster publish FILE`.
@@ -103,12 +195,13 @@ pub(crate) async fn publish(args: &PublishArgs, token: Option<&str>) -> anyhow::
 
 /// `muster watch ID`: returns the execution's last event.
 pub(crate) async fn watch(args: &WatchArgs, token: Option<&str>) -> anyhow::Result<StepEvent> {
-    watch_events(&mut connect(&args.execution, token)?, &args.execution_id).await
+    watch_events(&super::endpoint(&args.execution, token)?, &args.execution_id, args.reconnect).await
 }
 
 /// Publishes, starts and watches; returns the execution's last event.
 pub(crate) async fn run(args: &RunArgs, token: Option<&str>) -> anyhow::Result<StepEvent> {
-    let mut client = connect(&args.execution, token)?;
+    let endpoint = super::endpoint(&args.execution, token)?;
+    let mut client = ExecutionServiceClient::new(endpoint.channel()?);
     let process = publish_file(&mut client, &args.file).await?;
     let execution = client
         .start_execution(StartExecutionRequest {
@@ -123,7 +216,7 @@ pub(crate) async fn run(args: &RunArgs, token: Option<&str>) -> anyhow::Result<S
         .execution
         .context("the execution service returned no execution")?;
     println!("execution {} started", execution.id);
-    watch_events(&mut client, &execution.id).await
+    watch_events(&endpoint, &execution.id, args.reconnect).await
 }
 
 /// Whether a final event says the execution completed.

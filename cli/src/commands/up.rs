@@ -1,8 +1,10 @@
-//! `muster up`: the whole cluster on this machine until Ctrl-C.
+//! `muster up`: the whole cluster on this machine until Ctrl-C, supervised:
+//! a service that exits is restarted (and the command says so), one that
+//! keeps crashing stops the cluster with an error.
 
 use std::path::PathBuf;
 
-use muster::cluster::{Cluster, ClusterOptions, Ports};
+use muster::cluster::{Cluster, ClusterOptions, Ports, RestartPolicy, SupervisionEvent};
 
 /// Options of `muster up` (shared by `muster demo`).
 #[derive(Debug, Clone, clap::Args)]
@@ -38,13 +40,33 @@ impl UpArgs {
 }
 
 pub(crate) async fn run(args: UpArgs) -> anyhow::Result<()> {
-    let cluster = start(&args).await?;
-    println!("press Ctrl-C to stop");
-    muster_runtime::shutdown::signal().await;
-    println!("stopping...");
-    cluster.shutdown().await?;
+    let mut cluster = start(&args).await?;
+    println!("press Ctrl-C to stop; a service that exits is restarted");
+    let supervised = cluster.supervise(RestartPolicy::default(), muster_runtime::shutdown::signal(), print_event).await;
+    println!("{}", if supervised.is_ok() { "stopping..." } else { "stopping the other services..." });
+    let stopped = cluster.shutdown().await;
+    supervised?;
+    stopped?;
     println!("stopped");
     Ok(())
+}
+
+fn print_event(event: SupervisionEvent) {
+    match event {
+        SupervisionEvent::Crashed { service, what, log_path, log_tail, attempt, restart_in } => {
+            eprintln!("{service} {what}; its log: {}", log_path.display());
+            for line in log_tail {
+                eprintln!("  | {line}");
+            }
+            if let Some(restart_in) = restart_in {
+                eprintln!("restarting {service} in {:.1} s (attempt {attempt})", restart_in.as_secs_f64());
+            }
+        }
+        SupervisionEvent::Restarted { service, attempt, pid, address } => {
+            let pid = pid.map_or_else(|| "?".to_owned(), |pid| pid.to_string());
+            println!("restarted {service} (attempt {attempt}): pid {pid}, http://{address}");
+        }
+    }
 }
 
 /// Starts the cluster and prints where everything is.
@@ -57,7 +79,9 @@ pub(crate) async fn start(args: &UpArgs) -> anyhow::Result<Cluster> {
         ("validator", cluster.validator_url()),
         ("notifier", cluster.notifier_url()),
     ] {
-        println!("  {name:<10} {url}   (log: {})", cluster.service(name).log_path.display());
+        let service = cluster.service(name);
+        let pid = service.pid().map_or_else(|| "?".to_owned(), |pid| pid.to_string());
+        println!("  {name:<10} {url}   (pid {pid}, log: {})", service.log_path.display());
     }
     println!(
         "  the local operator's token is in {} (the muster command uses it by itself)",

@@ -33,6 +33,8 @@ pub(crate) enum Error {
         reason: &'static str,
         /// What is wrong with it.
         message: String,
+        /// Whose credential it is, for the `ErrorInfo` detail (`agent_id`).
+        metadata: Vec<(&'static str, String)>,
     },
     /// A service muster depends on cannot be reached.
     #[error("{service} is unavailable: {detail}")]
@@ -112,7 +114,9 @@ impl From<Error> for tonic::Status {
                 let message = truncate(&message, MAX_MESSAGE_BYTES).into_owned();
                 muster_runtime::auth::permission_denied(&caller, &action, reason, message, &metadata)
             }
-            Error::Unauthenticated { reason, .. } => muster_runtime::auth::unauthenticated(reason, message),
+            Error::Unauthenticated { reason, metadata, .. } => {
+                muster_runtime::auth::unauthenticated_with(reason, message, &metadata)
+            }
             Error::Unavailable { service, detail } => muster_runtime::status::unavailable(service, &detail),
             Error::NotRunningHere(_) => tonic::Status::unavailable(message),
             Error::Storage(detail) => muster_runtime::status::internal(&detail),

@@ -151,7 +151,9 @@ impl ExecutionApi {
     }
 
     /// Each served agent must present its own, good token; returns the
-    /// agents with their roles.
+    /// agents with their roles. A refusal names the agent in its
+    /// `ErrorInfo` (`agent_id`), so a worker can tell which of its agents'
+    /// credentials failed and connect again without it.
     async fn authenticate_served(
         &self,
         caller: &Caller,
@@ -162,13 +164,16 @@ impl ExecutionApi {
             let token = TokenHash::of(served.token.trim());
             let proven = self.agents.authenticate_new(token).await.map_err(|status| {
                 if status.code() == tonic::Code::Unauthenticated {
+                    let revoked = muster_runtime::auth::error_info(&status)
+                        .is_some_and(|(reason, _)| reason == "CREDENTIAL_REVOKED");
                     Error::Unauthenticated {
-                        reason: "CREDENTIAL_UNKNOWN",
+                        reason: if revoked { "CREDENTIAL_REVOKED" } else { "CREDENTIAL_UNKNOWN" },
                         message: format!(
                             "the token given for agent '{}' is not valid: {}",
                             served.agent_id,
                             status.message()
                         ),
+                        metadata: vec![("agent_id", served.agent_id.clone())],
                     }
                 } else {
                     Error::Unavailable { service: "roster", detail: status.message().to_owned() }

@@ -13,11 +13,25 @@ pub const DOMAIN: &str = "muster.dev";
 /// UNAUTHENTICATED with `reason` (`CREDENTIAL_MISSING`, `CREDENTIAL_MALFORMED`,
 /// `CREDENTIAL_UNKNOWN`, `CREDENTIAL_REVOKED`) in its `ErrorInfo`.
 pub fn unauthenticated(reason: &str, message: impl Into<String>) -> tonic::Status {
+    unauthenticated_with(reason, message, &[])
+}
+
+/// UNAUTHENTICATED for a credential presented inside a request rather than
+/// as the call's own, with `metadata` saying whose it is (such as `agent_id`).
+pub fn unauthenticated_with(reason: &str, message: impl Into<String>, metadata: &[(&str, String)]) -> tonic::Status {
+    let metadata: HashMap<String, String> =
+        metadata.iter().map(|(key, value)| ((*key).to_owned(), value.clone())).collect();
     tonic::Status::with_error_details(
         tonic::Code::Unauthenticated,
         message,
-        ErrorDetails::with_error_info(reason, DOMAIN, HashMap::<String, String>::new()),
+        ErrorDetails::with_error_info(reason, DOMAIN, metadata),
     )
+}
+
+/// The reason and metadata of a refusal's `ErrorInfo` detail, when it has one.
+pub fn error_info(status: &tonic::Status) -> Option<(String, HashMap<String, String>)> {
+    let info = status.get_details_error_info()?;
+    Some((info.reason, info.metadata))
 }
 
 /// PERMISSION_DENIED naming the caller, its role and the action:

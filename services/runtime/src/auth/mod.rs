@@ -32,7 +32,7 @@ pub mod watch;
 use std::{fmt, path::PathBuf, sync::Arc};
 
 pub use directory::AgentDirectory;
-pub use errors::{DOMAIN, only_for_itself, permission_denied, unauthenticated};
+pub use errors::{DOMAIN, error_info, only_for_itself, permission_denied, unauthenticated, unauthenticated_with};
 pub use layer::{Access, AuthLayer, Rule, rule};
 pub use token::{ServiceSecret, TokenHash};
 
