@@ -83,9 +83,22 @@ fn walk(message: usize, mut bytes: &[u8], depth: usize) -> Result<(), Violation>
     let mut counts = vec![0u32; fields.len()];
     while !bytes.is_empty() {
         let key = varint(&mut bytes).ok_or_else(|| malformed("a truncated field key"))?;
-        let number = u32::try_from(key >> 3).map_err(|_| malformed("a field number out of range"))?;
+        let number = u32::try_from(key >> 3).unwrap_or(u32::MAX);
         let position = fields.binary_search_by_key(&number, |field| field.number).ok();
         let field = position.map(|position| &fields[position]);
+        // Field numbers run from 1 to 2^29 - 1.
+        if number == 0 || number >= 1 << 29 {
+            return Err(malformed("a field number out of range"));
+        }
+        if let Some(field) = field
+            && !wire_type_fits(field, key & 7)
+        {
+            return Err(Violation::new(
+                Code::InvalidArgument,
+                format!("is not a valid protobuf encoding: wire type {} for a {:?} field", key & 7, field.kind),
+            )
+            .at(field.name.to_owned()));
+        }
         let mut items = 1;
         match key & 7 {
             0 => {
@@ -127,6 +140,18 @@ fn walk(message: usize, mut bytes: &[u8], depth: usize) -> Result<(), Violation>
         }
     }
     Ok(())
+}
+
+/// Whether a value of wire type `wire` can be a value of `field`
+/// (length-delimited for packed repeated numbers too).
+fn wire_type_fits(field: &Field, wire: u64) -> bool {
+    let packed = field.max_items > 1 && wire == 2;
+    match field.kind {
+        Kind::Text | Kind::Bytes | Kind::Message(_) => wire == 2,
+        Kind::Varint => wire == 0 || packed,
+        Kind::Fixed64 => wire == 1 || packed,
+        Kind::Fixed32 => wire == 5 || packed,
+    }
 }
 
 /// Checks one length-delimited value of `field`; returns how many elements
@@ -421,6 +446,93 @@ mod tests {
         let status = check(register_agent, truncated).unwrap_err();
         assert_eq!(status.code(), Code::InvalidArgument);
         assert!(status.message().starts_with("the request is not a valid protobuf encoding"), "{}", status.message());
+    }
+
+    /// Whatever bytes arrive, the check answers without panicking, and what
+    /// it lets through decodes.
+    mod properties {
+        use muster_proto::{
+            execution::v1::{ConnectWorkerRequest, PublishProcessRequest, StartExecutionRequest},
+            roster::v1::{Agent, ImportFile, ImportRosterRequest, RegisterAgentRequest},
+        };
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn samples() -> Vec<(&'static str, Vec<u8>)> {
+            vec![
+                (
+                    "/muster.roster.v1.RosterService/RegisterAgent",
+                    register(Agent {
+                        id: "a".into(),
+                        expertise: vec!["rust".into(), "go".into()],
+                        workload_capacity: 3,
+                        ..Default::default()
+                    }),
+                ),
+                (
+                    "/muster.roster.v1.RosterService/ImportRoster",
+                    ImportRosterRequest {
+                        files: vec![ImportFile { name: "t.yaml".into(), content: "agents: []".into() }],
+                        dry_run: true,
+                    }
+                    .encode_to_vec(),
+                ),
+                (
+                    "/muster.execution.v1.ExecutionService/PublishProcess",
+                    PublishProcessRequest { source: "name: p\nsteps: []".into(), file_name: "p.yaml".into() }
+                        .encode_to_vec(),
+                ),
+                (
+                    "/muster.execution.v1.ExecutionService/StartExecution",
+                    StartExecutionRequest { process_name: "p".into(), inputs_json: "{}".into(), ..Default::default() }
+                        .encode_to_vec(),
+                ),
+                ("/muster.execution.v1.ExecutionService/ConnectWorker", ConnectWorkerRequest::default().encode_to_vec()),
+            ]
+        }
+
+        fn decodes(path: &str, bytes: &[u8]) -> bool {
+            match path {
+                "/muster.roster.v1.RosterService/RegisterAgent" => RegisterAgentRequest::decode(bytes).is_ok(),
+                "/muster.roster.v1.RosterService/ImportRoster" => ImportRosterRequest::decode(bytes).is_ok(),
+                "/muster.execution.v1.ExecutionService/PublishProcess" => PublishProcessRequest::decode(bytes).is_ok(),
+                "/muster.execution.v1.ExecutionService/StartExecution" => StartExecutionRequest::decode(bytes).is_ok(),
+                _ => ConnectWorkerRequest::decode(bytes).is_ok(),
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+            #[test]
+            fn mutated_requests_are_answered_and_what_passes_decodes(
+                sample in 0usize..5,
+                edits in proptest::collection::vec((any::<usize>(), any::<u8>(), 0u8..3), 1..8),
+            ) {
+                let (path, mut bytes) = samples().swap_remove(sample);
+                for (at, byte, kind) in edits {
+                    let at = at % (bytes.len() + 1);
+                    match kind {
+                        0 => bytes.insert(at, byte),
+                        1 if at < bytes.len() => bytes[at] = byte,
+                        _ if at < bytes.len() => { bytes.remove(at); }
+                        _ => bytes.push(byte),
+                    }
+                }
+                if check(input_of(path), &bytes).is_ok() {
+                    prop_assert!(decodes(path, &bytes), "passed the check but does not decode: {bytes:?}");
+                }
+            }
+
+            #[test]
+            fn arbitrary_bytes_are_answered(bytes in proptest::collection::vec(any::<u8>(), 0..256), sample in 0usize..5) {
+                let (path, _) = samples().swap_remove(sample);
+                if check(input_of(path), &bytes).is_ok() {
+                    prop_assert!(decodes(path, &bytes), "passed the check but does not decode: {bytes:?}");
+                }
+            }
+        }
     }
 
     #[test]
