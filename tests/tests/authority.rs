@@ -120,7 +120,7 @@ fn table() -> Vec<Row> {
             },
             OPERATORS,
         ),
-        row("RosterService/ListTeams", |_| roster::ListTeamsRequest {}.encode_to_vec(), ALL),
+        row("RosterService/ListTeams", |_| roster::ListTeamsRequest::default().encode_to_vec(), ALL),
         row(
             "RosterService/RemoveTeam",
             |_| roster::RemoveTeamRequest { name: "empty".into() }.encode_to_vec(),
@@ -141,7 +141,11 @@ fn table() -> Vec<Row> {
             |_| roster::GetRoleDefinitionRequest { name: "member".into() }.encode_to_vec(),
             ALL,
         ),
-        row("RosterService/ListRoleDefinitions", |_| roster::ListRoleDefinitionsRequest {}.encode_to_vec(), ALL),
+        row(
+            "RosterService/ListRoleDefinitions",
+            |_| roster::ListRoleDefinitionsRequest::default().encode_to_vec(),
+            ALL,
+        ),
         row(
             "RosterService/RemoveRoleDefinition",
             |_| roster::RemoveRoleDefinitionRequest { name: "doomed".into() }.encode_to_vec(),
@@ -343,7 +347,7 @@ fn table() -> Vec<Row> {
             |_| execution::InvokeToolRequest { tool: "word_count".into(), ..Default::default() }.encode_to_vec(),
             [OK, OK, PD, PD],
         ),
-        row("ExecutionService/ListTools", |_| execution::ListToolsRequest {}.encode_to_vec(), ALL),
+        row("ExecutionService/ListTools", |_| execution::ListToolsRequest::default().encode_to_vec(), ALL),
         row(
             "ExecutionService/ListWorkers",
             |_| execution::ListWorkersRequest::default().encode_to_vec(),

@@ -130,7 +130,7 @@ async fn wait_for_steps(
 
 /// The names of the tools connected workers provide.
 async fn client_tools(test: &TestCluster) -> Vec<String> {
-    let listed = test.execution().list_tools(execution::ListToolsRequest {}).await.unwrap().into_inner();
+    let listed = test.execution().list_tools(execution::ListToolsRequest::default()).await.unwrap().into_inner();
     listed.tools.into_iter().map(|tool| tool.name).collect()
 }
 
@@ -645,7 +645,7 @@ async fn impersonation_attempts_fail(backend: Backend) {
         .output
         .unwrap();
     assert_eq!(call.status_code, 403, "alice's role does not list the tool either: {call:?}");
-    let tools = test.execution().list_tools(execution::ListToolsRequest {}).await.unwrap().into_inner().tools;
+    let tools = test.execution().list_tools(execution::ListToolsRequest::default()).await.unwrap().into_inner().tools;
     assert!(tools.iter().all(|tool| tool.name != "steal"), "nobody provides it: {tools:?}");
 
     // Serving another agent's assignments: bob's token does not make him alice.

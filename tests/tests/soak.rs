@@ -48,7 +48,10 @@ fn memory(test: &TestCluster) -> BTreeMap<&'static str, u64> {
 
 async fn soak(backend: Backend, length: Duration) {
     let Some(test) = TestCluster::start(backend).await else { return };
-    let agents = [agent("lead", "lead", "core"), agent("worker", "member", "core")];
+    // The worker has room for every step in flight: queueing at the roster
+    // is exercised by the roster's and the engine's own tests.
+    let worker = muster_proto::roster::v1::Agent { workload_capacity: 16, ..agent("worker", "member", "core") };
+    let agents = [agent("lead", "lead", "core"), worker];
     let tokens = test.register_agents(&agents).await;
     let credentials = vec![AgentCredential { agent_id: "worker".to_owned(), token: tokens[1].clone() }];
     let (stop_worker, worker) = spawn_sample_worker(test.operator("execution"), credentials);
@@ -102,7 +105,7 @@ async fn soak(backend: Backend, length: Duration) {
                 while running.load(Ordering::Relaxed) {
                     if reader % 2 == 0 {
                         let listed = execution
-                            .list_executions(ListExecutionsRequest { page_size: 20, ..Default::default() })
+                            .list_executions(ListExecutionsRequest { limit: 20, ..Default::default() })
                             .await
                             .unwrap_or_else(|status| panic!("list executions: {status}"))
                             .into_inner();

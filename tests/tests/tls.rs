@@ -146,19 +146,19 @@ async fn mutual_tls_between_clients_and_services_and_among_services() {
         RosterServiceClient::new(tls_channel(roster.address, &ca_file, Some(&operator_certificate), Some(&operator)));
     eventually("the roster serves over TLS", || {
         let mut client = as_operator.clone();
-        async move { client.list_teams(ListTeamsRequest {}).await }
+        async move { client.list_teams(ListTeamsRequest::default()).await }
     })
     .await;
 
     // Without a client certificate, or in plain text, no call gets through.
     let no_certificate = RosterServiceClient::new(tls_channel(roster.address, &ca_file, None, Some(&operator)))
-        .list_teams(ListTeamsRequest {})
+        .list_teams(ListTeamsRequest::default())
         .await
         .unwrap_err();
     assert!(is_transport_refusal(&no_certificate), "{no_certificate:?}");
     let plain = tonic::transport::Endpoint::from_shared(format!("http://{}", roster.address)).unwrap().connect_lazy();
     let plain = RosterServiceClient::new(with_credentials(plain, Credentials::bearer(&operator).unwrap()))
-        .list_teams(ListTeamsRequest {})
+        .list_teams(ListTeamsRequest::default())
         .await
         .unwrap_err();
     assert!(is_transport_refusal(&plain), "{plain:?}");
@@ -166,7 +166,7 @@ async fn mutual_tls_between_clients_and_services_and_among_services() {
     // A certificate alone names no operator; a service's names the service.
     let certificate_only =
         RosterServiceClient::new(tls_channel(roster.address, &ca_file, Some(&operator_certificate), None))
-            .list_teams(ListTeamsRequest {})
+            .list_teams(ListTeamsRequest::default())
             .await
             .unwrap_err();
     assert_eq!(certificate_only.code(), Code::Unauthenticated);
@@ -215,7 +215,7 @@ async fn mutual_tls_between_clients_and_services_and_among_services() {
         Some(&operator),
     ));
     assert!(
-        trusting_renewed.clone().list_teams(ListTeamsRequest {}).await.is_err(),
+        trusting_renewed.clone().list_teams(ListTeamsRequest::default()).await.is_err(),
         "the old certificate is not trusted"
     );
     let renewed = renewed_ca.issue(&folder.0, "roster-renewed", &["muster-roster", "localhost"]);
@@ -228,7 +228,7 @@ async fn mutual_tls_between_clients_and_services_and_among_services() {
             Some(&operator_certificate),
             Some(&operator),
         ));
-        async move { client.list_teams(ListTeamsRequest {}).await }
+        async move { client.list_teams(ListTeamsRequest::default()).await }
     })
     .await;
     drop(validator);
@@ -467,7 +467,7 @@ async fn the_whole_cluster_runs_under_mutual_tls() {
         tokens.insert(agent_id.into(), token.into());
     }
     let told_token = tokens["told"].as_str().unwrap().to_owned();
-    roster.list_teams(ListTeamsRequest {}).await.unwrap();
+    roster.list_teams(ListTeamsRequest::default()).await.unwrap();
     let tokens_file = folder.0.join("tokens.json");
     std::fs::write(&tokens_file, serde_json::Value::Object(tokens.clone()).to_string()).unwrap();
 

@@ -30,7 +30,7 @@ async fn tools_answer_with_http_like_status_codes() {
     // The worker's tools are registered once it is connected.
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
     let tools = loop {
-        let tools = client.list_tools(ListToolsRequest {}).await.unwrap().into_inner().tools;
+        let tools = client.list_tools(ListToolsRequest::default()).await.unwrap().into_inner().tools;
         if !tools.is_empty() || tokio::time::Instant::now() > deadline {
             break tools;
         }

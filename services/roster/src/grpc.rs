@@ -8,6 +8,7 @@ use muster_runtime::auth::{
     directory::{CredentialChange, Position},
     only_for_itself, permission_denied, rule, token,
 };
+use muster_runtime::paging::page;
 use tokio::sync::broadcast;
 use tokio_stream::{Stream, StreamExt, wrappers::BroadcastStream};
 use tonic::{Request, Response, Status as GrpcStatus};
@@ -28,9 +29,14 @@ use crate::store::{AgentQuery, DelegationQuery, ImportPlan, QueueResolution, Que
 
 /// Most agents per ListAgents page.
 const MAX_PAGE_SIZE: u32 = 1000;
-/// Bytes after which a page of agents ends early (one agent is at most
-/// ~150 KiB, so a page stays far below the 4 MiB message limit).
+/// Bytes after which a page ends early (one agent or role is at most a few
+/// hundred KiB, so a page stays far below the 4 MiB message limit).
 const MAX_PAGE_BYTES: usize = 1024 * 1024;
+
+/// The page size asked for, within bounds (0: the largest).
+fn page_size(asked: u32) -> usize {
+    (if asked == 0 { MAX_PAGE_SIZE } else { asked.min(MAX_PAGE_SIZE) }) as usize
+}
 /// Capacity of the change and queue broadcast channels.
 const CHANNEL_CAPACITY: usize = 1024;
 
@@ -343,7 +349,7 @@ impl<S: RosterStore> RosterService for Roster<S> {
         request: Request<pb::ListAgentsRequest>,
     ) -> Result<Response<pb::ListAgentsResponse>, GrpcStatus> {
         let request = request.into_inner();
-        let page_size = if request.page_size == 0 { MAX_PAGE_SIZE } else { request.page_size.min(MAX_PAGE_SIZE) };
+        let page_size = page_size(request.page_size) as u32;
         let expertise = if request.expertise.trim().is_empty() {
             String::new()
         } else {
@@ -358,25 +364,11 @@ impl<S: RosterStore> RosterService for Roster<S> {
             after_id: request.page_token,
             limit: page_size + 1,
         };
+        // The query read the page after the token (and one more, to know
+        // whether another page follows); long prompts can end it earlier.
         let found = self.inner.store.list_agents(&query).await?;
-        // A page ends at `page_size` agents or at about `MAX_PAGE_BYTES`,
-        // whichever comes first: long prompts cannot push an answer past the
-        // message limit.
-        let mut agents = Vec::new();
-        let mut bytes = 0;
-        for agent in found.iter().take(page_size as usize) {
-            let agent = agent_to_wire(agent);
-            bytes += prost::Message::encoded_len(&agent);
-            agents.push(agent);
-            if bytes >= MAX_PAGE_BYTES {
-                break;
-            }
-        }
-        let next_page_token = if found.len() > agents.len() {
-            agents.last().map(|agent| agent.id.clone()).unwrap_or_default()
-        } else {
-            String::new()
-        };
+        let (agents, next_page_token) =
+            page(&found, |agent| &agent.id, agent_to_wire, page_size as usize, "", MAX_PAGE_BYTES);
         Ok(Response::new(pb::ListAgentsResponse { agents, next_page_token }))
     }
 
@@ -437,10 +429,19 @@ impl<S: RosterStore> RosterService for Roster<S> {
 
     async fn list_teams(
         &self,
-        _request: Request<pb::ListTeamsRequest>,
+        request: Request<pb::ListTeamsRequest>,
     ) -> Result<Response<pb::ListTeamsResponse>, GrpcStatus> {
+        let request = request.into_inner();
         let teams = self.inner.store.list_teams().await?;
-        Ok(Response::new(pb::ListTeamsResponse { teams: teams.iter().map(team_to_wire).collect() }))
+        let (teams, next_page_token) = page(
+            &teams,
+            |team| &team.name,
+            team_to_wire,
+            page_size(request.page_size),
+            &request.page_token,
+            MAX_PAGE_BYTES,
+        );
+        Ok(Response::new(pb::ListTeamsResponse { teams, next_page_token }))
     }
 
     async fn remove_team(
@@ -472,10 +473,19 @@ impl<S: RosterStore> RosterService for Roster<S> {
 
     async fn list_role_definitions(
         &self,
-        _request: Request<pb::ListRoleDefinitionsRequest>,
+        request: Request<pb::ListRoleDefinitionsRequest>,
     ) -> Result<Response<pb::ListRoleDefinitionsResponse>, GrpcStatus> {
+        let request = request.into_inner();
         let roles = self.inner.store.list_roles().await?;
-        Ok(Response::new(pb::ListRoleDefinitionsResponse { roles: roles.iter().map(role_to_wire).collect() }))
+        let (roles, next_page_token) = page(
+            &roles,
+            |role| &role.name,
+            role_to_wire,
+            page_size(request.page_size),
+            &request.page_token,
+            MAX_PAGE_BYTES,
+        );
+        Ok(Response::new(pb::ListRoleDefinitionsResponse { roles, next_page_token }))
     }
 
     async fn remove_role_definition(

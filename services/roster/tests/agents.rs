@@ -176,7 +176,7 @@ async fn agents_teams_and_roles(backend: Backend) {
         })
         .await
         .unwrap();
-    let teams = server.client.list_teams(pb::ListTeamsRequest {}).await.unwrap().into_inner().teams;
+    let teams = server.client.list_teams(pb::ListTeamsRequest::default()).await.unwrap().into_inner().teams;
     assert_eq!(teams.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), vec!["ops", "research"]);
     let status = server.client.remove_team(pb::RemoveTeamRequest { name: "research".into() }).await.unwrap_err();
     assert_eq!(status.code(), Code::FailedPrecondition);
@@ -224,8 +224,13 @@ async fn agents_teams_and_roles(backend: Backend) {
         .await
         .unwrap_err();
     assert!(status.message().contains("role.input_schema_json"), "{}", status.message());
-    let roles =
-        server.client.list_role_definitions(pb::ListRoleDefinitionsRequest {}).await.unwrap().into_inner().roles;
+    let roles = server
+        .client
+        .list_role_definitions(pb::ListRoleDefinitionsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .roles;
     assert_eq!(roles.len(), 1);
     server.client.remove_role_definition(pb::RemoveRoleDefinitionRequest { name: "reviewer".into() }).await.unwrap();
     let status =
@@ -318,6 +323,69 @@ async fn agents_teams_and_roles_on_sqlite() {
 #[tokio::test]
 async fn agents_teams_and_roles_on_postgres() {
     agents_teams_and_roles(Backend::Postgres).await;
+}
+
+/// Teams and role definitions page by count and by size: a page of long
+/// role definitions ends early, and the pages join up with none missing.
+async fn teams_and_roles_page(backend: Backend) {
+    let Some(mut server) = TestServer::on(backend).await else { return };
+    for index in 0..5 {
+        server.team(&format!("team-{index}")).await;
+    }
+    let mut names = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page =
+            server.client.list_teams(pb::ListTeamsRequest { page_size: 2, page_token }).await.unwrap().into_inner();
+        assert!(page.teams.len() <= 2);
+        names.extend(page.teams.into_iter().map(|team| team.name));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    assert_eq!(names, (0..5).map(|index| format!("team-{index}")).collect::<Vec<_>>());
+
+    // Twelve roles of ~200 KiB each: more than one message could hold.
+    for index in 0..12 {
+        let role = pb::RoleDefinition {
+            name: format!("role-{index:02}"),
+            mission: "m".repeat(64 * 1024),
+            user_preferences: "u".repeat(64 * 1024),
+            input_schema_json: format!("{{\"description\": \"{}\"}}", "d".repeat(60 * 1024)),
+            ..Default::default()
+        };
+        server.client.put_role_definition(pb::PutRoleDefinitionRequest { role: Some(role) }).await.unwrap();
+    }
+    let (mut roles, mut pages) = (Vec::new(), 0);
+    let mut page_token = String::new();
+    loop {
+        let page = server
+            .client
+            .list_role_definitions(pb::ListRoleDefinitionsRequest { page_size: 0, page_token })
+            .await
+            .unwrap()
+            .into_inner();
+        pages += 1;
+        roles.extend(page.roles.into_iter().map(|role| role.name));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    assert_eq!(roles, (0..12).map(|index| format!("role-{index:02}")).collect::<Vec<_>>());
+    assert!(pages >= 2, "{pages} page(s) for 2.3 MB of roles");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn teams_and_roles_page_on_sqlite() {
+    teams_and_roles_page(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn teams_and_roles_page_on_postgres() {
+    teams_and_roles_page(Backend::Postgres).await;
 }
 
 #[tokio::test]

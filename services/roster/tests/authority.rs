@@ -100,11 +100,11 @@ async fn agents_act_for_themselves_only(backend: Backend) {
         as_alice.rotate_token(pb::RotateTokenRequest { agent_id: "alice".into() }).await.unwrap().into_inner().token;
 
     // The old token is revoked at once, and says so.
-    let revoked = as_alice.list_teams(pb::ListTeamsRequest {}).await.unwrap_err();
+    let revoked = as_alice.list_teams(pb::ListTeamsRequest::default()).await.unwrap_err();
     assert_eq!(revoked.code(), Code::Unauthenticated);
     assert_eq!(reason(&revoked).0, "CREDENTIAL_REVOKED");
     assert!(revoked.message().contains("alice"), "{}", revoked.message());
-    server.client_as(&rotated).list_teams(pb::ListTeamsRequest {}).await.unwrap();
+    server.client_as(&rotated).list_teams(pb::ListTeamsRequest::default()).await.unwrap();
     server.stop().await;
 }
 
@@ -129,7 +129,7 @@ async fn missing_malformed_and_unknown_credentials_are_told_apart() {
         (Credentials::bearer(&format!("msv_execution_{}", "0".repeat(64))).unwrap(), "CREDENTIAL_UNKNOWN"),
     ];
     for (credentials, expected) in cases {
-        let status = server.client_with(credentials).list_teams(pb::ListTeamsRequest {}).await.unwrap_err();
+        let status = server.client_with(credentials).list_teams(pb::ListTeamsRequest::default()).await.unwrap_err();
         assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
         assert_eq!(reason(&status).0, expected, "{}", status.message());
     }

@@ -115,7 +115,7 @@ async fn import_and_views(backend: Backend) {
         ("manager-agent", 3, vec!["research".to_owned(), "writing".to_owned()])
     );
     assert_eq!(research.llm_config_json, r#"{"model":"x","temperature":0.2}"#);
-    let teams = server.client.list_teams(pb::ListTeamsRequest {}).await.unwrap().into_inner().teams;
+    let teams = server.client.list_teams(pb::ListTeamsRequest::default()).await.unwrap().into_inner().teams;
     assert_eq!(teams[0].lead_agent_id, "manager-agent");
     let writer_role = server
         .client

@@ -20,6 +20,7 @@ pub mod db;
 pub mod files;
 pub mod limits;
 pub mod metrics;
+pub mod paging;
 pub mod process;
 pub mod security;
 pub mod server;

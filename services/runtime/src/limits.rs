@@ -488,7 +488,10 @@ mod tests {
                     StartExecutionRequest { process_name: "p".into(), inputs_json: "{}".into(), ..Default::default() }
                         .encode_to_vec(),
                 ),
-                ("/muster.execution.v1.ExecutionService/ConnectWorker", ConnectWorkerRequest::default().encode_to_vec()),
+                (
+                    "/muster.execution.v1.ExecutionService/ConnectWorker",
+                    ConnectWorkerRequest::default().encode_to_vec(),
+                ),
             ]
         }
 

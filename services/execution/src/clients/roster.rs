@@ -315,20 +315,24 @@ impl Roster for RosterClient {
                 }
                 page_token = page.next_page_token;
             }
-            let roles = client
-                .list_role_definitions(roster::ListRoleDefinitionsRequest {})
-                .await
-                .map_err(failure)?
-                .into_inner()
-                .roles;
-            let roles: Vec<muster_format::KnownRole> = roles
-                .into_iter()
-                .map(|role| muster_format::KnownRole {
+            let mut roles = Vec::new();
+            let mut page_token = String::new();
+            loop {
+                let page = client
+                    .list_role_definitions(roster::ListRoleDefinitionsRequest { page_size: 1000, page_token })
+                    .await
+                    .map_err(failure)?
+                    .into_inner();
+                roles.extend(page.roles.into_iter().map(|role| muster_format::KnownRole {
                     name: role.name,
                     permitted_tools: role.tools,
                     permitted_actions: role.permitted_actions,
-                })
-                .collect();
+                }));
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
             Ok(muster_format::Context {
                 agents: Some(agents),
                 // Roles are checked when the roster defines some.

@@ -511,10 +511,19 @@ impl ExecutionService for ExecutionApi {
 
     async fn list_tools(
         &self,
-        _request: Request<wire::ListToolsRequest>,
+        request: Request<wire::ListToolsRequest>,
     ) -> Result<Response<wire::ListToolsResponse>, Status> {
+        let request = request.into_inner();
         let tools = self.engine.workers.tools();
-        Ok(Response::new(wire::ListToolsResponse { tools: tools.iter().map(crate::wire::tool_to_wire).collect() }))
+        let (tools, next_page_token) = muster_runtime::paging::page(
+            &tools,
+            |tool| &tool.name,
+            crate::wire::tool_to_wire,
+            page_size(request.page_size) as usize,
+            &request.page_token,
+            1024 * 1024,
+        );
+        Ok(Response::new(wire::ListToolsResponse { tools, next_page_token }))
     }
 
     async fn submit_approval(
