@@ -307,6 +307,16 @@ pub fn chain_process(name: &str, length: usize, agent: &str, informed: &str, inp
     yaml
 }
 
+/// The resident memory of process `pid`, in KiB (0 when it cannot be read).
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// An agent with an id, a role and a team.
 pub fn agent(id: &str, role: &str, team: &str) -> Agent {
     Agent { id: id.to_owned(), name: id.to_owned(), role: role.to_owned(), team: team.to_owned(), ..Default::default() }

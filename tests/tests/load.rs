@@ -17,7 +17,7 @@ use std::{
 use muster::worker::AgentCredential;
 use muster_proto::{common::v1::ExecutionStatus, execution::v1::GetExecutionRequest};
 use muster_tests::{
-    Backend, ExecutionClient, TestCluster, agent, chain_process, events_until_finished, publish_and_start,
+    Backend, ExecutionClient, TestCluster, agent, chain_process, events_until_finished, publish_and_start, rss_kib,
     spawn_sample_worker,
 };
 use tonic::Code;
@@ -30,15 +30,6 @@ const CONNECTIONS: usize = 40;
 /// How much slower the run may be under the flood than without it. Without
 /// shedding and separate read connections it was ~900 times slower.
 const MAX_SLOWDOWN: f64 = 25.0;
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
 
 async fn timed_run(client: &mut ExecutionClient, test: &TestCluster, name: &str) -> Duration {
     let started = Instant::now();

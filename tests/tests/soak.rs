@@ -22,22 +22,13 @@ use muster_proto::{
     execution::v1::{GetExecutionRequest, ListExecutionsRequest, StartExecutionRequest, StepStatus},
     notifier::v1::ListNotificationsRequest,
 };
-use muster_tests::{Backend, TestCluster, agent, chain_process, events_until_finished, spawn_sample_worker};
+use muster_tests::{Backend, TestCluster, agent, chain_process, events_until_finished, rss_kib, spawn_sample_worker};
 
 /// Executions in flight at once.
 const WRITERS: usize = 4;
 /// Callers reading all along.
 const READERS: usize = 8;
 const STEPS: usize = 5;
-
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
-}
 
 fn memory(test: &TestCluster) -> BTreeMap<&'static str, u64> {
     muster::cluster::SERVICES
