@@ -39,9 +39,9 @@ fn memory(test: &TestCluster) -> BTreeMap<&'static str, u64> {
 
 async fn soak(backend: Backend, length: Duration) {
     let Some(test) = TestCluster::start(backend).await else { return };
-    // The worker has room for every step in flight: queueing at the roster
-    // is exercised by the roster's and the engine's own tests.
-    let worker = muster_proto::roster::v1::Agent { workload_capacity: 16, ..agent("worker", "member", "core") };
+    // Room for two steps at once: with four writers, steps queue at the
+    // roster and start as slots free.
+    let worker = muster_proto::roster::v1::Agent { workload_capacity: 2, ..agent("worker", "member", "core") };
     let agents = [agent("lead", "lead", "core"), worker];
     let tokens = test.register_agents(&agents).await;
     let credentials = vec![AgentCredential { agent_id: "worker".to_owned(), token: tokens[1].clone() }];

@@ -567,7 +567,11 @@ impl Driver {
             Ok(context) => {
                 self.contexts.insert(agent_id, Known::Ready(context.clone()));
                 for (position, attempt) in waiting {
-                    if self.is_current(position, attempt) && self.steps[position].status == StepStatus::Ready {
+                    // A step that was queued at the roster and has its slot
+                    // now is as ready as one that never queued.
+                    if self.is_current(position, attempt)
+                        && matches!(self.steps[position].status, StepStatus::Ready | StepStatus::Queued)
+                    {
                         self.assign(position, context.clone());
                     }
                 }

@@ -32,6 +32,8 @@ struct FakeRoster {
     delegates: Vec<&'static str>,
     /// Agents at capacity: a step assigned to one is queued.
     full: Vec<&'static str>,
+    /// Whether a queued task gets its agent's slot soon after (else never).
+    queue_resolves: bool,
     /// Agents offline: a step assigned to one is escalated, to nobody.
     offline: Vec<&'static str>,
     /// The role each agent has, by agent.
@@ -97,7 +99,21 @@ impl Roster for FakeRoster {
     }
 
     fn watch_queued(&self, _task_id: String) -> BoxFuture<'_, Result<Option<Decision>, RosterFailure>> {
-        Box::pin(async { Ok(None) })
+        let resolution = self.queue_resolves.then(|| Decision {
+            kind: DecisionKind::Delegate,
+            primary_agent_id: self.full.first().copied().unwrap_or_default().to_owned(),
+            reasoning: "a slot freed".to_owned(),
+            ..Decision::default()
+        });
+        Box::pin(async move {
+            match resolution {
+                Some(decision) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    Ok(Some(decision))
+                }
+                None => std::future::pending().await,
+            }
+        })
     }
 
     fn release(&self, task_id: String) -> BoxFuture<'_, Result<(), RosterFailure>> {
@@ -554,6 +570,18 @@ async fn a_named_executor_goes_through_the_roster_capacity_and_status() {
     assert_eq!(released, [format!("{id}/free")]);
     let steps = harness.steps(&id).await;
     assert_eq!(steps["full"].status, StepStatus::Queued, "still waiting for a slot: {:?}", steps["full"]);
+}
+
+/// The first step of an agent that was queued, then given a slot, runs: the
+/// agent's description, fetched after the step was queued, starts it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_step_starts_when_the_roster_gives_it_a_slot() {
+    let roster = FakeRoster { agents: vec!["full"], full: vec!["full"], queue_resolves: true, ..FakeRoster::default() };
+    let harness = Harness::new(roster, settings()).await;
+    harness.worker(&["full"], Behaviour::Complete);
+    let id = harness.run("name: queued\nsteps:\n  - {id: late, type: agent_task, agent: full, message: m}\n").await;
+    let done = harness.wait_for(&id, "late", StepStatus::Completed).await;
+    assert_eq!((done.executor.as_str(), done.attempt), ("full", 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
