@@ -578,15 +578,8 @@ impl<S: RosterStore> RosterService for Roster<S> {
         &self,
         request: Request<pb::DelegateBatchRequest>,
     ) -> Result<Response<pb::DelegateBatchResponse>, GrpcStatus> {
-        const MOST_REQUESTS: usize = 1000;
+        // At most 1,000 requests: the contract's limit, checked on the wire.
         let requests = request.into_inner().requests;
-        if requests.len() > MOST_REQUESTS {
-            return Err(Error::InvalidArgument(format!(
-                "requests: {} given; at most {MOST_REQUESTS} are accepted",
-                requests.len()
-            ))
-            .into());
-        }
         let mut decided = Vec::with_capacity(requests.len());
         let mut tasks = std::collections::HashSet::new();
         for (index, request) in requests.into_iter().enumerate() {
@@ -669,15 +662,8 @@ impl<S: RosterStore> RosterService for Roster<S> {
         &self,
         request: Request<pb::ReleaseTasksRequest>,
     ) -> Result<Response<pb::ReleaseTasksResponse>, GrpcStatus> {
-        const MOST_TASKS: usize = 1000;
+        // At most 1,000 ids: the contract's limit, checked on the wire.
         let task_ids: Vec<String> = request.into_inner().task_ids.iter().map(|id| id.trim().to_owned()).collect();
-        if task_ids.len() > MOST_TASKS {
-            return Err(Error::InvalidArgument(format!(
-                "task_ids: {} given; at most {MOST_TASKS} are accepted",
-                task_ids.len()
-            ))
-            .into());
-        }
         if let Some(index) = task_ids.iter().position(String::is_empty) {
             return Err(Error::InvalidArgument(format!("task_ids[{index}]: required")).into());
         }

@@ -310,6 +310,9 @@ async fn a_batch_places_many_tasks_of_one_agent_at_once(backend: Backend) {
     let many: Vec<_> = (0..1001).map(|index| assigned(&format!("m{index}"), "expert")).collect();
     let status = server.client.delegate_batch(pb::DelegateBatchRequest { requests: many }).await.unwrap_err();
     assert_eq!(status.message(), "field requests has more than 1000 elements (the limit)");
+    let ids: Vec<String> = (0..1001).map(|index| format!("m{index}")).collect();
+    let status = server.client.release_tasks(pb::ReleaseTasksRequest { task_ids: ids }).await.unwrap_err();
+    assert_eq!(status.message(), "field task_ids has more than 1000 elements (the limit)");
     let status = server
         .client_as(&junior_token)
         .delegate_batch(pb::DelegateBatchRequest { requests: vec![assigned("z", "expert")] })
