@@ -1,7 +1,8 @@
 //! The sample agents' deterministic behaviour, so sample processes run with no
 //! LLM: each step's output is a JSON object naming the agent, the step, its
-//! instruction, its inputs, the steps it built on, and the context it was given
-//! (role, size of the system prompt, shared-memory keys, history length).
+//! instruction, its inputs, the steps it built on (with the size of each of
+//! their outputs), and the context it was given (role, size of the system
+//! prompt, shared-memory keys, history length).
 //!
 //! It provides two tools: `word_count` (input `{"text": string}`, output
 //! `{"words": n}`) and `flaky_tool`, which always fails (status 500).
@@ -9,7 +10,8 @@
 //! Inputs steer it for demonstrations and tests: `"fail": "message"` makes the
 //! step fail (code `SAMPLE_FAILURE`), `"fail_attempts": n` fails the first `n`
 //! attempts with a retryable error, `"sleep_ms": n` takes that long,
-//! `"iterations": n` reports `n` iterations (1 otherwise), and
+//! `"iterations": n` reports `n` iterations (1 otherwise), `"output_bytes": n`
+//! pads the output with a `padding` string of `n` bytes, and
 //! `"delegate": {"from-agent": "to-agent", ...}` makes an agent named there hand
 //! the step onward to the agent it maps to (doing the step itself when the
 //! execution service refuses, for example as a loop).
@@ -30,17 +32,20 @@ impl SampleBehaviour {
     fn complete(assignment: &Assignment, inputs: &Value) -> StepOutcome {
         let mut upstream: Vec<&String> = assignment.upstream_outputs.keys().collect();
         upstream.sort();
+        let upstream_bytes: serde_json::Map<String, Value> =
+            assignment.upstream_outputs.iter().map(|(step, output)| (step.clone(), output.len().into())).collect();
         let memory: Value = serde_json::from_str(&assignment.shared_memory_json).unwrap_or(Value::Null);
         let mut memory_keys: Vec<&String> =
             memory.as_object().map(|memory| memory.keys().collect()).unwrap_or_default();
         memory_keys.sort();
         // What the agent was told, so its output shows the task context it had.
-        let output = json!({
+        let mut output = json!({
             "agent": assignment.agent_id,
             "step": assignment.step_id,
             "text": format!("{} did: {}", assignment.agent_id, assignment.message),
             "inputs": inputs,
             "built_on": upstream,
+            "upstream_bytes": upstream_bytes,
             "attempt": assignment.attempt,
             "role": assignment.role_definition.as_ref().map(|role| role.name.clone()),
             "system_prompt_chars": assignment.system_prompt.chars().count(),
@@ -50,6 +55,9 @@ impl SampleBehaviour {
             "max_iterations": assignment.max_iterations,
             "llm_config": serde_json::from_str::<Value>(&assignment.llm_config_json).unwrap_or(Value::Null),
         });
+        if let Some(padding) = inputs.get("output_bytes").and_then(Value::as_u64) {
+            output["padding"] = "x".repeat(usize::try_from(padding.min(16 << 20)).unwrap_or_default()).into();
+        }
         let iterations = inputs.get("iterations").and_then(Value::as_u64).map_or(1, |iterations| iterations as u32);
         StepOutcome::Completed { output_json: output.to_string(), tokens_used: 100, cost: 0.01, iterations }
     }

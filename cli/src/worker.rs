@@ -3,14 +3,17 @@
 //! A worker reconnects by itself when the stream breaks; assignments lost
 //! with a connection are reassigned by the execution service. An agent whose
 //! token the service refuses is left out and the others go on being served.
+//! Inputs and upstream outputs too large to travel in an assignment are read
+//! (`ReadPayload`) before the behaviour runs, so it always sees them whole.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
 use muster_proto::execution::v1::{
-    Assignment, ConnectWorkerRequest, DelegateStep, ServedAgent, StepFailure, StepResult, ToolCall, ToolCallResult,
-    ToolOutput, ToolSpec, WorkerHeartbeat, WorkerHello, connect_worker_request, connect_worker_response,
-    execution_service_client::ExecutionServiceClient,
+    Assignment, ConnectWorkerRequest, DelegateStep, PayloadKind, ReadPayloadRequest, ServedAgent, StepFailure,
+    StepResult, ToolCall, ToolCallResult, ToolOutput, ToolSpec, WorkerHeartbeat, WorkerHello, connect_worker_request,
+    connect_worker_response, execution_service_client::ExecutionServiceClient,
 };
+use muster_runtime::auth::client::AuthChannel;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument as _;
@@ -280,6 +283,12 @@ async fn session<B: Behaviour>(
         })
         .await?;
     let mut inbound = client.connect_worker(ReceiverStream::new(receiver)).await?.into_inner();
+    // Large values are read with the token of the agent the assignment is for.
+    let mut readers = std::collections::HashMap::new();
+    for agent in agents {
+        let endpoint = Endpoint::new(execution.url.clone(), agent.token.clone());
+        readers.insert(agent.agent_id.clone(), ExecutionServiceClient::new(endpoint.channel()?));
+    }
     // Assignments handed onward, waiting for the service's answer: what to report if refused.
     let refused_fallbacks: Arc<std::sync::Mutex<std::collections::HashMap<String, StepOutcome>>> = Arc::default();
     while let Some(message) = inbound.message().await? {
@@ -305,7 +314,8 @@ async fn session<B: Behaviour>(
                     }
                 });
             }
-            Some(connect_worker_response::Message::Assignment(assignment)) => {
+            Some(connect_worker_response::Message::Assignment(mut assignment)) => {
+                let mut reader = readers.get(&assignment.agent_id).unwrap_or(&client).clone();
                 let behaviour = behaviour.clone();
                 let sender = sender.clone();
                 let refused_fallbacks = refused_fallbacks.clone();
@@ -320,7 +330,15 @@ async fn session<B: Behaviour>(
                 let run = async move {
                     let assignment_id = assignment.assignment_id.clone();
                     let started = std::time::Instant::now();
-                    let message = match behaviour.run(assignment).await {
+                    let outcome = match fill_payloads(&mut reader, &mut assignment).await {
+                        Ok(()) => behaviour.run(assignment).await,
+                        Err(status) => StepOutcome::Failed {
+                            error_code: "PAYLOAD_UNAVAILABLE".to_owned(),
+                            message: format!("could not read the assignment's large values: {}", status.message()),
+                            retryable: true,
+                        },
+                    };
+                    let message = match outcome {
                         StepOutcome::Delegate { to_agent_id, required_expertise, reason, otherwise } => {
                             refused_fallbacks
                                 .lock()
@@ -336,7 +354,7 @@ async fn session<B: Behaviour>(
                         }
                         outcome => report(assignment_id, outcome, started.elapsed()),
                     };
-                    let _ = sender.send(ConnectWorkerRequest { message: Some(message) }).await;
+                    let _ = sender.send(within_limits(message)).await;
                 };
                 tokio::spawn(run.instrument(span));
             }
@@ -361,7 +379,7 @@ async fn session<B: Behaviour>(
                         other => other,
                     };
                     let message = report(outcome.assignment_id, fallback, Duration::ZERO);
-                    sender.send(ConnectWorkerRequest { message: Some(message) }).await?;
+                    sender.send(within_limits(message)).await?;
                 }
             }
             Some(connect_worker_response::Message::ToolCall(call)) => {
@@ -374,7 +392,7 @@ async fn session<B: Behaviour>(
                     let output = behaviour.call_tool(call).await;
                     let message =
                         connect_worker_request::Message::ToolResult(ToolCallResult { call_id, output: Some(output) });
-                    let _ = sender.send(ConnectWorkerRequest { message: Some(message) }).await;
+                    let _ = sender.send(within_limits(message)).await;
                 };
                 tokio::spawn(run.instrument(span));
             }
@@ -382,4 +400,110 @@ async fn session<B: Behaviour>(
         }
     }
     Ok(())
+}
+
+/// The message to send for a report: the report itself, or, when the
+/// service would refuse it (an output over its limit), the step's or the
+/// tool call's failure saying so — so the stream, with the worker's other
+/// assignments, goes on.
+fn within_limits(message: connect_worker_request::Message) -> ConnectWorkerRequest {
+    use connect_worker_request::Message;
+    const PATH: &str = "/muster.execution.v1.ExecutionService/ConnectWorker";
+    let request = ConnectWorkerRequest { message: Some(message) };
+    let Err(refusal) = muster_runtime::limits::check_request(PATH, &prost::Message::encode_to_vec(&request)) else {
+        return request;
+    };
+    let why = refusal.message().to_owned();
+    tracing::warn!(%why, "report too large for the execution service");
+    let failure = |assignment_id, code: &str| {
+        Message::Failure(StepFailure {
+            assignment_id,
+            error_code: code.to_owned(),
+            message: why.clone(),
+            retryable: false,
+        })
+    };
+    let message = match request.message {
+        Some(Message::Result(StepResult { assignment_id, .. })) => failure(assignment_id, "OUTPUT_TOO_LARGE"),
+        Some(
+            Message::Failure(StepFailure { assignment_id, .. }) | Message::Delegate(DelegateStep { assignment_id, .. }),
+        ) => failure(assignment_id, "REPORT_TOO_LARGE"),
+        Some(Message::ToolResult(ToolCallResult { call_id, .. })) => Message::ToolResult(ToolCallResult {
+            call_id,
+            output: Some(ToolOutput { output_json: String::new(), error: why, status_code: 500 }),
+        }),
+        other => return ConnectWorkerRequest { message: other },
+    };
+    ConnectWorkerRequest { message: Some(message) }
+}
+
+/// Reads the values an assignment names in `payload_refs` into its
+/// `inputs_json` and `upstream_outputs`.
+async fn fill_payloads(
+    client: &mut ExecutionServiceClient<AuthChannel>,
+    assignment: &mut Assignment,
+) -> Result<(), tonic::Status> {
+    for reference in std::mem::take(&mut assignment.payload_refs) {
+        let kind = PayloadKind::try_from(reference.kind).unwrap_or(PayloadKind::Unspecified);
+        let value = read_payload(client, &assignment.execution_id, &reference.step_id, kind).await?;
+        match kind {
+            PayloadKind::Inputs => assignment.inputs_json = value,
+            PayloadKind::Output => {
+                assignment.upstream_outputs.insert(reference.step_id, value);
+            }
+            PayloadKind::Unspecified => {}
+        }
+    }
+    Ok(())
+}
+
+/// Reads one value of an execution (`ReadPayload`), chunk by chunk; a read
+/// that breaks off resumes where it stopped, up to three times.
+pub async fn read_payload(
+    client: &mut ExecutionServiceClient<AuthChannel>,
+    execution_id: &str,
+    step_id: &str,
+    kind: PayloadKind,
+) -> Result<String, tonic::Status> {
+    let mut value = Vec::new();
+    let mut breaks = 0;
+    loop {
+        let request = ReadPayloadRequest {
+            execution_id: execution_id.to_owned(),
+            step_id: step_id.to_owned(),
+            kind: kind as i32,
+            offset: value.len() as u64,
+        };
+        let read = async {
+            let mut chunks = client.read_payload(request).await?.into_inner();
+            let mut size = None;
+            while let Some(chunk) = chunks.message().await? {
+                if chunk.offset != value.len() as u64 {
+                    return Err(tonic::Status::data_loss(format!(
+                        "a chunk at offset {} where {} was expected",
+                        chunk.offset,
+                        value.len()
+                    )));
+                }
+                value.extend_from_slice(&chunk.chunk);
+                size = Some(chunk.size_bytes);
+            }
+            Ok(size)
+        };
+        match read.await {
+            Ok(Some(size)) if size == value.len() as u64 => {
+                return String::from_utf8(value)
+                    .map_err(|_| tonic::Status::data_loss("the payload is not UTF-8 text".to_owned()));
+            }
+            Ok(size) => {
+                return Err(tonic::Status::data_loss(format!(
+                    "the payload ended after {} of {} bytes",
+                    value.len(),
+                    size.unwrap_or_default()
+                )));
+            }
+            Err(status) if status.code() == tonic::Code::Unavailable && breaks < 3 => breaks += 1,
+            Err(status) => return Err(status),
+        }
+    }
 }

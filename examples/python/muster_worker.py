@@ -5,6 +5,10 @@ with the first served agent's roster token, or an operator's token when
 given), says which agents it serves (each proving itself with its own roster
 token), runs each assignment with a behaviour function and reports the result. The sample behaviour writes a
 summary of the step from its instruction and what it built on.
+
+Inputs and upstream outputs too large to travel in an assignment are named in
+its `payload_refs`; the worker reads them (ReadPayload, in chunks) into the
+assignment before the behaviour runs, so a behaviour always sees them whole.
 """
 
 import json
@@ -25,6 +29,8 @@ def sample_behaviour(assignment):
             "step": assignment.step_id,
             "text": f"{assignment.agent_id} (python) did: {assignment.message}",
             "built_on": upstream,
+            "inputs_bytes": len(assignment.inputs_json),
+            "upstream_bytes": {step: len(output) for step, output in assignment.upstream_outputs.items()},
         },
         42,
         0.02,
@@ -39,7 +45,8 @@ class Worker:
         self._stub = execution_pb2_grpc.ExecutionServiceStub(self._channel)
         self._credentials = credentials
         # Every call carries a credential: `authorization: Bearer <token>`.
-        self._metadata = [("authorization", f"Bearer {token or next(iter(credentials.values()))}")]
+        self._token = token or next(iter(credentials.values()))
+        self._metadata = [("authorization", f"Bearer {self._token}")]
         self._behaviour = behaviour
         self._name = name
         self._outbox = queue.Queue()
@@ -81,8 +88,25 @@ class Worker:
             if error.code() != grpc.StatusCode.CANCELLED:
                 raise
 
+    def _fill_payloads(self, assignment):
+        """Reads the values the assignment names in payload_refs into it, as its agent."""
+        as_agent = [("authorization", f"Bearer {self._credentials.get(assignment.agent_id, self._token)}")]
+        for ref in assignment.payload_refs:
+            request = execution_pb2.ReadPayloadRequest(
+                execution_id=assignment.execution_id, step_id=ref.step_id, kind=ref.kind
+            )
+            value = b"".join(chunk.chunk for chunk in self._stub.ReadPayload(request, metadata=as_agent))
+            if len(value) != ref.size_bytes:
+                raise RuntimeError(f"payload of {ref.step_id} is {len(value)} bytes, not {ref.size_bytes}")
+            if ref.kind == execution_pb2.PAYLOAD_KIND_INPUTS:
+                assignment.inputs_json = value.decode()
+            elif ref.kind == execution_pb2.PAYLOAD_KIND_OUTPUT:
+                assignment.upstream_outputs[ref.step_id] = value.decode()
+        del assignment.payload_refs[:]
+
     def _run(self, assignment):
         try:
+            self._fill_payloads(assignment)
             output, tokens, cost = self._behaviour(assignment)
             message = execution_pb2.ConnectWorkerRequest(
                 result=execution_pb2.StepResult(

@@ -33,6 +33,7 @@ def main():
     parser.add_argument("--notifier", default="127.0.0.1:50054")
     parser.add_argument("--tokens", required=True, help="JSON: agent id to roster token")
     parser.add_argument("--process", required=True, help="the process YAML")
+    parser.add_argument("--inputs-json", default="", help="the execution's inputs, a JSON object")
     parser.add_argument("--read-notifications-of", default=None, help="an agent whose inbox to print, as the agent")
     parser.add_argument("--operator-token-file", default="muster-data/operator.token")
     args = parser.parse_args()
@@ -60,7 +61,9 @@ def main():
         process = published.process
         print(f"published {process.name} version {process.version}")
         started = execution.StartExecution(
-            execution_pb2.StartExecutionRequest(process_name=process.name, process_version=process.version),
+            execution_pb2.StartExecutionRequest(
+                process_name=process.name, process_version=process.version, inputs_json=args.inputs_json
+            ),
             metadata=as_operator,
         ).execution
         print(f"execution {started.id} started")

@@ -318,6 +318,19 @@ fn table() -> Vec<Row> {
             [PD, OK, OK, OK],
         ),
         row(
+            "ExecutionService/ReadPayload",
+            |fixture| {
+                execution::ReadPayloadRequest {
+                    execution_id: fixture.execution.clone(),
+                    step_id: "gate".into(),
+                    kind: execution::PayloadKind::Inputs as i32,
+                    offset: 0,
+                }
+                .encode_to_vec()
+            },
+            [PD, OK, OK, OK],
+        ),
+        row(
             "ExecutionService/CancelExecution",
             |fixture| {
                 execution::CancelExecutionRequest { id: fixture.to_cancel.clone(), reason: String::new() }

@@ -78,6 +78,9 @@ async fn python_client_runs_the_sample_process() {
                 .arg(operator_token_file)
                 .arg("--process")
                 .arg(repository().join("examples/process.yaml"))
+                // Inputs of 70 KB: every step's inputs travel by reference.
+                .arg("--inputs-json")
+                .arg(serde_json::json!({ "brief": "b".repeat(70_000) }).to_string())
                 .env("PYTHONPATH", format!("{}:{}", generated.display(), examples.display()))
                 .output()
                 .unwrap()
@@ -90,6 +93,15 @@ async fn python_client_runs_the_sample_process() {
     assert!(output.status.success(), "the Python client failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("execution completed; the Python worker ran 6 steps"), "{stdout}");
     assert!(stdout.contains("notification") && stdout.contains("EVENT_TYPE_STEP_COMPLETED research"), "{stdout}");
+
+    // The worker read each step's inputs (`ReadPayload`) before its behaviour ran.
+    let id = stdout.split_whitespace().skip_while(|word| *word != "execution").nth(1).expect("the execution's id");
+    let request = muster_proto::execution::v1::GetExecutionRequest { id: id.to_owned() };
+    let execution = test.execution().get_execution(request).await.unwrap().into_inner().execution.unwrap();
+    for step in &execution.steps {
+        let output: serde_json::Value = serde_json::from_str(&step.output_json).unwrap();
+        assert!(output["inputs_bytes"].as_u64().unwrap() > 70_000, "{}: {output}", step.step_id);
+    }
     test.shutdown().await;
 }
 

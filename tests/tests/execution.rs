@@ -663,6 +663,7 @@ async fn a_silent_worker_loses_its_assignment_after_the_lease() {
     )
     .await;
     let first = silent.message().await.unwrap().unwrap();
+    let assigned_at = std::time::Instant::now();
     let Some(connect_worker_response::Message::Assignment(assignment)) = first.message else {
         panic!("expected the assignment, got {first:?}")
     };
@@ -673,6 +674,11 @@ async fn a_silent_worker_loses_its_assignment_after_the_lease() {
     let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
     let ended = silent.message().await.expect_err("the silent worker is disconnected");
     assert_eq!(ended.code(), tonic::Code::DeadlineExceeded, "{ended}");
+    // The lease holds to its stated time: not before it, and not long after
+    // (the sweep runs a few times a lease; the bound is loose for busy machines).
+    let held = assigned_at.elapsed();
+    assert!(held >= Duration::from_millis(900), "disconnected after {held:?}, before the 1 s lease");
+    assert!(held < Duration::from_secs(15), "held {held:?} past a 1 s lease");
     let events = events_until_finished(&test.operator("execution"), &id).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
     let execution = client.get_execution(GetExecutionRequest { id }).await.unwrap().into_inner().execution.unwrap();
@@ -682,6 +688,60 @@ async fn a_silent_worker_loses_its_assignment_after_the_lease() {
     let output: serde_json::Value = serde_json::from_str(&execution.steps[0].output_json).unwrap();
     assert_eq!(output["attempt"], execution.steps[0].attempt);
     drop(silent_sender);
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_stream_gives_its_steps_back_at_once() {
+    use muster_proto::execution::v1::{
+        ConnectWorkerRequest, ServedAgent, WorkerHello, connect_worker_request, connect_worker_response,
+    };
+    // A lease far longer than the test: only the lost stream can free the step.
+    let lease = vec![("MUSTER_WORKER_LEASE_MS".to_owned(), "600000".to_owned())];
+    let Some(test) = TestCluster::start_with_environment(Backend::Sqlite, lease).await else { return };
+    let tokens = test.register_agents(&[agent("solo", "worker", "team")]).await;
+    let (sender, receiver) = tokio::sync::mpsc::channel(4);
+    sender
+        .send(ConnectWorkerRequest {
+            message: Some(connect_worker_request::Message::Hello(WorkerHello {
+                worker_name: "doomed".to_owned(),
+                agents: vec![ServedAgent { agent_id: "solo".to_owned(), token: tokens[0].clone() }],
+                tools: Vec::new(),
+                max_concurrency: 1,
+            })),
+        })
+        .await
+        .unwrap();
+    let mut doomed = test
+        .execution()
+        .connect_worker(tokio_stream::wrappers::ReceiverStream::new(receiver))
+        .await
+        .unwrap()
+        .into_inner();
+    doomed.message().await.unwrap().expect("the welcome");
+    let mut client = test.execution();
+    let id = publish_and_start(
+        &mut client,
+        "name: lost\nsteps:\n  - id: only\n    type: agent_task\n    agent: solo\n    message: m\n",
+    )
+    .await;
+    let first = doomed.message().await.unwrap().unwrap();
+    assert!(matches!(first.message, Some(connect_worker_response::Message::Assignment(_))), "{first:?}");
+
+    // The worker's stream breaks (its process died, say); a live worker is there.
+    let credentials = vec![AgentCredential { agent_id: "solo".to_owned(), token: tokens[0].clone() }];
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    drop((doomed, sender));
+    let events =
+        tokio::time::timeout(Duration::from_secs(120), events_until_finished(&test.operator("execution"), &id))
+            .await
+            .expect("the step went to the live worker long before the 10-minute lease");
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
+    let execution = client.get_execution(GetExecutionRequest { id }).await.unwrap().into_inner().execution.unwrap();
+    assert_eq!(execution.steps[0].attempt, 2, "the lost attempt, then the live worker's");
 
     let _ = stop.send(());
     worker.await.unwrap().unwrap();

@@ -163,7 +163,8 @@ async fn undecodable_requests_are_invalid_arguments_and_oversized_ones_resource_
     test.shutdown().await;
 }
 
-/// Answers each step with an output of about 900 KB, except `small`.
+/// Answers each `big*` step with an output of about 60 KB (small enough to
+/// travel inline), the others with a few bytes.
 struct BigOutputs;
 
 impl muster::worker::Behaviour for BigOutputs {
@@ -171,7 +172,7 @@ impl muster::worker::Behaviour for BigOutputs {
         &self,
         assignment: muster_proto::execution::v1::Assignment,
     ) -> impl Future<Output = muster::worker::StepOutcome> + Send {
-        let size = if assignment.step_id.starts_with("big") { 900_000 } else { 10 };
+        let size = if assignment.step_id.starts_with("big") { 60_000 } else { 10 };
         std::future::ready(muster::worker::StepOutcome::Completed {
             output_json: serde_json::json!({ "text": "x".repeat(size) }).to_string(),
             tokens_used: 0,
@@ -187,7 +188,10 @@ async fn an_assignment_too_big_to_send_fails_its_step_and_the_worker_stream_goes
         common::v1::ExecutionStatus,
         execution::v1::{GetExecutionRequest, ListWorkersRequest, StepStatus},
     };
-    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    // With a 1 MiB message limit, 1 MiB of small upstream outputs (they
+    // travel inline) and the shared memory make an assignment too large.
+    let limit = vec![("MUSTER_MAX_MESSAGE_BYTES".to_owned(), "1048576".to_owned())];
+    let Some(test) = TestCluster::start_with_environment(Backend::Sqlite, limit).await else { return };
     let tokens = test.register_agents(&[agent("lead", "lead", "core"), agent("worker", "member", "core")]).await;
     let credentials = vec![muster::worker::AgentCredential { agent_id: "worker".to_owned(), token: tokens[1].clone() }];
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -205,19 +209,19 @@ async fn an_assignment_too_big_to_send_fails_its_step_and_the_worker_stream_goes
             "  - id: {id}\n    type: agent_task\n    agent: worker\n    message: go\n    depends_on: [{depends_on}]\n    roles:\n      executor: worker\n      informed: [lead]\n"
         )
     };
-    // Five outputs of 900 KB: the step that depends on all of them would get
-    // 4.5 MB of upstream outputs in its assignment.
     let mut source = "name: fan-in\nlead: lead\nsteps:\n".to_owned();
-    for index in 0..5 {
-        source.push_str(&step(&format!("big{index}"), ""));
+    let parts: Vec<String> = (0..18).map(|index| format!("big{index}")).collect();
+    for part in &parts {
+        source.push_str(&step(part, ""));
     }
-    source.push_str(&step("join", "big0, big1, big2, big3, big4"));
+    source.push_str(&step("join", &parts.join(", ")));
     let mut execution = test.execution();
     let id = muster_tests::publish_and_start(&mut execution, &source).await;
     let events = muster_tests::events_until_finished(&test.operator("execution"), &id).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Failed as i32);
 
-    // The execution reads fine: outputs beyond what one answer holds are omitted, and say so.
+    // The execution reads fine within the lower limit: outputs beyond what
+    // one answer holds are omitted, and say so.
     let got = execution.get_execution(GetExecutionRequest { id: id.clone() }).await.expect("GetExecution").into_inner();
     let steps = got.execution.expect("the execution").steps;
     let join = steps.iter().find(|step| step.step_id == "join").unwrap();
@@ -230,8 +234,8 @@ async fn an_assignment_too_big_to_send_fails_its_step_and_the_worker_stream_goes
     assert!(omitted >= 1 && steps.iter().filter(|step| !step.output_json.is_empty()).count() >= 2, "{omitted} omitted");
     assert!(steps.iter().filter(|step| step.output_omitted).all(|step| step.output_json.is_empty()));
     // Every output is in its completed event.
-    let completed_outputs = events.iter().filter(|event| event.output_json.len() > 900_000).count();
-    assert_eq!(completed_outputs, 5);
+    let completed_outputs = events.iter().filter(|event| event.output_json.len() > 60_000).count();
+    assert_eq!(completed_outputs, 18);
 
     // The same worker stream, never broken, runs the next execution.
     let workers = || async {

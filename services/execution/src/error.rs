@@ -23,6 +23,9 @@ pub(crate) enum Error {
     /// The request cannot be carried out in the current state.
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A position past the end of what is read.
+    #[error("{0}")]
+    OutOfRange(String),
     /// The caller may not do this.
     #[error("{} may not {}: {}", .0.caller, .0.action, .0.message)]
     PermissionDenied(Box<Refusal>),
@@ -108,6 +111,7 @@ impl From<Error> for tonic::Status {
             }
             Error::NotFound(_) => tonic::Status::not_found(message),
             Error::FailedPrecondition(_) => tonic::Status::failed_precondition(message),
+            Error::OutOfRange(_) => tonic::Status::out_of_range(message),
             Error::PermissionDenied(refusal) => {
                 let Refusal { caller, action, reason, message, metadata } = *refusal;
                 let metadata: Vec<(&str, String)> = metadata.into_iter().collect();

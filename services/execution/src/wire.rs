@@ -13,6 +13,7 @@ use crate::domain::{
         Assignment, Decision, DecisionKind, Event, EventKind, Finding, HistoryEntry, RoleDefinition, Tool, ToolCall,
         ToolOutput,
     },
+    payload::{PayloadKind, PayloadRef},
 };
 
 pub(crate) fn finding_to_wire(finding: &Finding) -> common::Diagnostic {
@@ -269,6 +270,26 @@ pub(crate) fn assignment_to_wire(assignment: &Assignment) -> wire::Assignment {
         allow_delegation: context.allow_delegation,
         session_role: assignment.session_role.clone(),
         session_context: assignment.session_context.clone(),
+        payload_refs: assignment.payload_refs.iter().map(payload_ref_to_wire).collect(),
+    }
+}
+
+fn payload_ref_to_wire(reference: &PayloadRef) -> wire::PayloadRef {
+    wire::PayloadRef {
+        step_id: reference.step_id.clone(),
+        kind: match reference.kind {
+            PayloadKind::Output => wire::PayloadKind::Output,
+            PayloadKind::Inputs => wire::PayloadKind::Inputs,
+        } as i32,
+        size_bytes: reference.size_bytes,
+    }
+}
+
+pub(crate) fn payload_kind_from_wire(kind: i32) -> Option<PayloadKind> {
+    match wire::PayloadKind::try_from(kind) {
+        Ok(wire::PayloadKind::Output) => Some(PayloadKind::Output),
+        Ok(wire::PayloadKind::Inputs) => Some(PayloadKind::Inputs),
+        _ => None,
     }
 }
 

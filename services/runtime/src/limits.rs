@@ -41,6 +41,15 @@ pub fn check(input: usize, encoded: &[u8]) -> Result<(), Status> {
     walk(input, encoded, 0).map_err(Violation::into_status)
 }
 
+/// Checks an encoded request message of the method at `path`
+/// (`/muster.execution.v1.ExecutionService/ConnectWorker`) as the server
+/// will: a client that checks before sending can report a value that is too
+/// large instead of having its call (or stream) refused. A path muster does
+/// not serve passes.
+pub fn check_request(path: &str, encoded: &[u8]) -> Result<(), Status> {
+    METHOD_INPUTS.get(path).map_or(Ok(()), |input| check(*input, encoded))
+}
+
 /// Why a message was refused, with the path of the field from the innermost
 /// out (reversed when reported).
 struct Violation {

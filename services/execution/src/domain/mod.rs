@@ -1,11 +1,13 @@
 //! The execution service's rules, free of transport and storage: the states
 //! of executions and steps and their names as stored ([`model`]), the order
-//! steps may run in ([`dag`]), who may do what ([`authority`]), and what a
-//! session looks like to its members ([`session`]).
+//! steps may run in ([`dag`]), who may do what ([`authority`]), what a
+//! session looks like to its members ([`session`]), and which values travel
+//! by reference ([`payload`]).
 
 pub(crate) mod authority;
 pub(crate) mod dag;
 pub(crate) mod model;
+pub(crate) mod payload;
 pub(crate) mod session;
 
 use std::str::FromStr;

@@ -293,8 +293,10 @@ pub(crate) struct Assignment {
     pub(crate) step_type: String,
     pub(crate) message: String,
     pub(crate) inputs_json: String,
-    /// Outputs of the steps it depends on, by step id.
+    /// Outputs of the steps it depends on that travel inline, by step id.
     pub(crate) upstream_outputs: Vec<(String, Arc<str>)>,
+    /// The inputs and outputs that travel by reference.
+    pub(crate) payload_refs: Vec<super::payload::PayloadRef>,
     /// Outputs of the most recently completed steps, by step id (bounded:
     /// see `shared_memory_left_out`).
     pub(crate) shared_memory: Vec<(String, Arc<str>)>,

@@ -38,6 +38,7 @@ use crate::{
         authority::{self, RoleAssignment, Subject},
         dag::{Dag, Readiness},
         model::{AgentContext, Assignment, Event, EventKind, Execution, HistoryEntry, Outcome, ProcessVersion, Step},
+        payload,
     },
     store::{StepWrite, Write},
 };
@@ -144,10 +145,7 @@ impl Driver {
         let completed = steps.iter().filter(|step| step.status == StepStatus::Completed).count();
         let max_parallel =
             process.definition.max_parallel.map(|limit| limit as usize).unwrap_or(engine.settings.max_parallel).max(1);
-        let execution_inputs = match serde_json::from_str(&execution.inputs_json) {
-            Ok(serde_json::Value::Object(map)) => map,
-            _ => serde_json::Map::new(),
-        };
+        let execution_inputs = payload::execution_inputs(&execution.inputs_json);
         Self {
             dag: Dag::new(&process.definition),
             engine,
@@ -938,6 +936,7 @@ impl Driver {
                 Some((self.definition(*dependency).id.clone(), output))
             })
             .collect();
+        let carried = payload::split(&definition.id, self.merged_inputs(&definition.inputs_json), upstream_outputs);
         let (shared_memory, shared_memory_left_out) = self.shared_memory();
         let (session_role, session_context) = match &self.execution.session {
             Some(session) => (
@@ -971,8 +970,9 @@ impl Driver {
             step_name: definition.name.clone(),
             step_type: definition.step_type.clone(),
             message: definition.message.clone(),
-            inputs_json: self.merged_inputs(&definition.inputs_json),
-            upstream_outputs,
+            inputs_json: carried.inputs_json,
+            upstream_outputs: carried.upstream_outputs,
+            payload_refs: carried.payload_refs,
             shared_memory,
             shared_memory_left_out,
             history: self.history(),
@@ -988,14 +988,7 @@ impl Driver {
 
     /// The execution's inputs overlaid with the step's own, as JSON text.
     fn merged_inputs(&self, step_inputs: &str) -> String {
-        match serde_json::from_str::<serde_json::Value>(step_inputs) {
-            Ok(serde_json::Value::Object(own)) if !own.is_empty() => {
-                let mut merged = self.execution_inputs.clone();
-                merged.extend(own);
-                serde_json::Value::Object(merged).to_string()
-            }
-            _ => serde_json::Value::Object(self.execution_inputs.clone()).to_string(),
-        }
+        payload::merge_inputs(&self.execution_inputs, step_inputs)
     }
 
     /// The outputs of the most recently completed steps that fit, newest

@@ -23,6 +23,7 @@ pub const ACCESS: &[Rule] = &[
     rule("ListProcesses", Access::ANYONE),
     rule("StartExecution", Access::OPERATOR),
     rule("GetExecution", Access::ANYONE),
+    rule("ReadPayload", Access::ANYONE),
     rule("ListExecutions", Access::OPERATOR.or(Access::SERVICE)),
     rule("WatchExecution", Access::ANYONE),
     rule("CancelExecution", Access::OPERATOR.or(Access::AGENT)),

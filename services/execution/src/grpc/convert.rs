@@ -30,17 +30,16 @@ fn trace_id(traceparent: &str) -> String {
     traceparent.split('-').nth(1).unwrap_or_default().to_owned()
 }
 
-/// Most bytes of step outputs in one answer: later outputs are omitted
-/// (`output_omitted`), so that an answer always fits in a message.
-const MAX_OUTPUTS_BYTES: usize = 2 * 1024 * 1024;
-
-/// An execution with its steps (none when `steps` is empty, as in lists).
+/// An execution with its steps (none when `steps` is empty, as in lists),
+/// with at most `max_outputs_bytes` of their outputs: later outputs are
+/// omitted (`output_omitted`), so that an answer always fits in a message.
 pub(super) fn execution_to_wire(
     execution: &Execution,
     steps: &[Step],
     definition: Option<&muster_format::ProcessDefinition>,
+    max_outputs_bytes: usize,
 ) -> wire::Execution {
-    let mut room = MAX_OUTPUTS_BYTES;
+    let mut room = max_outputs_bytes;
     let states = match definition {
         Some(definition) if definition.steps.len() == steps.len() => steps
             .iter()

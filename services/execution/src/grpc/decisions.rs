@@ -63,7 +63,7 @@ impl ExecutionApi {
         self.control(&request.execution_id, control).await?;
         let execution = self.engine.store.execution(&request.execution_id).await?.unwrap_or(execution);
         let steps = self.steps(&request.execution_id).await?;
-        let step = execution_to_wire(&execution, &steps, Some(&process.definition))
+        let step = execution_to_wire(&execution, &steps, Some(&process.definition), self.outputs_room())
             .steps
             .into_iter()
             .find(|state| state.step_id == request.step_id);
@@ -153,7 +153,7 @@ impl ExecutionApi {
         let execution = self.engine.store.execution(&request.execution_id).await?.unwrap_or(execution);
         let steps = self.steps(&request.execution_id).await?;
         Ok(wire::InterveneResponse {
-            execution: Some(execution_to_wire(&execution, &steps, Some(&process.definition))),
+            execution: Some(execution_to_wire(&execution, &steps, Some(&process.definition), self.outputs_room())),
         })
     }
 }

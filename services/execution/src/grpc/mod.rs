@@ -19,10 +19,11 @@ use crate::{
     domain::{
         authority::Session,
         model::{EventKind, Execution, ProcessVersion, Step},
+        payload::{self, PayloadKind},
     },
     engine::{Control, Engine, StartRequest},
     store::ExecutionFilter,
-    wire::execution_status_from_wire,
+    wire::{execution_status_from_wire, payload_kind_from_wire},
 };
 
 mod access;
@@ -247,6 +248,12 @@ impl ExecutionApi {
         Ok((execution, process))
     }
 
+    /// Most bytes of step outputs in an answer that shows an execution: 2 MiB,
+    /// or half the message limit when that is less.
+    fn outputs_room(&self) -> usize {
+        (self.max_message_bytes / 2).min(2 * 1024 * 1024)
+    }
+
     async fn steps(&self, execution_id: &str) -> Result<Vec<Step>> {
         Ok(self.engine.store.steps(execution_id).await?.into_iter().map(|(_, step)| step).collect())
     }
@@ -255,7 +262,7 @@ impl ExecutionApi {
     async fn execution_to_wire(&self, execution: Execution) -> Result<wire::Execution> {
         let process = self.engine.definition_of(&execution).await?;
         let steps = self.steps(&execution.id).await?;
-        Ok(execution_to_wire(&execution, &steps, Some(&process.definition)))
+        Ok(execution_to_wire(&execution, &steps, Some(&process.definition), self.outputs_room()))
     }
 
     async fn cancel(&self, caller: &Caller, request: wire::CancelExecutionRequest) -> Result<wire::Execution> {
@@ -305,6 +312,30 @@ impl ExecutionApi {
         self.execution_to_wire(execution).await
     }
 
+    /// The value a ReadPayload names, for a caller that may read its execution.
+    async fn payload(&self, caller: &Caller, request: &wire::ReadPayloadRequest) -> Result<String> {
+        let kind = payload_kind_from_wire(request.kind).ok_or_else(|| {
+            Error::InvalidArgument("kind must be PAYLOAD_KIND_OUTPUT or PAYLOAD_KIND_INPUTS".to_owned())
+        })?;
+        let (execution, process) = self.execution_and_process(&request.execution_id).await?;
+        self.require_part(caller, &execution, &process, &format!("read a payload of execution '{}'", execution.id))
+            .await?;
+        let step = process.definition.steps.iter().find(|step| step.id == request.step_id).ok_or_else(|| {
+            Error::NotFound(format!("execution '{}' has no step '{}'", execution.id, request.step_id))
+        })?;
+        match kind {
+            PayloadKind::Inputs => {
+                Ok(payload::merge_inputs(&payload::execution_inputs(&execution.inputs_json), &step.inputs_json))
+            }
+            PayloadKind::Output => self
+                .engine
+                .store
+                .step_output(&execution.id, &step.id)
+                .await?
+                .ok_or_else(|| Error::FailedPrecondition(format!("step '{}' has no output (yet)", step.id))),
+        }
+    }
+
     async fn list_executions(&self, request: wire::ListExecutionsRequest) -> Result<wire::ListExecutionsResponse> {
         let limit = page_size(request.limit);
         let after = if request.page_token.is_empty() {
@@ -332,7 +363,7 @@ impl ExecutionApi {
             String::new()
         };
         Ok(wire::ListExecutionsResponse {
-            executions: executions.iter().map(|execution| execution_to_wire(execution, &[], None)).collect(),
+            executions: executions.iter().map(|execution| execution_to_wire(execution, &[], None, 0)).collect(),
             next_page_token,
         })
     }
@@ -408,10 +439,37 @@ impl ExecutionService for ExecutionApi {
             self.require_part(&caller, &execution, &process, &format!("read execution '{id}'")).await?;
             let steps = self.steps(&id).await?;
             Ok(wire::GetExecutionResponse {
-                execution: Some(execution_to_wire(&execution, &steps, Some(&process.definition))),
+                execution: Some(execution_to_wire(&execution, &steps, Some(&process.definition), self.outputs_room())),
             })
         };
         answer(outcome.await)
+    }
+
+    type ReadPayloadStream = ResponseStream<wire::ReadPayloadResponse>;
+
+    async fn read_payload(
+        &self,
+        request: Request<wire::ReadPayloadRequest>,
+    ) -> Result<Response<Self::ReadPayloadStream>, Status> {
+        let caller = Caller::of(&request)?;
+        let request = request.into_inner();
+        let value = self.payload(&caller, &request).await?;
+        let size = value.len();
+        let start = usize::try_from(request.offset).unwrap_or(usize::MAX);
+        if start > size {
+            return Err(Error::OutOfRange(format!("offset {start} is past the end of the {size}-byte value")).into());
+        }
+        // One chunk at least, so that a read from the end still learns the size.
+        let offsets = (start..size.max(start + 1)).step_by(payload::CHUNK_BYTES);
+        let chunks = offsets.map(move |offset| {
+            let end = (offset + payload::CHUNK_BYTES).min(size);
+            Ok(wire::ReadPayloadResponse {
+                chunk: value.as_bytes()[offset.min(end)..end].to_vec(),
+                offset: offset as u64,
+                size_bytes: size as u64,
+            })
+        });
+        Ok(Response::new(Box::pin(tokio_stream::iter(chunks))))
     }
 
     async fn list_executions(

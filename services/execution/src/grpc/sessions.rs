@@ -287,7 +287,9 @@ impl ExecutionApi {
         self.control(&request.execution_id, control).await?;
         let execution = self.engine.store.execution(&request.execution_id).await?.unwrap_or(execution);
         let steps = self.steps(&request.execution_id).await?;
-        Ok(wire::SetLeadResponse { execution: Some(execution_to_wire(&execution, &steps, Some(&process.definition))) })
+        Ok(wire::SetLeadResponse {
+            execution: Some(execution_to_wire(&execution, &steps, Some(&process.definition), self.outputs_room())),
+        })
     }
 
     pub(super) async fn session_status(

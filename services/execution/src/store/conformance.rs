@@ -171,6 +171,9 @@ async fn conformance(store: SqlStore) {
     assert_eq!(read.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
     assert_eq!(read[0].1, done);
     assert_eq!(read[1].1, Step::new());
+    assert_eq!(store.step_output("e1", "a").await.unwrap().as_deref(), done.output_json.as_deref());
+    assert_eq!(store.step_output("e1", "b").await.unwrap(), None, "no output yet");
+    assert_eq!(store.step_output("e1", "nothing").await.unwrap(), None, "no such step");
     assert!(store.executes_a_step("e1", "y").await.unwrap());
     assert!(!store.executes_a_step("e1", "x").await.unwrap());
     let stored = store.execution("e1").await.unwrap().unwrap();

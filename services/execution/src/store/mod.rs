@@ -122,6 +122,8 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn steps<'a>(&'a self, execution_id: &'a str) -> BoxFuture<'a, Result<Vec<(String, Step)>>>;
     /// Whether `agent_id` executes (or executed) a step of the execution.
     fn executes_a_step<'a>(&'a self, execution_id: &'a str, agent_id: &'a str) -> BoxFuture<'a, Result<bool>>;
+    /// A step's output; `None` when the step has none (yet), or no such step is stored.
+    fn step_output<'a>(&'a self, execution_id: &'a str, step_id: &'a str) -> BoxFuture<'a, Result<Option<String>>>;
     /// The execution started with this idempotency key.
     fn find_by_idempotency_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>>>;
     /// Executions without their steps, newest first.

@@ -655,6 +655,18 @@ impl Store for SqlStore {
         })
     }
 
+    fn step_output<'a>(&'a self, execution_id: &'a str, step_id: &'a str) -> BoxFuture<'a, Result<Option<String>>> {
+        Box::pin(async move {
+            let row = sqlx::query("SELECT output_json FROM steps WHERE execution_id = $1 AND step_id = $2")
+                .bind(execution_id.to_owned())
+                .bind(step_id.to_owned())
+                .fetch_optional(&self.database.reads)
+                .await?;
+            let output: Option<String> = row.map(|row| row.try_get("output_json")).transpose()?;
+            Ok(output.filter(|output| !output.is_empty()))
+        })
+    }
+
     fn executes_a_step<'a>(&'a self, execution_id: &'a str, agent_id: &'a str) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
             let found = sqlx::query("SELECT 1 AS found FROM steps WHERE execution_id = $1 AND executor = $2 LIMIT 1")
