@@ -283,9 +283,8 @@ steps:
 /// reconnects, resumes after the last event it printed and completes, having
 /// printed every event of the execution exactly once. With the service gone
 /// for good, `muster watch` gives up after its reconnect timeout, saying so.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn muster_run_resumes_after_the_execution_service_restarts() {
-    let Some(mut test) = TestCluster::start(Backend::Sqlite).await else { return };
+async fn muster_run_resumes_after_the_execution_service_restarts(backend: Backend) {
+    let Some(mut test) = TestCluster::start(backend).await else { return };
     let ids = ["doer", "watcher"];
     let tokens = test.register_agents(&ids.map(|id| agent(id, "worker", "team"))).await;
     let credentials =
@@ -337,6 +336,16 @@ async fn muster_run_resumes_after_the_execution_service_restarts() {
     test.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn muster_run_resumes_after_the_execution_service_restarts_on_sqlite() {
+    muster_run_resumes_after_the_execution_service_restarts(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn muster_run_resumes_after_the_execution_service_restarts_on_postgres() {
+    muster_run_resumes_after_the_execution_service_restarts(Backend::Postgres).await;
+}
+
 /// Runs a one-step process for `agent` and waits for it to complete.
 async fn one_step_completes(test: &TestCluster, name: &str, agent: &str) {
     let mut client = test.execution();
@@ -351,9 +360,8 @@ async fn one_step_completes(test: &TestCluster, name: &str, agent: &str) {
 /// whether the refusal comes in the hello (connected as the operator) or
 /// for the connection itself (connected with that agent's own token). With
 /// no agent left, the command fails saying why.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn muster_agent_goes_on_without_an_agent_whose_token_is_refused() {
-    let Some(mut test) = TestCluster::start(Backend::Sqlite).await else { return };
+async fn muster_agent_goes_on_without_an_agent_whose_token_is_refused(backend: Backend) {
+    let Some(mut test) = TestCluster::start(backend).await else { return };
     let ids = ["archivist", "doer", "watcher"];
     let tokens = test.register_agents(&ids.map(|id| agent(id, "worker", "team"))).await;
     let tokens_file = test.data_dir.join("tokens.json");
@@ -405,4 +413,14 @@ async fn muster_agent_goes_on_without_an_agent_whose_token_is_refused() {
         text(&alone)
     );
     test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn muster_agent_goes_on_without_an_agent_whose_token_is_refused_on_sqlite() {
+    muster_agent_goes_on_without_an_agent_whose_token_is_refused(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn muster_agent_goes_on_without_an_agent_whose_token_is_refused_on_postgres() {
+    muster_agent_goes_on_without_an_agent_whose_token_is_refused(Backend::Postgres).await;
 }

@@ -20,9 +20,8 @@ fn method(service: &str, name: &str) -> raw::Method {
         .unwrap_or_else(|| panic!("{service}/{name} is in the contract"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn oversized_fields_are_refused_by_name_and_long_prompts_never_break_the_cluster() {
-    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+async fn oversized_fields_are_refused_by_name_and_long_prompts_never_break_the_cluster(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
     test.register_agents(&[agent("lead", "lead", "core")]).await;
     let mut roster = test.roster();
 
@@ -86,6 +85,16 @@ async fn oversized_fields_are_refused_by_name_and_long_prompts_never_break_the_c
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_fields_are_refused_by_name_and_long_prompts_never_break_the_cluster_on_sqlite() {
+    oversized_fields_are_refused_by_name_and_long_prompts_never_break_the_cluster(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_fields_are_refused_by_name_and_long_prompts_never_break_the_cluster_on_postgres() {
+    oversized_fields_are_refused_by_name_and_long_prompts_never_break_the_cluster(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_document_fits_its_diagnostics_in_the_trailers() {
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
     test.register_agents(&[agent("lead", "lead", "core")]).await;
@@ -110,9 +119,8 @@ async fn a_refused_document_fits_its_diagnostics_in_the_trailers() {
     test.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn undecodable_requests_are_invalid_arguments_and_oversized_ones_resource_exhausted() {
-    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+async fn undecodable_requests_are_invalid_arguments_and_oversized_ones_resource_exhausted(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
     let register = method("muster.roster.v1.RosterService", "RegisterAgent");
     let url = test.cluster().roster_url();
     let operator = || Credentials::bearer(&test.cluster().credentials.operator_token).expect("a bearer token");
@@ -161,6 +169,16 @@ async fn undecodable_requests_are_invalid_arguments_and_oversized_ones_resource_
         status.message()
     );
     test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_requests_are_invalid_arguments_and_oversized_ones_resource_exhausted_on_sqlite() {
+    undecodable_requests_are_invalid_arguments_and_oversized_ones_resource_exhausted(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_requests_are_invalid_arguments_and_oversized_ones_resource_exhausted_on_postgres() {
+    undecodable_requests_are_invalid_arguments_and_oversized_ones_resource_exhausted(Backend::Postgres).await;
 }
 
 /// Answers each `big*` step with an output of about 60 KB (small enough to
