@@ -1,6 +1,6 @@
 //! `muster`: start a cluster, validate, publish and run processes, manage the
-//! roster, credentials, sessions and the permission matrix, and serve sample
-//! agents.
+//! roster, credentials, sessions, inboxes and the permission matrix, and
+//! serve sample agents.
 
 use std::process::ExitCode;
 
@@ -50,6 +50,8 @@ enum Command {
     Matrix(commands::admin::MatrixArgs),
     /// Team sessions: start one, see its dashboard, assign roles, change the lead.
     Session(commands::session::SessionArgs),
+    /// Inboxes: post a message (which starts the run of the process the inbox triggers), list, archive.
+    Inbox(commands::inbox::InboxArgs),
     /// Whether an agent's role permits an action, and why.
     CheckRole(commands::session::CheckRoleArgs),
     /// Serves agents with the deterministic sample behaviour (no LLM); an agent whose token is refused is left out.
@@ -89,6 +91,7 @@ async fn main() -> ExitCode {
         Command::Operator(args) => commands::admin::operator(&args).map(|()| true),
         Command::Matrix(args) => commands::admin::matrix(args, token).await.map(|()| true),
         Command::Session(args) => commands::session::run(args, token).await.map(|()| true),
+        Command::Inbox(args) => commands::inbox::run(args, token).await.map(|()| true),
         Command::CheckRole(args) => commands::session::check_role(args, token).await,
         Command::Agent(args) => commands::agent::run(args, token).await.map(|()| true),
     };

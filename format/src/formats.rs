@@ -5,7 +5,7 @@
 pub(crate) const MAX_IDENTIFIER_LENGTH: usize = 64;
 
 /// `[a-z0-9][a-z0-9_-]*`, up to 64 characters.
-pub(crate) fn is_identifier(text: &str) -> bool {
+pub fn is_identifier(text: &str) -> bool {
     let mut bytes = text.bytes();
     text.len() <= MAX_IDENTIFIER_LENGTH
         && bytes.next().is_some_and(|first| first.is_ascii_lowercase() || first.is_ascii_digit())

@@ -29,7 +29,7 @@ mod role;
 mod yaml;
 
 pub use diagnostic::{Diagnostic, Severity};
-pub use formats::rfc3339_millis;
+pub use formats::{is_identifier, rfc3339_millis};
 pub use matrix::{MatrixReport, MatrixRole};
 pub use model::{
     Context, DelegationRequest, KnownAgent, KnownRole, ProcessBudget, ProcessDefinition, ProcessReport, StepDefinition,

@@ -469,18 +469,23 @@ fn table() -> Vec<Row> {
         ),
         row(
             "ExecutionService/PostToInbox",
-            |_| execution::PostToInboxRequest::default().encode_to_vec(),
-            [Unimplemented; 4],
+            |_| {
+                execution::PostToInboxRequest { inbox: "auth-inbox".into(), body: "x".into(), ..Default::default() }
+                    .encode_to_vec()
+            },
+            ALL,
         ),
         row(
             "ExecutionService/ListInboxMessages",
-            |_| execution::ListInboxMessagesRequest::default().encode_to_vec(),
-            [Unimplemented; 4],
+            |_| {
+                execution::ListInboxMessagesRequest { inbox: "auth-inbox".into(), ..Default::default() }.encode_to_vec()
+            },
+            [PD, PD, OK, OK],
         ),
         row(
             "ExecutionService/ArchiveInboxMessage",
-            |_| execution::ArchiveInboxMessageRequest::default().encode_to_vec(),
-            [PD, PD, Unimplemented, PD],
+            |_| execution::ArchiveInboxMessageRequest { id: "nothing".into() }.encode_to_vec(),
+            [PD, PD, NotFound, PD],
         ),
         row(
             "ExecutionService/SetBudget",

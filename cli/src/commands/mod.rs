@@ -4,6 +4,7 @@ pub(crate) mod act;
 pub(crate) mod admin;
 pub(crate) mod agent;
 pub(crate) mod demo;
+pub(crate) mod inbox;
 pub(crate) mod roster;
 pub(crate) mod run;
 pub(crate) mod session;

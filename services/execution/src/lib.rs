@@ -139,6 +139,10 @@ pub async fn run(
         if resumed > 0 {
             tracing::info!(resumed, "resumed unfinished executions");
         }
+        // Messages posted while no run could start (the service stopped) start one now.
+        if let Err(error) = started.trigger_waiting_inboxes().await {
+            tracing::warn!(%error, "could not start the runs of waiting inbox messages");
+        }
         Ok::<(), muster_runtime::server::BoxError>(())
     };
     let served = muster_runtime::Server::new(&config.server)

@@ -1,18 +1,15 @@
 //! The execution service's rules, free of transport and storage: the states
 //! of executions and steps and their names as stored ([`model`]), the order
 //! steps may run in ([`dag`]), who may do what ([`authority`]), what a
-//! session looks like to its members ([`session`]), and which values travel
-//! by reference ([`payload`]).
+//! session looks like to its members ([`session`]), which values travel by
+//! reference ([`payload`]), and the messages that start runs ([`inbox`]).
 
 pub(crate) mod authority;
 pub(crate) mod dag;
+pub(crate) mod inbox;
 pub(crate) mod model;
 pub(crate) mod payload;
 pub(crate) mod session;
-
-use std::str::FromStr;
-
-use crate::Error;
 
 macro_rules! stored_enum {
     ($name:ident { $($variant:ident => $text:literal),* $(,)? }) => {
@@ -23,18 +20,19 @@ macro_rules! stored_enum {
             }
         }
 
-        impl FromStr for $name {
-            type Err = Error;
+        impl std::str::FromStr for $name {
+            type Err = $crate::Error;
 
-            fn from_str(text: &str) -> Result<Self, Error> {
+            fn from_str(text: &str) -> Result<Self, $crate::Error> {
                 match text {
                     $($text => Ok(Self::$variant),)*
-                    other => Err(Error::Storage(format!("unknown {} {other:?} in the database", stringify!($name)))),
+                    other => Err($crate::Error::Storage(format!("unknown {} {other:?} in the database", stringify!($name)))),
                 }
             }
         }
     };
 }
+pub(crate) use stored_enum;
 
 /// Where an execution is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1095,6 +1095,9 @@ impl Driver {
         self.stage_execution();
         self.flush().await?;
         tracing::info!(execution_id = %self.execution.id, status = self.execution.status.as_str(), reason = %self.execution.reason, "execution finished");
+        if let Some(inbox) = self.process.definition.triggers.as_ref().and_then(|triggers| triggers.inbox.clone()) {
+            self.engine.after_inbox_run(inbox);
+        }
         Ok(())
     }
 

@@ -1,7 +1,7 @@
 //! The engine: publishes processes, starts executions and drives each one
 //! in a task of its own (its [`driver`], the only writer of its state),
-//! hands steps to the connected [`workers`], and resumes unfinished
-//! executions after a restart. It speaks domain types only; the roster is
+//! hands steps to the connected [`workers`], starts the runs inboxes
+//! trigger ([`inbox`]), and resumes unfinished executions after a restart. It speaks domain types only; the roster is
 //! reached through the [`Roster`] trait and storage through [`Store`], so
 //! tests drive it with their own.
 //!
@@ -11,6 +11,7 @@
 
 mod driver;
 mod handoff;
+pub(crate) mod inbox;
 mod intervention;
 pub(crate) mod schema;
 mod session;
@@ -138,6 +139,8 @@ pub(crate) struct StartRequest {
     pub(crate) idempotency_key: Option<String>,
     /// Set to run the execution as a team session.
     pub(crate) session: Option<Session>,
+    /// The inbox messages the run takes (see [`inbox`]).
+    pub(crate) claimed_messages: Vec<String>,
 }
 
 /// The step type that waits for a decision instead of a worker.
@@ -167,6 +170,9 @@ pub(crate) struct Engine {
     matrix: RwLock<Arc<Matrix>>,
     /// Published versions, which never change, by name and version.
     processes: Mutex<HashMap<(String, u32), Arc<ProcessVersion>>>,
+    /// Held while an inbox's run is decided on and started, so that one
+    /// inbox never has two runs.
+    inbox_gate: tokio::sync::Mutex<()>,
 }
 
 impl Engine {
@@ -184,6 +190,7 @@ impl Engine {
             drivers: Mutex::new(HashMap::new()),
             matrix: RwLock::new(Arc::new(default_matrix())),
             processes: Mutex::new(HashMap::new()),
+            inbox_gate: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -372,13 +379,15 @@ impl Engine {
                 step: step.clone(),
             })
             .collect();
-        self.store
-            .commit(vec![
-                Write::CreateExecution(execution.clone()),
-                Write::Steps(step_writes),
-                Write::Events(events.clone()),
-            ])
-            .await?;
+        let mut writes =
+            vec![Write::CreateExecution(execution.clone()), Write::Steps(step_writes), Write::Events(events.clone())];
+        if !request.claimed_messages.is_empty() {
+            writes.push(Write::ClaimMessages {
+                execution_id: execution.id.clone(),
+                message_ids: request.claimed_messages,
+            });
+        }
+        self.store.commit(writes).await?;
         self.announce(events);
         tracing::info!(execution_id = %execution.id, process = %execution.process_name, version = execution.process_version, "execution started");
         self.spawn_driver(execution.clone(), steps, request.process);

@@ -311,6 +311,7 @@ impl Harness {
                 lead_agent_id: String::new(),
                 idempotency_key: None,
                 session: None,
+                claimed_messages: Vec::new(),
             })
             .await
             .unwrap();
@@ -653,6 +654,7 @@ async fn a_tool_step_invokes_its_tool_under_its_executor_and_keeps_its_output() 
         lead_agent_id: lead.to_owned(),
         idempotency_key: None,
         session: None,
+        claimed_messages: Vec::new(),
     };
     let refused = harness.engine.start(start("")).await.unwrap_err();
     assert!(refused.to_string().contains("tool_call step 'as-lead' runs under an agent's identity"), "{refused}");

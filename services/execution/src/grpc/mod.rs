@@ -2,8 +2,8 @@
 //! wire types out; every failure is an [`Error`] and becomes a status
 //! through its one table. Who may call what is in [`access`]; the methods
 //! live by subject: processes and executions here, [`decisions`] (approvals
-//! and interventions), [`sessions`], [`matrix`], [`tools`] and the
-//! long-lived [`streams`] (workers, watches).
+//! and interventions), [`sessions`], [`matrix`], [`tools`], [`inbox`] and
+//! the long-lived [`streams`] (workers, watches).
 
 use std::{pin::Pin, sync::Arc};
 
@@ -29,6 +29,7 @@ use crate::{
 mod access;
 mod convert;
 mod decisions;
+mod inbox;
 mod matrix;
 mod sessions;
 mod streams;
@@ -183,6 +184,7 @@ impl ExecutionApi {
                 lead_agent_id,
                 idempotency_key: Self::idempotency_key(request.idempotency_key)?,
                 session: None,
+                claimed_messages: Vec::new(),
             })
             .await?;
         self.execution_to_wire(execution).await
@@ -207,6 +209,7 @@ impl ExecutionApi {
                 lead_agent_id,
                 idempotency_key: Self::idempotency_key(idempotency_key)?,
                 session: Some(session),
+                claimed_messages: Vec::new(),
             })
             .await?;
         self.execution_to_wire(execution).await
@@ -672,23 +675,25 @@ impl ExecutionService for ExecutionApi {
 
     async fn post_to_inbox(
         &self,
-        _request: Request<wire::PostToInboxRequest>,
+        request: Request<wire::PostToInboxRequest>,
     ) -> Result<Response<wire::PostToInboxResponse>, Status> {
-        Err(muster_runtime::status::unimplemented("ExecutionService.PostToInbox"))
+        let caller = Caller::of(&request)?;
+        answer(self.post(&caller, request.into_inner()).await)
     }
 
     async fn list_inbox_messages(
         &self,
-        _request: Request<wire::ListInboxMessagesRequest>,
+        request: Request<wire::ListInboxMessagesRequest>,
     ) -> Result<Response<wire::ListInboxMessagesResponse>, Status> {
-        Err(muster_runtime::status::unimplemented("ExecutionService.ListInboxMessages"))
+        let caller = Caller::of(&request)?;
+        answer(self.list_inbox(&caller, request.into_inner()).await)
     }
 
     async fn archive_inbox_message(
         &self,
-        _request: Request<wire::ArchiveInboxMessageRequest>,
+        request: Request<wire::ArchiveInboxMessageRequest>,
     ) -> Result<Response<wire::ArchiveInboxMessageResponse>, Status> {
-        Err(muster_runtime::status::unimplemented("ExecutionService.ArchiveInboxMessage"))
+        answer(self.archive(request.into_inner()).await)
     }
 
     async fn set_budget(

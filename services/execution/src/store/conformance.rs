@@ -5,11 +5,17 @@ use std::sync::Arc;
 
 use muster_runtime::{db::Database, testing::TestDatabase};
 
-use super::{ExecutionFilter, NOTIFIER_CURSOR, NewProcess, Published, SqlStore, StepWrite, Store, Write};
-use crate::domain::{
-    ExecutionStatus, StepStatus,
-    authority::{DEFAULT_MATRIX, Matrix, RoleAssignment, Session},
-    model::{Event, EventKind, Execution, Step},
+use super::{
+    Archived, ExecutionFilter, InboxFilter, NOTIFIER_CURSOR, NewProcess, Published, SqlStore, StepWrite, Store, Write,
+};
+use crate::{
+    Error,
+    domain::{
+        ExecutionStatus, StepStatus,
+        authority::{DEFAULT_MATRIX, Matrix, RoleAssignment, Session},
+        inbox::{InboxMessage, MessageState, Priority},
+        model::{Event, EventKind, Execution, Step},
+    },
 };
 
 const PROCESS: &str = "name: flow\nsteps:\n\
@@ -271,6 +277,110 @@ async fn conformance(store: SqlStore) {
     assert_eq!(versions, [2, 1]);
     let older: Vec<u32> = store.matrices(Some(2), 10).await.unwrap().iter().map(|matrix| matrix.version).collect();
     assert_eq!(older, [1]);
+
+    inboxes(&store).await;
+}
+
+fn message(id: &str, posted_at: i64) -> InboxMessage {
+    InboxMessage {
+        id: id.to_owned(),
+        inbox: "risk".to_owned(),
+        sender: "delivery".to_owned(),
+        priority: Priority::High,
+        subject: "late".to_owned(),
+        body: "3 days — ü".to_owned(),
+        posted_at,
+        state: MessageState::Unprocessed,
+        claimed_by: String::new(),
+        processed_by: String::new(),
+        note: String::new(),
+    }
+}
+
+/// Messages: posted, listed in pages, claimed with a run's creation and
+/// settled with its end, archived unless claimed; one process per inbox.
+async fn inboxes(store: &SqlStore) {
+    let triggered =
+        "name: reviewer\ntriggers: {inbox: risk}\nsteps:\n  - {id: a, type: agent_task, agent: x, message: m}\n";
+    store.publish_process(new_process(triggered, "reviewer-1")).await.unwrap();
+    assert_eq!(store.triggered_by("risk").await.unwrap().as_deref(), Some("reviewer"));
+    assert_eq!(store.triggered_by("other").await.unwrap(), None);
+    assert_eq!(store.trigger_inboxes().await.unwrap(), ["risk"]);
+    let rival = store.publish_process(new_process(&triggered.replace("reviewer", "rival"), "rival-1")).await;
+    assert!(matches!(rival, Err(Error::FailedPrecondition(_))), "{rival:?}");
+    // A new version without the trigger frees the inbox.
+    store
+        .publish_process(new_process(&triggered.replace("triggers: {inbox: risk}\n", ""), "reviewer-2"))
+        .await
+        .unwrap();
+    assert_eq!(store.triggered_by("risk").await.unwrap(), None);
+    store.publish_process(new_process(triggered, "reviewer-3")).await.unwrap();
+
+    for (id, at) in [("m1", 10), ("m2", 20), ("m3", 20)] {
+        store.post_message(message(id, at)).await.unwrap();
+    }
+    let list = |state, unclaimed, after: Option<(i64, &str)>, limit| InboxFilter {
+        inbox: "risk".to_owned(),
+        state,
+        unclaimed,
+        after: after.map(|(at, id)| (at, id.to_owned())),
+        limit,
+    };
+    let ids = |messages: Vec<InboxMessage>| messages.into_iter().map(|message| message.id).collect::<Vec<_>>();
+    let all = store.inbox_messages(&list(None, false, None, 10)).await.unwrap();
+    assert_eq!(all[0], message("m1", 10), "every field survives");
+    assert_eq!(ids(all), ["m1", "m2", "m3"]);
+    assert_eq!(ids(store.inbox_messages(&list(None, false, Some((20, "m2")), 10)).await.unwrap()), ["m3"]);
+    assert_eq!(ids(store.inbox_messages(&list(None, false, None, 2)).await.unwrap()), ["m1", "m2"]);
+
+    // A run claims two; the third waits; the inbox is busy.
+    let mut run = execution("inbox-run", 5_000, None);
+    store
+        .commit(vec![
+            Write::CreateExecution(run.clone()),
+            Write::ClaimMessages { execution_id: run.id.clone(), message_ids: vec!["m1".into(), "m2".into()] },
+        ])
+        .await
+        .unwrap();
+    assert!(store.inbox_busy("risk").await.unwrap());
+    let unclaimed = list(Some(MessageState::Unprocessed), true, None, 10);
+    assert_eq!(ids(store.inbox_messages(&unclaimed).await.unwrap()), ["m3"]);
+    let Archived::Claimed(claimed) = store.archive_message("m1").await.unwrap() else { panic!("m1 is claimed") };
+    assert_eq!((claimed.state, claimed.claimed_by.as_str()), (MessageState::Unprocessed, run.id.as_str()));
+
+    // It fails: the messages come back, with a note.
+    run.status = ExecutionStatus::Failed;
+    run.reason = "step 'a' failed: no worker".to_owned();
+    store.commit(vec![Write::UpdateExecution(run.clone())]).await.unwrap();
+    assert!(!store.inbox_busy("risk").await.unwrap());
+    let back = store.inbox_messages(&unclaimed).await.unwrap();
+    assert_eq!(ids(back.clone()), ["m1", "m2", "m3"]);
+    assert_eq!(back[0].note, "run inbox-run failed: step 'a' failed: no worker");
+    assert_eq!(back[2].note, "", "the waiting message was never tried");
+
+    // The next run takes all three and completes: processed.
+    let mut next = execution("inbox-run-2", 6_000, None);
+    let claim = vec!["m1".into(), "m2".into(), "m3".into()];
+    store
+        .commit(vec![
+            Write::CreateExecution(next.clone()),
+            Write::ClaimMessages { execution_id: next.id.clone(), message_ids: claim },
+        ])
+        .await
+        .unwrap();
+    next.status = ExecutionStatus::Completed;
+    store.commit(vec![Write::UpdateExecution(next.clone())]).await.unwrap();
+    let processed = store.inbox_messages(&list(Some(MessageState::Processed), false, None, 10)).await.unwrap();
+    assert_eq!(processed.len(), 3);
+    assert!(processed.iter().all(|message| message.processed_by == next.id && message.claimed_by.is_empty()));
+    assert!(processed.iter().all(|message| message.note.is_empty()));
+
+    // Archived messages leave the default list.
+    let Archived::Done(archived) = store.archive_message("m1").await.unwrap() else { panic!("m1 is archived") };
+    assert_eq!(archived.state, MessageState::Archived);
+    assert_eq!(ids(store.inbox_messages(&list(None, false, None, 10)).await.unwrap()), ["m2", "m3"]);
+    assert_eq!(ids(store.inbox_messages(&list(Some(MessageState::Archived), false, None, 10)).await.unwrap()), ["m1"]);
+    assert_eq!(store.archive_message("nothing").await.unwrap(), Archived::NotFound);
 }
 
 /// A SQLite file removed when dropped.

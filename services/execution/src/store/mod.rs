@@ -23,6 +23,7 @@ use crate::{
     domain::{
         ExecutionStatus,
         authority::{Matrix, RoleAssignment},
+        inbox::{InboxMessage, MessageState},
         model::{Event, Execution, Finding, ProcessVersion, Step},
     },
 };
@@ -72,6 +73,32 @@ pub(crate) enum Write {
     Assignment { execution_id: String, assignment: RoleAssignment },
     /// Events, appended to the log.
     Events(Vec<Event>),
+    /// A new run takes these unprocessed inbox messages. (An execution
+    /// that ends settles the messages it took: processed when it
+    /// completed, given back with a note otherwise.)
+    ClaimMessages { execution_id: String, message_ids: Vec<String> },
+}
+
+/// Filters of `inbox_messages`; they combine with AND.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct InboxFilter {
+    pub(crate) inbox: String,
+    /// Only this state; `None` means every state but archived.
+    pub(crate) state: Option<MessageState>,
+    /// Only messages no run has.
+    pub(crate) unclaimed: bool,
+    /// Only messages listed after this one (post time and id), for the next page.
+    pub(crate) after: Option<(i64, String)>,
+    pub(crate) limit: u32,
+}
+
+/// What archiving a message did.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Archived {
+    Done(InboxMessage),
+    /// A run has it: it cannot be archived now.
+    Claimed(InboxMessage),
+    NotFound,
 }
 
 /// Filters of `list_executions`; they combine with AND.
@@ -126,6 +153,18 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn step_output<'a>(&'a self, execution_id: &'a str, step_id: &'a str) -> BoxFuture<'a, Result<Option<String>>>;
     /// The execution started with this idempotency key.
     fn find_by_idempotency_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>>>;
+    /// Stores a posted message.
+    fn post_message(&self, message: InboxMessage) -> BoxFuture<'_, Result<()>>;
+    /// An inbox's messages, oldest first.
+    fn inbox_messages<'a>(&'a self, filter: &'a InboxFilter) -> BoxFuture<'a, Result<Vec<InboxMessage>>>;
+    /// Archives a message, unless a run has it.
+    fn archive_message<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Archived>>;
+    /// Whether a run has messages of the inbox now.
+    fn inbox_busy<'a>(&'a self, inbox: &'a str) -> BoxFuture<'a, Result<bool>>;
+    /// The process whose latest version an inbox triggers.
+    fn triggered_by<'a>(&'a self, inbox: &'a str) -> BoxFuture<'a, Result<Option<String>>>;
+    /// Every inbox that triggers a process.
+    fn trigger_inboxes(&self) -> BoxFuture<'_, Result<Vec<String>>>;
     /// Executions without their steps, newest first.
     fn list_executions<'a>(&'a self, filter: &'a ExecutionFilter) -> BoxFuture<'a, Result<Vec<Execution>>>;
     /// Ids of the executions that have not ended, oldest first.

@@ -16,11 +16,14 @@ use prost::Message as _;
 use sqlx::{AssertSqlSafe, Row, any::AnyRow};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{BoxFuture, ExecutionFilter, LogEntry, NewProcess, Published, StepWrite, Store, Usage, Write};
+use super::{
+    Archived, BoxFuture, ExecutionFilter, InboxFilter, LogEntry, NewProcess, Published, StepWrite, Store, Usage, Write,
+};
 use crate::{
     Error, Result,
     domain::{
         authority::{Matrix, RoleAssignment, Session},
+        inbox::{InboxMessage, MessageState},
         model::{Event, Execution, Finding, ProcessVersion, Step},
     },
     wire,
@@ -33,12 +36,14 @@ const MIGRATIONS: Migrations = Migrations {
         (2, "trace parent", include_str!("../../migrations/sqlite/0002_trace_parent.sql")),
         (3, "sessions", include_str!("../../migrations/sqlite/0003_sessions.sql")),
         (4, "engine", include_str!("../../migrations/sqlite/0004_engine.sql")),
+        (5, "inboxes", include_str!("../../migrations/sqlite/0005_inboxes.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
         (2, "trace parent", include_str!("../../migrations/postgres/0002_trace_parent.sql")),
         (3, "sessions", include_str!("../../migrations/postgres/0003_sessions.sql")),
         (4, "engine", include_str!("../../migrations/postgres/0004_engine.sql")),
+        (5, "inboxes", include_str!("../../migrations/postgres/0005_inboxes.sql")),
     ],
 };
 
@@ -221,6 +226,7 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
     let mut steps: Vec<&StepWrite> = Vec::new();
     let mut assignments = Vec::new();
     let mut events: Vec<&Event> = Vec::new();
+    let mut claims = Vec::new();
     for write in writes {
         match write {
             Write::CreateExecution(execution) => created.push(execution),
@@ -228,6 +234,7 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
             Write::Steps(rows) => steps.extend(rows),
             Write::Assignment { execution_id, assignment } => assignments.push((execution_id, assignment)),
             Write::Events(list) => events.extend(list),
+            Write::ClaimMessages { execution_id, message_ids } => claims.push((execution_id, message_ids)),
         }
     }
     // A step written twice in one transaction keeps its last state (one
@@ -261,6 +268,21 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
         .bind(execution.id.clone())
         .execute(&mut *transaction)
         .await?;
+        if execution.status.is_final() {
+            settle_messages(&mut transaction, execution).await?;
+        }
+    }
+    for (execution_id, message_ids) in claims {
+        for id in message_ids {
+            sqlx::query(
+                "UPDATE inbox_messages SET claimed_by = $1, note = '' \
+                 WHERE id = $2 AND state = 'unprocessed' AND claimed_by = ''",
+            )
+            .bind(execution_id.clone())
+            .bind(id.clone())
+            .execute(&mut *transaction)
+            .await?;
+        }
     }
     if backend == Backend::Postgres {
         for chunk in steps.chunks(JSON_ROWS_PER_STATEMENT) {
@@ -420,6 +442,55 @@ fn decode_findings(bytes: &[u8]) -> Result<Vec<Finding>> {
         .map_err(|error| Error::Storage(format!("corrupt stored diagnostics: {error}")))
 }
 
+/// The messages an ended execution had: processed when it completed, given
+/// back for the next run, with a note, otherwise.
+async fn settle_messages(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, execution: &Execution) -> Result<()> {
+    if execution.status == crate::domain::ExecutionStatus::Completed {
+        sqlx::query(
+            "UPDATE inbox_messages SET state = 'processed', processed_by = $1, claimed_by = '', note = '' \
+             WHERE claimed_by = $2",
+        )
+        .bind(execution.id.clone())
+        .bind(execution.id.clone())
+        .execute(&mut **transaction)
+        .await?;
+    } else {
+        let note = muster_runtime::status::truncate(
+            &format!("run {} {}: {}", execution.id, execution.status.as_str(), execution.reason),
+            1024,
+        )
+        .into_owned();
+        sqlx::query("UPDATE inbox_messages SET claimed_by = '', note = $1 WHERE claimed_by = $2")
+            .bind(note)
+            .bind(execution.id.clone())
+            .execute(&mut **transaction)
+            .await?;
+    }
+    Ok(())
+}
+
+fn message_from_row(row: &AnyRow) -> Result<InboxMessage> {
+    let priority: String = row.try_get("priority")?;
+    let state: String = row.try_get("state")?;
+    Ok(InboxMessage {
+        id: row.try_get("id")?,
+        inbox: row.try_get("inbox")?,
+        sender: row.try_get("sender")?,
+        priority: priority.parse()?,
+        subject: row.try_get("subject")?,
+        body: row.try_get("body")?,
+        posted_at: row.try_get("posted_at")?,
+        state: state.parse()?,
+        claimed_by: row.try_get("claimed_by")?,
+        processed_by: row.try_get("processed_by")?,
+        note: row.try_get("note")?,
+    })
+}
+
+/// The latest versions of processes other than `name` that `inbox` triggers.
+const TRIGGERED_BY: &str = "SELECT p.name FROM processes p WHERE p.trigger_inbox = $1 AND p.name <> $2 \
+     AND p.version = (SELECT MAX(q.version) FROM processes q WHERE q.name = p.name) ORDER BY p.name LIMIT 1";
+
 fn process_from_row(row: &AnyRow) -> Result<ProcessVersion> {
     let name: String = row.try_get("name")?;
     let version = row.try_get::<i64, _>("version")? as u32;
@@ -551,11 +622,23 @@ impl Store for SqlStore {
                     .bind(process.name.clone())
                     .fetch_one(&mut *transaction)
                     .await?;
+            let inbox = process.definition.triggers.as_ref().and_then(|triggers| triggers.inbox.clone());
+            if let Some(inbox) = &inbox
+                && let Some(other) = sqlx::query_scalar::<_, String>(TRIGGERED_BY)
+                    .bind(inbox.clone())
+                    .bind(process.name.clone())
+                    .fetch_optional(&mut *transaction)
+                    .await?
+            {
+                return Err(Error::FailedPrecondition(format!(
+                    "inbox '{inbox}' already triggers process '{other}': an inbox triggers one process"
+                )));
+            }
             let definition = serde_json::to_string(&*process.definition)
                 .map_err(|error| Error::Storage(format!("encoding the definition: {error}")))?;
             sqlx::query(
                 "INSERT INTO processes (name, version, source, published_at, step_count, warnings, definition, \
-                 content_hash) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+                 content_hash, trigger_inbox) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             )
             .bind(process.name.clone())
             .bind(version)
@@ -565,6 +648,7 @@ impl Store for SqlStore {
             .bind(encode_findings(&process.warnings))
             .bind(definition)
             .bind(process.content_hash.clone())
+            .bind(inbox.unwrap_or_default())
             .execute(&mut *transaction)
             .await?;
             transaction.commit().await?;
@@ -685,6 +769,111 @@ impl Store for SqlStore {
                 .fetch_optional(&self.database.reads)
                 .await?;
             Ok(row.map(|row| row.try_get("id")).transpose()?)
+        })
+    }
+
+    fn post_message(&self, message: InboxMessage) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            sqlx::query(
+                "INSERT INTO inbox_messages (id, inbox, sender, priority, subject, body, posted_at, state) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+            )
+            .bind(message.id)
+            .bind(message.inbox)
+            .bind(message.sender)
+            .bind(message.priority.as_str())
+            .bind(message.subject)
+            .bind(message.body)
+            .bind(message.posted_at)
+            .bind(message.state.as_str())
+            .execute(&self.database.pool)
+            .await?;
+            Ok(())
+        })
+    }
+
+    fn inbox_messages<'a>(&'a self, filter: &'a InboxFilter) -> BoxFuture<'a, Result<Vec<InboxMessage>>> {
+        Box::pin(async move {
+            let backend = self.database.backend;
+            let mut sql = format!("SELECT * FROM inbox_messages WHERE inbox = {}", placeholder(backend, 1));
+            let mut parameter = 1;
+            let mut next = || {
+                parameter += 1;
+                placeholder(backend, parameter)
+            };
+            match filter.state {
+                Some(_) => sql.push_str(&format!(" AND state = {}", next())),
+                None => sql.push_str(" AND state <> 'archived'"),
+            }
+            if filter.unclaimed {
+                sql.push_str(" AND claimed_by = ''");
+            }
+            if filter.after.is_some() {
+                let (first, second, third) = (next(), next(), next());
+                sql.push_str(&format!(" AND (posted_at > {first} OR (posted_at = {second} AND id > {third}))"));
+            }
+            sql.push_str(&format!(" ORDER BY posted_at, id LIMIT {}", filter.limit));
+            let mut query = sqlx::query(AssertSqlSafe(sql)).bind(filter.inbox.clone());
+            if let Some(state) = filter.state {
+                query = query.bind(state.as_str());
+            }
+            if let Some((posted_at, id)) = &filter.after {
+                query = query.bind(*posted_at).bind(*posted_at).bind(id.clone());
+            }
+            let rows = query.fetch_all(&self.database.reads).await?;
+            rows.iter().map(message_from_row).collect()
+        })
+    }
+
+    fn archive_message<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Archived>> {
+        Box::pin(async move {
+            let mut transaction = self.database.pool.begin().await?;
+            sqlx::query("UPDATE inbox_messages SET state = 'archived' WHERE id = $1 AND claimed_by = ''")
+                .bind(id.to_owned())
+                .execute(&mut *transaction)
+                .await?;
+            let row = sqlx::query("SELECT * FROM inbox_messages WHERE id = $1")
+                .bind(id.to_owned())
+                .fetch_optional(&mut *transaction)
+                .await?;
+            transaction.commit().await?;
+            Ok(match row.as_ref().map(message_from_row).transpose()? {
+                Some(message) if message.state == MessageState::Archived => Archived::Done(message),
+                Some(message) => Archived::Claimed(message),
+                None => Archived::NotFound,
+            })
+        })
+    }
+
+    fn inbox_busy<'a>(&'a self, inbox: &'a str) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let found =
+                sqlx::query("SELECT 1 AS found FROM inbox_messages WHERE inbox = $1 AND claimed_by <> '' LIMIT 1")
+                    .bind(inbox.to_owned())
+                    .fetch_optional(&self.database.pool)
+                    .await?;
+            Ok(found.is_some())
+        })
+    }
+
+    fn triggered_by<'a>(&'a self, inbox: &'a str) -> BoxFuture<'a, Result<Option<String>>> {
+        Box::pin(async move {
+            Ok(sqlx::query_scalar::<_, String>(TRIGGERED_BY)
+                .bind(inbox.to_owned())
+                .bind(String::new())
+                .fetch_optional(&self.database.reads)
+                .await?)
+        })
+    }
+
+    fn trigger_inboxes(&self) -> BoxFuture<'_, Result<Vec<String>>> {
+        Box::pin(async move {
+            Ok(sqlx::query_scalar::<_, String>(
+                "SELECT DISTINCT p.trigger_inbox FROM processes p WHERE p.trigger_inbox <> '' \
+                 AND p.version = (SELECT MAX(q.version) FROM processes q WHERE q.name = p.name) ORDER BY 1",
+            )
+            .fetch_all(&self.database.reads)
+            .await?)
         })
     }
 

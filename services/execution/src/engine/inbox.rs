@@ -1,0 +1,96 @@
+//! Runs started by inbox messages. Posting a message starts a run of the
+//! process the inbox triggers, with every unprocessed message no run has
+//! (as its inputs `inbox` and `inbox_messages`), unless a run of it is
+//! underway: then the message waits, and the run that ends starts the next
+//! one. A run that fails gives its messages back with a note and starts
+//! nothing by itself — only a new message (or a restart of the service)
+//! does — so a process that keeps failing on a message does not loop.
+
+use std::sync::Arc;
+
+use super::{Engine, StartRequest};
+use crate::{
+    Result,
+    domain::inbox::{self, InboxMessage, MessageState},
+    store::InboxFilter,
+};
+
+/// What starts a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// A message was posted: its process runs if no run of it is underway.
+    Posted,
+    /// A run ended (or the service started): the next run starts only for
+    /// messages no run has tried yet.
+    Settled,
+}
+
+impl Engine {
+    /// Stores a posted message and starts the run it triggers; the ids of
+    /// the executions started.
+    pub(crate) async fn post_message(self: &Arc<Self>, message: InboxMessage) -> Result<Vec<String>> {
+        let inbox = message.inbox.clone();
+        self.store.post_message(message).await?;
+        self.trigger_inbox(&inbox, Cause::Posted).await
+    }
+
+    /// Starts a run of the process `inbox` triggers, if there is one, no run
+    /// of it is underway and messages wait (for [`Cause::Settled`], messages
+    /// no run has tried).
+    pub(crate) async fn trigger_inbox(self: &Arc<Self>, inbox: &str, cause: Cause) -> Result<Vec<String>> {
+        let _gate = self.inbox_gate.lock().await;
+        let Some(process_name) = self.store.triggered_by(inbox).await? else { return Ok(Vec::new()) };
+        if self.store.inbox_busy(inbox).await? {
+            return Ok(Vec::new());
+        }
+        let waiting = self
+            .store
+            .inbox_messages(&InboxFilter {
+                inbox: inbox.to_owned(),
+                state: Some(MessageState::Unprocessed),
+                unclaimed: true,
+                after: None,
+                limit: inbox::MESSAGES_PER_RUN as u32,
+            })
+            .await?;
+        if cause == Cause::Settled && waiting.iter().all(|message| !message.note.is_empty()) {
+            return Ok(Vec::new());
+        }
+        let messages = inbox::take_for_run(waiting);
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let Some(process) = self.process(&process_name, None).await? else { return Ok(Vec::new()) };
+        let execution = self
+            .start(StartRequest {
+                inputs_json: inbox::run_inputs(inbox, &messages),
+                lead_agent_id: process.definition.lead.clone().unwrap_or_default(),
+                process,
+                idempotency_key: None,
+                session: None,
+                claimed_messages: messages.into_iter().map(|message| message.id).collect(),
+            })
+            .await?;
+        tracing::info!(inbox, execution_id = %execution.id, process = %process_name, "inbox run started");
+        Ok(vec![execution.id])
+    }
+
+    /// After a restart: every inbox whose messages wait starts its run.
+    pub(crate) async fn trigger_waiting_inboxes(self: &Arc<Self>) -> Result<()> {
+        for inbox in self.store.trigger_inboxes().await? {
+            self.trigger_inbox(&inbox, Cause::Settled).await?;
+        }
+        Ok(())
+    }
+
+    /// A run of an inbox-triggered process ended: the next one starts in
+    /// the background.
+    pub(crate) fn after_inbox_run(self: &Arc<Self>, inbox: String) {
+        let engine = self.clone();
+        self.spawn(async move {
+            if let Err(error) = engine.trigger_inbox(&inbox, Cause::Settled).await {
+                tracing::warn!(inbox, %error, "could not start the inbox's next run");
+            }
+        });
+    }
+}
