@@ -1,5 +1,5 @@
 //! `muster`: start a cluster, validate, publish and run processes, manage the
-//! roster, credentials, sessions, inboxes and the permission matrix, and
+//! roster, credentials, sessions, inboxes, budgets and the permission matrix, and
 //! serve sample agents.
 
 use std::process::ExitCode;
@@ -52,6 +52,8 @@ enum Command {
     Session(commands::session::SessionArgs),
     /// Inboxes: post a message (which starts the run of the process the inbox triggers), list, archive.
     Inbox(commands::inbox::InboxArgs),
+    /// Budgets: set a process's limits on runs, cost and tokens per period; list them with their use.
+    Budget(commands::budget::BudgetArgs),
     /// Whether an agent's role permits an action, and why.
     CheckRole(commands::session::CheckRoleArgs),
     /// Serves agents with the deterministic sample behaviour (no LLM); an agent whose token is refused is left out.
@@ -91,6 +93,7 @@ async fn main() -> ExitCode {
         Command::Operator(args) => commands::admin::operator(&args).map(|()| true),
         Command::Matrix(args) => commands::admin::matrix(args, token).await.map(|()| true),
         Command::Session(args) => commands::session::run(args, token).await.map(|()| true),
+        Command::Budget(args) => commands::budget::run(args, token).await.map(|()| true),
         Command::Inbox(args) => commands::inbox::run(args, token).await.map(|()| true),
         Command::CheckRole(args) => commands::session::check_role(args, token).await,
         Command::Agent(args) => commands::agent::run(args, token).await.map(|()| true),

@@ -77,6 +77,10 @@ pub struct StepDefinition {
     /// The action the step performs (`code`, `review`, ...), checked against its
     /// role's permitted actions, if declared.
     pub action: Option<String>,
+    /// An inbox the step's output is posted to when it completes, which
+    /// starts the process that inbox triggers.
+    #[serde(default)]
+    pub post_to_inbox: Option<String>,
     /// Who may decide a `human_approval` step; empty means its executor and
     /// monitors.
     #[serde(default)]

@@ -16,7 +16,7 @@ use super::yaml::{Limits, Node, parse};
 
 const PROCESS_FIELDS: [&str; 8] =
     ["name", "description", "lead", "max_parallel", "triggers", "budget", "steps", "version"];
-const STEP_FIELDS: [&str; 18] = [
+const STEP_FIELDS: [&str; 19] = [
     "id",
     "name",
     "title",
@@ -35,6 +35,7 @@ const STEP_FIELDS: [&str; 18] = [
     "roles",
     "approvers",
     "schedule_to_start_seconds",
+    "post_to_inbox",
 ];
 /// The step types the execution service runs.
 pub const STEP_TYPES: [&str; 3] = ["agent_task", "human_approval", "tool_call"];
@@ -309,6 +310,17 @@ fn check_step<'a>(
             );
         }
     }
+    let post_to_inbox = string_field(step, "post_to_inbox", path, "STP009", diagnostics);
+    if let Some((node, text)) = post_to_inbox
+        && !is_identifier(text)
+    {
+        diagnostics.error(
+            "STP015",
+            &child_path(path, "post_to_inbox"),
+            node.position(),
+            format!("inbox name '{text}' must match [a-z0-9][a-z0-9_-]* and be at most 64 characters"),
+        );
+    }
     let timeout = integer_field(step, "timeout_seconds", path, ("STP009", "STP010"), (1, 31_536_000), diagnostics);
     let retries = integer_field(step, "retries", path, ("STP009", "STP011"), (0, MAX_RETRIES), diagnostics);
     let continue_on_failure = bool_field(step, "continue_on_failure", path, "STP009", diagnostics);
@@ -418,6 +430,7 @@ fn check_step<'a>(
         action: action.map(|(_, text)| text.to_owned()),
         approvers: approvers.iter().map(|(_, text)| (*text).to_owned()).collect(),
         schedule_to_start_seconds: schedule_to_start.and_then(|value| u64::try_from(value).ok()),
+        post_to_inbox: post_to_inbox.map(|(_, text)| text.to_owned()),
     });
     Some(CheckedStep { id, dependencies, references, definition })
 }

@@ -19,7 +19,7 @@ use muster_tests::{
     raw::{self, Method},
 };
 use prost::Message as _;
-use tonic::Code::{self, FailedPrecondition, NotFound, Ok as OK, PermissionDenied as PD, Unimplemented};
+use tonic::Code::{self, FailedPrecondition, InvalidArgument, NotFound, Ok as OK, PermissionDenied as PD};
 use tonic_types::StatusExt as _;
 
 const PROCESS: &str = "\
@@ -490,9 +490,9 @@ fn table() -> Vec<Row> {
         row(
             "ExecutionService/SetBudget",
             |_| execution::SetBudgetRequest::default().encode_to_vec(),
-            [PD, PD, Unimplemented, PD],
+            [PD, PD, InvalidArgument, PD],
         ),
-        row("ExecutionService/ListBudgets", |_| execution::ListBudgetsRequest {}.encode_to_vec(), [Unimplemented; 4]),
+        row("ExecutionService/ListBudgets", |_| execution::ListBudgetsRequest::default().encode_to_vec(), ALL),
     ]
 }
 

@@ -3,6 +3,7 @@
 pub(crate) mod act;
 pub(crate) mod admin;
 pub(crate) mod agent;
+pub(crate) mod budget;
 pub(crate) mod demo;
 pub(crate) mod inbox;
 pub(crate) mod roster;

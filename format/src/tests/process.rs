@@ -237,7 +237,7 @@ fn step_types_and_required_fields() {
 #[test]
 fn step_field_types_and_ranges() {
     let source = process(
-        "  - id: a\n    type: human_approval\n    agent: 5\n    timeout_seconds: 0\n    retries: 11\n    continue_on_failure: maybe\n    inputs: [x]\n    depends_on: b\n    action: Code!\n",
+        "  - id: a\n    type: human_approval\n    agent: 5\n    timeout_seconds: 0\n    retries: 11\n    continue_on_failure: maybe\n    inputs: [x]\n    depends_on: b\n    action: Code!\n    post_to_inbox: ../x\n",
     );
     assert_eq!(
         check(&source),
@@ -249,6 +249,7 @@ fn step_field_types_and_ranges() {
             ("STP009", 9, 13),
             ("STP009", 10, 17),
             ("STP014", 11, 13),
+            ("STP015", 12, 20),
         ]
     );
 }

@@ -23,6 +23,14 @@ pub(crate) enum Error {
     /// The request cannot be carried out in the current state.
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A run would start past a limit of its process's budget.
+    #[error("budget of process '{process}' exhausted: {description}")]
+    BudgetExhausted {
+        /// The process.
+        process: String,
+        /// The limit reached, such as `3 of 3 runs in the last 3600 s`.
+        description: String,
+    },
     /// A position past the end of what is read.
     #[error("{0}")]
     OutOfRange(String),
@@ -112,6 +120,9 @@ impl From<Error> for tonic::Status {
             Error::NotFound(_) => tonic::Status::not_found(message),
             Error::FailedPrecondition(_) => tonic::Status::failed_precondition(message),
             Error::OutOfRange(_) => tonic::Status::out_of_range(message),
+            Error::BudgetExhausted { ref process, ref description } => {
+                muster_runtime::status::quota_exhausted(&message, &format!("process:{process}"), description)
+            }
             Error::PermissionDenied(refusal) => {
                 let Refusal { caller, action, reason, message, metadata } = *refusal;
                 let metadata: Vec<(&str, String)> = metadata.into_iter().collect();

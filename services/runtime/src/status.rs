@@ -20,9 +20,16 @@ pub fn unavailable(what: &str, error: &dyn Display) -> tonic::Status {
     tonic::Status::unavailable(format!("{what} is unavailable; try again"))
 }
 
-/// The standard answer of an RPC that a later version implements.
-pub fn unimplemented(rpc: &str) -> tonic::Status {
-    tonic::Status::unimplemented(format!("{rpc} is not implemented by this server yet"))
+/// RESOURCE_EXHAUSTED for a quota used up, with a `google.rpc.QuotaFailure`
+/// detail naming what it is about (`subject`, such as `process:review`) and
+/// the limit (`description`).
+pub fn quota_exhausted(message: &str, subject: &str, description: &str) -> tonic::Status {
+    use tonic_types::{ErrorDetails, StatusExt as _};
+    tonic::Status::with_error_details(
+        tonic::Code::ResourceExhausted,
+        truncate(message, MAX_MESSAGE_BYTES),
+        ErrorDetails::with_quota_failure_violation(subject, description),
+    )
 }
 
 fn uuid_like_reference() -> String {

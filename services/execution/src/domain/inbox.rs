@@ -55,6 +55,8 @@ pub(crate) struct InboxMessage {
     pub(crate) note: String,
 }
 
+/// Longest message body, in bytes (the contract's limit).
+pub(crate) const MAX_BODY_BYTES: usize = 256 * 1024;
 /// Most messages one run starts with.
 pub(crate) const MESSAGES_PER_RUN: usize = 100;
 /// Most bytes of message bodies one run starts with (its inputs are at most 1 MiB).

@@ -2,9 +2,11 @@
 //! of executions and steps and their names as stored ([`model`]), the order
 //! steps may run in ([`dag`]), who may do what ([`authority`]), what a
 //! session looks like to its members ([`session`]), which values travel by
-//! reference ([`payload`]), and the messages that start runs ([`inbox`]).
+//! reference ([`payload`]), the messages that start runs ([`inbox`]), and
+//! the limits on runs ([`budget`]).
 
 pub(crate) mod authority;
+pub(crate) mod budget;
 pub(crate) mod dag;
 pub(crate) mod inbox;
 pub(crate) mod model;

@@ -322,6 +322,8 @@ pub(crate) enum Outcome {
         cost: f64,
         duration_ms: u64,
         iterations: u32,
+        /// An inbox the worker asked the output to be posted to; empty for none.
+        post_to_inbox: String,
     },
     Failed {
         error_code: String,

@@ -29,7 +29,7 @@ use tracing::Instrument as _;
 
 mod tool_step;
 
-use super::{Control, Engine, Found, Input, Route, schema, workers::Slot};
+use super::{Control, Engine, Found, Input, Route, inbox::Cause, schema, workers::Slot};
 use crate::{
     Result,
     clients::roster::{DelegationAsk, RosterFailure, patiently},
@@ -37,6 +37,7 @@ use crate::{
         ExecutionStatus, StepStatus,
         authority::{self, RoleAssignment, Subject},
         dag::{Dag, Readiness},
+        inbox::{self, InboxMessage},
         model::{AgentContext, Assignment, Event, EventKind, Execution, HistoryEntry, Outcome, ProcessVersion, Step},
         payload,
     },
@@ -77,9 +78,19 @@ enum Known {
 
 /// Done after a commit.
 enum Effect {
-    Send { slot: Slot, assignment: Arc<Assignment>, route: Route },
-    CallTool { call: crate::domain::model::ToolCall, limit: Duration, route: Route },
+    Send {
+        slot: Slot,
+        assignment: Arc<Assignment>,
+        route: Route,
+    },
+    CallTool {
+        call: crate::domain::model::ToolCall,
+        limit: Duration,
+        route: Route,
+    },
     Release(String),
+    /// A message was posted to the inbox: its process may start.
+    Posted(String),
 }
 
 /// Changes waiting for the next commit.
@@ -89,6 +100,7 @@ struct Staged {
     execution_changed: bool,
     assignments: Vec<RoleAssignment>,
     events: Vec<Event>,
+    messages: Vec<InboxMessage>,
 }
 
 pub(crate) struct Driver {
@@ -702,6 +714,18 @@ impl Driver {
                 ),
                 retryable: false,
             },
+            Outcome::Completed { ref post_to_inbox, .. }
+                if !post_to_inbox.is_empty() && !muster_format::is_identifier(post_to_inbox) =>
+            {
+                Outcome::Failed {
+                    error_code: "INVALID_RESULT".to_owned(),
+                    message: format!(
+                        "post_to_inbox '{}' is not an inbox name ([a-z0-9][a-z0-9_-]*, at most 64 characters)",
+                        muster_runtime::status::truncate(post_to_inbox, 128)
+                    ),
+                    retryable: false,
+                }
+            }
             Outcome::Completed { ref output_json, .. } => match self.admit_result(position) {
                 Ok(()) => match self.check_output(position, output_json) {
                     Ok(()) => outcome,
@@ -716,7 +740,10 @@ impl Driver {
             other => other,
         };
         match outcome {
-            Outcome::Completed { output_json, tokens_used, cost, duration_ms, .. } => {
+            Outcome::Completed { output_json, tokens_used, cost, duration_ms, post_to_inbox, .. } => {
+                let inbox = Some(post_to_inbox)
+                    .filter(|inbox| !inbox.is_empty())
+                    .or_else(|| self.definition(position).post_to_inbox.clone());
                 let step = &mut self.steps[position];
                 step.output_json = Some(Arc::from(stored_output(output_json)));
                 step.cost = cost;
@@ -729,6 +756,9 @@ impl Driver {
                 let mut event = self.step_event(EventKind::StepCompleted, position);
                 event.duration_ms = duration_ms;
                 self.record(event);
+                if let Some(inbox) = inbox {
+                    self.post_output(position, inbox, now);
+                }
                 self.release_delegation(position);
                 self.after_end(position);
             }
@@ -754,6 +784,37 @@ impl Driver {
                 self.ready.push_front(position);
             }
         }
+    }
+
+    /// Posts a completed step's output to an inbox, with the step's commit.
+    fn post_output(&mut self, position: usize, inbox: String, now: i64) {
+        let output = self.steps[position].output_json.clone().unwrap_or_else(|| Arc::from(""));
+        let step_id = self.definition(position).id.clone();
+        let body = if output.len() <= inbox::MAX_BODY_BYTES {
+            output.to_string()
+        } else {
+            // Too long for a message: where to read it (ReadPayload).
+            serde_json::json!({
+                "execution_id": self.execution.id,
+                "step_id": step_id,
+                "output_omitted_bytes": output.len(),
+            })
+            .to_string()
+        };
+        self.staged.messages.push(InboxMessage {
+            id: uuid::Uuid::now_v7().to_string(),
+            inbox: inbox.clone(),
+            sender: self.steps[position].executor.clone(),
+            priority: inbox::Priority::Normal,
+            subject: format!("step '{step_id}' of {} ({}) completed", self.execution.process_name, self.execution.id),
+            body,
+            posted_at: now,
+            state: inbox::MessageState::Unprocessed,
+            claimed_by: String::new(),
+            processed_by: String::new(),
+            note: String::new(),
+        });
+        self.after_commit.push(Effect::Posted(inbox));
     }
 
     /// The attempt is no longer underway.
@@ -1096,7 +1157,7 @@ impl Driver {
         self.flush().await?;
         tracing::info!(execution_id = %self.execution.id, status = self.execution.status.as_str(), reason = %self.execution.reason, "execution finished");
         if let Some(inbox) = self.process.definition.triggers.as_ref().and_then(|triggers| triggers.inbox.clone()) {
-            self.engine.after_inbox_run(inbox);
+            self.engine.spawn_trigger(inbox, Cause::Settled);
         }
         Ok(())
     }
@@ -1131,6 +1192,7 @@ impl Driver {
             && !staged.execution_changed
             && staged.assignments.is_empty()
             && staged.events.is_empty()
+            && staged.messages.is_empty()
         {
             self.run_effects();
             return Ok(());
@@ -1161,6 +1223,9 @@ impl Driver {
         if !staged.events.is_empty() {
             writes.push(Write::Events(staged.events.clone()));
         }
+        if !staged.messages.is_empty() {
+            writes.push(Write::PostMessages(staged.messages));
+        }
         self.engine.store.commit(writes).await?;
         self.engine.announce(staged.events);
         self.run_effects();
@@ -1178,6 +1243,7 @@ impl Driver {
                     self.engine.spawn(call.instrument(span));
                 }
                 Effect::Release(task_id) => releases.push(task_id),
+                Effect::Posted(inbox) => self.engine.spawn_trigger(inbox, Cause::Posted),
             }
         }
         // The slots the turn's ended steps held go back in one call.

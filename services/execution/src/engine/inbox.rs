@@ -4,13 +4,15 @@
 //! underway: then the message waits, and the run that ends starts the next
 //! one. A run that fails gives its messages back with a note and starts
 //! nothing by itself — only a new message (or a restart of the service)
-//! does — so a process that keeps failing on a message does not loop.
+//! does — so a process that keeps failing on a message does not loop. A run
+//! its process's budget refuses leaves the messages waiting, with a note
+//! saying so.
 
 use std::sync::Arc;
 
 use super::{Engine, StartRequest};
 use crate::{
-    Result,
+    Error, Result,
     domain::inbox::{self, InboxMessage, MessageState},
     store::InboxFilter,
 };
@@ -61,16 +63,27 @@ impl Engine {
             return Ok(Vec::new());
         }
         let Some(process) = self.process(&process_name, None).await? else { return Ok(Vec::new()) };
-        let execution = self
+        let ids: Vec<String> = messages.iter().map(|message| message.id.clone()).collect();
+        let started = self
             .start(StartRequest {
                 inputs_json: inbox::run_inputs(inbox, &messages),
                 lead_agent_id: process.definition.lead.clone().unwrap_or_default(),
                 process,
                 idempotency_key: None,
                 session: None,
-                claimed_messages: messages.into_iter().map(|message| message.id).collect(),
+                claimed_messages: ids.clone(),
             })
-            .await?;
+            .await;
+        let execution = match started {
+            Ok(execution) => execution,
+            Err(refusal @ Error::BudgetExhausted { .. }) => {
+                // The messages wait, saying why; the next message tries again.
+                tracing::warn!(inbox, process = %process_name, %refusal, "inbox run refused");
+                self.store.note_messages(&ids, &format!("no run started: {refusal}")).await?;
+                return Ok(Vec::new());
+            }
+            Err(error) => return Err(error),
+        };
         tracing::info!(inbox, execution_id = %execution.id, process = %process_name, "inbox run started");
         Ok(vec![execution.id])
     }
@@ -83,12 +96,12 @@ impl Engine {
         Ok(())
     }
 
-    /// A run of an inbox-triggered process ended: the next one starts in
-    /// the background.
-    pub(crate) fn after_inbox_run(self: &Arc<Self>, inbox: String) {
+    /// [`Engine::trigger_inbox`] in the background: after a run of the
+    /// inbox's process ended, or a step posted to it.
+    pub(crate) fn spawn_trigger(self: &Arc<Self>, inbox: String, cause: Cause) {
         let engine = self.clone();
         self.spawn(async move {
-            if let Err(error) = engine.trigger_inbox(&inbox, Cause::Settled).await {
+            if let Err(error) = engine.trigger_inbox(&inbox, cause).await {
                 tracing::warn!(inbox, %error, "could not start the inbox's next run");
             }
         });

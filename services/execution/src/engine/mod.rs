@@ -41,6 +41,7 @@ use crate::{
     domain::{
         ExecutionStatus,
         authority::{DEFAULT_MATRIX, Matrix, RoleAssignment, Session},
+        budget::Budget,
         model::{
             AgentContext, Event, EventKind, Execution, Finding, HandOff, HandOffAnswer, Outcome, ProcessVersion, Step,
         },
@@ -173,6 +174,8 @@ pub(crate) struct Engine {
     /// Held while an inbox's run is decided on and started, so that one
     /// inbox never has two runs.
     inbox_gate: tokio::sync::Mutex<()>,
+    /// Held while a run of a process with a budget is checked and started.
+    budget_gate: tokio::sync::Mutex<()>,
 }
 
 impl Engine {
@@ -191,6 +194,7 @@ impl Engine {
             matrix: RwLock::new(Arc::new(default_matrix())),
             processes: Mutex::new(HashMap::new()),
             inbox_gate: tokio::sync::Mutex::new(()),
+            budget_gate: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -338,7 +342,23 @@ impl Engine {
                 step.id
             )));
         }
+        // Runs of a process with a budget start one at a time, each after
+        // the check, so that concurrent starts cannot overrun it.
+        let budget = self.budget_of(&request.process).await?;
+        let _budgeted = match &budget {
+            Some(_) => Some(self.budget_gate.lock().await),
+            None => None,
+        };
         let now = muster_runtime::time::now_millis();
+        if let Some(budget) = budget {
+            let usage = self.store.process_usage(&budget.process_name, budget.period_start(now)).await?;
+            if let Some(exhausted) = budget.exhausted(&usage) {
+                return Err(Error::BudgetExhausted {
+                    process: budget.process_name,
+                    description: format!("{} ({} budget)", exhausted.description, budget.source.as_str()),
+                });
+            }
+        }
         let trace_parent = muster_runtime::telemetry::traceparent(&tracing::Span::current());
         let mut execution = Execution {
             id: uuid::Uuid::now_v7().to_string(),
@@ -392,6 +412,15 @@ impl Engine {
         tracing::info!(execution_id = %execution.id, process = %execution.process_name, version = execution.process_version, "execution started");
         self.spawn_driver(execution.clone(), steps, request.process);
         Ok(execution)
+    }
+
+    /// The budget in force for a process: the one an operator set, else the
+    /// one it declares.
+    pub(crate) async fn budget_of(&self, process: &ProcessVersion) -> Result<Option<Budget>> {
+        if let Some(budget) = self.store.budget(&process.name).await? {
+            return Ok(Some(budget));
+        }
+        Ok(process.definition.budget.as_ref().map(|declared| Budget::from((process.name.as_str(), declared))))
     }
 
     /// Resumes every execution that had not ended when the service stopped.

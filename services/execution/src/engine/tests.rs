@@ -250,6 +250,7 @@ impl Harness {
                         cost: 0.0,
                         duration_ms: 0,
                         iterations: 1,
+                        post_to_inbox: String::new(),
                     },
                 };
                 workers.complete(worker_id, &assignment.assignment_id, outcome);

@@ -2,8 +2,8 @@
 //! wire types out; every failure is an [`Error`] and becomes a status
 //! through its one table. Who may call what is in [`access`]; the methods
 //! live by subject: processes and executions here, [`decisions`] (approvals
-//! and interventions), [`sessions`], [`matrix`], [`tools`], [`inbox`] and
-//! the long-lived [`streams`] (workers, watches).
+//! and interventions), [`sessions`], [`matrix`], [`tools`], [`inbox`],
+//! [`budget`] and the long-lived [`streams`] (workers, watches).
 
 use std::{pin::Pin, sync::Arc};
 
@@ -27,6 +27,7 @@ use crate::{
 };
 
 mod access;
+mod budget;
 mod convert;
 mod decisions;
 mod inbox;
@@ -698,15 +699,16 @@ impl ExecutionService for ExecutionApi {
 
     async fn set_budget(
         &self,
-        _request: Request<wire::SetBudgetRequest>,
+        request: Request<wire::SetBudgetRequest>,
     ) -> Result<Response<wire::SetBudgetResponse>, Status> {
-        Err(muster_runtime::status::unimplemented("ExecutionService.SetBudget"))
+        let caller = Caller::of(&request)?;
+        answer(self.set_budget(&caller, request.into_inner()).await)
     }
 
     async fn list_budgets(
         &self,
-        _request: Request<wire::ListBudgetsRequest>,
+        request: Request<wire::ListBudgetsRequest>,
     ) -> Result<Response<wire::ListBudgetsResponse>, Status> {
-        Err(muster_runtime::status::unimplemented("ExecutionService.ListBudgets"))
+        answer(self.list_budgets(request.into_inner()).await)
     }
 }

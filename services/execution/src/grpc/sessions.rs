@@ -392,11 +392,10 @@ impl ExecutionApi {
         })
     }
 
-    /// The use of the process's declared budget in its current period.
+    /// The use of the process's budget in force in its current period.
     async fn budget_use(&self, process: &ProcessVersion) -> Result<Vec<BudgetUse>> {
-        let Some(budget) = &process.definition.budget else { return Ok(Vec::new()) };
-        let since = muster_runtime::time::now_millis()
-            .saturating_sub(i64::try_from(budget.period_seconds.saturating_mul(1000)).unwrap_or(i64::MAX));
+        let Some(budget) = self.engine.budget_of(process).await? else { return Ok(Vec::new()) };
+        let since = budget.period_start(muster_runtime::time::now_millis());
         let usage = self.engine.store.process_usage(&process.name, since).await?;
         Ok(vec![
             BudgetUse { limit: "cost", used: usage.cost, max: budget.max_cost },

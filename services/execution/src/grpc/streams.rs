@@ -258,6 +258,7 @@ async fn serve_worker(worker_id: u64, inbound: &mut Streaming<wire::ConnectWorke
                     cost: result.cost,
                     duration_ms: result.duration_ms,
                     iterations: result.iterations,
+                    post_to_inbox: result.post_to_inbox,
                 };
                 workers.complete(worker_id, &result.assignment_id, outcome);
             }

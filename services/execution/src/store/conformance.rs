@@ -13,6 +13,7 @@ use crate::{
     domain::{
         ExecutionStatus, StepStatus,
         authority::{DEFAULT_MATRIX, Matrix, RoleAssignment, Session},
+        budget::{Budget, Source},
         inbox::{InboxMessage, MessageState, Priority},
         model::{Event, EventKind, Execution, Step},
     },
@@ -279,6 +280,28 @@ async fn conformance(store: SqlStore) {
     assert_eq!(older, [1]);
 
     inboxes(&store).await;
+    budgets(&store).await;
+}
+
+/// Operators' budgets: set, replaced, removed by an all-0 budget.
+async fn budgets(store: &SqlStore) {
+    assert_eq!(store.budget("flow").await.unwrap(), None);
+    let mut budget = Budget {
+        process_name: "flow".to_owned(),
+        period_seconds: 86_400,
+        max_cost: 12.5,
+        max_tokens: 1 << 40,
+        max_runs: u32::MAX,
+        source: Source::Operator,
+    };
+    store.put_budget(&budget, "operator 'ops'").await.unwrap();
+    assert_eq!(store.budget("flow").await.unwrap().as_ref(), Some(&budget), "every field survives");
+    budget.max_runs = 3;
+    store.put_budget(&budget, "operator 'ops'").await.unwrap();
+    assert_eq!(store.budget("flow").await.unwrap().map(|budget| budget.max_runs), Some(3), "replaced");
+    let unlimited = Budget { max_cost: 0.0, max_tokens: 0, max_runs: 0, ..budget };
+    store.put_budget(&unlimited, "operator 'ops'").await.unwrap();
+    assert_eq!(store.budget("flow").await.unwrap(), None, "an all-0 budget removes it");
 }
 
 fn message(id: &str, posted_at: i64) -> InboxMessage {
@@ -381,6 +404,16 @@ async fn inboxes(store: &SqlStore) {
     assert_eq!(ids(store.inbox_messages(&list(None, false, None, 10)).await.unwrap()), ["m2", "m3"]);
     assert_eq!(ids(store.inbox_messages(&list(Some(MessageState::Archived), false, None, 10)).await.unwrap()), ["m1"]);
     assert_eq!(store.archive_message("nothing").await.unwrap(), Archived::NotFound);
+
+    // A step's commit posts; a refused run notes why its messages wait, on
+    // the waiting ones only.
+    store.commit(vec![Write::PostMessages(vec![message("m4", 30), message("m5", 31)])]).await.unwrap();
+    let waiting = list(Some(MessageState::Unprocessed), true, None, 10);
+    assert_eq!(ids(store.inbox_messages(&waiting).await.unwrap()), ["m4", "m5"]);
+    store.note_messages(&["m4".to_owned(), "m2".to_owned()], "no run started: budget").await.unwrap();
+    let noted = store.inbox_messages(&list(None, false, None, 10)).await.unwrap();
+    let notes: Vec<(&str, &str)> = noted.iter().map(|message| (message.id.as_str(), message.note.as_str())).collect();
+    assert_eq!(notes, [("m2", ""), ("m3", ""), ("m4", "no run started: budget"), ("m5", "")]);
 }
 
 /// A SQLite file removed when dropped.

@@ -23,6 +23,7 @@ use crate::{
     domain::{
         ExecutionStatus,
         authority::{Matrix, RoleAssignment},
+        budget::{Budget, Usage},
         inbox::{InboxMessage, MessageState},
         model::{Event, Execution, Finding, ProcessVersion, Step},
     },
@@ -77,6 +78,8 @@ pub(crate) enum Write {
     /// that ends settles the messages it took: processed when it
     /// completed, given back with a note otherwise.)
     ClaimMessages { execution_id: String, message_ids: Vec<String> },
+    /// Messages posted by completed steps.
+    PostMessages(Vec<InboxMessage>),
 }
 
 /// Filters of `inbox_messages`; they combine with AND.
@@ -111,14 +114,6 @@ pub(crate) struct ExecutionFilter {
     /// Only executions listed after this one (start time and id), for the next page.
     pub(crate) after: Option<(i64, String)>,
     pub(crate) limit: u32,
-}
-
-/// What the executions of a process used in a period.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct Usage {
-    pub(crate) cost: f64,
-    pub(crate) tokens: u64,
-    pub(crate) runs: u64,
 }
 
 /// An event of the log: its position and its stored (wire) encoding.
@@ -159,12 +154,19 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn inbox_messages<'a>(&'a self, filter: &'a InboxFilter) -> BoxFuture<'a, Result<Vec<InboxMessage>>>;
     /// Archives a message, unless a run has it.
     fn archive_message<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Archived>>;
+    /// Notes why unclaimed messages are still unprocessed.
+    fn note_messages<'a>(&'a self, ids: &'a [String], note: &'a str) -> BoxFuture<'a, Result<()>>;
     /// Whether a run has messages of the inbox now.
     fn inbox_busy<'a>(&'a self, inbox: &'a str) -> BoxFuture<'a, Result<bool>>;
     /// The process whose latest version an inbox triggers.
     fn triggered_by<'a>(&'a self, inbox: &'a str) -> BoxFuture<'a, Result<Option<String>>>;
     /// Every inbox that triggers a process.
     fn trigger_inboxes(&self) -> BoxFuture<'_, Result<Vec<String>>>;
+    /// The budget an operator set on a process.
+    fn budget<'a>(&'a self, process_name: &'a str) -> BoxFuture<'a, Result<Option<Budget>>>;
+    /// Sets an operator's budget on a process (`set_by` names the operator),
+    /// or removes it when every limit is 0.
+    fn put_budget<'a>(&'a self, budget: &'a Budget, set_by: &'a str) -> BoxFuture<'a, Result<()>>;
     /// Executions without their steps, newest first.
     fn list_executions<'a>(&'a self, filter: &'a ExecutionFilter) -> BoxFuture<'a, Result<Vec<Execution>>>;
     /// Ids of the executions that have not ended, oldest first.

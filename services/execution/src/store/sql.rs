@@ -17,12 +17,13 @@ use sqlx::{AssertSqlSafe, Row, any::AnyRow};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Archived, BoxFuture, ExecutionFilter, InboxFilter, LogEntry, NewProcess, Published, StepWrite, Store, Usage, Write,
+    Archived, BoxFuture, ExecutionFilter, InboxFilter, LogEntry, NewProcess, Published, StepWrite, Store, Write,
 };
 use crate::{
     Error, Result,
     domain::{
         authority::{Matrix, RoleAssignment, Session},
+        budget::{self, Budget, Usage},
         inbox::{InboxMessage, MessageState},
         model::{Event, Execution, Finding, ProcessVersion, Step},
     },
@@ -37,6 +38,7 @@ const MIGRATIONS: Migrations = Migrations {
         (3, "sessions", include_str!("../../migrations/sqlite/0003_sessions.sql")),
         (4, "engine", include_str!("../../migrations/sqlite/0004_engine.sql")),
         (5, "inboxes", include_str!("../../migrations/sqlite/0005_inboxes.sql")),
+        (6, "budgets", include_str!("../../migrations/sqlite/0006_budgets.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -44,6 +46,7 @@ const MIGRATIONS: Migrations = Migrations {
         (3, "sessions", include_str!("../../migrations/postgres/0003_sessions.sql")),
         (4, "engine", include_str!("../../migrations/postgres/0004_engine.sql")),
         (5, "inboxes", include_str!("../../migrations/postgres/0005_inboxes.sql")),
+        (6, "budgets", include_str!("../../migrations/postgres/0006_budgets.sql")),
     ],
 };
 
@@ -227,6 +230,7 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
     let mut assignments = Vec::new();
     let mut events: Vec<&Event> = Vec::new();
     let mut claims = Vec::new();
+    let mut posted: Vec<&InboxMessage> = Vec::new();
     for write in writes {
         match write {
             Write::CreateExecution(execution) => created.push(execution),
@@ -235,6 +239,7 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
             Write::Assignment { execution_id, assignment } => assignments.push((execution_id, assignment)),
             Write::Events(list) => events.extend(list),
             Write::ClaimMessages { execution_id, message_ids } => claims.push((execution_id, message_ids)),
+            Write::PostMessages(list) => posted.extend(list),
         }
     }
     // A step written twice in one transaction keeps its last state (one
@@ -271,6 +276,9 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
         if execution.status.is_final() {
             settle_messages(&mut transaction, execution).await?;
         }
+    }
+    for message in posted {
+        insert_message(&mut transaction, message).await?;
     }
     for (execution_id, message_ids) in claims {
         for id in message_ids {
@@ -466,6 +474,24 @@ async fn settle_messages(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, exe
             .execute(&mut **transaction)
             .await?;
     }
+    Ok(())
+}
+
+async fn insert_message(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, message: &InboxMessage) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO inbox_messages (id, inbox, sender, priority, subject, body, posted_at, state) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+    )
+    .bind(message.id.clone())
+    .bind(message.inbox.clone())
+    .bind(message.sender.clone())
+    .bind(message.priority.as_str())
+    .bind(message.subject.clone())
+    .bind(message.body.clone())
+    .bind(message.posted_at)
+    .bind(message.state.as_str())
+    .execute(&mut **transaction)
+    .await?;
     Ok(())
 }
 
@@ -774,20 +800,9 @@ impl Store for SqlStore {
 
     fn post_message(&self, message: InboxMessage) -> BoxFuture<'_, Result<()>> {
         Box::pin(async move {
-            sqlx::query(
-                "INSERT INTO inbox_messages (id, inbox, sender, priority, subject, body, posted_at, state) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-            )
-            .bind(message.id)
-            .bind(message.inbox)
-            .bind(message.sender)
-            .bind(message.priority.as_str())
-            .bind(message.subject)
-            .bind(message.body)
-            .bind(message.posted_at)
-            .bind(message.state.as_str())
-            .execute(&self.database.pool)
-            .await?;
+            let mut transaction = self.database.pool.begin().await?;
+            insert_message(&mut transaction, &message).await?;
+            transaction.commit().await?;
             Ok(())
         })
     }
@@ -845,6 +860,24 @@ impl Store for SqlStore {
         })
     }
 
+    fn note_messages<'a>(&'a self, ids: &'a [String], note: &'a str) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let note = muster_runtime::status::truncate(note, 1024).into_owned();
+            let mut transaction = self.database.pool.begin().await?;
+            for id in ids {
+                sqlx::query(
+                    "UPDATE inbox_messages SET note = $1 WHERE id = $2 AND claimed_by = '' AND state = 'unprocessed'",
+                )
+                .bind(note.clone())
+                .bind(id.clone())
+                .execute(&mut *transaction)
+                .await?;
+            }
+            transaction.commit().await?;
+            Ok(())
+        })
+    }
+
     fn inbox_busy<'a>(&'a self, inbox: &'a str) -> BoxFuture<'a, Result<bool>> {
         Box::pin(async move {
             let found =
@@ -874,6 +907,53 @@ impl Store for SqlStore {
             )
             .fetch_all(&self.database.reads)
             .await?)
+        })
+    }
+
+    fn budget<'a>(&'a self, process_name: &'a str) -> BoxFuture<'a, Result<Option<Budget>>> {
+        Box::pin(async move {
+            let row = sqlx::query("SELECT * FROM budgets WHERE process_name = $1")
+                .bind(process_name.to_owned())
+                .fetch_optional(&self.database.reads)
+                .await?;
+            let Some(row) = row else { return Ok(None) };
+            Ok(Some(Budget {
+                process_name: row.try_get("process_name")?,
+                period_seconds: row.try_get::<i64, _>("period_seconds")? as u64,
+                max_cost: row.try_get("max_cost")?,
+                max_tokens: row.try_get::<i64, _>("max_tokens")? as u64,
+                max_runs: row.try_get::<i64, _>("max_runs")? as u32,
+                source: budget::Source::Operator,
+            }))
+        })
+    }
+
+    fn put_budget<'a>(&'a self, budget: &'a Budget, set_by: &'a str) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            if budget.is_unlimited() {
+                sqlx::query("DELETE FROM budgets WHERE process_name = $1")
+                    .bind(budget.process_name.clone())
+                    .execute(&self.database.pool)
+                    .await?;
+                return Ok(());
+            }
+            sqlx::query(
+                "INSERT INTO budgets (process_name, period_seconds, max_cost, max_tokens, max_runs, set_at, set_by) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (process_name) DO UPDATE SET \
+                 period_seconds = excluded.period_seconds, max_cost = excluded.max_cost, \
+                 max_tokens = excluded.max_tokens, max_runs = excluded.max_runs, set_at = excluded.set_at, \
+                 set_by = excluded.set_by",
+            )
+            .bind(budget.process_name.clone())
+            .bind(i64::try_from(budget.period_seconds).unwrap_or(i64::MAX))
+            .bind(budget.max_cost)
+            .bind(i64::try_from(budget.max_tokens).unwrap_or(i64::MAX))
+            .bind(i64::from(budget.max_runs))
+            .bind(muster_runtime::time::now_millis())
+            .bind(set_by.to_owned())
+            .execute(&self.database.pool)
+            .await?;
+            Ok(())
         })
     }
 

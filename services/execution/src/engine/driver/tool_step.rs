@@ -124,6 +124,7 @@ fn outcome(tool: &str, answer: ToolOutput, took: Duration) -> Outcome {
             cost: 0.0,
             duration_ms: took.as_millis() as u64,
             iterations: 0,
+            post_to_inbox: String::new(),
         };
     }
     let (error_code, retryable) = match status {

@@ -1,0 +1,99 @@
+//! Budgets: `muster budget set|list`. A run that would start past a limit
+//! of its process's budget is refused.
+
+use muster_proto::execution::v1::{
+    Budget, BudgetScope, ListBudgetsRequest, SetBudgetRequest, execution_service_client::ExecutionServiceClient,
+};
+
+/// `muster budget ...`
+#[derive(Debug, clap::Args)]
+pub(crate) struct BudgetArgs {
+    /// The execution service.
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051", global = true)]
+    execution: String,
+    #[command(subcommand)]
+    command: BudgetCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum BudgetCommand {
+    /// Sets a published process's budget, replacing the one it declares
+    /// (every limit 0 removes it). Operators.
+    Set {
+        /// The process.
+        process: String,
+        /// Length of the period, in seconds.
+        #[arg(long, default_value_t = 86_400)]
+        period_seconds: u64,
+        /// Most runs per period (0: no limit).
+        #[arg(long, default_value_t = 0)]
+        max_runs: u32,
+        /// Most cost per period, in US dollars (0: no limit).
+        #[arg(long, default_value_t = 0.0)]
+        max_cost: f64,
+        /// Most tokens per period (0: no limit).
+        #[arg(long, default_value_t = 0)]
+        max_tokens: u64,
+    },
+    /// Lists the budgets in force, with their use in the current period.
+    List,
+}
+
+fn line(budget: &Budget) -> String {
+    let limit = |used: String, max: String, unlimited: bool| {
+        if unlimited { format!("{used} (no limit)") } else { format!("{used} of {max}") }
+    };
+    format!(
+        "{}  ({}, per {} s)  runs {}  cost {}  tokens {}",
+        budget.name,
+        budget.source,
+        budget.period_seconds,
+        limit(budget.used_runs.to_string(), budget.max_runs.to_string(), budget.max_runs == 0),
+        limit(format!("${:.2}", budget.used_cost), format!("${:.2}", budget.max_cost), budget.max_cost == 0.0),
+        limit(budget.used_tokens.to_string(), budget.max_tokens.to_string(), budget.max_tokens == 0),
+    )
+}
+
+pub(crate) async fn run(args: BudgetArgs, token: Option<&str>) -> anyhow::Result<()> {
+    let mut execution = ExecutionServiceClient::new(super::endpoint(&args.execution, token)?.channel()?);
+    match args.command {
+        BudgetCommand::Set { process, period_seconds, max_runs, max_cost, max_tokens } => {
+            let budget = Budget {
+                scope: BudgetScope::Process as i32,
+                name: process.clone(),
+                period_seconds,
+                max_cost,
+                max_tokens,
+                max_runs,
+                ..Default::default()
+            };
+            let set = execution
+                .set_budget(SetBudgetRequest { budget: Some(budget) })
+                .await
+                .map_err(super::refused)?
+                .into_inner();
+            match set.budget {
+                Some(budget) => println!("{}", line(&budget)),
+                None => println!("{process} has no budget"),
+            }
+        }
+        BudgetCommand::List => {
+            let mut page_token = String::new();
+            loop {
+                let page = execution
+                    .list_budgets(ListBudgetsRequest { page_size: 1000, page_token: page_token.clone() })
+                    .await
+                    .map_err(super::refused)?
+                    .into_inner();
+                for budget in &page.budgets {
+                    println!("{}", line(budget));
+                }
+                if page.next_page_token.is_empty() {
+                    break;
+                }
+                page_token = page.next_page_token;
+            }
+        }
+    }
+    Ok(())
+}

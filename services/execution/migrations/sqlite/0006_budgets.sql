@@ -1,0 +1,11 @@
+-- Budgets operators set on processes (SetBudget); they replace the budget a
+-- process's definition declares.
+CREATE TABLE budgets (
+    process_name TEXT PRIMARY KEY,
+    period_seconds INTEGER NOT NULL,
+    max_cost REAL NOT NULL,
+    max_tokens INTEGER NOT NULL,
+    max_runs INTEGER NOT NULL,
+    set_at INTEGER NOT NULL,
+    set_by TEXT NOT NULL
+);

@@ -1,0 +1,124 @@
+//! Budgets: limits per period on a process's runs, cost and tokens. A
+//! process declares one (`budget:`) and operators may set another in its
+//! place; a run that would start past a limit is refused.
+
+/// Where a budget comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// Set by an operator (SetBudget).
+    Operator,
+    /// The process's own `budget:`.
+    Declared,
+}
+
+impl Source {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Operator => "operator",
+            Self::Declared => "declared",
+        }
+    }
+}
+
+/// Limits per period on a process's executions; 0 means no limit.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Budget {
+    pub(crate) process_name: String,
+    pub(crate) period_seconds: u64,
+    pub(crate) max_cost: f64,
+    pub(crate) max_tokens: u64,
+    pub(crate) max_runs: u32,
+    pub(crate) source: Source,
+}
+
+/// What a process's executions used in a period.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Usage {
+    pub(crate) cost: f64,
+    pub(crate) tokens: u64,
+    pub(crate) runs: u64,
+}
+
+/// The limit a new run would break, as (limit, what the description says).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Exhausted {
+    pub(crate) limit: &'static str,
+    pub(crate) description: String,
+}
+
+impl Budget {
+    /// Whether every limit is 0 (no limit at all).
+    pub(crate) fn is_unlimited(&self) -> bool {
+        self.max_cost == 0.0 && self.max_tokens == 0 && self.max_runs == 0
+    }
+
+    /// The start of the current period, for a clock at `now` (milliseconds).
+    pub(crate) fn period_start(&self, now: i64) -> i64 {
+        now.saturating_sub(i64::try_from(self.period_seconds.saturating_mul(1000)).unwrap_or(i64::MAX))
+    }
+
+    /// The first limit that `usage` leaves no room under for another run.
+    pub(crate) fn exhausted(&self, usage: &Usage) -> Option<Exhausted> {
+        let period = self.period_seconds;
+        if self.max_runs > 0 && usage.runs >= u64::from(self.max_runs) {
+            return Some(Exhausted {
+                limit: "runs",
+                description: format!("{} of {} runs in the last {period} s", usage.runs, self.max_runs),
+            });
+        }
+        if self.max_cost > 0.0 && usage.cost >= self.max_cost {
+            return Some(Exhausted {
+                limit: "cost",
+                description: format!("${:.2} of ${:.2} in the last {period} s", usage.cost, self.max_cost),
+            });
+        }
+        if self.max_tokens > 0 && usage.tokens >= self.max_tokens {
+            return Some(Exhausted {
+                limit: "tokens",
+                description: format!("{} of {} tokens in the last {period} s", usage.tokens, self.max_tokens),
+            });
+        }
+        None
+    }
+}
+
+impl From<(&str, &muster_format::ProcessBudget)> for Budget {
+    fn from((process_name, declared): (&str, &muster_format::ProcessBudget)) -> Self {
+        Self {
+            process_name: process_name.to_owned(),
+            period_seconds: declared.period_seconds,
+            max_cost: declared.max_cost,
+            max_tokens: declared.max_tokens,
+            max_runs: declared.max_runs,
+            source: Source::Declared,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(max_cost: f64, max_tokens: u64, max_runs: u32) -> Budget {
+        Budget {
+            process_name: "p".into(),
+            period_seconds: 3600,
+            max_cost,
+            max_tokens,
+            max_runs,
+            source: Source::Operator,
+        }
+    }
+
+    #[test]
+    fn the_first_limit_reached_refuses_a_run() {
+        let used = Usage { cost: 2.0, tokens: 500, runs: 3 };
+        assert_eq!(budget(0.0, 0, 3).exhausted(&used).unwrap().description, "3 of 3 runs in the last 3600 s");
+        assert_eq!(budget(2.0, 0, 4).exhausted(&used).unwrap().limit, "cost");
+        assert_eq!(budget(5.0, 500, 4).exhausted(&used).unwrap().limit, "tokens");
+        assert_eq!(budget(5.0, 501, 4).exhausted(&used), None);
+        assert_eq!(budget(0.0, 0, 0).exhausted(&used), None, "0 is no limit");
+        assert!(budget(0.0, 0, 0).is_unlimited());
+        assert_eq!(budget(0.0, 0, 1).period_start(10_000_000), 10_000_000 - 3_600_000);
+    }
+}

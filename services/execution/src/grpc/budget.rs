@@ -1,0 +1,125 @@
+//! Budgets on the wire: setting a process's budget and listing the budgets
+//! in force with their use (the engine refuses the runs past them).
+
+use muster_proto::execution::v1 as wire;
+use muster_runtime::auth::Caller;
+
+use super::{ExecutionApi, page_size};
+use crate::{
+    Error, Result,
+    domain::{
+        budget::{Budget, Source},
+        model::ProcessVersion,
+    },
+};
+
+/// Longest budget period: a year.
+const MAX_PERIOD_SECONDS: u64 = 31_536_000;
+/// Largest cost limit, in US dollars.
+const MAX_COST: f64 = 1e9;
+/// Largest token limit.
+const MAX_TOKENS: u64 = 1_000_000_000_000_000;
+/// Processes read at a time while listing.
+const SCAN: u32 = 200;
+
+/// A budget from a SetBudget request, checked.
+fn budget_from_wire(budget: Option<wire::Budget>) -> Result<Budget> {
+    let budget = budget.ok_or_else(|| Error::InvalidArgument("budget is required".to_owned()))?;
+    match wire::BudgetScope::try_from(budget.scope) {
+        Ok(wire::BudgetScope::Process) => {}
+        Ok(wire::BudgetScope::Role) => {
+            return Err(Error::FailedPrecondition(
+                "role budgets are not enforced yet: set the budget of the process".to_owned(),
+            ));
+        }
+        _ => return Err(Error::InvalidArgument("budget.scope must be BUDGET_SCOPE_PROCESS".to_owned())),
+    }
+    if !muster_format::is_identifier(&budget.name) {
+        return Err(Error::InvalidArgument(format!(
+            "budget.name '{}' is not a process name",
+            muster_runtime::status::truncate(&budget.name, 128)
+        )));
+    }
+    let checked = Budget {
+        process_name: budget.name,
+        period_seconds: budget.period_seconds,
+        max_cost: budget.max_cost,
+        max_tokens: budget.max_tokens,
+        max_runs: budget.max_runs,
+        source: Source::Operator,
+    };
+    if !(checked.max_cost.is_finite() && (0.0..=MAX_COST).contains(&checked.max_cost)) {
+        return Err(Error::InvalidArgument(format!(
+            "budget.max_cost must be from 0 to {MAX_COST} US dollars, not {}",
+            checked.max_cost
+        )));
+    }
+    if checked.max_tokens > MAX_TOKENS {
+        return Err(Error::InvalidArgument(format!("budget.max_tokens must be at most {MAX_TOKENS}")));
+    }
+    if !checked.is_unlimited() && !(1..=MAX_PERIOD_SECONDS).contains(&checked.period_seconds) {
+        return Err(Error::InvalidArgument(format!(
+            "budget.period_seconds must be from 1 to {MAX_PERIOD_SECONDS}, not {}",
+            checked.period_seconds
+        )));
+    }
+    Ok(checked)
+}
+
+impl ExecutionApi {
+    pub(super) async fn set_budget(
+        &self,
+        caller: &Caller,
+        request: wire::SetBudgetRequest,
+    ) -> Result<wire::SetBudgetResponse> {
+        let budget = budget_from_wire(request.budget)?;
+        let process = self
+            .engine
+            .process(&budget.process_name, None)
+            .await?
+            .ok_or_else(|| Error::NotFound(format!("no process named '{}' is published", budget.process_name)))?;
+        self.engine.store.put_budget(&budget, &caller.to_string()).await?;
+        tracing::info!(process = %budget.process_name, %caller, "budget set");
+        Ok(wire::SetBudgetResponse { budget: self.budget_in_force(&process).await? })
+    }
+
+    pub(super) async fn list_budgets(&self, request: wire::ListBudgetsRequest) -> Result<wire::ListBudgetsResponse> {
+        let size = page_size(request.page_size) as usize;
+        let mut after = request.page_token;
+        let mut budgets = Vec::new();
+        loop {
+            let processes = self.engine.store.list_processes(&after, SCAN).await?;
+            for process in &processes {
+                after = process.name.clone();
+                if let Some(budget) = self.budget_in_force(process).await? {
+                    budgets.push(budget);
+                    if budgets.len() == size {
+                        return Ok(wire::ListBudgetsResponse { budgets, next_page_token: after });
+                    }
+                }
+            }
+            if processes.len() < SCAN as usize {
+                return Ok(wire::ListBudgetsResponse { budgets, next_page_token: String::new() });
+            }
+        }
+    }
+
+    /// A process's budget in force with its use in the current period.
+    async fn budget_in_force(&self, process: &ProcessVersion) -> Result<Option<wire::Budget>> {
+        let Some(budget) = self.engine.budget_of(process).await? else { return Ok(None) };
+        let now = muster_runtime::time::now_millis();
+        let usage = self.engine.store.process_usage(&budget.process_name, budget.period_start(now)).await?;
+        Ok(Some(wire::Budget {
+            scope: wire::BudgetScope::Process as i32,
+            name: budget.process_name,
+            period_seconds: budget.period_seconds,
+            max_cost: budget.max_cost,
+            max_tokens: budget.max_tokens,
+            max_runs: budget.max_runs,
+            used_cost: usage.cost,
+            used_tokens: usage.tokens,
+            used_runs: u32::try_from(usage.runs).unwrap_or(u32::MAX),
+            source: budget.source.as_str().to_owned(),
+        }))
+    }
+}

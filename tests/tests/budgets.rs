@@ -1,0 +1,199 @@
+//! Chained runs and budgets end to end, through real gRPC to the four real
+//! processes and the `muster` command, on both databases: two processes
+//! whose steps post their output to each other's inbox run in a loop until
+//! a budget stops it; the refused run leaves its message waiting with a note;
+//! a direct start past the budget gets RESOURCE_EXHAUSTED with a
+//! QuotaFailure; an operator's budget replaces the declared one and removing
+//! it brings the declared one back; bad input and the command line.
+
+use std::time::Duration;
+
+use muster_proto::execution::v1::{
+    Budget, BudgetScope, ListBudgetsRequest, ListExecutionsRequest, ListInboxMessagesRequest, MessageState,
+    PostToInboxRequest, PublishProcessRequest, SetBudgetRequest, StartExecutionRequest,
+};
+use muster_tests::{
+    Backend, ExecutionClient, TestCluster, agent,
+    command::{run, text},
+    spawn_sample_worker,
+};
+use tonic::Code;
+use tonic_types::StatusExt as _;
+
+/// A process started by `inbox`, whose one step posts its output to `next`.
+fn process(name: &str, inbox: &str, next: &str, budget: &str) -> String {
+    format!(
+        "name: {name}\nlead: lead\ntriggers:\n  inbox: {inbox}\n{budget}steps:\n  - id: work\n    type: agent_task\n    \
+         agent: worker\n    message: carry on\n    post_to_inbox: {next}\n"
+    )
+}
+
+async fn runs(client: &mut ExecutionClient, process_name: &str) -> usize {
+    let request = ListExecutionsRequest { process_name: process_name.to_owned(), ..Default::default() };
+    client.list_executions(request).await.unwrap().into_inner().executions.len()
+}
+
+async fn waiting(client: &mut ExecutionClient, inbox: &str) -> Vec<muster_proto::execution::v1::InboxMessage> {
+    let request = ListInboxMessagesRequest {
+        inbox: inbox.to_owned(),
+        state: MessageState::Unprocessed as i32,
+        ..Default::default()
+    };
+    client.list_inbox_messages(request).await.unwrap().into_inner().messages
+}
+
+/// Waits until `inbox` holds a message that no run took, noted.
+async fn refused_message(client: &mut ExecutionClient, inbox: &str) -> muster_proto::execution::v1::InboxMessage {
+    for _ in 0..400 {
+        let messages = waiting(client, inbox).await;
+        if let Some(message) = messages.into_iter().find(|message| !message.note.is_empty()) {
+            return message;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no refused message in inbox '{inbox}'");
+}
+
+async fn budgets(client: &mut ExecutionClient) -> Vec<Budget> {
+    client.list_budgets(ListBudgetsRequest::default()).await.unwrap().into_inner().budgets
+}
+
+fn set(name: &str, max_runs: u32) -> SetBudgetRequest {
+    SetBudgetRequest {
+        budget: Some(Budget {
+            scope: BudgetScope::Process as i32,
+            name: name.to_owned(),
+            period_seconds: 3600,
+            max_runs,
+            ..Default::default()
+        }),
+    }
+}
+
+async fn budgets_stop_a_runaway_loop(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let tokens = test.register_agents(&[agent("lead", "member", "core"), agent("worker", "member", "core")]).await;
+    let mut client = test.execution();
+    let budget = "budget:\n  period_seconds: 3600\n  max_runs: 3\n";
+    for source in [process("ping", "ping", "pong", budget), process("pong", "pong", "ping", "")] {
+        client.publish_process(PublishProcessRequest { source, file_name: String::new() }).await.expect("publish");
+    }
+    let credentials = vec![muster::worker::AgentCredential { agent_id: "worker".into(), token: tokens[1].clone() }];
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+
+    // One message starts a loop: each run posts to the other's inbox. Ping's
+    // budget stops it at its fourth run; the message waits, saying why.
+    let request = PostToInboxRequest { inbox: "ping".into(), body: "go".into(), ..Default::default() };
+    let first = client.post_to_inbox(request).await.expect("PostToInbox").into_inner();
+    assert_eq!(first.triggered_execution_ids.len(), 1);
+    let refused = refused_message(&mut client, "ping").await;
+    assert_eq!(
+        refused.note,
+        "no run started: budget of process 'ping' exhausted: 3 of 3 runs in the last 3600 s (declared budget)"
+    );
+    assert_eq!(refused.sender, "worker", "a step posts as its executor");
+    assert!(refused.subject.starts_with("step 'work' of pong ("), "{}", refused.subject);
+    assert!(refused.body.contains("\"inputs\""), "the body is the step's output: {}", refused.body);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!((runs(&mut client, "ping").await, runs(&mut client, "pong").await), (3, 3), "the loop stopped");
+
+    // The budget in force, with its use; a direct start past it is refused
+    // with the limit it breaks.
+    let listed = budgets(&mut client).await;
+    let [ping] = listed.as_slice() else { panic!("one budget: {listed:?}") };
+    assert_eq!((ping.name.as_str(), ping.source.as_str(), ping.max_runs, ping.used_runs), ("ping", "declared", 3, 3));
+    let start = StartExecutionRequest { process_name: "ping".into(), ..Default::default() };
+    let status = client.start_execution(start.clone()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    let quota = status.get_details_quota_failure().expect("a QuotaFailure detail");
+    assert_eq!(quota.violations[0].subject, "process:ping");
+    assert_eq!(quota.violations[0].description, "3 of 3 runs in the last 3600 s (declared budget)");
+
+    // An operator's budget replaces the declared one: ping runs once more,
+    // and pong's own budget (set now) stops the loop on pong's side.
+    let answer = client.set_budget(set("pong", 3)).await.expect("SetBudget").into_inner().budget.unwrap();
+    assert_eq!((answer.source.as_str(), answer.used_runs), ("operator", 3));
+    client.set_budget(set("ping", 4)).await.expect("SetBudget");
+    client.start_execution(start.clone()).await.expect("a run within the operator's budget");
+    let refused = refused_message(&mut client, "pong").await;
+    assert!(refused.note.contains("budget of process 'pong' exhausted: 3 of 3 runs"), "{}", refused.note);
+    let listed = budgets(&mut client).await;
+    let used: Vec<(&str, &str, u32)> =
+        listed.iter().map(|budget| (budget.name.as_str(), budget.source.as_str(), budget.used_runs)).collect();
+    assert_eq!(used, [("ping", "operator", 4), ("pong", "operator", 3)]);
+    // Pages.
+    let page = |page_token: String| ListBudgetsRequest { page_size: 1, page_token };
+    let first = client.list_budgets(page(String::new())).await.unwrap().into_inner();
+    assert_eq!((first.budgets.len(), first.budgets[0].name.as_str()), (1, "ping"));
+    let second = client.list_budgets(page(first.next_page_token)).await.unwrap().into_inner();
+    assert_eq!(second.budgets[0].name, "pong");
+    assert!(
+        client.list_budgets(page(second.next_page_token)).await.unwrap().into_inner().budgets.is_empty(),
+        "no third page"
+    );
+    // Every limit 0 removes the operator's budget: ping's declared one is
+    // back, pong has none.
+    client.set_budget(set("ping", 0)).await.unwrap();
+    let removed = client.set_budget(set("pong", 0)).await.unwrap().into_inner();
+    assert_eq!(removed.budget, None);
+    let listed = budgets(&mut client).await;
+    assert_eq!(
+        listed.iter().map(|budget| (budget.name.as_str(), budget.source.as_str())).collect::<Vec<_>>(),
+        [("ping", "declared")]
+    );
+    assert_eq!(client.start_execution(start).await.unwrap_err().code(), Code::ResourceExhausted);
+
+    // Bad input names what is wrong; agents may not set budgets.
+    let mut role = set("ping", 1);
+    role.budget.as_mut().unwrap().scope = BudgetScope::Role as i32;
+    let status = client.set_budget(role).await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    let status = client.set_budget(set("nothing", 1)).await.unwrap_err();
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    let mut no_period = set("ping", 1);
+    no_period.budget.as_mut().unwrap().period_seconds = 0;
+    let status = client.set_budget(no_period).await.unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::InvalidArgument, "budget.period_seconds must be from 1 to 31536000, not 0")
+    );
+    let mut negative = set("ping", 1);
+    negative.budget.as_mut().unwrap().max_cost = -1.0;
+    let status = client.set_budget(negative).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(status.message().starts_with("budget.max_cost must be from 0"), "{}", status.message());
+    let status = client.set_budget(SetBudgetRequest { budget: None }).await.unwrap_err();
+    assert_eq!((status.code(), status.message()), (Code::InvalidArgument, "budget is required"));
+    let status = test.execution_as(&tokens[1]).set_budget(set("ping", 100)).await.unwrap_err();
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+
+    // The command line: set and list.
+    let environment = test.command_environment();
+    let command = |words: &[&str]| words.iter().map(|word| (*word).to_owned()).collect::<Vec<_>>();
+    let output =
+        run(command(&["budget", "set", "pong", "--max-runs", "7", "--period-seconds", "60"]), environment.clone())
+            .await;
+    assert!(output.status.success(), "{}", text(&output));
+    let output = run(command(&["budget", "list"]), environment).await;
+    assert!(output.status.success(), "{}", text(&output));
+    let listed = text(&output);
+    assert!(
+        listed.contains("ping  (declared, per 3600 s)  runs 4 of 3  cost $0.04 (no limit)  tokens 400 (no limit)"),
+        "{listed}"
+    );
+    assert!(listed.contains("pong  (operator, per 60 s)  runs 3 of 7  "), "{listed}");
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budgets_stop_a_runaway_loop_on_sqlite() {
+    budgets_stop_a_runaway_loop(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budgets_stop_a_runaway_loop_on_postgres() {
+    budgets_stop_a_runaway_loop(Backend::Postgres).await;
+}
