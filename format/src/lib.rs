@@ -32,8 +32,8 @@ pub use diagnostic::{Diagnostic, Severity};
 pub use formats::{is_identifier, rfc3339_millis};
 pub use matrix::{MatrixReport, MatrixRole};
 pub use model::{
-    Context, DelegationRequest, KnownAgent, KnownRole, ProcessBudget, ProcessDefinition, ProcessReport, StepDefinition,
-    StepRoles, Triggers,
+    BudgetAction, Context, DelegationRequest, KnownAgent, KnownRole, ProcessBudget, ProcessDefinition, ProcessReport,
+    StepDefinition, StepRoles, Triggers,
 };
 pub use process::{MAX_RETRIES, STEP_TYPES};
 pub use role::{RoleDefinition, RoleFormat, RoleReport};

@@ -31,8 +31,9 @@ pub struct Triggers {
     pub inbox: Option<String>,
 }
 
-/// Limits per period that a process declares for its own executions (the
-/// execution service's `Budget`, process scope); 0 means no limit.
+/// Limits per period and per run that a process declares for its own
+/// executions (the execution service's `Budget`, process scope); 0 means no
+/// limit.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ProcessBudget {
     /// Length of the period, in seconds.
@@ -43,6 +44,46 @@ pub struct ProcessBudget {
     pub max_tokens: u64,
     /// Most executions per period.
     pub max_runs: u32,
+    /// Most cost of one execution, in US dollars.
+    pub run_max_cost: f64,
+    /// Most tokens of one execution.
+    pub run_max_tokens: u64,
+    /// What happens to a running execution that goes over a limit.
+    pub on_exceed: BudgetAction,
+}
+
+/// What happens to a running execution that goes over a limit of its budget.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BudgetAction {
+    /// Cancel it.
+    #[default]
+    Stop,
+    /// Pause it until it is resumed.
+    Pause,
+    /// Only tell its monitors and lead.
+    Warn,
+}
+
+impl BudgetAction {
+    /// The name in a process: `stop`, `pause` or `warn`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Pause => "pause",
+            Self::Warn => "warn",
+        }
+    }
+
+    /// The action a process names.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "stop" => Some(Self::Stop),
+            "pause" => Some(Self::Pause),
+            "warn" => Some(Self::Warn),
+            _ => None,
+        }
+    }
 }
 
 /// One step of a process.

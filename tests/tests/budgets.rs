@@ -4,18 +4,25 @@
 //! a budget stops it; the refused run leaves its message waiting with a note;
 //! a direct start past the budget gets RESOURCE_EXHAUSTED with a
 //! QuotaFailure; an operator's budget replaces the declared one and removing
-//! it brings the declared one back; bad input and the command line.
+//! it brings the declared one back; bad input and the command line. A run
+//! that goes over a limit of one run is stopped, paused or only warned as
+//! the budget says, and its monitors and lead are told.
 
 use std::time::Duration;
 
-use muster_proto::execution::v1::{
-    Budget, BudgetScope, ListBudgetsRequest, ListExecutionsRequest, ListInboxMessagesRequest, MessageState,
-    PostToInboxRequest, PublishProcessRequest, SetBudgetRequest, StartExecutionRequest,
+use muster_proto::{
+    common::v1::{EventType, ExecutionStatus},
+    execution::v1::{
+        Budget, BudgetAction, BudgetScope, GetExecutionRequest, InterveneRequest, InterventionAction,
+        ListBudgetsRequest, ListExecutionsRequest, ListInboxMessagesRequest, MessageState, PostToInboxRequest,
+        PublishProcessRequest, SetBudgetRequest, StartExecutionRequest,
+    },
+    notifier::v1::ListNotificationsRequest,
 };
 use muster_tests::{
     Backend, ExecutionClient, TestCluster, agent,
     command::{run, text},
-    spawn_sample_worker,
+    events_until_finished, spawn_sample_worker,
 };
 use tonic::Code;
 use tonic_types::StatusExt as _;
@@ -155,7 +162,7 @@ async fn budgets_stop_a_runaway_loop(backend: Backend) {
     let status = client.set_budget(no_period).await.unwrap_err();
     assert_eq!(
         (status.code(), status.message()),
-        (Code::InvalidArgument, "budget.period_seconds must be from 1 to 31536000, not 0")
+        (Code::InvalidArgument, "budget.period_seconds must be from 1 to 31536000 with a limit per period, not 0")
     );
     let mut negative = set("ping", 1);
     negative.budget.as_mut().unwrap().max_cost = -1.0;
@@ -186,6 +193,127 @@ async fn budgets_stop_a_runaway_loop(backend: Backend) {
     let _ = stop.send(());
     worker.await.unwrap().unwrap();
     test.shutdown().await;
+}
+
+/// Three steps in a chain, watched by `quality`; each step of the sample
+/// worker uses 100 tokens and $0.01.
+const SPENDER: &str = "\
+name: spender
+lead: lead
+budget:
+  run_max_tokens: 150
+steps:
+  - {id: s0, type: agent_task, agent: worker, message: m, roles: {executor: worker, monitors: [quality]}}
+  - {id: s1, type: agent_task, agent: worker, message: m, depends_on: [s0], roles: {executor: worker, monitors: [quality]}}
+  - {id: s2, type: agent_task, agent: worker, message: m, depends_on: [s1], roles: {executor: worker, monitors: [quality]}}
+";
+
+async fn status_of(client: &mut ExecutionClient, id: &str) -> (i32, Vec<String>) {
+    let execution = client.get_execution(GetExecutionRequest { id: id.to_owned() }).await.unwrap().into_inner();
+    let execution = execution.execution.unwrap();
+    (execution.status, execution.steps.iter().map(|step| format!("{}:{}", step.step_id, step.status)).collect())
+}
+
+async fn a_run_over_its_budget(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let ids = ["lead", "worker", "quality"];
+    let tokens = test.register_agents(&ids.map(|id| agent(id, "member", "core"))).await;
+    let mut client = test.execution();
+    let source = SPENDER.to_owned();
+    client.publish_process(PublishProcessRequest { source, file_name: String::new() }).await.expect("publish");
+    let credentials = vec![muster::worker::AgentCredential { agent_id: "worker".into(), token: tokens[1].clone() }];
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let start = StartExecutionRequest { process_name: "spender".into(), ..Default::default() };
+
+    // Declared: stop. The second step takes the run to 200 tokens: it is
+    // cancelled, with the limit as its reason, before the third starts.
+    let id = client.start_execution(start.clone()).await.unwrap().into_inner().execution.unwrap().id;
+    let events = events_until_finished(&test.operator("execution"), &id).await;
+    let last = events.last().unwrap();
+    assert_eq!(last.execution_status, ExecutionStatus::Cancelled as i32);
+    assert_eq!(last.detail, "budget exceeded: the run used 200 tokens, over its 150 (declared budget)");
+    let over = events.iter().find(|event| event.r#type == EventType::BudgetExceeded as i32).expect("the event");
+    assert_eq!(over.step_id, "s1");
+    assert_eq!(over.detail, format!("{}; the run is stopped", last.detail));
+    assert!(!events.iter().any(|event| event.step_id == "s2" && event.r#type == EventType::StepStarted as i32));
+    // The monitor and the lead hear of it.
+    for (agent, token) in [("quality", &tokens[2]), ("lead", &tokens[0])] {
+        let request = ListNotificationsRequest { agent_id: agent.to_owned(), ..Default::default() };
+        let mut found = None;
+        for _ in 0..100 {
+            let notifications = test.notifier_as(token).list_notifications(request.clone()).await.unwrap();
+            found = notifications.into_inner().notifications.into_iter().find(|notification| {
+                notification.event.as_ref().is_some_and(|event| event.r#type == EventType::BudgetExceeded as i32)
+            });
+            if found.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let found = found.unwrap_or_else(|| panic!("{agent} hears of the budget"));
+        assert!(found.output_summary.starts_with("budget exceeded: the run used 200 tokens"), "{found:?}");
+    }
+
+    // An operator's budget says pause: the run waits after the second step
+    // until its lead resumes it, then completes.
+    let mut pause = set("spender", 0);
+    let budget = pause.budget.as_mut().unwrap();
+    (budget.period_seconds, budget.run_max_tokens, budget.on_exceed) = (0, 150, BudgetAction::Pause as i32);
+    let answer = client.set_budget(pause).await.expect("SetBudget").into_inner().budget.unwrap();
+    assert_eq!((answer.run_max_tokens, answer.on_exceed), (150, BudgetAction::Pause as i32));
+    let id = client.start_execution(start.clone()).await.unwrap().into_inner().execution.unwrap().id;
+    let mut paused = None;
+    for _ in 0..400 {
+        let (status, steps) = status_of(&mut client, &id).await;
+        if status == ExecutionStatus::Paused as i32 {
+            paused = Some(steps);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let paused = paused.expect("the run pauses");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(status_of(&mut client, &id).await, (ExecutionStatus::Paused as i32, paused), "nothing moves");
+    let resume = InterveneRequest {
+        execution_id: id.clone(),
+        action: InterventionAction::Resume as i32,
+        reason: "worth it".into(),
+        ..Default::default()
+    };
+    test.execution_as(&tokens[0]).intervene(resume).await.expect("the lead resumes");
+    let events = events_until_finished(&test.operator("execution"), &id).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
+    let over: Vec<_> = events.iter().filter(|event| event.r#type == EventType::BudgetExceeded as i32).collect();
+    assert_eq!(over.len(), 1, "acted on once");
+    assert!(over[0].detail.ends_with("(operator budget); the run is paused until it is resumed"), "{}", over[0].detail);
+
+    // Warn: the run completes, and says so.
+    let output = run(
+        ["budget", "set", "spender", "--run-max-tokens", "150", "--on-exceed", "warn"].map(String::from).to_vec(),
+        test.command_environment(),
+    )
+    .await;
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(text(&output).contains("per run 150 tokens  over a limit: warn"), "{}", text(&output));
+    let id = client.start_execution(start).await.unwrap().into_inner().execution.unwrap().id;
+    let events = events_until_finished(&test.operator("execution"), &id).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
+    let over = events.iter().find(|event| event.r#type == EventType::BudgetExceeded as i32).expect("the warning");
+    assert!(over.detail.ends_with("; the run goes on"), "{}", over.detail);
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_over_its_budget_on_sqlite() {
+    a_run_over_its_budget(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_over_its_budget_on_postgres() {
+    a_run_over_its_budget(Backend::Postgres).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

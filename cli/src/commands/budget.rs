@@ -2,7 +2,8 @@
 //! of its process's budget is refused.
 
 use muster_proto::execution::v1::{
-    Budget, BudgetScope, ListBudgetsRequest, SetBudgetRequest, execution_service_client::ExecutionServiceClient,
+    Budget, BudgetAction, BudgetScope, ListBudgetsRequest, SetBudgetRequest,
+    execution_service_client::ExecutionServiceClient,
 };
 
 /// `muster budget ...`
@@ -34,16 +35,36 @@ enum BudgetCommand {
         /// Most tokens per period (0: no limit).
         #[arg(long, default_value_t = 0)]
         max_tokens: u64,
+        /// Most cost of one run, in US dollars (0: no limit).
+        #[arg(long, default_value_t = 0.0)]
+        run_max_cost: f64,
+        /// Most tokens of one run (0: no limit).
+        #[arg(long, default_value_t = 0)]
+        run_max_tokens: u64,
+        /// What happens to a run that goes over a limit.
+        #[arg(long, value_enum, default_value_t = OnExceed::Stop)]
+        on_exceed: OnExceed,
     },
     /// Lists the budgets in force, with their use in the current period.
     List,
+}
+
+/// What happens to a run that goes over a limit.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum OnExceed {
+    /// Cancel it.
+    Stop,
+    /// Pause it until it is resumed.
+    Pause,
+    /// Only tell its monitors and lead.
+    Warn,
 }
 
 fn line(budget: &Budget) -> String {
     let limit = |used: String, max: String, unlimited: bool| {
         if unlimited { format!("{used} (no limit)") } else { format!("{used} of {max}") }
     };
-    format!(
+    let line = format!(
         "{}  ({}, per {} s)  runs {}  cost {}  tokens {}",
         budget.name,
         budget.source,
@@ -51,13 +72,40 @@ fn line(budget: &Budget) -> String {
         limit(budget.used_runs.to_string(), budget.max_runs.to_string(), budget.max_runs == 0),
         limit(format!("${:.2}", budget.used_cost), format!("${:.2}", budget.max_cost), budget.max_cost == 0.0),
         limit(budget.used_tokens.to_string(), budget.max_tokens.to_string(), budget.max_tokens == 0),
-    )
+    );
+    let mut per_run = Vec::new();
+    if budget.run_max_cost > 0.0 {
+        per_run.push(format!("${:.2}", budget.run_max_cost));
+    }
+    if budget.run_max_tokens > 0 {
+        per_run.push(format!("{} tokens", budget.run_max_tokens));
+    }
+    let action = BudgetAction::try_from(budget.on_exceed).unwrap_or_default();
+    let action = match action {
+        BudgetAction::Pause => "pause",
+        BudgetAction::Warn => "warn",
+        BudgetAction::Stop | BudgetAction::Unspecified => "stop",
+    };
+    if per_run.is_empty() {
+        format!("{line}  over a limit: {action}")
+    } else {
+        format!("{line}  per run {}  over a limit: {action}", per_run.join(", "))
+    }
 }
 
 pub(crate) async fn run(args: BudgetArgs, token: Option<&str>) -> anyhow::Result<()> {
     let mut execution = ExecutionServiceClient::new(super::endpoint(&args.execution, token)?.channel()?);
     match args.command {
-        BudgetCommand::Set { process, period_seconds, max_runs, max_cost, max_tokens } => {
+        BudgetCommand::Set {
+            process,
+            period_seconds,
+            max_runs,
+            max_cost,
+            max_tokens,
+            run_max_cost,
+            run_max_tokens,
+            on_exceed,
+        } => {
             let budget = Budget {
                 scope: BudgetScope::Process as i32,
                 name: process.clone(),
@@ -65,6 +113,13 @@ pub(crate) async fn run(args: BudgetArgs, token: Option<&str>) -> anyhow::Result
                 max_cost,
                 max_tokens,
                 max_runs,
+                run_max_cost,
+                run_max_tokens,
+                on_exceed: match on_exceed {
+                    OnExceed::Stop => BudgetAction::Stop,
+                    OnExceed::Pause => BudgetAction::Pause,
+                    OnExceed::Warn => BudgetAction::Warn,
+                } as i32,
                 ..Default::default()
             };
             let set = execution

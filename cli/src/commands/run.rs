@@ -251,6 +251,7 @@ fn describe(event: &StepEvent) -> String {
         }
         EventType::SessionStarted => format!("session started with {}", event.participants.join(", ")),
         EventType::RoleAssigned | EventType::LeadChanged => event.detail.clone(),
+        EventType::BudgetExceeded => format!("{step} over budget: {}", event.detail),
         EventType::Unspecified => "unknown event".to_owned(),
     }
 }

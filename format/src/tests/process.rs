@@ -1,5 +1,5 @@
 use super::found;
-use crate::{Context, KnownAgent, KnownRole, Severity, validate_process};
+use crate::{BudgetAction, Context, KnownAgent, KnownRole, Severity, validate_process};
 
 fn check(source: &str) -> Vec<(&'static str, u32, u32)> {
     found(&validate_process(source, &Context::default()).diagnostics)
@@ -469,5 +469,20 @@ fn budgets_are_checked() {
     assert_eq!(
         check(&format!("name: d\nbudget: {{period_seconds: 0, max_cost: -1, max_tokens: x, max_run: 2}}\n{base}")),
         vec![("BDG002", 2, 26), ("BDG003", 2, 39), ("BDG001", 2, 55), ("BDG004", 2, 58)]
+    );
+    // Limits of one run need no period; what happens past one is declared.
+    let report = validate_process(
+        &format!("name: d\nbudget: {{run_max_tokens: 5000, run_max_cost: 1, on_exceed: pause}}\n{base}"),
+        &Context::default(),
+    );
+    assert_eq!(report.diagnostics, vec![]);
+    let budget = report.budget.expect("budget");
+    assert_eq!(
+        (budget.period_seconds, budget.run_max_tokens, budget.run_max_cost, budget.on_exceed),
+        (0, 5000, 1.0, BudgetAction::Pause)
+    );
+    assert_eq!(
+        check(&format!("name: d\nbudget: {{run_max_cost: .nan, on_exceed: halt}}\n{base}")),
+        vec![("BDG003", 2, 24), ("BDG005", 2, 41)]
     );
 }

@@ -61,6 +61,7 @@ fn event_type(kind: EventKind) -> common::EventType {
         EventKind::SessionStarted => common::EventType::SessionStarted,
         EventKind::RoleAssigned => common::EventType::RoleAssigned,
         EventKind::LeadChanged => common::EventType::LeadChanged,
+        EventKind::BudgetExceeded => common::EventType::BudgetExceeded,
     }
 }
 

@@ -51,6 +51,7 @@ fn kind_from_wire(value: i32) -> Option<EventKind> {
         EventType::SessionStarted => EventKind::SessionStarted,
         EventType::RoleAssigned => EventKind::RoleAssigned,
         EventType::LeadChanged => EventKind::LeadChanged,
+        EventType::BudgetExceeded => EventKind::BudgetExceeded,
     })
 }
 

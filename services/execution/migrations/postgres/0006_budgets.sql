@@ -6,6 +6,10 @@ CREATE TABLE budgets (
     max_cost DOUBLE PRECISION NOT NULL,
     max_tokens BIGINT NOT NULL,
     max_runs BIGINT NOT NULL,
+    run_max_cost DOUBLE PRECISION NOT NULL,
+    run_max_tokens BIGINT NOT NULL,
+    -- stop, pause or warn: what happens to a run that goes over a limit.
+    on_exceed TEXT NOT NULL,
     set_at BIGINT NOT NULL,
     set_by TEXT NOT NULL
 );

@@ -6,6 +6,10 @@ CREATE TABLE budgets (
     max_cost REAL NOT NULL,
     max_tokens INTEGER NOT NULL,
     max_runs INTEGER NOT NULL,
+    run_max_cost REAL NOT NULL,
+    run_max_tokens INTEGER NOT NULL,
+    -- stop, pause or warn: what happens to a run that goes over a limit.
+    on_exceed TEXT NOT NULL,
     set_at INTEGER NOT NULL,
     set_by TEXT NOT NULL
 );

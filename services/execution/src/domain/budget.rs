@@ -1,6 +1,10 @@
-//! Budgets: limits per period on a process's runs, cost and tokens. A
-//! process declares one (`budget:`) and operators may set another in its
-//! place; a run that would start past a limit is refused.
+//! Budgets: limits per period on a process's runs, cost and tokens, and on
+//! the cost and tokens of one run. A process declares one (`budget:`) and
+//! operators may set another in its place; a run that would start when a
+//! period limit is reached is refused, and a running execution that goes
+//! over a limit is acted on as the budget says ([`Action`]).
+
+pub(crate) use muster_format::BudgetAction as Action;
 
 /// Where a budget comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,7 +24,8 @@ impl Source {
     }
 }
 
-/// Limits per period on a process's executions; 0 means no limit.
+/// Limits per period and per run on a process's executions; 0 means no
+/// limit.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Budget {
     pub(crate) process_name: String,
@@ -28,6 +33,9 @@ pub(crate) struct Budget {
     pub(crate) max_cost: f64,
     pub(crate) max_tokens: u64,
     pub(crate) max_runs: u32,
+    pub(crate) run_max_cost: f64,
+    pub(crate) run_max_tokens: u64,
+    pub(crate) on_exceed: Action,
     pub(crate) source: Source,
 }
 
@@ -49,7 +57,18 @@ pub(crate) struct Exhausted {
 impl Budget {
     /// Whether every limit is 0 (no limit at all).
     pub(crate) fn is_unlimited(&self) -> bool {
-        self.max_cost == 0.0 && self.max_tokens == 0 && self.max_runs == 0
+        !self.has_period_limit() && self.run_max_cost == 0.0 && self.run_max_tokens == 0
+    }
+
+    /// Whether a limit per period is set.
+    pub(crate) fn has_period_limit(&self) -> bool {
+        self.max_cost > 0.0 || self.max_tokens > 0 || self.max_runs > 0
+    }
+
+    /// Whether a running execution's use can go over a limit: one on cost
+    /// or tokens.
+    pub(crate) fn limits_use(&self) -> bool {
+        self.max_cost > 0.0 || self.max_tokens > 0 || self.run_max_cost > 0.0 || self.run_max_tokens > 0
     }
 
     /// The start of the current period, for a clock at `now` (milliseconds).
@@ -80,6 +99,39 @@ impl Budget {
         }
         None
     }
+
+    /// The first limit a running execution went over, having used `run`,
+    /// when the process's other runs had used `others` in the period.
+    pub(crate) fn exceeded(&self, run: &Usage, others: &Usage) -> Option<Exhausted> {
+        if self.run_max_tokens > 0 && run.tokens > self.run_max_tokens {
+            return Some(Exhausted {
+                limit: "run_tokens",
+                description: format!("the run used {} tokens, over its {}", run.tokens, self.run_max_tokens),
+            });
+        }
+        if self.run_max_cost > 0.0 && run.cost > self.run_max_cost {
+            return Some(Exhausted {
+                limit: "run_cost",
+                description: format!("the run cost ${:.2}, over its ${:.2}", run.cost, self.run_max_cost),
+            });
+        }
+        let period = self.period_seconds;
+        let tokens = others.tokens.saturating_add(run.tokens);
+        if self.max_tokens > 0 && tokens > self.max_tokens {
+            return Some(Exhausted {
+                limit: "tokens",
+                description: format!("{tokens} tokens in the last {period} s, over {}", self.max_tokens),
+            });
+        }
+        let cost = others.cost + run.cost;
+        if self.max_cost > 0.0 && cost > self.max_cost {
+            return Some(Exhausted {
+                limit: "cost",
+                description: format!("${cost:.2} in the last {period} s, over ${:.2}", self.max_cost),
+            });
+        }
+        None
+    }
 }
 
 impl From<(&str, &muster_format::ProcessBudget)> for Budget {
@@ -90,6 +142,9 @@ impl From<(&str, &muster_format::ProcessBudget)> for Budget {
             max_cost: declared.max_cost,
             max_tokens: declared.max_tokens,
             max_runs: declared.max_runs,
+            run_max_cost: declared.run_max_cost,
+            run_max_tokens: declared.run_max_tokens,
+            on_exceed: declared.on_exceed,
             source: Source::Declared,
         }
     }
@@ -106,6 +161,9 @@ mod tests {
             max_cost,
             max_tokens,
             max_runs,
+            run_max_cost: 0.0,
+            run_max_tokens: 0,
+            on_exceed: Action::Stop,
             source: Source::Operator,
         }
     }
@@ -120,5 +178,28 @@ mod tests {
         assert_eq!(budget(0.0, 0, 0).exhausted(&used), None, "0 is no limit");
         assert!(budget(0.0, 0, 0).is_unlimited());
         assert_eq!(budget(0.0, 0, 1).period_start(10_000_000), 10_000_000 - 3_600_000);
+    }
+
+    #[test]
+    fn a_run_goes_over_a_limit_past_it_not_at_it() {
+        let run = Usage { cost: 0.5, tokens: 200, runs: 1 };
+        let none = Usage::default();
+        let per_run = Budget { run_max_tokens: 200, run_max_cost: 0.5, ..budget(0.0, 0, 0) };
+        assert_eq!(per_run.exceeded(&run, &none), None, "at the limit is within it");
+        assert!(!per_run.is_unlimited() && !per_run.has_period_limit() && per_run.limits_use());
+        let over = Usage { tokens: 201, ..run };
+        let exceeded = per_run.exceeded(&over, &none).unwrap();
+        assert_eq!(
+            (exceeded.limit, exceeded.description.as_str()),
+            ("run_tokens", "the run used 201 tokens, over its 200")
+        );
+        // Per period, with what the other runs had used.
+        let others = Usage { cost: 1.6, tokens: 900, runs: 4 };
+        assert_eq!(budget(0.0, 1000, 0).exceeded(&run, &others).unwrap().limit, "tokens");
+        assert_eq!(
+            budget(2.0, 0, 0).exceeded(&run, &others).unwrap().description,
+            "$2.10 in the last 3600 s, over $2.00"
+        );
+        assert_eq!(budget(0.0, 0, 3).exceeded(&run, &others), None, "runs are checked at the start only");
     }
 }

@@ -110,6 +110,7 @@ pub(crate) enum EventKind {
     SessionStarted,
     RoleAssigned,
     LeadChanged,
+    BudgetExceeded,
 }
 
 /// Something that happened in an execution: recorded with the state change,

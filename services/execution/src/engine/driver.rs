@@ -27,6 +27,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+mod spending;
 mod tool_step;
 
 use super::{Control, Engine, Found, Input, Route, inbox::Cause, schema, workers::Slot};
@@ -134,6 +135,9 @@ pub(crate) struct Driver {
     schemas: schema::Compiled,
     /// Questions for the roster from this turn, sent together.
     asks: Vec<(DelegationAsk, Route, tracing::Span)>,
+    /// The budget's limits on cost and tokens and the use counted against
+    /// them; read at the first completed step (`Some(None)`: no such limit).
+    spending: Option<Option<spending::Spending>>,
 }
 
 impl Driver {
@@ -181,6 +185,7 @@ impl Driver {
             after_commit: Vec::new(),
             schemas: schema::Compiled::default(),
             asks: Vec::new(),
+            spending: None,
         }
     }
 
@@ -229,6 +234,9 @@ impl Driver {
             Input::Report { position, attempt, outcome } => {
                 if self.is_current(position, attempt) && self.steps[position].status == StepStatus::Running {
                     self.settle(position, outcome);
+                    if self.steps[position].status == StepStatus::Completed {
+                        return self.spend(position).await;
+                    }
                 }
             }
             Input::Executor { position, attempt, found } => self.executor_found(position, attempt, found),

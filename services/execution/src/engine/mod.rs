@@ -351,7 +351,7 @@ impl Engine {
         };
         let now = muster_runtime::time::now_millis();
         if let Some(budget) = budget {
-            let usage = self.store.process_usage(&budget.process_name, budget.period_start(now)).await?;
+            let usage = self.store.process_usage(&budget.process_name, budget.period_start(now), "").await?;
             if let Some(exhausted) = budget.exhausted(&usage) {
                 return Err(Error::BudgetExhausted {
                     process: budget.process_name,

@@ -372,6 +372,7 @@ fn decode(bytes: &[u8]) -> Event {
         EventType::StepIntervened => EventKind::StepIntervened,
         EventType::StepQueued => EventKind::StepQueued,
         EventType::StepEscalated => EventKind::StepEscalated,
+        EventType::BudgetExceeded => EventKind::BudgetExceeded,
         other => panic!("unexpected {other:?}"),
     };
     let mut execution = crate::domain::model::Execution {

@@ -8,7 +8,7 @@ use super::{ExecutionApi, page_size};
 use crate::{
     Error, Result,
     domain::{
-        budget::{Budget, Source},
+        budget::{Action, Budget, Source},
         model::ProcessVersion,
     },
 };
@@ -40,26 +40,40 @@ fn budget_from_wire(budget: Option<wire::Budget>) -> Result<Budget> {
             muster_runtime::status::truncate(&budget.name, 128)
         )));
     }
+    let on_exceed = match wire::BudgetAction::try_from(budget.on_exceed) {
+        Ok(wire::BudgetAction::Unspecified | wire::BudgetAction::Stop) => Action::Stop,
+        Ok(wire::BudgetAction::Pause) => Action::Pause,
+        Ok(wire::BudgetAction::Warn) => Action::Warn,
+        Err(_) => {
+            return Err(Error::InvalidArgument(format!("budget.on_exceed {} is not a BudgetAction", budget.on_exceed)));
+        }
+    };
     let checked = Budget {
         process_name: budget.name,
         period_seconds: budget.period_seconds,
         max_cost: budget.max_cost,
         max_tokens: budget.max_tokens,
         max_runs: budget.max_runs,
+        run_max_cost: budget.run_max_cost,
+        run_max_tokens: budget.run_max_tokens,
+        on_exceed,
         source: Source::Operator,
     };
-    if !(checked.max_cost.is_finite() && (0.0..=MAX_COST).contains(&checked.max_cost)) {
-        return Err(Error::InvalidArgument(format!(
-            "budget.max_cost must be from 0 to {MAX_COST} US dollars, not {}",
-            checked.max_cost
-        )));
+    for (field, cost) in [("max_cost", checked.max_cost), ("run_max_cost", checked.run_max_cost)] {
+        if !(cost.is_finite() && (0.0..=MAX_COST).contains(&cost)) {
+            return Err(Error::InvalidArgument(format!(
+                "budget.{field} must be from 0 to {MAX_COST} US dollars, not {cost}"
+            )));
+        }
     }
-    if checked.max_tokens > MAX_TOKENS {
-        return Err(Error::InvalidArgument(format!("budget.max_tokens must be at most {MAX_TOKENS}")));
+    for (field, tokens) in [("max_tokens", checked.max_tokens), ("run_max_tokens", checked.run_max_tokens)] {
+        if tokens > MAX_TOKENS {
+            return Err(Error::InvalidArgument(format!("budget.{field} must be at most {MAX_TOKENS}")));
+        }
     }
-    if !checked.is_unlimited() && !(1..=MAX_PERIOD_SECONDS).contains(&checked.period_seconds) {
+    if checked.has_period_limit() && !(1..=MAX_PERIOD_SECONDS).contains(&checked.period_seconds) {
         return Err(Error::InvalidArgument(format!(
-            "budget.period_seconds must be from 1 to {MAX_PERIOD_SECONDS}, not {}",
+            "budget.period_seconds must be from 1 to {MAX_PERIOD_SECONDS} with a limit per period, not {}",
             checked.period_seconds
         )));
     }
@@ -108,7 +122,7 @@ impl ExecutionApi {
     async fn budget_in_force(&self, process: &ProcessVersion) -> Result<Option<wire::Budget>> {
         let Some(budget) = self.engine.budget_of(process).await? else { return Ok(None) };
         let now = muster_runtime::time::now_millis();
-        let usage = self.engine.store.process_usage(&budget.process_name, budget.period_start(now)).await?;
+        let usage = self.engine.store.process_usage(&budget.process_name, budget.period_start(now), "").await?;
         Ok(Some(wire::Budget {
             scope: wire::BudgetScope::Process as i32,
             name: budget.process_name,
@@ -120,6 +134,13 @@ impl ExecutionApi {
             used_tokens: usage.tokens,
             used_runs: u32::try_from(usage.runs).unwrap_or(u32::MAX),
             source: budget.source.as_str().to_owned(),
+            run_max_cost: budget.run_max_cost,
+            run_max_tokens: budget.run_max_tokens,
+            on_exceed: match budget.on_exceed {
+                Action::Stop => wire::BudgetAction::Stop,
+                Action::Pause => wire::BudgetAction::Pause,
+                Action::Warn => wire::BudgetAction::Warn,
+            } as i32,
         }))
     }
 }

@@ -396,7 +396,7 @@ impl ExecutionApi {
     async fn budget_use(&self, process: &ProcessVersion) -> Result<Vec<BudgetUse>> {
         let Some(budget) = self.engine.budget_of(process).await? else { return Ok(Vec::new()) };
         let since = budget.period_start(muster_runtime::time::now_millis());
-        let usage = self.engine.store.process_usage(&process.name, since).await?;
+        let usage = self.engine.store.process_usage(&process.name, since, "").await?;
         Ok(vec![
             BudgetUse { limit: "cost", used: usage.cost, max: budget.max_cost },
             BudgetUse { limit: "tokens", used: usage.tokens as f64, max: budget.max_tokens as f64 },

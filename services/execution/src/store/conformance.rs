@@ -13,7 +13,7 @@ use crate::{
     domain::{
         ExecutionStatus, StepStatus,
         authority::{DEFAULT_MATRIX, Matrix, RoleAssignment, Session},
-        budget::{Budget, Source},
+        budget::{Action, Budget, Source},
         inbox::{InboxMessage, MessageState, Priority},
         model::{Event, EventKind, Execution, Step},
     },
@@ -263,8 +263,10 @@ async fn conformance(store: SqlStore) {
         .await,
         ["e2"]
     );
-    let usage = store.process_usage("flow", 0).await.unwrap();
+    let usage = store.process_usage("flow", 0, "").await.unwrap();
     assert_eq!((usage.runs, usage.tokens), (3, 42 + 42 + 42));
+    let others = store.process_usage("flow", 0, "e1").await.unwrap();
+    assert_eq!((others.runs, others.tokens), (2, 126 - 42), "but one execution, e1 and its 42 tokens");
 
     // The permission matrix: versions, the newest in force.
     assert!(store.latest_matrix().await.unwrap().is_none());
@@ -292,6 +294,9 @@ async fn budgets(store: &SqlStore) {
         max_cost: 12.5,
         max_tokens: 1 << 40,
         max_runs: u32::MAX,
+        run_max_cost: 0.25,
+        run_max_tokens: 7,
+        on_exceed: Action::Pause,
         source: Source::Operator,
     };
     store.put_budget(&budget, "operator 'ops'").await.unwrap();
@@ -299,7 +304,8 @@ async fn budgets(store: &SqlStore) {
     budget.max_runs = 3;
     store.put_budget(&budget, "operator 'ops'").await.unwrap();
     assert_eq!(store.budget("flow").await.unwrap().map(|budget| budget.max_runs), Some(3), "replaced");
-    let unlimited = Budget { max_cost: 0.0, max_tokens: 0, max_runs: 0, ..budget };
+    let unlimited =
+        Budget { max_cost: 0.0, max_tokens: 0, max_runs: 0, run_max_cost: 0.0, run_max_tokens: 0, ..budget };
     store.put_budget(&unlimited, "operator 'ops'").await.unwrap();
     assert_eq!(store.budget("flow").await.unwrap(), None, "an all-0 budget removes it");
 }

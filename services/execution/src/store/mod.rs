@@ -199,6 +199,12 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// returns it with its version.
     fn put_matrix(&self, matrix: Matrix) -> BoxFuture<'_, Result<Matrix>>;
 
-    /// What the executions of `process_name` started at or after `since` used.
-    fn process_usage<'a>(&'a self, process_name: &'a str, since: i64) -> BoxFuture<'a, Result<Usage>>;
+    /// What the executions of `process_name` started at or after `since` used,
+    /// but `except_execution` (empty: none).
+    fn process_usage<'a>(
+        &'a self,
+        process_name: &'a str,
+        since: i64,
+        except_execution: &'a str,
+    ) -> BoxFuture<'a, Result<Usage>>;
 }

@@ -923,6 +923,13 @@ impl Store for SqlStore {
                 max_cost: row.try_get("max_cost")?,
                 max_tokens: row.try_get::<i64, _>("max_tokens")? as u64,
                 max_runs: row.try_get::<i64, _>("max_runs")? as u32,
+                run_max_cost: row.try_get("run_max_cost")?,
+                run_max_tokens: row.try_get::<i64, _>("run_max_tokens")? as u64,
+                on_exceed: {
+                    let action: String = row.try_get("on_exceed")?;
+                    budget::Action::parse(&action)
+                        .ok_or_else(|| Error::Storage(format!("unknown budget action '{action}' in the database")))?
+                },
                 source: budget::Source::Operator,
             }))
         })
@@ -938,17 +945,21 @@ impl Store for SqlStore {
                 return Ok(());
             }
             sqlx::query(
-                "INSERT INTO budgets (process_name, period_seconds, max_cost, max_tokens, max_runs, set_at, set_by) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (process_name) DO UPDATE SET \
-                 period_seconds = excluded.period_seconds, max_cost = excluded.max_cost, \
-                 max_tokens = excluded.max_tokens, max_runs = excluded.max_runs, set_at = excluded.set_at, \
-                 set_by = excluded.set_by",
+                "INSERT INTO budgets (process_name, period_seconds, max_cost, max_tokens, max_runs, run_max_cost, \
+                 run_max_tokens, on_exceed, set_at, set_by) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+                 ON CONFLICT (process_name) DO UPDATE SET period_seconds = excluded.period_seconds, \
+                 max_cost = excluded.max_cost, max_tokens = excluded.max_tokens, max_runs = excluded.max_runs, \
+                 run_max_cost = excluded.run_max_cost, run_max_tokens = excluded.run_max_tokens, \
+                 on_exceed = excluded.on_exceed, set_at = excluded.set_at, set_by = excluded.set_by",
             )
             .bind(budget.process_name.clone())
             .bind(i64::try_from(budget.period_seconds).unwrap_or(i64::MAX))
             .bind(budget.max_cost)
             .bind(i64::try_from(budget.max_tokens).unwrap_or(i64::MAX))
             .bind(i64::from(budget.max_runs))
+            .bind(budget.run_max_cost)
+            .bind(i64::try_from(budget.run_max_tokens).unwrap_or(i64::MAX))
+            .bind(budget.on_exceed.as_str())
             .bind(muster_runtime::time::now_millis())
             .bind(set_by.to_owned())
             .execute(&self.database.pool)
@@ -1129,16 +1140,22 @@ impl Store for SqlStore {
         })
     }
 
-    fn process_usage<'a>(&'a self, process_name: &'a str, since: i64) -> BoxFuture<'a, Result<Usage>> {
+    fn process_usage<'a>(
+        &'a self,
+        process_name: &'a str,
+        since: i64,
+        except_execution: &'a str,
+    ) -> BoxFuture<'a, Result<Usage>> {
         Box::pin(async move {
             let row = sqlx::query(
                 "SELECT COUNT(DISTINCT e.id) AS runs, CAST(COALESCE(SUM(s.cost), 0) AS DOUBLE PRECISION) AS cost, \
                  CAST(COALESCE(SUM(s.tokens_used), 0) AS BIGINT) AS tokens \
                  FROM executions e LEFT JOIN steps s ON s.execution_id = e.id \
-                 WHERE e.process_name = $1 AND e.started_at >= $2",
+                 WHERE e.process_name = $1 AND e.started_at >= $2 AND e.id <> $3",
             )
             .bind(process_name.to_owned())
             .bind(since)
+            .bind(except_execution.to_owned())
             .fetch_one(&self.database.reads)
             .await?;
             Ok(Usage {

@@ -125,6 +125,10 @@ fn metadata(event: &Event) -> Map<String, Value> {
         EventKind::ExecutionFinished => {
             put("execution_status", Value::from(event.execution_status.as_str()));
         }
+        EventKind::BudgetExceeded => {
+            put("cost", Value::from(format_cost(event.cost)));
+            put("detail", Value::from(event.detail.as_str()));
+        }
         EventKind::SessionStarted | EventKind::RoleAssigned | EventKind::LeadChanged => {
             if !event.agent_id.is_empty() {
                 put("agent_id", Value::from(event.agent_id.as_str()));

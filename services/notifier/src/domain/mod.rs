@@ -21,6 +21,7 @@ pub(crate) enum EventKind {
     SessionStarted,
     RoleAssigned,
     LeadChanged,
+    BudgetExceeded,
 }
 
 impl EventKind {
@@ -40,6 +41,7 @@ impl EventKind {
             Self::SessionStarted => "session_started",
             Self::RoleAssigned => "role_assigned",
             Self::LeadChanged => "lead_changed",
+            Self::BudgetExceeded => "budget_exceeded",
         }
     }
 

@@ -1,0 +1,91 @@
+//! What a running execution spends against its process's budget: after each
+//! completed step, the run's cost and tokens (with what the process's other
+//! runs had used in the period when the budget was first read) are checked
+//! against the budget's limits. The first limit gone over is acted on once,
+//! as the budget says — the run stops, pauses or goes on — and the step's
+//! monitors and the lead are told (`budget_exceeded`).
+
+use super::Driver;
+use crate::{
+    Result,
+    domain::{
+        ExecutionStatus, StepStatus,
+        budget::{Action, Budget, Usage},
+        model::EventKind,
+    },
+};
+
+/// A budget that limits cost or tokens, and the use counted against it.
+pub(super) struct Spending {
+    budget: Budget,
+    /// This run's use so far.
+    run: Usage,
+    /// The other runs' use in the period, when the budget was read.
+    others: Usage,
+    /// Whether a limit was gone over (and acted on) already.
+    acted: bool,
+}
+
+impl Driver {
+    /// Counts a completed step's cost and tokens; the reason to cancel the
+    /// execution when a limit is gone over and the budget says to stop.
+    pub(super) async fn spend(&mut self, position: usize) -> Result<Option<String>> {
+        let step = &self.steps[position];
+        let used = Usage { cost: step.cost, tokens: step.tokens_used, runs: 0 };
+        if self.spending.is_none() {
+            // The first time: the run's use so far, this step included.
+            self.spending = Some(self.read_budget().await?);
+        } else if let Some(Some(spending)) = &mut self.spending {
+            spending.run.cost += used.cost;
+            spending.run.tokens = spending.run.tokens.saturating_add(used.tokens);
+        }
+        let Some(Some(spending)) = &mut self.spending else { return Ok(None) };
+        if spending.acted {
+            return Ok(None);
+        }
+        let Some(exceeded) = spending.budget.exceeded(&spending.run, &spending.others) else { return Ok(None) };
+        spending.acted = true;
+        let (action, run) = (spending.budget.on_exceed, spending.run);
+        let reason = format!("budget exceeded: {} ({} budget)", exceeded.description, spending.budget.source.as_str());
+        let done = match action {
+            Action::Stop => "the run is stopped",
+            Action::Pause => "the run is paused until it is resumed",
+            Action::Warn => "the run goes on",
+        };
+        tracing::warn!(execution_id = %self.execution.id, %reason, action = action.as_str(), "over budget");
+        let mut event = self.step_event(EventKind::BudgetExceeded, position);
+        event.detail = format!("{reason}; {done}");
+        event.cost = run.cost;
+        event.tokens_used = run.tokens;
+        self.record(event);
+        match action {
+            Action::Stop => return Ok(Some(reason)),
+            Action::Pause if self.execution.status == ExecutionStatus::Running => {
+                self.execution.status = ExecutionStatus::Paused;
+                self.stage_execution();
+            }
+            Action::Pause | Action::Warn => {}
+        }
+        Ok(None)
+    }
+
+    /// The budget in force, if it limits cost or tokens, with the use so far.
+    async fn read_budget(&self) -> Result<Option<Spending>> {
+        let Some(budget) = self.engine.budget_of(&self.process).await? else { return Ok(None) };
+        if !budget.limits_use() {
+            return Ok(None);
+        }
+        let mut run = Usage::default();
+        for step in self.steps.iter().filter(|step| step.status == StepStatus::Completed) {
+            run.cost += step.cost;
+            run.tokens = run.tokens.saturating_add(step.tokens_used);
+        }
+        let others = if budget.has_period_limit() {
+            let since = budget.period_start(muster_runtime::time::now_millis());
+            self.engine.store.process_usage(&budget.process_name, since, &self.execution.id).await?
+        } else {
+            Usage::default()
+        };
+        Ok(Some(Spending { budget, run, others, acted: false }))
+    }
+}
