@@ -4,11 +4,38 @@
 
 use super::diagnostic::{Diagnostics, child_path};
 use super::fields::{check_keys, integer_field};
-use super::model::{BudgetAction, ProcessBudget};
+use super::model::{BudgetAction, ProcessBudget, ProcessThrottle};
 use super::yaml::{Node, ScalarValue};
 
 const BUDGET_FIELDS: [&str; 7] =
     ["period_seconds", "max_cost", "max_tokens", "max_runs", "run_max_cost", "run_max_tokens", "on_exceed"];
+
+const THROTTLE_FIELDS: [&str; 2] = ["min_interval_seconds", "max_concurrent"];
+
+/// Checks `throttle:`; answers it when it is well formed.
+pub(crate) fn check_throttle(node: Node<'_>, diagnostics: &mut Diagnostics) -> Option<ProcessThrottle> {
+    if !node.is_mapping() {
+        diagnostics.error(
+            "THR001",
+            "throttle",
+            node.position(),
+            format!("field 'throttle' must be a mapping, found {}", node.type_name()),
+        );
+        return None;
+    }
+    let errors_before = diagnostics.error_count();
+    check_keys(node, "throttle", &THROTTLE_FIELDS, "THR003", "THR001", "throttle", diagnostics);
+    let interval =
+        integer_field(node, "min_interval_seconds", "throttle", ("THR001", "THR002"), (0, 31_536_000), diagnostics);
+    let concurrent = integer_field(node, "max_concurrent", "throttle", ("THR001", "THR002"), (0, 100_000), diagnostics);
+    if diagnostics.error_count() != errors_before {
+        return None;
+    }
+    Some(ProcessThrottle {
+        min_interval_seconds: interval.and_then(|value| u64::try_from(value).ok()).unwrap_or(0),
+        max_concurrent: concurrent.and_then(|value| u32::try_from(value).ok()).unwrap_or(0),
+    })
+}
 
 /// Checks `budget:`; answers it when it is well formed.
 pub(crate) fn check_budget(node: Node<'_>, diagnostics: &mut Diagnostics) -> Option<ProcessBudget> {

@@ -33,7 +33,7 @@ pub use formats::{is_identifier, rfc3339_millis};
 pub use matrix::{MatrixReport, MatrixRole};
 pub use model::{
     BudgetAction, Context, DelegationRequest, KnownAgent, KnownRole, ProcessBudget, ProcessDefinition, ProcessReport,
-    StepDefinition, StepRoles, Triggers,
+    ProcessThrottle, StepDefinition, StepRoles, Triggers,
 };
 pub use process::{MAX_RETRIES, STEP_TYPES};
 pub use role::{RoleDefinition, RoleFormat, RoleReport};

@@ -20,6 +20,20 @@ pub struct ProcessDefinition {
     /// Its budget, if it declares one.
     #[serde(default)]
     pub budget: Option<ProcessBudget>,
+    /// Its throttle, if it declares one.
+    #[serde(default)]
+    pub throttle: Option<ProcessThrottle>,
+}
+
+/// How often a process's executions may start: at least
+/// `min_interval_seconds` apart, at most `max_concurrent` at once; 0 means
+/// no limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ProcessThrottle {
+    /// Least time between the starts of two executions, in seconds.
+    pub min_interval_seconds: u64,
+    /// Most executions underway at once.
+    pub max_concurrent: u32,
 }
 
 /// What starts a process on its own: a schedule or an inbox.

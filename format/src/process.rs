@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use super::budget::check_budget;
+use super::budget::{check_budget, check_throttle};
 use super::diagnostic::{Diagnostics, Position, child_path, index_path};
 use super::emi::check_step_roles;
 use super::fields::{bool_field, check_keys, integer_field, string_field, string_list_field};
@@ -14,8 +14,8 @@ use super::model::{Context, DelegationRequest, ProcessDefinition, ProcessReport,
 use super::references::{StepReferences, WrittenNames, check_references};
 use super::yaml::{Limits, Node, parse};
 
-const PROCESS_FIELDS: [&str; 8] =
-    ["name", "description", "lead", "max_parallel", "triggers", "budget", "steps", "version"];
+const PROCESS_FIELDS: [&str; 9] =
+    ["name", "description", "lead", "max_parallel", "triggers", "budget", "throttle", "steps", "version"];
 const STEP_FIELDS: [&str; 19] = [
     "id",
     "name",
@@ -66,9 +66,11 @@ pub(crate) fn check_process(source: &str, context: &Context, limits: &Limits) ->
     let name = root.get("name").and_then(|name| name.as_str()).map(str::to_owned);
     let step_count = root.get("steps").and_then(|steps| steps.sequence()).map_or(0, |steps| steps.len());
     let budget = root.get("budget").filter(|_| root.is_mapping()).and_then(|node| check_budget(node, &mut diagnostics));
+    let throttle =
+        root.get("throttle").filter(|_| root.is_mapping()).and_then(|node| check_throttle(node, &mut diagnostics));
     let (process, triggers) = check_root(root, context, limits, &mut diagnostics);
     let valid = !diagnostics.has_errors();
-    let process = process.map(|process| ProcessDefinition { budget: budget.clone(), ..process });
+    let process = process.map(|process| ProcessDefinition { budget: budget.clone(), throttle, ..process });
     ProcessReport {
         diagnostics: diagnostics.into_sorted(),
         process: process.filter(|_| valid),
@@ -185,6 +187,7 @@ fn check_root(
         steps: steps.into_iter().flatten().collect(),
         triggers: triggers.clone(),
         budget: None,
+        throttle: None,
     });
     (process, triggers)
 }

@@ -6,7 +6,9 @@
 //! QuotaFailure; an operator's budget replaces the declared one and removing
 //! it brings the declared one back; bad input and the command line. A run
 //! that goes over a limit of one run is stopped, paused or only warned as
-//! the budget says, and its monitors and lead are told.
+//! the budget says, and its monitors and lead are told. Throttles hold
+//! under a burst of 100 triggers (coalesced into few runs, none lost) and of
+//! 100 starts (never more runs underway than allowed).
 
 use std::time::Duration;
 
@@ -304,6 +306,130 @@ async fn a_run_over_its_budget(backend: Backend) {
     let _ = stop.send(());
     worker.await.unwrap().unwrap();
     test.shutdown().await;
+}
+
+fn millis(timestamp: Option<&prost_types::Timestamp>) -> i64 {
+    timestamp.map_or(i64::MAX, |at| at.seconds * 1000 + i64::from(at.nanos) / 1_000_000)
+}
+
+async fn throttles_hold_under_bursts(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let tokens = test.register_agents(&[agent("lead", "member", "core"), agent("worker", "member", "core")]).await;
+    let mut client = test.execution();
+    let digest = "name: digest\nlead: lead\ntriggers: {inbox: digest}\nthrottle: {min_interval_seconds: 2}\n\
+                  steps:\n  - {id: read, type: agent_task, agent: worker, message: m}\n";
+    let batch = "name: batch\nlead: lead\nthrottle: {max_concurrent: 2}\n\
+                 steps:\n  - {id: work, type: agent_task, agent: worker, message: m, inputs: {sleep_ms: 200}}\n";
+    for source in [digest, batch] {
+        let request = PublishProcessRequest { source: source.to_owned(), file_name: String::new() };
+        client.publish_process(request).await.expect("publish");
+    }
+    let credentials = vec![muster::worker::AgentCredential { agent_id: "worker".into(), token: tokens[1].clone() }];
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+
+    // 100 messages at once: the first starts a run, the others are
+    // coalesced into the runs the interval allows; every message is
+    // processed, by runs at least 2 s apart.
+    let posts: Vec<_> = (0..100)
+        .map(|index| {
+            let mut client = test.execution();
+            tokio::spawn(async move {
+                let request =
+                    PostToInboxRequest { inbox: "digest".into(), body: format!("news {index}"), ..Default::default() };
+                client.post_to_inbox(request).await.expect("PostToInbox").into_inner().triggered_execution_ids.len()
+            })
+        })
+        .collect();
+    let mut started = 0;
+    for post in posts {
+        started += post.await.unwrap();
+    }
+    assert!(started >= 1, "the first message starts a run at once");
+    let mut processed = Vec::new();
+    for _ in 0..400 {
+        let request = ListInboxMessagesRequest {
+            inbox: "digest".into(),
+            state: MessageState::Processed as i32,
+            page_size: 1000,
+            ..Default::default()
+        };
+        processed = client.list_inbox_messages(request).await.unwrap().into_inner().messages;
+        if processed.len() == 100 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(processed.len(), 100, "no message is lost");
+    let request = ListExecutionsRequest { process_name: "digest".into(), limit: 1000, ..Default::default() };
+    let mut starts: Vec<i64> = client
+        .list_executions(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .executions
+        .iter()
+        .map(|execution| millis(execution.started_at.as_ref()))
+        .collect();
+    starts.sort_unstable();
+    assert!((2..=6).contains(&starts.len()), "coalesced into a few runs: {starts:?}");
+    assert!(starts.windows(2).all(|pair| pair[1] - pair[0] >= 2000), "runs start 2 s apart: {starts:?}");
+
+    // 100 starts at once: never more than two runs underway; the others are
+    // refused with the limit, and may try again.
+    let calls: Vec<_> = (0..100)
+        .map(|_| {
+            let mut client = test.execution();
+            tokio::spawn(async move {
+                client
+                    .start_execution(StartExecutionRequest { process_name: "batch".into(), ..Default::default() })
+                    .await
+            })
+        })
+        .collect();
+    let mut accepted = 0;
+    for call in calls {
+        match call.await.unwrap() {
+            Ok(_) => accepted += 1,
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                let quota = status.get_details_quota_failure().expect("a QuotaFailure");
+                assert_eq!(quota.violations[0].subject, "process:batch");
+                assert!(quota.violations[0].description.ends_with("of 2 runs underway"), "{quota:?}");
+            }
+        }
+    }
+    assert!(accepted >= 2, "{accepted}");
+    let request = ListExecutionsRequest { process_name: "batch".into(), limit: 1000, ..Default::default() };
+    let mut runs = Vec::new();
+    for _ in 0..400 {
+        runs = client.list_executions(request.clone()).await.unwrap().into_inner().executions;
+        if runs.iter().all(|execution| execution.ended_at.is_some()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(runs.len(), accepted);
+    let spans: Vec<(i64, i64)> =
+        runs.iter().map(|run| (millis(run.started_at.as_ref()), millis(run.ended_at.as_ref()))).collect();
+    for (start, _) in &spans {
+        let underway =
+            spans.iter().filter(|(other_start, other_end)| other_start <= start && start < other_end).count();
+        assert!(underway <= 2, "{underway} runs underway at {start}: {spans:?}");
+    }
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttles_hold_under_bursts_on_sqlite() {
+    throttles_hold_under_bursts(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttles_hold_under_bursts_on_postgres() {
+    throttles_hold_under_bursts(Backend::Postgres).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

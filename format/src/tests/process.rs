@@ -452,6 +452,23 @@ fn merge_keys_reuse_step_fields() {
 }
 
 #[test]
+fn throttles_are_checked() {
+    let base = "steps:\n  - {id: a, type: human_approval}\n";
+    let report = validate_process(
+        &format!("name: d\nthrottle: {{min_interval_seconds: 60, max_concurrent: 2}}\n{base}"),
+        &Context::default(),
+    );
+    assert_eq!(report.diagnostics, vec![]);
+    let throttle = report.process.expect("valid").throttle.expect("throttle");
+    assert_eq!((throttle.min_interval_seconds, throttle.max_concurrent), (60, 2));
+    assert_eq!(check(&format!("name: d\nthrottle: 5\n{base}")), vec![("THR001", 2, 11)]);
+    assert_eq!(
+        check(&format!("name: d\nthrottle: {{min_interval_seconds: -1, max_concurrent: x, burst: 2}}\n{base}")),
+        vec![("THR002", 2, 34), ("THR001", 2, 54), ("THR003", 2, 57)]
+    );
+}
+
+#[test]
 fn budgets_are_checked() {
     let base = "steps:\n  - {id: a, type: human_approval}\n";
     let report = validate_process(

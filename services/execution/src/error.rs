@@ -31,6 +31,17 @@ pub(crate) enum Error {
         /// The limit reached, such as `3 of 3 runs in the last 3600 s`.
         description: String,
     },
+    /// A run would start sooner, or with more runs underway, than its
+    /// process's throttle allows.
+    #[error("process '{process}' is throttled: {description}")]
+    Throttled {
+        /// The process.
+        process: String,
+        /// The limit, such as `2 of 2 runs underway`.
+        description: String,
+        /// When a run may start, if that is known.
+        retry_after: Option<std::time::Duration>,
+    },
     /// A position past the end of what is read.
     #[error("{0}")]
     OutOfRange(String),
@@ -121,8 +132,14 @@ impl From<Error> for tonic::Status {
             Error::FailedPrecondition(_) => tonic::Status::failed_precondition(message),
             Error::OutOfRange(_) => tonic::Status::out_of_range(message),
             Error::BudgetExhausted { ref process, ref description } => {
-                muster_runtime::status::quota_exhausted(&message, &format!("process:{process}"), description)
+                muster_runtime::status::quota_exhausted(&message, &format!("process:{process}"), description, None)
             }
+            Error::Throttled { ref process, ref description, retry_after } => muster_runtime::status::quota_exhausted(
+                &message,
+                &format!("process:{process}"),
+                description,
+                retry_after,
+            ),
             Error::PermissionDenied(refusal) => {
                 let Refusal { caller, action, reason, message, metadata } = *refusal;
                 let metadata: Vec<(&str, String)> = metadata.into_iter().collect();

@@ -22,14 +22,20 @@ pub fn unavailable(what: &str, error: &dyn Display) -> tonic::Status {
 
 /// RESOURCE_EXHAUSTED for a quota used up, with a `google.rpc.QuotaFailure`
 /// detail naming what it is about (`subject`, such as `process:review`) and
-/// the limit (`description`).
-pub fn quota_exhausted(message: &str, subject: &str, description: &str) -> tonic::Status {
+/// the limit (`description`), and a `google.rpc.RetryInfo` when it is known
+/// when to try again.
+pub fn quota_exhausted(
+    message: &str,
+    subject: &str,
+    description: &str,
+    retry_after: Option<std::time::Duration>,
+) -> tonic::Status {
     use tonic_types::{ErrorDetails, StatusExt as _};
-    tonic::Status::with_error_details(
-        tonic::Code::ResourceExhausted,
-        truncate(message, MAX_MESSAGE_BYTES),
-        ErrorDetails::with_quota_failure_violation(subject, description),
-    )
+    let mut details = ErrorDetails::with_quota_failure_violation(subject, description);
+    if let Some(delay) = retry_after {
+        details.set_retry_info(Some(delay));
+    }
+    tonic::Status::with_error_details(tonic::Code::ResourceExhausted, truncate(message, MAX_MESSAGE_BYTES), details)
 }
 
 fn uuid_like_reference() -> String {

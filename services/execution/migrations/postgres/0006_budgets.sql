@@ -13,3 +13,6 @@ CREATE TABLE budgets (
     set_at BIGINT NOT NULL,
     set_by TEXT NOT NULL
 );
+
+-- Budgets and throttles read a process's executions by their start.
+CREATE INDEX executions_by_process ON executions (process_name, started_at);

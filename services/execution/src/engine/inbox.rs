@@ -6,9 +6,15 @@
 //! nothing by itself — only a new message (or a restart of the service)
 //! does — so a process that keeps failing on a message does not loop. A run
 //! its process's budget refuses leaves the messages waiting, with a note
-//! saying so.
+//! saying so. A run its throttle holds back is coalesced: the messages wait
+//! without a note, and the run starts when the throttle allows (after the
+//! interval, or when a run underway ends) with every message posted
+//! meanwhile.
 
-use std::sync::Arc;
+use std::{
+    sync::{Arc, PoisonError},
+    time::Duration,
+};
 
 use super::{Engine, StartRequest};
 use crate::{
@@ -82,6 +88,13 @@ impl Engine {
                 self.store.note_messages(&ids, &format!("no run started: {refusal}")).await?;
                 return Ok(Vec::new());
             }
+            Err(Error::Throttled { retry_after, .. }) => {
+                tracing::debug!(inbox, process = %process_name, "inbox run throttled");
+                if let Some(delay) = retry_after {
+                    self.trigger_later(inbox, delay);
+                }
+                return Ok(Vec::new());
+            }
             Err(error) => return Err(error),
         };
         tracing::info!(inbox, execution_id = %execution.id, process = %process_name, "inbox run started");
@@ -94,6 +107,22 @@ impl Engine {
             self.trigger_inbox(&inbox, Cause::Settled).await?;
         }
         Ok(())
+    }
+
+    /// [`Engine::trigger_inbox`] after `delay`, once per inbox however many
+    /// messages ask for it meanwhile.
+    fn trigger_later(self: &Arc<Self>, inbox: &str, delay: Duration) {
+        if !self.delayed_triggers.lock().unwrap_or_else(PoisonError::into_inner).insert(inbox.to_owned()) {
+            return;
+        }
+        let (engine, inbox) = (self.clone(), inbox.to_owned());
+        self.spawn(async move {
+            tokio::time::sleep(delay).await;
+            engine.delayed_triggers.lock().unwrap_or_else(PoisonError::into_inner).remove(&inbox);
+            if let Err(error) = engine.trigger_inbox(&inbox, Cause::Posted).await {
+                tracing::warn!(inbox, %error, "could not start the inbox's throttled run");
+            }
+        });
     }
 
     /// [`Engine::trigger_inbox`] in the background: after a run of the

@@ -20,7 +20,7 @@ mod tests;
 pub(crate) mod workers;
 
 use std::{
-    collections::HashMap,
+    collections::{HashMap, HashSet},
     sync::{Arc, Mutex, PoisonError, RwLock},
     time::Duration,
 };
@@ -174,8 +174,11 @@ pub(crate) struct Engine {
     /// Held while an inbox's run is decided on and started, so that one
     /// inbox never has two runs.
     inbox_gate: tokio::sync::Mutex<()>,
-    /// Held while a run of a process with a budget is checked and started.
-    budget_gate: tokio::sync::Mutex<()>,
+    /// Held while a run of a process with a budget or a throttle is checked
+    /// and started.
+    admission_gate: tokio::sync::Mutex<()>,
+    /// Inboxes whose throttled run is due to start later.
+    delayed_triggers: Mutex<HashSet<String>>,
 }
 
 impl Engine {
@@ -194,7 +197,8 @@ impl Engine {
             matrix: RwLock::new(Arc::new(default_matrix())),
             processes: Mutex::new(HashMap::new()),
             inbox_gate: tokio::sync::Mutex::new(()),
-            budget_gate: tokio::sync::Mutex::new(()),
+            admission_gate: tokio::sync::Mutex::new(()),
+            delayed_triggers: Mutex::new(HashSet::new()),
         })
     }
 
@@ -342,23 +346,8 @@ impl Engine {
                 step.id
             )));
         }
-        // Runs of a process with a budget start one at a time, each after
-        // the check, so that concurrent starts cannot overrun it.
-        let budget = self.budget_of(&request.process).await?;
-        let _budgeted = match &budget {
-            Some(_) => Some(self.budget_gate.lock().await),
-            None => None,
-        };
+        let _admitted = self.admit(&request.process).await?;
         let now = muster_runtime::time::now_millis();
-        if let Some(budget) = budget {
-            let usage = self.store.process_usage(&budget.process_name, budget.period_start(now), "").await?;
-            if let Some(exhausted) = budget.exhausted(&usage) {
-                return Err(Error::BudgetExhausted {
-                    process: budget.process_name,
-                    description: format!("{} ({} budget)", exhausted.description, budget.source.as_str()),
-                });
-            }
-        }
         let trace_parent = muster_runtime::telemetry::traceparent(&tracing::Span::current());
         let mut execution = Execution {
             id: uuid::Uuid::now_v7().to_string(),
@@ -412,6 +401,60 @@ impl Engine {
         tracing::info!(execution_id = %execution.id, process = %execution.process_name, version = execution.process_version, "execution started");
         self.spawn_driver(execution.clone(), steps, request.process);
         Ok(execution)
+    }
+
+    /// Checks that a run of `process` may start now, under its budget and
+    /// its throttle. Runs of a process with either start one at a time, each
+    /// after the check (the guard answered is held until it is created), so
+    /// that concurrent starts cannot overrun them.
+    async fn admit(&self, process: &ProcessVersion) -> Result<Option<tokio::sync::MutexGuard<'_, ()>>> {
+        let budget = self.budget_of(process).await?.filter(Budget::has_period_limit);
+        let throttle = process
+            .definition
+            .throttle
+            .filter(|throttle| throttle.min_interval_seconds > 0 || throttle.max_concurrent > 0);
+        if budget.is_none() && throttle.is_none() {
+            return Ok(None);
+        }
+        let admitted = self.admission_gate.lock().await;
+        let now = muster_runtime::time::now_millis();
+        if let Some(budget) = budget {
+            let usage = self.store.process_usage(&budget.process_name, budget.period_start(now), "").await?;
+            if let Some(exhausted) = budget.exhausted(&usage) {
+                return Err(Error::BudgetExhausted {
+                    process: budget.process_name,
+                    description: format!("{} ({} budget)", exhausted.description, budget.source.as_str()),
+                });
+            }
+        }
+        if let Some(throttle) = throttle {
+            let activity = self.store.process_activity(&process.name).await?;
+            let throttled = |description: String, retry_after| Error::Throttled {
+                process: process.name.clone(),
+                description,
+                retry_after,
+            };
+            if throttle.max_concurrent > 0 && activity.underway >= u64::from(throttle.max_concurrent) {
+                return Err(throttled(
+                    format!("{} of {} runs underway", activity.underway, throttle.max_concurrent),
+                    None,
+                ));
+            }
+            let interval = i64::try_from(throttle.min_interval_seconds.saturating_mul(1000)).unwrap_or(i64::MAX);
+            if let Some(last) = activity.last_started_at
+                && now < last.saturating_add(interval)
+            {
+                let wait = last.saturating_add(interval) - now;
+                return Err(throttled(
+                    format!(
+                        "runs start at least {} s apart; the next may start in {} ms",
+                        throttle.min_interval_seconds, wait
+                    ),
+                    Some(Duration::from_millis(wait as u64)),
+                ));
+            }
+        }
+        Ok(Some(admitted))
     }
 
     /// The budget in force for a process: the one an operator set, else the

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use muster_runtime::{db::Database, testing::TestDatabase};
 
 use super::{
-    Archived, ExecutionFilter, InboxFilter, NOTIFIER_CURSOR, NewProcess, Published, SqlStore, StepWrite, Store, Write,
+    Activity, Archived, ExecutionFilter, InboxFilter, NOTIFIER_CURSOR, NewProcess, Published, SqlStore, StepWrite,
+    Store, Write,
 };
 use crate::{
     Error,
@@ -265,6 +266,9 @@ async fn conformance(store: SqlStore) {
     );
     let usage = store.process_usage("flow", 0, "").await.unwrap();
     assert_eq!((usage.runs, usage.tokens), (3, 42 + 42 + 42));
+    let activity = store.process_activity("flow").await.unwrap();
+    assert_eq!(activity, Activity { underway: 2, last_started_at: Some(3_000) }, "e1 and e2 have not ended");
+    assert_eq!(store.process_activity("nothing").await.unwrap(), Activity::default());
     let others = store.process_usage("flow", 0, "e1").await.unwrap();
     assert_eq!((others.runs, others.tokens), (2, 126 - 42), "but one execution, e1 and its 42 tokens");
 

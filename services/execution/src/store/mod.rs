@@ -116,6 +116,15 @@ pub(crate) struct ExecutionFilter {
     pub(crate) limit: u32,
 }
 
+/// A process's executions as a throttle sees them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Activity {
+    /// Executions that have not ended.
+    pub(crate) underway: u64,
+    /// When the latest one started.
+    pub(crate) last_started_at: Option<i64>,
+}
+
 /// An event of the log: its position and its stored (wire) encoding.
 pub(crate) type LogEntry = (i64, Vec<u8>);
 
@@ -199,6 +208,9 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// returns it with its version.
     fn put_matrix(&self, matrix: Matrix) -> BoxFuture<'_, Result<Matrix>>;
 
+    /// How many executions of `process_name` are underway, and when the
+    /// latest started.
+    fn process_activity<'a>(&'a self, process_name: &'a str) -> BoxFuture<'a, Result<Activity>>;
     /// What the executions of `process_name` started at or after `since` used,
     /// but `except_execution` (empty: none).
     fn process_usage<'a>(

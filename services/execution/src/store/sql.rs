@@ -17,7 +17,8 @@ use sqlx::{AssertSqlSafe, Row, any::AnyRow};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Archived, BoxFuture, ExecutionFilter, InboxFilter, LogEntry, NewProcess, Published, StepWrite, Store, Write,
+    Activity, Archived, BoxFuture, ExecutionFilter, InboxFilter, LogEntry, NewProcess, Published, StepWrite, Store,
+    Write,
 };
 use crate::{
     Error, Result,
@@ -1137,6 +1138,22 @@ impl Store for SqlStore {
             .await?;
             transaction.commit().await?;
             Ok(Matrix { version: version as u32, ..matrix })
+        })
+    }
+
+    fn process_activity<'a>(&'a self, process_name: &'a str) -> BoxFuture<'a, Result<Activity>> {
+        Box::pin(async move {
+            let row = sqlx::query(
+                "SELECT COUNT(CASE WHEN ended_at IS NULL THEN 1 END) AS underway, MAX(started_at) AS last_started_at \
+                 FROM executions WHERE process_name = $1",
+            )
+            .bind(process_name.to_owned())
+            .fetch_one(&self.database.pool)
+            .await?;
+            Ok(Activity {
+                underway: row.try_get::<i64, _>("underway")? as u64,
+                last_started_at: row.try_get("last_started_at")?,
+            })
         })
     }
 
