@@ -1,5 +1,5 @@
 //! `muster`: start a cluster, validate, publish and run processes, manage the
-//! roster, credentials, sessions, inboxes, budgets and the permission matrix, and
+//! roster, credentials, sessions, inboxes, budgets, schedules and the permission matrix, and
 //! serve sample agents.
 
 use std::process::ExitCode;
@@ -54,6 +54,8 @@ enum Command {
     Inbox(commands::inbox::InboxArgs),
     /// Budgets: set a process's limits on runs, cost and tokens per period; list them with their use.
     Budget(commands::budget::BudgetArgs),
+    /// Schedules: the processes that run on a schedule, when each fires next and its last run.
+    Schedule(commands::schedule::ScheduleArgs),
     /// Whether an agent's role permits an action, and why.
     CheckRole(commands::session::CheckRoleArgs),
     /// Serves agents with the deterministic sample behaviour (no LLM); an agent whose token is refused is left out.
@@ -94,6 +96,7 @@ async fn main() -> ExitCode {
         Command::Matrix(args) => commands::admin::matrix(args, token).await.map(|()| true),
         Command::Session(args) => commands::session::run(args, token).await.map(|()| true),
         Command::Budget(args) => commands::budget::run(args, token).await.map(|()| true),
+        Command::Schedule(args) => commands::schedule::run(args, token).await.map(|()| true),
         Command::Inbox(args) => commands::inbox::run(args, token).await.map(|()| true),
         Command::CheckRole(args) => commands::session::check_role(args, token).await,
         Command::Agent(args) => commands::agent::run(args, token).await.map(|()| true),

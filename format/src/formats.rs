@@ -1,5 +1,5 @@
-//! Small well-formedness checks shared by the rules: identifiers, cron
-//! expressions, RFC 3339 times and "did you mean" suggestions.
+//! Small well-formedness checks shared by the rules: identifiers, RFC 3339
+//! times and "did you mean" suggestions.
 
 /// Longest identifier (process name, step id, inbox name).
 pub(crate) const MAX_IDENTIFIER_LENGTH: usize = 64;
@@ -80,86 +80,6 @@ fn edit_distance(left: &str, right: &str) -> usize {
         }
     }
     table[left.len() * width + right.len()]
-}
-
-const CRON_MACROS: [&str; 8] =
-    ["@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly", "@reboot"];
-const MONTH_NAMES: [&str; 12] = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"];
-const DAY_NAMES: [&str; 7] = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"];
-
-/// Checks a five-field cron expression (minute hour day-of-month month
-/// day-of-week) or a macro such as `@daily`; the error says which field is
-/// wrong and why.
-pub(crate) fn check_cron(expression: &str) -> Result<(), String> {
-    let expression = expression.trim();
-    if expression.starts_with('@') {
-        return if CRON_MACROS.contains(&expression) {
-            Ok(())
-        } else {
-            Err(format!("unknown cron macro '{expression}'{}", suggestion(expression, &CRON_MACROS)))
-        };
-    }
-    let fields: Vec<&str> = expression.split_whitespace().collect();
-    if fields.len() != 5 {
-        return Err(format!(
-            "a cron expression has 5 fields (minute hour day-of-month month day-of-week), found {}",
-            fields.len()
-        ));
-    }
-    let specs: [(&str, u32, u32, &[&str], u32); 5] = [
-        ("minute", 0, 59, &[], 0),
-        ("hour", 0, 23, &[], 0),
-        ("day-of-month", 1, 31, &[], 0),
-        ("month", 1, 12, &MONTH_NAMES, 1),
-        ("day-of-week", 0, 7, &DAY_NAMES, 0),
-    ];
-    for (field, (name, low, high, names, name_base)) in fields.iter().zip(specs) {
-        check_cron_field(field, low, high, names, name_base)
-            .map_err(|reason| format!("cron field {name} '{field}': {reason}"))?;
-    }
-    Ok(())
-}
-
-fn check_cron_field(field: &str, low: u32, high: u32, names: &[&str], name_base: u32) -> Result<(), String> {
-    let value = |text: &str| -> Result<u32, String> {
-        let lowered = text.to_ascii_lowercase();
-        if let Some(index) = names.iter().position(|name| *name == lowered) {
-            return Ok(u32::try_from(index).unwrap_or(0) + name_base);
-        }
-        let number: u32 = text.parse().map_err(|_| format!("'{text}' is not a number"))?;
-        if number < low || number > high {
-            return Err(format!("{number} is outside {low}-{high}"));
-        }
-        Ok(number)
-    };
-    for part in field.split(',') {
-        let (range, step) = match part.split_once('/') {
-            Some((range, step)) => (range, Some(step)),
-            None => (part, None),
-        };
-        if let Some(step) = step {
-            let step: u32 = step.parse().map_err(|_| format!("step '{step}' is not a number"))?;
-            if step == 0 {
-                return Err("a step of 0 never fires".to_owned());
-            }
-        }
-        if range == "*" {
-            continue;
-        }
-        match range.split_once('-') {
-            Some((start, end)) => {
-                let (start, end) = (value(start)?, value(end)?);
-                if start > end {
-                    return Err(format!("range {start}-{end} is backwards"));
-                }
-            }
-            None if range.is_empty() => return Err("empty value".to_owned()),
-            None => {
-                value(range)?;
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Checks an RFC 3339 date-time such as `2026-12-01T09:00:00Z`.
@@ -268,18 +188,6 @@ mod tests {
         assert!(!is_identifier("-x"));
         assert!(!is_identifier(""));
         assert!(!is_identifier(&"a".repeat(65)));
-    }
-
-    #[test]
-    fn cron_expressions() {
-        assert_eq!(check_cron("0 9 * * 1-5"), Ok(()));
-        assert_eq!(check_cron("*/30 9,17 1 jan-dec MON-FRI"), Ok(()));
-        assert_eq!(check_cron("@daily"), Ok(()));
-        assert_eq!(check_cron("0 24 * * *"), Err("cron field hour '24': 24 is outside 0-23".to_owned()));
-        assert!(check_cron("0 9 * *").unwrap_err().contains("found 4"));
-        assert!(check_cron("@dayly").unwrap_err().contains("did you mean '@daily'"));
-        assert!(check_cron("*/0 * * * *").is_err());
-        assert!(check_cron("5-1 * * * *").unwrap_err().contains("backwards"));
     }
 
     #[test]

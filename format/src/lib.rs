@@ -26,6 +26,7 @@ mod model;
 mod process;
 mod references;
 mod role;
+mod schedule;
 mod yaml;
 
 pub use diagnostic::{Diagnostic, Severity};
@@ -37,6 +38,7 @@ pub use model::{
 };
 pub use process::{MAX_RETRIES, STEP_TYPES};
 pub use role::{RoleDefinition, RoleFormat, RoleReport};
+pub use schedule::{MissedRuns, Schedule, rfc3339};
 pub use yaml::Limits;
 
 /// Validates a process YAML document against the default [`Limits`].

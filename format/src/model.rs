@@ -39,8 +39,15 @@ pub struct ProcessThrottle {
 /// What starts a process on its own: a schedule or an inbox.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Triggers {
-    /// A five-field cron expression (or `@daily`-style macro), in UTC.
+    /// A cron expression: five fields, six with seconds first, or a macro
+    /// such as `@daily` (see [`crate::Schedule`]).
     pub schedule: Option<String>,
+    /// The schedule's IANA time zone; empty for UTC.
+    #[serde(default)]
+    pub time_zone: String,
+    /// What happens to due times missed while no scheduler ran.
+    #[serde(default)]
+    pub missed: crate::MissedRuns,
     /// The inbox whose messages start a run.
     pub inbox: Option<String>,
 }

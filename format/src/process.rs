@@ -8,10 +8,11 @@ use super::budget::{check_budget, check_throttle};
 use super::diagnostic::{Diagnostics, Position, child_path, index_path};
 use super::emi::check_step_roles;
 use super::fields::{bool_field, check_keys, integer_field, string_field, string_list_field};
-use super::formats::{check_cron, check_rfc3339, is_identifier, suggestion};
+use super::formats::{check_rfc3339, is_identifier, suggestion};
 use super::graph::{Dependency, GraphStep, check_dependencies};
 use super::model::{Context, DelegationRequest, ProcessDefinition, ProcessReport, StepDefinition, Triggers};
 use super::references::{StepReferences, WrittenNames, check_references};
+use super::schedule::{MissedRuns, Schedule, check_time_zone};
 use super::yaml::{Limits, Node, parse};
 
 const PROCESS_FIELDS: [&str; 9] =
@@ -39,7 +40,7 @@ const STEP_FIELDS: [&str; 19] = [
 ];
 /// The step types the execution service runs.
 pub const STEP_TYPES: [&str; 3] = ["agent_task", "human_approval", "tool_call"];
-const TRIGGER_FIELDS: [&str; 2] = ["schedule", "inbox"];
+const TRIGGER_FIELDS: [&str; 4] = ["schedule", "time_zone", "missed", "inbox"];
 const DELEGATE_FIELDS: [&str; 5] = ["role", "expertise", "team", "urgency", "deadline"];
 const URGENCIES: [&str; 4] = ["low", "normal", "high", "critical"];
 /// Most retries a step may ask for.
@@ -203,20 +204,51 @@ fn check_triggers(node: Node<'_>, diagnostics: &mut Diagnostics) -> Option<Trigg
         return None;
     }
     check_keys(node, "triggers", &TRIGGER_FIELDS, "TRG004", "TRG001", "triggers", diagnostics);
-    let schedule = string_field(node, "schedule", "triggers", "TRG001", diagnostics).and_then(|(value, text)| {
-        match check_cron(text) {
-            Ok(()) => Some(text.to_owned()),
+    let time_zone = string_field(node, "time_zone", "triggers", "TRG001", diagnostics).and_then(|(value, text)| {
+        match check_time_zone(text) {
+            Ok(_) => Some(text.to_owned()),
             Err(reason) => {
-                diagnostics.error(
-                    "TRG002",
-                    "triggers.schedule",
-                    value.position(),
-                    format!("invalid schedule: {reason}"),
-                );
+                diagnostics.error("TRG005", "triggers.time_zone", value.position(), reason);
                 None
             }
         }
     });
+    let missed = string_field(node, "missed", "triggers", "TRG001", diagnostics).and_then(|(value, text)| {
+        let policy = MissedRuns::parse(text);
+        if policy.is_none() {
+            diagnostics.error(
+                "TRG006",
+                "triggers.missed",
+                value.position(),
+                format!("missed runs policy '{text}' must be skip or run_once"),
+            );
+        }
+        policy
+    });
+    let schedule =
+        string_field(node, "schedule", "triggers", "TRG001", diagnostics).and_then(
+            |(value, text)| match Schedule::parse(text, time_zone.as_deref().unwrap_or_default()) {
+                Ok(_) => Some(text.to_owned()),
+                Err(reason) if reason.starts_with("unknown time zone") => None,
+                Err(reason) => {
+                    diagnostics.error(
+                        "TRG002",
+                        "triggers.schedule",
+                        value.position(),
+                        format!("invalid schedule: {reason}"),
+                    );
+                    None
+                }
+            },
+        );
+    if schedule.is_none() && (time_zone.is_some() || missed.is_some()) && node.get("schedule").is_none() {
+        diagnostics.warning(
+            "TRG007",
+            "triggers",
+            node.position(),
+            "'time_zone' and 'missed' apply to a schedule, and there is none",
+        );
+    }
     let inbox = string_field(node, "inbox", "triggers", "TRG001", diagnostics).and_then(|(value, text)| {
         if is_identifier(text) {
             Some(text.to_owned())
@@ -230,7 +262,7 @@ fn check_triggers(node: Node<'_>, diagnostics: &mut Diagnostics) -> Option<Trigg
             None
         }
     });
-    Some(Triggers { schedule, inbox })
+    Some(Triggers { schedule, time_zone: time_zone.unwrap_or_default(), missed: missed.unwrap_or_default(), inbox })
 }
 
 struct CheckedStep<'a> {

@@ -5,9 +5,10 @@ use std::collections::HashMap;
 
 use super::diagnostic::{Diagnostic, Diagnostics, Position, child_path, index_path};
 use super::fields::{check_keys, string_field, string_list_field};
-use super::formats::{check_cron, suggestion};
+use super::formats::suggestion;
 use super::markdown;
 use super::model::Context;
+use super::schedule::Schedule;
 use super::yaml::{Limits, Node, parse};
 
 /// The syntax a role definition is written in.
@@ -293,7 +294,7 @@ pub(crate) fn check_schedule(text: &str, path: &str, at: Position, diagnostics: 
     let candidate = code_span.or(looks_like_cron.then_some(trimmed));
     match candidate {
         Some(expression) => {
-            if let Err(reason) = check_cron(expression) {
+            if let Err(reason) = Schedule::parse(expression, "") {
                 diagnostics.error("ROL006", path, at, format!("invalid schedule: {reason}"));
             }
         }

@@ -493,6 +493,7 @@ fn table() -> Vec<Row> {
             [PD, PD, InvalidArgument, PD],
         ),
         row("ExecutionService/ListBudgets", |_| execution::ListBudgetsRequest::default().encode_to_vec(), ALL),
+        row("ExecutionService/ListSchedules", |_| execution::ListSchedulesRequest::default().encode_to_vec(), ALL),
     ]
 }
 

@@ -8,6 +8,7 @@ pub(crate) mod demo;
 pub(crate) mod inbox;
 pub(crate) mod roster;
 pub(crate) mod run;
+pub(crate) mod schedule;
 pub(crate) mod session;
 pub(crate) mod up;
 

@@ -88,6 +88,24 @@ fn a_full_process_is_valid_and_typed() {
     assert_eq!(triggers.inbox.as_deref(), Some("risk"));
 }
 
+#[test]
+fn schedules_have_a_time_zone_and_a_missed_runs_policy() {
+    let base = "steps:\n  - {id: a, type: human_approval}\n";
+    let report = validate_process(
+        &format!(
+            "name: d\ntriggers: {{schedule: '*/30 9 * * 1-5', time_zone: Europe/Paris, missed: run_once}}\n{base}"
+        ),
+        &Context::default(),
+    );
+    assert_eq!(report.diagnostics, vec![]);
+    let triggers = report.triggers.expect("triggers");
+    assert_eq!((triggers.time_zone.as_str(), triggers.missed), ("Europe/Paris", crate::MissedRuns::RunOnce));
+    let found =
+        check(&format!("name: d\ntriggers: {{schedule: '0 0 30 2 *', time_zone: Mars/Base, missed: twice}}\n{base}"));
+    assert_eq!(found, vec![("TRG002", 2, 22), ("TRG005", 2, 47), ("TRG006", 2, 66)]);
+    assert_eq!(check(&format!("name: d\ntriggers: {{missed: skip}}\n{base}")), vec![("TRG007", 2, 11)]);
+}
+
 // --- EMI: the step roles (`roles`), rule by rule -------------------------
 
 #[test]
@@ -293,7 +311,7 @@ fn triggers_are_checked() {
         &Context::default(),
     );
     assert_eq!(found(&report.diagnostics), vec![("TRG002", 3, 13), ("TRG003", 4, 10), ("TRG004", 5, 3)]);
-    assert!(report.diagnostics[0].message.contains("hour '25'"), "{}", report.diagnostics[0].message);
+    assert!(report.diagnostics[0].message.contains("cron field hour '25'"), "{}", report.diagnostics[0].message);
 }
 
 // --- dependencies ------------------------------------------------------------

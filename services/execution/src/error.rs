@@ -42,6 +42,9 @@ pub(crate) enum Error {
         /// When a run may start, if that is known.
         retry_after: Option<std::time::Duration>,
     },
+    /// Another replica did it first (a schedule's due time fired).
+    #[error("{0}")]
+    Superseded(String),
     /// A position past the end of what is read.
     #[error("{0}")]
     OutOfRange(String),
@@ -130,6 +133,7 @@ impl From<Error> for tonic::Status {
             }
             Error::NotFound(_) => tonic::Status::not_found(message),
             Error::FailedPrecondition(_) => tonic::Status::failed_precondition(message),
+            Error::Superseded(_) => tonic::Status::aborted(message),
             Error::OutOfRange(_) => tonic::Status::out_of_range(message),
             Error::BudgetExhausted { ref process, ref description } => {
                 muster_runtime::status::quota_exhausted(&message, &format!("process:{process}"), description, None)

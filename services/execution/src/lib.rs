@@ -135,6 +135,7 @@ pub async fn run(
         started.spawn(expire_silent_workers(started.clone(), lease));
         started.spawn(drop_revoked_agents(started.clone(), agents));
         started.spawn(follow_matrix(started.clone()));
+        started.spawn(started.clone().run_schedules());
         let resumed = started.resume_unfinished().await?;
         if resumed > 0 {
             tracing::info!(resumed, "resumed unfinished executions");

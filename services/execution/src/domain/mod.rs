@@ -2,8 +2,8 @@
 //! of executions and steps and their names as stored ([`model`]), the order
 //! steps may run in ([`dag`]), who may do what ([`authority`]), what a
 //! session looks like to its members ([`session`]), which values travel by
-//! reference ([`payload`]), the messages that start runs ([`inbox`]), and
-//! the limits on runs ([`budget`]).
+//! reference ([`payload`]), the messages that start runs ([`inbox`]), the
+//! limits on runs ([`budget`]), and when scheduled runs fire ([`schedule`]).
 
 pub(crate) mod authority;
 pub(crate) mod budget;
@@ -11,6 +11,7 @@ pub(crate) mod dag;
 pub(crate) mod inbox;
 pub(crate) mod model;
 pub(crate) mod payload;
+pub(crate) mod schedule;
 pub(crate) mod session;
 
 macro_rules! stored_enum {

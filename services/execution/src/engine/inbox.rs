@@ -78,6 +78,7 @@ impl Engine {
                 idempotency_key: None,
                 session: None,
                 claimed_messages: ids.clone(),
+                fired_schedule: None,
             })
             .await;
         let execution = match started {

@@ -13,6 +13,7 @@ mod driver;
 mod handoff;
 pub(crate) mod inbox;
 mod intervention;
+pub(crate) mod schedule;
 pub(crate) mod schema;
 mod session;
 #[cfg(test)]
@@ -142,6 +143,9 @@ pub(crate) struct StartRequest {
     pub(crate) session: Option<Session>,
     /// The inbox messages the run takes (see [`inbox`]).
     pub(crate) claimed_messages: Vec<String>,
+    /// The due time the run fires its process's schedule for, and the next
+    /// one (see [`schedule`]).
+    pub(crate) fired_schedule: Option<(i64, i64)>,
 }
 
 /// The step type that waits for a decision instead of a worker.
@@ -390,6 +394,15 @@ impl Engine {
             .collect();
         let mut writes =
             vec![Write::CreateExecution(execution.clone()), Write::Steps(step_writes), Write::Events(events.clone())];
+        if let Some((due, next)) = request.fired_schedule {
+            writes.push(Write::FireSchedule {
+                process_name: execution.process_name.clone(),
+                due,
+                next,
+                execution_id: execution.id.clone(),
+                fired_at: now,
+            });
+        }
         if !request.claimed_messages.is_empty() {
             writes.push(Write::ClaimMessages {
                 execution_id: execution.id.clone(),

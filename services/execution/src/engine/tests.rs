@@ -313,6 +313,7 @@ impl Harness {
                 idempotency_key: None,
                 session: None,
                 claimed_messages: Vec::new(),
+                fired_schedule: None,
             })
             .await
             .unwrap();
@@ -657,6 +658,7 @@ async fn a_tool_step_invokes_its_tool_under_its_executor_and_keeps_its_output() 
         idempotency_key: None,
         session: None,
         claimed_messages: Vec::new(),
+        fired_schedule: None,
     };
     let refused = harness.engine.start(start("")).await.unwrap_err();
     assert!(refused.to_string().contains("tool_call step 'as-lead' runs under an agent's identity"), "{refused}");

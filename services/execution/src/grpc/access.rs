@@ -47,6 +47,7 @@ pub const ACCESS: &[Rule] = &[
     rule("ArchiveInboxMessage", Access::OPERATOR),
     rule("SetBudget", Access::OPERATOR),
     rule("ListBudgets", Access::ANYONE),
+    rule("ListSchedules", Access::ANYONE),
 ];
 
 /// A refusal naming the caller, the action and why.

@@ -186,6 +186,7 @@ impl ExecutionApi {
                 idempotency_key: Self::idempotency_key(request.idempotency_key)?,
                 session: None,
                 claimed_messages: Vec::new(),
+                fired_schedule: None,
             })
             .await?;
         self.execution_to_wire(execution).await
@@ -211,6 +212,7 @@ impl ExecutionApi {
                 idempotency_key: Self::idempotency_key(idempotency_key)?,
                 session: Some(session),
                 claimed_messages: Vec::new(),
+                fired_schedule: None,
             })
             .await?;
         self.execution_to_wire(execution).await
@@ -710,5 +712,34 @@ impl ExecutionService for ExecutionApi {
         request: Request<wire::ListBudgetsRequest>,
     ) -> Result<Response<wire::ListBudgetsResponse>, Status> {
         answer(self.list_budgets(request.into_inner()).await)
+    }
+
+    async fn list_schedules(
+        &self,
+        request: Request<wire::ListSchedulesRequest>,
+    ) -> Result<Response<wire::ListSchedulesResponse>, Status> {
+        let request = request.into_inner();
+        let size = page_size(request.page_size);
+        let answer_page = async {
+            let states = self.engine.store.schedules(&request.page_token, size).await?;
+            let next_page_token = match states.last() {
+                Some(last) if states.len() == size as usize => last.process_name.clone(),
+                _ => String::new(),
+            };
+            let schedules = states
+                .into_iter()
+                .map(|state| wire::Schedule {
+                    process_name: state.process_name,
+                    cron: state.cron,
+                    time_zone: state.time_zone,
+                    missed: state.missed.as_str().to_owned(),
+                    next_fire_at: Some(muster_runtime::time::to_timestamp(state.next_fire_at)),
+                    last_fired_at: state.last_fired_at.map(muster_runtime::time::to_timestamp),
+                    last_execution_id: state.last_execution_id,
+                })
+                .collect();
+            Ok(wire::ListSchedulesResponse { schedules, next_page_token })
+        };
+        answer(answer_page.await)
     }
 }

@@ -287,6 +287,64 @@ async fn conformance(store: SqlStore) {
 
     inboxes(&store).await;
     budgets(&store).await;
+    schedules(&store).await;
+}
+
+/// Schedules: kept by publishing; a due time fires once, the loser of two
+/// replicas rolling back its whole commit.
+async fn schedules(store: &SqlStore) {
+    let scheduled = "name: nightly\ntriggers: {schedule: '0 2 * * *', missed: run_once}\nsteps:\n  \
+                     - {id: a, type: agent_task, agent: x, message: m}\n";
+    store.publish_process(new_process(scheduled, "nightly-1")).await.unwrap();
+    let listed = store.schedules("", 10).await.unwrap();
+    let [state] = listed.as_slice() else { panic!("one schedule: {listed:?}") };
+    // Published at 1 000 ms: due at 02:00 UTC on the first day.
+    assert_eq!((state.cron.as_str(), state.next_fire_at), ("0 2 * * *", 7_200_000));
+    assert_eq!(state.missed, muster_format::MissedRuns::RunOnce);
+    assert_eq!(store.next_due_schedule().await.unwrap(), Some(7_200_000));
+    assert!(store.due_schedules(7_199_999, 10).await.unwrap().is_empty());
+    assert_eq!(store.due_schedules(7_200_000, 10).await.unwrap().len(), 1);
+
+    // Two replicas fire the same due time: one commit wins, the other
+    // creates nothing.
+    let fire = |id: &str| {
+        let mut run = execution(id, 7_200_100, None);
+        run.process_name = "nightly".to_owned();
+        run.idempotency_key = None;
+        vec![
+            Write::CreateExecution(run),
+            Write::FireSchedule {
+                process_name: "nightly".to_owned(),
+                due: 7_200_000,
+                next: 93_600_000,
+                execution_id: id.to_owned(),
+                fired_at: 7_200_100,
+            },
+        ]
+    };
+    store.commit(fire("nightly-a")).await.unwrap();
+    let lost = store.commit(fire("nightly-b")).await;
+    assert!(matches!(lost, Err(Error::Superseded(_))), "{lost:?}");
+    assert!(store.execution("nightly-b").await.unwrap().is_none(), "rolled back");
+    let state = &store.schedules("", 10).await.unwrap()[0];
+    assert_eq!(
+        (state.next_fire_at, state.last_fired_at, state.last_execution_id.as_str()),
+        (93_600_000, Some(7_200_100), "nightly-a")
+    );
+    // Skipping is conditional too.
+    assert!(!store.skip_schedule("nightly", 7_200_000, 1).await.unwrap());
+    assert!(store.skip_schedule("nightly", 93_600_000, 180_000_000).await.unwrap());
+
+    // A new version keeps the due time of an unchanged schedule, moves it for
+    // a new one, and a version without a schedule removes it.
+    let reworded = scheduled.replace("message: m", "message: n");
+    store.publish_process(new_process(&reworded, "nightly-2")).await.unwrap();
+    assert_eq!(store.schedules("", 10).await.unwrap()[0].next_fire_at, 180_000_000);
+    store.publish_process(new_process(&reworded.replace("'0 2 * * *'", "'0 3 * * *'"), "nightly-3")).await.unwrap();
+    assert_eq!(store.schedules("", 10).await.unwrap()[0].next_fire_at, 10_800_000);
+    let unscheduled = reworded.replace("triggers: {schedule: '0 2 * * *', missed: run_once}\n", "");
+    store.publish_process(new_process(&unscheduled, "nightly-4")).await.unwrap();
+    assert!(store.schedules("", 10).await.unwrap().is_empty());
 }
 
 /// Operators' budgets: set, replaced, removed by an all-0 budget.

@@ -26,6 +26,7 @@ use crate::{
         budget::{Budget, Usage},
         inbox::{InboxMessage, MessageState},
         model::{Event, Execution, Finding, ProcessVersion, Step},
+        schedule::ScheduleState,
     },
 };
 
@@ -41,6 +42,24 @@ pub(crate) struct NewProcess {
     pub(crate) published_at: i64,
     pub(crate) warnings: Vec<Finding>,
     pub(crate) definition: Arc<muster_format::ProcessDefinition>,
+}
+
+impl NewProcess {
+    /// The schedule it declares, due first after it is published.
+    pub(crate) fn schedule(&self) -> Option<ScheduleState> {
+        let triggers = self.definition.triggers.as_ref()?;
+        let cron = triggers.schedule.clone()?;
+        let schedule = muster_format::Schedule::parse(&cron, &triggers.time_zone).ok()?;
+        Some(ScheduleState {
+            process_name: self.name.clone(),
+            cron,
+            time_zone: triggers.time_zone.clone(),
+            missed: triggers.missed,
+            next_fire_at: schedule.next_after(self.published_at)?,
+            last_fired_at: None,
+            last_execution_id: String::new(),
+        })
+    }
 }
 
 /// What publishing did.
@@ -80,6 +99,11 @@ pub(crate) enum Write {
     ClaimMessages { execution_id: String, message_ids: Vec<String> },
     /// Messages posted by completed steps.
     PostMessages(Vec<InboxMessage>),
+    /// A schedule fired for its due time `due` with the execution created in
+    /// the same commit, and moves on to `next`. When the schedule is no
+    /// longer due at `due` (another replica fired it), the whole commit
+    /// fails with [`crate::Error::Superseded`].
+    FireSchedule { process_name: String, due: i64, next: i64, execution_id: String, fired_at: i64 },
 }
 
 /// Filters of `inbox_messages`; they combine with AND.
@@ -208,6 +232,15 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// returns it with its version.
     fn put_matrix(&self, matrix: Matrix) -> BoxFuture<'_, Result<Matrix>>;
 
+    /// Schedules due at or before `now`, the earliest first.
+    fn due_schedules(&self, now: i64, limit: u32) -> BoxFuture<'_, Result<Vec<ScheduleState>>>;
+    /// When the earliest schedule is due.
+    fn next_due_schedule(&self) -> BoxFuture<'_, Result<Option<i64>>>;
+    /// Schedules by process name, after `after`.
+    fn schedules<'a>(&'a self, after: &'a str, limit: u32) -> BoxFuture<'a, Result<Vec<ScheduleState>>>;
+    /// Moves a schedule due at `due` on to `next` without a run; false when
+    /// it was no longer due at `due`.
+    fn skip_schedule<'a>(&'a self, process_name: &'a str, due: i64, next: i64) -> BoxFuture<'a, Result<bool>>;
     /// How many executions of `process_name` are underway, and when the
     /// latest started.
     fn process_activity<'a>(&'a self, process_name: &'a str) -> BoxFuture<'a, Result<Activity>>;

@@ -27,6 +27,7 @@ use crate::{
         budget::{self, Budget, Usage},
         inbox::{InboxMessage, MessageState},
         model::{Event, Execution, Finding, ProcessVersion, Step},
+        schedule::ScheduleState,
     },
     wire,
 };
@@ -40,6 +41,7 @@ const MIGRATIONS: Migrations = Migrations {
         (4, "engine", include_str!("../../migrations/sqlite/0004_engine.sql")),
         (5, "inboxes", include_str!("../../migrations/sqlite/0005_inboxes.sql")),
         (6, "budgets", include_str!("../../migrations/sqlite/0006_budgets.sql")),
+        (7, "schedules", include_str!("../../migrations/sqlite/0007_schedules.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -48,6 +50,7 @@ const MIGRATIONS: Migrations = Migrations {
         (4, "engine", include_str!("../../migrations/postgres/0004_engine.sql")),
         (5, "inboxes", include_str!("../../migrations/postgres/0005_inboxes.sql")),
         (6, "budgets", include_str!("../../migrations/postgres/0006_budgets.sql")),
+        (7, "schedules", include_str!("../../migrations/postgres/0007_schedules.sql")),
     ],
 };
 
@@ -232,6 +235,7 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
     let mut events: Vec<&Event> = Vec::new();
     let mut claims = Vec::new();
     let mut posted: Vec<&InboxMessage> = Vec::new();
+    let mut fired = Vec::new();
     for write in writes {
         match write {
             Write::CreateExecution(execution) => created.push(execution),
@@ -241,6 +245,9 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
             Write::Events(list) => events.extend(list),
             Write::ClaimMessages { execution_id, message_ids } => claims.push((execution_id, message_ids)),
             Write::PostMessages(list) => posted.extend(list),
+            Write::FireSchedule { process_name, due, next, execution_id, fired_at } => {
+                fired.push((process_name, *due, *next, execution_id, *fired_at));
+            }
         }
     }
     // A step written twice in one transaction keeps its last state (one
@@ -280,6 +287,22 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
     }
     for message in posted {
         insert_message(&mut transaction, message).await?;
+    }
+    for (process_name, due, next, execution_id, fired_at) in fired {
+        let moved = sqlx::query(
+            "UPDATE schedules SET next_fire_at = $1, last_fired_at = $2, last_execution_id = $3 \
+             WHERE process_name = $4 AND next_fire_at = $5",
+        )
+        .bind(next)
+        .bind(fired_at)
+        .bind(execution_id.clone())
+        .bind(process_name.clone())
+        .bind(due)
+        .execute(&mut *transaction)
+        .await?;
+        if moved.rows_affected() == 0 {
+            return Err(Error::Superseded(format!("the schedule of process '{process_name}' was no longer due")));
+        }
     }
     for (execution_id, message_ids) in claims {
         for id in message_ids {
@@ -496,6 +519,20 @@ async fn insert_message(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, mess
     Ok(())
 }
 
+fn schedule_from_row(row: &AnyRow) -> Result<ScheduleState> {
+    let missed: String = row.try_get("missed")?;
+    Ok(ScheduleState {
+        process_name: row.try_get("process_name")?,
+        cron: row.try_get("cron")?,
+        time_zone: row.try_get("time_zone")?,
+        missed: muster_format::MissedRuns::parse(&missed)
+            .ok_or_else(|| Error::Storage(format!("unknown missed runs policy '{missed}' in the database")))?,
+        next_fire_at: row.try_get("next_fire_at")?,
+        last_fired_at: row.try_get("last_fired_at")?,
+        last_execution_id: row.try_get("last_execution_id")?,
+    })
+}
+
 fn message_from_row(row: &AnyRow) -> Result<InboxMessage> {
     let priority: String = row.try_get("priority")?;
     let state: String = row.try_get("state")?;
@@ -678,6 +715,33 @@ impl Store for SqlStore {
             .bind(inbox.unwrap_or_default())
             .execute(&mut *transaction)
             .await?;
+            // The schedule follows the latest version; an unchanged cron and
+            // time zone keep their due time.
+            match process.schedule() {
+                Some(schedule) => {
+                    sqlx::query(
+                        "INSERT INTO schedules (process_name, cron, time_zone, missed, next_fire_at, last_fired_at, \
+                         last_execution_id) VALUES ($1, $2, $3, $4, $5, NULL, '') \
+                         ON CONFLICT (process_name) DO UPDATE SET missed = excluded.missed, \
+                         next_fire_at = CASE WHEN schedules.cron = excluded.cron \
+                         AND schedules.time_zone = excluded.time_zone THEN schedules.next_fire_at \
+                         ELSE excluded.next_fire_at END, cron = excluded.cron, time_zone = excluded.time_zone",
+                    )
+                    .bind(schedule.process_name)
+                    .bind(schedule.cron)
+                    .bind(schedule.time_zone)
+                    .bind(schedule.missed.as_str())
+                    .bind(schedule.next_fire_at)
+                    .execute(&mut *transaction)
+                    .await?;
+                }
+                None => {
+                    sqlx::query("DELETE FROM schedules WHERE process_name = $1")
+                        .bind(process.name.clone())
+                        .execute(&mut *transaction)
+                        .await?;
+                }
+            }
             transaction.commit().await?;
             Ok(Published::New(ProcessVersion {
                 step_count: process.definition.steps.len() as u32,
@@ -1138,6 +1202,49 @@ impl Store for SqlStore {
             .await?;
             transaction.commit().await?;
             Ok(Matrix { version: version as u32, ..matrix })
+        })
+    }
+
+    fn due_schedules(&self, now: i64, limit: u32) -> BoxFuture<'_, Result<Vec<ScheduleState>>> {
+        Box::pin(async move {
+            let rows = sqlx::query("SELECT * FROM schedules WHERE next_fire_at <= $1 ORDER BY next_fire_at LIMIT $2")
+                .bind(now)
+                .bind(i64::from(limit))
+                .fetch_all(&self.database.pool)
+                .await?;
+            rows.iter().map(schedule_from_row).collect()
+        })
+    }
+
+    fn next_due_schedule(&self) -> BoxFuture<'_, Result<Option<i64>>> {
+        Box::pin(async move {
+            Ok(sqlx::query_scalar::<_, Option<i64>>("SELECT MIN(next_fire_at) FROM schedules")
+                .fetch_one(&self.database.pool)
+                .await?)
+        })
+    }
+
+    fn schedules<'a>(&'a self, after: &'a str, limit: u32) -> BoxFuture<'a, Result<Vec<ScheduleState>>> {
+        Box::pin(async move {
+            let rows = sqlx::query("SELECT * FROM schedules WHERE process_name > $1 ORDER BY process_name LIMIT $2")
+                .bind(after.to_owned())
+                .bind(i64::from(limit))
+                .fetch_all(&self.database.reads)
+                .await?;
+            rows.iter().map(schedule_from_row).collect()
+        })
+    }
+
+    fn skip_schedule<'a>(&'a self, process_name: &'a str, due: i64, next: i64) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let moved =
+                sqlx::query("UPDATE schedules SET next_fire_at = $1 WHERE process_name = $2 AND next_fire_at = $3")
+                    .bind(next)
+                    .bind(process_name.to_owned())
+                    .bind(due)
+                    .execute(&self.database.pool)
+                    .await?;
+            Ok(moved.rows_affected() == 1)
         })
     }
 
