@@ -200,9 +200,20 @@ impl Cluster {
     pub async fn restart(&mut self, name: &'static str) -> anyhow::Result<()> {
         let position = self.services.iter().position(|service| service.name == name).context("no such service")?;
         let address = self.services[position].address;
-        let replacement = self.spawn_at(name, address.port()).await?;
+        let replacement = self.spawn_at(name, address.port(), name).await?;
         self.services[position] = replacement;
         Ok(())
+    }
+
+    /// Starts one more process of a service, on a port of its own, sharing
+    /// the service's database (a replica, as a second pod would be); its
+    /// address. It stops with the cluster.
+    pub async fn add_replica(&mut self, name: &'static str) -> anyhow::Result<SocketAddr> {
+        let count = self.services.iter().filter(|service| service.name == name).count();
+        let replica = self.spawn_at(name, 0, &format!("{name}-replica-{count}")).await?;
+        let address = replica.address;
+        self.services.push(replica);
+        Ok(address)
     }
 
     /// Stops every service gracefully, the execution service first.
@@ -224,17 +235,19 @@ impl Cluster {
             "validator" => ports.validator,
             _ => ports.notifier,
         };
-        self.spawn_at(name, port).await
+        self.spawn_at(name, port, name).await
     }
 
-    async fn spawn_at(&self, name: &'static str, port: u16) -> anyhow::Result<ServiceProcess> {
+    /// Starts the binary of service `name`, its log and port files named
+    /// after `file_stem`.
+    async fn spawn_at(&self, name: &'static str, port: u16, file_stem: &str) -> anyhow::Result<ServiceProcess> {
         let options = &self.options;
         let binary = options.binary_dir.join(format!("muster-{name}"));
         if !binary.exists() {
             bail!("{} is missing: build the services first with `cargo build --bins`", binary.display());
         }
-        let log_path = options.data_dir.join("logs").join(format!("{name}.log"));
-        let port_file = options.data_dir.join(format!("{name}.port"));
+        let log_path = options.data_dir.join("logs").join(format!("{file_stem}.log"));
+        let port_file = options.data_dir.join(format!("{file_stem}.port"));
         let _ = std::fs::remove_file(&port_file);
         let log = std::fs::OpenOptions::new()
             .create(true)

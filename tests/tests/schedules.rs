@@ -2,8 +2,9 @@
 //! the `muster` command, on both databases: a process with a schedule runs
 //! at its due times; across a restart of the execution service that misses
 //! due times, `missed: run_once` fires once for all of them and `missed:
-//! skip` fires none; no due time ever fires twice; `ListSchedules` and
-//! `muster schedule list` show when each fires next.
+//! skip` fires none; no due time ever fires twice, also with two execution
+//! services on one PostgreSQL database; `ListSchedules` and `muster schedule
+//! list` show when each fires next.
 
 use std::time::Duration;
 
@@ -128,4 +129,21 @@ async fn schedules_fire_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schedules_fire_on_postgres() {
     schedules_fire(Backend::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_fire_a_due_time_once_on_postgres() {
+    let Some(mut test) = TestCluster::start(Backend::Postgres).await else { return };
+    // A second execution service on the same database, as a second pod.
+    test.cluster_mut().add_replica("execution").await.expect("a replica");
+    let mut client = test.execution();
+    let source = "name: beat\ntriggers: {schedule: '* * * * * *'}\n\
+                  steps:\n  - {id: a, type: human_approval, roles: {executor: approval-system}}\n"
+        .to_owned();
+    client.publish_process(PublishProcessRequest { source, file_name: String::new() }).await.expect("publish");
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let fired = fired_for(&mut client, "beat").await;
+    assert!(fired.len() >= 4, "every second: {fired:?}");
+    assert!(fired.windows(2).all(|pair| pair[0] < pair[1]), "no due time fires twice: {fired:?}");
+    test.shutdown().await;
 }

@@ -149,7 +149,7 @@ impl Cluster {
                 let restarted = tokio::select! {
                     biased;
                     () = &mut until => return Ok(()),
-                    restarted = self.spawn_at(name, address.port()) => restarted,
+                    restarted = self.spawn_at(name, address.port(), name) => restarted,
                 };
                 match restarted {
                     Ok(service) => {
