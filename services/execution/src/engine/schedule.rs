@@ -35,16 +35,22 @@ impl Engine {
         }
     }
 
-    /// Fires every due schedule; how long to sleep until the next is due.
+    /// Fires every due schedule; how long to sleep until the next is due
+    /// (after a failure, [`MAX_SLEEP`]: the failed one is still due).
     async fn fire_due_schedules(self: &Arc<Self>) -> Result<Duration> {
         loop {
             let now = muster_runtime::time::now_millis();
             let due = self.store.due_schedules(now, BATCH).await?;
             let full = due.len() == BATCH as usize;
+            let mut failed = false;
             for state in due {
                 if let Err(error) = self.fire(&state, now).await {
                     tracing::warn!(process = %state.process_name, %error, "could not fire the schedule");
+                    failed = true;
                 }
+            }
+            if failed {
+                return Ok(MAX_SLEEP);
             }
             if !full {
                 break;
@@ -75,7 +81,10 @@ impl Engine {
                 return Ok(());
             }
         };
-        let Some(process) = self.process(process_name, None).await? else { return Ok(()) };
+        let Some(process) = self.process(process_name, None).await? else {
+            self.store.skip_schedule(process_name, due, next).await?;
+            return Ok(());
+        };
         let inputs = serde_json::json!({
             "schedule": state.cron,
             "scheduled_for_ms": due,
