@@ -135,8 +135,11 @@ pub(crate) struct Driver {
     schemas: schema::Compiled,
     /// Questions for the roster from this turn, sent together.
     asks: Vec<(DelegationAsk, Route, tracing::Span)>,
+    /// The budget in force when the execution started (`Some(None)`: none),
+    /// if the engine knew it; read at the first completed step otherwise.
+    pub(super) budget: Option<Option<crate::domain::budget::Budget>>,
     /// The budget's limits on cost and tokens and the use counted against
-    /// them; read at the first completed step (`Some(None)`: no such limit).
+    /// them; set at the first completed step (`Some(None)`: no such limit).
     spending: Option<Option<spending::Spending>>,
 }
 
@@ -185,6 +188,7 @@ impl Driver {
             after_commit: Vec::new(),
             schemas: schema::Compiled::default(),
             asks: Vec::new(),
+            budget: None,
             spending: None,
         }
     }

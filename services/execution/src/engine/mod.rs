@@ -1,7 +1,8 @@
 //! The engine: publishes processes, starts executions and drives each one
 //! in a task of its own (its [`driver`], the only writer of its state),
-//! hands steps to the connected [`workers`], starts the runs inboxes
-//! trigger ([`inbox`]), and resumes unfinished executions after a restart. It speaks domain types only; the roster is
+//! hands steps to the connected [`workers`], starts the runs that inboxes
+//! ([`inbox`]) and schedules ([`schedule`]) trigger, and resumes unfinished
+//! executions after a restart. It speaks domain types only; the roster is
 //! reached through the [`Roster`] trait and storage through [`Store`], so
 //! tests drive it with their own.
 //!
@@ -350,7 +351,7 @@ impl Engine {
                 step.id
             )));
         }
-        let _admitted = self.admit(&request.process).await?;
+        let (_admitted, budget) = self.admit(&request.process).await?;
         let now = muster_runtime::time::now_millis();
         let trace_parent = muster_runtime::telemetry::traceparent(&tracing::Span::current());
         let mut execution = Execution {
@@ -412,30 +413,35 @@ impl Engine {
         self.store.commit(writes).await?;
         self.announce(events);
         tracing::info!(execution_id = %execution.id, process = %execution.process_name, version = execution.process_version, "execution started");
-        self.spawn_driver(execution.clone(), steps, request.process);
+        self.spawn_driver(execution.clone(), steps, request.process, Some(budget));
         Ok(execution)
     }
 
     /// Checks that a run of `process` may start now, under its budget and
-    /// its throttle. Runs of a process with either start one at a time, each
-    /// after the check (the guard answered is held until it is created), so
-    /// that concurrent starts cannot overrun them.
-    async fn admit(&self, process: &ProcessVersion) -> Result<Option<tokio::sync::MutexGuard<'_, ()>>> {
-        let budget = self.budget_of(process).await?.filter(Budget::has_period_limit);
+    /// its throttle; the budget in force, for the run's driver. Runs of a
+    /// process with a limit per period or a throttle start one at a time,
+    /// each after the check (the guard answered is held until it is
+    /// created), so that concurrent starts cannot overrun them.
+    async fn admit(
+        &self,
+        process: &ProcessVersion,
+    ) -> Result<(Option<tokio::sync::MutexGuard<'_, ()>>, Option<Budget>)> {
+        let budget = self.budget_of(process).await?;
+        let period_limited = budget.as_ref().filter(|budget| budget.has_period_limit());
         let throttle = process
             .definition
             .throttle
             .filter(|throttle| throttle.min_interval_seconds > 0 || throttle.max_concurrent > 0);
-        if budget.is_none() && throttle.is_none() {
-            return Ok(None);
+        if period_limited.is_none() && throttle.is_none() {
+            return Ok((None, budget));
         }
         let admitted = self.admission_gate.lock().await;
         let now = muster_runtime::time::now_millis();
-        if let Some(budget) = budget {
+        if let Some(budget) = period_limited {
             let usage = self.store.process_usage(&budget.process_name, budget.period_start(now), "").await?;
             if let Some(exhausted) = budget.exhausted(&usage) {
                 return Err(Error::BudgetExhausted {
-                    process: budget.process_name,
+                    process: budget.process_name.clone(),
                     description: format!("{} ({} budget)", exhausted.description, budget.source.as_str()),
                 });
             }
@@ -467,7 +473,7 @@ impl Engine {
                 ));
             }
         }
-        Ok(Some(admitted))
+        Ok((Some(admitted), budget))
     }
 
     /// The budget in force for a process: the one an operator set, else the
@@ -499,7 +505,7 @@ impl Engine {
                 continue;
             }
             tracing::info!(execution_id = %id, "resuming execution");
-            self.spawn_driver(execution, steps, process);
+            self.spawn_driver(execution, steps, process, None);
             resumed += 1;
         }
         Ok(resumed)
@@ -534,7 +540,15 @@ impl Engine {
         }
     }
 
-    fn spawn_driver(self: &Arc<Self>, execution: Execution, steps: Vec<Step>, process: Arc<ProcessVersion>) {
+    /// Drives an execution in a task of its own; `budget` is the budget in
+    /// force when it is known already (`None`: the driver reads it).
+    fn spawn_driver(
+        self: &Arc<Self>,
+        execution: Execution,
+        steps: Vec<Step>,
+        process: Arc<ProcessVersion>,
+        budget: Option<Option<Budget>>,
+    ) {
         let (sender, inputs) = mpsc::unbounded_channel();
         self.drivers.lock().unwrap_or_else(PoisonError::into_inner).insert(execution.id.clone(), sender.clone());
         let engine = self.clone();
@@ -552,7 +566,8 @@ impl Engine {
         self.tasks.spawn(
             async move {
                 let execution_id = execution.id.clone();
-                let driver = driver::Driver::new(engine.clone(), execution, steps, process, sender, inputs);
+                let mut driver = driver::Driver::new(engine.clone(), execution, steps, process, sender, inputs);
+                driver.budget = budget;
                 match driver.run(stopping).await {
                     Ok(()) => {}
                     Err(error) => {

@@ -69,9 +69,14 @@ impl Driver {
         Ok(None)
     }
 
-    /// The budget in force, if it limits cost or tokens, with the use so far.
-    async fn read_budget(&self) -> Result<Option<Spending>> {
-        let Some(budget) = self.engine.budget_of(&self.process).await? else { return Ok(None) };
+    /// The budget in force (as the run's start found it, or read now), if it
+    /// limits cost or tokens, with the use so far.
+    async fn read_budget(&mut self) -> Result<Option<Spending>> {
+        let budget = match self.budget.take() {
+            Some(known) => known,
+            None => self.engine.budget_of(&self.process).await?,
+        };
+        let Some(budget) = budget else { return Ok(None) };
         if !budget.limits_use() {
             return Ok(None);
         }
