@@ -1,5 +1,5 @@
 //! `muster`: start a cluster, validate, publish and run processes, manage the
-//! roster, credentials, sessions, inboxes, budgets, schedules and the permission matrix, and
+//! roster, credentials, sessions, inboxes, budgets, schedules, memory and the permission matrix, and
 //! serve sample agents.
 
 use std::process::ExitCode;
@@ -56,6 +56,8 @@ enum Command {
     Budget(commands::budget::BudgetArgs),
     /// Schedules: the processes that run on a schedule, when each fires next and its last run.
     Schedule(commands::schedule::ScheduleArgs),
+    /// Memory: what the runs of a role (or every run) remember, newest first; add and forget entries.
+    Memory(commands::memory::MemoryArgs),
     /// Whether an agent's role permits an action, and why.
     CheckRole(commands::session::CheckRoleArgs),
     /// Serves agents with the deterministic sample behaviour (no LLM); an agent whose token is refused is left out.
@@ -97,6 +99,7 @@ async fn main() -> ExitCode {
         Command::Session(args) => commands::session::run(args, token).await.map(|()| true),
         Command::Budget(args) => commands::budget::run(args, token).await.map(|()| true),
         Command::Schedule(args) => commands::schedule::run(args, token).await.map(|()| true),
+        Command::Memory(args) => commands::memory::run(args, token).await.map(|()| true),
         Command::Inbox(args) => commands::inbox::run(args, token).await.map(|()| true),
         Command::CheckRole(args) => commands::session::check_role(args, token).await,
         Command::Agent(args) => commands::agent::run(args, token).await.map(|()| true),

@@ -2,7 +2,10 @@
 //! LLM: each step's output is a JSON object naming the agent, the step, its
 //! instruction, its inputs, the steps it built on (with the size of each of
 //! their outputs), and the context it was given (role, size of the system
-//! prompt, shared-memory keys, history length).
+//! prompt, shared-memory keys, history length, memory entries).
+//!
+//! A run of a role (a step of the process `role-<name>` that runs it) adds
+//! one entry to the role's memory: which run it was and what it saw.
 //!
 //! It provides two tools: `word_count` (input `{"text": string}`, output
 //! `{"words": n}`) and `flaky_tool`, which always fails (status 500).
@@ -18,7 +21,7 @@
 
 use std::time::Duration;
 
-use muster_proto::execution::v1::{Assignment, ToolCall, ToolOutput, ToolSpec};
+use muster_proto::execution::v1::{Assignment, MemoryNote, MemoryScope, ToolCall, ToolOutput, ToolSpec};
 use serde_json::{Value, json};
 
 use crate::worker::{Behaviour, StepOutcome};
@@ -54,12 +57,29 @@ impl SampleBehaviour {
             "session_role": assignment.session_role,
             "max_iterations": assignment.max_iterations,
             "llm_config": serde_json::from_str::<Value>(&assignment.llm_config_json).unwrap_or(Value::Null),
+            "memory_entries": assignment.memory.len(),
         });
         if let Some(padding) = inputs.get("output_bytes").and_then(Value::as_u64) {
             output["padding"] = "x".repeat(usize::try_from(padding.min(16 << 20)).unwrap_or_default()).into();
         }
         let iterations = inputs.get("iterations").and_then(Value::as_u64).map_or(1, |iterations| iterations as u32);
-        StepOutcome::Completed { output_json: output.to_string(), tokens_used: 100, cost: 0.01, iterations }
+        let role_run = assignment.process_name.starts_with("role-") && assignment.role_definition.is_some();
+        let remember = if role_run {
+            let messages = inputs.get("inbox_messages").and_then(Value::as_array).map_or(0, Vec::len);
+            vec![MemoryNote {
+                scope: MemoryScope::Role as i32,
+                text: format!(
+                    "{} ran {} (execution {}): {messages} inbox messages, {} memory entries read",
+                    assignment.agent_id,
+                    assignment.process_name,
+                    assignment.execution_id,
+                    assignment.memory.len()
+                ),
+            }]
+        } else {
+            Vec::new()
+        };
+        StepOutcome::Completed { output_json: output.to_string(), tokens_used: 100, cost: 0.01, iterations, remember }
     }
 }
 

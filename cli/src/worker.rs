@@ -9,9 +9,9 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use muster_proto::execution::v1::{
-    Assignment, ConnectWorkerRequest, DelegateStep, PayloadKind, ReadPayloadRequest, ServedAgent, StepFailure,
-    StepResult, ToolCall, ToolCallResult, ToolOutput, ToolSpec, WorkerHeartbeat, WorkerHello, connect_worker_request,
-    connect_worker_response, execution_service_client::ExecutionServiceClient,
+    Assignment, ConnectWorkerRequest, DelegateStep, MemoryNote, PayloadKind, ReadPayloadRequest, ServedAgent,
+    StepFailure, StepResult, ToolCall, ToolCallResult, ToolOutput, ToolSpec, WorkerHeartbeat, WorkerHello,
+    connect_worker_request, connect_worker_response, execution_service_client::ExecutionServiceClient,
 };
 use muster_runtime::auth::client::AuthChannel;
 use tokio::sync::mpsc;
@@ -43,6 +43,9 @@ pub enum StepOutcome {
         /// Iterations the agent ran (more than the assignment's
         /// `max_iterations` fails the step).
         iterations: u32,
+        /// What the agent wants later runs to remember: entries for the
+        /// global memory or its role's.
+        remember: Vec<MemoryNote>,
     },
     /// Hand the step onward: to a named colleague, or (with `to_agent_id`
     /// empty) to whoever the roster chooses for the expertise. If the
@@ -237,8 +240,9 @@ fn refused_agent(error: &anyhow::Error, execution: &Endpoint, agents: &[AgentCre
 /// The message reporting a finished assignment.
 fn report(assignment_id: String, outcome: StepOutcome, elapsed: Duration) -> connect_worker_request::Message {
     match outcome {
-        StepOutcome::Completed { output_json, tokens_used, cost, iterations } => {
+        StepOutcome::Completed { output_json, tokens_used, cost, iterations, remember } => {
             connect_worker_request::Message::Result(StepResult {
+                remember,
                 assignment_id,
                 output_json,
                 tokens_used,
@@ -369,12 +373,18 @@ async fn session<B: Behaviour>(
                     .remove(&outcome.assignment_id);
                 if let (false, Some(fallback)) = (outcome.accepted, fallback) {
                     let fallback = match fallback {
-                        StepOutcome::Completed { output_json, tokens_used, cost, iterations } => {
+                        StepOutcome::Completed { output_json, tokens_used, cost, iterations, remember } => {
                             let mut output: serde_json::Value = serde_json::from_str(&output_json).unwrap_or_default();
                             if let Some(object) = output.as_object_mut() {
                                 object.insert("delegation_refused".to_owned(), outcome.reason.clone().into());
                             }
-                            StepOutcome::Completed { output_json: output.to_string(), tokens_used, cost, iterations }
+                            StepOutcome::Completed {
+                                output_json: output.to_string(),
+                                tokens_used,
+                                cost,
+                                iterations,
+                                remember,
+                            }
                         }
                         other => other,
                     };

@@ -37,7 +37,7 @@ pub use model::{
     ProcessThrottle, StepDefinition, StepRoles, Triggers,
 };
 pub use process::{MAX_RETRIES, STEP_TYPES};
-pub use role::{RoleDefinition, RoleFormat, RoleReport};
+pub use role::{RoleDefinition, RoleFormat, RoleReport, role_inbox_name, role_schedule_cron};
 pub use schedule::{MissedRuns, Schedule, rfc3339};
 pub use yaml::Limits;
 

@@ -1,15 +1,17 @@
 //! Markdown role files: a `# Title` heading names the role; `##` sections
-//! Mission, Goals, Context Files, Tools, Schedule, Inbox and User Preferences
-//! describe it. Lists are `-`, `*` or `+` bullets.
+//! Mission, Goals, Context Files, Tools, Schedule, Inbox, Post To Inbox and
+//! User Preferences describe it. Lists are `-`, `*` or `+` bullets.
 
 use super::diagnostic::{Diagnostics, Position};
 use super::formats::suggestion;
 use super::role::{
-    ReadRole, RoleDefinition, check_context_file, check_inbox, check_role_name, check_schedule, warn_duplicates,
+    ReadRole, RoleDefinition, check_context_file, check_inbox, check_post_to_inbox, check_role_name, check_schedule,
+    warn_duplicates,
 };
 use super::yaml::Limits;
 
-const SECTIONS: [&str; 7] = ["Mission", "Goals", "Context Files", "Tools", "Schedule", "Inbox", "User Preferences"];
+const SECTIONS: [&str; 8] =
+    ["Mission", "Goals", "Context Files", "Tools", "Schedule", "Inbox", "Post To Inbox", "User Preferences"];
 const LIST_SECTIONS: [&str; 3] = ["Goals", "Context Files", "Tools"];
 
 struct Line<'a> {
@@ -152,6 +154,10 @@ pub(crate) fn check_markdown_role(
             "Inbox" => {
                 check_inbox(&text, &path, at, diagnostics);
                 role.inbox = Some(text);
+            }
+            "Post To Inbox" => {
+                check_post_to_inbox(&text, &path, at, diagnostics);
+                role.post_to_inbox = Some(text);
             }
             _ => role.user_preferences = text,
         }

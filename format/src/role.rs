@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use super::diagnostic::{Diagnostic, Diagnostics, Position, child_path, index_path};
 use super::fields::{check_keys, string_field, string_list_field};
-use super::formats::suggestion;
+use super::formats::{is_identifier, suggestion};
 use super::markdown;
 use super::model::Context;
 use super::schedule::Schedule;
@@ -45,6 +45,8 @@ pub struct RoleDefinition {
     pub inbox: Option<String>,
     /// How the user wants the role to behave.
     pub user_preferences: String,
+    /// The inbox the role's own runs post their output to.
+    pub post_to_inbox: Option<String>,
     /// JSON schema of the role's task input, as JSON text.
     pub input_schema_json: Option<String>,
     /// JSON schema of the role's output, as JSON text.
@@ -67,7 +69,7 @@ impl RoleReport {
     }
 }
 
-const ROLE_FIELDS: [&str; 13] = [
+const ROLE_FIELDS: [&str; 14] = [
     "name",
     "description",
     "goals",
@@ -81,6 +83,7 @@ const ROLE_FIELDS: [&str; 13] = [
     "inbox",
     "user_preferences",
     "permitted_actions",
+    "post_to_inbox",
 ];
 const JSON_SCHEMA_TYPES: [&str; 7] = ["object", "array", "string", "number", "integer", "boolean", "null"];
 
@@ -188,6 +191,10 @@ fn check_yaml_role(node: Node<'_>, path: &str, diagnostics: &mut Diagnostics) ->
         check_inbox(text, &child_path(path, "inbox"), value.position(), diagnostics);
         text.to_owned()
     });
+    let post_to_inbox = string_field(node, "post_to_inbox", path, "ROL003", diagnostics).map(|(value, text)| {
+        check_post_to_inbox(text, &child_path(path, "post_to_inbox"), value.position(), diagnostics);
+        text.trim().to_owned()
+    });
     let context_files = list("context_files", diagnostics);
     for (index, (item, file)) in context_files.iter().enumerate() {
         check_context_file(file, &index_path(&child_path(path, "context_files"), index), item.position(), diagnostics);
@@ -216,6 +223,7 @@ fn check_yaml_role(node: Node<'_>, path: &str, diagnostics: &mut Diagnostics) ->
         schedule,
         inbox,
         user_preferences: text("user_preferences", diagnostics).unwrap_or_default(),
+        post_to_inbox,
         input_schema_json: schema_field(node, "input_schema", path, diagnostics),
         output_schema_json: schema_field(node, "output_schema", path, diagnostics),
         name,
@@ -283,16 +291,35 @@ pub(crate) fn warn_duplicates(tools: &[(String, String, Position)], diagnostics:
     }
 }
 
-/// A schedule is a cron expression (checked), a cron expression in backticks
-/// within text (checked), or free text (a warning: nothing can fire it).
-pub(crate) fn check_schedule(text: &str, path: &str, at: Position, diagnostics: &mut Diagnostics) {
+/// The cron expression a role's schedule holds: the whole text when it
+/// looks like one, else the first backticked span; `None` for free text
+/// (nothing can fire it).
+pub fn role_schedule_cron(text: &str) -> Option<&str> {
     let trimmed = text.trim();
     let code_span = trimmed.split('`').nth(1).filter(|_| trimmed.matches('`').count() >= 2);
     let looks_like_cron = trimmed.starts_with('@')
         || (!trimmed.is_empty()
             && trimmed.chars().all(|character| character.is_ascii_digit() || " */,-?".contains(character)));
-    let candidate = code_span.or(looks_like_cron.then_some(trimmed));
-    match candidate {
+    code_span.or(looks_like_cron.then_some(trimmed)).map(str::trim)
+}
+
+/// The inbox a role's `inbox` names: the text itself, or the last segment of
+/// a relative path (`agent/inbox/risk/` is the inbox `risk`), in lowercase;
+/// `None` when that is not an inbox name (`[a-z0-9][a-z0-9_-]*`) or the path
+/// is absolute or has `..`.
+pub fn role_inbox_name(text: &str) -> Option<String> {
+    let trimmed = text.trim();
+    if trimmed.starts_with('/') || trimmed.split('/').any(|segment| segment == "..") {
+        return None;
+    }
+    let name = trimmed.trim_end_matches('/').rsplit('/').next()?.to_lowercase();
+    is_identifier(&name).then_some(name)
+}
+
+/// A schedule is a cron expression (checked), a cron expression in backticks
+/// within text (checked), or free text (a warning: nothing can fire it).
+pub(crate) fn check_schedule(text: &str, path: &str, at: Position, diagnostics: &mut Diagnostics) {
+    match role_schedule_cron(text) {
         Some(expression) => {
             if let Err(reason) = Schedule::parse(expression, "") {
                 diagnostics.error("ROL006", path, at, format!("invalid schedule: {reason}"));
@@ -303,26 +330,42 @@ pub(crate) fn check_schedule(text: &str, path: &str, at: Position, diagnostics: 
             path,
             at,
             format!(
-                "schedule '{trimmed}' is not a cron expression, so nothing can fire it; \
-                 write one, e.g. `0 9,17 * * 1-5` for 9am and 5pm on weekdays"
+                "schedule '{}' is not a cron expression, so nothing can fire it; \
+                 write one, e.g. `0 9,17 * * 1-5` for 9am and 5pm on weekdays (UTC)",
+                text.trim()
             ),
         ),
     }
 }
 
-/// An inbox is a name (`risk`) or a relative path (`agent/inbox/risk/`).
+/// An inbox is a name (`risk`) or a relative path whose last segment is one
+/// (`agent/inbox/risk/`).
 pub(crate) fn check_inbox(text: &str, path: &str, at: Position, diagnostics: &mut Diagnostics) {
     let trimmed = text.trim();
-    let well_formed = !trimmed.is_empty()
-        && !trimmed.starts_with('/')
-        && !trimmed.split('/').any(|segment| segment == "..")
-        && trimmed.chars().all(|character| character.is_alphanumeric() || "_-./".contains(character));
-    if !well_formed {
+    if role_inbox_name(trimmed).is_none() {
         diagnostics.error(
             "ROL007",
             path,
             at,
-            format!("inbox '{trimmed}' must be a name or a relative path of letters, digits, '_', '-', '.' and '/'"),
+            format!(
+                "inbox '{trimmed}' must be an inbox name ([a-z0-9][a-z0-9_-]*) or a relative path ending in one, \
+                 such as 'agent/inbox/risk/'"
+            ),
+        );
+    }
+}
+
+/// The inbox a role's runs post to: an inbox name.
+pub(crate) fn check_post_to_inbox(text: &str, path: &str, at: Position, diagnostics: &mut Diagnostics) {
+    if !is_identifier(text.trim()) {
+        diagnostics.error(
+            "ROL014",
+            path,
+            at,
+            format!(
+                "post_to_inbox '{}' must be an inbox name ([a-z0-9][a-z0-9_-]*, at most 64 characters)",
+                text.trim()
+            ),
         );
     }
 }

@@ -25,6 +25,7 @@ impl Behaviour for Stub {
             tokens_used: 1,
             cost: 0.0,
             iterations: 1,
+            remember: Vec::new(),
         }
     }
 }

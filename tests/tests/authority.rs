@@ -494,6 +494,30 @@ fn table() -> Vec<Row> {
         ),
         row("ExecutionService/ListBudgets", |_| execution::ListBudgetsRequest::default().encode_to_vec(), ALL),
         row("ExecutionService/ListSchedules", |_| execution::ListSchedulesRequest::default().encode_to_vec(), ALL),
+        row(
+            "ExecutionService/ListMemory",
+            |_| {
+                let role = execution::MemoryScope::Role as i32;
+                // A role no agent of the table holds.
+                execution::ListMemoryRequest { scope: role, role: "doomed".into(), ..Default::default() }
+                    .encode_to_vec()
+            },
+            [PD, PD, OK, OK],
+        ),
+        row(
+            "ExecutionService/AppendMemory",
+            |_| {
+                let global = execution::MemoryScope::Global as i32;
+                execution::AppendMemoryRequest { scope: global, role: String::new(), text: "table".into() }
+                    .encode_to_vec()
+            },
+            OPERATORS,
+        ),
+        row(
+            "ExecutionService/ForgetMemory",
+            |_| execution::ForgetMemoryRequest { id: "nothing".into() }.encode_to_vec(),
+            [PD, PD, NotFound, PD],
+        ),
     ]
 }
 

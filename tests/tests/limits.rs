@@ -196,6 +196,7 @@ impl muster::worker::Behaviour for BigOutputs {
             tokens_used: 0,
             cost: 0.0,
             iterations: 1,
+            remember: Vec::new(),
         })
     }
 }

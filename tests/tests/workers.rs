@@ -36,6 +36,7 @@ impl Behaviour for Gated {
             tokens_used: 0,
             cost: 0.0,
             iterations: 1,
+            remember: Vec::new(),
         }
     }
 }

@@ -19,10 +19,14 @@ pub(crate) struct BudgetArgs {
 #[derive(Debug, clap::Subcommand)]
 enum BudgetCommand {
     /// Sets a published process's budget, replacing the one it declares
-    /// (every limit 0 removes it). Operators.
+    /// (every limit 0 removes it), or with `--role` the budget of a role's
+    /// own runs. Operators.
     Set {
-        /// The process.
+        /// The process (with `--role`, the role).
         process: String,
+        /// The name is a role's: limit the runs its schedule and inbox start.
+        #[arg(long)]
+        role: bool,
         /// Length of the period, in seconds.
         #[arg(long, default_value_t = 86_400)]
         period_seconds: u64,
@@ -64,8 +68,9 @@ fn line(budget: &Budget) -> String {
     let limit = |used: String, max: String, unlimited: bool| {
         if unlimited { format!("{used} (no limit)") } else { format!("{used} of {max}") }
     };
+    let role = if budget.scope == BudgetScope::Role as i32 { "role " } else { "" };
     let line = format!(
-        "{}  ({}, per {} s)  runs {}  cost {}  tokens {}",
+        "{role}{}  ({}, per {} s)  runs {}  cost {}  tokens {}",
         budget.name,
         budget.source,
         budget.period_seconds,
@@ -98,6 +103,7 @@ pub(crate) async fn run(args: BudgetArgs, token: Option<&str>) -> anyhow::Result
     match args.command {
         BudgetCommand::Set {
             process,
+            role,
             period_seconds,
             max_runs,
             max_cost,
@@ -107,7 +113,7 @@ pub(crate) async fn run(args: BudgetArgs, token: Option<&str>) -> anyhow::Result
             on_exceed,
         } => {
             let budget = Budget {
-                scope: BudgetScope::Process as i32,
+                scope: if role { BudgetScope::Role } else { BudgetScope::Process } as i32,
                 name: process.clone(),
                 period_seconds,
                 max_cost,

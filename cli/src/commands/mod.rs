@@ -6,6 +6,7 @@ pub(crate) mod agent;
 pub(crate) mod budget;
 pub(crate) mod demo;
 pub(crate) mod inbox;
+pub(crate) mod memory;
 pub(crate) mod roster;
 pub(crate) mod run;
 pub(crate) mod schedule;

@@ -98,6 +98,8 @@ fn yaml_role_rules() {
     assert_eq!(yaml("name: a\nschedule: every day\n"), vec![("ROL011", 2, 11)]);
     assert_eq!(yaml("name: a\ncontext_files: [../secrets]\n"), vec![("ROL012", 2, 17)]);
     assert_eq!(yaml("name: a\npermitted_actions: [code, Review]\n"), vec![("ROL013", 2, 27)]);
+    assert_eq!(yaml("name: a\npost_to_inbox: risk/x\n"), vec![("ROL014", 2, 16)]);
+    assert_eq!(yaml("name: a\ninbox: agent/inbox/Risk.Team/\n"), vec![("ROL007", 2, 8)]);
     assert_eq!(yaml("name: a\nschedule: \"@daily\"\ninput_schema: {type: object}\n"), vec![]);
 }
 
@@ -127,7 +129,20 @@ fn markdown_role_rules() {
     assert_eq!(markdown("# A\n## Mission\nm\n## Schedule\n`0 9,17 * * 1-5` (twice a day)\n"), vec![]);
     assert_eq!(markdown("# A\n## Mission\nm\n## Schedule\n0 9 * * 1-8\n"), vec![("ROL006", 5, 1)]);
     assert_eq!(markdown("# A\n## Mission\nm\n## Inbox\n../x\n"), vec![("ROL007", 5, 1)]);
+    assert_eq!(markdown("# A\n## Mission\nm\n## Post To Inbox\nrisk\n"), vec![]);
+    assert_eq!(markdown("# A\n## Mission\nm\n## Post To Inbox\nthe risk role\n"), vec![("ROL014", 5, 1)]);
     assert_eq!(markdown("# A\n## Mission\nm\n## Context Files\n  - /etc/passwd\n"), vec![("ROL012", 5, 5)]);
     // Headings inside code fences are text.
     assert_eq!(markdown("# A\n## Mission\n```\n## Not a section\n```\n"), vec![]);
+}
+
+#[test]
+fn a_role_names_its_inbox_and_its_cron() {
+    assert_eq!(crate::role_inbox_name("agent/inbox/Risk/").as_deref(), Some("risk"));
+    assert_eq!(crate::role_inbox_name("risk").as_deref(), Some("risk"));
+    assert_eq!(crate::role_inbox_name("agent/inbox/../risk"), None);
+    assert_eq!(crate::role_inbox_name("/risk"), None);
+    assert_eq!(crate::role_schedule_cron("9am and 5pm: `0 9,17 * * 1-5`"), Some("0 9,17 * * 1-5"));
+    assert_eq!(crate::role_schedule_cron("*/30 * * * *"), Some("*/30 * * * *"));
+    assert_eq!(crate::role_schedule_cron("twice a day"), None);
 }

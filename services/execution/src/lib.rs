@@ -5,7 +5,9 @@
 //! roster's `Delegate`), hands steps to agent workers connected over a
 //! bidirectional stream, records every state change with its events in one
 //! transaction, streams the log to the notifier, and resumes unfinished
-//! executions after a restart.
+//! executions after a restart. It also starts runs by itself (inboxes,
+//! schedules, the roles of the roster that run on their own) within budgets
+//! and throttles, and keeps what runs remember (memory).
 //!
 //! It does not own agents or roles (the roster does) or notifications (the
 //! notifier does). The document formats and their rules are the
@@ -104,7 +106,7 @@ pub async fn run(
         schedule_to_start: (config.schedule_to_start_seconds > 0)
             .then(|| Duration::from_secs(config.schedule_to_start_seconds)),
     };
-    let engine = engine::Engine::new(store.clone(), roster, settings);
+    let engine = engine::Engine::new(store.clone(), roster.clone(), settings);
     let measured = Arc::downgrade(&engine);
     muster_runtime::metrics::collect_on_render(move || {
         let Some(engine) = measured.upgrade() else { return false };
@@ -136,6 +138,7 @@ pub async fn run(
         started.spawn(drop_revoked_agents(started.clone(), agents));
         started.spawn(follow_matrix(started.clone()));
         started.spawn(started.clone().run_schedules());
+        started.spawn(started.clone().follow_roles(roster));
         let resumed = started.resume_unfinished().await?;
         if resumed > 0 {
             tracing::info!(resumed, "resumed unfinished executions");

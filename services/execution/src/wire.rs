@@ -189,6 +189,7 @@ pub(crate) fn role_definition_from_wire(role: roster::RoleDefinition) -> RoleDef
         schedule: role.schedule,
         inbox: role.inbox,
         user_preferences: role.user_preferences,
+        post_to_inbox: role.post_to_inbox,
     }
 }
 
@@ -207,6 +208,7 @@ fn role_definition_to_wire(role: &RoleDefinition) -> roster::RoleDefinition {
         schedule: role.schedule.clone(),
         inbox: role.inbox.clone(),
         user_preferences: role.user_preferences.clone(),
+        post_to_inbox: role.post_to_inbox.clone(),
     }
 }
 
@@ -235,6 +237,18 @@ fn memory_json(memory: &[(String, std::sync::Arc<str>)]) -> String {
     }
     text.push('}');
     text
+}
+
+pub(crate) fn memory_entry_to_wire(entry: &crate::domain::memory::MemoryEntry) -> wire::MemoryEntry {
+    wire::MemoryEntry {
+        id: entry.id.clone(),
+        scope: if entry.role.is_empty() { wire::MemoryScope::Global } else { wire::MemoryScope::Role } as i32,
+        role: entry.role.clone(),
+        text: entry.text.clone(),
+        author: entry.author.clone(),
+        execution_id: entry.execution_id.clone(),
+        created_at_ms: entry.created_at,
+    }
 }
 
 pub(crate) fn assignment_to_wire(assignment: &Assignment) -> wire::Assignment {
@@ -272,6 +286,7 @@ pub(crate) fn assignment_to_wire(assignment: &Assignment) -> wire::Assignment {
         session_role: assignment.session_role.clone(),
         session_context: assignment.session_context.clone(),
         payload_refs: assignment.payload_refs.iter().map(payload_ref_to_wire).collect(),
+        memory: context.memory.iter().map(memory_entry_to_wire).collect(),
     }
 }
 

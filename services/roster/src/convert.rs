@@ -112,6 +112,7 @@ pub(crate) fn role_to_wire(role: &RoleDefinition) -> pb::RoleDefinition {
         schedule: role.schedule.clone(),
         inbox: role.inbox.clone(),
         user_preferences: role.user_preferences.clone(),
+        post_to_inbox: role.post_to_inbox.clone(),
     }
 }
 
@@ -131,6 +132,7 @@ pub(crate) fn role_from_wire(role: Option<pb::RoleDefinition>) -> Result<RoleDef
         schedule: role.schedule,
         inbox: role.inbox,
         user_preferences: role.user_preferences,
+        post_to_inbox: role.post_to_inbox,
     }
     .normalize()
 }

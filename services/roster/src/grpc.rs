@@ -157,15 +157,28 @@ impl<S: RosterStore> Roster<S> {
         for id in ids {
             match self.inner.store.get_agent(id).await {
                 Ok(agent) => {
-                    let _ = self
-                        .inner
-                        .roster_changes
-                        .send(pb::WatchRosterResponse { kind: kind as i32, agent: Some(agent_to_wire(&agent)) });
+                    let _ = self.inner.roster_changes.send(pb::WatchRosterResponse {
+                        kind: kind as i32,
+                        agent: Some(agent_to_wire(&agent)),
+                        role: None,
+                    });
                 }
                 Err(error) => {
                     tracing::debug!(%error, agent_id = %id, "agent changed and vanished before it was announced")
                 }
             }
+        }
+    }
+
+    /// Tells the roster's watchers about roles put (as stored) or removed
+    /// (by name).
+    fn announce_roles(&self, kind: pb::RosterChangeKind, roles: Vec<pb::RoleDefinition>) {
+        for role in roles {
+            let _ = self.inner.roster_changes.send(pb::WatchRosterResponse {
+                kind: kind as i32,
+                agent: None,
+                role: Some(role),
+            });
         }
     }
 
@@ -270,6 +283,7 @@ impl<S: RosterStore> Roster<S> {
         response.roles_imported = u32::try_from(plan.roles.len()).unwrap_or(u32::MAX);
         let ids: Vec<String> = plan.agents.iter().map(|(agent, _)| agent.id.clone()).collect();
         self.announce_agents(pb::RosterChangeKind::AgentUpserted, &ids).await;
+        self.announce_roles(pb::RosterChangeKind::RoleUpserted, plan.roles.iter().map(role_to_wire).collect());
         tracing::info!(
             agents = ids.len(),
             created = created.len(),
@@ -395,6 +409,7 @@ impl<S: RosterStore> RosterService for Roster<S> {
         let _ = self.inner.roster_changes.send(pb::WatchRosterResponse {
             kind: pb::RosterChangeKind::AgentRemoved as i32,
             agent: Some(pb::Agent { id, ..Default::default() }),
+            role: None,
         });
         Ok(Response::new(pb::RemoveAgentResponse {}))
     }
@@ -414,6 +429,7 @@ impl<S: RosterStore> RosterService for Roster<S> {
         let _ = self.inner.roster_changes.send(pb::WatchRosterResponse {
             kind: pb::RosterChangeKind::AgentStatus as i32,
             agent: Some(agent_to_wire(&agent)),
+            role: None,
         });
         Ok(Response::new(pb::SetAgentStatusResponse { agent: Some(agent_to_wire(&agent)) }))
     }
@@ -459,6 +475,7 @@ impl<S: RosterStore> RosterService for Roster<S> {
     ) -> Result<Response<pb::PutRoleDefinitionResponse>, GrpcStatus> {
         let role = role_from_wire(request.into_inner().role)?;
         let stored = self.inner.store.put_role(&role, self.now()).await?;
+        self.announce_roles(pb::RosterChangeKind::RoleUpserted, vec![role_to_wire(&stored)]);
         Ok(Response::new(pb::PutRoleDefinitionResponse { role: Some(role_to_wire(&stored)) }))
     }
 
@@ -494,6 +511,8 @@ impl<S: RosterStore> RosterService for Roster<S> {
     ) -> Result<Response<pb::RemoveRoleDefinitionResponse>, GrpcStatus> {
         let name = required_name("name", &request.into_inner().name)?;
         self.inner.store.remove_role(&name).await?;
+        let removed = pb::RoleDefinition { name, ..Default::default() };
+        self.announce_roles(pb::RosterChangeKind::RoleRemoved, vec![removed]);
         Ok(Response::new(pb::RemoveRoleDefinitionResponse {}))
     }
 
@@ -779,8 +798,17 @@ impl<S: RosterStore> RosterService for Roster<S> {
                 Err(error) => return Err(error.into()),
             }
         };
+        let role = if agent.role.is_empty() {
+            None
+        } else {
+            match self.inner.store.get_role(&agent.role).await {
+                Ok(role) => Some(role),
+                Err(Error::NotFound(_)) => None,
+                Err(error) => return Err(error.into()),
+            }
+        };
         Ok(Response::new(pb::RenderSystemPromptResponse {
-            system_prompt: render_system_prompt(&agent, senior.as_ref()),
+            system_prompt: render_system_prompt(&agent, role.as_ref(), senior.as_ref()),
         }))
     }
 

@@ -100,6 +100,31 @@ impl RosterClient {
     pub(crate) fn new(channel: AuthChannel) -> Self {
         Self { client: roster::roster_service_client::RosterServiceClient::new(channel) }
     }
+
+    /// Every role definition, page by page.
+    pub(crate) async fn roles(&self) -> Result<Vec<roster::RoleDefinition>, RosterFailure> {
+        let mut client = self.client.clone();
+        let mut roles = Vec::new();
+        let mut page_token = String::new();
+        loop {
+            let page = client
+                .list_role_definitions(roster::ListRoleDefinitionsRequest { page_size: 1000, page_token })
+                .await
+                .map_err(failure)?
+                .into_inner();
+            roles.extend(page.roles);
+            if page.next_page_token.is_empty() {
+                return Ok(roles);
+            }
+            page_token = page.next_page_token;
+        }
+    }
+
+    /// The roster's changes, as they happen.
+    pub(crate) async fn watch(&self) -> Result<tonic::Streaming<roster::WatchRosterResponse>, RosterFailure> {
+        let mut client = self.client.clone();
+        Ok(client.watch_roster(roster::WatchRosterRequest {}).await.map_err(failure)?.into_inner())
+    }
 }
 
 /// Maps a status: outages are `Unavailable`, the roster's verdicts the others.
@@ -279,6 +304,7 @@ impl Roster for RosterClient {
                 max_iterations: if agent.max_iterations == 0 { DEFAULT_MAX_ITERATIONS } else { agent.max_iterations },
                 llm_config_json: agent.llm_config_json,
                 allow_delegation: agent.allow_delegation,
+                memory: Vec::new(),
             })
         })
     }
@@ -315,24 +341,16 @@ impl Roster for RosterClient {
                 }
                 page_token = page.next_page_token;
             }
-            let mut roles = Vec::new();
-            let mut page_token = String::new();
-            loop {
-                let page = client
-                    .list_role_definitions(roster::ListRoleDefinitionsRequest { page_size: 1000, page_token })
-                    .await
-                    .map_err(failure)?
-                    .into_inner();
-                roles.extend(page.roles.into_iter().map(|role| muster_format::KnownRole {
+            let roles: Vec<muster_format::KnownRole> = self
+                .roles()
+                .await?
+                .into_iter()
+                .map(|role| muster_format::KnownRole {
                     name: role.name,
                     permitted_tools: role.tools,
                     permitted_actions: role.permitted_actions,
-                }));
-                if page.next_page_token.is_empty() {
-                    break;
-                }
-                page_token = page.next_page_token;
-            }
+                })
+                .collect();
             Ok(muster_format::Context {
                 agents: Some(agents),
                 // Roles are checked when the roster defines some.

@@ -3,12 +3,14 @@
 //! steps may run in ([`dag`]), who may do what ([`authority`]), what a
 //! session looks like to its members ([`session`]), which values travel by
 //! reference ([`payload`]), the messages that start runs ([`inbox`]), the
-//! limits on runs ([`budget`]), and when scheduled runs fire ([`schedule`]).
+//! limits on runs ([`budget`]), when scheduled runs fire ([`schedule`]), and
+//! what runs remember ([`memory`]).
 
 pub(crate) mod authority;
 pub(crate) mod budget;
 pub(crate) mod dag;
 pub(crate) mod inbox;
+pub(crate) mod memory;
 pub(crate) mod model;
 pub(crate) mod payload;
 pub(crate) mod schedule;

@@ -248,6 +248,9 @@ pub(crate) struct AgentContext {
     pub(crate) max_iterations: u32,
     pub(crate) llm_config_json: String,
     pub(crate) allow_delegation: bool,
+    /// The global memory's newest entries, then the agent's role's, as
+    /// they were when the agent's first assignment of the execution was made.
+    pub(crate) memory: Vec<super::memory::MemoryEntry>,
 }
 
 /// A role definition as an assignment carries it.
@@ -266,6 +269,7 @@ pub(crate) struct RoleDefinition {
     pub(crate) schedule: String,
     pub(crate) inbox: String,
     pub(crate) user_preferences: String,
+    pub(crate) post_to_inbox: String,
 }
 
 /// A past action, given to an executor as history.
@@ -325,6 +329,9 @@ pub(crate) enum Outcome {
         iterations: u32,
         /// An inbox the worker asked the output to be posted to; empty for none.
         post_to_inbox: String,
+        /// Entries to remember: (global, or the role's when false; `None`
+        /// when the worker named no memory), text.
+        remember: Vec<(Option<bool>, String)>,
     },
     Failed {
         error_code: String,

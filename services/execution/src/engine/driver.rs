@@ -39,6 +39,7 @@ use crate::{
         authority::{self, RoleAssignment, Subject},
         dag::{Dag, Readiness},
         inbox::{self, InboxMessage},
+        memory::{self, MemoryEntry},
         model::{AgentContext, Assignment, Event, EventKind, Execution, HistoryEntry, Outcome, ProcessVersion, Step},
         payload,
     },
@@ -102,6 +103,7 @@ struct Staged {
     assignments: Vec<RoleAssignment>,
     events: Vec<Event>,
     messages: Vec<InboxMessage>,
+    memories: Vec<MemoryEntry>,
 }
 
 pub(crate) struct Driver {
@@ -566,13 +568,20 @@ impl Driver {
             Some(Known::Fetching(waiting)) => waiting.push((position, attempt)),
             None => {
                 self.contexts.insert(agent_id.clone(), Known::Fetching(vec![(position, attempt)]));
-                let roster = self.engine.roster.clone();
+                let engine = self.engine.clone();
                 let driver = self.route.clone();
                 self.engine.spawn(async move {
                     let fetched = patiently(Duration::from_millis(500), "an assignment", || {
-                        roster.agent_context(agent_id.clone())
+                        engine.roster.agent_context(agent_id.clone())
                     })
                     .await;
+                    let fetched = match fetched {
+                        Ok(mut context) => {
+                            context.memory = engine.recall(&context.roster_role).await;
+                            Ok(context)
+                        }
+                        Err(failure) => Err(failure),
+                    };
                     let context = fetched.map(Arc::new).map_err(|failure| match failure {
                         RosterFailure::NotFound(_) => format!("agent '{agent_id}' is not in the roster"),
                         other => format!("the roster cannot describe agent '{agent_id}': {}", other.message()),
@@ -738,6 +747,11 @@ impl Driver {
                     retryable: false,
                 }
             }
+            Outcome::Completed { ref remember, .. }
+                if let Err(message) = memory::check_notes(remember, !self.executor_role(position).is_empty()) =>
+            {
+                Outcome::Failed { error_code: "INVALID_RESULT".to_owned(), message, retryable: false }
+            }
             Outcome::Completed { ref output_json, .. } => match self.admit_result(position) {
                 Ok(()) => match self.check_output(position, output_json) {
                     Ok(()) => outcome,
@@ -752,7 +766,8 @@ impl Driver {
             other => other,
         };
         match outcome {
-            Outcome::Completed { output_json, tokens_used, cost, duration_ms, post_to_inbox, .. } => {
+            Outcome::Completed { output_json, tokens_used, cost, duration_ms, post_to_inbox, remember, .. } => {
+                self.remember(position, &remember, now);
                 let inbox = Some(post_to_inbox)
                     .filter(|inbox| !inbox.is_empty())
                     .or_else(|| self.definition(position).post_to_inbox.clone());
@@ -795,6 +810,26 @@ impl Driver {
                 self.set_status(position, StepStatus::Ready);
                 self.ready.push_front(position);
             }
+        }
+    }
+
+    /// The role of a step's executor, as the roster said; empty for none.
+    fn executor_role(&self, position: usize) -> &str {
+        match self.contexts.get(&self.steps[position].executor) {
+            Some(Known::Ready(context)) => &context.roster_role,
+            _ => "",
+        }
+    }
+
+    /// Writes what a completed step's worker asked to remember (checked
+    /// already), with the step's commit.
+    fn remember(&mut self, position: usize, notes: &[(Option<bool>, String)], now: i64) {
+        let role = self.executor_role(position).to_owned();
+        let author = self.steps[position].executor.clone();
+        for (global, text) in notes {
+            let role = if *global == Some(true) { "" } else { role.as_str() };
+            let entry = MemoryEntry::new(role, text, &author, &self.execution.id, now);
+            self.staged.memories.push(entry);
         }
     }
 
@@ -1205,6 +1240,7 @@ impl Driver {
             && staged.assignments.is_empty()
             && staged.events.is_empty()
             && staged.messages.is_empty()
+            && staged.memories.is_empty()
         {
             self.run_effects();
             return Ok(());
@@ -1237,6 +1273,9 @@ impl Driver {
         }
         if !staged.messages.is_empty() {
             writes.push(Write::PostMessages(staged.messages));
+        }
+        if !staged.memories.is_empty() {
+            writes.push(Write::Remember(staged.memories));
         }
         self.engine.store.commit(writes).await?;
         self.engine.announce(staged.events);

@@ -1,7 +1,8 @@
 //! The engine: publishes processes, starts executions and drives each one
 //! in a task of its own (its [`driver`], the only writer of its state),
 //! hands steps to the connected [`workers`], starts the runs that inboxes
-//! ([`inbox`]) and schedules ([`schedule`]) trigger, and resumes unfinished
+//! ([`inbox`]) and schedules ([`schedule`]) trigger, keeps the processes of
+//! the roles that run on their own ([`roles`]), and resumes unfinished
 //! executions after a restart. It speaks domain types only; the roster is
 //! reached through the [`Roster`] trait and storage through [`Store`], so
 //! tests drive it with their own.
@@ -14,6 +15,7 @@ mod driver;
 mod handoff;
 pub(crate) mod inbox;
 mod intervention;
+pub(crate) mod roles;
 pub(crate) mod schedule;
 pub(crate) mod schema;
 mod session;
@@ -266,6 +268,16 @@ impl Engine {
             RosterFailure::Unavailable(detail) => Error::Unavailable { service: "roster", detail },
             other => Error::FailedPrecondition(format!("the roster: {}", other.message())),
         })?;
+        self.publish_checked(source, context).await
+    }
+
+    /// [`Engine::publish`], checking references against `context` (an empty
+    /// one checks none).
+    pub(crate) async fn publish_checked(
+        &self,
+        source: String,
+        context: muster_format::Context,
+    ) -> Result<(Arc<ProcessVersion>, bool)> {
         let checked_source = source.clone();
         let report = tokio::task::spawn_blocking(move || muster_format::validate_process(&checked_source, &context))
             .await
@@ -300,6 +312,31 @@ impl Engine {
         }
         processes.insert((version.name.clone(), version.version), version.clone());
         version
+    }
+
+    /// What an agent of `role` (empty: none) remembers: the global memory's
+    /// newest entries, then the role's, within an assignment's room. A
+    /// store that fails is asked again until it answers.
+    pub(crate) async fn recall(&self, role: &str) -> Vec<crate::domain::memory::MemoryEntry> {
+        use crate::domain::memory::{ASSIGNMENT_ENTRIES, within_assignment};
+        loop {
+            let read = async {
+                let global = self.store.memory("", None, ASSIGNMENT_ENTRIES).await?;
+                let own = if role.is_empty() {
+                    Vec::new()
+                } else {
+                    self.store.memory(role, None, ASSIGNMENT_ENTRIES).await?
+                };
+                Ok::<_, Error>(within_assignment([global, own]))
+            };
+            match read.await {
+                Ok(memory) => return memory,
+                Err(error) => {
+                    tracing::warn!(%error, "reading the memory for an assignment failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
     }
 
     /// A published version (`None`: the latest), from memory once read.

@@ -251,6 +251,7 @@ impl Harness {
                         duration_ms: 0,
                         iterations: 1,
                         post_to_inbox: String::new(),
+                        remember: Vec::new(),
                     },
                 };
                 workers.complete(worker_id, &assignment.assignment_id, outcome);

@@ -48,6 +48,9 @@ pub const ACCESS: &[Rule] = &[
     rule("SetBudget", Access::OPERATOR),
     rule("ListBudgets", Access::ANYONE),
     rule("ListSchedules", Access::ANYONE),
+    rule("ListMemory", Access::ANYONE),
+    rule("AppendMemory", Access::OPERATOR),
+    rule("ForgetMemory", Access::OPERATOR),
 ];
 
 /// A refusal naming the caller, the action and why.

@@ -11,6 +11,7 @@ use crate::{
         budget::{Action, Budget, Source},
         model::ProcessVersion,
     },
+    engine::roles,
 };
 
 /// Longest budget period: a year.
@@ -24,21 +25,34 @@ const SCAN: u32 = 200;
 
 /// A budget from a SetBudget request, checked.
 fn budget_from_wire(budget: Option<wire::Budget>) -> Result<Budget> {
-    let budget = budget.ok_or_else(|| Error::InvalidArgument("budget is required".to_owned()))?;
+    let mut budget = budget.ok_or_else(|| Error::InvalidArgument("budget is required".to_owned()))?;
     match wire::BudgetScope::try_from(budget.scope) {
-        Ok(wire::BudgetScope::Process) => {}
+        Ok(wire::BudgetScope::Process) => {
+            if !muster_format::is_identifier(&budget.name) {
+                return Err(Error::InvalidArgument(format!(
+                    "budget.name '{}' is not a process name",
+                    muster_runtime::status::truncate(&budget.name, 128)
+                )));
+            }
+        }
+        // A role's runs are those of the process that runs it.
         Ok(wire::BudgetScope::Role) => {
-            return Err(Error::FailedPrecondition(
-                "role budgets are not enforced yet: set the budget of the process".to_owned(),
+            let well_formed = !budget.name.is_empty()
+                && budget.name.len() <= 64
+                && budget.name.chars().all(|character| character.is_ascii_alphanumeric() || "-_.".contains(character));
+            if !well_formed {
+                return Err(Error::InvalidArgument(format!(
+                    "budget.name '{}' is not a role name",
+                    muster_runtime::status::truncate(&budget.name, 128)
+                )));
+            }
+            budget.name = roles::process_name(&budget.name);
+        }
+        _ => {
+            return Err(Error::InvalidArgument(
+                "budget.scope must be BUDGET_SCOPE_PROCESS or BUDGET_SCOPE_ROLE".to_owned(),
             ));
         }
-        _ => return Err(Error::InvalidArgument("budget.scope must be BUDGET_SCOPE_PROCESS".to_owned())),
-    }
-    if !muster_format::is_identifier(&budget.name) {
-        return Err(Error::InvalidArgument(format!(
-            "budget.name '{}' is not a process name",
-            muster_runtime::status::truncate(&budget.name, 128)
-        )));
     }
     let on_exceed = match wire::BudgetAction::try_from(budget.on_exceed) {
         Ok(wire::BudgetAction::Unspecified | wire::BudgetAction::Stop) => Action::Stop,
@@ -86,12 +100,18 @@ impl ExecutionApi {
         caller: &Caller,
         request: wire::SetBudgetRequest,
     ) -> Result<wire::SetBudgetResponse> {
+        let for_role = request.budget.as_ref().is_some_and(|budget| budget.scope == wire::BudgetScope::Role as i32);
         let budget = budget_from_wire(request.budget)?;
-        let process = self
-            .engine
-            .process(&budget.process_name, None)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("no process named '{}' is published", budget.process_name)))?;
+        let process = self.engine.process(&budget.process_name, None).await?.ok_or_else(|| {
+            Error::NotFound(if for_role {
+                format!(
+                    "the role has no runs of its own (no process '{}'): give it a schedule or an inbox",
+                    budget.process_name
+                )
+            } else {
+                format!("no process named '{}' is published", budget.process_name)
+            })
+        })?;
         self.engine.store.put_budget(&budget, &caller.to_string()).await?;
         tracing::info!(process = %budget.process_name, %caller, "budget set");
         Ok(wire::SetBudgetResponse { budget: self.budget_in_force(&process).await? })
@@ -123,9 +143,14 @@ impl ExecutionApi {
         let Some(budget) = self.engine.budget_of(process).await? else { return Ok(None) };
         let now = muster_runtime::time::now_millis();
         let usage = self.engine.store.process_usage(&budget.process_name, budget.period_start(now), "").await?;
+        // The process of a role's runs shows as the role's budget.
+        let (scope, name) = match roles::owned_role(&process.definition.description) {
+            Some(role) if process.name == roles::process_name(&role) => (wire::BudgetScope::Role, role),
+            _ => (wire::BudgetScope::Process, budget.process_name),
+        };
         Ok(Some(wire::Budget {
-            scope: wire::BudgetScope::Process as i32,
-            name: budget.process_name,
+            scope: scope as i32,
+            name,
             period_seconds: budget.period_seconds,
             max_cost: budget.max_cost,
             max_tokens: budget.max_tokens,

@@ -32,6 +32,7 @@ mod convert;
 mod decisions;
 mod inbox;
 mod matrix;
+mod memory;
 mod sessions;
 mod streams;
 mod tools;
@@ -741,5 +742,28 @@ impl ExecutionService for ExecutionApi {
             Ok(wire::ListSchedulesResponse { schedules, next_page_token })
         };
         answer(answer_page.await)
+    }
+
+    async fn list_memory(
+        &self,
+        request: Request<wire::ListMemoryRequest>,
+    ) -> Result<Response<wire::ListMemoryResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        answer(self.list_memory(&caller, request.into_inner()).await)
+    }
+
+    async fn append_memory(
+        &self,
+        request: Request<wire::AppendMemoryRequest>,
+    ) -> Result<Response<wire::AppendMemoryResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        answer(self.append_memory(&caller, request.into_inner()).await)
+    }
+
+    async fn forget_memory(
+        &self,
+        request: Request<wire::ForgetMemoryRequest>,
+    ) -> Result<Response<wire::ForgetMemoryResponse>, Status> {
+        answer(self.forget_memory(request.into_inner()).await)
     }
 }

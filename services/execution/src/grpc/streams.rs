@@ -259,6 +259,18 @@ async fn serve_worker(worker_id: u64, inbound: &mut Streaming<wire::ConnectWorke
                     duration_ms: result.duration_ms,
                     iterations: result.iterations,
                     post_to_inbox: result.post_to_inbox,
+                    remember: result
+                        .remember
+                        .into_iter()
+                        .map(|note| {
+                            let global = match wire::MemoryScope::try_from(note.scope) {
+                                Ok(wire::MemoryScope::Global) => Some(true),
+                                Ok(wire::MemoryScope::Role) => Some(false),
+                                _ => None,
+                            };
+                            (global, note.text)
+                        })
+                        .collect(),
                 };
                 workers.complete(worker_id, &result.assignment_id, outcome);
             }

@@ -16,6 +16,7 @@ use crate::{
         authority::{DEFAULT_MATRIX, Matrix, RoleAssignment, Session},
         budget::{Action, Budget, Source},
         inbox::{InboxMessage, MessageState, Priority},
+        memory::MemoryEntry,
         model::{Event, EventKind, Execution, Step},
     },
 };
@@ -288,6 +289,30 @@ async fn conformance(store: SqlStore) {
     inboxes(&store).await;
     budgets(&store).await;
     schedules(&store).await;
+    memory(&store).await;
+}
+
+/// Memory: entries by memory, newest first, page by page; forgotten ones go.
+async fn memory(store: &SqlStore) {
+    let entry = |id: &str, role: &str, at: i64| MemoryEntry {
+        id: id.to_owned(),
+        role: role.to_owned(),
+        text: format!("remember {id}"),
+        author: "agent".to_owned(),
+        execution_id: "run".to_owned(),
+        created_at: at,
+    };
+    let written = vec![entry("m1", "risk", 10), entry("m2", "risk", 20), entry("m3", "risk", 20), entry("g1", "", 15)];
+    store.commit(vec![Write::Remember(written.clone())]).await.unwrap();
+    let ids = |entries: Vec<MemoryEntry>| entries.into_iter().map(|entry| entry.id).collect::<Vec<_>>();
+    assert_eq!(ids(store.memory("risk", None, 10).await.unwrap()), ["m3", "m2", "m1"]);
+    assert_eq!(store.memory("", None, 10).await.unwrap(), vec![written[3].clone()]);
+    let first_page = store.memory("risk", None, 2).await.unwrap();
+    let last = first_page.last().map(|entry| (entry.created_at, entry.id.clone())).unwrap();
+    assert_eq!(ids(store.memory("risk", Some(&last), 2).await.unwrap()), ["m1"]);
+    assert!(store.forget_memory("m2").await.unwrap());
+    assert!(!store.forget_memory("m2").await.unwrap());
+    assert_eq!(ids(store.memory("risk", None, 10).await.unwrap()), ["m3", "m1"]);
 }
 
 /// Schedules: kept by publishing; a due time fires once, the loser of two

@@ -25,6 +25,7 @@ use crate::{
         authority::{Matrix, RoleAssignment},
         budget::{Budget, Usage},
         inbox::{InboxMessage, MessageState},
+        memory::MemoryEntry,
         model::{Event, Execution, Finding, ProcessVersion, Step},
         schedule::ScheduleState,
     },
@@ -99,6 +100,8 @@ pub(crate) enum Write {
     ClaimMessages { execution_id: String, message_ids: Vec<String> },
     /// Messages posted by completed steps.
     PostMessages(Vec<InboxMessage>),
+    /// Memory entries: from completed steps, or an operator.
+    Remember(Vec<MemoryEntry>),
     /// A schedule fired for its due time `due` with the execution created in
     /// the same commit, and moves on to `next`. When the schedule is no
     /// longer due at `due` (another replica fired it), the whole commit
@@ -244,6 +247,16 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// How many executions of `process_name` are underway, and when the
     /// latest started.
     fn process_activity<'a>(&'a self, process_name: &'a str) -> BoxFuture<'a, Result<Activity>>;
+    /// A memory's entries (`role` empty: the global memory), newest first,
+    /// those written before `before` (time and id) when given.
+    fn memory<'a>(
+        &'a self,
+        role: &'a str,
+        before: Option<&'a (i64, String)>,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<Vec<MemoryEntry>>>;
+    /// Removes a memory entry; whether it existed.
+    fn forget_memory<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool>>;
     /// What the executions of `process_name` started at or after `since` used,
     /// but `except_execution` (empty: none).
     fn process_usage<'a>(

@@ -26,6 +26,7 @@ use crate::{
         authority::{Matrix, RoleAssignment, Session},
         budget::{self, Budget, Usage},
         inbox::{InboxMessage, MessageState},
+        memory::MemoryEntry,
         model::{Event, Execution, Finding, ProcessVersion, Step},
         schedule::ScheduleState,
     },
@@ -42,6 +43,7 @@ const MIGRATIONS: Migrations = Migrations {
         (5, "inboxes", include_str!("../../migrations/sqlite/0005_inboxes.sql")),
         (6, "budgets", include_str!("../../migrations/sqlite/0006_budgets.sql")),
         (7, "schedules", include_str!("../../migrations/sqlite/0007_schedules.sql")),
+        (8, "memory", include_str!("../../migrations/sqlite/0008_memory.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -51,6 +53,7 @@ const MIGRATIONS: Migrations = Migrations {
         (5, "inboxes", include_str!("../../migrations/postgres/0005_inboxes.sql")),
         (6, "budgets", include_str!("../../migrations/postgres/0006_budgets.sql")),
         (7, "schedules", include_str!("../../migrations/postgres/0007_schedules.sql")),
+        (8, "memory", include_str!("../../migrations/postgres/0008_memory.sql")),
     ],
 };
 
@@ -236,6 +239,7 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
     let mut claims = Vec::new();
     let mut posted: Vec<&InboxMessage> = Vec::new();
     let mut fired = Vec::new();
+    let mut remembered: Vec<&MemoryEntry> = Vec::new();
     for write in writes {
         match write {
             Write::CreateExecution(execution) => created.push(execution),
@@ -245,6 +249,7 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
             Write::Events(list) => events.extend(list),
             Write::ClaimMessages { execution_id, message_ids } => claims.push((execution_id, message_ids)),
             Write::PostMessages(list) => posted.extend(list),
+            Write::Remember(list) => remembered.extend(list),
             Write::FireSchedule { process_name, due, next, execution_id, fired_at } => {
                 fired.push((process_name, *due, *next, execution_id, *fired_at));
             }
@@ -287,6 +292,9 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
     }
     for message in posted {
         insert_message(&mut transaction, message).await?;
+    }
+    for entry in remembered {
+        insert_memory(&mut transaction, entry).await?;
     }
     for (process_name, due, next, execution_id, fired_at) in fired {
         let moved = sqlx::query(
@@ -499,6 +507,32 @@ async fn settle_messages(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, exe
             .await?;
     }
     Ok(())
+}
+
+async fn insert_memory(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, entry: &MemoryEntry) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO memory (id, role, text, author, execution_id, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(entry.id.clone())
+    .bind(entry.role.clone())
+    .bind(entry.text.clone())
+    .bind(entry.author.clone())
+    .bind(entry.execution_id.clone())
+    .bind(entry.created_at)
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
+}
+
+fn memory_from_row(row: &AnyRow) -> Result<MemoryEntry> {
+    Ok(MemoryEntry {
+        id: row.try_get("id")?,
+        role: row.try_get("role")?,
+        text: row.try_get("text")?,
+        author: row.try_get("author")?,
+        execution_id: row.try_get("execution_id")?,
+        created_at: row.try_get("created_at")?,
+    })
 }
 
 async fn insert_message(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, message: &InboxMessage) -> Result<()> {
@@ -1261,6 +1295,48 @@ impl Store for SqlStore {
                 underway: row.try_get::<i64, _>("underway")? as u64,
                 last_started_at: row.try_get("last_started_at")?,
             })
+        })
+    }
+
+    fn memory<'a>(
+        &'a self,
+        role: &'a str,
+        before: Option<&'a (i64, String)>,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<Vec<MemoryEntry>>> {
+        Box::pin(async move {
+            let rows =
+                match before {
+                    None => {
+                        sqlx::query("SELECT * FROM memory WHERE role = $1 ORDER BY created_at DESC, id DESC LIMIT $2")
+                            .bind(role.to_owned())
+                            .bind(i64::from(limit))
+                            .fetch_all(&self.database.reads)
+                            .await?
+                    }
+                    Some((created_at, id)) => sqlx::query(
+                        "SELECT * FROM memory WHERE role = $1 AND (created_at < $2 OR (created_at = $3 AND id < $4)) \
+                         ORDER BY created_at DESC, id DESC LIMIT $5",
+                    )
+                    .bind(role.to_owned())
+                    .bind(*created_at)
+                    .bind(*created_at)
+                    .bind(id.clone())
+                    .bind(i64::from(limit))
+                    .fetch_all(&self.database.reads)
+                    .await?,
+                };
+            rows.iter().map(memory_from_row).collect()
+        })
+    }
+
+    fn forget_memory<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(async move {
+            let deleted = sqlx::query("DELETE FROM memory WHERE id = $1")
+                .bind(id.to_owned())
+                .execute(&self.database.pool)
+                .await?;
+            Ok(deleted.rows_affected() > 0)
         })
     }
 

@@ -448,6 +448,7 @@ fn read_role(mut fields: Fields<'_>, parsed: &mut ParsedRoster) {
         schedule: fields.text(&["schedule"]),
         inbox: fields.text(&["inbox"]),
         user_preferences: fields.text(&["user_preferences"]),
+        post_to_inbox: fields.text(&["post_to_inbox"]),
     };
     let (source, diagnostics, failed) = fields.finish();
     parsed.diagnostics.extend(diagnostics);

@@ -11,7 +11,7 @@ use super::import::{FileDiagnostic, ImportFile, ParsedRoster, Severity, file_dia
 use super::model::RoleDefinition;
 
 /// Sections the roster reads beyond the validator's (Mission, Goals, Context
-/// Files, Tools, Schedule, Inbox, User Preferences).
+/// Files, Tools, Schedule, Inbox, Post To Inbox, User Preferences).
 const EXTRA_SECTIONS: [&str; 4] = ["Description", "Responsibilities", "Actions", "Permitted Actions"];
 
 /// Parses a Markdown role file: the file name (without `.md`) is the role's
@@ -90,6 +90,7 @@ pub(super) fn parse_markdown_role(file: &ImportFile, parsed: &mut ParsedRoster) 
             "schedule" => role.schedule = text(),
             "inbox" => role.inbox = text(),
             "user preferences" => role.user_preferences = text(),
+            "post to inbox" => role.post_to_inbox = text(),
             // Unknown sections were reported by the validator (MD003).
             _ => {}
         }

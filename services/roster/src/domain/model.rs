@@ -199,6 +199,8 @@ pub struct RoleDefinition {
     pub inbox: String,
     /// How the user wants the role to behave.
     pub user_preferences: String,
+    /// The inbox the role's own runs post their output to; empty for none.
+    pub post_to_inbox: String,
 }
 
 impl RoleDefinition {
@@ -216,6 +218,24 @@ impl RoleDefinition {
         }
         validate_json_object("role.input_schema_json", &self.input_schema_json)?;
         validate_json_object("role.output_schema_json", &self.output_schema_json)?;
+        self.schedule = self.schedule.trim().to_owned();
+        if let Some(cron) = muster_format::role_schedule_cron(&self.schedule) {
+            muster_format::Schedule::parse(cron, "").map_err(|reason| invalid(format!("role.schedule: {reason}")))?;
+        }
+        self.inbox = self.inbox.trim().to_owned();
+        if !self.inbox.is_empty() && muster_format::role_inbox_name(&self.inbox).is_none() {
+            return Err(invalid(format!(
+                "role.inbox: {:?} is neither an inbox name ([a-z0-9][a-z0-9_-]*) nor a path ending in one",
+                self.inbox
+            )));
+        }
+        self.post_to_inbox = self.post_to_inbox.trim().to_owned();
+        if !self.post_to_inbox.is_empty() && !muster_format::is_identifier(&self.post_to_inbox) {
+            return Err(invalid(format!(
+                "role.post_to_inbox: {:?} is not an inbox name ([a-z0-9][a-z0-9_-]*, at most 64 characters)",
+                self.post_to_inbox
+            )));
+        }
         Ok(self)
     }
 }

@@ -1,8 +1,10 @@
-//! An agent's system prompt: the agent's own prompt, then its static
-//! organisational context and the delegation framework. Live data (colleagues,
+//! An agent's system prompt: the agent's own prompt, its role (mission,
+//! goals, tools, context files, user preferences) with the think-first
+//! preamble, then its static organisational context and the delegation
+//! framework. Live data (colleagues,
 //! their status and workload) stays out: agents query the roster for it.
 
-use super::model::Agent;
+use super::model::{Agent, RoleDefinition};
 
 /// The delegation framework every agent's prompt carries.
 pub const DELEGATION_FRAMEWORK: &str = "\
@@ -48,13 +50,27 @@ Wait Time: {if queuing}
 Notes: {special context}
 ";
 
-/// Renders an agent's system prompt. `senior` is the agent's senior, if it has one.
-pub fn render_system_prompt(agent: &Agent, senior: Option<&Agent>) -> String {
+/// What every role's prompt asks before the agent acts.
+pub const THINK_FIRST: &str = "\
+Before taking any action, THINK:
+1. What has changed since the last run? (check inbox, compare context)
+2. What needs attention right now?
+3. What is the most valuable action you can take this run?
+
+Then act on your reasoning. Be efficient — do only what matters, then stop.
+";
+
+/// Renders an agent's system prompt. `role` is the definition of the agent's
+/// role and `senior` the agent's senior, when they exist.
+pub fn render_system_prompt(agent: &Agent, role: Option<&RoleDefinition>, senior: Option<&Agent>) -> String {
     let mut prompt = String::new();
     let custom = agent.custom_prompt.trim();
     if !custom.is_empty() {
         prompt.push_str(custom);
         prompt.push_str("\n\n");
+    }
+    if let Some(role) = role {
+        render_role(&mut prompt, role);
     }
     let or_none = |text: &str| if text.is_empty() { "(none)".to_owned() } else { text.to_owned() };
     let manager = match (senior, agent.senior_id.is_empty()) {
@@ -79,4 +95,83 @@ pub fn render_system_prompt(agent: &Agent, senior: Option<&Agent>) -> String {
     prompt.push_str("\n## DELEGATION FRAMEWORK\n\n");
     prompt.push_str(DELEGATION_FRAMEWORK);
     prompt
+}
+
+/// The role part: who the agent is in this project, what it may use, and
+/// the think-first preamble.
+fn render_role(prompt: &mut String, role: &RoleDefinition) {
+    let list = |items: &[String]| items.iter().map(|item| format!("- {item}\n")).collect::<String>();
+    prompt.push_str("## YOUR ROLE\n\n");
+    let title = if role.description.trim().is_empty() { role.name.as_str() } else { role.description.trim() };
+    prompt.push_str(&format!("You are the {title} for this project.\n"));
+    if !role.mission.trim().is_empty() {
+        prompt.push_str(&format!("Your mission: {}\n", role.mission.trim()));
+    }
+    if !role.goals.is_empty() {
+        prompt.push_str(&format!("Your goals:\n{}", list(&role.goals)));
+    }
+    if !role.responsibilities.is_empty() {
+        prompt.push_str(&format!("Your responsibilities:\n{}", list(&role.responsibilities)));
+    }
+    if role.tools.is_empty() {
+        prompt.push_str("Tools: none; do not call any.\n");
+    } else {
+        prompt.push_str(&format!("Tools (use only these):\n{}", list(&role.tools)));
+    }
+    if !role.context_files.is_empty() {
+        prompt.push_str(&format!("Context files (load only these):\n{}", list(&role.context_files)));
+    }
+    if !role.user_preferences.trim().is_empty() {
+        prompt.push_str(&format!("User preferences: {}\n", role.user_preferences.trim()));
+    }
+    prompt.push('\n');
+    prompt.push_str(THINK_FIRST);
+    prompt.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent() -> Agent {
+        Agent {
+            id: "delivery-agent".into(),
+            name: "Dana".into(),
+            role: "delivery".into(),
+            custom_prompt: "Be concise.".into(),
+            workload_capacity: 5,
+            allow_delegation: true,
+            ..Agent::default()
+        }
+    }
+
+    #[test]
+    fn a_role_brings_its_mission_tools_and_the_think_first_preamble() {
+        let role = RoleDefinition {
+            name: "delivery".into(),
+            description: "Delivery Manager".into(),
+            mission: "Keep delivery on time.".into(),
+            goals: vec!["Track progress".into(), "Find blockers".into()],
+            tools: vec!["read_file".into()],
+            context_files: vec!["project/timeline.md".into()],
+            user_preferences: "Short bullet points.".into(),
+            ..RoleDefinition::default()
+        };
+        let prompt = render_system_prompt(&agent(), Some(&role), None);
+        let expected = "Be concise.\n\n## YOUR ROLE\n\nYou are the Delivery Manager for this project.\n\
+                        Your mission: Keep delivery on time.\nYour goals:\n- Track progress\n- Find blockers\n\
+                        Tools (use only these):\n- read_file\nContext files (load only these):\n\
+                        - project/timeline.md\nUser preferences: Short bullet points.\n\n";
+        assert!(prompt.starts_with(expected), "{prompt}");
+        let think = prompt.find("Before taking any action, THINK:").expect("the preamble");
+        let context = prompt.find("## YOUR ORGANIZATIONAL CONTEXT").expect("the organisation");
+        assert!(think < context, "the role comes before the organisation");
+    }
+
+    #[test]
+    fn without_a_role_there_is_no_role_section() {
+        let prompt = render_system_prompt(&agent(), None, None);
+        assert!(!prompt.contains("YOUR ROLE") && !prompt.contains("THINK"), "{prompt}");
+        assert!(prompt.starts_with("Be concise.\n\n## YOUR ORGANIZATIONAL CONTEXT"), "{prompt}");
+    }
 }

@@ -263,7 +263,7 @@ fn role_to_json(role: &RoleDefinition) -> String {
         "permitted_actions": role.permitted_actions, "input_schema_json": role.input_schema_json,
         "output_schema_json": role.output_schema_json, "mission": role.mission,
         "context_files": role.context_files, "schedule": role.schedule, "inbox": role.inbox,
-        "user_preferences": role.user_preferences,
+        "user_preferences": role.user_preferences, "post_to_inbox": role.post_to_inbox,
     })
     .to_string()
 }
@@ -293,6 +293,7 @@ fn role_from_json(text: &str) -> Result<RoleDefinition> {
         schedule: text_field("schedule"),
         inbox: text_field("inbox"),
         user_preferences: text_field("user_preferences"),
+        post_to_inbox: text_field("post_to_inbox"),
     })
 }
 

@@ -125,6 +125,7 @@ fn outcome(tool: &str, answer: ToolOutput, took: Duration) -> Outcome {
             duration_ms: took.as_millis() as u64,
             iterations: 0,
             post_to_inbox: String::new(),
+            remember: Vec::new(),
         };
     }
     let (error_code, retryable) = match status {
