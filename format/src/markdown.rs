@@ -1,17 +1,29 @@
 //! Markdown role files: a `# Title` heading names the role; `##` sections
-//! Mission, Goals, Context Files, Tools, Schedule, Inbox, Post To Inbox and
-//! User Preferences describe it. Lists are `-`, `*` or `+` bullets.
+//! Mission, Goals, Context Files, Tools, Schedule, Inbox, Post To Inbox,
+//! Budget, Throttle and User Preferences describe it. Budget and Throttle
+//! hold YAML mappings, as a process's `budget:` and `throttle:`. Lists are `-`, `*` or `+` bullets.
 
+use super::budget::{check_budget, check_throttle};
 use super::diagnostic::{Diagnostics, Position};
 use super::formats::suggestion;
 use super::role::{
     ReadRole, RoleDefinition, check_context_file, check_inbox, check_post_to_inbox, check_role_name, check_schedule,
     warn_duplicates,
 };
-use super::yaml::Limits;
+use super::yaml::{Limits, Node, parse};
 
-const SECTIONS: [&str; 8] =
-    ["Mission", "Goals", "Context Files", "Tools", "Schedule", "Inbox", "Post To Inbox", "User Preferences"];
+const SECTIONS: [&str; 10] = [
+    "Mission",
+    "Goals",
+    "Context Files",
+    "Tools",
+    "Schedule",
+    "Inbox",
+    "Post To Inbox",
+    "Budget",
+    "Throttle",
+    "User Preferences",
+];
 const LIST_SECTIONS: [&str; 3] = ["Goals", "Context Files", "Tools"];
 
 struct Line<'a> {
@@ -137,6 +149,14 @@ pub(crate) fn check_markdown_role(
             }
             continue;
         }
+        if canonical == "Budget" {
+            role.budget = yaml_section(section, limits, diagnostics, check_budget);
+            continue;
+        }
+        if canonical == "Throttle" {
+            role.throttle = yaml_section(section, limits, diagnostics, check_throttle);
+            continue;
+        }
         let text = content.iter().map(|line| line.text.trim()).collect::<Vec<_>>().join("\n");
         let at = Position {
             line: content[0].number,
@@ -167,6 +187,30 @@ pub(crate) fn check_markdown_role(
     }
     role.tools = tools.iter().map(|(tool, _, _)| tool.clone()).collect();
     Some(((role, tools), name_at))
+}
+
+/// A section that holds a YAML mapping, read by `check` with positions in
+/// the role file.
+fn yaml_section<T>(
+    section: &Section<'_>,
+    limits: &Limits,
+    diagnostics: &mut Diagnostics,
+    check: fn(Node<'_>, &mut Diagnostics) -> Option<T>,
+) -> Option<T> {
+    let source = section.lines.iter().map(|line| line.text).collect::<Vec<_>>().join("\n");
+    let mut found = Diagnostics::default();
+    let parsed = parse(&source, limits);
+    for diagnostic in parsed.diagnostics {
+        found.push_diagnostic(diagnostic);
+    }
+    let checked = parsed.document.as_ref().and_then(|document| check(document.root(), &mut found));
+    for mut diagnostic in found.into_sorted() {
+        if diagnostic.line > 0 {
+            diagnostic.line += section.heading.line;
+        }
+        diagnostics.push_diagnostic(diagnostic);
+    }
+    checked
 }
 
 /// The bullet items of a list section, with the position of each item's text;

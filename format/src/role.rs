@@ -3,11 +3,12 @@
 
 use std::collections::HashMap;
 
+use super::budget::{check_budget, check_throttle};
 use super::diagnostic::{Diagnostic, Diagnostics, Position, child_path, index_path};
 use super::fields::{check_keys, string_field, string_list_field};
 use super::formats::{is_identifier, suggestion};
 use super::markdown;
-use super::model::Context;
+use super::model::{Context, ProcessBudget, ProcessThrottle};
 use super::schedule::Schedule;
 use super::yaml::{Limits, Node, parse};
 
@@ -21,7 +22,7 @@ pub enum RoleFormat {
 }
 
 /// A role definition that was read (possibly with warnings).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RoleDefinition {
     /// The role's name (`# Title` in Markdown).
     pub name: String,
@@ -47,6 +48,10 @@ pub struct RoleDefinition {
     pub user_preferences: String,
     /// The inbox the role's own runs post their output to.
     pub post_to_inbox: Option<String>,
+    /// Limits on the role's own runs, as a process's `budget:`.
+    pub budget: Option<ProcessBudget>,
+    /// How often the role's own runs may start, as a process's `throttle:`.
+    pub throttle: Option<ProcessThrottle>,
     /// JSON schema of the role's task input, as JSON text.
     pub input_schema_json: Option<String>,
     /// JSON schema of the role's output, as JSON text.
@@ -69,7 +74,7 @@ impl RoleReport {
     }
 }
 
-const ROLE_FIELDS: [&str; 14] = [
+const ROLE_FIELDS: [&str; 16] = [
     "name",
     "description",
     "goals",
@@ -84,6 +89,8 @@ const ROLE_FIELDS: [&str; 14] = [
     "user_preferences",
     "permitted_actions",
     "post_to_inbox",
+    "budget",
+    "throttle",
 ];
 const JSON_SCHEMA_TYPES: [&str; 7] = ["object", "array", "string", "number", "integer", "boolean", "null"];
 
@@ -224,6 +231,11 @@ fn check_yaml_role(node: Node<'_>, path: &str, diagnostics: &mut Diagnostics) ->
         inbox,
         user_preferences: text("user_preferences", diagnostics).unwrap_or_default(),
         post_to_inbox,
+        budget: node.get("budget").filter(|value| !value.is_null()).and_then(|value| check_budget(value, diagnostics)),
+        throttle: node
+            .get("throttle")
+            .filter(|value| !value.is_null())
+            .and_then(|value| check_throttle(value, diagnostics)),
         input_schema_json: schema_field(node, "input_schema", path, diagnostics),
         output_schema_json: schema_field(node, "output_schema", path, diagnostics),
         name,

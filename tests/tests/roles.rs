@@ -7,20 +7,24 @@
 //! role, the rendered prompt with the think-first preamble and the memory;
 //! the sample agents add to their role's memory, which `muster memory show`
 //! prints; a role's budget limits its scheduled runs; a role that loses its
-//! schedule and inbox stops running.
+//! schedule and inbox stops running; two roles posting to each other forever
+//! are stopped by the budget one of them declares.
 
 use std::time::Duration;
 
 use muster_proto::{
     execution::v1::{
-        GetExecutionRequest, GetProcessRequest, InboxMessage, ListExecutionsRequest, ListInboxMessagesRequest,
-        ListMemoryRequest, MemoryScope, MessageState,
+        BudgetScope, GetExecutionRequest, GetProcessRequest, InboxMessage, ListBudgetsRequest, ListExecutionsRequest,
+        ListInboxMessagesRequest, ListMemoryRequest, MemoryScope, MessageState, PostToInboxRequest,
     },
-    roster::v1::{GetRoleDefinitionRequest, PutRoleDefinitionRequest, RenderSystemPromptRequest},
+    roster::v1::{
+        GetRoleDefinitionRequest, PutRoleDefinitionRequest, RenderSystemPromptRequest, RoleBudget, RoleDefinition,
+    },
 };
 use muster_tests::{
-    Backend, ExecutionClient, TestCluster,
+    Backend, ExecutionClient, TestCluster, agent,
     command::{Background, run, text},
+    spawn_sample_worker,
 };
 use serde_json::Value;
 
@@ -221,27 +225,93 @@ async fn roles_run_on_their_own(backend: Backend) {
     assert_eq!(runs_of(&mut client, "role-communication").await.len(), 3, "the message starts nothing now");
 
     // Bad input names the field.
-    let bad = muster_proto::roster::v1::RoleDefinition {
-        name: "broken".into(),
-        schedule: "0 0 30 2 *".into(),
-        ..Default::default()
-    };
+    let bad = RoleDefinition { name: "broken".into(), schedule: "0 0 30 2 *".into(), ..Default::default() };
     let status = roster.put_role_definition(PutRoleDefinitionRequest { role: Some(bad) }).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
     assert!(status.message().starts_with("role.schedule: "), "{}", status.message());
-    let bad = muster_proto::roster::v1::RoleDefinition {
-        name: "broken".into(),
-        inbox: "agent/inbox/../x".into(),
-        ..Default::default()
-    };
+    let bad = RoleDefinition { name: "broken".into(), inbox: "agent/inbox/../x".into(), ..Default::default() };
     let status = roster.put_role_definition(PutRoleDefinitionRequest { role: Some(bad) }).await.unwrap_err();
     assert!(status.message().starts_with("role.inbox: "), "{}", status.message());
+    let absurd = RoleBudget { period_seconds: 60, max_cost: -1.0, ..Default::default() };
+    let bad = RoleDefinition { name: "broken".into(), budget: Some(absurd), ..Default::default() };
+    let status = roster.put_role_definition(PutRoleDefinitionRequest { role: Some(bad) }).await.unwrap_err();
+    assert!(status.message().starts_with("role.budget.max_cost: "), "{}", status.message());
     let too_long = "x".repeat(4097);
     let added = run(words(&["memory", "add", "--global", "--text", &too_long]), environment.clone()).await;
     assert!(text(&added).contains("field text is 4097 bytes; the limit is 4096 bytes"), "{}", text(&added));
 
     drop(agents);
     test.shutdown().await;
+}
+
+/// Two roles that post to each other's inbox forever: the budget one of
+/// them declares stops the loop, and says so on the message left waiting
+/// and in ListBudgets.
+async fn a_role_loop_stops_at_its_declared_budget(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let mut roster = test.roster();
+    let budget = RoleBudget { period_seconds: 3600, max_runs: 3, ..Default::default() };
+    for (name, inbox, post_to, budget) in [("ping", "ping", "pong", Some(budget)), ("pong", "pong", "ping", None)] {
+        let role = RoleDefinition {
+            name: name.into(),
+            inbox: inbox.into(),
+            post_to_inbox: post_to.into(),
+            budget,
+            ..Default::default()
+        };
+        roster.put_role_definition(PutRoleDefinitionRequest { role: Some(role) }).await.unwrap();
+    }
+    let tokens =
+        test.register_agents(&[agent("ping-agent", "ping", "core"), agent("pong-agent", "pong", "core")]).await;
+    let credentials = ["ping-agent", "pong-agent"]
+        .iter()
+        .zip(tokens)
+        .map(|(agent_id, token)| muster::worker::AgentCredential { agent_id: (*agent_id).into(), token })
+        .collect();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let mut client = test.execution();
+    process_when(&mut client, "role-ping", |version| version.source.contains("max_runs: 3")).await;
+    process_when(&mut client, "role-pong", |_| true).await;
+    let request = PostToInboxRequest { inbox: "ping".into(), body: "start".into(), ..Default::default() };
+    client.post_to_inbox(request).await.unwrap();
+    let mut note = String::new();
+    for _ in 0..600 {
+        let request = ListInboxMessagesRequest {
+            inbox: "ping".into(),
+            state: MessageState::Unprocessed as i32,
+            ..Default::default()
+        };
+        let waiting = client.list_inbox_messages(request).await.unwrap().into_inner().messages;
+        if let Some(message) = waiting.into_iter().find(|message| !message.note.is_empty()) {
+            note = message.note;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        note,
+        "no run started: budget of process 'role-ping' exhausted: 3 of 3 runs in the last 3600 s (declared budget)"
+    );
+    assert_eq!(runs_of(&mut client, "role-ping").await.len(), 3);
+    assert_eq!(runs_of(&mut client, "role-pong").await.len(), 3);
+    let budgets = client.list_budgets(ListBudgetsRequest::default()).await.unwrap().into_inner().budgets;
+    let ping = budgets.iter().find(|budget| budget.name == "ping").expect("the role's budget");
+    assert_eq!((ping.scope, ping.used_runs, ping.max_runs), (BudgetScope::Role as i32, 3, 3));
+    assert_eq!(ping.source, "declared");
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_loop_stops_at_its_declared_budget_on_sqlite() {
+    a_role_loop_stops_at_its_declared_budget(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_loop_stops_at_its_declared_budget_on_postgres() {
+    a_role_loop_stops_at_its_declared_budget(Backend::Postgres).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -130,6 +130,9 @@ fn markdown_role_rules() {
     assert_eq!(markdown("# A\n## Mission\nm\n## Schedule\n0 9 * * 1-8\n"), vec![("ROL006", 5, 1)]);
     assert_eq!(markdown("# A\n## Mission\nm\n## Inbox\n../x\n"), vec![("ROL007", 5, 1)]);
     assert_eq!(markdown("# A\n## Mission\nm\n## Post To Inbox\nrisk\n"), vec![]);
+    assert_eq!(markdown("# A\n## Mission\nm\n## Budget\nperiod_seconds: 60\nmax_runs: -1\n"), vec![("BDG003", 6, 11)]);
+    assert_eq!(markdown("# A\n## Mission\nm\n## Throttle\nmax_concurrent: lots\n"), vec![("THR001", 5, 17)]);
+    assert_eq!(yaml("name: a\nbudget: {max_runs: 3}\n"), vec![("BDG002", 2, 9)]);
     assert_eq!(markdown("# A\n## Mission\nm\n## Post To Inbox\nthe risk role\n"), vec![("ROL014", 5, 1)]);
     assert_eq!(markdown("# A\n## Mission\nm\n## Context Files\n  - /etc/passwd\n"), vec![("ROL012", 5, 5)]);
     // Headings inside code fences are text.
@@ -145,4 +148,20 @@ fn a_role_names_its_inbox_and_its_cron() {
     assert_eq!(crate::role_schedule_cron("9am and 5pm: `0 9,17 * * 1-5`"), Some("0 9,17 * * 1-5"));
     assert_eq!(crate::role_schedule_cron("*/30 * * * *"), Some("*/30 * * * *"));
     assert_eq!(crate::role_schedule_cron("twice a day"), None);
+}
+
+#[test]
+fn a_role_declares_the_budget_and_throttle_of_its_runs() {
+    let source = "# Risk\n## Mission\nm\n## Budget\nperiod_seconds: 3600\nmax_runs: 5\non_exceed: pause\n\
+                  ## Throttle\nmin_interval_seconds: 60\n";
+    let report = validate_role_definition(source, RoleFormat::Markdown, &Context::default());
+    assert!(report.diagnostics.is_empty(), "{:?}", report.diagnostics);
+    let role = &report.roles[0];
+    let budget = role.budget.as_ref().expect("a budget");
+    assert_eq!((budget.period_seconds, budget.max_runs, budget.on_exceed.as_str()), (3600, 5, "pause"));
+    assert_eq!(role.throttle.map(|throttle| throttle.min_interval_seconds), Some(60));
+    let yaml_role = "name: risk\nbudget: {period_seconds: 60, max_cost: 2.5}\nthrottle: {max_concurrent: 1}\n";
+    let report = validate_role_definition(yaml_role, RoleFormat::Yaml, &Context::default());
+    assert_eq!(report.roles[0].budget.as_ref().map(|budget| budget.max_cost), Some(2.5));
+    assert_eq!(report.roles[0].throttle.map(|throttle| throttle.max_concurrent), Some(1));
 }

@@ -209,6 +209,9 @@ fn role_definition_to_wire(role: &RoleDefinition) -> roster::RoleDefinition {
         inbox: role.inbox.clone(),
         user_preferences: role.user_preferences.clone(),
         post_to_inbox: role.post_to_inbox.clone(),
+        // The role's budget and throttle concern its runs' admission, not the worker.
+        budget: None,
+        throttle: None,
     }
 }
 

@@ -6,7 +6,9 @@ use muster_runtime::time::{from_timestamp, to_timestamp};
 use crate::domain::import::{FileDiagnostic, Severity};
 use crate::domain::{
     delegation::{Decision, DecisionKind, DelegationRequest, Tier, Urgency},
-    model::{Agent, RoleDefinition, Status, Team, normalize_tags, validate_id, validate_name},
+    model::{
+        Agent, RoleBudget, RoleDefinition, RoleThrottle, Status, Team, normalize_tags, validate_id, validate_name,
+    },
 };
 use crate::error::{Error, Result};
 use crate::store::DelegationRecord;
@@ -113,6 +115,19 @@ pub(crate) fn role_to_wire(role: &RoleDefinition) -> pb::RoleDefinition {
         inbox: role.inbox.clone(),
         user_preferences: role.user_preferences.clone(),
         post_to_inbox: role.post_to_inbox.clone(),
+        budget: role.budget.as_ref().map(|budget| pb::RoleBudget {
+            period_seconds: budget.period_seconds,
+            max_runs: budget.max_runs,
+            max_cost: budget.max_cost,
+            max_tokens: budget.max_tokens,
+            run_max_cost: budget.run_max_cost,
+            run_max_tokens: budget.run_max_tokens,
+            on_exceed: budget.on_exceed.clone(),
+        }),
+        throttle: role.throttle.map(|throttle| pb::RoleThrottle {
+            min_interval_seconds: throttle.min_interval_seconds,
+            max_concurrent: throttle.max_concurrent,
+        }),
     }
 }
 
@@ -133,6 +148,19 @@ pub(crate) fn role_from_wire(role: Option<pb::RoleDefinition>) -> Result<RoleDef
         inbox: role.inbox,
         user_preferences: role.user_preferences,
         post_to_inbox: role.post_to_inbox,
+        budget: role.budget.map(|budget| RoleBudget {
+            period_seconds: budget.period_seconds,
+            max_runs: budget.max_runs,
+            max_cost: budget.max_cost,
+            max_tokens: budget.max_tokens,
+            run_max_cost: budget.run_max_cost,
+            run_max_tokens: budget.run_max_tokens,
+            on_exceed: budget.on_exceed.trim().to_owned(),
+        }),
+        throttle: role.throttle.map(|throttle| RoleThrottle {
+            min_interval_seconds: throttle.min_interval_seconds,
+            max_concurrent: throttle.max_concurrent,
+        }),
     }
     .normalize()
 }

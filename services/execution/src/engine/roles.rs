@@ -65,8 +65,34 @@ pub(crate) fn source(role: &roster::RoleDefinition) -> Option<String> {
     if let Some(inbox) = inbox {
         source.push_str(&format!("  inbox: {inbox}\n"));
     }
+    if let Some(budget) = &role.budget {
+        let fields = [
+            ("period_seconds", budget.period_seconds.to_string(), budget.period_seconds > 0),
+            ("max_runs", budget.max_runs.to_string(), budget.max_runs > 0),
+            ("max_cost", budget.max_cost.to_string(), budget.max_cost > 0.0),
+            ("max_tokens", budget.max_tokens.to_string(), budget.max_tokens > 0),
+            ("run_max_cost", budget.run_max_cost.to_string(), budget.run_max_cost > 0.0),
+            ("run_max_tokens", budget.run_max_tokens.to_string(), budget.run_max_tokens > 0),
+            ("on_exceed", budget.on_exceed.clone(), !budget.on_exceed.is_empty()),
+        ];
+        source.push_str(&mapping("budget", &fields));
+    }
+    if let Some(throttle) = &role.throttle {
+        let fields = [
+            ("min_interval_seconds", throttle.min_interval_seconds.to_string(), throttle.min_interval_seconds > 0),
+            ("max_concurrent", throttle.max_concurrent.to_string(), throttle.max_concurrent > 0),
+        ];
+        source.push_str(&mapping("throttle", &fields));
+    }
     source.push_str(&step(&role.name, &role.post_to_inbox));
     Some(source)
+}
+
+/// A mapping of the fields that are set; nothing when none is.
+fn mapping(key: &str, fields: &[(&str, String, bool)]) -> String {
+    let set: String =
+        fields.iter().filter(|(_, _, set)| *set).map(|(field, value, _)| format!("  {field}: {value}\n")).collect();
+    if set.is_empty() { set } else { format!("{key}:\n{set}") }
 }
 
 /// The source of a role's process that nothing starts any more.
@@ -240,6 +266,14 @@ mod tests {
             schedule: "9am and 5pm, weekdays: `0 9,17 * * 1-5`".into(),
             inbox: "agent/inbox/delivery/".into(),
             post_to_inbox: "risk".into(),
+            budget: Some(roster::RoleBudget {
+                period_seconds: 3600,
+                max_runs: 5,
+                run_max_cost: 0.5,
+                on_exceed: "pause".into(),
+                ..Default::default()
+            }),
+            throttle: Some(roster::RoleThrottle { min_interval_seconds: 60, max_concurrent: 0 }),
             ..Default::default()
         }
     }
@@ -256,6 +290,11 @@ mod tests {
         let [step] = process.steps.as_slice() else { panic!("one step: {:?}", process.steps) };
         assert_eq!(step.delegate.as_ref().and_then(|delegate| delegate.role.as_deref()), Some("Delivery.Manager"));
         assert_eq!(step.post_to_inbox.as_deref(), Some("risk"));
+        let budget = process.budget.expect("the role's budget");
+        assert_eq!((budget.period_seconds, budget.max_runs, budget.run_max_cost), (3600, 5, 0.5));
+        assert_eq!((budget.max_cost, budget.max_tokens, budget.on_exceed.as_str()), (0.0, 0, "pause"));
+        let throttle = process.throttle.expect("the role's throttle");
+        assert_eq!((throttle.min_interval_seconds, throttle.max_concurrent), (60, 0));
         assert_eq!(owned_role(&process.description).as_deref(), Some("Delivery.Manager"));
     }
 

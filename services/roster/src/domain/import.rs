@@ -449,6 +449,8 @@ fn read_role(mut fields: Fields<'_>, parsed: &mut ParsedRoster) {
         inbox: fields.text(&["inbox"]),
         user_preferences: fields.text(&["user_preferences"]),
         post_to_inbox: fields.text(&["post_to_inbox"]),
+        budget: fields.mapping(&["budget"]),
+        throttle: fields.mapping(&["throttle"]),
     };
     let (source, diagnostics, failed) = fields.finish();
     parsed.diagnostics.extend(diagnostics);

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use muster_format::{Context, RoleFormat};
 
 use super::import::{FileDiagnostic, ImportFile, ParsedRoster, Severity, file_diagnostic, invalid_message};
-use super::model::RoleDefinition;
+use super::model::{RoleBudget, RoleDefinition, RoleThrottle};
 
 /// Sections the roster reads beyond the validator's (Mission, Goals, Context
 /// Files, Tools, Schedule, Inbox, Post To Inbox, User Preferences).
@@ -91,12 +91,29 @@ pub(super) fn parse_markdown_role(file: &ImportFile, parsed: &mut ParsedRoster) 
             "inbox" => role.inbox = text(),
             "user preferences" => role.user_preferences = text(),
             "post to inbox" => role.post_to_inbox = text(),
+            // Read by the validator's rules, which reported any mistake.
+            "budget" | "throttle" => {}
             // Unknown sections were reported by the validator (MD003).
             _ => {}
         }
     }
     if role.description.is_empty() {
         role.description = title;
+    }
+    if let Some(checked) = report.roles.first() {
+        role.budget = checked.budget.as_ref().map(|budget| RoleBudget {
+            period_seconds: budget.period_seconds,
+            max_runs: budget.max_runs,
+            max_cost: budget.max_cost,
+            max_tokens: budget.max_tokens,
+            run_max_cost: budget.run_max_cost,
+            run_max_tokens: budget.run_max_tokens,
+            on_exceed: budget.on_exceed.as_str().to_owned(),
+        });
+        role.throttle = checked.throttle.map(|throttle| RoleThrottle {
+            min_interval_seconds: throttle.min_interval_seconds,
+            max_concurrent: throttle.max_concurrent,
+        });
     }
     match role.normalize() {
         Ok(role) => parsed.roles.push(role),

@@ -170,6 +170,23 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// A mapping read into `T` (its fields, none unknown); `None` when absent
+    /// or wrong.
+    pub(super) fn mapping<T: serde::de::DeserializeOwned>(&mut self, names: &[&str]) -> Option<T> {
+        let (node, key) = self.take(names)?;
+        if !matches!(node.data, YamlDataOwned::Mapping(_)) {
+            self.error("ROS003", &key, format!("{key} must be a mapping"));
+            return None;
+        }
+        match serde_json::from_value(to_json(node)) {
+            Ok(value) => Some(value),
+            Err(error) => {
+                self.error("ROS003", &key, format!("{key}: {error}"));
+                None
+            }
+        }
+    }
+
     /// Reports the keys nobody took and returns the findings.
     pub(super) fn finish(mut self) -> (Source, Vec<FileDiagnostic>, bool) {
         for (key, _) in std::mem::take(&mut self.entries) {

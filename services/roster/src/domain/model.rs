@@ -170,8 +170,82 @@ impl Team {
     }
 }
 
+/// Limits on a role's own runs, as a process's `budget:` (0: no limit).
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RoleBudget {
+    /// Length of the period, in seconds.
+    pub period_seconds: u64,
+    /// Most runs per period.
+    pub max_runs: u32,
+    /// Most cost per period, in US dollars.
+    pub max_cost: f64,
+    /// Most tokens per period.
+    pub max_tokens: u64,
+    /// Most cost of one run, in US dollars.
+    pub run_max_cost: f64,
+    /// Most tokens of one run.
+    pub run_max_tokens: u64,
+    /// `stop` (empty: stop), `pause` or `warn`.
+    pub on_exceed: String,
+}
+
+/// How often a role's own runs may start, as a process's `throttle:` (0: no
+/// limit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RoleThrottle {
+    /// Least time between the starts of two runs, in seconds.
+    pub min_interval_seconds: u64,
+    /// Most runs underway at once.
+    pub max_concurrent: u32,
+}
+
+/// Longest budget period and throttle interval: a year, in seconds.
+const MAX_PERIOD_SECONDS: u64 = 31_536_000;
+/// Largest cost limit, in US dollars.
+const MAX_COST: f64 = 1e9;
+
+impl RoleBudget {
+    fn check(&self) -> Result<()> {
+        for (field, cost) in [("max_cost", self.max_cost), ("run_max_cost", self.run_max_cost)] {
+            if !(cost.is_finite() && (0.0..=MAX_COST).contains(&cost)) {
+                return Err(invalid(format!(
+                    "role.budget.{field}: must be from 0 to {MAX_COST} US dollars, not {cost}"
+                )));
+            }
+        }
+        let period_limit = self.max_runs > 0 || self.max_cost > 0.0 || self.max_tokens > 0;
+        if self.period_seconds > MAX_PERIOD_SECONDS || (period_limit && self.period_seconds == 0) {
+            return Err(invalid(format!(
+                "role.budget.period_seconds: must be from 1 to {MAX_PERIOD_SECONDS} with a limit per period, not {}",
+                self.period_seconds
+            )));
+        }
+        if !["", "stop", "pause", "warn"].contains(&self.on_exceed.as_str()) {
+            return Err(invalid(format!("role.budget.on_exceed: {:?} is not stop, pause or warn", self.on_exceed)));
+        }
+        Ok(())
+    }
+}
+
+impl RoleThrottle {
+    fn check(&self) -> Result<()> {
+        if self.min_interval_seconds > MAX_PERIOD_SECONDS {
+            return Err(invalid(format!(
+                "role.throttle.min_interval_seconds: at most {MAX_PERIOD_SECONDS}, not {}",
+                self.min_interval_seconds
+            )));
+        }
+        if self.max_concurrent > 100_000 {
+            return Err(invalid(format!("role.throttle.max_concurrent: at most 100000, not {}", self.max_concurrent)));
+        }
+        Ok(())
+    }
+}
+
 /// What a role is for and what it may do.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct RoleDefinition {
     /// Unique name.
     pub name: String,
@@ -201,6 +275,10 @@ pub struct RoleDefinition {
     pub user_preferences: String,
     /// The inbox the role's own runs post their output to; empty for none.
     pub post_to_inbox: String,
+    /// Limits on the role's own runs.
+    pub budget: Option<RoleBudget>,
+    /// How often the role's own runs may start.
+    pub throttle: Option<RoleThrottle>,
 }
 
 impl RoleDefinition {
@@ -228,6 +306,12 @@ impl RoleDefinition {
                 "role.inbox: {:?} is neither an inbox name ([a-z0-9][a-z0-9_-]*) nor a path ending in one",
                 self.inbox
             )));
+        }
+        if let Some(budget) = &self.budget {
+            budget.check()?;
+        }
+        if let Some(throttle) = &self.throttle {
+            throttle.check()?;
         }
         self.post_to_inbox = self.post_to_inbox.trim().to_owned();
         if !self.post_to_inbox.is_empty() && !muster_format::is_identifier(&self.post_to_inbox) {

@@ -264,6 +264,7 @@ fn role_to_json(role: &RoleDefinition) -> String {
         "output_schema_json": role.output_schema_json, "mission": role.mission,
         "context_files": role.context_files, "schedule": role.schedule, "inbox": role.inbox,
         "user_preferences": role.user_preferences, "post_to_inbox": role.post_to_inbox,
+        "budget": role.budget, "throttle": role.throttle,
     })
     .to_string()
 }
@@ -294,6 +295,8 @@ fn role_from_json(text: &str) -> Result<RoleDefinition> {
         inbox: text_field("inbox"),
         user_preferences: text_field("user_preferences"),
         post_to_inbox: text_field("post_to_inbox"),
+        budget: value.get("budget").and_then(|budget| serde_json::from_value(budget.clone()).ok()),
+        throttle: value.get("throttle").and_then(|throttle| serde_json::from_value(throttle.clone()).ok()),
     })
 }
 
