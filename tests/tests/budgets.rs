@@ -131,7 +131,7 @@ async fn budgets_stop_a_runaway_loop(backend: Backend) {
         listed.iter().map(|budget| (budget.name.as_str(), budget.source.as_str(), budget.used_runs)).collect();
     assert_eq!(used, [("ping", "operator", 4), ("pong", "operator", 3)]);
     // Pages.
-    let page = |page_token: String| ListBudgetsRequest { page_size: 1, page_token };
+    let page = |page_token: String| ListBudgetsRequest { page_size: 1, page_token, ..Default::default() };
     let first = client.list_budgets(page(String::new())).await.unwrap().into_inner();
     assert_eq!((first.budgets.len(), first.budgets[0].name.as_str()), (1, "ping"));
     let second = client.list_budgets(page(first.next_page_token)).await.unwrap().into_inner();
@@ -156,7 +156,8 @@ async fn budgets_stop_a_runaway_loop(backend: Backend) {
     let mut role = set("ping", 1);
     role.budget.as_mut().unwrap().scope = BudgetScope::Role as i32;
     let status = client.set_budget(role).await.unwrap_err();
-    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    assert!(status.message().starts_with("the role has no runs of its own (no process 'role-ping')"), "{status:?}");
     let status = client.set_budget(set("nothing", 1)).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
     let mut no_period = set("ping", 1);
@@ -420,6 +421,120 @@ async fn throttles_hold_under_bursts(backend: Backend) {
     let _ = stop.send(());
     worker.await.unwrap().unwrap();
     test.shutdown().await;
+}
+
+/// Three steps in a chain, all by `worker`, with no budget of their own.
+const WORKLOAD: &str = "\
+name: workload
+lead: lead
+steps:
+  - {id: s0, type: agent_task, agent: worker, message: m, roles: {executor: worker, monitors: [quality]}}
+  - {id: s1, type: agent_task, agent: worker, message: m, depends_on: [s0], roles: {executor: worker, monitors: [quality]}}
+  - {id: s2, type: agent_task, agent: worker, message: m, depends_on: [s1], roles: {executor: worker, monitors: [quality]}}
+";
+
+fn agent_budget(max_runs: u32, on_exceed: BudgetAction) -> SetBudgetRequest {
+    SetBudgetRequest {
+        budget: Some(Budget {
+            scope: BudgetScope::Agent as i32,
+            name: "worker".into(),
+            period_seconds: 3600,
+            max_runs,
+            on_exceed: on_exceed as i32,
+            ..Default::default()
+        }),
+    }
+}
+
+/// An agent's budget: its steps past the limit are refused (the run fails
+/// there), a start naming it is refused, `warn` lets the steps go on with
+/// one warning; its use is listed; bad input is refused.
+async fn an_agents_budget_limits_its_steps(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let ids = ["lead", "worker", "quality"];
+    let tokens = test.register_agents(&ids.map(|id| agent(id, "member", "core"))).await;
+    let mut client = test.execution();
+    let source = WORKLOAD.to_owned();
+    client.publish_process(PublishProcessRequest { source, file_name: String::new() }).await.expect("publish");
+    let credentials = vec![muster::worker::AgentCredential { agent_id: "worker".into(), token: tokens[1].clone() }];
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let start = StartExecutionRequest { process_name: "workload".into(), ..Default::default() };
+
+    // Two steps an hour: the third is refused and fails the run.
+    let set = client.set_budget(agent_budget(2, BudgetAction::Stop)).await.unwrap().into_inner().budget.unwrap();
+    assert_eq!((set.scope, set.name.as_str(), set.used_runs), (BudgetScope::Agent as i32, "worker", 0));
+    let id = client.start_execution(start.clone()).await.unwrap().into_inner().execution.unwrap().id;
+    let events = events_until_finished(&test.operator("execution"), &id).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Failed as i32);
+    let over = events.iter().find(|event| event.r#type == EventType::BudgetExceeded as i32).expect("the event");
+    assert_eq!(over.step_id, "s2");
+    assert_eq!(
+        over.detail,
+        "budget of agent 'worker' exhausted: 2 of 2 steps in the last 3600 s (operator budget); the step is refused"
+    );
+    let failed = events.iter().find(|event| event.r#type == EventType::StepFailed as i32).expect("s2 failed");
+    let code = failed.error.as_ref().map(|error| error.code.as_str());
+    assert_eq!((failed.step_id.as_str(), code), ("s2", Some("BUDGET_EXHAUSTED")));
+    assert!(!events.iter().any(|event| event.step_id == "s2" && event.r#type == EventType::StepStarted as i32));
+
+    // A start that names the agent is refused at once.
+    let status = client.start_execution(start.clone()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "budget of agent 'worker' exhausted: 2 of 2 steps in the last 3600 s (operator budget)"
+    );
+    let quota = status.get_details_quota_failure().expect("a QuotaFailure");
+    assert_eq!(quota.violations[0].subject, "agent:worker");
+
+    // Warn: the steps go on, with one warning for the run.
+    client.set_budget(agent_budget(3, BudgetAction::Warn)).await.unwrap();
+    let id = client.start_execution(start.clone()).await.unwrap().into_inner().execution.unwrap().id;
+    let events = events_until_finished(&test.operator("execution"), &id).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
+    let warnings: Vec<_> = events.iter().filter(|event| event.r#type == EventType::BudgetExceeded as i32).collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(
+        (warnings[0].step_id.as_str(), warnings[0].detail.as_str()),
+        (
+            "s1",
+            "budget of agent 'worker' exhausted: 3 of 3 steps in the last 3600 s (operator budget); the step goes on"
+        )
+    );
+    let request = ListBudgetsRequest { scope: BudgetScope::Agent as i32, ..Default::default() };
+    let listed = client.list_budgets(request).await.unwrap().into_inner().budgets;
+    assert_eq!(
+        listed.iter().map(|budget| (budget.name.as_str(), budget.used_runs)).collect::<Vec<_>>(),
+        [("worker", 5)]
+    );
+    let output =
+        run(["budget", "list", "--agents"].iter().map(|word| (*word).to_owned()).collect(), test.command_environment())
+            .await;
+    assert!(text(&output).contains("agent worker  (operator, per 3600 s)  steps 5 of 3  "), "{}", text(&output));
+
+    // Bad input.
+    let status = client.set_budget(agent_budget(3, BudgetAction::Pause)).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    let mut unknown = agent_budget(3, BudgetAction::Stop);
+    unknown.budget.as_mut().unwrap().name = "nobody".into();
+    assert_eq!(client.set_budget(unknown).await.unwrap_err().code(), Code::FailedPrecondition);
+    let mut per_run = agent_budget(3, BudgetAction::Stop);
+    per_run.budget.as_mut().unwrap().run_max_tokens = 10;
+    assert_eq!(client.set_budget(per_run).await.unwrap_err().code(), Code::InvalidArgument);
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_budget_limits_its_steps_on_sqlite() {
+    an_agents_budget_limits_its_steps(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_budget_limits_its_steps_on_postgres() {
+    an_agents_budget_limits_its_steps(Backend::Postgres).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,14 +19,20 @@ pub(crate) struct BudgetArgs {
 #[derive(Debug, clap::Subcommand)]
 enum BudgetCommand {
     /// Sets a published process's budget, replacing the one it declares
-    /// (every limit 0 removes it), or with `--role` the budget of a role's
-    /// own runs. Operators.
+    /// (every limit 0 removes it); with `--role` the budget of a role's own
+    /// runs; with `--agent` the budget of the steps an agent starts.
+    /// Operators.
     Set {
-        /// The process (with `--role`, the role).
+        /// The process (with `--role`, the role; with `--agent`, the agent).
         process: String,
         /// The name is a role's: limit the runs its schedule and inbox start.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "agent")]
         role: bool,
+        /// The name is an agent's: limit the steps it starts, in any run
+        /// (`--max-runs` counts steps; past a limit its steps are refused,
+        /// or with `--on-exceed warn` go on).
+        #[arg(long)]
+        agent: bool,
         /// Length of the period, in seconds.
         #[arg(long, default_value_t = 86_400)]
         period_seconds: u64,
@@ -50,7 +56,11 @@ enum BudgetCommand {
         on_exceed: OnExceed,
     },
     /// Lists the budgets in force, with their use in the current period.
-    List,
+    List {
+        /// The agents' budgets instead.
+        #[arg(long)]
+        agents: bool,
+    },
 }
 
 /// What happens to a run that goes over a limit.
@@ -68,12 +78,17 @@ fn line(budget: &Budget) -> String {
     let limit = |used: String, max: String, unlimited: bool| {
         if unlimited { format!("{used} (no limit)") } else { format!("{used} of {max}") }
     };
-    let role = if budget.scope == BudgetScope::Role as i32 { "role " } else { "" };
+    let role = match BudgetScope::try_from(budget.scope) {
+        Ok(BudgetScope::Role) => "role ",
+        Ok(BudgetScope::Agent) => "agent ",
+        _ => "",
+    };
     let line = format!(
-        "{role}{}  ({}, per {} s)  runs {}  cost {}  tokens {}",
+        "{role}{}  ({}, per {} s)  {} {}  cost {}  tokens {}",
         budget.name,
         budget.source,
         budget.period_seconds,
+        if budget.scope == BudgetScope::Agent as i32 { "steps" } else { "runs" },
         limit(budget.used_runs.to_string(), budget.max_runs.to_string(), budget.max_runs == 0),
         limit(format!("${:.2}", budget.used_cost), format!("${:.2}", budget.max_cost), budget.max_cost == 0.0),
         limit(budget.used_tokens.to_string(), budget.max_tokens.to_string(), budget.max_tokens == 0),
@@ -104,6 +119,7 @@ pub(crate) async fn run(args: BudgetArgs, token: Option<&str>) -> anyhow::Result
         BudgetCommand::Set {
             process,
             role,
+            agent,
             period_seconds,
             max_runs,
             max_cost,
@@ -113,7 +129,11 @@ pub(crate) async fn run(args: BudgetArgs, token: Option<&str>) -> anyhow::Result
             on_exceed,
         } => {
             let budget = Budget {
-                scope: if role { BudgetScope::Role } else { BudgetScope::Process } as i32,
+                scope: match (role, agent) {
+                    (true, _) => BudgetScope::Role,
+                    (_, true) => BudgetScope::Agent,
+                    _ => BudgetScope::Process,
+                } as i32,
                 name: process.clone(),
                 period_seconds,
                 max_cost,
@@ -138,11 +158,12 @@ pub(crate) async fn run(args: BudgetArgs, token: Option<&str>) -> anyhow::Result
                 None => println!("{process} has no budget"),
             }
         }
-        BudgetCommand::List => {
+        BudgetCommand::List { agents } => {
+            let scope = if agents { BudgetScope::Agent } else { BudgetScope::Unspecified } as i32;
             let mut page_token = String::new();
             loop {
                 let page = execution
-                    .list_budgets(ListBudgetsRequest { page_size: 1000, page_token: page_token.clone() })
+                    .list_budgets(ListBudgetsRequest { page_size: 1000, page_token: page_token.clone(), scope })
                     .await
                     .map_err(super::refused)?
                     .into_inner();

@@ -23,11 +23,12 @@ pub(crate) enum Error {
     /// The request cannot be carried out in the current state.
     #[error("{0}")]
     FailedPrecondition(String),
-    /// A run would start past a limit of its process's budget.
-    #[error("budget of process '{process}' exhausted: {description}")]
+    /// A run (or a step) would start past a limit of its process's (or its
+    /// agent's) budget.
+    #[error("budget of {} exhausted: {description}", crate::domain::budget::owner(key))]
     BudgetExhausted {
-        /// The process.
-        process: String,
+        /// The budget's key: the process, or `agent:<id>`.
+        key: String,
         /// The limit reached, such as `3 of 3 runs in the last 3600 s`.
         description: String,
     },
@@ -135,8 +136,9 @@ impl From<Error> for tonic::Status {
             Error::FailedPrecondition(_) => tonic::Status::failed_precondition(message),
             Error::Superseded(_) => tonic::Status::aborted(message),
             Error::OutOfRange(_) => tonic::Status::out_of_range(message),
-            Error::BudgetExhausted { ref process, ref description } => {
-                muster_runtime::status::quota_exhausted(&message, &format!("process:{process}"), description, None)
+            Error::BudgetExhausted { ref key, ref description } => {
+                let subject = if key.starts_with("agent:") { key.clone() } else { format!("process:{key}") };
+                muster_runtime::status::quota_exhausted(&message, &subject, description, None)
             }
             Error::Throttled { ref process, ref description, retry_after } => muster_runtime::status::quota_exhausted(
                 &message,

@@ -132,6 +132,7 @@ pub async fn run(
     let ready = async move {
         store.migrate().await?;
         started.load_matrix().await?;
+        started.load_agent_budgets().await?;
         // These run for the life of the engine.
         started.spawn(clients::notifier::publish(store.clone(), notifier, started.log_wake.clone()));
         started.spawn(expire_silent_workers(started.clone(), lease));
@@ -190,6 +191,9 @@ async fn follow_matrix(engine: Arc<engine::Engine>) {
         tick.tick().await;
         if let Err(error) = engine.load_matrix().await {
             tracing::warn!(%error, "reading the permission matrix failed");
+        }
+        if let Err(error) = engine.load_agent_budgets().await {
+            tracing::warn!(%error, "reading the agents' budgets failed");
         }
     }
 }

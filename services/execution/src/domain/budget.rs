@@ -25,9 +25,12 @@ impl Source {
 }
 
 /// Limits per period and per run on a process's executions; 0 means no
-/// limit.
+/// limit. An agent's budget limits, per period, the steps it starts and
+/// what they use; it is kept under the key `agent:<id>` ([`agent_key`]),
+/// which no process name can be.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Budget {
+    /// The process, or `agent:<id>`.
     pub(crate) process_name: String,
     pub(crate) period_seconds: u64,
     pub(crate) max_cost: f64,
@@ -54,7 +57,22 @@ pub(crate) struct Exhausted {
     pub(crate) description: String,
 }
 
+/// The key of an agent's budget.
+pub(crate) fn agent_key(agent_id: &str) -> String {
+    format!("agent:{agent_id}")
+}
+
 impl Budget {
+    /// The agent whose budget it is, if it is an agent's.
+    pub(crate) fn agent_id(&self) -> Option<&str> {
+        self.process_name.strip_prefix("agent:")
+    }
+
+    /// What the budget limits, for messages: `process 'p'` or `agent 'a'`.
+    pub(crate) fn owner(&self) -> String {
+        owner(&self.process_name)
+    }
+
     /// Whether every limit is 0 (no limit at all).
     pub(crate) fn is_unlimited(&self) -> bool {
         !self.has_period_limit() && self.run_max_cost == 0.0 && self.run_max_tokens == 0
@@ -80,9 +98,10 @@ impl Budget {
     pub(crate) fn exhausted(&self, usage: &Usage) -> Option<Exhausted> {
         let period = self.period_seconds;
         if self.max_runs > 0 && usage.runs >= u64::from(self.max_runs) {
+            let unit = if self.agent_id().is_some() { "steps" } else { "runs" };
             return Some(Exhausted {
                 limit: "runs",
-                description: format!("{} of {} runs in the last {period} s", usage.runs, self.max_runs),
+                description: format!("{} of {} {unit} in the last {period} s", usage.runs, self.max_runs),
             });
         }
         if self.max_cost > 0.0 && usage.cost >= self.max_cost {
@@ -131,6 +150,14 @@ impl Budget {
             });
         }
         None
+    }
+}
+
+/// What a budget key limits, for messages: `process 'p'` or `agent 'a'`.
+pub(crate) fn owner(key: &str) -> String {
+    match key.strip_prefix("agent:") {
+        Some(agent) => format!("agent '{agent}'"),
+        None => format!("process '{key}'"),
     }
 }
 

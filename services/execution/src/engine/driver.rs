@@ -17,7 +17,7 @@
 
 use std::{
     cmp::Reverse,
-    collections::{BinaryHeap, HashMap, VecDeque},
+    collections::{BinaryHeap, HashMap, HashSet, VecDeque},
     sync::Arc,
     time::Duration,
 };
@@ -72,7 +72,7 @@ enum Timer {
 type Due = Reverse<(i64, Timer, usize, u32)>;
 
 /// What an agent's assignments tell it, per agent of the execution.
-enum Known {
+pub(super) enum Known {
     /// Being fetched; these attempts wait for it.
     Fetching(Vec<(usize, u32)>),
     Ready(Arc<AgentContext>),
@@ -143,6 +143,10 @@ pub(crate) struct Driver {
     /// The budget's limits on cost and tokens and the use counted against
     /// them; set at the first completed step (`Some(None)`: no such limit).
     spending: Option<Option<spending::Spending>>,
+    /// Attempts whose executor's budget was found to leave room.
+    within_agent_budget: HashSet<(usize, u32)>,
+    /// Agents whose budget went over with `warn`, told once per execution.
+    warned_agents: HashSet<String>,
 }
 
 impl Driver {
@@ -192,6 +196,8 @@ impl Driver {
             asks: Vec::new(),
             budget: None,
             spending: None,
+            within_agent_budget: HashSet::new(),
+            warned_agents: HashSet::new(),
         }
     }
 
@@ -247,6 +253,9 @@ impl Driver {
             }
             Input::Executor { position, attempt, found } => self.executor_found(position, attempt, found),
             Input::Context { agent_id, context } => self.context_known(agent_id, context),
+            Input::AgentUsage { position, attempt, budget, usage } => {
+                self.agent_usage_known(position, attempt, &budget, usage);
+            }
             Input::WorkerReady { position, attempt, slot } => {
                 if self.is_current(position, attempt) && self.steps[position].status == StepStatus::WaitingForWorker {
                     self.dispatch(position, slot);
@@ -621,8 +630,14 @@ impl Driver {
     /// The executor may take the step (its session role, or the matrix for
     /// its roster role, permits the step's action): a worker with room gets
     /// it, or it waits for one.
-    fn assign(&mut self, position: usize, context: Arc<AgentContext>) {
+    pub(super) fn assign(&mut self, position: usize, context: Arc<AgentContext>) {
         let agent_id = self.steps[position].executor.clone();
+        let attempt = self.steps[position].attempt;
+        if let Some(budget) = self.engine.agent_budget(&agent_id)
+            && !self.within_agent_budget.remove(&(position, attempt))
+        {
+            return self.read_agent_usage(position, attempt, agent_id, budget);
+        }
         if let Err(reason) = self.admit(position, &agent_id, &context.roster_role) {
             self.end_attempt(position);
             self.fail(position, "PERMISSION_DENIED", reason);

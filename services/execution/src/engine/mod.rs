@@ -93,6 +93,8 @@ pub(crate) enum Input {
     Executor { position: usize, attempt: u32, found: Found },
     /// What an agent's assignments tell it, fetched from the roster.
     Context { agent_id: String, context: std::result::Result<Arc<AgentContext>, String> },
+    /// What the executor of an attempt used in its budget's period.
+    AgentUsage { position: usize, attempt: u32, budget: Budget, usage: crate::domain::budget::Usage },
     /// A worker has room for an attempt that waited for one.
     WorkerReady { position: usize, attempt: u32, slot: Slot },
     /// A request from a caller.
@@ -186,6 +188,8 @@ pub(crate) struct Engine {
     admission_gate: tokio::sync::Mutex<()>,
     /// Inboxes whose throttled run is due to start later.
     delayed_triggers: Mutex<HashSet<String>>,
+    /// Agents' budgets by agent id, as last read from the store.
+    agent_budgets: RwLock<Arc<HashMap<String, Budget>>>,
 }
 
 impl Engine {
@@ -206,6 +210,7 @@ impl Engine {
             inbox_gate: tokio::sync::Mutex::new(()),
             admission_gate: tokio::sync::Mutex::new(()),
             delayed_triggers: Mutex::new(HashSet::new()),
+            agent_budgets: RwLock::new(Arc::new(HashMap::new())),
         })
     }
 
@@ -247,6 +252,25 @@ impl Engine {
         };
         self.set_matrix(matrix);
         Ok(())
+    }
+
+    /// Reads the agents' budgets (set here or on another replica).
+    pub(crate) async fn load_agent_budgets(&self) -> Result<()> {
+        let budgets: HashMap<String, Budget> = self
+            .store
+            .agent_budgets()
+            .await?
+            .into_iter()
+            .filter_map(|budget| Some((budget.agent_id()?.to_owned(), budget)))
+            .collect();
+        *self.agent_budgets.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(budgets);
+        Ok(())
+    }
+
+    /// An agent's budget, if it has one with a limit per period.
+    pub(crate) fn agent_budget(&self, agent_id: &str) -> Option<Budget> {
+        let budgets = self.agent_budgets.read().unwrap_or_else(PoisonError::into_inner);
+        budgets.get(agent_id).filter(|budget| budget.has_period_limit()).cloned()
     }
 
     /// Puts a matrix in force, unless a newer one already is.
@@ -463,6 +487,21 @@ impl Engine {
         &self,
         process: &ProcessVersion,
     ) -> Result<(Option<tokio::sync::MutexGuard<'_, ()>>, Option<Budget>)> {
+        // The agents the process names as executors, within their budgets.
+        let mut named: Vec<&str> = process.definition.steps.iter().filter_map(|step| step.executor()).collect();
+        named.sort_unstable();
+        named.dedup();
+        for agent_id in named {
+            let Some(budget) = self.agent_budget(agent_id) else { continue };
+            let now = muster_runtime::time::now_millis();
+            let usage = self.store.agent_usage(agent_id, budget.period_start(now)).await?;
+            if let Some(exhausted) = budget.exhausted(&usage) {
+                return Err(Error::BudgetExhausted {
+                    key: budget.process_name.clone(),
+                    description: format!("{} ({} budget)", exhausted.description, budget.source.as_str()),
+                });
+            }
+        }
         let budget = self.budget_of(process).await?;
         let period_limited = budget.as_ref().filter(|budget| budget.has_period_limit());
         let throttle = process
@@ -478,7 +517,7 @@ impl Engine {
             let usage = self.store.process_usage(&budget.process_name, budget.period_start(now), "").await?;
             if let Some(exhausted) = budget.exhausted(&usage) {
                 return Err(Error::BudgetExhausted {
-                    process: budget.process_name.clone(),
+                    key: budget.process_name.clone(),
                     description: format!("{} ({} budget)", exhausted.description, budget.source.as_str()),
                 });
             }

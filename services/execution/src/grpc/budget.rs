@@ -8,7 +8,7 @@ use super::{ExecutionApi, page_size};
 use crate::{
     Error, Result,
     domain::{
-        budget::{Action, Budget, Source},
+        budget::{Action, Budget, Source, agent_key},
         model::ProcessVersion,
     },
     engine::roles,
@@ -48,9 +48,35 @@ fn budget_from_wire(budget: Option<wire::Budget>) -> Result<Budget> {
             }
             budget.name = roles::process_name(&budget.name);
         }
+        Ok(wire::BudgetScope::Agent) => {
+            let well_formed = !budget.name.is_empty()
+                && budget.name.len() <= 64
+                && budget.name.chars().all(|character| {
+                    character.is_ascii_lowercase() || character.is_ascii_digit() || "-_.".contains(character)
+                });
+            if !well_formed {
+                return Err(Error::InvalidArgument(format!(
+                    "budget.name '{}' is not an agent id",
+                    muster_runtime::status::truncate(&budget.name, 128)
+                )));
+            }
+            if budget.run_max_cost != 0.0 || budget.run_max_tokens != 0 {
+                return Err(Error::InvalidArgument(
+                    "an agent's budget has no per-run limits (run_max_cost, run_max_tokens): \
+                     set them on the process or role"
+                        .to_owned(),
+                ));
+            }
+            if budget.on_exceed == wire::BudgetAction::Pause as i32 {
+                return Err(Error::InvalidArgument(
+                    "budget.on_exceed of an agent's budget is stop (its steps are refused) or warn".to_owned(),
+                ));
+            }
+            budget.name = agent_key(&budget.name);
+        }
         _ => {
             return Err(Error::InvalidArgument(
-                "budget.scope must be BUDGET_SCOPE_PROCESS or BUDGET_SCOPE_ROLE".to_owned(),
+                "budget.scope must be BUDGET_SCOPE_PROCESS, BUDGET_SCOPE_ROLE or BUDGET_SCOPE_AGENT".to_owned(),
             ));
         }
     }
@@ -102,6 +128,14 @@ impl ExecutionApi {
     ) -> Result<wire::SetBudgetResponse> {
         let for_role = request.budget.as_ref().is_some_and(|budget| budget.scope == wire::BudgetScope::Role as i32);
         let budget = budget_from_wire(request.budget)?;
+        if let Some(agent_id) = budget.agent_id() {
+            self.roster_agent(agent_id, "budget.name").await?;
+            self.engine.store.put_budget(&budget, &caller.to_string()).await?;
+            self.engine.load_agent_budgets().await?;
+            tracing::info!(agent_id, %caller, "agent budget set");
+            let set = if budget.is_unlimited() { None } else { Some(self.agent_budget_in_force(budget).await?) };
+            return Ok(wire::SetBudgetResponse { budget: set });
+        }
         let process = self.engine.process(&budget.process_name, None).await?.ok_or_else(|| {
             Error::NotFound(if for_role {
                 format!(
@@ -119,6 +153,20 @@ impl ExecutionApi {
 
     pub(super) async fn list_budgets(&self, request: wire::ListBudgetsRequest) -> Result<wire::ListBudgetsResponse> {
         let size = page_size(request.page_size) as usize;
+        if request.scope == wire::BudgetScope::Agent as i32 {
+            let all = self.engine.store.agent_budgets().await?;
+            let start = all.partition_point(|budget| budget.process_name <= request.page_token);
+            let page: Vec<Budget> = all[start..].iter().take(size).cloned().collect();
+            let next_page_token = match page.last() {
+                Some(last) if start + page.len() < all.len() => last.process_name.clone(),
+                _ => String::new(),
+            };
+            let mut budgets = Vec::with_capacity(page.len());
+            for budget in page {
+                budgets.push(self.agent_budget_in_force(budget).await?);
+            }
+            return Ok(wire::ListBudgetsResponse { budgets, next_page_token });
+        }
         let mut after = request.page_token;
         let mut budgets = Vec::new();
         loop {
@@ -136,6 +184,28 @@ impl ExecutionApi {
                 return Ok(wire::ListBudgetsResponse { budgets, next_page_token: String::new() });
             }
         }
+    }
+
+    /// An agent's budget with its use in the current period.
+    async fn agent_budget_in_force(&self, budget: Budget) -> Result<wire::Budget> {
+        let agent_id = budget.agent_id().unwrap_or_default().to_owned();
+        let now = muster_runtime::time::now_millis();
+        let usage = self.engine.store.agent_usage(&agent_id, budget.period_start(now)).await?;
+        Ok(wire::Budget {
+            scope: wire::BudgetScope::Agent as i32,
+            name: agent_id,
+            period_seconds: budget.period_seconds,
+            max_cost: budget.max_cost,
+            max_tokens: budget.max_tokens,
+            max_runs: budget.max_runs,
+            used_cost: usage.cost,
+            used_tokens: usage.tokens,
+            used_runs: u32::try_from(usage.runs).unwrap_or(u32::MAX),
+            source: budget.source.as_str().to_owned(),
+            run_max_cost: 0.0,
+            run_max_tokens: 0,
+            on_exceed: action_to_wire(budget.on_exceed) as i32,
+        })
     }
 
     /// A process's budget in force with its use in the current period.
@@ -161,11 +231,15 @@ impl ExecutionApi {
             source: budget.source.as_str().to_owned(),
             run_max_cost: budget.run_max_cost,
             run_max_tokens: budget.run_max_tokens,
-            on_exceed: match budget.on_exceed {
-                Action::Stop => wire::BudgetAction::Stop,
-                Action::Pause => wire::BudgetAction::Pause,
-                Action::Warn => wire::BudgetAction::Warn,
-            } as i32,
+            on_exceed: action_to_wire(budget.on_exceed) as i32,
         }))
+    }
+}
+
+fn action_to_wire(action: Action) -> wire::BudgetAction {
+    match action {
+        Action::Stop => wire::BudgetAction::Stop,
+        Action::Pause => wire::BudgetAction::Pause,
+        Action::Warn => wire::BudgetAction::Warn,
     }
 }

@@ -198,7 +198,12 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn triggered_by<'a>(&'a self, inbox: &'a str) -> BoxFuture<'a, Result<Option<String>>>;
     /// Every inbox that triggers a process.
     fn trigger_inboxes(&self) -> BoxFuture<'_, Result<Vec<String>>>;
-    /// The budget an operator set on a process.
+    /// Every agent's budget (keys `agent:<id>`), by key.
+    fn agent_budgets(&self) -> BoxFuture<'_, Result<Vec<Budget>>>;
+    /// What the steps an agent started at or after `since` used: their
+    /// number, cost and tokens.
+    fn agent_usage<'a>(&'a self, agent_id: &'a str, since: i64) -> BoxFuture<'a, Result<Usage>>;
+    /// The budget an operator set on a process (or, keyed `agent:<id>`, on an agent).
     fn budget<'a>(&'a self, process_name: &'a str) -> BoxFuture<'a, Result<Option<Budget>>>;
     /// Sets an operator's budget on a process (`set_by` names the operator),
     /// or removes it when every limit is 0.

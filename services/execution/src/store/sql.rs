@@ -44,6 +44,7 @@ const MIGRATIONS: Migrations = Migrations {
         (6, "budgets", include_str!("../../migrations/sqlite/0006_budgets.sql")),
         (7, "schedules", include_str!("../../migrations/sqlite/0007_schedules.sql")),
         (8, "memory", include_str!("../../migrations/sqlite/0008_memory.sql")),
+        (9, "agent budgets", include_str!("../../migrations/sqlite/0009_agent_budgets.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -54,6 +55,7 @@ const MIGRATIONS: Migrations = Migrations {
         (6, "budgets", include_str!("../../migrations/postgres/0006_budgets.sql")),
         (7, "schedules", include_str!("../../migrations/postgres/0007_schedules.sql")),
         (8, "memory", include_str!("../../migrations/postgres/0008_memory.sql")),
+        (9, "agent budgets", include_str!("../../migrations/postgres/0009_agent_budgets.sql")),
     ],
 };
 
@@ -522,6 +524,24 @@ async fn insert_memory(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, entry
     .execute(&mut **transaction)
     .await?;
     Ok(())
+}
+
+fn budget_from_row(row: &AnyRow) -> Result<Budget> {
+    Ok(Budget {
+        process_name: row.try_get("process_name")?,
+        period_seconds: row.try_get::<i64, _>("period_seconds")? as u64,
+        max_cost: row.try_get("max_cost")?,
+        max_tokens: row.try_get::<i64, _>("max_tokens")? as u64,
+        max_runs: row.try_get::<i64, _>("max_runs")? as u32,
+        run_max_cost: row.try_get("run_max_cost")?,
+        run_max_tokens: row.try_get::<i64, _>("run_max_tokens")? as u64,
+        on_exceed: {
+            let action: String = row.try_get("on_exceed")?;
+            budget::Action::parse(&action)
+                .ok_or_else(|| Error::Storage(format!("unknown budget action '{action}' in the database")))?
+        },
+        source: budget::Source::Operator,
+    })
 }
 
 fn memory_from_row(row: &AnyRow) -> Result<MemoryEntry> {
@@ -1015,22 +1035,35 @@ impl Store for SqlStore {
                 .bind(process_name.to_owned())
                 .fetch_optional(&self.database.reads)
                 .await?;
-            let Some(row) = row else { return Ok(None) };
-            Ok(Some(Budget {
-                process_name: row.try_get("process_name")?,
-                period_seconds: row.try_get::<i64, _>("period_seconds")? as u64,
-                max_cost: row.try_get("max_cost")?,
-                max_tokens: row.try_get::<i64, _>("max_tokens")? as u64,
-                max_runs: row.try_get::<i64, _>("max_runs")? as u32,
-                run_max_cost: row.try_get("run_max_cost")?,
-                run_max_tokens: row.try_get::<i64, _>("run_max_tokens")? as u64,
-                on_exceed: {
-                    let action: String = row.try_get("on_exceed")?;
-                    budget::Action::parse(&action)
-                        .ok_or_else(|| Error::Storage(format!("unknown budget action '{action}' in the database")))?
-                },
-                source: budget::Source::Operator,
-            }))
+            row.as_ref().map(budget_from_row).transpose()
+        })
+    }
+
+    fn agent_budgets(&self) -> BoxFuture<'_, Result<Vec<Budget>>> {
+        Box::pin(async move {
+            let rows = sqlx::query("SELECT * FROM budgets WHERE process_name LIKE 'agent:%' ORDER BY process_name")
+                .fetch_all(&self.database.reads)
+                .await?;
+            rows.iter().map(budget_from_row).collect()
+        })
+    }
+
+    fn agent_usage<'a>(&'a self, agent_id: &'a str, since: i64) -> BoxFuture<'a, Result<Usage>> {
+        Box::pin(async move {
+            let row = sqlx::query(
+                "SELECT COUNT(*) AS runs, CAST(COALESCE(SUM(cost), 0) AS DOUBLE PRECISION) AS cost, \
+                 CAST(COALESCE(SUM(tokens_used), 0) AS BIGINT) AS tokens \
+                 FROM steps WHERE executor = $1 AND started_at >= $2",
+            )
+            .bind(agent_id.to_owned())
+            .bind(since)
+            .fetch_one(&self.database.reads)
+            .await?;
+            Ok(Usage {
+                cost: row.try_get("cost")?,
+                tokens: row.try_get::<i64, _>("tokens")? as u64,
+                runs: row.try_get::<i64, _>("runs")? as u64,
+            })
         })
     }
 

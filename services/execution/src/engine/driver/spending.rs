@@ -4,6 +4,11 @@
 //! against the budget's limits. The first limit gone over is acted on once,
 //! as the budget says — the run stops, pauses or goes on — and the step's
 //! monitors and the lead are told (`budget_exceeded`).
+//!
+//! An agent's budget is checked before each of its steps starts, against
+//! what the steps it started in the period used: a step past a limit is
+//! refused (it fails with `BUDGET_EXHAUSTED`), or, with `warn`, goes on;
+//! either way the step's monitors and the lead are told.
 
 use super::Driver;
 use crate::{
@@ -27,6 +32,64 @@ pub(super) struct Spending {
 }
 
 impl Driver {
+    /// Reads what an attempt's executor used in its budget's period; the
+    /// attempt goes on when the answer comes ([`Driver::agent_usage_known`]).
+    pub(super) fn read_agent_usage(&mut self, position: usize, attempt: u32, agent_id: String, budget: Budget) {
+        let store = self.engine.store.clone();
+        let driver = self.route.clone();
+        self.engine.spawn(async move {
+            let since = budget.period_start(muster_runtime::time::now_millis());
+            let usage = loop {
+                match store.agent_usage(&agent_id, since).await {
+                    Ok(usage) => break usage,
+                    Err(error) => {
+                        tracing::warn!(%error, agent_id, "reading an agent's use of its budget failed; retrying");
+                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                    }
+                }
+            };
+            let _ = driver.send(super::Input::AgentUsage { position, attempt, budget, usage });
+        });
+    }
+
+    /// The executor's use is known: its step starts, is refused, or (with
+    /// `warn`) starts with a warning.
+    pub(super) fn agent_usage_known(&mut self, position: usize, attempt: u32, budget: &Budget, usage: Usage) {
+        if !self.is_current(position, attempt)
+            || !matches!(self.steps[position].status, StepStatus::Ready | StepStatus::Queued)
+        {
+            return;
+        }
+        let agent_id = self.steps[position].executor.clone();
+        let Some(super::Known::Ready(context)) = self.contexts.get(&agent_id) else { return };
+        let context = context.clone();
+        if let Some(exhausted) = budget.exhausted(&usage) {
+            let reason = format!(
+                "budget of {} exhausted: {} ({} budget)",
+                budget.owner(),
+                exhausted.description,
+                budget.source.as_str()
+            );
+            let refused = budget.on_exceed != Action::Warn;
+            if refused || self.warned_agents.insert(agent_id.clone()) {
+                tracing::warn!(execution_id = %self.execution.id, %reason, "agent over budget");
+                let mut event = self.step_event(EventKind::BudgetExceeded, position);
+                let done = if refused { "the step is refused" } else { "the step goes on" };
+                event.detail = format!("{reason}; {done}");
+                event.cost = usage.cost;
+                event.tokens_used = usage.tokens;
+                self.record(event);
+            }
+            if refused {
+                self.end_attempt(position);
+                self.fail(position, "BUDGET_EXHAUSTED", reason);
+                return;
+            }
+        }
+        self.within_agent_budget.insert((position, attempt));
+        self.assign(position, context);
+    }
+
     /// Counts a completed step's cost and tokens; the reason to cancel the
     /// execution when a limit is gone over and the budget says to stop.
     pub(super) async fn spend(&mut self, position: usize) -> Result<Option<String>> {
