@@ -107,7 +107,7 @@ async fn roles_run_on_their_own(backend: Backend) {
         .into_inner()
         .system_prompt;
     for part in [
-        "You are the Delivery Manager for this project.",
+        "Your role in this project: delivery (Delivery Manager).",
         "Your mission: Keep the project delivery on-time",
         "Tools (use only these):\n- read_file\n",
         "- project/timeline.md\n",

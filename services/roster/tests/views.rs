@@ -200,7 +200,7 @@ async fn import_and_views(backend: Backend) {
         .unwrap_err();
     assert_eq!(status.code(), Code::NotFound);
 
-    // The system prompt: own prompt, then the organisational context and the framework.
+    // The system prompt: own prompt, its role, then the organisational context and the framework.
     let prompt = server
         .client
         .render_system_prompt(pb::RenderSystemPromptRequest { agent_id: "research-agent".into() })
@@ -208,7 +208,14 @@ async fn import_and_views(backend: Backend) {
         .unwrap()
         .into_inner()
         .system_prompt;
-    assert!(prompt.starts_with("You research carefully.\n\n## YOUR ORGANIZATIONAL CONTEXT\n\nYou are: Research Agent\nRole: researcher\nTeam: research\nYour Manager: Manager (ID: manager-agent)\nCurrent Workload: 1/3 tasks"), "{prompt}");
+    assert!(
+        prompt.starts_with(
+            "You research carefully.\n\n## YOUR ROLE\n\nYour role in this project: researcher (Researches).\n"
+        ),
+        "{prompt}"
+    );
+    assert!(prompt.contains("Before taking any action, THINK:"), "{prompt}");
+    assert!(prompt.contains("\n## YOUR ORGANIZATIONAL CONTEXT\n\nYou are: Research Agent\nRole: researcher\nTeam: research\nYour Manager: Manager (ID: manager-agent)\nCurrent Workload: 1/3 tasks"), "{prompt}");
     assert!(prompt.contains("Your Expertise: research, writing\n"), "{prompt}");
     assert!(prompt.contains("## DELEGATION FRAMEWORK") && prompt.contains("5. Escalate to your manager"), "{prompt}");
     server.stop().await;

@@ -102,8 +102,10 @@ pub fn render_system_prompt(agent: &Agent, role: Option<&RoleDefinition>, senior
 fn render_role(prompt: &mut String, role: &RoleDefinition) {
     let list = |items: &[String]| items.iter().map(|item| format!("- {item}\n")).collect::<String>();
     prompt.push_str("## YOUR ROLE\n\n");
-    let title = if role.description.trim().is_empty() { role.name.as_str() } else { role.description.trim() };
-    prompt.push_str(&format!("You are the {title} for this project.\n"));
+    match role.description.trim() {
+        "" => prompt.push_str(&format!("Your role in this project: {}.\n", role.name)),
+        description => prompt.push_str(&format!("Your role in this project: {} ({description}).\n", role.name)),
+    }
     if !role.mission.trim().is_empty() {
         prompt.push_str(&format!("Your mission: {}\n", role.mission.trim()));
     }
@@ -158,7 +160,7 @@ mod tests {
             ..RoleDefinition::default()
         };
         let prompt = render_system_prompt(&agent(), Some(&role), None);
-        let expected = "Be concise.\n\n## YOUR ROLE\n\nYou are the Delivery Manager for this project.\n\
+        let expected = "Be concise.\n\n## YOUR ROLE\n\nYour role in this project: delivery (Delivery Manager).\n\
                         Your mission: Keep delivery on time.\nYour goals:\n- Track progress\n- Find blockers\n\
                         Tools (use only these):\n- read_file\nContext files (load only these):\n\
                         - project/timeline.md\nUser preferences: Short bullet points.\n\n";
