@@ -537,6 +537,77 @@ async fn an_agents_budget_limits_its_steps_on_postgres() {
     an_agents_budget_limits_its_steps(Backend::Postgres).await;
 }
 
+/// Two execution services on one PostgreSQL database admit the runs of a
+/// throttled process one at a time: a burst of starts split between them
+/// never has two runs underway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_hold_a_throttle_on_postgres() {
+    let Some(mut test) = TestCluster::start(Backend::Postgres).await else { return };
+    let replica = test.cluster_mut().add_replica("execution").await.expect("a replica");
+    let tokens = test.register_agents(&[agent("lead", "member", "core"), agent("worker", "member", "core")]).await;
+    let source = "name: single\nlead: lead\nthrottle: {max_concurrent: 1}\nsteps:\n  \
+                  - {id: work, type: agent_task, agent: worker, message: m, inputs: {sleep_ms: 200}}\n"
+        .to_owned();
+    let mut first = test.execution();
+    first.publish_process(PublishProcessRequest { source, file_name: String::new() }).await.expect("publish");
+    let operator = test.cluster().credentials.operator_token.clone();
+    let second_endpoint = muster::credentials::Endpoint::new(format!("http://{replica}"), operator);
+    let second = ExecutionClient::new(second_endpoint.channel().unwrap());
+    // A worker on each replica: a run is driven by the replica that starts it.
+    let credentials = vec![muster::worker::AgentCredential { agent_id: "worker".into(), token: tokens[1].clone() }];
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials.clone());
+    let (stop_second, second_worker) = spawn_sample_worker(second_endpoint.clone(), credentials);
+
+    // Bursts of starts on both replicas at once, until a few runs went through.
+    let start = StartExecutionRequest { process_name: "single".into(), ..Default::default() };
+    let mut admitted = 0;
+    for _ in 0..20 {
+        let mut calls = Vec::new();
+        for index in 0..8 {
+            let mut client = if index % 2 == 0 { first.clone() } else { second.clone() };
+            let start = start.clone();
+            calls.push(tokio::spawn(async move { client.start_execution(start).await }));
+        }
+        for call in calls {
+            match call.await.unwrap() {
+                Ok(_) => admitted += 1,
+                Err(status) => assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}"),
+            }
+        }
+        if admitted >= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(admitted >= 4, "{admitted} runs admitted");
+    // Wait for them to end, then check that no two overlapped.
+    let mut executions = Vec::new();
+    for _ in 0..200 {
+        let request = ListExecutionsRequest { process_name: "single".into(), limit: 1000, ..Default::default() };
+        executions = first.list_executions(request).await.unwrap().into_inner().executions;
+        if executions.iter().all(|execution| execution.ended_at.is_some()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let millis = |at: Option<&prost_types::Timestamp>| muster_runtime::time::from_timestamp(at.expect("a time"));
+    let mut spans: Vec<(i64, i64)> = executions
+        .iter()
+        .map(|execution| (millis(execution.started_at.as_ref()), millis(execution.ended_at.as_ref())))
+        .collect();
+    spans.sort_unstable();
+    assert_eq!(spans.len(), admitted);
+    for pair in spans.windows(2) {
+        assert!(pair[0].1 <= pair[1].0, "two runs underway at once: {spans:?}");
+    }
+
+    for (stop, worker) in [(stop, worker), (stop_second, second_worker)] {
+        let _ = stop.send(());
+        worker.await.unwrap().unwrap();
+    }
+    test.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn throttles_hold_under_bursts_on_sqlite() {
     throttles_hold_under_bursts(Backend::Sqlite).await;

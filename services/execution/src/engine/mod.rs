@@ -192,6 +192,12 @@ pub(crate) struct Engine {
     agent_budgets: RwLock<Arc<HashMap<String, Budget>>>,
 }
 
+/// Held from a run's admission until it is created: see [`Engine::admit`].
+pub(crate) struct Admitted<'a> {
+    _local: tokio::sync::MutexGuard<'a, ()>,
+    _shared: Option<crate::store::AdmissionLock>,
+}
+
 impl Engine {
     pub(crate) fn new(store: Arc<dyn Store>, roster: Arc<dyn Roster>, settings: Settings) -> Arc<Self> {
         let (events, _) = broadcast::channel(16_384);
@@ -482,11 +488,9 @@ impl Engine {
     /// its throttle; the budget in force, for the run's driver. Runs of a
     /// process with a limit per period or a throttle start one at a time,
     /// each after the check (the guard answered is held until it is
-    /// created), so that concurrent starts cannot overrun them.
-    async fn admit(
-        &self,
-        process: &ProcessVersion,
-    ) -> Result<(Option<tokio::sync::MutexGuard<'_, ()>>, Option<Budget>)> {
+    /// created), in this replica and, on PostgreSQL, across replicas, so
+    /// that concurrent starts cannot overrun them.
+    async fn admit(&self, process: &ProcessVersion) -> Result<(Option<Admitted<'_>>, Option<Budget>)> {
         // The agents the process names as executors, within their budgets.
         let mut named: Vec<&str> = process.definition.steps.iter().filter_map(|step| step.executor()).collect();
         named.sort_unstable();
@@ -511,7 +515,13 @@ impl Engine {
         if period_limited.is_none() && throttle.is_none() {
             return Ok((None, budget));
         }
-        let admitted = self.admission_gate.lock().await;
+        // One start at a time in this replica, then across replicas (the
+        // local gate first: a replica holds at most one database connection
+        // waiting for the shared lock).
+        let admitted = Admitted {
+            _local: self.admission_gate.lock().await,
+            _shared: self.store.admission_lock(&process.name).await?,
+        };
         let now = muster_runtime::time::now_millis();
         if let Some(budget) = period_limited {
             let usage = self.store.process_usage(&budget.process_name, budget.period_start(now), "").await?;

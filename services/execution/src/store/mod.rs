@@ -143,6 +143,20 @@ pub(crate) struct ExecutionFilter {
     pub(crate) limit: u32,
 }
 
+/// Held while a run of a process is checked against its budget and
+/// throttle and created, so that the replicas on one database admit the
+/// runs of a process one at a time: on PostgreSQL, a transaction holding an
+/// advisory lock on the process, released when this is dropped.
+pub(crate) struct AdmissionLock {
+    _transaction: sqlx::Transaction<'static, sqlx::Any>,
+}
+
+impl AdmissionLock {
+    pub(crate) fn new(transaction: sqlx::Transaction<'static, sqlx::Any>) -> Self {
+        Self { _transaction: transaction }
+    }
+}
+
 /// A process's executions as a throttle sees them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Activity {
@@ -249,6 +263,9 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// Moves a schedule due at `due` on to `next` without a run; false when
     /// it was no longer due at `due`.
     fn skip_schedule<'a>(&'a self, process_name: &'a str, due: i64, next: i64) -> BoxFuture<'a, Result<bool>>;
+    /// Locks the admission of `process_name`'s runs across replicas (see
+    /// [`AdmissionLock`]); `None` on SQLite, which one service uses alone.
+    fn admission_lock<'a>(&'a self, process_name: &'a str) -> BoxFuture<'a, Result<Option<AdmissionLock>>>;
     /// How many executions of `process_name` are underway, and when the
     /// latest started.
     fn process_activity<'a>(&'a self, process_name: &'a str) -> BoxFuture<'a, Result<Activity>>;

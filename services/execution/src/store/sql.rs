@@ -17,8 +17,8 @@ use sqlx::{AssertSqlSafe, Row, any::AnyRow};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Activity, Archived, BoxFuture, ExecutionFilter, InboxFilter, LogEntry, NewProcess, Published, StepWrite, Store,
-    Write,
+    Activity, AdmissionLock, Archived, BoxFuture, ExecutionFilter, InboxFilter, LogEntry, NewProcess, Published,
+    StepWrite, Store, Write,
 };
 use crate::{
     Error, Result,
@@ -1328,6 +1328,21 @@ impl Store for SqlStore {
                 underway: row.try_get::<i64, _>("underway")? as u64,
                 last_started_at: row.try_get("last_started_at")?,
             })
+        })
+    }
+
+    fn admission_lock<'a>(&'a self, process_name: &'a str) -> BoxFuture<'a, Result<Option<AdmissionLock>>> {
+        Box::pin(async move {
+            if self.database.backend != Backend::Postgres {
+                return Ok(None);
+            }
+            // FNV-1a of the process name: the lock's key.
+            let key = process_name
+                .bytes()
+                .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
+            let mut transaction = self.database.pool.begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(key as i64).execute(&mut *transaction).await?;
+            Ok(Some(AdmissionLock::new(transaction)))
         })
     }
 
