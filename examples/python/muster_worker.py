@@ -9,6 +9,11 @@ summary of the step from its instruction and what it built on.
 Inputs and upstream outputs too large to travel in an assignment are named in
 its `payload_refs`; the worker reads them (ReadPayload, in chunks) into the
 assignment before the behaviour runs, so a behaviour always sees them whole.
+
+A behaviour returns (output, tokens, cost), or (output, tokens, cost, extra)
+where extra may hold "remember": a list of ("global" or "role", text) entries
+for the global memory or the agent's role's (what later runs read in
+`assignment.memory`), and "post_to_inbox": an inbox to post the output to.
 """
 
 import json
@@ -20,9 +25,15 @@ import grpc
 from muster.execution.v1 import execution_pb2, execution_pb2_grpc
 
 
+MEMORY_SCOPES = {"global": execution_pb2.MEMORY_SCOPE_GLOBAL, "role": execution_pb2.MEMORY_SCOPE_ROLE}
+
+
 def sample_behaviour(assignment):
-    """Deterministic: no LLM. Returns (output as a JSON-able value, tokens, cost)."""
+    """Deterministic: no LLM. Returns (output as a JSON-able value, tokens, cost, extra); an input
+    "remember" adds its text to the global memory."""
     upstream = sorted(assignment.upstream_outputs.keys())
+    inputs = json.loads(assignment.inputs_json or "{}")
+    remember = [("global", inputs["remember"])] if isinstance(inputs.get("remember"), str) else []
     return (
         {
             "agent": assignment.agent_id,
@@ -31,9 +42,11 @@ def sample_behaviour(assignment):
             "built_on": upstream,
             "inputs_bytes": len(assignment.inputs_json),
             "upstream_bytes": {step: len(output) for step, output in assignment.upstream_outputs.items()},
+            "memory_entries": len(assignment.memory),
         },
         42,
         0.02,
+        {"remember": remember},
     )
 
 
@@ -107,13 +120,19 @@ class Worker:
     def _run(self, assignment):
         try:
             self._fill_payloads(assignment)
-            output, tokens, cost = self._behaviour(assignment)
+            output, tokens, cost, *extra = self._behaviour(assignment)
+            extra = extra[0] if extra else {}
             message = execution_pb2.ConnectWorkerRequest(
                 result=execution_pb2.StepResult(
                     assignment_id=assignment.assignment_id,
                     output_json=json.dumps(output),
                     tokens_used=tokens,
                     cost=cost,
+                    post_to_inbox=extra.get("post_to_inbox", ""),
+                    remember=[
+                        execution_pb2.MemoryNote(scope=MEMORY_SCOPES[scope], text=text)
+                        for scope, text in extra.get("remember", [])
+                    ],
                 )
             )
         except Exception as error:  # a behaviour's fault fails the step, not the worker

@@ -79,8 +79,9 @@ async fn python_client_runs_the_sample_process() {
                 .arg("--process")
                 .arg(repository().join("examples/process.yaml"))
                 // Inputs of 70 KB: every step's inputs travel by reference.
+                // Each step remembers a line in the global memory.
                 .arg("--inputs-json")
-                .arg(serde_json::json!({ "brief": "b".repeat(70_000) }).to_string())
+                .arg(serde_json::json!({ "brief": "b".repeat(70_000), "remember": "python was here" }).to_string())
                 .env("PYTHONPATH", format!("{}:{}", generated.display(), examples.display()))
                 .output()
                 .unwrap()
@@ -101,6 +102,15 @@ async fn python_client_runs_the_sample_process() {
     for step in &execution.steps {
         let output: serde_json::Value = serde_json::from_str(&step.output_json).unwrap();
         assert!(output["inputs_bytes"].as_u64().unwrap() > 70_000, "{}: {output}", step.step_id);
+    }
+    // What the Python worker asked to remember, one entry per step, written by its agents.
+    let global = muster_proto::execution::v1::MemoryScope::Global as i32;
+    let request = muster_proto::execution::v1::ListMemoryRequest { scope: global, ..Default::default() };
+    let entries = test.execution().list_memory(request).await.unwrap().into_inner().entries;
+    assert_eq!(entries.len(), execution.steps.len(), "{entries:?}");
+    for entry in &entries {
+        assert_eq!((entry.text.as_str(), entry.execution_id.as_str()), ("python was here", id));
+        assert!(execution.steps.iter().any(|step| step.executor == entry.author), "{entry:?}");
     }
     test.shutdown().await;
 }
