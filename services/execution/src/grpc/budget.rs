@@ -8,7 +8,7 @@ use super::{ExecutionApi, page_size};
 use crate::{
     Error, Result,
     domain::{
-        budget::{Action, Budget, Source, agent_key},
+        budget::{Action, Budget, Source, Usage, agent_key},
         model::ProcessVersion,
     },
     engine::roles,
@@ -191,21 +191,7 @@ impl ExecutionApi {
         let agent_id = budget.agent_id().unwrap_or_default().to_owned();
         let now = muster_runtime::time::now_millis();
         let usage = self.engine.store.agent_usage(&agent_id, budget.period_start(now)).await?;
-        Ok(wire::Budget {
-            scope: wire::BudgetScope::Agent as i32,
-            name: agent_id,
-            period_seconds: budget.period_seconds,
-            max_cost: budget.max_cost,
-            max_tokens: budget.max_tokens,
-            max_runs: budget.max_runs,
-            used_cost: usage.cost,
-            used_tokens: usage.tokens,
-            used_runs: u32::try_from(usage.runs).unwrap_or(u32::MAX),
-            source: budget.source.as_str().to_owned(),
-            run_max_cost: 0.0,
-            run_max_tokens: 0,
-            on_exceed: action_to_wire(budget.on_exceed) as i32,
-        })
+        Ok(budget_to_wire(&budget, wire::BudgetScope::Agent, agent_id, usage))
     }
 
     /// A process's budget in force with its use in the current period.
@@ -216,23 +202,28 @@ impl ExecutionApi {
         // The process of a role's runs shows as the role's budget.
         let (scope, name) = match roles::owned_role(&process.definition.description) {
             Some(role) if process.name == roles::process_name(&role) => (wire::BudgetScope::Role, role),
-            _ => (wire::BudgetScope::Process, budget.process_name),
+            _ => (wire::BudgetScope::Process, budget.process_name.clone()),
         };
-        Ok(Some(wire::Budget {
-            scope: scope as i32,
-            name,
-            period_seconds: budget.period_seconds,
-            max_cost: budget.max_cost,
-            max_tokens: budget.max_tokens,
-            max_runs: budget.max_runs,
-            used_cost: usage.cost,
-            used_tokens: usage.tokens,
-            used_runs: u32::try_from(usage.runs).unwrap_or(u32::MAX),
-            source: budget.source.as_str().to_owned(),
-            run_max_cost: budget.run_max_cost,
-            run_max_tokens: budget.run_max_tokens,
-            on_exceed: action_to_wire(budget.on_exceed) as i32,
-        }))
+        Ok(Some(budget_to_wire(&budget, scope, name, usage)))
+    }
+}
+
+/// A budget on the wire, under `scope` and `name`, with its use.
+fn budget_to_wire(budget: &Budget, scope: wire::BudgetScope, name: String, usage: Usage) -> wire::Budget {
+    wire::Budget {
+        scope: scope as i32,
+        name,
+        period_seconds: budget.period_seconds,
+        max_cost: budget.max_cost,
+        max_tokens: budget.max_tokens,
+        max_runs: budget.max_runs,
+        used_cost: usage.cost,
+        used_tokens: usage.tokens,
+        used_runs: u32::try_from(usage.runs).unwrap_or(u32::MAX),
+        source: budget.source.as_str().to_owned(),
+        run_max_cost: budget.run_max_cost,
+        run_max_tokens: budget.run_max_tokens,
+        on_exceed: action_to_wire(budget.on_exceed) as i32,
     }
 }
 

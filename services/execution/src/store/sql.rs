@@ -526,6 +526,15 @@ async fn insert_memory(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, entry
     Ok(())
 }
 
+/// A usage query's row: `runs`, `cost` and `tokens`.
+fn usage_from_row(row: &AnyRow) -> Result<Usage> {
+    Ok(Usage {
+        cost: row.try_get("cost")?,
+        tokens: row.try_get::<i64, _>("tokens")? as u64,
+        runs: row.try_get::<i64, _>("runs")? as u64,
+    })
+}
+
 fn budget_from_row(row: &AnyRow) -> Result<Budget> {
     Ok(Budget {
         process_name: row.try_get("process_name")?,
@@ -1059,11 +1068,7 @@ impl Store for SqlStore {
             .bind(since)
             .fetch_one(&self.database.reads)
             .await?;
-            Ok(Usage {
-                cost: row.try_get("cost")?,
-                tokens: row.try_get::<i64, _>("tokens")? as u64,
-                runs: row.try_get::<i64, _>("runs")? as u64,
-            })
+            usage_from_row(&row)
         })
     }
 
@@ -1406,11 +1411,7 @@ impl Store for SqlStore {
             .bind(except_execution.to_owned())
             .fetch_one(&self.database.reads)
             .await?;
-            Ok(Usage {
-                cost: row.try_get("cost")?,
-                tokens: row.try_get::<i64, _>("tokens")? as u64,
-                runs: row.try_get::<i64, _>("runs")? as u64,
-            })
+            usage_from_row(&row)
         })
     }
 }
