@@ -51,7 +51,6 @@ pub(crate) fn source(role: &roster::RoleDefinition) -> Option<String> {
     if cron.is_none() && inbox.is_none() {
         return None;
     }
-    let quoted = |text: &str| serde_json::Value::from(text).to_string();
     let mut source = format!(
         "# Kept in step with the role '{name}' of the roster: edit the role, not this.\n\
          name: {process}\ndescription: {description}\ntriggers:\n",
@@ -100,13 +99,17 @@ fn retired_source(process: &str, role: &str) -> String {
     format!(
         "# The role '{role}' has no schedule or inbox now (or is gone): nothing starts this.\n\
          name: {process}\ndescription: {}\n{}",
-        serde_json::Value::from(description(role)),
+        quoted(&description(role)),
         step(role, ""),
     )
 }
 
+/// Text as a YAML double-quoted scalar (a JSON string is one).
+fn quoted(text: &str) -> String {
+    serde_json::Value::from(text).to_string()
+}
+
 fn step(role: &str, post_to_inbox: &str) -> String {
-    let quoted = |text: &str| serde_json::Value::from(text).to_string();
     let mut step = format!(
         "steps:\n  - id: run\n    name: {name}\n    type: agent_task\n    delegate:\n      role: {role}\n    \
          message: {message}\n",

@@ -4,7 +4,7 @@
 use muster_proto::execution::v1 as wire;
 use muster_runtime::auth::Caller;
 
-use super::{ExecutionApi, page_size};
+use super::{ExecutionApi, is_role_name, page_size};
 use crate::{
     Error, Result,
     domain::{
@@ -37,10 +37,7 @@ fn budget_from_wire(budget: Option<wire::Budget>) -> Result<Budget> {
         }
         // A role's runs are those of the process that runs it.
         Ok(wire::BudgetScope::Role) => {
-            let well_formed = !budget.name.is_empty()
-                && budget.name.len() <= 64
-                && budget.name.chars().all(|character| character.is_ascii_alphanumeric() || "-_.".contains(character));
-            if !well_formed {
+            if !is_role_name(&budget.name) {
                 return Err(Error::InvalidArgument(format!(
                     "budget.name '{}' is not a role name",
                     muster_runtime::status::truncate(&budget.name, 128)

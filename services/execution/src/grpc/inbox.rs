@@ -4,7 +4,7 @@
 use muster_proto::execution::v1 as wire;
 use muster_runtime::{auth::Caller, time::to_timestamp};
 
-use super::{ExecutionApi, access::denied, page_size};
+use super::{ExecutionApi, access::denied, page_size, time_and_id};
 use crate::{
     Error, Result,
     domain::inbox::{InboxMessage, MessageState, Priority},
@@ -130,13 +130,7 @@ impl ExecutionApi {
         if let Some(agent_id) = caller.agent_id() {
             self.require_inbox_reader(caller, agent_id, &request.inbox).await?;
         }
-        let after = if request.page_token.is_empty() {
-            None
-        } else {
-            let token_error = || Error::InvalidArgument("page_token is not one this service gave".to_owned());
-            let (posted_at, id) = request.page_token.split_once('/').ok_or_else(token_error)?;
-            Some((posted_at.parse::<i64>().map_err(|_| token_error())?, id.to_owned()))
-        };
+        let after = time_and_id(&request.page_token)?;
         let limit = page_size(request.page_size);
         let filter = InboxFilter {
             inbox: request.inbox,

@@ -4,16 +4,13 @@
 use muster_proto::execution::v1 as wire;
 use muster_runtime::auth::Caller;
 
-use super::{ExecutionApi, access::denied, page_size};
+use super::{ExecutionApi, MAX_ROLE_BYTES, access::denied, is_role_name, page_size, time_and_id};
 use crate::{
     Error, Result,
     domain::memory::{self, MemoryEntry},
     store::Write,
     wire::memory_entry_to_wire,
 };
-
-/// Longest role name.
-const MAX_ROLE_BYTES: usize = 64;
 
 /// The memory a request names: the role (empty for the global memory).
 fn memory_of(scope: i32, role: &str) -> Result<String> {
@@ -23,10 +20,7 @@ fn memory_of(scope: i32, role: &str) -> Result<String> {
             Err(Error::InvalidArgument("role must be empty for MEMORY_SCOPE_GLOBAL".to_owned()))
         }
         Ok(wire::MemoryScope::Role) => {
-            let well_formed = !role.is_empty()
-                && role.len() <= MAX_ROLE_BYTES
-                && role.chars().all(|character| character.is_ascii_alphanumeric() || "-_.".contains(character));
-            if well_formed {
+            if is_role_name(role) {
                 Ok(role.to_owned())
             } else {
                 Err(Error::InvalidArgument(format!(
@@ -61,13 +55,7 @@ impl ExecutionApi {
                 ));
             }
         }
-        let before = if request.page_token.is_empty() {
-            None
-        } else {
-            let token_error = || Error::InvalidArgument("page_token is not one this service gave".to_owned());
-            let (created_at, id) = request.page_token.split_once('/').ok_or_else(token_error)?;
-            Some((created_at.parse::<i64>().map_err(|_| token_error())?, id.to_owned()))
-        };
+        let before = time_and_id(&request.page_token)?;
         let limit = page_size(request.page_size);
         let mut entries = self.engine.store.memory(&role, before.as_ref(), limit + 1).await?;
         let more = entries.len() > limit as usize;

@@ -70,6 +70,28 @@ fn page_size(asked: u32) -> u32 {
     if asked == 0 { DEFAULT_PAGE } else { asked.min(MAX_PAGE) }
 }
 
+/// Where a page that this service ends with `<time>/<id>` goes on from;
+/// `None` for the first page.
+fn time_and_id(page_token: &str) -> Result<Option<(i64, String)>> {
+    if page_token.is_empty() {
+        return Ok(None);
+    }
+    let token_error = || Error::InvalidArgument("page_token is not one this service gave".to_owned());
+    let (time, id) = page_token.split_once('/').ok_or_else(token_error)?;
+    Ok(Some((time.parse::<i64>().map_err(|_| token_error())?, id.to_owned())))
+}
+
+/// Longest role name.
+const MAX_ROLE_BYTES: usize = 64;
+
+/// Whether `name` can name a role of the roster: 1 to 64 letters, digits,
+/// '-', '_' and '.'.
+fn is_role_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_ROLE_BYTES
+        && name.chars().all(|character| character.is_ascii_alphanumeric() || "-_.".contains(character))
+}
+
 /// An agent of the roster; FAILED_PRECONDITION naming `what` when it is not in it.
 fn roster_answer(
     agent_id: &str,
@@ -345,13 +367,7 @@ impl ExecutionApi {
 
     async fn list_executions(&self, request: wire::ListExecutionsRequest) -> Result<wire::ListExecutionsResponse> {
         let limit = page_size(request.limit);
-        let after = if request.page_token.is_empty() {
-            None
-        } else {
-            let token_error = || Error::InvalidArgument("page_token is not one this service gave".to_owned());
-            let (started_at, id) = request.page_token.split_once('/').ok_or_else(token_error)?;
-            Some((started_at.parse::<i64>().map_err(|_| token_error())?, id.to_owned()))
-        };
+        let after = time_and_id(&request.page_token)?;
         let filter = ExecutionFilter {
             process_name: (!request.process_name.is_empty()).then_some(request.process_name),
             status: muster_proto::common::v1::ExecutionStatus::try_from(request.status)
