@@ -35,6 +35,10 @@ copy_relative() { # copy SOURCE/$1 to DESTINATION/$1
 
 copy_relative Cargo.toml
 copy_relative Cargo.lock
+# Patched dependencies ([patch.crates-io]) are dependencies: copied whole.
+if [ -d "$source_dir/vendor" ]; then
+    cp -R "$source_dir/vendor" "$destination/vendor"
+fi
 
 # Every path cargo reports is absolute; keep the part under the workspace root.
 paths() { # paths KEY: the values of "KEY":"..." in the metadata, relative to the root
