@@ -61,6 +61,10 @@ pub(crate) struct Step {
     /// The roster holds a slot of the executor for this step (it chose the
     /// executor): released when the step ends or leaves that agent.
     pub(crate) roster_reserved: bool,
+    /// The roster task whose slot the step holds, when it took over the slot
+    /// of the step before it in a chain (same named executor); empty when
+    /// the slot, if any, is the step's own task's.
+    pub(crate) slot_task: String,
 }
 
 impl Step {
@@ -82,6 +86,7 @@ impl Step {
             wait_seconds: 0,
             retry_at: None,
             roster_reserved: false,
+            slot_task: String::new(),
         }
     }
 

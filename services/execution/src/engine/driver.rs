@@ -432,6 +432,17 @@ impl Driver {
         self.in_flight += 1;
         let span = tracing::info_span!("step", step_id = %self.definition(position).id, attempt);
         self.spans[position] = Some(span);
+        if !self.steps[position].slot_task.is_empty() {
+            match (&self.steps[position].assigned_to, self.definition(position).executor()) {
+                // The slot it took over is its named executor's: it starts at once.
+                (None, Some(agent)) => {
+                    let agent = agent.to_owned();
+                    return self.executor_known(position, attempt, agent);
+                }
+                // Given to someone else since: that slot goes back, the roster is asked.
+                _ => self.release_delegation(position),
+            }
+        }
         self.ask_roster(position, self.named_executor(position));
     }
 
@@ -801,8 +812,8 @@ impl Driver {
                 if let Some(inbox) = inbox {
                     self.post_output(position, inbox, now);
                 }
-                self.release_delegation(position);
                 self.after_end(position);
+                self.pass_slot(position);
             }
             Outcome::Failed { error_code, message, retryable } => {
                 let code = if error_code.is_empty() { "WORKER_FAILED".to_owned() } else { error_code };
@@ -949,11 +960,44 @@ impl Driver {
 
     /// Frees the roster slot the step holds, if it holds one.
     pub(super) fn release_delegation(&mut self, position: usize) {
+        let inherited = std::mem::take(&mut self.steps[position].slot_task);
         if std::mem::replace(&mut self.steps[position].roster_reserved, false) {
             self.stage(position);
-            let task_id = self.task_id(position);
+            let task_id = if inherited.is_empty() { self.task_id(position) } else { inherited };
             self.release_later(task_id);
         }
+    }
+
+    /// A completed step's roster slot goes to the next link of its chain: a
+    /// dependant it made ready that names the same agent and asks for no
+    /// delegation by criteria. That step starts without asking the roster
+    /// (the agent just finished a step, and keeps one slot for the chain);
+    /// the slot is released when the last link ends. Otherwise it is
+    /// released now.
+    fn pass_slot(&mut self, position: usize) {
+        let heir = self.steps[position].roster_reserved.then(|| {
+            let agent = self.steps[position].executor.as_str();
+            self.dag.dependants(position).iter().copied().find(|&dependant| {
+                let (step, definition) = (&self.steps[dependant], self.definition(dependant));
+                step.status == StepStatus::Ready
+                    && !step.roster_reserved
+                    && step.assigned_to.is_none()
+                    && !self.active[dependant]
+                    && definition.step_type != super::HUMAN_APPROVAL
+                    && definition.delegate.is_none()
+                    && definition.executor() == Some(agent)
+            })
+        });
+        let Some(Some(heir)) = heir else { return self.release_delegation(position) };
+        let task_id = match std::mem::take(&mut self.steps[position].slot_task) {
+            inherited if inherited.is_empty() => self.task_id(position),
+            inherited => inherited,
+        };
+        self.steps[position].roster_reserved = false;
+        self.steps[heir].roster_reserved = true;
+        self.steps[heir].slot_task = task_id;
+        self.stage(position);
+        self.stage(heir);
     }
 
     pub(super) fn task_id(&self, position: usize) -> String {

@@ -107,6 +107,11 @@ impl Driver {
         // target has room, or queues the step for it.
         self.withdraw_attempt(position, "delegated onward");
         if decision.is_some() {
+            // The decision was about the step's own task: a slot it took over
+            // from the step before it goes back.
+            if !self.steps[position].slot_task.is_empty() {
+                self.release_delegation(position);
+            }
             self.steps[position].roster_reserved = true;
         }
         let step = &mut self.steps[position];

@@ -178,6 +178,8 @@ enum Behaviour {
     FailOnce,
     /// Never answers.
     Hold,
+    /// Completes every step but this one, which it never answers.
+    HoldStep(&'static str),
 }
 
 /// A SQLite file and the engine on it, removed when dropped.
@@ -239,6 +241,7 @@ impl Harness {
                 let ToWorker::Assignment(assignment) = message else { continue };
                 let outcome = match behaviour {
                     Behaviour::Hold => continue,
+                    Behaviour::HoldStep(step) if assignment.step_id == step => continue,
                     Behaviour::FailOnce if assignment.attempt == 1 => Outcome::Failed {
                         error_code: "FLAKY".to_owned(),
                         message: "first attempts fail".to_owned(),
@@ -552,6 +555,71 @@ async fn an_engine_that_stops_mid_run_resumes_where_the_store_says() {
     assert_eq!(steps["s0"].attempt, 2, "the attempt under way when it stopped is started again");
     assert_eq!(steps["s2"].attempt, 1);
     assert!(events.iter().enumerate().all(|(index, event)| event.sequence == index as u64 + 1), "numbering goes on");
+}
+
+/// The roster's questions and releases about one execution, as step ids.
+fn roster_calls(roster: &FakeRoster, execution_id: &str) -> (Vec<String>, Vec<String>) {
+    let step = |task: &str| task.strip_prefix(&format!("{execution_id}/")).unwrap_or(task).to_owned();
+    let asked = roster.asked.lock().unwrap().iter().map(|ask| step(&ask.task_id)).collect();
+    let released = roster.released.lock().unwrap().iter().map(|task| step(task)).collect();
+    (asked, released)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_of_one_agent_keeps_one_roster_slot_from_first_step_to_last() {
+    let harness = Harness::new(FakeRoster { agents: vec!["doer", "other"], ..FakeRoster::default() }, settings()).await;
+    harness.worker(&["doer", "other"], Behaviour::Complete);
+    // s0..s2 by doer, s3 by other, s4 by doer again.
+    let source =
+        chain(5, "doer").replace("{id: s3, type: agent_task, agent: doer", "{id: s3, type: agent_task, agent: other");
+    let id = harness.run(&source).await;
+    let (status, _) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Completed);
+    let (asked, released) = roster_calls(&harness.roster, &id);
+    assert_eq!(asked, ["s0", "s3", "s4"], "s1 and s2 took over s0's slot");
+    let mut released = released;
+    released.sort();
+    assert_eq!(released, ["s0", "s3", "s4"], "each slot is given back once, when its last holder ends");
+    let steps = harness.steps(&id).await;
+    assert!(steps.values().all(|step| !step.roster_reserved && step.slot_task.is_empty()), "{steps:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_taken_over_survives_a_restart_and_goes_back_when_the_step_is_reassigned() {
+    let mut harness =
+        Harness::new(FakeRoster { agents: vec!["doer", "other"], ..FakeRoster::default() }, settings()).await;
+    harness.worker(&["doer"], Behaviour::HoldStep("s1"));
+    let id = harness.run(&chain(3, "doer")).await;
+    let held = harness.wait_for(&id, "s1", StepStatus::Running).await;
+    assert!(held.roster_reserved);
+    assert_eq!(held.slot_task, format!("{id}/s0"), "stored with the step");
+    harness.engine.shutdown().await;
+
+    // A new engine resumes s1 on the slot it holds, without asking the roster.
+    harness.engine = engine_on(&harness.file, harness.roster.clone(), settings()).await;
+    assert_eq!(harness.engine.resume_unfinished().await.unwrap(), 1);
+    harness.worker(&["doer"], Behaviour::HoldStep("s1"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let resumed = loop {
+        let step = harness.steps(&id).await.remove("s1").unwrap();
+        if step.attempt == 2 && step.status == StepStatus::Running {
+            break step;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "s1 was not started again: {step:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(resumed.slot_task, format!("{id}/s0"));
+    assert_eq!(roster_calls(&harness.roster, &id), (vec!["s0".to_owned()], Vec::new()));
+
+    // Given to another agent, the step gives that slot back and asks the roster about its own task.
+    harness.worker(&["other"], Behaviour::Complete);
+    harness.intervene(&id, "s1", super::InterventionAction::Reassign("other".to_owned())).await;
+    let (status, _) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Completed);
+    let (asked, mut released) = roster_calls(&harness.roster, &id);
+    assert_eq!(asked, ["s0", "s1", "s2"]);
+    released.sort();
+    assert_eq!(released, ["s0", "s1", "s2"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

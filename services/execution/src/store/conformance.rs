@@ -158,6 +158,7 @@ async fn conformance(store: SqlStore) {
         wait_seconds: 7,
         retry_at: Some(5_000),
         roster_reserved: true,
+        slot_task: "e1/s0".to_owned(),
         ..Step::new()
     };
     first_run.status = ExecutionStatus::Paused;

@@ -45,6 +45,7 @@ const MIGRATIONS: Migrations = Migrations {
         (7, "schedules", include_str!("../../migrations/sqlite/0007_schedules.sql")),
         (8, "memory", include_str!("../../migrations/sqlite/0008_memory.sql")),
         (9, "agent budgets", include_str!("../../migrations/sqlite/0009_agent_budgets.sql")),
+        (10, "inherited slots", include_str!("../../migrations/sqlite/0010_inherited_slots.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -56,6 +57,7 @@ const MIGRATIONS: Migrations = Migrations {
         (7, "schedules", include_str!("../../migrations/postgres/0007_schedules.sql")),
         (8, "memory", include_str!("../../migrations/postgres/0008_memory.sql")),
         (9, "agent budgets", include_str!("../../migrations/postgres/0009_agent_budgets.sql")),
+        (10, "inherited slots", include_str!("../../migrations/postgres/0010_inherited_slots.sql")),
     ],
 };
 
@@ -73,7 +75,7 @@ const JSON_ROWS_PER_STATEMENT: usize = 5000;
 /// The columns of a step row, in order.
 const STEP_COLUMNS: &str = "execution_id, step_id, position, status, executor, attempt, output_json, error_code, \
      error_message, started_at, ended_at, cost, tokens_used, assigned_to, delegation_chain, wait_seconds, retry_at, \
-     roster_reserved";
+     roster_reserved, slot_task";
 
 /// What a step row's upsert changes.
 const STEP_UPDATE: &str = "ON CONFLICT (execution_id, step_id) DO UPDATE SET status = excluded.status, \
@@ -82,7 +84,8 @@ const STEP_UPDATE: &str = "ON CONFLICT (execution_id, step_id) DO UPDATE SET sta
      started_at = excluded.started_at, ended_at = excluded.ended_at, cost = excluded.cost, \
      tokens_used = excluded.tokens_used, assigned_to = excluded.assigned_to, \
      delegation_chain = excluded.delegation_chain, wait_seconds = excluded.wait_seconds, \
-     retry_at = excluded.retry_at, roster_reserved = excluded.roster_reserved";
+     retry_at = excluded.retry_at, roster_reserved = excluded.roster_reserved, \
+     slot_task = excluded.slot_task";
 
 /// A step row as PostgreSQL's `json_to_recordset` reads it.
 #[derive(serde::Serialize)]
@@ -105,6 +108,7 @@ struct StepRow<'a> {
     wait_seconds: i64,
     retry_at: Option<i64>,
     roster_reserved: i64,
+    slot_task: &'a str,
 }
 
 impl<'a> StepRow<'a> {
@@ -129,6 +133,7 @@ impl<'a> StepRow<'a> {
             wait_seconds: step.wait_seconds as i64,
             retry_at: step.retry_at,
             roster_reserved: i64::from(step.roster_reserved),
+            slot_task: &step.slot_task,
         }
     }
 }
@@ -334,7 +339,7 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
                  execution_id TEXT, step_id TEXT, position BIGINT, status TEXT, executor TEXT, attempt BIGINT, \
                  output_json TEXT, error_code TEXT, error_message TEXT, started_at BIGINT, ended_at BIGINT, \
                  cost DOUBLE PRECISION, tokens_used BIGINT, assigned_to TEXT, delegation_chain TEXT, \
-                 wait_seconds BIGINT, retry_at BIGINT, roster_reserved BIGINT) {STEP_UPDATE}"
+                 wait_seconds BIGINT, retry_at BIGINT, roster_reserved BIGINT, slot_task TEXT) {STEP_UPDATE}"
             )))
             .bind(json_rows(&rows)?)
             .execute(&mut *transaction)
@@ -344,7 +349,7 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
         for chunk in steps.chunks(STEP_ROWS_PER_STATEMENT) {
             let sql = format!(
                 "INSERT INTO steps ({STEP_COLUMNS}) VALUES {} {STEP_UPDATE}",
-                placeholders(backend, chunk.len(), 18)
+                placeholders(backend, chunk.len(), 19)
             );
             let mut query = sqlx::query(AssertSqlSafe(sql));
             for write in chunk {
@@ -367,7 +372,8 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
                     .bind(row.delegation_chain)
                     .bind(row.wait_seconds)
                     .bind(row.retry_at)
-                    .bind(row.roster_reserved);
+                    .bind(row.roster_reserved)
+                    .bind(row.slot_task.to_owned());
             }
             query.execute(&mut *transaction).await?;
         }
@@ -693,6 +699,7 @@ fn step_from_row(row: &AnyRow) -> Result<(String, Step)> {
         wait_seconds: row.try_get::<i64, _>("wait_seconds")? as u64,
         retry_at: row.try_get("retry_at")?,
         roster_reserved: row.try_get::<i64, _>("roster_reserved")? != 0,
+        slot_task: row.try_get("slot_task")?,
     };
     Ok((row.try_get("step_id")?, step))
 }
