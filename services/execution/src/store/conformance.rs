@@ -202,6 +202,11 @@ async fn conformance(store: SqlStore) {
     assert!(bad.is_err(), "an event numbered twice is refused");
     good.expect("the other commit lands");
     assert_eq!(store.steps("e1").await.unwrap()[0].1.attempt, 2, "the failed commit wrote nothing");
+    // Alone (a running execution's usual shape: steps and events), the same.
+    let duplicate = Write::Events(vec![started[1].clone()]);
+    assert!(store.commit(vec![steps("e1", &[Step { attempt: 9, ..done.clone() }]), duplicate]).await.is_err());
+    store.commit(vec![steps("e2", &[Step::new(), Step::new()])]).await.expect("the next commit lands");
+    assert_eq!(store.steps("e1").await.unwrap()[0].1.attempt, 2, "rolled back");
     assert_eq!(store.steps("e2").await.unwrap().len(), 2);
 
     // Events: by execution after a sequence, bounded; the log in commit order.
