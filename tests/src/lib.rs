@@ -51,7 +51,20 @@ pub fn build_service_binaries() {
         let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
         // Benchmarks run from target/release: build the services the same way.
         let release = default_binary_dir().is_ok_and(|dir| dir.ends_with("release"));
-        let status = Command::new(cargo)
+        let mut command = Command::new(cargo);
+        // Cargo gives a test or bench process its package's variables; passed
+        // on, build scripts that watch them (ring's) see a change and rebuild
+        // everything above them, each time `cargo test` and this build alternate.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            let per_package = name.starts_with("CARGO_PKG_")
+                || ["CARGO_MANIFEST_DIR", "CARGO_MANIFEST_PATH", "CARGO_CRATE_NAME", "CARGO_PRIMARY_PACKAGE"]
+                    .contains(&name.as_ref());
+            if per_package {
+                command.env_remove(name.as_ref());
+            }
+        }
+        let status = command
             .args(["build", "--quiet", "--manifest-path"])
             .arg(&manifest)
             .args(release.then_some("--release"))
