@@ -292,6 +292,32 @@ async fn a_batch_places_many_tasks_of_one_agent_at_once(backend: Backend) {
     assert_eq!(watch_t3.message().await.unwrap().unwrap().decision.unwrap().primary_agent_id, "expert");
     assert_eq!(server.get("expert").await.current_workload, 2, "t2 and t3");
     assert_eq!(server.get("junior").await.current_workload, 0);
+    // Two slots of one agent freed together go to the two oldest waiting; a
+    // waiting task released with them leaves the queue and is offered nothing.
+    for task in ["q1", "q2", "q3"] {
+        assert_eq!(server.delegate(assigned(task, "expert")).await.decision, Kind::Queue as i32);
+    }
+    let (mut watch_q1, mut watch_q2) = (watch(&mut server, "q1").await, watch(&mut server, "q2").await);
+    let task_ids = vec!["t2".to_owned(), "q3".to_owned(), "t3".to_owned(), "t2".to_owned()];
+    let released =
+        server.client.release_tasks(pb::ReleaseTasksRequest { task_ids }).await.unwrap().into_inner().agent_ids;
+    assert_eq!(released, ["expert", "", "expert", ""], "a task named twice is released once");
+    for watch in [&mut watch_q1, &mut watch_q2] {
+        let offered = tokio::time::timeout(std::time::Duration::from_secs(10), watch.message())
+            .await
+            .expect("a freed slot is offered to each of the two oldest waiting");
+        assert_eq!(offered.unwrap().unwrap().decision.unwrap().primary_agent_id, "expert");
+    }
+    assert_eq!(server.get("expert").await.current_workload, 2, "q1 and q2");
+    let released = server
+        .client
+        .release_tasks(pb::ReleaseTasksRequest { task_ids: vec!["q1".into(), "q2".into()] })
+        .await
+        .unwrap()
+        .into_inner()
+        .agent_ids;
+    assert_eq!(released, ["expert", "expert"]);
+    assert_eq!(server.get("expert").await.current_workload, 0, "q3 left the queue: nobody takes the slots");
     let status = server
         .client
         .release_tasks(pb::ReleaseTasksRequest { task_ids: vec!["a".into(), " ".into()] })

@@ -700,75 +700,116 @@ async fn upsert_reservation(transaction: &mut Tx, task_id: &str, agent_id: &str,
 }
 
 pub(super) async fn release_task(store: &SqlStore, task_id: &str, now: i64) -> Result<ReleaseOutcome> {
-    let mut transaction = store.database.pool.begin().await?;
-    let outcome = release_in(&mut transaction, task_id, now).await?;
-    transaction.commit().await?;
-    Ok(outcome)
+    let mut outcomes = release_tasks(store, std::slice::from_ref(&task_id.to_owned()), now).await?;
+    Ok(outcomes.pop().unwrap_or_default())
 }
 
-/// [`release_task`] for many tasks, in one transaction: the ends of a
-/// fan-out's steps take the agent's row once instead of once per task.
+/// Frees the slots of many tasks in one transaction, each as [`release_task`]
+/// would: the reservations and queue entries go in multi-row statements,
+/// each agent's freed slots in one update, and then, one at a time, to the
+/// oldest tasks queued for that agent. A fan-out's ends cost a few
+/// statements instead of four per task.
 pub(super) async fn release_tasks(store: &SqlStore, task_ids: &[String], now: i64) -> Result<Vec<ReleaseOutcome>> {
+    let backend = store.database.backend;
+    let mut distinct = HashSet::with_capacity(task_ids.len());
+    let first_mentions: Vec<&String> = task_ids.iter().filter(|task_id| distinct.insert(task_id.as_str())).collect();
     let mut transaction = store.database.pool.begin().await?;
-    let mut outcomes = Vec::with_capacity(task_ids.len());
-    for task_id in task_ids {
-        outcomes.push(release_in(&mut transaction, task_id, now).await?);
+    // Who held a slot for each task, and which tasks leave the queue (a task
+    // that ends while still queued is never offered a slot).
+    let mut held: HashMap<String, String> = HashMap::new();
+    let mut left_queue: HashSet<String> = HashSet::new();
+    for chunk in first_mentions.chunks(BATCH_ROWS_PER_STATEMENT) {
+        let list = muster_runtime::db::placeholder_list(backend, 1, chunk.len());
+        let sql = format!("DELETE FROM reservations WHERE task_id IN ({list}) RETURNING task_id, agent_id");
+        let query = chunk.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, task_id| query.bind((*task_id).clone()));
+        for row in query.fetch_all(&mut *transaction).await? {
+            held.insert(row.try_get("task_id")?, row.try_get("agent_id")?);
+        }
+        let sql = format!("DELETE FROM queued_tasks WHERE state = 'queued' AND task_id IN ({list}) RETURNING task_id");
+        let query = chunk.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, task_id| query.bind((*task_id).clone()));
+        for row in query.fetch_all(&mut *transaction).await? {
+            left_queue.insert(row.try_get("task_id")?);
+        }
+    }
+    // Each agent's freed slots, in the order its tasks were named.
+    let mut freed: Vec<(&str, u32)> = Vec::new();
+    for task_id in &first_mentions {
+        if let Some(agent_id) = held.get(task_id.as_str()) {
+            match freed.iter_mut().find(|(agent, _)| *agent == agent_id) {
+                Some((_, count)) => *count += 1,
+                None => freed.push((agent_id, 1)),
+            }
+        }
+    }
+    let mut offers: HashMap<&str, std::collections::VecDeque<QueueResolution>> = HashMap::new();
+    for &(agent_id, count) in &freed {
+        sqlx::query(
+            "UPDATE agents SET current_workload = CASE WHEN current_workload > $2 THEN current_workload - $2 ELSE 0 END, \
+             updated_at = $3 WHERE id = $1",
+        )
+        .bind(agent_id.to_owned())
+        .bind(i64::from(count))
+        .bind(now)
+        .execute(&mut *transaction)
+        .await?;
+        let offered = offers.entry(agent_id).or_default();
+        for _ in 0..count {
+            match offer_slot(&mut transaction, agent_id, now).await? {
+                Some(resolution) => offered.push_back(resolution),
+                None => break,
+            }
+        }
     }
     transaction.commit().await?;
+    let mut answered = HashSet::with_capacity(first_mentions.len());
+    let outcomes = task_ids
+        .iter()
+        .map(|task_id| {
+            if !answered.insert(task_id.as_str()) {
+                // Named twice: released already.
+                return ReleaseOutcome::default();
+            }
+            let agent_id = held.get(task_id).cloned();
+            let offered = agent_id.as_deref().and_then(|agent| offers.get_mut(agent)?.pop_front());
+            let queue_changed = left_queue.contains(task_id) || offered.is_some();
+            ReleaseOutcome { agent_id, offered, queue_changed }
+        })
+        .collect();
     Ok(outcomes)
 }
 
-async fn release_in(transaction: &mut Tx, task_id: &str, now: i64) -> Result<ReleaseOutcome> {
-    let deleted = sqlx::query("DELETE FROM reservations WHERE task_id = $1 RETURNING agent_id")
-        .bind(task_id.to_owned())
-        .fetch_optional(&mut **transaction)
-        .await?;
-    // A task that ends while still queued leaves the queue: no slot is ever
-    // offered to it.
-    let left_queue = sqlx::query("DELETE FROM queued_tasks WHERE task_id = $1 AND state = 'queued'")
-        .bind(task_id.to_owned())
-        .execute(&mut **transaction)
-        .await?
-        .rows_affected()
-        > 0;
-    let Some(row) = deleted else {
-        return Ok(ReleaseOutcome { queue_changed: left_queue, ..ReleaseOutcome::default() });
-    };
-    let agent_id: String = row.try_get("agent_id")?;
-    free_slot(transaction, &agent_id, now).await?;
-    let mut offered = None;
+/// Offers a freed slot of `agent_id` to the oldest task queued for it, if the
+/// agent can take it; `None` when nobody waits or the agent cannot.
+async fn offer_slot(transaction: &mut Tx, agent_id: &str, now: i64) -> Result<Option<QueueResolution>> {
     let next = sqlx::query(
         "SELECT task_id, request_json, queued_at FROM queued_tasks WHERE expert_id = $1 AND state = 'queued' \
          ORDER BY queued_at, seq LIMIT 1",
     )
-    .bind(agent_id.clone())
+    .bind(agent_id.to_owned())
     .fetch_optional(&mut **transaction)
     .await?;
-    if let Some(next) = next {
-        let queued_task: String = next.try_get("task_id")?;
-        let request: DelegationRequest = from_json(&next.try_get::<String, _>("request_json")?)?;
-        let queued_at: i64 = next.try_get("queued_at")?;
-        if reserve_slot(transaction, &agent_id, now).await? {
-            // A task handed to a busy agent may still hold its former slot.
-            let former = sqlx::query("SELECT agent_id FROM reservations WHERE task_id = $1")
-                .bind(queued_task.clone())
-                .fetch_optional(&mut **transaction)
-                .await?;
-            if let Some(former) = former {
-                free_slot(transaction, &former.try_get::<String, _>("agent_id")?, now).await?;
-            }
-            let expert =
-                fetch_agent(transaction, &agent_id).await?.ok_or_else(|| Error::Internal("expert vanished".into()))?;
-            let decision = queue_offer_decision(&expert, queued_at, now);
-            upsert_reservation(transaction, &queued_task, &agent_id, now).await?;
-            resolve_queued(transaction, &queued_task, "delegated", &decision).await?;
-            let delegation_id =
-                record(transaction, &queued_task, &request.requester_id, &decision, &request.description, now).await?;
-            offered = Some(QueueResolution { task_id: queued_task, decision, delegation_id });
-        }
+    let Some(next) = next else { return Ok(None) };
+    let queued_task: String = next.try_get("task_id")?;
+    let request: DelegationRequest = from_json(&next.try_get::<String, _>("request_json")?)?;
+    let queued_at: i64 = next.try_get("queued_at")?;
+    if !reserve_slot(transaction, agent_id, now).await? {
+        return Ok(None);
     }
-    let queue_changed = left_queue || offered.is_some();
-    Ok(ReleaseOutcome { agent_id: Some(agent_id), offered, queue_changed })
+    // A task handed to a busy agent may still hold its former slot.
+    let former = sqlx::query("SELECT agent_id FROM reservations WHERE task_id = $1")
+        .bind(queued_task.clone())
+        .fetch_optional(&mut **transaction)
+        .await?;
+    if let Some(former) = former {
+        free_slot(transaction, &former.try_get::<String, _>("agent_id")?, now).await?;
+    }
+    let expert = fetch_agent(transaction, agent_id).await?.ok_or_else(|| Error::Internal("expert vanished".into()))?;
+    let decision = queue_offer_decision(&expert, queued_at, now);
+    upsert_reservation(transaction, &queued_task, agent_id, now).await?;
+    resolve_queued(transaction, &queued_task, "delegated", &decision).await?;
+    let delegation_id =
+        record(transaction, &queued_task, &request.requester_id, &decision, &request.description, now).await?;
+    Ok(Some(QueueResolution { task_id: queued_task, decision, delegation_id }))
 }
 
 pub(super) async fn escalate_stale(store: &SqlStore, now: i64) -> Result<Vec<QueueResolution>> {
