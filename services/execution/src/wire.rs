@@ -224,24 +224,6 @@ fn history_to_wire(entry: &HistoryEntry) -> wire::HistoryEntry {
     }
 }
 
-/// The shared memory as a JSON object of step id to output. Outputs are
-/// JSON text once stored, so this is concatenation, not parsing.
-fn memory_json(memory: &[(String, std::sync::Arc<str>)]) -> String {
-    let mut text =
-        String::with_capacity(2 + memory.iter().map(|(id, output)| id.len() + output.len() + 4).sum::<usize>());
-    text.push('{');
-    for (index, (step_id, output)) in memory.iter().enumerate() {
-        if index > 0 {
-            text.push(',');
-        }
-        text.push_str(&serde_json::Value::String(step_id.clone()).to_string());
-        text.push(':');
-        text.push_str(output);
-    }
-    text.push('}');
-    text
-}
-
 pub(crate) fn memory_entry_to_wire(entry: &crate::domain::memory::MemoryEntry) -> wire::MemoryEntry {
     wire::MemoryEntry {
         id: entry.id.clone(),
@@ -274,7 +256,7 @@ pub(crate) fn assignment_to_wire(assignment: &Assignment) -> wire::Assignment {
             .iter()
             .map(|(step_id, output)| (step_id.clone(), output.to_string()))
             .collect(),
-        shared_memory_json: memory_json(&assignment.shared_memory),
+        shared_memory_json: assignment.shared_memory_json.to_string(),
         shared_memory_left_out: assignment.shared_memory_left_out,
         history: assignment.history.iter().map(history_to_wire).collect(),
         role_definition: context.role_definition.as_ref().map(role_definition_to_wire),

@@ -307,13 +307,14 @@ pub(crate) struct Assignment {
     pub(crate) upstream_outputs: Vec<(String, Arc<str>)>,
     /// The inputs and outputs that travel by reference.
     pub(crate) payload_refs: Vec<super::payload::PayloadRef>,
-    /// Outputs of the most recently completed steps, by step id (bounded:
-    /// see `shared_memory_left_out`).
-    pub(crate) shared_memory: Vec<(String, Arc<str>)>,
-    /// Completed steps whose outputs did not fit into `shared_memory`.
+    /// Outputs of the most recently completed steps, as a JSON object of
+    /// step id to output (bounded: see `shared_memory_left_out`); shared by
+    /// the assignments made while no step ends.
+    pub(crate) shared_memory_json: Arc<str>,
+    /// Completed steps whose outputs did not fit into `shared_memory_json`.
     pub(crate) shared_memory_left_out: u32,
-    /// The most recent finished steps, oldest first.
-    pub(crate) history: Vec<HistoryEntry>,
+    /// The most recent finished steps, oldest first; shared like the memory.
+    pub(crate) history: Arc<[HistoryEntry]>,
     pub(crate) context: Arc<AgentContext>,
     pub(crate) roles: StepRoles,
     pub(crate) delegation_chain: Vec<String>,

@@ -95,6 +95,15 @@ enum Effect {
     Posted(String),
 }
 
+/// What every assignment carries of the execution so far: the latest ended
+/// steps and completed outputs. Built once and shared until a step ends.
+#[derive(Clone)]
+struct Recent {
+    history: Arc<[HistoryEntry]>,
+    shared_memory_json: Arc<str>,
+    left_out: u32,
+}
+
 /// Changes waiting for the next commit.
 #[derive(Default)]
 struct Staged {
@@ -121,6 +130,8 @@ pub(crate) struct Driver {
     ready: VecDeque<usize>,
     /// Steps in the order they ended (for history and shared memory).
     ended: Vec<usize>,
+    /// History and shared memory as of the last step that ended, once built.
+    recent: Option<Recent>,
     completed: usize,
     /// The span of each attempt underway: the step's part of the trace.
     spans: Vec<Option<tracing::Span>>,
@@ -182,6 +193,7 @@ impl Driver {
             max_parallel,
             ready: VecDeque::new(),
             ended,
+            recent: None,
             completed,
             spans: vec![None; count],
             route,
@@ -324,6 +336,9 @@ impl Driver {
             (false, true) => self.ended.push(position),
             (true, false) => self.ended.retain(|ended| *ended != position),
             _ => {}
+        }
+        if was_final || status.is_final() {
+            self.recent = None;
         }
         match (was_completed, status == StepStatus::Completed) {
             (false, true) => self.completed += 1,
@@ -742,7 +757,8 @@ impl Driver {
             let due = now + (seconds * 1000) as i64;
             self.timers.push(Reverse((due, Timer::Timeout, position, self.steps[position].attempt)));
         }
-        let assignment = Arc::new(self.assignment(position));
+        let recent = self.recent();
+        let assignment = Arc::new(self.assignment(position, recent));
         let route = self.route(position);
         self.after_commit.push(Effect::Send { slot, assignment, route });
     }
@@ -1086,7 +1102,7 @@ impl Driver {
     }
 
     /// The assignment of a step's current attempt, with its task context.
-    fn assignment(&self, position: usize) -> Assignment {
+    fn assignment(&self, position: usize, recent: Recent) -> Assignment {
         let definition = self.definition(position);
         let step = &self.steps[position];
         let context = match self.contexts.get(&step.executor) {
@@ -1104,7 +1120,6 @@ impl Driver {
             })
             .collect();
         let carried = payload::split(&definition.id, self.merged_inputs(&definition.inputs_json), upstream_outputs);
-        let (shared_memory, shared_memory_left_out) = self.shared_memory();
         let (session_role, session_context) = match &self.execution.session {
             Some(session) => (
                 super::session::admit(
@@ -1140,9 +1155,9 @@ impl Driver {
             inputs_json: carried.inputs_json,
             upstream_outputs: carried.upstream_outputs,
             payload_refs: carried.payload_refs,
-            shared_memory,
-            shared_memory_left_out,
-            history: self.history(),
+            shared_memory_json: recent.shared_memory_json,
+            shared_memory_left_out: recent.left_out,
+            history: recent.history,
             context,
             roles: step_roles(definition),
             delegation_chain: step.delegation_chain.clone(),
@@ -1158,9 +1173,22 @@ impl Driver {
         payload::merge_inputs(&self.execution_inputs, step_inputs)
     }
 
+    /// The history and shared memory as of now, built when a step ended since.
+    fn recent(&mut self) -> Recent {
+        if let Some(recent) = &self.recent {
+            return recent.clone();
+        }
+        let (shared_memory_json, left_out) = self.shared_memory();
+        let recent = Recent { history: self.history().into(), shared_memory_json: shared_memory_json.into(), left_out };
+        self.recent = Some(recent.clone());
+        recent
+    }
+
     /// The outputs of the most recently completed steps that fit, newest
-    /// first, and how many completed steps were left out.
-    fn shared_memory(&self) -> (Vec<(String, Arc<str>)>, u32) {
+    /// first, as a JSON object of step id to output (outputs are JSON text
+    /// once stored, so this is concatenation, not parsing), and how many
+    /// completed steps were left out.
+    fn shared_memory(&self) -> (String, u32) {
         let mut memory = Vec::new();
         let mut bytes = 0;
         for &position in self.ended.iter().rev() {
@@ -1175,10 +1203,22 @@ impl Driver {
                 break;
             }
             bytes += output.len();
-            memory.push((self.definition(position).id.clone(), output.clone()));
+            memory.push((&self.definition(position).id, output));
         }
         let left_out = self.completed.saturating_sub(memory.len());
-        (memory, u32::try_from(left_out).unwrap_or(u32::MAX))
+        let mut text =
+            String::with_capacity(2 + memory.iter().map(|(id, output)| id.len() + output.len() + 4).sum::<usize>());
+        text.push('{');
+        for (index, (step_id, output)) in memory.iter().enumerate() {
+            if index > 0 {
+                text.push(',');
+            }
+            text.push_str(&serde_json::Value::String((*step_id).clone()).to_string());
+            text.push(':');
+            text.push_str(output);
+        }
+        text.push('}');
+        (text, u32::try_from(left_out).unwrap_or(u32::MAX))
     }
 
     /// The most recent ended steps, oldest first.
