@@ -187,6 +187,8 @@ struct Harness {
     engine: Arc<Engine>,
     roster: Arc<FakeRoster>,
     file: std::path::PathBuf,
+    /// Every assignment a worker of the harness received, in order.
+    received: Arc<Mutex<Vec<Arc<crate::domain::model::Assignment>>>>,
 }
 
 impl Drop for Harness {
@@ -215,7 +217,7 @@ impl Harness {
         let file = std::env::temp_dir().join(format!("muster-engine-{}.db", uuid::Uuid::new_v4().simple()));
         let roster = Arc::new(roster);
         let engine = engine_on(&file, roster.clone(), settings).await;
-        Self { engine, roster, file }
+        Self { engine, roster, file, received: Arc::default() }
     }
 
     /// A worker serving `agents`; its task ends when its connection does.
@@ -236,9 +238,11 @@ impl Harness {
             sender,
         });
         let workers = self.engine.workers.clone();
+        let received = self.received.clone();
         tokio::spawn(async move {
             while let Some(message) = inbox.recv().await {
                 let ToWorker::Assignment(assignment) = message else { continue };
+                received.lock().unwrap().push(assignment.clone());
                 let outcome = match behaviour {
                     Behaviour::Hold => continue,
                     Behaviour::HoldStep(step) if assignment.step_id == step => continue,
@@ -555,6 +559,42 @@ async fn an_engine_that_stops_mid_run_resumes_where_the_store_says() {
     assert_eq!(steps["s0"].attempt, 2, "the attempt under way when it stopped is started again");
     assert_eq!(steps["s2"].attempt, 1);
     assert!(events.iter().enumerate().all(|(index, event)| event.sequence == index as u64 + 1), "numbering goes on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_assignment_carries_the_history_and_memory_as_of_its_start() {
+    let harness = Harness::new(FakeRoster { agents: vec!["doer"], ..FakeRoster::default() }, settings()).await;
+    harness.worker(&["doer"], Behaviour::Complete);
+    // s0, then s1 and s2 (both after s0), then s3 after both.
+    let source = "name: diamond\nsteps:\n\
+        \x20 - {id: s0, type: agent_task, agent: doer, message: m}\n\
+        \x20 - {id: s1, type: agent_task, agent: doer, message: m, depends_on: [s0]}\n\
+        \x20 - {id: s2, type: agent_task, agent: doer, message: m, depends_on: [s0]}\n\
+        \x20 - {id: s3, type: agent_task, agent: doer, message: m, depends_on: [s1, s2]}\n";
+    let id = harness.run(source).await;
+    assert_eq!(harness.finished(&id).await.0, ExecutionStatus::Completed);
+    let received = harness.received.lock().unwrap().clone();
+    let seen = |step: &str| received.iter().find(|assignment| assignment.step_id == step).unwrap().clone();
+    let ended = |assignment: &crate::domain::model::Assignment| -> Vec<String> {
+        let mut steps: Vec<String> = assignment.history.iter().map(|entry| entry.step_id.clone()).collect();
+        steps.sort();
+        steps
+    };
+    assert!(seen("s0").history.is_empty());
+    assert_eq!(&*seen("s0").shared_memory_json, "{}");
+    // s1 and s2 see s0 (and, if it ended before they started, each other), never themselves.
+    for step in ["s1", "s2"] {
+        let assignment = seen(step);
+        assert!(ended(&assignment).contains(&"s0".to_owned()), "{step}");
+        assert!(!ended(&assignment).contains(&step.to_owned()), "{step}");
+        assert!(
+            assignment.shared_memory_json.starts_with('{')
+                && assignment.shared_memory_json.contains(r#""s0":{"step":"s0"}"#)
+        );
+    }
+    assert_eq!(ended(&seen("s3")), ["s0", "s1", "s2"]);
+    let memory: serde_json::Value = serde_json::from_str(&seen("s3").shared_memory_json).unwrap();
+    assert_eq!(memory.as_object().unwrap().len(), 3);
 }
 
 /// The roster's questions and releases about one execution, as step ids.
