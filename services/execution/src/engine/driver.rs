@@ -976,11 +976,19 @@ impl Driver {
 
     /// Frees the roster slot the step holds, if it holds one.
     pub(super) fn release_delegation(&mut self, position: usize) {
-        let inherited = std::mem::take(&mut self.steps[position].slot_task);
+        let task_id = self.take_slot_task(position);
         if std::mem::replace(&mut self.steps[position].roster_reserved, false) {
             self.stage(position);
-            let task_id = if inherited.is_empty() { self.task_id(position) } else { inherited };
             self.release_later(task_id);
+        }
+    }
+
+    /// The roster task whose slot the step holds (one it took over, else its
+    /// own), no longer marked as taken over.
+    fn take_slot_task(&mut self, position: usize) -> String {
+        match std::mem::take(&mut self.steps[position].slot_task) {
+            inherited if inherited.is_empty() => self.task_id(position),
+            inherited => inherited,
         }
     }
 
@@ -1005,10 +1013,7 @@ impl Driver {
             })
         });
         let Some(Some(heir)) = heir else { return self.release_delegation(position) };
-        let task_id = match std::mem::take(&mut self.steps[position].slot_task) {
-            inherited if inherited.is_empty() => self.task_id(position),
-            inherited => inherited,
-        };
+        let task_id = self.take_slot_task(position);
         self.steps[position].roster_reserved = false;
         self.steps[heir].roster_reserved = true;
         self.steps[heir].slot_task = task_id;
