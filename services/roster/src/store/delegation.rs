@@ -711,8 +711,11 @@ pub(super) async fn release_task(store: &SqlStore, task_id: &str, now: i64) -> R
 /// statements instead of four per task.
 pub(super) async fn release_tasks(store: &SqlStore, task_ids: &[String], now: i64) -> Result<Vec<ReleaseOutcome>> {
     let backend = store.database.backend;
+    // A task named twice is released at its first mention.
     let mut distinct = HashSet::with_capacity(task_ids.len());
-    let first_mentions: Vec<&String> = task_ids.iter().filter(|task_id| distinct.insert(task_id.as_str())).collect();
+    let first_mention: Vec<bool> = task_ids.iter().map(|task_id| distinct.insert(task_id.as_str())).collect();
+    let first_mentions: Vec<&String> =
+        task_ids.iter().zip(&first_mention).filter(|(_, first)| **first).map(|(task_id, _)| task_id).collect();
     let mut transaction = store.database.pool.begin().await?;
     // Who held a slot for each task, and which tasks leave the queue (a task
     // that ends while still queued is never offered a slot).
@@ -761,12 +764,11 @@ pub(super) async fn release_tasks(store: &SqlStore, task_ids: &[String], now: i6
         }
     }
     transaction.commit().await?;
-    let mut answered = HashSet::with_capacity(first_mentions.len());
     let outcomes = task_ids
         .iter()
-        .map(|task_id| {
-            if !answered.insert(task_id.as_str()) {
-                // Named twice: released already.
+        .zip(first_mention)
+        .map(|(task_id, first)| {
+            if !first {
                 return ReleaseOutcome::default();
             }
             let agent_id = held.get(task_id).cloned();
