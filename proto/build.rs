@@ -33,6 +33,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(out_dir.join("muster_descriptor.bin"), compiler.encode_file_descriptor_set())?;
     std::fs::write(out_dir.join("limits.rs"), limits_table(&compiler.descriptor_pool())?)?;
     tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(compiler.file_descriptor_set())?;
+    framed_notifier_server(compiler.file_descriptor_set(), &out_dir)?;
+    Ok(())
+}
+
+/// A second server for the notifier, into `OUT_DIR/framed`: the same service
+/// whose Subscribe stream yields `frame::SubscribeFrame`, the
+/// hand-encoded form of `SubscribeResponse` that carries an event already
+/// encoded, so one event sent to many subscribers is encoded once. Every
+/// message is the one generated above.
+fn framed_notifier_server(
+    mut set: prost_types::FileDescriptorSet,
+    out_dir: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    set.file.retain(|file| file.service.is_empty() || file.name() == "muster/notifier/v1/notifier.proto");
+    let framed = out_dir.join("framed");
+    std::fs::create_dir_all(&framed)?;
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(false)
+        .out_dir(&framed)
+        .extern_path(".muster", "crate")
+        .extern_path(".muster.notifier.v1.SubscribeResponse", "crate::frame::SubscribeFrame")
+        .compile_fds(set)?;
     Ok(())
 }
 

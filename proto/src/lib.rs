@@ -4,7 +4,9 @@
 //!
 //! This crate owns nothing but the contract: no logic, no conversions. Each
 //! service converts between these types and its domain types in its own
-//! `grpc.rs`.
+//! `grpc.rs`. One type is written by hand: [`frame::SubscribeFrame`], the
+//! notifier's `SubscribeResponse` with its event already encoded, so that an
+//! event sent to many subscribers is encoded once.
 #![allow(missing_docs, unreachable_pub, clippy::all)]
 
 /// Shared types: diagnostics, step roles, step events.
@@ -44,8 +46,17 @@ pub mod notifier {
     /// Version 1.
     pub mod v1 {
         tonic::include_proto!("muster.notifier.v1");
+
+        /// The notifier's server once more, its Subscribe stream yielding
+        /// [`SubscribeFrame`](crate::frame::SubscribeFrame)s: what the
+        /// notifier serves (the same wire contract).
+        pub mod framed {
+            include!(concat!(env!("OUT_DIR"), "/framed/muster.notifier.v1.rs"));
+        }
     }
 }
+
+pub mod frame;
 
 pub mod limits;
 

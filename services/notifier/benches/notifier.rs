@@ -8,19 +8,21 @@
 //!
 //! Run: `cargo bench -p muster-notifier --bench notifier -- [--events N] [--fanout-events M]`
 //! (add `--profile dev` for an unoptimised build). The inbox is always durable.
+//!
+//! The subscribers run in the bench's process, on the notifier's cores, so
+//! they decode of each message only what they count (the cursor, or the lag
+//! notice): real subscribers decode on their own machines.
 
 use std::{
     path::{Path, PathBuf},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use clap::Parser as _;
 use muster_notifier::Config;
 use muster_proto::{
     common::v1::{EventType, StepEvent, StepRoles},
-    notifier::v1::{
-        IngestEventsRequest, SubscribeRequest, notifier_service_client::NotifierServiceClient, subscribe_response,
-    },
+    notifier::v1::{IngestEventsRequest, SubscribeRequest, notifier_service_client::NotifierServiceClient},
 };
 use muster_runtime::{
     auth::client::{AuthChannel, with_credentials},
@@ -29,10 +31,47 @@ use muster_runtime::{
 use tokio_stream::StreamExt as _;
 
 const SUBSCRIBERS: usize = 100;
+/// Longest wait for the next notification before a subscriber gives up.
+const QUIET_LIMIT: Duration = Duration::from_secs(60);
+
+/// What a bench subscriber decodes of a `SubscribeResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Received {
+    #[prost(message, optional, tag = "1")]
+    notification: Option<CursorOnly>,
+    #[prost(uint64, optional, tag = "2")]
+    lagged_after_cursor: Option<u64>,
+}
+
+/// What it decodes of a `Notification`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct CursorOnly {
+    #[prost(uint64, tag = "1")]
+    cursor: u64,
+}
+
+/// Subscribes `agent_id` from the start of its inbox; waits and tries again
+/// while the notifier sheds the flood of subscriptions opening at once.
+async fn subscribe(channel: AuthChannel, agent_id: String) -> anyhow::Result<tonic::Streaming<Received>> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static("/muster.notifier.v1.NotifierService/Subscribe");
+    loop {
+        grpc.ready().await?;
+        let codec = tonic_prost::ProstCodec::<SubscribeRequest, Received>::default();
+        let request = tonic::Request::new(SubscribeRequest { agent_id: agent_id.clone(), after_cursor: 0 });
+        match grpc.server_streaming(request, path.clone(), codec).await {
+            Ok(response) => return Ok(response.into_inner()),
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(status) => return Err(status.into()),
+        }
+    }
+}
 
 struct Running {
-    /// An operator: subscribes to any inbox.
-    client: NotifierServiceClient<AuthChannel>,
+    /// An operator's channel: subscribes to any inbox.
+    operator: AuthChannel,
     /// The execution service: ingests.
     ingester: NotifierServiceClient<AuthChannel>,
     stop: tokio::sync::oneshot::Sender<()>,
@@ -61,7 +100,7 @@ async fn start(data_dir: &Path, memory_files: bool) -> anyhow::Result<Running> {
     }));
     let channel = muster_runtime::testing::connect_when_serving(&address).await;
     Ok(Running {
-        client: NotifierServiceClient::new(with_credentials(channel.clone(), credentials.operator())),
+        operator: with_credentials(channel.clone(), credentials.operator()),
         ingester: NotifierServiceClient::new(with_credentials(channel, credentials.service("execution"))),
         stop,
         task,
@@ -149,35 +188,38 @@ async fn bench_fanout(root: &Path, events: usize, memory_files: bool, fanout: Fa
         Fanout::DistinctAgents => agents.clone(),
         Fanout::OneAgent => Vec::new(),
     };
-    let (ready_sender, mut ready_receiver) = tokio::sync::mpsc::channel::<()>(SUBSCRIBERS);
+    let (ready_sender, mut ready_receiver) = tokio::sync::mpsc::channel::<Result<(), String>>(SUBSCRIBERS);
     let mut readers = Vec::new();
     for agent in &agents {
-        let mut client = running.client.clone();
+        let channel = running.operator.clone();
         let agent = agent.clone();
         let ready = ready_sender.clone();
         readers.push(tokio::spawn(async move {
-            let mut stream =
-                client.subscribe(SubscribeRequest { agent_id: agent, after_cursor: 0 }).await?.into_inner();
-            let _ = ready.send(()).await;
+            let subscribed = subscribe(channel, agent.clone()).await;
+            let _ = ready.send(subscribed.as_ref().map(|_| ()).map_err(|error| format!("{agent}: {error:#}"))).await;
+            let mut stream = subscribed?;
             let mut received = 0;
             while received < events {
-                match stream.next().await {
-                    Some(Ok(message)) => match message.message {
-                        Some(subscribe_response::Message::Notification(_)) => received += 1,
-                        Some(subscribe_response::Message::LaggedAfterCursor(cursor)) => {
-                            anyhow::bail!("subscriber lagged after cursor {cursor}")
-                        }
-                        None => {}
-                    },
+                let Ok(next) = tokio::time::timeout(QUIET_LIMIT, stream.next()).await else {
+                    anyhow::bail!("{agent} received nothing for {QUIET_LIMIT:?} after {received} notifications")
+                };
+                match next {
+                    Some(Ok(Received { notification: Some(_), .. })) => received += 1,
+                    Some(Ok(Received { lagged_after_cursor: Some(cursor), .. })) => {
+                        anyhow::bail!("{agent} lagged after cursor {cursor}")
+                    }
+                    Some(Ok(_)) => {}
                     Some(Err(status)) => return Err(status.into()),
-                    None => anyhow::bail!("stream ended after {received}"),
+                    None => anyhow::bail!("{agent}'s stream ended after {received}"),
                 }
             }
             Ok::<_, anyhow::Error>(received)
         }));
     }
     for _ in 0..SUBSCRIBERS {
-        ready_receiver.recv().await;
+        if let Some(Err(error)) = ready_receiver.recv().await {
+            anyhow::bail!("subscribing failed: {error}");
+        }
     }
     let batch: Vec<StepEvent> = (0..events).map(|index| event(index, monitors.clone(), Vec::new())).collect();
     let started = Instant::now();

@@ -3,12 +3,14 @@
 
 use std::{pin::Pin, sync::Arc, task::Poll};
 
+use bytes::Bytes;
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus, StepEvent},
+    frame::{Frame, NotificationFrame, SubscribeFrame},
     notifier::v1::{
         AcknowledgeNotificationsRequest, AcknowledgeNotificationsResponse, IngestEventsRequest, IngestEventsResponse,
         ListNotificationsRequest, ListNotificationsResponse, Notification, RecipientReason, SubscribeRequest,
-        SubscribeResponse, notifier_service_server::NotifierService, subscribe_response,
+        framed::notifier_service_server::NotifierService,
     },
 };
 use muster_runtime::auth::{Access, AgentDirectory, Caller, Rule, TokenHash, only_for_itself, permission_denied, rule};
@@ -119,46 +121,48 @@ pub(crate) fn decode_event(bytes: &[u8]) -> Result<(StepEvent, Event)> {
     Ok((wire, event))
 }
 
-fn reason_to_wire(reason: Option<Reason>) -> RecipientReason {
+fn reason_to_wire(reason: Reason) -> RecipientReason {
     match reason {
-        Some(Reason::Informed) => RecipientReason::Informed,
-        Some(Reason::Monitor) => RecipientReason::Monitor,
-        Some(Reason::Lead) => RecipientReason::Lead,
-        Some(Reason::Participant) => RecipientReason::Participant,
-        None => RecipientReason::Unspecified,
+        Reason::Informed => RecipientReason::Informed,
+        Reason::Monitor => RecipientReason::Monitor,
+        Reason::Lead => RecipientReason::Lead,
+        Reason::Participant => RecipientReason::Participant,
     }
 }
 
-/// A wire notification.
-pub(crate) fn notification_to_wire(
+/// A Subscribe message carrying a notification whose event is already encoded.
+fn notification_frame(
     cursor: u64,
-    agent_id: &str,
-    reason: Option<Reason>,
-    event: StepEvent,
-    output_summary: &str,
+    agent_id: Arc<str>,
+    reason: Reason,
+    event: Bytes,
+    output_summary: Arc<str>,
     created_at: i64,
-) -> Notification {
-    Notification {
-        cursor,
-        agent_id: agent_id.to_owned(),
-        reason: reason_to_wire(reason).into(),
-        event: Some(event),
-        output_summary: output_summary.to_owned(),
-        created_at: Some(muster_runtime::time::to_timestamp(created_at)),
+) -> SubscribeFrame {
+    SubscribeFrame {
+        message: Some(Frame::Notification(NotificationFrame {
+            cursor,
+            agent_id,
+            reason: reason_to_wire(reason).into(),
+            event,
+            output_summary,
+            created_at: Some(muster_runtime::time::to_timestamp(created_at)),
+        })),
     }
 }
 
+/// A stored notification as ListNotifications returns it.
 fn stored_to_wire(stored: &StoredNotification) -> Result<Notification> {
-    let event = StepEvent::decode(stored.encoded.as_slice())
+    let event = StepEvent::decode(&stored.encoded[..])
         .map_err(|error| Error::Corrupt(format!("stored event {}: {error}", stored.event_id)))?;
-    Ok(notification_to_wire(
-        stored.cursor,
-        &stored.agent_id,
-        Some(stored.reason),
-        event,
-        &stored.output_summary,
-        stored.created_at,
-    ))
+    Ok(Notification {
+        cursor: stored.cursor,
+        agent_id: stored.agent_id.clone(),
+        reason: reason_to_wire(stored.reason).into(),
+        event: Some(event),
+        output_summary: stored.output_summary.clone(),
+        created_at: Some(muster_runtime::time::to_timestamp(stored.created_at)),
+    })
 }
 
 fn required_agent_id(agent_id: &str) -> Result<()> {
@@ -308,13 +312,11 @@ async fn run_subscription<S: Store>(
     hub: Arc<Hub>,
     agent_id: String,
     after_cursor: u64,
-    output: mpsc::Sender<Result<SubscribeResponse, Status>>,
+    output: mpsc::Sender<Result<SubscribeFrame, Status>>,
     revoked: impl std::future::Future<Output = ()>,
 ) {
     let mut revoked = std::pin::pin!(revoked);
-    let send = |notification: Notification| {
-        output.send(Ok(SubscribeResponse { message: Some(subscribe_response::Message::Notification(notification)) }))
-    };
+    let send = |frame: SubscribeFrame| output.send(Ok(frame));
     // Counted as an open stream, with its lag, until this returns.
     let subscription = hub.open(&agent_id);
     let mut last_sent = after_cursor;
@@ -330,19 +332,20 @@ async fn run_subscription<S: Store>(
                     return;
                 }
             };
+            // The stored bytes of each event go out as they are, undecoded.
             for stored in &page {
-                match stored_to_wire(stored) {
-                    Ok(notification) => {
-                        if send(notification).await.is_err() {
-                            return;
-                        }
-                        last_sent = stored.cursor;
-                    }
-                    Err(error) => {
-                        let _ = output.send(Err(error.into())).await;
-                        return;
-                    }
+                let frame = notification_frame(
+                    stored.cursor,
+                    Arc::from(stored.agent_id.as_str()),
+                    stored.reason,
+                    stored.encoded.clone(),
+                    Arc::from(stored.output_summary.as_str()),
+                    stored.created_at,
+                );
+                if send(frame).await.is_err() {
+                    return;
                 }
+                last_sent = stored.cursor;
             }
             delivered("backlog", page.len());
             if page.len() < BACKLOG_PAGE as usize {
@@ -367,15 +370,15 @@ async fn run_subscription<S: Store>(
             };
             match next {
                 Some(live) if live.cursor > last_sent => {
-                    let notification = notification_to_wire(
+                    let frame = notification_frame(
                         live.cursor,
-                        &live.agent_id,
-                        Some(live.reason),
-                        StepEvent::clone(&live.event),
-                        &live.output_summary,
+                        Arc::clone(&live.agent_id),
+                        live.reason,
+                        live.event.clone(),
+                        Arc::clone(&live.output_summary),
                         live.created_at,
                     );
-                    if send(notification).await.is_err() {
+                    if send(frame).await.is_err() {
                         return;
                     }
                     delivered("live", 1);
@@ -390,8 +393,8 @@ async fn run_subscription<S: Store>(
                             &[],
                             1,
                         );
-                        let lagged = subscribe_response::Message::LaggedAfterCursor(last_sent);
-                        let _ = output.send(Ok(SubscribeResponse { message: Some(lagged) })).await;
+                        let lagged = SubscribeFrame { message: Some(Frame::LaggedAfterCursor(last_sent)) };
+                        let _ = output.send(Ok(lagged)).await;
                     }
                     return;
                 }
@@ -405,7 +408,7 @@ type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + '
 #[tonic::async_trait]
 impl<S: Store> NotifierService for NotifierGrpc<S> {
     type IngestEventsStream = ResponseStream<IngestEventsResponse>;
-    type SubscribeStream = ResponseStream<SubscribeResponse>;
+    type SubscribeStream = ResponseStream<SubscribeFrame>;
 
     async fn ingest_events(
         &self,

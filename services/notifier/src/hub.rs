@@ -18,18 +18,20 @@ use std::{
     },
 };
 
-use muster_proto::common::v1::StepEvent;
+use bytes::Bytes;
 
 use crate::domain::Reason;
 use tokio::sync::mpsc;
 
-/// A new notification as the hub passes it on: the event and summary are
-/// shared by every notification of the event.
+/// A new notification as the hub passes it on: the encoded event and the
+/// summary are shared by every notification of the event, and the whole
+/// notification by every subscription of its agent.
 pub(crate) struct LiveNotification {
     pub(crate) cursor: u64,
-    pub(crate) agent_id: String,
+    pub(crate) agent_id: Arc<str>,
     pub(crate) reason: Reason,
-    pub(crate) event: Arc<StepEvent>,
+    /// The wire event, encoded once.
+    pub(crate) event: Bytes,
     pub(crate) output_summary: Arc<str>,
     /// When stored, ms since the epoch.
     pub(crate) created_at: i64,
@@ -307,9 +309,9 @@ mod tests {
         let deliveries = vec![agent_id; count];
         hub.publish(&deliveries, |index| LiveNotification {
             cursor: first + index as u64,
-            agent_id: agent_id.to_owned(),
+            agent_id: Arc::from(agent_id),
             reason: Reason::Monitor,
-            event: Arc::new(StepEvent::default()),
+            event: Bytes::new(),
             output_summary: Arc::from(""),
             created_at: 0,
         });

@@ -202,9 +202,9 @@ impl<S: Store> Writer<S> {
             let (agent_id, index, cursor, reason) = deliveries[delivery];
             LiveNotification {
                 cursor,
-                agent_id: agent_id.to_owned(),
+                agent_id: Arc::from(agent_id),
                 reason,
-                event: Arc::clone(&incoming[index].wire),
+                event: new_events[index].encoded.clone(),
                 output_summary: Arc::clone(&summaries[index]),
                 created_at: received_at,
             }
@@ -259,7 +259,7 @@ impl<S: Store> Writer<S> {
             .collect();
         NewEvent {
             event_id: event.event_id.clone(),
-            encoded: item.wire.encode_to_vec(),
+            encoded: item.wire.encode_to_vec().into(),
             output_summary: output_summary(event, self.settings.output_summary_chars),
             received_at,
             recipients,

@@ -26,7 +26,7 @@ use std::{future::Future, path::PathBuf, sync::Arc};
 
 pub use error::{Error, Result};
 pub use grpc::ACCESS;
-use muster_proto::notifier::v1::notifier_service_server::NotifierServiceServer;
+use muster_proto::notifier::v1::framed::notifier_service_server::NotifierServiceServer;
 use muster_runtime::ServerArgs;
 use tokio::sync::watch;
 

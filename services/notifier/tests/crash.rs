@@ -190,7 +190,7 @@ async fn a_crash_between_commit_and_append_is_repaired_at_start() {
         .enumerate()
         .map(|(index, event_id)| NewEvent {
             event_id: (*event_id).to_owned(),
-            encoded: completed(event_id, &format!("s{}", index + 1), "{}").encode_to_vec(),
+            encoded: completed(event_id, &format!("s{}", index + 1), "{}").encode_to_vec().into(),
             output_summary: "{}".to_owned(),
             received_at: 0,
             recipients: vec![NewRecipient {

@@ -16,7 +16,7 @@ fn recipient(agent_id: &str, reason: Reason, memory: MemoryState) -> NewRecipien
 fn new_event(event_id: &str, recipients: Vec<NewRecipient>) -> NewEvent {
     NewEvent {
         event_id: event_id.to_owned(),
-        encoded: event_id.as_bytes().to_vec(),
+        encoded: event_id.as_bytes().to_vec().into(),
         output_summary: format!("summary of {event_id}"),
         received_at: 1_000,
         recipients,
@@ -78,7 +78,7 @@ async fn conformance<S: Store>(store: &S) {
     assert_eq!(alice.iter().map(|n| n.cursor).collect::<Vec<_>>(), vec![1, 3, 4]);
     assert_eq!(alice[0].reason, Reason::Informed);
     assert_eq!(alice[0].event_id, "e1");
-    assert_eq!(alice[0].encoded, b"e1".to_vec());
+    assert_eq!(alice[0].encoded, &b"e1"[..]);
     assert_eq!(alice[0].output_summary, "summary of e1");
     assert_eq!(alice[0].created_at, 1_000);
     assert_eq!(alice[1].memory, MemoryState::Refused);

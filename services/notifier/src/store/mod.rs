@@ -7,6 +7,8 @@ mod sql;
 
 use std::future::Future;
 
+use bytes::Bytes;
+
 pub use sql::SqlStore;
 
 use crate::{Result, domain::Reason};
@@ -68,7 +70,7 @@ pub struct NewEvent {
     /// The event's id, the deduplication key.
     pub event_id: String,
     /// The encoded wire event, returned as is to readers.
-    pub encoded: Vec<u8>,
+    pub encoded: Bytes,
     /// The summary shown in notifications and memory lines.
     pub output_summary: String,
     /// When the notifier accepted it, ms since the epoch.
@@ -102,7 +104,7 @@ pub struct StoredNotification {
     /// The event's id.
     pub event_id: String,
     /// The encoded wire event.
-    pub encoded: Vec<u8>,
+    pub encoded: Bytes,
     /// The summary.
     pub output_summary: String,
     /// When the notifier accepted the event, ms since the epoch.

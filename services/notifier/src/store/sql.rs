@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use bytes::Bytes;
 use muster_runtime::db::{Backend, Database, Migrations, placeholder, placeholder_list, placeholders};
 use sqlx::{AssertSqlSafe, Row, any::AnyRow};
 
@@ -49,7 +50,7 @@ impl SqlStore {
             agent_id: row.try_get("agent_id")?,
             reason: Reason::from_i64(reason).ok_or_else(|| Error::Corrupt(format!("reason {reason}")))?,
             event_id: row.try_get("event_id")?,
-            encoded: row.try_get("event")?,
+            encoded: Bytes::from(row.try_get::<Vec<u8>, _>("event")?),
             output_summary: row.try_get("output_summary")?,
             created_at: row.try_get("received_at")?,
             memory: MemoryState::from_i64(memory).ok_or_else(|| Error::Corrupt(format!("memory state {memory}")))?,
@@ -118,7 +119,7 @@ impl Store for SqlStore {
             for event in chunk {
                 query = query
                     .bind(event.event_id.as_str())
-                    .bind(event.encoded.as_slice())
+                    .bind(&event.encoded[..])
                     .bind(event.output_summary.as_str())
                     .bind(event.recipients.len() as i64)
                     .bind(event.received_at);
