@@ -220,6 +220,56 @@ async fn conformance(store: SqlStore) {
         ImportPlan { agents: vec![(agent("other", "", "ghost", &[], 0), token("h"))], ..ImportPlan::default() };
     assert!(store.import(&broken, NOW).await.is_err());
     assert!(matches!(store.get_agent("other").await, Err(Error::NotFound(_))), "rolled back");
+    // References are checked against the roster as the import leaves it:
+    // seniors may come later in the plan, or already be there.
+    let refused = |agents: Vec<Agent>| ImportPlan {
+        agents: agents.into_iter().map(|agent| (agent.clone(), token(&format!("hash-{}", agent.id)))).collect(),
+        ..ImportPlan::default()
+    };
+    let message = |result: Result<Vec<String>, Error>| match result {
+        Err(Error::InvalidArgument(message)) => message,
+        other => panic!("refusal expected, got {other:?}"),
+    };
+    let looped =
+        refused(vec![agent("a1", "", "a2", &[], 0), agent("a2", "", "a3", &[], 0), agent("a3", "", "a1", &[], 0)]);
+    assert_eq!(
+        message(store.import(&looped, NOW).await),
+        "agent.senior_id: the hierarchy would loop: a1 -> a2 -> a3 -> a1"
+    );
+    // Making an existing agent report to a newcomer that reports to it is a loop too.
+    let through_existing = refused(vec![agent("boss", "core", "n1", &[], 0), agent("n1", "", "boss", &[], 0)]);
+    assert!(message(store.import(&through_existing, NOW).await).contains("would loop"));
+    let no_team = refused(vec![agent("a1", "nowhere", "", &[], 0)]);
+    assert_eq!(
+        message(store.import(&no_team, NOW).await),
+        "agent.team: team \"nowhere\" does not exist; create it with PutTeam first"
+    );
+    assert!(matches!(store.get_agent("a1").await, Err(Error::NotFound(_))), "nothing of a refused import stays");
+    let chain: Vec<Agent> = (0..1200)
+        .map(|index| {
+            agent(
+                &format!("c{index}"),
+                "",
+                &if index == 0 { "boss".to_owned() } else { format!("c{}", index - 1) },
+                &["rust", "go"],
+                1,
+            )
+        })
+        .rev()
+        .collect();
+    let created = store.import(&refused(chain), NOW).await.unwrap();
+    assert_eq!(created.len(), 1200, "more than one statement's worth of rows");
+    assert_eq!(created[0], "c1199", "in the plan's order");
+    let last = store.get_agent("c1199").await.unwrap();
+    assert_eq!((last.senior_id.as_str(), last.expertise.clone()), ("c1198", vec!["go".to_owned(), "rust".to_owned()]));
+    assert_eq!(store.agent_by_token(&token("hash-c0")).await.unwrap().unwrap().id, "c0");
+    assert_eq!(
+        store.list_agents(&AgentQuery { expertise: "go".to_owned(), ..AgentQuery::default() }).await.unwrap().len(),
+        1200
+    );
+    for index in 0..1200 {
+        store.remove_agent(&format!("c{}", 1199 - index), NOW).await.unwrap();
+    }
 
     // Removal rules.
     assert!(matches!(store.remove_agent("boss", NOW).await, Err(Error::FailedPrecondition(_))));

@@ -3,6 +3,7 @@
 
 mod credentials;
 mod delegation;
+mod import;
 mod sql;
 
 use std::future::Future;

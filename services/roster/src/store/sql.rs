@@ -1,7 +1,6 @@
-//! The sqlx implementation of the repository: agents, teams, roles, tokens
-//! and import. Delegation, queue and audit live in `delegation.rs`.
-
-use std::collections::{HashMap, HashSet};
+//! The sqlx implementation of the repository: agents, teams, roles and
+//! tokens. Import lives in `import.rs`; delegation, queue and audit in
+//! `delegation.rs`.
 
 use muster_runtime::{
     auth::{
@@ -164,7 +163,7 @@ async fn write_expertise(transaction: &mut Transaction<'static, Any>, agent: &Ag
     Ok(())
 }
 
-fn expertise_json(agent: &Agent) -> Result<String> {
+pub(super) fn expertise_json(agent: &Agent) -> Result<String> {
     serde_json::to_string(&agent.expertise).map_err(|error| Error::Internal(error.to_string()))
 }
 
@@ -198,7 +197,11 @@ async fn insert_agent_row(transaction: &mut Transaction<'static, Any>, agent: &A
     write_expertise(transaction, agent).await
 }
 
-async fn update_agent_row(transaction: &mut Transaction<'static, Any>, agent: &Agent, now: i64) -> Result<bool> {
+pub(super) async fn update_agent_row(
+    transaction: &mut Transaction<'static, Any>,
+    agent: &Agent,
+    now: i64,
+) -> Result<bool> {
     let result = sqlx::query(
         "UPDATE agents SET name = $2, role = $3, team = $4, senior_id = $5, expertise_json = $6, \
          workload_capacity = $7, availability_until = $8, custom_prompt = $9, llm_config_json = $10, \
@@ -228,7 +231,7 @@ async fn update_agent_row(transaction: &mut Transaction<'static, Any>, agent: &A
     Ok(true)
 }
 
-async fn upsert_team_row(transaction: &mut Transaction<'static, Any>, team: &Team, now: i64) -> Result<()> {
+pub(super) async fn upsert_team_row(transaction: &mut Transaction<'static, Any>, team: &Team, now: i64) -> Result<()> {
     sqlx::query(
         "INSERT INTO teams (name, description, lead_agent_id, updated_at) VALUES ($1, $2, $3, $4) \
          ON CONFLICT (name) DO UPDATE SET description = excluded.description, \
@@ -243,7 +246,11 @@ async fn upsert_team_row(transaction: &mut Transaction<'static, Any>, team: &Tea
     Ok(())
 }
 
-async fn upsert_role_row(transaction: &mut Transaction<'static, Any>, role: &RoleDefinition, now: i64) -> Result<()> {
+pub(super) async fn upsert_role_row(
+    transaction: &mut Transaction<'static, Any>,
+    role: &RoleDefinition,
+    now: i64,
+) -> Result<()> {
     sqlx::query(
         "INSERT INTO roles (name, definition_json, updated_at) VALUES ($1, $2, $3) \
          ON CONFLICT (name) DO UPDATE SET definition_json = excluded.definition_json, updated_at = excluded.updated_at",
@@ -552,63 +559,7 @@ impl RosterStore for SqlStore {
     }
 
     async fn import(&self, plan: &ImportPlan, now: i64) -> Result<Vec<String>> {
-        let mut transaction = self.database.pool.begin().await?;
-        for team in &plan.teams {
-            // Leads are set after the agents exist.
-            upsert_team_row(&mut transaction, &Team { lead_agent_id: String::new(), ..team.clone() }, now).await?;
-        }
-        for role in &plan.roles {
-            upsert_role_row(&mut transaction, role, now).await?;
-        }
-        // Agents first without seniors, so the order in the file does not matter.
-        let mut created = Vec::new();
-        let existing: HashSet<String> = sqlx::query("SELECT id FROM agents")
-            .fetch_all(&mut *transaction)
-            .await?
-            .iter()
-            .map(|row| row.try_get("id"))
-            .collect::<Result<_, _>>()?;
-        // One revision for every token the import issues.
-        let mut revision = None;
-        for (agent, token) in &plan.agents {
-            let without_senior = Agent { senior_id: String::new(), ..agent.clone() };
-            if existing.contains(&agent.id) {
-                update_agent_row(&mut transaction, &without_senior, now).await?;
-            } else {
-                insert_agent_row(&mut transaction, &without_senior, now).await?;
-                let revision = match revision {
-                    Some(revision) => revision,
-                    None => *revision.insert(credentials::next_revision(&mut transaction).await?),
-                };
-                credentials::issue(&mut transaction, &agent.id, &agent.role, token, revision, now).await?;
-                created.push(agent.id.clone());
-            }
-        }
-        let seniors: HashMap<&str, &str> =
-            plan.agents.iter().map(|(agent, _)| (agent.id.as_str(), agent.senior_id.as_str())).collect();
-        for (agent, _) in &plan.agents {
-            sqlx::query("UPDATE agents SET senior_id = $2 WHERE id = $1")
-                .bind(agent.id.clone())
-                .bind(seniors.get(agent.id.as_str()).copied().unwrap_or_default().to_owned())
-                .execute(&mut *transaction)
-                .await?;
-        }
-        for (agent, _) in &plan.agents {
-            check_agent_references(&mut transaction, agent).await?;
-        }
-        for team in &plan.teams {
-            if !team.lead_agent_id.is_empty() {
-                if !exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", &team.lead_agent_id).await? {
-                    return Err(Error::InvalidArgument(format!(
-                        "team {:?}: lead {:?} is not in the roster",
-                        team.name, team.lead_agent_id
-                    )));
-                }
-                upsert_team_row(&mut transaction, team, now).await?;
-            }
-        }
-        transaction.commit().await?;
-        Ok(created)
+        super::import::import(self, plan, now).await
     }
 
     async fn delegate(
