@@ -269,17 +269,25 @@ impl<S: Store> Writer<S> {
     async fn write_memory(&self, incoming: &[&Incoming], new_events: &[NewEvent], outcomes: &[IngestOutcome]) {
         let Some(files) = &self.settings.memory else { return };
         let mut progress = MemoryProgress::default();
+        // The line says nothing about the agent: one per event serves all.
+        let event_lines: Vec<Option<String>> = incoming
+            .iter()
+            .zip(new_events)
+            .zip(outcomes)
+            .map(|((item, event), outcome)| {
+                let wanted = matches!(outcome, IngestOutcome::Stored { .. })
+                    && event.recipients.iter().any(|recipient| recipient.memory_path.is_some());
+                wanted.then(|| ndjson_line(&item.event, &event.output_summary))
+            })
+            .collect();
         let mut lines = Vec::new();
-        for ((item, event), outcome) in incoming.iter().zip(new_events).zip(outcomes) {
+        for ((event, outcome), line) in new_events.iter().zip(outcomes).zip(&event_lines) {
             let IngestOutcome::Stored { first_cursor } = outcome else { continue };
-            // The line says nothing about the agent: one per event serves all.
-            let mut line: Option<String> = None;
             for (offset, recipient) in event.recipients.iter().enumerate() {
                 let cursor = first_cursor + offset as u64;
                 progress.written_through = progress.written_through.max(cursor);
-                if let Some(path) = &recipient.memory_path {
-                    let line = line.get_or_insert_with(|| ndjson_line(&item.event, &event.output_summary));
-                    lines.push((path.clone(), cursor, line.clone()));
+                if let (Some(path), Some(line)) = (&recipient.memory_path, line) {
+                    lines.push((path.as_str(), cursor, line.as_str()));
                 }
             }
         }

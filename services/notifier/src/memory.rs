@@ -137,13 +137,14 @@ fn append_and_sync(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Groups pending lines by file, keeping cursor order within each file.
-pub(crate) fn group_by_file(lines: impl IntoIterator<Item = (String, u64, String)>) -> Vec<FileAppend> {
-    let mut groups: BTreeMap<String, FileAppend> = BTreeMap::new();
+/// Groups pending lines (path, cursor, line) by file, keeping cursor order
+/// within each file.
+pub(crate) fn group_by_file<'a>(lines: impl IntoIterator<Item = (&'a str, u64, &'a str)>) -> Vec<FileAppend> {
+    let mut groups: BTreeMap<&str, FileAppend> = BTreeMap::new();
     for (path, cursor, line) in lines {
-        let group = groups.entry(path.clone()).or_insert_with(|| FileAppend { path, ..FileAppend::default() });
+        let group = groups.entry(path).or_insert_with(|| FileAppend { path: path.to_owned(), ..FileAppend::default() });
         group.cursors.push(cursor);
-        group.text.push_str(&line);
+        group.text.push_str(line);
     }
     groups.into_values().collect()
 }
@@ -184,7 +185,7 @@ pub(crate) async fn recover<S: Store>(store: &S, files: &MemoryFiles) -> Result<
                     .map_err(|error| Error::Corrupt(format!("memory task: {error}")))??;
             }
         }
-        let appends = group_by_file(lines);
+        let appends = group_by_file(lines.iter().map(|(path, cursor, line)| (path.as_str(), *cursor, line.as_str())));
         let count = page.len();
         let files = files.clone();
         let failed = tokio::task::spawn_blocking(move || files.append_all(&appends))
