@@ -2,8 +2,8 @@
 //! tokens, the sample agents as a separate `muster agent` process, `run`,
 //! `validate`, `delegate`, an approval decided with `muster approve`, token
 //! rotation, the permission matrix, role checks and a team session; `muster
-//! run` across a restart of the execution service, and `muster agent` with
-//! one agent's token refused.
+//! run` across a restart of the execution service, Ctrl-C on `muster run`
+//! (cancel, or detach), and `muster agent` with one agent's token refused.
 
 use std::{
     path::Path,
@@ -22,6 +22,7 @@ use muster_tests::{
     command::{Background, muster, repository, run, text},
     events_until_finished, publish_and_start, spawn_sample_worker,
 };
+use nix::sys::signal::Signal;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_command_line_drives_the_cluster() {
@@ -344,6 +345,52 @@ async fn muster_run_resumes_after_the_execution_service_restarts_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn muster_run_resumes_after_the_execution_service_restarts_on_postgres() {
     muster_run_resumes_after_the_execution_service_restarts(Backend::Postgres).await;
+}
+
+/// Ctrl-C on `muster run` cancels the execution it started and shows it end;
+/// with `--detach` the execution goes on and the command says how to follow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_on_muster_run_cancels_the_execution_unless_detached() {
+    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    // Nobody serves the agent: the first step waits for it.
+    test.register_agents(&[agent("absent", "worker", "team")]).await;
+    let process = test.data_dir.join("waits.yaml");
+    std::fs::write(&process, chain_process("waits", 2, "absent", "absent", "{}")).unwrap();
+    let process = process.display().to_string();
+    let environment = test.command_environment();
+    let started = |output: &str| {
+        output
+            .lines()
+            .find_map(|line| line.strip_prefix("execution ")?.strip_suffix(" started"))
+            .unwrap_or_else(|| panic!("no execution id in {output}"))
+            .to_owned()
+    };
+    let status_of = |id: String| {
+        let mut client = test.execution();
+        async move {
+            let execution = client.get_execution(GetExecutionRequest { id }).await.unwrap().into_inner().execution;
+            ExecutionStatus::try_from(execution.unwrap().status).unwrap()
+        }
+    };
+
+    let mut running = Background::spawn(&["run", &process], &environment);
+    let id = started(&running.wait_for("execution started (", Duration::from_secs(60)).await);
+    running.signal(Signal::SIGINT);
+    let (status, output) = running.wait(Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(1), "finished, not completed:\n{output}");
+    assert!(output.contains(&format!("Ctrl-C: cancelling execution {id}")), "{output}");
+    assert!(output.contains("execution cancelled"), "{output}");
+    assert_eq!(status_of(id).await, ExecutionStatus::Cancelled);
+
+    let mut detached = Background::spawn(&["run", "--detach", &process], &environment);
+    let id = started(&detached.wait_for("execution started (", Duration::from_secs(60)).await);
+    detached.signal(Signal::SIGINT);
+    let (status, output) = detached.wait(Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(2), "{output}");
+    assert!(output.contains(&format!("detached: execution {id} goes on without this command")), "{output}");
+    assert!(!output.contains("cancelling"), "{output}");
+    assert_eq!(status_of(id).await, ExecutionStatus::Running);
+    test.shutdown().await;
 }
 
 /// Runs a one-step process for `agent` and waits for it to complete.

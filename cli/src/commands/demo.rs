@@ -75,6 +75,7 @@ async fn demo(args: &DemoArgs, cluster: &muster::cluster::Cluster) -> anyhow::Re
             execution: cluster.execution_url(),
             inputs: "{}".to_owned(),
             reconnect: ReconnectArgs::default(),
+            detach: false,
         },
         Some(&cluster.credentials.operator_token),
     )

@@ -4,6 +4,9 @@
 //! Watching survives a restart of the execution service: when the stream
 //! breaks, it reconnects with backoff and resumes after the last event it
 //! printed, so no event is shown twice or missed.
+//!
+//! Ctrl-C on `muster run` cancels the execution it started and shows it end;
+//! with `--detach` it leaves the execution running and says how to follow it.
 
 use std::{
     path::{Path, PathBuf},
@@ -15,8 +18,8 @@ use muster::credentials::Endpoint;
 use muster_proto::{
     common::v1::{Diagnostic, EventType, ExecutionStatus, StepEvent},
     execution::v1::{
-        ProcessVersion, PublishProcessRequest, PublishProcessResponse, StartExecutionRequest, WatchExecutionRequest,
-        execution_service_client::ExecutionServiceClient,
+        CancelExecutionRequest, ProcessVersion, PublishProcessRequest, PublishProcessResponse, StartExecutionRequest,
+        WatchExecutionRequest, execution_service_client::ExecutionServiceClient,
     },
 };
 use muster_runtime::auth::client::AuthChannel;
@@ -35,6 +38,9 @@ pub(crate) struct RunArgs {
     pub(crate) inputs: String,
     #[command(flatten)]
     pub(crate) reconnect: ReconnectArgs,
+    /// On Ctrl-C, leave the execution running instead of cancelling it.
+    #[arg(long)]
+    pub(crate) detach: bool,
 }
 
 /// How long watching tries to reach the execution service again.
@@ -203,6 +209,9 @@ pub(crate) async fn run(args: &RunArgs, token: Option<&str>) -> anyhow::Result<S
     let endpoint = super::endpoint(&args.execution, token)?;
     let mut client = ExecutionServiceClient::new(endpoint.channel()?);
     let process = publish_file(&mut client, &args.file).await?;
+    // Listening before the start, so a Ctrl-C as soon as it started is caught.
+    let mut interrupts =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).context("listening for Ctrl-C")?;
     let execution = client
         .start_execution(StartExecutionRequest {
             process_name: process.name.clone(),
@@ -215,8 +224,27 @@ pub(crate) async fn run(args: &RunArgs, token: Option<&str>) -> anyhow::Result<S
         .into_inner()
         .execution
         .context("the execution service returned no execution")?;
-    println!("execution {} started", execution.id);
-    watch_events(&endpoint, &execution.id, args.reconnect).await
+    let id = execution.id;
+    println!("execution {id} started");
+    let watching = watch_events(&endpoint, &id, args.reconnect);
+    tokio::pin!(watching);
+    tokio::select! {
+        finished = &mut watching => return finished,
+        _ = interrupts.recv() => {}
+    }
+    if args.detach {
+        anyhow::bail!("detached: execution {id} goes on without this command; `muster watch {id}` shows it");
+    }
+    eprintln!("Ctrl-C: cancelling execution {id} (with --detach it would go on)");
+    let reason = "cancelled with Ctrl-C from `muster run`".to_owned();
+    client.cancel_execution(CancelExecutionRequest { id: id.clone(), reason }).await.map_err(super::refused)?;
+    // Shown to its end; a second Ctrl-C stops waiting.
+    tokio::select! {
+        finished = &mut watching => finished,
+        _ = interrupts.recv() => {
+            anyhow::bail!("stopped waiting; execution {id} was asked to cancel: `muster watch {id}` shows it end")
+        }
+    }
 }
 
 /// Whether a final event says the execution completed.
