@@ -32,6 +32,12 @@ enum Command {
     Run(commands::run::RunArgs),
     /// Publishes a process (a new version), printing its diagnostics.
     Publish(commands::run::PublishArgs),
+    /// Executions: list them, show one with its steps, cancel one.
+    Executions(commands::executions::ExecutionsArgs),
+    /// Processes: list the published ones.
+    Processes(commands::executions::ProcessesArgs),
+    /// The workers connected to the execution service, with their agents and tools.
+    Workers(commands::executions::WorkersArgs),
     /// Shows an execution's events live until it ends (across restarts of the execution service); exit code 0 only if it completed.
     Watch(commands::run::WatchArgs),
     /// Approves or rejects a human approval step, as the agent whose token is given.
@@ -86,6 +92,9 @@ async fn main() -> ExitCode {
             commands::run::run(&args, token).await.map(|finished| commands::run::completed(&finished))
         }
         Command::Publish(args) => commands::run::publish(&args, token).await.map(|()| true),
+        Command::Executions(args) => commands::executions::executions(args, token).await.map(|()| true),
+        Command::Processes(args) => commands::executions::processes(args, token).await.map(|()| true),
+        Command::Workers(args) => commands::executions::workers(args, token).await.map(|()| true),
         Command::Watch(args) => {
             commands::run::watch(&args, token).await.map(|finished| commands::run::completed(&finished))
         }

@@ -393,6 +393,83 @@ async fn ctrl_c_on_muster_run_cancels_the_execution_unless_detached() {
     test.shutdown().await;
 }
 
+/// The day-two commands against a running cluster: executions listed (text,
+/// JSON, page by page), one shown with its steps and cancelled; processes;
+/// the connected workers with their agents; and an agent refused a list that
+/// is for operators.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn day_two_commands_show_executions_processes_and_workers() {
+    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let tokens = test.register_agents(&[agent("present", "worker", "team"), agent("absent", "worker", "team")]).await;
+    let credentials = vec![AgentCredential { agent_id: "present".to_owned(), token: tokens[0].clone() }];
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let mut client = test.execution();
+    let done = publish_and_start(&mut client, &chain_process("served", 1, "present", "present", "{}")).await;
+    events_until_finished(&test.operator("execution"), &done).await;
+    // Nobody serves "absent": this one stays running.
+    let waiting = publish_and_start(&mut client, &chain_process("unserved", 2, "absent", "absent", "{}")).await;
+    let environment = test.command_environment();
+    let muster =
+        |arguments: &[&str]| run(arguments.iter().map(|&argument| argument.to_owned()).collect(), environment.clone());
+    let stdout = |output: &std::process::Output| {
+        assert!(output.status.success(), "{}", text(output));
+        String::from_utf8(output.stdout.clone()).unwrap()
+    };
+    let json = |output: &std::process::Output| -> serde_json::Value { serde_json::from_str(&stdout(output)).unwrap() };
+
+    let listed = stdout(&muster(&["executions", "list"]).await);
+    let lines: Vec<&str> = listed.lines().collect();
+    assert_eq!(lines.len(), 2, "{listed}");
+    assert!(lines[0].starts_with(&format!("{waiting}  running    unserved v1  started 20")), "newest first: {listed}");
+    assert!(lines[1].starts_with(&format!("{done}  completed  served v1")), "{listed}");
+    let running = json(&muster(&["executions", "list", "--status", "running", "--output", "json"]).await);
+    assert_eq!(running["executions"].as_array().unwrap().len(), 1, "{running}");
+    assert_eq!(running["executions"][0]["id"], waiting.as_str());
+    assert_eq!(running["executions"][0]["status"], "EXECUTION_STATUS_RUNNING");
+    assert_eq!(running["next_page_token"], "", "every field is there, defaults too");
+    let first = stdout(&muster(&["executions", "list", "--page-size", "1"]).await);
+    let token = first.lines().find_map(|line| line.strip_prefix("more: --page-token ")).expect(&first).to_owned();
+    assert!(first.starts_with(&waiting), "{first}");
+    let second = stdout(&muster(&["executions", "list", "--page-size", "1", "--page-token", &token]).await);
+    assert!(second.starts_with(&done) && !second.contains("more:"), "{second}");
+
+    let shown = stdout(&muster(&["executions", "get", &waiting]).await);
+    let step = |name: &str| {
+        shown
+            .lines()
+            .find(|line| line.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("{name} in {shown}"))
+            .to_owned()
+    };
+    assert!(step("s0 ").contains("absent"), "{shown}");
+    assert!(step("s1 ").contains("pending"), "s1 waits for s0: {shown}");
+    let shown = json(&muster(&["executions", "get", &waiting, "--output", "json"]).await);
+    assert_eq!(shown["execution"]["steps"].as_array().unwrap().len(), 2, "{shown}");
+    let cancelled = stdout(&muster(&["executions", "cancel", &waiting, "--reason", "not needed"]).await);
+    assert_eq!(cancelled.trim(), format!("execution {waiting} cancelled"));
+    let shown = stdout(&muster(&["executions", "get", &waiting]).await);
+    assert!(shown.starts_with(&format!("{waiting}  cancelled")) && shown.contains("(not needed)"), "{shown}");
+
+    let processes = stdout(&muster(&["processes", "list"]).await);
+    assert!(processes.contains("served v1  1 steps") && processes.contains("unserved v1  2 steps"), "{processes}");
+    let processes = json(&muster(&["processes", "list", "--output", "json"]).await);
+    assert_eq!(processes["processes"].as_array().unwrap().len(), 2, "{processes}");
+
+    let workers = stdout(&muster(&["workers"]).await);
+    assert!(workers.contains("agents: present"), "{workers}");
+    let workers = json(&muster(&["workers", "--output", "json"]).await);
+    assert_eq!(workers["workers"][0]["agents"], serde_json::json!(["present"]), "{workers}");
+
+    // Listing executions is for operators and services: an agent is refused.
+    let refused = muster(&["--token", &tokens[0], "executions", "list"]).await;
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert!(text(&refused).contains("PermissionDenied"), "{}", text(&refused));
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
 /// Runs a one-step process for `agent` and waits for it to complete.
 async fn one_step_completes(test: &TestCluster, name: &str, agent: &str) {
     let mut client = test.execution();
