@@ -395,8 +395,8 @@ async fn ctrl_c_on_muster_run_cancels_the_execution_unless_detached() {
 
 /// The day-two commands against a running cluster: executions listed (text,
 /// JSON, page by page), one shown with its steps and cancelled; processes;
-/// the connected workers with their agents; and an agent refused a list that
-/// is for operators.
+/// the connected workers with their agents; the other read commands in JSON;
+/// and an agent refused a list that is for operators.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn day_two_commands_show_executions_processes_and_workers() {
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
@@ -459,6 +459,24 @@ async fn day_two_commands_show_executions_processes_and_workers() {
     assert!(workers.contains("agents: present"), "{workers}");
     let workers = json(&muster(&["workers", "--output", "json"]).await);
     assert_eq!(workers["workers"][0]["agents"], serde_json::json!(["present"]), "{workers}");
+
+    // Every read command answers in JSON too: the service's answer, all pages in one.
+    let agents = json(&muster(&["roster", "list", "--output", "json"]).await);
+    let ids: Vec<&str> =
+        agents["agents"].as_array().unwrap().iter().map(|agent| agent["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["absent", "present"], "{agents}");
+    assert_eq!(agents["agents"][0]["status"], "AGENT_STATUS_IDLE", "enums by name: {agents}");
+    for (arguments, key) in [
+        (vec!["schedule", "list"], "schedules"),
+        (vec!["budget", "list"], "budgets"),
+        (vec!["inbox", "list", "nobody"], "messages"),
+        (vec!["memory", "show", "--global"], "entries"),
+    ] {
+        let listed = json(&muster(&[arguments.as_slice(), &["--output", "json"]].concat()).await);
+        assert_eq!(listed[key], serde_json::json!([]), "{arguments:?}: {listed}");
+    }
+    let matrix = json(&muster(&["matrix", "show", "--output", "json"]).await);
+    assert!(matrix["matrix"]["version"].as_u64().unwrap() >= 1, "{matrix}");
 
     // Listing executions is for operators and services: an agent is refused.
     let refused = muster(&["--token", &tokens[0], "executions", "list"]).await;

@@ -108,6 +108,9 @@ pub(crate) struct MatrixArgs {
     /// The execution service.
     #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051", global = true)]
     execution: String,
+    /// How to print what it reads: text, or JSON (the service's answer, every page in one).
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    output: super::output::Output,
     #[command(subcommand)]
     command: MatrixCommand,
 }
@@ -131,13 +134,16 @@ pub(crate) async fn matrix(args: MatrixArgs, token: Option<&str>) -> anyhow::Res
     let mut execution = ExecutionServiceClient::new(super::endpoint(&args.execution, token)?.channel()?);
     match args.command {
         MatrixCommand::Show { version } => {
-            let matrix = execution
+            let response = execution
                 .get_permission_matrix(GetPermissionMatrixRequest { version: version.unwrap_or(0) })
                 .await
                 .map_err(super::refused)?
-                .into_inner()
-                .matrix
-                .context("no matrix in the answer")?;
+                .into_inner();
+            if args.output == super::output::Output::Json {
+                println!("{}", super::output::to_json(&response, "muster.execution.v1.GetPermissionMatrixResponse")?);
+                return Ok(());
+            }
+            let matrix = response.matrix.context("no matrix in the answer")?;
             println!("# permission matrix version {} ({})", matrix.version, describe(&matrix));
             print!("{}", matrix.source);
         }

@@ -2,7 +2,7 @@
 //! of its process's budget is refused.
 
 use muster_proto::execution::v1::{
-    Budget, BudgetAction, BudgetScope, ListBudgetsRequest, SetBudgetRequest,
+    Budget, BudgetAction, BudgetScope, ListBudgetsRequest, ListBudgetsResponse, SetBudgetRequest,
     execution_service_client::ExecutionServiceClient,
 };
 
@@ -12,6 +12,9 @@ pub(crate) struct BudgetArgs {
     /// The execution service.
     #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051", global = true)]
     execution: String,
+    /// How to print what it reads: text, or JSON (the service's answer, every page in one).
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    output: super::output::Output,
     #[command(subcommand)]
     command: BudgetCommand,
 }
@@ -160,20 +163,22 @@ pub(crate) async fn run(args: BudgetArgs, token: Option<&str>) -> anyhow::Result
         }
         BudgetCommand::List { agents } => {
             let scope = if agents { BudgetScope::Agent } else { BudgetScope::Unspecified } as i32;
-            let mut page_token = String::new();
+            let mut all = ListBudgetsResponse::default();
             loop {
-                let page = execution
-                    .list_budgets(ListBudgetsRequest { page_size: 1000, page_token: page_token.clone(), scope })
-                    .await
-                    .map_err(super::refused)?
-                    .into_inner();
-                for budget in &page.budgets {
-                    println!("{}", line(budget));
-                }
-                if page.next_page_token.is_empty() {
+                let request = ListBudgetsRequest { page_size: 1000, page_token: all.next_page_token.clone(), scope };
+                let page = execution.list_budgets(request).await.map_err(super::refused)?.into_inner();
+                all.budgets.extend(page.budgets);
+                all.next_page_token = page.next_page_token;
+                if all.next_page_token.is_empty() {
                     break;
                 }
-                page_token = page.next_page_token;
+            }
+            if args.output == super::output::Output::Json {
+                println!("{}", super::output::to_json(&all, "muster.execution.v1.ListBudgetsResponse")?);
+            } else {
+                for budget in &all.budgets {
+                    println!("{}", line(budget));
+                }
             }
         }
     }

@@ -3,8 +3,8 @@
 
 use anyhow::Context;
 use muster_proto::execution::v1::{
-    ArchiveInboxMessageRequest, InboxMessage, ListInboxMessagesRequest, MessagePriority, MessageState,
-    PostToInboxRequest, execution_service_client::ExecutionServiceClient,
+    ArchiveInboxMessageRequest, InboxMessage, ListInboxMessagesRequest, ListInboxMessagesResponse, MessagePriority,
+    MessageState, PostToInboxRequest, execution_service_client::ExecutionServiceClient,
 };
 
 /// `muster inbox ...`
@@ -13,6 +13,9 @@ pub(crate) struct InboxArgs {
     /// The execution service.
     #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051", global = true)]
     execution: String,
+    /// How to print what it reads: text, or JSON (the service's answer, every page in one).
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    output: super::output::Output,
     #[command(subcommand)]
     command: InboxCommand,
 }
@@ -120,22 +123,27 @@ pub(crate) async fn run(args: InboxArgs, token: Option<&str>) -> anyhow::Result<
                 Some(State::Processed) => MessageState::Processed,
                 Some(State::Archived) => MessageState::Archived,
             };
-            let mut page_token = String::new();
+            let mut all = ListInboxMessagesResponse::default();
             loop {
                 let request = ListInboxMessagesRequest {
                     inbox: inbox.clone(),
                     state: state as i32,
                     page_size: 1000,
-                    page_token: page_token.clone(),
+                    page_token: all.next_page_token.clone(),
                 };
                 let page = execution.list_inbox_messages(request).await.map_err(super::refused)?.into_inner();
-                for message in &page.messages {
-                    println!("{}", line(message));
-                }
-                if page.next_page_token.is_empty() {
+                all.messages.extend(page.messages);
+                all.next_page_token = page.next_page_token;
+                if all.next_page_token.is_empty() {
                     break;
                 }
-                page_token = page.next_page_token;
+            }
+            if args.output == super::output::Output::Json {
+                println!("{}", super::output::to_json(&all, "muster.execution.v1.ListInboxMessagesResponse")?);
+            } else {
+                for message in &all.messages {
+                    println!("{}", line(message));
+                }
             }
         }
         InboxCommand::Archive { id } => {

@@ -2,7 +2,7 @@
 //! role remember, newest first; `add` and `forget` for operators.
 
 use muster_proto::execution::v1::{
-    AppendMemoryRequest, ForgetMemoryRequest, ListMemoryRequest, MemoryEntry, MemoryScope,
+    AppendMemoryRequest, ForgetMemoryRequest, ListMemoryRequest, ListMemoryResponse, MemoryEntry, MemoryScope,
     execution_service_client::ExecutionServiceClient,
 };
 
@@ -12,6 +12,9 @@ pub(crate) struct MemoryArgs {
     /// The execution service.
     #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051", global = true)]
     execution: String,
+    /// How to print what it reads: text, or JSON (the service's answer, every page in one).
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    output: super::output::Output,
     #[command(subcommand)]
     command: MemoryCommand,
 }
@@ -77,25 +80,31 @@ pub(crate) async fn run(args: MemoryArgs, token: Option<&str>) -> anyhow::Result
     match args.command {
         MemoryCommand::Show { which, limit } => {
             let (scope, role) = which.request();
-            let mut page_token = String::new();
-            let mut shown = 0;
+            let mut all = ListMemoryResponse::default();
             loop {
+                let page_token = std::mem::take(&mut all.next_page_token);
                 let request = ListMemoryRequest { scope, role: role.clone(), page_size: 1000, page_token };
                 let page = execution.list_memory(request).await.map_err(super::refused)?.into_inner();
-                for entry in &page.entries {
-                    if limit > 0 && shown == limit {
-                        return Ok(());
-                    }
-                    println!("{}", line(entry));
-                    shown += 1;
-                }
-                if page.next_page_token.is_empty() {
+                all.entries.extend(page.entries);
+                all.next_page_token = page.next_page_token;
+                if limit > 0 && all.entries.len() >= limit {
+                    // The page's token would skip what the limit left out.
+                    all.entries.truncate(limit);
+                    all.next_page_token.clear();
                     break;
                 }
-                page_token = page.next_page_token;
+                if all.next_page_token.is_empty() {
+                    break;
+                }
             }
-            if shown == 0 {
+            if args.output == super::output::Output::Json {
+                println!("{}", super::output::to_json(&all, "muster.execution.v1.ListMemoryResponse")?);
+            } else if all.entries.is_empty() {
                 println!("(nothing remembered yet)");
+            } else {
+                for entry in &all.entries {
+                    println!("{}", line(entry));
+                }
             }
         }
         MemoryCommand::Add { which, text } => {

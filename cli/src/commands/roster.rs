@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use muster_proto::roster::v1::{
-    Agent, ImportFile, ImportRosterRequest, ListAgentsRequest, roster_service_client::RosterServiceClient,
+    Agent, ImportFile, ImportRosterRequest, ListAgentsRequest, ListAgentsResponse,
+    roster_service_client::RosterServiceClient,
 };
 use muster_runtime::auth::client::AuthChannel;
 
@@ -14,6 +15,9 @@ pub(crate) struct RosterArgs {
     /// The roster service.
     #[arg(long, env = "MUSTER_ROSTER_URL", default_value = "http://127.0.0.1:50052", global = true)]
     roster: String,
+    /// How to print what it reads: text, or JSON (the service's answer, every page in one).
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    output: super::output::Output,
     #[command(subcommand)]
     command: RosterCommand,
 }
@@ -58,7 +62,13 @@ pub(crate) async fn run(args: RosterArgs, token: Option<&str>) -> anyhow::Result
             }
         }
         RosterCommand::List => {
-            for agent in list_all(&mut client).await? {
+            let agents = list_all(&mut client).await?;
+            if args.output == super::output::Output::Json {
+                let all = ListAgentsResponse { agents, next_page_token: String::new() };
+                println!("{}", super::output::to_json(&all, "muster.roster.v1.ListAgentsResponse")?);
+                return Ok(());
+            }
+            for agent in agents {
                 println!(
                     "{:<24} {:<16} {:<12} {}/{}  {}",
                     agent.id,

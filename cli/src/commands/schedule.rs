@@ -1,7 +1,9 @@
 //! Schedules: `muster schedule list`, the processes that run on a schedule
 //! and when each fires next.
 
-use muster_proto::execution::v1::{ListSchedulesRequest, Schedule, execution_service_client::ExecutionServiceClient};
+use muster_proto::execution::v1::{
+    ListSchedulesRequest, ListSchedulesResponse, Schedule, execution_service_client::ExecutionServiceClient,
+};
 
 /// `muster schedule ...`
 #[derive(Debug, clap::Args)]
@@ -9,6 +11,9 @@ pub(crate) struct ScheduleArgs {
     /// The execution service.
     #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051", global = true)]
     execution: String,
+    /// How to print what it reads: text, or JSON (the service's answer, every page in one).
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    output: super::output::Output,
     #[command(subcommand)]
     command: ScheduleCommand,
 }
@@ -40,20 +45,22 @@ pub(crate) async fn run(args: ScheduleArgs, token: Option<&str>) -> anyhow::Resu
     let mut execution = ExecutionServiceClient::new(super::endpoint(&args.execution, token)?.channel()?);
     match args.command {
         ScheduleCommand::List => {
-            let mut page_token = String::new();
+            let mut all = ListSchedulesResponse::default();
             loop {
-                let page = execution
-                    .list_schedules(ListSchedulesRequest { page_size: 1000, page_token: page_token.clone() })
-                    .await
-                    .map_err(super::refused)?
-                    .into_inner();
-                for schedule in &page.schedules {
-                    println!("{}", line(schedule));
-                }
-                if page.next_page_token.is_empty() {
+                let request = ListSchedulesRequest { page_size: 1000, page_token: all.next_page_token.clone() };
+                let page = execution.list_schedules(request).await.map_err(super::refused)?.into_inner();
+                all.schedules.extend(page.schedules);
+                all.next_page_token = page.next_page_token;
+                if all.next_page_token.is_empty() {
                     break;
                 }
-                page_token = page.next_page_token;
+            }
+            if args.output == super::output::Output::Json {
+                println!("{}", super::output::to_json(&all, "muster.execution.v1.ListSchedulesResponse")?);
+            } else {
+                for schedule in &all.schedules {
+                    println!("{}", line(schedule));
+                }
             }
         }
     }

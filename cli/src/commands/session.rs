@@ -15,6 +15,9 @@ pub(crate) struct SessionArgs {
     /// The execution service.
     #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051", global = true)]
     execution: String,
+    /// How to print what it reads: text, or JSON (the service's answer, every page in one).
+    #[arg(long, value_enum, default_value = "text", global = true)]
+    output: super::output::Output,
     #[command(subcommand)]
     command: SessionCommand,
 }
@@ -116,6 +119,10 @@ pub(crate) async fn run(args: SessionArgs, token: Option<&str>) -> anyhow::Resul
                 .await
                 .map_err(super::refused)?
                 .into_inner();
+            if args.output == super::output::Output::Json {
+                println!("{}", super::output::to_json(&status, "muster.execution.v1.GetSessionStatusResponse")?);
+                return Ok(());
+            }
             print!("{}", status.context_window);
             if status.blockers.is_empty() {
                 println!("\nno blockers");
