@@ -34,6 +34,8 @@ enum Command {
     Publish(commands::run::PublishArgs),
     /// Executions: list them, show one with its steps, cancel one.
     Executions(commands::executions::ExecutionsArgs),
+    /// Intervenes in an execution: pause, resume, retry, cancel, reassign or override a step.
+    Intervene(commands::executions::InterveneArgs),
     /// Processes: list the published ones.
     Processes(commands::executions::ProcessesArgs),
     /// The workers connected to the execution service, with their agents and tools.
@@ -93,6 +95,7 @@ async fn main() -> ExitCode {
         }
         Command::Publish(args) => commands::run::publish(&args, token).await.map(|()| true),
         Command::Executions(args) => commands::executions::executions(args, token).await.map(|()| true),
+        Command::Intervene(args) => commands::executions::intervene(args, token).await.map(|()| true),
         Command::Processes(args) => commands::executions::processes(args, token).await.map(|()| true),
         Command::Workers(args) => commands::executions::workers(args, token).await.map(|()| true),
         Command::Watch(args) => {

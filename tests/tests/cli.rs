@@ -394,7 +394,8 @@ async fn ctrl_c_on_muster_run_cancels_the_execution_unless_detached() {
 }
 
 /// The day-two commands against a running cluster: executions listed (text,
-/// JSON, page by page), one shown with its steps and cancelled; processes;
+/// JSON, page by page), one shown with its steps, a step reassigned with
+/// `muster intervene`, the execution cancelled; processes;
 /// the connected workers with their agents; the other read commands in JSON;
 /// and an agent refused a list that is for operators.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -445,6 +446,25 @@ async fn day_two_commands_show_executions_processes_and_workers() {
     assert!(step("s1 ").contains("pending"), "s1 waits for s0: {shown}");
     let shown = json(&muster(&["executions", "get", &waiting, "--output", "json"]).await);
     assert_eq!(shown["execution"]["steps"].as_array().unwrap().len(), 2, "{shown}");
+    // Reassigned to the served agent, the first step runs; the second waits for "absent" again.
+    let reassigned = stdout(&muster(&["intervene", &waiting, "reassign", "--step", "s0", "--agent", "present"]).await);
+    assert!(
+        reassigned.starts_with(&format!("step s0 of execution {waiting}: ")) && reassigned.contains("(present)"),
+        "{reassigned}"
+    );
+    let mut tries = 0;
+    loop {
+        let shown = json(&muster(&["executions", "get", &waiting, "--output", "json"]).await);
+        if shown["execution"]["steps"][0]["status"] == "STEP_STATUS_COMPLETED" {
+            break;
+        }
+        tries += 1;
+        assert!(tries < 100, "s0 never completed after the reassignment: {shown}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let refused = muster(&["intervene", &waiting, "reassign", "--step", "s1"]).await;
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert!(text(&refused).contains("--agent"), "reassign names who takes the step: {}", text(&refused));
     let cancelled = stdout(&muster(&["executions", "cancel", &waiting, "--reason", "not needed"]).await);
     assert_eq!(cancelled.trim(), format!("execution {waiting} cancelled"));
     let shown = stdout(&muster(&["executions", "get", &waiting]).await);

@@ -1,13 +1,14 @@
 //! Day two on the execution service: `muster executions list|get|cancel`,
-//! `muster processes list` and `muster workers`. Every read takes
+//! `muster intervene`, `muster processes list` and `muster workers`. Every read takes
 //! `--output json` (see [`super::output`]); lists page with `--page-size` and
 //! `--page-token`, and say how to ask for the next page.
 
 use muster_proto::{
     common::v1::ExecutionStatus,
     execution::v1::{
-        CancelExecutionRequest, Execution, GetExecutionRequest, ListExecutionsRequest, ListProcessesRequest,
-        ListWorkersRequest, StepStatus, execution_service_client::ExecutionServiceClient,
+        CancelExecutionRequest, Execution, GetExecutionRequest, InterveneRequest, InterventionAction,
+        ListExecutionsRequest, ListProcessesRequest, ListWorkersRequest, StepStatus,
+        execution_service_client::ExecutionServiceClient,
     },
 };
 use muster_runtime::auth::client::AuthChannel;
@@ -80,6 +81,47 @@ enum ExecutionsCommand {
         #[arg(long, default_value = "cancelled with `muster executions cancel`")]
         reason: String,
     },
+}
+
+/// `muster intervene`
+#[derive(Debug, clap::Args)]
+pub(crate) struct InterveneArgs {
+    #[command(flatten)]
+    service: Service,
+    /// The execution.
+    execution_id: String,
+    /// What to do.
+    #[arg(value_enum)]
+    action: Action,
+    /// The step; without it, pause and resume act on the whole execution (its lead only).
+    #[arg(long, default_value = "")]
+    step: String,
+    /// For `reassign`: the agent that takes the step.
+    #[arg(long, required_if_eq("action", "reassign"), default_value = "")]
+    agent: String,
+    /// For `override`: the step's output, a JSON value.
+    #[arg(long, required_if_eq("action", "override"), default_value = "")]
+    result: String,
+    /// Why; kept in the execution's events.
+    #[arg(long, default_value = "")]
+    reason: String,
+}
+
+/// An intervention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Action {
+    /// Stop assigning the step (or the execution).
+    Pause,
+    /// Undo a pause.
+    Resume,
+    /// Run a failed or running step again.
+    Retry,
+    /// Cancel the step and its dependants.
+    Cancel,
+    /// Give the step to another agent (`--agent`).
+    Reassign,
+    /// Complete the step with the given output (`--result`).
+    Override,
 }
 
 /// `muster processes ...`
@@ -213,6 +255,44 @@ pub(crate) async fn executions(args: ExecutionsArgs, token: Option<&str>) -> any
             }
             println!("execution {id} cancelled");
         }
+    }
+    Ok(())
+}
+
+/// Runs `muster intervene`.
+pub(crate) async fn intervene(args: InterveneArgs, token: Option<&str>) -> anyhow::Result<()> {
+    let mut client = connect(&args.service, token)?;
+    let action = match args.action {
+        Action::Pause => InterventionAction::Pause,
+        Action::Resume => InterventionAction::Resume,
+        Action::Retry => InterventionAction::Retry,
+        Action::Cancel => InterventionAction::Cancel,
+        Action::Reassign => InterventionAction::Reassign,
+        Action::Override => InterventionAction::OverrideOutput,
+    };
+    let request = InterveneRequest {
+        execution_id: args.execution_id,
+        step_id: args.step.clone(),
+        action: action.into(),
+        target_agent_id: args.agent,
+        output_json: args.result,
+        reason: args.reason,
+    };
+    let response = client.intervene(request).await.map_err(super::refused)?.into_inner();
+    if args.service.output == Output::Json {
+        println!("{}", to_json(&response, "muster.execution.v1.InterveneResponse")?);
+        return Ok(());
+    }
+    let execution = response.execution.unwrap_or_default();
+    match execution.steps.iter().find(|step| step.step_id == args.step) {
+        Some(step) => println!(
+            "step {} of execution {}: {} ({})",
+            step.step_id,
+            execution.id,
+            step_status_name(step.status),
+            step.executor
+        ),
+        None => println!("execution {}: {}", execution.id, status_name(execution.status)),
     }
     Ok(())
 }
