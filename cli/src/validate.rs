@@ -73,7 +73,7 @@ pub(crate) fn run(args: &ValidateArgs) -> ExitCode {
     match args.format {
         OutputFormat::Text => {
             for report in &reports {
-                print!("{}", render_text(&report.file, &report.source, &report.diagnostics));
+                print!("{}", render_text(&report.file, &report.source, report.diagnostics.iter().map(Finding::from)));
             }
             let (errors, warnings) = count(&reports);
             if args.files.len() > 1 || errors + warnings > 0 {
@@ -133,12 +133,51 @@ fn validate_file(path: &Path, source: &str, kind: KindArg) -> Vec<Diagnostic> {
     }
 }
 
+/// One finding as the renderer shows it: from this library's checks, or
+/// from a service's answer (`muster run`, `muster matrix apply`), so both
+/// read the same.
+pub(crate) struct Finding<'a> {
+    severity: &'a str,
+    code: &'a str,
+    message: &'a str,
+    path: &'a str,
+    line: u32,
+    column: u32,
+}
+
+impl<'a> From<&'a Diagnostic> for Finding<'a> {
+    fn from(diagnostic: &'a Diagnostic) -> Self {
+        Self {
+            severity: diagnostic.severity.as_str(),
+            code: diagnostic.code,
+            message: &diagnostic.message,
+            path: &diagnostic.path,
+            line: diagnostic.line,
+            column: diagnostic.column,
+        }
+    }
+}
+
+impl<'a> From<&'a muster_proto::common::v1::Diagnostic> for Finding<'a> {
+    fn from(diagnostic: &'a muster_proto::common::v1::Diagnostic) -> Self {
+        let error = diagnostic.severity == muster_proto::common::v1::Severity::Error as i32;
+        Self {
+            severity: if error { "error" } else { "warning" },
+            code: &diagnostic.code,
+            message: &diagnostic.message,
+            path: &diagnostic.path,
+            line: diagnostic.line,
+            column: diagnostic.column,
+        }
+    }
+}
+
 /// Compiler-style text: the finding, the source line, a caret under the
 /// column, and the path in the document.
-fn render_text(file: &str, source: &str, diagnostics: &[Diagnostic]) -> String {
+pub(crate) fn render_text<'a>(file: &str, source: &str, findings: impl IntoIterator<Item = Finding<'a>>) -> String {
     let lines: Vec<&str> = source.lines().collect();
     let mut out = String::new();
-    for diagnostic in diagnostics {
+    for diagnostic in findings {
         let _ = writeln!(
             out,
             "{file}:{}:{}: {}[{}]: {}",
@@ -194,7 +233,7 @@ mod tests {
     #[test]
     fn text_output_is_compiler_style_with_a_caret() {
         let diagnostics = validate_file(Path::new("p.yaml"), NO_EXECUTOR, KindArg::Auto);
-        let text = render_text("p.yaml", NO_EXECUTOR, &diagnostics);
+        let text = render_text("p.yaml", NO_EXECUTOR, diagnostics.iter().map(Finding::from));
         assert_eq!(
             text,
             "p.yaml:7:5: error[EMI002]: Roles must include an 'executor' agent\n  |\n7 |     roles:\n  |     ^\n  = at steps[0].roles\n"
@@ -212,11 +251,11 @@ mod tests {
             column: 3,
         };
         assert_eq!(
-            render_text("f", "\tab", std::slice::from_ref(&diagnostic)),
+            render_text("f", "\tab", [Finding::from(&diagnostic)]),
             "f:1:3: warning[X001]: m\n  |\n1 | \tab\n  | \t ^\n"
         );
         let nowhere = Diagnostic { line: 0, column: 0, ..diagnostic };
-        assert_eq!(render_text("f", "", &[nowhere]), "f:0:0: warning[X001]: m\n");
+        assert_eq!(render_text("f", "", [Finding::from(&nowhere)]), "f:0:0: warning[X001]: m\n");
     }
 
     #[test]

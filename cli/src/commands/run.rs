@@ -284,19 +284,11 @@ fn describe(event: &StepEvent) -> String {
     }
 }
 
-/// Prints diagnostics compiler-style, with the source line and a caret.
+/// Prints a service's diagnostics on standard error, as `muster validate`
+/// prints its own.
 pub(crate) fn print_diagnostics(file_name: &str, source: &str, diagnostics: &[Diagnostic]) {
-    for diagnostic in diagnostics {
-        let severity = if diagnostic.severity == 1 { "error" } else { "warning" };
-        eprintln!(
-            "{file_name}:{}:{}: {severity}[{}]: {}",
-            diagnostic.line, diagnostic.column, diagnostic.code, diagnostic.message
-        );
-        if let Some(line) =
-            source.lines().nth(diagnostic.line.saturating_sub(1) as usize).filter(|_| diagnostic.line > 0)
-        {
-            eprintln!("    {line}");
-            eprintln!("    {}^", " ".repeat(diagnostic.column.saturating_sub(1) as usize));
-        }
-    }
+    eprint!(
+        "{}",
+        crate::validate::render_text(file_name, source, diagnostics.iter().map(crate::validate::Finding::from))
+    );
 }
