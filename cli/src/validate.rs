@@ -1,13 +1,16 @@
 //! `muster validate FILE...`: the validator's rules, offline. Prints each
-//! finding compiler-style (`file:line:col: error[CODE]: message`, the source
-//! line and a caret) or, with `--format json`, one JSON array of findings.
+//! finding as a compiler does (`error[CODE]: message`, `--> file:line:col`,
+//! the source line with a caret, the path in the document), in colour on a
+//! terminal unless `NO_COLOR` is set, or, with `--format json`, one JSON array
+//! of findings. `muster run`, `publish` and `matrix apply` print a service's
+//! findings the same way.
 //! Exit code 0 when no file has an error, 1 when one has, 2 when a file cannot
 //! be read.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+use annotate_snippets::{AnnotationKind, Level, Origin, Renderer, Snippet};
 use muster_format::{Context, Diagnostic, DocumentKind, RoleFormat};
 
 /// How findings are printed.
@@ -73,7 +76,8 @@ pub(crate) fn run(args: &ValidateArgs) -> ExitCode {
     match args.format {
         OutputFormat::Text => {
             for report in &reports {
-                print!("{}", render_text(&report.file, &report.source, report.diagnostics.iter().map(Finding::from)));
+                let findings = report.diagnostics.iter().map(Finding::from);
+                print!("{}", render_text(&report.file, &report.source, findings, colour(true)));
             }
             let (errors, warnings) = count(&reports);
             if args.files.len() > 1 || errors + warnings > 0 {
@@ -172,33 +176,56 @@ impl<'a> From<&'a muster_proto::common::v1::Diagnostic> for Finding<'a> {
     }
 }
 
-/// Compiler-style text: the finding, the source line, a caret under the
-/// column, and the path in the document.
-pub(crate) fn render_text<'a>(file: &str, source: &str, findings: impl IntoIterator<Item = Finding<'a>>) -> String {
-    let lines: Vec<&str> = source.lines().collect();
+/// Whether text written to standard output (`stdout`) or error gets colour:
+/// only on a terminal, and never with `NO_COLOR` set to anything but empty.
+pub(crate) fn colour(stdout: bool) -> bool {
+    use std::io::IsTerminal as _;
+    let terminal = if stdout { std::io::stdout().is_terminal() } else { std::io::stderr().is_terminal() };
+    terminal && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty())
+}
+
+/// The byte range of the character at 1-based `line` and `column` in
+/// `source` (empty at the end of a line); `None` when the line does not exist.
+fn span(source: &str, line: u32, column: u32) -> Option<std::ops::Range<usize>> {
+    let index = usize::try_from(line).ok()?.checked_sub(1)?;
+    let start_of_line = source.split_inclusive('\n').take(index).map(str::len).sum::<usize>();
+    let text = source.split_inclusive('\n').nth(index)?.trim_end_matches(['\n', '\r']);
+    let skip = usize::try_from(column.saturating_sub(1)).unwrap_or(usize::MAX);
+    let mut characters = text.char_indices().skip(skip);
+    Some(match characters.next() {
+        Some((offset, character)) => start_of_line + offset..start_of_line + offset + character.len_utf8(),
+        None => start_of_line + text.len()..start_of_line + text.len(),
+    })
+}
+
+/// Each finding as a compiler renders it: severity, code and message, where
+/// (`--> file:line:column`), the source line with a caret under the column,
+/// and the path in the document; coloured when `colour` says so.
+pub(crate) fn render_text<'a>(
+    file: &str,
+    source: &str,
+    findings: impl IntoIterator<Item = Finding<'a>>,
+    colour: bool,
+) -> String {
+    let renderer = if colour { Renderer::styled() } else { Renderer::plain() };
     let mut out = String::new();
-    for diagnostic in findings {
-        let _ = writeln!(
-            out,
-            "{file}:{}:{}: {}[{}]: {}",
-            diagnostic.line, diagnostic.column, diagnostic.severity, diagnostic.code, diagnostic.message
-        );
-        let line_text = usize::try_from(diagnostic.line).ok().and_then(|line| lines.get(line.checked_sub(1)?));
-        let gutter = diagnostic.line.to_string().len();
-        if let Some(text) = line_text {
-            // Keep tabs in the caret's indentation so it lines up under them.
-            let indent: String = text
-                .chars()
-                .take(usize::try_from(diagnostic.column.saturating_sub(1)).unwrap_or(0))
-                .map(|character| if character == '\t' { '\t' } else { ' ' })
-                .collect();
-            let _ = writeln!(out, "{:>gutter$} |", "");
-            let _ = writeln!(out, "{} | {text}", diagnostic.line);
-            let _ = writeln!(out, "{:>gutter$} | {indent}^", "");
+    for finding in findings {
+        let level = if finding.severity == "error" { Level::ERROR } else { Level::WARNING };
+        let title = level.primary_title(finding.message).id(finding.code);
+        let mut group = match span(source, finding.line, finding.column) {
+            Some(span) => title.element(
+                Snippet::source(source).line_start(1).path(file).annotation(AnnotationKind::Primary.span(span)),
+            ),
+            None if finding.line > 0 => {
+                title.element(Origin::path(file).line(finding.line as usize).char_column(finding.column as usize))
+            }
+            None => title.element(Origin::path(file)),
+        };
+        if !finding.path.is_empty() {
+            group = group.element(Level::NOTE.message(format!("at {}", finding.path)));
         }
-        if !diagnostic.path.is_empty() {
-            let _ = writeln!(out, "{:>gutter$} = at {}", "", diagnostic.path);
-        }
+        out.push_str(&renderer.render(&[group]));
+        out.push_str("\n\n");
     }
     out
 }
@@ -233,15 +260,17 @@ mod tests {
     #[test]
     fn text_output_is_compiler_style_with_a_caret() {
         let diagnostics = validate_file(Path::new("p.yaml"), NO_EXECUTOR, KindArg::Auto);
-        let text = render_text("p.yaml", NO_EXECUTOR, diagnostics.iter().map(Finding::from));
+        let text = render_text("p.yaml", NO_EXECUTOR, diagnostics.iter().map(Finding::from), false);
         assert_eq!(
             text,
-            "p.yaml:7:5: error[EMI002]: Roles must include an 'executor' agent\n  |\n7 |     roles:\n  |     ^\n  = at steps[0].roles\n"
+            "error[EMI002]: Roles must include an 'executor' agent\n --> p.yaml:7:5\n  |\n7 |     roles:\n  |     ^\n  |\n  = note: at steps[0].roles\n\n"
         );
+        let coloured = render_text("p.yaml", NO_EXECUTOR, diagnostics.iter().map(Finding::from), true);
+        assert!(coloured.contains("\u{1b}[") && coloured.contains("EMI002"), "{coloured:?}");
     }
 
     #[test]
-    fn carets_follow_tabs_and_skip_unknown_lines() {
+    fn carets_follow_tabs_and_findings_off_the_text_name_the_place() {
         let diagnostic = Diagnostic {
             severity: muster_format::Severity::Warning,
             code: "X001",
@@ -251,11 +280,16 @@ mod tests {
             column: 3,
         };
         assert_eq!(
-            render_text("f", "\tab", [Finding::from(&diagnostic)]),
-            "f:1:3: warning[X001]: m\n  |\n1 | \tab\n  | \t ^\n"
+            render_text("f", "\tab", [Finding::from(&diagnostic)], false),
+            "warning[X001]: m\n --> f:1:3\n  |\n1 |     ab\n  |      ^\n\n"
         );
         let nowhere = Diagnostic { line: 0, column: 0, ..diagnostic };
-        assert_eq!(render_text("f", "", [Finding::from(&nowhere)]), "f:0:0: warning[X001]: m\n");
+        assert_eq!(render_text("f", "", [Finding::from(&nowhere)], false), "warning[X001]: m\n--> f\n\n");
+        let past_the_end = Diagnostic { line: 2, column: 1, ..nowhere };
+        assert_eq!(
+            render_text("f", "a: [\n", [Finding::from(&past_the_end)], false),
+            "warning[X001]: m\n--> f:2:1\n\n"
+        );
     }
 
     #[test]

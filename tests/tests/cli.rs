@@ -85,7 +85,9 @@ async fn the_command_line_drives_the_cluster() {
     std::fs::write(&broken, "name: broken\nsteps:\n  - id: a\n    type: agent_task\n    agent: x\n    message: m\n    roles:\n      monitors: [y]\n").unwrap();
     let invalid = run(vec!["validate".into(), path(&broken)], environment.clone()).await;
     assert_eq!(invalid.status.code(), Some(1), "{}", text(&invalid));
-    assert!(text(&invalid).contains(":7:5: error[EMI002]"), "{}", text(&invalid));
+    let expected = format!("error[EMI002]: Roles must include an 'executor' agent\n --> {}:7:5\n", path(&broken));
+    assert!(text(&invalid).contains(&expected), "{}", text(&invalid));
+    assert!(!text(&invalid).contains('\u{1b}'), "no colour in a pipe: {}", text(&invalid));
 
     let delegated = run(
         vec![
@@ -191,7 +193,9 @@ async fn the_command_line_drives_the_cluster() {
     let refused = run(vec!["matrix".into(), "apply".into(), path(&matrix)], environment.clone()).await;
     assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
     // The service's findings read as `muster validate` prints its own.
-    let shown = ":4:14: error[MTX004]: role 'writer' both can and cannot 'code'\n  |\n4 |     cannot: [code]\n  |              ^\n  = at roles.writer.cannot[0]\n";
+    let shown = "error[MTX004]: role 'writer' both can and cannot 'code'\n --> ";
+    assert!(text(&refused).contains(shown), "{}", text(&refused));
+    let shown = ":4:14\n  |\n4 |     cannot: [code]\n  |              ^\n  |\n  = note: at roles.writer.cannot[0]\n";
     assert!(text(&refused).contains(shown), "{}", text(&refused));
 
     // A team session: started with a participant, who gets a role, and a new lead.

@@ -287,8 +287,6 @@ fn describe(event: &StepEvent) -> String {
 /// Prints a service's diagnostics on standard error, as `muster validate`
 /// prints its own.
 pub(crate) fn print_diagnostics(file_name: &str, source: &str, diagnostics: &[Diagnostic]) {
-    eprint!(
-        "{}",
-        crate::validate::render_text(file_name, source, diagnostics.iter().map(crate::validate::Finding::from))
-    );
+    let findings = diagnostics.iter().map(crate::validate::Finding::from);
+    eprint!("{}", crate::validate::render_text(file_name, source, findings, crate::validate::colour(false)));
 }
