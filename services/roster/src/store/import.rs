@@ -9,7 +9,10 @@ use sqlx::{Any, AssertSqlSafe, Row, Transaction};
 
 use super::{
     ImportPlan, credentials,
-    sql::{SqlStore, expertise_json, update_agent_row, upsert_role_row, upsert_team_row},
+    sql::{
+        SqlStore, expertise_json, hierarchy_loop, missing_senior, missing_team, update_agent_row, upsert_role_row,
+        upsert_team_row,
+    },
 };
 use crate::domain::model::{Agent, Team};
 use crate::error::{Error, Result};
@@ -51,10 +54,7 @@ pub(super) async fn import(store: &SqlStore, plan: &ImportPlan, now: i64) -> Res
     let mut verified = HashSet::new();
     for (agent, _) in &plan.agents {
         if !agent.team.is_empty() && !teams.contains(&agent.team) {
-            return Err(Error::InvalidArgument(format!(
-                "agent.team: team {:?} does not exist; create it with PutTeam first",
-                agent.team
-            )));
+            return Err(missing_team(agent));
         }
         check_hierarchy(agent, &seniors, &mut verified)?;
     }
@@ -88,17 +88,11 @@ fn check_hierarchy(agent: &Agent, seniors: &HashMap<String, String>, verified: &
     while !current.is_empty() && !verified.contains(current) {
         if on_chain.contains(current) {
             chain.push(current);
-            return Err(Error::InvalidArgument(format!(
-                "agent.senior_id: the hierarchy would loop: {}",
-                chain.join(" -> ")
-            )));
+            return Err(hierarchy_loop(&chain));
         }
         let Some(senior) = seniors.get(current) else {
             if current == agent.senior_id {
-                return Err(Error::InvalidArgument(format!(
-                    "agent.senior_id: senior {:?} does not exist in the roster",
-                    agent.senior_id
-                )));
+                return Err(missing_senior(agent));
             }
             // An older dangling reference further up is not this import's to judge.
             break;

@@ -107,14 +107,25 @@ async fn exists(transaction: &mut Transaction<'static, Any>, sql: &'static str, 
     Ok(sqlx::query(sql).bind(key.to_owned()).fetch_optional(&mut **transaction).await?.is_some())
 }
 
+/// The refusals of an agent's references, the same from every path that checks them.
+pub(super) fn missing_team(agent: &Agent) -> Error {
+    Error::InvalidArgument(format!("agent.team: team {:?} does not exist; create it with PutTeam first", agent.team))
+}
+
+pub(super) fn missing_senior(agent: &Agent) -> Error {
+    Error::InvalidArgument(format!("agent.senior_id: senior {:?} does not exist in the roster", agent.senior_id))
+}
+
+pub(super) fn hierarchy_loop(chain: &[impl AsRef<str>]) -> Error {
+    let chain: Vec<&str> = chain.iter().map(AsRef::as_ref).collect();
+    Error::InvalidArgument(format!("agent.senior_id: the hierarchy would loop: {}", chain.join(" -> ")))
+}
+
 /// Checks the references of an agent: its team exists, its senior exists and
 /// the hierarchy stays free of cycles.
 async fn check_agent_references(transaction: &mut Transaction<'static, Any>, agent: &Agent) -> Result<()> {
     if !agent.team.is_empty() && !exists(transaction, "SELECT 1 FROM teams WHERE name = $1", &agent.team).await? {
-        return Err(Error::InvalidArgument(format!(
-            "agent.team: team {:?} does not exist; create it with PutTeam first",
-            agent.team
-        )));
+        return Err(missing_team(agent));
     }
     if agent.senior_id.is_empty() {
         return Ok(());
@@ -124,10 +135,7 @@ async fn check_agent_references(transaction: &mut Transaction<'static, Any>, age
     while !current.is_empty() {
         if seen.contains(&current) {
             seen.push(current);
-            return Err(Error::InvalidArgument(format!(
-                "agent.senior_id: the hierarchy would loop: {}",
-                seen.join(" -> ")
-            )));
+            return Err(hierarchy_loop(&seen));
         }
         let row = sqlx::query("SELECT senior_id FROM agents WHERE id = $1")
             .bind(current.clone())
@@ -135,10 +143,7 @@ async fn check_agent_references(transaction: &mut Transaction<'static, Any>, age
             .await?;
         let Some(row) = row else {
             if current == agent.senior_id {
-                return Err(Error::InvalidArgument(format!(
-                    "agent.senior_id: senior {:?} does not exist in the roster",
-                    agent.senior_id
-                )));
+                return Err(missing_senior(agent));
             }
             break;
         };
