@@ -184,23 +184,21 @@ pub(crate) fn colour(stdout: bool) -> bool {
     terminal && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty())
 }
 
-/// The byte range of the character at 1-based `line` and `column` in
-/// `source` (empty at the end of a line); `None` when the line does not exist.
-fn span(source: &str, line: u32, column: u32) -> Option<std::ops::Range<usize>> {
-    let index = usize::try_from(line).ok()?.checked_sub(1)?;
-    let start_of_line = source.split_inclusive('\n').take(index).map(str::len).sum::<usize>();
-    let text = source.split_inclusive('\n').nth(index)?.trim_end_matches(['\n', '\r']);
+/// The byte range in `text` of the character at 1-based `column` (empty
+/// past the end of the line).
+fn column_range(text: &str, column: u32) -> std::ops::Range<usize> {
     let skip = usize::try_from(column.saturating_sub(1)).unwrap_or(usize::MAX);
-    let mut characters = text.char_indices().skip(skip);
-    Some(match characters.next() {
-        Some((offset, character)) => start_of_line + offset..start_of_line + offset + character.len_utf8(),
-        None => start_of_line + text.len()..start_of_line + text.len(),
-    })
+    match text.char_indices().nth(skip) {
+        Some((offset, character)) => offset..offset + character.len_utf8(),
+        None => text.len()..text.len(),
+    }
 }
 
 /// Each finding as a compiler renders it: severity, code and message, where
 /// (`--> file:line:column`), the source line with a caret under the column,
-/// and the path in the document; coloured when `colour` says so.
+/// and the path in the document; coloured when `colour` says so. Only the
+/// offending line goes to the renderer, so a large document with many
+/// findings costs no more than its findings.
 pub(crate) fn render_text<'a>(
     file: &str,
     source: &str,
@@ -208,17 +206,20 @@ pub(crate) fn render_text<'a>(
     colour: bool,
 ) -> String {
     let renderer = if colour { Renderer::styled() } else { Renderer::plain() };
+    let lines: Vec<&str> = source.lines().collect();
     let mut out = String::new();
     for finding in findings {
         let level = if finding.severity == "error" { Level::ERROR } else { Level::WARNING };
         let title = level.primary_title(finding.message).id(finding.code);
-        let mut group = match span(source, finding.line, finding.column) {
-            Some(span) => title.element(
-                Snippet::source(source).line_start(1).path(file).annotation(AnnotationKind::Primary.span(span)),
+        let line = usize::try_from(finding.line).unwrap_or(0);
+        let mut group = match line.checked_sub(1).and_then(|index| lines.get(index)) {
+            Some(text) => title.element(
+                Snippet::source(*text)
+                    .line_start(line)
+                    .path(file)
+                    .annotation(AnnotationKind::Primary.span(column_range(text, finding.column))),
             ),
-            None if finding.line > 0 => {
-                title.element(Origin::path(file).line(finding.line as usize).char_column(finding.column as usize))
-            }
+            None if line > 0 => title.element(Origin::path(file).line(line).char_column(finding.column as usize)),
             None => title.element(Origin::path(file)),
         };
         if !finding.path.is_empty() {
