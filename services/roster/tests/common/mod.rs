@@ -27,23 +27,24 @@ pub struct TestServer {
     _file: Option<SqliteFile>,
 }
 
-/// A SQLite file of a test's own, removed (with its WAL files) when dropped.
+/// A SQLite file of a test's own, in a folder of its own that is removed
+/// when dropped: a server still winding down cannot create the file again
+/// in a folder that is gone.
 pub struct SqliteFile {
-    path: std::path::PathBuf,
+    folder: std::path::PathBuf,
     pub url: String,
 }
 
 impl Drop for SqliteFile {
     fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", self.path.display()));
-        }
+        let _ = std::fs::remove_dir_all(&self.folder);
     }
 }
 
 pub fn sqlite_file() -> SqliteFile {
-    let path = std::env::temp_dir().join(format!("muster-roster-test-{}.db", uuid_like()));
-    SqliteFile { url: format!("sqlite://{}", path.display()), path }
+    let folder = std::env::temp_dir().join(format!("muster-roster-test-{}", uuid_like()));
+    std::fs::create_dir_all(&folder).expect("a temporary folder");
+    SqliteFile { url: format!("sqlite://{}", folder.join("roster.db").display()), folder }
 }
 
 fn uuid_like() -> String {
