@@ -2,11 +2,14 @@
 //! (see `migrations/*/0002_credentials.sql`). Each function runs inside the
 //! caller's transaction, so a credential changes with the agent it belongs to.
 
-use muster_runtime::auth::{
-    TokenHash,
-    directory::{CredentialChange, Position},
+use muster_runtime::{
+    auth::{
+        TokenHash,
+        directory::{CredentialChange, Position},
+    },
+    db::{Backend, placeholders},
 };
-use sqlx::{Any, Row, Transaction};
+use sqlx::{Any, AssertSqlSafe, Row, Transaction};
 
 use crate::error::{Error, Result};
 
@@ -20,25 +23,37 @@ pub(super) async fn next_revision(transaction: &mut Transaction<'static, Any>) -
     Ok(revision)
 }
 
-/// Records a new good token of `agent_id`.
+/// Most tokens one INSERT records.
+const TOKENS_PER_STATEMENT: usize = 500;
+
+/// A new good token: (agent id, the agent's role, the token's hash).
+pub(super) type NewToken<'a> = (&'a str, &'a str, &'a TokenHash);
+
+/// Records new good tokens, all under `revision`.
 pub(super) async fn issue(
     transaction: &mut Transaction<'static, Any>,
-    agent_id: &str,
-    role: &str,
-    token: &TokenHash,
+    backend: Backend,
+    tokens: &[NewToken<'_>],
     revision: i64,
     now: i64,
 ) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO tokens (token_hash, agent_id, role, active, revision, issued_at) VALUES ($1, $2, $3, 1, $4, $5)",
-    )
-    .bind(token.to_hex())
-    .bind(agent_id.to_owned())
-    .bind(role.to_owned())
-    .bind(revision)
-    .bind(now)
-    .execute(&mut **transaction)
-    .await?;
+    for chunk in tokens.chunks(TOKENS_PER_STATEMENT) {
+        let sql = format!(
+            "INSERT INTO tokens (token_hash, agent_id, role, active, revision, issued_at) VALUES {}",
+            placeholders(backend, chunk.len(), 6)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for (agent_id, role, token) in chunk {
+            query = query
+                .bind(token.to_hex())
+                .bind((*agent_id).to_owned())
+                .bind((*role).to_owned())
+                .bind(1_i64)
+                .bind(revision)
+                .bind(now);
+        }
+        query.execute(&mut **transaction).await?;
+    }
     Ok(())
 }
 

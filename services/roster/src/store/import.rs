@@ -4,22 +4,18 @@
 
 use std::collections::{HashMap, HashSet};
 
-use muster_runtime::db::{Backend, placeholders};
-use sqlx::{Any, AssertSqlSafe, Row, Transaction};
+use muster_runtime::db::Backend;
+use sqlx::{Any, Row, Transaction};
 
 use super::{
     ImportPlan, credentials,
     sql::{
-        SqlStore, expertise_json, hierarchy_loop, missing_senior, missing_team, update_agent_row, upsert_role_row,
+        SqlStore, hierarchy_loop, insert_agent_rows, missing_senior, missing_team, update_agent_row, upsert_role_row,
         upsert_team_row,
     },
 };
 use crate::domain::model::{Agent, Team};
 use crate::error::{Error, Result};
-
-/// Most rows one INSERT writes (17 parameters each for agents: 8,500 in all,
-/// under both databases' limits).
-const ROWS_PER_STATEMENT: usize = 500;
 
 type Tx = Transaction<'static, Any>;
 
@@ -68,7 +64,7 @@ pub(super) async fn import(store: &SqlStore, plan: &ImportPlan, now: i64) -> Res
     }
 
     for agent in existing {
-        update_agent_row(&mut transaction, agent, now).await?;
+        update_agent_row(&mut transaction, backend, agent, now).await?;
     }
     let created = insert_agents(&mut transaction, backend, plan, &new, now).await?;
     for team in plan.teams.iter().filter(|team| !team.lead_agent_id.is_empty()) {
@@ -117,71 +113,15 @@ async fn insert_agents(
     if new.is_empty() {
         return Ok(Vec::new());
     }
-    for chunk in new.chunks(ROWS_PER_STATEMENT) {
-        let sql = format!(
-            "INSERT INTO agents (id, name, role, team, senior_id, expertise_json, manual_status, current_workload, \
-             workload_capacity, availability_until, custom_prompt, llm_config_json, backstory, allow_delegation, \
-             max_iterations, created_at, updated_at) VALUES {} ON CONFLICT (id) DO NOTHING",
-            placeholders(backend, chunk.len(), 17)
-        );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for agent in chunk {
-            query = query
-                .bind(agent.id.clone())
-                .bind(agent.name.clone())
-                .bind(agent.role.clone())
-                .bind(agent.team.clone())
-                .bind(agent.senior_id.clone())
-                .bind(expertise_json(agent)?)
-                .bind(String::new())
-                .bind(0_i64)
-                .bind(i64::from(agent.workload_capacity))
-                .bind(agent.availability_until)
-                .bind(agent.custom_prompt.clone())
-                .bind(agent.llm_config_json.clone())
-                .bind(agent.backstory.clone())
-                .bind(i64::from(agent.allow_delegation))
-                .bind(i64::from(agent.max_iterations))
-                .bind(now)
-                .bind(now);
-        }
-        let inserted = query.execute(&mut **transaction).await?.rows_affected();
-        if inserted != chunk.len() as u64 {
-            return Err(Error::AlreadyExists(
-                "agents of this import were created by someone else while it ran; import again".to_owned(),
-            ));
-        }
-    }
-    let expertise: Vec<(&str, &str)> =
-        new.iter().flat_map(|agent| agent.expertise.iter().map(|tag| (tag.as_str(), agent.id.as_str()))).collect();
-    for chunk in expertise.chunks(ROWS_PER_STATEMENT) {
-        let sql =
-            format!("INSERT INTO agent_expertise (tag, agent_id) VALUES {}", placeholders(backend, chunk.len(), 2));
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for (tag, agent_id) in chunk {
-            query = query.bind((*tag).to_owned()).bind((*agent_id).to_owned());
-        }
-        query.execute(&mut **transaction).await?;
-    }
+    insert_agent_rows(transaction, backend, new, now).await?;
     let is_new: HashSet<&str> = new.iter().map(|agent| agent.id.as_str()).collect();
-    let tokens: Vec<_> = plan.agents.iter().filter(|(agent, _)| is_new.contains(agent.id.as_str())).collect();
+    let tokens: Vec<credentials::NewToken<'_>> = plan
+        .agents
+        .iter()
+        .filter(|(agent, _)| is_new.contains(agent.id.as_str()))
+        .map(|(agent, token)| (agent.id.as_str(), agent.role.as_str(), token))
+        .collect();
     let revision = credentials::next_revision(transaction).await?;
-    for chunk in tokens.chunks(ROWS_PER_STATEMENT) {
-        let sql = format!(
-            "INSERT INTO tokens (token_hash, agent_id, role, active, revision, issued_at) VALUES {}",
-            placeholders(backend, chunk.len(), 6)
-        );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for (agent, token) in chunk {
-            query = query
-                .bind(token.to_hex())
-                .bind(agent.id.clone())
-                .bind(agent.role.clone())
-                .bind(1_i64)
-                .bind(revision)
-                .bind(now);
-        }
-        query.execute(&mut **transaction).await?;
-    }
+    credentials::issue(transaction, backend, &tokens, revision, now).await?;
     Ok(new.iter().map(|agent| agent.id.clone()).collect())
 }

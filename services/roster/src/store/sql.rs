@@ -7,7 +7,7 @@ use muster_runtime::{
         TokenHash,
         directory::{CredentialChange, Position},
     },
-    db::{Database, Migrations},
+    db::{Backend, Database, Migrations, placeholders},
 };
 use sqlx::{Any, AssertSqlSafe, Row, Transaction, any::AnyRow};
 
@@ -153,17 +153,26 @@ async fn check_agent_references(transaction: &mut Transaction<'static, Any>, age
     Ok(())
 }
 
-async fn write_expertise(transaction: &mut Transaction<'static, Any>, agent: &Agent) -> Result<()> {
-    sqlx::query("DELETE FROM agent_expertise WHERE agent_id = $1")
-        .bind(agent.id.clone())
-        .execute(&mut **transaction)
-        .await?;
-    for tag in &agent.expertise {
-        sqlx::query("INSERT INTO agent_expertise (tag, agent_id) VALUES ($1, $2)")
-            .bind(tag.clone())
-            .bind(agent.id.clone())
-            .execute(&mut **transaction)
-            .await?;
+/// Most rows one INSERT writes (17 parameters each for agents: 8,500 in all,
+/// under both databases' limits).
+const ROWS_PER_STATEMENT: usize = 500;
+
+/// Writes the expertise rows of `agents` (none may have any yet).
+async fn insert_expertise(
+    transaction: &mut Transaction<'static, Any>,
+    backend: Backend,
+    agents: &[&Agent],
+) -> Result<()> {
+    let rows: Vec<(&str, &str)> =
+        agents.iter().flat_map(|agent| agent.expertise.iter().map(|tag| (tag.as_str(), agent.id.as_str()))).collect();
+    for chunk in rows.chunks(ROWS_PER_STATEMENT) {
+        let sql =
+            format!("INSERT INTO agent_expertise (tag, agent_id) VALUES {}", placeholders(backend, chunk.len(), 2));
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for (tag, agent_id) in chunk {
+            query = query.bind((*tag).to_owned()).bind((*agent_id).to_owned());
+        }
+        query.execute(&mut **transaction).await?;
     }
     Ok(())
 }
@@ -172,38 +181,55 @@ pub(super) fn expertise_json(agent: &Agent) -> Result<String> {
     serde_json::to_string(&agent.expertise).map_err(|error| Error::Internal(error.to_string()))
 }
 
-async fn insert_agent_row(transaction: &mut Transaction<'static, Any>, agent: &Agent, now: i64) -> Result<()> {
-    let result = sqlx::query(
-        "INSERT INTO agents (id, name, role, team, senior_id, expertise_json, manual_status, current_workload, \
-         workload_capacity, availability_until, custom_prompt, llm_config_json, backstory, allow_delegation, \
-         max_iterations, created_at, updated_at) \
-         VALUES ($1, $2, $3, $4, $5, $6, '', 0, $7, $8, $9, $10, $11, $12, $13, $14, $14) \
-         ON CONFLICT (id) DO NOTHING",
-    )
-    .bind(agent.id.clone())
-    .bind(agent.name.clone())
-    .bind(agent.role.clone())
-    .bind(agent.team.clone())
-    .bind(agent.senior_id.clone())
-    .bind(expertise_json(agent)?)
-    .bind(i64::from(agent.workload_capacity))
-    .bind(agent.availability_until)
-    .bind(agent.custom_prompt.clone())
-    .bind(agent.llm_config_json.clone())
-    .bind(agent.backstory.clone())
-    .bind(i64::from(agent.allow_delegation))
-    .bind(i64::from(agent.max_iterations))
-    .bind(now)
-    .execute(&mut **transaction)
-    .await?;
-    if result.rows_affected() == 0 {
-        return Err(Error::AlreadyExists(format!("agent {:?} already exists", agent.id)));
+/// Creates `agents` (idle, no manual status) with their expertise rows.
+pub(super) async fn insert_agent_rows(
+    transaction: &mut Transaction<'static, Any>,
+    backend: Backend,
+    agents: &[&Agent],
+    now: i64,
+) -> Result<()> {
+    for chunk in agents.chunks(ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "INSERT INTO agents (id, name, role, team, senior_id, expertise_json, manual_status, current_workload, \
+             workload_capacity, availability_until, custom_prompt, llm_config_json, backstory, allow_delegation, \
+             max_iterations, created_at, updated_at) VALUES {} ON CONFLICT (id) DO NOTHING",
+            placeholders(backend, chunk.len(), 17)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for agent in chunk {
+            query = query
+                .bind(agent.id.clone())
+                .bind(agent.name.clone())
+                .bind(agent.role.clone())
+                .bind(agent.team.clone())
+                .bind(agent.senior_id.clone())
+                .bind(expertise_json(agent)?)
+                .bind(String::new())
+                .bind(0_i64)
+                .bind(i64::from(agent.workload_capacity))
+                .bind(agent.availability_until)
+                .bind(agent.custom_prompt.clone())
+                .bind(agent.llm_config_json.clone())
+                .bind(agent.backstory.clone())
+                .bind(i64::from(agent.allow_delegation))
+                .bind(i64::from(agent.max_iterations))
+                .bind(now)
+                .bind(now);
+        }
+        let inserted = query.execute(&mut **transaction).await?.rows_affected();
+        if inserted != chunk.len() as u64 {
+            return Err(Error::AlreadyExists(match chunk {
+                [agent] => format!("agent {:?} already exists", agent.id),
+                _ => "agents of this import were created by someone else while it ran; import again".to_owned(),
+            }));
+        }
     }
-    write_expertise(transaction, agent).await
+    insert_expertise(transaction, backend, agents).await
 }
 
 pub(super) async fn update_agent_row(
     transaction: &mut Transaction<'static, Any>,
+    backend: Backend,
     agent: &Agent,
     now: i64,
 ) -> Result<bool> {
@@ -231,7 +257,11 @@ pub(super) async fn update_agent_row(
     if result.rows_affected() == 0 {
         return Ok(false);
     }
-    write_expertise(transaction, agent).await?;
+    sqlx::query("DELETE FROM agent_expertise WHERE agent_id = $1")
+        .bind(agent.id.clone())
+        .execute(&mut **transaction)
+        .await?;
+    insert_expertise(transaction, backend, &[agent]).await?;
     credentials::set_role(transaction, &agent.id, &agent.role).await?;
     Ok(true)
 }
@@ -323,9 +353,10 @@ impl RosterStore for SqlStore {
             return Err(Error::AlreadyExists(format!("agent {:?} already exists", agent.id)));
         }
         check_agent_references(&mut transaction, agent).await?;
-        insert_agent_row(&mut transaction, agent, now).await?;
+        let backend = self.database.backend;
+        insert_agent_rows(&mut transaction, backend, &[agent], now).await?;
         let revision = credentials::next_revision(&mut transaction).await?;
-        credentials::issue(&mut transaction, &agent.id, &agent.role, token, revision, now).await?;
+        credentials::issue(&mut transaction, backend, &[(&agent.id, &agent.role, token)], revision, now).await?;
         let stored =
             fetch_agent(&mut transaction, &agent.id).await?.ok_or_else(|| Error::Internal("agent vanished".into()))?;
         transaction.commit().await?;
@@ -383,7 +414,7 @@ impl RosterStore for SqlStore {
             return Err(Error::NotFound(format!("agent {:?} is not in the roster", agent.id)));
         }
         check_agent_references(&mut transaction, agent).await?;
-        update_agent_row(&mut transaction, agent, now).await?;
+        update_agent_row(&mut transaction, self.database.backend, agent, now).await?;
         let stored =
             fetch_agent(&mut transaction, &agent.id).await?.ok_or_else(|| Error::Internal("agent vanished".into()))?;
         transaction.commit().await?;
@@ -553,7 +584,8 @@ impl RosterStore for SqlStore {
         let revision = credentials::next_revision(&mut transaction).await?;
         credentials::revoke_all(&mut transaction, agent_id, revision, now).await?;
         if let Some(token) = token {
-            credentials::issue(&mut transaction, agent_id, &role, token, revision, now).await?;
+            let new = [(agent_id, role.as_str(), token)];
+            credentials::issue(&mut transaction, self.database.backend, &new, revision, now).await?;
         }
         transaction.commit().await?;
         Ok(())
