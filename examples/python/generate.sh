@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Generates the Python client of muster from proto/ into ./generated
 # (or MUSTER_PYTHON_OUT).
-# Needs: pip install grpcio==1.85.1 grpcio-tools==1.85.1
+# Needs: pip install grpcio==1.85.1 grpcio-tools==1.85.1 (and grpcio-status==1.85.1 for call.py)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 proto="$here/../../proto"

@@ -2,7 +2,7 @@
 //! `proto/` (a Python worker runs the sample process and reads notifications),
 //! and the README's grpcurl and `buf curl` recipes.
 //!
-//! They need `python3` with grpcio and grpcio-tools (or `MUSTER_PYTHON`
+//! They need `python3` with grpcio, grpcio-tools and grpcio-status (or `MUSTER_PYTHON`
 //! pointing at such an interpreter), `grpcurl` on the PATH (or
 //! `MUSTER_GRPCURL`) and `buf` on the PATH (or `MUSTER_BUF`); `.ci/run`
 //! installs all three. Without them the tests say so and pass, except under
@@ -418,4 +418,277 @@ fn recipes_split_as_the_shell_splits_them() {
         ["buf", "curl", "-d", r#"{"source":"a: b\n"}"#, "http://h/x"]
     );
     assert_eq!(shell_words("grpcurl -d '' x'y z'"), ["grpcurl", "-d", "", "xy z"]);
+}
+
+/// A refusal, as each client is asked to show it: the status code's name
+/// and the `google.rpc.Status` details it decoded, each with its `@type`.
+struct Refusal {
+    code: String,
+    details: Vec<serde_json::Value>,
+}
+
+impl Refusal {
+    /// The detail of type `name` (`google.rpc.BadRequest`).
+    fn detail(&self, name: &str) -> &serde_json::Value {
+        let type_url = format!("type.googleapis.com/{name}");
+        self.details
+            .iter()
+            .find(|detail| detail["@type"] == type_url.as_str())
+            .unwrap_or_else(|| panic!("no {name} among {:#?}", self.details))
+    }
+}
+
+/// A call that muster refuses, and what its status must carry.
+struct RefusedCall {
+    service: &'static str,
+    method: &'static str,
+    request: serde_json::Value,
+    /// The caller's token; `None` for a call without credentials.
+    token: Option<String>,
+    code: &'static str,
+    check: fn(&Refusal),
+}
+
+/// The same refusals, decoded by grpcurl, buf curl and Python's
+/// `grpc_status`: each sees the code and every standard detail (and the
+/// findings of a refused document with their lines and columns).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_details_decode_in_grpcurl_buf_curl_and_python() {
+    let Some(grpcurl) = tool("MUSTER_GRPCURL", "grpcurl", &["-version"]) else { return };
+    let Some(buf) = tool("MUSTER_BUF", "buf", &["--version"]) else { return };
+    let Some(python) = tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools, grpc_status"]) else {
+        return;
+    };
+    let Some(mut test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let tokens = test.register_agents(&[agent("writer-agent", "writer", "content")]).await;
+    let operator = test.cluster().credentials.operator_token.clone();
+    let process = muster_tests::chain_process("errors", 1, "writer-agent", "writer-agent", "{}");
+    muster_tests::publish_and_start(&mut test.execution(), &process).await;
+    let generated = test.data_dir.join("python");
+    let status = Command::new("bash")
+        .arg(repository().join("examples/python/generate.sh"))
+        .env("PYTHON", &python)
+        .env("MUSTER_PYTHON_OUT", &generated)
+        .status()
+        .unwrap();
+    assert!(status.success(), "generating the Python client failed");
+
+    let broken = "name: broken\nsteps:\n  - id: only\n    type: agent_task\n    agent: writer-agent\n    message: Write\n    roles:\n      monitors: [writer-agent]\n";
+    let mut calls = vec![
+        RefusedCall {
+            service: "execution",
+            method: "muster.execution.v1.ExecutionService/PublishProcess",
+            request: serde_json::json!({ "source": broken, "fileName": "broken.yaml" }),
+            token: Some(operator.clone()),
+            code: "INVALID_ARGUMENT",
+            check: |refusal| {
+                let info = refusal.detail("google.rpc.ErrorInfo");
+                assert_eq!((&info["reason"], &info["domain"]), (&"INVALID_PROCESS".into(), &"muster.dev".into()));
+                let violations = refusal.detail("google.rpc.BadRequest")["fieldViolations"].as_array().unwrap().clone();
+                let executor = violations.iter().find(|violation| violation["reason"] == "EMI002").unwrap();
+                assert_eq!(executor["field"], "source");
+                let description = executor["description"].as_str().unwrap();
+                assert!(description.starts_with("line 7, column 5 (steps[0].roles): "), "{description}");
+                let finding = refusal.detail("muster.common.v1.Diagnostic");
+                assert_eq!((&finding["line"], &finding["column"]), (&7.into(), &5.into()), "{finding}");
+            },
+        },
+        RefusedCall {
+            service: "execution",
+            method: "muster.execution.v1.ExecutionService/GetExecution",
+            request: serde_json::json!({ "id": "no-such-execution" }),
+            token: Some(operator.clone()),
+            code: "NOT_FOUND",
+            check: |refusal| {
+                let resource = refusal.detail("google.rpc.ResourceInfo");
+                assert_eq!(resource["resourceType"], "muster.execution.v1.Execution");
+                assert_eq!(resource["resourceName"], "no-such-execution");
+            },
+        },
+        RefusedCall {
+            service: "roster",
+            method: "muster.roster.v1.RosterService/RemoveTeam",
+            request: serde_json::json!({ "name": "content" }),
+            token: Some(operator.clone()),
+            code: "FAILED_PRECONDITION",
+            check: |refusal| {
+                let violation = &refusal.detail("google.rpc.PreconditionFailure")["violations"][0];
+                assert_eq!(
+                    (&violation["type"], &violation["subject"]),
+                    (&"TEAM_NOT_EMPTY".into(), &"team/content".into())
+                );
+            },
+        },
+        RefusedCall {
+            service: "roster",
+            method: "muster.roster.v1.RosterService/RegisterAgent",
+            request: serde_json::json!({ "agent": { "id": "x".repeat(65), "team": "content" } }),
+            token: Some(operator.clone()),
+            code: "INVALID_ARGUMENT",
+            check: |refusal| {
+                let violation = &refusal.detail("google.rpc.BadRequest")["fieldViolations"][0];
+                assert_eq!(violation["field"], "agent.id", "{violation}");
+            },
+        },
+        RefusedCall {
+            service: "roster",
+            method: "muster.roster.v1.RosterService/ListAgents",
+            request: serde_json::json!({}),
+            token: None,
+            code: "UNAUTHENTICATED",
+            check: |refusal| assert_eq!(refusal.detail("google.rpc.ErrorInfo")["reason"], "CREDENTIAL_MISSING"),
+        },
+        RefusedCall {
+            service: "roster",
+            method: "muster.roster.v1.RosterService/RemoveAgent",
+            request: serde_json::json!({ "id": "writer-agent" }),
+            token: Some(tokens[0].clone()),
+            code: "PERMISSION_DENIED",
+            check: |refusal| {
+                let info = refusal.detail("google.rpc.ErrorInfo");
+                assert_eq!(info["reason"], "CALLER_KIND_NOT_ALLOWED", "{info}");
+                assert_eq!(
+                    (&info["metadata"]["caller"], &info["metadata"]["caller_kind"]),
+                    (&"writer-agent".into(), &"agent".into())
+                );
+            },
+        },
+    ];
+    check_refusals(&calls, &test, &grpcurl, &buf, &python, &generated).await;
+
+    // With the roster down, a start that needs it is UNAVAILABLE, to be retried.
+    test.cluster_mut().stop("roster").await.unwrap();
+    calls = vec![RefusedCall {
+        service: "execution",
+        method: "muster.execution.v1.ExecutionService/StartExecution",
+        request: serde_json::json!({ "processName": "errors" }),
+        token: Some(operator),
+        code: "UNAVAILABLE",
+        check: |refusal| {
+            assert_eq!(refusal.detail("google.rpc.RetryInfo")["retryDelay"], "1s");
+            let info = refusal.detail("google.rpc.ErrorInfo");
+            assert_eq!(
+                (&info["reason"], &info["metadata"]["dependency"]),
+                (&"DEPENDENCY_UNAVAILABLE".into(), &"roster".into())
+            );
+        },
+    }];
+    check_refusals(&calls, &test, &grpcurl, &buf, &python, &generated).await;
+    test.shutdown().await;
+}
+
+async fn check_refusals(
+    calls: &[RefusedCall],
+    test: &TestCluster,
+    grpcurl: &str,
+    buf: &str,
+    python: &str,
+    generated: &std::path::Path,
+) {
+    for call in calls {
+        let url = match call.service {
+            "execution" => test.cluster().execution_url(),
+            "roster" => test.cluster().roster_url(),
+            other => panic!("no service {other}"),
+        };
+        let address = url.trim_start_matches("http://").to_owned();
+        let request = call.request.to_string();
+        let header = call.token.as_ref().map(|token| format!("authorization: Bearer {token}"));
+
+        let mut grpcurl = Command::new(grpcurl);
+        grpcurl.args(["-plaintext", "-format-error", "-d", &request]);
+        if let Some(header) = &header {
+            grpcurl.args(["-H", header]);
+        }
+        let answer = refused_with(grpcurl.args([&address, call.method]), call.method, false);
+        let refusal = Refusal {
+            code: grpc_code_name(answer["code"].as_i64().unwrap_or_default()),
+            details: answer["details"].as_array().cloned().unwrap_or_default(),
+        };
+        check_refusal(call, "grpcurl", &refusal);
+
+        let mut buf = Command::new(buf);
+        buf.args(["curl", "--protocol", "grpc", "--http2-prior-knowledge", "-d", &request]);
+        if let Some(header) = &header {
+            buf.args(["-H", header]);
+        }
+        let answer = refused_with(buf.arg(format!("{url}/{}", call.method)), call.method, false);
+        // buf curl prints each detail as its type and its bytes (base64),
+        // as the Connect protocol writes them: decoded here by type.
+        let details = answer["details"].as_array().cloned().unwrap_or_default();
+        let refusal = Refusal {
+            code: answer["code"].as_str().unwrap_or_default().to_uppercase(),
+            details: details
+                .iter()
+                .map(|detail| decode_detail(detail["type"].as_str().unwrap(), detail["value"].as_str().unwrap()))
+                .collect(),
+        };
+        check_refusal(call, "buf curl", &refusal);
+
+        let mut python = Command::new(python);
+        python.arg(repository().join("examples/python/call.py")).args([&address, call.method, &request]);
+        if let Some(token) = &call.token {
+            python.args(["--token", token]);
+        }
+        python.env("PYTHONPATH", generated);
+        let answer = refused_with(&mut python, call.method, true);
+        let refusal = Refusal {
+            code: answer["code"].as_str().unwrap_or_default().to_owned(),
+            details: answer["details"].as_array().cloned().unwrap_or_default(),
+        };
+        check_refusal(call, "python", &refusal);
+    }
+}
+
+/// Runs a client that must fail, and reads the JSON status it printed (on
+/// stdout for the Python client, on stderr for grpcurl and buf curl).
+fn refused_with(command: &mut Command, method: &str, on_stdout: bool) -> serde_json::Value {
+    let output = command.output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(!output.status.success(), "{method} was not refused: {stdout}{stderr}");
+    let printed = if on_stdout { &stdout } else { &stderr };
+    serde_json::from_str(printed).unwrap_or_else(|error| panic!("{method}: {error}: {stdout}{stderr}"))
+}
+
+fn check_refusal(call: &RefusedCall, client: &str, refusal: &Refusal) {
+    assert_eq!(refusal.code, call.code, "{client}, {}: {:#?}", call.method, refusal.details);
+    let unknown: Vec<_> =
+        refusal.details.iter().filter(|detail| detail.get("undecoded").or(detail.get("@error")).is_some()).collect();
+    assert!(unknown.is_empty(), "{client}, {}: details it could not decode: {unknown:?}", call.method);
+    (call.check)(refusal);
+}
+
+/// A detail given by type name (`google.rpc.BadRequest`) and base64 bytes,
+/// as JSON with its `@type`; `{"undecoded": ...}` when the bytes are not a
+/// message of that type.
+fn decode_detail(name: &str, value: &str) -> serde_json::Value {
+    use base64::Engine as _;
+    let mut pool = prost_reflect::DescriptorPool::global();
+    pool.decode_file_descriptor_set(muster_proto::FILE_DESCRIPTOR_SET).unwrap();
+    pool.decode_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET).unwrap();
+    let type_url = format!("type.googleapis.com/{name}");
+    let bytes = base64::engine::general_purpose::STANDARD_NO_PAD.decode(value.trim_end_matches('=')).unwrap();
+    let decoded = pool
+        .get_message_by_name(name)
+        .and_then(|descriptor| prost_reflect::DynamicMessage::decode(descriptor, bytes.as_slice()).ok());
+    match decoded {
+        Some(message) => {
+            let mut json = serde_json::to_value(&message).unwrap();
+            json["@type"] = type_url.into();
+            json
+        }
+        None => serde_json::json!({ "@type": type_url, "undecoded": value }),
+    }
+}
+
+/// The canonical name of a gRPC status code (`3` is `INVALID_ARGUMENT`).
+fn grpc_code_name(code: i64) -> String {
+    format!("{:?}", tonic::Code::from_i32(code as i32))
+        .chars()
+        .enumerate()
+        .flat_map(|(index, letter)| {
+            let separator = (index > 0 && letter.is_uppercase()).then_some('_');
+            separator.into_iter().chain(letter.to_uppercase())
+        })
+        .collect()
 }

@@ -5,13 +5,14 @@
 //! trailers.
 
 use muster_proto::{
-    execution::v1::{PublishProcessRequest, PublishProcessResponse, StartExecutionRequest},
+    execution::v1::{PublishProcessRequest, StartExecutionRequest},
     roster::v1::{Agent, ListAgentsRequest, RegisterAgentRequest},
 };
 use muster_runtime::auth::client::Credentials;
 use muster_tests::{Backend, TestCluster, agent, chain_process, raw};
 use prost::Message as _;
 use tonic::Code;
+use tonic_types::StatusExt as _;
 
 fn method(service: &str, name: &str) -> raw::Method {
     raw::contract_methods()
@@ -112,9 +113,20 @@ async fn a_refused_document_fits_its_diagnostics_in_the_trailers() {
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().starts_with("the process has "), "{}", status.message());
     assert!(status.message().len() <= 1024, "{} bytes of message", status.message().len());
-    let details = PublishProcessResponse::decode(status.details()).expect("the details decode");
-    assert!(!details.diagnostics.is_empty());
-    assert!(details.diagnostics.iter().all(|diagnostic| diagnostic.line > 0 && diagnostic.message.len() <= 512));
+    let diagnostics = muster_runtime::status::diagnostics(&status);
+    assert!(!diagnostics.is_empty());
+    assert!(diagnostics.iter().all(|diagnostic| diagnostic.line > 0 && diagnostic.message.len() <= 512));
+    // The standard details hold the same findings, for clients that know only those.
+    let violations = status.get_details_bad_request().expect("a BadRequest").field_violations;
+    assert_eq!(violations.len(), diagnostics.len());
+    assert!(
+        violations.iter().all(|violation| violation.field == "source" && violation.description.starts_with("line "))
+    );
+    let info = status.get_details_error_info().expect("an ErrorInfo");
+    assert_eq!(info.reason, "INVALID_PROCESS");
+    let counted = format!("the process has {} error(s)", info.metadata["errors"]);
+    assert!(status.message().starts_with(&counted), "{counted:?}: {}", status.message());
+    assert!(info.metadata["errors"].parse::<usize>().unwrap() > diagnostics.len(), "{info:?}");
     assert!(status.details().len() <= 8 * 1024, "{} bytes of details", status.details().len());
     test.shutdown().await;
 }

@@ -14,13 +14,10 @@ use muster::{
 };
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus, Severity},
-    execution::v1::{
-        GetExecutionRequest, PublishProcessRequest, PublishProcessResponse, StartExecutionRequest, StepStatus,
-    },
+    execution::v1::{GetExecutionRequest, PublishProcessRequest, StartExecutionRequest, StepStatus},
     roster::v1::{PutRoleDefinitionRequest, RoleDefinition},
 };
 use muster_tests::{Backend, TestCluster, agent, events_until_finished};
-use prost::Message;
 
 const SAMPLE_PROCESS: &str = include_str!("../../examples/process.yaml");
 
@@ -220,12 +217,11 @@ async fn sample_process(backend: Backend) {
         .await
         .expect_err("a step without an executor is refused");
     assert_eq!(status.code(), tonic::Code::InvalidArgument);
-    let details = PublishProcessResponse::decode(status.details()).expect("diagnostics in the status details");
-    let missing_executor = details
-        .diagnostics
+    let diagnostics = muster_runtime::status::diagnostics(&status);
+    let missing_executor = diagnostics
         .iter()
         .find(|diagnostic| diagnostic.message.contains("executor") && diagnostic.severity == Severity::Error as i32)
-        .unwrap_or_else(|| panic!("no missing-executor error in {:#?}", details.diagnostics));
+        .unwrap_or_else(|| panic!("no missing-executor error in {diagnostics:#?}"));
     assert_eq!((missing_executor.line, missing_executor.column), (7, 5), "{missing_executor:?}");
     assert_eq!(missing_executor.code, "EMI002");
     assert_eq!(missing_executor.path, "steps[0].roles");

@@ -6,12 +6,11 @@ use std::path::PathBuf;
 use anyhow::Context;
 use muster_proto::{
     execution::v1::{
-        GetPermissionMatrixRequest, PermissionMatrixVersion, PutPermissionMatrixRequest, PutPermissionMatrixResponse,
+        GetPermissionMatrixRequest, PermissionMatrixVersion, PutPermissionMatrixRequest,
         execution_service_client::ExecutionServiceClient,
     },
     roster::v1::{RevokeTokenRequest, RotateTokenRequest, roster_service_client::RosterServiceClient},
 };
-use prost::Message as _;
 
 /// `muster token ...`
 #[derive(Debug, clap::Args)]
@@ -158,9 +157,8 @@ pub(crate) async fn matrix(args: MatrixArgs, token: Option<&str>) -> anyhow::Res
                     println!("permission matrix version {} is in force ({})", matrix.version, describe(&matrix));
                 }
                 Err(status) => {
-                    if let Ok(details) = PutPermissionMatrixResponse::decode(status.details()) {
-                        super::run::print_diagnostics(&file_name, &source, &details.diagnostics);
-                    }
+                    let diagnostics = muster_runtime::status::diagnostics(&status);
+                    super::run::print_diagnostics(&file_name, &source, &diagnostics);
                     return Err(super::refused(status).context(format!("{file_name} was refused")));
                 }
             }

@@ -18,12 +18,11 @@ use muster::credentials::Endpoint;
 use muster_proto::{
     common::v1::{Diagnostic, EventType, ExecutionStatus, StepEvent},
     execution::v1::{
-        CancelExecutionRequest, ProcessVersion, PublishProcessRequest, PublishProcessResponse, StartExecutionRequest,
-        WatchExecutionRequest, execution_service_client::ExecutionServiceClient,
+        CancelExecutionRequest, ProcessVersion, PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest,
+        execution_service_client::ExecutionServiceClient,
     },
 };
 use muster_runtime::auth::client::AuthChannel;
-use prost::Message;
 
 /// `muster run`
 #[derive(Debug, clap::Args)]
@@ -97,9 +96,7 @@ pub(crate) async fn publish_file(client: &mut Client, file: &Path) -> anyhow::Re
     {
         Ok(response) => response.into_inner(),
         Err(status) => {
-            if let Ok(details) = PublishProcessResponse::decode(status.details()) {
-                print_diagnostics(&file_name, &source, &details.diagnostics);
-            }
+            print_diagnostics(&file_name, &source, &muster_runtime::status::diagnostics(&status));
             return Err(super::refused(status).context(format!("publishing {file_name} was refused")));
         }
     };

@@ -8,9 +8,14 @@ use crate::domain::model::Finding;
 /// Everything that can go wrong in the execution service.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum Error {
-    /// The request is malformed.
-    #[error("{0}")]
-    InvalidArgument(String),
+    /// A field of the request is malformed.
+    #[error("{message}")]
+    InvalidArgument {
+        /// The request field, as a path (`budget.name`).
+        field: String,
+        /// What is wrong with it, for people.
+        message: String,
+    },
     /// The process definition has errors.
     #[error("the process has {}", summary(.0))]
     InvalidProcess(Vec<Finding>),
@@ -18,11 +23,25 @@ pub(crate) enum Error {
     #[error("the permission matrix has {}", summary(.0))]
     InvalidMatrix(Vec<Finding>),
     /// A named thing does not exist.
-    #[error("{0}")]
-    NotFound(String),
+    #[error("{message}")]
+    NotFound {
+        /// The kind of thing, as its protobuf type (`muster.execution.v1.Execution`).
+        kind: &'static str,
+        /// The name or id asked for.
+        name: String,
+        /// For people.
+        message: String,
+    },
     /// The request cannot be carried out in the current state.
-    #[error("{0}")]
-    FailedPrecondition(String),
+    #[error("{message}")]
+    FailedPrecondition {
+        /// Which condition does not hold (`EXECUTION_ENDED`).
+        kind: &'static str,
+        /// What it is about (`execution/<id>`).
+        subject: String,
+        /// Why, for people.
+        message: String,
+    },
     /// A run (or a step) would start past a limit of its process's (or its
     /// agent's) budget.
     #[error("budget of {} exhausted: {description}", crate::domain::budget::owner(key))]
@@ -47,8 +66,13 @@ pub(crate) enum Error {
     #[error("{0}")]
     Superseded(String),
     /// A position past the end of what is read.
-    #[error("{0}")]
-    OutOfRange(String),
+    #[error("{message}")]
+    OutOfRange {
+        /// The request field (`offset`).
+        field: &'static str,
+        /// For people.
+        message: String,
+    },
     /// The caller may not do this.
     #[error("{} may not {}: {}", .0.caller, .0.action, .0.message)]
     PermissionDenied(Box<Refusal>),
@@ -107,45 +131,51 @@ fn summary(findings: &[Finding]) -> String {
     format!("{errors} error(s); first: {first}")
 }
 
+impl Error {
+    /// INVALID_ARGUMENT about the request field `field`.
+    pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::InvalidArgument { field: field.into(), message: message.into() }
+    }
+
+    /// NOT_FOUND: no `kind` named `name`.
+    pub(crate) fn not_found(kind: &'static str, name: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::NotFound { kind, name: name.into(), message: message.into() }
+    }
+
+    /// FAILED_PRECONDITION: the condition `kind` does not hold for `subject`.
+    pub(crate) fn precondition(kind: &'static str, subject: impl Into<String>, message: impl Into<String>) -> Self {
+        Self::FailedPrecondition { kind, subject: subject.into(), message: message.into() }
+    }
+}
+
 /// The execution service's result type.
 pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl From<Error> for tonic::Status {
     fn from(error: Error) -> Self {
-        use muster_proto::execution::v1 as wire;
-        use muster_runtime::status::{MAX_MESSAGE_BYTES, truncate};
+        use muster_runtime::status::{self, MAX_MESSAGE_BYTES, truncate};
         let message = truncate(&error.to_string(), MAX_MESSAGE_BYTES).into_owned();
+        let document = |reason: &str, found: &[Finding]| {
+            let diagnostics: Vec<_> = found.iter().map(crate::wire::finding_to_wire).collect();
+            status::refused_document(&message, reason, "source", &diagnostics)
+        };
         match error {
-            Error::InvalidArgument(_) => tonic::Status::invalid_argument(message),
-            Error::InvalidProcess(ref found) => {
-                let details = prost::Message::encode_to_vec(&wire::PublishProcessResponse {
-                    process: None,
-                    diagnostics: bounded_diagnostics(found),
-                    unchanged: false,
-                });
-                tonic::Status::with_details(tonic::Code::InvalidArgument, message, details.into())
+            Error::InvalidArgument { field, message } => status::invalid_field(&field, &message),
+            Error::InvalidProcess(ref found) => document("INVALID_PROCESS", found),
+            Error::InvalidMatrix(ref found) => document("INVALID_MATRIX", found),
+            Error::NotFound { kind, name, message } => status::not_found(kind, &name, &message),
+            Error::FailedPrecondition { kind, subject, message } => {
+                status::failed_precondition(kind, &subject, &message)
             }
-            Error::InvalidMatrix(ref found) => {
-                let details = prost::Message::encode_to_vec(&wire::PutPermissionMatrixResponse {
-                    matrix: None,
-                    diagnostics: bounded_diagnostics(found),
-                });
-                tonic::Status::with_details(tonic::Code::InvalidArgument, message, details.into())
-            }
-            Error::NotFound(_) => tonic::Status::not_found(message),
-            Error::FailedPrecondition(_) => tonic::Status::failed_precondition(message),
             Error::Superseded(_) => tonic::Status::aborted(message),
-            Error::OutOfRange(_) => tonic::Status::out_of_range(message),
+            Error::OutOfRange { field, message } => status::out_of_range(field, &message),
             Error::BudgetExhausted { ref key, ref description } => {
                 let subject = if key.starts_with("agent:") { key.clone() } else { format!("process:{key}") };
-                muster_runtime::status::quota_exhausted(&message, &subject, description, None)
+                status::quota_exhausted(&message, &subject, description, None)
             }
-            Error::Throttled { ref process, ref description, retry_after } => muster_runtime::status::quota_exhausted(
-                &message,
-                &format!("process:{process}"),
-                description,
-                retry_after,
-            ),
+            Error::Throttled { ref process, ref description, retry_after } => {
+                status::quota_exhausted(&message, &format!("process:{process}"), description, retry_after)
+            }
             Error::PermissionDenied(refusal) => {
                 let Refusal { caller, action, reason, message, metadata } = *refusal;
                 let metadata: Vec<(&str, String)> = metadata.into_iter().collect();
@@ -155,33 +185,11 @@ impl From<Error> for tonic::Status {
             Error::Unauthenticated { reason, metadata, .. } => {
                 muster_runtime::auth::unauthenticated_with(reason, message, &metadata)
             }
-            Error::Unavailable { service, detail } => muster_runtime::status::unavailable(service, &detail),
-            Error::NotRunningHere(_) => tonic::Status::unavailable(message),
-            Error::Storage(detail) => muster_runtime::status::internal(&detail),
+            Error::Unavailable { service, detail } => status::unavailable(service, &detail),
+            Error::NotRunningHere(ref id) => {
+                status::retry_later(message.clone(), "NOT_RUNNING_HERE", &[("execution_id", id)])
+            }
+            Error::Storage(detail) => status::internal(&detail),
         }
     }
-}
-
-/// The diagnostics of a refused document that fit in a status's details:
-/// the first ones (errors before warnings), each message cut to a sentence's
-/// length. The status message says how many there are in all.
-fn bounded_diagnostics(findings: &[Finding]) -> Vec<muster_proto::common::v1::Diagnostic> {
-    use muster_runtime::status::{MAX_DETAILS_BYTES, truncate};
-    let mut ordered: Vec<&Finding> = findings.iter().filter(|finding| finding.error).collect();
-    ordered.extend(findings.iter().filter(|finding| !finding.error));
-    let mut room = MAX_DETAILS_BYTES;
-    let mut kept = Vec::new();
-    for finding in ordered {
-        let mut diagnostic = crate::wire::finding_to_wire(finding);
-        diagnostic.message = truncate(&diagnostic.message, 512).into_owned();
-        diagnostic.path = truncate(&diagnostic.path, 256).into_owned();
-        diagnostic.code = truncate(&diagnostic.code, 64).into_owned();
-        let size = prost::Message::encoded_len(&diagnostic) + 4;
-        if size > room {
-            break;
-        }
-        room -= size;
-        kept.push(diagnostic);
-    }
-    kept
 }

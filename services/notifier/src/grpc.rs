@@ -66,25 +66,32 @@ fn execution_status_name(value: i32) -> String {
 
 /// Validates a wire event into the domain view.
 pub(crate) fn event_from_wire(wire: &StepEvent) -> Result<Event> {
-    let invalid = |message: String| Error::InvalidArgument(message);
     if wire.event_id.is_empty() {
-        return Err(invalid("event.event_id is required".to_owned()));
+        return Err(Error::invalid("event.event_id", "event.event_id is required"));
     }
     if wire.event_id.len() > MAX_ID_BYTES {
-        return Err(invalid(format!("event.event_id is longer than {MAX_ID_BYTES} bytes")));
+        return Err(Error::invalid("event.event_id", format!("event.event_id is longer than {MAX_ID_BYTES} bytes")));
     }
     let kind = kind_from_wire(wire.r#type).ok_or_else(|| {
-        invalid(format!("event {}: event.type {} is not a known event type", wire.event_id, wire.r#type))
+        Error::invalid(
+            "event.type",
+            format!("event {}: event.type {} is not a known event type", wire.event_id, wire.r#type),
+        )
     })?;
-    let occurred_at = wire
-        .occurred_at
-        .as_ref()
-        .ok_or_else(|| invalid(format!("event {}: event.occurred_at is required", wire.event_id)))?;
+    let occurred_at = wire.occurred_at.as_ref().ok_or_else(|| {
+        Error::invalid("event.occurred_at", format!("event {}: event.occurred_at is required", wire.event_id))
+    })?;
     if !(MIN_SECONDS..=MAX_SECONDS).contains(&occurred_at.seconds) {
-        return Err(invalid(format!("event {}: event.occurred_at is outside the years 1 to 9999", wire.event_id)));
+        return Err(Error::invalid(
+            "event.occurred_at",
+            format!("event {}: event.occurred_at is outside the years 1 to 9999", wire.event_id),
+        ));
     }
     if wire.execution_id.is_empty() {
-        return Err(invalid(format!("event {}: event.execution_id is required", wire.event_id)));
+        return Err(Error::invalid(
+            "event.execution_id",
+            format!("event {}: event.execution_id is required", wire.event_id),
+        ));
     }
     let roles = wire.roles.clone().unwrap_or_default();
     let error = wire.error.clone().unwrap_or_default();
@@ -167,10 +174,10 @@ fn stored_to_wire(stored: &StoredNotification) -> Result<Notification> {
 
 fn required_agent_id(agent_id: &str) -> Result<()> {
     if agent_id.is_empty() {
-        return Err(Error::InvalidArgument("agent_id is required".to_owned()));
+        return Err(Error::invalid("agent_id", "agent_id is required"));
     }
     if agent_id.len() > MAX_ID_BYTES {
-        return Err(Error::InvalidArgument(format!("agent_id is longer than {MAX_ID_BYTES} bytes")));
+        return Err(Error::invalid("agent_id", format!("agent_id is longer than {MAX_ID_BYTES} bytes")));
     }
     Ok(())
 }
@@ -234,7 +241,7 @@ async fn read_ingest_stream(
         let mut refusal = None;
         for message in messages {
             let Some(wire) = message.event else {
-                refusal = Some(Status::invalid_argument("event is required"));
+                refusal = Some(Error::invalid("event", "event is required").into());
                 break;
             };
             match event_from_wire(&wire) {
@@ -489,11 +496,11 @@ impl<S: Store> NotifierService for NotifierGrpc<S> {
         only_for_itself(&caller, &request.agent_id, "acknowledge the notifications of another agent")?;
         let newest = self.store.newest_cursor(&request.agent_id).await?;
         if request.cursor > newest {
-            return Err(Error::OutOfRange(format!(
+            let message = format!(
                 "cursor {} is past the newest notification of '{}' (cursor {newest}): acknowledge only what was read",
                 request.cursor, request.agent_id
-            ))
-            .into());
+            );
+            return Err(Error::OutOfRange { field: "cursor", message }.into());
         }
         let acknowledged_cursor = self.store.acknowledge(&request.agent_id, request.cursor).await?;
         Ok(Response::new(AcknowledgeNotificationsResponse { acknowledged_cursor }))

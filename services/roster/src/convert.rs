@@ -33,7 +33,7 @@ pub(crate) fn status_from_wire(field: &str, value: i32) -> Result<Option<Status>
         Ok(pb::AgentStatus::Active) => Ok(Some(Status::Active)),
         Ok(pb::AgentStatus::Busy) => Ok(Some(Status::Busy)),
         Ok(pb::AgentStatus::Offline) => Ok(Some(Status::Offline)),
-        Err(_) => Err(Error::InvalidArgument(format!("{field}: unknown status {value}"))),
+        Err(_) => Err(Error::invalid(field, format!("{field}: unknown status {value}"))),
     }
 }
 
@@ -60,7 +60,7 @@ pub(crate) fn agent_to_wire(agent: &Agent) -> pb::Agent {
 /// The descriptive fields of an agent given on input, validated. Status and
 /// workload are output only here (SetAgentStatus changes the status).
 pub(crate) fn agent_from_wire(agent: Option<pb::Agent>) -> Result<Agent> {
-    let agent = agent.ok_or_else(|| Error::InvalidArgument("agent: required".into()))?;
+    let agent = agent.ok_or_else(|| Error::invalid("agent", "agent: required"))?;
     Agent {
         id: agent.id.trim().to_owned(),
         name: agent.name,
@@ -90,7 +90,7 @@ pub(crate) fn team_to_wire(team: &Team) -> pb::Team {
 }
 
 pub(crate) fn team_from_wire(team: Option<pb::Team>) -> Result<Team> {
-    let team = team.ok_or_else(|| Error::InvalidArgument("team: required".into()))?;
+    let team = team.ok_or_else(|| Error::invalid("team", "team: required"))?;
     Team {
         name: team.name.trim().to_owned(),
         description: team.description,
@@ -132,7 +132,7 @@ pub(crate) fn role_to_wire(role: &RoleDefinition) -> pb::RoleDefinition {
 }
 
 pub(crate) fn role_from_wire(role: Option<pb::RoleDefinition>) -> Result<RoleDefinition> {
-    let role = role.ok_or_else(|| Error::InvalidArgument("role: required".into()))?;
+    let role = role.ok_or_else(|| Error::invalid("role", "role: required"))?;
     RoleDefinition {
         name: role.name.trim().to_owned(),
         description: role.description,
@@ -180,10 +180,10 @@ pub(crate) fn required_name(field: &str, value: &str) -> Result<String> {
 pub(crate) fn delegation_request_from_wire(request: pb::DelegateRequest) -> Result<DelegationRequest> {
     let task_id = request.task_id.trim().to_owned();
     if task_id.is_empty() {
-        return Err(Error::InvalidArgument("task_id: required".into()));
+        return Err(Error::invalid("task_id", "task_id: required"));
     }
     if task_id.len() > MAX_TASK_ID_LENGTH {
-        return Err(Error::InvalidArgument(format!("task_id: longer than {MAX_TASK_ID_LENGTH} characters")));
+        return Err(Error::invalid("task_id", format!("task_id: longer than {MAX_TASK_ID_LENGTH} characters")));
     }
     let requester_id = request.requester_id.trim().to_owned();
     if !requester_id.is_empty() {
@@ -202,7 +202,7 @@ pub(crate) fn delegation_request_from_wire(request: pb::DelegateRequest) -> Resu
         Ok(pb::Urgency::Low) => Urgency::Low,
         Ok(pb::Urgency::High) => Urgency::High,
         Ok(pb::Urgency::Critical) => Urgency::Critical,
-        Err(_) => return Err(Error::InvalidArgument(format!("urgency: unknown value {}", request.urgency))),
+        Err(_) => return Err(Error::invalid("urgency", format!("urgency: unknown value {}", request.urgency))),
     };
     let mut delegation_chain = Vec::with_capacity(request.delegation_chain.len());
     for (index, id) in request.delegation_chain.iter().enumerate() {
@@ -210,11 +210,11 @@ pub(crate) fn delegation_request_from_wire(request: pb::DelegateRequest) -> Resu
     }
     let preferred_agent_id = request.preferred_agent_id.trim().to_owned();
     if preferred_agent_id.len() > 256 {
-        return Err(Error::InvalidArgument("preferred_agent_id: longer than 256 characters".into()));
+        return Err(Error::invalid("preferred_agent_id", "preferred_agent_id: longer than 256 characters"));
     }
     let assigned_agent_id = request.assigned_agent_id.trim().to_owned();
     if assigned_agent_id.len() > 256 {
-        return Err(Error::InvalidArgument("assigned_agent_id: longer than 256 characters".into()));
+        return Err(Error::invalid("assigned_agent_id", "assigned_agent_id: longer than 256 characters"));
     }
     Ok(DelegationRequest {
         task_id,

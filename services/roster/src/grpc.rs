@@ -233,7 +233,7 @@ impl<S: RosterStore> Roster<S> {
 
     async fn import_roster(&self, request: pb::ImportRosterRequest) -> Result<pb::ImportRosterResponse> {
         if request.files.is_empty() {
-            return Err(Error::InvalidArgument("files: at least one file is required".into()));
+            return Err(Error::invalid("files", "files: at least one file is required"));
         }
         let files: Vec<ImportFile> =
             request.files.into_iter().map(|file| ImportFile { name: file.name, content: file.content }).collect();
@@ -301,7 +301,7 @@ impl<S: RosterStore> Roster<S> {
         let agent_id = required_id("agent_id", &request.agent_id)?;
         let caller = self.inner.store.get_agent(&agent_id).await?;
         let filter = pb::RosterFilter::try_from(request.filter)
-            .map_err(|_| Error::InvalidArgument(format!("filter: unknown value {}", request.filter)))?;
+            .map_err(|_| Error::invalid("filter", format!("filter: unknown value {}", request.filter)))?;
         let mut query = AgentQuery::default();
         let mut without_team = false;
         match filter {
@@ -311,11 +311,14 @@ impl<S: RosterStore> Roster<S> {
             pb::RosterFilter::Available => query.available_only = true,
             pb::RosterFilter::ByExpertise => {
                 if request.expertise.trim().is_empty() {
-                    return Err(Error::InvalidArgument(
-                        "expertise: required with filter ROSTER_FILTER_BY_EXPERTISE".into(),
+                    return Err(Error::invalid(
+                        "expertise",
+                        "expertise: required with filter ROSTER_FILTER_BY_EXPERTISE",
                     ));
                 }
-                let tags = normalize_tags("expertise", &[request.expertise])?;
+                // One tag, checked as a list of one: the field is `expertise`, not `expertise[0]`.
+                let tags =
+                    normalize_tags("expertise", &[request.expertise]).map_err(|error| error.on_field("expertise"))?;
                 query.expertise = tags.into_iter().next().unwrap_or_default();
             }
         }
@@ -367,7 +370,11 @@ impl<S: RosterStore> RosterService for Roster<S> {
         let expertise = if request.expertise.trim().is_empty() {
             String::new()
         } else {
-            normalize_tags("expertise", &[request.expertise])?.into_iter().next().unwrap_or_default()
+            normalize_tags("expertise", &[request.expertise])
+                .map_err(|error| error.on_field("expertise"))?
+                .into_iter()
+                .next()
+                .unwrap_or_default()
         };
         let query = AgentQuery {
             team: request.team.trim().to_owned(),
@@ -549,9 +556,11 @@ impl<S: RosterStore> RosterService for Roster<S> {
         if !request.requester_id.is_empty() {
             // An unknown requester is a caller's mistake, unlike an unknown named colleague.
             let requester = self.inner.store.get_agent(&request.requester_id).await.map_err(|error| match error {
-                Error::NotFound(_) => {
-                    Error::NotFound(format!("requester_id: agent {:?} is not in the roster", request.requester_id))
-                }
+                Error::NotFound { .. } => Error::not_found(
+                    crate::error::AGENT,
+                    &request.requester_id,
+                    format!("requester_id: agent {:?} is not in the roster", request.requester_id),
+                ),
                 other => other,
             })?;
             // An agent whose roster entry does not allow delegation may ask
@@ -602,16 +611,24 @@ impl<S: RosterStore> RosterService for Roster<S> {
         let mut decided = Vec::with_capacity(requests.len());
         let mut tasks = std::collections::HashSet::new();
         for (index, request) in requests.into_iter().enumerate() {
-            let request = delegation_request_from_wire(request)
-                .map_err(|error| Error::InvalidArgument(format!("requests[{index}]: {error}")))?;
+            let request = delegation_request_from_wire(request).map_err(|error| match error {
+                Error::InvalidArgument { field, message } => {
+                    Error::invalid(format!("requests[{index}].{field}"), format!("requests[{index}]: {message}"))
+                }
+                other => Error::invalid(format!("requests[{index}]"), format!("requests[{index}]: {other}")),
+            })?;
             if request.dry_run {
-                return Err(Error::InvalidArgument(format!("requests[{index}]: a batch takes no dry runs")).into());
+                return Err(Error::invalid(
+                    format!("requests[{index}].dry_run"),
+                    format!("requests[{index}]: a batch takes no dry runs"),
+                )
+                .into());
             }
             if !tasks.insert(request.task_id.clone()) {
-                return Err(Error::InvalidArgument(format!(
-                    "requests[{index}]: task_id {:?} is asked about twice",
-                    request.task_id
-                ))
+                return Err(Error::invalid(
+                    format!("requests[{index}].task_id"),
+                    format!("requests[{index}]: task_id {:?} is asked about twice", request.task_id),
+                )
                 .into());
             }
             decided.push(request);
@@ -621,9 +638,11 @@ impl<S: RosterStore> RosterService for Roster<S> {
             decided.iter().map(|request| request.requester_id.as_str()).filter(|id| !id.is_empty()).collect();
         for requester in requesters {
             self.inner.store.get_agent(requester).await.map_err(|error| match error {
-                Error::NotFound(_) => {
-                    Error::NotFound(format!("requester_id: agent {requester:?} is not in the roster"))
-                }
+                Error::NotFound { .. } => Error::not_found(
+                    crate::error::AGENT,
+                    requester,
+                    format!("requester_id: agent {requester:?} is not in the roster"),
+                ),
                 other => other,
             })?;
         }
@@ -661,7 +680,7 @@ impl<S: RosterStore> RosterService for Roster<S> {
     ) -> Result<Response<pb::ReleaseTaskResponse>, GrpcStatus> {
         let task_id = request.into_inner().task_id.trim().to_owned();
         if task_id.is_empty() {
-            return Err(Error::InvalidArgument("task_id: required".into()).into());
+            return Err(Error::invalid("task_id", "task_id: required").into());
         }
         let outcome = self.inner.store.release_task(&task_id, self.now()).await?;
         if outcome.queue_changed {
@@ -684,7 +703,7 @@ impl<S: RosterStore> RosterService for Roster<S> {
         // At most 1,000 ids: the contract's limit, checked on the wire.
         let task_ids: Vec<String> = request.into_inner().task_ids.iter().map(|id| id.trim().to_owned()).collect();
         if let Some(index) = task_ids.iter().position(String::is_empty) {
-            return Err(Error::InvalidArgument(format!("task_ids[{index}]: required")).into());
+            return Err(Error::invalid(format!("task_ids[{index}]"), format!("task_ids[{index}]: required")).into());
         }
         let outcomes = self.inner.store.release_tasks(&task_ids, self.now()).await?;
         if outcomes.iter().any(|outcome| outcome.queue_changed) {
@@ -708,7 +727,7 @@ impl<S: RosterStore> RosterService for Roster<S> {
     ) -> Result<Response<Self::WatchQueuedTaskStream>, GrpcStatus> {
         let task_id = request.into_inner().task_id.trim().to_owned();
         if task_id.is_empty() {
-            return Err(Error::InvalidArgument("task_id: required".into()).into());
+            return Err(Error::invalid("task_id", "task_id: required").into());
         }
         // Subscribe before reading the state, so a resolution in between is not missed.
         let mut receiver = self.inner.queue_resolutions.subscribe();
@@ -732,7 +751,10 @@ impl<S: RosterStore> RosterService for Roster<S> {
                         }
                     }
                     Err(broadcast::error::RecvError::Closed) => {
-                        return Err(Error::FailedPrecondition("the roster is shutting down".into()));
+                        return Err(Error::RetryLater {
+                            reason: "SHUTTING_DOWN",
+                            message: "the roster is shutting down; try again".to_owned(),
+                        });
                     }
                 }
             }
@@ -794,7 +816,7 @@ impl<S: RosterStore> RosterService for Roster<S> {
         } else {
             match self.inner.store.get_agent(&agent.senior_id).await {
                 Ok(senior) => Some(senior),
-                Err(Error::NotFound(_)) => None,
+                Err(Error::NotFound { .. }) => None,
                 Err(error) => return Err(error.into()),
             }
         };
@@ -803,7 +825,7 @@ impl<S: RosterStore> RosterService for Roster<S> {
         } else {
             match self.inner.store.get_role(&agent.role).await {
                 Ok(role) => Some(role),
-                Err(Error::NotFound(_)) => None,
+                Err(Error::NotFound { .. }) => None,
                 Err(error) => return Err(error.into()),
             }
         };
@@ -819,11 +841,15 @@ impl<S: RosterStore> RosterService for Roster<S> {
         let token = request.into_inner().token;
         let token = token.trim();
         if token.is_empty() {
-            return Err(Error::InvalidArgument("token: required".into()).into());
+            return Err(Error::invalid("token", "token: required").into());
         }
         match self.inner.store.agent_by_token(&TokenHash::of(token)).await? {
             Some(agent) => Ok(Response::new(pb::AuthenticateResponse { agent: Some(agent_to_wire(&agent)) })),
-            None => Err(Error::Unauthenticated("the token is not valid: unknown, rotated or revoked".into()).into()),
+            None => Err(Error::Unauthenticated {
+                reason: "CREDENTIAL_UNKNOWN",
+                message: "the token is not valid: unknown, rotated or revoked".into(),
+            }
+            .into()),
         }
     }
 

@@ -54,17 +54,17 @@ async fn conformance(store: SqlStore) {
     store.insert_agent(&agent("dev", "core", "boss", &["rust", "sql"], 2), &token("hash-dev"), NOW).await.unwrap();
     assert!(matches!(
         store.insert_agent(&agent("dev", "", "", &[], 0), &token("other"), NOW).await,
-        Err(Error::AlreadyExists(_))
+        Err(Error::AlreadyExists { .. })
     ));
     assert!(matches!(
         store.insert_agent(&agent("x", "", "ghost", &[], 0), &token("x"), NOW).await,
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument { .. })
     ));
     assert!(matches!(
         store.insert_agent(&agent("x", "nowhere", "", &[], 0), &token("x"), NOW).await,
-        Err(Error::InvalidArgument(_))
+        Err(Error::InvalidArgument { .. })
     ));
-    assert!(matches!(store.get_agent("ghost").await, Err(Error::NotFound(_))));
+    assert!(matches!(store.get_agent("ghost").await, Err(Error::NotFound { .. })));
     assert!(
         matches!(
             store.insert_agent(&agent("x", "", "", &[], 0), &token("hash-dev"), NOW).await,
@@ -98,7 +98,7 @@ async fn conformance(store: SqlStore) {
     assert_eq!(store.agent_by_token(&token("hash-dev-2")).await.unwrap().unwrap().id, "dev");
     store.replace_token("dev", None, NOW).await.unwrap();
     assert!(store.agent_by_token(&token("hash-dev-2")).await.unwrap().is_none());
-    assert!(matches!(store.replace_token("ghost", None, NOW).await, Err(Error::NotFound(_))));
+    assert!(matches!(store.replace_token("ghost", None, NOW).await, Err(Error::NotFound { .. })));
     let last = before.last().unwrap();
     let after = store
         .credential_changes_after(Position { revision: last.revision, token: Some(last.token) }, 1000)
@@ -122,7 +122,7 @@ async fn conformance(store: SqlStore) {
     assert_eq!(store.get_role("Dev").await.unwrap(), role);
     assert_eq!(store.list_roles().await.unwrap().len(), 1);
     store.remove_role("Dev").await.unwrap();
-    assert!(matches!(store.remove_role("Dev").await, Err(Error::NotFound(_))));
+    assert!(matches!(store.remove_role("Dev").await, Err(Error::NotFound { .. })));
 
     // Delegation reserves slots; status follows workload; release is idempotent.
     let settings = Settings::default();
@@ -138,7 +138,7 @@ async fn conformance(store: SqlStore) {
     assert_eq!(queued.decision.kind, DecisionKind::Queue);
     assert_eq!(store.queue_state("t3").await.unwrap(), QueueState::Queued);
     assert_eq!(store.queued_task_count().await.unwrap(), 1);
-    assert!(matches!(store.queue_state("t1").await, Err(Error::NotFound(_))));
+    assert!(matches!(store.queue_state("t1").await, Err(Error::NotFound { .. })));
 
     let released = store.release_task("t1", NOW + 20).await.unwrap();
     assert_eq!(released.agent_id.as_deref(), Some("dev"));
@@ -174,7 +174,7 @@ async fn conformance(store: SqlStore) {
     assert_eq!(store.queued_task_count().await.unwrap(), 1);
     assert!(store.release_task("t5", NOW).await.unwrap().agent_id.is_none());
     assert_eq!(store.queued_task_count().await.unwrap(), 0, "released, t5 left the queue");
-    assert!(matches!(store.queue_state("t5").await, Err(Error::NotFound(_))));
+    assert!(matches!(store.queue_state("t5").await, Err(Error::NotFound { .. })));
     let freed = store.release_task("t2", NOW).await.unwrap();
     assert_eq!(freed.agent_id.as_deref(), Some("dev"));
     assert!(freed.offered.is_none(), "t5 was withdrawn");
@@ -219,7 +219,7 @@ async fn conformance(store: SqlStore) {
     let broken =
         ImportPlan { agents: vec![(agent("other", "", "ghost", &[], 0), token("h"))], ..ImportPlan::default() };
     assert!(store.import(&broken, NOW).await.is_err());
-    assert!(matches!(store.get_agent("other").await, Err(Error::NotFound(_))), "rolled back");
+    assert!(matches!(store.get_agent("other").await, Err(Error::NotFound { .. })), "rolled back");
     // References are checked against the roster as the import leaves it:
     // seniors may come later in the plan, or already be there.
     let refused = |agents: Vec<Agent>| ImportPlan {
@@ -227,7 +227,10 @@ async fn conformance(store: SqlStore) {
         ..ImportPlan::default()
     };
     let message = |result: Result<Vec<String>, Error>| match result {
-        Err(Error::InvalidArgument(message)) => message,
+        Err(Error::InvalidArgument { field, message }) => {
+            assert_eq!(field, "files", "an import's refusal is about the request's files");
+            message
+        }
         other => panic!("refusal expected, got {other:?}"),
     };
     let looped =
@@ -244,7 +247,7 @@ async fn conformance(store: SqlStore) {
         message(store.import(&no_team, NOW).await),
         "agent.team: team \"nowhere\" does not exist; create it with PutTeam first"
     );
-    assert!(matches!(store.get_agent("a1").await, Err(Error::NotFound(_))), "nothing of a refused import stays");
+    assert!(matches!(store.get_agent("a1").await, Err(Error::NotFound { .. })), "nothing of a refused import stays");
     let chain: Vec<Agent> = (0..1200)
         .map(|index| {
             agent(
@@ -272,8 +275,11 @@ async fn conformance(store: SqlStore) {
     }
 
     // Removal rules.
-    assert!(matches!(store.remove_agent("boss", NOW).await, Err(Error::FailedPrecondition(_))));
-    assert!(matches!(store.remove_team("new").await, Err(Error::FailedPrecondition(_))));
+    assert!(matches!(
+        store.remove_agent("boss", NOW).await,
+        Err(Error::FailedPrecondition { kind: "AGENT_HAS_JUNIORS", .. })
+    ));
+    assert!(matches!(store.remove_team("new").await, Err(Error::FailedPrecondition { kind: "TEAM_NOT_EMPTY", .. })));
     store.remove_agent("newbie", NOW).await.unwrap();
     assert!(store.agent_by_token(&token("hash-newbie")).await.unwrap().is_none(), "removal revokes");
     assert_eq!(store.list_teams().await.unwrap().iter().find(|t| t.name == "new").unwrap().lead_agent_id, "");

@@ -70,12 +70,15 @@ impl Violation {
 
     fn into_status(self) -> Status {
         let path: Vec<&str> = self.path.iter().rev().map(String::as_str).collect();
-        let message = if path.is_empty() {
-            format!("the request {}", self.problem)
-        } else {
-            format!("field {} {}", path.join("."), self.problem)
-        };
-        Status::new(self.code, message)
+        if path.is_empty() {
+            return Status::new(self.code, format!("the request {}", self.problem));
+        }
+        let field = path.join(".");
+        let message = format!("field {field} {}", self.problem);
+        match self.code {
+            Code::InvalidArgument => crate::status::invalid_field(&field, &message),
+            code => Status::new(code, message),
+        }
     }
 }
 
@@ -292,10 +295,12 @@ impl CheckedBody {
         let compressed = self.buffer[0] != 0;
         let length = u32::from_be_bytes([self.buffer[1], self.buffer[2], self.buffer[3], self.buffer[4]]) as usize;
         if length > self.max_message_bytes {
-            return Some(Err(Status::resource_exhausted(format!(
-                "the request message is {length} bytes; the limit is {} bytes",
-                self.max_message_bytes
-            ))));
+            return Some(Err(crate::status::quota_exhausted(
+                &format!("the request message is {length} bytes; the limit is {} bytes", self.max_message_bytes),
+                "request",
+                &format!("at most {} bytes per message", self.max_message_bytes),
+                None,
+            )));
         }
         if self.buffer.len() < HEADER_BYTES + length {
             self.buffer.reserve(HEADER_BYTES + length - self.buffer.len());

@@ -93,13 +93,15 @@ impl Server {
         // Reflection advertises exactly what this server serves, not every
         // package of the shared descriptor set, and can describe all of it
         // (both reflection versions included: `buf curl --list-methods`
-        // describes every listed service).
+        // describes every listed service), and the `google.rpc` error details
+        // muster's statuses carry, so that grpcurl and buf curl decode them.
         let reflection = || {
             let mut builder = tonic_reflection::server::Builder::configure()
                 .register_encoded_file_descriptor_set(muster_proto::FILE_DESCRIPTOR_SET)
                 .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
                 .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
                 .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
+                .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
                 .with_service_name("grpc.health.v1.Health")
                 .with_service_name("grpc.reflection.v1.ServerReflection")
                 .with_service_name("grpc.reflection.v1alpha.ServerReflection");

@@ -33,9 +33,13 @@ fn context_from_wire(context: Option<wire::ValidationContext>) -> Result<Context
         let agents = context
             .agents
             .into_iter()
-            .map(|agent| {
+            .enumerate()
+            .map(|(index, agent)| {
                 if agent.id.is_empty() {
-                    return Err(Error::InvalidRequest("context.agents: an agent has an empty id".to_owned()));
+                    return Err(Error::invalid(
+                        format!("context.agents[{index}].id"),
+                        "context.agents: an agent has an empty id",
+                    ));
                 }
                 let role = (!agent.role.is_empty()).then_some(agent.role);
                 Ok(KnownAgent { id: agent.id, role, offline: agent.offline })
@@ -49,9 +53,13 @@ fn context_from_wire(context: Option<wire::ValidationContext>) -> Result<Context
         let roles = context
             .roles
             .into_iter()
-            .map(|role| {
+            .enumerate()
+            .map(|(index, role)| {
                 if role.name.is_empty() {
-                    return Err(Error::InvalidRequest("context.roles: a role has an empty name".to_owned()));
+                    return Err(Error::invalid(
+                        format!("context.roles[{index}].name"),
+                        "context.roles: a role has an empty name",
+                    ));
                 }
                 Ok(KnownRole {
                     name: role.name,
@@ -80,7 +88,7 @@ fn role_format(format: i32, file_name: &str) -> Result<RoleFormat, Error> {
                 RoleFormat::Yaml
             })
         }
-        Err(_) => Err(Error::InvalidRequest(format!("format: {format} is not a RoleFormat"))),
+        Err(_) => Err(Error::invalid("format", format!("format: {format} is not a RoleFormat"))),
     }
 }
 

@@ -62,12 +62,13 @@ pub(crate) struct Intervention {
 
 impl Driver {
     fn position_of(&self, step_id: &str) -> Result<usize> {
-        self.process
-            .definition
-            .steps
-            .iter()
-            .position(|step| step.id == step_id)
-            .ok_or_else(|| Error::NotFound(format!("execution '{}' has no step '{step_id}'", self.execution.id)))
+        self.process.definition.steps.iter().position(|step| step.id == step_id).ok_or_else(|| {
+            Error::not_found(
+                "muster.execution.v1.StepState",
+                format!("{}/{step_id}", self.execution.id),
+                format!("execution '{}' has no step '{step_id}'", self.execution.id),
+            )
+        })
     }
 
     /// Records an approval decision: approved completes the step, rejected fails it.
@@ -81,10 +82,14 @@ impl Driver {
     ) -> Result<()> {
         let position = self.position_of(step_id)?;
         if self.steps[position].status != StepStatus::WaitingApproval {
-            return Err(Error::FailedPrecondition(format!(
-                "step '{step_id}' is not waiting for approval (it is {})",
-                self.steps[position].status.as_str()
-            )));
+            return Err(Error::precondition(
+                "STEP_NOT_WAITING_FOR_APPROVAL",
+                format!("step/{step_id}"),
+                format!(
+                    "step '{step_id}' is not waiting for approval (it is {})",
+                    self.steps[position].status.as_str()
+                ),
+            ));
         }
         let now = muster_runtime::time::now_millis();
         let step = &mut self.steps[position];
@@ -120,11 +125,11 @@ impl Driver {
         let position = self.position_of(&step_id)?;
         let status = self.steps[position].status;
         let refuse = || {
-            Err(Error::FailedPrecondition(format!(
-                "step '{step_id}' is {}: it cannot be {}",
-                status.as_str(),
-                intervention.action.verb()
-            )))
+            Err(Error::precondition(
+                "STEP_STATE",
+                format!("step/{step_id}"),
+                format!("step '{step_id}' is {}: it cannot be {}", status.as_str(), intervention.action.verb()),
+            ))
         };
         let now = muster_runtime::time::now_millis();
         let mut reopened = false;
@@ -250,15 +255,20 @@ impl Driver {
             (InterventionAction::Pause, ExecutionStatus::Running) => ExecutionStatus::Paused,
             (InterventionAction::Resume, ExecutionStatus::Paused) => ExecutionStatus::Running,
             (InterventionAction::Pause | InterventionAction::Resume, status) => {
-                return Err(Error::FailedPrecondition(format!(
-                    "execution '{}' is {}: it cannot be {}",
-                    self.execution.id,
-                    status.as_str(),
-                    intervention.action.verb()
-                )));
+                return Err(Error::precondition(
+                    "EXECUTION_STATE",
+                    format!("execution/{}", self.execution.id),
+                    format!(
+                        "execution '{}' is {}: it cannot be {}",
+                        self.execution.id,
+                        status.as_str(),
+                        intervention.action.verb()
+                    ),
+                ));
             }
             _ => {
-                return Err(Error::InvalidArgument(
+                return Err(Error::invalid(
+                    "step_id",
                     "only pause and resume apply to a whole execution; name a step for the others".to_owned(),
                 ));
             }

@@ -296,7 +296,7 @@ impl Engine {
     pub(crate) async fn publish(&self, source: String) -> Result<(Arc<ProcessVersion>, bool)> {
         let context = self.roster.validation_context().await.map_err(|failure| match failure {
             RosterFailure::Unavailable(detail) => Error::Unavailable { service: "roster", detail },
-            other => Error::FailedPrecondition(format!("the roster: {}", other.message())),
+            other => Error::precondition("ROSTER_REFUSED", "roster", format!("the roster: {}", other.message())),
         })?;
         self.publish_checked(source, context).await
     }
@@ -396,11 +396,13 @@ impl Engine {
         if let Some(key) = &request.idempotency_key
             && let Some(existing) = self.store.find_by_idempotency_key(key).await?
         {
-            return self
-                .store
-                .execution(&existing)
-                .await?
-                .ok_or_else(|| Error::NotFound(format!("execution {existing} vanished")));
+            return self.store.execution(&existing).await?.ok_or_else(|| {
+                Error::not_found(
+                    "muster.execution.v1.Execution",
+                    existing.to_string(),
+                    format!("execution {existing} vanished"),
+                )
+            });
         }
         // A tool step runs under an agent's identity: the one it names, the
         // roster's choice, or the execution's lead.
@@ -412,11 +414,15 @@ impl Engine {
                 .iter()
                 .find(|step| step.step_type == TOOL_CALL && step.executor().is_none() && step.delegate.is_none())
         {
-            return Err(Error::FailedPrecondition(format!(
-                "tool_call step '{}' runs under an agent's identity: name it with 'agent' or 'roles.executor', \
+            return Err(Error::precondition(
+                "TOOL_STEP_WITHOUT_AGENT",
+                format!("step/{}", step.id),
+                format!(
+                    "tool_call step '{}' runs under an agent's identity: name it with 'agent' or 'roles.executor', \
                  ask the roster with 'delegate', or give the execution a lead",
-                step.id
-            )));
+                    step.id
+                ),
+            ));
         }
         let (_admitted, budget) = self.admit(&request.process).await?;
         let now = muster_runtime::time::now_millis();

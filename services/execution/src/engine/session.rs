@@ -83,10 +83,14 @@ impl Driver {
 
     pub(super) fn assign_role(&mut self, assignment: RoleAssignment, matrix_version: u32) -> Result<()> {
         let Some(session) = &mut self.execution.session else {
-            return Err(Error::FailedPrecondition(format!(
-                "execution '{}' is not a session: roles are assigned in sessions (StartSession)",
-                self.execution.id
-            )));
+            return Err(Error::precondition(
+                "NOT_A_SESSION",
+                format!("execution/{}", self.execution.id),
+                format!(
+                    "execution '{}' is not a session: roles are assigned in sessions (StartSession)",
+                    self.execution.id
+                ),
+            ));
         };
         session.assignments.insert(assignment.agent_id.clone(), assignment.clone());
         let mut event = self.execution_event(EventKind::RoleAssigned);

@@ -25,23 +25,26 @@ const SCAN: u32 = 200;
 
 /// A budget from a SetBudget request, checked.
 fn budget_from_wire(budget: Option<wire::Budget>) -> Result<Budget> {
-    let mut budget = budget.ok_or_else(|| Error::InvalidArgument("budget is required".to_owned()))?;
+    let mut budget = budget.ok_or_else(|| Error::invalid("budget", "budget is required"))?;
     match wire::BudgetScope::try_from(budget.scope) {
         Ok(wire::BudgetScope::Process) => {
             if !muster_format::is_identifier(&budget.name) {
-                return Err(Error::InvalidArgument(format!(
-                    "budget.name '{}' is not a process name",
-                    muster_runtime::status::truncate(&budget.name, 128)
-                )));
+                return Err(Error::invalid(
+                    "budget.name",
+                    format!(
+                        "budget.name '{}' is not a process name",
+                        muster_runtime::status::truncate(&budget.name, 128)
+                    ),
+                ));
             }
         }
         // A role's runs are those of the process that runs it.
         Ok(wire::BudgetScope::Role) => {
             if !is_role_name(&budget.name) {
-                return Err(Error::InvalidArgument(format!(
-                    "budget.name '{}' is not a role name",
-                    muster_runtime::status::truncate(&budget.name, 128)
-                )));
+                return Err(Error::invalid(
+                    "budget.name",
+                    format!("budget.name '{}' is not a role name", muster_runtime::status::truncate(&budget.name, 128)),
+                ));
             }
             budget.name = roles::process_name(&budget.name);
         }
@@ -52,27 +55,30 @@ fn budget_from_wire(budget: Option<wire::Budget>) -> Result<Budget> {
                     character.is_ascii_lowercase() || character.is_ascii_digit() || "-_.".contains(character)
                 });
             if !well_formed {
-                return Err(Error::InvalidArgument(format!(
-                    "budget.name '{}' is not an agent id",
-                    muster_runtime::status::truncate(&budget.name, 128)
-                )));
+                return Err(Error::invalid(
+                    "budget.name",
+                    format!("budget.name '{}' is not an agent id", muster_runtime::status::truncate(&budget.name, 128)),
+                ));
             }
             if budget.run_max_cost != 0.0 || budget.run_max_tokens != 0 {
-                return Err(Error::InvalidArgument(
+                return Err(Error::invalid(
+                    "budget.run_max_cost",
                     "an agent's budget has no per-run limits (run_max_cost, run_max_tokens): \
                      set them on the process or role"
                         .to_owned(),
                 ));
             }
             if budget.on_exceed == wire::BudgetAction::Pause as i32 {
-                return Err(Error::InvalidArgument(
+                return Err(Error::invalid(
+                    "budget.on_exceed",
                     "budget.on_exceed of an agent's budget is stop (its steps are refused) or warn".to_owned(),
                 ));
             }
             budget.name = agent_key(&budget.name);
         }
         _ => {
-            return Err(Error::InvalidArgument(
+            return Err(Error::invalid(
+                "budget.scope",
                 "budget.scope must be BUDGET_SCOPE_PROCESS, BUDGET_SCOPE_ROLE or BUDGET_SCOPE_AGENT".to_owned(),
             ));
         }
@@ -82,7 +88,10 @@ fn budget_from_wire(budget: Option<wire::Budget>) -> Result<Budget> {
         Ok(wire::BudgetAction::Pause) => Action::Pause,
         Ok(wire::BudgetAction::Warn) => Action::Warn,
         Err(_) => {
-            return Err(Error::InvalidArgument(format!("budget.on_exceed {} is not a BudgetAction", budget.on_exceed)));
+            return Err(Error::invalid(
+                "budget.on_exceed",
+                format!("budget.on_exceed {} is not a BudgetAction", budget.on_exceed),
+            ));
         }
     };
     let checked = Budget {
@@ -98,21 +107,28 @@ fn budget_from_wire(budget: Option<wire::Budget>) -> Result<Budget> {
     };
     for (field, cost) in [("max_cost", checked.max_cost), ("run_max_cost", checked.run_max_cost)] {
         if !(cost.is_finite() && (0.0..=MAX_COST).contains(&cost)) {
-            return Err(Error::InvalidArgument(format!(
-                "budget.{field} must be from 0 to {MAX_COST} US dollars, not {cost}"
-            )));
+            return Err(Error::invalid(
+                format!("budget.{field}"),
+                format!("budget.{field} must be from 0 to {MAX_COST} US dollars, not {cost}"),
+            ));
         }
     }
     for (field, tokens) in [("max_tokens", checked.max_tokens), ("run_max_tokens", checked.run_max_tokens)] {
         if tokens > MAX_TOKENS {
-            return Err(Error::InvalidArgument(format!("budget.{field} must be at most {MAX_TOKENS}")));
+            return Err(Error::invalid(
+                format!("budget.{field}"),
+                format!("budget.{field} must be at most {MAX_TOKENS}"),
+            ));
         }
     }
     if checked.has_period_limit() && !(1..=MAX_PERIOD_SECONDS).contains(&checked.period_seconds) {
-        return Err(Error::InvalidArgument(format!(
-            "budget.period_seconds must be from 1 to {MAX_PERIOD_SECONDS} with a limit per period, not {}",
-            checked.period_seconds
-        )));
+        return Err(Error::invalid(
+            "budget.period_seconds",
+            format!(
+                "budget.period_seconds must be from 1 to {MAX_PERIOD_SECONDS} with a limit per period, not {}",
+                checked.period_seconds
+            ),
+        ));
     }
     Ok(checked)
 }
@@ -134,14 +150,18 @@ impl ExecutionApi {
             return Ok(wire::SetBudgetResponse { budget: set });
         }
         let process = self.engine.process(&budget.process_name, None).await?.ok_or_else(|| {
-            Error::NotFound(if for_role {
-                format!(
-                    "the role has no runs of its own (no process '{}'): give it a schedule or an inbox",
-                    budget.process_name
-                )
-            } else {
-                format!("no process named '{}' is published", budget.process_name)
-            })
+            Error::not_found(
+                "muster.execution.v1.Process",
+                &budget.process_name,
+                if for_role {
+                    format!(
+                        "the role has no runs of its own (no process '{}'): give it a schedule or an inbox",
+                        budget.process_name
+                    )
+                } else {
+                    format!("no process named '{}' is published", budget.process_name)
+                },
+            )
         })?;
         self.engine.store.put_budget(&budget, &caller.to_string()).await?;
         tracing::info!(process = %budget.process_name, %caller, "budget set");

@@ -32,10 +32,18 @@ impl ExecutionApi {
     ) -> Result<wire::SubmitApprovalResponse> {
         let (execution, process) = self.execution_and_process(&request.execution_id).await?;
         let step = process.definition.steps.iter().find(|step| step.id == request.step_id).ok_or_else(|| {
-            Error::NotFound(format!("execution '{}' has no step '{}'", request.execution_id, request.step_id))
+            Error::not_found(
+                "muster.execution.v1.StepState",
+                format!("{}/{}", request.execution_id, request.step_id),
+                format!("execution '{}' has no step '{}'", request.execution_id, request.step_id),
+            )
         })?;
         if step.step_type != crate::engine::HUMAN_APPROVAL {
-            return Err(Error::FailedPrecondition(format!("step '{}' is not a human_approval step", step.id)));
+            return Err(Error::precondition(
+                "NOT_AN_APPROVAL_STEP",
+                format!("step/{}", step.id),
+                format!("step '{}' is not a human_approval step", step.id),
+            ));
         }
         let described = format!("decide step '{}' of execution '{}'", step.id, request.execution_id);
         let allowed = step.approvers();
@@ -83,26 +91,30 @@ impl ExecutionApi {
             wire::InterventionAction::Cancel => InterventionAction::Cancel,
             wire::InterventionAction::Reassign => {
                 if request.target_agent_id.is_empty() {
-                    return Err(Error::InvalidArgument("REASSIGN needs target_agent_id".to_owned()));
+                    return Err(Error::invalid("target_agent_id", "REASSIGN needs target_agent_id"));
                 }
                 self.roster_agent(&request.target_agent_id, "target_agent_id").await?;
                 InterventionAction::Reassign(request.target_agent_id.clone())
             }
             wire::InterventionAction::OverrideOutput => {
                 if serde_json::from_str::<serde_json::Value>(&request.output_json).is_err() {
-                    return Err(Error::InvalidArgument("OVERRIDE_OUTPUT needs output_json, a JSON value".to_owned()));
+                    return Err(Error::invalid("output_json", "OVERRIDE_OUTPUT needs output_json, a JSON value"));
                 }
                 InterventionAction::OverrideOutput(request.output_json.clone())
             }
             wire::InterventionAction::Unspecified => {
-                return Err(Error::InvalidArgument("action is required".to_owned()));
+                return Err(Error::invalid("action", "action is required"));
             }
         };
         let step_id = (!request.step_id.is_empty()).then(|| request.step_id.clone());
         if let Some(step_id) = &step_id
             && !process.definition.steps.iter().any(|step| &step.id == step_id)
         {
-            return Err(Error::NotFound(format!("execution '{}' has no step '{step_id}'", request.execution_id)));
+            return Err(Error::not_found(
+                "muster.execution.v1.StepState",
+                format!("{}/{step_id}", request.execution_id),
+                format!("execution '{}' has no step '{step_id}'", request.execution_id),
+            ));
         }
         let target = match &step_id {
             Some(step_id) => format!("step '{step_id}' of execution '{}'", request.execution_id),

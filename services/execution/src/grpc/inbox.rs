@@ -20,10 +20,13 @@ fn check_inbox_name(inbox: &str) -> Result<()> {
     if muster_format::is_identifier(inbox) {
         Ok(())
     } else {
-        Err(Error::InvalidArgument(format!(
-            "inbox '{}' must match [a-z0-9][a-z0-9_-]* and be at most 64 characters",
-            muster_runtime::status::truncate(inbox, 128)
-        )))
+        Err(Error::invalid(
+            "inbox",
+            format!(
+                "inbox '{}' must match [a-z0-9][a-z0-9_-]* and be at most 64 characters",
+                muster_runtime::status::truncate(inbox, 128)
+            ),
+        ))
     }
 }
 
@@ -32,7 +35,7 @@ fn priority_from_wire(priority: i32) -> Result<Priority> {
         Ok(wire::MessagePriority::Unspecified | wire::MessagePriority::Normal) => Ok(Priority::Normal),
         Ok(wire::MessagePriority::Low) => Ok(Priority::Low),
         Ok(wire::MessagePriority::High) => Ok(Priority::High),
-        Err(_) => Err(Error::InvalidArgument(format!("priority {priority} is not a MessagePriority"))),
+        Err(_) => Err(Error::invalid("priority", format!("priority {priority} is not a MessagePriority"))),
     }
 }
 
@@ -42,7 +45,7 @@ fn state_from_wire(state: i32) -> Result<Option<MessageState>> {
         Ok(wire::MessageState::Unprocessed) => Ok(Some(MessageState::Unprocessed)),
         Ok(wire::MessageState::Processed) => Ok(Some(MessageState::Processed)),
         Ok(wire::MessageState::Archived) => Ok(Some(MessageState::Archived)),
-        Err(_) => Err(Error::InvalidArgument(format!("state {state} is not a MessageState"))),
+        Err(_) => Err(Error::invalid("state", format!("state {state} is not a MessageState"))),
     }
 }
 
@@ -78,13 +81,13 @@ impl ExecutionApi {
     ) -> Result<wire::PostToInboxResponse> {
         check_inbox_name(&request.inbox)?;
         if request.body.trim().is_empty() {
-            return Err(Error::InvalidArgument("body is empty: a message needs one".to_owned()));
+            return Err(Error::invalid("body", "body is empty: a message needs one"));
         }
         if request.subject.len() > MAX_SUBJECT_BYTES {
-            return Err(Error::InvalidArgument(format!(
-                "subject has {} bytes; at most {MAX_SUBJECT_BYTES} are accepted",
-                request.subject.len()
-            )));
+            return Err(Error::invalid(
+                "subject",
+                format!("subject has {} bytes; at most {MAX_SUBJECT_BYTES} are accepted", request.subject.len()),
+            ));
         }
         let sender = match caller {
             Caller::Agent { id, .. } if request.sender.is_empty() || request.sender == **id => id.to_string(),
@@ -184,11 +187,19 @@ impl ExecutionApi {
             Archived::Done(message) => {
                 Ok(wire::ArchiveInboxMessageResponse { message: Some(message_to_wire(&message)) })
             }
-            Archived::Claimed(message) => Err(Error::FailedPrecondition(format!(
-                "message '{}' is being processed by execution '{}'; archive it when the run ends",
-                message.id, message.claimed_by
-            ))),
-            Archived::NotFound => Err(Error::NotFound(format!("inbox message '{}' not found", request.id))),
+            Archived::Claimed(message) => Err(Error::precondition(
+                "MESSAGE_CLAIMED",
+                format!("message/{}", message.id),
+                format!(
+                    "message '{}' is being processed by execution '{}'; archive it when the run ends",
+                    message.id, message.claimed_by
+                ),
+            )),
+            Archived::NotFound => Err(Error::not_found(
+                "muster.execution.v1.InboxMessage",
+                &request.id,
+                format!("inbox message '{}' not found", request.id),
+            )),
         }
     }
 }

@@ -23,10 +23,10 @@ impl ExecutionApi {
         request: wire::PutPermissionMatrixRequest,
     ) -> Result<wire::PutPermissionMatrixResponse> {
         if request.source.len() > MAX_SOURCE_BYTES {
-            return Err(Error::InvalidArgument(format!(
-                "the matrix has {} bytes; at most {MAX_SOURCE_BYTES} are accepted",
-                request.source.len()
-            )));
+            return Err(Error::invalid(
+                "source",
+                format!("the matrix has {} bytes; at most {MAX_SOURCE_BYTES} are accepted", request.source.len()),
+            ));
         }
         let (matrix, warnings) =
             Matrix::parse(0, request.source, muster_runtime::time::now_millis(), caller.audit_name())
@@ -45,14 +45,17 @@ impl ExecutionApi {
         &self,
         request: wire::GetPermissionMatrixRequest,
     ) -> Result<wire::GetPermissionMatrixResponse> {
-        let matrix =
-            if request.version == 0 {
-                (*self.engine.matrix()).clone()
-            } else {
-                self.engine.store.matrix(request.version).await?.ok_or_else(|| {
-                    Error::NotFound(format!("the permission matrix has no version {}", request.version))
-                })?
-            };
+        let matrix = if request.version == 0 {
+            (*self.engine.matrix()).clone()
+        } else {
+            self.engine.store.matrix(request.version).await?.ok_or_else(|| {
+                Error::not_found(
+                    "muster.execution.v1.PermissionMatrixVersion",
+                    request.version.to_string(),
+                    format!("the permission matrix has no version {}", request.version),
+                )
+            })?
+        };
         Ok(wire::GetPermissionMatrixResponse { matrix: Some(matrix_to_wire(&matrix, true)) })
     }
 
@@ -71,7 +74,7 @@ impl ExecutionApi {
                 request
                     .page_token
                     .parse::<u32>()
-                    .map_err(|_| Error::InvalidArgument("page_token is not one this service gave".to_owned()))?,
+                    .map_err(|_| Error::invalid("page_token", "page_token is not one this service gave"))?,
             )
         };
         let mut versions = self.engine.store.matrices(before, page_size + 1).await?;

@@ -16,20 +16,21 @@ use crate::{
 fn memory_of(scope: i32, role: &str) -> Result<String> {
     match wire::MemoryScope::try_from(scope) {
         Ok(wire::MemoryScope::Global) if role.is_empty() => Ok(String::new()),
-        Ok(wire::MemoryScope::Global) => {
-            Err(Error::InvalidArgument("role must be empty for MEMORY_SCOPE_GLOBAL".to_owned()))
-        }
+        Ok(wire::MemoryScope::Global) => Err(Error::invalid("role", "role must be empty for MEMORY_SCOPE_GLOBAL")),
         Ok(wire::MemoryScope::Role) => {
             if is_role_name(role) {
                 Ok(role.to_owned())
             } else {
-                Err(Error::InvalidArgument(format!(
-                    "role '{}' is not a role name (1 to {MAX_ROLE_BYTES} letters, digits, '-', '_', '.')",
-                    muster_runtime::status::truncate(role, 128)
-                )))
+                Err(Error::invalid(
+                    "role",
+                    format!(
+                        "role '{}' is not a role name (1 to {MAX_ROLE_BYTES} letters, digits, '-', '_', '.')",
+                        muster_runtime::status::truncate(role, 128)
+                    ),
+                ))
             }
         }
-        _ => Err(Error::InvalidArgument("scope must be MEMORY_SCOPE_GLOBAL or MEMORY_SCOPE_ROLE".to_owned())),
+        _ => Err(Error::invalid("scope", "scope must be MEMORY_SCOPE_GLOBAL or MEMORY_SCOPE_ROLE")),
     }
 }
 
@@ -73,7 +74,7 @@ impl ExecutionApi {
         request: wire::AppendMemoryRequest,
     ) -> Result<wire::AppendMemoryResponse> {
         let role = memory_of(request.scope, &request.role)?;
-        memory::check_text(&request.text).map_err(|why| Error::InvalidArgument(format!("text {why}")))?;
+        memory::check_text(&request.text).map_err(|why| Error::invalid("text", format!("text {why}")))?;
         let entry = MemoryEntry::new(&role, &request.text, &caller.to_string(), "", muster_runtime::time::now_millis());
         self.engine.store.commit(vec![Write::Remember(vec![entry.clone()])]).await?;
         tracing::info!(role = %role, %caller, "memory entry added");
@@ -82,10 +83,14 @@ impl ExecutionApi {
 
     pub(super) async fn forget_memory(&self, request: wire::ForgetMemoryRequest) -> Result<wire::ForgetMemoryResponse> {
         if request.id.is_empty() || request.id.len() > 64 {
-            return Err(Error::InvalidArgument("id must be a memory entry's id".to_owned()));
+            return Err(Error::invalid("id", "id must be a memory entry's id"));
         }
         if !self.engine.store.forget_memory(&request.id).await? {
-            return Err(Error::NotFound(format!("memory entry '{}' not found", request.id)));
+            return Err(Error::not_found(
+                "muster.execution.v1.MemoryEntry",
+                &request.id,
+                format!("memory entry '{}' not found", request.id),
+            ));
         }
         Ok(wire::ForgetMemoryResponse {})
     }

@@ -76,7 +76,7 @@ fn time_and_id(page_token: &str) -> Result<Option<(i64, String)>> {
     if page_token.is_empty() {
         return Ok(None);
     }
-    let token_error = || Error::InvalidArgument("page_token is not one this service gave".to_owned());
+    let token_error = || Error::invalid("page_token", "page_token is not one this service gave");
     let (time, id) = page_token.split_once('/').ok_or_else(token_error)?;
     Ok(Some((time.parse::<i64>().map_err(|_| token_error())?, id.to_owned())))
 }
@@ -100,11 +100,15 @@ fn roster_answer(
 ) -> Result<AgentInfo> {
     match answer {
         Ok(agent) => Ok(agent),
-        Err(RosterFailure::NotFound(_)) => {
-            Err(Error::FailedPrecondition(format!("{what} '{agent_id}' is not in the roster")))
-        }
+        Err(RosterFailure::NotFound(_)) => Err(Error::precondition(
+            "AGENT_NOT_IN_ROSTER",
+            format!("agent/{agent_id}"),
+            format!("{what} '{agent_id}' is not in the roster"),
+        )),
         Err(RosterFailure::Unavailable(detail)) => Err(Error::Unavailable { service: "roster", detail }),
-        Err(RosterFailure::Refused(message)) => Err(Error::FailedPrecondition(format!("roster: {message}"))),
+        Err(RosterFailure::Refused(message)) => {
+            Err(Error::precondition("ROSTER_REFUSED", format!("agent/{agent_id}"), format!("roster: {message}")))
+        }
     }
 }
 
@@ -120,13 +124,13 @@ impl ExecutionApi {
 
     async fn publish(&self, request: wire::PublishProcessRequest) -> Result<wire::PublishProcessResponse> {
         if request.source.trim().is_empty() {
-            return Err(Error::InvalidArgument("source is empty: send the process YAML".to_owned()));
+            return Err(Error::invalid("source", "source is empty: send the process YAML"));
         }
         if request.source.len() > MAX_SOURCE_BYTES {
-            return Err(Error::InvalidArgument(format!(
-                "source has {} bytes; at most {MAX_SOURCE_BYTES} are accepted",
-                request.source.len()
-            )));
+            return Err(Error::invalid(
+                "source",
+                format!("source has {} bytes; at most {MAX_SOURCE_BYTES} are accepted", request.source.len()),
+            ));
         }
         let (process, new) = self.engine.publish(request.source).await?;
         if new {
@@ -149,21 +153,25 @@ impl ExecutionApi {
     ) -> Result<(Arc<ProcessVersion>, String)> {
         let version = (version != 0).then_some(version);
         let process = self.engine.process(process_name, version).await?.ok_or_else(|| {
-            Error::NotFound(match version {
-                Some(version) => format!("process '{process_name}' has no version {version}"),
-                None => format!("no process named '{process_name}' is published"),
-            })
+            Error::not_found(
+                "muster.execution.v1.Process",
+                process_name,
+                match version {
+                    Some(version) => format!("process '{process_name}' has no version {version}"),
+                    None => format!("no process named '{process_name}' is published"),
+                },
+            )
         })?;
         if inputs_json.len() > MAX_INPUTS_BYTES {
-            return Err(Error::InvalidArgument(format!(
-                "inputs_json has {} bytes; at most {MAX_INPUTS_BYTES} are accepted",
-                inputs_json.len()
-            )));
+            return Err(Error::invalid(
+                "inputs_json",
+                format!("inputs_json has {} bytes; at most {MAX_INPUTS_BYTES} are accepted", inputs_json.len()),
+            ));
         }
         let inputs_json = if inputs_json.trim().is_empty() { "{}".to_owned() } else { inputs_json.to_owned() };
         match serde_json::from_str::<serde_json::Value>(&inputs_json) {
             Ok(serde_json::Value::Object(_)) => {}
-            _ => return Err(Error::InvalidArgument("inputs_json must be a JSON object".to_owned())),
+            _ => return Err(Error::invalid("inputs_json", "inputs_json must be a JSON object")),
         }
         // Every named executor must still be in the roster before anything
         // runs; each is asked about once. (An approval step's executor may be
@@ -181,10 +189,10 @@ impl ExecutionApi {
 
     fn idempotency_key(key: String) -> Result<Option<String>> {
         if key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
-            return Err(Error::InvalidArgument(format!(
-                "idempotency_key has {} bytes; at most {MAX_IDEMPOTENCY_KEY_BYTES} are accepted",
-                key.len()
-            )));
+            return Err(Error::invalid(
+                "idempotency_key",
+                format!("idempotency_key has {} bytes; at most {MAX_IDEMPOTENCY_KEY_BYTES} are accepted", key.len()),
+            ));
         }
         Ok((!key.is_empty()).then_some(key))
     }
@@ -257,22 +265,24 @@ impl ExecutionApi {
             return outcome;
         }
         match self.engine.store.execution(execution_id).await? {
-            Some(execution) if execution.status.is_final() => Err(Error::FailedPrecondition(format!(
-                "execution '{execution_id}' has ended ({})",
-                execution.status.as_str()
-            ))),
+            Some(execution) if execution.status.is_final() => Err(Error::precondition(
+                "EXECUTION_ENDED",
+                format!("execution/{execution_id}"),
+                format!("execution '{execution_id}' has ended ({})", execution.status.as_str()),
+            )),
             _ => Err(Error::NotRunningHere(execution_id.to_owned())),
         }
     }
 
     /// An execution (without its steps) and the process version it runs.
     async fn execution_and_process(&self, execution_id: &str) -> Result<(Execution, Arc<ProcessVersion>)> {
-        let execution = self
-            .engine
-            .store
-            .execution(execution_id)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("execution '{execution_id}' not found")))?;
+        let execution = self.engine.store.execution(execution_id).await?.ok_or_else(|| {
+            Error::not_found(
+                "muster.execution.v1.Execution",
+                execution_id,
+                format!("execution '{execution_id}' not found"),
+            )
+        })?;
         let process = self.engine.definition_of(&execution).await?;
         Ok((execution, process))
     }
@@ -296,12 +306,13 @@ impl ExecutionApi {
 
     async fn cancel(&self, caller: &Caller, request: wire::CancelExecutionRequest) -> Result<wire::Execution> {
         let mut live = self.engine.events.subscribe();
-        let execution = self
-            .engine
-            .store
-            .execution(&request.id)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("execution '{}' not found", request.id)))?;
+        let execution = self.engine.store.execution(&request.id).await?.ok_or_else(|| {
+            Error::not_found(
+                "muster.execution.v1.Execution",
+                &request.id,
+                format!("execution '{}' not found", request.id),
+            )
+        })?;
         if let Some(agent_id) = caller.agent_id() {
             if execution.lead_agent_id != agent_id {
                 return Err(access::denied(
@@ -315,11 +326,11 @@ impl ExecutionApi {
             self.check_matrix_action(caller, &execution, "close_task", &format!("cancel execution '{}'", request.id))?;
         }
         if execution.status.is_final() {
-            return Err(Error::FailedPrecondition(format!(
-                "execution '{}' already ended ({})",
-                request.id,
-                execution.status.as_str()
-            )));
+            return Err(Error::precondition(
+                "EXECUTION_ENDED",
+                format!("execution/{}", request.id),
+                format!("execution '{}' already ended ({})", request.id, execution.status.as_str()),
+            ));
         }
         let reason =
             if request.reason.is_empty() { format!("cancelled by {}", caller.audit_name()) } else { request.reason };
@@ -343,25 +354,29 @@ impl ExecutionApi {
 
     /// The value a ReadPayload names, for a caller that may read its execution.
     async fn payload(&self, caller: &Caller, request: &wire::ReadPayloadRequest) -> Result<String> {
-        let kind = payload_kind_from_wire(request.kind).ok_or_else(|| {
-            Error::InvalidArgument("kind must be PAYLOAD_KIND_OUTPUT or PAYLOAD_KIND_INPUTS".to_owned())
-        })?;
+        let kind = payload_kind_from_wire(request.kind)
+            .ok_or_else(|| Error::invalid("kind", "kind must be PAYLOAD_KIND_OUTPUT or PAYLOAD_KIND_INPUTS"))?;
         let (execution, process) = self.execution_and_process(&request.execution_id).await?;
         self.require_part(caller, &execution, &process, &format!("read a payload of execution '{}'", execution.id))
             .await?;
         let step = process.definition.steps.iter().find(|step| step.id == request.step_id).ok_or_else(|| {
-            Error::NotFound(format!("execution '{}' has no step '{}'", execution.id, request.step_id))
+            Error::not_found(
+                "muster.execution.v1.StepState",
+                format!("{}/{}", execution.id, request.step_id),
+                format!("execution '{}' has no step '{}'", execution.id, request.step_id),
+            )
         })?;
         match kind {
             PayloadKind::Inputs => {
                 Ok(payload::merge_inputs(&payload::execution_inputs(&execution.inputs_json), &step.inputs_json))
             }
-            PayloadKind::Output => self
-                .engine
-                .store
-                .step_output(&execution.id, &step.id)
-                .await?
-                .ok_or_else(|| Error::FailedPrecondition(format!("step '{}' has no output (yet)", step.id))),
+            PayloadKind::Output => self.engine.store.step_output(&execution.id, &step.id).await?.ok_or_else(|| {
+                Error::precondition(
+                    "STEP_HAS_NO_OUTPUT",
+                    format!("step/{}", step.id),
+                    format!("step '{}' has no output (yet)", step.id),
+                )
+            }),
         }
     }
 
@@ -428,7 +443,13 @@ impl ExecutionService for ExecutionApi {
         let request = request.into_inner();
         let version = (request.version != 0).then_some(request.version);
         let found = self.engine.process(&request.name, version).await.and_then(|process| {
-            process.ok_or_else(|| Error::NotFound(format!("process '{}' not found", request.name)))
+            process.ok_or_else(|| {
+                Error::not_found(
+                    "muster.execution.v1.Process",
+                    &request.name,
+                    format!("process '{}' not found", request.name),
+                )
+            })
         });
         answer(found.map(|process| wire::GetProcessResponse { process: Some(process_to_wire(&process, true)) }))
     }
@@ -480,7 +501,8 @@ impl ExecutionService for ExecutionApi {
         let size = value.len();
         let start = usize::try_from(request.offset).unwrap_or(usize::MAX);
         if start > size {
-            return Err(Error::OutOfRange(format!("offset {start} is past the end of the {size}-byte value")).into());
+            let message = format!("offset {start} is past the end of the {size}-byte value");
+            return Err(Error::OutOfRange { field: "offset", message }.into());
         }
         // One chunk at least, so that a read from the end still learns the size.
         let offsets = (start..size.max(start + 1)).step_by(payload::CHUNK_BYTES);
@@ -560,7 +582,7 @@ impl ExecutionService for ExecutionApi {
             match request.page_token.parse() {
                 Ok(after) => after,
                 Err(_) => {
-                    return answer(Err(Error::InvalidArgument("page_token is not one this service gave".to_owned())));
+                    return answer(Err(Error::invalid("page_token", "page_token is not one this service gave")));
                 }
             }
         };

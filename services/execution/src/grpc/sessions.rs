@@ -36,7 +36,7 @@ const EXPECTED_STEP_SECONDS: u64 = 600;
 fn too_long(field: &str, text: &str, limit: usize) -> Result<()> {
     let length = text.chars().count();
     if length > limit {
-        return Err(Error::InvalidArgument(format!("{field} has {length} characters; at most {limit} are accepted")));
+        return Err(Error::invalid(field, format!("{field} has {length} characters; at most {limit} are accepted")));
     }
     Ok(())
 }
@@ -46,18 +46,22 @@ impl ExecutionApi {
     /// (the lead is designated with SetLead).
     fn assignable_role(&self, field: &str, role: &str) -> Result<()> {
         if role == LEAD_ROLE {
-            return Err(Error::InvalidArgument(format!(
-                "{field}: the lead is not assigned as a role; designate it with SetLead (or lead_agent_id)"
-            )));
+            return Err(Error::invalid(
+                field,
+                format!("{field}: the lead is not assigned as a role; designate it with SetLead (or lead_agent_id)"),
+            ));
         }
         let matrix = self.engine.matrix();
         if matrix.role(role).is_none() {
             let known: Vec<&str> = matrix.roles.iter().map(|role| role.name.as_str()).collect();
-            return Err(Error::InvalidArgument(format!(
-                "{field}: role '{role}' is not in the permission matrix (version {}): {}",
-                matrix.version,
-                known.join(", ")
-            )));
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "{field}: role '{role}' is not in the permission matrix (version {}): {}",
+                    matrix.version,
+                    known.join(", ")
+                ),
+            ));
         }
         Ok(())
     }
@@ -69,26 +73,29 @@ impl ExecutionApi {
     ) -> Result<wire::StartSessionResponse> {
         let task = request.task.unwrap_or_default();
         if task.title.trim().is_empty() {
-            return Err(Error::InvalidArgument("task.title is required: what is the session about?".to_owned()));
+            return Err(Error::invalid("task.title", "task.title is required: what is the session about?"));
         }
         too_long("task.title", &task.title, MAX_TITLE)?;
         too_long("task.description", &task.description, MAX_TEXT)?;
         if request.lead_agent_id.is_empty() {
-            return Err(Error::InvalidArgument("lead_agent_id is required: a session has a lead".to_owned()));
+            return Err(Error::invalid("lead_agent_id", "lead_agent_id is required: a session has a lead"));
         }
         self.roster_agent(&request.lead_agent_id, "lead").await?;
         if request.participants.len() > MAX_PARTICIPANTS {
-            return Err(Error::InvalidArgument(format!("a session has at most {MAX_PARTICIPANTS} participants")));
+            return Err(Error::invalid(
+                "participants",
+                format!("a session has at most {MAX_PARTICIPANTS} participants"),
+            ));
         }
         let now = muster_runtime::time::now_millis();
         let mut assignments = BTreeMap::new();
         for (index, participant) in request.participants.into_iter().enumerate() {
             let field = format!("participants[{index}]");
             if participant.agent_id == request.lead_agent_id {
-                return Err(Error::InvalidArgument(format!(
-                    "{field}: '{}' is the lead, whose role is '{LEAD_ROLE}'",
-                    participant.agent_id
-                )));
+                return Err(Error::invalid(
+                    &field,
+                    format!("{field}: '{}' is the lead, whose role is '{LEAD_ROLE}'", participant.agent_id),
+                ));
             }
             self.assignable_role(&format!("{field}.role"), &participant.role)?;
             too_long(&format!("{field}.subtask"), &participant.subtask, MAX_TEXT)?;
@@ -101,7 +108,7 @@ impl ExecutionApi {
                 assigned_at: now,
             };
             if assignments.insert(participant.agent_id.clone(), assignment).is_some() {
-                return Err(Error::InvalidArgument(format!("{field}: '{}' is listed twice", participant.agent_id)));
+                return Err(Error::invalid(&field, format!("{field}: '{}' is listed twice", participant.agent_id)));
             }
         }
         let session = Session { title: task.title, description: task.description, assignments };
@@ -123,17 +130,22 @@ impl ExecutionApi {
         caller: &Caller,
         request: wire::AssignRoleRequest,
     ) -> Result<wire::AssignRoleResponse> {
-        let execution = self
-            .engine
-            .store
-            .execution(&request.execution_id)
-            .await?
-            .ok_or_else(|| Error::NotFound(format!("execution '{}' not found", request.execution_id)))?;
+        let execution = self.engine.store.execution(&request.execution_id).await?.ok_or_else(|| {
+            Error::not_found(
+                "muster.execution.v1.Execution",
+                &request.execution_id,
+                format!("execution '{}' not found", request.execution_id),
+            )
+        })?;
         if execution.session.is_none() {
-            return Err(Error::FailedPrecondition(format!(
-                "execution '{}' is not a session: roles are assigned in sessions (StartSession)",
-                request.execution_id
-            )));
+            return Err(Error::precondition(
+                "NOT_A_SESSION",
+                format!("execution/{}", request.execution_id),
+                format!(
+                    "execution '{}' is not a session: roles are assigned in sessions (StartSession)",
+                    request.execution_id
+                ),
+            ));
         }
         let described = format!("assign roles in execution '{}'", request.execution_id);
         let matrix_version = self.check_matrix_action(caller, &execution, "assign_role", &described)?;
@@ -141,10 +153,10 @@ impl ExecutionApi {
         too_long("subtask", &request.subtask, MAX_TEXT)?;
         self.roster_agent(&request.agent_id, "agent").await?;
         if request.agent_id == execution.lead_agent_id {
-            return Err(Error::InvalidArgument(format!(
-                "'{}' is the lead, whose role is '{LEAD_ROLE}'",
-                request.agent_id
-            )));
+            return Err(Error::invalid(
+                "agent_id",
+                format!("'{}' is the lead, whose role is '{LEAD_ROLE}'", request.agent_id),
+            ));
         }
         let assignment = RoleAssignment {
             agent_id: request.agent_id,
@@ -208,11 +220,11 @@ impl ExecutionApi {
         request: wire::CheckRoleRequest,
     ) -> Result<wire::CheckRoleResponse> {
         if request.action.trim().is_empty() {
-            return Err(Error::InvalidArgument("action is required, such as `code` or `approve`".to_owned()));
+            return Err(Error::invalid("action", "action is required, such as `code` or `approve`"));
         }
         let agent_id = match (request.agent_id.as_str(), caller.agent_id()) {
             ("", Some(own)) => own.to_owned(),
-            ("", None) => return Err(Error::InvalidArgument("agent_id is required: which agent to check".to_owned())),
+            ("", None) => return Err(Error::invalid("agent_id", "agent_id is required: which agent to check")),
             (named, _) => named.to_owned(),
         };
         let execution = if request.execution_id.is_empty() {

@@ -101,11 +101,11 @@ impl ExecutionApi {
             Some(wire::ConnectWorkerRequest { message: Some(wire::connect_worker_request::Message::Hello(hello)) }) => {
                 hello
             }
-            _ => return Err(Error::InvalidArgument("the first message of a worker must be a hello".to_owned()).into()),
+            _ => return Err(Error::invalid("hello", "the first message of a worker must be a hello").into()),
         };
         if hello.agents.is_empty() && hello.tools.is_empty() {
             return Err(
-                Error::InvalidArgument("a worker must serve at least one agent or provide a tool".to_owned()).into()
+                Error::invalid("hello.agents", "a worker must serve at least one agent or provide a tool").into()
             );
         }
         let tools: Vec<_> = hello.tools.into_iter().map(tool_from_wire).collect();
@@ -375,7 +375,13 @@ pub(super) async fn stream_events(
                 }
                 Ok(_) => {}
                 Err(broadcast::error::RecvError::Lagged(_)) => break,
-                Err(broadcast::error::RecvError::Closed) => return Err(Status::unavailable("the service is stopping")),
+                Err(broadcast::error::RecvError::Closed) => {
+                    return Err(muster_runtime::status::retry_later(
+                        "the service is stopping; try again",
+                        "SHUTTING_DOWN",
+                        &[],
+                    ));
+                }
             }
         }
     }

@@ -59,7 +59,9 @@ impl RoleTools {
         let tools: Arc<[String]> = match roster.role_tools(role.to_owned()).await {
             Ok(tools) => tools.into(),
             Err(RosterFailure::Unavailable(detail)) => return Err(Error::Unavailable { service: "roster", detail }),
-            Err(failure) => return Err(Error::FailedPrecondition(format!("roster: {}", failure.message()))),
+            Err(failure) => {
+                return Err(Error::precondition("ROSTER_REFUSED", "roster", format!("roster: {}", failure.message())));
+            }
         };
         let mut known = self.lock();
         if known.len() >= Self::KEPT {
@@ -82,10 +84,13 @@ fn output(status_code: u32, error: String) -> ToolOutput {
 pub(super) fn check_tool_specs(tools: &[Tool]) -> Result<()> {
     for tool in tools {
         if tool.name.trim().is_empty() {
-            return Err(Error::InvalidArgument("a tool needs a name".to_owned()));
+            return Err(Error::invalid("tools.name", "a tool needs a name"));
         }
         if let Err(reason) = schema::compile(&tool.input_schema_json) {
-            return Err(Error::InvalidArgument(format!("tool '{}': input_schema_json: {reason}", tool.name)));
+            return Err(Error::invalid(
+                "tools.input_schema_json",
+                format!("tool '{}': input_schema_json: {reason}", tool.name),
+            ));
         }
     }
     Ok(())

@@ -429,7 +429,7 @@ async fn inboxes(store: &SqlStore) {
     assert_eq!(store.triggered_by("other").await.unwrap(), None);
     assert_eq!(store.trigger_inboxes().await.unwrap(), ["risk"]);
     let rival = store.publish_process(new_process(&triggered.replace("reviewer", "rival"), "rival-1")).await;
-    assert!(matches!(rival, Err(Error::FailedPrecondition(_))), "{rival:?}");
+    assert!(matches!(rival, Err(Error::FailedPrecondition { .. })), "{rival:?}");
     // A new version without the trigger frees the inbox.
     store
         .publish_process(new_process(&triggered.replace("triggers: {inbox: risk}\n", ""), "reviewer-2"))

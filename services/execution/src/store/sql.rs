@@ -832,9 +832,11 @@ impl Store for SqlStore {
                     .fetch_optional(&mut *transaction)
                     .await?
             {
-                return Err(Error::FailedPrecondition(format!(
-                    "inbox '{inbox}' already triggers process '{other}': an inbox triggers one process"
-                )));
+                return Err(Error::precondition(
+                    "INBOX_TAKEN",
+                    format!("inbox/{inbox}"),
+                    format!("inbox '{inbox}' already triggers process '{other}': an inbox triggers one process"),
+                ));
             }
             let definition = serde_json::to_string(&*process.definition)
                 .map_err(|error| Error::Storage(format!("encoding the definition: {error}")))?;

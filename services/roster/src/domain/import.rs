@@ -283,7 +283,7 @@ pub fn check_references(parsed: &ParsedRoster, existing: &Existing) -> Vec<FileD
 
 pub(super) fn invalid_message(error: Error) -> String {
     match error {
-        Error::InvalidArgument(message) => message,
+        Error::InvalidArgument { message, .. } => message,
         other => other.to_string(),
     }
 }

@@ -118,7 +118,7 @@ impl Agent {
             self.name.clone_from(&self.id);
         }
         if self.name.chars().count() > 200 {
-            return Err(invalid("agent.name: at most 200 characters"));
+            return Err(invalid("agent.name", "at most 200 characters"));
         }
         if !self.role.is_empty() {
             validate_name("agent.role", &self.role)?;
@@ -129,7 +129,7 @@ impl Agent {
         if !self.senior_id.is_empty() {
             validate_id("agent.senior_id", &self.senior_id)?;
             if self.senior_id == self.id {
-                return Err(invalid(format!("agent.senior_id: agent {:?} cannot be its own senior", self.id)));
+                return Err(invalid("agent.senior_id", format!("agent {:?} cannot be its own senior", self.id)));
             }
         }
         self.expertise = normalize_tags("agent.expertise", &self.expertise)?;
@@ -137,7 +137,7 @@ impl Agent {
             self.workload_capacity = DEFAULT_CAPACITY;
         }
         if self.workload_capacity > MAX_CAPACITY {
-            return Err(invalid(format!("agent.workload_capacity: at most {MAX_CAPACITY}")));
+            return Err(invalid("agent.workload_capacity", format!("at most {MAX_CAPACITY}")));
         }
         if self.max_iterations == 0 {
             self.max_iterations = DEFAULT_MAX_ITERATIONS;
@@ -210,20 +210,21 @@ impl RoleBudget {
     fn check(&self) -> Result<()> {
         for (field, cost) in [("max_cost", self.max_cost), ("run_max_cost", self.run_max_cost)] {
             if !(cost.is_finite() && (0.0..=MAX_COST).contains(&cost)) {
-                return Err(invalid(format!(
-                    "role.budget.{field}: must be from 0 to {MAX_COST} US dollars, not {cost}"
-                )));
+                return Err(invalid(
+                    &format!("role.budget.{field}"),
+                    format!("must be from 0 to {MAX_COST} US dollars, not {cost}"),
+                ));
             }
         }
         let period_limit = self.max_runs > 0 || self.max_cost > 0.0 || self.max_tokens > 0;
         if self.period_seconds > MAX_PERIOD_SECONDS || (period_limit && self.period_seconds == 0) {
-            return Err(invalid(format!(
-                "role.budget.period_seconds: must be from 1 to {MAX_PERIOD_SECONDS} with a limit per period, not {}",
-                self.period_seconds
-            )));
+            return Err(invalid(
+                "role.budget.period_seconds",
+                format!("must be from 1 to {MAX_PERIOD_SECONDS} with a limit per period, not {}", self.period_seconds),
+            ));
         }
         if !["", "stop", "pause", "warn"].contains(&self.on_exceed.as_str()) {
-            return Err(invalid(format!("role.budget.on_exceed: {:?} is not stop, pause or warn", self.on_exceed)));
+            return Err(invalid("role.budget.on_exceed", format!("{:?} is not stop, pause or warn", self.on_exceed)));
         }
         Ok(())
     }
@@ -232,13 +233,16 @@ impl RoleBudget {
 impl RoleThrottle {
     fn check(&self) -> Result<()> {
         if self.min_interval_seconds > MAX_PERIOD_SECONDS {
-            return Err(invalid(format!(
-                "role.throttle.min_interval_seconds: at most {MAX_PERIOD_SECONDS}, not {}",
-                self.min_interval_seconds
-            )));
+            return Err(invalid(
+                "role.throttle.min_interval_seconds",
+                format!("at most {MAX_PERIOD_SECONDS}, not {}", self.min_interval_seconds),
+            ));
         }
         if self.max_concurrent > 100_000 {
-            return Err(invalid(format!("role.throttle.max_concurrent: at most 100000, not {}", self.max_concurrent)));
+            return Err(invalid(
+                "role.throttle.max_concurrent",
+                format!("at most 100000, not {}", self.max_concurrent),
+            ));
         }
         Ok(())
     }
@@ -298,14 +302,14 @@ impl RoleDefinition {
         validate_json_object("role.output_schema_json", &self.output_schema_json)?;
         self.schedule = self.schedule.trim().to_owned();
         if let Some(cron) = muster_format::role_schedule_cron(&self.schedule) {
-            muster_format::Schedule::parse(cron, "").map_err(|reason| invalid(format!("role.schedule: {reason}")))?;
+            muster_format::Schedule::parse(cron, "").map_err(|reason| invalid("role.schedule", reason))?;
         }
         self.inbox = self.inbox.trim().to_owned();
         if !self.inbox.is_empty() && muster_format::role_inbox_name(&self.inbox).is_none() {
-            return Err(invalid(format!(
-                "role.inbox: {:?} is neither an inbox name ([a-z0-9][a-z0-9_-]*) nor a path ending in one",
-                self.inbox
-            )));
+            return Err(invalid(
+                "role.inbox",
+                format!("{:?} is neither an inbox name ([a-z0-9][a-z0-9_-]*) nor a path ending in one", self.inbox),
+            ));
         }
         if let Some(budget) = &self.budget {
             budget.check()?;
@@ -315,17 +319,18 @@ impl RoleDefinition {
         }
         self.post_to_inbox = self.post_to_inbox.trim().to_owned();
         if !self.post_to_inbox.is_empty() && !muster_format::is_identifier(&self.post_to_inbox) {
-            return Err(invalid(format!(
-                "role.post_to_inbox: {:?} is not an inbox name ([a-z0-9][a-z0-9_-]*, at most 64 characters)",
-                self.post_to_inbox
-            )));
+            return Err(invalid(
+                "role.post_to_inbox",
+                format!("{:?} is not an inbox name ([a-z0-9][a-z0-9_-]*, at most 64 characters)", self.post_to_inbox),
+            ));
         }
         Ok(self)
     }
 }
 
-fn invalid(message: impl Into<String>) -> Error {
-    Error::InvalidArgument(message.into())
+/// INVALID_ARGUMENT about the request field `field`: "`field`: `problem`".
+fn invalid(field: &str, problem: impl std::fmt::Display) -> Error {
+    Error::invalid(field, format!("{field}: {problem}"))
 }
 
 /// Checks an id: 1 to 64 characters of lowercase letters, digits, `-`, `_`,
@@ -333,23 +338,24 @@ fn invalid(message: impl Into<String>) -> Error {
 /// not starting with `-` (ids are command-line arguments).
 pub fn validate_id(field: &str, value: &str) -> Result<()> {
     if value.is_empty() {
-        return Err(invalid(format!("{field}: required")));
+        return Err(invalid(field, "required"));
     }
     if value == "." || value == ".." {
-        return Err(invalid(format!("{field}: {value:?} is not an id: it names a folder")));
+        return Err(invalid(field, format!("{value:?} is not an id: it names a folder")));
     }
     if value.starts_with('-') {
-        return Err(invalid(format!("{field}: {value:?} starts with '-'; start with a letter, digit, '_' or '.'")));
+        return Err(invalid(field, format!("{value:?} starts with '-'; start with a letter, digit, '_' or '.'")));
     }
     if value.len() > MAX_ID_LENGTH {
-        return Err(invalid(format!("{field}: {value:?} is longer than {MAX_ID_LENGTH} characters")));
+        return Err(invalid(field, format!("{value:?} is longer than {MAX_ID_LENGTH} characters")));
     }
     if let Some(bad) =
         value.chars().find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.')))
     {
-        return Err(invalid(format!(
-            "{field}: {value:?} contains {bad:?}; use lowercase letters, digits, '-', '_' and '.'"
-        )));
+        return Err(invalid(
+            field,
+            format!("{value:?} contains {bad:?}; use lowercase letters, digits, '-', '_' and '.'"),
+        ));
     }
     Ok(())
 }
@@ -357,13 +363,13 @@ pub fn validate_id(field: &str, value: &str) -> Result<()> {
 /// Checks a name (role, tool, action): 1 to 64 characters of letters, digits, `-`, `_`, `.`.
 pub fn validate_name(field: &str, value: &str) -> Result<()> {
     if value.is_empty() {
-        return Err(invalid(format!("{field}: required")));
+        return Err(invalid(field, "required"));
     }
     if value.len() > MAX_ID_LENGTH {
-        return Err(invalid(format!("{field}: {value:?} is longer than {MAX_ID_LENGTH} characters")));
+        return Err(invalid(field, format!("{value:?} is longer than {MAX_ID_LENGTH} characters")));
     }
     if let Some(bad) = value.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))) {
-        return Err(invalid(format!("{field}: {value:?} contains {bad:?}; use letters, digits, '-', '_' and '.'")));
+        return Err(invalid(field, format!("{value:?} contains {bad:?}; use letters, digits, '-', '_' and '.'")));
     }
     Ok(())
 }
@@ -387,8 +393,8 @@ fn validate_json_object(field: &str, text: &str) -> Result<()> {
     }
     match serde_json::from_str::<serde_json::Value>(text) {
         Ok(serde_json::Value::Object(_)) => Ok(()),
-        Ok(_) => Err(invalid(format!("{field}: must be a JSON object"))),
-        Err(error) => Err(invalid(format!("{field}: not valid JSON: {error}"))),
+        Ok(_) => Err(invalid(field, "must be a JSON object")),
+        Err(error) => Err(invalid(field, format!("not valid JSON: {error}"))),
     }
 }
 

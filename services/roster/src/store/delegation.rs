@@ -16,7 +16,7 @@ use crate::domain::{
     },
     model::{Agent, Status, Team},
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, QUEUED_TASK, Result};
 
 /// How many times a Delegate re-decides after losing a race for a slot.
 const MAX_ATTEMPTS: usize = 16;
@@ -448,8 +448,10 @@ pub(super) async fn delegate(
         tracing::debug!(agent_id = %candidate.primary_agent_id, task_id = %request.task_id, "lost the race for a slot; deciding again");
         lost_races.insert(candidate.primary_agent_id);
     }
-    let decision = decision
-        .ok_or_else(|| Error::FailedPrecondition("the roster changed too often while deciding; try again".into()))?;
+    let decision = decision.ok_or_else(|| Error::RetryLater {
+        reason: "ROSTER_BUSY",
+        message: "the roster changed too often while deciding; try again".to_owned(),
+    })?;
     if request.dry_run {
         return Ok(DelegationOutcome {
             decision,
@@ -859,7 +861,7 @@ pub(super) async fn queue_state(store: &SqlStore, task_id: &str) -> Result<Queue
         .bind(task_id.to_owned())
         .fetch_optional(&store.database.pool)
         .await?
-        .ok_or_else(|| Error::NotFound(format!("task {task_id:?} was never queued")))?;
+        .ok_or_else(|| Error::not_found(QUEUED_TASK, task_id, format!("task {task_id:?} was never queued")))?;
     let state: String = row.try_get("state")?;
     if state == "queued" {
         return Ok(QueueState::Queued);

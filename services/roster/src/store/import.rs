@@ -19,6 +19,10 @@ use crate::error::{Error, Result};
 
 type Tx = Transaction<'static, Any>;
 
+/// The field of ImportRosterRequest its refusals are about: the agents and
+/// teams of a plan come from its files, whose positions the plan no longer knows.
+const FILES: &str = "files";
+
 /// Writes `plan`: teams and roles replaced, new agents created with their
 /// tokens, existing agents' descriptive fields updated. All or nothing.
 /// Returns the ids of the agents created, in the plan's order.
@@ -50,16 +54,16 @@ pub(super) async fn import(store: &SqlStore, plan: &ImportPlan, now: i64) -> Res
     let mut verified = HashSet::new();
     for (agent, _) in &plan.agents {
         if !agent.team.is_empty() && !teams.contains(&agent.team) {
-            return Err(missing_team(agent));
+            return Err(missing_team(agent).on_field(FILES));
         }
-        check_hierarchy(agent, &seniors, &mut verified)?;
+        check_hierarchy(agent, &seniors, &mut verified).map_err(|error| error.on_field(FILES))?;
     }
     for team in &plan.teams {
         if !team.lead_agent_id.is_empty() && !seniors.contains_key(&team.lead_agent_id) {
-            return Err(Error::InvalidArgument(format!(
-                "team {:?}: lead {:?} is not in the roster",
-                team.name, team.lead_agent_id
-            )));
+            return Err(Error::invalid(
+                FILES,
+                format!("team {:?}: lead {:?} is not in the roster", team.name, team.lead_agent_id),
+            ));
         }
     }
 

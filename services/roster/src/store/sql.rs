@@ -16,7 +16,7 @@ use crate::domain::{
     delegation::{DelegationRequest, Settings},
     model::{Agent, RoleDefinition, Status, Team},
 };
-use crate::error::{Error, Result};
+use crate::error::{AGENT, Error, ROLE_DEFINITION, Result, TEAM};
 
 static MIGRATIONS: Migrations = Migrations {
     sqlite: &[
@@ -54,7 +54,7 @@ impl SqlStore {
     pub fn connect(url: &str, max_connections: u32) -> Result<Self> {
         let database = Database::connect_lazy(url, max_connections).map_err(|error| match error {
             muster_runtime::Error::Database(error) => Error::Database(error),
-            other => Error::InvalidArgument(other.to_string()),
+            other => Error::Runtime(other),
         })?;
         Ok(Self::new(database))
     }
@@ -107,18 +107,34 @@ async fn exists(transaction: &mut Transaction<'static, Any>, sql: &'static str, 
     Ok(sqlx::query(sql).bind(key.to_owned()).fetch_optional(&mut **transaction).await?.is_some())
 }
 
+/// NOT_FOUND for the agent `id`.
+fn agent_not_found(id: &str) -> Error {
+    Error::not_found(AGENT, id, format!("agent {id:?} is not in the roster"))
+}
+
+/// NOT_FOUND for the role definition `name`.
+fn role_not_found(name: &str) -> Error {
+    Error::not_found(ROLE_DEFINITION, name, format!("role definition {name:?} does not exist"))
+}
+
 /// The refusals of an agent's references, the same from every path that checks them.
 pub(super) fn missing_team(agent: &Agent) -> Error {
-    Error::InvalidArgument(format!("agent.team: team {:?} does not exist; create it with PutTeam first", agent.team))
+    Error::invalid(
+        "agent.team",
+        format!("agent.team: team {:?} does not exist; create it with PutTeam first", agent.team),
+    )
 }
 
 pub(super) fn missing_senior(agent: &Agent) -> Error {
-    Error::InvalidArgument(format!("agent.senior_id: senior {:?} does not exist in the roster", agent.senior_id))
+    Error::invalid(
+        "agent.senior_id",
+        format!("agent.senior_id: senior {:?} does not exist in the roster", agent.senior_id),
+    )
 }
 
 pub(super) fn hierarchy_loop(chain: &[impl AsRef<str>]) -> Error {
     let chain: Vec<&str> = chain.iter().map(AsRef::as_ref).collect();
-    Error::InvalidArgument(format!("agent.senior_id: the hierarchy would loop: {}", chain.join(" -> ")))
+    Error::invalid("agent.senior_id", format!("agent.senior_id: the hierarchy would loop: {}", chain.join(" -> ")))
 }
 
 /// Checks the references of an agent: its team exists, its senior exists and
@@ -218,10 +234,14 @@ pub(super) async fn insert_agent_rows(
         }
         let inserted = query.execute(&mut **transaction).await?.rows_affected();
         if inserted != chunk.len() as u64 {
-            return Err(Error::AlreadyExists(match chunk {
-                [agent] => format!("agent {:?} already exists", agent.id),
-                _ => "agents of this import were created by someone else while it ran; import again".to_owned(),
-            }));
+            return Err(match chunk {
+                [agent] => Error::already_exists(AGENT, &agent.id, format!("agent {:?} already exists", agent.id)),
+                _ => Error::already_exists(
+                    AGENT,
+                    "",
+                    "agents of this import were created by someone else while it ran; import again",
+                ),
+            });
         }
     }
     insert_expertise(transaction, backend, agents).await
@@ -350,7 +370,7 @@ impl RosterStore for SqlStore {
     async fn insert_agent(&self, agent: &Agent, token: &TokenHash, now: i64) -> Result<Agent> {
         let mut transaction = self.database.pool.begin().await?;
         if exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", &agent.id).await? {
-            return Err(Error::AlreadyExists(format!("agent {:?} already exists", agent.id)));
+            return Err(Error::already_exists(AGENT, &agent.id, format!("agent {:?} already exists", agent.id)));
         }
         check_agent_references(&mut transaction, agent).await?;
         let backend = self.database.backend;
@@ -370,7 +390,7 @@ impl RosterStore for SqlStore {
             .await?;
         match row {
             Some(row) => agent_from_row(&row),
-            None => Err(Error::NotFound(format!("agent {id:?} is not in the roster"))),
+            None => Err(agent_not_found(id)),
         }
     }
 
@@ -411,7 +431,7 @@ impl RosterStore for SqlStore {
     async fn update_agent(&self, agent: &Agent, now: i64) -> Result<Agent> {
         let mut transaction = self.database.pool.begin().await?;
         if !exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", &agent.id).await? {
-            return Err(Error::NotFound(format!("agent {:?} is not in the roster", agent.id)));
+            return Err(agent_not_found(&agent.id));
         }
         check_agent_references(&mut transaction, agent).await?;
         update_agent_row(&mut transaction, self.database.backend, agent, now).await?;
@@ -424,7 +444,7 @@ impl RosterStore for SqlStore {
     async fn remove_agent(&self, id: &str, now: i64) -> Result<()> {
         let mut transaction = self.database.pool.begin().await?;
         if !exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", id).await? {
-            return Err(Error::NotFound(format!("agent {id:?} is not in the roster")));
+            return Err(agent_not_found(id));
         }
         let juniors: Vec<String> = sqlx::query("SELECT id FROM agents WHERE senior_id = $1 ORDER BY id")
             .bind(id.to_owned())
@@ -434,10 +454,11 @@ impl RosterStore for SqlStore {
             .map(|row| row.try_get("id"))
             .collect::<Result<_, _>>()?;
         if !juniors.is_empty() {
-            return Err(Error::FailedPrecondition(format!(
-                "agent {id:?} is the senior of {}; give them another senior first",
-                juniors.join(", ")
-            )));
+            return Err(Error::precondition(
+                "AGENT_HAS_JUNIORS",
+                format!("agent/{id}"),
+                format!("agent {id:?} is the senior of {}; give them another senior first", juniors.join(", ")),
+            ));
         }
         sqlx::query("UPDATE teams SET lead_agent_id = '' WHERE lead_agent_id = $1")
             .bind(id.to_owned())
@@ -471,7 +492,7 @@ impl RosterStore for SqlStore {
                 .execute(&mut *transaction)
                 .await?;
         if result.rows_affected() == 0 {
-            return Err(Error::NotFound(format!("agent {id:?} is not in the roster")));
+            return Err(agent_not_found(id));
         }
         let stored =
             fetch_agent(&mut transaction, id).await?.ok_or_else(|| Error::Internal("agent vanished".into()))?;
@@ -484,10 +505,10 @@ impl RosterStore for SqlStore {
         if !team.lead_agent_id.is_empty()
             && !exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", &team.lead_agent_id).await?
         {
-            return Err(Error::InvalidArgument(format!(
-                "team.lead_agent_id: agent {:?} is not in the roster",
-                team.lead_agent_id
-            )));
+            return Err(Error::invalid(
+                "team.lead_agent_id",
+                format!("team.lead_agent_id: agent {:?} is not in the roster", team.lead_agent_id),
+            ));
         }
         upsert_team_row(&mut transaction, team, now).await?;
         transaction.commit().await?;
@@ -512,7 +533,7 @@ impl RosterStore for SqlStore {
     async fn remove_team(&self, name: &str) -> Result<()> {
         let mut transaction = self.database.pool.begin().await?;
         if !exists(&mut transaction, "SELECT 1 FROM teams WHERE name = $1", name).await? {
-            return Err(Error::NotFound(format!("team {name:?} does not exist")));
+            return Err(Error::not_found(TEAM, name, format!("team {name:?} does not exist")));
         }
         let members = sqlx::query("SELECT id FROM agents WHERE team = $1 ORDER BY id LIMIT 5")
             .bind(name.to_owned())
@@ -520,10 +541,11 @@ impl RosterStore for SqlStore {
             .await?;
         if !members.is_empty() {
             let ids: Vec<String> = members.iter().map(|row| row.try_get("id")).collect::<Result<_, _>>()?;
-            return Err(Error::FailedPrecondition(format!(
-                "team {name:?} still has agents ({}); move or remove them first",
-                ids.join(", ")
-            )));
+            return Err(Error::precondition(
+                "TEAM_NOT_EMPTY",
+                format!("team/{name}"),
+                format!("team {name:?} still has agents ({}); move or remove them first", ids.join(", ")),
+            ));
         }
         sqlx::query("DELETE FROM teams WHERE name = $1").bind(name.to_owned()).execute(&mut *transaction).await?;
         transaction.commit().await?;
@@ -542,7 +564,7 @@ impl RosterStore for SqlStore {
             .bind(name.to_owned())
             .fetch_optional(&self.database.pool)
             .await?
-            .ok_or_else(|| Error::NotFound(format!("role definition {name:?} does not exist")))?;
+            .ok_or_else(|| role_not_found(name))?;
         role_from_json(&row.try_get::<String, _>("definition_json")?)
     }
 
@@ -556,7 +578,7 @@ impl RosterStore for SqlStore {
         let result =
             sqlx::query("DELETE FROM roles WHERE name = $1").bind(name.to_owned()).execute(&self.database.pool).await?;
         if result.rows_affected() == 0 {
-            return Err(Error::NotFound(format!("role definition {name:?} does not exist")));
+            return Err(role_not_found(name));
         }
         Ok(())
     }
@@ -565,7 +587,7 @@ impl RosterStore for SqlStore {
         match credentials::agent_of(&self.database.pool, token).await? {
             Some(agent_id) => match self.get_agent(&agent_id).await {
                 Ok(agent) => Ok(Some(agent)),
-                Err(Error::NotFound(_)) => Ok(None),
+                Err(Error::NotFound { .. }) => Ok(None),
                 Err(error) => Err(error),
             },
             None => Ok(None),
@@ -579,7 +601,7 @@ impl RosterStore for SqlStore {
             .fetch_optional(&mut *transaction)
             .await?;
         let Some(role) = role else {
-            return Err(Error::NotFound(format!("agent {agent_id:?} is not in the roster")));
+            return Err(agent_not_found(agent_id));
         };
         let revision = credentials::next_revision(&mut transaction).await?;
         credentials::revoke_all(&mut transaction, agent_id, revision, now).await?;

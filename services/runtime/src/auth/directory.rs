@@ -225,16 +225,22 @@ impl AgentDirectory {
     fn known(&self, token: TokenHash) -> Known {
         let contact = self.inner.contact.load(Ordering::Acquire);
         if contact == 0 {
-            return Known::Answer(Err(tonic::Status::unavailable(
+            return Known::Answer(Err(crate::status::retry_later(
                 "agent credentials have not arrived from the roster yet; try again shortly",
+                "CREDENTIALS_NOT_LOADED",
+                &[],
             )));
         }
         let silent = self.inner.epoch.elapsed().saturating_sub(Duration::from_millis(contact - 1));
         if silent > self.inner.max_staleness {
-            return Known::Answer(Err(tonic::Status::unavailable(format!(
-                "agent credentials cannot be checked: no word from the roster for {} s; try again shortly",
-                silent.as_secs()
-            ))));
+            return Known::Answer(Err(crate::status::retry_later(
+                format!(
+                    "agent credentials cannot be checked: no word from the roster for {} s; try again shortly",
+                    silent.as_secs()
+                ),
+                "CREDENTIALS_STALE",
+                &[("dependency", "roster")],
+            )));
         }
         let tokens = self.inner.tokens.read().unwrap_or_else(std::sync::PoisonError::into_inner);
         match tokens.get(&token) {

@@ -7,8 +7,7 @@ use tonic_types::{ErrorDetails, StatusExt as _};
 
 use super::Caller;
 
-/// The `domain` of muster's `ErrorInfo` details.
-pub const DOMAIN: &str = "muster.dev";
+pub use crate::status::DOMAIN;
 
 /// UNAUTHENTICATED with `reason` (`CREDENTIAL_MISSING`, `CREDENTIAL_MALFORMED`,
 /// `CREDENTIAL_UNKNOWN`, `CREDENTIAL_REVOKED`) in its `ErrorInfo`.

@@ -150,10 +150,9 @@ impl<L: CredentialLog> muster_proto::roster::v1::credential_service_server::Cred
         let after_token = if request.after_token_sha256.is_empty() {
             None
         } else {
-            Some(
-                TokenHash::from_bytes(&request.after_token_sha256)
-                    .ok_or_else(|| tonic::Status::invalid_argument("after_token_sha256 must be empty or 32 bytes"))?,
-            )
+            Some(TokenHash::from_bytes(&request.after_token_sha256).ok_or_else(|| {
+                crate::status::invalid_field("after_token_sha256", "after_token_sha256 must be empty or 32 bytes")
+            })?)
         };
         let mut position = Position { revision: request.after_revision, token: after_token };
         let log = self.log.clone();
