@@ -83,6 +83,9 @@ EXTERNAL_SOURCES = {
     # A pod of another namespace with no muster label: reaches nothing.
     "stranger": {"app.kubernetes.io/name": "something-else"},
 }
+# Prometheus, in its own namespace: it may reach the health ports (for
+# /metrics) of an overlay that has a PodMonitor, and nothing else.
+PROMETHEUS = ({"app.kubernetes.io/name": "prometheus"}, "monitoring")
 # Read by the code for tests only (crash failpoints, test databases): a
 # manifest that sets one is a mistake.
 TEST_ONLY = re.compile(r"^MUSTER_TEST_|FAILPOINT")
@@ -637,9 +640,11 @@ def check_overlay_tls(rendered: Rendered, pods: dict[str, ServicePod]) -> None:
 # --- network policies --------------------------------------------------------
 
 
-def allowed(rendered: Rendered, destination_labels: dict, port: int, source_labels: dict, same_namespace: bool) -> bool:
+def allowed(
+    rendered: Rendered, destination_labels: dict, port: int, source_labels: dict, same_namespace: bool, elsewhere: str = "elsewhere"
+) -> bool:
     """Whether the overlay's NetworkPolicies let a pod with `source_labels` (in
-    the overlay's namespace or in another, unlabelled one) open a TCP
+    the overlay's namespace, or in the namespace named `elsewhere`) open a TCP
     connection to `port` of a pod with `destination_labels`."""
     policies = [
         policy
@@ -654,7 +659,7 @@ def allowed(rendered: Rendered, destination_labels: dict, port: int, source_labe
         namespace_labels = dict((namespace or {}).get("metadata", {}).get("labels") or {})
         namespace_labels["kubernetes.io/metadata.name"] = rendered.namespace
     else:
-        namespace_labels = {"kubernetes.io/metadata.name": "elsewhere"}
+        namespace_labels = {"kubernetes.io/metadata.name": elsewhere}
     for policy in policies:
         for rule in policy["spec"].get("ingress") or []:
             ports = rule.get("ports")
@@ -683,21 +688,28 @@ def check_network(rendered: Rendered, pods: dict[str, ServicePod], database_user
     ]
     if not default_deny:
         drift(f"{rendered.overlay}: no default-deny ingress NetworkPolicy (podSelector {{}}, no ingress rule)")
-    sources: dict[str, tuple[dict, bool]] = {name: (pod.labels, True) for name, pod in pods.items()}
-    sources.update({name: (labels, False) for name, labels in EXTERNAL_SOURCES.items()})
-    sources["neighbour"] = ({"app.kubernetes.io/name": "something-else"}, True)
+    sources: dict[str, tuple[dict, bool, str]] = {name: (pod.labels, True, "") for name, pod in pods.items()}
+    sources.update({name: (labels, False, "elsewhere") for name, labels in EXTERNAL_SOURCES.items()})
+    sources["neighbour"] = ({"app.kubernetes.io/name": "something-else"}, True, "")
+    sources["prometheus"] = (PROMETHEUS[0], False, PROMETHEUS[1])
 
     def reaching(labels: dict, port: int, but: str = "") -> set[str]:
-        return {name for name, (source_labels, same) in sources.items() if name != but and allowed(rendered, labels, port, source_labels, same)}
+        return {
+            name
+            for name, (source_labels, same, namespace) in sources.items()
+            if name != but and allowed(rendered, labels, port, source_labels, same, namespace)
+        }
 
+    scraped = check_pod_monitors(rendered, pods)
     for destination, pod in pods.items():
         # The health port answers without credentials: no source of the design
-        # reaches it (the kubelet probes from the pod's node, which policies
-        # always let through; a scraper needs a rule of the operator's).
-        if pod.health is not None and (opened := reaching(pod.labels, pod.health, but=destination)):
+        # reaches it but Prometheus where a PodMonitor scrapes it (the kubelet
+        # probes from the pod's node, which policies always let through).
+        expected_health = {"prometheus"} if destination in scraped else set()
+        if pod.health is not None and (opened := reaching(pod.labels, pod.health, but=destination)) != expected_health:
             drift(
                 f"{rendered.overlay}: network policies for muster-{destination}: the health port {pod.health} "
-                f"(health and /metrics without credentials) is open to {sorted(opened)}"
+                f"(health and /metrics without credentials) is open to {sorted(opened)}; expected {sorted(expected_health)}"
             )
         expected = ALLOWED_SOURCES.get(destination, set())
         actual = reaching(pod.labels, pod.port, but=destination)
@@ -724,6 +736,34 @@ def check_network(rendered: Rendered, pods: dict[str, ServicePod], database_user
                             f"{rendered.overlay}: {kind} {workload['metadata']['name']} port {container_port['containerPort']} "
                             f"is reachable from {sorted(actual)}; expected exactly the services with a database {sorted(database_users)}"
                         )
+
+
+def check_pod_monitors(rendered: Rendered, pods: dict[str, ServicePod]) -> set[str]:
+    """The services a PodMonitor scrapes; each must be scraped at /metrics
+    over plain HTTP on its container's health port, by name."""
+    monitors = rendered.by_kind.get("PodMonitor", [])
+    scraped = set()
+    for name, pod in pods.items():
+        selecting = [monitor for monitor in monitors if selects(monitor["spec"].get("selector"), pod.labels)]
+        if not selecting:
+            continue
+        scraped.add(name)
+        health_names = {p.get("name") for p in pod.container.get("ports") or [] if p.get("containerPort") == pod.health}
+        for monitor in selecting:
+            endpoints = monitor["spec"].get("podMetricsEndpoints") or []
+            if not any(
+                endpoint.get("port") in health_names
+                and endpoint.get("path", "/metrics") == "/metrics"
+                and endpoint.get("scheme", "http") == "http"
+                for endpoint in endpoints
+            ):
+                drift(
+                    f"{rendered.overlay}: PodMonitor {monitor['metadata']['name']} does not scrape muster-{name} at "
+                    f"http /metrics on its health port (named {sorted(map(str, health_names))}): {endpoints}"
+                )
+    if monitors and scraped != set(pods):
+        drift(f"{rendered.overlay}: the PodMonitors scrape {sorted(scraped)}, not every service {sorted(pods)}")
+    return scraped
 
 
 # --- the Dockerfile -------------------------------------------------------------
@@ -939,6 +979,9 @@ SELF_TEST_CASES = {
     "a TLS port probed by the kubelet": ("prod", "the kubelet's gRPC probes cannot", lambda d: config(d, "execution").pop("MUSTER_HEALTH_LISTEN")),
     "h2c announced for a TLS port": ("prod", "appProtocol 'kubernetes.io/h2c'", lambda d: find(d, "Service", "muster-roster")["spec"]["ports"][0].update(appProtocol="kubernetes.io/h2c")),
     "no service secret under mutual TLS": ("prod", None, drop_service_secret),
+    "PodMonitor on the gRPC port": ("prod", "does not scrape muster-roster", lambda d: find(d, "PodMonitor", "muster")["spec"]["podMetricsEndpoints"][0].update(port="grpc")),
+    "health ports open to Prometheus without a PodMonitor": ("prod", "is open to ['prometheus']", lambda d: d.remove(find(d, "PodMonitor", "muster"))),
+    "Prometheus admitted to the gRPC port": ("prod", "allow ['prometheus']", lambda d: policy(d, "muster-metrics")["spec"]["ingress"][0]["ports"][0].update(port=50052)),
 }
 
 
