@@ -602,7 +602,10 @@ async fn check_refusals(
         }
         let answer = refused_with(grpcurl.args([&address, call.method]), call.method, false);
         let refusal = Refusal {
-            code: grpc_code_name(answer["code"].as_i64().unwrap_or_default()),
+            code: muster_runtime::status::code_name(tonic::Code::from_i32(
+                answer["code"].as_i64().unwrap_or_default() as i32
+            ))
+            .to_owned(),
             details: answer["details"].as_array().cloned().unwrap_or_default(),
         };
         check_refusal(call, "grpcurl", &refusal);
@@ -679,16 +682,4 @@ fn decode_detail(name: &str, value: &str) -> serde_json::Value {
         }
         None => serde_json::json!({ "@type": type_url, "undecoded": value }),
     }
-}
-
-/// The canonical name of a gRPC status code (`3` is `INVALID_ARGUMENT`).
-fn grpc_code_name(code: i64) -> String {
-    format!("{:?}", tonic::Code::from_i32(code as i32))
-        .chars()
-        .enumerate()
-        .flat_map(|(index, letter)| {
-            let separator = (index > 0 && letter.is_uppercase()).then_some('_');
-            separator.into_iter().chain(letter.to_uppercase())
-        })
-        .collect()
 }

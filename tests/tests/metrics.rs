@@ -7,7 +7,7 @@ use std::time::Duration;
 use muster::worker::AgentCredential;
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus, StepEvent, StepRoles},
-    execution::v1::{PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest},
+    execution::v1::{GetExecutionRequest, PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest},
     notifier::v1::{
         IngestEventsRequest, ListNotificationsRequest, SubscribeRequest, notifier_service_client::NotifierServiceClient,
     },
@@ -28,7 +28,8 @@ async fn scrape(url: &str) -> String {
     let mut response = String::new();
     stream.read_to_string(&mut response).await.unwrap();
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    assert!(response.contains("text/plain; version=0.0.4"), "{response}");
+    assert!(response.contains("application/openmetrics-text; version=1.0.0"), "{response}");
+    assert!(response.ends_with("# EOF\n"), "{response}");
     response
 }
 
@@ -97,14 +98,24 @@ async fn every_service_serves_its_metrics() {
         }
     }
 
+    // A refusal is counted under its canonical code name.
+    let missing = client.get_execution(GetExecutionRequest { id: "no-such-execution".to_owned() }).await.unwrap_err();
+    assert_eq!(missing.code(), tonic::Code::NotFound);
+
     let execution = scrape(&test.cluster().execution_url()).await;
     for expected in [
-        "# TYPE muster_steps_total counter",
+        "muster_rpc_requests_total{method=\"/muster.execution.v1.ExecutionService/GetExecution\",code=\"NOT_FOUND\"} 1",
+        "muster_execution_outbox_events ",
+        "# TYPE muster_steps counter",
         "muster_steps_total{outcome=\"completed\"} 2",
         "muster_steps_total{outcome=\"failed\"} 1",
-        "muster_rpc_requests_total{method=\"/muster.execution.v1.ExecutionService/StartExecution\",code=\"Ok\"} 1",
+        "muster_rpc_requests_total{method=\"/muster.execution.v1.ExecutionService/StartExecution\",code=\"OK\"} 1",
         "# TYPE muster_rpc_duration_seconds histogram",
-        "muster_rpc_duration_seconds_count{method=\"/muster.execution.v1.ExecutionService/PublishProcess\",code=\"Ok\"} 1",
+        "muster_build_info{version=\"0.1.0\"} 1",
+        "# TYPE process_cpu_seconds counter",
+        "muster_executions_running 0",
+        "muster_execution_workers 1",
+        "muster_rpc_duration_seconds_count{method=\"/muster.execution.v1.ExecutionService/PublishProcess\",code=\"OK\"} 1",
     ] {
         assert!(execution.contains(expected), "{expected} missing from:\n{execution}");
     }
@@ -112,18 +123,22 @@ async fn every_service_serves_its_metrics() {
     assert!(roster.contains("muster_delegation_decisions_total{tier=\""), "{roster}");
     assert!(
         roster.contains(
-            "muster_rpc_requests_total{method=\"/muster.roster.v1.RosterService/RegisterAgent\",code=\"Ok\"} 2"
+            "muster_rpc_requests_total{method=\"/muster.roster.v1.RosterService/RegisterAgent\",code=\"OK\"} 2"
         ),
         "{roster}"
     );
     let validator = scrape(&test.cluster().validator_url()).await;
     assert!(validator.contains("/muster.validator.v1.ValidatorService/ValidateProcess"), "{validator}");
+    for scraped in [&execution, &roster, &validator] {
+        let resident = gauge(scraped, "process_resident_memory_bytes").expect("process_resident_memory_bytes");
+        assert!(resident > 1_000_000.0, "{resident} bytes resident");
+        assert!(gauge(scraped, "process_open_fds").is_some_and(|open| open > 0.0), "{scraped}");
+    }
     // The notifier's count grows as the outbox drains: wait for the lead's notifications.
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
     loop {
         let notifier = scrape(&test.cluster().notifier_url()).await;
-        if notifier.contains("# TYPE muster_notifications_total counter")
-            && notifier.contains("muster_events_ingested_total")
+        if notifier.contains("# TYPE muster_notifications counter") && notifier.contains("muster_events_ingested_total")
         {
             break;
         }

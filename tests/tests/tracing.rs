@@ -142,6 +142,17 @@ async fn one_execution_is_one_trace_across_the_cluster() {
         spans.iter().filter(|span| span.service == "muster-agent" && span.name == "assignment").count() == 4
     })
     .await;
+    // Each JSON log line written in a traced span starts with its ids: the
+    // start of the client's execution is found by the client's trace id.
+    let log = std::fs::read_to_string(test.data_dir.join("logs/execution.log")).unwrap();
+    let started = log
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .find(|line| line["fields"]["message"] == "execution started" && line["fields"]["execution_id"] == joined.id)
+        .unwrap_or_else(|| panic!("no start of {} in the log:\n{log}", joined.id));
+    assert_eq!(started["trace_id"], CLIENT_TRACE_ID, "{started}");
+    assert_eq!(started["span_id"].as_str().map(str::len), Some(16), "{started}");
+
     let _ = agent.start_kill();
     test.shutdown().await;
     let spans = sink.spans();

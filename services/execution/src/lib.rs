@@ -122,6 +122,12 @@ pub async fn run(
             &[],
             engine.workers.count() as f64,
         );
+        muster_runtime::metrics::set(
+            "muster_executions_running",
+            "Executions this replica drives now (started and not ended)",
+            &[],
+            engine.running() as f64,
+        );
         true
     });
     let limit = config.server.max_message_bytes;
@@ -135,6 +141,7 @@ pub async fn run(
         started.load_agent_budgets().await?;
         // These run for the life of the engine.
         started.spawn(clients::notifier::publish(store.clone(), notifier, started.log_wake.clone()));
+        started.spawn(clients::notifier::measure_outbox(store.clone()));
         started.spawn(expire_silent_workers(started.clone(), lease));
         started.spawn(drop_revoked_agents(started.clone(), agents));
         started.spawn(follow_matrix(started.clone()));

@@ -1,66 +1,146 @@
-//! Prometheus metrics: a process-wide registry of counters, gauges and
-//! histograms with labels, collectors that set gauges when scraped, the RPC
-//! layer that records every call's latency by method and status code, and the
-//! text exposition served at `/metrics` on each service's gRPC port
+//! Prometheus metrics, through the `prometheus-client` crate: a process-wide
+//! registry of counters, gauges and histograms with labels, collectors that
+//! set gauges when scraped, the RPC layer that records every call's latency
+//! by method and canonical status code (`OK`, `INVALID_ARGUMENT`), the
+//! `process_*` metrics (CPU, memory, file descriptors, threads, start time)
+//! and `muster_build_info`, all served as OpenMetrics text at `/metrics`
 //! (HTTP/1.1, so Prometheus scrapes it as is).
 
 use std::{
-    collections::BTreeMap,
-    fmt::Write as _,
+    collections::HashMap,
     future::Future,
     pin::Pin,
-    sync::{Mutex, OnceLock},
+    sync::{Mutex, MutexGuard, OnceLock, PoisonError, atomic::AtomicU64},
     task::{Context, Poll},
     time::Instant,
 };
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        histogram::Histogram,
+        info::Info,
+    },
+    registry::Registry,
+};
+
+/// The content type of what [`render`] writes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 type Labels = Vec<(String, String)>;
 
 /// Upper bounds of the latency histogram buckets, in seconds.
 const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
 
-#[derive(Default)]
-struct Histogram {
-    counts: [u64; BUCKETS.len()],
-    sum: f64,
-    count: u64,
+fn latency_histogram() -> Histogram {
+    Histogram::new(BUCKETS)
 }
 
-#[derive(Default)]
-struct Registry {
-    help: BTreeMap<&'static str, (&'static str, &'static str)>,
-    values: BTreeMap<(&'static str, Labels), f64>,
-    histograms: BTreeMap<(&'static str, Labels), Histogram>,
+/// The series registered under one name: a family by labels, or one series
+/// for a metric without labels (written without `{}`).
+#[derive(Clone)]
+enum Metric {
+    Counters(Family<Labels, Counter>),
+    Gauges(Family<Labels, Gauge<f64, AtomicU64>>),
+    Histograms(Family<Labels, Histogram, fn() -> Histogram>),
+    Counter(Counter),
+    Gauge(Gauge<f64, AtomicU64>),
+    Histogram(Histogram),
 }
 
-fn registry() -> std::sync::MutexGuard<'static, Registry> {
-    static REGISTRY: OnceLock<Mutex<Registry>> = OnceLock::new();
-    REGISTRY.get_or_init(Mutex::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+struct Metrics {
+    registry: Registry,
+    by_name: HashMap<&'static str, Metric>,
+}
+
+fn metrics() -> MutexGuard<'static, Metrics> {
+    static METRICS: OnceLock<Mutex<Metrics>> = OnceLock::new();
+    METRICS
+        .get_or_init(|| {
+            let mut registry = Registry::default();
+            let version = vec![("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned())];
+            registry.register("muster_build", "The muster version this process runs", Info::new(version));
+            registry.register_collector(Box::new(ProcessCollector));
+            Mutex::new(Metrics { registry, by_name: HashMap::new() })
+        })
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The series named `name`, registered with `help` (made by `make`) on first
+/// use. A name keeps the kind, and the labels or their absence, it was first
+/// used with.
+fn metric(name: &'static str, help: &'static str, make: impl FnOnce() -> Metric) -> Metric {
+    let mut metrics = metrics();
+    if let Some(found) = metrics.by_name.get(name) {
+        return found.clone();
+    }
+    let made = make();
+    // The encoder appends `_total` to a counter's name.
+    let counter_name = name.strip_suffix("_total").unwrap_or(name);
+    let registry = &mut metrics.registry;
+    match made.clone() {
+        Metric::Counters(family) => registry.register(counter_name, help, family),
+        Metric::Counter(counter) => registry.register(counter_name, help, counter),
+        Metric::Gauges(family) => registry.register(name, help, family),
+        Metric::Gauge(gauge) => registry.register(name, help, gauge),
+        Metric::Histograms(family) => registry.register(name, help, family),
+        Metric::Histogram(histogram) => registry.register(name, help, histogram),
+    }
+    metrics.by_name.insert(name, made.clone());
+    made
 }
 
 fn labels(pairs: &[(&str, &str)]) -> Labels {
     pairs.iter().map(|(key, value)| ((*key).to_owned(), (*value).to_owned())).collect()
 }
 
-/// Adds `amount` to a counter.
+/// Adds `amount` to a counter (its name ends in `_total`).
 pub fn count(name: &'static str, help: &'static str, pairs: &[(&str, &str)], amount: u64) {
-    let mut registry = registry();
-    registry.help.entry(name).or_insert((help, "counter"));
-    *registry.values.entry((name, labels(pairs))).or_default() += amount as f64;
+    let make =
+        || if pairs.is_empty() { Metric::Counter(Counter::default()) } else { Metric::Counters(Family::default()) };
+    match metric(name, help, make) {
+        Metric::Counters(family) => _ = family.get_or_create(&labels(pairs)).inc_by(amount),
+        Metric::Counter(counter) => _ = counter.inc_by(amount),
+        _ => {}
+    }
 }
 
 /// Sets a gauge.
 pub fn set(name: &'static str, help: &'static str, pairs: &[(&str, &str)], value: f64) {
-    let mut registry = registry();
-    registry.help.entry(name).or_insert((help, "gauge"));
-    registry.values.insert((name, labels(pairs)), value);
+    let make = || if pairs.is_empty() { Metric::Gauge(Gauge::default()) } else { Metric::Gauges(Family::default()) };
+    match metric(name, help, make) {
+        Metric::Gauges(family) => _ = family.get_or_create(&labels(pairs)).set(value),
+        Metric::Gauge(gauge) => _ = gauge.set(value),
+        _ => {}
+    }
 }
 
-type Collector = Box<dyn Fn() -> bool + Send + Sync>;
+/// Records one observation, in seconds, in a histogram.
+pub fn observe(name: &'static str, help: &'static str, pairs: &[(&str, &str)], seconds: f64) {
+    let make = || {
+        if pairs.is_empty() {
+            Metric::Histogram(latency_histogram())
+        } else {
+            Metric::Histograms(Family::new_with_constructor(latency_histogram as fn() -> Histogram))
+        }
+    };
+    match metric(name, help, make) {
+        Metric::Histograms(family) => family.get_or_create(&labels(pairs)).observe(seconds),
+        Metric::Histogram(histogram) => histogram.observe(seconds),
+        _ => {}
+    }
+}
 
-fn collectors() -> std::sync::MutexGuard<'static, Vec<Collector>> {
-    static COLLECTORS: OnceLock<Mutex<Vec<Collector>>> = OnceLock::new();
-    COLLECTORS.get_or_init(Mutex::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+type Collect = Box<dyn Fn() -> bool + Send + Sync>;
+
+fn collectors() -> MutexGuard<'static, Vec<Collect>> {
+    static COLLECTORS: OnceLock<Mutex<Vec<Collect>>> = OnceLock::new();
+    COLLECTORS.get_or_init(Mutex::default).lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Registers a collector that [`render`] runs first, to [`set`] gauges read
@@ -73,62 +153,102 @@ pub fn collect_on_render(collector: impl Fn() -> bool + Send + Sync + 'static) {
     collectors().push(Box::new(collector));
 }
 
-/// Records one observation, in seconds, in a histogram.
-pub fn observe(name: &'static str, help: &'static str, pairs: &[(&str, &str)], seconds: f64) {
-    let mut registry = registry();
-    registry.help.entry(name).or_insert((help, "histogram"));
-    let histogram = registry.histograms.entry((name, labels(pairs))).or_default();
-    for (bucket, bound) in histogram.counts.iter_mut().zip(BUCKETS) {
-        if seconds <= bound {
-            *bucket += 1;
-        }
-    }
-    histogram.sum += seconds;
-    histogram.count += 1;
-}
-
-fn render_labels(labels: &Labels, extra: Option<(&str, String)>) -> String {
-    let mut pairs: Vec<String> = labels
-        .iter()
-        .map(|(key, value)| {
-            format!("{key}=\"{}\"", value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n"))
-        })
-        .collect();
-    if let Some((key, value)) = extra {
-        pairs.push(format!("{key}=\"{value}\""));
-    }
-    if pairs.is_empty() { String::new() } else { format!("{{{}}}", pairs.join(",")) }
-}
-
-/// Every metric in the Prometheus text format (version 0.0.4).
+/// Every metric, as OpenMetrics text ([`CONTENT_TYPE`]).
 pub fn render() -> String {
     collectors().retain(|collector| collector());
-    let registry = registry();
     let mut text = String::new();
-    for (name, (help, kind)) in &registry.help {
-        let _ = writeln!(text, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for ((_, labels), value) in registry.values.range((*name, Vec::new())..).take_while(|((key, _), _)| key == name)
-        {
-            let _ = writeln!(text, "{name}{} {value}", render_labels(labels, None));
-        }
-        for ((_, labels), histogram) in
-            registry.histograms.range((*name, Vec::new())..).take_while(|((key, _), _)| key == name)
-        {
-            for (count, bound) in histogram.counts.iter().zip(BUCKETS) {
-                let _ =
-                    writeln!(text, "{name}_bucket{} {count}", render_labels(labels, Some(("le", bound.to_string()))));
-            }
-            let _ = writeln!(
-                text,
-                "{name}_bucket{} {}",
-                render_labels(labels, Some(("le", "+Inf".to_owned()))),
-                histogram.count
-            );
-            let _ = writeln!(text, "{name}_sum{} {}", render_labels(labels, None), histogram.sum);
-            let _ = writeln!(text, "{name}_count{} {}", render_labels(labels, None), histogram.count);
-        }
-    }
+    // Writing to a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut text, &metrics().registry);
     text
+}
+
+/// The standard `process_*` metrics, read from `/proc` at each scrape (none
+/// where there is no `/proc`).
+#[derive(Debug)]
+struct ProcessCollector;
+
+impl Collector for ProcessCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(process) = ProcessStats::read() else { return Ok(()) };
+        let cpu = ConstCounter::new(process.cpu_seconds);
+        cpu.encode(encoder.encode_descriptor(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds",
+            None,
+            cpu.metric_type(),
+        )?)?;
+        let gauges = [
+            ("process_resident_memory_bytes", "Resident memory size in bytes", process.resident_bytes),
+            ("process_virtual_memory_bytes", "Virtual memory size in bytes", process.virtual_bytes),
+            ("process_open_fds", "Number of open file descriptors", process.open_fds),
+            ("process_max_fds", "Maximum number of open file descriptors", process.max_fds),
+            ("process_threads", "Number of OS threads in the process", process.threads),
+            (
+                "process_start_time_seconds",
+                "Start time of the process since the Unix epoch in seconds",
+                process.start_time,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let gauge = ConstGauge::new(value);
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
+/// What `/proc` says of this process.
+#[derive(Debug, PartialEq)]
+struct ProcessStats {
+    cpu_seconds: f64,
+    resident_bytes: f64,
+    virtual_bytes: f64,
+    open_fds: f64,
+    max_fds: f64,
+    threads: f64,
+    start_time: f64,
+}
+
+/// The kernel's clock ticks per second in `/proc/<pid>/stat` (`USER_HZ`),
+/// fixed at 100 on Linux's user-facing interface whatever the kernel's own rate.
+const TICKS_PER_SECOND: f64 = 100.0;
+
+impl ProcessStats {
+    fn read() -> Option<Self> {
+        let read = |path: &str| std::fs::read_to_string(path).ok();
+        let open_fds = std::fs::read_dir("/proc/self/fd").ok()?.count() as f64;
+        Self::parse(
+            &read("/proc/self/stat")?,
+            &read("/proc/self/status")?,
+            &read("/proc/self/limits")?,
+            &read("/proc/stat")?,
+            open_fds,
+        )
+    }
+
+    fn parse(stat: &str, status: &str, limits: &str, system: &str, open_fds: f64) -> Option<Self> {
+        // The fields after the command name, which is in parentheses and may hold spaces.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let field = |number: usize| fields.get(number - 3)?.parse::<f64>().ok();
+        let kilobytes = |key: &str| {
+            let line = status.lines().find_map(|line| line.strip_prefix(key))?;
+            line.trim().trim_end_matches("kB").trim().parse::<f64>().ok().map(|value| value * 1024.0)
+        };
+        let boot_time = system.lines().find_map(|line| line.strip_prefix("btime "))?.trim().parse::<f64>().ok()?;
+        let max_fds = limits
+            .lines()
+            .find_map(|line| line.strip_prefix("Max open files"))
+            .and_then(|line| line.split_whitespace().next()?.parse::<f64>().ok())?;
+        Some(Self {
+            cpu_seconds: (field(14)? + field(15)?) / TICKS_PER_SECOND,
+            threads: field(20)?,
+            start_time: boot_time + field(22)? / TICKS_PER_SECOND,
+            virtual_bytes: field(23)?,
+            resident_bytes: kilobytes("VmRSS:")?,
+            open_fds,
+            max_fds,
+        })
+    }
 }
 
 /// The tower layer that times every gRPC call by method and status code.
@@ -178,8 +298,8 @@ where
                 .get("grpc-status")
                 .and_then(|value| value.to_str().ok())
                 .and_then(|value| value.parse::<i32>().ok())
-                .map_or("Ok".to_owned(), |code| format!("{:?}", tonic::Code::from(code)));
-            let labels = [("method", method.as_str()), ("code", code.as_str())];
+                .map_or("OK", |code| crate::status::code_name(tonic::Code::from(code)));
+            let labels = [("method", method.as_str()), ("code", code)];
             count("muster_rpc_requests_total", "gRPC calls answered, by method and status code", &labels, 1);
             observe(
                 "muster_rpc_duration_seconds",
@@ -207,12 +327,58 @@ mod tests {
             set("test_collected_depth", "A gauge read when scraped", &[], depth.load(Ordering::Relaxed) as f64);
             true
         });
-        assert!(render().contains("# TYPE test_collected_depth gauge\ntest_collected_depth 3\n"));
+        assert!(render().contains("# TYPE test_collected_depth gauge\ntest_collected_depth 3.0\n"), "{}", render());
         depth.store(5, Ordering::Relaxed);
-        assert!(render().contains("test_collected_depth 5\n"), "read again at the next scrape");
+        assert!(render().contains("test_collected_depth 5.0\n"), "read again at the next scrape");
         let registered = collectors().len();
         drop(depth);
-        assert!(render().contains("test_collected_depth 5\n"), "the last value stays");
+        assert!(render().contains("test_collected_depth 5.0\n"), "the last value stays");
         assert_eq!(collectors().len(), registered - 1, "a collector whose state is gone is dropped");
+    }
+
+    #[test]
+    fn counters_and_histograms_render_as_openmetrics_with_labels() {
+        count("test_calls_total", "Calls", &[("code", "OK")], 2);
+        count("test_calls_total", "Calls", &[("code", "OK")], 1);
+        observe("test_call_seconds", "Call time", &[("method", "/a")], 0.002);
+        let text = render();
+        assert!(text.contains("# TYPE test_calls counter\ntest_calls_total{code=\"OK\"} 3\n"), "{text}");
+        assert!(text.contains("test_call_seconds_bucket{le=\"0.0025\",method=\"/a\"} 1\n"), "{text}");
+        assert!(text.contains("test_call_seconds_count{method=\"/a\"} 1\n"), "{text}");
+        assert!(
+            text.contains(&format!("muster_build_info{{version=\"{}\"}} 1\n", env!("CARGO_PKG_VERSION"))),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn process_metrics_come_from_proc() {
+        let stat = "4242 (muster (x) y) S 1 4242 4242 0 -1 4194560 900 0 0 0 250 50 0 0 20 0 7 0 12345 104857600 2560 18446744073709551615";
+        let status = "Name:\tmuster\nVmSize:\t  102400 kB\nVmRSS:\t   10240 kB\nThreads:\t7\n";
+        let limits = "Limit                     Soft Limit           Hard Limit           Units\nMax open files            1024                 524288               files\n";
+        let system = "cpu  1 2 3\nbtime 1700000000\nprocesses 9\n";
+        let parsed = ProcessStats::parse(stat, status, limits, system, 12.0).expect("parsed");
+        assert_eq!(
+            parsed,
+            ProcessStats {
+                cpu_seconds: 3.0,
+                resident_bytes: 10_485_760.0,
+                virtual_bytes: 104_857_600.0,
+                open_fds: 12.0,
+                max_fds: 1024.0,
+                threads: 7.0,
+                start_time: 1_700_000_123.45,
+            }
+        );
+        let text = render();
+        for name in [
+            "process_cpu_seconds_total ",
+            "process_resident_memory_bytes ",
+            "process_open_fds ",
+            "process_start_time_seconds ",
+        ] {
+            assert!(text.contains(name), "{name} missing from {text}");
+        }
     }
 }

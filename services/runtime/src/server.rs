@@ -244,7 +244,7 @@ where
 }
 
 async fn metrics_page() -> impl axum::response::IntoResponse {
-    ([(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], crate::metrics::render())
+    ([(http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], crate::metrics::render())
 }
 
 /// The span of one call, named after its method as OpenTelemetry's RPC

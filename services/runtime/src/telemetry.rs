@@ -1,7 +1,9 @@
 //! Logs and traces.
 //!
 //! Logs: `tracing` with a human format on a terminal and JSON lines
-//! otherwise, filtered by `MUSTER_LOG`.
+//! otherwise, filtered by `MUSTER_LOG`. While traces are exported, each JSON
+//! line written inside a traced span starts with its `trace_id` and
+//! `span_id`, so a log line leads to its trace and back.
 //!
 //! Traces: when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, the same `tracing` spans are
@@ -69,8 +71,9 @@ pub fn init(service: &str, format: LogFormat, filter: &str) -> crate::Result<Tel
         LogFormat::Pretty => false,
         LogFormat::Auto => !std::io::stderr().is_terminal(),
     };
+    let dispatch = DispatchSlot::default();
     let logs = if json {
-        fmt::layer().json().with_current_span(false).with_writer(std::io::stderr).boxed()
+        json_logs(std::io::stderr, dispatch.clone()).boxed()
     } else {
         fmt::layer().with_writer(std::io::stderr).boxed()
     };
@@ -82,6 +85,7 @@ pub fn init(service: &str, format: LogFormat, filter: &str) -> crate::Result<Tel
     tracing_subscriber::registry()
         .with(logs.with_filter(filter))
         .with(traces)
+        .with(dispatch)
         .try_init()
         .map_err(|error| crate::Error::Telemetry(error.to_string()))?;
     Ok(Telemetry { provider })
@@ -100,6 +104,67 @@ fn tracer_provider(service: &str) -> crate::Result<SdkTracerProvider> {
         .is_some_and(|name| !name.as_str().starts_with("unknown_service"));
     let resource = if named { detected } else { Resource::builder().with_service_name(service.to_owned()).build() };
     Ok(SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build())
+}
+
+/// A JSON event format that puts the OpenTelemetry trace and span ids of the
+/// event's span first in each line (`{"trace_id":"…","span_id":"…",…`),
+/// when the span is traced.
+struct WithTraceIds<F> {
+    inner: F,
+    dispatch: DispatchSlot,
+}
+
+/// The subscriber a [`WithTraceIds`] formats for: while an event is being
+/// dispatched, the current dispatcher is out of reach, and the span's trace
+/// context is read through this one.
+#[derive(Clone, Default)]
+struct DispatchSlot(std::sync::Arc<std::sync::OnceLock<tracing::dispatcher::WeakDispatch>>);
+
+impl<S: tracing::Subscriber> Layer<S> for DispatchSlot {
+    fn on_register_dispatch(&self, dispatch: &tracing::Dispatch) {
+        let _ = self.0.set(dispatch.downgrade());
+    }
+}
+
+impl<S, N, F> fmt::FormatEvent<S, N> for WithTraceIds<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> fmt::FormatFields<'a> + 'static,
+    F: fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        context: &fmt::FmtContext<'_, S, N>,
+        mut writer: fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let traced = context.lookup_current().and_then(|span| {
+            let dispatch = self.dispatch.0.get()?.upgrade()?;
+            tracing_opentelemetry::get_otel_context(&span.id(), &dispatch)
+        });
+        let ids = traced.map(|traced| traced.span().span_context().clone()).filter(|ids| ids.is_valid());
+        let Some(ids) = ids else { return self.inner.format_event(context, writer, event) };
+        let mut line = String::new();
+        self.inner.format_event(context, fmt::format::Writer::new(&mut line), event)?;
+        match line.strip_prefix('{') {
+            Some(rest) => {
+                write!(writer, "{{\"trace_id\":\"{}\",\"span_id\":\"{}\",{rest}", ids.trace_id(), ids.span_id())
+            }
+            None => writer.write_str(&line),
+        }
+    }
+}
+
+/// JSON log lines written to `writer`, with the trace and span ids read
+/// through `dispatch` (install it too: an `Option` of it would not learn
+/// its subscriber).
+fn json_logs<S, W>(writer: W, dispatch: DispatchSlot) -> impl Layer<S> + Send + Sync + 'static
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    W: for<'w> fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    let format = WithTraceIds { inner: fmt::format().json().with_current_span(false), dispatch };
+    fmt::layer().fmt_fields(fmt::format::JsonFields::new()).event_format(format).with_writer(writer)
 }
 
 /// The trace context a request's metadata carries (W3C `traceparent` and
@@ -204,6 +269,48 @@ mod tests {
         let mut metadata = tonic::metadata::MetadataMap::new();
         TraceContextPropagator::new().inject_context(&context, &mut MetadataInjector(&mut metadata));
         assert_eq!(metadata.get("traceparent").unwrap().to_str().unwrap(), traceparent);
+    }
+
+    #[test]
+    fn json_lines_in_a_traced_span_start_with_its_trace_and_span_ids() {
+        #[derive(Clone, Default)]
+        struct Lines(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        use std::sync::{Arc, Mutex};
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let provider = SdkTracerProvider::builder().build();
+        let dispatch = DispatchSlot::default();
+        let subscriber = tracing_subscriber::registry()
+            .with(json_logs(move || writer.clone(), dispatch.clone()))
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")))
+            .with(dispatch);
+        let expected = tracing::subscriber::with_default(subscriber, || {
+            tracing::info!("outside any span");
+            let span = tracing::info_span!("work");
+            let _entered = span.enter();
+            tracing::info!(step = "s1", "inside the span");
+            let context = span.context();
+            let ids = context.span().span_context().clone();
+            (ids.trace_id().to_string(), ids.span_id().to_string())
+        });
+        let written = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<serde_json::Value> = written.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+        assert_eq!(lines.len(), 2, "{written}");
+        assert!(lines[0].get("trace_id").is_none(), "{written}");
+        assert_eq!(
+            (lines[1]["trace_id"].as_str().unwrap(), lines[1]["span_id"].as_str().unwrap()),
+            (expected.0.as_str(), expected.1.as_str())
+        );
+        assert_eq!(lines[1]["fields"]["step"], "s1", "the rest of the line is as before: {written}");
     }
 
     #[test]

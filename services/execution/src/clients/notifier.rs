@@ -99,6 +99,26 @@ async fn session(store: &dyn Store, mut client: NotifierClient, wake: &Notify) -
     }
 }
 
+/// Sets the `muster_execution_outbox_events` gauge every second: the events
+/// of the log past the notifier's stored cursor, that is not yet delivered
+/// (or delivered within the last 100 ms). It grows while the notifier is out
+/// of reach. Runs until the task is cancelled.
+pub(crate) async fn measure_outbox(store: Arc<dyn Store>) {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if let (Ok(end), Ok(cursor)) = (store.log_end().await, store.cursor(NOTIFIER_CURSOR).await) {
+            muster_runtime::metrics::set(
+                "muster_execution_outbox_events",
+                "Events of the log the notifier has not acknowledged yet",
+                &[],
+                (end - cursor).max(0) as f64,
+            );
+        }
+    }
+}
+
 /// The next message if one is already waiting, without waiting for it.
 async fn message_now(
     stream: &mut tonic::Streaming<muster_proto::notifier::v1::IngestEventsResponse>,

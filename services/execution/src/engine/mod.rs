@@ -603,6 +603,11 @@ impl Engine {
         Ok(resumed)
     }
 
+    /// How many executions this engine drives now.
+    pub(crate) fn running(&self) -> usize {
+        self.drivers.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
     /// Hands a request to the driver of a running execution; false when none runs it.
     pub(crate) fn control(&self, execution_id: &str, control: Control) -> bool {
         let drivers = self.drivers.lock().unwrap_or_else(PoisonError::into_inner);

@@ -225,6 +225,7 @@ async fn conformance(store: SqlStore) {
     }
     let log = store.log_after(0, 1000).await.unwrap();
     assert_eq!(log.len(), 5 + 20);
+    assert_eq!(store.log_end().await.unwrap(), log.last().unwrap().0, "the log ends at its newest entry");
     assert!(log.windows(2).all(|pair| pair[0].0 < pair[1].0), "positions grow");
     let tail = store.log_after(log[9].0, 1000).await.unwrap();
     assert_eq!(tail.len(), 15);

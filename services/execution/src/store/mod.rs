@@ -239,6 +239,8 @@ pub(crate) trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Vec<Vec<u8>>>>;
     /// The log after a position, in commit order: (position, encoded event).
     fn log_after(&self, after_position: i64, limit: u32) -> BoxFuture<'_, Result<Vec<LogEntry>>>;
+    /// The position of the newest entry of the log (0 when it is empty).
+    fn log_end(&self) -> BoxFuture<'_, Result<i64>>;
     /// A reader's position in the log (0 when it has none).
     fn cursor<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<i64>>;
     /// Moves a reader's position in the log forward (never back).

@@ -1279,6 +1279,14 @@ impl Store for SqlStore {
         })
     }
 
+    fn log_end(&self) -> BoxFuture<'_, Result<i64>> {
+        Box::pin(async move {
+            let end: Option<i64> =
+                sqlx::query_scalar("SELECT MAX(id) FROM events").fetch_one(&self.database.reads).await?;
+            Ok(end.unwrap_or(0))
+        })
+    }
+
     fn cursor<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<i64>> {
         Box::pin(async move {
             let position: Option<i64> = sqlx::query_scalar("SELECT position FROM event_cursors WHERE name = $1")
