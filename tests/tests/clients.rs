@@ -1,11 +1,13 @@
 //! The cluster driven from outside Rust: the Python client generated from
 //! `proto/` (a Python worker runs the sample process and reads notifications),
-//! and the README's grpcurl and `buf curl` recipes.
+//! the TypeScript client `buf generate` makes, the README's grpcurl and
+//! `buf curl` recipes, and muster's error details as each of them decodes.
 //!
-//! They need `python3` with grpcio, grpcio-tools and grpcio-status (or `MUSTER_PYTHON`
-//! pointing at such an interpreter), `grpcurl` on the PATH (or
-//! `MUSTER_GRPCURL`) and `buf` on the PATH (or `MUSTER_BUF`); `.ci/run`
-//! installs all three. Without them the tests say so and pass, except under
+//! They need `python3` with grpcio, grpcio-tools and grpcio-status (or
+//! `MUSTER_PYTHON` pointing at such an interpreter), `grpcurl` on the PATH
+//! (or `MUSTER_GRPCURL`), `buf` on the PATH (or `MUSTER_BUF`) and Node.js
+//! with `npm` (or `MUSTER_NPM`); `.ci/run` installs all but Node.js, which
+//! the machine has. Without them the tests say so and pass, except under
 //! `CI=true`, where that is a failure.
 
 use std::{path::PathBuf, process::Command};
@@ -112,6 +114,98 @@ async fn python_client_runs_the_sample_process() {
         assert_eq!((entry.text.as_str(), entry.execution_id.as_str()), ("python was here", id));
         assert!(execution.steps.iter().any(|step| step.executor == entry.author), "{entry:?}");
     }
+    test.shutdown().await;
+}
+
+/// The TypeScript client that `buf generate` makes from `proto/` (Connect-ES,
+/// in `clients/typescript`) publishes and runs the sample process, served by
+/// the Rust sample worker, and reads an agent's notifications as that agent.
+/// It is generated, type-checked and built in a copy of the folder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typescript_client_runs_the_sample_process() {
+    let Some(npm) = tool("MUSTER_NPM", "npm", &["--version"]) else { return };
+    let Some(buf) = tool("MUSTER_BUF", "buf", &["--version"]) else { return };
+    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let agents: Vec<_> = SAMPLE_AGENTS.iter().map(|(id, team)| agent(id, "member", team)).collect();
+    let tokens = test.register_agents(&agents).await;
+    let credentials = agents
+        .iter()
+        .zip(&tokens)
+        .map(|(agent, token)| muster::worker::AgentCredential { agent_id: agent.id.clone(), token: token.clone() })
+        .collect();
+    let (stop_worker, worker) = muster_tests::spawn_sample_worker(test.operator("execution"), credentials);
+    let tokens: serde_json::Map<String, serde_json::Value> =
+        agents.iter().zip(tokens).map(|(agent, token)| (agent.id.clone(), token.into())).collect();
+    let tokens_file = test.data_dir.join("tokens.json");
+    std::fs::write(&tokens_file, serde_json::Value::Object(tokens).to_string()).unwrap();
+
+    let client = test.data_dir.join("clients/typescript");
+    std::fs::create_dir_all(client.join("src")).unwrap();
+    let source = repository().join("clients/typescript");
+    for file in ["package.json", "package-lock.json", "tsconfig.json", "src/run-process.ts"] {
+        std::fs::copy(source.join(file), client.join(file)).unwrap();
+    }
+    let address = |url: String| url.trim_start_matches("http://").to_owned();
+    let (execution, notifier) = (address(test.cluster().execution_url()), address(test.cluster().notifier_url()));
+    let operator_token_file = test.data_dir.join(muster::credentials::OPERATOR_TOKEN_FILE);
+    let output_base = test.data_dir.join("proto");
+    let output = tokio::task::spawn_blocking(move || {
+        let run = |command: &mut Command, what: &str| {
+            let output = command.output().unwrap();
+            assert!(
+                output.status.success(),
+                "{what} failed:\n{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            output
+        };
+        run(Command::new(&npm).args(["ci", "--no-audit", "--no-fund"]).current_dir(&client), "npm ci");
+        // The repository's generation template, writing into the copy.
+        let path =
+            format!("{}:{}", client.join("node_modules/.bin").display(), std::env::var("PATH").unwrap_or_default());
+        run(
+            Command::new(&buf)
+                .arg("generate")
+                .arg("-o")
+                .arg(&output_base)
+                .current_dir(repository().join("proto"))
+                .env("PATH", path),
+            "buf generate",
+        );
+        run(Command::new(client.join("node_modules/.bin/tsc")).args(["-p", "."]).current_dir(&client), "tsc");
+        Command::new("node")
+            .arg(client.join("dist/run-process.js"))
+            .args(["--execution", &execution, "--notifier", &notifier, "--read-notifications-of", "archive-agent"])
+            .arg("--tokens")
+            .arg(&tokens_file)
+            .arg("--operator-token-file")
+            .arg(&operator_token_file)
+            .arg("--process")
+            .arg(repository().join("examples/process.yaml"))
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "the TypeScript client failed:\n{stdout}\n{stderr}");
+    let summary = json(&stdout);
+    assert_eq!(
+        (&summary["process"], &summary["status"]),
+        (&"content-pipeline".into(), &"COMPLETED".into()),
+        "{summary}"
+    );
+    assert_eq!(summary["firstEvent"], "EXECUTION_STARTED", "{summary}");
+    assert!(summary["events"].as_u64().unwrap() > 10, "{summary}");
+    assert!(summary["notifications"].as_u64().unwrap() > 0, "{summary}");
+    // The execution it names is the one that ran.
+    let id = summary["executionId"].as_str().unwrap().to_owned();
+    let execution = test.execution().get_execution(muster_proto::execution::v1::GetExecutionRequest { id }).await;
+    let execution = execution.unwrap().into_inner().execution.unwrap();
+    assert_eq!(execution.status, muster_proto::common::v1::ExecutionStatus::Completed as i32);
+    let _ = stop_worker.send(());
+    worker.await.unwrap().unwrap();
     test.shutdown().await;
 }
 

@@ -386,9 +386,9 @@ mod tests {
         let text = muster_runtime::metrics::render();
         assert!(text.contains("# TYPE muster_notifier_subscribers gauge\n"), "{text}");
         assert!(text.contains("# TYPE muster_notifier_subscriber_lag gauge\n"), "{text}");
-        assert!(text.contains("muster_notifier_subscriber_lag{agent_id=\"scraped-agent\"} 2\n"), "{text}");
+        assert!(text.contains("muster_notifier_subscriber_lag{agent_id=\"scraped-agent\"} 2.0\n"), "{text}");
         drop((live, subscription));
         let text = muster_runtime::metrics::render();
-        assert!(text.contains("muster_notifier_subscriber_lag{agent_id=\"scraped-agent\"} 0\n"), "{text}");
+        assert!(text.contains("muster_notifier_subscriber_lag{agent_id=\"scraped-agent\"} 0.0\n"), "{text}");
     }
 }
