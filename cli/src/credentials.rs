@@ -6,12 +6,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use muster_runtime::{
-    auth::{
-        client::{AuthChannel, Credentials, with_credentials},
-        operators, token,
-    },
+    auth::{operators, token},
     files::write_private,
-    tls::{ClientTls, TlsArgs},
 };
 
 /// The local operator's token, in the data folder (mode 0600).
@@ -96,36 +92,4 @@ pub fn resolve(given: Option<&str>) -> anyhow::Result<String> {
     }
 }
 
-/// TLS for the command's clients, from `MUSTER_TLS_*`.
-fn client_tls() -> anyhow::Result<ClientTls> {
-    #[derive(clap::Parser)]
-    struct FromEnvironment {
-        #[command(flatten)]
-        tls: TlsArgs,
-    }
-    let settings = <FromEnvironment as clap::Parser>::try_parse_from(["muster"])?;
-    Ok(ClientTls::load(&settings.tls)?)
-}
-
-/// A service's address and the credential calls to it carry.
-#[derive(Debug, Clone)]
-pub struct Endpoint {
-    /// `http://host:port` or `https://host:port`.
-    pub url: String,
-    /// The bearer token.
-    pub token: String,
-}
-
-impl Endpoint {
-    /// An endpoint at `url` calling with `token`.
-    pub fn new(url: impl Into<String>, token: impl Into<String>) -> Self {
-        Self { url: url.into(), token: token.into() }
-    }
-
-    /// A channel that connects on first use; its calls carry the token.
-    pub fn channel(&self) -> anyhow::Result<AuthChannel> {
-        let channel = muster_runtime::tls::lazy_channel(&self.url, Some(&client_tls()?))
-            .with_context(|| format!("reaching {}", self.url))?;
-        Ok(with_credentials(channel, Credentials::bearer(&self.token)?))
-    }
-}
+pub use muster_worker::Endpoint;

@@ -1,7 +1,8 @@
 //! The library behind the `muster` command line: starting and supervising a
 //! cluster of the four service processes ([`cluster`]), the credentials of a
 //! cluster on this machine and the channels that carry them
-//! ([`credentials`]), the Rust agent worker library ([`worker`]), reading
+//! ([`credentials`]), the Rust agent worker library (the `muster-worker`
+//! crate, as [`worker`]), reading
 //! agents' inboxes ([`inbox`]), with the deterministic sample behaviour the
 //! CLI's sample agents use ([`sample`]).
 //!
@@ -12,4 +13,4 @@ pub mod cluster;
 pub mod credentials;
 pub mod inbox;
 pub mod sample;
-pub mod worker;
+pub use muster_worker as worker;

@@ -8,17 +8,19 @@
 
 use std::{future::Future, sync::Arc, time::Duration};
 
+use anyhow::Context as _;
 use muster_proto::execution::v1::{
     Assignment, ConnectWorkerRequest, DelegateStep, MemoryNote, PayloadKind, ReadPayloadRequest, ServedAgent,
     StepFailure, StepResult, ToolCall, ToolCallResult, ToolOutput, ToolSpec, WorkerHeartbeat, WorkerHello,
     connect_worker_request, connect_worker_response, execution_service_client::ExecutionServiceClient,
 };
-use muster_runtime::auth::client::AuthChannel;
+use muster_runtime::{
+    auth::client::{AuthChannel, Credentials, with_credentials},
+    tls::{ClientTls, TlsArgs},
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument as _;
-
-use crate::credentials::Endpoint;
 
 /// An agent the worker serves, with its roster token.
 #[derive(Debug, Clone)]
@@ -27,6 +29,40 @@ pub struct AgentCredential {
     pub agent_id: String,
     /// Its bearer token.
     pub token: String,
+}
+
+/// TLS for the command's clients, from `MUSTER_TLS_*`.
+fn client_tls() -> anyhow::Result<ClientTls> {
+    #[derive(clap::Parser)]
+    struct FromEnvironment {
+        #[command(flatten)]
+        tls: TlsArgs,
+    }
+    let settings = <FromEnvironment as clap::Parser>::try_parse_from(["muster"])?;
+    Ok(ClientTls::load(&settings.tls)?)
+}
+
+/// A service's address and the credential calls to it carry.
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    /// `http://host:port` or `https://host:port`.
+    pub url: String,
+    /// The bearer token.
+    pub token: String,
+}
+
+impl Endpoint {
+    /// An endpoint at `url` calling with `token`.
+    pub fn new(url: impl Into<String>, token: impl Into<String>) -> Self {
+        Self { url: url.into(), token: token.into() }
+    }
+
+    /// A channel that connects on first use; its calls carry the token.
+    pub fn channel(&self) -> anyhow::Result<AuthChannel> {
+        let channel = muster_runtime::tls::lazy_channel(&self.url, Some(&client_tls()?))
+            .with_context(|| format!("reaching {}", self.url))?;
+        Ok(with_credentials(channel, Credentials::bearer(&self.token)?))
+    }
 }
 
 /// What a behaviour made of an assignment.
