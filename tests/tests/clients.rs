@@ -14,6 +14,7 @@ use std::{path::PathBuf, process::Command};
 
 use muster::cluster::{Cluster, Ports};
 use muster_tests::{Backend, TestCluster, agent};
+use tokio::io::AsyncBufReadExt as _;
 
 fn repository() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -139,41 +140,11 @@ async fn typescript_client_runs_the_sample_process() {
     let tokens_file = test.data_dir.join("tokens.json");
     std::fs::write(&tokens_file, serde_json::Value::Object(tokens).to_string()).unwrap();
 
-    let client = test.data_dir.join("clients/typescript");
-    std::fs::create_dir_all(client.join("src")).unwrap();
-    let source = repository().join("clients/typescript");
-    for file in ["package.json", "package-lock.json", "tsconfig.json", "src/run-process.ts"] {
-        std::fs::copy(source.join(file), client.join(file)).unwrap();
-    }
+    let client = typescript_client(&test, npm, buf).await;
     let address = |url: String| url.trim_start_matches("http://").to_owned();
     let (execution, notifier) = (address(test.cluster().execution_url()), address(test.cluster().notifier_url()));
     let operator_token_file = test.data_dir.join(muster::credentials::OPERATOR_TOKEN_FILE);
-    let output_base = test.data_dir.join("proto");
     let output = tokio::task::spawn_blocking(move || {
-        let run = |command: &mut Command, what: &str| {
-            let output = command.output().unwrap();
-            assert!(
-                output.status.success(),
-                "{what} failed:\n{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            );
-            output
-        };
-        run(Command::new(&npm).args(["ci", "--no-audit", "--no-fund"]).current_dir(&client), "npm ci");
-        // The repository's generation template, writing into the copy.
-        let path =
-            format!("{}:{}", client.join("node_modules/.bin").display(), std::env::var("PATH").unwrap_or_default());
-        run(
-            Command::new(&buf)
-                .arg("generate")
-                .arg("-o")
-                .arg(&output_base)
-                .current_dir(repository().join("proto"))
-                .env("PATH", path),
-            "buf generate",
-        );
-        run(Command::new(client.join("node_modules/.bin/tsc")).args(["-p", "."]).current_dir(&client), "tsc");
         Command::new("node")
             .arg(client.join("dist/run-process.js"))
             .args(["--execution", &execution, "--notifier", &notifier, "--read-notifications-of", "archive-agent"])
@@ -206,6 +177,135 @@ async fn typescript_client_runs_the_sample_process() {
     assert_eq!(execution.status, muster_proto::common::v1::ExecutionStatus::Completed as i32);
     let _ = stop_worker.send(());
     worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+/// A copy of `clients/typescript` in the test's folder, its dependencies
+/// installed (`npm ci`), the client generated there by the repository's
+/// `buf.gen.yaml`, and built (`tsc`, which type-checks it): its folder.
+async fn typescript_client(test: &TestCluster, npm: String, buf: String) -> PathBuf {
+    let client = test.data_dir.join("clients/typescript");
+    let output_base = test.data_dir.join("proto");
+    let source = repository().join("clients/typescript");
+    std::fs::create_dir_all(client.join("src")).unwrap();
+    for file in ["package.json", "package-lock.json", "tsconfig.json"] {
+        std::fs::copy(source.join(file), client.join(file)).unwrap();
+    }
+    for entry in std::fs::read_dir(source.join("src")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|extension| extension == "ts") {
+            std::fs::copy(&path, client.join("src").join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let folder = client.clone();
+    tokio::task::spawn_blocking(move || {
+        let run = |command: &mut Command, what: &str| {
+            let output = command.output().unwrap();
+            assert!(
+                output.status.success(),
+                "{what} failed:\n{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        };
+        run(Command::new(&npm).args(["ci", "--no-audit", "--no-fund"]).current_dir(&folder), "npm ci");
+        // The repository's generation template, writing into the copy.
+        let path =
+            format!("{}:{}", folder.join("node_modules/.bin").display(), std::env::var("PATH").unwrap_or_default());
+        run(
+            Command::new(&buf)
+                .arg("generate")
+                .arg("-o")
+                .arg(&output_base)
+                .current_dir(repository().join("proto"))
+                .env("PATH", path),
+            "buf generate",
+        );
+        run(Command::new(folder.join("node_modules/.bin/tsc")).args(["-p", "."]).current_dir(&folder), "tsc");
+    })
+    .await
+    .unwrap();
+    client
+}
+
+/// The TypeScript worker (`clients/typescript/src/worker.ts`, on the
+/// generated client) serves every step of the sample process, after
+/// connecting again by itself when the execution service restarts; it
+/// reads inputs too large for an assignment (`ReadPayload`) as its agents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typescript_worker_serves_the_sample_process_across_a_restart() {
+    let Some(npm) = tool("MUSTER_NPM", "npm", &["--version"]) else { return };
+    let Some(buf) = tool("MUSTER_BUF", "buf", &["--version"]) else { return };
+    let Some(mut test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let agents: Vec<_> = SAMPLE_AGENTS.iter().map(|(id, team)| agent(id, "member", team)).collect();
+    let tokens = test.register_agents(&agents).await;
+    let tokens: serde_json::Map<String, serde_json::Value> =
+        agents.iter().zip(tokens).map(|(agent, token)| (agent.id.clone(), token.into())).collect();
+    let tokens_file = test.data_dir.join("tokens.json");
+    std::fs::write(&tokens_file, serde_json::Value::Object(tokens).to_string()).unwrap();
+    let client = typescript_client(&test, npm, buf).await;
+
+    let execution = test.cluster().execution_url().trim_start_matches("http://").to_owned();
+    let mut worker = tokio::process::Command::new("node")
+        .arg(client.join("dist/serve-agents.js"))
+        .args(["--execution", &execution])
+        .arg("--tokens")
+        .arg(&tokens_file)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut printed = tokio::io::BufReader::new(worker.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(60), printed.next_line()).await;
+    assert_eq!(first.unwrap().unwrap().as_deref(), Some("serving 10 agents"));
+
+    // The worker connects again by itself.
+    test.cluster_mut().stop("execution").await.unwrap();
+    test.cluster_mut().restart("execution").await.unwrap();
+    let source = std::fs::read_to_string(repository().join("examples/process.yaml")).unwrap();
+    let mut execution_client = test.execution();
+    let process = execution_client
+        .publish_process(muster_proto::execution::v1::PublishProcessRequest { source, file_name: String::new() })
+        .await
+        .unwrap()
+        .into_inner()
+        .process
+        .unwrap();
+    // Inputs of 70 KB: every step's inputs travel by reference.
+    let inputs_json = serde_json::json!({ "brief": "b".repeat(70_000), "remember": "typescript was here" }).to_string();
+    let request = muster_proto::execution::v1::StartExecutionRequest {
+        process_name: process.name,
+        inputs_json,
+        ..Default::default()
+    };
+    let started = execution_client.start_execution(request).await.unwrap().into_inner().execution.unwrap();
+    let events = muster_tests::events_until_finished(&test.operator("execution"), &started.id).await;
+    let last = events.last().unwrap();
+    assert_eq!(last.execution_status, muster_proto::common::v1::ExecutionStatus::Completed as i32, "{events:#?}");
+    let request = muster_proto::execution::v1::GetExecutionRequest { id: started.id.clone() };
+    let execution = execution_client.get_execution(request).await.unwrap().into_inner().execution.unwrap();
+    assert_eq!(execution.steps.len(), 6);
+    for step in &execution.steps {
+        let output = json(&step.output_json);
+        let text = output["text"].as_str().unwrap_or_default();
+        assert!(text.starts_with(&format!("{} (typescript) did: ", step.executor)), "{}: {output}", step.step_id);
+        assert!(output["inputs_bytes"].as_u64().unwrap() > 70_000, "{}: {output}", step.step_id);
+    }
+    let global = muster_proto::execution::v1::MemoryScope::Global as i32;
+    let request = muster_proto::execution::v1::ListMemoryRequest { scope: global, ..Default::default() };
+    let entries = execution_client.list_memory(request).await.unwrap().into_inner().entries;
+    assert_eq!(entries.len(), 6, "{entries:?}");
+    assert!(entries.iter().all(|entry| entry.text == "typescript was here" && entry.execution_id == started.id));
+
+    // SIGTERM stops it cleanly, saying what it did.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(worker.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM)
+        .unwrap();
+    let last = tokio::time::timeout(std::time::Duration::from_secs(30), printed.next_line()).await.unwrap().unwrap();
+    let last = last.unwrap_or_default();
+    assert!(last.starts_with("stopped after 6 assignments and "), "{last}");
+    let connections: u32 = last.split_whitespace().nth(5).unwrap().parse().unwrap();
+    assert!(connections >= 2, "{last}");
+    assert!(worker.wait().await.unwrap().success());
     test.shutdown().await;
 }
 

@@ -1,0 +1,55 @@
+// Serves agents with the TypeScript worker (worker.ts) and a deterministic
+// sample behaviour, until SIGINT or SIGTERM:
+//
+//   node dist/serve-agents.js --tokens ../../muster-data/tokens.json [--execution 127.0.0.1:50051]
+//
+// The tokens file maps agent ids to their roster tokens. The behaviour writes
+// what the step asked, what it built on and how large its inputs were; an
+// input `remember` (a string) is added to the global memory. It prints
+// `serving N agents` once the execution service welcomes it, and how many
+// assignments it handled when it stops.
+
+import { readFileSync } from "node:fs";
+import { parseArgs } from "node:util";
+
+import { type Behaviour, Worker } from "./worker.js";
+
+const sample: Behaviour = async (assignment) => {
+  const inputs = JSON.parse(assignment.inputsJson || "{}") as Record<string, unknown>;
+  return {
+    kind: "completed",
+    output: {
+      agent: assignment.agentId,
+      step: assignment.stepId,
+      text: `${assignment.agentId} (typescript) did: ${assignment.message}`,
+      built_on: Object.keys(assignment.upstreamOutputs).sort(),
+      inputs_bytes: assignment.inputsJson.length,
+    },
+    tokensUsed: 42,
+    cost: 0.02,
+    remember: typeof inputs.remember === "string" ? [{ scope: "global", text: inputs.remember }] : [],
+  };
+};
+
+const { values } = parseArgs({
+  options: {
+    execution: { type: "string", default: "127.0.0.1:50051" },
+    tokens: { type: "string" },
+    name: { type: "string", default: "typescript-worker" },
+  },
+});
+if (!values.tokens) {
+  throw new Error("--tokens is required: a JSON object of agent ids to roster tokens");
+}
+const agents = JSON.parse(readFileSync(values.tokens, "utf8")) as Record<string, string>;
+const worker = new Worker({ execution: values.execution!, agents, behaviour: sample, name: values.name }).start();
+await worker.ready;
+console.log(`serving ${Object.keys(agents).length} agents`);
+
+for (const signal of ["SIGINT", "SIGTERM"] as const) {
+  process.once(signal, async () => {
+    await worker.stop();
+    console.log(`stopped after ${worker.handled} assignments and ${worker.connections} connections`);
+    process.exit(0);
+  });
+}
