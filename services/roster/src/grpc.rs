@@ -782,9 +782,17 @@ impl<S: RosterStore> RosterService for Roster<S> {
             since: request.since.as_ref().map(muster_runtime::time::from_timestamp),
             until: request.until.as_ref().map(muster_runtime::time::from_timestamp),
             limit: request.limit,
+            after: delegation_page(&request.page_token)?,
         };
         let records = self.inner.store.list_delegations(&query).await?;
-        Ok(Response::new(pb::ListDelegationsResponse { records: records.iter().map(record_to_wire).collect() }))
+        let page_size = if request.limit == 0 { 1000 } else { request.limit.min(10_000) };
+        // A full page may have a next one; the last page, read short, has none.
+        let next_page_token = match records.last() {
+            Some(last) if records.len() == page_size as usize => format!("{}/{}", last.position.0, last.position.1),
+            _ => String::new(),
+        };
+        let records = records.iter().map(record_to_wire).collect();
+        Ok(Response::new(pb::ListDelegationsResponse { records, next_page_token }))
     }
 
     type WatchRosterStream = ResponseStream<pb::WatchRosterResponse>;
@@ -905,4 +913,14 @@ impl<S: RosterStore> muster_runtime::auth::watch::CredentialLog for Roster<S> {
     fn changed(&self) -> &tokio::sync::Notify {
         &self.inner.credentials_changed
     }
+}
+
+/// The position a ListDelegations `page_token` names: `decided_at/seq`.
+fn delegation_page(page_token: &str) -> Result<Option<(i64, i64)>, Error> {
+    if page_token.is_empty() {
+        return Ok(None);
+    }
+    let refused = || Error::invalid("page_token", "page_token is not one this service gave");
+    let (decided_at, seq) = page_token.split_once('/').ok_or_else(refused)?;
+    Ok(Some((decided_at.parse().map_err(|_| refused())?, seq.parse().map_err(|_| refused())?)))
 }

@@ -273,6 +273,23 @@ async fn edge_cases(backend: Backend) {
     assert_eq!(by_agent.len(), 2, "e4 and e5 escalated to the cto");
     let all = server.client.list_delegations(pb::ListDelegationsRequest::default()).await.unwrap().into_inner().records;
     assert_eq!(all.len(), 10, "every non-dry-run decision is recorded");
+    // Pages of three follow one another to the same records, the last one short.
+    let (mut paged, mut page_token, mut pages) = (Vec::new(), String::new(), 0);
+    loop {
+        let request = pb::ListDelegationsRequest { limit: 3, page_token: page_token.clone(), ..Default::default() };
+        let page = server.client.list_delegations(request).await.unwrap().into_inner();
+        pages += 1;
+        paged.extend(page.records.into_iter().map(|record| record.id));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        page_token = page.next_page_token;
+    }
+    assert_eq!(paged, all.iter().map(|record| record.id.clone()).collect::<Vec<_>>());
+    assert_eq!(pages, 4);
+    let forged = pb::ListDelegationsRequest { page_token: "not-a-token".into(), ..Default::default() };
+    let refused = server.client.list_delegations(forged).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
     server.clock.advance(60_000);
     server.delegate(delegate_request("e13", "fe-lead", &["css"])).await;
     let since = muster_runtime::time::to_timestamp(server.clock_now());

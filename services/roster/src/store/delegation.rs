@@ -900,9 +900,14 @@ pub(super) async fn list_delegations(store: &SqlStore, query: &DelegationQuery) 
         time_binds.push(until);
         conditions.push(format!("decided_at < ${}", text_binds.len() + time_binds.len()));
     }
+    if let Some((decided_at, seq)) = query.after {
+        time_binds.extend([decided_at, decided_at, seq]);
+        let first = text_binds.len() + time_binds.len() - 2;
+        conditions.push(format!("(decided_at > ${first} OR (decided_at = ${} AND seq > ${}))", first + 1, first + 2));
+    }
     let limit = if query.limit == 0 { 1000 } else { query.limit.min(10_000) };
     let sql = format!(
-        "SELECT id, task_id, requester_id, decision_json, description, decided_at FROM delegations WHERE {} ORDER BY decided_at, seq LIMIT {limit}",
+        "SELECT id, task_id, requester_id, decision_json, description, decided_at, seq FROM delegations WHERE {} ORDER BY decided_at, seq LIMIT {limit}",
         conditions.join(" AND ")
     );
     let mut statement = sqlx::query(AssertSqlSafe(sql));
@@ -922,6 +927,7 @@ pub(super) async fn list_delegations(store: &SqlStore, query: &DelegationQuery) 
                 decision: from_json(&row.try_get::<String, _>("decision_json")?)?,
                 decided_at: row.try_get("decided_at")?,
                 description: row.try_get("description")?,
+                position: (row.try_get("decided_at")?, row.try_get("seq")?),
             })
         })
         .collect()

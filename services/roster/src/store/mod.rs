@@ -110,6 +110,8 @@ pub struct DelegationRecord {
     pub decided_at: i64,
     /// The task's description.
     pub description: String,
+    /// Where it is in the audit trail: (`decided_at`, its sequence number).
+    pub position: (i64, i64),
 }
 
 /// ListDelegations filters.
@@ -125,6 +127,8 @@ pub struct DelegationQuery {
     pub until: Option<i64>,
     /// Most records.
     pub limit: u32,
+    /// Only records after this position (the last of the previous page).
+    pub after: Option<(i64, i64)>,
 }
 
 /// The roster's repository. Every method is one transaction.
