@@ -3,22 +3,45 @@
 It connects to the execution service's ConnectWorker stream (authenticated
 with the first served agent's roster token, or an operator's token when
 given), says which agents it serves (each proving itself with its own roster
-token), runs each assignment with a behaviour function and reports the result. The sample behaviour writes a
-summary of the step from its instruction and what it built on.
+token) and which tools it provides, keeps its lease with heartbeats, runs
+each assignment with a behaviour function (in a thread of its own) and
+reports the result. When the stream breaks, it connects again by itself with
+exponential backoff (assignments lost with a connection are reassigned by the
+execution service). The sample behaviour writes a summary of the step from
+its instruction and what it built on.
 
 Inputs and upstream outputs too large to travel in an assignment are named in
-its `payload_refs`; the worker reads them (ReadPayload, in chunks) into the
-assignment before the behaviour runs, so a behaviour always sees them whole.
+its `payload_refs`; the worker reads them (ReadPayload, in chunks, as the
+assignment's agent) into the assignment before the behaviour runs, so a
+behaviour always sees them whole.
+
+A behaviour is called with the assignment, and with a `Context` when it
+takes a second argument: `context.cancelled` is a threading.Event set when
+the service withdraws the assignment (nothing is reported then), and
+`context.invoke_tool(name, input)` invokes a tool that a connected worker
+provides, as the assignment's agent, returning its output as JSON text.
 
 A behaviour returns (output, tokens, cost), or (output, tokens, cost, extra)
 where extra may hold "remember": a list of ("global" or "role", text) entries
 for the global memory or the agent's role's (what later runs read in
-`assignment.memory`), and "post_to_inbox": an inbox to post the output to.
+`assignment.memory`), "post_to_inbox": an inbox to post the output to, and
+"delegate": {"to_agent_id": ..., "required_expertise": [...], "reason": ...}
+to hand the step onward (to a named colleague, or to whoever the roster
+chooses for the expertise); if the service refuses the delegation, the output
+is reported instead, with the refusal as its "delegation_refused".
+
+A tool this worker provides is a `Tool(name, description, input_schema, run)`
+where run(input_json, agent_id) returns a JSON-able value.
 """
 
+import inspect
 import json
 import queue
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
 
 import grpc
 
@@ -26,6 +49,8 @@ from muster.execution.v1 import execution_pb2, execution_pb2_grpc
 
 
 MEMORY_SCOPES = {"global": execution_pb2.MEMORY_SCOPE_GLOBAL, "role": execution_pb2.MEMORY_SCOPE_ROLE}
+FIRST_BACKOFF_SECONDS = 0.1
+MOST_BACKOFF_SECONDS = 5.0
 
 
 def sample_behaviour(assignment):
@@ -50,10 +75,45 @@ def sample_behaviour(assignment):
     )
 
 
-class Worker:
-    """Serves agents until stop() is called."""
+@dataclass
+class Tool:
+    """A tool the worker provides; the service calls run(input_json, agent_id)."""
 
-    def __init__(self, execution_address, credentials, behaviour=sample_behaviour, name="python-worker", token=None):
+    name: str
+    description: str
+    input_schema: dict
+    run: Callable[[str, str], object]
+
+
+class Context:
+    """What a behaviour may use besides its assignment."""
+
+    def __init__(self, stub, metadata, execution_id):
+        self.cancelled = threading.Event()
+        self._stub = stub
+        self._metadata = metadata
+        self._execution_id = execution_id
+
+    def invoke_tool(self, tool, tool_input):
+        request = execution_pb2.InvokeToolRequest(
+            tool=tool, input_json=json.dumps(tool_input), execution_id=self._execution_id
+        )
+        return self._stub.InvokeTool(request, metadata=self._metadata).output.output_json
+
+
+class Worker:
+    """Serves agents until stop() is called, connecting again when the stream breaks."""
+
+    def __init__(
+        self,
+        execution_address,
+        credentials,
+        behaviour=sample_behaviour,
+        name="python-worker",
+        token=None,
+        tools=(),
+        max_concurrency=8,
+    ):
         self._channel = grpc.insecure_channel(execution_address)
         self._stub = execution_pb2_grpc.ExecutionServiceStub(self._channel)
         self._credentials = credentials
@@ -61,25 +121,44 @@ class Worker:
         self._token = token or next(iter(credentials.values()))
         self._metadata = [("authorization", f"Bearer {self._token}")]
         self._behaviour = behaviour
+        self._takes_context = len(inspect.signature(behaviour).parameters) >= 2
         self._name = name
-        self._outbox = queue.Queue()
-        self._thread = None
+        self._tools = list(tools)
+        self._max_concurrency = max_concurrency
+        self._pool = ThreadPoolExecutor(max_workers=max_concurrency)
+        self._lock = threading.Lock()
+        self._running = {}  # assignment id -> Context
+        self._delegated = {}  # assignment id -> the StepResult to report if refused
+        self._outbox = None
         self._responses = None
+        self._stopped = threading.Event()
+        self._thread = None
         self.welcomed = threading.Event()
         self.handled = 0
+        self.connections = 0
         # Heartbeats keep the worker's lease; the welcome says how long it is.
         self._heartbeat_every = 5.0
 
-    def _requests(self):
-        yield execution_pb2.ConnectWorkerRequest(
+    def _hello(self):
+        return execution_pb2.ConnectWorkerRequest(
             hello=execution_pb2.WorkerHello(
                 worker_name=self._name,
                 agents=[execution_pb2.ServedAgent(agent_id=a, token=t) for a, t in self._credentials.items()],
+                tools=[
+                    execution_pb2.ToolSpec(
+                        name=tool.name, description=tool.description, input_schema_json=json.dumps(tool.input_schema)
+                    )
+                    for tool in self._tools
+                ],
+                max_concurrency=self._max_concurrency,
             )
         )
+
+    def _requests(self, outbox):
+        yield self._hello()
         while True:
             try:
-                message = self._outbox.get(timeout=self._heartbeat_every)
+                message = outbox.get(timeout=self._heartbeat_every)
             except queue.Empty:
                 yield execution_pb2.ConnectWorkerRequest(heartbeat=execution_pb2.WorkerHeartbeat())
                 continue
@@ -88,7 +167,23 @@ class Worker:
             yield message
 
     def _serve(self):
-        self._responses = self._stub.ConnectWorker(self._requests(), metadata=self._metadata)
+        backoff = FIRST_BACKOFF_SECONDS
+        while not self._stopped.is_set():
+            try:
+                self._session()
+                backoff = FIRST_BACKOFF_SECONDS
+            except Exception:  # the stream broke or could not open: connect again
+                pass
+            if self._stopped.wait(backoff):
+                return
+            backoff = min(backoff * 2, MOST_BACKOFF_SECONDS)
+
+    def _session(self):
+        outbox = queue.Queue()
+        with self._lock:
+            self._outbox = outbox
+        self.connections += 1
+        self._responses = self._stub.ConnectWorker(self._requests(outbox), metadata=self._metadata)
         try:
             for response in self._responses:
                 kind = response.WhichOneof("message")
@@ -96,14 +191,21 @@ class Worker:
                     self._heartbeat_every = max(response.welcome.lease_ms / 3000.0, 0.05)
                     self.welcomed.set()
                 elif kind == "assignment":
-                    self._run(response.assignment)
-        except grpc.RpcError as error:
-            if error.code() != grpc.StatusCode.CANCELLED:
-                raise
+                    self._pool.submit(self._run, response.assignment, outbox)
+                elif kind == "cancel":
+                    with self._lock:
+                        context = self._running.get(response.cancel.assignment_id)
+                    if context is not None:
+                        context.cancelled.set()
+                elif kind == "tool_call":
+                    self._pool.submit(self._provide, response.tool_call, outbox)
+                elif kind == "delegation":
+                    self._answered(response.delegation, outbox)
+        finally:
+            outbox.put(None)
 
-    def _fill_payloads(self, assignment):
+    def _fill_payloads(self, assignment, as_agent):
         """Reads the values the assignment names in payload_refs into it, as its agent."""
-        as_agent = [("authorization", f"Bearer {self._credentials.get(assignment.agent_id, self._token)}")]
         for ref in assignment.payload_refs:
             request = execution_pb2.ReadPayloadRequest(
                 execution_id=assignment.execution_id, step_id=ref.step_id, kind=ref.kind
@@ -117,32 +219,79 @@ class Worker:
                 assignment.upstream_outputs[ref.step_id] = value.decode()
         del assignment.payload_refs[:]
 
-    def _run(self, assignment):
+    def _run(self, assignment, outbox):
+        as_agent = [("authorization", f"Bearer {self._credentials.get(assignment.agent_id, self._token)}")]
+        context = Context(self._stub, as_agent, assignment.execution_id)
+        with self._lock:
+            self._running[assignment.assignment_id] = context
         try:
-            self._fill_payloads(assignment)
-            output, tokens, cost, *extra = self._behaviour(assignment)
+            self._fill_payloads(assignment, as_agent)
+            answer = self._behaviour(assignment, context) if self._takes_context else self._behaviour(assignment)
+            output, tokens, cost, *extra = answer
             extra = extra[0] if extra else {}
-            message = execution_pb2.ConnectWorkerRequest(
-                result=execution_pb2.StepResult(
-                    assignment_id=assignment.assignment_id,
-                    output_json=json.dumps(output),
-                    tokens_used=tokens,
-                    cost=cost,
-                    post_to_inbox=extra.get("post_to_inbox", ""),
-                    remember=[
-                        execution_pb2.MemoryNote(scope=MEMORY_SCOPES[scope], text=text)
-                        for scope, text in extra.get("remember", [])
-                    ],
-                )
+            result = execution_pb2.StepResult(
+                assignment_id=assignment.assignment_id,
+                output_json=json.dumps(output),
+                tokens_used=tokens,
+                cost=cost,
+                post_to_inbox=extra.get("post_to_inbox", ""),
+                remember=[
+                    execution_pb2.MemoryNote(scope=MEMORY_SCOPES[scope], text=text)
+                    for scope, text in extra.get("remember", [])
+                ],
             )
+            delegate = extra.get("delegate")
+            if delegate:
+                with self._lock:
+                    self._delegated[assignment.assignment_id] = result
+                message = execution_pb2.ConnectWorkerRequest(
+                    delegate=execution_pb2.DelegateStep(
+                        assignment_id=assignment.assignment_id,
+                        to_agent_id=delegate.get("to_agent_id", ""),
+                        required_expertise=delegate.get("required_expertise", []),
+                        reason=delegate.get("reason", ""),
+                    )
+                )
+            else:
+                message = execution_pb2.ConnectWorkerRequest(result=result)
         except Exception as error:  # a behaviour's fault fails the step, not the worker
             message = execution_pb2.ConnectWorkerRequest(
                 failure=execution_pb2.StepFailure(
                     assignment_id=assignment.assignment_id, error_code="PYTHON_ERROR", message=str(error)
                 )
             )
-        self.handled += 1
-        self._outbox.put(message)
+        finally:
+            with self._lock:
+                self._running.pop(assignment.assignment_id, None)
+        if context.cancelled.is_set():
+            return  # withdrawn: the service expects nothing more
+        if message.WhichOneof("message") != "delegate":
+            with self._lock:
+                self.handled += 1
+        outbox.put(message)
+
+    def _answered(self, outcome, outbox):
+        """The service's answer to a delegation: done, or report the output kept for a refusal."""
+        with self._lock:
+            result = self._delegated.pop(outcome.assignment_id, None)
+            self.handled += 1
+        if outcome.accepted or result is None:
+            return
+        output = json.loads(result.output_json)
+        output = output if isinstance(output, dict) else {"value": output}
+        output["delegation_refused"] = outcome.reason
+        result.output_json = json.dumps(output)
+        outbox.put(execution_pb2.ConnectWorkerRequest(result=result))
+
+    def _provide(self, call, outbox):
+        tool = next((tool for tool in self._tools if tool.name == call.tool), None)
+        try:
+            if tool is None:
+                raise RuntimeError(f"this worker provides no tool '{call.tool}'")
+            output = execution_pb2.ToolOutput(output_json=json.dumps(tool.run(call.input_json, call.agent_id)), status_code=200)
+        except Exception as error:
+            output = execution_pb2.ToolOutput(error=str(error), status_code=500)
+        outbox.put(execution_pb2.ConnectWorkerRequest(tool_result=execution_pb2.ToolCallResult(call_id=call.call_id, output=output)))
 
     def start(self):
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -152,8 +301,14 @@ class Worker:
         return self
 
     def stop(self):
-        self._outbox.put(None)
+        self._stopped.set()
+        with self._lock:
+            if self._outbox is not None:
+                self._outbox.put(None)
+            for context in self._running.values():
+                context.cancelled.set()
         if self._responses is not None:
             self._responses.cancel()
         self._thread.join(timeout=10)
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self._channel.close()

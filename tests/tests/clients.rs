@@ -229,28 +229,71 @@ async fn typescript_client(test: &TestCluster, npm: String, buf: String) -> Path
 }
 
 /// The TypeScript worker (`clients/typescript/src/worker.ts`, on the
-/// generated client) serves every step of the sample process, after
-/// connecting again by itself when the execution service restarts; it
-/// reads inputs too large for an assignment (`ReadPayload`) as its agents.
+/// generated client) serves the sample process across a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn typescript_worker_serves_the_sample_process_across_a_restart() {
     let Some(npm) = tool("MUSTER_NPM", "npm", &["--version"]) else { return };
     let Some(buf) = tool("MUSTER_BUF", "buf", &["--version"]) else { return };
     let Some(mut test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let tokens_file = sample_agents(&test).await;
+    let client = typescript_client(&test, npm, buf).await;
+    let mut worker = tokio::process::Command::new("node");
+    worker.arg(client.join("dist/serve-agents.js"));
+    serves_the_sample_process_across_a_restart(&mut test, worker, &tokens_file, "typescript").await;
+    test.shutdown().await;
+}
+
+/// The Python worker (`examples/python/muster_worker.py`) serves the sample
+/// process across a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_worker_serves_the_sample_process_across_a_restart() {
+    let Some(python) = tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools"]) else { return };
+    let Some(mut test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let tokens_file = sample_agents(&test).await;
+    let generated = test.data_dir.join("python");
+    let examples = repository().join("examples/python");
+    let status = Command::new("bash")
+        .arg(examples.join("generate.sh"))
+        .env("PYTHON", &python)
+        .env("MUSTER_PYTHON_OUT", &generated)
+        .status()
+        .unwrap();
+    assert!(status.success(), "generating the Python client failed");
+    let mut worker = tokio::process::Command::new(python);
+    worker
+        .arg(examples.join("serve_agents.py"))
+        .env("PYTHONPATH", format!("{}:{}", generated.display(), examples.display()));
+    serves_the_sample_process_across_a_restart(&mut test, worker, &tokens_file, "python").await;
+    test.shutdown().await;
+}
+
+/// The sample process's agents, registered; the file of their tokens.
+async fn sample_agents(test: &TestCluster) -> PathBuf {
     let agents: Vec<_> = SAMPLE_AGENTS.iter().map(|(id, team)| agent(id, "member", team)).collect();
     let tokens = test.register_agents(&agents).await;
     let tokens: serde_json::Map<String, serde_json::Value> =
         agents.iter().zip(tokens).map(|(agent, token)| (agent.id.clone(), token.into())).collect();
     let tokens_file = test.data_dir.join("tokens.json");
     std::fs::write(&tokens_file, serde_json::Value::Object(tokens).to_string()).unwrap();
-    let client = typescript_client(&test, npm, buf).await;
+    tokens_file
+}
 
+/// A worker of another language (`worker`, a command that takes
+/// `--execution` and `--tokens`) serves every step of the sample process
+/// after connecting again by itself when the execution service restarts; it
+/// reads inputs too large for an assignment (`ReadPayload`) as its agents,
+/// reports memory notes, and stops cleanly on SIGTERM, saying what it did.
+async fn serves_the_sample_process_across_a_restart(
+    test: &mut TestCluster,
+    mut worker: tokio::process::Command,
+    tokens_file: &std::path::Path,
+    language: &str,
+) {
     let execution = test.cluster().execution_url().trim_start_matches("http://").to_owned();
-    let mut worker = tokio::process::Command::new("node")
-        .arg(client.join("dist/serve-agents.js"))
+    let mut worker = worker
         .args(["--execution", &execution])
         .arg("--tokens")
-        .arg(&tokens_file)
+        .arg(tokens_file)
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
@@ -272,7 +315,8 @@ async fn typescript_worker_serves_the_sample_process_across_a_restart() {
         .process
         .unwrap();
     // Inputs of 70 KB: every step's inputs travel by reference.
-    let inputs_json = serde_json::json!({ "brief": "b".repeat(70_000), "remember": "typescript was here" }).to_string();
+    let remembered = format!("{language} was here");
+    let inputs_json = serde_json::json!({ "brief": "b".repeat(70_000), "remember": remembered }).to_string();
     let request = muster_proto::execution::v1::StartExecutionRequest {
         process_name: process.name,
         inputs_json,
@@ -288,14 +332,14 @@ async fn typescript_worker_serves_the_sample_process_across_a_restart() {
     for step in &execution.steps {
         let output = json(&step.output_json);
         let text = output["text"].as_str().unwrap_or_default();
-        assert!(text.starts_with(&format!("{} (typescript) did: ", step.executor)), "{}: {output}", step.step_id);
+        assert!(text.starts_with(&format!("{} ({language}) did: ", step.executor)), "{}: {output}", step.step_id);
         assert!(output["inputs_bytes"].as_u64().unwrap() > 70_000, "{}: {output}", step.step_id);
     }
     let global = muster_proto::execution::v1::MemoryScope::Global as i32;
     let request = muster_proto::execution::v1::ListMemoryRequest { scope: global, ..Default::default() };
     let entries = execution_client.list_memory(request).await.unwrap().into_inner().entries;
     assert_eq!(entries.len(), 6, "{entries:?}");
-    assert!(entries.iter().all(|entry| entry.text == "typescript was here" && entry.execution_id == started.id));
+    assert!(entries.iter().all(|entry| entry.text == remembered && entry.execution_id == started.id));
 
     // SIGTERM stops it cleanly, saying what it did.
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(worker.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM)
@@ -306,7 +350,6 @@ async fn typescript_worker_serves_the_sample_process_across_a_restart() {
     let connections: u32 = last.split_whitespace().nth(5).unwrap().parse().unwrap();
     assert!(connections >= 2, "{last}");
     assert!(worker.wait().await.unwrap().success());
-    test.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,40 @@
+"""Serves agents with the Python worker (muster_worker.py) and its sample
+behaviour until SIGINT or SIGTERM:
+
+    PYTHONPATH=examples/python/generated:examples/python \
+      python3 examples/python/serve_agents.py --tokens muster-data/tokens.json
+
+The tokens file maps agent ids to their roster tokens. It prints
+`serving N agents` once the execution service welcomes it, and how many
+assignments it handled (and over how many connections) when it stops.
+"""
+
+import argparse
+import json
+import signal
+import threading
+
+from muster_worker import Worker
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--execution", default="127.0.0.1:50051")
+    parser.add_argument("--tokens", required=True, help="JSON: agent id to roster token")
+    parser.add_argument("--name", default="python-worker")
+    args = parser.parse_args()
+    with open(args.tokens) as file:
+        credentials = json.load(file)
+
+    stop = threading.Event()
+    for signal_number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signal_number, lambda *_: stop.set())
+    worker = Worker(args.execution, credentials, name=args.name).start()
+    print(f"serving {len(credentials)} agents", flush=True)
+    stop.wait()
+    worker.stop()
+    print(f"stopped after {worker.handled} assignments and {worker.connections} connections", flush=True)
+
+
+if __name__ == "__main__":
+    main()
