@@ -126,6 +126,9 @@ class Worker:
         self._tools = list(tools)
         self._max_concurrency = max_concurrency
         self._pool = ThreadPoolExecutor(max_workers=max_concurrency)
+        # Tool calls have threads of their own: a behaviour waiting on a tool
+        # this worker provides must not wait for its own thread.
+        self._tool_pool = ThreadPoolExecutor(max_workers=4)
         self._lock = threading.Lock()
         self._running = {}  # assignment id -> Context
         self._delegated = {}  # assignment id -> the StepResult to report if refused
@@ -198,7 +201,7 @@ class Worker:
                     if context is not None:
                         context.cancelled.set()
                 elif kind == "tool_call":
-                    self._pool.submit(self._provide, response.tool_call, outbox)
+                    self._tool_pool.submit(self._provide, response.tool_call, outbox)
                 elif kind == "delegation":
                     self._answered(response.delegation, outbox)
         finally:
@@ -311,4 +314,5 @@ class Worker:
             self._responses.cancel()
         self._thread.join(timeout=10)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._tool_pool.shutdown(wait=False, cancel_futures=True)
         self._channel.close()

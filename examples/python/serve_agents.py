@@ -4,9 +4,12 @@ behaviour until SIGINT or SIGTERM:
     PYTHONPATH=examples/python/generated:examples/python \
       python3 examples/python/serve_agents.py --tokens muster-data/tokens.json
 
-The tokens file maps agent ids to their roster tokens. It prints
-`serving N agents` once the execution service welcomes it, and how many
-assignments it handled (and over how many connections) when it stops.
+The tokens file maps agent ids to their roster tokens. The worker provides
+the tool `word_count`; the behaviour is the sample one, and with the input
+`count_words: true` it also counts the words of its instruction with
+`word_count` (InvokeTool). It prints `serving N agents` once the execution
+service welcomes it, and how many assignments it handled (and over how many
+connections) when it stops.
 """
 
 import argparse
@@ -14,7 +17,23 @@ import json
 import signal
 import threading
 
-from muster_worker import Worker
+from muster_worker import Tool, Worker, sample_behaviour
+
+
+WORD_COUNT = Tool(
+    name="word_count",
+    description="Counts the words of a text",
+    input_schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+    run=lambda input_json, agent_id: {"words": len(json.loads(input_json)["text"].split())},
+)
+
+
+def behaviour(assignment, context):
+    """The sample behaviour; asked to, it counts the words of its instruction with the tool."""
+    output, tokens, cost, extra = sample_behaviour(assignment)
+    if json.loads(assignment.inputs_json or "{}").get("count_words") is True:
+        output["words"] = json.loads(context.invoke_tool("word_count", {"text": assignment.message}))["words"]
+    return output, tokens, cost, extra
 
 
 def main():
@@ -29,7 +48,7 @@ def main():
     stop = threading.Event()
     for signal_number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signal_number, lambda *_: stop.set())
-    worker = Worker(args.execution, credentials, name=args.name).start()
+    worker = Worker(args.execution, credentials, behaviour=behaviour, name=args.name, tools=[WORD_COUNT]).start()
     print(f"serving {len(credentials)} agents", flush=True)
     stop.wait()
     worker.stop()

@@ -267,8 +267,16 @@ async fn python_worker_serves_the_sample_process_across_a_restart() {
     test.shutdown().await;
 }
 
-/// The sample process's agents, registered; the file of their tokens.
+/// The sample process's agents, registered, their role permitting the tool
+/// `word_count`; the file of their tokens.
 async fn sample_agents(test: &TestCluster) -> PathBuf {
+    let member = muster_proto::roster::v1::RoleDefinition {
+        name: "member".to_owned(),
+        tools: vec!["word_count".to_owned()],
+        ..Default::default()
+    };
+    let request = muster_proto::roster::v1::PutRoleDefinitionRequest { role: Some(member) };
+    test.roster().put_role_definition(request).await.unwrap();
     let agents: Vec<_> = SAMPLE_AGENTS.iter().map(|(id, team)| agent(id, "member", team)).collect();
     let tokens = test.register_agents(&agents).await;
     let tokens: serde_json::Map<String, serde_json::Value> =
@@ -282,7 +290,8 @@ async fn sample_agents(test: &TestCluster) -> PathBuf {
 /// `--execution` and `--tokens`) serves every step of the sample process
 /// after connecting again by itself when the execution service restarts; it
 /// reads inputs too large for an assignment (`ReadPayload`) as its agents,
-/// reports memory notes, and stops cleanly on SIGTERM, saying what it did.
+/// reports memory notes, provides the tool `word_count` and invokes it from
+/// its behaviour, and stops cleanly on SIGTERM, saying what it did.
 async fn serves_the_sample_process_across_a_restart(
     test: &mut TestCluster,
     mut worker: tokio::process::Command,
@@ -316,7 +325,8 @@ async fn serves_the_sample_process_across_a_restart(
         .unwrap();
     // Inputs of 70 KB: every step's inputs travel by reference.
     let remembered = format!("{language} was here");
-    let inputs_json = serde_json::json!({ "brief": "b".repeat(70_000), "remember": remembered }).to_string();
+    let inputs_json =
+        serde_json::json!({ "brief": "b".repeat(70_000), "remember": remembered, "count_words": true }).to_string();
     let request = muster_proto::execution::v1::StartExecutionRequest {
         process_name: process.name,
         inputs_json,
@@ -334,7 +344,24 @@ async fn serves_the_sample_process_across_a_restart(
         let text = output["text"].as_str().unwrap_or_default();
         assert!(text.starts_with(&format!("{} ({language}) did: ", step.executor)), "{}: {output}", step.step_id);
         assert!(output["inputs_bytes"].as_u64().unwrap() > 70_000, "{}: {output}", step.step_id);
+        // Counted by the tool the worker provides, invoked from its behaviour.
+        assert!(output["words"].as_u64().is_some_and(|words| words > 0), "{}: {output}", step.step_id);
     }
+    // The tool answers an agent's InvokeTool, from the worker.
+    let tokens: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(tokens_file).unwrap()).unwrap();
+    let mut request = tonic::Request::new(muster_proto::execution::v1::InvokeToolRequest {
+        tool: "word_count".to_owned(),
+        input_json: r#"{"text": "three little words"}"#.to_owned(),
+        execution_id: String::new(),
+    });
+    let token = tokens["writer-agent"].as_str().unwrap();
+    request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    let counted = execution_client.invoke_tool(request).await.unwrap().into_inner().output.unwrap();
+    assert_eq!(
+        (counted.status_code, json(&counted.output_json)),
+        (200, serde_json::json!({ "words": 3 })),
+        "{counted:?}"
+    );
     let global = muster_proto::execution::v1::MemoryScope::Global as i32;
     let request = muster_proto::execution::v1::ListMemoryRequest { scope: global, ..Default::default() };
     let entries = execution_client.list_memory(request).await.unwrap().into_inner().entries;

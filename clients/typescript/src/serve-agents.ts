@@ -3,19 +3,33 @@
 //
 //   node dist/serve-agents.js --tokens ../../muster-data/tokens.json [--execution 127.0.0.1:50051]
 //
-// The tokens file maps agent ids to their roster tokens. The behaviour writes
-// what the step asked, what it built on and how large its inputs were; an
-// input `remember` (a string) is added to the global memory. It prints
+// The tokens file maps agent ids to their roster tokens. The worker provides
+// the tool `word_count`. The behaviour writes what the step asked, what it
+// built on and how large its inputs were; an input `remember` (a string) is
+// added to the global memory, and with `count_words: true` it counts the
+// words of its instruction with `word_count` (InvokeTool). It prints
 // `serving N agents` once the execution service welcomes it, and how many
 // assignments it handled when it stops.
 
 import { readFileSync } from "node:fs";
 import { parseArgs } from "node:util";
 
-import { type Behaviour, Worker } from "./worker.js";
+import { type Behaviour, type ProvidedTool, Worker } from "./worker.js";
 
-const sample: Behaviour = async (assignment) => {
+/** A tool this worker provides: the words of `text`. */
+const wordCount: ProvidedTool = {
+  name: "word_count",
+  description: "Counts the words of a text",
+  inputSchema: { type: "object", properties: { text: { type: "string" } }, required: ["text"] },
+  run: async (inputJson) => ({ words: (JSON.parse(inputJson).text as string).split(/\s+/).filter(Boolean).length }),
+};
+
+const sample: Behaviour = async (assignment, context) => {
   const inputs = JSON.parse(assignment.inputsJson || "{}") as Record<string, unknown>;
+  // Asked to, it counts the words of its instruction with the tool (whichever worker provides it).
+  const words = inputs.count_words === true
+    ? (JSON.parse(await context.invokeTool("word_count", { text: assignment.message })) as { words: number }).words
+    : undefined;
   return {
     kind: "completed",
     output: {
@@ -24,6 +38,7 @@ const sample: Behaviour = async (assignment) => {
       text: `${assignment.agentId} (typescript) did: ${assignment.message}`,
       built_on: Object.keys(assignment.upstreamOutputs).sort(),
       inputs_bytes: assignment.inputsJson.length,
+      words,
     },
     tokensUsed: 42,
     cost: 0.02,
@@ -42,7 +57,7 @@ if (!values.tokens) {
   throw new Error("--tokens is required: a JSON object of agent ids to roster tokens");
 }
 const agents = JSON.parse(readFileSync(values.tokens, "utf8")) as Record<string, string>;
-const worker = new Worker({ execution: values.execution!, agents, behaviour: sample, name: values.name }).start();
+const worker = new Worker({ execution: values.execution!, agents, behaviour: sample, tools: [wordCount], name: values.name }).start();
 await worker.ready;
 console.log(`serving ${Object.keys(agents).length} agents`);
 
