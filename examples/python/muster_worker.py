@@ -55,10 +55,16 @@ MOST_BACKOFF_SECONDS = 5.0
 
 def sample_behaviour(assignment):
     """Deterministic: no LLM. Returns (output as a JSON-able value, tokens, cost, extra); an input
-    "remember" adds its text to the global memory."""
+    "remember" adds its text to the global memory, and an input "delegate" (agent id to colleague)
+    hands the step onward."""
     upstream = sorted(assignment.upstream_outputs.keys())
     inputs = json.loads(assignment.inputs_json or "{}")
     remember = [("global", inputs["remember"])] if isinstance(inputs.get("remember"), str) else []
+    extra = {"remember": remember}
+    # An input "delegate" maps agents to the colleague each hands the step to.
+    colleague = (inputs.get("delegate") or {}).get(assignment.agent_id)
+    if colleague:
+        extra["delegate"] = {"to_agent_id": colleague, "reason": f"{assignment.agent_id} hands it to {colleague}"}
     return (
         {
             "agent": assignment.agent_id,
@@ -71,7 +77,7 @@ def sample_behaviour(assignment):
         },
         42,
         0.02,
-        {"remember": remember},
+        extra,
     )
 
 

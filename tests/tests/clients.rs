@@ -267,8 +267,8 @@ async fn python_worker_serves_the_sample_process_across_a_restart() {
     test.shutdown().await;
 }
 
-/// The sample process's agents, registered, their role permitting the tool
-/// `word_count`; the file of their tokens.
+/// The sample process's agents, registered, allowed to hand steps onward,
+/// their role permitting the tool `word_count`; the file of their tokens.
 async fn sample_agents(test: &TestCluster) -> PathBuf {
     let member = muster_proto::roster::v1::RoleDefinition {
         name: "member".to_owned(),
@@ -277,7 +277,10 @@ async fn sample_agents(test: &TestCluster) -> PathBuf {
     };
     let request = muster_proto::roster::v1::PutRoleDefinitionRequest { role: Some(member) };
     test.roster().put_role_definition(request).await.unwrap();
-    let agents: Vec<_> = SAMPLE_AGENTS.iter().map(|(id, team)| agent(id, "member", team)).collect();
+    let agents: Vec<_> = SAMPLE_AGENTS
+        .iter()
+        .map(|(id, team)| muster_proto::roster::v1::Agent { allow_delegation: true, ..agent(id, "member", team) })
+        .collect();
     let tokens = test.register_agents(&agents).await;
     let tokens: serde_json::Map<String, serde_json::Value> =
         agents.iter().zip(tokens).map(|(agent, token)| (agent.id.clone(), token.into())).collect();
@@ -291,7 +294,8 @@ async fn sample_agents(test: &TestCluster) -> PathBuf {
 /// after connecting again by itself when the execution service restarts; it
 /// reads inputs too large for an assignment (`ReadPayload`) as its agents,
 /// reports memory notes, provides the tool `word_count` and invokes it from
-/// its behaviour, and stops cleanly on SIGTERM, saying what it did.
+/// its behaviour, hands a step onward (and reports it itself when the
+/// service refuses a loop), and stops cleanly on SIGTERM, saying what it did.
 async fn serves_the_sample_process_across_a_restart(
     test: &mut TestCluster,
     mut worker: tokio::process::Command,
@@ -368,12 +372,29 @@ async fn serves_the_sample_process_across_a_restart(
     assert_eq!(entries.len(), 6, "{entries:?}");
     assert!(entries.iter().all(|entry| entry.text == remembered && entry.execution_id == started.id));
 
+    // Onward delegation: the writer hands the step to the editor, whose
+    // attempt to hand it back is a loop, refused: the editor does it.
+    let relay = "name: relay\nsteps:\n  - id: relay\n    type: agent_task\n    agent: writer-agent\n    message: pass it on\n    inputs: {delegate: {writer-agent: editor-agent, editor-agent: writer-agent}}\n";
+    let id = muster_tests::publish_and_start(&mut execution_client, relay).await;
+    let events = muster_tests::events_until_finished(&test.operator("execution"), &id).await;
+    let last = events.last().unwrap();
+    assert_eq!(last.execution_status, muster_proto::common::v1::ExecutionStatus::Completed as i32, "{events:#?}");
+    let request = muster_proto::execution::v1::GetExecutionRequest { id };
+    let relayed = execution_client.get_execution(request).await.unwrap().into_inner().execution.unwrap();
+    let step = &relayed.steps[0];
+    assert_eq!(step.executor, "editor-agent", "{}", step.output_json);
+    let output = json(&step.output_json);
+    assert!(output["text"].as_str().unwrap().starts_with(&format!("editor-agent ({language}) did: ")), "{output}");
+    let refused = output["delegation_refused"].as_str().unwrap_or_default();
+    assert!(refused.starts_with("delegation loop: writer-agent -> editor-agent -> writer-agent"), "{output}");
+
     // SIGTERM stops it cleanly, saying what it did.
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(worker.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM)
         .unwrap();
     let last = tokio::time::timeout(std::time::Duration::from_secs(30), printed.next_line()).await.unwrap().unwrap();
     let last = last.unwrap_or_default();
-    assert!(last.starts_with("stopped after 6 assignments and "), "{last}");
+    // The six steps, the relay's accepted delegation and the editor's step.
+    assert!(last.starts_with("stopped after 8 assignments and "), "{last}");
     let connections: u32 = last.split_whitespace().nth(5).unwrap().parse().unwrap();
     assert!(connections >= 2, "{last}");
     assert!(worker.wait().await.unwrap().success());

@@ -6,8 +6,9 @@
 // The tokens file maps agent ids to their roster tokens. The worker provides
 // the tool `word_count`. The behaviour writes what the step asked, what it
 // built on and how large its inputs were; an input `remember` (a string) is
-// added to the global memory, and with `count_words: true` it counts the
-// words of its instruction with `word_count` (InvokeTool). It prints
+// added to the global memory, with `count_words: true` it counts the words
+// of its instruction with `word_count` (InvokeTool), and an input `delegate`
+// (agent id to colleague) hands the step onward. It prints
 // `serving N agents` once the execution service welcomes it, and how many
 // assignments it handled when it stops.
 
@@ -30,8 +31,8 @@ const sample: Behaviour = async (assignment, context) => {
   const words = inputs.count_words === true
     ? (JSON.parse(await context.invokeTool("word_count", { text: assignment.message })) as { words: number }).words
     : undefined;
-  return {
-    kind: "completed",
+  const done = {
+    kind: "completed" as const,
     output: {
       agent: assignment.agentId,
       step: assignment.stepId,
@@ -42,8 +43,14 @@ const sample: Behaviour = async (assignment, context) => {
     },
     tokensUsed: 42,
     cost: 0.02,
-    remember: typeof inputs.remember === "string" ? [{ scope: "global", text: inputs.remember }] : [],
+    remember: typeof inputs.remember === "string" ? [{ scope: "global" as const, text: inputs.remember }] : [],
   };
+  // An input `delegate` maps agents to the colleague each hands the step to.
+  const colleague = (inputs.delegate as Record<string, string> | undefined)?.[assignment.agentId];
+  if (colleague) {
+    return { kind: "delegate", toAgentId: colleague, reason: `${assignment.agentId} hands it to ${colleague}`, otherwise: done };
+  }
+  return done;
 };
 
 const { values } = parseArgs({
