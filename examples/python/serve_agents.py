@@ -7,7 +7,8 @@ behaviour until SIGINT or SIGTERM:
 The tokens file maps agent ids to their roster tokens. The worker provides
 the tool `word_count`; the behaviour is the sample one, and with the input
 `count_words: true` it also counts the words of its instruction with
-`word_count` (InvokeTool). It prints `serving N agents` once the execution
+`word_count` (InvokeTool); `sleep_ms` makes it nap (printing `napping
+<step>`, and `withdrawn <step>` if the service cancels it meanwhile). It prints `serving N agents` once the execution
 service welcomes it, and how many assignments it handled (and over how many
 connections) when it stops.
 """
@@ -29,7 +30,14 @@ WORD_COUNT = Tool(
 
 
 def behaviour(assignment, context):
-    """The sample behaviour; asked to, it counts the words of its instruction with the tool."""
+    """The sample behaviour; asked to, it naps (until withdrawn) and counts the words of its
+    instruction with the tool."""
+    sleep_ms = json.loads(assignment.inputs_json or "{}").get("sleep_ms")
+    if isinstance(sleep_ms, (int, float)):
+        print(f"napping {assignment.step_id}", flush=True)
+        if context.cancelled.wait(sleep_ms / 1000):
+            print(f"withdrawn {assignment.step_id}", flush=True)
+            raise RuntimeError("withdrawn")
     output, tokens, cost, extra = sample_behaviour(assignment)
     if json.loads(assignment.inputs_json or "{}").get("count_words") is True:
         output["words"] = json.loads(context.invoke_tool("word_count", {"text": assignment.message}))["words"]

@@ -295,7 +295,8 @@ async fn sample_agents(test: &TestCluster) -> PathBuf {
 /// reads inputs too large for an assignment (`ReadPayload`) as its agents,
 /// reports memory notes, provides the tool `word_count` and invokes it from
 /// its behaviour, hands a step onward (and reports it itself when the
-/// service refuses a loop), and stops cleanly on SIGTERM, saying what it did.
+/// service refuses a loop), stops a step the service withdraws, and stops
+/// cleanly on SIGTERM, saying what it did.
 async fn serves_the_sample_process_across_a_restart(
     test: &mut TestCluster,
     mut worker: tokio::process::Command,
@@ -347,6 +348,7 @@ async fn serves_the_sample_process_across_a_restart(
         let output = json(&step.output_json);
         let text = output["text"].as_str().unwrap_or_default();
         assert!(text.starts_with(&format!("{} ({language}) did: ", step.executor)), "{}: {output}", step.step_id);
+        assert_eq!((step.tokens_used, step.cost), (42, 0.02), "{}: the tokens and cost reported", step.step_id);
         assert!(output["inputs_bytes"].as_u64().unwrap() > 70_000, "{}: {output}", step.step_id);
         // Counted by the tool the worker provides, invoked from its behaviour.
         assert!(output["words"].as_u64().is_some_and(|words| words > 0), "{}: {output}", step.step_id);
@@ -388,12 +390,24 @@ async fn serves_the_sample_process_across_a_restart(
     let refused = output["delegation_refused"].as_str().unwrap_or_default();
     assert!(refused.starts_with("delegation loop: writer-agent -> editor-agent -> writer-agent"), "{output}");
 
+    // Cancelling the execution withdraws a running step from the worker,
+    // which stops its behaviour and reports nothing.
+    let nap = "name: nap\nsteps:\n  - id: nap\n    type: agent_task\n    agent: writer-agent\n    message: wait\n    inputs: {sleep_ms: 120000}\n";
+    let id = muster_tests::publish_and_start(&mut execution_client, nap).await;
+    let line = tokio::time::timeout(std::time::Duration::from_secs(30), printed.next_line()).await.unwrap().unwrap();
+    assert_eq!(line.as_deref(), Some("napping nap"));
+    let cancel = muster_proto::execution::v1::CancelExecutionRequest { id, reason: "enough".to_owned() };
+    execution_client.cancel_execution(cancel).await.unwrap();
+    let line = tokio::time::timeout(std::time::Duration::from_secs(30), printed.next_line()).await.unwrap().unwrap();
+    assert_eq!(line.as_deref(), Some("withdrawn nap"));
+
     // SIGTERM stops it cleanly, saying what it did.
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(worker.id().unwrap() as i32), nix::sys::signal::Signal::SIGTERM)
         .unwrap();
     let last = tokio::time::timeout(std::time::Duration::from_secs(30), printed.next_line()).await.unwrap().unwrap();
     let last = last.unwrap_or_default();
-    // The six steps, the relay's accepted delegation and the editor's step.
+    // The six steps, the relay's accepted delegation and the editor's step;
+    // not the withdrawn nap.
     assert!(last.starts_with("stopped after 8 assignments and "), "{last}");
     let connections: u32 = last.split_whitespace().nth(5).unwrap().parse().unwrap();
     assert!(connections >= 2, "{last}");

@@ -8,7 +8,9 @@
 // built on and how large its inputs were; an input `remember` (a string) is
 // added to the global memory, with `count_words: true` it counts the words
 // of its instruction with `word_count` (InvokeTool), and an input `delegate`
-// (agent id to colleague) hands the step onward. It prints
+// (agent id to colleague) hands the step onward; `sleep_ms` makes it nap
+// (printing `napping <step>`, and `withdrawn <step>` if the service cancels
+// it meanwhile). It prints
 // `serving N agents` once the execution service welcomes it, and how many
 // assignments it handled when it stops.
 
@@ -25,8 +27,24 @@ const wordCount: ProvidedTool = {
   run: async (inputJson) => ({ words: (JSON.parse(inputJson).text as string).split(/\s+/).filter(Boolean).length }),
 };
 
+/** Waits `milliseconds`, or less when `signal` aborts first: whether it slept the whole time. */
+function nap(milliseconds: number, signal: AbortSignal): Promise<boolean> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => resolve(true), milliseconds);
+    signal.addEventListener("abort", () => (clearTimeout(timer), resolve(false)), { once: true });
+  });
+}
+
 const sample: Behaviour = async (assignment, context) => {
   const inputs = JSON.parse(assignment.inputsJson || "{}") as Record<string, unknown>;
+  // An input `sleep_ms` makes it take that long, unless the service withdraws the step.
+  if (typeof inputs.sleep_ms === "number") {
+    console.log(`napping ${assignment.stepId}`);
+    if (!(await nap(inputs.sleep_ms, context.signal))) {
+      console.log(`withdrawn ${assignment.stepId}`);
+      throw new Error("withdrawn");
+    }
+  }
   // Asked to, it counts the words of its instruction with the tool (whichever worker provides it).
   const words = inputs.count_words === true
     ? (JSON.parse(await context.invokeTool("word_count", { text: assignment.message })) as { words: number }).words
