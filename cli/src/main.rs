@@ -46,7 +46,7 @@ enum Command {
     Approve(commands::act::ApproveArgs),
     /// Asks the roster who should take a task: its delegation decision, as text.
     Delegate(commands::act::DelegateArgs),
-    /// Validates process, role and permission-matrix files offline.
+    /// Validates process, role, permission-matrix and roster files offline.
     Validate(validate::ValidateArgs),
     /// Imports and lists the roster.
     Roster(commands::roster::RosterArgs),

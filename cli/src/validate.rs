@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use annotate_snippets::{AnnotationKind, Level, Origin, Renderer, Snippet};
-use muster_format::{Context, Diagnostic, DocumentKind, RoleFormat};
+use muster_format::{Context, Diagnostic, DocumentKind, RoleFormat, roster::import::ImportFile};
 
 /// How findings are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -25,8 +25,10 @@ pub(crate) enum OutputFormat {
 /// What the files are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub(crate) enum KindArg {
-    /// `.md` is a role; YAML with `steps` is a process; with a `roles` mapping
-    /// of `can`/`cannot` lists a permission matrix; else a role definition.
+    /// `.md` is a role; YAML with `steps` is a process; with `agents` or
+    /// `teams` a roster; with a `roles` mapping of `can`/`cannot` lists a
+    /// permission matrix; else a role definition. Given with a roster, `.md`
+    /// files are its role definitions, checked as one import.
     Auto,
     /// A process definition.
     Process,
@@ -34,6 +36,8 @@ pub(crate) enum KindArg {
     Role,
     /// A permission matrix.
     Matrix,
+    /// The files of one roster import: YAML rosters and `.md` role definitions.
+    Roster,
 }
 
 /// Arguments of `muster validate`.
@@ -60,19 +64,17 @@ struct FileReport {
 /// Runs `muster validate`.
 pub(crate) fn run(args: &ValidateArgs) -> ExitCode {
     let mut unreadable = false;
-    let mut reports = Vec::with_capacity(args.files.len());
+    let mut read = Vec::with_capacity(args.files.len());
     for path in &args.files {
         match std::fs::read_to_string(path) {
-            Ok(source) => {
-                let diagnostics = validate_file(path, &source, args.kind);
-                reports.push(FileReport { file: path.display().to_string(), source, diagnostics });
-            }
+            Ok(source) => read.push((path.as_path(), source)),
             Err(error) => {
                 eprintln!("{}: error: cannot read the file: {error}", path.display());
                 unreadable = true;
             }
         }
     }
+    let reports = validate_files(&read, args.kind);
     match args.format {
         OutputFormat::Text => {
             for report in &reports {
@@ -120,16 +122,50 @@ fn resolve_kind(path: &Path, source: &str, kind: KindArg) -> DocumentKind {
         KindArg::Process => DocumentKind::Process,
         KindArg::Role => DocumentKind::RoleDefinition,
         KindArg::Matrix => DocumentKind::PermissionMatrix,
+        KindArg::Roster => DocumentKind::Roster,
         KindArg::Auto if is_markdown(path) => DocumentKind::RoleDefinition,
         KindArg::Auto => muster_format::detect_yaml_kind(source),
     }
 }
 
-fn validate_file(path: &Path, source: &str, kind: KindArg) -> Vec<Diagnostic> {
+/// The findings of each file, in the order given. The files of a roster
+/// (and, beside one, the `.md` role definitions) are checked together, as
+/// one import, so that references between them resolve.
+fn validate_files(files: &[(&Path, String)], kind: KindArg) -> Vec<FileReport> {
+    let kinds: Vec<DocumentKind> = files.iter().map(|(path, source)| resolve_kind(path, source, kind)).collect();
+    let with_roster = kinds.contains(&DocumentKind::Roster);
+    let in_roster = |index: usize| kinds[index] == DocumentKind::Roster || (with_roster && is_markdown(files[index].0));
+    let roster: Vec<ImportFile> = (0..files.len())
+        .filter(|index| in_roster(*index))
+        .map(|index| ImportFile { name: files[index].0.display().to_string(), content: files[index].1.clone() })
+        .collect();
+    let roster_findings = muster_format::roster::import::validate_files(&roster);
+    files
+        .iter()
+        .enumerate()
+        .map(|(index, (path, source))| {
+            let file = path.display().to_string();
+            let diagnostics = if in_roster(index) {
+                let mine =
+                    roster_findings.iter().filter(|finding| finding.file_name == file || finding.file_name.is_empty());
+                mine.map(|finding| finding.to_diagnostic()).collect()
+            } else {
+                validate_file(path, source, kinds[index])
+            };
+            FileReport { file, source: source.clone(), diagnostics }
+        })
+        .collect()
+}
+
+fn validate_file(path: &Path, source: &str, kind: DocumentKind) -> Vec<Diagnostic> {
     let context = Context::default();
-    match resolve_kind(path, source, kind) {
+    match kind {
         DocumentKind::Process => muster_format::validate_process(source, &context).diagnostics,
         DocumentKind::PermissionMatrix => muster_format::validate_permission_matrix(source).diagnostics,
+        DocumentKind::Roster => {
+            let file = ImportFile { name: path.display().to_string(), content: source.to_owned() };
+            muster_format::roster::import::validate_files(&[file]).iter().map(|found| found.to_diagnostic()).collect()
+        }
         DocumentKind::RoleDefinition => {
             let format = if is_markdown(path) { RoleFormat::Markdown } else { RoleFormat::Yaml };
             muster_format::validate_role_definition(source, format, &context).diagnostics
@@ -260,7 +296,11 @@ mod tests {
 
     #[test]
     fn text_output_is_compiler_style_with_a_caret() {
-        let diagnostics = validate_file(Path::new("p.yaml"), NO_EXECUTOR, KindArg::Auto);
+        let diagnostics = validate_file(
+            Path::new("p.yaml"),
+            NO_EXECUTOR,
+            resolve_kind(Path::new("p.yaml"), NO_EXECUTOR, KindArg::Auto),
+        );
         let text = render_text("p.yaml", NO_EXECUTOR, diagnostics.iter().map(Finding::from), false);
         assert_eq!(
             text,
@@ -295,7 +335,11 @@ mod tests {
 
     #[test]
     fn json_output_is_one_array_of_findings() {
-        let diagnostics = validate_file(Path::new("p.yaml"), NO_EXECUTOR, KindArg::Auto);
+        let diagnostics = validate_file(
+            Path::new("p.yaml"),
+            NO_EXECUTOR,
+            resolve_kind(Path::new("p.yaml"), NO_EXECUTOR, KindArg::Auto),
+        );
         let reports = vec![FileReport { file: "p.yaml".to_owned(), source: NO_EXECUTOR.to_owned(), diagnostics }];
         let value: serde_json::Value = serde_json::from_str(&render_json(&reports)).expect("JSON");
         assert_eq!(
@@ -314,6 +358,27 @@ mod tests {
     }
 
     #[test]
+    fn roster_files_are_checked_together_as_one_import() {
+        let roster = include_str!("../../examples/roster.yaml");
+        let auto = |path: &str, source: &str| resolve_kind(Path::new(path), source, KindArg::Auto);
+        assert_eq!(auto("roster.yaml", roster), DocumentKind::Roster);
+        let reports = validate_files(&[(Path::new("roster.yaml"), roster.to_owned())], KindArg::Auto);
+        assert!(!reports[0].diagnostics.iter().any(Diagnostic::is_error), "{:?}", reports[0].diagnostics);
+
+        // An agent of a team that no file defines, at the line and column of its team.
+        let broken = "agents:\n  - id: ada\n    team: nowhere\n    role: writer\n";
+        let role = "# Writer\n\n## Mission\nWrites.\n";
+        let files = [(Path::new("team.yaml"), broken.to_owned()), (Path::new("writer.md"), role.to_owned())];
+        let reports = validate_files(&files, KindArg::Auto);
+        let missing = reports[0].diagnostics.iter().find(|found| found.code == "ROS007").expect("the missing team");
+        assert!(missing.is_error() && missing.message.contains("\"nowhere\""), "{missing:?}");
+        assert_eq!((missing.line, missing.column), (3, 11), "{missing:?}");
+        // The role is defined by the Markdown file given beside it: no ROS009.
+        assert!(!reports[0].diagnostics.iter().any(|found| found.code == "ROS009"), "{:?}", reports[0].diagnostics);
+        assert!(reports[1].diagnostics.iter().all(|found| !found.is_error()), "{:?}", reports[1].diagnostics);
+    }
+
+    #[test]
     fn kinds_are_detected_from_extension_and_shape() {
         let auto = |path: &str, source: &str| resolve_kind(Path::new(path), source, KindArg::Auto);
         assert_eq!(auto("r.md", "steps: []"), DocumentKind::RoleDefinition);
@@ -322,7 +387,11 @@ mod tests {
         assert_eq!(auto("r.yaml", "name: PythonDeveloper\ntools: [x]\n"), DocumentKind::RoleDefinition);
         assert_eq!(auto("r.yaml", "roles: [a]\n"), DocumentKind::RoleDefinition);
         assert_eq!(resolve_kind(Path::new("x.yaml"), "name: a", KindArg::Matrix), DocumentKind::PermissionMatrix);
-        let markdown = validate_file(Path::new("r.md"), "# A\n## Mission\nm\n", KindArg::Auto);
+        let markdown = validate_file(
+            Path::new("r.md"),
+            "# A\n## Mission\nm\n",
+            resolve_kind(Path::new("r.md"), "# A\n## Mission\nm\n", KindArg::Auto),
+        );
         assert_eq!(markdown, vec![]);
     }
 

@@ -1,6 +1,8 @@
 //! muster's document formats: processes, role definitions (YAML and
-//! Markdown) and permission matrices — their model, a YAML reader that keeps
-//! the line and column of every node, and the rules they must follow.
+//! Markdown), permission matrices and the files a roster is imported from
+//! ([`roster`], with the roster's entities and their rules) — their model, a
+//! YAML reader that keeps the line and column of every node, and the rules
+//! they must follow.
 //!
 //! Every rule answers with diagnostics that each carry a severity, a stable
 //! code (`docs/diagnostics.md`), a message, a path such as
@@ -26,6 +28,7 @@ mod model;
 mod process;
 mod references;
 mod role;
+pub mod roster;
 mod schedule;
 mod yaml;
 
@@ -88,6 +91,8 @@ pub enum DocumentKind {
     /// A permission matrix: a top-level `roles` mapping whose entries are
     /// mappings of `can`, `cannot`, `includes` and `description`.
     PermissionMatrix,
+    /// A roster: a top-level `agents` or `teams` (and no `steps`).
+    Roster,
     /// Anything else: a role definition (or a list of them).
     RoleDefinition,
 }
@@ -101,6 +106,9 @@ pub fn detect_yaml_kind(source: &str) -> DocumentKind {
     let root = document.root();
     if root.get("steps").is_some() {
         return DocumentKind::Process;
+    }
+    if root.get("agents").is_some() || root.get("teams").is_some() {
+        return DocumentKind::Roster;
     }
     let matrix_shaped = root.get("roles").and_then(|roles| roles.mapping()).is_some_and(|mut entries| {
         entries.all(|(_, role)| {

@@ -79,6 +79,7 @@ pub(crate) fn agent_from_wire(agent: Option<pb::Agent>) -> Result<Agent> {
         max_iterations: agent.max_iterations,
     }
     .normalize()
+    .map_err(Error::from)
 }
 
 pub(crate) fn team_to_wire(team: &Team) -> pb::Team {
@@ -97,6 +98,7 @@ pub(crate) fn team_from_wire(team: Option<pb::Team>) -> Result<Team> {
         lead_agent_id: team.lead_agent_id.trim().to_owned(),
     }
     .normalize()
+    .map_err(Error::from)
 }
 
 pub(crate) fn role_to_wire(role: &RoleDefinition) -> pb::RoleDefinition {
@@ -163,6 +165,7 @@ pub(crate) fn role_from_wire(role: Option<pb::RoleDefinition>) -> Result<RoleDef
         }),
     }
     .normalize()
+    .map_err(Error::from)
 }
 
 pub(crate) fn required_id(field: &str, value: &str) -> Result<String> {

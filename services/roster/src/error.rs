@@ -117,6 +117,12 @@ impl Error {
     }
 }
 
+impl From<muster_format::roster::model::Invalid> for Error {
+    fn from(invalid: muster_format::roster::model::Invalid) -> Self {
+        Self::InvalidArgument { field: invalid.field, message: invalid.message }
+    }
+}
+
 /// The roster's result type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 

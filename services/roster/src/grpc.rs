@@ -317,8 +317,8 @@ impl<S: RosterStore> Roster<S> {
                     ));
                 }
                 // One tag, checked as a list of one: the field is `expertise`, not `expertise[0]`.
-                let tags =
-                    normalize_tags("expertise", &[request.expertise]).map_err(|error| error.on_field("expertise"))?;
+                let tags = normalize_tags("expertise", &[request.expertise])
+                    .map_err(|error| Error::from(error).on_field("expertise"))?;
                 query.expertise = tags.into_iter().next().unwrap_or_default();
             }
         }
@@ -371,7 +371,7 @@ impl<S: RosterStore> RosterService for Roster<S> {
             String::new()
         } else {
             normalize_tags("expertise", &[request.expertise])
-                .map_err(|error| error.on_field("expertise"))?
+                .map_err(|error| Error::from(error).on_field("expertise"))?
                 .into_iter()
                 .next()
                 .unwrap_or_default()

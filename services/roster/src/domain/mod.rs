@@ -1,10 +1,12 @@
-//! The roster's logic: entities and their validation, the delegation decision
-//! framework, roster import and system prompts. No tonic, no sqlx.
+//! The roster's logic: the delegation decision framework and system prompts,
+//! over the entities, their validation and roster import that the format
+//! library holds (re-exported here as [`model`] and [`import`]). No tonic, no sqlx.
 
 mod decision_text;
 pub mod delegation;
-pub mod import;
-mod import_markdown;
-mod import_yaml;
-pub mod model;
 pub mod prompt;
+
+/// Roster import, from the format library.
+pub use muster_format::roster::import;
+/// The roster's entities and their rules, from the format library.
+pub use muster_format::roster::model;

@@ -1,6 +1,25 @@
 //! The roster's entities and the rules every one of them obeys on input.
 
-use crate::error::{Error, Result};
+/// A value the roster refuses: the request field it came from (`agent.id`,
+/// `role.budget.max_cost`) and why, with the field named first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    /// The field, as a path.
+    pub field: String,
+    /// What is wrong, for people: "`field`: problem".
+    pub message: String,
+}
+
+impl std::fmt::Display for Invalid {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Invalid {}
+
+/// The result of the roster's rules.
+pub type Result<T, E = Invalid> = std::result::Result<T, E>;
 
 /// The default number of tasks an agent holds at once (a workload of `X/5`).
 pub const DEFAULT_CAPACITY: u32 = 5;
@@ -301,11 +320,11 @@ impl RoleDefinition {
         validate_json_object("role.input_schema_json", &self.input_schema_json)?;
         validate_json_object("role.output_schema_json", &self.output_schema_json)?;
         self.schedule = self.schedule.trim().to_owned();
-        if let Some(cron) = muster_format::role_schedule_cron(&self.schedule) {
-            muster_format::Schedule::parse(cron, "").map_err(|reason| invalid("role.schedule", reason))?;
+        if let Some(cron) = crate::role_schedule_cron(&self.schedule) {
+            crate::Schedule::parse(cron, "").map_err(|reason| invalid("role.schedule", reason))?;
         }
         self.inbox = self.inbox.trim().to_owned();
-        if !self.inbox.is_empty() && muster_format::role_inbox_name(&self.inbox).is_none() {
+        if !self.inbox.is_empty() && crate::role_inbox_name(&self.inbox).is_none() {
             return Err(invalid(
                 "role.inbox",
                 format!("{:?} is neither an inbox name ([a-z0-9][a-z0-9_-]*) nor a path ending in one", self.inbox),
@@ -318,7 +337,7 @@ impl RoleDefinition {
             throttle.check()?;
         }
         self.post_to_inbox = self.post_to_inbox.trim().to_owned();
-        if !self.post_to_inbox.is_empty() && !muster_format::is_identifier(&self.post_to_inbox) {
+        if !self.post_to_inbox.is_empty() && !crate::is_identifier(&self.post_to_inbox) {
             return Err(invalid(
                 "role.post_to_inbox",
                 format!("{:?} is not an inbox name ([a-z0-9][a-z0-9_-]*, at most 64 characters)", self.post_to_inbox),
@@ -328,9 +347,9 @@ impl RoleDefinition {
     }
 }
 
-/// INVALID_ARGUMENT about the request field `field`: "`field`: `problem`".
-fn invalid(field: &str, problem: impl std::fmt::Display) -> Error {
-    Error::invalid(field, format!("{field}: {problem}"))
+/// A refusal of the field `field`: "`field`: `problem`".
+fn invalid(field: &str, problem: impl std::fmt::Display) -> Invalid {
+    Invalid { field: field.to_owned(), message: format!("{field}: {problem}") }
 }
 
 /// Checks an id: 1 to 64 characters of lowercase letters, digits, `-`, `_`,

@@ -1,11 +1,11 @@
 //! Markdown role files: the file name is the role's name, `##` sections are its
-//! fields. The validator's rules (`muster_format::validate_role_definition`)
+//! fields. The validator's rules (`crate::validate_role_definition`)
 //! give the diagnostics, so a role file is judged the same by `muster validate`
 //! and by an import.
 
 use std::collections::HashSet;
 
-use muster_format::{Context, RoleFormat};
+use crate::{Context, RoleFormat};
 
 use super::import::{FileDiagnostic, ImportFile, ParsedRoster, Severity, file_diagnostic, invalid_message};
 use super::model::{RoleBudget, RoleDefinition, RoleThrottle};
@@ -19,7 +19,7 @@ const EXTRA_SECTIONS: [&str; 4] = ["Description", "Responsibilities", "Actions",
 /// sections its fields.
 pub(super) fn parse_markdown_role(file: &ImportFile, parsed: &mut ParsedRoster) {
     let name = file.name.as_str();
-    let report = muster_format::validate_role_definition(&file.content, RoleFormat::Markdown, &Context::default());
+    let report = crate::validate_role_definition(&file.content, RoleFormat::Markdown, &Context::default());
     let findings_before = parsed.diagnostics.len();
     for diagnostic in report.diagnostics {
         // The roster reads these sections too (the validator does not know them).
@@ -31,8 +31,8 @@ pub(super) fn parse_markdown_role(file: &ImportFile, parsed: &mut ParsedRoster) 
         parsed.diagnostics.push(FileDiagnostic {
             file_name: name.to_owned(),
             severity: match diagnostic.severity {
-                muster_format::Severity::Error => Severity::Error,
-                muster_format::Severity::Warning => Severity::Warning,
+                crate::Severity::Error => Severity::Error,
+                crate::Severity::Warning => Severity::Warning,
             },
             code: diagnostic.code,
             message: diagnostic.message,

@@ -9,8 +9,8 @@ use saphyr::YamlDataOwned;
 
 use super::import_markdown::parse_markdown_role;
 use super::import_yaml::{Fields, load_document, position};
+use super::model::Invalid;
 use super::model::{Agent, RoleDefinition, Team};
-use crate::error::Error;
 
 /// Largest file accepted.
 pub const MAX_FILE_BYTES: usize = 1024 * 1024;
@@ -28,14 +28,7 @@ pub struct ImportFile {
     pub content: String,
 }
 
-/// How serious a finding is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Severity {
-    /// The import is refused.
-    Error,
-    /// Accepted, but probably wrong.
-    Warning,
-}
+pub use crate::Severity;
 
 /// One finding about one file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,6 +47,30 @@ pub struct FileDiagnostic {
     pub line: u32,
     /// 1-based column; 0 when unknown.
     pub column: u32,
+}
+
+impl FileDiagnostic {
+    /// The finding as the other documents' checks give theirs (its file aside).
+    pub fn to_diagnostic(&self) -> crate::Diagnostic {
+        crate::Diagnostic {
+            severity: self.severity,
+            code: self.code,
+            message: self.message.clone(),
+            path: self.path.clone(),
+            line: self.line,
+            column: self.column,
+        }
+    }
+}
+
+/// Every finding about `files` as one import into an empty roster would
+/// report them: each file's, and the references between them (teams,
+/// seniors, leads and roles must be defined in the files).
+pub fn validate_files(files: &[ImportFile]) -> Vec<FileDiagnostic> {
+    let parsed = parse_files(files);
+    let mut diagnostics = parsed.diagnostics.clone();
+    diagnostics.extend(check_references(&parsed, &Existing::default()));
+    diagnostics
 }
 
 /// Where an entity came from.
@@ -281,11 +298,8 @@ pub fn check_references(parsed: &ParsedRoster, existing: &Existing) -> Vec<FileD
     diagnostics
 }
 
-pub(super) fn invalid_message(error: Error) -> String {
-    match error {
-        Error::InvalidArgument { message, .. } => message,
-        other => other.to_string(),
-    }
+pub(super) fn invalid_message(error: Invalid) -> String {
+    error.message
 }
 
 /// The field a normalisation message names (`agent.team: ...` -> `team`).
