@@ -10,7 +10,7 @@ use std::{
     collections::HashMap,
     future::Future,
     pin::Pin,
-    sync::{Mutex, MutexGuard, OnceLock, PoisonError, atomic::AtomicU64},
+    sync::{Mutex, MutexGuard, OnceLock, PoisonError, RwLock, atomic::AtomicU64},
     task::{Context, Poll},
     time::Instant,
 };
@@ -53,46 +53,47 @@ enum Metric {
 }
 
 struct Metrics {
-    registry: Registry,
-    by_name: HashMap<&'static str, Metric>,
+    registry: Mutex<Registry>,
+    /// Read at every record, written once per name.
+    by_name: RwLock<HashMap<&'static str, Metric>>,
 }
 
-fn metrics() -> MutexGuard<'static, Metrics> {
-    static METRICS: OnceLock<Mutex<Metrics>> = OnceLock::new();
-    METRICS
-        .get_or_init(|| {
-            let mut registry = Registry::default();
-            let version = vec![("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned())];
-            registry.register("muster_build", "The muster version this process runs", Info::new(version));
-            registry.register_collector(Box::new(ProcessCollector));
-            Mutex::new(Metrics { registry, by_name: HashMap::new() })
-        })
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
+fn metrics() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(|| {
+        let mut registry = Registry::default();
+        let version = vec![("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned())];
+        registry.register("muster_build", "The muster version this process runs", Info::new(version));
+        registry.register_collector(Box::new(ProcessCollector));
+        Metrics { registry: Mutex::new(registry), by_name: RwLock::default() }
+    })
 }
 
-/// The series named `name`, registered with `help` (made by `make`) on first
-/// use. A name keeps the kind, and the labels or their absence, it was first
-/// used with.
-fn metric(name: &'static str, help: &'static str, make: impl FnOnce() -> Metric) -> Metric {
-    let mut metrics = metrics();
-    if let Some(found) = metrics.by_name.get(name) {
-        return found.clone();
+/// Runs `record` on the series named `name`, registered with `help` (made
+/// by `make`) on first use. A name keeps the kind, and the labels or their
+/// absence, it was first used with. Recording takes a shared lock only.
+fn with_metric(name: &'static str, help: &'static str, make: impl FnOnce() -> Metric, record: impl FnOnce(&Metric)) {
+    let metrics = metrics();
+    if let Some(found) = metrics.by_name.read().unwrap_or_else(PoisonError::into_inner).get(name) {
+        return record(found);
     }
-    let made = make();
-    // The encoder appends `_total` to a counter's name.
-    let counter_name = name.strip_suffix("_total").unwrap_or(name);
-    let registry = &mut metrics.registry;
-    match made.clone() {
-        Metric::Counters(family) => registry.register(counter_name, help, family),
-        Metric::Counter(counter) => registry.register(counter_name, help, counter),
-        Metric::Gauges(family) => registry.register(name, help, family),
-        Metric::Gauge(gauge) => registry.register(name, help, gauge),
-        Metric::Histograms(family) => registry.register(name, help, family),
-        Metric::Histogram(histogram) => registry.register(name, help, histogram),
-    }
-    metrics.by_name.insert(name, made.clone());
-    made
+    let mut by_name = metrics.by_name.write().unwrap_or_else(PoisonError::into_inner);
+    let found = by_name.entry(name).or_insert_with(|| {
+        let made = make();
+        // The encoder appends `_total` to a counter's name.
+        let counter_name = name.strip_suffix("_total").unwrap_or(name);
+        let mut registry = metrics.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        match made.clone() {
+            Metric::Counters(family) => registry.register(counter_name, help, family),
+            Metric::Counter(counter) => registry.register(counter_name, help, counter),
+            Metric::Gauges(family) => registry.register(name, help, family),
+            Metric::Gauge(gauge) => registry.register(name, help, gauge),
+            Metric::Histograms(family) => registry.register(name, help, family),
+            Metric::Histogram(histogram) => registry.register(name, help, histogram),
+        }
+        made
+    });
+    record(found);
 }
 
 fn labels(pairs: &[(&str, &str)]) -> Labels {
@@ -103,21 +104,21 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
 pub fn count(name: &'static str, help: &'static str, pairs: &[(&str, &str)], amount: u64) {
     let make =
         || if pairs.is_empty() { Metric::Counter(Counter::default()) } else { Metric::Counters(Family::default()) };
-    match metric(name, help, make) {
+    with_metric(name, help, make, |metric| match metric {
         Metric::Counters(family) => _ = family.get_or_create(&labels(pairs)).inc_by(amount),
         Metric::Counter(counter) => _ = counter.inc_by(amount),
         _ => {}
-    }
+    });
 }
 
 /// Sets a gauge.
 pub fn set(name: &'static str, help: &'static str, pairs: &[(&str, &str)], value: f64) {
     let make = || if pairs.is_empty() { Metric::Gauge(Gauge::default()) } else { Metric::Gauges(Family::default()) };
-    match metric(name, help, make) {
+    with_metric(name, help, make, |metric| match metric {
         Metric::Gauges(family) => _ = family.get_or_create(&labels(pairs)).set(value),
         Metric::Gauge(gauge) => _ = gauge.set(value),
         _ => {}
-    }
+    });
 }
 
 /// Records one observation, in seconds, in a histogram.
@@ -129,11 +130,11 @@ pub fn observe(name: &'static str, help: &'static str, pairs: &[(&str, &str)], s
             Metric::Histograms(Family::new_with_constructor(latency_histogram as fn() -> Histogram))
         }
     };
-    match metric(name, help, make) {
+    with_metric(name, help, make, |metric| match metric {
         Metric::Histograms(family) => family.get_or_create(&labels(pairs)).observe(seconds),
         Metric::Histogram(histogram) => histogram.observe(seconds),
         _ => {}
-    }
+    });
 }
 
 type Collect = Box<dyn Fn() -> bool + Send + Sync>;
@@ -158,7 +159,8 @@ pub fn render() -> String {
     collectors().retain(|collector| collector());
     let mut text = String::new();
     // Writing to a String cannot fail.
-    let _ = prometheus_client::encoding::text::encode(&mut text, &metrics().registry);
+    let registry = metrics().registry.lock().unwrap_or_else(PoisonError::into_inner);
+    let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
     text
 }
 

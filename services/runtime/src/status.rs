@@ -78,7 +78,7 @@ pub fn out_of_range(field: &str, message: &str) -> tonic::Status {
 /// a roster): `ErrorInfo` with `reason` (`INVALID_PROCESS`) and the counts of
 /// errors and warnings, a `google.rpc.BadRequest` with one violation per
 /// finding on the request's `field` (its reason the finding's code, its
-/// description `line L, column C: message`), and each finding as a
+/// description `line L, column C (path): message`), and each finding as a
 /// `muster.common.v1.Diagnostic`, errors first. What does not fit in
 /// [`MAX_DETAILS_BYTES`] is left out; `message` says how many there are.
 pub fn refused_document(message: &str, reason: &str, field: &str, diagnostics: &[Diagnostic]) -> tonic::Status {
