@@ -58,14 +58,7 @@ async fn python_client_runs_the_sample_process() {
     std::fs::write(&tokens_file, serde_json::Value::Object(tokens).to_string()).unwrap();
 
     let examples = repository().join("examples/python");
-    let generated = test.data_dir.join("python");
-    let status = Command::new("bash")
-        .arg(examples.join("generate.sh"))
-        .env("PYTHON", &python)
-        .env("MUSTER_PYTHON_OUT", &generated)
-        .status()
-        .unwrap();
-    assert!(status.success(), "generating the Python client failed");
+    let generated = python_client(&test, &python);
 
     let address = |url: String| url.trim_start_matches("http://").to_owned();
     let operator_token_file = test.data_dir.join(muster::credentials::OPERATOR_TOKEN_FILE);
@@ -180,6 +173,20 @@ async fn typescript_client_runs_the_sample_process() {
     test.shutdown().await;
 }
 
+/// The Python client generated from `proto/` by `examples/python/generate.sh`
+/// into the test's folder: its folder.
+fn python_client(test: &TestCluster, python: &str) -> PathBuf {
+    let generated = test.data_dir.join("python");
+    let status = Command::new("bash")
+        .arg(repository().join("examples/python/generate.sh"))
+        .env("PYTHON", python)
+        .env("MUSTER_PYTHON_OUT", &generated)
+        .status()
+        .unwrap();
+    assert!(status.success(), "generating the Python client failed");
+    generated
+}
+
 /// A copy of `clients/typescript` in the test's folder, its dependencies
 /// installed (`npm ci`), the client generated there by the repository's
 /// `buf.gen.yaml`, and built (`tsc`, which type-checks it): its folder.
@@ -250,15 +257,8 @@ async fn python_worker_serves_the_sample_process_across_a_restart() {
     let Some(python) = tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools"]) else { return };
     let Some(mut test) = TestCluster::start(Backend::Sqlite).await else { return };
     let tokens_file = sample_agents(&test).await;
-    let generated = test.data_dir.join("python");
+    let generated = python_client(&test, &python);
     let examples = repository().join("examples/python");
-    let status = Command::new("bash")
-        .arg(examples.join("generate.sh"))
-        .env("PYTHON", &python)
-        .env("MUSTER_PYTHON_OUT", &generated)
-        .status()
-        .unwrap();
-    assert!(status.success(), "generating the Python client failed");
     let mut worker = tokio::process::Command::new(python);
     worker
         .arg(examples.join("serve_agents.py"))
@@ -763,14 +763,7 @@ async fn error_details_decode_in_grpcurl_buf_curl_and_python() {
     let operator = test.cluster().credentials.operator_token.clone();
     let process = muster_tests::chain_process("errors", 1, "writer-agent", "writer-agent", "{}");
     muster_tests::publish_and_start(&mut test.execution(), &process).await;
-    let generated = test.data_dir.join("python");
-    let status = Command::new("bash")
-        .arg(repository().join("examples/python/generate.sh"))
-        .env("PYTHON", &python)
-        .env("MUSTER_PYTHON_OUT", &generated)
-        .status()
-        .unwrap();
-    assert!(status.success(), "generating the Python client failed");
+    let generated = python_client(&test, &python);
 
     let broken = "name: broken\nsteps:\n  - id: only\n    type: agent_task\n    agent: writer-agent\n    message: Write\n    roles:\n      monitors: [writer-agent]\n";
     let mut calls = vec![
