@@ -763,6 +763,18 @@ async fn error_details_decode_in_grpcurl_buf_curl_and_python() {
     let operator = test.cluster().credentials.operator_token.clone();
     let process = muster_tests::chain_process("errors", 1, "writer-agent", "writer-agent", "{}");
     muster_tests::publish_and_start(&mut test.execution(), &process).await;
+    // A process that has used the one run its budget allows.
+    let limited = muster_tests::chain_process("limited", 1, "writer-agent", "writer-agent", "{}");
+    muster_tests::publish_and_start(&mut test.execution(), &limited).await;
+    let budget = muster_proto::execution::v1::Budget {
+        scope: muster_proto::execution::v1::BudgetScope::Process as i32,
+        name: "limited".to_owned(),
+        period_seconds: 3600,
+        max_runs: 1,
+        ..Default::default()
+    };
+    let request = muster_proto::execution::v1::SetBudgetRequest { budget: Some(budget) };
+    test.execution().set_budget(request).await.unwrap();
     let generated = python_client(&test, &python);
 
     let broken = "name: broken\nsteps:\n  - id: only\n    type: agent_task\n    agent: writer-agent\n    message: Write\n    roles:\n      monitors: [writer-agent]\n";
@@ -820,6 +832,19 @@ async fn error_details_decode_in_grpcurl_buf_curl_and_python() {
             check: |refusal| {
                 let violation = &refusal.detail("google.rpc.BadRequest")["fieldViolations"][0];
                 assert_eq!(violation["field"], "agent.id", "{violation}");
+            },
+        },
+        RefusedCall {
+            service: "execution",
+            method: "muster.execution.v1.ExecutionService/StartExecution",
+            request: serde_json::json!({ "processName": "limited" }),
+            token: Some(operator.clone()),
+            code: "RESOURCE_EXHAUSTED",
+            check: |refusal| {
+                let violation = &refusal.detail("google.rpc.QuotaFailure")["violations"][0];
+                assert_eq!(violation["subject"], "process:limited", "{violation}");
+                let description = violation["description"].as_str().unwrap_or_default();
+                assert!(description.starts_with("1 of 1 runs in the last 3600 s"), "{violation}");
             },
         },
         RefusedCall {
