@@ -59,6 +59,9 @@ fn framed_notifier_server(
     Ok(())
 }
 
+/// The messages that carry JSON values.
+const JSON_MESSAGES: &[&str] = &["google.protobuf.Struct", "google.protobuf.Value", "google.protobuf.ListValue"];
+
 /// Every message a muster RPC can receive, each field with its limits.
 fn limits_table(pool: &DescriptorPool) -> Result<String, Box<dyn std::error::Error>> {
     let extension = pool.get_extension_by_name("muster.common.v1.limits").ok_or("the limits option is not defined")?;
@@ -97,7 +100,9 @@ struct Table {
 
 impl Table {
     /// The index of `message`, adding it (and what it contains) when new.
-    /// A map entry inherits the byte limit of its map field.
+    /// A map entry inherits the byte limit of its map field; inside a JSON
+    /// value, whose field limits its whole encoding, every string inherits
+    /// that limit and lists and maps hold any number of elements.
     fn message(
         &mut self,
         message: &MessageDescriptor,
@@ -117,9 +122,17 @@ impl Table {
         for field in fields {
             let (max_bytes, max_items) = limits(&field, extension);
             let max_bytes = entry_bytes.or(max_bytes).unwrap_or_else(|| default_bytes(&field));
+            let inside_json = JSON_MESSAGES.contains(&message.full_name());
             let kind = match field.kind() {
                 Kind::String => "Kind::Text".to_owned(),
                 Kind::Bytes => "Kind::Bytes".to_owned(),
+                Kind::Message(inner) if JSON_MESSAGES.contains(&inner.full_name()) => {
+                    let index = self.message(&inner, Some(max_bytes), extension);
+                    if inside_json { format!("Kind::Message({index})") } else { format!("Kind::Json({index})") }
+                }
+                Kind::Message(inner) if inside_json => {
+                    format!("Kind::Message({})", self.message(&inner, Some(max_bytes), extension))
+                }
                 Kind::Message(inner) => {
                     let inherited =
                         inner.is_map_entry().then_some(max_bytes).filter(|_| max_bytes_set(&field, extension));
@@ -129,7 +142,11 @@ impl Table {
                 Kind::Float | Kind::Fixed32 | Kind::Sfixed32 => "Kind::Fixed32".to_owned(),
                 _ => "Kind::Varint".to_owned(),
             };
-            let max_items = if field.is_list() || field.is_map() { max_items.unwrap_or(DEFAULT_ITEMS) } else { 1 };
+            let max_items = match (field.is_list() || field.is_map(), inside_json) {
+                (false, _) => 1,
+                (true, true) => u32::MAX,
+                (true, false) => max_items.unwrap_or(DEFAULT_ITEMS),
+            };
             rendered.push(format!(
                 "Field {{ number: {}, name: \"{}\", kind: {kind}, max_bytes: {max_bytes}, max_items: {max_items} }}",
                 field.number(),

@@ -24,7 +24,7 @@ use std::time::Duration;
 use muster_proto::execution::v1::{Assignment, MemoryNote, MemoryScope, ToolCall, ToolOutput, ToolSpec};
 use serde_json::{Value, json};
 
-use crate::worker::{Behaviour, StepOutcome};
+use crate::worker::{Behaviour, StepOutcome, json};
 
 /// The deterministic sample behaviour.
 #[derive(Debug, Default, Clone, Copy)]
@@ -35,9 +35,12 @@ impl SampleBehaviour {
     fn complete(assignment: &Assignment, inputs: &Value) -> StepOutcome {
         let mut upstream: Vec<&String> = assignment.upstream_outputs.keys().collect();
         upstream.sort();
-        let upstream_bytes: serde_json::Map<String, Value> =
-            assignment.upstream_outputs.iter().map(|(step, output)| (step.clone(), output.len().into())).collect();
-        let memory: Value = serde_json::from_str(&assignment.shared_memory_json).unwrap_or(Value::Null);
+        let upstream_bytes: serde_json::Map<String, Value> = assignment
+            .upstream_outputs
+            .iter()
+            .map(|(step, output)| (step.clone(), json_bytes(output).into()))
+            .collect();
+        let memory = object(assignment.shared_memory.as_ref());
         let mut memory_keys: Vec<&String> =
             memory.as_object().map(|memory| memory.keys().collect()).unwrap_or_default();
         memory_keys.sort();
@@ -56,7 +59,7 @@ impl SampleBehaviour {
             "history_steps": assignment.history.len(),
             "session_role": assignment.session_role,
             "max_iterations": assignment.max_iterations,
-            "llm_config": serde_json::from_str::<Value>(&assignment.llm_config_json).unwrap_or(Value::Null),
+            "llm_config": assignment.llm_config.as_ref().map_or(Value::Null, |config| object(Some(config))),
             "memory_entries": assignment.memory.len(),
         });
         if let Some(padding) = inputs.get("output_bytes").and_then(Value::as_u64) {
@@ -85,7 +88,7 @@ impl SampleBehaviour {
 
 impl Behaviour for SampleBehaviour {
     async fn run(&self, assignment: Assignment) -> StepOutcome {
-        let inputs: Value = serde_json::from_str(&assignment.inputs_json).unwrap_or(Value::Null);
+        let inputs = object(assignment.inputs.as_ref());
         if let Some(milliseconds) = inputs.get("sleep_ms").and_then(Value::as_u64) {
             tokio::time::sleep(Duration::from_millis(milliseconds)).await;
         }
@@ -123,35 +126,48 @@ impl Behaviour for SampleBehaviour {
             ToolSpec {
                 name: "word_count".to_owned(),
                 description: "Counts the words of a text".to_owned(),
-                input_schema_json: json!({
-                    "type": "object",
-                    "properties": {"text": {"type": "string"}},
-                    "required": ["text"],
-                    "additionalProperties": false
-                })
-                .to_string(),
+                input_schema: json::struct_from_text(
+                    &json!({
+                        "type": "object",
+                        "properties": {"text": {"type": "string"}},
+                        "required": ["text"],
+                        "additionalProperties": false
+                    })
+                    .to_string(),
+                )
+                .ok()
+                .flatten(),
             },
             ToolSpec {
                 name: "flaky_tool".to_owned(),
                 description: "Always fails, to show how a provider's fault looks".to_owned(),
-                input_schema_json: String::new(),
+                input_schema: None,
             },
         ]
     }
 
     async fn call_tool(&self, call: ToolCall) -> ToolOutput {
-        let input: Value = serde_json::from_str(&call.input_json).unwrap_or(Value::Null);
+        let input = object(call.input.as_ref());
         match call.tool.as_str() {
             "word_count" => {
                 let words = input.get("text").and_then(Value::as_str).map_or(0, |text| text.split_whitespace().count());
-                ToolOutput { output_json: json!({"words": words}).to_string(), error: String::new(), status_code: 200 }
+                let output = json::from_json(json!({"words": words}));
+                ToolOutput { output: Some(output), error: String::new(), status_code: 200 }
             }
-            "flaky_tool" => ToolOutput {
-                output_json: String::new(),
-                error: "the sample tool failed on purpose".to_owned(),
-                status_code: 500,
-            },
-            other => ToolOutput { output_json: String::new(), error: format!("no tool '{other}'"), status_code: 404 },
+            "flaky_tool" => {
+                ToolOutput { output: None, error: "the sample tool failed on purpose".to_owned(), status_code: 500 }
+            }
+            other => ToolOutput { output: None, error: format!("no tool '{other}'"), status_code: 404 },
         }
     }
+}
+
+/// A wire object as JSON (`{}` when not set; a number JSON cannot hold is `null`).
+fn object(object: Option<&prost_types::Struct>) -> Value {
+    object.and_then(|object| json::object_to_json(object).ok()).unwrap_or_else(|| json!({}))
+}
+
+/// Bytes of a wire value as JSON text.
+fn json_bytes(value: &prost_types::Value) -> usize {
+    json::value_to_text(Some(value)).map_or(0, |text| text.len())
 }

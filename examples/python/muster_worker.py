@@ -19,7 +19,12 @@ A behaviour is called with the assignment, and with a `Context` when it
 takes a second argument: `context.cancelled` is a threading.Event set when
 the service withdraws the assignment (nothing is reported then), and
 `context.invoke_tool(name, input)` invokes a tool that a connected worker
-provides, as the assignment's agent, returning its output as JSON text.
+provides, as the assignment's agent, returning its output.
+
+JSON values travel as `google.protobuf.Struct` (objects: the assignment's
+`inputs`, `shared_memory`, `llm_config`) and `google.protobuf.Value` (any
+value: `upstream_outputs`, outputs); `to_python` turns either into plain
+Python values, with integral numbers as ints.
 
 A behaviour returns (output, tokens, cost), or (output, tokens, cost, extra)
 where extra may hold "remember": a list of ("global" or "role", text) entries
@@ -31,7 +36,8 @@ chooses for the expertise); if the service refuses the delegation, the output
 is reported instead, with the refusal as its "delegation_refused".
 
 A tool this worker provides is a `Tool(name, description, input_schema, run)`
-where run(input_json, agent_id) returns a JSON-able value.
+where run(tool_input, agent_id) takes the input as a dict and returns a
+JSON-able value.
 """
 
 import inspect
@@ -44,6 +50,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import grpc
+from google.protobuf import json_format, struct_pb2
 
 from muster.execution.v1 import execution_pb2, execution_pb2_grpc
 
@@ -53,12 +60,43 @@ FIRST_BACKOFF_SECONDS = 0.1
 MOST_BACKOFF_SECONDS = 5.0
 
 
+def to_python(message):
+    """A Struct or Value as plain Python values (None when not set); numbers travel as doubles,
+    so integral ones within 2^53 come back as ints."""
+
+    def whole(value):
+        if isinstance(value, float) and value.is_integer() and abs(value) <= 2**53:
+            return int(value)
+        if isinstance(value, list):
+            return [whole(item) for item in value]
+        if isinstance(value, dict):
+            return {key: whole(item) for key, item in value.items()}
+        return value
+
+    return whole(json_format.MessageToDict(message))
+
+
+def to_value(value):
+    """Any JSON-able Python value as a google.protobuf.Value."""
+    return json_format.ParseDict(value, struct_pb2.Value())
+
+
+def to_struct(value):
+    """A dict as a google.protobuf.Struct."""
+    return json_format.ParseDict(value, struct_pb2.Struct())
+
+
+def json_bytes(message):
+    """Bytes of a Struct or Value as compact JSON text."""
+    return len(json.dumps(to_python(message), separators=(",", ":"), sort_keys=True, ensure_ascii=False).encode())
+
+
 def sample_behaviour(assignment):
     """Deterministic: no LLM. Returns (output as a JSON-able value, tokens, cost, extra); an input
     "remember" adds its text to the global memory, and an input "delegate" (agent id to colleague)
     hands the step onward."""
     upstream = sorted(assignment.upstream_outputs.keys())
-    inputs = json.loads(assignment.inputs_json or "{}")
+    inputs = to_python(assignment.inputs) or {}
     remember = [("global", inputs["remember"])] if isinstance(inputs.get("remember"), str) else []
     extra = {"remember": remember}
     # An input "delegate" maps agents to the colleague each hands the step to.
@@ -71,8 +109,8 @@ def sample_behaviour(assignment):
             "step": assignment.step_id,
             "text": f"{assignment.agent_id} (python) did: {assignment.message}",
             "built_on": upstream,
-            "inputs_bytes": len(assignment.inputs_json),
-            "upstream_bytes": {step: len(output) for step, output in assignment.upstream_outputs.items()},
+            "inputs_bytes": json_bytes(assignment.inputs),
+            "upstream_bytes": {step: json_bytes(output) for step, output in assignment.upstream_outputs.items()},
             "memory_entries": len(assignment.memory),
         },
         42,
@@ -83,12 +121,12 @@ def sample_behaviour(assignment):
 
 @dataclass
 class Tool:
-    """A tool the worker provides; the service calls run(input_json, agent_id)."""
+    """A tool the worker provides; the service calls run(tool_input, agent_id)."""
 
     name: str
     description: str
     input_schema: dict
-    run: Callable[[str, str], object]
+    run: Callable[[dict, str], object]
 
 
 class Context:
@@ -101,10 +139,13 @@ class Context:
         self._execution_id = execution_id
 
     def invoke_tool(self, tool, tool_input):
-        request = execution_pb2.InvokeToolRequest(
-            tool=tool, input_json=json.dumps(tool_input), execution_id=self._execution_id
-        )
-        return self._stub.InvokeTool(request, metadata=self._metadata).output.output_json
+        """Invokes a tool as the assignment's agent; returns its output (plain Python values), or
+        raises RuntimeError with the tool's error."""
+        request = execution_pb2.InvokeToolRequest(tool=tool, input=to_struct(tool_input), execution_id=self._execution_id)
+        output = self._stub.InvokeTool(request, metadata=self._metadata).output
+        if output.error:
+            raise RuntimeError(f"tool {tool} answered {output.status_code}: {output.error}")
+        return to_python(output.output)
 
 
 class Worker:
@@ -155,7 +196,7 @@ class Worker:
                 agents=[execution_pb2.ServedAgent(agent_id=a, token=t) for a, t in self._credentials.items()],
                 tools=[
                     execution_pb2.ToolSpec(
-                        name=tool.name, description=tool.description, input_schema_json=json.dumps(tool.input_schema)
+                        name=tool.name, description=tool.description, input_schema=to_struct(tool.input_schema)
                     )
                     for tool in self._tools
                 ],
@@ -197,7 +238,7 @@ class Worker:
             for response in self._responses:
                 kind = response.WhichOneof("message")
                 if kind == "welcome":
-                    self._heartbeat_every = max(response.welcome.lease_ms / 3000.0, 0.05)
+                    self._heartbeat_every = max(response.welcome.lease.ToMilliseconds() / 3000.0, 0.05)
                     self.welcomed.set()
                 elif kind == "assignment":
                     self._pool.submit(self._run, response.assignment, outbox)
@@ -223,9 +264,9 @@ class Worker:
             if len(value) != ref.size_bytes:
                 raise RuntimeError(f"payload of {ref.step_id} is {len(value)} bytes, not {ref.size_bytes}")
             if ref.kind == execution_pb2.PAYLOAD_KIND_INPUTS:
-                assignment.inputs_json = value.decode()
+                assignment.inputs.CopyFrom(to_struct(json.loads(value)))
             elif ref.kind == execution_pb2.PAYLOAD_KIND_OUTPUT:
-                assignment.upstream_outputs[ref.step_id] = value.decode()
+                assignment.upstream_outputs[ref.step_id].CopyFrom(to_value(json.loads(value)))
         del assignment.payload_refs[:]
 
     def _run(self, assignment, outbox):
@@ -240,7 +281,7 @@ class Worker:
             extra = extra[0] if extra else {}
             result = execution_pb2.StepResult(
                 assignment_id=assignment.assignment_id,
-                output_json=json.dumps(output),
+                output=to_value(output),
                 tokens_used=tokens,
                 cost=cost,
                 post_to_inbox=extra.get("post_to_inbox", ""),
@@ -286,10 +327,10 @@ class Worker:
             self.handled += 1
         if outcome.accepted or result is None:
             return
-        output = json.loads(result.output_json)
+        output = to_python(result.output)
         output = output if isinstance(output, dict) else {"value": output}
         output["delegation_refused"] = outcome.reason
-        result.output_json = json.dumps(output)
+        result.output.CopyFrom(to_value(output))
         outbox.put(execution_pb2.ConnectWorkerRequest(result=result))
 
     def _provide(self, call, outbox):
@@ -297,7 +338,8 @@ class Worker:
         try:
             if tool is None:
                 raise RuntimeError(f"this worker provides no tool '{call.tool}'")
-            output = execution_pb2.ToolOutput(output_json=json.dumps(tool.run(call.input_json, call.agent_id)), status_code=200)
+            answer = tool.run(to_python(call.input) or {}, call.agent_id)
+            output = execution_pb2.ToolOutput(output=to_value(answer), status_code=200)
         except Exception as error:
             output = execution_pb2.ToolOutput(error=str(error), status_code=500)
         outbox.put(execution_pb2.ConnectWorkerRequest(tool_result=execution_pb2.ToolCallResult(call_id=call.call_id, output=output)))

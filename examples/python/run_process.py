@@ -20,6 +20,7 @@ import sys
 import time
 
 import grpc
+from google.protobuf import json_format, struct_pb2
 
 from muster.common.v1 import common_pb2
 from muster.execution.v1 import execution_pb2, execution_pb2_grpc
@@ -33,7 +34,7 @@ def main():
     parser.add_argument("--notifier", default="127.0.0.1:50054")
     parser.add_argument("--tokens", required=True, help="JSON: agent id to roster token")
     parser.add_argument("--process", required=True, help="the process YAML")
-    parser.add_argument("--inputs-json", default="", help="the execution's inputs, a JSON object")
+    parser.add_argument("--inputs", default="{}", help="the execution's inputs, a JSON object")
     parser.add_argument("--read-notifications-of", default=None, help="an agent whose inbox to print, as the agent")
     parser.add_argument("--operator-token-file", default="muster-data/operator.token")
     args = parser.parse_args()
@@ -62,7 +63,9 @@ def main():
         print(f"published {process.name} version {process.version}")
         started = execution.StartExecution(
             execution_pb2.StartExecutionRequest(
-                process_name=process.name, process_version=process.version, inputs_json=args.inputs_json
+                process_name=process.name,
+                process_version=process.version,
+                inputs=json_format.ParseDict(json.loads(args.inputs), struct_pb2.Struct()),
             ),
             metadata=as_operator,
         ).execution
@@ -71,8 +74,8 @@ def main():
         watch = execution_pb2.WatchExecutionRequest(execution_id=started.id)
         for response in execution.WatchExecution(watch, metadata=as_operator):
             event = response.event
-            print(f"  {common_pb2.EventType.Name(event.type):<32} {event.step_id} {event.agent_id}")
-            if event.type == common_pb2.EVENT_TYPE_EXECUTION_FINISHED:
+            print(f"  {common_pb2.EventType.Name(event.event_type):<32} {event.step_id} {event.agent_id}")
+            if event.event_type == common_pb2.EVENT_TYPE_EXECUTION_FINISHED:
                 finished = event
                 break
     finally:
@@ -91,13 +94,13 @@ def main():
                 metadata=as_agent,
             )
             mine = [n for n in page.notifications if n.event.execution_id == started.id]
-            if any(n.event.type == common_pb2.EVENT_TYPE_STEP_COMPLETED for n in mine) or time.monotonic() > deadline:
+            if any(n.event.event_type == common_pb2.EVENT_TYPE_STEP_COMPLETED for n in mine) or time.monotonic() > deadline:
                 break
             time.sleep(0.05)
         for notification in mine:
             event = notification.event
             print(f"notification {notification.cursor} for {notification.agent_id}: "
-                  f"{common_pb2.EventType.Name(event.type)} {event.step_id}: {notification.output_summary[:60]}")
+                  f"{common_pb2.EventType.Name(event.event_type)} {event.step_id}: {notification.output_summary[:60]}")
         if not mine:
             print(f"no notification reached {args.read_notifications_of}", file=sys.stderr)
             return 1

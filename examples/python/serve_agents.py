@@ -18,29 +18,30 @@ import json
 import signal
 import threading
 
-from muster_worker import Tool, Worker, sample_behaviour
+from muster_worker import Tool, Worker, sample_behaviour, to_python
 
 
 WORD_COUNT = Tool(
     name="word_count",
     description="Counts the words of a text",
     input_schema={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
-    run=lambda input_json, agent_id: {"words": len(json.loads(input_json)["text"].split())},
+    run=lambda tool_input, agent_id: {"words": len(tool_input["text"].split())},
 )
 
 
 def behaviour(assignment, context):
     """The sample behaviour; asked to, it naps (until withdrawn) and counts the words of its
     instruction with the tool."""
-    sleep_ms = json.loads(assignment.inputs_json or "{}").get("sleep_ms")
+    inputs = to_python(assignment.inputs) or {}
+    sleep_ms = inputs.get("sleep_ms")
     if isinstance(sleep_ms, (int, float)):
         print(f"napping {assignment.step_id}", flush=True)
         if context.cancelled.wait(sleep_ms / 1000):
             print(f"withdrawn {assignment.step_id}", flush=True)
             raise RuntimeError("withdrawn")
     output, tokens, cost, extra = sample_behaviour(assignment)
-    if json.loads(assignment.inputs_json or "{}").get("count_words") is True:
-        output["words"] = json.loads(context.invoke_tool("word_count", {"text": assignment.message}))["words"]
+    if inputs.get("count_words") is True:
+        output["words"] = context.invoke_tool("word_count", {"text": assignment.message})["words"]
     return output, tokens, cost, extra
 
 

@@ -194,14 +194,14 @@ mod tests {
         StepEvent {
             event_id: "event-1".to_owned(),
             sequence: 7,
-            r#type: EventType::StepCompleted as i32,
+            event_type: EventType::StepCompleted as i32,
             execution_id: "execution-1".to_owned(),
             roles: Some(StepRoles {
                 executor: "writer".to_owned(),
                 monitors: vec!["a".to_owned(), "b".to_owned()],
                 informed: vec![],
             }),
-            output_json: "{\"result\":\"é\"}".to_owned(),
+            output: Some(prost_types::Value { kind: Some(prost_types::value::Kind::StringValue("é".to_owned())) }),
             cost: 0.25,
             ..StepEvent::default()
         }

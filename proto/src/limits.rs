@@ -12,6 +12,10 @@ pub enum Kind {
     Bytes,
     /// An embedded message, by index in [`MESSAGES`] (map entries too).
     Message(usize),
+    /// A JSON value (`google.protobuf.Struct`, `Value` or `ListValue`), by
+    /// index in [`MESSAGES`]: its whole encoding is held to the field's
+    /// `max_bytes`, and nothing inside it has a limit of its own.
+    Json(usize),
     /// A varint: integers, booleans, enums.
     Varint,
     /// A fixed 4-byte number.
@@ -29,7 +33,8 @@ pub struct Field {
     pub name: &'static str,
     /// How it is encoded.
     pub kind: Kind,
-    /// Most bytes of a string or bytes value (of each element when repeated).
+    /// Most bytes of a string or bytes value (of each element when
+    /// repeated), or of the whole encoding of a JSON value.
     pub max_bytes: u32,
     /// Most elements: 1 for a singular field.
     pub max_items: u32,

@@ -91,7 +91,7 @@ async fn run_once(client: &mut ExecutionClient, source: &str) -> f64 {
         .into_inner();
     while let Some(message) = stream.message().await.expect("events") {
         let event = message.event.expect("event");
-        if event.r#type == EventType::ExecutionFinished as i32 {
+        if event.event_type == EventType::ExecutionFinished as i32 {
             assert_eq!(event.execution_status, ExecutionStatus::Completed as i32, "{}", event.detail);
             break;
         }

@@ -372,11 +372,28 @@ pub async fn events_until_finished(execution: &Endpoint, execution_id: &str) -> 
         let mut stream = response.into_inner();
         while let Ok(Some(message)) = stream.message().await {
             let event = message.event.unwrap();
-            let done = event.r#type == EventType::ExecutionFinished as i32;
+            let done = event.event_type == EventType::ExecutionFinished as i32;
             events.push(event);
             if done {
                 return events;
             }
         }
     }
+}
+
+/// A wire JSON value as `serde_json` (`null` when not set).
+pub fn json_of(value: &Option<prost_types::Value>) -> serde_json::Value {
+    value
+        .as_ref()
+        .map_or(serde_json::Value::Null, |value| muster_runtime::json::to_json(value).expect("finite numbers"))
+}
+
+/// A wire JSON object from JSON text.
+pub fn object(text: &str) -> Option<prost_types::Struct> {
+    muster_runtime::json::struct_from_text(text).expect("a JSON object")
+}
+
+/// A wire JSON value from JSON text.
+pub fn value(text: &str) -> Option<prost_types::Value> {
+    Some(muster_runtime::json::value_from_text(text).expect("JSON"))
 }

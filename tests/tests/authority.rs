@@ -71,7 +71,7 @@ fn event() -> StepEvent {
     StepEvent {
         event_id: "table-event".into(),
         sequence: 1,
-        r#type: EventType::StepCompleted as i32,
+        event_type: EventType::StepCompleted as i32,
         occurred_at: Some(muster_runtime::time::to_timestamp(muster_runtime::time::now_millis())),
         execution_id: "table".into(),
         step_id: "s".into(),
@@ -99,7 +99,7 @@ fn table() -> Vec<Row> {
         row("RosterService/ListAgents", |_| roster::ListAgentsRequest::default().encode_to_vec(), ALL),
         row(
             "RosterService/UpdateAgent",
-            |_| roster::UpdateAgentRequest { agent: Some(alice_agent()) }.encode_to_vec(),
+            |_| roster::UpdateAgentRequest { agent: Some(alice_agent()), update_mask: None }.encode_to_vec(),
             OPERATORS,
         ),
         row(

@@ -72,7 +72,7 @@ fn set(name: &str, max_runs: u32) -> SetBudgetRequest {
         budget: Some(Budget {
             scope: BudgetScope::Process as i32,
             name: name.to_owned(),
-            period_seconds: 3600,
+            period: Some(muster_runtime::time::seconds_to_duration(3600)),
             max_runs,
             ..Default::default()
         }),
@@ -161,7 +161,7 @@ async fn budgets_stop_a_runaway_loop(backend: Backend) {
     let status = client.set_budget(set("nothing", 1)).await.unwrap_err();
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
     let mut no_period = set("ping", 1);
-    no_period.budget.as_mut().unwrap().period_seconds = 0;
+    no_period.budget.as_mut().unwrap().period = None;
     let status = client.set_budget(no_period).await.unwrap_err();
     assert_eq!(
         (status.code(), status.message()),
@@ -235,10 +235,10 @@ async fn a_run_over_its_budget(backend: Backend) {
     let last = events.last().unwrap();
     assert_eq!(last.execution_status, ExecutionStatus::Cancelled as i32);
     assert_eq!(last.detail, "budget exceeded: the run used 200 tokens, over its 150 (declared budget)");
-    let over = events.iter().find(|event| event.r#type == EventType::BudgetExceeded as i32).expect("the event");
+    let over = events.iter().find(|event| event.event_type == EventType::BudgetExceeded as i32).expect("the event");
     assert_eq!(over.step_id, "s1");
     assert_eq!(over.detail, format!("{}; the run is stopped", last.detail));
-    assert!(!events.iter().any(|event| event.step_id == "s2" && event.r#type == EventType::StepStarted as i32));
+    assert!(!events.iter().any(|event| event.step_id == "s2" && event.event_type == EventType::StepStarted as i32));
     // The monitor and the lead hear of it.
     for (agent, token) in [("quality", &tokens[2]), ("lead", &tokens[0])] {
         let request = ListNotificationsRequest { agent_id: agent.to_owned(), ..Default::default() };
@@ -246,7 +246,7 @@ async fn a_run_over_its_budget(backend: Backend) {
         for _ in 0..100 {
             let notifications = test.notifier_as(token).list_notifications(request.clone()).await.unwrap();
             found = notifications.into_inner().notifications.into_iter().find(|notification| {
-                notification.event.as_ref().is_some_and(|event| event.r#type == EventType::BudgetExceeded as i32)
+                notification.event.as_ref().is_some_and(|event| event.event_type == EventType::BudgetExceeded as i32)
             });
             if found.is_some() {
                 break;
@@ -261,7 +261,7 @@ async fn a_run_over_its_budget(backend: Backend) {
     // until its lead resumes it, then completes.
     let mut pause = set("spender", 0);
     let budget = pause.budget.as_mut().unwrap();
-    (budget.period_seconds, budget.run_max_tokens, budget.on_exceed) = (0, 150, BudgetAction::Pause as i32);
+    (budget.period, budget.run_max_tokens, budget.on_exceed) = (None, 150, BudgetAction::Pause as i32);
     let answer = client.set_budget(pause).await.expect("SetBudget").into_inner().budget.unwrap();
     assert_eq!((answer.run_max_tokens, answer.on_exceed), (150, BudgetAction::Pause as i32));
     let id = client.start_execution(start.clone()).await.unwrap().into_inner().execution.unwrap().id;
@@ -286,7 +286,7 @@ async fn a_run_over_its_budget(backend: Backend) {
     test.execution_as(&tokens[0]).intervene(resume).await.expect("the lead resumes");
     let events = events_until_finished(&test.operator("execution"), &id).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
-    let over: Vec<_> = events.iter().filter(|event| event.r#type == EventType::BudgetExceeded as i32).collect();
+    let over: Vec<_> = events.iter().filter(|event| event.event_type == EventType::BudgetExceeded as i32).collect();
     assert_eq!(over.len(), 1, "acted on once");
     assert!(over[0].detail.ends_with("(operator budget); the run is paused until it is resumed"), "{}", over[0].detail);
 
@@ -301,7 +301,7 @@ async fn a_run_over_its_budget(backend: Backend) {
     let id = client.start_execution(start).await.unwrap().into_inner().execution.unwrap().id;
     let events = events_until_finished(&test.operator("execution"), &id).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
-    let over = events.iter().find(|event| event.r#type == EventType::BudgetExceeded as i32).expect("the warning");
+    let over = events.iter().find(|event| event.event_type == EventType::BudgetExceeded as i32).expect("the warning");
     assert!(over.detail.ends_with("; the run goes on"), "{}", over.detail);
 
     let _ = stop.send(());
@@ -445,7 +445,7 @@ fn agent_budget(max_runs: u32, on_exceed: BudgetAction) -> SetBudgetRequest {
         budget: Some(Budget {
             scope: BudgetScope::Agent as i32,
             name: "worker".into(),
-            period_seconds: 3600,
+            period: Some(muster_runtime::time::seconds_to_duration(3600)),
             max_runs,
             on_exceed: on_exceed as i32,
             ..Default::default()
@@ -473,16 +473,16 @@ async fn an_agents_budget_limits_its_steps(backend: Backend) {
     let id = client.start_execution(start.clone()).await.unwrap().into_inner().execution.unwrap().id;
     let events = events_until_finished(&test.operator("execution"), &id).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Failed as i32);
-    let over = events.iter().find(|event| event.r#type == EventType::BudgetExceeded as i32).expect("the event");
+    let over = events.iter().find(|event| event.event_type == EventType::BudgetExceeded as i32).expect("the event");
     assert_eq!(over.step_id, "s2");
     assert_eq!(
         over.detail,
         "budget of agent 'worker' exhausted: 2 of 2 steps in the last 3600 s (operator budget); the step is refused"
     );
-    let failed = events.iter().find(|event| event.r#type == EventType::StepFailed as i32).expect("s2 failed");
+    let failed = events.iter().find(|event| event.event_type == EventType::StepFailed as i32).expect("s2 failed");
     let code = failed.error.as_ref().map(|error| error.code.as_str());
     assert_eq!((failed.step_id.as_str(), code), ("s2", Some("BUDGET_EXHAUSTED")));
-    assert!(!events.iter().any(|event| event.step_id == "s2" && event.r#type == EventType::StepStarted as i32));
+    assert!(!events.iter().any(|event| event.step_id == "s2" && event.event_type == EventType::StepStarted as i32));
 
     // A start that names the agent is refused at once.
     let status = client.start_execution(start.clone()).await.unwrap_err();
@@ -499,7 +499,7 @@ async fn an_agents_budget_limits_its_steps(backend: Backend) {
     let id = client.start_execution(start.clone()).await.unwrap().into_inner().execution.unwrap().id;
     let events = events_until_finished(&test.operator("execution"), &id).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
-    let warnings: Vec<_> = events.iter().filter(|event| event.r#type == EventType::BudgetExceeded as i32).collect();
+    let warnings: Vec<_> = events.iter().filter(|event| event.event_type == EventType::BudgetExceeded as i32).collect();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert_eq!(
         (warnings[0].step_id.as_str(), warnings[0].detail.as_str()),

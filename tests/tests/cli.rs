@@ -327,7 +327,7 @@ async fn muster_run_resumes_after_the_execution_service_restarts(backend: Backen
         let completions = printed.iter().filter(|line| line.contains(&step)).count();
         assert_eq!(completions, 1, "s{index} completed once:\n{output}");
     }
-    let started = events.iter().filter(|event| event.r#type == EventType::StepStarted as i32).count();
+    let started = events.iter().filter(|event| event.event_type == EventType::StepStarted as i32).count();
     assert_eq!(printed.iter().filter(|line| line.contains(" started     by ")).count(), started, "{output}");
 
     // The service gone for good: watching gives up after the timeout, naming the way back.

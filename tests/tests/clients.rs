@@ -96,7 +96,7 @@ async fn python_client_runs_the_sample_process() {
     let request = muster_proto::execution::v1::GetExecutionRequest { id: id.to_owned() };
     let execution = test.execution().get_execution(request).await.unwrap().into_inner().execution.unwrap();
     for step in &execution.steps {
-        let output: serde_json::Value = serde_json::from_str(&step.output_json).unwrap();
+        let output: serde_json::Value = muster_tests::json_of(&step.output);
         assert!(output["inputs_bytes"].as_u64().unwrap() > 70_000, "{}: {output}", step.step_id);
     }
     // What the Python worker asked to remember, one entry per step, written by its agents.
@@ -330,11 +330,11 @@ async fn serves_the_sample_process_across_a_restart(
         .unwrap();
     // Inputs of 70 KB: every step's inputs travel by reference.
     let remembered = format!("{language} was here");
-    let inputs_json =
+    let inputs =
         serde_json::json!({ "brief": "b".repeat(70_000), "remember": remembered, "count_words": true }).to_string();
     let request = muster_proto::execution::v1::StartExecutionRequest {
         process_name: process.name,
-        inputs_json,
+        inputs: muster_tests::object(&inputs),
         ..Default::default()
     };
     let started = execution_client.start_execution(request).await.unwrap().into_inner().execution.unwrap();
@@ -345,7 +345,7 @@ async fn serves_the_sample_process_across_a_restart(
     let execution = execution_client.get_execution(request).await.unwrap().into_inner().execution.unwrap();
     assert_eq!(execution.steps.len(), 6);
     for step in &execution.steps {
-        let output = json(&step.output_json);
+        let output = muster_tests::json_of(&step.output);
         let text = output["text"].as_str().unwrap_or_default();
         assert!(text.starts_with(&format!("{} ({language}) did: ", step.executor)), "{}: {output}", step.step_id);
         assert_eq!((step.tokens_used, step.cost), (42, 0.02), "{}: the tokens and cost reported", step.step_id);
@@ -357,14 +357,14 @@ async fn serves_the_sample_process_across_a_restart(
     let tokens: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(tokens_file).unwrap()).unwrap();
     let mut request = tonic::Request::new(muster_proto::execution::v1::InvokeToolRequest {
         tool: "word_count".to_owned(),
-        input_json: r#"{"text": "three little words"}"#.to_owned(),
+        input: muster_tests::object(r#"{"text": "three little words"}"#),
         execution_id: String::new(),
     });
     let token = tokens["writer-agent"].as_str().unwrap();
     request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
     let counted = execution_client.invoke_tool(request).await.unwrap().into_inner().output.unwrap();
     assert_eq!(
-        (counted.status_code, json(&counted.output_json)),
+        (counted.status_code, muster_tests::json_of(&counted.output)),
         (200, serde_json::json!({ "words": 3 })),
         "{counted:?}"
     );
@@ -384,8 +384,8 @@ async fn serves_the_sample_process_across_a_restart(
     let request = muster_proto::execution::v1::GetExecutionRequest { id };
     let relayed = execution_client.get_execution(request).await.unwrap().into_inner().execution.unwrap();
     let step = &relayed.steps[0];
-    assert_eq!(step.executor, "editor-agent", "{}", step.output_json);
-    let output = json(&step.output_json);
+    let output = muster_tests::json_of(&step.output);
+    assert_eq!(step.executor, "editor-agent", "{output}");
     assert!(output["text"].as_str().unwrap().starts_with(&format!("editor-agent ({language}) did: ")), "{output}");
     let refused = output["delegation_refused"].as_str().unwrap_or_default();
     assert!(refused.starts_with("delegation loop: writer-agent -> editor-agent -> writer-agent"), "{output}");
@@ -422,6 +422,11 @@ async fn grpcurl_recipes_work_without_proto_files() {
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
     let tokens = test.register_agents(&[agent("writer-agent", "writer", "content")]).await;
     let runner = RecipeRunner::new(grpcurl, test.cluster(), &tokens[0]);
+    // The process the README starts, here with one step.
+    let source = "name: content-pipeline\nsteps:\n  - id: draft\n    type: agent_task\n    agent: writer-agent\n    message: Write\n";
+    let request =
+        muster_proto::execution::v1::PublishProcessRequest { source: source.to_owned(), file_name: String::new() };
+    test.execution().publish_process(request).await.unwrap();
 
     let mut checked = Vec::new();
     for recipe in &recipes {
@@ -459,12 +464,20 @@ async fn grpcurl_recipes_work_without_proto_files() {
                 assert_own_inbox_read(&runner.run(recipe, target));
                 checked.push("agent inbox");
             }
+            Some("muster.execution.v1.ExecutionService/StartExecution") => {
+                // JSON values travel as plain JSON, durations and types under their own names.
+                let started = json(&runner.run(recipe, target));
+                let execution = &started["execution"];
+                assert_eq!(execution["inputs"], serde_json::json!({"topic": "rust", "words": 800}), "{started}");
+                assert_eq!(execution["steps"][0]["stepType"], "agent_task", "{started}");
+                checked.push("start with inputs");
+            }
             _ => panic!("no check for the README recipe {recipe:?}: add one here"),
         }
     }
     assert_eq!(
         checked,
-        ["list", "describe", "health", "list agents", "validate", "agent inbox"],
+        ["list", "describe", "health", "list agents", "validate", "agent inbox", "start with inputs"],
         "the README's grpcurl recipes"
     );
     test.shutdown().await;
@@ -769,7 +782,7 @@ async fn error_details_decode_in_grpcurl_buf_curl_and_python() {
     let budget = muster_proto::execution::v1::Budget {
         scope: muster_proto::execution::v1::BudgetScope::Process as i32,
         name: "limited".to_owned(),
-        period_seconds: 3600,
+        period: Some(muster_runtime::time::seconds_to_duration(3600)),
         max_runs: 1,
         ..Default::default()
     };

@@ -29,7 +29,7 @@ async fn cluster_with_agents(backend: Backend, ids: &[&str]) -> Option<(TestClus
 }
 
 fn count(events: &[StepEvent], kind: EventType, step: &str) -> usize {
-    events.iter().filter(|event| event.r#type == kind as i32 && event.step_id == step).count()
+    events.iter().filter(|event| event.event_type == kind as i32 && event.step_id == step).count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,7 +180,7 @@ async fn execution_service_crash(backend: Backend) {
     let mut completed = 0;
     while completed < steps / 3 {
         let event = stream.message().await.unwrap().unwrap().event.unwrap();
-        completed += usize::from(event.r#type == EventType::StepCompleted as i32);
+        completed += usize::from(event.event_type == EventType::StepCompleted as i32);
     }
     test.cluster_mut().kill("execution").await.unwrap();
     test.cluster_mut().restart("execution").await.unwrap();
@@ -372,7 +372,7 @@ async fn human_approval_waits_for_its_executor_or_monitors() {
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Failed as i32);
     let failure = events
         .iter()
-        .find(|event| event.step_id == "sign-off" && event.r#type == EventType::StepFailed as i32)
+        .find(|event| event.step_id == "sign-off" && event.event_type == EventType::StepFailed as i32)
         .unwrap();
     assert_eq!(failure.error.as_ref().unwrap().code, "REJECTED");
     assert_eq!(failure.error.as_ref().unwrap().message, "rejected by boss: not yet");
@@ -424,7 +424,7 @@ steps:
         step_id: step.to_owned(),
         action: action as i32,
         target_agent_id: target.to_owned(),
-        output_json: String::new(),
+        output: None,
         reason: "test".to_owned(),
     };
 
@@ -489,7 +489,7 @@ steps:
     );
     let interventions: Vec<&str> = events
         .iter()
-        .filter(|event| event.r#type == EventType::StepIntervened as i32)
+        .filter(|event| event.event_type == EventType::StepIntervened as i32)
         .map(|event| event.detail.as_str())
         .collect();
     assert_eq!(
@@ -546,13 +546,13 @@ async fn roster_outage(backend: Backend) {
     let events = events_until_finished(&test.operator("execution"), &execution_id).await;
     let finished = events.last().unwrap();
     assert_eq!(finished.execution_status, ExecutionStatus::Completed as i32, "{}", finished.detail);
-    assert!(events.iter().all(|event| event.r#type != EventType::StepFailed as i32));
+    assert!(events.iter().all(|event| event.event_type != EventType::StepFailed as i32));
     for index in 0..12 {
         let step = format!("s{index}");
         assert_eq!(count(&events, EventType::StepDelegated, &step), 1, "{step} was delegated by the roster once");
         let delegated = events
             .iter()
-            .find(|event| event.step_id == step && event.r#type == EventType::StepDelegated as i32)
+            .find(|event| event.step_id == step && event.event_type == EventType::StepDelegated as i32)
             .unwrap();
         assert!(delegated.agent_id.starts_with("expert-"), "{delegated:?}");
     }
@@ -601,12 +601,12 @@ steps:
     let relay = step("relay");
     assert_eq!(relay.executor, "bob");
     assert_eq!(relay.attempt, 2, "ann's attempt was withdrawn, bob's is the second");
-    let output: serde_json::Value = serde_json::from_str(&relay.output_json).unwrap();
+    let output: serde_json::Value = muster_tests::json_of(&relay.output);
     assert_eq!(output["agent"], "bob");
     assert_eq!(output["delegation_refused"], "delegation loop: ann -> bob -> ann; the step stays with bob");
     let delegated: Vec<&str> = events
         .iter()
-        .filter(|event| event.r#type == EventType::StepDelegated as i32)
+        .filter(|event| event.event_type == EventType::StepDelegated as i32)
         .map(|event| event.detail.as_str())
         .collect();
     assert_eq!(delegated, vec!["ann delegated step 'relay' to bob: ann hands it to bob"]);
@@ -614,7 +614,7 @@ steps:
     // A colleague missing from the roster is refused too.
     let stranger = step("stranger");
     assert_eq!(stranger.executor, "ann");
-    let output: serde_json::Value = serde_json::from_str(&stranger.output_json).unwrap();
+    let output: serde_json::Value = muster_tests::json_of(&stranger.output);
     assert_eq!(output["delegation_refused"], "colleague 'nobody' is not in the roster");
 
     let _ = stop.send(());
@@ -652,7 +652,7 @@ async fn a_silent_worker_loses_its_assignment_after_the_lease() {
         .into_inner();
     let welcome = silent.message().await.unwrap().unwrap();
     assert!(
-        matches!(welcome.message, Some(connect_worker_response::Message::Welcome(ref w)) if w.lease_ms == 1000),
+        matches!(welcome.message, Some(connect_worker_response::Message::Welcome(ref w)) if w.lease == Some(muster_runtime::time::to_duration(1000))),
         "{welcome:?}"
     );
 
@@ -685,7 +685,7 @@ async fn a_silent_worker_loses_its_assignment_after_the_lease() {
     // (Under heavy load the live worker may itself miss a lease and be given a
     // later attempt; what matters is that the silent one's attempt moved on.)
     assert!(execution.steps[0].attempt >= 2, "a later attempt, by the live worker");
-    let output: serde_json::Value = serde_json::from_str(&execution.steps[0].output_json).unwrap();
+    let output: serde_json::Value = muster_tests::json_of(&execution.steps[0].output);
     assert_eq!(output["attempt"], execution.steps[0].attempt);
     drop(silent_sender);
 
@@ -782,9 +782,9 @@ async fn versions_are_pinned_context_is_checked_and_parallelism_is_bounded() {
     let mut running: i32 = 0;
     let mut most = 0;
     for event in &events {
-        if event.r#type == EventType::StepStarted as i32 {
+        if event.event_type == EventType::StepStarted as i32 {
             running += 1;
-        } else if event.r#type == EventType::StepCompleted as i32 {
+        } else if event.event_type == EventType::StepCompleted as i32 {
             running -= 1;
         }
         most = most.max(running);
@@ -843,27 +843,27 @@ async fn delegation_queues_for_a_busy_expert_and_escalates_when_offline() {
     );
     let queued_step = events
         .iter()
-        .find(|event| event.r#type == EventType::StepQueued as i32)
+        .find(|event| event.event_type == EventType::StepQueued as i32)
         .expect("one step waited in the expert's queue");
     assert_eq!(queued_step.agent_id, "expert");
-    assert!(queued_step.wait_seconds > 0, "{queued_step:?}");
+    assert!(queued_step.estimated_wait.is_some_and(|wait| wait.seconds > 0), "{queued_step:?}");
     let other = if queued_step.step_id == "first" { "second" } else { "first" };
     let completed = |step: &str| {
         events
             .iter()
-            .find(|event| event.step_id == step && event.r#type == EventType::StepCompleted as i32)
+            .find(|event| event.step_id == step && event.event_type == EventType::StepCompleted as i32)
             .unwrap()
             .sequence
     };
     let started = |step: &str| {
         events
             .iter()
-            .rfind(|event| event.step_id == step && event.r#type == EventType::StepStarted as i32)
+            .rfind(|event| event.step_id == step && event.event_type == EventType::StepStarted as i32)
             .unwrap()
             .sequence
     };
     assert!(completed(other) < started(&queued_step.step_id), "the queued step started once the expert was free");
-    assert!(events.iter().all(|event| event.r#type != EventType::StepStarted as i32 || event.agent_id == "expert"));
+    assert!(events.iter().all(|event| event.event_type != EventType::StepStarted as i32 || event.agent_id == "expert"));
 
     // With the expert offline, nobody has the expertise: the lead's senior takes it.
     let mut roster = test.roster();
@@ -884,9 +884,10 @@ async fn delegation_queues_for_a_busy_expert_and_escalates_when_offline() {
         "{}",
         events.last().unwrap().detail
     );
-    let escalation = events.iter().find(|event| event.r#type == EventType::StepEscalated as i32).expect("escalated");
+    let escalation =
+        events.iter().find(|event| event.event_type == EventType::StepEscalated as i32).expect("escalated");
     assert_eq!(escalation.agent_id, "chief", "{escalation:?}");
-    let done = events.iter().find(|event| event.r#type == EventType::StepCompleted as i32).unwrap();
+    let done = events.iter().find(|event| event.event_type == EventType::StepCompleted as i32).unwrap();
     assert_eq!(done.agent_id, "chief");
 
     let _ = stop.send(());

@@ -132,7 +132,7 @@ async fn messages_start_runs(backend: Backend) {
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
     let execution =
         client.get_execution(GetExecutionRequest { id: third_run.clone() }).await.unwrap().into_inner().execution;
-    let output: Value = serde_json::from_str(&execution.unwrap().steps[0].output_json).unwrap();
+    let output: Value = muster_tests::json_of(&execution.unwrap().steps[0].output);
     assert_eq!(output["inputs"]["inbox"], "risk");
     let bodies: Vec<&str> = output["inputs"]["inbox_messages"]
         .as_array()

@@ -92,7 +92,7 @@ async fn every_service_serves_its_metrics() {
         .into_inner();
     while let Some(message) = events.message().await.unwrap() {
         let event = message.event.unwrap();
-        if event.r#type == EventType::ExecutionFinished as i32 {
+        if event.event_type == EventType::ExecutionFinished as i32 {
             assert_eq!(event.execution_status, ExecutionStatus::Failed as i32);
             break;
         }
@@ -288,7 +288,7 @@ async fn gauges_follow_the_delegation_queue_and_the_live_subscribers() {
     let events = (0..EVENTS).map(|index| IngestEventsRequest {
         event: Some(StepEvent {
             event_id: format!("lag-{index}"),
-            r#type: EventType::StepCompleted as i32,
+            event_type: EventType::StepCompleted as i32,
             occurred_at: Some(muster_runtime::time::to_timestamp(muster_runtime::time::now_millis())),
             execution_id: "lagging-execution".to_owned(),
             step_id: format!("s{index}"),

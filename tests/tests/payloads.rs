@@ -50,7 +50,11 @@ async fn start(client: &mut ExecutionClient, source: &str, inputs_json: String) 
         .into_inner()
         .process
         .expect("a process");
-    let request = StartExecutionRequest { process_name: process.name, inputs_json, ..Default::default() };
+    let request = StartExecutionRequest {
+        process_name: process.name,
+        inputs: muster_tests::object(&inputs_json),
+        ..Default::default()
+    };
     client
         .start_execution(request)
         .await
@@ -109,7 +113,7 @@ async fn large_values_travel_by_reference(backend: Backend) {
     assert_eq!(assignment.step_id, "join_raw");
     assert!(assignment.encoded_len() < 300_000, "an assignment stays small: {} bytes", assignment.encoded_len());
     assert!(assignment.upstream_outputs.is_empty(), "{:?}", assignment.upstream_outputs.keys());
-    assert_eq!(assignment.inputs_json, "", "the inputs are too large to travel inline");
+    assert_eq!(assignment.inputs, None, "the inputs are too large to travel inline");
     let mut kinds: Vec<(String, i32)> =
         assignment.payload_refs.iter().map(|reference| (reference.step_id.clone(), reference.kind)).collect();
     kinds.sort();
@@ -135,7 +139,7 @@ async fn large_values_travel_by_reference(backend: Backend) {
     }
     let result = StepResult {
         assignment_id: assignment.assignment_id.clone(),
-        output_json: serde_json::json!({ "read": part_sizes }).to_string(),
+        output: muster_tests::value(&serde_json::json!({ "read": part_sizes }).to_string()),
         iterations: 1,
         ..Default::default()
     };
@@ -148,8 +152,8 @@ async fn large_values_travel_by_reference(backend: Backend) {
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32, "{events:#?}");
 
     // The sample worker's agent saw every value whole: the library read them.
-    let join = events.iter().rev().find(|event| event.step_id == "join" && !event.output_json.is_empty()).unwrap();
-    let join: Value = serde_json::from_str(&join.output_json).unwrap();
+    let join = events.iter().rev().find(|event| event.step_id == "join" && event.output.is_some()).unwrap();
+    let join: Value = muster_tests::json_of(&join.output);
     assert_eq!(join["upstream_bytes"], Value::Object(part_sizes.clone()));
     assert_eq!(join["inputs"]["note"], note.as_str());
     assert_eq!(join["inputs"]["text"].as_str().map(str::len), Some(100_000));
@@ -225,7 +229,7 @@ async fn large_values_travel_by_reference(backend: Backend) {
     assert_eq!(huge.status, StepStatus::Failed as i32);
     let error = huge.error.as_ref().unwrap();
     assert_eq!(error.code, "OUTPUT_TOO_LARGE", "{}", error.message);
-    assert!(error.message.contains("result.output_json"), "{}", error.message);
+    assert!(error.message.contains("result.output"), "{}", error.message);
     assert_eq!(huge.attempt, 1, "a result too large is not retried");
     // A step without an output has nothing to read.
     let request = ReadPayloadRequest {

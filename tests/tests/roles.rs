@@ -145,7 +145,7 @@ async fn roles_run_on_their_own(backend: Backend) {
         .into_inner()
         .execution
         .expect("the execution");
-    let output: Value = serde_json::from_str(&execution.steps[0].output_json).expect("JSON output");
+    let output: Value = muster_tests::json_of(&execution.steps[0].output);
     assert_eq!(output["agent"], "delivery-agent");
     assert_eq!(output["role"], "delivery");
     assert_eq!(output["memory_entries"], 2, "the global memory and the role's: {output}");
@@ -232,7 +232,11 @@ async fn roles_run_on_their_own(backend: Backend) {
     let bad = RoleDefinition { name: "broken".into(), inbox: "agent/inbox/../x".into(), ..Default::default() };
     let status = roster.put_role_definition(PutRoleDefinitionRequest { role: Some(bad) }).await.unwrap_err();
     assert!(status.message().starts_with("role.inbox: "), "{}", status.message());
-    let absurd = RoleBudget { period_seconds: 60, max_cost: -1.0, ..Default::default() };
+    let absurd = RoleBudget {
+        period: Some(muster_runtime::time::seconds_to_duration(60)),
+        max_cost: -1.0,
+        ..Default::default()
+    };
     let bad = RoleDefinition { name: "broken".into(), budget: Some(absurd), ..Default::default() };
     let status = roster.put_role_definition(PutRoleDefinitionRequest { role: Some(bad) }).await.unwrap_err();
     assert!(status.message().starts_with("role.budget.max_cost: "), "{}", status.message());
@@ -250,7 +254,8 @@ async fn roles_run_on_their_own(backend: Backend) {
 async fn a_role_loop_stops_at_its_declared_budget(backend: Backend) {
     let Some(test) = TestCluster::start(backend).await else { return };
     let mut roster = test.roster();
-    let budget = RoleBudget { period_seconds: 3600, max_runs: 3, ..Default::default() };
+    let budget =
+        RoleBudget { period: Some(muster_runtime::time::seconds_to_duration(3600)), max_runs: 3, ..Default::default() };
     for (name, inbox, post_to, budget) in [("ping", "ping", "pong", Some(budget)), ("pong", "pong", "ping", None)] {
         let role = RoleDefinition {
             name: name.into(),

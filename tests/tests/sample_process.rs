@@ -95,7 +95,7 @@ async fn sample_process(backend: Backend) {
         .start_execution(StartExecutionRequest {
             process_name: process.name.clone(),
             // Each step takes a moment, so the fan-out's three steps overlap.
-            inputs_json: r#"{"sleep_ms": 300}"#.to_owned(),
+            inputs: muster_tests::object(r#"{"sleep_ms": 300}"#),
             ..Default::default()
         })
         .await
@@ -107,7 +107,7 @@ async fn sample_process(backend: Backend) {
 
     // The execution completed, and so did every step.
     let finished = events.last().unwrap();
-    assert_eq!(finished.r#type, EventType::ExecutionFinished as i32);
+    assert_eq!(finished.event_type, EventType::ExecutionFinished as i32);
     assert_eq!(finished.execution_status, ExecutionStatus::Completed as i32, "{}", finished.detail);
     let stored = execution_client
         .get_execution(GetExecutionRequest { id: execution.id.clone() })
@@ -120,13 +120,13 @@ async fn sample_process(backend: Backend) {
     assert_eq!(stored.steps.len(), 6);
     for step in &stored.steps {
         assert_eq!(step.status, StepStatus::Completed as i32, "step {}", step.step_id);
-        let output: serde_json::Value = serde_json::from_str(&step.output_json).unwrap();
+        let output: serde_json::Value = muster_tests::json_of(&step.output);
         assert_eq!(output["step"], step.step_id.as_str());
         assert!(output["system_prompt_chars"].as_u64().unwrap() > 0, "every assignment carries the rendered prompt");
     }
     // The join step saw its upstream outputs, the shared memory, the history and its role definition.
     let review = stored.steps.iter().find(|step| step.step_id == "review").unwrap();
-    let review: serde_json::Value = serde_json::from_str(&review.output_json).unwrap();
+    let review: serde_json::Value = muster_tests::json_of(&review.output);
     assert_eq!(review["built_on"], serde_json::json!(["draft", "fact-check", "keywords"]));
     assert_eq!(review["memory_keys"], serde_json::json!(["draft", "fact-check", "keywords", "research"]));
     assert_eq!(review["history_steps"], 4);
@@ -139,7 +139,7 @@ async fn sample_process(backend: Backend) {
     let sequence_of = |kind: EventType, step: &str| {
         events
             .iter()
-            .find(|event| event.r#type == kind as i32 && event.step_id == step)
+            .find(|event| event.event_type == kind as i32 && event.step_id == step)
             .map(|event| event.sequence)
             .unwrap_or_else(|| panic!("no {kind:?} event for {step}"))
     };

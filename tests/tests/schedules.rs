@@ -31,7 +31,8 @@ async fn fired_for(client: &mut ExecutionClient, process: &str) -> Vec<i64> {
     let mut due: Vec<i64> = executions
         .iter()
         .map(|execution| {
-            let inputs: Value = serde_json::from_str(&execution.inputs_json).expect("JSON inputs");
+            let inputs: Value =
+                muster_runtime::json::object_to_json(execution.inputs.as_ref().expect("inputs")).unwrap();
             inputs["scheduled_for_ms"].as_i64().expect("the due time in the inputs")
         })
         .collect();

@@ -204,7 +204,7 @@ async fn every_cell_of_the_default_matrix_through_check_role_and_the_action_it_g
     for (player, role) in PLAYERS {
         let step = &steps[&format!("h-{player}")];
         assert_eq!(step.status(), StepStatus::Completed, "{role} hand-off: {step:?}");
-        let output: serde_json::Value = serde_json::from_str(&step.output_json).unwrap();
+        let output: serde_json::Value = muster_tests::json_of(&step.output);
         if allowed(role, "reassign") {
             assert_eq!(output["agent"], "helper", "{role} hands it on: {output}");
         } else {
@@ -218,7 +218,7 @@ async fn every_cell_of_the_default_matrix_through_check_role_and_the_action_it_g
             let step = &steps[&format!("a-{player}-{action}")];
             if allowed(role, action) {
                 assert_eq!(step.status(), StepStatus::Completed, "{role} {action}: {step:?}");
-                let output: serde_json::Value = serde_json::from_str(&step.output_json).unwrap();
+                let output: serde_json::Value = muster_tests::json_of(&step.output);
                 assert_eq!(output["session_role"], role, "the assignment carries the session role");
             } else {
                 assert_eq!(step.status(), StepStatus::Failed, "{role} {action}: {step:?}");
@@ -287,7 +287,7 @@ async fn every_cell_of_the_default_matrix_through_check_role_and_the_action_it_g
                     step_id: format!("{target}-{player}"),
                     action: action as i32,
                     target_agent_id: "spare".into(),
-                    output_json: r#"{"overridden": true}"#.into(),
+                    output: muster_tests::value(r#"{"overridden": true}"#),
                     ..Default::default()
                 })
                 .await;
@@ -372,7 +372,7 @@ async fn wait_to_hear(
     loop {
         let heard = notifications_of(test, agent_id, token).await;
         if let Some(event) =
-            heard.into_iter().find(|event| event.execution_id == execution_id && event.r#type == kind as i32)
+            heard.into_iter().find(|event| event.execution_id == execution_id && event.event_type == kind as i32)
         {
             return event;
         }
@@ -566,7 +566,7 @@ async fn per_agent_limits_travel_with_assignments_and_hold(backend: Backend) {
     let solo = Agent {
         max_iterations: 3,
         allow_delegation: false,
-        llm_config_json: r#"{"model":"small"}"#.into(),
+        llm_config: muster_tests::object(r#"{"model":"small"}"#),
         ..agent("solo", "member", "core")
     };
     let tokens = test.register_agents(&[solo, agent("helper", "member", "core")]).await;
@@ -593,13 +593,13 @@ async fn per_agent_limits_travel_with_assignments_and_hold(backend: Backend) {
         .unwrap();
     events_until_finished(&test.operator("execution"), &started.id).await;
     let steps = step_status(&mut client, &started.id).await;
-    let within: serde_json::Value = serde_json::from_str(&steps["within"].output_json).unwrap();
+    let within: serde_json::Value = muster_tests::json_of(&steps["within"].output);
     assert_eq!((within["max_iterations"].as_u64(), within["llm_config"]["model"].as_str()), (Some(3), Some("small")));
     let beyond = steps["beyond"].error.clone().unwrap();
     assert_eq!(beyond.code, "ITERATION_LIMIT", "{beyond:?}");
     assert!(beyond.message.contains("at most 3"), "{}", beyond.message);
     // Without allow_delegation the step stays with solo, who does it.
-    let onward: serde_json::Value = serde_json::from_str(&steps["onward"].output_json).unwrap();
+    let onward: serde_json::Value = muster_tests::json_of(&steps["onward"].output);
     assert_eq!(onward["agent"], "solo");
     assert!(onward["delegation_refused"].as_str().unwrap().contains("does not allow delegation"), "{onward}");
     let _ = stop.send(());
@@ -617,7 +617,7 @@ async fn hello(client: &mut ExecutionClient, hello: WorkerHello) -> Result<(), t
 async fn impersonation_attempts_fail(backend: Backend) {
     let Some(test) = TestCluster::start(backend).await else { return };
     let tokens = test.register_agents(&[agent("alice", "member", "core"), agent("bob", "member", "core")]).await;
-    let tool = ToolSpec { name: "steal".into(), description: String::new(), input_schema_json: String::new() };
+    let tool = ToolSpec { name: "steal".into(), description: String::new(), input_schema: None };
 
     // A tool-only worker: without a credential, refused; with an agent's
     // whose role lists no such tool, refused; and a call finds no provider.
@@ -638,7 +638,11 @@ async fn impersonation_attempts_fail(backend: Backend) {
     assert_eq!(unentitled.get_details_error_info().unwrap().reason, "NOT_ENTITLED_TO_TOOL");
     let call = test
         .execution_as(&tokens[0])
-        .invoke_tool(InvokeToolRequest { tool: "steal".into(), input_json: "{}".into(), ..Default::default() })
+        .invoke_tool(InvokeToolRequest {
+            tool: "steal".into(),
+            input: muster_tests::object("{}"),
+            ..Default::default()
+        })
         .await
         .unwrap()
         .into_inner()
@@ -762,6 +766,7 @@ async fn impersonation_attempts_fail(backend: Backend) {
         .roster_as(&tokens[1])
         .update_agent(UpdateAgentRequest {
             agent: Some(Agent { role: "lead".into(), ..agent("bob", "member", "core") }),
+            update_mask: None,
         })
         .await
         .unwrap_err();
@@ -790,7 +795,7 @@ async fn a_revoked_agent_leaves_its_worker_within_five_seconds(backend: Backend)
         ])
         .await;
     // A tool-only worker connected with smith's token, offering a tool its role lists.
-    let grep = ToolSpec { name: "grep".into(), description: String::new(), input_schema_json: String::new() };
+    let grep = ToolSpec { name: "grep".into(), description: String::new(), input_schema: None };
     let hello = ConnectWorkerRequest {
         message: Some(connect_worker_request::Message::Hello(WorkerHello {
             worker_name: "tools".into(),

@@ -519,7 +519,7 @@ async fn the_whole_cluster_runs_under_mutual_tls() {
         .into_inner();
     let finished = tokio::time::timeout(Duration::from_secs(60), async {
         while let Some(event) = events.message().await.unwrap() {
-            if event.event.as_ref().is_some_and(|event| event.r#type == EventType::ExecutionFinished as i32) {
+            if event.event.as_ref().is_some_and(|event| event.event_type == EventType::ExecutionFinished as i32) {
                 return event.event.unwrap();
             }
         }
@@ -546,7 +546,7 @@ async fn the_whole_cluster_runs_under_mutual_tls() {
                 .notifications
                 .into_iter()
                 .filter_map(|notification| notification.event)
-                .find(|event| event.execution_id == execution_id && event.r#type == EventType::StepCompleted as i32)
+                .find(|event| event.execution_id == execution_id && event.event_type == EventType::StepCompleted as i32)
                 .ok_or_else(|| tonic::Status::not_found("not yet"))
         }
     })

@@ -42,7 +42,7 @@ async fn tools_answer_with_http_like_status_codes() {
     let mut invoke = async |token: &str, tool: &str, input: &str| -> ToolOutput {
         let mut request = tonic::Request::new(InvokeToolRequest {
             tool: tool.to_owned(),
-            input_json: input.to_owned(),
+            input: muster_tests::object(input),
             execution_id: String::new(),
         });
         request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
@@ -52,10 +52,7 @@ async fn tools_answer_with_http_like_status_codes() {
 
     let counted = invoke(writer, "word_count", r#"{"text": "three little words"}"#).await;
     assert_eq!((counted.status_code, counted.error.as_str()), (200, ""));
-    assert_eq!(
-        serde_json::from_str::<serde_json::Value>(&counted.output_json).unwrap(),
-        serde_json::json!({"words": 3})
-    );
+    assert_eq!(muster_tests::json_of(&counted.output), serde_json::json!({"words": 3}));
 
     let bad_input = invoke(writer, "word_count", r#"{"text": 5}"#).await;
     assert_eq!(bad_input.status_code, 400);
@@ -79,7 +76,7 @@ async fn tools_answer_with_http_like_status_codes() {
         .execution_with(Credentials::none())
         .invoke_tool(InvokeToolRequest {
             tool: "word_count".to_owned(),
-            input_json: "{}".to_owned(),
+            input: muster_tests::object("{}"),
             execution_id: String::new(),
         })
         .await
@@ -89,7 +86,7 @@ async fn tools_answer_with_http_like_status_codes() {
     let status = client
         .invoke_tool(InvokeToolRequest {
             tool: "word_count".to_owned(),
-            input_json: r#"{"text": "hi"}"#.to_owned(),
+            input: muster_tests::object(r#"{"text": "hi"}"#),
             execution_id: String::new(),
         })
         .await
@@ -114,8 +111,8 @@ steps:
     let step = |id: &str| execution.steps.iter().find(|step| step.step_id == id).unwrap().clone();
     let count = step("count");
     assert_eq!((count.status, count.executor.as_str()), (StepStatus::Completed as i32, "wren"));
-    assert_eq!(serde_json::from_str::<serde_json::Value>(&count.output_json).unwrap(), serde_json::json!({"words": 4}));
-    let used: serde_json::Value = serde_json::from_str(&step("use-it").output_json).unwrap();
+    assert_eq!(muster_tests::json_of(&count.output), serde_json::json!({"words": 4}));
+    let used: serde_json::Value = muster_tests::json_of(&step("use-it").output);
     assert_eq!(used["built_on"], serde_json::json!(["count"]), "the next step saw the tool's output");
     let wrong = step("wrong-input").error.unwrap();
     assert_eq!(wrong.code, "INVALID_INPUT");

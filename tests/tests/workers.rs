@@ -114,7 +114,7 @@ async fn a_thousand_workers_are_served_at_once() {
     let mut ran_on = HashSet::new();
     for step in &stored.steps {
         assert_eq!((step.status, step.attempt), (StepStatus::Completed as i32, 1), "{}", step.step_id);
-        let output: serde_json::Value = serde_json::from_str(&step.output_json).unwrap();
+        let output: serde_json::Value = muster_tests::json_of(&step.output);
         ran_on.insert(output["worker"].as_str().unwrap().to_owned());
     }
     assert_eq!(ran_on.len(), WORKERS, "each step ran on a worker of its own");

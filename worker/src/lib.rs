@@ -19,6 +19,10 @@ use muster_runtime::{
     tls::{ClientTls, TlsArgs},
 };
 use tokio::sync::mpsc;
+
+/// JSON values as assignments, results and tool calls carry them
+/// (`google.protobuf.Struct` and `Value`), to and from `serde_json`.
+pub use muster_runtime::json;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument as _;
 
@@ -123,11 +127,7 @@ pub trait Behaviour: Send + Sync + 'static {
     /// permission and the input's schema.
     fn call_tool(&self, call: ToolCall) -> impl Future<Output = ToolOutput> + Send {
         async move {
-            ToolOutput {
-                output_json: String::new(),
-                error: format!("this worker has no tool '{}'", call.tool),
-                status_code: 404,
-            }
+            ToolOutput { output: None, error: format!("this worker has no tool '{}'", call.tool), status_code: 404 }
         }
     }
 }
@@ -277,16 +277,24 @@ fn refused_agent(error: &anyhow::Error, execution: &Endpoint, agents: &[AgentCre
 fn report(assignment_id: String, outcome: StepOutcome, elapsed: Duration) -> connect_worker_request::Message {
     match outcome {
         StepOutcome::Completed { output_json, tokens_used, cost, iterations, remember } => {
-            connect_worker_request::Message::Result(StepResult {
-                remember,
-                assignment_id,
-                output_json,
-                tokens_used,
-                cost,
-                duration_ms: elapsed.as_millis() as u64,
-                post_to_inbox: String::new(),
-                iterations,
-            })
+            match muster_runtime::json::value_from_text(&output_json) {
+                Ok(output) => connect_worker_request::Message::Result(StepResult {
+                    remember,
+                    assignment_id,
+                    output: Some(output),
+                    tokens_used,
+                    cost,
+                    duration: Some(muster_runtime::time::to_duration(elapsed.as_millis() as u64)),
+                    post_to_inbox: String::new(),
+                    iterations,
+                }),
+                Err(problem) => connect_worker_request::Message::Failure(StepFailure {
+                    assignment_id,
+                    error_code: "INVALID_RESULT".to_owned(),
+                    message: format!("the agent's output {problem}"),
+                    retryable: false,
+                }),
+            }
         }
         StepOutcome::Failed { error_code, message, retryable } => {
             connect_worker_request::Message::Failure(StepFailure { assignment_id, error_code, message, retryable })
@@ -340,7 +348,8 @@ async fn session<B: Behaviour>(
                     agents: agents.iter().map(|agent| agent.agent_id.clone()).collect(),
                 });
                 // Heartbeats keep the lease while assignments take long.
-                let heartbeat_every = Duration::from_millis((welcome.lease_ms / 3).max(50));
+                let lease = muster_runtime::time::from_duration(welcome.lease.as_ref()).unwrap_or_default();
+                let heartbeat_every = Duration::from_millis((lease / 3).max(50));
                 let sender = sender.clone();
                 tokio::spawn(async move {
                     let heartbeat = ConnectWorkerRequest {
@@ -476,7 +485,7 @@ fn within_limits(message: connect_worker_request::Message) -> ConnectWorkerReque
         ) => failure(assignment_id, "REPORT_TOO_LARGE"),
         Some(Message::ToolResult(ToolCallResult { call_id, .. })) => Message::ToolResult(ToolCallResult {
             call_id,
-            output: Some(ToolOutput { output_json: String::new(), error: why, status_code: 500 }),
+            output: Some(ToolOutput { output: None, error: why, status_code: 500 }),
         }),
         other => return ConnectWorkerRequest { message: other },
     };
@@ -484,7 +493,7 @@ fn within_limits(message: connect_worker_request::Message) -> ConnectWorkerReque
 }
 
 /// Reads the values an assignment names in `payload_refs` into its
-/// `inputs_json` and `upstream_outputs`.
+/// `inputs` and `upstream_outputs`.
 async fn fill_payloads(
     client: &mut ExecutionServiceClient<AuthChannel>,
     assignment: &mut Assignment,
@@ -492,10 +501,15 @@ async fn fill_payloads(
     for reference in std::mem::take(&mut assignment.payload_refs) {
         let kind = PayloadKind::try_from(reference.kind).unwrap_or(PayloadKind::Unspecified);
         let value = read_payload(client, &assignment.execution_id, &reference.step_id, kind).await?;
+        let unreadable =
+            |problem: String| tonic::Status::data_loss(format!("payload of step {}: {problem}", reference.step_id));
         match kind {
-            PayloadKind::Inputs => assignment.inputs_json = value,
+            PayloadKind::Inputs => {
+                assignment.inputs = muster_runtime::json::struct_from_text(&value).map_err(unreadable)?
+            }
             PayloadKind::Output => {
-                assignment.upstream_outputs.insert(reference.step_id, value);
+                let value = muster_runtime::json::value_from_text(&value).map_err(unreadable)?;
+                assignment.upstream_outputs.insert(reference.step_id.clone(), value);
             }
             PayloadKind::Unspecified => {}
         }

@@ -270,12 +270,18 @@ pub(crate) async fn intervene(args: InterveneArgs, token: Option<&str>) -> anyho
         Action::Reassign => InterventionAction::Reassign,
         Action::Override => InterventionAction::OverrideOutput,
     };
+    let output = match &args.result {
+        result if result.trim().is_empty() => None,
+        result => Some(
+            muster_runtime::json::value_from_text(result).map_err(|problem| anyhow::anyhow!("--result {problem}"))?,
+        ),
+    };
     let request = InterveneRequest {
         execution_id: args.execution_id,
         step_id: args.step.clone(),
         action: action.into(),
         target_agent_id: args.agent,
-        output_json: args.result,
+        output,
         reason: args.reason,
     };
     let response = client.intervene(request).await.map_err(super::refused)?.into_inner();

@@ -68,7 +68,7 @@ fn line(entry: &MemoryEntry) -> String {
     let source = if entry.execution_id.is_empty() { String::new() } else { format!(" in {}", entry.execution_id) };
     format!(
         "{}  {}  {}{source}\n    {}",
-        muster_format::rfc3339(entry.created_at_ms),
+        muster_format::rfc3339(entry.created_at.as_ref().map_or(0, muster_runtime::time::from_timestamp)),
         entry.id,
         entry.author,
         entry.text.replace('\n', "\n    ")

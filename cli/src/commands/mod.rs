@@ -18,6 +18,12 @@ pub(crate) mod up;
 use muster::credentials::{Endpoint, resolve};
 
 /// The service at `url`, called with the command's credential.
+/// A JSON object given on the command line (`flag`), as the contract
+/// carries it; empty text is none.
+pub(crate) fn json_object(flag: &str, text: &str) -> anyhow::Result<Option<prost_types::Struct>> {
+    muster_runtime::json::struct_from_text(text).map_err(|problem| anyhow::anyhow!("{flag} {problem}"))
+}
+
 pub(crate) fn endpoint(url: &str, token: Option<&str>) -> anyhow::Result<Endpoint> {
     Ok(Endpoint::new(url, resolve(token)?))
 }

@@ -140,7 +140,7 @@ async fn watch_events(execution: &Endpoint, execution_id: &str, reconnect: Recon
                             }
                             last_sequence = event.sequence;
                             println!("[{:>7.2}s] {}", started.elapsed().as_secs_f64(), describe(&event));
-                            if event.r#type == EventType::ExecutionFinished as i32 {
+                            if event.event_type == EventType::ExecutionFinished as i32 {
                                 return Ok(event);
                             }
                         }
@@ -213,7 +213,7 @@ pub(crate) async fn run(args: &RunArgs, token: Option<&str>) -> anyhow::Result<S
         .start_execution(StartExecutionRequest {
             process_name: process.name.clone(),
             process_version: process.version,
-            inputs_json: args.inputs.clone(),
+            inputs: super::json_object("--inputs", &args.inputs)?,
             ..Default::default()
         })
         .await
@@ -250,17 +250,23 @@ pub(crate) fn completed(finished: &StepEvent) -> bool {
 }
 
 fn describe(event: &StepEvent) -> String {
-    let kind = EventType::try_from(event.r#type).unwrap_or_default();
+    let kind = EventType::try_from(event.event_type).unwrap_or_default();
     let step = format!("{:<20}", event.step_id);
     match kind {
         EventType::ExecutionStarted => format!("execution started ({} v{})", event.process_name, event.process_version),
         EventType::StepStarted => format!("{step} started     by {}", event.agent_id),
-        EventType::StepCompleted => format!("{step} completed   by {} in {} ms", event.agent_id, event.duration_ms),
+        EventType::StepCompleted => {
+            let millis = muster_runtime::time::from_duration(event.duration.as_ref()).unwrap_or_default();
+            format!("{step} completed   by {} in {millis} ms", event.agent_id)
+        }
         EventType::StepFailed => {
             let error = event.error.clone().unwrap_or_default();
             format!("{step} FAILED      [{}] {}", error.code, error.message)
         }
-        EventType::StepQueued => format!("{step} queued      for {} (about {} s)", event.agent_id, event.wait_seconds),
+        EventType::StepQueued => {
+            let wait = event.estimated_wait.as_ref().map_or(0, |wait| wait.seconds);
+            format!("{step} queued      for {} (about {wait} s)", event.agent_id)
+        }
         EventType::StepDelegated => format!("{step} delegated   to {}", event.agent_id),
         EventType::StepEscalated => format!("{step} escalated   to {}", event.agent_id),
         EventType::ApprovalRequested => format!("{step} awaits approval from {}", event.waiting_for.join(", ")),

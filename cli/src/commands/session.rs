@@ -100,7 +100,7 @@ pub(crate) async fn run(args: SessionArgs, token: Option<&str>) -> anyhow::Resul
                 .start_session(StartSessionRequest {
                     process_name,
                     process_version,
-                    inputs_json: inputs,
+                    inputs: super::json_object("--inputs", &inputs)?,
                     lead_agent_id: lead,
                     participants,
                     task: Some(SessionTask { title, description }),
@@ -142,7 +142,7 @@ pub(crate) async fn run(args: SessionArgs, token: Option<&str>) -> anyhow::Resul
             }
             println!("\nrecent activity:");
             for event in &status.recent_activity {
-                let kind = muster_proto::common::v1::EventType::try_from(event.r#type).unwrap_or_default();
+                let kind = muster_proto::common::v1::EventType::try_from(event.event_type).unwrap_or_default();
                 let kind = kind.as_str_name().trim_start_matches("EVENT_TYPE_").to_lowercase();
                 println!("  #{:<4} {kind:<20} {} {}", event.sequence, event.step_id, event.detail);
             }

@@ -62,8 +62,8 @@ async function main(): Promise<number> {
   let status = ExecutionStatus.UNSPECIFIED;
   for await (const message of execution.watchExecution({ executionId, afterSequence: 0n })) {
     const event = message.event!;
-    events.push(EventType[event.type]);
-    if (event.type === EventType.EXECUTION_FINISHED) {
+    events.push(EventType[event.eventType]);
+    if (event.eventType === EventType.EXECUTION_FINISHED) {
       status = event.executionStatus;
       break;
     }

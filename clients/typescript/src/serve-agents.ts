@@ -24,7 +24,7 @@ const wordCount: ProvidedTool = {
   name: "word_count",
   description: "Counts the words of a text",
   inputSchema: { type: "object", properties: { text: { type: "string" } }, required: ["text"] },
-  run: async (inputJson) => ({ words: (JSON.parse(inputJson).text as string).split(/\s+/).filter(Boolean).length }),
+  run: async (input) => ({ words: String(input.text).split(/\s+/).filter(Boolean).length }),
 };
 
 /** Waits `milliseconds`, or less when `signal` aborts first: whether it slept the whole time. */
@@ -36,7 +36,7 @@ function nap(milliseconds: number, signal: AbortSignal): Promise<boolean> {
 }
 
 const sample: Behaviour = async (assignment, context) => {
-  const inputs = JSON.parse(assignment.inputsJson || "{}") as Record<string, unknown>;
+  const inputs = assignment.inputs ?? {};
   // An input `sleep_ms` makes it take that long, unless the service withdraws the step.
   if (typeof inputs.sleep_ms === "number") {
     console.log(`napping ${assignment.stepId}`);
@@ -47,8 +47,8 @@ const sample: Behaviour = async (assignment, context) => {
   }
   // Asked to, it counts the words of its instruction with the tool (whichever worker provides it).
   const words = inputs.count_words === true
-    ? (JSON.parse(await context.invokeTool("word_count", { text: assignment.message })) as { words: number }).words
-    : undefined;
+    ? ((await context.invokeTool("word_count", { text: assignment.message })) as { words: number }).words
+    : null;
   const done = {
     kind: "completed" as const,
     output: {
@@ -56,7 +56,7 @@ const sample: Behaviour = async (assignment, context) => {
       step: assignment.stepId,
       text: `${assignment.agentId} (typescript) did: ${assignment.message}`,
       built_on: Object.keys(assignment.upstreamOutputs).sort(),
-      inputs_bytes: assignment.inputsJson.length,
+      inputs_bytes: Buffer.byteLength(JSON.stringify(inputs)),
       words,
     },
     tokensUsed: 42,

@@ -11,8 +11,12 @@
 // behaviour may invoke tools that other workers provide (InvokeTool, as its
 // agent). When the stream breaks, the worker connects again with exponential
 // backoff (assignments lost with a connection are reassigned by the service).
+// JSON values are plain JSON here: the generated client gives
+// google.protobuf.Struct fields (inputs, tool inputs) as JSON objects, and the
+// worker converts google.protobuf.Value ones (outputs) to and from JSON.
 
-import { create } from "@bufbuild/protobuf";
+import { create, fromJson, type JsonObject, type JsonValue, toJson } from "@bufbuild/protobuf";
+import { type Value, ValueSchema } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient, type Client, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 
@@ -31,7 +35,7 @@ export type Outcome =
   | {
       kind: "completed";
       /** The output, a JSON value. */
-      output: unknown;
+      output: JsonValue;
       tokensUsed?: number;
       /** In US dollars. */
       cost?: number;
@@ -56,19 +60,19 @@ export type Outcome =
 export interface Context {
   /** Aborted when the service cancels the assignment. */
   signal: AbortSignal;
-  /** Invokes a tool another worker provides, as the assignment's agent; its output as JSON text. */
-  invokeTool(tool: string, input: unknown): Promise<string>;
+  /** Invokes a tool another worker provides, as the assignment's agent: its output, or an error with the tool's. */
+  invokeTool(tool: string, input: JsonObject): Promise<JsonValue>;
 }
 
 export type Behaviour = (assignment: Assignment, context: Context) => Promise<Outcome>;
 
-/** A tool this worker provides: the service calls `run` with the input as JSON text. */
+/** A tool this worker provides: the service calls `run` with the input. */
 export interface ProvidedTool {
   name: string;
   description: string;
   /** A JSON Schema of the input. */
-  inputSchema: object;
-  run(inputJson: string, agentId: string): Promise<unknown>;
+  inputSchema: JsonObject;
+  run(input: JsonObject, agentId: string): Promise<JsonValue>;
 }
 
 export interface WorkerOptions {
@@ -197,7 +201,7 @@ export class Worker {
             tools: tools.map((tool) => ({
               name: tool.name,
               description: tool.description,
-              inputSchemaJson: JSON.stringify(tool.inputSchema),
+              inputSchema: tool.inputSchema,
             })),
             maxConcurrency: this.options.maxConcurrency ?? 0,
           },
@@ -211,7 +215,9 @@ export class Worker {
       for await (const response of stream) {
         switch (response.message.case) {
           case "welcome": {
-            const every = Math.max(Number(response.message.value.leaseMs) / 3, 50);
+            const lease = response.message.value.lease;
+            const leaseMs = Number(lease?.seconds ?? 0n) * 1000 + (lease?.nanos ?? 0) / 1e6;
+            const every = Math.max(leaseMs / 3, 50);
             heartbeat = setInterval(() => outbox.push(create(ConnectWorkerRequestSchema, { message: { case: "heartbeat", value: {} } })), every);
             this.welcomed?.();
             break;
@@ -252,9 +258,11 @@ export class Worker {
       await this.fillPayloads(assignment, client);
       outcome = await this.options.behaviour(assignment, {
         signal: controller.signal,
-        invokeTool: async (tool, input) =>
-          (await client.invokeTool({ tool, inputJson: JSON.stringify(input), executionId: assignment.executionId }))
-            .output?.outputJson ?? "",
+        invokeTool: async (tool, input) => {
+          const answer = (await client.invokeTool({ tool, input, executionId: assignment.executionId })).output;
+          if (answer?.error) throw new Error(`tool ${tool} answered ${answer.statusCode}: ${answer.error}`);
+          return answer?.output ? toJson(ValueSchema, answer.output) : null;
+        },
       });
     } catch (error) {
       outcome = { kind: "failed", errorCode: "TYPESCRIPT_ERROR", message: String(error) };
@@ -276,8 +284,8 @@ export class Worker {
       if (BigInt(value.length) !== ref.sizeBytes) {
         throw new Error(`payload of ${ref.stepId} is ${value.length} bytes, not ${ref.sizeBytes}`);
       }
-      if (ref.kind === PayloadKind.INPUTS) assignment.inputsJson = value.toString("utf8");
-      else assignment.upstreamOutputs[ref.stepId] = value.toString("utf8");
+      if (ref.kind === PayloadKind.INPUTS) assignment.inputs = JSON.parse(value.toString("utf8")) as JsonObject;
+      else assignment.upstreamOutputs[ref.stepId] = fromJson(ValueSchema, JSON.parse(value.toString("utf8")) as JsonValue);
     }
     assignment.payloadRefs = [];
   }
@@ -292,7 +300,7 @@ export class Worker {
               case: "result",
               value: {
                 assignmentId,
-                outputJson: JSON.stringify(outcome.output),
+                output: fromJson(ValueSchema, outcome.output),
                 tokensUsed: BigInt(outcome.tokensUsed ?? 0),
                 cost: outcome.cost ?? 0,
                 iterations: outcome.iterations ?? 1,
@@ -339,12 +347,12 @@ export class Worker {
 
   private async provide(call: ToolCall, outbox: Outbox) {
     const tool = (this.options.tools ?? []).find((candidate) => candidate.name === call.tool);
-    let output: { outputJson: string; error: string; statusCode: number };
+    let output: { output?: Value; error: string; statusCode: number };
     try {
       if (!tool) throw new Error(`this worker provides no tool '${call.tool}'`);
-      output = { outputJson: JSON.stringify(await tool.run(call.inputJson, call.agentId)), error: "", statusCode: 200 };
+      output = { output: fromJson(ValueSchema, await tool.run(call.input ?? {}, call.agentId)), error: "", statusCode: 200 };
     } catch (error) {
-      output = { outputJson: "", error: String(error), statusCode: 500 };
+      output = { error: String(error), statusCode: 500 };
     }
     outbox.push(create(ConnectWorkerRequestSchema, { message: { case: "toolResult", value: { callId: call.callId, output } } }));
   }
@@ -353,6 +361,9 @@ export class Worker {
 /** `outcome` with a refused delegation's reason added to its output as `delegation_refused`. */
 function withRefusal(outcome: Outcome, reason: string): Outcome {
   if (outcome.kind !== "completed") return outcome;
-  const output = typeof outcome.output === "object" && outcome.output !== null ? outcome.output : { value: outcome.output };
+  const output: JsonObject =
+    typeof outcome.output === "object" && outcome.output !== null && !Array.isArray(outcome.output)
+      ? outcome.output
+      : { value: outcome.output };
   return { ...outcome, output: { ...output, delegation_refused: reason } };
 }

@@ -164,6 +164,97 @@ impl Agent {
         validate_json_object("agent.llm_config_json", &self.llm_config_json)?;
         Ok(self)
     }
+
+    /// Takes the `fields` named from `from`, keeping the others: an update
+    /// that names some fields. Normalise the result again.
+    pub fn update(&mut self, from: &Agent, fields: &[AgentField]) {
+        for field in fields {
+            match field {
+                AgentField::Name => self.name.clone_from(&from.name),
+                AgentField::Role => self.role.clone_from(&from.role),
+                AgentField::Team => self.team.clone_from(&from.team),
+                AgentField::SeniorId => self.senior_id.clone_from(&from.senior_id),
+                AgentField::Expertise => self.expertise.clone_from(&from.expertise),
+                AgentField::WorkloadCapacity => self.workload_capacity = from.workload_capacity,
+                AgentField::AvailabilityUntil => self.availability_until = from.availability_until,
+                AgentField::CustomPrompt => self.custom_prompt.clone_from(&from.custom_prompt),
+                AgentField::LlmConfig => self.llm_config_json.clone_from(&from.llm_config_json),
+                AgentField::Backstory => self.backstory.clone_from(&from.backstory),
+                AgentField::AllowDelegation => self.allow_delegation = from.allow_delegation,
+                AgentField::MaxIterations => self.max_iterations = from.max_iterations,
+            }
+        }
+    }
+}
+
+/// A descriptive field of an agent: what an update may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentField {
+    /// `name`.
+    Name,
+    /// `role`.
+    Role,
+    /// `team`.
+    Team,
+    /// `senior_id`.
+    SeniorId,
+    /// `expertise`.
+    Expertise,
+    /// `workload_capacity`.
+    WorkloadCapacity,
+    /// `availability_until`.
+    AvailabilityUntil,
+    /// `custom_prompt`.
+    CustomPrompt,
+    /// `llm_config`.
+    LlmConfig,
+    /// `backstory`.
+    Backstory,
+    /// `allow_delegation`.
+    AllowDelegation,
+    /// `max_iterations`.
+    MaxIterations,
+}
+
+impl AgentField {
+    /// Every descriptive field.
+    pub const ALL: [AgentField; 12] = [
+        AgentField::Name,
+        AgentField::Role,
+        AgentField::Team,
+        AgentField::SeniorId,
+        AgentField::Expertise,
+        AgentField::WorkloadCapacity,
+        AgentField::AvailabilityUntil,
+        AgentField::CustomPrompt,
+        AgentField::LlmConfig,
+        AgentField::Backstory,
+        AgentField::AllowDelegation,
+        AgentField::MaxIterations,
+    ];
+
+    /// The field's name in the contract's `Agent`.
+    pub fn name(self) -> &'static str {
+        match self {
+            AgentField::Name => "name",
+            AgentField::Role => "role",
+            AgentField::Team => "team",
+            AgentField::SeniorId => "senior_id",
+            AgentField::Expertise => "expertise",
+            AgentField::WorkloadCapacity => "workload_capacity",
+            AgentField::AvailabilityUntil => "availability_until",
+            AgentField::CustomPrompt => "custom_prompt",
+            AgentField::LlmConfig => "llm_config",
+            AgentField::Backstory => "backstory",
+            AgentField::AllowDelegation => "allow_delegation",
+            AgentField::MaxIterations => "max_iterations",
+        }
+    }
+
+    /// The field named `name` in the contract's `Agent`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|field| field.name() == name)
+    }
 }
 
 /// A team of agents.

@@ -5,7 +5,10 @@
 //! they are.
 
 use muster_proto::{common::v1 as common, execution::v1 as wire, roster::v1 as roster};
-use muster_runtime::time::to_timestamp;
+use muster_runtime::{
+    json::{stored_struct, stored_value},
+    time::{seconds_to_duration, to_duration, to_timestamp},
+};
 
 use crate::domain::{
     ExecutionStatus, StepStatus,
@@ -105,7 +108,7 @@ pub(crate) fn event_to_wire(event: &Event) -> common::StepEvent {
     common::StepEvent {
         event_id: event.event_id.clone(),
         sequence: event.sequence,
-        r#type: event_type(event.kind) as i32,
+        event_type: event_type(event.kind) as i32,
         occurred_at: Some(to_timestamp(event.occurred_at)),
         execution_id: event.execution_id.clone(),
         process_name: event.process_name.clone(),
@@ -114,7 +117,7 @@ pub(crate) fn event_to_wire(event: &Event) -> common::StepEvent {
         step_name: event.step_name.clone(),
         roles: event.roles.as_ref().map(roles_to_wire),
         lead_agent_id: event.lead_agent_id.clone(),
-        output_json: event.output_json.as_deref().unwrap_or_default().to_owned(),
+        output: event.output_json.as_deref().map(stored_value),
         error: event
             .error
             .as_ref()
@@ -122,9 +125,9 @@ pub(crate) fn event_to_wire(event: &Event) -> common::StepEvent {
         retry_count: event.retry_count,
         cost: event.cost,
         tokens_used: event.tokens_used,
-        duration_ms: event.duration_ms,
+        duration: (event.duration_ms > 0).then(|| to_duration(event.duration_ms)),
         agent_id: event.agent_id.clone(),
-        wait_seconds: event.wait_seconds,
+        estimated_wait: (event.wait_seconds > 0).then(|| seconds_to_duration(event.wait_seconds)),
         detail: event.detail.clone(),
         waiting_for: event.waiting_for.clone(),
         execution_status: event.execution_status.map_or(0, |status| execution_status_to_wire(status) as i32),
@@ -147,7 +150,7 @@ pub(crate) fn decision_from_wire(decision: roster::DelegationDecision) -> Decisi
         fallback_agent_id: decision.fallback_agent_id,
         fallback_reason: decision.fallback_reason,
         reasoning: decision.reasoning,
-        wait_seconds: decision.wait_seconds,
+        wait_seconds: decision.estimated_wait.as_ref().map_or(0, |wait| wait.seconds.max(0) as u64),
         notes: decision.notes,
         text: decision.text,
         candidates: decision.candidates,
@@ -167,7 +170,7 @@ pub(crate) fn decision_to_wire(decision: &Decision) -> roster::DelegationDecisio
         fallback_agent_id: decision.fallback_agent_id.clone(),
         fallback_reason: decision.fallback_reason.clone(),
         reasoning: decision.reasoning.clone(),
-        wait_seconds: decision.wait_seconds,
+        estimated_wait: (decision.wait_seconds > 0).then(|| seconds_to_duration(decision.wait_seconds)),
         notes: decision.notes.clone(),
         text: decision.text.clone(),
         candidates: decision.candidates.clone(),
@@ -182,8 +185,8 @@ pub(crate) fn role_definition_from_wire(role: roster::RoleDefinition) -> RoleDef
         responsibilities: role.responsibilities,
         tools: role.tools,
         permitted_actions: role.permitted_actions,
-        input_schema_json: role.input_schema_json,
-        output_schema_json: role.output_schema_json,
+        input_schema_json: stored_text(role.input_schema.as_ref()),
+        output_schema_json: stored_text(role.output_schema.as_ref()),
         mission: role.mission,
         context_files: role.context_files,
         schedule: role.schedule,
@@ -201,8 +204,8 @@ fn role_definition_to_wire(role: &RoleDefinition) -> roster::RoleDefinition {
         responsibilities: role.responsibilities.clone(),
         tools: role.tools.clone(),
         permitted_actions: role.permitted_actions.clone(),
-        input_schema_json: role.input_schema_json.clone(),
-        output_schema_json: role.output_schema_json.clone(),
+        input_schema: stored_struct(&role.input_schema_json),
+        output_schema: stored_struct(&role.output_schema_json),
         mission: role.mission.clone(),
         context_files: role.context_files.clone(),
         schedule: role.schedule.clone(),
@@ -232,7 +235,7 @@ pub(crate) fn memory_entry_to_wire(entry: &crate::domain::memory::MemoryEntry) -
         text: entry.text.clone(),
         author: entry.author.clone(),
         execution_id: entry.execution_id.clone(),
-        created_at_ms: entry.created_at,
+        created_at: Some(to_timestamp(entry.created_at)),
     }
 }
 
@@ -250,23 +253,23 @@ pub(crate) fn assignment_to_wire(assignment: &Assignment) -> wire::Assignment {
         step_name: assignment.step_name.clone(),
         step_type: assignment.step_type.clone(),
         message: assignment.message.clone(),
-        inputs_json: assignment.inputs_json.clone(),
+        inputs: stored_struct(&assignment.inputs_json),
         upstream_outputs: assignment
             .upstream_outputs
             .iter()
-            .map(|(step_id, output)| (step_id.clone(), output.to_string()))
+            .map(|(step_id, output)| (step_id.clone(), stored_value(output)))
             .collect(),
-        shared_memory_json: assignment.shared_memory_json.to_string(),
+        shared_memory: stored_struct(&assignment.shared_memory_json),
         shared_memory_left_out: assignment.shared_memory_left_out,
         history: assignment.history.iter().map(history_to_wire).collect(),
         role_definition: context.role_definition.as_ref().map(role_definition_to_wire),
         system_prompt: context.system_prompt.to_string(),
         roles: Some(roles_to_wire(&assignment.roles)),
         delegation_chain: assignment.delegation_chain.clone(),
-        timeout_ms: assignment.timeout_ms,
+        timeout: (assignment.timeout_ms > 0).then(|| to_duration(assignment.timeout_ms)),
         trace_parent: assignment.trace_parent.clone(),
         max_iterations: context.max_iterations,
-        llm_config_json: context.llm_config_json.clone(),
+        llm_config: stored_struct(&context.llm_config_json),
         allow_delegation: context.allow_delegation,
         session_role: assignment.session_role.clone(),
         session_context: assignment.session_context.clone(),
@@ -294,15 +297,21 @@ pub(crate) fn payload_kind_from_wire(kind: i32) -> Option<PayloadKind> {
     }
 }
 
-pub(crate) fn tool_from_wire(tool: wire::ToolSpec) -> Tool {
-    Tool { name: tool.name, description: tool.description, input_schema_json: tool.input_schema_json }
+/// A tool a worker provides; its schema must be JSON (a number that is not
+/// finite is not).
+pub(crate) fn tool_from_wire(tool: wire::ToolSpec) -> Result<Tool, String> {
+    let input_schema_json = match &tool.input_schema {
+        Some(schema) => muster_runtime::json::struct_to_text(Some(schema))?,
+        None => String::new(),
+    };
+    Ok(Tool { name: tool.name, description: tool.description, input_schema_json })
 }
 
 pub(crate) fn tool_to_wire(tool: &Tool) -> wire::ToolSpec {
     wire::ToolSpec {
         name: tool.name.clone(),
         description: tool.description.clone(),
-        input_schema_json: tool.input_schema_json.clone(),
+        input_schema: stored_struct(&tool.input_schema_json),
     }
 }
 
@@ -310,16 +319,30 @@ pub(crate) fn tool_call_to_wire(call: &ToolCall) -> wire::ToolCall {
     wire::ToolCall {
         call_id: call.call_id.clone(),
         tool: call.tool.clone(),
-        input_json: call.input_json.clone(),
+        input: stored_struct(&call.input_json),
         agent_id: call.agent_id.clone(),
         trace_parent: call.trace_parent.clone(),
     }
 }
 
+/// A tool's answer from a worker; an output JSON cannot hold makes it a
+/// tool fault.
 pub(crate) fn tool_output_from_wire(output: wire::ToolOutput) -> ToolOutput {
-    ToolOutput { output_json: output.output_json, error: output.error, status_code: output.status_code }
+    let output_json = match output.output.as_ref().map(|value| muster_runtime::json::value_to_text(Some(value))) {
+        None => String::new(),
+        Some(Ok(text)) => text,
+        Some(Err(problem)) => return ToolOutput::error(500, format!("the tool's output {problem}")),
+    };
+    ToolOutput { output_json, error: output.error, status_code: output.status_code }
 }
 
 pub(crate) fn tool_output_to_wire(output: ToolOutput) -> wire::ToolOutput {
-    wire::ToolOutput { output_json: output.output_json, error: output.error, status_code: output.status_code }
+    let value = (!output.output_json.is_empty()).then(|| stored_value(&output.output_json));
+    wire::ToolOutput { output: value, error: output.error, status_code: output.status_code }
+}
+
+/// Stored JSON text of a wire object that came from the roster (which
+/// checked it): empty when not set.
+fn stored_text(object: Option<&prost_types::Struct>) -> String {
+    object.and_then(|object| muster_runtime::json::struct_to_text(Some(object)).ok()).unwrap_or_default()
 }

@@ -122,7 +122,7 @@ fn event(index: usize, monitors: Vec<String>, informed: Vec<String>) -> StepEven
     StepEvent {
         event_id: format!("bench-{index}"),
         sequence: index as u64 + 1,
-        r#type: EventType::StepCompleted as i32,
+        event_type: EventType::StepCompleted as i32,
         occurred_at: Some(prost_types::Timestamp { seconds: 1_768_559_400 + index as i64, nanos: 0 }),
         execution_id: "bench-execution".to_owned(),
         process_name: "bench".to_owned(),
@@ -130,9 +130,9 @@ fn event(index: usize, monitors: Vec<String>, informed: Vec<String>) -> StepEven
         step_name: format!("Step {index}"),
         roles: Some(StepRoles { executor: "worker".to_owned(), monitors, informed }),
         lead_agent_id: "lead".to_owned(),
-        output_json: "{\"result\":\"a short output\"}".to_owned(),
+        output: Some(muster_runtime::json::value_from_text("{\"result\":\"a short output\"}").expect("JSON")),
         cost: 0.1,
-        duration_ms: 1500,
+        duration: Some(muster_runtime::time::to_duration(1500)),
         ..StepEvent::default()
     }
 }

@@ -72,12 +72,26 @@ pub(crate) fn event_from_wire(wire: &StepEvent) -> Result<Event> {
     if wire.event_id.len() > MAX_ID_BYTES {
         return Err(Error::invalid("event.event_id", format!("event.event_id is longer than {MAX_ID_BYTES} bytes")));
     }
-    let kind = kind_from_wire(wire.r#type).ok_or_else(|| {
+    let kind = kind_from_wire(wire.event_type).ok_or_else(|| {
         Error::invalid(
-            "event.type",
-            format!("event {}: event.type {} is not a known event type", wire.event_id, wire.r#type),
+            "event.event_type",
+            format!("event {}: event.event_type {} is not a known event type", wire.event_id, wire.event_type),
         )
     })?;
+    let invalid = |field: &str, problem: String| {
+        Error::invalid(format!("event.{field}"), format!("event {}: event.{field} {problem}", wire.event_id))
+    };
+    let output_json = match &wire.output {
+        None => String::new(),
+        Some(output) => {
+            muster_runtime::json::value_to_text(Some(output)).map_err(|problem| invalid("output", problem))?
+        }
+    };
+    let duration_ms =
+        muster_runtime::time::from_duration(wire.duration.as_ref()).map_err(|problem| invalid("duration", problem))?;
+    let wait_seconds = muster_runtime::time::from_duration(wire.estimated_wait.as_ref())
+        .map_err(|problem| invalid("estimated_wait", problem))?
+        / 1000;
     let occurred_at = wire.occurred_at.as_ref().ok_or_else(|| {
         Error::invalid("event.occurred_at", format!("event {}: event.occurred_at is required", wire.event_id))
     })?;
@@ -106,14 +120,14 @@ pub(crate) fn event_from_wire(wire: &StepEvent) -> Result<Event> {
         monitors: roles.monitors,
         informed: roles.informed,
         lead_agent_id: wire.lead_agent_id.clone(),
-        output_json: wire.output_json.clone(),
+        output_json,
         error_code: error.code,
         error_message: error.message,
         retry_count: wire.retry_count,
         cost: wire.cost,
-        duration_ms: wire.duration_ms,
+        duration_ms,
         agent_id: wire.agent_id.clone(),
-        wait_seconds: wire.wait_seconds,
+        wait_seconds,
         detail: wire.detail.clone(),
         waiting_for: wire.waiting_for.clone(),
         execution_status: execution_status_name(wire.execution_status),

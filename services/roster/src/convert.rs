@@ -1,13 +1,17 @@
 //! Wire <-> domain conversions. Conversions from the wire validate.
 
 use muster_proto::roster::v1 as pb;
-use muster_runtime::time::{from_timestamp, to_timestamp};
+use muster_runtime::{
+    json::{stored_struct, struct_to_text},
+    time::{duration_seconds, from_timestamp, seconds_to_duration, to_duration, to_timestamp},
+};
 
 use crate::domain::import::{FileDiagnostic, Severity};
 use crate::domain::{
     delegation::{Decision, DecisionKind, DelegationRequest, Tier, Urgency},
     model::{
-        Agent, RoleBudget, RoleDefinition, RoleThrottle, Status, Team, normalize_tags, validate_id, validate_name,
+        Agent, AgentField, RoleBudget, RoleDefinition, RoleThrottle, Status, Team, normalize_tags, validate_id,
+        validate_name,
     },
 };
 use crate::error::{Error, Result};
@@ -50,7 +54,7 @@ pub(crate) fn agent_to_wire(agent: &Agent) -> pb::Agent {
         workload_capacity: agent.workload_capacity,
         availability_until: agent.availability_until.map(to_timestamp),
         custom_prompt: agent.custom_prompt.clone(),
-        llm_config_json: agent.llm_config_json.clone(),
+        llm_config: stored_struct(&agent.llm_config_json),
         backstory: agent.backstory.clone(),
         allow_delegation: agent.allow_delegation,
         max_iterations: agent.max_iterations,
@@ -73,7 +77,7 @@ pub(crate) fn agent_from_wire(agent: Option<pb::Agent>) -> Result<Agent> {
         workload_capacity: agent.workload_capacity,
         availability_until: agent.availability_until.as_ref().map(from_timestamp),
         custom_prompt: agent.custom_prompt,
-        llm_config_json: agent.llm_config_json,
+        llm_config_json: json_text("agent.llm_config", agent.llm_config.as_ref())?,
         backstory: agent.backstory,
         allow_delegation: agent.allow_delegation,
         max_iterations: agent.max_iterations,
@@ -109,8 +113,8 @@ pub(crate) fn role_to_wire(role: &RoleDefinition) -> pb::RoleDefinition {
         responsibilities: role.responsibilities.clone(),
         tools: role.tools.clone(),
         permitted_actions: role.permitted_actions.clone(),
-        input_schema_json: role.input_schema_json.clone(),
-        output_schema_json: role.output_schema_json.clone(),
+        input_schema: stored_struct(&role.input_schema_json),
+        output_schema: stored_struct(&role.output_schema_json),
         mission: role.mission.clone(),
         context_files: role.context_files.clone(),
         schedule: role.schedule.clone(),
@@ -118,7 +122,7 @@ pub(crate) fn role_to_wire(role: &RoleDefinition) -> pb::RoleDefinition {
         user_preferences: role.user_preferences.clone(),
         post_to_inbox: role.post_to_inbox.clone(),
         budget: role.budget.as_ref().map(|budget| pb::RoleBudget {
-            period_seconds: budget.period_seconds,
+            period: (budget.period_seconds > 0).then(|| seconds_to_duration(budget.period_seconds)),
             max_runs: budget.max_runs,
             max_cost: budget.max_cost,
             max_tokens: budget.max_tokens,
@@ -127,7 +131,8 @@ pub(crate) fn role_to_wire(role: &RoleDefinition) -> pb::RoleDefinition {
             on_exceed: budget.on_exceed.clone(),
         }),
         throttle: role.throttle.map(|throttle| pb::RoleThrottle {
-            min_interval_seconds: throttle.min_interval_seconds,
+            min_interval: (throttle.min_interval_seconds > 0)
+                .then(|| seconds_to_duration(throttle.min_interval_seconds)),
             max_concurrent: throttle.max_concurrent,
         }),
     }
@@ -142,30 +147,83 @@ pub(crate) fn role_from_wire(role: Option<pb::RoleDefinition>) -> Result<RoleDef
         responsibilities: role.responsibilities,
         tools: role.tools,
         permitted_actions: role.permitted_actions,
-        input_schema_json: role.input_schema_json,
-        output_schema_json: role.output_schema_json,
+        input_schema_json: json_text("role.input_schema", role.input_schema.as_ref())?,
+        output_schema_json: json_text("role.output_schema", role.output_schema.as_ref())?,
         mission: role.mission,
         context_files: role.context_files,
         schedule: role.schedule,
         inbox: role.inbox,
         user_preferences: role.user_preferences,
         post_to_inbox: role.post_to_inbox,
-        budget: role.budget.map(|budget| RoleBudget {
-            period_seconds: budget.period_seconds,
-            max_runs: budget.max_runs,
-            max_cost: budget.max_cost,
-            max_tokens: budget.max_tokens,
-            run_max_cost: budget.run_max_cost,
-            run_max_tokens: budget.run_max_tokens,
-            on_exceed: budget.on_exceed.trim().to_owned(),
-        }),
-        throttle: role.throttle.map(|throttle| RoleThrottle {
-            min_interval_seconds: throttle.min_interval_seconds,
-            max_concurrent: throttle.max_concurrent,
-        }),
+        budget: role
+            .budget
+            .map(|budget| {
+                Ok::<_, Error>(RoleBudget {
+                    period_seconds: seconds("role.budget.period", budget.period.as_ref())?,
+                    max_runs: budget.max_runs,
+                    max_cost: budget.max_cost,
+                    max_tokens: budget.max_tokens,
+                    run_max_cost: budget.run_max_cost,
+                    run_max_tokens: budget.run_max_tokens,
+                    on_exceed: budget.on_exceed.trim().to_owned(),
+                })
+            })
+            .transpose()?,
+        throttle: role
+            .throttle
+            .map(|throttle| {
+                Ok::<_, Error>(RoleThrottle {
+                    min_interval_seconds: seconds("role.throttle.min_interval", throttle.min_interval.as_ref())?,
+                    max_concurrent: throttle.max_concurrent,
+                })
+            })
+            .transpose()?,
     }
     .normalize()
     .map_err(Error::from)
+}
+
+/// The fields an UpdateAgent changes: those its mask names, or all of them
+/// for no mask, an empty one or `*`.
+pub(crate) fn update_mask_fields(mask: Option<&prost_types::FieldMask>) -> Result<Vec<AgentField>> {
+    let paths = mask.map(|mask| mask.paths.as_slice()).unwrap_or_default();
+    if paths.is_empty() || paths == ["*"] {
+        return Ok(AgentField::ALL.to_vec());
+    }
+    let mut fields = Vec::with_capacity(paths.len());
+    for (index, path) in paths.iter().enumerate() {
+        let field = format!("update_mask.paths[{index}]");
+        let Some(named) = AgentField::from_name(path.trim()) else {
+            let names: Vec<&str> = AgentField::ALL.iter().map(|field| field.name()).collect();
+            return Err(Error::invalid(
+                &field,
+                format!(
+                    "{field}: '{}' is not a field an update may change; name some of {} (or `*` alone for all)",
+                    muster_runtime::status::truncate(path, 64),
+                    names.join(", ")
+                ),
+            ));
+        };
+        if !fields.contains(&named) {
+            fields.push(named);
+        }
+    }
+    Ok(fields)
+}
+
+/// The stored JSON text of a wire object: empty when not set.
+fn json_text(field: &str, object: Option<&prost_types::Struct>) -> Result<String> {
+    match object {
+        None => Ok(String::new()),
+        Some(object) => {
+            struct_to_text(Some(object)).map_err(|problem| Error::invalid(field, format!("{field} {problem}")))
+        }
+    }
+}
+
+/// Whole seconds of a wire duration; not set is zero.
+fn seconds(field: &str, duration: Option<&prost_types::Duration>) -> Result<u64> {
+    duration_seconds(duration).map_err(|problem| Error::invalid(field, format!("{field} {problem}")))
 }
 
 pub(crate) fn required_id(field: &str, value: &str) -> Result<String> {
@@ -255,7 +313,7 @@ pub(crate) fn decision_to_wire(decision: &Decision) -> pb::DelegationDecision {
         fallback_agent_id: decision.fallback_agent_id.clone(),
         fallback_reason: decision.fallback_reason.clone(),
         reasoning: decision.reasoning.clone(),
-        wait_seconds: u64::try_from(decision.wait_millis.max(0) / 1000).unwrap_or_default(),
+        estimated_wait: (decision.wait_millis > 0).then(|| to_duration(decision.wait_millis as u64)),
         notes: decision.notes.clone(),
         text: decision.text.clone(),
         candidates: decision.candidates.clone(),

@@ -17,6 +17,7 @@ use crate::clock::Clock;
 use crate::convert::{
     agent_from_wire, agent_to_wire, decision_to_wire, delegation_request_from_wire, diagnostic_to_wire, record_to_wire,
     required_id, required_name, role_from_wire, role_to_wire, status_from_wire, team_from_wire, team_to_wire,
+    update_mask_fields,
 };
 use crate::domain::{
     delegation::Settings,
@@ -397,8 +398,10 @@ impl<S: RosterStore> RosterService for Roster<S> {
         &self,
         request: Request<pb::UpdateAgentRequest>,
     ) -> Result<Response<pb::UpdateAgentResponse>, GrpcStatus> {
-        let agent = agent_from_wire(request.into_inner().agent)?;
-        let stored = self.inner.store.update_agent(&agent, self.now()).await?;
+        let request = request.into_inner();
+        let fields = update_mask_fields(request.update_mask.as_ref())?;
+        let agent = agent_from_wire(request.agent)?;
+        let stored = self.inner.store.update_agent(&agent, &fields, self.now()).await?;
         // Its credentials carry its role.
         self.credentials_changed().await;
         self.announce_agents(pb::RosterChangeKind::AgentUpserted, std::slice::from_ref(&stored.id)).await;

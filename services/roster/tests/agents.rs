@@ -5,6 +5,7 @@ mod common;
 use common::{Backend, TestServer};
 use muster_proto::roster::v1 as pb;
 use tonic::Code;
+use tonic_types::StatusExt as _;
 
 async fn agents_teams_and_roles(backend: Backend) {
     let Some(mut server) = TestServer::on(backend).await else { return };
@@ -45,10 +46,10 @@ async fn agents_teams_and_roles(backend: Backend) {
     assert!(status.message().contains("team \"nowhere\" does not exist"), "{}", status.message());
     let status = server
         .client
-        .register_agent(bad(pb::Agent { id: "a".into(), llm_config_json: "[1]".into(), ..Default::default() }))
+        .register_agent(bad(pb::Agent { id: "a".into(), llm_config: Some(not_json()), ..Default::default() }))
         .await
         .unwrap_err();
-    assert!(status.message().contains("llm_config_json"), "{}", status.message());
+    assert!(status.message().contains("agent.llm_config $.temperature is NaN"), "{}", status.message());
     let status = server
         .client
         .register_agent(bad(pb::Agent { id: "research-agent".into(), ..Default::default() }))
@@ -63,7 +64,11 @@ async fn agents_teams_and_roles(backend: Backend) {
     // Hierarchy cycles are refused.
     let mut update = server.get("manager-agent").await;
     update.senior_id = "research-agent".into();
-    let status = server.client.update_agent(pb::UpdateAgentRequest { agent: Some(update) }).await.unwrap_err();
+    let status = server
+        .client
+        .update_agent(pb::UpdateAgentRequest { agent: Some(update), update_mask: None })
+        .await
+        .unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(status.message().contains("manager-agent -> research-agent -> manager-agent"), "{}", status.message());
 
@@ -73,7 +78,7 @@ async fn agents_teams_and_roles(backend: Backend) {
     update.custom_prompt = "Be brief.".into();
     let updated = server
         .client
-        .update_agent(pb::UpdateAgentRequest { agent: Some(update) })
+        .update_agent(pb::UpdateAgentRequest { agent: Some(update), update_mask: None })
         .await
         .unwrap()
         .into_inner()
@@ -81,6 +86,38 @@ async fn agents_teams_and_roles(backend: Backend) {
         .unwrap();
     assert_eq!(updated.expertise, vec!["rust"]);
     assert_eq!(updated.custom_prompt, "Be brief.");
+
+    // An update mask changes the fields it names and keeps the others; a
+    // field an update may not change is refused, naming the mask's entry.
+    let masked = pb::Agent { id: "research-agent".into(), backstory: "Reads a lot.".into(), ..Default::default() };
+    let mask =
+        |paths: &[&str]| Some(prost_types::FieldMask { paths: paths.iter().map(|path| (*path).to_owned()).collect() });
+    let updated = server
+        .client
+        .update_agent(pb::UpdateAgentRequest { agent: Some(masked.clone()), update_mask: mask(&["backstory"]) })
+        .await
+        .unwrap()
+        .into_inner()
+        .agent
+        .unwrap();
+    assert_eq!((updated.backstory.as_str(), updated.custom_prompt.as_str()), ("Reads a lot.", "Be brief."));
+    assert_eq!((updated.expertise.clone(), updated.senior_id.as_str()), (vec!["rust".to_owned()], "manager-agent"));
+    let status = server
+        .client
+        .update_agent(pb::UpdateAgentRequest {
+            agent: Some(masked),
+            update_mask: mask(&["backstory", "current_workload"]),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().contains("update_mask.paths[1]: 'current_workload' is not a field"),
+        "{}",
+        status.message()
+    );
+    let violations = status.get_details_bad_request().expect("a BadRequest").field_violations;
+    assert_eq!(violations[0].field, "update_mask.paths[1]");
 
     // Listing with filters and pagination by id.
     for index in 0..5 {
@@ -219,11 +256,11 @@ async fn agents_teams_and_roles(backend: Backend) {
     let status = server
         .client
         .put_role_definition(pb::PutRoleDefinitionRequest {
-            role: Some(pb::RoleDefinition { name: "x".into(), input_schema_json: "nope".into(), ..Default::default() }),
+            role: Some(pb::RoleDefinition { name: "x".into(), input_schema: Some(not_json()), ..Default::default() }),
         })
         .await
         .unwrap_err();
-    assert!(status.message().contains("role.input_schema_json"), "{}", status.message());
+    assert!(status.message().contains("role.input_schema $.temperature is NaN"), "{}", status.message());
     let roles = server
         .client
         .list_role_definitions(pb::ListRoleDefinitionsRequest::default())
@@ -352,7 +389,11 @@ async fn teams_and_roles_page(backend: Backend) {
             name: format!("role-{index:02}"),
             mission: "m".repeat(64 * 1024),
             user_preferences: "u".repeat(64 * 1024),
-            input_schema_json: format!("{{\"description\": \"{}\"}}", "d".repeat(60 * 1024)),
+            input_schema: muster_runtime::json::struct_from_text(&format!(
+                "{{\"description\": \"{}\"}}",
+                "d".repeat(60 * 1024)
+            ))
+            .unwrap(),
             ..Default::default()
         };
         server.client.put_role_definition(pb::PutRoleDefinitionRequest { role: Some(role) }).await.unwrap();
@@ -413,4 +454,10 @@ async fn the_token_is_stored_only_as_a_hash() {
         !haystack.windows(token.len()).any(|window| window == token.as_bytes()),
         "the raw token is in the database"
     );
+}
+
+/// An object JSON cannot hold: a number that is not finite.
+fn not_json() -> prost_types::Struct {
+    let nan = prost_types::Value { kind: Some(prost_types::value::Kind::NumberValue(f64::NAN)) };
+    prost_types::Struct { fields: [("temperature".to_owned(), nan)].into() }
 }

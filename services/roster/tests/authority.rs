@@ -46,6 +46,7 @@ async fn agents_act_for_themselves_only(backend: Backend) {
     let update = as_alice
         .update_agent(pb::UpdateAgentRequest {
             agent: Some(pb::Agent { id: "bob".into(), role: "admin".into(), ..Default::default() }),
+            update_mask: None,
         })
         .await
         .unwrap_err();

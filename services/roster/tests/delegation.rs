@@ -82,7 +82,7 @@ async fn delegation_scenarios(backend: Backend) {
     let decision = server.delegate(delegate_request("t8", "bob", &["go"])).await;
     assert_eq!((kind(&decision), tier(&decision)), (Kind::Queue, Tier::QueueForExpert));
     assert_eq!(decision.primary_agent_id, "dave");
-    assert_eq!(decision.wait_seconds, 1800, "one average task");
+    assert_eq!(decision.estimated_wait.map(|wait| wait.seconds).unwrap_or_default(), 1800, "one average task");
     assert_eq!(decision.fallback_agent_id, "cto", "the senior to escalate to");
     assert!(
         decision.text.contains("Decision: QUEUE for Dave\n") && decision.text.contains("Wait Time: 30m\n"),
@@ -112,7 +112,11 @@ async fn delegation_scenarios(backend: Backend) {
     let low = pb::DelegateRequest { urgency: pb::Urgency::Low as i32, ..delegate_request("t11", "bob", &["go"]) };
     let decision = server.delegate(low).await;
     assert_eq!(kind(&decision), Kind::Queue);
-    assert_eq!(decision.wait_seconds, 5 * 3600 + 1800, "availability plus one task queued ahead");
+    assert_eq!(
+        decision.estimated_wait.map(|wait| wait.seconds).unwrap_or_default(),
+        5 * 3600 + 1800,
+        "availability plus one task queued ahead"
+    );
     let deadline = pb::DelegateRequest {
         urgency: pb::Urgency::Low as i32,
         deadline: Some(muster_runtime::time::to_timestamp(server.clock_now() + 3_600_000)),

@@ -45,11 +45,11 @@ async fn release_offers_the_slot_to_the_oldest_queued_task(backend: Backend) {
     server.clock.advance(1000);
     let first = server.delegate(delegate_request("c", "junior", &["sql"])).await;
     assert_eq!(Kind::try_from(first.decision).unwrap(), Kind::Queue);
-    assert_eq!(first.wait_seconds, 1800);
+    assert_eq!(first.estimated_wait.map(|wait| wait.seconds).unwrap_or_default(), 1800);
     server.clock.advance(1000);
     let second = server.delegate(delegate_request("d", "boss", &["sql"])).await;
     assert_eq!(Kind::try_from(second.decision).unwrap(), Kind::Queue);
-    assert_eq!(second.wait_seconds, 3600, "one task queued ahead");
+    assert_eq!(second.estimated_wait.map(|wait| wait.seconds).unwrap_or_default(), 3600, "one task queued ahead");
     let status =
         server.client.watch_queued_task(pb::WatchQueuedTaskRequest { task_id: "zzz".into() }).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::NotFound);

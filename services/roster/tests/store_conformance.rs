@@ -6,7 +6,7 @@ use muster_roster::{
     Error,
     domain::{
         delegation::{DecisionKind, DelegationRequest, Settings, Urgency},
-        model::{Agent, RoleDefinition, Status, Team},
+        model::{Agent, AgentField, RoleDefinition, Status, Team},
     },
     store::{AgentQuery, DelegationQuery, ImportPlan, QueueState, RosterStore, SqlStore},
 };
@@ -82,8 +82,15 @@ async fn conformance(store: SqlStore) {
     // Updates keep the token and the workload.
     let mut changed = agent("dev", "core", "boss", &["rust"], 2);
     changed.name = "Developer".into();
-    store.update_agent(&changed, NOW).await.unwrap();
+    store.update_agent(&changed, &AgentField::ALL, NOW).await.unwrap();
     assert_eq!(store.agent_by_token(&token("hash-dev")).await.unwrap().unwrap().name, "Developer");
+    // An update that names fields changes only those.
+    let mut partial = agent("dev", "", "", &[], 0);
+    partial.name = "ignored".into();
+    partial.backstory = "Writes Rust.".into();
+    let updated = store.update_agent(&partial, &[AgentField::Backstory], NOW).await.unwrap();
+    assert_eq!((updated.name.as_str(), updated.backstory.as_str()), ("Developer", "Writes Rust."));
+    assert_eq!((updated.team.as_str(), updated.senior_id.as_str()), ("core", "boss"), "unnamed fields are kept");
     assert!(
         store.list_agents(&AgentQuery { expertise: "sql".into(), ..AgentQuery::default() }).await.unwrap().is_empty(),
         "expertise index follows updates"

@@ -114,7 +114,8 @@ async fn import_and_views(backend: Backend) {
         (research.senior_id.as_str(), research.workload_capacity, research.expertise.clone()),
         ("manager-agent", 3, vec!["research".to_owned(), "writing".to_owned()])
     );
-    assert_eq!(research.llm_config_json, r#"{"model":"x","temperature":0.2}"#);
+    let llm_config = muster_runtime::json::struct_to_text(research.llm_config.as_ref()).unwrap();
+    assert_eq!(llm_config, r#"{"model":"x","temperature":0.2}"#);
     let teams = server.client.list_teams(pb::ListTeamsRequest::default()).await.unwrap().into_inner().teams;
     assert_eq!(teams[0].lead_agent_id, "manager-agent");
     let writer_role = server

@@ -8,8 +8,9 @@
 //! ([`metrics`]), and the convention by which a service's errors become gRPC
 //! statuses ([`status`]), who is calling and what it may call ([`auth`],
 //! with the service-to-service credentials of [`security`]), TLS and mutual
-//! TLS ([`tls`]), files that hold secrets ([`files`]), and the size limits of
-//! every request field, checked on the wire ([`limits`]).
+//! TLS ([`tls`]), files that hold secrets ([`files`]), the size limits of
+//! every request field, checked on the wire ([`limits`]), and JSON values
+//! and durations converted at the wire ([`json`], [`time`]).
 //!
 //! This crate is not deployable on its own; it holds no business logic.
 #![forbid(unsafe_code)]
@@ -18,6 +19,7 @@ pub mod auth;
 pub mod config;
 pub mod db;
 pub mod files;
+pub mod json;
 pub mod limits;
 pub mod metrics;
 pub mod paging;

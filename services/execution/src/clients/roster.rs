@@ -302,7 +302,11 @@ impl Roster for RosterClient {
                 role_definition,
                 system_prompt: Arc::from(system_prompt),
                 max_iterations: if agent.max_iterations == 0 { DEFAULT_MAX_ITERATIONS } else { agent.max_iterations },
-                llm_config_json: agent.llm_config_json,
+                llm_config_json: agent
+                    .llm_config
+                    .as_ref()
+                    .and_then(|config| muster_runtime::json::struct_to_text(Some(config)).ok())
+                    .unwrap_or_default(),
                 allow_delegation: agent.allow_delegation,
                 memory: Vec::new(),
             })

@@ -65,8 +65,9 @@ pub(crate) fn source(role: &roster::RoleDefinition) -> Option<String> {
         source.push_str(&format!("  inbox: {inbox}\n"));
     }
     if let Some(budget) = &role.budget {
+        let period_seconds = budget.period.as_ref().map_or(0, |period| period.seconds.max(0));
         let fields = [
-            ("period_seconds", budget.period_seconds.to_string(), budget.period_seconds > 0),
+            ("period_seconds", period_seconds.to_string(), period_seconds > 0),
             ("max_runs", budget.max_runs.to_string(), budget.max_runs > 0),
             ("max_cost", budget.max_cost.to_string(), budget.max_cost > 0.0),
             ("max_tokens", budget.max_tokens.to_string(), budget.max_tokens > 0),
@@ -77,8 +78,9 @@ pub(crate) fn source(role: &roster::RoleDefinition) -> Option<String> {
         source.push_str(&mapping("budget", &fields));
     }
     if let Some(throttle) = &role.throttle {
+        let min_interval_seconds = throttle.min_interval.as_ref().map_or(0, |interval| interval.seconds.max(0));
         let fields = [
-            ("min_interval_seconds", throttle.min_interval_seconds.to_string(), throttle.min_interval_seconds > 0),
+            ("min_interval_seconds", min_interval_seconds.to_string(), min_interval_seconds > 0),
             ("max_concurrent", throttle.max_concurrent.to_string(), throttle.max_concurrent > 0),
         ];
         source.push_str(&mapping("throttle", &fields));
@@ -270,13 +272,16 @@ mod tests {
             inbox: "agent/inbox/delivery/".into(),
             post_to_inbox: "risk".into(),
             budget: Some(roster::RoleBudget {
-                period_seconds: 3600,
+                period: Some(muster_runtime::time::seconds_to_duration(3600)),
                 max_runs: 5,
                 run_max_cost: 0.5,
                 on_exceed: "pause".into(),
                 ..Default::default()
             }),
-            throttle: Some(roster::RoleThrottle { min_interval_seconds: 60, max_concurrent: 0 }),
+            throttle: Some(roster::RoleThrottle {
+                min_interval: Some(muster_runtime::time::seconds_to_duration(60)),
+                max_concurrent: 0,
+            }),
             ..Default::default()
         }
     }

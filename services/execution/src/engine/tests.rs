@@ -371,7 +371,7 @@ impl Harness {
 fn decode(bytes: &[u8]) -> Event {
     use muster_proto::common::v1::{EventType, StepEvent};
     let wire = <StepEvent as prost::Message>::decode(bytes).unwrap();
-    let kind = match EventType::try_from(wire.r#type).unwrap() {
+    let kind = match EventType::try_from(wire.event_type).unwrap() {
         EventType::StepStarted => EventKind::StepStarted,
         EventType::StepCompleted => EventKind::StepCompleted,
         EventType::StepFailed => EventKind::StepFailed,

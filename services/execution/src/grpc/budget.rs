@@ -94,9 +94,11 @@ fn budget_from_wire(budget: Option<wire::Budget>) -> Result<Budget> {
             ));
         }
     };
+    let period_seconds = muster_runtime::time::duration_seconds(budget.period.as_ref())
+        .map_err(|problem| Error::invalid("budget.period", format!("budget.period {problem}")))?;
     let checked = Budget {
         process_name: budget.name,
-        period_seconds: budget.period_seconds,
+        period_seconds,
         max_cost: budget.max_cost,
         max_tokens: budget.max_tokens,
         max_runs: budget.max_runs,
@@ -123,9 +125,9 @@ fn budget_from_wire(budget: Option<wire::Budget>) -> Result<Budget> {
     }
     if checked.has_period_limit() && !(1..=MAX_PERIOD_SECONDS).contains(&checked.period_seconds) {
         return Err(Error::invalid(
-            "budget.period_seconds",
+            "budget.period",
             format!(
-                "budget.period_seconds must be from 1 to {MAX_PERIOD_SECONDS} with a limit per period, not {}",
+                "budget.period must be from 1 to {MAX_PERIOD_SECONDS} seconds with a limit per period, not {} s",
                 checked.period_seconds
             ),
         ));
@@ -230,7 +232,7 @@ fn budget_to_wire(budget: &Budget, scope: wire::BudgetScope, name: String, usage
     wire::Budget {
         scope: scope as i32,
         name,
-        period_seconds: budget.period_seconds,
+        period: (budget.period_seconds > 0).then(|| muster_runtime::time::seconds_to_duration(budget.period_seconds)),
         max_cost: budget.max_cost,
         max_tokens: budget.max_tokens,
         max_runs: budget.max_runs,

@@ -1,7 +1,10 @@
 //! Domain state as the gRPC answers show it.
 
 use muster_proto::{common::v1 as common, execution::v1 as wire};
-use muster_runtime::time::to_timestamp;
+use muster_runtime::{
+    json::{stored_struct, stored_value},
+    time::{seconds_to_duration, to_timestamp},
+};
 
 use crate::{
     domain::{
@@ -53,7 +56,7 @@ pub(super) fn execution_to_wire(
                 wire::StepState {
                     step_id: step_definition.id.clone(),
                     name: step_definition.name.clone(),
-                    r#type: step_definition.step_type.clone(),
+                    step_type: step_definition.step_type.clone(),
                     status: step_status_to_wire(step.status) as i32,
                     executor: if step.executor.is_empty() {
                         step_definition.executor().unwrap_or_default().to_owned()
@@ -62,7 +65,7 @@ pub(super) fn execution_to_wire(
                     },
                     roles: Some(roles_to_wire(&step_roles(step_definition))),
                     attempt: step.attempt,
-                    output_json: if output_omitted { String::new() } else { output.to_owned() },
+                    output: (!output_omitted && step.output_json.is_some()).then(|| stored_value(output)),
                     output_omitted,
                     error: (!step.error_code.is_empty() && step.status != StepStatus::Completed).then(|| {
                         common::StepError { code: step.error_code.clone(), message: step.error_message.clone() }
@@ -75,7 +78,8 @@ pub(super) fn execution_to_wire(
                     } else {
                         Vec::new()
                     },
-                    wait_seconds: if step.status == StepStatus::Queued { step.wait_seconds } else { 0 },
+                    estimated_wait: (step.status == StepStatus::Queued && step.wait_seconds > 0)
+                        .then(|| seconds_to_duration(step.wait_seconds)),
                     delegation_chain: step.delegation_chain.clone(),
                     cost: step.cost,
                     tokens_used: step.tokens_used,
@@ -96,7 +100,7 @@ pub(super) fn execution_to_wire(
         started_at: Some(to_timestamp(execution.started_at)),
         ended_at: execution.ended_at.map(to_timestamp),
         steps: states,
-        inputs_json: execution.inputs_json.clone(),
+        inputs: stored_struct(&execution.inputs_json),
     }
 }
 

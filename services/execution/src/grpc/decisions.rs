@@ -97,10 +97,12 @@ impl ExecutionApi {
                 InterventionAction::Reassign(request.target_agent_id.clone())
             }
             wire::InterventionAction::OverrideOutput => {
-                if serde_json::from_str::<serde_json::Value>(&request.output_json).is_err() {
-                    return Err(Error::invalid("output_json", "OVERRIDE_OUTPUT needs output_json, a JSON value"));
-                }
-                InterventionAction::OverrideOutput(request.output_json.clone())
+                let Some(output) = &request.output else {
+                    return Err(Error::invalid("output", "OVERRIDE_OUTPUT needs output, a JSON value"));
+                };
+                let output = muster_runtime::json::value_to_text(Some(output))
+                    .map_err(|problem| Error::invalid("output", format!("output {problem}")))?;
+                InterventionAction::OverrideOutput(output)
             }
             wire::InterventionAction::Unspecified => {
                 return Err(Error::invalid("action", "action is required"));

@@ -149,7 +149,7 @@ impl ExecutionApi {
         &self,
         process_name: &str,
         version: u32,
-        inputs_json: &str,
+        inputs: Option<&prost_types::Struct>,
     ) -> Result<(Arc<ProcessVersion>, String)> {
         let version = (version != 0).then_some(version);
         let process = self.engine.process(process_name, version).await?.ok_or_else(|| {
@@ -162,16 +162,13 @@ impl ExecutionApi {
                 },
             )
         })?;
+        let inputs_json = muster_runtime::json::struct_to_text(inputs)
+            .map_err(|problem| Error::invalid("inputs", format!("inputs {problem}")))?;
         if inputs_json.len() > MAX_INPUTS_BYTES {
             return Err(Error::invalid(
-                "inputs_json",
-                format!("inputs_json has {} bytes; at most {MAX_INPUTS_BYTES} are accepted", inputs_json.len()),
+                "inputs",
+                format!("inputs are {} bytes of JSON; at most {MAX_INPUTS_BYTES} are accepted", inputs_json.len()),
             ));
-        }
-        let inputs_json = if inputs_json.trim().is_empty() { "{}".to_owned() } else { inputs_json.to_owned() };
-        match serde_json::from_str::<serde_json::Value>(&inputs_json) {
-            Ok(serde_json::Value::Object(_)) => {}
-            _ => return Err(Error::invalid("inputs_json", "inputs_json must be a JSON object")),
         }
         // Every named executor must still be in the roster before anything
         // runs; each is asked about once. (An approval step's executor may be
@@ -199,7 +196,7 @@ impl ExecutionApi {
 
     async fn start(&self, request: wire::StartExecutionRequest) -> Result<wire::Execution> {
         let (process, inputs_json) =
-            self.prepare_start(&request.process_name, request.process_version, &request.inputs_json).await?;
+            self.prepare_start(&request.process_name, request.process_version, request.inputs.as_ref()).await?;
         let lead_agent_id = if request.lead_agent_id.is_empty() {
             process.definition.lead.clone().unwrap_or_default()
         } else {
@@ -228,12 +225,12 @@ impl ExecutionApi {
         &self,
         process_name: &str,
         process_version: u32,
-        inputs_json: &str,
+        inputs: Option<&prost_types::Struct>,
         lead_agent_id: String,
         session: Session,
         idempotency_key: String,
     ) -> Result<wire::Execution> {
-        let (process, inputs_json) = self.prepare_start(process_name, process_version, inputs_json).await?;
+        let (process, inputs_json) = self.prepare_start(process_name, process_version, inputs).await?;
         let execution = self
             .engine
             .start(StartRequest {

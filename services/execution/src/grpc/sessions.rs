@@ -116,7 +116,7 @@ impl ExecutionApi {
             .start_as_session(
                 &request.process_name,
                 request.process_version,
-                &request.inputs_json,
+                request.inputs.as_ref(),
                 request.lead_agent_id,
                 session,
                 request.idempotency_key,

@@ -7,7 +7,10 @@
 use std::{collections::BTreeSet, sync::Arc};
 
 use muster_proto::{common::v1 as common, execution::v1 as wire};
-use muster_runtime::auth::{Caller, TokenHash};
+use muster_runtime::{
+    auth::{Caller, TokenHash},
+    time::to_duration,
+};
 use prost::Message as _;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::StreamExt as _;
@@ -108,7 +111,9 @@ impl ExecutionApi {
                 Error::invalid("hello.agents", "a worker must serve at least one agent or provide a tool").into()
             );
         }
-        let tools: Vec<_> = hello.tools.into_iter().map(tool_from_wire).collect();
+        let tools = hello.tools.into_iter().map(tool_from_wire).collect::<std::result::Result<Vec<_>, _>>().map_err(
+            |problem| Error::invalid("hello.tools.input_schema", format!("a tool's input_schema {problem}")),
+        )?;
         check_tool_specs(&tools)?;
         let agents = self.authenticate_served(&caller, &hello.agents).await?;
         self.check_tool_entitlement(&caller, &agents, &tools).await?;
@@ -129,7 +134,7 @@ impl ExecutionApi {
         let welcome = wire::ConnectWorkerResponse {
             message: Some(wire::connect_worker_response::Message::Welcome(wire::WorkerWelcome {
                 worker_id: worker_id.to_string(),
-                lease_ms: self.engine.settings.worker_lease.as_millis() as u64,
+                lease: Some(to_duration(self.engine.settings.worker_lease.as_millis() as u64)),
             })),
         };
         let engine = self.engine.clone();
@@ -252,11 +257,26 @@ async fn serve_worker(worker_id: u64, inbound: &mut Streaming<wire::ConnectWorke
         };
         match message.message {
             Some(Message::Result(result)) => {
+                let (output_json, duration_ms) = match (
+                    muster_runtime::json::value_to_text(result.output.as_ref()),
+                    muster_runtime::time::from_duration(result.duration.as_ref()),
+                ) {
+                    (Ok(output), Ok(duration)) => (output, duration),
+                    (Err(problem), _) | (_, Err(problem)) => {
+                        let outcome = Outcome::Failed {
+                            error_code: "INVALID_RESULT".to_owned(),
+                            message: format!("the result's output or duration {problem}"),
+                            retryable: false,
+                        };
+                        workers.complete(worker_id, &result.assignment_id, outcome);
+                        continue;
+                    }
+                };
                 let outcome = Outcome::Completed {
-                    output_json: result.output_json,
+                    output_json,
                     tokens_used: result.tokens_used,
                     cost: result.cost,
-                    duration_ms: result.duration_ms,
+                    duration_ms,
                     iterations: result.iterations,
                     post_to_inbox: result.post_to_inbox,
                     remember: result
@@ -351,7 +371,7 @@ pub(super) async fn stream_events(
                 let event = common::StepEvent::decode(bytes.as_slice())
                     .map_err(|error| Status::internal(format!("corrupt stored event: {error}")))?;
                 last = event.sequence;
-                let finished = event.r#type == common::EventType::ExecutionFinished as i32;
+                let finished = event.event_type == common::EventType::ExecutionFinished as i32;
                 if sender.send(Ok(wire::WatchExecutionResponse { event: Some(event) })).await.is_err() || finished {
                     return Ok(());
                 }

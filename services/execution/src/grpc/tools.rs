@@ -87,10 +87,7 @@ pub(super) fn check_tool_specs(tools: &[Tool]) -> Result<()> {
             return Err(Error::invalid("tools.name", "a tool needs a name"));
         }
         if let Err(reason) = schema::compile(&tool.input_schema_json) {
-            return Err(Error::invalid(
-                "tools.input_schema_json",
-                format!("tool '{}': input_schema_json: {reason}", tool.name),
-            ));
+            return Err(Error::invalid("tools.input_schema", format!("tool '{}': input_schema: {reason}", tool.name)));
         }
     }
     Ok(())
@@ -141,10 +138,12 @@ impl ExecutionApi {
             return Ok(output(404, format!("no connected worker provides tool '{}'", request.tool)));
         };
         // 3. The input must match the tool's schema.
-        let input_text = if request.input_json.trim().is_empty() { "{}" } else { request.input_json.as_str() };
-        let input: serde_json::Value = match serde_json::from_str(input_text) {
-            Ok(input) => input,
-            Err(error) => return Ok(output(400, format!("input_json is not JSON: {error}"))),
+        let input = match &request.input {
+            None => serde_json::Value::Object(serde_json::Map::new()),
+            Some(input) => match muster_runtime::json::object_to_json(input) {
+                Ok(input) => input,
+                Err(problem) => return Ok(output(400, format!("input {problem}"))),
+            },
         };
         match schema::compile(&spec.input_schema_json) {
             Ok(Some(validator)) => {

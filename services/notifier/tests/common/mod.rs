@@ -184,7 +184,7 @@ pub fn step_event(event_id: &str, kind: EventType, step_id: &str) -> StepEvent {
     StepEvent {
         event_id: event_id.to_owned(),
         sequence: 1,
-        r#type: kind as i32,
+        event_type: kind as i32,
         occurred_at: Some(prost_types::Timestamp { seconds: EVENT_TIME_SECONDS, nanos: 0 }),
         execution_id: "x1".to_owned(),
         process_name: "content-pipeline".to_owned(),
@@ -203,9 +203,9 @@ pub fn step_event(event_id: &str, kind: EventType, step_id: &str) -> StepEvent {
 
 pub fn completed(event_id: &str, step_id: &str, output_json: &str) -> StepEvent {
     StepEvent {
-        output_json: output_json.to_owned(),
+        output: Some(muster_runtime::json::value_from_text(output_json).expect("a JSON output")),
         cost: 0.1,
-        duration_ms: 45_500,
+        duration: Some(muster_runtime::time::to_duration(45_500)),
         ..step_event(event_id, EventType::StepCompleted, step_id)
     }
 }

@@ -16,7 +16,7 @@ pub use sql::SqlStore;
 
 use crate::domain::{
     delegation::{Decision, DelegationRequest, Settings},
-    model::{Agent, RoleDefinition, Status, Team},
+    model::{Agent, AgentField, RoleDefinition, Status, Team},
 };
 use crate::error::Result;
 
@@ -143,8 +143,15 @@ pub trait RosterStore: Send + Sync + 'static {
     fn get_agent(&self, id: &str) -> impl Future<Output = Result<Agent>> + Send;
     /// Agents by id.
     fn list_agents(&self, query: &AgentQuery) -> impl Future<Output = Result<Vec<Agent>>> + Send;
-    /// Replaces an agent's descriptive fields, keeping workload, manual status and token.
-    fn update_agent(&self, agent: &Agent, now: i64) -> impl Future<Output = Result<Agent>> + Send;
+    /// Changes the descriptive `fields` of an agent to those of `agent`,
+    /// keeping the others, the workload, the manual status and the token;
+    /// the result is validated again.
+    fn update_agent(
+        &self,
+        agent: &Agent,
+        fields: &[AgentField],
+        now: i64,
+    ) -> impl Future<Output = Result<Agent>> + Send;
     /// Removes an agent and revokes its tokens; FAILED_PRECONDITION while it is a senior.
     fn remove_agent(&self, id: &str, now: i64) -> impl Future<Output = Result<()>> + Send;
     /// Sets or clears a manual status and the availability.

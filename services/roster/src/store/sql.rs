@@ -14,7 +14,7 @@ use sqlx::{Any, AssertSqlSafe, Row, Transaction, any::AnyRow};
 use super::{AgentQuery, ImportPlan, RosterStore, credentials};
 use crate::domain::{
     delegation::{DelegationRequest, Settings},
-    model::{Agent, RoleDefinition, Status, Team},
+    model::{Agent, AgentField, RoleDefinition, Status, Team},
 };
 use crate::error::{AGENT, Error, ROLE_DEFINITION, Result, TEAM};
 
@@ -428,11 +428,20 @@ impl RosterStore for SqlStore {
         statement.fetch_all(&self.database.pool).await?.iter().map(agent_from_row).collect()
     }
 
-    async fn update_agent(&self, agent: &Agent, now: i64) -> Result<Agent> {
+    async fn update_agent(&self, agent: &Agent, fields: &[AgentField], now: i64) -> Result<Agent> {
         let mut transaction = self.database.pool.begin().await?;
-        if !exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", &agent.id).await? {
-            return Err(agent_not_found(&agent.id));
+        if self.database.backend == Backend::Postgres {
+            // Two updates of different fields must not undo each other.
+            sqlx::query("SELECT 1 FROM agents WHERE id = $1 FOR UPDATE")
+                .bind(agent.id.clone())
+                .execute(&mut *transaction)
+                .await?;
         }
+        let Some(mut updated) = fetch_agent(&mut transaction, &agent.id).await? else {
+            return Err(agent_not_found(&agent.id));
+        };
+        updated.update(agent, fields);
+        let agent = &updated.normalize()?;
         check_agent_references(&mut transaction, agent).await?;
         update_agent_row(&mut transaction, self.database.backend, agent, now).await?;
         let stored =

@@ -1,0 +1,231 @@
+//! JSON values as the contracts carry them (`google.protobuf.Struct` for
+//! objects, `google.protobuf.Value` for any value) and as the services store
+//! them (JSON text), converted at the wire.
+//!
+//! Protobuf numbers are doubles: an integer beyond 2^53 loses precision on
+//! the way in, as it would in JavaScript. A number that is not finite has no
+//! JSON form: it is refused on the way in and written as `null` on the way
+//! out.
+
+use prost_types::{ListValue, Struct, Value, value::Kind};
+use serde_json::{Map, Number, Value as Json};
+
+/// A wire value from JSON text.
+pub fn value_from_text(text: &str) -> Result<Value, String> {
+    let json: Json = serde_json::from_str(text).map_err(|error| format!("is not JSON: {error}"))?;
+    Ok(from_json(json))
+}
+
+/// A wire object from JSON text; empty text is no object.
+pub fn struct_from_text(text: &str) -> Result<Option<Struct>, String> {
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    match serde_json::from_str(text).map_err(|error| format!("is not JSON: {error}"))? {
+        Json::Object(object) => Ok(Some(object_from_json(object))),
+        other => Err(format!("is not a JSON object (it is {})", json_kind(&other))),
+    }
+}
+
+/// The wire form of a JSON value.
+pub fn from_json(json: Json) -> Value {
+    let kind = match json {
+        Json::Null => Kind::NullValue(0),
+        Json::Bool(value) => Kind::BoolValue(value),
+        Json::Number(number) => Kind::NumberValue(number.as_f64().unwrap_or(f64::NAN)),
+        Json::String(text) => Kind::StringValue(text),
+        Json::Array(items) => Kind::ListValue(ListValue { values: items.into_iter().map(from_json).collect() }),
+        Json::Object(object) => Kind::StructValue(object_from_json(object)),
+    };
+    Value { kind: Some(kind) }
+}
+
+/// The wire form of a JSON object.
+pub fn object_from_json(object: Map<String, Json>) -> Struct {
+    Struct { fields: object.into_iter().map(|(key, value)| (key, from_json(value))).collect() }
+}
+
+/// A wire value as JSON, refusing numbers that are not finite with the
+/// path of the first one (`$.scores[2]`). A value with no kind is `null`.
+pub fn to_json(value: &Value) -> Result<Json, String> {
+    convert(value, &mut String::from("$"))
+}
+
+/// A wire object as a JSON object, refusing numbers that are not finite.
+pub fn object_to_json(object: &Struct) -> Result<Json, String> {
+    convert_object(object, &mut String::from("$"))
+}
+
+/// A wire object as JSON text (`{}` when not set), refusing numbers that are
+/// not finite.
+pub fn struct_to_text(object: Option<&Struct>) -> Result<String, String> {
+    let mut text = Vec::new();
+    match object {
+        None => text.extend_from_slice(b"{}"),
+        Some(object) => write_object(object, &mut text, &mut String::from("$"))?,
+    }
+    Ok(String::from_utf8(text).unwrap_or_default())
+}
+
+/// A wire value as JSON text (`null` when not set), refusing numbers that
+/// are not finite.
+pub fn value_to_text(value: Option<&Value>) -> Result<String, String> {
+    let mut text = Vec::new();
+    match value {
+        None => text.extend_from_slice(b"null"),
+        Some(value) => write_value(value, &mut text, &mut String::from("$"))?,
+    }
+    Ok(String::from_utf8(text).unwrap_or_default())
+}
+
+/// Writes JSON text straight from the wire form, without building a
+/// `serde_json::Value` first: events and results are converted on the hot
+/// path.
+fn write_value(value: &Value, out: &mut Vec<u8>, path: &mut String) -> Result<(), String> {
+    match &value.kind {
+        None | Some(Kind::NullValue(_)) => out.extend_from_slice(b"null"),
+        Some(Kind::BoolValue(true)) => out.extend_from_slice(b"true"),
+        Some(Kind::BoolValue(false)) => out.extend_from_slice(b"false"),
+        Some(Kind::NumberValue(number)) => out.extend_from_slice(number_from(*number, path)?.to_string().as_bytes()),
+        Some(Kind::StringValue(text)) => write_string(text, out),
+        Some(Kind::ListValue(list)) => {
+            out.push(b'[');
+            for (index, item) in list.values.iter().enumerate() {
+                if index > 0 {
+                    out.push(b',');
+                }
+                let length = path.len();
+                path.push_str(&format!("[{index}]"));
+                write_value(item, out, path)?;
+                path.truncate(length);
+            }
+            out.push(b']');
+        }
+        Some(Kind::StructValue(object)) => write_object(object, out, path)?,
+    }
+    Ok(())
+}
+
+fn write_object(object: &Struct, out: &mut Vec<u8>, path: &mut String) -> Result<(), String> {
+    out.push(b'{');
+    for (index, (key, value)) in object.fields.iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        write_string(key, out);
+        out.push(b':');
+        let length = path.len();
+        path.push('.');
+        path.push_str(key);
+        write_value(value, out, path)?;
+        path.truncate(length);
+    }
+    out.push(b'}');
+    Ok(())
+}
+
+fn write_string(text: &str, out: &mut Vec<u8>) {
+    // Writing a string into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, text);
+}
+
+/// A wire value from stored JSON text, which the services wrote
+/// themselves: text that is not JSON (never written) travels as a string.
+pub fn stored_value(text: &str) -> Value {
+    value_from_text(text).unwrap_or_else(|_| Value { kind: Some(Kind::StringValue(text.to_owned())) })
+}
+
+/// A wire object from stored JSON text: `None` for empty text, and for text
+/// that is not a JSON object (never written).
+pub fn stored_struct(text: &str) -> Option<Struct> {
+    struct_from_text(text).ok().flatten()
+}
+
+fn convert(value: &Value, path: &mut String) -> Result<Json, String> {
+    Ok(match &value.kind {
+        None | Some(Kind::NullValue(_)) => Json::Null,
+        Some(Kind::BoolValue(value)) => Json::Bool(*value),
+        Some(Kind::NumberValue(number)) => Json::Number(number_from(*number, path)?),
+        Some(Kind::StringValue(text)) => Json::String(text.clone()),
+        Some(Kind::ListValue(list)) => {
+            let mut items = Vec::with_capacity(list.values.len());
+            for (index, item) in list.values.iter().enumerate() {
+                let length = path.len();
+                path.push_str(&format!("[{index}]"));
+                items.push(convert(item, path)?);
+                path.truncate(length);
+            }
+            Json::Array(items)
+        }
+        Some(Kind::StructValue(object)) => convert_object(object, path)?,
+    })
+}
+
+fn convert_object(object: &Struct, path: &mut String) -> Result<Json, String> {
+    let mut map = Map::new();
+    for (key, value) in &object.fields {
+        let length = path.len();
+        path.push('.');
+        path.push_str(key);
+        map.insert(key.clone(), convert(value, path)?);
+        path.truncate(length);
+    }
+    Ok(Json::Object(map))
+}
+
+/// An integral double within ±2^53 becomes a JSON integer (`3`, not `3.0`),
+/// so integers read back as they were written.
+fn number_from(number: f64, path: &str) -> Result<Number, String> {
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    if number.fract() == 0.0 && number.abs() <= EXACT {
+        return Ok(Number::from(number as i64));
+    }
+    Number::from_f64(number).ok_or_else(|| format!("{path} is {number}, which JSON cannot hold"))
+}
+
+fn json_kind(json: &Json) -> &'static str {
+    match json {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "an array",
+        Json::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_text_round_trips_through_the_wire_forms() {
+        let text = r#"{"count":3,"ratio":0.5,"tags":["a",null,true],"nested":{"deep":[{"x":-7}]}}"#;
+        let object = struct_from_text(text).unwrap().unwrap();
+        let back: Json = serde_json::from_str(&struct_to_text(Some(&object)).unwrap()).unwrap();
+        assert_eq!(back, serde_json::from_str::<Json>(text).unwrap());
+        // Integers stay integers.
+        assert!(struct_to_text(Some(&object)).unwrap().contains("\"count\":3"));
+        assert_eq!(value_to_text(Some(&value_from_text("\"plain\"").unwrap())).unwrap(), "\"plain\"");
+        assert_eq!(value_to_text(None).unwrap(), "null");
+        assert_eq!(struct_to_text(None).unwrap(), "{}");
+        assert_eq!(struct_from_text("  ").unwrap(), None);
+    }
+
+    #[test]
+    fn what_json_cannot_hold_is_refused_with_its_path() {
+        assert!(struct_from_text("[1]").unwrap_err().contains("not a JSON object (it is an array)"));
+        assert!(value_from_text("{").unwrap_err().contains("not JSON"));
+        let infinite = Value { kind: Some(Kind::NumberValue(f64::INFINITY)) };
+        let list = Value { kind: Some(Kind::ListValue(ListValue { values: vec![from_json(Json::Null), infinite] })) };
+        let object = Struct { fields: [("scores".to_owned(), list)].into() };
+        assert_eq!(struct_to_text(Some(&object)).unwrap_err(), "$.scores[1] is inf, which JSON cannot hold");
+    }
+
+    #[test]
+    fn stored_text_that_is_not_json_still_travels() {
+        assert_eq!(stored_value("not json").kind, Some(Kind::StringValue("not json".to_owned())));
+        assert_eq!(stored_struct("[1]"), None);
+        assert_eq!(stored_struct(""), None);
+    }
+}
