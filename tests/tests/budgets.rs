@@ -165,7 +165,14 @@ async fn budgets_stop_a_runaway_loop(backend: Backend) {
     let status = client.set_budget(no_period).await.unwrap_err();
     assert_eq!(
         (status.code(), status.message()),
-        (Code::InvalidArgument, "budget.period_seconds must be from 1 to 31536000 with a limit per period, not 0")
+        (Code::InvalidArgument, "budget.period must be from 1 to 31536000 seconds with a limit per period, not 0 s")
+    );
+    let mut fractional = set("ping", 1);
+    fractional.budget.as_mut().unwrap().period = Some(prost_types::Duration { seconds: 60, nanos: 500_000_000 });
+    let status = client.set_budget(fractional).await.unwrap_err();
+    assert_eq!(
+        (status.code(), status.message()),
+        (Code::InvalidArgument, "budget.period must be whole seconds (it has 500000000 ns more)")
     );
     let mut negative = set("ping", 1);
     negative.budget.as_mut().unwrap().max_cost = -1.0;
