@@ -71,13 +71,18 @@ async fn messages_start_runs(backend: Backend) {
     // No worker yet: the first message starts a run, which has it (so it
     // cannot be archived now) and will fail; a second, posted while that run
     // is underway, waits.
-    let first = client
-        .post_to_inbox(PostToInboxRequest { subject: "auth module late".to_owned(), ..post("risk", "3 days behind") })
-        .await
-        .expect("PostToInbox")
-        .into_inner();
+    let late = PostToInboxRequest {
+        subject: "auth module late".to_owned(),
+        idempotency_key: "auth-late".to_owned(),
+        ..post("risk", "3 days behind")
+    };
+    let first = client.post_to_inbox(late.clone()).await.expect("PostToInbox").into_inner();
     let [first_run] = first.triggered_execution_ids.as_slice() else { panic!("one run: {first:?}") };
-    let first_message = first.message.unwrap();
+    let first_message = first.message.clone().unwrap();
+    // The same post retried (same sender and key) posts nothing and starts
+    // nothing: the first message comes back, with its run.
+    let retried = client.post_to_inbox(late.clone()).await.expect("PostToInbox again").into_inner();
+    assert_eq!((retried.message.unwrap().id, retried.triggered_execution_ids), (first_message.id.clone(), vec![first_run.clone()]));
     assert_eq!(first_message.sender, "local", "an operator posts under its own name by default");
     assert_eq!(&first_message.claimed_by_execution_id, first_run);
     let busy = client.archive_inbox_message(ArchiveInboxMessageRequest { id: first_message.id.clone() }).await;
@@ -85,11 +90,17 @@ async fn messages_start_runs(backend: Backend) {
     assert_eq!(status.code(), Code::FailedPrecondition, "a claimed message is not archived: {status:?}");
     // An agent posts as itself, and only as itself.
     let mut delivery = test.execution_as(&token("delivery-agent"));
+    // (A key is the sender's own: another sender's post with it is another message.)
     let second = delivery
-        .post_to_inbox(PostToInboxRequest { priority: MessagePriority::High as i32, ..post("risk", "vendor slipped") })
+        .post_to_inbox(PostToInboxRequest {
+            priority: MessagePriority::High as i32,
+            idempotency_key: "auth-late".to_owned(),
+            ..post("risk", "vendor slipped")
+        })
         .await
         .expect("an agent posts")
         .into_inner();
+    assert_ne!(second.message.as_ref().unwrap().id, first_message.id);
     assert!(second.triggered_execution_ids.is_empty(), "a run is underway: the message waits");
     assert_eq!(second.message.as_ref().unwrap().sender, "delivery-agent");
     let forged = delivery

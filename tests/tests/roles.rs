@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use muster_proto::{
     execution::v1::{
-        BudgetScope, GetExecutionRequest, GetProcessRequest, InboxMessage, ListBudgetsRequest, ListExecutionsRequest,
+        AppendMemoryRequest, BudgetScope, GetExecutionRequest, GetProcessRequest, InboxMessage, ListBudgetsRequest, ListExecutionsRequest,
         ListInboxMessagesRequest, ListMemoryRequest, MemoryScope, MessageState, PostToInboxRequest,
     },
     roster::v1::{
@@ -180,6 +180,19 @@ async fn roles_run_on_their_own(backend: Backend) {
             Err(status) => assert!(!allowed && status.code() == tonic::Code::PermissionDenied, "{role}: {status:?}"),
         }
     }
+    // An append retried with its idempotency key adds nothing: the first entry comes back.
+    let append = |text: &str| AppendMemoryRequest {
+        scope: MemoryScope::Global as i32,
+        role: String::new(),
+        text: text.into(),
+        idempotency_key: "standup-note".into(),
+    };
+    let first = client.append_memory(append("standup moved to 10:00")).await.unwrap().into_inner().entry.unwrap();
+    let again = client.append_memory(append("standup moved to 10:30")).await.unwrap().into_inner().entry.unwrap();
+    assert_eq!(again, first);
+    let request = ListMemoryRequest { scope: MemoryScope::Global as i32, ..Default::default() };
+    let global = client.list_memory(request).await.unwrap().into_inner().entries;
+    assert_eq!(global.iter().filter(|entry| entry.text.starts_with("standup moved")).count(), 1, "{global:?}");
 
     // A role's budget limits its scheduled runs: every second, but 3 runs an hour.
     let budget = run(

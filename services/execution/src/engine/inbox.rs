@@ -36,10 +36,18 @@ pub(crate) enum Cause {
 impl Engine {
     /// Stores a posted message and starts the run it triggers; the ids of
     /// the executions started.
-    pub(crate) async fn post_message(self: &Arc<Self>, message: InboxMessage) -> Result<Vec<String>> {
+    /// Posts a message and starts the run its inbox triggers, if any: the
+    /// message as stored and the runs started. A message posted before (a
+    /// retry with the same id) is returned as it is now, with the run that
+    /// has or had it.
+    pub(crate) async fn post_message(self: &Arc<Self>, message: InboxMessage) -> Result<(InboxMessage, Vec<String>)> {
         let inbox = message.inbox.clone();
-        self.store.post_message(message).await?;
-        self.trigger_inbox(&inbox, Cause::Posted).await
+        if let Some(existing) = self.store.post_message(message.clone()).await? {
+            let run = if existing.claimed_by.is_empty() { &existing.processed_by } else { &existing.claimed_by };
+            let runs = if run.is_empty() { Vec::new() } else { vec![run.clone()] };
+            return Ok((existing, runs));
+        }
+        Ok((message, self.trigger_inbox(&inbox, Cause::Posted).await?))
     }
 
     /// Starts a run of the process `inbox` triggers, if there is one, no run

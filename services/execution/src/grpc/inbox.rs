@@ -4,7 +4,7 @@
 use muster_proto::execution::v1 as wire;
 use muster_runtime::{auth::Caller, time::to_timestamp};
 
-use super::{ExecutionApi, access::denied, page_size, time_and_id};
+use super::{ExecutionApi, access::denied, keyed_id, page_size, time_and_id};
 use crate::{
     Error, Result,
     domain::inbox::{InboxMessage, MessageState, Priority},
@@ -103,8 +103,12 @@ impl ExecutionApi {
             _ if !request.sender.is_empty() => request.sender,
             Caller::Operator { name } | Caller::Service { name } => name.to_string(),
         };
+        let key = Self::idempotency_key(request.idempotency_key)?;
         let message = InboxMessage {
-            id: uuid::Uuid::now_v7().to_string(),
+            id: match &key {
+                Some(key) => keyed_id("inbox", &sender, key),
+                None => uuid::Uuid::now_v7().to_string(),
+            },
             inbox: request.inbox,
             sender,
             priority: priority_from_wire(request.priority)?,
@@ -116,8 +120,8 @@ impl ExecutionApi {
             processed_by: String::new(),
             note: String::new(),
         };
+        let (message, triggered_execution_ids) = self.engine.post_message(message).await?;
         let mut answer = message_to_wire(&message);
-        let triggered_execution_ids = self.engine.post_message(message).await?;
         if let Some(execution_id) = triggered_execution_ids.first() {
             answer.claimed_by_execution_id = execution_id.clone();
         }

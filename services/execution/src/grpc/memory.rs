@@ -75,8 +75,12 @@ impl ExecutionApi {
     ) -> Result<wire::AppendMemoryResponse> {
         let role = memory_of(request.scope, &request.role)?;
         memory::check_text(&request.text).map_err(|why| Error::invalid("text", format!("text {why}")))?;
-        let entry = MemoryEntry::new(&role, &request.text, &caller.to_string(), "", muster_runtime::time::now_millis());
-        self.engine.store.commit(vec![Write::Remember(vec![entry.clone()])]).await?;
+        let author = caller.to_string();
+        let mut entry = MemoryEntry::new(&role, &request.text, &author, "", muster_runtime::time::now_millis());
+        if let Some(key) = Self::idempotency_key(request.idempotency_key)? {
+            entry.id = super::keyed_id("memory", &author, &key);
+        }
+        let entry = self.engine.store.append_memory(entry).await?;
         tracing::info!(role = %role, %caller, "memory entry added");
         Ok(wire::AppendMemoryResponse { entry: Some(memory_entry_to_wire(&entry)) })
     }

@@ -184,6 +184,8 @@ impl ExecutionApi {
         Ok((process, inputs_json))
     }
 
+    /// A client's idempotency key, checked: `None` when not given. (The
+    /// id of what a keyed create makes is [`keyed_id`].)
     fn idempotency_key(key: String) -> Result<Option<String>> {
         if key.len() > MAX_IDEMPOTENCY_KEY_BYTES {
             return Err(Error::invalid(
@@ -801,4 +803,21 @@ impl ExecutionService for ExecutionApi {
     ) -> Result<Response<wire::ForgetMemoryResponse>, Status> {
         answer(self.forget_memory(request.into_inner()).await)
     }
+}
+
+/// The id of what a create with an idempotency key makes (a UUID of version
+/// 8 from a hash of the three): the same for the same kind, caller and key,
+/// so a retry finds what the first call made.
+fn keyed_id(kind: &str, caller: &str, key: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::new()
+        .chain_update(kind)
+        .chain_update([0])
+        .chain_update(caller)
+        .chain_update([0])
+        .chain_update(key)
+        .finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_custom_bytes(bytes).into_uuid().to_string()
 }

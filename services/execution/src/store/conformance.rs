@@ -320,6 +320,11 @@ async fn memory(store: &SqlStore) {
     assert!(store.forget_memory("m2").await.unwrap());
     assert!(!store.forget_memory("m2").await.unwrap());
     assert_eq!(ids(store.memory("risk", None, 10).await.unwrap()), ["m3", "m1"]);
+    // An entry appended twice with the same id is stored once: the first.
+    assert_eq!(store.append_memory(entry("k1", "risk", 30)).await.unwrap(), entry("k1", "risk", 30));
+    let retried = MemoryEntry { text: "another text".to_owned(), ..entry("k1", "risk", 40) };
+    assert_eq!(store.append_memory(retried).await.unwrap(), entry("k1", "risk", 30));
+    assert_eq!(ids(store.memory("risk", None, 10).await.unwrap()), ["k1", "m3", "m1"]);
 }
 
 /// Schedules: kept by publishing; a due time fires once, the loser of two
@@ -440,8 +445,11 @@ async fn inboxes(store: &SqlStore) {
     store.publish_process(new_process(triggered, "reviewer-3")).await.unwrap();
 
     for (id, at) in [("m1", 10), ("m2", 20), ("m3", 20)] {
-        store.post_message(message(id, at)).await.unwrap();
+        assert_eq!(store.post_message(message(id, at)).await.unwrap(), None, "stored");
     }
+    // A message posted again with its id is not stored twice: the first is returned.
+    let retried = InboxMessage { body: "another body".to_owned(), ..message("m1", 30) };
+    assert_eq!(store.post_message(retried).await.unwrap(), Some(message("m1", 10)));
     let list = |state, unclaimed, after: Option<(i64, &str)>, limit| InboxFilter {
         inbox: "risk".to_owned(),
         state,

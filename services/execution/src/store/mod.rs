@@ -198,8 +198,10 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn step_output<'a>(&'a self, execution_id: &'a str, step_id: &'a str) -> BoxFuture<'a, Result<Option<String>>>;
     /// The execution started with this idempotency key.
     fn find_by_idempotency_key<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<String>>>;
-    /// Stores a posted message.
-    fn post_message(&self, message: InboxMessage) -> BoxFuture<'_, Result<()>>;
+    /// Stores a posted message; when one with its id is stored already (a
+    /// retried post with the same idempotency key), stores nothing and
+    /// returns that one.
+    fn post_message(&self, message: InboxMessage) -> BoxFuture<'_, Result<Option<InboxMessage>>>;
     /// An inbox's messages, oldest first.
     fn inbox_messages<'a>(&'a self, filter: &'a InboxFilter) -> BoxFuture<'a, Result<Vec<InboxMessage>>>;
     /// Archives a message, unless a run has it.
@@ -279,6 +281,10 @@ pub(crate) trait Store: Send + Sync + 'static {
         before: Option<&'a (i64, String)>,
         limit: u32,
     ) -> BoxFuture<'a, Result<Vec<MemoryEntry>>>;
+    /// Adds an entry to a memory; when one with its id is stored already (a
+    /// retried append with the same idempotency key), adds nothing. Returns
+    /// the entry stored.
+    fn append_memory(&self, entry: MemoryEntry) -> BoxFuture<'_, Result<MemoryEntry>>;
     /// Removes a memory entry; whether it existed.
     fn forget_memory<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool>>;
     /// What the executions of `process_name` started at or after `since` used,

@@ -1003,12 +1003,26 @@ impl Store for SqlStore {
         })
     }
 
-    fn post_message(&self, message: InboxMessage) -> BoxFuture<'_, Result<()>> {
+    fn post_message(&self, message: InboxMessage) -> BoxFuture<'_, Result<Option<InboxMessage>>> {
         Box::pin(async move {
+            let stored = || async {
+                let row = sqlx::query("SELECT * FROM inbox_messages WHERE id = $1")
+                    .bind(message.id.clone())
+                    .fetch_optional(&self.database.pool)
+                    .await?;
+                row.as_ref().map(message_from_row).transpose()
+            };
+            if let Some(existing) = stored().await? {
+                return Ok(Some(existing));
+            }
             let mut transaction = self.database.pool.begin().await?;
-            insert_message(&mut transaction, &message).await?;
+            if let Err(error) = insert_message(&mut transaction, &message).await {
+                // The same post, retried at once, stored it meanwhile.
+                drop(transaction);
+                return stored().await?.map(Some).ok_or(error);
+            }
             transaction.commit().await?;
-            Ok(())
+            Ok(None)
         })
     }
 
@@ -1433,6 +1447,28 @@ impl Store for SqlStore {
             let mut transaction = self.database.pool.begin().await?;
             sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(key as i64).execute(&mut *transaction).await?;
             Ok(Some(AdmissionLock::new(transaction)))
+        })
+    }
+
+    fn append_memory(&self, entry: MemoryEntry) -> BoxFuture<'_, Result<MemoryEntry>> {
+        Box::pin(async move {
+            let stored = || async {
+                let row = sqlx::query("SELECT * FROM memory WHERE id = $1")
+                    .bind(entry.id.clone())
+                    .fetch_optional(&self.database.pool)
+                    .await?;
+                row.as_ref().map(memory_from_row).transpose()
+            };
+            if let Some(existing) = stored().await? {
+                return Ok(existing);
+            }
+            let mut transaction = self.database.pool.begin().await?;
+            if let Err(error) = insert_memory(&mut transaction, &entry).await {
+                drop(transaction);
+                return stored().await?.ok_or(error);
+            }
+            transaction.commit().await?;
+            Ok(entry)
         })
     }
 
