@@ -82,7 +82,10 @@ async fn messages_start_runs(backend: Backend) {
     // The same post retried (same sender and key) posts nothing and starts
     // nothing: the first message comes back, with its run.
     let retried = client.post_to_inbox(late.clone()).await.expect("PostToInbox again").into_inner();
-    assert_eq!((retried.message.unwrap().id, retried.triggered_execution_ids), (first_message.id.clone(), vec![first_run.clone()]));
+    assert_eq!(
+        (retried.message.unwrap().id, retried.triggered_execution_ids),
+        (first_message.id.clone(), vec![first_run.clone()])
+    );
     assert_eq!(first_message.sender, "local", "an operator posts under its own name by default");
     assert_eq!(&first_message.claimed_by_execution_id, first_run);
     let busy = client.archive_inbox_message(ArchiveInboxMessageRequest { id: first_message.id.clone() }).await;

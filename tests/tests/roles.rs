@@ -14,8 +14,9 @@ use std::time::Duration;
 
 use muster_proto::{
     execution::v1::{
-        AppendMemoryRequest, BudgetScope, GetExecutionRequest, GetProcessRequest, InboxMessage, ListBudgetsRequest, ListExecutionsRequest,
-        ListInboxMessagesRequest, ListMemoryRequest, MemoryScope, MessageState, PostToInboxRequest,
+        AppendMemoryRequest, BudgetScope, GetExecutionRequest, GetProcessRequest, InboxMessage, ListBudgetsRequest,
+        ListExecutionsRequest, ListInboxMessagesRequest, ListMemoryRequest, MemoryScope, MessageState,
+        PostToInboxRequest,
     },
     roster::v1::{
         GetRoleDefinitionRequest, PutRoleDefinitionRequest, RenderSystemPromptRequest, RoleBudget, RoleDefinition,
