@@ -508,7 +508,7 @@ fn table() -> Vec<Row> {
             "ExecutionService/AppendMemory",
             |_| {
                 let global = execution::MemoryScope::Global as i32;
-                execution::AppendMemoryRequest { scope: global, role: String::new(), text: "table".into() }
+                execution::AppendMemoryRequest { scope: global, text: "table".into(), ..Default::default() }
                     .encode_to_vec()
             },
             OPERATORS,

@@ -52,6 +52,10 @@ enum InboxCommand {
         /// The sender (an operator may name anyone; an agent posts as itself).
         #[arg(long, default_value = "")]
         from: String,
+        /// A key that makes the post safe to repeat: a second post with it
+        /// posts nothing and shows the first message.
+        #[arg(long, default_value = "")]
+        idempotency_key: String,
     },
     /// Lists an inbox's messages, oldest first (all but archived unless --state says).
     List {
@@ -99,14 +103,21 @@ fn line(message: &InboxMessage) -> String {
 pub(crate) async fn run(args: InboxArgs, token: Option<&str>) -> anyhow::Result<()> {
     let mut execution = ExecutionServiceClient::new(super::endpoint(&args.execution, token)?.channel()?);
     match args.command {
-        InboxCommand::Post { inbox, body, subject, priority, from } => {
+        InboxCommand::Post { inbox, body, subject, priority, from, idempotency_key } => {
             let priority = match priority {
                 Priority::Low => MessagePriority::Low,
                 Priority::Normal => MessagePriority::Normal,
                 Priority::High => MessagePriority::High,
             };
             let posted = execution
-                .post_to_inbox(PostToInboxRequest { inbox, sender: from, priority: priority as i32, body, subject })
+                .post_to_inbox(PostToInboxRequest {
+                    inbox,
+                    sender: from,
+                    priority: priority as i32,
+                    body,
+                    subject,
+                    idempotency_key,
+                })
                 .await
                 .map_err(super::refused)?
                 .into_inner();

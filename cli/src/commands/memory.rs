@@ -56,6 +56,10 @@ enum MemoryCommand {
         /// What to remember.
         #[arg(long)]
         text: String,
+        /// A key that makes the addition safe to repeat: a second one with
+        /// it adds nothing and shows the first entry.
+        #[arg(long, default_value = "")]
+        idempotency_key: String,
     },
     /// Removes an entry, by the id `show` prints.
     Forget {
@@ -107,10 +111,10 @@ pub(crate) async fn run(args: MemoryArgs, token: Option<&str>) -> anyhow::Result
                 }
             }
         }
-        MemoryCommand::Add { which, text } => {
+        MemoryCommand::Add { which, text, idempotency_key } => {
             let (scope, role) = which.request();
             let added = execution
-                .append_memory(AppendMemoryRequest { scope, role, text })
+                .append_memory(AppendMemoryRequest { scope, role, text, idempotency_key })
                 .await
                 .map_err(super::refused)?
                 .into_inner();

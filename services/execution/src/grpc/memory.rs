@@ -8,7 +8,6 @@ use super::{ExecutionApi, MAX_ROLE_BYTES, access::denied, is_role_name, page_siz
 use crate::{
     Error, Result,
     domain::memory::{self, MemoryEntry},
-    store::Write,
     wire::memory_entry_to_wire,
 };
 
