@@ -76,7 +76,7 @@ async fn python_client_runs_the_sample_process() {
                 .arg(repository().join("examples/process.yaml"))
                 // Inputs of 70 KB: every step's inputs travel by reference.
                 // Each step remembers a line in the global memory.
-                .arg("--inputs-json")
+                .arg("--inputs")
                 .arg(serde_json::json!({ "brief": "b".repeat(70_000), "remember": "python was here" }).to_string())
                 .env("PYTHONPATH", format!("{}:{}", generated.display(), examples.display()))
                 .output()
