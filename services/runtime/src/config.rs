@@ -51,10 +51,11 @@ pub struct ServerArgs {
     #[arg(long, env = "MUSTER_MAX_IN_FLIGHT", default_value_t = 256)]
     pub max_in_flight: usize,
     /// Most reads (`Get*`, `List*`, `Watch*`, `Subscribe`, `Check*`,
-    /// `Render*`) handled at once, shed like the rest past it. Kept small: a
-    /// read in flight competes for the CPU with the work, and more reads at
-    /// once only queue longer.
-    #[arg(long, env = "MUSTER_MAX_READS_IN_FLIGHT", default_value_t = 32)]
+    /// `Render*`) handled at once, shed like the rest past it; by default
+    /// two per core the service may use. Kept small: a read in flight
+    /// competes for the CPU with the work (an answer showing a large
+    /// execution is CPU-bound), and more reads at once only queue longer.
+    #[arg(long, env = "MUSTER_MAX_READS_IN_FLIGHT", default_value_t = default_reads_in_flight())]
     pub max_reads_in_flight: usize,
     /// Who may call: operators, agents' credentials, the service secret.
     #[command(flatten)]
@@ -76,6 +77,12 @@ impl ServerArgs {
     }
 }
 
+/// Two reads in flight per core the process may use (its CPU quota in a
+/// container).
+fn default_reads_in_flight() -> usize {
+    2 * std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+}
+
 impl Default for ServerArgs {
     fn default() -> Self {
         Self {
@@ -88,7 +95,7 @@ impl Default for ServerArgs {
             max_message_bytes: 4 * 1024 * 1024,
             max_concurrent_requests: 1024,
             max_in_flight: 256,
-            max_reads_in_flight: 32,
+            max_reads_in_flight: default_reads_in_flight(),
             auth: crate::auth::AuthArgs::default(),
             tls: crate::tls::TlsArgs::default(),
         }
