@@ -2,7 +2,7 @@
 or, when the call is refused, its status with every detail decoded: how a
 Python client reads muster's errors.
 
-    PYTHONPATH=examples/python/generated python3 examples/python/call.py \
+    python3 examples/python/call.py \
       127.0.0.1:50051 muster.execution.v1.ExecutionService/GetExecution '{"id": "nope"}' \
       --token "$(cat muster-data/operator.token)"
 

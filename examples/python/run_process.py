@@ -1,8 +1,7 @@
 """Publishes a process, runs it with the Python worker, and reads the
 notifications of an agent: muster end to end from Python.
 
-    PYTHONPATH=examples/python/generated:examples/python \
-      python3 examples/python/run_process.py --tokens muster-data/tokens.json --process examples/process.yaml \
+    python3 examples/python/run_process.py --tokens muster-data/tokens.json --process examples/process.yaml \
       --read-notifications-of archive-agent
 
 Publishing and starting are for operators: the operator's token comes from

@@ -1,8 +1,8 @@
-"""Serves agents with the Python worker (muster_worker.py) and its sample
-behaviour until SIGINT or SIGTERM:
+"""Serves agents with the Python worker library (muster_worker, of the
+package muster-client in clients/python) and its sample behaviour until
+SIGINT or SIGTERM:
 
-    PYTHONPATH=examples/python/generated:examples/python \
-      python3 examples/python/serve_agents.py --tokens muster-data/tokens.json
+    python3 examples/python/serve_agents.py --tokens muster-data/tokens.json
 
 The tokens file maps agent ids to their roster tokens. The worker provides
 the tool `word_count`; the behaviour is the sample one, and with the input

@@ -48,7 +48,7 @@ const SAMPLE_AGENTS: &[(&str, &str)] = &[
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_client_runs_the_sample_process() {
-    let Some(python) = tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools"]) else { return };
+    let Some(python) = tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools, setuptools"]) else { return };
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
     let agents: Vec<_> = SAMPLE_AGENTS.iter().map(|(id, team)| agent(id, "member", team)).collect();
     let tokens = test.register_agents(&agents).await;
@@ -58,7 +58,7 @@ async fn python_client_runs_the_sample_process() {
     std::fs::write(&tokens_file, serde_json::Value::Object(tokens).to_string()).unwrap();
 
     let examples = repository().join("examples/python");
-    let generated = python_client(&test, &python);
+    let python_path = python_client(&test, &python);
 
     let address = |url: String| url.trim_start_matches("http://").to_owned();
     let operator_token_file = test.data_dir.join(muster::credentials::OPERATOR_TOKEN_FILE);
@@ -78,7 +78,7 @@ async fn python_client_runs_the_sample_process() {
                 // Each step remembers a line in the global memory.
                 .arg("--inputs")
                 .arg(serde_json::json!({ "brief": "b".repeat(70_000), "remember": "python was here" }).to_string())
-                .env("PYTHONPATH", format!("{}:{}", generated.display(), examples.display()))
+                .env("PYTHONPATH", format!("{}:{}", python_path.display(), examples.display()))
                 .output()
                 .unwrap()
         }
@@ -173,18 +173,33 @@ async fn typescript_client_runs_the_sample_process() {
     test.shutdown().await;
 }
 
-/// The Python client generated from `proto/` by `examples/python/generate.sh`
-/// into the test's folder: its folder.
+/// The Python package of `clients/python` (`muster-client`: the client its
+/// `generate.sh` makes from `proto/`, and the worker library), built from a
+/// copy in the test's folder and installed into a folder of its own, which
+/// the Python programs then import from: that folder.
 fn python_client(test: &TestCluster, python: &str) -> PathBuf {
-    let generated = test.data_dir.join("python");
+    let source = repository().join("clients/python");
+    let package = test.data_dir.join("python-package");
+    std::fs::create_dir_all(package.join("muster_worker")).unwrap();
+    for file in ["pyproject.toml", "README.md", "muster_worker/__init__.py"] {
+        std::fs::copy(source.join(file), package.join(file)).unwrap();
+    }
     let status = Command::new("bash")
-        .arg(repository().join("examples/python/generate.sh"))
+        .arg(source.join("generate.sh"))
         .env("PYTHON", python)
-        .env("MUSTER_PYTHON_OUT", &generated)
+        .env("MUSTER_PYTHON_OUT", &package)
         .status()
         .unwrap();
     assert!(status.success(), "generating the Python client failed");
-    generated
+    let installed = test.data_dir.join("python");
+    let status = Command::new(python)
+        .args(["-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target"])
+        .arg(&installed)
+        .arg(&package)
+        .status()
+        .unwrap();
+    assert!(status.success(), "installing the Python package failed");
+    installed
 }
 
 /// A copy of `clients/typescript` in the test's folder, its dependencies
@@ -250,19 +265,19 @@ async fn typescript_worker_serves_the_sample_process_across_a_restart() {
     test.shutdown().await;
 }
 
-/// The Python worker (`examples/python/muster_worker.py`) serves the sample
+/// The Python worker (`muster_worker`, in `clients/python`) serves the sample
 /// process across a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_worker_serves_the_sample_process_across_a_restart() {
-    let Some(python) = tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools"]) else { return };
+    let Some(python) = tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools, setuptools"]) else { return };
     let Some(mut test) = TestCluster::start(Backend::Sqlite).await else { return };
     let tokens_file = sample_agents(&test).await;
-    let generated = python_client(&test, &python);
+    let python_path = python_client(&test, &python);
     let examples = repository().join("examples/python");
     let mut worker = tokio::process::Command::new(python);
     worker
         .arg(examples.join("serve_agents.py"))
-        .env("PYTHONPATH", format!("{}:{}", generated.display(), examples.display()));
+        .env("PYTHONPATH", format!("{}:{}", python_path.display(), examples.display()));
     serves_the_sample_process_across_a_restart(&mut test, worker, &tokens_file, "python").await;
     test.shutdown().await;
 }
@@ -768,7 +783,7 @@ struct RefusedCall {
 async fn error_details_decode_in_grpcurl_buf_curl_and_python() {
     let Some(grpcurl) = tool("MUSTER_GRPCURL", "grpcurl", &["-version"]) else { return };
     let Some(buf) = tool("MUSTER_BUF", "buf", &["--version"]) else { return };
-    let Some(python) = tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools, grpc_status"]) else {
+    let Some(python) = tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools, grpc_status, setuptools"]) else {
         return;
     };
     let Some(mut test) = TestCluster::start(Backend::Sqlite).await else { return };
@@ -788,7 +803,7 @@ async fn error_details_decode_in_grpcurl_buf_curl_and_python() {
     };
     let request = muster_proto::execution::v1::SetBudgetRequest { budget: Some(budget) };
     test.execution().set_budget(request).await.unwrap();
-    let generated = python_client(&test, &python);
+    let python_path = python_client(&test, &python);
 
     let broken = "name: broken\nsteps:\n  - id: only\n    type: agent_task\n    agent: writer-agent\n    message: Write\n    roles:\n      monitors: [writer-agent]\n";
     let mut calls = vec![
@@ -884,7 +899,7 @@ async fn error_details_decode_in_grpcurl_buf_curl_and_python() {
             },
         },
     ];
-    check_refusals(&calls, &test, &grpcurl, &buf, &python, &generated).await;
+    check_refusals(&calls, &test, &grpcurl, &buf, &python, &python_path).await;
 
     // With the roster down, a start that needs it is UNAVAILABLE, to be retried.
     test.cluster_mut().stop("roster").await.unwrap();
@@ -903,7 +918,7 @@ async fn error_details_decode_in_grpcurl_buf_curl_and_python() {
             );
         },
     }];
-    check_refusals(&calls, &test, &grpcurl, &buf, &python, &generated).await;
+    check_refusals(&calls, &test, &grpcurl, &buf, &python, &python_path).await;
     test.shutdown().await;
 }
 
@@ -913,7 +928,7 @@ async fn check_refusals(
     grpcurl: &str,
     buf: &str,
     python: &str,
-    generated: &std::path::Path,
+    python_path: &std::path::Path,
 ) {
     for call in calls {
         let url = match call.service {
@@ -963,7 +978,7 @@ async fn check_refusals(
         if let Some(token) = &call.token {
             python.args(["--token", token]);
         }
-        python.env("PYTHONPATH", generated);
+        python.env("PYTHONPATH", python_path);
         let answer = refused_with(&mut python, call.method, true);
         let refusal = Refusal {
             code: answer["code"].as_str().unwrap_or_default().to_owned(),
