@@ -783,7 +783,8 @@ struct RefusedCall {
 async fn error_details_decode_in_grpcurl_buf_curl_and_python() {
     let Some(grpcurl) = tool("MUSTER_GRPCURL", "grpcurl", &["-version"]) else { return };
     let Some(buf) = tool("MUSTER_BUF", "buf", &["--version"]) else { return };
-    let Some(python) = tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools, grpc_status, setuptools"]) else {
+    let Some(python) = tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools, grpc_status, setuptools"])
+    else {
         return;
     };
     let Some(mut test) = TestCluster::start(Backend::Sqlite).await else { return };
