@@ -26,6 +26,9 @@ use serde_json::{Value, json};
 
 use crate::worker::{Behaviour, StepOutcome, json};
 
+/// Shared-memory keys an output lists.
+const MEMORY_KEYS_SHOWN: usize = 10;
+
 /// The deterministic sample behaviour.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct SampleBehaviour;
@@ -55,7 +58,10 @@ impl SampleBehaviour {
             "attempt": assignment.attempt,
             "role": assignment.role_definition.as_ref().map(|role| role.name.clone()),
             "system_prompt_chars": assignment.system_prompt.chars().count(),
-            "memory_keys": memory_keys,
+            // The first few, and how many: an output stays mostly text, as
+            // an agent's would, however long the run.
+            "memory_keys": memory_keys.iter().take(MEMORY_KEYS_SHOWN).collect::<Vec<_>>(),
+            "memory_steps": memory_keys.len(),
             "history_steps": assignment.history.len(),
             "session_role": assignment.session_role,
             "max_iterations": assignment.max_iterations,

@@ -52,7 +52,7 @@ pub struct ServerArgs {
     pub max_in_flight: usize,
     /// Most reads (`Get*`, `List*`, `Watch*`, `Subscribe`, `Check*`,
     /// `Render*`) handled at once, shed like the rest past it; by default
-    /// two per core the service may use. Kept small: a read in flight
+    /// one per core the service may use (at least two). Kept small: a read in flight
     /// competes for the CPU with the work (an answer showing a large
     /// execution is CPU-bound), and more reads at once only queue longer.
     #[arg(long, env = "MUSTER_MAX_READS_IN_FLIGHT", default_value_t = default_reads_in_flight())]
@@ -77,10 +77,10 @@ impl ServerArgs {
     }
 }
 
-/// Two reads in flight per core the process may use (its CPU quota in a
-/// container).
+/// One read in flight per core the process may use (its CPU quota in a
+/// container), at least two: the reads that cost are CPU-bound.
 fn default_reads_in_flight() -> usize {
-    2 * std::thread::available_parallelism().map_or(1, std::num::NonZero::get)
+    std::thread::available_parallelism().map_or(2, |cores| cores.get().max(2))
 }
 
 impl Default for ServerArgs {
