@@ -54,10 +54,8 @@ async fn a_read_flood_does_not_starve_a_run(backend: Backend) {
     let (stop_worker, worker) = spawn_sample_worker(test.operator("execution"), credentials);
     let mut client = test.execution();
 
-    // The execution the flood reads: 300 steps, each output mostly text
-    // (2 KB of it), as an agent's is.
-    let big =
-        publish_and_start(&mut client, &chain_process("big", 300, "worker", "lead", "{output_bytes: 2000}")).await;
+    // The execution the flood reads: 300 steps.
+    let big = publish_and_start(&mut client, &chain_process("big", 300, "worker", "lead", "{}")).await;
     events_until_finished(&test.operator("execution"), &big).await;
     let unloaded = timed_run(&mut client, &test, "unloaded").await;
     let pid = test.cluster().service("execution").pid().expect("the execution service runs");

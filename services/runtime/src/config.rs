@@ -52,7 +52,7 @@ pub struct ServerArgs {
     pub max_in_flight: usize,
     /// Most reads (`Get*`, `List*`, `Watch*`, `Subscribe`, `Check*`,
     /// `Render*`) handled at once, shed like the rest past it; by default
-    /// one per core the service may use (at least two). Kept small: a read in flight
+    /// two per core the service may use (at least four). Kept small: a read in flight
     /// competes for the CPU with the work (an answer showing a large
     /// execution is CPU-bound), and more reads at once only queue longer.
     #[arg(long, env = "MUSTER_MAX_READS_IN_FLIGHT", default_value_t = default_reads_in_flight())]
@@ -77,10 +77,10 @@ impl ServerArgs {
     }
 }
 
-/// One read in flight per core the process may use (its CPU quota in a
-/// container), at least two: the reads that cost are CPU-bound.
+/// Two reads in flight per core the process may use (its CPU quota in a
+/// container), at least four: the reads that cost are CPU-bound.
 fn default_reads_in_flight() -> usize {
-    std::thread::available_parallelism().map_or(2, |cores| cores.get().max(2))
+    std::thread::available_parallelism().map_or(4, |cores| (2 * cores.get()).max(4))
 }
 
 impl Default for ServerArgs {

@@ -2,7 +2,7 @@
 //! once, and answers the rest at once with RESOURCE_EXHAUSTED and a
 //! `RetryInfo` detail, instead of queueing them without bound.
 //!
-//! Reads (`Get*`, `List*`, `Watch*`, `Subscribe`, `Check*`, `Render*`, `Read*`) and
+//! Reads (`Get*`, `List*`, `Watch*`, `Subscribe`, `Check*`, `Render*`) and
 //! the rest (the calls that do the work: publish, start, report, decide...)
 //! have a budget each, so a flood of reads never sheds the work, nor the
 //! other way round. Calls between muster's services are work, whatever the
@@ -153,7 +153,8 @@ where
         let method = path.rsplit('/').next().unwrap_or_default();
         let service = matches!(request.extensions().get::<Caller>(), Some(Caller::Service { .. }));
         let read = !service
-            && ["Get", "List", "Watch", "Subscribe", "Check", "Render", "Read"]
+            // (`ReadPayload` is work: a worker reads what its step needs.)
+            && ["Get", "List", "Watch", "Subscribe", "Check", "Render"]
                 .iter()
                 .any(|verb| method.starts_with(verb));
         let slots = if read { &self.shedding.reads } else { &self.shedding.work };
