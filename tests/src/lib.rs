@@ -397,3 +397,22 @@ pub fn object(text: &str) -> Option<prost_types::Struct> {
 pub fn value(text: &str) -> Option<prost_types::Value> {
     Some(muster_runtime::json::value_from_text(text).expect("JSON"))
 }
+
+/// Calls `call` until the service admits it: a call shed with
+/// RESOURCE_EXHAUSTED (the service at its limit of calls in flight) is made
+/// again a moment later, as a client honouring the refusal's `RetryInfo`
+/// does. Any other answer is returned.
+pub async fn admitted<T, F, Fut>(mut call: F) -> Result<T, tonic::Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    loop {
+        match call().await {
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            answer => return answer,
+        }
+    }
+}

@@ -1,6 +1,8 @@
 //! A soak: executions run back to back for a while under mixed read and
 //! write load, on SQLite and then on PostgreSQL. Every execution started
-//! completes with every step, no call fails, and the services' memory stays
+//! completes with every step, no call fails (a read the service sheds at its
+//! limit of reads in flight is made again, as its RetryInfo asks), and the
+//! services' memory stays
 //! flat (the second half of the run adds next to nothing to the first's).
 //!
 //! Bounded: `MUSTER_SOAK_SECONDS` per database (60 by default), loopback
@@ -22,7 +24,9 @@ use muster_proto::{
     execution::v1::{GetExecutionRequest, ListExecutionsRequest, StartExecutionRequest, StepStatus},
     notifier::v1::ListNotificationsRequest,
 };
-use muster_tests::{Backend, TestCluster, agent, chain_process, events_until_finished, rss_kib, spawn_sample_worker};
+use muster_tests::{
+    Backend, TestCluster, admitted, agent, chain_process, events_until_finished, rss_kib, spawn_sample_worker,
+};
 
 /// Executions in flight at once.
 const WRITERS: usize = 4;
@@ -73,13 +77,16 @@ async fn soak(backend: Backend, length: Duration) {
                     let events = events_until_finished(&endpoint, &started.id).await;
                     let last = events.last().expect("events");
                     assert_eq!(last.execution_status, ExecutionStatus::Completed as i32, "{}", last.detail);
-                    let stored = client
-                        .get_execution(GetExecutionRequest { id: started.id })
-                        .await
-                        .unwrap_or_else(|status| panic!("get: {status}"))
-                        .into_inner()
-                        .execution
-                        .expect("an execution");
+                    let request = GetExecutionRequest { id: started.id };
+                    let stored = admitted(|| {
+                        let (mut client, request) = (client.clone(), request.clone());
+                        async move { client.get_execution(request).await }
+                    })
+                    .await
+                    .unwrap_or_else(|status| panic!("get: {status}"))
+                    .into_inner()
+                    .execution
+                    .expect("an execution");
                     assert_eq!(stored.steps.len(), STEPS);
                     assert!(stored.steps.iter().all(|step| step.status == StepStatus::Completed as i32));
                     completed.fetch_add(1, Ordering::Relaxed);
@@ -90,31 +97,40 @@ async fn soak(backend: Backend, length: Duration) {
         .collect();
     let readers: Vec<_> = (0..READERS)
         .map(|reader| {
-            let (mut execution, mut notifier) = (test.execution(), test.notifier());
+            let (execution, notifier) = (test.execution(), test.notifier());
             let (running, reads) = (running.clone(), reads.clone());
             tokio::spawn(async move {
                 while running.load(Ordering::Relaxed) {
                     if reader % 2 == 0 {
-                        let listed = execution
-                            .list_executions(ListExecutionsRequest { limit: 20, ..Default::default() })
-                            .await
-                            .unwrap_or_else(|status| panic!("list executions: {status}"))
-                            .into_inner();
+                        let listed = admitted(|| {
+                            let mut execution = execution.clone();
+                            async move {
+                                execution
+                                    .list_executions(ListExecutionsRequest { limit: 20, ..Default::default() })
+                                    .await
+                            }
+                        })
+                        .await
+                        .unwrap_or_else(|status| panic!("list executions: {status}"))
+                        .into_inner();
                         if let Some(newest) = listed.executions.first() {
-                            execution
-                                .get_execution(GetExecutionRequest { id: newest.id.clone() })
-                                .await
-                                .unwrap_or_else(|status| panic!("get: {status}"));
-                        }
-                    } else {
-                        notifier
-                            .list_notifications(ListNotificationsRequest {
-                                agent_id: "lead".to_owned(),
-                                limit: 50,
-                                ..Default::default()
+                            let request = GetExecutionRequest { id: newest.id.clone() };
+                            admitted(|| {
+                                let (mut execution, request) = (execution.clone(), request.clone());
+                                async move { execution.get_execution(request).await }
                             })
                             .await
-                            .unwrap_or_else(|status| panic!("list notifications: {status}"));
+                            .unwrap_or_else(|status| panic!("get: {status}"));
+                        }
+                    } else {
+                        let request =
+                            ListNotificationsRequest { agent_id: "lead".to_owned(), limit: 50, ..Default::default() };
+                        admitted(|| {
+                            let (mut notifier, request) = (notifier.clone(), request.clone());
+                            async move { notifier.list_notifications(request).await }
+                        })
+                        .await
+                        .unwrap_or_else(|status| panic!("list notifications: {status}"));
                     }
                     reads.fetch_add(1, Ordering::Relaxed);
                     tokio::time::sleep(Duration::from_millis(5)).await;
