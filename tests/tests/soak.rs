@@ -2,8 +2,8 @@
 //! write load, on SQLite and then on PostgreSQL. Every execution started
 //! completes with every step, no call fails (a read the service sheds at its
 //! limit of reads in flight is made again, as its RetryInfo asks), and the
-//! services' memory stays
-//! flat (the second half of the run adds next to nothing to the first's).
+//! services' memory stays flat (the second half of the run adds next to
+//! nothing to the first's).
 //!
 //! Bounded: `MUSTER_SOAK_SECONDS` per database (60 by default), loopback
 //! only. The figures are printed (`-- --nocapture`) and recorded in
