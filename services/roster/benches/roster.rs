@@ -39,6 +39,7 @@ fn setting(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|value| value.parse().ok()).unwrap_or(default)
 }
 
+#[derive(Clone, Copy)]
 struct Sizes {
     agents: usize,
     teams: usize,
@@ -130,7 +131,7 @@ async fn main() {
     // The framework alone, over the snapshot of one expertise tag.
     let all =
         store.list_agents(&AgentQuery { expertise: "tag-3".into(), ..AgentQuery::default() }).await.expect("list");
-    let snapshot = Snapshot { agents: all.clone(), ..Snapshot::default() };
+    let snapshot = Snapshot { agents: all.iter().cloned().map(std::sync::Arc::new).collect(), ..Snapshot::default() };
     let mut samples = Vec::with_capacity(sizes.iterations);
     for iteration in 0..sizes.iterations {
         let requester = &all[iteration % all.len()];
@@ -146,6 +147,11 @@ async fn main() {
         std::hint::black_box(decision);
     }
     report(&format!("decide() over one tag's {} agents (pure)", all.len()), samples);
+
+    // The organisation in memory, loaded once (the service loads it on first use).
+    let started = Instant::now();
+    store.indexed_agent(&agent_at(0, &sizes).id).await.expect("index");
+    println!("roster index loaded in {:.1?}", started.elapsed());
 
     // In process: the service called directly (validation, transaction, reservation, audit).
     let roster = Roster::new(store.clone(), Arc::new(SystemClock), Settings::default());
@@ -200,6 +206,49 @@ async fn main() {
         client.release_task(pb::ReleaseTaskRequest { task_id }).await.expect("release");
     }
     report("Delegate, gRPC loopback", samples);
+
+    // Sixteen callers at once, each on its own connection, as many clients would.
+    const CALLERS: usize = 16;
+    let per_caller = (sizes.iterations / CALLERS).max(10);
+    let mut callers = Vec::with_capacity(CALLERS);
+    for caller in 0..CALLERS {
+        let channel = muster_runtime::testing::connect_when_serving(&format!("http://{address}")).await;
+        callers.push((caller, RosterServiceClient::new(with_credentials(channel, credentials.operator()))));
+    }
+    let started = Instant::now();
+    let tasks: Vec<_> = callers
+        .into_iter()
+        .map(|(caller, mut client)| {
+            tokio::spawn(async move {
+                let mut samples = Vec::with_capacity(per_caller);
+                for iteration in 0..per_caller {
+                    let mut request = delegate_request(caller * per_caller + iteration, &sizes);
+                    request.task_id = format!("concurrent-{caller}-{iteration}");
+                    let start = Instant::now();
+                    client.delegate(request).await.expect("delegate");
+                    samples.push(start.elapsed());
+                }
+                (client, samples)
+            })
+        })
+        .collect();
+    let mut samples = Vec::with_capacity(CALLERS * per_caller);
+    let mut clients = Vec::with_capacity(CALLERS);
+    for task in tasks {
+        let (client, caller_samples) = task.await.expect("caller");
+        samples.extend(caller_samples);
+        clients.push(client);
+    }
+    let elapsed = started.elapsed();
+    let count = samples.len();
+    report(&format!("Delegate, gRPC loopback, {CALLERS} callers at once"), samples);
+    println!("  {CALLERS} callers: {count} decisions in {elapsed:.2?}: {:.0}/s", count as f64 / elapsed.as_secs_f64());
+    for caller in 0..CALLERS {
+        for iteration in 0..per_caller {
+            let task_id = format!("concurrent-{caller}-{iteration}");
+            client.release_task(pb::ReleaseTaskRequest { task_id }).await.expect("release");
+        }
+    }
     let mut samples = Vec::with_capacity(roster_iterations);
     for iteration in 0..roster_iterations {
         let request = pb::GetOrganizationRosterRequest {

@@ -190,6 +190,13 @@ impl<S: RosterStore> Roster<S> {
         }
     }
 
+    /// Takes into the organisation held in memory what other replicas
+    /// changed in the database; a background task calls this every
+    /// `MUSTER_ROSTER_INDEX_REFRESH_INTERVAL_MS`.
+    pub async fn refresh_index(&self) -> Result<()> {
+        self.inner.store.refresh_index(self.now()).await
+    }
+
     /// Escalates the queued tasks gone stale; the background sweeper calls this.
     ///
     /// It also sets the queue gauge, even when nothing went stale: replicas
@@ -300,7 +307,8 @@ impl<S: RosterStore> Roster<S> {
         request: pb::GetOrganizationRosterRequest,
     ) -> Result<pb::GetOrganizationRosterResponse> {
         let agent_id = required_id("agent_id", &request.agent_id)?;
-        let caller = self.inner.store.get_agent(&agent_id).await?;
+        // Read from the organisation in memory, like a delegation decision.
+        let caller = self.inner.store.indexed_agent(&agent_id).await?;
         let filter = pb::RosterFilter::try_from(request.filter)
             .map_err(|_| Error::invalid("filter", format!("filter: unknown value {}", request.filter)))?;
         let mut query = AgentQuery::default();
@@ -326,11 +334,11 @@ impl<S: RosterStore> Roster<S> {
         let colleagues = self
             .inner
             .store
-            .list_agents(&query)
+            .indexed_agents(&query)
             .await?
             .iter()
             .filter(|agent| agent.id != caller.id && (!without_team || agent.team.is_empty()))
-            .map(agent_to_wire)
+            .map(|agent| agent_to_wire(agent))
             .collect();
         Ok(pb::GetOrganizationRosterResponse { agent_context: Some(agent_to_wire(&caller)), colleagues })
     }
@@ -558,14 +566,15 @@ impl<S: RosterStore> RosterService for Roster<S> {
         }
         if !request.requester_id.is_empty() {
             // An unknown requester is a caller's mistake, unlike an unknown named colleague.
-            let requester = self.inner.store.get_agent(&request.requester_id).await.map_err(|error| match error {
-                Error::NotFound { .. } => Error::not_found(
-                    crate::error::AGENT,
-                    &request.requester_id,
-                    format!("requester_id: agent {:?} is not in the roster", request.requester_id),
-                ),
-                other => other,
-            })?;
+            let requester =
+                self.inner.store.indexed_agent(&request.requester_id).await.map_err(|error| match error {
+                    Error::NotFound { .. } => Error::not_found(
+                        crate::error::AGENT,
+                        &request.requester_id,
+                        format!("requester_id: agent {:?} is not in the roster", request.requester_id),
+                    ),
+                    other => other,
+                })?;
             // An agent whose roster entry does not allow delegation may ask
             // what would be decided, but not reserve a colleague's capacity.
             if caller.agent_id().is_some() && !requester.allow_delegation && !request.dry_run {

@@ -6,6 +6,11 @@
 //! experts, escalation of stale queued tasks and the audit trail), roster
 //! import from YAML and Markdown, and the rendering of agents' system prompts.
 //!
+//! Decisions and the organisation's views are read from the organisation
+//! held in memory, indexed by team and expertise (`store/index.rs`); the
+//! database keeps the truth and takes each slot in one conditional update,
+//! so no slot is ever given twice, even by replicas sharing a database.
+//!
 //! It does not run anything: executions, steps, tools and notifications belong
 //! to the execution and notifier services, which ask the roster who should
 //! take a task (`Delegate`), give the slot back (`ReleaseTask`) and who a
@@ -58,6 +63,10 @@ pub struct Config {
     /// How often stale queued tasks are looked for, in milliseconds.
     #[arg(long, env = "MUSTER_ROSTER_QUEUE_SWEEP_INTERVAL_MS", default_value_t = 5000)]
     pub queue_sweep_interval_ms: u64,
+    /// How often the organisation held in memory takes the changes other
+    /// replicas made to the database, in milliseconds.
+    #[arg(long, env = "MUSTER_ROSTER_INDEX_REFRESH_INTERVAL_MS", default_value_t = 1000)]
+    pub index_refresh_interval_ms: u64,
 }
 
 impl Config {
@@ -69,6 +78,7 @@ impl Config {
             database_max_connections: 10,
             average_task_seconds: 1800,
             queue_sweep_interval_ms: 5000,
+            index_refresh_interval_ms: 1000,
         }
     }
 
@@ -104,11 +114,33 @@ pub async fn run_with_clock(
     let security = muster_runtime::security::Security::with_directory("roster", &config.server, directory.clone())?;
     let (ready_sender, ready_receiver) = tokio::sync::watch::channel(false);
     let (stop_sender, stop_receiver) = tokio::sync::watch::channel(false);
-    let sweeper = tokio::spawn(sweep_queue(
-        roster.clone(),
+    let sweeping = roster.clone();
+    let sweeper = tokio::spawn(every(
         Duration::from_millis(config.queue_sweep_interval_ms.max(10)),
+        ready_receiver.clone(),
+        stop_receiver.clone(),
+        move || {
+            let roster = sweeping.clone();
+            async move {
+                if let Err(error) = roster.sweep_queue().await {
+                    tracing::warn!(%error, "sweeping the delegation queue failed");
+                }
+            }
+        },
+    ));
+    let refreshing = roster.clone();
+    let refresher = tokio::spawn(every(
+        Duration::from_millis(config.index_refresh_interval_ms.max(10)),
         ready_receiver,
         stop_receiver,
+        move || {
+            let roster = refreshing.clone();
+            async move {
+                if let Err(error) = roster.refresh_index().await {
+                    tracing::warn!(%error, "refreshing the roster held in memory failed");
+                }
+            }
+        },
     ));
     let migrating = roster.clone();
     let (follower_sender, follower) = tokio::sync::oneshot::channel();
@@ -132,18 +164,19 @@ pub async fn run_with_clock(
         .await;
     let _ = stop_sender.send(true);
     let _ = sweeper.await;
+    let _ = refresher.await;
     if let Ok(follower) = follower.await {
         follower.abort();
     }
     Ok(outcome?)
 }
 
-/// Escalates stale queued tasks every `interval`, once the database is ready.
-async fn sweep_queue<S: RosterStore>(
-    roster: Roster<S>,
+/// Runs `work` every `interval` once the database is ready, until `stop`.
+async fn every<F: Future<Output = ()>>(
     interval: Duration,
     mut ready: tokio::sync::watch::Receiver<bool>,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    work: impl Fn() -> F,
 ) {
     tokio::select! {
         result = ready.wait_for(|ready| *ready) => if result.is_err() { return },
@@ -159,9 +192,7 @@ async fn sweep_queue<S: RosterStore>(
         if stopped || *stop.borrow() {
             return;
         }
-        if let Err(error) = roster.sweep_queue().await {
-            tracing::warn!(%error, "sweeping the delegation queue failed");
-        }
+        work().await;
     }
 }
 

@@ -8,7 +8,7 @@ use muster_roster::{
         delegation::{DecisionKind, DelegationRequest, Settings, Urgency},
         model::{Agent, AgentField, RoleDefinition, Status, Team},
     },
-    store::{AgentQuery, DelegationQuery, ImportPlan, QueueState, RosterStore, SqlStore},
+    store::{AgentQuery, DelegationQuery, INDEX_FULL_CHECK_EVERY, ImportPlan, QueueState, RosterStore, SqlStore},
 };
 use muster_runtime::{
     auth::{TokenHash, directory::Position},
@@ -40,6 +40,36 @@ fn request(task_id: &str, requester: &str, expertise: &[&str]) -> DelegationRequ
         requester_id: requester.into(),
         required_expertise: expertise.iter().map(|tag| (*tag).to_owned()).collect(),
         ..DelegationRequest::default()
+    }
+}
+
+/// The organisation held in memory answers every listing as the database does.
+async fn assert_index_agrees(store: &SqlStore, moment: &str) {
+    let all = store.list_agents(&AgentQuery::default()).await.unwrap();
+    let mut queries = vec![AgentQuery::default(), AgentQuery { available_only: true, ..AgentQuery::default() }];
+    for status in [Status::Idle, Status::Active, Status::Busy, Status::Offline] {
+        queries.push(AgentQuery { status: Some(status), ..AgentQuery::default() });
+    }
+    for agent in all.iter().take(20) {
+        queries.push(AgentQuery { team: agent.team.clone(), ..AgentQuery::default() });
+        queries.push(AgentQuery {
+            role: agent.role.clone(),
+            after_id: agent.id.clone(),
+            limit: 3,
+            ..AgentQuery::default()
+        });
+        for tag in &agent.expertise {
+            queries.push(AgentQuery { expertise: tag.clone(), available_only: true, ..AgentQuery::default() });
+        }
+    }
+    for query in &queries {
+        let stored = store.list_agents(query).await.unwrap();
+        let indexed: Vec<Agent> =
+            store.indexed_agents(query).await.unwrap().iter().map(|agent| (**agent).clone()).collect();
+        assert_eq!(indexed, stored, "{moment}: {query:?}");
+    }
+    for agent in &all {
+        assert_eq!(*store.indexed_agent(&agent.id).await.unwrap(), *agent, "{moment}");
     }
 }
 
@@ -131,6 +161,7 @@ async fn conformance(store: SqlStore) {
     store.remove_role("Dev").await.unwrap();
     assert!(matches!(store.remove_role("Dev").await, Err(Error::NotFound { .. })));
 
+    assert_index_agrees(&store, "before delegating").await;
     // Delegation reserves slots; status follows workload; release is idempotent.
     let settings = Settings::default();
     assert_eq!(store.queued_task_count().await.unwrap(), 0);
@@ -187,6 +218,7 @@ async fn conformance(store: SqlStore) {
     assert!(freed.offered.is_none(), "t5 was withdrawn");
     store.delegate(&request("t2", "boss", &["rust"]), NOW, settings).await.unwrap();
 
+    assert_index_agrees(&store, "after delegating and releasing").await;
     // The audit trail.
     let records = store
         .list_delegations(&DelegationQuery { agent_id: "dev".into(), ..DelegationQuery::default() })
@@ -291,6 +323,8 @@ async fn conformance(store: SqlStore) {
     assert!(store.agent_by_token(&token("hash-newbie")).await.unwrap().is_none(), "removal revokes");
     assert_eq!(store.list_teams().await.unwrap().iter().find(|t| t.name == "new").unwrap().lead_agent_id, "");
     store.remove_team("new").await.unwrap();
+    assert_index_agrees(&store, "after imports and removals").await;
+    assert!(matches!(store.indexed_agent("newbie").await, Err(Error::NotFound { .. })));
 }
 
 #[tokio::test]
@@ -364,4 +398,58 @@ async fn cross_team_order_on_sqlite() {
 async fn cross_team_order_on_postgres() {
     let Some(database) = TestDatabase::create().await else { return };
     cross_team_order(SqlStore::connect(&database.url, 5).unwrap()).await;
+}
+
+/// Two stores on one database, as two replicas: a decision from a stale
+/// index never gives a slot twice, and each index takes the other's changes
+/// at its next refresh (removals at the next full check).
+async fn replicas(first: SqlStore, second: SqlStore) {
+    first.migrate().await.unwrap();
+    second.migrate().await.unwrap();
+    first.put_team(&Team { name: "core".into(), ..Team::default() }, NOW).await.unwrap();
+    first.insert_agent(&agent("boss", "core", "", &["plan"], 5), &token("h-boss"), NOW).await.unwrap();
+    first.insert_agent(&agent("dev", "core", "boss", &["rust"], 1), &token("h-dev"), NOW).await.unwrap();
+    assert_eq!(second.indexed_agent("dev").await.unwrap().current_workload, 0, "loaded on first use");
+
+    let settings = Settings::default();
+    let taken = first.delegate(&request("t1", "boss", &["rust"]), NOW, settings).await.unwrap();
+    assert_eq!((taken.decision.kind, taken.decision.primary_agent_id.as_str()), (DecisionKind::Delegate, "dev"));
+    // The second still sees dev free: it decides for dev, loses the slot in
+    // the database, and decides again knowing better.
+    assert_eq!(second.indexed_agent("dev").await.unwrap().current_workload, 0);
+    let outcome = second.delegate(&request("t2", "boss", &["rust"]), NOW, settings).await.unwrap();
+    assert_ne!(outcome.decision.kind, DecisionKind::Delegate, "{outcome:?}");
+    assert_eq!(first.get_agent("dev").await.unwrap().current_workload, 1, "one slot, given once");
+    assert_eq!(second.indexed_agent("dev").await.unwrap().current_workload, 1, "read again after losing");
+
+    first.set_status("boss", Some(Status::Offline), None, NOW).await.unwrap();
+    first.insert_agent(&agent("ops", "core", "boss", &["rust", "ops"], 2), &token("h-ops"), NOW).await.unwrap();
+    first.put_team(&Team { name: "core".into(), lead_agent_id: "boss".into(), ..Team::default() }, NOW).await.unwrap();
+    assert!(matches!(second.indexed_agent("ops").await, Err(Error::NotFound { .. })), "not refreshed yet");
+    second.refresh_index(NOW).await.unwrap();
+    assert_eq!(second.indexed_agent("boss").await.unwrap().manual_status, Some(Status::Offline));
+    let colleague = second.delegate(&request("t3", "dev", &["ops"]), NOW, settings).await.unwrap();
+    assert_eq!(colleague.decision.primary_agent_id, "ops", "decided from what the refresh brought");
+    assert_index_agrees(&second, "after a refresh").await;
+
+    first.release_task("t3", NOW).await.unwrap();
+    first.remove_agent("ops", NOW).await.unwrap();
+    for _ in 0..INDEX_FULL_CHECK_EVERY {
+        second.refresh_index(NOW).await.unwrap();
+    }
+    assert!(matches!(second.indexed_agent("ops").await, Err(Error::NotFound { .. })), "removal found");
+    assert_index_agrees(&second, "after a full check").await;
+    assert_index_agrees(&first, "on the first").await;
+}
+
+#[tokio::test]
+async fn replicas_on_sqlite() {
+    let file = common::sqlite_file();
+    replicas(SqlStore::connect(&file.url, 1).unwrap(), SqlStore::connect(&file.url, 1).unwrap()).await;
+}
+
+#[tokio::test]
+async fn replicas_on_postgres() {
+    let Some(database) = TestDatabase::create().await else { return };
+    replicas(SqlStore::connect(&database.url, 5).unwrap(), SqlStore::connect(&database.url, 5).unwrap()).await;
 }

@@ -7,7 +7,10 @@
 //! offline agent, never one without a free slot, never the requester, never an
 //! agent already in the task's delegation chain.
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use super::decision_text::{capitalize, describe, display_team, escalation, finish, role_label, tier_phrase};
 pub use super::decision_text::{format_wait, queue_escalation_decision, queue_offer_decision, render_text};
@@ -166,8 +169,9 @@ pub struct Decision {
 /// What the framework reads: the agents that may matter for one request.
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
-    /// Agents, including the requester, the named colleague and the senior chain.
-    pub agents: Vec<Agent>,
+    /// Agents, including the requester, the named colleague and the senior
+    /// chain (shared with the roster's index, which they are read from).
+    pub agents: Vec<Arc<Agent>>,
     /// Tasks queued per expert, which lengthen the estimated wait.
     pub queued: HashMap<String, u32>,
     /// Teams (for their leads, the escalation target without a requester).
@@ -207,7 +211,7 @@ struct Ranked<'a> {
 /// at capacity or busy, and escalates when it is offline or not in the
 /// roster; the criteria, the chain and the requester do not apply.
 pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settings: Settings) -> Decision {
-    let by_id: HashMap<&str, &Agent> = snapshot.agents.iter().map(|agent| (agent.id.as_str(), agent)).collect();
+    let by_id: HashMap<&str, &Agent> = snapshot.agents.iter().map(|agent| (agent.id.as_str(), &**agent)).collect();
     let requester = by_id.get(request.requester_id.as_str()).copied();
     // A team named in the request wins; else the requester's team.
     let home_team = if request.team.is_empty() {
@@ -333,7 +337,7 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
         .iter()
         .filter(|agent| !is_excluded(request, agent, &chain))
         .filter(|agent| expertise_match(request, agent) == Match::Full && !agent.has_free_slot())
-        .map(|agent| (agent, estimated_wait(agent, snapshot, now, settings)))
+        .map(|agent| (&**agent, estimated_wait(agent, snapshot, now, settings)))
         .collect();
     experts.sort_by(|(a, wait_a), (b, wait_b)| {
         (a.team != home_team || home_team.is_empty(), *wait_a, &a.id).cmp(&(
@@ -592,7 +596,7 @@ fn exclusion(request: &DelegationRequest, agent: &Agent, chain: &HashSet<&str>) 
 }
 
 fn loop_note(request: &DelegationRequest, snapshot: &Snapshot, chain: &HashSet<&str>) -> Option<String> {
-    let by_id: HashMap<&str, &Agent> = snapshot.agents.iter().map(|agent| (agent.id.as_str(), agent)).collect();
+    let by_id: HashMap<&str, &Agent> = snapshot.agents.iter().map(|agent| (agent.id.as_str(), &**agent)).collect();
     let mut looped: Vec<&str> = Vec::new();
     for id in &request.delegation_chain {
         let Some(agent) = by_id.get(id.as_str()) else { continue };

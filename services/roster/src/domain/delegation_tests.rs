@@ -66,10 +66,14 @@ fn case_strategy() -> impl Strategy<Value = (Vec<Agent>, DelegationRequest)> {
         })
 }
 
+fn snapshot_of(agents: &[Agent]) -> Snapshot {
+    Snapshot { agents: agents.iter().cloned().map(std::sync::Arc::new).collect(), ..Snapshot::default() }
+}
+
 proptest! {
     #[test]
     fn never_offline_never_full_never_in_the_chain((agents, request) in case_strategy()) {
-        let snapshot = Snapshot { agents: agents.clone(), ..Snapshot::default() };
+        let snapshot = snapshot_of(&agents);
         let decision = decide(&request, &snapshot, 1_000, Settings::default());
         let chosen = agents.iter().find(|agent| agent.id == decision.primary_agent_id);
         if !decision.primary_agent_id.is_empty() {
@@ -101,20 +105,20 @@ proptest! {
 
     #[test]
     fn the_decision_does_not_depend_on_the_order_of_the_roster((agents, request) in case_strategy(), seed in any::<u64>()) {
-        let forward = decide(&request, &Snapshot { agents: agents.clone(), ..Snapshot::default() }, 1_000, Settings::default());
+        let forward = decide(&request, &snapshot_of(&agents), 1_000, Settings::default());
         let mut shuffled = agents;
         let len = shuffled.len();
         for index in 0..len {
             let other = usize::try_from(seed.rotate_left(u32::try_from(index).unwrap_or(0)) % len as u64).unwrap_or(0);
             shuffled.swap(index, other);
         }
-        let backward = decide(&request, &Snapshot { agents: shuffled, ..Snapshot::default() }, 1_000, Settings::default());
+        let backward = decide(&request, &snapshot_of(&shuffled), 1_000, Settings::default());
         prop_assert_eq!(forward, backward);
     }
 
     #[test]
     fn an_available_same_team_expert_is_always_found((agents, request) in case_strategy()) {
-        let snapshot = Snapshot { agents: agents.clone(), ..Snapshot::default() };
+        let snapshot = snapshot_of(&agents);
         let decision = decide(&request, &snapshot, 1_000, Settings::default());
         let requester_team = if request.team.is_empty() {
             agents.iter().find(|a| a.id == request.requester_id).map(|a| a.team.clone()).unwrap_or_default()

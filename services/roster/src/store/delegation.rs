@@ -1,12 +1,18 @@
-//! Delegation in the database: the snapshot the framework reads, the atomic
-//! slot reservation, the queue and the audit trail.
+//! Delegation in the database: the atomic slot reservation, the queue and
+//! the audit trail. The framework decides from the organisation in memory
+//! (`index.rs`); each workload a transaction changes goes to the index once
+//! the transaction commits.
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
 
 use sqlx::{Any, AssertSqlSafe, Row, Transaction};
 
 use super::{
     DelegationOutcome, DelegationQuery, DelegationRecord, QueueResolution, QueueState, ReleaseOutcome,
+    index::WorkloadChange,
     sql::{AGENT_COLUMNS, SqlStore, agent_from_row, fetch_agent},
 };
 use crate::domain::{
@@ -14,200 +20,60 @@ use crate::domain::{
         Decision, DecisionKind, DelegationRequest, Settings, Snapshot, decide, queue_escalation_decision,
         queue_offer_decision,
     },
-    model::{Agent, Status, Team},
+    model::Status,
 };
 use crate::error::{Error, QUEUED_TASK, Result};
 
 /// How many times a Delegate re-decides after losing a race for a slot.
 const MAX_ATTEMPTS: usize = 16;
-/// How far up the hierarchy the snapshot follows seniors.
-const MAX_HIERARCHY_DEPTH: usize = 32;
 
 type Tx = Transaction<'static, Any>;
 
-/// Takes one slot of `agent_id` if it has one; false when someone else took the last.
-async fn reserve_slot(transaction: &mut Tx, agent_id: &str, now: i64) -> Result<bool> {
-    let result = sqlx::query(
-        "UPDATE agents SET current_workload = current_workload + 1, updated_at = $2 \
-         WHERE id = $1 AND current_workload < workload_capacity AND manual_status NOT IN ('offline', 'busy')",
-    )
-    .bind(agent_id.to_owned())
-    .bind(now)
-    .execute(&mut **transaction)
-    .await?;
-    Ok(result.rows_affected() == 1)
+/// Runs a workload update that returns `id, version, current_workload`.
+async fn workload_update(
+    transaction: &mut Tx,
+    statement: sqlx::query::Query<'_, Any, sqlx::any::AnyArguments>,
+) -> Result<Option<WorkloadChange>> {
+    let row = statement.fetch_optional(&mut **transaction).await?;
+    row.map(|row| {
+        let workload: i64 = row.try_get("current_workload")?;
+        Ok((row.try_get("id")?, row.try_get("version")?, u32::try_from(workload.max(0)).unwrap_or(u32::MAX)))
+    })
+    .transpose()
 }
 
-async fn free_slot(transaction: &mut Tx, agent_id: &str, now: i64) -> Result<()> {
-    sqlx::query("UPDATE agents SET current_workload = current_workload - 1, updated_at = $2 WHERE id = $1 AND current_workload > 0")
+/// Takes one slot of `agent_id` if it has one; `None` when someone else took the last.
+async fn reserve_slot(transaction: &mut Tx, agent_id: &str, now: i64) -> Result<Option<WorkloadChange>> {
+    workload_update(
+        transaction,
+        sqlx::query(
+            "UPDATE agents SET current_workload = current_workload + 1, updated_at = $2, version = version + 1 \
+             WHERE id = $1 AND current_workload < workload_capacity AND manual_status NOT IN ('offline', 'busy') \
+             RETURNING id, version, current_workload",
+        )
         .bind(agent_id.to_owned())
-        .bind(now)
-        .execute(&mut **transaction)
-        .await?;
-    Ok(())
+        .bind(now),
+    )
+    .await
 }
 
-/// Most cross-team matches loaded beyond the delegation chain's length: the
-/// framework needs the best two (primary and fallback), ordered as SQL orders them.
-const CROSS_TEAM_MARGIN: usize = 8;
-/// Most busy experts loaded for the queue tier.
-const MAX_BUSY_EXPERTS: usize = 500;
-/// Most offline experts loaded (only to explain an escalation).
-const MAX_OFFLINE_EXPERTS: usize = 20;
-
-/// A statement under construction: SQL with `$n` placeholders and its text binds.
-struct Select {
-    from: String,
-    conditions: Vec<String>,
-    binds: Vec<String>,
+/// Gives back one slot of `agent_id`.
+async fn free_slot(transaction: &mut Tx, agent_id: &str, now: i64) -> Result<Option<WorkloadChange>> {
+    workload_update(
+        transaction,
+        sqlx::query(
+            "UPDATE agents SET current_workload = current_workload - 1, updated_at = $2, version = version + 1 \
+             WHERE id = $1 AND current_workload > 0 RETURNING id, version, current_workload",
+        )
+        .bind(agent_id.to_owned())
+        .bind(now),
+    )
+    .await
 }
 
-impl Select {
-    fn new() -> Self {
-        Self { from: "agents".to_owned(), conditions: Vec::new(), binds: Vec::new() }
-    }
-
-    fn bind(&mut self, value: &str) -> String {
-        self.binds.push(value.to_owned());
-        format!("${}", self.binds.len())
-    }
-
-    /// Agents with every required tag (all agents when none is required).
-    fn full_match(&mut self, request: &DelegationRequest) {
-        if request.required_expertise.is_empty() {
-            return;
-        }
-        let placeholders: Vec<String> = request.required_expertise.iter().map(|tag| self.bind(tag)).collect();
-        self.conditions.push(format!(
-            "id IN (SELECT agent_id FROM agent_expertise WHERE tag IN ({}) GROUP BY agent_id HAVING COUNT(*) = {})",
-            placeholders.join(", "),
-            request.required_expertise.len()
-        ));
-    }
-
-    fn role(&mut self, request: &DelegationRequest) {
-        if !request.required_role.is_empty() {
-            let placeholder = self.bind(&request.required_role);
-            self.conditions.push(format!("role = {placeholder}"));
-        }
-    }
-
-    async fn fetch(self, transaction: &mut Tx, order_and_limit: &str) -> Result<Vec<Agent>> {
-        let conditions = if self.conditions.is_empty() { "1 = 1".to_owned() } else { self.conditions.join(" AND ") };
-        let sql = format!("SELECT {AGENT_COLUMNS} FROM {} WHERE {conditions} {order_and_limit}", self.from);
-        let mut statement = sqlx::query(AssertSqlSafe(sql));
-        for value in self.binds {
-            statement = statement.bind(value);
-        }
-        statement.fetch_all(&mut **transaction).await?.iter().map(agent_from_row).collect()
-    }
-}
-
-/// Cross-team full matches with a free slot; `idle_only` keeps those without
-/// any task and drives the query from the first tag's index, in id order.
-fn cross_team_matches(request: &DelegationRequest, home_team: &str, idle_only: bool) -> Select {
-    let mut select = Select::new();
-    match request.required_expertise.split_first() {
-        Some((first, others)) if idle_only => {
-            let placeholder = select.bind(first);
-            select.from = "agent_expertise JOIN agents ON agents.id = agent_expertise.agent_id".to_owned();
-            select.conditions.push(format!("agent_expertise.tag = {placeholder}"));
-            for tag in others {
-                let placeholder = select.bind(tag);
-                select.conditions.push(format!(
-                    "EXISTS (SELECT 1 FROM agent_expertise other WHERE other.agent_id = agents.id AND other.tag = {placeholder})"
-                ));
-            }
-        }
-        _ => select.full_match(request),
-    }
-    select.role(request);
-    if !home_team.is_empty() {
-        let placeholder = select.bind(home_team);
-        select.conditions.push(format!("team <> {placeholder}"));
-    }
-    select.conditions.push(if idle_only {
-        "current_workload = 0 AND manual_status NOT IN ('offline', 'busy')".to_owned()
-    } else {
-        "current_workload < workload_capacity AND manual_status NOT IN ('offline', 'busy')".to_owned()
-    });
-    select
-}
-
-/// Loads the agents that may matter to one request, and no more: the
-/// requester's team; the best cross-team full matches with a free slot (in
-/// the framework's order: workload, then id); busy full-match experts (for the
-/// queue); a few offline experts (to explain an escalation); the requester,
-/// the named colleague, the delegation chain, the seniors above the requester
-/// and the team's lead.
-///
-/// With `with_unavailable` false the busy and offline experts are left out:
-/// they never change a DELEGATE decision, only the queue and escalation tiers,
-/// so the store loads them only when the first decision is not DELEGATE.
-async fn load_snapshot(transaction: &mut Tx, request: &DelegationRequest, with_unavailable: bool) -> Result<Snapshot> {
-    let mut agents = Vec::new();
-    let mut seen = HashSet::new();
-    let mut keep = |batch: Vec<Agent>, agents: &mut Vec<Agent>| {
-        for agent in batch {
-            if seen.insert(agent.id.clone()) {
-                agents.push(agent);
-            }
-        }
-    };
-    let requester =
-        if request.requester_id.is_empty() { None } else { fetch_agent(transaction, &request.requester_id).await? };
-    let home_team = if request.team.is_empty() {
-        requester.as_ref().map(|agent| agent.team.clone()).unwrap_or_default()
-    } else {
-        request.team.clone()
-    };
-    keep(requester.into_iter().collect(), &mut agents);
-    if !request.assigned_agent_id.is_empty() {
-        // Only the assigned agent, and whom it escalates to, can matter.
-        keep(fetch_agent(transaction, &request.assigned_agent_id).await?.into_iter().collect(), &mut agents);
-    } else {
-        load_candidates(transaction, request, &home_team, with_unavailable, &mut agents, &mut keep).await?;
-    }
-
-    // The seniors above the requester, for escalation.
-    let mut senior_id = agents
-        .iter()
-        .find(|agent| agent.id == request.requester_id)
-        .map(|agent| agent.senior_id.clone())
-        .unwrap_or_default();
-    for _ in 0..MAX_HIERARCHY_DEPTH {
-        if senior_id.is_empty() {
-            break;
-        }
-        let senior = match agents.iter().find(|agent| agent.id == senior_id) {
-            Some(agent) => Some(agent.clone()),
-            None => fetch_agent(transaction, &senior_id).await?,
-        };
-        let Some(senior) = senior else { break };
-        senior_id.clone_from(&senior.senior_id);
-        keep(vec![senior], &mut agents);
-    }
-
-    let mut teams = Vec::new();
-    if !home_team.is_empty() {
-        let row = sqlx::query("SELECT name, description, lead_agent_id FROM teams WHERE name = $1")
-            .bind(home_team)
-            .fetch_optional(&mut **transaction)
-            .await?;
-        if let Some(row) = row {
-            let team = Team {
-                name: row.try_get("name")?,
-                description: row.try_get("description")?,
-                lead_agent_id: row.try_get("lead_agent_id")?,
-            };
-            if !team.lead_agent_id.is_empty() && !agents.iter().any(|agent| agent.id == team.lead_agent_id) {
-                keep(fetch_agent(transaction, &team.lead_agent_id).await?.into_iter().collect(), &mut agents);
-            }
-            teams.push(team);
-        }
-    }
-
-    let mut queued = HashMap::new();
+/// How many tasks wait for each expert; only the queue tier and a task
+/// assigned to one agent read it.
+async fn load_queued(transaction: &mut Tx, request: &DelegationRequest) -> Result<HashMap<String, u32>> {
     let rows = if request.assigned_agent_id.is_empty() {
         sqlx::query("SELECT expert_id, COUNT(*) AS waiting FROM queued_tasks WHERE state = 'queued' GROUP BY expert_id")
             .fetch_all(&mut **transaction)
@@ -221,78 +87,13 @@ async fn load_snapshot(transaction: &mut Tx, request: &DelegationRequest, with_u
         .fetch_all(&mut **transaction)
         .await?
     };
+    let mut queued = HashMap::new();
     for row in rows {
         let expert: String = row.try_get("expert_id")?;
         let waiting: i64 = row.try_get("waiting")?;
         queued.insert(expert, u32::try_from(waiting).unwrap_or(u32::MAX));
     }
-    Ok(Snapshot { agents, queued, teams })
-}
-
-/// The candidates of a request decided by its criteria (see [`load_snapshot`]).
-async fn load_candidates(
-    transaction: &mut Tx,
-    request: &DelegationRequest,
-    home_team: &str,
-    with_unavailable: bool,
-    agents: &mut Vec<Agent>,
-    keep: &mut impl FnMut(Vec<Agent>, &mut Vec<Agent>),
-) -> Result<()> {
-    if !home_team.is_empty() {
-        let mut same_team = Select::new();
-        let placeholder = same_team.bind(home_team);
-        same_team.conditions.push(format!("team = {placeholder}"));
-        keep(same_team.fetch(transaction, "").await?, agents);
-    }
-
-    // The best cross-team matches with a free slot, in the framework's order
-    // (workload, then id). Idle agents come first in that order, and reading
-    // them in id order can stop early on an index, so try them alone first.
-    let limit = request.delegation_chain.len() + CROSS_TEAM_MARGIN;
-    let idle_order = if request.required_expertise.is_empty() { "id" } else { "agent_expertise.agent_id" };
-    let idle = cross_team_matches(request, home_team, true)
-        .fetch(transaction, &format!("ORDER BY {idle_order} LIMIT {limit}"))
-        .await?;
-    if idle.len() == limit {
-        keep(idle, agents);
-    } else {
-        let any_workload = cross_team_matches(request, home_team, false)
-            .fetch(transaction, &format!("ORDER BY current_workload, id LIMIT {limit}"))
-            .await?;
-        keep(any_workload, agents);
-    }
-
-    if with_unavailable {
-        let mut busy = Select::new();
-        busy.full_match(request);
-        busy.role(request);
-        busy.conditions.push(
-            "manual_status <> 'offline' AND (current_workload >= workload_capacity OR manual_status = 'busy')"
-                .to_owned(),
-        );
-        keep(busy.fetch(transaction, &format!("ORDER BY id LIMIT {MAX_BUSY_EXPERTS}")).await?, agents);
-
-        if !request.required_expertise.is_empty() {
-            let mut offline = Select::new();
-            let placeholders: Vec<String> = request.required_expertise.iter().map(|tag| offline.bind(tag)).collect();
-            offline.conditions.push(format!(
-                "id IN (SELECT agent_id FROM agent_expertise WHERE tag IN ({}))",
-                placeholders.join(", ")
-            ));
-            offline.conditions.push("manual_status = 'offline'".to_owned());
-            keep(offline.fetch(transaction, &format!("ORDER BY id LIMIT {MAX_OFFLINE_EXPERTS}")).await?, agents);
-        }
-    }
-
-    let mut named: Vec<&String> = request.delegation_chain.iter().collect();
-    named.push(&request.preferred_agent_id);
-    for id in named {
-        if !id.is_empty() && !agents.iter().any(|agent| agent.id == *id) {
-            keep(fetch_agent(transaction, id).await?.into_iter().collect(), agents);
-        }
-    }
-
-    Ok(())
+    Ok(queued)
 }
 
 fn to_json<T: serde::Serialize>(value: &T) -> Result<String> {
@@ -344,41 +145,80 @@ async fn resolve_queued(transaction: &mut Tx, task_id: &str, state: &str, decisi
 
 /// A task assigned to an agent that has a free slot (or already holds one
 /// of its slots for the task): reserved in one short transaction, without
-/// loading a snapshot. `None` when the agent has no free slot, is offline or
-/// busy, or is not in the roster: the framework decides then.
+/// a snapshot. `None` when the agent has no free slot, is offline or busy,
+/// or is not in the roster: the framework decides then.
 async fn take_assigned_slot(
     transaction: &mut Tx,
     request: &DelegationRequest,
     held_by: Option<&String>,
     now: i64,
     settings: Settings,
-) -> Result<Option<(Decision, Vec<String>)>> {
+    changes: &mut Vec<WorkloadChange>,
+) -> Result<Option<Decision>> {
     let assigned = &request.assigned_agent_id;
-    let agent = if held_by == Some(assigned) {
-        let Some(mut agent) = fetch_agent(transaction, assigned).await? else { return Ok(None) };
-        // Its slot for this task counts as free for it.
-        agent.current_workload = agent.current_workload.saturating_sub(1);
+    let mut agent = if held_by == Some(assigned) {
+        let Some(agent) = fetch_agent(transaction, assigned).await? else { return Ok(None) };
         agent
     } else {
         let row = sqlx::query(AssertSqlSafe(format!(
-            "UPDATE agents SET current_workload = current_workload + 1, updated_at = $2 \
+            "UPDATE agents SET current_workload = current_workload + 1, updated_at = $2, version = version + 1 \
              WHERE id = $1 AND current_workload < workload_capacity AND manual_status NOT IN ('offline', 'busy') \
-             RETURNING {AGENT_COLUMNS}"
+             RETURNING {AGENT_COLUMNS}, version"
         )))
         .bind(assigned.clone())
         .bind(now)
         .fetch_optional(&mut **transaction)
         .await?;
         let Some(row) = row else { return Ok(None) };
-        let mut agent = agent_from_row(&row)?;
-        agent.current_workload = agent.current_workload.saturating_sub(1);
+        let agent = agent_from_row(&row)?;
+        changes.push((agent.id.clone(), row.try_get("version")?, agent.current_workload));
         agent
     };
-    let decision = decide(request, &Snapshot { agents: vec![agent], ..Snapshot::default() }, now, settings);
+    // The slot it holds for this task counts as free for it.
+    agent.current_workload = agent.current_workload.saturating_sub(1);
+    let decision = decide(request, &Snapshot { agents: vec![Arc::new(agent)], ..Snapshot::default() }, now, settings);
     if decision.kind != DecisionKind::Delegate {
         return Err(Error::Internal(format!("an agent with a free slot was not chosen: {}", decision.reasoning)));
     }
-    Ok(Some((decision, vec![assigned.clone()])))
+    Ok(Some(decision))
+}
+
+/// Decides from the organisation in memory, with the queue lengths from the
+/// database when the decision may need them; agents whose last slot went
+/// to a concurrent call count as full.
+async fn decide_from_index(
+    store: &SqlStore,
+    transaction: &mut Tx,
+    request: &DelegationRequest,
+    held_by: Option<&String>,
+    lost_races: &HashSet<String>,
+    now: i64,
+    settings: Settings,
+) -> Result<Decision> {
+    let index = store.index().await?;
+    let mut decided = None;
+    for with_unavailable in [false, true] {
+        let mut snapshot = index.snapshot(request, with_unavailable);
+        if with_unavailable || !request.assigned_agent_id.is_empty() {
+            snapshot.queued = load_queued(transaction, request).await?;
+        }
+        for agent in &mut snapshot.agents {
+            if lost_races.contains(&agent.id) {
+                let agent = Arc::make_mut(agent);
+                agent.current_workload = agent.current_workload.max(agent.workload_capacity);
+            } else if held_by == Some(&agent.id) {
+                let agent = Arc::make_mut(agent);
+                agent.current_workload = agent.current_workload.saturating_sub(1);
+            }
+        }
+        let decision = decide(request, &snapshot, now, settings);
+        let settled = decision.kind == DecisionKind::Delegate || !request.assigned_agent_id.is_empty();
+        decided = Some(decision);
+        if settled {
+            break;
+        }
+    }
+    decided.ok_or_else(|| Error::Internal("no decision".into()))
 }
 
 pub(super) async fn delegate(
@@ -386,6 +226,28 @@ pub(super) async fn delegate(
     request: &DelegationRequest,
     now: i64,
     settings: Settings,
+) -> Result<DelegationOutcome> {
+    // Loaded before the transaction: a first load reads the whole roster.
+    store.index().await?;
+    let mut changes = Vec::new();
+    let mut lost_races: HashSet<String> = HashSet::new();
+    let outcome = delegate_in_transaction(store, request, now, settings, &mut changes, &mut lost_races).await;
+    // What the database now holds, committed or not, for the next decision.
+    let mut reread: Vec<String> = lost_races.into_iter().collect();
+    if outcome.is_ok() {
+        reread.extend(store.index.apply_workloads(&changes));
+    }
+    store.reread_agents(&reread).await?;
+    outcome
+}
+
+async fn delegate_in_transaction(
+    store: &SqlStore,
+    request: &DelegationRequest,
+    now: i64,
+    settings: Settings,
+    changes: &mut Vec<WorkloadChange>,
+    lost_races: &mut HashSet<String>,
 ) -> Result<DelegationOutcome> {
     let mut transaction = store.database.pool.begin().await?;
     // A task holds one slot; the agent holding it has that slot for it.
@@ -397,12 +259,12 @@ pub(super) async fn delegate(
         .transpose()?;
     if !request.assigned_agent_id.is_empty()
         && !request.dry_run
-        && let Some((decision, changed_agents)) =
-            take_assigned_slot(&mut transaction, request, held_by.as_ref(), now, settings).await?
+        && let Some(decision) =
+            take_assigned_slot(&mut transaction, request, held_by.as_ref(), now, settings, changes).await?
     {
-        let mut changed_agents = changed_agents;
+        let mut changed_agents = vec![request.assigned_agent_id.clone()];
         if let Some(previous) = held_by.filter(|previous| *previous != decision.primary_agent_id) {
-            free_slot(&mut transaction, &previous, now).await?;
+            changes.extend(free_slot(&mut transaction, &previous, now).await?);
             changed_agents.push(previous);
         }
         upsert_reservation(&mut transaction, &request.task_id, &decision.primary_agent_id, now).await?;
@@ -412,28 +274,10 @@ pub(super) async fn delegate(
         // audit trail keeps its queue waits and escalations, not this.
         return Ok(DelegationOutcome { decision, delegation_id: String::new(), changed_agents, queue_changed });
     }
-    let mut lost_races: HashSet<String> = HashSet::new();
     let mut decision = None;
     for _ in 0..MAX_ATTEMPTS {
-        let mut candidate = None;
-        for with_unavailable in [false, true] {
-            let mut snapshot = load_snapshot(&mut transaction, request, with_unavailable).await?;
-            for agent in &mut snapshot.agents {
-                if lost_races.contains(&agent.id) {
-                    // Its last slot went to a concurrent call: full for this call.
-                    agent.current_workload = agent.current_workload.max(agent.workload_capacity);
-                } else if held_by.as_ref() == Some(&agent.id) {
-                    agent.current_workload = agent.current_workload.saturating_sub(1);
-                }
-            }
-            let decided = decide(request, &snapshot, now, settings);
-            let settled = decided.kind == DecisionKind::Delegate || !request.assigned_agent_id.is_empty();
-            candidate = Some(decided);
-            if settled {
-                break;
-            }
-        }
-        let candidate = candidate.ok_or_else(|| Error::Internal("no decision".into()))?;
+        let candidate =
+            decide_from_index(store, &mut transaction, request, held_by.as_ref(), lost_races, now, settings).await?;
         if candidate.kind != DecisionKind::Delegate
             || request.dry_run
             || held_by.as_ref() == Some(&candidate.primary_agent_id)
@@ -441,7 +285,8 @@ pub(super) async fn delegate(
             decision = Some(candidate);
             break;
         }
-        if reserve_slot(&mut transaction, &candidate.primary_agent_id, now).await? {
+        if let Some(change) = reserve_slot(&mut transaction, &candidate.primary_agent_id, now).await? {
+            changes.push(change);
             decision = Some(candidate);
             break;
         }
@@ -467,7 +312,7 @@ pub(super) async fn delegate(
             // A task holds one slot: a re-delegation moves it, one to the
             // agent holding it keeps it.
             if let Some(previous) = held_by.filter(|previous| *previous != decision.primary_agent_id) {
-                free_slot(&mut transaction, &previous, now).await?;
+                changes.extend(free_slot(&mut transaction, &previous, now).await?);
                 changed_agents.push(previous);
             }
             upsert_reservation(&mut transaction, &request.task_id, &decision.primary_agent_id, now).await?;
@@ -540,6 +385,7 @@ pub(super) async fn delegate_batch(
     let mut outcomes: Vec<Option<DelegationOutcome>> = requests.iter().map(|_| None).collect();
     if !by_agent.is_empty() {
         let mut transaction = store.database.pool.begin().await?;
+        let mut changes = Vec::new();
         for (agent_id, indexes) in by_agent {
             place_on_agent(
                 &mut transaction,
@@ -550,10 +396,12 @@ pub(super) async fn delegate_batch(
                 now,
                 settings,
                 &mut outcomes,
+                &mut changes,
             )
             .await?;
         }
         transaction.commit().await?;
+        store.apply_workloads(&changes).await?;
     }
     let mut answered = Vec::with_capacity(requests.len());
     for (request, outcome) in requests.iter().zip(outcomes) {
@@ -577,6 +425,7 @@ async fn place_on_agent(
     now: i64,
     settings: Settings,
     outcomes: &mut [Option<DelegationOutcome>],
+    changes: &mut Vec<WorkloadChange>,
 ) -> Result<()> {
     // Who holds each task's slot now.
     let mut held_by: HashMap<String, String> = HashMap::new();
@@ -610,16 +459,20 @@ async fn place_on_agent(
             agent = Some(current);
             break;
         }
-        let updated = sqlx::query(
-            "UPDATE agents SET current_workload = current_workload + $2, updated_at = $3 \
-             WHERE id = $1 AND current_workload + $2 <= workload_capacity AND manual_status NOT IN ('offline', 'busy')",
+        let updated = workload_update(
+            transaction,
+            sqlx::query(
+                "UPDATE agents SET current_workload = current_workload + $2, updated_at = $3, version = version + 1 \
+                 WHERE id = $1 AND current_workload + $2 <= workload_capacity \
+                 AND manual_status NOT IN ('offline', 'busy') RETURNING id, version, current_workload",
+            )
+            .bind(agent_id.to_owned())
+            .bind(want as i64)
+            .bind(now),
         )
-        .bind(agent_id.to_owned())
-        .bind(want as i64)
-        .bind(now)
-        .execute(&mut **transaction)
         .await?;
-        if updated.rows_affected() == 1 {
+        if let Some(change) = updated {
+            changes.push(change);
             taken = want;
             agent = Some(current);
             break;
@@ -633,7 +486,7 @@ async fn place_on_agent(
     // A task moving here gives back the slot it held elsewhere.
     for &index in &wanted[..taken] {
         if let Some(previous) = held_by.get(&requests[index].task_id) {
-            free_slot(transaction, previous, now).await?;
+            changes.extend(free_slot(transaction, previous, now).await?);
         }
     }
     for chunk in wanted[..taken].chunks(BATCH_ROWS_PER_STATEMENT) {
@@ -670,7 +523,8 @@ async fn place_on_agent(
         if count < kept.len() {
             seen.current_workload = seen.current_workload.saturating_sub(1);
         }
-        let decision = decide(request, &Snapshot { agents: vec![seen], ..Snapshot::default() }, now, settings);
+        let decision =
+            decide(request, &Snapshot { agents: vec![Arc::new(seen)], ..Snapshot::default() }, now, settings);
         if decision.kind != DecisionKind::Delegate {
             return Err(Error::Internal(format!("an agent with a free slot was not chosen: {}", decision.reasoning)));
         }
@@ -747,25 +601,31 @@ pub(super) async fn release_tasks(store: &SqlStore, task_ids: &[String], now: i6
         }
     }
     let mut offers: HashMap<&str, std::collections::VecDeque<QueueResolution>> = HashMap::new();
+    let mut changes = Vec::new();
     for &(agent_id, count) in &freed {
-        sqlx::query(
-            "UPDATE agents SET current_workload = CASE WHEN current_workload > $2 THEN current_workload - $2 ELSE 0 END, \
-             updated_at = $3 WHERE id = $1",
+        let freed = workload_update(
+            &mut transaction,
+            sqlx::query(
+                "UPDATE agents SET current_workload = \
+                 CASE WHEN current_workload > $2 THEN current_workload - $2 ELSE 0 END, \
+                 updated_at = $3, version = version + 1 WHERE id = $1 RETURNING id, version, current_workload",
+            )
+            .bind(agent_id.to_owned())
+            .bind(i64::from(count))
+            .bind(now),
         )
-        .bind(agent_id.to_owned())
-        .bind(i64::from(count))
-        .bind(now)
-        .execute(&mut *transaction)
         .await?;
+        changes.extend(freed);
         let offered = offers.entry(agent_id).or_default();
         for _ in 0..count {
-            match offer_slot(&mut transaction, agent_id, now).await? {
+            match offer_slot(&mut transaction, agent_id, now, &mut changes).await? {
                 Some(resolution) => offered.push_back(resolution),
                 None => break,
             }
         }
     }
     transaction.commit().await?;
+    store.apply_workloads(&changes).await?;
     let outcomes = task_ids
         .iter()
         .zip(first_mention)
@@ -784,7 +644,12 @@ pub(super) async fn release_tasks(store: &SqlStore, task_ids: &[String], now: i6
 
 /// Offers a freed slot of `agent_id` to the oldest task queued for it, if the
 /// agent can take it; `None` when nobody waits or the agent cannot.
-async fn offer_slot(transaction: &mut Tx, agent_id: &str, now: i64) -> Result<Option<QueueResolution>> {
+async fn offer_slot(
+    transaction: &mut Tx,
+    agent_id: &str,
+    now: i64,
+    changes: &mut Vec<WorkloadChange>,
+) -> Result<Option<QueueResolution>> {
     let next = sqlx::query(
         "SELECT task_id, request_json, queued_at FROM queued_tasks WHERE expert_id = $1 AND state = 'queued' \
          ORDER BY queued_at, seq LIMIT 1",
@@ -796,16 +661,15 @@ async fn offer_slot(transaction: &mut Tx, agent_id: &str, now: i64) -> Result<Op
     let queued_task: String = next.try_get("task_id")?;
     let request: DelegationRequest = from_json(&next.try_get::<String, _>("request_json")?)?;
     let queued_at: i64 = next.try_get("queued_at")?;
-    if !reserve_slot(transaction, agent_id, now).await? {
-        return Ok(None);
-    }
+    let Some(reserved) = reserve_slot(transaction, agent_id, now).await? else { return Ok(None) };
+    changes.push(reserved);
     // A task handed to a busy agent may still hold its former slot.
     let former = sqlx::query("SELECT agent_id FROM reservations WHERE task_id = $1")
         .bind(queued_task.clone())
         .fetch_optional(&mut **transaction)
         .await?;
     if let Some(former) = former {
-        free_slot(transaction, &former.try_get::<String, _>("agent_id")?, now).await?;
+        changes.extend(free_slot(transaction, &former.try_get::<String, _>("agent_id")?, now).await?);
     }
     let expert = fetch_agent(transaction, agent_id).await?.ok_or_else(|| Error::Internal("expert vanished".into()))?;
     let decision = queue_offer_decision(&expert, queued_at, now);

@@ -67,7 +67,7 @@ pub(super) async fn import(store: &SqlStore, plan: &ImportPlan, now: i64) -> Res
         }
     }
 
-    for agent in existing {
+    for agent in &existing {
         update_agent_row(&mut transaction, backend, agent, now).await?;
     }
     let created = insert_agents(&mut transaction, backend, plan, &new, now).await?;
@@ -75,6 +75,16 @@ pub(super) async fn import(store: &SqlStore, plan: &ImportPlan, now: i64) -> Res
         upsert_team_row(&mut transaction, team, now).await?;
     }
     transaction.commit().await?;
+    // New agents are as written (idle, no manual status, version 0); the
+    // updated ones keep state of their own, so they are read again.
+    for team in &plan.teams {
+        store.index.put_team(team.clone());
+    }
+    for agent in new {
+        store.index.put(Agent { current_workload: 0, manual_status: None, ..agent.clone() }, 0);
+    }
+    let updated: Vec<String> = existing.iter().map(|agent| agent.id.clone()).collect();
+    store.reread_agents(&updated).await?;
     Ok(created)
 }
 

@@ -4,10 +4,12 @@
 mod credentials;
 mod delegation;
 mod import;
+mod index;
 mod sql;
 
-use std::future::Future;
+use std::{future::Future, sync::Arc};
 
+pub use index::FULL_CHECK_EVERY as INDEX_FULL_CHECK_EVERY;
 use muster_runtime::auth::{
     TokenHash,
     directory::{CredentialChange, Position},
@@ -198,6 +200,16 @@ pub trait RosterStore: Send + Sync + 'static {
 
     /// Stores an import in one transaction; returns the ids of the agents it created.
     fn import(&self, plan: &ImportPlan, now: i64) -> impl Future<Output = Result<Vec<String>>> + Send;
+
+    /// [`Self::get_agent`] from the organisation held in memory, without a
+    /// query. It has every change this store made; another replica's changes
+    /// reach it at the next [`Self::refresh_index`].
+    fn indexed_agent(&self, id: &str) -> impl Future<Output = Result<Arc<Agent>>> + Send;
+    /// [`Self::list_agents`] from the organisation held in memory (see [`Self::indexed_agent`]).
+    fn indexed_agents(&self, query: &AgentQuery) -> impl Future<Output = Result<Vec<Arc<Agent>>>> + Send;
+    /// Takes into memory what other writers of the database changed since
+    /// the last refresh; `now` is the service's clock, in ms.
+    fn refresh_index(&self, now: i64) -> impl Future<Output = Result<()>> + Send;
 
     /// Decides who takes the task and, unless a dry run, reserves the slot,
     /// queues the task and records the decision, all in one transaction.

@@ -9,9 +9,11 @@ use muster_runtime::{
     },
     db::{Backend, Database, Migrations, placeholders},
 };
+use std::sync::Arc;
+
 use sqlx::{Any, AssertSqlSafe, Row, Transaction, any::AnyRow};
 
-use super::{AgentQuery, ImportPlan, RosterStore, credentials};
+use super::{AgentQuery, ImportPlan, RosterStore, credentials, index::Index};
 use crate::domain::{
     delegation::{DelegationRequest, Settings},
     model::{Agent, AgentField, RoleDefinition, Status, Team},
@@ -22,10 +24,12 @@ static MIGRATIONS: Migrations = Migrations {
     sqlite: &[
         (1, "init", include_str!("../../migrations/sqlite/0001_init.sql")),
         (2, "credentials", include_str!("../../migrations/sqlite/0002_credentials.sql")),
+        (3, "agent_versions", include_str!("../../migrations/sqlite/0003_agent_versions.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
         (2, "credentials", include_str!("../../migrations/postgres/0002_credentials.sql")),
+        (3, "agent_versions", include_str!("../../migrations/postgres/0003_agent_versions.sql")),
     ],
 };
 
@@ -38,16 +42,18 @@ const STATUS_SQL: &str = "(CASE WHEN manual_status <> '' THEN manual_status \
      WHEN current_workload = 0 THEN 'idle' \
      WHEN current_workload + 1 >= workload_capacity THEN 'busy' ELSE 'active' END)";
 
-/// The roster's store over a SQLite or PostgreSQL pool.
+/// The roster's store over a SQLite or PostgreSQL pool, with the
+/// organisation indexed in memory (see `index.rs`).
 #[derive(Debug, Clone)]
 pub struct SqlStore {
     pub(super) database: Database,
+    pub(super) index: Arc<Index>,
 }
 
 impl SqlStore {
     /// A store over a pool (not yet migrated).
     pub fn new(database: Database) -> Self {
-        Self { database }
+        Self { database, index: Arc::default() }
     }
 
     /// Connects lazily to `url` (`sqlite://...` or `postgres://...`).
@@ -96,11 +102,24 @@ fn to_u32(value: i64) -> u32 {
 }
 
 pub(super) async fn fetch_agent(transaction: &mut Transaction<'static, Any>, id: &str) -> Result<Option<Agent>> {
-    let row = sqlx::query(AssertSqlSafe(format!("SELECT {AGENT_COLUMNS} FROM agents WHERE id = $1")))
+    Ok(fetch_versioned(transaction, id).await?.map(|(agent, _)| agent))
+}
+
+/// An agent and its row's version (raised by one at every change of the row).
+pub(super) async fn fetch_versioned(
+    transaction: &mut Transaction<'static, Any>,
+    id: &str,
+) -> Result<Option<(Agent, i64)>> {
+    let row = sqlx::query(AssertSqlSafe(format!("SELECT {AGENT_COLUMNS}, version FROM agents WHERE id = $1")))
         .bind(id.to_owned())
         .fetch_optional(&mut **transaction)
         .await?;
-    row.as_ref().map(agent_from_row).transpose()
+    row.map(|row| Ok((agent_from_row(&row)?, row.try_get("version")?))).transpose()
+}
+
+/// The row an agent's change left, read in its transaction.
+async fn stored(transaction: &mut Transaction<'static, Any>, id: &str) -> Result<(Agent, i64)> {
+    fetch_versioned(transaction, id).await?.ok_or_else(|| Error::Internal("agent vanished".into()))
 }
 
 async fn exists(transaction: &mut Transaction<'static, Any>, sql: &'static str, key: &str) -> Result<bool> {
@@ -256,7 +275,8 @@ pub(super) async fn update_agent_row(
     let result = sqlx::query(
         "UPDATE agents SET name = $2, role = $3, team = $4, senior_id = $5, expertise_json = $6, \
          workload_capacity = $7, availability_until = $8, custom_prompt = $9, llm_config_json = $10, \
-         backstory = $11, allow_delegation = $12, max_iterations = $13, updated_at = $14 WHERE id = $1",
+         backstory = $11, allow_delegation = $12, max_iterations = $13, updated_at = $14, version = version + 1 \
+         WHERE id = $1",
     )
     .bind(agent.id.clone())
     .bind(agent.name.clone())
@@ -377,9 +397,9 @@ impl RosterStore for SqlStore {
         insert_agent_rows(&mut transaction, backend, &[agent], now).await?;
         let revision = credentials::next_revision(&mut transaction).await?;
         credentials::issue(&mut transaction, backend, &[(&agent.id, &agent.role, token)], revision, now).await?;
-        let stored =
-            fetch_agent(&mut transaction, &agent.id).await?.ok_or_else(|| Error::Internal("agent vanished".into()))?;
+        let (stored, version) = stored(&mut transaction, &agent.id).await?;
         transaction.commit().await?;
+        self.index.put(stored.clone(), version);
         Ok(stored)
     }
 
@@ -444,9 +464,9 @@ impl RosterStore for SqlStore {
         let agent = &updated.normalize()?;
         check_agent_references(&mut transaction, agent).await?;
         update_agent_row(&mut transaction, self.database.backend, agent, now).await?;
-        let stored =
-            fetch_agent(&mut transaction, &agent.id).await?.ok_or_else(|| Error::Internal("agent vanished".into()))?;
+        let (stored, version) = stored(&mut transaction, &agent.id).await?;
         transaction.commit().await?;
+        self.index.put(stored.clone(), version);
         Ok(stored)
     }
 
@@ -469,8 +489,9 @@ impl RosterStore for SqlStore {
                 format!("agent {id:?} is the senior of {}; give them another senior first", juniors.join(", ")),
             ));
         }
-        sqlx::query("UPDATE teams SET lead_agent_id = '' WHERE lead_agent_id = $1")
+        sqlx::query("UPDATE teams SET lead_agent_id = '', updated_at = $2 WHERE lead_agent_id = $1")
             .bind(id.to_owned())
+            .bind(now)
             .execute(&mut *transaction)
             .await?;
         sqlx::query("DELETE FROM agent_expertise WHERE agent_id = $1")
@@ -481,6 +502,7 @@ impl RosterStore for SqlStore {
         let revision = credentials::next_revision(&mut transaction).await?;
         credentials::revoke_all(&mut transaction, id, revision, now).await?;
         transaction.commit().await?;
+        self.index.remove(id);
         Ok(())
     }
 
@@ -492,20 +514,22 @@ impl RosterStore for SqlStore {
         now: i64,
     ) -> Result<Agent> {
         let mut transaction = self.database.pool.begin().await?;
-        let result =
-            sqlx::query("UPDATE agents SET manual_status = $2, availability_until = $3, updated_at = $4 WHERE id = $1")
-                .bind(id.to_owned())
-                .bind(status.map(Status::as_str).unwrap_or_default().to_owned())
-                .bind(availability_until)
-                .bind(now)
-                .execute(&mut *transaction)
-                .await?;
+        let result = sqlx::query(
+            "UPDATE agents SET manual_status = $2, availability_until = $3, updated_at = $4, version = version + 1 \
+                 WHERE id = $1",
+        )
+        .bind(id.to_owned())
+        .bind(status.map(Status::as_str).unwrap_or_default().to_owned())
+        .bind(availability_until)
+        .bind(now)
+        .execute(&mut *transaction)
+        .await?;
         if result.rows_affected() == 0 {
             return Err(agent_not_found(id));
         }
-        let stored =
-            fetch_agent(&mut transaction, id).await?.ok_or_else(|| Error::Internal("agent vanished".into()))?;
+        let (stored, version) = stored(&mut transaction, id).await?;
         transaction.commit().await?;
+        self.index.put(stored.clone(), version);
         Ok(stored)
     }
 
@@ -521,6 +545,7 @@ impl RosterStore for SqlStore {
         }
         upsert_team_row(&mut transaction, team, now).await?;
         transaction.commit().await?;
+        self.index.put_team(team.clone());
         Ok(team.clone())
     }
 
@@ -528,15 +553,7 @@ impl RosterStore for SqlStore {
         let rows = sqlx::query("SELECT name, description, lead_agent_id FROM teams ORDER BY name")
             .fetch_all(&self.database.pool)
             .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Team {
-                    name: row.try_get("name")?,
-                    description: row.try_get("description")?,
-                    lead_agent_id: row.try_get("lead_agent_id")?,
-                })
-            })
-            .collect()
+        rows.iter().map(super::index::team_from_row).collect()
     }
 
     async fn remove_team(&self, name: &str) -> Result<()> {
@@ -558,6 +575,7 @@ impl RosterStore for SqlStore {
         }
         sqlx::query("DELETE FROM teams WHERE name = $1").bind(name.to_owned()).execute(&mut *transaction).await?;
         transaction.commit().await?;
+        self.index.remove_team(name);
         Ok(())
     }
 
@@ -628,6 +646,18 @@ impl RosterStore for SqlStore {
 
     async fn import(&self, plan: &ImportPlan, now: i64) -> Result<Vec<String>> {
         super::import::import(self, plan, now).await
+    }
+
+    async fn indexed_agent(&self, id: &str) -> Result<Arc<Agent>> {
+        self.index().await?.agent(id).ok_or_else(|| agent_not_found(id))
+    }
+
+    async fn indexed_agents(&self, query: &AgentQuery) -> Result<Vec<Arc<Agent>>> {
+        Ok(self.index().await?.list(query))
+    }
+
+    async fn refresh_index(&self, now: i64) -> Result<()> {
+        self.index_refresh(now).await
     }
 
     async fn delegate(

@@ -1,0 +1,520 @@
+//! The organisation in memory: every agent and team, indexed by team and by
+//! expertise tag, from which delegation decisions and roster views are read
+//! without a query. The database stays the truth: a slot is taken there, in
+//! one conditional update, so a stale entry here can cost a decision a retry
+//! but can never give a slot twice.
+//!
+//! Every agent row carries a version that each change of the row raises by
+//! one. The index keeps the version it holds and takes a newer one only:
+//!
+//! - this store's own writes are applied once committed, from the rows they
+//!   returned (a workload change that skips a version, because another
+//!   transaction changed the row in between, reads the row again instead);
+//! - other replicas' writes on a shared database are found by
+//!   [`SqlStore::refresh_index`], run in the background every second: the
+//!   rows changed lately (by `updated_at`, over a window wider than the
+//!   interval) whose version is newer, read again in full, and every
+//!   [`FULL_CHECK_EVERY`] refreshes a pass over every id and version, which
+//!   also finds the agents and teams removed elsewhere.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    sync::{Arc, RwLock},
+};
+
+use sqlx::{AssertSqlSafe, Row};
+
+use super::{
+    AgentQuery,
+    sql::{AGENT_COLUMNS, SqlStore, agent_from_row},
+};
+use crate::domain::{
+    delegation::{DelegationRequest, Snapshot},
+    model::{Agent, Status, Team},
+};
+use crate::error::Result;
+
+/// Most cross-team matches taken beyond the delegation chain's length: the
+/// framework needs the best two (primary and fallback).
+const CROSS_TEAM_MARGIN: usize = 8;
+/// Most busy experts taken for the queue tier.
+const MAX_BUSY_EXPERTS: usize = 500;
+/// Most offline experts taken (only to explain an escalation).
+const MAX_OFFLINE_EXPERTS: usize = 20;
+/// How far up the hierarchy a snapshot follows seniors.
+const MAX_HIERARCHY_DEPTH: usize = 32;
+/// How far back, in ms, a refresh looks for changed rows beyond its last
+/// run: transactions in flight and clocks a little apart.
+const REFRESH_LOOKBACK_MILLIS: i64 = 5_000;
+/// Every this many refreshes, one compares every id and version.
+pub const FULL_CHECK_EVERY: u64 = 60;
+/// Most ids one statement reads back.
+const IDS_PER_STATEMENT: usize = 500;
+
+/// One agent as the index holds it.
+#[derive(Debug, Clone)]
+struct Entry {
+    version: i64,
+    agent: Arc<Agent>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    agents: BTreeMap<Arc<str>, Entry>,
+    by_team: HashMap<String, BTreeSet<Arc<str>>>,
+    by_tag: HashMap<String, BTreeSet<Arc<str>>>,
+    teams: HashMap<String, Team>,
+}
+
+/// A workload a write left on an agent: (id, version, workload).
+pub(super) type WorkloadChange = (String, i64, u32);
+
+/// The index. Cheap to share: the store holds it in an `Arc`.
+#[derive(Debug, Default)]
+pub(super) struct Index {
+    state: RwLock<State>,
+    loaded: tokio::sync::OnceCell<()>,
+    refreshes: std::sync::atomic::AtomicU64,
+    last_refresh: std::sync::atomic::AtomicI64,
+}
+
+impl State {
+    fn unlink(&mut self, id: &Arc<str>, agent: &Agent) {
+        if let Some(members) = self.by_team.get_mut(&agent.team) {
+            members.remove(id);
+            if members.is_empty() {
+                self.by_team.remove(&agent.team);
+            }
+        }
+        for tag in &agent.expertise {
+            if let Some(holders) = self.by_tag.get_mut(tag) {
+                holders.remove(id);
+                if holders.is_empty() {
+                    self.by_tag.remove(tag);
+                }
+            }
+        }
+    }
+
+    fn link(&mut self, id: &Arc<str>, agent: &Agent) {
+        self.by_team.entry(agent.team.clone()).or_default().insert(id.clone());
+        for tag in &agent.expertise {
+            self.by_tag.entry(tag.clone()).or_default().insert(id.clone());
+        }
+    }
+
+    /// Takes `agent` at `version` unless the index holds that version or a newer one.
+    fn put(&mut self, agent: Agent, version: i64) {
+        let existing = self.agents.get_key_value(agent.id.as_str()).map(|(id, entry)| (id.clone(), entry.clone()));
+        let id = match existing {
+            Some((_, entry)) if entry.version >= version => return,
+            Some((id, entry)) => {
+                if entry.agent.team != agent.team || entry.agent.expertise != agent.expertise {
+                    self.unlink(&id, &entry.agent);
+                    self.link(&id, &agent);
+                }
+                id
+            }
+            None => {
+                let id: Arc<str> = Arc::from(agent.id.as_str());
+                self.link(&id, &agent);
+                id
+            }
+        };
+        self.agents.insert(id, Entry { version, agent: Arc::new(agent) });
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some((id, entry)) = self.agents.remove_entry(id) {
+            self.unlink(&id, &entry.agent);
+        }
+    }
+
+    fn agent(&self, id: &str) -> Option<&Arc<Agent>> {
+        self.agents.get(id).map(|entry| &entry.agent)
+    }
+
+    /// Ids in order: those with `tag`, or every agent's.
+    fn ids_with<'a>(&'a self, tag: Option<&String>) -> Box<dyn Iterator<Item = &'a Arc<str>> + 'a> {
+        match tag {
+            Some(tag) => Box::new(self.by_tag.get(tag).into_iter().flatten()),
+            None => Box::new(self.agents.keys()),
+        }
+    }
+}
+
+fn has_every_tag(request: &DelegationRequest, agent: &Agent) -> bool {
+    request.required_expertise.iter().all(|tag| agent.expertise.binary_search(tag).is_ok())
+}
+
+fn role_fits(request: &DelegationRequest, agent: &Agent) -> bool {
+    request.required_role.is_empty() || agent.role == request.required_role
+}
+
+fn takes_tasks(agent: &Agent) -> bool {
+    !matches!(agent.manual_status, Some(Status::Offline | Status::Busy))
+}
+
+impl Index {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes a committed row.
+    pub(super) fn put(&self, agent: Agent, version: i64) {
+        self.write().put(agent, version);
+    }
+
+    /// Forgets a removed agent, and the teams it led lose their lead.
+    pub(super) fn remove(&self, id: &str) {
+        let mut state = self.write();
+        state.remove(id);
+        for team in state.teams.values_mut() {
+            if team.lead_agent_id == id {
+                team.lead_agent_id.clear();
+            }
+        }
+    }
+
+    pub(super) fn put_team(&self, team: Team) {
+        self.write().teams.insert(team.name.clone(), team);
+    }
+
+    pub(super) fn remove_team(&self, name: &str) {
+        self.write().teams.remove(name);
+    }
+
+    /// Takes committed workload changes; returns the ids whose change skips a
+    /// version (another transaction changed the row meanwhile): they are to
+    /// be read again.
+    pub(super) fn apply_workloads(&self, changes: &[WorkloadChange]) -> Vec<String> {
+        let mut state = self.write();
+        let mut stale = Vec::new();
+        for (id, version, workload) in changes {
+            let Some(entry) = state.agents.get_mut(id.as_str()) else {
+                stale.push(id.clone());
+                continue;
+            };
+            if *version <= entry.version {
+                continue;
+            }
+            if *version == entry.version + 1 {
+                Arc::make_mut(&mut entry.agent).current_workload = *workload;
+                entry.version = *version;
+            } else {
+                stale.push(id.clone());
+            }
+        }
+        stale
+    }
+
+    /// One agent, as last seen.
+    pub(super) fn agent(&self, id: &str) -> Option<Arc<Agent>> {
+        self.read().agent(id).cloned()
+    }
+
+    /// What [`super::RosterStore::list_agents`] answers, from memory.
+    pub(super) fn list(&self, query: &AgentQuery) -> Vec<Arc<Agent>> {
+        let state = self.read();
+        let base: Box<dyn Iterator<Item = &Arc<str>>> = if !query.expertise.is_empty() {
+            state.ids_with(Some(&query.expertise))
+        } else if !query.team.is_empty() {
+            Box::new(state.by_team.get(&query.team).into_iter().flatten())
+        } else {
+            state.ids_with(None)
+        };
+        let limit = if query.limit == 0 { usize::MAX } else { query.limit as usize };
+        base.filter(|id| &***id > query.after_id.as_str())
+            .filter_map(|id| state.agent(id))
+            .filter(|agent| {
+                (query.team.is_empty() || agent.team == query.team)
+                    && (query.role.is_empty() || agent.role == query.role)
+                    && query.status.is_none_or(|status| agent.status() == status)
+                    && (query.expertise.is_empty() || agent.expertise.binary_search(&query.expertise).is_ok())
+                    && (!query.available_only || agent.has_free_slot())
+            })
+            .take(limit)
+            .cloned()
+            .collect()
+    }
+
+    /// The agents and teams that may matter to one request, and no more
+    /// (the queue lengths are the caller's to add): the requester's team;
+    /// the best cross-team full matches with a free slot (in the framework's
+    /// order: workload, then id); with `with_unavailable`, busy full-match
+    /// experts (for the queue) and a few offline experts (to explain an
+    /// escalation); the requester, the named colleague, the delegation
+    /// chain, the seniors above the requester and the team's lead.
+    /// A task assigned to one agent needs only that agent and whom it escalates to.
+    pub(super) fn snapshot(&self, request: &DelegationRequest, with_unavailable: bool) -> Snapshot {
+        let state = self.read();
+        let mut agents: Vec<Arc<Agent>> = Vec::new();
+        let mut seen: HashSet<*const Agent> = HashSet::new();
+        let mut keep = |agent: &Arc<Agent>, agents: &mut Vec<Arc<Agent>>| {
+            if seen.insert(Arc::as_ptr(agent)) {
+                agents.push(agent.clone());
+            }
+        };
+        let requester = state.agent(&request.requester_id);
+        let home_team = if request.team.is_empty() {
+            requester.map(|agent| agent.team.as_str()).unwrap_or_default()
+        } else {
+            request.team.as_str()
+        };
+        if let Some(requester) = requester {
+            keep(requester, &mut agents);
+        }
+        if !request.assigned_agent_id.is_empty() {
+            if let Some(assigned) = state.agent(&request.assigned_agent_id) {
+                keep(assigned, &mut agents);
+            }
+        } else {
+            if !home_team.is_empty() {
+                for id in state.by_team.get(home_team).into_iter().flatten() {
+                    if let Some(agent) = state.agent(id) {
+                        keep(agent, &mut agents);
+                    }
+                }
+            }
+            let first_tag = request.required_expertise.first();
+            let cross_team = |agent: &&Arc<Agent>| {
+                (home_team.is_empty() || agent.team != home_team)
+                    && takes_tasks(agent)
+                    && role_fits(request, agent)
+                    && has_every_tag(request, agent)
+            };
+            // Idle agents come first in the framework's order; in id order
+            // they are found without looking at every match.
+            let limit = request.delegation_chain.len() + CROSS_TEAM_MARGIN;
+            let idle: Vec<&Arc<Agent>> = state
+                .ids_with(first_tag)
+                .filter_map(|id| state.agent(id))
+                .filter(|agent| agent.current_workload == 0)
+                .filter(cross_team)
+                .take(limit)
+                .collect();
+            if idle.len() == limit {
+                idle.into_iter().for_each(|agent| keep(agent, &mut agents));
+            } else {
+                let mut free: Vec<&Arc<Agent>> = state
+                    .ids_with(first_tag)
+                    .filter_map(|id| state.agent(id))
+                    .filter(|agent| agent.current_workload < agent.workload_capacity)
+                    .filter(cross_team)
+                    .collect();
+                free.sort_by(|a, b| (a.current_workload, &a.id).cmp(&(b.current_workload, &b.id)));
+                free.into_iter().take(limit).for_each(|agent| keep(agent, &mut agents));
+            }
+            if with_unavailable {
+                state
+                    .ids_with(first_tag)
+                    .filter_map(|id| state.agent(id))
+                    .filter(|agent| {
+                        agent.manual_status != Some(Status::Offline)
+                            && (agent.current_workload >= agent.workload_capacity
+                                || agent.manual_status == Some(Status::Busy))
+                            && role_fits(request, agent)
+                            && has_every_tag(request, agent)
+                    })
+                    .take(MAX_BUSY_EXPERTS)
+                    .for_each(|agent| keep(agent, &mut agents));
+                let mut offline: BTreeSet<&Arc<str>> = BTreeSet::new();
+                for tag in &request.required_expertise {
+                    offline.extend(
+                        state
+                            .ids_with(Some(tag))
+                            .filter(|id| {
+                                state.agent(id).is_some_and(|agent| agent.manual_status == Some(Status::Offline))
+                            })
+                            .take(MAX_OFFLINE_EXPERTS),
+                    );
+                }
+                for id in offline.into_iter().take(MAX_OFFLINE_EXPERTS) {
+                    if let Some(agent) = state.agent(id) {
+                        keep(agent, &mut agents);
+                    }
+                }
+            }
+            for id in request.delegation_chain.iter().chain([&request.preferred_agent_id]) {
+                if let Some(agent) = state.agent(id) {
+                    keep(agent, &mut agents);
+                }
+            }
+        }
+
+        // The seniors above the requester, for escalation.
+        let mut senior_id = requester.map(|agent| agent.senior_id.as_str()).unwrap_or_default();
+        for _ in 0..MAX_HIERARCHY_DEPTH {
+            let Some(senior) = state.agent(senior_id) else { break };
+            keep(senior, &mut agents);
+            senior_id = &senior.senior_id;
+        }
+
+        let mut teams = Vec::new();
+        if let Some(team) = state.teams.get(home_team) {
+            if let Some(lead) = state.agent(&team.lead_agent_id) {
+                keep(lead, &mut agents);
+            }
+            teams.push(team.clone());
+        }
+        Snapshot { agents, queued: HashMap::new(), teams }
+    }
+}
+
+/// `AGENT_COLUMNS` and the row's version.
+fn versioned_columns() -> String {
+    format!("{AGENT_COLUMNS}, version")
+}
+
+impl SqlStore {
+    /// Loads the index once, on first use.
+    pub(super) async fn index(&self) -> Result<&Index> {
+        self.index
+            .loaded
+            .get_or_try_init(|| async {
+                self.full_check().await?;
+                tracing::debug!(agents = self.index.read().agents.len(), "roster index loaded");
+                Ok::<(), crate::error::Error>(())
+            })
+            .await?;
+        Ok(&self.index)
+    }
+
+    /// Reads these agents again and takes what the database holds (removing
+    /// those it no longer has).
+    pub(super) async fn reread_agents(&self, ids: &[String]) -> Result<()> {
+        for chunk in ids.chunks(IDS_PER_STATEMENT) {
+            let list = muster_runtime::db::placeholder_list(self.database.backend, 1, chunk.len());
+            let sql = format!("SELECT {} FROM agents WHERE id IN ({list})", versioned_columns());
+            let query = chunk.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, id| query.bind(id.clone()));
+            let rows = query.fetch_all(&self.database.pool).await?;
+            let mut found = HashSet::new();
+            let mut state = self.index.write();
+            for row in &rows {
+                let agent = agent_from_row(row)?;
+                found.insert(agent.id.clone());
+                state.put(agent, row.try_get("version")?);
+            }
+            for id in chunk.iter().filter(|id| !found.contains(*id)) {
+                state.remove(id);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes committed workload changes, reading again the rows they cannot settle.
+    pub(super) async fn apply_workloads(&self, changes: &[WorkloadChange]) -> Result<()> {
+        let stale = self.index.apply_workloads(changes);
+        if stale.is_empty() { Ok(()) } else { self.reread_agents(&stale).await }
+    }
+
+    /// Takes what other writers of the database changed since the last
+    /// refresh (see the module's documentation); `now` is the service's clock.
+    pub(super) async fn index_refresh(&self, now: i64) -> Result<()> {
+        if self.index.loaded.get().is_none() {
+            return Ok(());
+        }
+        let count = self.index.refreshes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if count.is_multiple_of(FULL_CHECK_EVERY) {
+            return self.full_check().await;
+        }
+        // The first refresh looks a minute back: the load came shortly before.
+        let since = match self.index.last_refresh.swap(now, std::sync::atomic::Ordering::Relaxed) {
+            0 => now.saturating_sub(60_000),
+            last => last,
+        }
+        .saturating_sub(REFRESH_LOOKBACK_MILLIS);
+        let rows = sqlx::query("SELECT id, version FROM agents WHERE updated_at >= $1")
+            .bind(since)
+            .fetch_all(&self.database.pool)
+            .await?;
+        let newer = {
+            let state = self.index.read();
+            let mut newer = Vec::new();
+            for row in &rows {
+                let id: String = row.try_get("id")?;
+                let version: i64 = row.try_get("version")?;
+                if state.agents.get(id.as_str()).is_none_or(|entry| entry.version < version) {
+                    newer.push(id);
+                }
+            }
+            newer
+        };
+        self.reread_agents(&newer).await?;
+        let teams = sqlx::query("SELECT name, description, lead_agent_id FROM teams WHERE updated_at >= $1")
+            .bind(since)
+            .fetch_all(&self.database.pool)
+            .await?;
+        let mut state = self.index.write();
+        for row in &teams {
+            let team = team_from_row(row)?;
+            state.teams.insert(team.name.clone(), team);
+        }
+        Ok(())
+    }
+
+    /// Compares every id and version with the database and takes every
+    /// difference, removals included; the first one loads the index.
+    async fn full_check(&self) -> Result<()> {
+        let known: HashSet<Arc<str>> = self.index.read().agents.keys().cloned().collect();
+        let teams_known: HashSet<String> = self.index.read().teams.keys().cloned().collect();
+        let rows = if known.is_empty() {
+            // Loading: every row in full at once.
+            let rows = sqlx::query(AssertSqlSafe(format!("SELECT {} FROM agents", versioned_columns())))
+                .fetch_all(&self.database.pool)
+                .await?;
+            let mut state = self.index.write();
+            for row in &rows {
+                state.put(agent_from_row(row)?, row.try_get("version")?);
+            }
+            Vec::new()
+        } else {
+            sqlx::query("SELECT id, version FROM agents").fetch_all(&self.database.pool).await?
+        };
+        if !rows.is_empty() {
+            let mut present = HashSet::with_capacity(rows.len());
+            let mut newer = Vec::new();
+            {
+                let state = self.index.read();
+                for row in &rows {
+                    let id: String = row.try_get("id")?;
+                    let version: i64 = row.try_get("version")?;
+                    if state.agents.get(id.as_str()).is_none_or(|entry| entry.version < version) {
+                        newer.push(id.clone());
+                    }
+                    present.insert(id);
+                }
+            }
+            self.reread_agents(&newer).await?;
+            let mut state = self.index.write();
+            for id in known.iter().filter(|id| !present.contains(&***id)) {
+                state.remove(id);
+            }
+        }
+        let teams =
+            sqlx::query("SELECT name, description, lead_agent_id FROM teams").fetch_all(&self.database.pool).await?;
+        let mut state = self.index.write();
+        let mut present = HashSet::new();
+        for row in &teams {
+            let team = team_from_row(row)?;
+            present.insert(team.name.clone());
+            state.teams.insert(team.name.clone(), team);
+        }
+        for name in teams_known.iter().filter(|name| !present.contains(*name)) {
+            state.teams.remove(name);
+        }
+        Ok(())
+    }
+}
+
+pub(super) fn team_from_row(row: &sqlx::any::AnyRow) -> Result<Team> {
+    Ok(Team {
+        name: row.try_get("name")?,
+        description: row.try_get("description")?,
+        lead_agent_id: row.try_get("lead_agent_id")?,
+    })
+}
