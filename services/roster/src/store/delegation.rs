@@ -250,13 +250,21 @@ async fn delegate_in_transaction(
     lost_races: &mut HashSet<String>,
 ) -> Result<DelegationOutcome> {
     let mut transaction = store.database.pool.begin().await?;
-    // A task holds one slot; the agent holding it has that slot for it.
-    let held_by: Option<String> = sqlx::query("SELECT agent_id FROM reservations WHERE task_id = $1")
-        .bind(request.task_id.clone())
-        .fetch_optional(&mut *transaction)
-        .await?
-        .map(|row| row.try_get("agent_id"))
-        .transpose()?;
+    // A task holds one slot; the agent holding it has that slot for it. One
+    // statement also tells whether the task waits in the queue.
+    let row = sqlx::query(
+        "SELECT (SELECT agent_id FROM reservations WHERE task_id = $1) AS held_by, \
+         (SELECT COUNT(*) FROM queued_tasks WHERE task_id = $1 AND state = 'queued') AS queued",
+    )
+    .bind(request.task_id.clone())
+    .fetch_one(&mut *transaction)
+    .await?;
+    let held_by: Option<String> = row.try_get("held_by")?;
+    let was_queued = row.try_get::<i64, _>("queued")? > 0;
+    // A decision that places the task takes it out of the queue.
+    let leave_queue = async |transaction: &mut Tx, decision: &Decision| -> Result<bool> {
+        if was_queued { resolve_queued(transaction, &request.task_id, "superseded", decision).await } else { Ok(false) }
+    };
     if !request.assigned_agent_id.is_empty()
         && !request.dry_run
         && let Some(decision) =
@@ -268,7 +276,7 @@ async fn delegate_in_transaction(
             changed_agents.push(previous);
         }
         upsert_reservation(&mut transaction, &request.task_id, &decision.primary_agent_id, now).await?;
-        let queue_changed = resolve_queued(&mut transaction, &request.task_id, "superseded", &decision).await?;
+        let queue_changed = leave_queue(&mut transaction, &decision).await?;
         transaction.commit().await?;
         // A task a process assigned by name is no choice of the roster's: the
         // audit trail keeps its queue waits and escalations, not this.
@@ -316,7 +324,7 @@ async fn delegate_in_transaction(
                 changed_agents.push(previous);
             }
             upsert_reservation(&mut transaction, &request.task_id, &decision.primary_agent_id, now).await?;
-            resolve_queued(&mut transaction, &request.task_id, "superseded", &decision).await?
+            leave_queue(&mut transaction, &decision).await?
         }
         DecisionKind::Queue => {
             let existing = sqlx::query("SELECT queued_at FROM queued_tasks WHERE task_id = $1 AND state = 'queued'")
@@ -351,7 +359,7 @@ async fn delegate_in_transaction(
             .await?;
             true
         }
-        DecisionKind::Escalate => resolve_queued(&mut transaction, &request.task_id, "superseded", &decision).await?,
+        DecisionKind::Escalate => leave_queue(&mut transaction, &decision).await?,
     };
     let delegation_id = if decision.kind == DecisionKind::Delegate && !request.assigned_agent_id.is_empty() {
         String::new()

@@ -18,7 +18,7 @@
 //!   also finds the agents and teams removed elsewhere.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeSet, HashMap, HashSet},
     sync::{Arc, RwLock},
 };
 
@@ -60,7 +60,9 @@ struct Entry {
 
 #[derive(Debug, Default)]
 struct State {
-    agents: BTreeMap<Arc<str>, Entry>,
+    agents: HashMap<Arc<str>, Entry>,
+    /// Every id, in order.
+    ids: BTreeSet<Arc<str>>,
     by_team: HashMap<String, BTreeSet<Arc<str>>>,
     by_tag: HashMap<String, BTreeSet<Arc<str>>>,
     teams: HashMap<String, Team>,
@@ -118,6 +120,7 @@ impl State {
             None => {
                 let id: Arc<str> = Arc::from(agent.id.as_str());
                 self.link(&id, &agent);
+                self.ids.insert(id.clone());
                 id
             }
         };
@@ -127,6 +130,7 @@ impl State {
     fn remove(&mut self, id: &str) {
         if let Some((id, entry)) = self.agents.remove_entry(id) {
             self.unlink(&id, &entry.agent);
+            self.ids.remove(&id);
         }
     }
 
@@ -138,7 +142,7 @@ impl State {
     fn ids_with<'a>(&'a self, tag: Option<&String>) -> Box<dyn Iterator<Item = &'a Arc<str>> + 'a> {
         match tag {
             Some(tag) => Box::new(self.by_tag.get(tag).into_iter().flatten()),
-            None => Box::new(self.agents.keys()),
+            None => Box::new(self.ids.iter()),
         }
     }
 }
