@@ -453,3 +453,60 @@ async fn replicas_on_postgres() {
     let Some(database) = TestDatabase::create().await else { return };
     replicas(SqlStore::connect(&database.url, 5).unwrap(), SqlStore::connect(&database.url, 5).unwrap()).await;
 }
+
+/// Calls that arrive together are decided together: every slot is given
+/// once, every call gets its own decision and audit record, and the tasks
+/// without a slot wait in the queue.
+async fn decided_together(store: SqlStore) {
+    store.migrate().await.unwrap();
+    store.put_team(&Team { name: "core".into(), ..Team::default() }, NOW).await.unwrap();
+    store.insert_agent(&agent("lead", "core", "", &["plan"], 5), &token("h-lead"), NOW).await.unwrap();
+    for index in 0..10 {
+        let id = format!("dev{index}");
+        store.insert_agent(&agent(&id, "core", "lead", &["rust"], 3), &token(&format!("h-{id}")), NOW).await.unwrap();
+    }
+    let calls: Vec<_> = (0..40)
+        .map(|index| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let request =
+                    DelegationRequest { urgency: Urgency::Low, ..request(&format!("task-{index}"), "lead", &["rust"]) };
+                store.delegate(&request, NOW, Settings::default()).await.unwrap()
+            })
+        })
+        .collect();
+    let mut slots: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
+    let mut kinds = Vec::new();
+    for call in calls {
+        let outcome = call.await.unwrap();
+        assert!(!outcome.delegation_id.is_empty(), "{outcome:?}");
+        if outcome.decision.kind == DecisionKind::Delegate {
+            *slots.entry(outcome.decision.primary_agent_id.clone()).or_default() += 1;
+        }
+        kinds.push(outcome.decision.kind);
+    }
+    assert_eq!(kinds.iter().filter(|kind| **kind == DecisionKind::Delegate).count(), 30, "{kinds:?}");
+    assert_eq!(kinds.iter().filter(|kind| **kind == DecisionKind::Queue).count(), 10, "{kinds:?}");
+    for index in 0..10 {
+        let id = format!("dev{index}");
+        assert_eq!(slots.get(&id), Some(&3), "{slots:?}");
+        assert_eq!(store.get_agent(&id).await.unwrap().current_workload, 3);
+    }
+    let records = store.list_delegations(&DelegationQuery::default()).await.unwrap();
+    assert_eq!(records.len(), 40);
+    assert_eq!(store.queued_task_count().await.unwrap(), 10);
+    assert!(store.delegations_decided_together() > 0, "no call shared a transaction");
+    assert_index_agrees(&store, "after deciding together").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decided_together_on_sqlite() {
+    let file = common::sqlite_file();
+    decided_together(SqlStore::connect(&file.url, 1).unwrap()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decided_together_on_postgres() {
+    let Some(database) = TestDatabase::create().await else { return };
+    decided_together(SqlStore::connect(&database.url, 5).unwrap()).await;
+}

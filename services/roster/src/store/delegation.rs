@@ -96,7 +96,7 @@ async fn load_queued(transaction: &mut Tx, request: &DelegationRequest) -> Resul
     Ok(queued)
 }
 
-fn to_json<T: serde::Serialize>(value: &T) -> Result<String> {
+pub(super) fn to_json<T: serde::Serialize>(value: &T) -> Result<String> {
     serde_json::to_string(value).map_err(|error| Error::Internal(error.to_string()))
 }
 
@@ -221,7 +221,9 @@ async fn decide_from_index(
     decided.ok_or_else(|| Error::Internal("no decision".into()))
 }
 
-pub(super) async fn delegate(
+/// One Delegate in a transaction of its own (see `together.rs` for the
+/// calls decided together).
+pub(super) async fn delegate_alone(
     store: &SqlStore,
     request: &DelegationRequest,
     now: i64,
@@ -415,7 +417,7 @@ pub(super) async fn delegate_batch(
     for (request, outcome) in requests.iter().zip(outcomes) {
         answered.push(match outcome {
             Some(outcome) => outcome,
-            None => delegate(store, request, now, settings).await?,
+            None => super::together::delegate(store, request, now, settings).await?,
         });
     }
     Ok(answered)

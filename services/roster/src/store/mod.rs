@@ -6,6 +6,7 @@ mod delegation;
 mod import;
 mod index;
 mod sql;
+mod together;
 
 use std::{future::Future, sync::Arc};
 

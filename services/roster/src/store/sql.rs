@@ -48,12 +48,13 @@ const STATUS_SQL: &str = "(CASE WHEN manual_status <> '' THEN manual_status \
 pub struct SqlStore {
     pub(super) database: Database,
     pub(super) index: Arc<Index>,
+    pub(super) waiting: Arc<std::sync::Mutex<super::together::Waiting>>,
 }
 
 impl SqlStore {
     /// A store over a pool (not yet migrated).
     pub fn new(database: Database) -> Self {
-        Self { database, index: Arc::default() }
+        Self { database, index: Arc::default(), waiting: Arc::default() }
     }
 
     /// Connects lazily to `url` (`sqlite://...` or `postgres://...`).
@@ -666,7 +667,7 @@ impl RosterStore for SqlStore {
         now: i64,
         settings: Settings,
     ) -> Result<super::DelegationOutcome> {
-        super::delegation::delegate(self, request, now, settings).await
+        super::together::delegate(self, request, now, settings).await
     }
 
     async fn delegate_batch(

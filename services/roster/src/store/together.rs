@@ -1,0 +1,285 @@
+//! Delegate calls decided together: calls that arrive while a transaction
+//! is running wait, and the next transaction decides all of them (group
+//! commit). Each call is answered once that transaction has committed, so a
+//! crash loses no reservation that was answered.
+//!
+//! A transaction of many decisions costs about what one costs: one read of
+//! the tasks' slots and queue places, one conditional update that takes
+//! every chosen agent's slots, one insert of the reservations and one of the
+//! audit records. Decisions come from the organisation in memory, each one
+//! seeing the slots taken by those before it in the batch. What this path
+//! does not settle goes through [`delegate_alone`], one call at a time, after
+//! the batch: a dry run or a task assigned to one agent, a task that holds a
+//! slot or waits in the queue, a decision that is not DELEGATE, a task named
+//! twice, an agent whose slot went to another writer meanwhile.
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::{Arc, Mutex, PoisonError},
+};
+
+use muster_runtime::db::{placeholder_list, placeholders};
+use sqlx::{AssertSqlSafe, Row};
+use tokio::sync::oneshot;
+
+use super::{
+    DelegationOutcome,
+    delegation::{delegate_alone, to_json},
+    index::WorkloadChange,
+    sql::SqlStore,
+};
+use crate::domain::delegation::{Decision, DecisionKind, DelegationRequest, Settings, decide};
+use crate::error::{Error, Result};
+
+/// Most calls one transaction decides.
+const MOST_TOGETHER: usize = 256;
+
+/// A call waiting for the next transaction.
+#[derive(Debug)]
+struct Pending {
+    request: DelegationRequest,
+    now: i64,
+    settings: Settings,
+    reply: oneshot::Sender<Result<DelegationOutcome>>,
+}
+
+/// The calls waiting, and whether a task is deciding them.
+#[derive(Debug, Default)]
+pub(super) struct Waiting {
+    pending: Vec<Pending>,
+    running: bool,
+    /// Calls settled by a transaction shared with others, since the start.
+    together: u64,
+}
+
+impl SqlStore {
+    /// How many Delegate calls were settled in a transaction shared with
+    /// other calls since this store was made.
+    pub fn delegations_decided_together(&self) -> u64 {
+        self.waiting.lock().unwrap_or_else(PoisonError::into_inner).together
+    }
+}
+
+/// Decides `request` with the calls that arrive meanwhile.
+pub(super) async fn delegate(
+    store: &SqlStore,
+    request: &DelegationRequest,
+    now: i64,
+    settings: Settings,
+) -> Result<DelegationOutcome> {
+    if request.dry_run || !request.assigned_agent_id.is_empty() {
+        return delegate_alone(store, request, now, settings).await;
+    }
+    let (reply, answer) = oneshot::channel();
+    let start = {
+        let mut waiting = store.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        waiting.pending.push(Pending { request: request.clone(), now, settings, reply });
+        !std::mem::replace(&mut waiting.running, true)
+    };
+    if start {
+        // A task of its own: a caller that goes away does not stop the others' decisions.
+        tokio::spawn(decide_waiting(store.clone()));
+    }
+    answer.await.map_err(|_| Error::Internal("the delegation batch ended without an answer".into()))?
+}
+
+/// If the deciding task ends early (a panic), the calls still waiting are
+/// answered with an error rather than left waiting, and the next call starts
+/// another task.
+struct Running {
+    waiting: Arc<Mutex<Waiting>>,
+    armed: bool,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if self.armed {
+            let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+            waiting.running = false;
+            waiting.pending.clear();
+        }
+    }
+}
+
+async fn decide_waiting(store: SqlStore) {
+    let mut running = Running { waiting: store.waiting.clone(), armed: true };
+    loop {
+        let mut batch = {
+            let mut waiting = store.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+            if waiting.pending.is_empty() {
+                // Under the lock: a call arriving after this starts a new task.
+                waiting.running = false;
+                running.armed = false;
+                return;
+            }
+            let take = waiting.pending.len().min(MOST_TOGETHER);
+            waiting.pending.drain(..take).collect::<Vec<_>>()
+        };
+        if batch.len() == 1 {
+            let pending = batch.remove(0);
+            let outcome = delegate_alone(&store, &pending.request, pending.now, pending.settings).await;
+            let _ = pending.reply.send(outcome);
+            continue;
+        }
+        decide_batch(&store, batch).await;
+    }
+}
+
+async fn decide_batch(store: &SqlStore, batch: Vec<Pending>) {
+    let mut seen = HashSet::new();
+    let (together, mut alone): (Vec<Pending>, Vec<Pending>) =
+        batch.into_iter().partition(|pending| seen.insert(pending.request.task_id.clone()));
+    match decide_together(store, &together).await {
+        Ok(outcomes) => {
+            let settled = outcomes.iter().filter(|outcome| outcome.is_some()).count() as u64;
+            store.waiting.lock().unwrap_or_else(PoisonError::into_inner).together += settled;
+            for (pending, outcome) in together.into_iter().zip(outcomes) {
+                match outcome {
+                    Some(outcome) => {
+                        let _ = pending.reply.send(Ok(outcome));
+                    }
+                    None => alone.push(pending),
+                }
+            }
+        }
+        Err(error) => {
+            tracing::debug!(%error, calls = together.len(), "deciding together failed; deciding one by one");
+            alone.extend(together);
+        }
+    }
+    for pending in alone {
+        let outcome = delegate_alone(store, &pending.request, pending.now, pending.settings).await;
+        let _ = pending.reply.send(outcome);
+    }
+}
+
+/// One transaction for every call of `batch` (task ids distinct); `None` for
+/// each call this path does not settle.
+async fn decide_together(store: &SqlStore, batch: &[Pending]) -> Result<Vec<Option<DelegationOutcome>>> {
+    let index = store.index().await?;
+    let backend = store.database.backend;
+    let mut transaction = store.database.pool.begin().await?;
+    let list = placeholder_list(backend, 1, batch.len());
+    let sql = format!(
+        "SELECT task_id FROM reservations WHERE task_id IN ({list}) \
+         UNION SELECT task_id FROM queued_tasks WHERE state = 'queued' AND task_id IN ({list})"
+    );
+    let query = batch
+        .iter()
+        .fold(sqlx::query(AssertSqlSafe(sql)), |query, pending| query.bind(pending.request.task_id.clone()));
+    let mut placed_before = HashSet::new();
+    for row in query.fetch_all(&mut *transaction).await? {
+        placed_before.insert(row.try_get::<String, _>("task_id")?);
+    }
+
+    // Decide in order, each decision seeing the slots the ones before it took.
+    let mut taken: HashMap<String, u32> = HashMap::new();
+    let mut decisions: Vec<Option<Decision>> = Vec::with_capacity(batch.len());
+    for pending in batch {
+        let request = &pending.request;
+        if placed_before.contains(&request.task_id) {
+            decisions.push(None);
+            continue;
+        }
+        let mut snapshot = index.snapshot(request, false);
+        for agent in &mut snapshot.agents {
+            if let Some(slots) = taken.get(&agent.id) {
+                Arc::make_mut(agent).current_workload += slots;
+            }
+        }
+        let decision = decide(request, &snapshot, pending.now, pending.settings);
+        if decision.kind != DecisionKind::Delegate {
+            decisions.push(None);
+            continue;
+        }
+        *taken.entry(decision.primary_agent_id.clone()).or_default() += 1;
+        decisions.push(Some(decision));
+    }
+    if taken.is_empty() {
+        return Ok(batch.iter().map(|_| None).collect());
+    }
+
+    // Every chosen agent's slots in one conditional update; an agent not
+    // returned had fewer free slots than the index knew.
+    let now = batch.iter().map(|pending| pending.now).max().unwrap_or_default();
+    let wanted: Vec<(&String, u32)> = taken.iter().map(|(agent, slots)| (agent, *slots)).collect();
+    let sql = format!(
+        "WITH wanted (id, slots) AS (VALUES {}) \
+         UPDATE agents SET current_workload = agents.current_workload + wanted.slots, updated_at = {now}, \
+         version = agents.version + 1 FROM wanted \
+         WHERE agents.id = wanted.id AND agents.current_workload + wanted.slots <= agents.workload_capacity \
+         AND agents.manual_status NOT IN ('offline', 'busy') \
+         RETURNING agents.id, agents.version, agents.current_workload",
+        placeholders(backend, wanted.len(), 2)
+    );
+    let query = wanted.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, (agent, slots)| {
+        query.bind((*agent).clone()).bind(i64::from(*slots))
+    });
+    let mut changes: Vec<WorkloadChange> = Vec::with_capacity(wanted.len());
+    for row in query.fetch_all(&mut *transaction).await? {
+        let workload: i64 = row.try_get("current_workload")?;
+        changes.push((row.try_get("id")?, row.try_get("version")?, u32::try_from(workload.max(0)).unwrap_or(u32::MAX)));
+    }
+    let reserved: HashSet<&str> = changes.iter().map(|(agent, _, _)| agent.as_str()).collect();
+    let missed: Vec<String> = taken.keys().filter(|agent| !reserved.contains(agent.as_str())).cloned().collect();
+    for decision in &mut decisions {
+        if decision.as_ref().is_some_and(|decision| !reserved.contains(decision.primary_agent_id.as_str())) {
+            *decision = None;
+        }
+    }
+
+    // The reservations and the audit records, one statement each.
+    let placed: Vec<(&Pending, &Decision)> =
+        batch.iter().zip(&decisions).filter_map(|(pending, decision)| Some((pending, decision.as_ref()?))).collect();
+    let mut ids = Vec::with_capacity(placed.len());
+    if !placed.is_empty() {
+        let sql = format!(
+            "INSERT INTO reservations (task_id, agent_id, reserved_at) VALUES {} \
+             ON CONFLICT (task_id) DO UPDATE SET agent_id = excluded.agent_id, reserved_at = excluded.reserved_at",
+            placeholders(backend, placed.len(), 3)
+        );
+        let query = placed.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, (pending, decision)| {
+            query.bind(pending.request.task_id.clone()).bind(decision.primary_agent_id.clone()).bind(pending.now)
+        });
+        query.execute(&mut *transaction).await?;
+        let sql = format!(
+            "INSERT INTO delegations (id, task_id, requester_id, primary_agent_id, decision, tier, decision_json, \
+             description, decided_at) VALUES {}",
+            placeholders(backend, placed.len(), 9)
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for (pending, decision) in &placed {
+            let id = uuid::Uuid::now_v7().to_string();
+            query = query
+                .bind(id.clone())
+                .bind(pending.request.task_id.clone())
+                .bind(pending.request.requester_id.clone())
+                .bind(decision.primary_agent_id.clone())
+                .bind(decision.kind.as_str().to_owned())
+                .bind(decision.tier.as_str().to_owned())
+                .bind(to_json(*decision)?)
+                .bind(pending.request.description.clone())
+                .bind(pending.now);
+            ids.push(id);
+        }
+        query.execute(&mut *transaction).await?;
+    }
+    transaction.commit().await?;
+
+    let mut reread = index.apply_workloads(&changes);
+    reread.extend(missed);
+    store.reread_agents(&reread).await?;
+    let mut ids = ids.into_iter();
+    Ok(decisions
+        .into_iter()
+        .map(|decision| {
+            let decision = decision?;
+            Some(DelegationOutcome {
+                changed_agents: vec![decision.primary_agent_id.clone()],
+                delegation_id: ids.next()?,
+                decision,
+                queue_changed: false,
+            })
+        })
+        .collect())
+}
