@@ -660,4 +660,4 @@ pub fn estimated_wait(agent: &Agent, snapshot: &Snapshot, now: i64, settings: Se
 
 #[cfg(test)]
 #[path = "delegation_tests.rs"]
-mod tests;
+pub(crate) mod tests;

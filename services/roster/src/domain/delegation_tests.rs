@@ -27,7 +27,7 @@ fn agent_strategy(index: usize) -> impl Strategy<Value = Agent> {
         })
 }
 
-fn case_strategy() -> impl Strategy<Value = (Vec<Agent>, DelegationRequest)> {
+pub(crate) fn case_strategy() -> impl Strategy<Value = (Vec<Agent>, DelegationRequest)> {
     let agents = (0..10_usize).map(agent_strategy).collect::<Vec<_>>();
     (
         agents,

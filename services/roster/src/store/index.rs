@@ -247,7 +247,8 @@ impl Index {
     }
 
     /// The agents and teams that may matter to one request, and no more
-    /// (the queue lengths are the caller's to add): the requester's team;
+    /// (the queue lengths are the caller's to add): the requester's team
+    /// members of the required role with at least one required tag;
     /// the best cross-team full matches with a free slot (in the framework's
     /// order: workload, then id); with `with_unavailable`, busy full-match
     /// experts (for the queue) and a few offline experts (to explain an
@@ -277,9 +278,19 @@ impl Index {
                 keep(assigned, &mut agents);
             }
         } else {
+            // Colleagues with none of the required tags, or another role, can
+            // neither take the task nor explain an escalation: the framework
+            // passes over them, so they are left out.
             if !home_team.is_empty() {
                 for id in state.by_team.get(home_team).into_iter().flatten() {
-                    if let Some(agent) = state.agent(id) {
+                    if let Some(agent) = state.agent(id).filter(|agent| {
+                        role_fits(request, agent)
+                            && (request.required_expertise.is_empty()
+                                || request
+                                    .required_expertise
+                                    .iter()
+                                    .any(|tag| agent.expertise.binary_search(tag).is_ok()))
+                    }) {
                         keep(agent, &mut agents);
                     }
                 }
@@ -521,4 +532,35 @@ pub(super) fn team_from_row(row: &sqlx::any::AnyRow) -> Result<Team> {
         description: row.try_get("description")?,
         lead_agent_id: row.try_get("lead_agent_id")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::domain::delegation::{DecisionKind, Settings, decide, tests::case_strategy};
+
+    proptest! {
+        /// The index hands the framework a part of the roster; the part must
+        /// decide as the whole roster would.
+        #[test]
+        fn the_index_decides_as_the_whole_roster((agents, request) in case_strategy()) {
+            let index = Index::default();
+            for agent in &agents {
+                index.put(agent.clone(), 0);
+            }
+            let whole = Snapshot { agents: agents.iter().cloned().map(Arc::new).collect(), ..Snapshot::default() };
+            let expected = decide(&request, &whole, 1_000, Settings::default());
+            let mut decided = decide(&request, &index.snapshot(&request, false), 1_000, Settings::default());
+            if decided.kind != DecisionKind::Delegate {
+                decided = decide(&request, &index.snapshot(&request, true), 1_000, Settings::default());
+            }
+            prop_assert_eq!(
+                (decided.kind, decided.tier, &decided.primary_agent_id, &decided.fallback_agent_id),
+                (expected.kind, expected.tier, &expected.primary_agent_id, &expected.fallback_agent_id),
+                "{:?}", request
+            );
+        }
+    }
 }
