@@ -74,6 +74,16 @@ fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration, f64) {
     (at(0.50), at(0.99), samples.len() as f64 / total.as_secs_f64())
 }
 
+/// The process's resident memory (Linux), in KiB; 0 where unknown.
+fn resident_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
 fn report(name: &str, samples: Vec<Duration>) {
     let count = samples.len();
     let (p50, p99, per_second) = percentiles(samples);
@@ -149,9 +159,18 @@ async fn main() {
     report(&format!("decide() over one tag's {} agents (pure)", all.len()), samples);
 
     // The organisation in memory, loaded once (the service loads it on first use).
+    let fresh = SqlStore::connect(&url, 1).expect("store");
+    let before = resident_kib();
     let started = Instant::now();
+    fresh.indexed_agent(&agent_at(0, &sizes).id).await.expect("index");
+    println!(
+        "roster index loaded in {:.1?}, resident memory {} -> {} MiB",
+        started.elapsed(),
+        before / 1024,
+        resident_kib() / 1024
+    );
+    drop(fresh);
     store.indexed_agent(&agent_at(0, &sizes).id).await.expect("index");
-    println!("roster index loaded in {:.1?}", started.elapsed());
 
     // In process: the service called directly (validation, transaction, reservation, audit).
     let roster = Roster::new(store.clone(), Arc::new(SystemClock), Settings::default());

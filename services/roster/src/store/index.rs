@@ -23,6 +23,7 @@ use std::{
 };
 
 use sqlx::{AssertSqlSafe, Row};
+use tokio_stream::StreamExt as _;
 
 use super::{
     AgentQuery,
@@ -428,9 +429,12 @@ impl SqlStore {
     }
 
     /// Takes what other writers of the database changed since the last
-    /// refresh (see the module's documentation); `now` is the service's clock.
+    /// refresh (see the module's documentation), or loads the index if it is
+    /// not yet; `now` is the service's clock.
     pub(super) async fn index_refresh(&self, now: i64) -> Result<()> {
         if self.index.loaded.get().is_none() {
+            // The first refresh loads it, so the first Delegate need not.
+            self.index().await?;
             return Ok(());
         }
         let count = self.index.refreshes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
@@ -478,13 +482,13 @@ impl SqlStore {
         let known: HashSet<Arc<str>> = self.index.read().agents.keys().cloned().collect();
         let teams_known: HashSet<String> = self.index.read().teams.keys().cloned().collect();
         let rows = if known.is_empty() {
-            // Loading: every row in full at once.
-            let rows = sqlx::query(AssertSqlSafe(format!("SELECT {} FROM agents", versioned_columns())))
-                .fetch_all(&self.database.pool)
-                .await?;
-            let mut state = self.index.write();
-            for row in &rows {
-                state.put(agent_from_row(row)?, row.try_get("version")?);
+            // Loading: every row in full, one at a time (a list of 100,000
+            // rows would double the memory the index takes).
+            let sql = format!("SELECT {} FROM agents", versioned_columns());
+            let mut rows = sqlx::query(AssertSqlSafe(sql)).fetch(&self.database.pool);
+            while let Some(row) = rows.try_next().await? {
+                let agent = agent_from_row(&row)?;
+                self.index.write().put(agent, row.try_get("version")?);
             }
             Vec::new()
         } else {

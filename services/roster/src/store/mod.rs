@@ -209,7 +209,8 @@ pub trait RosterStore: Send + Sync + 'static {
     /// [`Self::list_agents`] from the organisation held in memory (see [`Self::indexed_agent`]).
     fn indexed_agents(&self, query: &AgentQuery) -> impl Future<Output = Result<Vec<Arc<Agent>>>> + Send;
     /// Takes into memory what other writers of the database changed since
-    /// the last refresh; `now` is the service's clock, in ms.
+    /// the last refresh (the first call loads the organisation, which
+    /// otherwise the first read of it does); `now` is the service's clock, in ms.
     fn refresh_index(&self, now: i64) -> impl Future<Output = Result<()>> + Send;
 
     /// Decides who takes the task and, unless a dry run, reserves the slot,
