@@ -432,7 +432,16 @@ async fn replicas(first: SqlStore, second: SqlStore) {
     assert_eq!(colleague.decision.primary_agent_id, "ops", "decided from what the refresh brought");
     assert_index_agrees(&second, "after a refresh").await;
 
+    // Removed and created again elsewhere: its version starts again from 0,
+    // below the one the second holds (the delegation and release raised it).
     first.release_task("t3", NOW).await.unwrap();
+    second.refresh_index(NOW).await.unwrap();
+    first.remove_agent("ops", NOW).await.unwrap();
+    first.insert_agent(&agent("ops", "core", "boss", &["ops"], 4), &token("h-ops-2"), NOW).await.unwrap();
+    second.refresh_index(NOW).await.unwrap();
+    assert_eq!(second.indexed_agent("ops").await.unwrap().workload_capacity, 4, "the new agent, not the old");
+    assert_index_agrees(&second, "after an agent was created again").await;
+
     first.remove_agent("ops", NOW).await.unwrap();
     for _ in 0..INDEX_FULL_CHECK_EVERY {
         second.refresh_index(NOW).await.unwrap();

@@ -217,6 +217,26 @@ impl Index {
         stale
     }
 
+    /// The ids of rows (`id`, `version`) whose version the index does not
+    /// hold. One it holds a higher version of is forgotten first, so that
+    /// reading it again takes the row whatever its version: an agent removed
+    /// and created again elsewhere starts again from version 0.
+    fn differing(&self, rows: &[sqlx::any::AnyRow]) -> Result<Vec<String>> {
+        let mut differing = Vec::new();
+        let mut state = self.write();
+        for row in rows {
+            let id: String = row.try_get("id")?;
+            let version: i64 = row.try_get("version")?;
+            match state.agents.get(id.as_str()).map(|entry| entry.version) {
+                Some(held) if held == version => continue,
+                Some(held) if held > version => state.remove(&id),
+                _ => {}
+            }
+            differing.push(id);
+        }
+        Ok(differing)
+    }
+
     /// One agent, as last seen.
     pub(super) fn agent(&self, id: &str) -> Option<Arc<Agent>> {
         self.read().agent(id).cloned()
@@ -451,19 +471,8 @@ impl SqlStore {
             .bind(since)
             .fetch_all(&self.database.pool)
             .await?;
-        let newer = {
-            let state = self.index.read();
-            let mut newer = Vec::new();
-            for row in &rows {
-                let id: String = row.try_get("id")?;
-                let version: i64 = row.try_get("version")?;
-                if state.agents.get(id.as_str()).is_none_or(|entry| entry.version < version) {
-                    newer.push(id);
-                }
-            }
-            newer
-        };
-        self.reread_agents(&newer).await?;
+        let differing = self.index.differing(&rows)?;
+        self.reread_agents(&differing).await?;
         let teams = sqlx::query("SELECT name, description, lead_agent_id FROM teams WHERE updated_at >= $1")
             .bind(since)
             .fetch_all(&self.database.pool)
@@ -496,19 +505,11 @@ impl SqlStore {
         };
         if !rows.is_empty() {
             let mut present = HashSet::with_capacity(rows.len());
-            let mut newer = Vec::new();
-            {
-                let state = self.index.read();
-                for row in &rows {
-                    let id: String = row.try_get("id")?;
-                    let version: i64 = row.try_get("version")?;
-                    if state.agents.get(id.as_str()).is_none_or(|entry| entry.version < version) {
-                        newer.push(id.clone());
-                    }
-                    present.insert(id);
-                }
+            for row in &rows {
+                present.insert(row.try_get::<String, _>("id")?);
             }
-            self.reread_agents(&newer).await?;
+            let differing = self.index.differing(&rows)?;
+            self.reread_agents(&differing).await?;
             let mut state = self.index.write();
             for id in known.iter().filter(|id| !present.contains(&***id)) {
                 state.remove(id);
