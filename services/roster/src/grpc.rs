@@ -156,7 +156,8 @@ impl<S: RosterStore> Roster<S> {
             return;
         }
         for id in ids {
-            match self.inner.store.get_agent(id).await {
+            // The organisation in memory has every change this replica committed.
+            match self.inner.store.indexed_agent(id).await {
                 Ok(agent) => {
                     let _ = self.inner.roster_changes.send(pb::WatchRosterResponse {
                         kind: kind as i32,
