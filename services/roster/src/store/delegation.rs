@@ -34,12 +34,13 @@ async fn workload_update(
     transaction: &mut Tx,
     statement: sqlx::query::Query<'_, Any, sqlx::any::AnyArguments>,
 ) -> Result<Option<WorkloadChange>> {
-    let row = statement.fetch_optional(&mut **transaction).await?;
-    row.map(|row| {
-        let workload: i64 = row.try_get("current_workload")?;
-        Ok((row.try_get("id")?, row.try_get("version")?, u32::try_from(workload.max(0)).unwrap_or(u32::MAX)))
-    })
-    .transpose()
+    statement.fetch_optional(&mut **transaction).await?.as_ref().map(workload_change).transpose()
+}
+
+/// The workload change a row of `id, version, current_workload` tells.
+pub(super) fn workload_change(row: &sqlx::any::AnyRow) -> Result<WorkloadChange> {
+    let workload: i64 = row.try_get("current_workload")?;
+    Ok((row.try_get("id")?, row.try_get("version")?, u32::try_from(workload.max(0)).unwrap_or(u32::MAX)))
 }
 
 /// Takes one slot of `agent_id` if it has one; `None` when someone else took the last.

@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 
 use super::{
     DelegationOutcome,
-    delegation::{delegate_alone, to_json},
+    delegation::{delegate_alone, to_json, workload_change},
     index::WorkloadChange,
     sql::SqlStore,
 };
@@ -215,11 +215,8 @@ async fn decide_together(store: &SqlStore, batch: &[Pending]) -> Result<Vec<Opti
     let query = wanted.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, (agent, slots)| {
         query.bind((*agent).clone()).bind(i64::from(*slots))
     });
-    let mut changes: Vec<WorkloadChange> = Vec::with_capacity(wanted.len());
-    for row in query.fetch_all(&mut *transaction).await? {
-        let workload: i64 = row.try_get("current_workload")?;
-        changes.push((row.try_get("id")?, row.try_get("version")?, u32::try_from(workload.max(0)).unwrap_or(u32::MAX)));
-    }
+    let changes: Vec<WorkloadChange> =
+        query.fetch_all(&mut *transaction).await?.iter().map(workload_change).collect::<Result<_>>()?;
     let reserved: HashSet<&str> = changes.iter().map(|(agent, _, _)| agent.as_str()).collect();
     let missed: Vec<String> = taken.keys().filter(|agent| !reserved.contains(agent.as_str())).cloned().collect();
     for decision in &mut decisions {
