@@ -114,33 +114,12 @@ pub async fn run_with_clock(
     let security = muster_runtime::security::Security::with_directory("roster", &config.server, directory.clone())?;
     let (ready_sender, ready_receiver) = tokio::sync::watch::channel(false);
     let (stop_sender, stop_receiver) = tokio::sync::watch::channel(false);
-    let sweeping = roster.clone();
-    let sweeper = tokio::spawn(every(
+    let sweeper = tokio::spawn(background(
+        roster.clone(),
         Duration::from_millis(config.queue_sweep_interval_ms.max(10)),
-        ready_receiver.clone(),
-        stop_receiver.clone(),
-        move || {
-            let roster = sweeping.clone();
-            async move {
-                if let Err(error) = roster.sweep_queue().await {
-                    tracing::warn!(%error, "sweeping the delegation queue failed");
-                }
-            }
-        },
-    ));
-    let refreshing = roster.clone();
-    let refresher = tokio::spawn(every(
         Duration::from_millis(config.index_refresh_interval_ms.max(10)),
         ready_receiver,
         stop_receiver,
-        move || {
-            let roster = refreshing.clone();
-            async move {
-                if let Err(error) = roster.refresh_index().await {
-                    tracing::warn!(%error, "refreshing the roster held in memory failed");
-                }
-            }
-        },
     ));
     let migrating = roster.clone();
     let (follower_sender, follower) = tokio::sync::oneshot::channel();
@@ -164,35 +143,44 @@ pub async fn run_with_clock(
         .await;
     let _ = stop_sender.send(true);
     let _ = sweeper.await;
-    let _ = refresher.await;
     if let Ok(follower) = follower.await {
         follower.abort();
     }
     Ok(outcome?)
 }
 
-/// Runs `work` every `interval` once the database is ready, until `stop`.
-async fn every<F: Future<Output = ()>>(
-    interval: Duration,
+/// Once the database is ready, until `stop`: escalates stale queued tasks
+/// every `sweep`, and takes other replicas' changes into the organisation
+/// held in memory every `refresh`.
+async fn background<S: RosterStore>(
+    roster: Roster<S>,
+    sweep: Duration,
+    refresh: Duration,
     mut ready: tokio::sync::watch::Receiver<bool>,
     mut stop: tokio::sync::watch::Receiver<bool>,
-    work: impl Fn() -> F,
 ) {
     tokio::select! {
         result = ready.wait_for(|ready| *ready) => if result.is_err() { return },
         _ = stop.changed() => return,
     }
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sweeps = tokio::time::interval(sweep);
+    let mut refreshes = tokio::time::interval(refresh);
+    for ticker in [&mut sweeps, &mut refreshes] {
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    }
     loop {
-        let stopped = tokio::select! {
-            _ = ticker.tick() => false,
-            _ = stop.changed() => true,
-        };
-        if stopped || *stop.borrow() {
+        tokio::select! {
+            _ = sweeps.tick() => if let Err(error) = roster.sweep_queue().await {
+                tracing::warn!(%error, "sweeping the delegation queue failed");
+            },
+            _ = refreshes.tick() => if let Err(error) = roster.refresh_index().await {
+                tracing::warn!(%error, "refreshing the roster held in memory failed");
+            },
+            _ = stop.changed() => return,
+        }
+        if *stop.borrow() {
             return;
         }
-        work().await;
     }
 }
 
