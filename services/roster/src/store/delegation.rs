@@ -240,7 +240,7 @@ pub(super) async fn delegate_alone(
     if outcome.is_ok() {
         reread.extend(store.index.apply_workloads(&changes));
     }
-    store.reread_agents(&reread).await?;
+    store.reread_after_commit(&reread).await;
     outcome
 }
 
@@ -412,7 +412,7 @@ pub(super) async fn delegate_batch(
             .await?;
         }
         transaction.commit().await?;
-        store.apply_workloads(&changes).await?;
+        store.apply_workloads(&changes).await;
     }
     let mut answered = Vec::with_capacity(requests.len());
     for (request, outcome) in requests.iter().zip(outcomes) {
@@ -636,7 +636,7 @@ pub(super) async fn release_tasks(store: &SqlStore, task_ids: &[String], now: i6
         }
     }
     transaction.commit().await?;
-    store.apply_workloads(&changes).await?;
+    store.apply_workloads(&changes).await;
     let outcomes = task_ids
         .iter()
         .zip(first_mention)

@@ -84,7 +84,7 @@ pub(super) async fn import(store: &SqlStore, plan: &ImportPlan, now: i64) -> Res
         store.index.put(Agent { current_workload: 0, manual_status: None, ..agent.clone() }, 0);
     }
     let updated: Vec<String> = existing.iter().map(|agent| agent.id.clone()).collect();
-    store.reread_agents(&updated).await?;
+    store.reread_after_commit(&updated).await;
     Ok(created)
 }
 

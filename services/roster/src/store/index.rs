@@ -443,9 +443,18 @@ impl SqlStore {
     }
 
     /// Takes committed workload changes, reading again the rows they cannot settle.
-    pub(super) async fn apply_workloads(&self, changes: &[WorkloadChange]) -> Result<()> {
+    pub(super) async fn apply_workloads(&self, changes: &[WorkloadChange]) {
         let stale = self.index.apply_workloads(changes);
-        if stale.is_empty() { Ok(()) } else { self.reread_agents(&stale).await }
+        self.reread_after_commit(&stale).await;
+    }
+
+    /// [`Self::reread_agents`] once a change is committed: the change stands
+    /// whatever happens here, so a failure is logged, not returned (the next
+    /// refresh takes those rows).
+    pub(super) async fn reread_after_commit(&self, ids: &[String]) {
+        if let Err(error) = self.reread_agents(ids).await {
+            tracing::warn!(%error, agents = ids.len(), "reading changed agents again failed; the next refresh takes them");
+        }
     }
 
     /// Takes what other writers of the database changed since the last

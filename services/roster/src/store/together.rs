@@ -265,7 +265,7 @@ async fn decide_together(store: &SqlStore, batch: &[Pending]) -> Result<Vec<Opti
 
     let mut reread = index.apply_workloads(&changes);
     reread.extend(missed);
-    store.reread_agents(&reread).await?;
+    store.reread_after_commit(&reread).await;
     let mut ids = ids.into_iter();
     Ok(decisions
         .into_iter()
