@@ -425,7 +425,12 @@ async fn replicas(first: SqlStore, second: SqlStore) {
     first.set_status("boss", Some(Status::Offline), None, NOW).await.unwrap();
     first.insert_agent(&agent("ops", "core", "boss", &["rust", "ops"], 2), &token("h-ops"), NOW).await.unwrap();
     first.put_team(&Team { name: "core".into(), lead_agent_id: "boss".into(), ..Team::default() }, NOW).await.unwrap();
-    assert!(matches!(second.indexed_agent("ops").await, Err(Error::NotFound { .. })), "not refreshed yet");
+    assert_eq!(
+        second.indexed_agents(&AgentQuery { expertise: "ops".into(), ..AgentQuery::default() }).await.unwrap().len(),
+        0,
+        "not refreshed yet"
+    );
+    assert_eq!(second.indexed_agent("ops").await.unwrap().workload_capacity, 2, "an unknown id is looked up");
     second.refresh_index(NOW).await.unwrap();
     assert_eq!(second.indexed_agent("boss").await.unwrap().manual_status, Some(Status::Offline));
     let colleague = second.delegate(&request("t3", "dev", &["ops"]), NOW, settings).await.unwrap();

@@ -204,7 +204,8 @@ pub trait RosterStore: Send + Sync + 'static {
 
     /// [`Self::get_agent`] from the organisation held in memory, without a
     /// query. It has every change this store made; another replica's changes
-    /// reach it at the next [`Self::refresh_index`].
+    /// reach it at the next [`Self::refresh_index`], except a new agent,
+    /// which it looks for in the database when it does not know the id.
     fn indexed_agent(&self, id: &str) -> impl Future<Output = Result<Arc<Agent>>> + Send;
     /// [`Self::list_agents`] from the organisation held in memory (see [`Self::indexed_agent`]).
     fn indexed_agents(&self, query: &AgentQuery) -> impl Future<Output = Result<Vec<Arc<Agent>>>> + Send;

@@ -650,7 +650,13 @@ impl RosterStore for SqlStore {
     }
 
     async fn indexed_agent(&self, id: &str) -> Result<Arc<Agent>> {
-        self.index().await?.agent(id).ok_or_else(|| agent_not_found(id))
+        let index = self.index().await?;
+        if let Some(agent) = index.agent(id) {
+            return Ok(agent);
+        }
+        // Perhaps created through another replica since the last refresh.
+        self.reread_agents(&[id.to_owned()]).await?;
+        index.agent(id).ok_or_else(|| agent_not_found(id))
     }
 
     async fn indexed_agents(&self, query: &AgentQuery) -> Result<Vec<Arc<Agent>>> {
