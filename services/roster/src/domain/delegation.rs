@@ -573,7 +573,7 @@ fn is_excluded(request: &DelegationRequest, agent: &Agent, chain: &HashSet<&str>
         || !role_matches(request, agent)
 }
 
-fn matched_count(request: &DelegationRequest, agent: &Agent) -> usize {
+pub(crate) fn matched_count(request: &DelegationRequest, agent: &Agent) -> usize {
     request.required_expertise.iter().filter(|tag| agent.expertise.binary_search(tag).is_ok()).count()
 }
 
@@ -619,7 +619,7 @@ fn loop_note(request: &DelegationRequest, snapshot: &Snapshot, chain: &HashSet<&
     Some(format!("loop prevented: the task came through {path}; not delegating back to {}", looped.join(", ")))
 }
 
-fn role_matches(request: &DelegationRequest, agent: &Agent) -> bool {
+pub(crate) fn role_matches(request: &DelegationRequest, agent: &Agent) -> bool {
     request.required_role.is_empty() || agent.role == request.required_role
 }
 

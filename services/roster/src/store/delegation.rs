@@ -500,18 +500,9 @@ async fn place_on_agent(
             changes.extend(free_slot(transaction, previous, now).await?);
         }
     }
-    for chunk in wanted[..taken].chunks(BATCH_ROWS_PER_STATEMENT) {
-        let sql = format!(
-            "INSERT INTO reservations (task_id, agent_id, reserved_at) VALUES {} \
-             ON CONFLICT (task_id) DO UPDATE SET agent_id = excluded.agent_id, reserved_at = excluded.reserved_at",
-            muster_runtime::db::placeholders(backend, chunk.len(), 3)
-        );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
-        for &index in chunk {
-            query = query.bind(requests[index].task_id.clone()).bind(agent_id.to_owned()).bind(now);
-        }
-        query.execute(&mut **transaction).await?;
-    }
+    let reservations: Vec<(&str, &str, i64)> =
+        wanted[..taken].iter().map(|&index| (requests[index].task_id.as_str(), agent_id, now)).collect();
+    upsert_reservations(transaction, backend, &reservations).await?;
     // Tasks that waited in a queue leave it (rare: a step handed to the agent while queued).
     let mut queued = HashSet::new();
     for chunk in placed.chunks(BATCH_ROWS_PER_STATEMENT) {
@@ -548,6 +539,27 @@ async fn place_on_agent(
         if count >= kept.len() {
             agent.current_workload += 1;
         }
+    }
+    Ok(())
+}
+
+/// Many tasks' reservations, `(task, agent holding its slot, since)` each,
+/// in multi-row statements.
+pub(super) async fn upsert_reservations(
+    transaction: &mut Tx,
+    backend: muster_runtime::db::Backend,
+    rows: &[(&str, &str, i64)],
+) -> Result<()> {
+    for chunk in rows.chunks(BATCH_ROWS_PER_STATEMENT) {
+        let sql = format!(
+            "INSERT INTO reservations (task_id, agent_id, reserved_at) VALUES {} \
+             ON CONFLICT (task_id) DO UPDATE SET agent_id = excluded.agent_id, reserved_at = excluded.reserved_at",
+            muster_runtime::db::placeholders(backend, chunk.len(), 3)
+        );
+        let query = chunk.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, (task_id, agent_id, at)| {
+            query.bind((*task_id).to_owned()).bind((*agent_id).to_owned()).bind(*at)
+        });
+        query.execute(&mut **transaction).await?;
     }
     Ok(())
 }

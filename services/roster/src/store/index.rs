@@ -30,7 +30,7 @@ use super::{
     sql::{AGENT_COLUMNS, SqlStore, agent_from_row},
 };
 use crate::domain::{
-    delegation::{DelegationRequest, Snapshot},
+    delegation::{DelegationRequest, Snapshot, matched_count, role_matches},
     model::{Agent, Status, Team},
 };
 use crate::error::Result;
@@ -149,15 +149,7 @@ impl State {
 }
 
 fn has_every_tag(request: &DelegationRequest, agent: &Agent) -> bool {
-    request.required_expertise.iter().all(|tag| agent.expertise.binary_search(tag).is_ok())
-}
-
-fn role_fits(request: &DelegationRequest, agent: &Agent) -> bool {
-    request.required_role.is_empty() || agent.role == request.required_role
-}
-
-fn takes_tasks(agent: &Agent) -> bool {
-    !matches!(agent.manual_status, Some(Status::Offline | Status::Busy))
+    matched_count(request, agent) == request.required_expertise.len()
 }
 
 impl Index {
@@ -305,12 +297,8 @@ impl Index {
             if !home_team.is_empty() {
                 for id in state.by_team.get(home_team).into_iter().flatten() {
                     if let Some(agent) = state.agent(id).filter(|agent| {
-                        role_fits(request, agent)
-                            && (request.required_expertise.is_empty()
-                                || request
-                                    .required_expertise
-                                    .iter()
-                                    .any(|tag| agent.expertise.binary_search(tag).is_ok()))
+                        role_matches(request, agent)
+                            && (request.required_expertise.is_empty() || matched_count(request, agent) > 0)
                     }) {
                         keep(agent, &mut agents);
                     }
@@ -319,8 +307,8 @@ impl Index {
             let first_tag = request.required_expertise.first();
             let cross_team = |agent: &&Arc<Agent>| {
                 (home_team.is_empty() || agent.team != home_team)
-                    && takes_tasks(agent)
-                    && role_fits(request, agent)
+                    && agent.has_free_slot()
+                    && role_matches(request, agent)
                     && has_every_tag(request, agent)
             };
             // Idle agents come first in the framework's order; in id order
@@ -336,12 +324,8 @@ impl Index {
             if idle.len() == limit {
                 idle.into_iter().for_each(|agent| keep(agent, &mut agents));
             } else {
-                let mut free: Vec<&Arc<Agent>> = state
-                    .ids_with(first_tag)
-                    .filter_map(|id| state.agent(id))
-                    .filter(|agent| agent.current_workload < agent.workload_capacity)
-                    .filter(cross_team)
-                    .collect();
+                let mut free: Vec<&Arc<Agent>> =
+                    state.ids_with(first_tag).filter_map(|id| state.agent(id)).filter(cross_team).collect();
                 free.sort_by(|a, b| (a.current_workload, &a.id).cmp(&(b.current_workload, &b.id)));
                 free.into_iter().take(limit).for_each(|agent| keep(agent, &mut agents));
             }
@@ -353,7 +337,7 @@ impl Index {
                         agent.manual_status != Some(Status::Offline)
                             && (agent.current_workload >= agent.workload_capacity
                                 || agent.manual_status == Some(Status::Busy))
-                            && role_fits(request, agent)
+                            && role_matches(request, agent)
                             && has_every_tag(request, agent)
                     })
                     .take(MAX_BUSY_EXPERTS)

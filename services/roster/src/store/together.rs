@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 
 use super::{
     DelegationOutcome,
-    delegation::{delegate_alone, to_json, workload_change},
+    delegation::{delegate_alone, to_json, upsert_reservations, workload_change},
     index::WorkloadChange,
     sql::SqlStore,
 };
@@ -230,15 +230,13 @@ async fn decide_together(store: &SqlStore, batch: &[Pending]) -> Result<Vec<Opti
         batch.iter().zip(&decisions).filter_map(|(pending, decision)| Some((pending, decision.as_ref()?))).collect();
     let mut ids = Vec::with_capacity(placed.len());
     if !placed.is_empty() {
-        let sql = format!(
-            "INSERT INTO reservations (task_id, agent_id, reserved_at) VALUES {} \
-             ON CONFLICT (task_id) DO UPDATE SET agent_id = excluded.agent_id, reserved_at = excluded.reserved_at",
-            placeholders(backend, placed.len(), 3)
-        );
-        let query = placed.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, (pending, decision)| {
-            query.bind(pending.request.task_id.clone()).bind(decision.primary_agent_id.clone()).bind(pending.now)
-        });
-        query.execute(&mut *transaction).await?;
+        let reservations: Vec<(&str, &str, i64)> = placed
+            .iter()
+            .map(|(pending, decision)| {
+                (pending.request.task_id.as_str(), decision.primary_agent_id.as_str(), pending.now)
+            })
+            .collect();
+        upsert_reservations(&mut transaction, backend, &reservations).await?;
         let sql = format!(
             "INSERT INTO delegations (id, task_id, requester_id, primary_agent_id, decision, tier, decision_json, \
              description, decided_at) VALUES {}",
