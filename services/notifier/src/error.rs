@@ -22,6 +22,9 @@ pub enum Error {
     /// The database failed.
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
+    /// The database failed, in a transaction run on the calling thread.
+    #[error("database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
     /// Setting up or migrating the database failed.
     #[error("runtime: {0}")]
     Runtime(#[from] muster_runtime::Error),
@@ -63,7 +66,9 @@ impl From<Error> for tonic::Status {
             Error::ShuttingDown => {
                 status::retry_later("the notifier is shutting down; try again", "SHUTTING_DOWN", &[])
             }
-            Error::Database(_) | Error::StoreUnavailable(_) => status::unavailable("the notifier database", &error),
+            Error::Database(_) | Error::Sqlite(_) | Error::StoreUnavailable(_) => {
+                status::unavailable("the notifier database", &error)
+            }
             Error::Runtime(_) | Error::Io { .. } | Error::Corrupt(_) => status::internal(&error),
         }
     }

@@ -76,6 +76,9 @@ pub enum Error {
     /// The database failed.
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
+    /// The database failed, in a transaction run on the calling thread.
+    #[error("database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
     /// The server or its database setup failed.
     #[error("{0}")]
     Runtime(#[from] muster_runtime::Error),
@@ -141,6 +144,7 @@ impl From<Error> for tonic::Status {
             }
             Error::RetryLater { reason, message } => status::retry_later(message, reason, &[]),
             Error::Database(error) => status::internal(&error),
+            Error::Sqlite(error) => status::internal(&error),
             Error::Runtime(error) => status::internal(&error),
             Error::Internal(message) => status::internal(&message),
         }

@@ -491,11 +491,15 @@ async fn decided_together(store: SqlStore) {
         .collect();
     let mut slots: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
     let mut kinds = Vec::new();
-    for call in calls {
+    let mut queued = Vec::new();
+    for (index, call) in calls.into_iter().enumerate() {
         let outcome = call.await.unwrap();
         assert!(!outcome.delegation_id.is_empty(), "{outcome:?}");
         if outcome.decision.kind == DecisionKind::Delegate {
             *slots.entry(outcome.decision.primary_agent_id.clone()).or_default() += 1;
+        }
+        if outcome.decision.kind == DecisionKind::Queue {
+            queued.push(format!("task-{index}"));
         }
         kinds.push(outcome.decision.kind);
     }
@@ -511,6 +515,38 @@ async fn decided_together(store: SqlStore) {
     assert_eq!(store.queued_task_count().await.unwrap(), 10);
     assert!(store.delegations_decided_together() > 0, "no call shared a transaction");
     assert_index_agrees(&store, "after deciding together").await;
+
+    // With free slots again, the queued tasks asked for once more leave the
+    // queue, whether decided alone or among new calls.
+    for index in 10..14 {
+        let id = format!("dev{index}");
+        store.insert_agent(&agent(&id, "core", "lead", &["rust"], 5), &token(&format!("h-{id}")), NOW).await.unwrap();
+    }
+    let fresh = (0..10).map(|index| format!("fresh-{index}"));
+    let calls: Vec<_> = queued
+        .iter()
+        .cloned()
+        .chain(fresh)
+        .map(|task| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let request = DelegationRequest { urgency: Urgency::Low, ..request(&task, "lead", &["rust"]) };
+                store.delegate(&request, NOW, Settings::default()).await.unwrap()
+            })
+        })
+        .collect();
+    for call in calls {
+        let outcome = call.await.unwrap();
+        assert_eq!(outcome.decision.kind, DecisionKind::Delegate, "{outcome:?}");
+    }
+    assert_eq!(store.queued_task_count().await.unwrap(), 0, "a placed task still waits in the queue");
+    for task in &queued {
+        assert_ne!(store.queue_state(task).await.unwrap(), QueueState::Queued, "{task}");
+    }
+    for index in 10..14 {
+        assert_eq!(store.get_agent(&format!("dev{index}")).await.unwrap().current_workload, 5);
+    }
+    assert_index_agrees(&store, "after the queue was placed").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

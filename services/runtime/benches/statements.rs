@@ -4,7 +4,9 @@
 //! transaction of one small write (`BEGIN`, `INSERT`, `COMMIT` on one
 //! connection). sqlx runs SQLite on a thread of its own: each statement is
 //! handed to that thread and its answer handed back, so these figures are
-//! mostly that hand-off, the floor under every service's transactions.
+//! mostly that hand-off. The same transaction through the native
+//! connection (`NativeSqlite`: run whole on the calling thread, holding the
+//! pool's connection for its turn) shows what is left without it.
 //!
 //! `cargo bench -p muster-runtime --bench statements`
 
@@ -38,7 +40,24 @@ async fn main() {
             transaction.commit().await.expect("commit");
         }
         let write = started.elapsed() / (STATEMENTS / 5);
-        println!("round {round}: SELECT 1 on the pool {select:>9.1?}   BEGIN + INSERT + COMMIT {write:>9.1?}");
+        let native = database.native().expect("a SQLite file");
+        let started = Instant::now();
+        for id in 0..STATEMENTS {
+            native
+                .write(&database.pool, |transaction| {
+                    transaction
+                        .prepare_cached("INSERT OR REPLACE INTO rows (id, value) VALUES (?1, 2)")?
+                        .execute([i64::from(id)])?;
+                    Ok::<_, muster_runtime::Error>(())
+                })
+                .await
+                .expect("native write");
+        }
+        let native_write = started.elapsed() / STATEMENTS;
+        println!(
+            "round {round}: SELECT 1 on the pool {select:>9.1?}   BEGIN + INSERT + COMMIT {write:>9.1?}   \
+             the same, native {native_write:>9.1?}"
+        );
     }
     database.pool.close().await;
     for suffix in ["", "-wal", "-shm"] {

@@ -2,7 +2,7 @@
 //! (the embedded default) or `postgres://`. Services use sqlx's `Any` driver
 //! with portable SQL; each ships one migration set per backend.
 
-use std::{borrow::Cow, str::FromStr};
+use std::{borrow::Cow, str::FromStr, sync::Arc};
 
 use sqlx::{
     AnyPool, Executor,
@@ -11,6 +11,9 @@ use sqlx::{
 };
 
 use crate::{Error, Result};
+
+mod native;
+pub use native::NativeSqlite;
 
 /// The database behind a URL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +62,9 @@ pub struct Database {
     pub reads: AnyPool,
     /// Which backend.
     pub backend: Backend,
+    /// Write transactions run whole on the calling thread, for a SQLite
+    /// file ([`NativeSqlite`]).
+    native: Option<Arc<NativeSqlite>>,
 }
 
 /// The placeholder of the `number`th (1-based) bind parameter. SQLite gets
@@ -120,7 +126,18 @@ impl Database {
         } else {
             pool.clone()
         };
-        Ok(Self { pool, reads, backend })
+        let native = match backend {
+            Backend::Sqlite => native::file_of(&url).map(|path| Arc::new(NativeSqlite::new(path))),
+            Backend::Postgres => None,
+        };
+        Ok(Self { pool, reads, backend, native })
+    }
+
+    /// The native connection of a SQLite file, for write transactions that
+    /// should not pay a thread hand-off per statement; `None` on PostgreSQL
+    /// and for a SQLite database in memory.
+    pub fn native(&self) -> Option<&NativeSqlite> {
+        self.native.as_deref()
     }
 
     /// Runs the migrations of this backend.
@@ -149,9 +166,13 @@ impl Database {
 }
 
 /// Pool settings: SQLite connections in WAL mode (the read-only ones
-/// refuse writes).
+/// refuse writes). A SQLite connection is not tested before it is handed
+/// out: it cannot have been cut, and the test is a round trip to its
+/// thread.
 fn pool_options(backend: Backend, max_connections: u32, read_only: bool) -> AnyPoolOptions {
-    AnyPoolOptions::new().max_connections(max_connections).after_connect(move |connection, _| {
+    let options =
+        AnyPoolOptions::new().max_connections(max_connections).test_before_acquire(backend == Backend::Postgres);
+    options.after_connect(move |connection, _| {
         Box::pin(async move {
             if backend == Backend::Sqlite {
                 connection

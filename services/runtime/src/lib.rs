@@ -44,6 +44,9 @@ pub enum Error {
     /// The database could not be reached or migrated.
     #[error("database: {0}")]
     Database(#[from] sqlx::Error),
+    /// A transaction on a SQLite file's native connection failed.
+    #[error("database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
     /// Migrations failed.
     #[error("migration: {0}")]
     Migration(#[from] sqlx::migrate::MigrateError),

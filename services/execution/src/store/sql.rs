@@ -11,7 +11,7 @@
 use std::{collections::HashMap, sync::Arc};
 
 use muster_proto::common::v1 as common;
-use muster_runtime::db::{Backend, Database, Migrations, placeholder, placeholders};
+use muster_runtime::db::{Backend, Database, Migrations, NativeSqlite, placeholder, placeholders};
 use prost::Message as _;
 use sqlx::{AssertSqlSafe, Row, any::AnyRow};
 use tokio::sync::{mpsc, oneshot};
@@ -286,8 +286,8 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
         && claims.is_empty()
         && assignments.is_empty()
         && updated.iter().all(|execution| !execution.status.is_final());
-    if backend == Backend::Sqlite && only_progress {
-        return apply_in_one_call(database, &updated, &steps, &events).await;
+    if let Some(native) = database.native().filter(|_| only_progress) {
+        return apply_natively(native, database, &updated, &steps, &events).await;
     }
     let mut transaction = database.pool.begin().await?;
     for execution in created {
@@ -398,42 +398,76 @@ type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
 
 /// A running execution's progress on SQLite (its row, its steps and their
 /// events, nothing that needs an answer between statements) as one
-/// multi-statement query, transaction included: one hand-off to the
-/// connection's thread instead of one per statement, which is where most of
-/// a small commit's time went. The anonymous `?` parameters bind in order
-/// across the statements.
-async fn apply_in_one_call(
+/// transaction run whole on the calling thread ([`NativeSqlite`]): a
+/// thread hand-off per statement was where most of a small commit's time
+/// went.
+async fn apply_natively(
+    native: &NativeSqlite,
     database: &Database,
     updated: &[&Execution],
     steps: &[&StepWrite],
     events: &[&Event],
 ) -> Result<()> {
-    let backend = Backend::Sqlite;
-    let mut sql = String::from("BEGIN; ");
-    for _ in updated {
-        sql.push_str(&update_execution_sql(backend));
-        sql.push_str("; ");
-    }
-    for chunk in steps.chunks(STEP_ROWS_PER_STATEMENT) {
-        let values = placeholders(backend, chunk.len(), STEP_COLUMN_COUNT);
-        sql.push_str(&format!("INSERT INTO steps ({STEP_COLUMNS}) VALUES {values} {STEP_UPDATE}; "));
-    }
-    for chunk in events.chunks(EVENT_ROWS_PER_STATEMENT) {
-        let values = placeholders(backend, chunk.len(), 3);
-        sql.push_str(&format!("INSERT INTO events (execution_id, sequence, event) VALUES {values}; "));
-    }
-    sql.push_str("COMMIT;");
-    let query = sqlx::query(AssertSqlSafe(sql));
-    let query = updated.iter().fold(query, |query, execution| bind_execution_update(query, execution));
-    let query = steps.iter().fold(query, |query, write| bind_step(query, write));
-    let query = events.iter().fold(query, |query, event| bind_event(query, event));
-    let mut connection = database.pool.acquire().await?;
-    if let Err(error) = query.execute(&mut *connection).await {
-        // A statement failed after BEGIN: nothing of it may stay.
-        let _ = sqlx::query("ROLLBACK").execute(&mut *connection).await;
-        return Err(error.into());
-    }
-    Ok(())
+    native
+        .write(&database.pool, |transaction| {
+            for execution in updated {
+                let mut statement = transaction.prepare_cached(&update_execution_sql(Backend::Sqlite))?;
+                statement.execute(rusqlite::params![
+                    execution.status.as_str(),
+                    execution.reason,
+                    execution.lead_agent_id,
+                    execution.ended_at,
+                    execution.last_sequence as i64,
+                    execution.id,
+                ])?;
+            }
+            for chunk in steps.chunks(STEP_ROWS_PER_STATEMENT) {
+                let values = placeholders(Backend::Sqlite, chunk.len(), STEP_COLUMN_COUNT);
+                let mut statement = transaction
+                    .prepare_cached(&format!("INSERT INTO steps ({STEP_COLUMNS}) VALUES {values} {STEP_UPDATE}"))?;
+                for (row, write) in chunk.iter().enumerate() {
+                    let first = row * STEP_COLUMN_COUNT;
+                    let step = StepRow::of(write);
+                    let mut bind = |column: usize, value: &dyn rusqlite::ToSql| {
+                        statement.raw_bind_parameter(first + column, value)
+                    };
+                    bind(1, &step.execution_id)?;
+                    bind(2, &step.step_id)?;
+                    bind(3, &step.position)?;
+                    bind(4, &step.status)?;
+                    bind(5, &step.executor)?;
+                    bind(6, &step.attempt)?;
+                    bind(7, &step.output_json)?;
+                    bind(8, &step.error_code)?;
+                    bind(9, &step.error_message)?;
+                    bind(10, &step.started_at)?;
+                    bind(11, &step.ended_at)?;
+                    bind(12, &step.cost)?;
+                    bind(13, &step.tokens_used)?;
+                    bind(14, &step.assigned_to)?;
+                    bind(15, &step.delegation_chain)?;
+                    bind(16, &step.wait_seconds)?;
+                    bind(17, &step.retry_at)?;
+                    bind(18, &step.roster_reserved)?;
+                    bind(19, &step.slot_task)?;
+                }
+                statement.raw_execute()?;
+            }
+            for chunk in events.chunks(EVENT_ROWS_PER_STATEMENT) {
+                let values = placeholders(Backend::Sqlite, chunk.len(), 3);
+                let mut statement = transaction
+                    .prepare_cached(&format!("INSERT INTO events (execution_id, sequence, event) VALUES {values}"))?;
+                for (row, event) in chunk.iter().enumerate() {
+                    let first = row * 3;
+                    statement.raw_bind_parameter(first + 1, &event.execution_id)?;
+                    statement.raw_bind_parameter(first + 2, event.sequence as i64)?;
+                    statement.raw_bind_parameter(first + 3, wire::event_to_wire(event).encode_to_vec())?;
+                }
+                statement.raw_execute()?;
+            }
+            Ok(())
+        })
+        .await
 }
 
 fn update_execution_sql(backend: Backend) -> String {
@@ -1539,6 +1573,12 @@ impl Store for SqlStore {
 
 impl From<sqlx::Error> for Error {
     fn from(error: sqlx::Error) -> Self {
+        Error::Storage(error.to_string())
+    }
+}
+
+impl From<rusqlite::Error> for Error {
+    fn from(error: rusqlite::Error) -> Self {
         Error::Storage(error.to_string())
     }
 }

@@ -69,14 +69,143 @@ fn from_cursor(value: u64) -> i64 {
 const NOTIFICATION_COLUMNS: &str = "n.notification_id, n.agent_id, n.reason, n.event_id, n.memory_state, \
      e.event, e.output_summary, e.received_at";
 
+/// Remembers a memory file's length before an ingest appends to it.
+const MEMORY_FILE_UPSERT: &str = "INSERT INTO memory_files (path, length_before_append) VALUES ($1, $2) \
+     ON CONFLICT (path) DO UPDATE SET length_before_append = excluded.length_before_append";
+/// Forgets a memory file's old length rather than cut the file back to it.
+const MEMORY_FILE_FORGET: &str = "DELETE FROM memory_files WHERE path = $1";
+
+/// What an ingest writes, planned from what the database already holds.
+struct IngestPlan<'a> {
+    /// One per event, in order.
+    outcomes: Vec<IngestOutcome>,
+    /// The events to store (neither stored before nor repeated in the batch).
+    new_events: Vec<&'a NewEvent>,
+    /// One row per recipient of a new event: its cursor, the event and the
+    /// recipient's index.
+    notifications: Vec<(u64, &'a NewEvent, usize)>,
+    /// The memory files the new events append to.
+    touched_paths: Vec<&'a str>,
+}
+
+impl<'a> IngestPlan<'a> {
+    /// Cursors follow `max_cursor`, the largest stored.
+    fn new(events: &'a [NewEvent], already_stored: &HashSet<String>, max_cursor: i64) -> Self {
+        let mut next_cursor = to_cursor(max_cursor) + 1;
+        let mut plan = Self {
+            outcomes: Vec::with_capacity(events.len()),
+            new_events: Vec::new(),
+            notifications: Vec::new(),
+            touched_paths: Vec::new(),
+        };
+        let mut seen: HashSet<&str> = HashSet::new();
+        let mut touched: HashSet<&str> = HashSet::new();
+        for event in events {
+            if already_stored.contains(&event.event_id) || !seen.insert(event.event_id.as_str()) {
+                plan.outcomes.push(IngestOutcome::Duplicate);
+                continue;
+            }
+            plan.outcomes.push(IngestOutcome::Stored { first_cursor: next_cursor });
+            for (index, recipient) in event.recipients.iter().enumerate() {
+                plan.notifications.push((next_cursor + index as u64, event, index));
+                if let Some(path) = recipient.memory_path.as_deref()
+                    && touched.insert(path)
+                {
+                    plan.touched_paths.push(path);
+                }
+            }
+            next_cursor += event.recipients.len() as u64;
+            plan.new_events.push(event);
+        }
+        plan
+    }
+
+    /// Each touched memory file with its length before this ingest appends,
+    /// `None` when unknown.
+    fn memory_files(&self, lengths: &[(String, u64)]) -> Vec<(&'a str, Option<u64>)> {
+        let known: HashMap<&str, u64> = lengths.iter().map(|(path, length)| (path.as_str(), *length)).collect();
+        self.touched_paths.iter().map(|path| (*path, known.get(path).copied())).collect()
+    }
+}
+
+/// [`Store::ingest`] on a SQLite file, run whole on the calling thread:
+/// the same statements without a thread hand-off for each.
+fn ingest_natively(
+    transaction: &rusqlite::Transaction<'_>,
+    events: &[NewEvent],
+    memory_file_lengths: &[(String, u64)],
+) -> Result<Vec<IngestOutcome>> {
+    let mut already_stored: HashSet<String> = HashSet::new();
+    for chunk in events.chunks(ROWS_PER_STATEMENT) {
+        let list = placeholder_list(Backend::Sqlite, 1, chunk.len());
+        let mut statement =
+            transaction.prepare_cached(&format!("SELECT event_id FROM events WHERE event_id IN ({list})"))?;
+        for (index, event) in chunk.iter().enumerate() {
+            statement.raw_bind_parameter(index + 1, event.event_id.as_str())?;
+        }
+        let mut rows = statement.raw_query();
+        while let Some(row) = rows.next()? {
+            already_stored.insert(row.get(0)?);
+        }
+    }
+    let max_cursor: i64 =
+        transaction.query_row("SELECT COALESCE(MAX(notification_id), 0) FROM notifications", [], |row| row.get(0))?;
+    let plan = IngestPlan::new(events, &already_stored, max_cursor);
+
+    for chunk in plan.new_events.chunks(ROWS_PER_STATEMENT / 5) {
+        let values = placeholders(Backend::Sqlite, chunk.len(), 5);
+        let mut statement = transaction.prepare_cached(&format!(
+            "INSERT INTO events (event_id, event, output_summary, notifications, received_at) VALUES {values}"
+        ))?;
+        for (row, event) in chunk.iter().enumerate() {
+            let first = row * 5;
+            statement.raw_bind_parameter(first + 1, event.event_id.as_str())?;
+            statement.raw_bind_parameter(first + 2, &event.encoded[..])?;
+            statement.raw_bind_parameter(first + 3, event.output_summary.as_str())?;
+            statement.raw_bind_parameter(first + 4, event.recipients.len() as i64)?;
+            statement.raw_bind_parameter(first + 5, event.received_at)?;
+        }
+        statement.raw_execute()?;
+    }
+    for chunk in plan.notifications.chunks(ROWS_PER_STATEMENT) {
+        let values = placeholders(Backend::Sqlite, chunk.len(), 5);
+        let mut statement = transaction.prepare_cached(&format!(
+            "INSERT INTO notifications (notification_id, agent_id, reason, event_id, memory_state) VALUES {values}"
+        ))?;
+        for (row, (cursor, event, index)) in chunk.iter().enumerate() {
+            let first = row * 5;
+            let recipient = &event.recipients[*index];
+            statement.raw_bind_parameter(first + 1, from_cursor(*cursor))?;
+            statement.raw_bind_parameter(first + 2, recipient.agent_id.as_str())?;
+            statement.raw_bind_parameter(first + 3, recipient.reason.to_i64())?;
+            statement.raw_bind_parameter(first + 4, event.event_id.as_str())?;
+            statement.raw_bind_parameter(first + 5, recipient.memory.to_i64())?;
+        }
+        statement.raw_execute()?;
+    }
+    for (path, length) in plan.memory_files(memory_file_lengths) {
+        match length {
+            Some(length) => {
+                transaction.prepare_cached(MEMORY_FILE_UPSERT)?.execute(rusqlite::params![path, from_cursor(length)])?
+            }
+            None => transaction.prepare_cached(MEMORY_FILE_FORGET)?.execute([path])?,
+        };
+    }
+    Ok(plan.outcomes)
+}
+
 impl Store for SqlStore {
     async fn ingest(&self, events: &[NewEvent], memory_file_lengths: &[(String, u64)]) -> Result<Vec<IngestOutcome>> {
+        if let Some(native) = self.database.native() {
+            return native
+                .write(&self.database.pool, |transaction| ingest_natively(transaction, events, memory_file_lengths))
+                .await;
+        }
         let mut transaction = self.database.pool.begin().await?;
         if self.database.backend == Backend::Postgres {
             sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(INGEST_LOCK_KEY).execute(&mut *transaction).await?;
         }
 
-        // Which ids are stored already.
         let mut already_stored: HashSet<String> = HashSet::new();
         for chunk in events.chunks(ROWS_PER_STATEMENT) {
             let list = placeholder_list(self.database.backend, 1, chunk.len());
@@ -89,28 +218,12 @@ impl Store for SqlStore {
                 already_stored.insert(row.try_get("event_id")?);
             }
         }
-
         let max_row = sqlx::query("SELECT COALESCE(MAX(notification_id), 0) AS max_id FROM notifications")
             .fetch_one(&mut *transaction)
             .await?;
-        let mut next_cursor = to_cursor(max_row.try_get::<i64, _>("max_id")?) + 1;
+        let plan = IngestPlan::new(events, &already_stored, max_row.try_get("max_id")?);
 
-        let mut outcomes = Vec::with_capacity(events.len());
-        let mut new_events: Vec<&NewEvent> = Vec::new();
-        let mut seen: HashSet<&str> = HashSet::new();
-        let mut touched_paths: HashSet<&str> = HashSet::new();
-        for event in events {
-            if already_stored.contains(&event.event_id) || !seen.insert(event.event_id.as_str()) {
-                outcomes.push(IngestOutcome::Duplicate);
-                continue;
-            }
-            outcomes.push(IngestOutcome::Stored { first_cursor: next_cursor });
-            next_cursor += event.recipients.len() as u64;
-            touched_paths.extend(event.recipients.iter().filter_map(|recipient| recipient.memory_path.as_deref()));
-            new_events.push(event);
-        }
-
-        for chunk in new_events.chunks(ROWS_PER_STATEMENT / 5) {
+        for chunk in plan.new_events.chunks(ROWS_PER_STATEMENT / 5) {
             let sql = format!(
                 "INSERT INTO events (event_id, event, output_summary, notifications, received_at) VALUES {}",
                 placeholders(self.database.backend, chunk.len(), 5)
@@ -126,19 +239,7 @@ impl Store for SqlStore {
             }
             query.execute(&mut *transaction).await?;
         }
-
-        let notification_rows: Vec<(u64, &NewEvent, usize)> = new_events
-            .iter()
-            .zip(outcomes.iter().filter(|outcome| matches!(outcome, IngestOutcome::Stored { .. })))
-            .flat_map(|(event, outcome)| {
-                let first = match outcome {
-                    IngestOutcome::Stored { first_cursor } => *first_cursor,
-                    IngestOutcome::Duplicate => 0,
-                };
-                (0..event.recipients.len()).map(move |index| (first + index as u64, *event, index))
-            })
-            .collect();
-        for chunk in notification_rows.chunks(ROWS_PER_STATEMENT) {
+        for chunk in plan.notifications.chunks(ROWS_PER_STATEMENT) {
             let sql = format!(
                 "INSERT INTO notifications (notification_id, agent_id, reason, event_id, memory_state) VALUES {}",
                 placeholders(self.database.backend, chunk.len(), 5)
@@ -155,33 +256,17 @@ impl Store for SqlStore {
             }
             query.execute(&mut *transaction).await?;
         }
-
-        let known_lengths: HashMap<&str, u64> =
-            memory_file_lengths.iter().map(|(path, length)| (path.as_str(), *length)).collect();
-        for path in &touched_paths {
-            match known_lengths.get(path).copied() {
-                Some(length) => {
-                    sqlx::query(
-                        "INSERT INTO memory_files (path, length_before_append) VALUES ($1, $2) \
-                         ON CONFLICT (path) DO UPDATE SET length_before_append = excluded.length_before_append",
-                    )
-                    .bind(*path)
-                    .bind(from_cursor(length))
-                    .execute(&mut *transaction)
-                    .await?
-                }
-                // Unknown: forget the old length rather than cut back to it.
-                None => {
-                    sqlx::query("DELETE FROM memory_files WHERE path = $1")
-                        .bind(*path)
-                        .execute(&mut *transaction)
-                        .await?
-                }
-            };
+        for (path, length) in plan.memory_files(memory_file_lengths) {
+            match length {
+                Some(length) => sqlx::query(MEMORY_FILE_UPSERT).bind(path).bind(from_cursor(length)),
+                None => sqlx::query(MEMORY_FILE_FORGET).bind(path),
+            }
+            .execute(&mut *transaction)
+            .await?;
         }
 
         transaction.commit().await?;
-        Ok(outcomes)
+        Ok(plan.outcomes)
     }
 
     async fn list(&self, agent_id: &str, after_cursor: u64, limit: u32) -> Result<Vec<StoredNotification>> {

@@ -8,6 +8,7 @@ use std::{
     sync::Arc,
 };
 
+use muster_runtime::db::Backend;
 use sqlx::{Any, AssertSqlSafe, Row, Transaction};
 
 use super::{
@@ -547,21 +548,44 @@ async fn place_on_agent(
 /// in multi-row statements.
 pub(super) async fn upsert_reservations(
     transaction: &mut Tx,
-    backend: muster_runtime::db::Backend,
+    backend: Backend,
     rows: &[(&str, &str, i64)],
 ) -> Result<()> {
     for chunk in rows.chunks(BATCH_ROWS_PER_STATEMENT) {
-        let sql = format!(
-            "INSERT INTO reservations (task_id, agent_id, reserved_at) VALUES {} \
-             ON CONFLICT (task_id) DO UPDATE SET agent_id = excluded.agent_id, reserved_at = excluded.reserved_at",
-            muster_runtime::db::placeholders(backend, chunk.len(), 3)
+        let query = chunk.iter().fold(
+            sqlx::query(AssertSqlSafe(reservations_sql(backend, chunk.len()))),
+            |query, (task_id, agent_id, at)| query.bind((*task_id).to_owned()).bind((*agent_id).to_owned()).bind(*at),
         );
-        let query = chunk.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, (task_id, agent_id, at)| {
-            query.bind((*task_id).to_owned()).bind((*agent_id).to_owned()).bind(*at)
-        });
         query.execute(&mut **transaction).await?;
     }
     Ok(())
+}
+
+/// [`upsert_reservations`] in a transaction on a SQLite file's native
+/// connection.
+pub(super) fn upsert_reservations_natively(
+    transaction: &rusqlite::Transaction<'_>,
+    rows: &[(&str, &str, i64)],
+) -> Result<()> {
+    for chunk in rows.chunks(BATCH_ROWS_PER_STATEMENT) {
+        let mut statement = transaction.prepare_cached(&reservations_sql(Backend::Sqlite, chunk.len()))?;
+        for (row, (task_id, agent_id, at)) in chunk.iter().enumerate() {
+            statement.raw_bind_parameter(row * 3 + 1, *task_id)?;
+            statement.raw_bind_parameter(row * 3 + 2, *agent_id)?;
+            statement.raw_bind_parameter(row * 3 + 3, *at)?;
+        }
+        statement.raw_execute()?;
+    }
+    Ok(())
+}
+
+/// Upserts `rows` reservations, 3 parameters each.
+fn reservations_sql(backend: Backend, rows: usize) -> String {
+    format!(
+        "INSERT INTO reservations (task_id, agent_id, reserved_at) VALUES {} \
+         ON CONFLICT (task_id) DO UPDATE SET agent_id = excluded.agent_id, reserved_at = excluded.reserved_at",
+        muster_runtime::db::placeholders(backend, rows, 3)
+    )
 }
 
 /// The task's one reservation: `agent_id` holds a slot for it.

@@ -11,21 +11,26 @@
 //! does not settle goes through [`delegate_alone`], one call at a time, after
 //! the batch: a dry run or a task assigned to one agent, a task that holds a
 //! slot or waits in the queue, a decision that is not DELEGATE, a task named
-//! twice, an agent whose slot went to another writer meanwhile.
+//! twice, an agent whose slot went to another writer meanwhile. A call
+//! that arrives alone takes this path too, as a batch of one.
+//!
+//! On a SQLite file the transaction runs whole on the calling thread
+//! (`muster_runtime::db::NativeSqlite`): the decisions need nothing but the
+//! organisation in memory, so nothing waits between its statements.
 
 use std::{
     collections::{HashMap, HashSet},
     sync::{Arc, Mutex, PoisonError},
 };
 
-use muster_runtime::db::{placeholder_list, placeholders};
+use muster_runtime::db::{Backend, placeholder_list, placeholders};
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::oneshot;
 
 use super::{
     DelegationOutcome,
-    delegation::{delegate_alone, to_json, upsert_reservations, workload_change},
-    index::WorkloadChange,
+    delegation::{delegate_alone, to_json, upsert_reservations, upsert_reservations_natively, workload_change},
+    index::{Index, WorkloadChange},
     sql::SqlStore,
 };
 use crate::domain::delegation::{Decision, DecisionKind, DelegationRequest, Settings, decide};
@@ -104,7 +109,7 @@ impl Drop for Running {
 async fn decide_waiting(store: SqlStore) {
     let mut running = Running { waiting: store.waiting.clone(), armed: true };
     loop {
-        let mut batch = {
+        let batch = {
             let mut waiting = store.waiting.lock().unwrap_or_else(PoisonError::into_inner);
             if waiting.pending.is_empty() {
                 // Under the lock: a call arriving after this starts a new task.
@@ -115,12 +120,6 @@ async fn decide_waiting(store: SqlStore) {
             let take = waiting.pending.len().min(MOST_TOGETHER);
             waiting.pending.drain(..take).collect::<Vec<_>>()
         };
-        if batch.len() == 1 {
-            let pending = batch.remove(0);
-            let outcome = delegate_alone(&store, &pending.request, pending.now, pending.settings).await;
-            let _ = pending.reply.send(outcome);
-            continue;
-        }
         decide_batch(&store, batch).await;
     }
 }
@@ -131,8 +130,10 @@ async fn decide_batch(store: &SqlStore, batch: Vec<Pending>) {
         batch.into_iter().partition(|pending| seen.insert(pending.request.task_id.clone()));
     match decide_together(store, &together).await {
         Ok(outcomes) => {
-            let settled = outcomes.iter().filter(|outcome| outcome.is_some()).count() as u64;
-            store.waiting.lock().unwrap_or_else(PoisonError::into_inner).together += settled;
+            if together.len() > 1 {
+                let settled = outcomes.iter().filter(|outcome| outcome.is_some()).count() as u64;
+                store.waiting.lock().unwrap_or_else(PoisonError::into_inner).together += settled;
+            }
             for (pending, outcome) in together.into_iter().zip(outcomes) {
                 match outcome {
                     Some(outcome) => {
@@ -153,28 +154,68 @@ async fn decide_batch(store: &SqlStore, batch: Vec<Pending>) {
     }
 }
 
+/// What one transaction of calls decided together settled.
+struct Settled {
+    /// Per call, in order: its decision, or `None` when this path does not
+    /// settle it.
+    decisions: Vec<Option<Decision>>,
+    /// The audit record of each settled decision, in order.
+    ids: Vec<String>,
+    /// The workloads the transaction changed.
+    changes: Vec<WorkloadChange>,
+    /// Agents that had fewer free slots than the index knew.
+    missed: Vec<String>,
+}
+
 /// One transaction for every call of `batch` (task ids distinct); `None` for
 /// each call this path does not settle.
 async fn decide_together(store: &SqlStore, batch: &[Pending]) -> Result<Vec<Option<DelegationOutcome>>> {
     let index = store.index().await?;
-    let backend = store.database.backend;
-    let mut transaction = store.database.pool.begin().await?;
-    let list = placeholder_list(backend, 1, batch.len());
-    let sql = format!(
-        "SELECT task_id FROM reservations WHERE task_id IN ({list}) \
-         UNION SELECT task_id FROM queued_tasks WHERE state = 'queued' AND task_id IN ({list})"
-    );
-    let query = batch
-        .iter()
-        .fold(sqlx::query(AssertSqlSafe(sql)), |query, pending| query.bind(pending.request.task_id.clone()));
-    let mut placed_before = HashSet::new();
-    for row in query.fetch_all(&mut *transaction).await? {
-        placed_before.insert(row.try_get::<String, _>("task_id")?);
-    }
+    let settled = match store.database.native() {
+        Some(native) => {
+            native.write(&store.database.pool, |transaction| settle_natively(transaction, index, batch)).await?
+        }
+        None => settle(store, index, batch).await?,
+    };
+    let mut reread = index.apply_workloads(&settled.changes);
+    reread.extend(settled.missed);
+    store.reread_after_commit(&reread).await;
+    let mut ids = settled.ids.into_iter();
+    Ok(settled
+        .decisions
+        .into_iter()
+        .map(|decision| {
+            let decision = decision?;
+            Some(DelegationOutcome {
+                changed_agents: vec![decision.primary_agent_id.clone()],
+                delegation_id: ids.next()?,
+                decision,
+                queue_changed: false,
+            })
+        })
+        .collect())
+}
 
-    // Decide in order, each decision seeing the slots the ones before it took.
+/// The tasks of `batch` that hold a slot or wait in the queue: `2 × batch`
+/// parameters, the task ids twice.
+fn placed_before_sql(backend: Backend, batch: usize) -> String {
+    format!(
+        "SELECT task_id FROM reservations WHERE task_id IN ({}) \
+         UNION SELECT task_id FROM queued_tasks WHERE state = 'queued' AND task_id IN ({})",
+        placeholder_list(backend, 1, batch),
+        placeholder_list(backend, batch + 1, batch)
+    )
+}
+
+/// Decides in order, each decision seeing the slots the ones before it
+/// took; also the slots each chosen agent must give.
+fn decide_in_order(
+    index: &Index,
+    batch: &[Pending],
+    placed_before: &HashSet<String>,
+) -> (Vec<Option<Decision>>, HashMap<String, u32>) {
     let mut taken: HashMap<String, u32> = HashMap::new();
-    let mut decisions: Vec<Option<Decision>> = Vec::with_capacity(batch.len());
+    let mut decisions = Vec::with_capacity(batch.len());
     for pending in batch {
         let request = &pending.request;
         if placed_before.contains(&request.task_id) {
@@ -195,39 +236,84 @@ async fn decide_together(store: &SqlStore, batch: &[Pending]) -> Result<Vec<Opti
         *taken.entry(decision.primary_agent_id.clone()).or_default() += 1;
         decisions.push(Some(decision));
     }
-    if taken.is_empty() {
-        return Ok(batch.iter().map(|_| None).collect());
-    }
+    (decisions, taken)
+}
 
-    // Every chosen agent's slots in one conditional update; an agent not
-    // returned had fewer free slots than the index knew.
-    let now = batch.iter().map(|pending| pending.now).max().unwrap_or_default();
-    let wanted: Vec<(&String, u32)> = taken.iter().map(|(agent, slots)| (agent, *slots)).collect();
-    let sql = format!(
+/// Every chosen agent's slots in one conditional update (`2 × agents`
+/// parameters: id, slots); an agent not returned had fewer free slots than
+/// the index knew.
+fn take_slots_sql(backend: Backend, agents: usize, now: i64) -> String {
+    format!(
         "WITH wanted (id, slots) AS (VALUES {}) \
          UPDATE agents SET current_workload = agents.current_workload + wanted.slots, updated_at = {now}, \
          version = agents.version + 1 FROM wanted \
          WHERE agents.id = wanted.id AND agents.current_workload + wanted.slots <= agents.workload_capacity \
          AND agents.manual_status NOT IN ('offline', 'busy') \
          RETURNING agents.id, agents.version, agents.current_workload",
-        placeholders(backend, wanted.len(), 2)
-    );
-    let query = wanted.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, (agent, slots)| {
-        query.bind((*agent).clone()).bind(i64::from(*slots))
-    });
-    let changes: Vec<WorkloadChange> =
-        query.fetch_all(&mut *transaction).await?.iter().map(workload_change).collect::<Result<_>>()?;
+        placeholders(backend, agents, 2)
+    )
+}
+
+/// Drops the decisions whose agent had no slot left; returns those agents.
+fn keep_reserved(
+    decisions: &mut [Option<Decision>],
+    taken: &HashMap<String, u32>,
+    changes: &[WorkloadChange],
+) -> Vec<String> {
     let reserved: HashSet<&str> = changes.iter().map(|(agent, _, _)| agent.as_str()).collect();
-    let missed: Vec<String> = taken.keys().filter(|agent| !reserved.contains(agent.as_str())).cloned().collect();
-    for decision in &mut decisions {
+    for decision in decisions.iter_mut() {
         if decision.as_ref().is_some_and(|decision| !reserved.contains(decision.primary_agent_id.as_str())) {
             *decision = None;
         }
     }
+    taken.keys().filter(|agent| !reserved.contains(agent.as_str())).cloned().collect()
+}
 
-    // The reservations and the audit records, one statement each.
-    let placed: Vec<(&Pending, &Decision)> =
-        batch.iter().zip(&decisions).filter_map(|(pending, decision)| Some((pending, decision.as_ref()?))).collect();
+/// The settled calls with their decisions.
+fn placed<'a>(batch: &'a [Pending], decisions: &'a [Option<Decision>]) -> Vec<(&'a Pending, &'a Decision)> {
+    batch.iter().zip(decisions).filter_map(|(pending, decision)| Some((pending, decision.as_ref()?))).collect()
+}
+
+/// The audit records of `rows` calls, 9 parameters each.
+fn delegations_sql(backend: Backend, rows: usize) -> String {
+    format!(
+        "INSERT INTO delegations (id, task_id, requester_id, primary_agent_id, decision, tier, decision_json, \
+         description, decided_at) VALUES {}",
+        placeholders(backend, rows, 9)
+    )
+}
+
+/// [`decide_together`]'s transaction through the pool.
+async fn settle(store: &SqlStore, index: &Index, batch: &[Pending]) -> Result<Settled> {
+    let backend = store.database.backend;
+    let mut transaction = store.database.pool.begin().await?;
+    let query = batch
+        .iter()
+        .chain(batch)
+        .fold(sqlx::query(AssertSqlSafe(placed_before_sql(backend, batch.len()))), |query, pending| {
+            query.bind(pending.request.task_id.clone())
+        });
+    let mut placed_before = HashSet::new();
+    for row in query.fetch_all(&mut *transaction).await? {
+        placed_before.insert(row.try_get::<String, _>("task_id")?);
+    }
+    let (mut decisions, taken) = decide_in_order(index, batch, &placed_before);
+    if taken.is_empty() {
+        return Ok(Settled { decisions, ids: Vec::new(), changes: Vec::new(), missed: Vec::new() });
+    }
+
+    let now = batch.iter().map(|pending| pending.now).max().unwrap_or_default();
+    let wanted: Vec<(&String, u32)> = taken.iter().map(|(agent, slots)| (agent, *slots)).collect();
+    let query = wanted
+        .iter()
+        .fold(sqlx::query(AssertSqlSafe(take_slots_sql(backend, wanted.len(), now))), |query, (agent, slots)| {
+            query.bind((*agent).clone()).bind(i64::from(*slots))
+        });
+    let changes: Vec<WorkloadChange> =
+        query.fetch_all(&mut *transaction).await?.iter().map(workload_change).collect::<Result<_>>()?;
+    let missed = keep_reserved(&mut decisions, &taken, &changes);
+
+    let placed = placed(batch, &decisions);
     let mut ids = Vec::with_capacity(placed.len());
     if !placed.is_empty() {
         let reservations: Vec<(&str, &str, i64)> = placed
@@ -237,12 +323,7 @@ async fn decide_together(store: &SqlStore, batch: &[Pending]) -> Result<Vec<Opti
             })
             .collect();
         upsert_reservations(&mut transaction, backend, &reservations).await?;
-        let sql = format!(
-            "INSERT INTO delegations (id, task_id, requester_id, primary_agent_id, decision, tier, decision_json, \
-             description, decided_at) VALUES {}",
-            placeholders(backend, placed.len(), 9)
-        );
-        let mut query = sqlx::query(AssertSqlSafe(sql));
+        let mut query = sqlx::query(AssertSqlSafe(delegations_sql(backend, placed.len())));
         for (pending, decision) in &placed {
             let id = uuid::Uuid::now_v7().to_string();
             query = query
@@ -260,21 +341,71 @@ async fn decide_together(store: &SqlStore, batch: &[Pending]) -> Result<Vec<Opti
         query.execute(&mut *transaction).await?;
     }
     transaction.commit().await?;
+    Ok(Settled { decisions, ids, changes, missed })
+}
 
-    let mut reread = index.apply_workloads(&changes);
-    reread.extend(missed);
-    store.reread_after_commit(&reread).await;
-    let mut ids = ids.into_iter();
-    Ok(decisions
-        .into_iter()
-        .map(|decision| {
-            let decision = decision?;
-            Some(DelegationOutcome {
-                changed_agents: vec![decision.primary_agent_id.clone()],
-                delegation_id: ids.next()?,
-                decision,
-                queue_changed: false,
+/// [`decide_together`]'s transaction on a SQLite file, run whole on the
+/// calling thread: the same statements without a thread hand-off for each.
+fn settle_natively(transaction: &rusqlite::Transaction<'_>, index: &Index, batch: &[Pending]) -> Result<Settled> {
+    let backend = Backend::Sqlite;
+    let mut statement = transaction.prepare_cached(&placed_before_sql(backend, batch.len()))?;
+    for (position, pending) in batch.iter().chain(batch).enumerate() {
+        statement.raw_bind_parameter(position + 1, pending.request.task_id.as_str())?;
+    }
+    let mut placed_before = HashSet::new();
+    let mut rows = statement.raw_query();
+    while let Some(row) = rows.next()? {
+        placed_before.insert(row.get::<_, String>(0)?);
+    }
+    drop(rows);
+    drop(statement);
+    let (mut decisions, taken) = decide_in_order(index, batch, &placed_before);
+    if taken.is_empty() {
+        return Ok(Settled { decisions, ids: Vec::new(), changes: Vec::new(), missed: Vec::new() });
+    }
+
+    let now = batch.iter().map(|pending| pending.now).max().unwrap_or_default();
+    let mut statement = transaction.prepare_cached(&take_slots_sql(backend, taken.len(), now))?;
+    for (position, (agent, slots)) in taken.iter().enumerate() {
+        statement.raw_bind_parameter(2 * position + 1, agent.as_str())?;
+        statement.raw_bind_parameter(2 * position + 2, i64::from(*slots))?;
+    }
+    let mut changes: Vec<WorkloadChange> = Vec::with_capacity(taken.len());
+    let mut rows = statement.raw_query();
+    while let Some(row) = rows.next()? {
+        let workload: i64 = row.get(2)?;
+        changes.push((row.get(0)?, row.get(1)?, u32::try_from(workload.max(0)).unwrap_or(u32::MAX)));
+    }
+    drop(rows);
+    drop(statement);
+    let missed = keep_reserved(&mut decisions, &taken, &changes);
+
+    let placed = placed(batch, &decisions);
+    let mut ids = Vec::with_capacity(placed.len());
+    if !placed.is_empty() {
+        let reservations: Vec<(&str, &str, i64)> = placed
+            .iter()
+            .map(|(pending, decision)| {
+                (pending.request.task_id.as_str(), decision.primary_agent_id.as_str(), pending.now)
             })
-        })
-        .collect())
+            .collect();
+        upsert_reservations_natively(transaction, &reservations)?;
+        let mut statement = transaction.prepare_cached(&delegations_sql(backend, placed.len()))?;
+        for (row, (pending, decision)) in placed.iter().enumerate() {
+            let id = uuid::Uuid::now_v7().to_string();
+            let first = row * 9;
+            statement.raw_bind_parameter(first + 1, id.as_str())?;
+            statement.raw_bind_parameter(first + 2, pending.request.task_id.as_str())?;
+            statement.raw_bind_parameter(first + 3, pending.request.requester_id.as_str())?;
+            statement.raw_bind_parameter(first + 4, decision.primary_agent_id.as_str())?;
+            statement.raw_bind_parameter(first + 5, decision.kind.as_str())?;
+            statement.raw_bind_parameter(first + 6, decision.tier.as_str())?;
+            statement.raw_bind_parameter(first + 7, to_json(*decision)?)?;
+            statement.raw_bind_parameter(first + 8, pending.request.description.as_str())?;
+            statement.raw_bind_parameter(first + 9, pending.now)?;
+            ids.push(id);
+        }
+        statement.raw_execute()?;
+    }
+    Ok(Settled { decisions, ids, changes, missed })
 }
