@@ -52,7 +52,18 @@ impl NativeSqlite {
     where
         E: From<rusqlite::Error> + From<sqlx::Error>,
     {
-        let _turn = writers.acquire().await?;
+        let mut turn = writers.acquire().await?;
+        let outcome = self.run(work);
+        // Given back here rather than by a task the drop would spawn, which
+        // the next writer would wait for.
+        turn.return_to_pool().await;
+        outcome
+    }
+
+    fn run<R, E>(&self, work: impl FnOnce(&Transaction<'_>) -> Result<R, E>) -> Result<R, E>
+    where
+        E: From<rusqlite::Error>,
+    {
         let mut guard = self.connection.lock().unwrap_or_else(PoisonError::into_inner);
         let connection = match &mut *guard {
             Some(connection) => connection,

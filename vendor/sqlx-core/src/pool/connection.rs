@@ -304,6 +304,16 @@ impl<DB: Database> Floating<DB, Live<DB>> {
             }
         }
 
+        // muster's patch: a pool told not to test its connections before
+        // handing them out does not test them on release either. For
+        // SQLite the test is a round trip to the connection's thread that
+        // the next user waits for; a rollback left by a dropped transaction
+        // is still queued there ahead of the next user's commands.
+        if !self.guard.pool.options.test_before_acquire {
+            self.release();
+            return true;
+        }
+
         // test the connection on-release to ensure it is still viable,
         // and flush anything time-sensitive like transaction rollbacks
         // if an Executor future/stream is dropped during an `.await` call, the connection
