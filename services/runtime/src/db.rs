@@ -166,7 +166,9 @@ impl Database {
 }
 
 /// Pool settings: SQLite connections in WAL mode (the read-only ones
-/// refuse writes). A SQLite connection is not tested before it is handed
+/// refuse writes), with temporary data in memory: a multi-row statement in
+/// a transaction keeps a statement journal, by default a temporary file
+/// written on every such statement. A SQLite connection is not tested before it is handed
 /// out: it cannot have been cut, and the test is a round trip to its
 /// thread.
 fn pool_options(backend: Backend, max_connections: u32, read_only: bool) -> AnyPoolOptions {
@@ -178,7 +180,7 @@ fn pool_options(backend: Backend, max_connections: u32, read_only: bool) -> AnyP
                 connection
                     .execute(
                         "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
-                         PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000;",
+                         PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000; PRAGMA temp_store = MEMORY;",
                     )
                     .await?;
                 if read_only {

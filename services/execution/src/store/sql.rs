@@ -6,7 +6,9 @@
 //! one transaction (group commit), with one multi-row statement per table.
 //! Being the only writer of the event log also makes positions in the log
 //! follow commit order, which the notifier's cursor relies on. Reads use
-//! the database's read pool, so they never wait behind the writer.
+//! the database's read pool, so they never wait behind the writer. On a
+//! SQLite file, a transaction of running executions' progress (the usual
+//! one) runs whole on the writer's thread through the native connection.
 
 use std::{collections::HashMap, sync::Arc};
 

@@ -131,7 +131,7 @@ impl<'a> IngestPlan<'a> {
 /// [`Store::ingest`] on a SQLite file, run whole on the calling thread:
 /// the same statements without a thread hand-off for each.
 fn ingest_natively(
-    transaction: &rusqlite::Transaction<'_>,
+    transaction: &rusqlite::Connection,
     events: &[NewEvent],
     memory_file_lengths: &[(String, u64)],
 ) -> Result<Vec<IngestOutcome>> {

@@ -564,7 +564,7 @@ pub(super) async fn upsert_reservations(
 /// [`upsert_reservations`] in a transaction on a SQLite file's native
 /// connection.
 pub(super) fn upsert_reservations_natively(
-    transaction: &rusqlite::Transaction<'_>,
+    transaction: &rusqlite::Connection,
     rows: &[(&str, &str, i64)],
 ) -> Result<()> {
     for chunk in rows.chunks(BATCH_ROWS_PER_STATEMENT) {

@@ -23,7 +23,7 @@ use std::{
     sync::{Arc, Mutex, PoisonError},
 };
 
-use muster_runtime::db::{Backend, placeholder_list, placeholders};
+use muster_runtime::db::{Backend, placeholder, placeholder_list, placeholders};
 use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::oneshot;
 
@@ -240,17 +240,18 @@ fn decide_in_order(
 }
 
 /// Every chosen agent's slots in one conditional update (`2 × agents`
-/// parameters: id, slots); an agent not returned had fewer free slots than
-/// the index knew.
-fn take_slots_sql(backend: Backend, agents: usize, now: i64) -> String {
+/// parameters: id, slots; then the time); an agent not returned had fewer
+/// free slots than the index knew.
+fn take_slots_sql(backend: Backend, agents: usize) -> String {
     format!(
         "WITH wanted (id, slots) AS (VALUES {}) \
-         UPDATE agents SET current_workload = agents.current_workload + wanted.slots, updated_at = {now}, \
+         UPDATE agents SET current_workload = agents.current_workload + wanted.slots, updated_at = {}, \
          version = agents.version + 1 FROM wanted \
          WHERE agents.id = wanted.id AND agents.current_workload + wanted.slots <= agents.workload_capacity \
          AND agents.manual_status NOT IN ('offline', 'busy') \
          RETURNING agents.id, agents.version, agents.current_workload",
-        placeholders(backend, agents, 2)
+        placeholders(backend, agents, 2),
+        placeholder(backend, 2 * agents + 1)
     )
 }
 
@@ -306,9 +307,10 @@ async fn settle(store: &SqlStore, index: &Index, batch: &[Pending]) -> Result<Se
     let wanted: Vec<(&String, u32)> = taken.iter().map(|(agent, slots)| (agent, *slots)).collect();
     let query = wanted
         .iter()
-        .fold(sqlx::query(AssertSqlSafe(take_slots_sql(backend, wanted.len(), now))), |query, (agent, slots)| {
+        .fold(sqlx::query(AssertSqlSafe(take_slots_sql(backend, wanted.len()))), |query, (agent, slots)| {
             query.bind((*agent).clone()).bind(i64::from(*slots))
-        });
+        })
+        .bind(now);
     let changes: Vec<WorkloadChange> =
         query.fetch_all(&mut *transaction).await?.iter().map(workload_change).collect::<Result<_>>()?;
     let missed = keep_reserved(&mut decisions, &taken, &changes);
@@ -346,7 +348,7 @@ async fn settle(store: &SqlStore, index: &Index, batch: &[Pending]) -> Result<Se
 
 /// [`decide_together`]'s transaction on a SQLite file, run whole on the
 /// calling thread: the same statements without a thread hand-off for each.
-fn settle_natively(transaction: &rusqlite::Transaction<'_>, index: &Index, batch: &[Pending]) -> Result<Settled> {
+fn settle_natively(transaction: &rusqlite::Connection, index: &Index, batch: &[Pending]) -> Result<Settled> {
     let backend = Backend::Sqlite;
     let mut statement = transaction.prepare_cached(&placed_before_sql(backend, batch.len()))?;
     for (position, pending) in batch.iter().chain(batch).enumerate() {
@@ -365,11 +367,12 @@ fn settle_natively(transaction: &rusqlite::Transaction<'_>, index: &Index, batch
     }
 
     let now = batch.iter().map(|pending| pending.now).max().unwrap_or_default();
-    let mut statement = transaction.prepare_cached(&take_slots_sql(backend, taken.len(), now))?;
+    let mut statement = transaction.prepare_cached(&take_slots_sql(backend, taken.len()))?;
     for (position, (agent, slots)) in taken.iter().enumerate() {
         statement.raw_bind_parameter(2 * position + 1, agent.as_str())?;
         statement.raw_bind_parameter(2 * position + 2, i64::from(*slots))?;
     }
+    statement.raw_bind_parameter(2 * taken.len() + 1, now)?;
     let mut changes: Vec<WorkloadChange> = Vec::with_capacity(taken.len());
     let mut rows = statement.raw_query();
     while let Some(row) = rows.next()? {

@@ -20,7 +20,7 @@ use std::{
     sync::{Mutex, PoisonError},
 };
 
-use rusqlite::{Connection, OpenFlags, Transaction, TransactionBehavior};
+use rusqlite::{Connection, OpenFlags};
 use sqlx::AnyPool;
 
 /// Prepared statements a connection keeps (a multi-row statement is one per
@@ -39,16 +39,12 @@ impl NativeSqlite {
         Self { path, connection: Mutex::new(None) }
     }
 
-    /// Runs `work` in one `BEGIN IMMEDIATE` transaction and commits it,
-    /// while holding `writers`' connection so that no write of the pool runs
-    /// at the same time. An error from `work` (or the commit) rolls
-    /// everything back. `work` must not block on anything but SQLite: it
-    /// runs on the calling task's thread.
-    pub async fn write<R, E>(
-        &self,
-        writers: &AnyPool,
-        work: impl FnOnce(&Transaction<'_>) -> Result<R, E>,
-    ) -> Result<R, E>
+    /// Runs `work` in one `BEGIN IMMEDIATE` transaction on the connection
+    /// it is given and commits it, while holding `writers`' connection so
+    /// that no write of the pool runs at the same time. An error from
+    /// `work` (or the commit) rolls everything back. `work` must not block
+    /// on anything but SQLite: it runs on the calling task's thread.
+    pub async fn write<R, E>(&self, writers: &AnyPool, work: impl FnOnce(&Connection) -> Result<R, E>) -> Result<R, E>
     where
         E: From<rusqlite::Error> + From<sqlx::Error>,
     {
@@ -60,7 +56,9 @@ impl NativeSqlite {
         outcome
     }
 
-    fn run<R, E>(&self, work: impl FnOnce(&Transaction<'_>) -> Result<R, E>) -> Result<R, E>
+    /// The transaction's statements are prepared once per connection, like
+    /// every statement `work` prepares with `prepare_cached`.
+    fn run<R, E>(&self, work: impl FnOnce(&Connection) -> Result<R, E>) -> Result<R, E>
     where
         E: From<rusqlite::Error>,
     {
@@ -69,9 +67,10 @@ impl NativeSqlite {
             Some(connection) => connection,
             empty => empty.insert(self.open()?),
         };
-        let transaction = connection.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let outcome = work(&transaction)?;
-        transaction.commit()?;
+        connection.prepare_cached("BEGIN IMMEDIATE")?.execute([])?;
+        let open = Open(connection);
+        let outcome = work(open.0)?;
+        open.0.prepare_cached("COMMIT")?.execute([])?;
         Ok(outcome)
     }
 
@@ -83,10 +82,22 @@ impl NativeSqlite {
         )?;
         connection.execute_batch(
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; \
-             PRAGMA busy_timeout = 5000;",
+             PRAGMA busy_timeout = 5000; PRAGMA temp_store = MEMORY;",
         )?;
         connection.set_prepared_statement_cache_capacity(CACHED_STATEMENTS);
         Ok(connection)
+    }
+}
+
+/// A transaction that has begun: unless it was committed, it is rolled
+/// back when this is dropped (an error, or a panic in the work).
+struct Open<'a>(&'a Connection);
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        if !self.0.is_autocommit() {
+            let _ = self.0.execute_batch("ROLLBACK");
+        }
     }
 }
 
@@ -162,7 +173,26 @@ mod tests {
             })
             .await;
         assert!(matches!(&broken, Err(Failure::Database(message)) if message.contains("no such table")), "{broken:?}");
+        let panicked = tokio::spawn({
+            let database = database.clone();
+            async move {
+                let native = database.native().unwrap();
+                native
+                    .write(&database.pool, |transaction| {
+                        transaction.execute("INSERT INTO t (source) VALUES ('panicked')", [])?;
+                        panic!("a bug in the work");
+                        #[allow(unreachable_code)]
+                        Ok::<_, Failure>(())
+                    })
+                    .await
+            }
+        })
+        .await;
+        assert!(panicked.is_err());
         assert_eq!(count(&database).await, 0);
+        // Rolled back as it unwound: the pool can write at once.
+        sqlx::query("INSERT INTO t (source) VALUES ('after the panic')").execute(&database.pool).await.unwrap();
+        sqlx::query("DELETE FROM t").execute(&database.pool).await.unwrap();
 
         // Native and pool writers at once, each in its own transaction that
         // reads then writes: none is refused as busy, none is lost.
