@@ -4,7 +4,8 @@
 //! ([`process`]), the one gRPC server builder that adds health, reflection,
 //! request spans, metrics and graceful shutdown to every service
 //! ([`server`]), the termination signal ([`shutdown`]), database pools and
-//! migrations for SQLite and PostgreSQL ([`db`]), Prometheus metrics
+//! migrations for SQLite and PostgreSQL, and SQLite write transactions run
+//! whole on the calling thread ([`db`]), Prometheus metrics
 //! ([`metrics`]), and the convention by which a service's errors become gRPC
 //! statuses ([`status`]), who is calling and what it may call ([`auth`],
 //! with the service-to-service credentials of [`security`]), TLS and mutual

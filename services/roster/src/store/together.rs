@@ -275,6 +275,14 @@ fn placed<'a>(batch: &'a [Pending], decisions: &'a [Option<Decision>]) -> Vec<(&
     batch.iter().zip(decisions).filter_map(|(pending, decision)| Some((pending, decision.as_ref()?))).collect()
 }
 
+/// The reservation of each settled call: its task, the agent, since when.
+fn reservations<'a>(placed: &[(&'a Pending, &'a Decision)]) -> Vec<(&'a str, &'a str, i64)> {
+    placed
+        .iter()
+        .map(|(pending, decision)| (pending.request.task_id.as_str(), decision.primary_agent_id.as_str(), pending.now))
+        .collect()
+}
+
 /// The audit records of `rows` calls, 9 parameters each.
 fn delegations_sql(backend: Backend, rows: usize) -> String {
     format!(
@@ -304,11 +312,10 @@ async fn settle(store: &SqlStore, index: &Index, batch: &[Pending]) -> Result<Se
     }
 
     let now = batch.iter().map(|pending| pending.now).max().unwrap_or_default();
-    let wanted: Vec<(&String, u32)> = taken.iter().map(|(agent, slots)| (agent, *slots)).collect();
-    let query = wanted
+    let query = taken
         .iter()
-        .fold(sqlx::query(AssertSqlSafe(take_slots_sql(backend, wanted.len()))), |query, (agent, slots)| {
-            query.bind((*agent).clone()).bind(i64::from(*slots))
+        .fold(sqlx::query(AssertSqlSafe(take_slots_sql(backend, taken.len()))), |query, (agent, slots)| {
+            query.bind(agent.clone()).bind(i64::from(*slots))
         })
         .bind(now);
     let changes: Vec<WorkloadChange> =
@@ -318,13 +325,7 @@ async fn settle(store: &SqlStore, index: &Index, batch: &[Pending]) -> Result<Se
     let placed = placed(batch, &decisions);
     let mut ids = Vec::with_capacity(placed.len());
     if !placed.is_empty() {
-        let reservations: Vec<(&str, &str, i64)> = placed
-            .iter()
-            .map(|(pending, decision)| {
-                (pending.request.task_id.as_str(), decision.primary_agent_id.as_str(), pending.now)
-            })
-            .collect();
-        upsert_reservations(&mut transaction, backend, &reservations).await?;
+        upsert_reservations(&mut transaction, backend, &reservations(&placed)).await?;
         let mut query = sqlx::query(AssertSqlSafe(delegations_sql(backend, placed.len())));
         for (pending, decision) in &placed {
             let id = uuid::Uuid::now_v7().to_string();
@@ -386,13 +387,7 @@ fn settle_natively(transaction: &rusqlite::Connection, index: &Index, batch: &[P
     let placed = placed(batch, &decisions);
     let mut ids = Vec::with_capacity(placed.len());
     if !placed.is_empty() {
-        let reservations: Vec<(&str, &str, i64)> = placed
-            .iter()
-            .map(|(pending, decision)| {
-                (pending.request.task_id.as_str(), decision.primary_agent_id.as_str(), pending.now)
-            })
-            .collect();
-        upsert_reservations_natively(transaction, &reservations)?;
+        upsert_reservations_natively(transaction, &reservations(&placed))?;
         let mut statement = transaction.prepare_cached(&delegations_sql(backend, placed.len()))?;
         for (row, (pending, decision)) in placed.iter().enumerate() {
             let id = uuid::Uuid::now_v7().to_string();
