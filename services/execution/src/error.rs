@@ -94,8 +94,9 @@ pub(crate) enum Error {
         /// What happened.
         detail: String,
     },
-    /// The execution is not driven here now (the service is stopping).
-    #[error("execution '{0}' is not running here now; try again")]
+    /// The execution is not driven by this replica now (another replica
+    /// drives it, or this one is stopping).
+    #[error("execution '{0}' is not driven by this replica now; try again (another replica may drive it)")]
     NotRunningHere(String),
     /// The database failed.
     #[error("storage: {0}")]

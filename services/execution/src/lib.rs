@@ -5,7 +5,9 @@
 //! roster's `Delegate`), hands steps to agent workers connected over a
 //! bidirectional stream, records every state change with its events in one
 //! transaction, streams the log to the notifier, and resumes unfinished
-//! executions after a restart. It also starts runs by itself (inboxes,
+//! executions after a restart. Several replicas may share one PostgreSQL
+//! database: each drives the executions it holds a lease on, and the others
+//! take them over when it dies or stops. It also starts runs by itself (inboxes,
 //! schedules, the roles of the roster that run on their own) within budgets
 //! and throttles, and keeps what runs remember (memory).
 //!
@@ -75,6 +77,12 @@ pub struct Config {
     /// it sets `schedule_to_start_seconds`; 0 waits as long as it takes.
     #[arg(long, env = "MUSTER_SCHEDULE_TO_START_SECONDS", default_value_t = 600)]
     pub schedule_to_start_seconds: u64,
+    /// How long, in milliseconds, a replica's hold on the executions it
+    /// drives lasts without renewal (renewed every third of it): when a
+    /// replica dies, another takes its executions over within about this
+    /// time. A replica that cannot renew in time stops.
+    #[arg(long, env = "MUSTER_REPLICA_LEASE_MS", default_value_t = 10_000)]
+    pub replica_lease_ms: u64,
 }
 
 impl Config {
@@ -105,6 +113,7 @@ pub async fn run(
         worker_lease: lease,
         schedule_to_start: (config.schedule_to_start_seconds > 0)
             .then(|| Duration::from_secs(config.schedule_to_start_seconds)),
+        ownership_lease: Duration::from_millis(config.replica_lease_ms.max(300)),
     };
     let engine = engine::Engine::new(store.clone(), roster.clone(), settings);
     let measured = Arc::downgrade(&engine);
@@ -137,6 +146,7 @@ pub async fn run(
     let started = engine.clone();
     let ready = async move {
         store.migrate().await?;
+        started.join().await?;
         started.load_matrix().await?;
         started.load_agent_budgets().await?;
         // These run for the life of the engine.
@@ -147,10 +157,11 @@ pub async fn run(
         started.spawn(follow_matrix(started.clone()));
         started.spawn(started.clone().run_schedules());
         started.spawn(started.clone().follow_roles(roster));
-        let resumed = started.resume_unfinished().await?;
+        let resumed = started.adopt().await?;
         if resumed > 0 {
             tracing::info!(resumed, "resumed unfinished executions");
         }
+        started.spawn(started.clone().keep_lease());
         // Messages posted while no run could start (the service stopped) start one now.
         if let Err(error) = started.trigger_waiting_inboxes().await {
             tracing::warn!(%error, "could not start the runs of waiting inbox messages");
@@ -162,10 +173,27 @@ pub async fn run(
             ExecutionServiceServer::new(api).max_decoding_message_size(limit).max_encoding_message_size(limit),
             grpc::ACCESS,
         )
-        .serve(listener, &security, ready, shutdown)
+        .serve(listener, &security, ready, shutdown_or_deposed(shutdown, engine.deposed.clone()))
         .await;
     engine.shutdown().await;
+    if engine.deposed.is_cancelled() {
+        return Err(muster_runtime::Error::Deposed(format!(
+            "replica {} lost its lease on its executions (another replica takes them over)",
+            engine.replica
+        )));
+    }
     served
+}
+
+/// Resolves on `shutdown`, or when the replica lost its lease.
+async fn shutdown_or_deposed(
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    deposed: tokio_util::sync::CancellationToken,
+) {
+    tokio::select! {
+        () = shutdown => {}
+        () = deposed.cancelled() => {}
+    }
 }
 
 /// Disconnects the workers silent past their lease.

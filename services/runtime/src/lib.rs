@@ -74,6 +74,10 @@ pub enum Error {
     /// The settings are wrong: a file that cannot be parsed, a missing credential.
     #[error("{0}")]
     Config(String),
+    /// The service stopped because another process took its work over
+    /// (a replica that lost its lease).
+    #[error("{0}")]
+    Deposed(String),
 }
 
 /// The runtime's result type.

@@ -5,6 +5,11 @@
 //! and deduplicated). When the notifier is down, events wait in the log;
 //! after a reconnect everything past the cursor is sent again (the notifier
 //! deduplicates by event id).
+//!
+//! With several replicas, only the one that leads ([`Store::leads`])
+//! publishes; it reads the log when its own commits wake it and every
+//! [`POLL`] for the other replicas' events. When the leader changes, the
+//! new one starts from the stored cursor.
 
 use std::{collections::VecDeque, sync::Arc, time::Duration};
 
@@ -30,10 +35,27 @@ const BATCH: u32 = 1024;
 /// after a restart, what was acknowledged since is sent again, once.
 const CURSOR_EVERY: Duration = Duration::from_millis(100);
 
+/// How often the log is read for events other replicas committed.
+const POLL: Duration = Duration::from_millis(100);
+/// How often a replica checks whether it leads.
+const LEAD_CHECK: Duration = Duration::from_secs(1);
+
 /// Runs until the task is cancelled.
 pub(crate) async fn publish(store: Arc<dyn Store>, notifier: NotifierClient, wake: Arc<Notify>) {
     let mut backoff = Duration::from_millis(50);
     loop {
+        match store.leads().await {
+            Ok(true) => {}
+            Ok(false) => {
+                tokio::time::sleep(LEAD_CHECK).await;
+                continue;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot tell whether this replica streams the log to the notifier");
+                tokio::time::sleep(LEAD_CHECK).await;
+                continue;
+            }
+        }
         match session(store.as_ref(), notifier.clone(), &wake).await {
             Ok(()) => backoff = Duration::from_millis(50),
             Err(error) => {
@@ -56,6 +78,10 @@ async fn session(store: &dyn Store, mut client: NotifierClient, wake: &Notify) -
     let mut written = last_sent;
     let mut write_cursor = tokio::time::interval(CURSOR_EVERY);
     write_cursor.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut poll = tokio::time::interval(POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut lead_check = tokio::time::interval(LEAD_CHECK);
+    lead_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let woken = wake.notified();
         tokio::pin!(woken);
@@ -95,6 +121,16 @@ async fn session(store: &dyn Store, mut client: NotifierClient, wake: &Notify) -
                 written = acknowledged;
             }
             () = &mut woken, if in_flight.len() < MAX_IN_FLIGHT => {}
+            _ = poll.tick(), if in_flight.len() < MAX_IN_FLIGHT => {}
+            _ = lead_check.tick() => {
+                if !store.leads().await? {
+                    tracing::info!("another replica streams the log to the notifier now");
+                    if acknowledged > written {
+                        store.advance_cursor(NOTIFIER_CURSOR, acknowledged).await?;
+                    }
+                    return Ok(());
+                }
+            }
         }
     }
 }

@@ -3,7 +3,10 @@
 //! hands steps to the connected [`workers`], starts the runs that inboxes
 //! ([`inbox`]) and schedules ([`schedule`]) trigger, keeps the processes of
 //! the roles that run on their own ([`roles`]), and resumes unfinished
-//! executions after a restart. It speaks domain types only; the roster is
+//! executions after a restart. Several replicas may share one database:
+//! each drives the executions it holds a lease on ([`Engine::keep_lease`]),
+//! and takes over those of a replica whose lease lapsed or that left. It
+//! speaks domain types only; the roster is
 //! reached through the [`Roster`] trait and storage through [`Store`], so
 //! tests drive it with their own.
 //!
@@ -63,6 +66,10 @@ pub(crate) struct Settings {
     /// How long a step may wait for a worker, unless it sets its own
     /// `schedule_to_start_seconds`; `None`: as long as it takes.
     pub(crate) schedule_to_start: Option<Duration>,
+    /// How long this replica's hold on its executions lasts without being
+    /// renewed (it is renewed every third of it): after a crash, other
+    /// replicas take the executions over within about this time.
+    pub(crate) ownership_lease: Duration,
 }
 
 /// Where a worker's report (or a slot on a worker) goes: the driver of the
@@ -175,6 +182,12 @@ pub(crate) struct Engine {
     pub(crate) tasks: TaskTracker,
     /// Cancelled when the service stops.
     pub(crate) stopping: CancellationToken,
+    /// This replica's name among the replicas on the store.
+    pub(crate) replica: String,
+    /// Whether it joined them (and leaves them when it stops).
+    joined: std::sync::atomic::AtomicBool,
+    /// Cancelled when this replica lost its lease: the service must stop.
+    pub(crate) deposed: CancellationToken,
     drivers: Mutex<HashMap<String, mpsc::UnboundedSender<Input>>>,
     /// The permission matrix in force.
     matrix: RwLock<Arc<Matrix>>,
@@ -210,6 +223,9 @@ impl Engine {
             settings,
             tasks: TaskTracker::new(),
             stopping: CancellationToken::new(),
+            replica: replica_name(),
+            joined: std::sync::atomic::AtomicBool::new(false),
+            deposed: CancellationToken::new(),
             drivers: Mutex::new(HashMap::new()),
             matrix: RwLock::new(Arc::new(default_matrix())),
             processes: Mutex::new(HashMap::new()),
@@ -220,13 +236,66 @@ impl Engine {
         })
     }
 
-    /// Stops the background work: drivers stop between turns (their
-    /// executions resume on the next start), and the call returns when every
-    /// task has ended.
+    /// Stops the background work: drivers stop between turns, and the call
+    /// returns when every task has ended. Then the replica gives its
+    /// unfinished executions back, for another replica (or the next start)
+    /// to take over at once.
     pub(crate) async fn shutdown(&self) {
         self.stopping.cancel();
         self.tasks.close();
         self.tasks.wait().await;
+        if self.joined.load(std::sync::atomic::Ordering::Acquire)
+            && !self.deposed.is_cancelled()
+            && let Err(error) = self.store.leave().await
+        {
+            tracing::warn!(%error, "could not give this replica's executions back; they are taken over when its lease lapses");
+        }
+    }
+
+    /// Joins the replicas on the store, with this replica's lease.
+    pub(crate) async fn join(&self) -> Result<()> {
+        self.store.join(&self.replica, self.settings.ownership_lease).await?;
+        self.joined.store(true, std::sync::atomic::Ordering::Release);
+        tracing::info!(replica = %self.replica, lease_ms = self.settings.ownership_lease.as_millis() as u64, "joined the execution service's replicas");
+        Ok(())
+    }
+
+    /// Renews this replica's lease every third of it and takes over the
+    /// executions no replica drives, until the engine stops. When the lease
+    /// is lost (it lapsed: another replica may drive the executions now), or
+    /// cannot be renewed before it lapses, cancels [`Engine::deposed`].
+    pub(crate) async fn keep_lease(self: Arc<Self>) {
+        let lease = self.settings.ownership_lease;
+        let mut tick = tokio::time::interval(lease / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Measured from before each renewal asks, so never later than the
+        // database's own expiry.
+        let mut held_until = tokio::time::Instant::now() + lease;
+        loop {
+            tick.tick().await;
+            let asked = tokio::time::Instant::now();
+            match self.store.renew(lease).await {
+                Ok(true) => held_until = asked + lease,
+                Ok(false) => return self.depose("its lease lapsed"),
+                Err(error) if tokio::time::Instant::now() >= held_until => {
+                    return self.depose(&format!("it could not renew its lease in time: {error}"));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "renewing this replica's lease failed; retrying");
+                    continue;
+                }
+            }
+            match self.adopt().await {
+                Ok(0) => {}
+                Ok(adopted) => tracing::info!(adopted, "took over executions no replica drove"),
+                Err(error) => tracing::warn!(%error, "taking over executions no replica drives failed"),
+            }
+        }
+    }
+
+    fn depose(&self, why: &str) {
+        tracing::error!(replica = %self.replica, "this replica no longer drives its executions ({why}); stopping");
+        self.deposed.cancel();
     }
 
     /// Spawns background work that stops with the engine.
@@ -577,11 +646,15 @@ impl Engine {
         Ok(process.definition.budget.as_ref().map(|declared| Budget::from((process.name.as_str(), declared))))
     }
 
-    /// Resumes every execution that had not ended when the service stopped.
-    pub(crate) async fn resume_unfinished(self: &Arc<Self>) -> Result<usize> {
-        let ids = self.store.unfinished_executions().await?;
+    /// Takes over and resumes the unfinished executions that no replica
+    /// drives (after a restart: the ones it drove itself); how many.
+    pub(crate) async fn adopt(self: &Arc<Self>) -> Result<usize> {
+        let ids = self.store.adopt().await?;
         let mut resumed = 0;
         for id in &ids {
+            if self.drives(id) {
+                continue;
+            }
             let Some(mut execution) = self.store.execution(id).await? else { continue };
             execution.last_sequence = self.store.last_event_sequence(id).await?;
             let process = match self.definition_of(&execution).await {
@@ -606,6 +679,11 @@ impl Engine {
     /// How many executions this engine drives now.
     pub(crate) fn running(&self) -> usize {
         self.drivers.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// Whether this replica drives the execution now.
+    pub(crate) fn drives(&self, execution_id: &str) -> bool {
+        self.drivers.lock().unwrap_or_else(PoisonError::into_inner).contains_key(execution_id)
     }
 
     /// Hands a request to the driver of a running execution; false when none runs it.
@@ -676,6 +754,14 @@ impl Engine {
             .instrument(span),
         );
     }
+}
+
+/// A name for this replica: the host's (a pod's name on Kubernetes) and a
+/// random suffix, so that a restarted process is a new replica.
+fn replica_name() -> String {
+    let host = std::env::var("HOSTNAME").ok().filter(|host| !host.is_empty()).unwrap_or_else(|| "execution".to_owned());
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    format!("{host}-{}", &suffix[..8])
 }
 
 /// The built-in matrix, version 1.

@@ -200,7 +200,12 @@ impl Drop for Harness {
 }
 
 fn settings() -> Settings {
-    Settings { max_parallel: 16, worker_lease: Duration::from_secs(30), schedule_to_start: None }
+    Settings {
+        max_parallel: 16,
+        worker_lease: Duration::from_secs(30),
+        schedule_to_start: None,
+        ownership_lease: Duration::from_secs(30),
+    }
 }
 
 async fn engine_on(file: &std::path::Path, roster: Arc<FakeRoster>, settings: Settings) -> Arc<Engine> {
@@ -208,6 +213,7 @@ async fn engine_on(file: &std::path::Path, roster: Arc<FakeRoster>, settings: Se
     let store: Arc<dyn Store> = Arc::new(SqlStore::new(database));
     store.migrate().await.unwrap();
     let engine = Engine::new(store, roster, settings);
+    engine.join().await.unwrap();
     engine.load_matrix().await.unwrap();
     engine
 }
@@ -551,7 +557,7 @@ async fn an_engine_that_stops_mid_run_resumes_where_the_store_says() {
 
     // A new engine on the same store, with a worker that answers.
     harness.engine = engine_on(&harness.file, harness.roster.clone(), settings()).await;
-    assert_eq!(harness.engine.resume_unfinished().await.unwrap(), 1);
+    assert_eq!(harness.engine.adopt().await.unwrap(), 1);
     harness.worker(&["doer"], Behaviour::Complete);
     let (status, events) = harness.finished(&id).await;
     assert_eq!(status, ExecutionStatus::Completed);
@@ -637,7 +643,7 @@ async fn a_slot_taken_over_survives_a_restart_and_goes_back_when_the_step_is_rea
 
     // A new engine resumes s1 on the slot it holds, without asking the roster.
     harness.engine = engine_on(&harness.file, harness.roster.clone(), settings()).await;
-    assert_eq!(harness.engine.resume_unfinished().await.unwrap(), 1);
+    assert_eq!(harness.engine.adopt().await.unwrap(), 1);
     harness.worker(&["doer"], Behaviour::HoldStep("s1"));
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let resumed = loop {

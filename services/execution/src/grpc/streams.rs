@@ -354,7 +354,14 @@ async fn hand_off(engine: &Engine, request: HandOff) -> std::result::Result<Hand
     }
 }
 
-/// Sends an execution's stored events after a sequence, then live ones, until it finishes.
+/// How often a watch reads the store for the events of an execution that
+/// another replica drives.
+const WATCH_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Sends an execution's events after `after_sequence` until it ends: the
+/// stored ones, then the live ones of this replica's drivers, and, for an
+/// execution another replica drives, those read from the store every
+/// [`WATCH_POLL`].
 pub(super) async fn stream_events(
     engine: &Engine,
     execution_id: &str,
@@ -381,7 +388,15 @@ pub(super) async fn stream_events(
             }
         }
         loop {
-            match live.recv().await {
+            // Another replica drives the execution: its events reach this
+            // one through the store.
+            let Ok(received) = tokio::time::timeout(WATCH_POLL, live.recv()).await else {
+                if engine.drives(execution_id) {
+                    continue;
+                }
+                break;
+            };
+            match received {
                 Ok(event) if event.execution_id == execution_id && event.sequence > last => {
                     if event.sequence != last + 1 {
                         break; // A gap: read it from the store.

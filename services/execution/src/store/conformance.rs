@@ -1,7 +1,7 @@
 //! One conformance suite over the [`Store`], run against SQLite and
 //! PostgreSQL: both backends behave the same, commit by commit.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Duration};
 
 use muster_runtime::{db::Database, testing::TestDatabase};
 
@@ -239,7 +239,9 @@ async fn conformance(store: SqlStore) {
     ended.status = ExecutionStatus::Completed;
     ended.ended_at = Some(3_500);
     store.commit(vec![Write::CreateExecution(ended), steps("e3", &[done.clone(), done])]).await.unwrap();
-    assert_eq!(store.unfinished_executions().await.unwrap(), ["e1", "e2"]);
+    store.join("only", Duration::from_secs(600)).await.unwrap();
+    assert_eq!(store.adopt().await.unwrap(), ["e1", "e2"], "the unfinished executions, oldest first");
+    assert!(store.adopt().await.unwrap().is_empty(), "adopted once");
     let newest_first = |filter: ExecutionFilter| {
         let store = store.clone();
         async move {
@@ -524,6 +526,55 @@ async fn inboxes(store: &SqlStore) {
     assert_eq!(notes, [("m2", ""), ("m3", ""), ("m4", "no run started: budget"), ("m5", "")]);
 }
 
+/// Two replicas on one database: each drives the executions it holds a
+/// lease on; one whose lease lapses can no longer write, and the other
+/// takes its executions over; one that leaves gives them back at once.
+async fn replicas(url: &str) {
+    let store = || SqlStore::new(Database::connect_lazy_with_readers(url, 1, 1).unwrap());
+    let (first, second, third) = (store(), store(), store());
+    first.migrate().await.unwrap();
+    let progress = |id: &str| {
+        let mut update = execution(id, 0, None);
+        update.reason = "progress".to_owned();
+        vec![Write::UpdateExecution(update)]
+    };
+    // An execution from before replicas: nobody owns it.
+    first.commit(vec![Write::CreateExecution(execution("old", 1_000, None))]).await.unwrap();
+    first.join("first", Duration::from_millis(800)).await.unwrap();
+    assert!(first.join("again", Duration::from_secs(1)).await.is_err(), "a store joins once");
+    assert_eq!(first.adopt().await.unwrap(), ["old"]);
+    first.commit(vec![Write::CreateExecution(execution("new", 2_000, None))]).await.unwrap();
+    let mut ended = execution("ended", 3_000, None);
+    ended.status = ExecutionStatus::Completed;
+    first.commit(vec![Write::CreateExecution(ended)]).await.unwrap();
+
+    second.join("second", Duration::from_secs(600)).await.unwrap();
+    assert!(second.adopt().await.unwrap().is_empty(), "the first replica's lease is live");
+    assert!(first.leads().await.unwrap() && !second.leads().await.unwrap(), "the eldest leads");
+    assert!(first.renew(Duration::from_millis(800)).await.unwrap());
+
+    // The first replica's lease lapses: its commits fail, it cannot renew
+    // or adopt, and the second takes its unfinished executions over.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let lapsed = first.commit(progress("new")).await;
+    assert!(matches!(lapsed, Err(Error::Superseded(_))), "{lapsed:?}");
+    assert!(!first.renew(Duration::from_secs(600)).await.unwrap(), "a lapsed lease is not renewed");
+    assert_eq!(second.adopt().await.unwrap(), ["old", "new"]);
+    assert!(first.adopt().await.unwrap().is_empty(), "a replica without a lease adopts nothing");
+    assert!(second.leads().await.unwrap());
+    second.commit(progress("new")).await.unwrap();
+    assert_eq!(second.execution("new").await.unwrap().unwrap().reason, "progress");
+
+    // A replica that leaves gives its executions back at once.
+    third.join("third", Duration::from_secs(600)).await.unwrap();
+    assert!(third.adopt().await.unwrap().is_empty());
+    second.leave().await.unwrap();
+    assert_eq!(third.adopt().await.unwrap(), ["old", "new"]);
+    assert!(third.leads().await.unwrap());
+    let left = second.commit(progress("old")).await;
+    assert!(matches!(left, Err(Error::Superseded(_))), "a replica that left writes nothing: {left:?}");
+}
+
 /// A SQLite file removed when dropped.
 struct SqliteFile(std::path::PathBuf);
 
@@ -541,6 +592,19 @@ async fn the_store_conforms_on_sqlite() {
         SqliteFile(std::env::temp_dir().join(format!("muster-execution-store-{}.db", uuid::Uuid::new_v4().simple())));
     let database = Database::connect_lazy_with_readers(&format!("sqlite://{}", file.0.display()), 1, 2).unwrap();
     conformance(SqlStore::new(database)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_take_turns_on_sqlite() {
+    let file =
+        SqliteFile(std::env::temp_dir().join(format!("muster-execution-store-{}.db", uuid::Uuid::new_v4().simple())));
+    replicas(&format!("sqlite://{}", file.0.display())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_take_turns_on_postgres() {
+    let Some(database) = TestDatabase::create().await else { return };
+    replicas(&database.url).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

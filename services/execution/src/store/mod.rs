@@ -14,7 +14,7 @@
 mod conformance;
 mod sql;
 
-use std::{future::Future, pin::Pin, sync::Arc};
+use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
 pub(crate) use sql::SqlStore;
 
@@ -226,8 +226,27 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn put_budget<'a>(&'a self, budget: &'a Budget, set_by: &'a str) -> BoxFuture<'a, Result<()>>;
     /// Executions without their steps, newest first.
     fn list_executions<'a>(&'a self, filter: &'a ExecutionFilter) -> BoxFuture<'a, Result<Vec<Execution>>>;
-    /// Ids of the executions that have not ended, oldest first.
-    fn unfinished_executions(&self) -> BoxFuture<'_, Result<Vec<String>>>;
+
+    /// Joins the replicas of the execution service on this database, as
+    /// `replica`, with a lease of `lease` on the executions it will drive.
+    /// From then on, new executions are this replica's, and every commit
+    /// fails with [`crate::Error::Superseded`] once the lease has lapsed.
+    fn join<'a>(&'a self, replica: &'a str, lease: Duration) -> BoxFuture<'a, Result<()>>;
+    /// Extends the lease to `lease` from now; false when it had lapsed
+    /// (another replica may have taken the executions over: the replica must
+    /// stop driving them).
+    fn renew(&self, lease: Duration) -> BoxFuture<'_, Result<bool>>;
+    /// Takes over the unfinished executions that no replica with a live
+    /// lease drives (those of replicas whose lease lapsed, which leave the
+    /// replicas, and those given back); their ids, oldest first. Nothing
+    /// while this replica's own lease has lapsed.
+    fn adopt(&self) -> BoxFuture<'_, Result<Vec<String>>>;
+    /// Gives this replica's unfinished executions back, for the others to
+    /// take over at once, and leaves the replicas.
+    fn leave(&self) -> BoxFuture<'_, Result<()>>;
+    /// Whether this replica is the eldest with a live lease: the one that
+    /// does the work done once for all (streaming the log to the notifier).
+    fn leads(&self) -> BoxFuture<'_, Result<bool>>;
 
     /// The sequence of an execution's last event (0 for none).
     fn last_event_sequence<'a>(&'a self, execution_id: &'a str) -> BoxFuture<'a, Result<u64>>;

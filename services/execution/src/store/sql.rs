@@ -4,13 +4,23 @@
 //! Writes of executions go through one writer task: each commit waits in
 //! its queue, and the writer puts every commit waiting when it is free into
 //! one transaction (group commit), with one multi-row statement per table.
-//! Being the only writer of the event log also makes positions in the log
-//! follow commit order, which the notifier's cursor relies on. Reads use
+//! Positions in the event log follow commit order, which the notifier's
+//! cursor relies on: one writer per replica, and on PostgreSQL the
+//! replicas' transactions that append to the log take turns (a transaction
+//! advisory lock). Once the store has joined the replicas
+//! ([`Store::join`]), every transaction first checks the replica's lease on
+//! its executions (on PostgreSQL with a key-share lock on the replica's row,
+//! which a takeover must wait for), so a replica that lost its lease can no
+//! longer write. Reads use
 //! the database's read pool, so they never wait behind the writer. On a
 //! SQLite file, a transaction of running executions' progress (the usual
 //! one) runs whole on the writer's thread through the native connection.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::HashMap,
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
 use muster_proto::common::v1 as common;
 use muster_runtime::db::{Backend, Database, Migrations, NativeSqlite, placeholder, placeholders};
@@ -48,6 +58,7 @@ const MIGRATIONS: Migrations = Migrations {
         (8, "memory", include_str!("../../migrations/sqlite/0008_memory.sql")),
         (9, "agent budgets", include_str!("../../migrations/sqlite/0009_agent_budgets.sql")),
         (10, "inherited slots", include_str!("../../migrations/sqlite/0010_inherited_slots.sql")),
+        (11, "replicas", include_str!("../../migrations/sqlite/0011_replicas.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -60,6 +71,7 @@ const MIGRATIONS: Migrations = Migrations {
         (8, "memory", include_str!("../../migrations/postgres/0008_memory.sql")),
         (9, "agent budgets", include_str!("../../migrations/postgres/0009_agent_budgets.sql")),
         (10, "inherited slots", include_str!("../../migrations/postgres/0010_inherited_slots.sql")),
+        (11, "replicas", include_str!("../../migrations/postgres/0011_replicas.sql")),
     ],
 };
 
@@ -78,6 +90,11 @@ const JSON_ROWS_PER_STATEMENT: usize = 5000;
 const STEP_COLUMNS: &str = "execution_id, step_id, position, status, executor, attempt, output_json, error_code, \
      error_message, started_at, ended_at, cost, tokens_used, assigned_to, delegation_chain, wait_seconds, retry_at, \
      roster_reserved, slot_task";
+
+/// The advisory lock appends to the event log take on PostgreSQL ("must", "log").
+const LOG_LOCK: (i32, i32) = (0x6d75_7374, 0x006c_6f67);
+/// The advisory lock a replica takes executions over under ("must", "adop").
+const ADOPT_LOCK: (i32, i32) = (0x6d75_7374, 0x6164_6f70);
 
 /// How many columns [`STEP_COLUMNS`] names.
 const STEP_COLUMN_COUNT: usize = 19;
@@ -177,6 +194,8 @@ struct Job {
 pub(crate) struct SqlStore {
     database: Database,
     writer: mpsc::Sender<Job>,
+    /// The replica this store writes for, once it joined.
+    replica: Arc<OnceLock<Arc<str>>>,
 }
 
 impl std::fmt::Debug for SqlStore {
@@ -189,15 +208,57 @@ impl SqlStore {
     /// A store on `database`; its writer runs until the last clone is dropped.
     pub(crate) fn new(database: Database) -> Self {
         let (writer, jobs) = mpsc::channel(4096);
-        tokio::spawn(write_loop(database.clone(), jobs));
-        Self { database, writer }
+        let replica = Arc::new(OnceLock::new());
+        tokio::spawn(write_loop(database.clone(), replica.clone(), jobs));
+        Self { database, writer, replica }
     }
+
+    /// The replica this store writes for.
+    fn replica(&self) -> Result<&str> {
+        self.replica
+            .get()
+            .map(|id| &**id)
+            .ok_or_else(|| Error::Storage("the store has not joined the replicas".to_owned()))
+    }
+}
+
+/// The database's clock, in milliseconds since the epoch: leases are
+/// compared on one clock whatever the replicas' clocks say.
+fn database_now(backend: Backend) -> &'static str {
+    match backend {
+        Backend::Postgres => "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
+        Backend::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+    }
+}
+
+/// The statement that finds the replica's lease unexpired; on PostgreSQL it
+/// also holds its row until the transaction ends, so that a takeover (which
+/// deletes the row of a replica whose lease lapsed) waits for it.
+fn lease_check_sql(backend: Backend) -> String {
+    let lock = if backend == Backend::Postgres { " FOR KEY SHARE" } else { "" };
+    format!(
+        "SELECT 1 FROM replicas WHERE id = {} AND expires_at > {}{lock}",
+        placeholder(backend, 1),
+        database_now(backend)
+    )
+}
+
+/// What a commit of a replica whose lease lapsed fails with.
+fn lease_lapsed(replica: &str) -> Error {
+    Error::Superseded(format!(
+        "replica {replica} no longer holds its lease on its executions: another replica takes them over"
+    ))
+}
+
+/// Milliseconds of a lease, for the database.
+fn lease_millis(lease: Duration) -> i64 {
+    i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Applies queued commits, grouping what waits into one transaction. A
 /// group that fails is applied again commit by commit, so one bad commit
 /// fails alone.
-async fn write_loop(database: Database, mut jobs: mpsc::Receiver<Job>) {
+async fn write_loop(database: Database, replica: Arc<OnceLock<Arc<str>>>, mut jobs: mpsc::Receiver<Job>) {
     while let Some(first) = jobs.recv().await {
         let mut group = vec![first];
         while group.len() < MOST_COMMITS_PER_TRANSACTION {
@@ -207,7 +268,8 @@ async fn write_loop(database: Database, mut jobs: mpsc::Receiver<Job>) {
             }
         }
         let started = std::time::Instant::now();
-        let outcome = apply(&database, group.iter().flat_map(|job| &job.writes)).await;
+        let replica = replica.get().map(|id| &**id);
+        let outcome = apply(&database, replica, group.iter().flat_map(|job| &job.writes)).await;
         muster_runtime::metrics::observe(
             "muster_execution_commit_seconds",
             "Transactions of the execution store's writer, each holding every commit that waited for it",
@@ -231,7 +293,7 @@ async fn write_loop(database: Database, mut jobs: mpsc::Receiver<Job>) {
             }
             Err(_) => {
                 for job in group {
-                    let outcome = apply(&database, job.writes.iter()).await;
+                    let outcome = apply(&database, replica, job.writes.iter()).await;
                     let _ = job.done.send(outcome);
                 }
             }
@@ -239,10 +301,11 @@ async fn write_loop(database: Database, mut jobs: mpsc::Receiver<Job>) {
     }
 }
 
-/// Writes in one transaction: new executions first (their steps and
-/// assignments refer to them), then updates, steps, assignments and events,
-/// each table in as few statements as its rows allow.
-async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>) -> Result<()> {
+/// Writes in one transaction: the lease check of `replica` (when the store
+/// joined the replicas), new executions (owned by `replica`; their steps
+/// and assignments refer to them), then updates, steps, assignments and
+/// events, each table in as few statements as its rows allow.
+async fn apply<'a>(database: &Database, replica: Option<&str>, writes: impl Iterator<Item = &'a Write>) -> Result<()> {
     let mut created = Vec::new();
     let mut updated = Vec::new();
     let mut steps: Vec<&StepWrite> = Vec::new();
@@ -289,11 +352,20 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
         && assignments.is_empty()
         && updated.iter().all(|execution| !execution.status.is_final());
     if let Some(native) = database.native().filter(|_| only_progress) {
-        return apply_natively(native, database, &updated, &steps, &events).await;
+        return apply_natively(native, database, replica, &updated, &steps, &events).await;
     }
     let mut transaction = database.pool.begin().await?;
+    if let Some(replica) = replica {
+        let held = sqlx::query(AssertSqlSafe(lease_check_sql(backend)))
+            .bind(replica.to_owned())
+            .fetch_optional(&mut *transaction)
+            .await?;
+        if held.is_none() {
+            return Err(lease_lapsed(replica));
+        }
+    }
     for execution in created {
-        insert_execution(&mut transaction, execution).await?;
+        insert_execution(&mut transaction, execution, replica).await?;
     }
     for execution in updated {
         let sql = update_execution_sql(backend);
@@ -363,7 +435,15 @@ async fn apply<'a>(database: &Database, writes: impl Iterator<Item = &'a Write>)
     for (execution_id, assignment) in assignments {
         upsert_assignment(&mut transaction, execution_id, assignment).await?;
     }
-    if backend == Backend::Postgres {
+    if backend == Backend::Postgres && !events.is_empty() {
+        // Replicas append to the log one transaction at a time, so that
+        // positions (taken from the log's sequence as rows go in) follow
+        // commit order. The two-key form: a key space of its own.
+        sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
+            .bind(LOG_LOCK.0)
+            .bind(LOG_LOCK.1)
+            .execute(&mut *transaction)
+            .await?;
         for chunk in events.chunks(JSON_ROWS_PER_STATEMENT) {
             let rows: Vec<EventRow<'_>> = chunk
                 .iter()
@@ -406,12 +486,19 @@ type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
 async fn apply_natively(
     native: &NativeSqlite,
     database: &Database,
+    replica: Option<&str>,
     updated: &[&Execution],
     steps: &[&StepWrite],
     events: &[&Event],
 ) -> Result<()> {
     native
         .write(&database.pool, |transaction| {
+            if let Some(replica) = replica {
+                let mut check = transaction.prepare_cached(&lease_check_sql(Backend::Sqlite))?;
+                if !check.exists([replica])? {
+                    return Err(lease_lapsed(replica));
+                }
+            }
             for execution in updated {
                 let mut statement = transaction.prepare_cached(&update_execution_sql(Backend::Sqlite))?;
                 statement.execute(rusqlite::params![
@@ -524,12 +611,16 @@ fn bind_event<'q>(query: AnyQuery<'q>, event: &Event) -> AnyQuery<'q> {
     query.bind(event.execution_id.clone()).bind(event.sequence as i64).bind(wire::event_to_wire(event).encode_to_vec())
 }
 
-async fn insert_execution(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, execution: &Execution) -> Result<()> {
+async fn insert_execution(
+    transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
+    execution: &Execution,
+    owner: Option<&str>,
+) -> Result<()> {
     sqlx::query(
         "INSERT INTO executions (id, process_name, process_version, status, reason, lead_agent_id, inputs_json, \
          idempotency_key, started_at, ended_at, last_sequence, trace_parent, is_session, session_title, \
-         session_description) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+         session_description, owner) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
     )
     .bind(execution.id.clone())
     .bind(execution.process_name.clone())
@@ -546,6 +637,7 @@ async fn insert_execution(transaction: &mut sqlx::Transaction<'_, sqlx::Any>, ex
     .bind(i64::from(execution.session.is_some()))
     .bind(execution.session.as_ref().map(|session| session.title.clone()).unwrap_or_default())
     .bind(execution.session.as_ref().map(|session| session.description.clone()).unwrap_or_default())
+    .bind(owner.map(str::to_owned))
     .execute(&mut **transaction)
     .await?;
     if let Some(session) = &execution.session {
@@ -1279,13 +1371,96 @@ impl Store for SqlStore {
         })
     }
 
-    fn unfinished_executions(&self) -> BoxFuture<'_, Result<Vec<String>>> {
+    fn join<'a>(&'a self, replica: &'a str, lease: Duration) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let rows =
-                sqlx::query("SELECT id FROM executions WHERE status IN ('running', 'paused') ORDER BY started_at, id")
-                    .fetch_all(&self.database.reads)
+            let now = database_now(self.database.backend);
+            sqlx::query(AssertSqlSafe(format!(
+                "INSERT INTO replicas (id, joined_at, expires_at) VALUES ($1, {now}, {now} + $2)"
+            )))
+            .bind(replica.to_owned())
+            .bind(lease_millis(lease))
+            .execute(&self.database.pool)
+            .await?;
+            self.replica
+                .set(replica.into())
+                .map_err(|_| Error::Storage("the store joined the replicas already".to_owned()))
+        })
+    }
+
+    fn renew(&self, lease: Duration) -> BoxFuture<'_, Result<bool>> {
+        Box::pin(async move {
+            let now = database_now(self.database.backend);
+            let renewed = sqlx::query(AssertSqlSafe(format!(
+                "UPDATE replicas SET expires_at = {now} + $1 WHERE id = $2 AND expires_at > {now}"
+            )))
+            .bind(lease_millis(lease))
+            .bind(self.replica()?.to_owned())
+            .execute(&self.database.pool)
+            .await?;
+            Ok(renewed.rows_affected() == 1)
+        })
+    }
+
+    fn adopt(&self) -> BoxFuture<'_, Result<Vec<String>>> {
+        Box::pin(async move {
+            let replica = self.replica()?;
+            let backend = self.database.backend;
+            let now = database_now(backend);
+            let mut transaction = self.database.pool.begin().await?;
+            if backend == Backend::Postgres {
+                // One replica adopts at a time: each statement then sees the
+                // replicas that joined and the executions adopted before it.
+                sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
+                    .bind(ADOPT_LOCK.0)
+                    .bind(ADOPT_LOCK.1)
+                    .execute(&mut *transaction)
                     .await?;
-            rows.iter().map(|row| Ok(row.try_get("id")?)).collect()
+            }
+            // A replica whose lease lapsed leaves (on PostgreSQL, after its
+            // transaction under way, which holds its row, ends).
+            sqlx::query(AssertSqlSafe(format!("DELETE FROM replicas WHERE expires_at <= {now}")))
+                .execute(&mut *transaction)
+                .await?;
+            let adopted = sqlx::query(AssertSqlSafe(format!(
+                "UPDATE executions SET owner = $1 WHERE status IN ('running', 'paused')                  AND (owner IS NULL OR owner NOT IN (SELECT id FROM replicas))                  AND EXISTS (SELECT 1 FROM replicas WHERE id = $1 AND expires_at > {now})                  RETURNING id, started_at"
+            )))
+            .bind(replica.to_owned())
+            .fetch_all(&mut *transaction)
+            .await?;
+            transaction.commit().await?;
+            let mut adopted = adopted
+                .iter()
+                .map(|row| Ok((row.try_get::<i64, _>("started_at")?, row.try_get::<String, _>("id")?)))
+                .collect::<Result<Vec<_>>>()?;
+            adopted.sort_unstable();
+            Ok(adopted.into_iter().map(|(_, id)| id).collect())
+        })
+    }
+
+    fn leave(&self) -> BoxFuture<'_, Result<()>> {
+        Box::pin(async move {
+            let replica = self.replica()?.to_owned();
+            let mut transaction = self.database.pool.begin().await?;
+            sqlx::query("UPDATE executions SET owner = NULL WHERE owner = $1 AND status IN ('running', 'paused')")
+                .bind(replica.clone())
+                .execute(&mut *transaction)
+                .await?;
+            sqlx::query("DELETE FROM replicas WHERE id = $1").bind(replica).execute(&mut *transaction).await?;
+            transaction.commit().await?;
+            Ok(())
+        })
+    }
+
+    fn leads(&self) -> BoxFuture<'_, Result<bool>> {
+        Box::pin(async move {
+            let replica = self.replica()?;
+            let now = database_now(self.database.backend);
+            let eldest: Option<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+                "SELECT id FROM replicas WHERE expires_at > {now} ORDER BY joined_at, id LIMIT 1"
+            )))
+            .fetch_optional(&self.database.reads)
+            .await?;
+            Ok(eldest.as_deref() == Some(replica))
         })
     }
 

@@ -1,0 +1,15 @@
+-- The execution service's replicas on this database. A replica holds a
+-- lease (until expires_at, in milliseconds since the epoch, by the
+-- database's clock) on the executions it drives; it renews it while it
+-- lives, and every commit of its drivers checks it first.
+CREATE TABLE replicas (
+    id TEXT PRIMARY KEY,
+    joined_at BIGINT NOT NULL,
+    expires_at BIGINT NOT NULL
+);
+
+-- The replica that drives an unfinished execution. NULL, or a replica no
+-- longer in `replicas`: nobody does, and the next replica to look takes it
+-- over.
+ALTER TABLE executions ADD COLUMN owner TEXT;
+CREATE INDEX executions_by_owner ON executions (owner);

@@ -1,0 +1,111 @@
+//! Several execution replicas on one PostgreSQL, as separate processes:
+//! each drives the executions it holds a lease on; when the replica that
+//! drives a run is killed (kill -9) another takes the run over once the
+//! lease lapses, and when it stops gracefully the other takes over at once.
+//! Either way every step completes exactly once and the notifier hears of
+//! every event once.
+
+use std::{collections::HashSet, time::Duration};
+
+use muster::worker::{AgentCredential, Endpoint};
+use muster_proto::{
+    common::v1::{EventType, ExecutionStatus, StepEvent},
+    execution::v1::WatchExecutionRequest,
+};
+use muster_tests::{
+    Backend, ExecutionClient, TestCluster, agent, chain_process, events_until_finished, publish_and_start,
+    spawn_sample_worker,
+};
+
+/// The replicas' lease in these tests: a crashed replica's runs are taken
+/// over within about this time.
+const LEASE_MS: &str = "2000";
+const STEPS: usize = 600;
+
+/// Waits until `count` steps of the execution completed, watching through `execution`.
+async fn wait_for_completed_steps(client: &mut ExecutionClient, execution_id: &str, count: usize) {
+    let mut stream = client
+        .watch_execution(WatchExecutionRequest { execution_id: execution_id.to_owned(), after_sequence: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut completed = 0;
+    while completed < count {
+        let event = stream.message().await.unwrap().unwrap().event.unwrap();
+        completed += usize::from(event.event_type == EventType::StepCompleted as i32);
+    }
+}
+
+/// The run completed, each step once, its events without gap or repeat,
+/// and the notifier delivered each event to the informed agent once.
+async fn assert_completed_once(test: &TestCluster, replica: &Endpoint, execution_id: &str) {
+    let events: Vec<StepEvent> = events_until_finished(replica, execution_id).await;
+    let finished = events.last().unwrap();
+    assert_eq!(finished.execution_status, ExecutionStatus::Completed as i32, "{}", finished.detail);
+    for (position, event) in events.iter().enumerate() {
+        assert_eq!(event.sequence, position as u64 + 1, "event sequences have no gap and no repeat");
+    }
+    for index in 0..STEPS {
+        let step = format!("s{index}");
+        let completions = events
+            .iter()
+            .filter(|event| event.event_type == EventType::StepCompleted as i32 && event.step_id == step)
+            .count();
+        assert_eq!(completions, 1, "step {step} completed once");
+    }
+    muster::inbox::wait_for_event(&test.operator("notifier"), "watcher", &finished.event_id, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let notified = muster::inbox::all(&test.operator("notifier"), "watcher").await.unwrap();
+    let mut seen = HashSet::new();
+    for notification in &notified {
+        let event = notification.event.as_ref().unwrap();
+        if event.execution_id == execution_id {
+            assert!(seen.insert(event.event_id.clone()), "event {} notified twice", event.event_id);
+        }
+    }
+    assert_eq!(seen.len(), events.len(), "the lead hears of every event of the run once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_dies_or_stops_hands_its_runs_over() {
+    let environment = vec![("MUSTER_REPLICA_LEASE_MS".to_owned(), LEASE_MS.to_owned())];
+    let Some(mut test) = TestCluster::start_with_environment(Backend::Postgres, environment).await else { return };
+    let tokens = test.register_agents(&[agent("doer", "worker", "team"), agent("watcher", "worker", "team")]).await;
+    let credentials: Vec<AgentCredential> = ["doer", "watcher"]
+        .iter()
+        .zip(tokens)
+        .map(|(id, token)| AgentCredential { agent_id: (*id).to_owned(), token })
+        .collect();
+    let second = test.cluster_mut().add_replica("execution").await.unwrap();
+    let second = Endpoint::new(format!("http://{second}"), test.cluster().credentials.operator_token.clone());
+    // A worker on each replica, serving the same agents.
+    let (stop_first, first_worker) = spawn_sample_worker(test.operator("execution"), credentials.clone());
+    let (stop_second, second_worker) = spawn_sample_worker(second.clone(), credentials);
+
+    // Kill -9 of the replica that drives the run, a third of the way in:
+    // the other takes the run over when the lease lapses.
+    let mut first = test.execution();
+    let crashed = publish_and_start(&mut first, &chain_process("crashed", STEPS, "doer", "watcher", "{}")).await;
+    wait_for_completed_steps(&mut first, &crashed, STEPS / 3).await;
+    test.cluster_mut().kill("execution").await.unwrap();
+    assert_completed_once(&test, &second, &crashed).await;
+
+    // The killed replica comes back (a new replica); a run it starts is
+    // handed over at once when it stops gracefully.
+    test.cluster_mut().restart("execution").await.unwrap();
+    let mut first = test.execution();
+    let stopped = publish_and_start(&mut first, &chain_process("stopped", STEPS, "doer", "watcher", "{}")).await;
+    wait_for_completed_steps(&mut first, &stopped, STEPS / 3).await;
+    let stopping = tokio::time::Instant::now();
+    test.cluster_mut().stop("execution").await.unwrap();
+    // Watched on the other replica from before it takes the run over.
+    assert_completed_once(&test, &second, &stopped).await;
+    eprintln!("a run given back by a stopping replica finished {:?} after the stop began", stopping.elapsed());
+
+    let _ = stop_first.send(());
+    let _ = stop_second.send(());
+    let _ = first_worker.await;
+    second_worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
