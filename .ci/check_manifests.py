@@ -255,6 +255,10 @@ def selects(selector: dict | None, labels: dict) -> bool:
 # --- one Deployment ----------------------------------------------------------
 
 
+# The pod's own fields a variable may take from the downward API.
+POD_FIELDS = {"status.podIP", "metadata.name", "metadata.namespace"}
+
+
 @dataclass
 class Environment:
     values: dict[str, str]  # literal values, from env or ConfigMaps
@@ -314,6 +318,10 @@ def environment(rendered: Rendered, where: str, container: dict) -> Environment:
                 drift(f"{where}: {name} refers to {reference['name']}/{reference['key']}, not in the overlay")
             else:
                 values[name] = str(config_map["data"][reference["key"]])
+        elif (variable.get("valueFrom") or {}).get("fieldRef", {}).get("fieldPath") in POD_FIELDS:
+            # Known only when the pod runs (the downward API): kept as the
+            # reference, for the variables that use it.
+            values[name] = "<" + variable["valueFrom"]["fieldRef"]["fieldPath"] + ">"
         else:
             drift(f"{where}: {name} is set from {sorted(variable.get('valueFrom') or {})}, which this check cannot read")
     return Environment(values, secrets)

@@ -3,14 +3,18 @@
 //! drives a run is killed (kill -9) another takes the run over once the
 //! lease lapses, and when it stops gracefully the other takes over at once.
 //! Either way every step completes exactly once and the notifier hears of
-//! every event once.
+//! every event once. Calls that act on a run reach the replica that drives
+//! it from any replica.
 
 use std::{collections::HashSet, time::Duration};
 
 use muster::worker::{AgentCredential, Endpoint};
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus, StepEvent},
-    execution::v1::WatchExecutionRequest,
+    execution::v1::{
+        CancelExecutionRequest, GetExecutionRequest, StepStatus, SubmitApprovalRequest, WatchExecutionRequest,
+        execution_service_client::ExecutionServiceClient,
+    },
 };
 use muster_tests::{
     Backend, ExecutionClient, TestCluster, agent, chain_process, events_until_finished, publish_and_start,
@@ -107,5 +111,84 @@ async fn a_replica_that_dies_or_stops_hands_its_runs_over() {
     let _ = stop_second.send(());
     let _ = first_worker.await;
     second_worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+/// A request as the agent holding `token`.
+fn as_agent<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+}
+
+/// Polls (through `client`) until the step reaches `status`.
+async fn wait_for_step(client: &mut ExecutionClient, execution_id: &str, step_id: &str, status: StepStatus) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let execution =
+            client.get_execution(GetExecutionRequest { id: execution_id.to_owned() }).await.unwrap().into_inner();
+        if execution.execution.unwrap().steps.iter().any(|step| step.step_id == step_id && step.status == status as i32)
+        {
+            return;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "step {step_id} never reached {status:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_about_a_run_reach_the_replica_that_drives_it() {
+    let Some(mut test) = TestCluster::start(Backend::Postgres).await else { return };
+    let tokens = test.register_agents(&[agent("doer", "worker", "team"), agent("boss", "worker", "team")]).await;
+    let boss = tokens[1].clone();
+    let credentials = vec![AgentCredential { agent_id: "doer".to_owned(), token: tokens[0].clone() }];
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let second = test.cluster_mut().add_replica("execution").await.unwrap();
+    let second = Endpoint::new(format!("http://{second}"), test.cluster().credentials.operator_token.clone());
+    let mut on_second: ExecutionClient = ExecutionServiceClient::new(second.channel().unwrap());
+    let source = |name: &str| {
+        format!(
+            "name: {name}\nsteps:\n  - id: prepare\n    type: agent_task\n    agent: doer\n    message: prepare\n  - id: sign-off\n    type: human_approval\n    title: Sign off\n    depends_on: [prepare]\n    roles:\n      executor: boss\n  - id: ship\n    type: agent_task\n    agent: doer\n    message: ship\n    depends_on: [sign-off]\n"
+        )
+    };
+
+    // Started on the first replica, approved through the second.
+    let mut on_first = test.execution();
+    let approved = publish_and_start(&mut on_first, &source("approved")).await;
+    wait_for_step(&mut on_second, &approved, "sign-off", StepStatus::WaitingApproval).await;
+    let decision = |execution_id: &str| SubmitApprovalRequest {
+        execution_id: execution_id.to_owned(),
+        step_id: "sign-off".to_owned(),
+        approved: true,
+        comment: "ship it".to_owned(),
+    };
+    // A call another replica handed over is answered where it arrives.
+    let mut handed = as_agent(decision(&approved), &boss);
+    handed.metadata_mut().insert("x-muster-handed-over-by", "elsewhere".parse().unwrap());
+    let refused = on_second.submit_approval(handed).await.expect_err("not handed on twice");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    // The approver's own rights apply on the replica that drives the run.
+    let denied = on_second.submit_approval(decision(&approved)).await.expect_err("operators do not decide");
+    assert_eq!(denied.code(), tonic::Code::PermissionDenied, "{denied:?}");
+    let step =
+        on_second.submit_approval(as_agent(decision(&approved), &boss)).await.unwrap().into_inner().step.unwrap();
+    assert_eq!((step.status, step.executor.as_str()), (StepStatus::Completed as i32, "boss"));
+    let events = events_until_finished(&second, &approved).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
+
+    // Started on the first replica, cancelled through the second.
+    let cancelled = publish_and_start(&mut on_first, &source("cancelled")).await;
+    wait_for_step(&mut on_second, &cancelled, "sign-off", StepStatus::WaitingApproval).await;
+    let execution = on_second
+        .cancel_execution(CancelExecutionRequest { id: cancelled.clone(), reason: "changed our minds".to_owned() })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    assert_eq!(execution.status, ExecutionStatus::Cancelled as i32);
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
     test.shutdown().await;
 }

@@ -83,6 +83,12 @@ pub struct Config {
     /// time. A replica that cannot renew in time stops.
     #[arg(long, env = "MUSTER_REPLICA_LEASE_MS", default_value_t = 10_000)]
     pub replica_lease_ms: u64,
+    /// The URL the other replicas reach this one at, to hand it the calls
+    /// about the executions it drives (approvals, interventions, roles,
+    /// cancellation), e.g. http://$(POD_IP):50051. Empty: the address it
+    /// listens on, when that names one host.
+    #[arg(long, env = "MUSTER_REPLICA_URL", default_value = "")]
+    pub replica_url: String,
 }
 
 impl Config {
@@ -140,13 +146,20 @@ pub async fn run(
         true
     });
     let limit = config.server.max_message_bytes;
-    let api = grpc::ExecutionApi::new(engine.clone(), security.agents().clone(), limit);
+    let api = grpc::ExecutionApi::new(engine.clone(), security.clone(), limit);
+    let replica_url = match (config.replica_url.as_str(), listener.local_addr()) {
+        ("", Ok(address)) if !address.ip().is_unspecified() => {
+            let scheme = if security.server_tls.is_some() { "https" } else { "http" };
+            format!("{scheme}://{address}")
+        }
+        (url, _) => url.to_owned(),
+    };
 
     let agents = security.agents().clone();
     let started = engine.clone();
     let ready = async move {
         store.migrate().await?;
-        started.join().await?;
+        started.join(&replica_url).await?;
         started.load_matrix().await?;
         started.load_agent_budgets().await?;
         // These run for the life of the engine.

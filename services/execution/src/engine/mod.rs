@@ -252,9 +252,10 @@ impl Engine {
         }
     }
 
-    /// Joins the replicas on the store, with this replica's lease.
-    pub(crate) async fn join(&self) -> Result<()> {
-        self.store.join(&self.replica, self.settings.ownership_lease).await?;
+    /// Joins the replicas on the store, with this replica's lease; the
+    /// others reach it at `url` (empty: they cannot).
+    pub(crate) async fn join(&self, url: &str) -> Result<()> {
+        self.store.join(&self.replica, url, self.settings.ownership_lease).await?;
         self.joined.store(true, std::sync::atomic::Ordering::Release);
         tracing::info!(replica = %self.replica, lease_ms = self.settings.ownership_lease.as_millis() as u64, "joined the execution service's replicas");
         Ok(())

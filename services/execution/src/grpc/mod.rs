@@ -8,7 +8,10 @@
 use std::{pin::Pin, sync::Arc};
 
 use muster_proto::execution::v1::{self as wire, execution_service_server::ExecutionService};
-use muster_runtime::auth::{AgentDirectory, Caller};
+use muster_runtime::{
+    auth::{AgentDirectory, Caller},
+    security::Security,
+};
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status, Streaming};
@@ -30,6 +33,7 @@ mod access;
 mod budget;
 mod convert;
 mod decisions;
+mod forward;
 mod inbox;
 mod matrix;
 mod memory;
@@ -63,6 +67,8 @@ pub(crate) struct ExecutionApi {
     /// The largest message the service sends: a bigger assignment fails its
     /// step instead of breaking the worker's stream.
     max_message_bytes: usize,
+    /// The other replicas, which answer the calls about the executions they drive.
+    peers: forward::Peers,
 }
 
 /// The page size asked for, within bounds.
@@ -113,8 +119,14 @@ fn roster_answer(
 }
 
 impl ExecutionApi {
-    pub(crate) fn new(engine: Arc<Engine>, agents: AgentDirectory, max_message_bytes: usize) -> Self {
-        Self { engine, agents, role_tools: tools::RoleTools::default(), max_message_bytes }
+    pub(crate) fn new(engine: Arc<Engine>, security: Security, max_message_bytes: usize) -> Self {
+        Self {
+            engine,
+            agents: security.agents().clone(),
+            role_tools: tools::RoleTools::default(),
+            max_message_bytes,
+            peers: forward::Peers::new(security),
+        }
     }
 
     /// An agent of the roster; FAILED_PRECONDITION naming `what` when it is not in it.
@@ -551,6 +563,12 @@ impl ExecutionService for ExecutionApi {
         &self,
         request: Request<wire::CancelExecutionRequest>,
     ) -> Result<Response<wire::CancelExecutionResponse>, Status> {
+        let id = request.get_ref().id.clone();
+        if let Some(answer) =
+            self.hand_over(&request, &id, |mut peer, request| async move { peer.cancel_execution(request).await }).await
+        {
+            return answer;
+        }
         let caller = Caller::of(&request)?;
         answer(
             self.cancel(&caller, request.into_inner())
@@ -632,6 +650,12 @@ impl ExecutionService for ExecutionApi {
         &self,
         request: Request<wire::SubmitApprovalRequest>,
     ) -> Result<Response<wire::SubmitApprovalResponse>, Status> {
+        let id = request.get_ref().execution_id.clone();
+        if let Some(answer) =
+            self.hand_over(&request, &id, |mut peer, request| async move { peer.submit_approval(request).await }).await
+        {
+            return answer;
+        }
         let caller = Caller::of(&request)?;
         answer(self.decide(&caller, request.into_inner()).await)
     }
@@ -640,6 +664,12 @@ impl ExecutionService for ExecutionApi {
         &self,
         request: Request<wire::InterveneRequest>,
     ) -> Result<Response<wire::InterveneResponse>, Status> {
+        let id = request.get_ref().execution_id.clone();
+        if let Some(answer) =
+            self.hand_over(&request, &id, |mut peer, request| async move { peer.intervene(request).await }).await
+        {
+            return answer;
+        }
         let caller = Caller::of(&request)?;
         answer(self.intervene_as(&caller, request.into_inner()).await)
     }
@@ -656,6 +686,12 @@ impl ExecutionService for ExecutionApi {
         &self,
         request: Request<wire::AssignRoleRequest>,
     ) -> Result<Response<wire::AssignRoleResponse>, Status> {
+        let id = request.get_ref().execution_id.clone();
+        if let Some(answer) =
+            self.hand_over(&request, &id, |mut peer, request| async move { peer.assign_role(request).await }).await
+        {
+            return answer;
+        }
         let caller = Caller::of(&request)?;
         answer(self.assign_role_as(&caller, request.into_inner()).await)
     }
@@ -680,6 +716,12 @@ impl ExecutionService for ExecutionApi {
         &self,
         request: Request<wire::SetLeadRequest>,
     ) -> Result<Response<wire::SetLeadResponse>, Status> {
+        let id = request.get_ref().execution_id.clone();
+        if let Some(answer) =
+            self.hand_over(&request, &id, |mut peer, request| async move { peer.set_lead(request).await }).await
+        {
+            return answer;
+        }
         let caller = Caller::of(&request)?;
         answer(self.set_lead_as(&caller, request.into_inner()).await)
     }

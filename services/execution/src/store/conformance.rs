@@ -239,7 +239,7 @@ async fn conformance(store: SqlStore) {
     ended.status = ExecutionStatus::Completed;
     ended.ended_at = Some(3_500);
     store.commit(vec![Write::CreateExecution(ended), steps("e3", &[done.clone(), done])]).await.unwrap();
-    store.join("only", Duration::from_secs(600)).await.unwrap();
+    store.join("only", "", Duration::from_secs(600)).await.unwrap();
     assert_eq!(store.adopt().await.unwrap(), ["e1", "e2"], "the unfinished executions, oldest first");
     assert!(store.adopt().await.unwrap().is_empty(), "adopted once");
     let newest_first = |filter: ExecutionFilter| {
@@ -540,33 +540,40 @@ async fn replicas(url: &str) {
     };
     // An execution from before replicas: nobody owns it.
     first.commit(vec![Write::CreateExecution(execution("old", 1_000, None))]).await.unwrap();
-    first.join("first", Duration::from_millis(800)).await.unwrap();
-    assert!(first.join("again", Duration::from_secs(1)).await.is_err(), "a store joins once");
+    // Long enough for the checks below on a busy machine; renewed before them.
+    let lease = Duration::from_millis(2_000);
+    first.join("first", "http://first", lease).await.unwrap();
+    assert!(first.join("again", "", Duration::from_secs(1)).await.is_err(), "a store joins once");
     assert_eq!(first.adopt().await.unwrap(), ["old"]);
     first.commit(vec![Write::CreateExecution(execution("new", 2_000, None))]).await.unwrap();
     let mut ended = execution("ended", 3_000, None);
     ended.status = ExecutionStatus::Completed;
     first.commit(vec![Write::CreateExecution(ended)]).await.unwrap();
 
-    second.join("second", Duration::from_secs(600)).await.unwrap();
+    second.join("second", "http://second", Duration::from_secs(600)).await.unwrap();
     assert!(second.adopt().await.unwrap().is_empty(), "the first replica's lease is live");
+    let driver = second.driver_of("new").await.unwrap().unwrap();
+    assert_eq!((driver.id.as_str(), driver.url.as_str()), ("first", "http://first"));
+    assert_eq!(second.driver_of("ended").await.unwrap(), None, "an ended execution has no driver");
+    assert!(first.renew(lease).await.unwrap());
     assert!(first.leads().await.unwrap() && !second.leads().await.unwrap(), "the eldest leads");
-    assert!(first.renew(Duration::from_millis(800)).await.unwrap());
 
     // The first replica's lease lapses: its commits fail, it cannot renew
     // or adopt, and the second takes its unfinished executions over.
-    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    tokio::time::sleep(lease + Duration::from_millis(200)).await;
     let lapsed = first.commit(progress("new")).await;
     assert!(matches!(lapsed, Err(Error::Superseded(_))), "{lapsed:?}");
     assert!(!first.renew(Duration::from_secs(600)).await.unwrap(), "a lapsed lease is not renewed");
+    assert_eq!(second.driver_of("new").await.unwrap(), None, "a lapsed lease drives nothing");
     assert_eq!(second.adopt().await.unwrap(), ["old", "new"]);
+    assert_eq!(second.driver_of("new").await.unwrap().unwrap().id, "second");
     assert!(first.adopt().await.unwrap().is_empty(), "a replica without a lease adopts nothing");
     assert!(second.leads().await.unwrap());
     second.commit(progress("new")).await.unwrap();
     assert_eq!(second.execution("new").await.unwrap().unwrap().reason, "progress");
 
     // A replica that leaves gives its executions back at once.
-    third.join("third", Duration::from_secs(600)).await.unwrap();
+    third.join("third", "", Duration::from_secs(600)).await.unwrap();
     assert!(third.adopt().await.unwrap().is_empty());
     second.leave().await.unwrap();
     assert_eq!(third.adopt().await.unwrap(), ["old", "new"]);

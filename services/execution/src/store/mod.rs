@@ -172,6 +172,14 @@ pub(crate) type LogEntry = (i64, Vec<u8>);
 /// The name of the notifier's cursor in the event log.
 pub(crate) const NOTIFIER_CURSOR: &str = "notifier";
 
+/// A replica of the execution service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Replica {
+    pub(crate) id: String,
+    /// Where the others reach it (empty: they cannot).
+    pub(crate) url: String,
+}
+
 /// The execution service's repository.
 pub(crate) trait Store: Send + Sync + 'static {
     /// Creates or upgrades the schema.
@@ -228,10 +236,11 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn list_executions<'a>(&'a self, filter: &'a ExecutionFilter) -> BoxFuture<'a, Result<Vec<Execution>>>;
 
     /// Joins the replicas of the execution service on this database, as
-    /// `replica`, with a lease of `lease` on the executions it will drive.
-    /// From then on, new executions are this replica's, and every commit
-    /// fails with [`crate::Error::Superseded`] once the lease has lapsed.
-    fn join<'a>(&'a self, replica: &'a str, lease: Duration) -> BoxFuture<'a, Result<()>>;
+    /// `replica` reached at `url`, with a lease of `lease` on the executions
+    /// it will drive. From then on, new executions are this replica's, and
+    /// every commit fails with [`crate::Error::Superseded`] once the lease
+    /// has lapsed.
+    fn join<'a>(&'a self, replica: &'a str, url: &'a str, lease: Duration) -> BoxFuture<'a, Result<()>>;
     /// Extends the lease to `lease` from now; false when it had lapsed
     /// (another replica may have taken the executions over: the replica must
     /// stop driving them).
@@ -244,6 +253,8 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// Gives this replica's unfinished executions back, for the others to
     /// take over at once, and leaves the replicas.
     fn leave(&self) -> BoxFuture<'_, Result<()>>;
+    /// The live replica that drives an unfinished execution, if any.
+    fn driver_of<'a>(&'a self, execution_id: &'a str) -> BoxFuture<'a, Result<Option<Replica>>>;
     /// Whether this replica is the eldest with a live lease: the one that
     /// does the work done once for all (streaming the log to the notifier).
     fn leads(&self) -> BoxFuture<'_, Result<bool>>;

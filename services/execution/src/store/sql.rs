@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     Activity, AdmissionLock, Archived, BoxFuture, ExecutionFilter, InboxFilter, LogEntry, NewProcess, Published,
-    StepWrite, Store, Write,
+    Replica, StepWrite, Store, Write,
 };
 use crate::{
     Error, Result,
@@ -1371,19 +1371,22 @@ impl Store for SqlStore {
         })
     }
 
-    fn join<'a>(&'a self, replica: &'a str, lease: Duration) -> BoxFuture<'a, Result<()>> {
+    fn join<'a>(&'a self, replica: &'a str, url: &'a str, lease: Duration) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
+            let joined_already = || Error::Storage("the store joined the replicas already".to_owned());
+            if self.replica.get().is_some() {
+                return Err(joined_already());
+            }
             let now = database_now(self.database.backend);
             sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO replicas (id, joined_at, expires_at) VALUES ($1, {now}, {now} + $2)"
+                "INSERT INTO replicas (id, url, joined_at, expires_at) VALUES ($1, $2, {now}, {now} + $3)"
             )))
             .bind(replica.to_owned())
+            .bind(url.to_owned())
             .bind(lease_millis(lease))
             .execute(&self.database.pool)
             .await?;
-            self.replica
-                .set(replica.into())
-                .map_err(|_| Error::Storage("the store joined the replicas already".to_owned()))
+            self.replica.set(replica.into()).map_err(|_| joined_already())
         })
     }
 
@@ -1448,6 +1451,20 @@ impl Store for SqlStore {
             sqlx::query("DELETE FROM replicas WHERE id = $1").bind(replica).execute(&mut *transaction).await?;
             transaction.commit().await?;
             Ok(())
+        })
+    }
+
+    fn driver_of<'a>(&'a self, execution_id: &'a str) -> BoxFuture<'a, Result<Option<Replica>>> {
+        Box::pin(async move {
+            let now = database_now(self.database.backend);
+            let row = sqlx::query(AssertSqlSafe(format!(
+                "SELECT r.id, r.url FROM executions e JOIN replicas r ON r.id = e.owner \
+                 WHERE e.id = $1 AND e.status IN ('running', 'paused') AND r.expires_at > {now}"
+            )))
+            .bind(execution_id.to_owned())
+            .fetch_optional(&self.database.reads)
+            .await?;
+            row.map(|row| Ok(Replica { id: row.try_get("id")?, url: row.try_get("url")? })).transpose()
         })
     }
 

@@ -1,0 +1,94 @@
+//! Calls that act on a running execution (approvals, interventions, role
+//! assignments, a new lead, cancellation) are answered by the replica that
+//! drives it. A replica that receives one for an execution another live
+//! replica drives hands the call over once: the same request, carrying the
+//! caller's own credential (never this service's), marked so that the
+//! other replica answers it itself. A caller that authenticated without a
+//! token (a service's certificate) is answered here, with NOT_RUNNING_HERE.
+
+use std::{
+    collections::HashMap,
+    sync::{Mutex, PoisonError},
+    time::Duration,
+};
+
+use muster_proto::execution::v1::execution_service_client::ExecutionServiceClient;
+use muster_runtime::{auth::client::AuthChannel, security::Security};
+use tonic::{Request, Response, Status};
+
+use super::ExecutionApi;
+
+/// The metadata that marks a call handed over by another replica (its
+/// name): it is answered where it arrives, never handed on.
+pub(super) const HANDED_OVER_BY: &str = "x-muster-handed-over-by";
+
+/// How long a handed-over call may take (a cancellation waits up to 10 s
+/// for the run to end).
+const HAND_OVER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Another replica, over gRPC.
+pub(super) type PeerClient = ExecutionServiceClient<AuthChannel>;
+
+/// The connections to the other replicas, by URL.
+pub(crate) struct Peers {
+    security: Security,
+    clients: Mutex<HashMap<String, PeerClient>>,
+}
+
+impl Peers {
+    pub(crate) fn new(security: Security) -> Self {
+        Self { security, clients: Mutex::new(HashMap::new()) }
+    }
+
+    fn client(&self, url: &str) -> Result<PeerClient, Status> {
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(client) = clients.get(url) {
+            return Ok(client.clone());
+        }
+        let channel = self.security.channel(url).map_err(|error| {
+            Status::unavailable(format!("cannot reach the replica that drives the execution at {url}: {error}"))
+        })?;
+        let client = ExecutionServiceClient::new(channel);
+        clients.insert(url.to_owned(), client.clone());
+        Ok(client)
+    }
+}
+
+impl ExecutionApi {
+    /// The answer of the replica that drives `execution_id`, when that is
+    /// another live replica this one can reach and the caller presented a
+    /// token; `None` when the call is answered here.
+    pub(super) async fn hand_over<Q, R, F, Fut>(
+        &self,
+        request: &Request<Q>,
+        execution_id: &str,
+        call: F,
+    ) -> Option<Result<Response<R>, Status>>
+    where
+        Q: Clone,
+        F: FnOnce(PeerClient, Request<Q>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+    {
+        if self.engine.drives(execution_id) || request.metadata().contains_key(HANDED_OVER_BY) {
+            return None;
+        }
+        let authorization = request.metadata().get("authorization")?.clone();
+        let driver = match self.engine.store.driver_of(execution_id).await {
+            Ok(Some(driver)) if driver.id != self.engine.replica && !driver.url.is_empty() => driver,
+            Ok(_) => return None,
+            Err(error) => return Some(Err(error.into())),
+        };
+        let client = match self.peers.client(&driver.url) {
+            Ok(client) => client,
+            Err(status) => return Some(Err(status)),
+        };
+        let mut handed = Request::new(request.get_ref().clone());
+        handed.metadata_mut().insert("authorization", authorization);
+        if let Ok(replica) = self.engine.replica.parse() {
+            handed.metadata_mut().insert(HANDED_OVER_BY, replica);
+        }
+        handed.set_timeout(HAND_OVER_TIMEOUT);
+        tracing::debug!(%execution_id, replica = %driver.id, url = %driver.url, "handing the call to the replica that drives the execution");
+        Some(call(client, handed).await)
+    }
+}
