@@ -91,7 +91,8 @@ const STEP_COLUMNS: &str = "execution_id, step_id, position, status, executor, a
      error_message, started_at, ended_at, cost, tokens_used, assigned_to, delegation_chain, wait_seconds, retry_at, \
      roster_reserved, slot_task";
 
-/// The advisory lock appends to the event log take on PostgreSQL ("must", "log").
+/// The advisory lock appends to the event log take on PostgreSQL ("must",
+/// "log"); the two-key form, a key space apart from the admission locks'.
 const LOG_LOCK: (i32, i32) = (0x6d75_7374, 0x006c_6f67);
 /// The advisory lock a replica takes executions over under ("must", "adop").
 const ADOPT_LOCK: (i32, i32) = (0x6d75_7374, 0x6164_6f70);
@@ -231,16 +232,21 @@ fn database_now(backend: Backend) -> &'static str {
     }
 }
 
-/// The statement that finds the replica's lease unexpired; on PostgreSQL it
-/// also holds its row until the transaction ends, so that a takeover (which
-/// deletes the row of a replica whose lease lapsed) waits for it.
+/// The statement that finds the replica's lease unexpired. On PostgreSQL
+/// it also holds the replica's row until the transaction ends, so that a
+/// takeover (which deletes the row of a replica whose lease lapsed) waits
+/// for it, and takes the event log's turn ([`LOG_LOCK`]), in the same round
+/// trip.
 fn lease_check_sql(backend: Backend) -> String {
-    let lock = if backend == Backend::Postgres { " FOR KEY SHARE" } else { "" };
-    format!(
-        "SELECT 1 FROM replicas WHERE id = {} AND expires_at > {}{lock}",
-        placeholder(backend, 1),
-        database_now(backend)
-    )
+    let now = database_now(backend);
+    match backend {
+        Backend::Postgres => format!(
+            "SELECT 1 FROM replicas WHERE id = $1 AND expires_at > {now} \
+             AND pg_advisory_xact_lock({}, {}) IS NOT NULL FOR KEY SHARE",
+            LOG_LOCK.0, LOG_LOCK.1
+        ),
+        Backend::Sqlite => format!("SELECT 1 FROM replicas WHERE id = ?1 AND expires_at > {now}"),
+    }
 }
 
 /// What a commit of a replica whose lease lapsed fails with.
@@ -435,10 +441,10 @@ async fn apply<'a>(database: &Database, replica: Option<&str>, writes: impl Iter
     for (execution_id, assignment) in assignments {
         upsert_assignment(&mut transaction, execution_id, assignment).await?;
     }
-    if backend == Backend::Postgres && !events.is_empty() {
+    if backend == Backend::Postgres && !events.is_empty() && replica.is_none() {
         // Replicas append to the log one transaction at a time, so that
         // positions (taken from the log's sequence as rows go in) follow
-        // commit order. The two-key form: a key space of its own.
+        // commit order; a replica took its turn with its lease check.
         sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
             .bind(LOG_LOCK.0)
             .bind(LOG_LOCK.1)
