@@ -93,6 +93,7 @@ const STEP_COLUMNS: &str = "execution_id, step_id, position, status, executor, a
 
 /// The advisory lock appends to the event log take on PostgreSQL ("must",
 /// "log"); the two-key form, a key space apart from the admission locks'.
+/// `muster_hold_lease` takes it too.
 const LOG_LOCK: (i32, i32) = (0x6d75_7374, 0x006c_6f67);
 /// The advisory lock a replica takes executions over under ("must", "adop").
 const ADOPT_LOCK: (i32, i32) = (0x6d75_7374, 0x6164_6f70);
@@ -232,22 +233,24 @@ fn database_now(backend: Backend) -> &'static str {
     }
 }
 
-/// The statement that finds the replica's lease unexpired. On PostgreSQL
-/// it also holds the replica's row until the transaction ends, so that a
-/// takeover (which deletes the row of a replica whose lease lapsed) waits
-/// for it, and takes the event log's turn ([`LOG_LOCK`]), in the same round
-/// trip.
-fn lease_check_sql(backend: Backend) -> String {
-    let now = database_now(backend);
-    match backend {
-        Backend::Postgres => format!(
-            "SELECT 1 FROM replicas WHERE id = $1 AND expires_at > {now} \
-             AND pg_advisory_xact_lock({}, {}) IS NOT NULL FOR KEY SHARE",
-            LOG_LOCK.0, LOG_LOCK.1
-        ),
-        Backend::Sqlite => format!("SELECT 1 FROM replicas WHERE id = ?1 AND expires_at > {now}"),
-    }
+/// The statement that finds the replica's lease unexpired, on SQLite (whose
+/// writers take turns anyway). PostgreSQL runs `muster_hold_lease` (its
+/// migration 11) with the transaction's BEGIN: [`begin_holding_lease`].
+fn sqlite_lease_check_sql() -> String {
+    format!("SELECT 1 FROM replicas WHERE id = ?1 AND expires_at > {}", database_now(Backend::Sqlite))
 }
+
+/// A transaction of `replica` on PostgreSQL, begun in one round trip with
+/// `muster_hold_lease`: the event log's turn, and the replica's lease held
+/// until it ends; read-only when the lease lapsed, so that its first write
+/// fails with [`Error::Superseded`].
+async fn begin_holding_lease(database: &Database, replica: &str) -> Result<sqlx::Transaction<'static, sqlx::Any>> {
+    let begin = format!("BEGIN; SELECT muster_hold_lease('{}')", replica.replace('\'', "''"));
+    Ok(database.pool.begin_with(AssertSqlSafe(begin)).await?)
+}
+
+/// PostgreSQL's SQLSTATE for a write in a read-only transaction.
+const READ_ONLY_TRANSACTION: &str = "25006";
 
 /// What a commit of a replica whose lease lapsed fails with.
 fn lease_lapsed(replica: &str) -> Error {
@@ -360,9 +363,14 @@ async fn apply<'a>(database: &Database, replica: Option<&str>, writes: impl Iter
     if let Some(native) = database.native().filter(|_| only_progress) {
         return apply_natively(native, database, replica, &updated, &steps, &events).await;
     }
-    let mut transaction = database.pool.begin().await?;
-    if let Some(replica) = replica {
-        let held = sqlx::query(AssertSqlSafe(lease_check_sql(backend)))
+    let mut transaction = match (backend, replica) {
+        (Backend::Postgres, Some(replica)) => begin_holding_lease(database, replica).await?,
+        _ => database.pool.begin().await?,
+    };
+    if backend == Backend::Sqlite
+        && let Some(replica) = replica
+    {
+        let held = sqlx::query(AssertSqlSafe(sqlite_lease_check_sql()))
             .bind(replica.to_owned())
             .fetch_optional(&mut *transaction)
             .await?;
@@ -444,7 +452,7 @@ async fn apply<'a>(database: &Database, replica: Option<&str>, writes: impl Iter
     if backend == Backend::Postgres && !events.is_empty() && replica.is_none() {
         // Replicas append to the log one transaction at a time, so that
         // positions (taken from the log's sequence as rows go in) follow
-        // commit order; a replica took its turn with its lease check.
+        // commit order; a replica took its turn as it began.
         sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
             .bind(LOG_LOCK.0)
             .bind(LOG_LOCK.1)
@@ -500,7 +508,7 @@ async fn apply_natively(
     native
         .write(&database.pool, |transaction| {
             if let Some(replica) = replica {
-                let mut check = transaction.prepare_cached(&lease_check_sql(Backend::Sqlite))?;
+                let mut check = transaction.prepare_cached(&sqlite_lease_check_sql())?;
                 if !check.exists([replica])? {
                     return Err(lease_lapsed(replica));
                 }
@@ -1773,6 +1781,13 @@ impl Store for SqlStore {
 
 impl From<sqlx::Error> for Error {
     fn from(error: sqlx::Error) -> Self {
+        if error.as_database_error().and_then(|error| error.code()).as_deref() == Some(READ_ONLY_TRANSACTION) {
+            // The transaction `muster_hold_lease` found without a lease (or a
+            // database that takes no writes).
+            return Error::Superseded(format!(
+                "this replica no longer holds its lease on its executions, or the database takes no writes: {error}"
+            ));
+        }
         Error::Storage(error.to_string())
     }
 }
