@@ -12,26 +12,26 @@ CREATE TABLE replicas (
 
 -- The replica that drives an unfinished execution. NULL, or a replica no
 -- longer in `replicas`: nobody does, and the next replica to look takes it
--- over.
+-- over. Not indexed: it is looked up among the unfinished executions (by
+-- status), and an index would be one more entry to write on every update
+-- of an execution's row.
 ALTER TABLE executions ADD COLUMN owner TEXT;
-CREATE INDEX executions_by_owner ON executions (owner);
 
 -- The first thing every transaction of a replica's drivers does, sent with
--- its BEGIN (one round trip): it takes the event log's turn (replicas append
--- to the log one transaction at a time, so positions follow commit order),
--- then finds the replica's lease unexpired, by the database's clock, and
--- holds its row until the transaction ends, so that a takeover (which
--- deletes the row of a replica whose lease lapsed) waits for it. A lapsed
--- lease makes the transaction read-only: its first write fails (SQLSTATE
--- 25006) and nothing is written. (Raising an error here would fail the
--- BEGIN it is sent with and leave the connection inside the failed
--- transaction.)
+-- its BEGIN (one round trip): it takes the event log's turn, an advisory
+-- lock held until the transaction ends (replicas append to the log one
+-- transaction at a time, so positions follow commit order, and a takeover
+-- takes the same turn), then finds the replica's lease unexpired, by the
+-- database's clock. A lapsed lease makes the transaction read-only: its
+-- first write fails (SQLSTATE 25006) and nothing is written. (Raising an
+-- error here would fail the BEGIN it is sent with and leave the connection
+-- inside the failed transaction.)
 CREATE FUNCTION muster_hold_lease(replica TEXT) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(1836413812, 7106407);
+    -- A statement of its own: it reads what committed before the turn came.
     PERFORM 1 FROM replicas
-        WHERE id = replica AND expires_at > (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT
-        FOR KEY SHARE;
+        WHERE id = replica AND expires_at > (EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT;
     IF NOT FOUND THEN
         PERFORM set_config('transaction_read_only', 'on', true);
     END IF;

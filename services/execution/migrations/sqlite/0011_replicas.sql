@@ -12,6 +12,7 @@ CREATE TABLE replicas (
 
 -- The replica that drives an unfinished execution. NULL, or a replica no
 -- longer in `replicas`: nobody does, and the next replica to look takes it
--- over.
+-- over. Not indexed: it is looked up among the unfinished executions (by
+-- status), and an index would be one more entry to write on every update
+-- of an execution's row.
 ALTER TABLE executions ADD COLUMN owner TEXT;
-CREATE INDEX executions_by_owner ON executions (owner);

@@ -9,10 +9,10 @@
 //! replicas' transactions that append to the log take turns (a transaction
 //! advisory lock). Once the store has joined the replicas
 //! ([`Store::join`]), every transaction first checks the replica's lease on
-//! its executions (on PostgreSQL with a key-share lock on the replica's row,
-//! which a takeover must wait for), so a replica that lost its lease can no
-//! longer write. Reads use
-//! the database's read pool, so they never wait behind the writer. On a
+//! its executions (on PostgreSQL with its BEGIN, holding the log's turn,
+//! which a takeover takes too), so a replica that lost its lease can no
+//! longer write. Reads use the database's read pool, so they never wait
+//! behind the writer. On a
 //! SQLite file, a transaction of running executions' progress (the usual
 //! one) runs whole on the writer's thread through the native connection.
 
@@ -93,10 +93,9 @@ const STEP_COLUMNS: &str = "execution_id, step_id, position, status, executor, a
 
 /// The advisory lock appends to the event log take on PostgreSQL ("must",
 /// "log"); the two-key form, a key space apart from the admission locks'.
-/// `muster_hold_lease` takes it too.
+/// `muster_hold_lease` takes it for every transaction of a replica, and a
+/// takeover takes it too, so the two take turns.
 const LOG_LOCK: (i32, i32) = (0x6d75_7374, 0x006c_6f67);
-/// The advisory lock a replica takes executions over under ("must", "adop").
-const ADOPT_LOCK: (i32, i32) = (0x6d75_7374, 0x6164_6f70);
 
 /// How many columns [`STEP_COLUMNS`] names.
 const STEP_COLUMN_COUNT: usize = 19;
@@ -241,9 +240,9 @@ fn sqlite_lease_check_sql() -> String {
 }
 
 /// A transaction of `replica` on PostgreSQL, begun in one round trip with
-/// `muster_hold_lease`: the event log's turn, and the replica's lease held
-/// until it ends; read-only when the lease lapsed, so that its first write
-/// fails with [`Error::Superseded`].
+/// `muster_hold_lease`: the event log's turn, held until it ends, so no
+/// takeover happens meanwhile; read-only when the lease lapsed, so that its
+/// first write fails with [`Error::Superseded`].
 async fn begin_holding_lease(database: &Database, replica: &str) -> Result<sqlx::Transaction<'static, sqlx::Any>> {
     let begin = format!("BEGIN; SELECT muster_hold_lease('{}')", replica.replace('\'', "''"));
     Ok(database.pool.begin_with(AssertSqlSafe(begin)).await?)
@@ -1425,16 +1424,18 @@ impl Store for SqlStore {
             let now = database_now(backend);
             let mut transaction = self.database.pool.begin().await?;
             if backend == Backend::Postgres {
-                // One replica adopts at a time: each statement then sees the
-                // replicas that joined and the executions adopted before it.
+                // The log's turn: a replica's transaction under way ends
+                // first (it checked its lease as it began), and the next one
+                // sees what this one changes. One replica adopts at a time,
+                // and its statements see the replicas that joined and the
+                // executions adopted before.
                 sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
-                    .bind(ADOPT_LOCK.0)
-                    .bind(ADOPT_LOCK.1)
+                    .bind(LOG_LOCK.0)
+                    .bind(LOG_LOCK.1)
                     .execute(&mut *transaction)
                     .await?;
             }
-            // A replica whose lease lapsed leaves (on PostgreSQL, after its
-            // transaction under way, which holds its row, ends).
+            // A replica whose lease lapsed leaves.
             sqlx::query(AssertSqlSafe(format!("DELETE FROM replicas WHERE expires_at <= {now}")))
                 .execute(&mut *transaction)
                 .await?;
