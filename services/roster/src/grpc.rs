@@ -40,6 +40,9 @@ fn page_size(asked: u32) -> usize {
 }
 /// Capacity of the change and queue broadcast channels.
 const CHANNEL_CAPACITY: usize = 1024;
+/// How often a watch of a queued task reads the task's state from the
+/// database, for a resolution another replica made (its own it hears of at once).
+const QUEUE_WATCH_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The roster service over a store.
 #[derive(Debug)]
@@ -751,7 +754,14 @@ impl<S: RosterStore> RosterService for Roster<S> {
                 return Ok(pb::WatchQueuedTaskResponse { decision: Some(decision_to_wire(&decision)) });
             }
             loop {
-                match receiver.recv().await {
+                let Ok(received) = tokio::time::timeout(QUEUE_WATCH_POLL, receiver.recv()).await else {
+                    // Another replica may have resolved it.
+                    if let QueueState::Resolved(decision) = roster.inner.store.queue_state(&task_id).await? {
+                        return Ok(pb::WatchQueuedTaskResponse { decision: Some(decision_to_wire(&decision)) });
+                    }
+                    continue;
+                };
+                match received {
                     Ok(resolution) if resolution.task_id == task_id => {
                         return Ok(pb::WatchQueuedTaskResponse {
                             decision: Some(decision_to_wire(&resolution.decision)),

@@ -397,3 +397,41 @@ async fn a_batch_places_many_tasks_of_one_agent_at_once_on_sqlite() {
 async fn a_batch_places_many_tasks_of_one_agent_at_once_on_postgres() {
     a_batch_places_many_tasks_of_one_agent_at_once(Backend::Postgres).await;
 }
+
+/// A task queued through one replica and resolved through another: the
+/// watcher on the first hears of it (from the database, within a second).
+async fn a_resolution_on_another_replica_reaches_the_watcher(backend: Backend) {
+    let Some(mut first) = org(backend).await else { return };
+    let mut second = first.replica().await;
+    for task in ["a", "b"] {
+        assert_eq!(first.delegate(delegate_request(task, "junior", &["sql"])).await.primary_agent_id, "expert");
+    }
+    first.clock.advance(1000);
+    let queued = first.delegate(delegate_request("c", "junior", &["sql"])).await;
+    assert_eq!(Kind::try_from(queued.decision).unwrap(), Kind::Queue);
+    let mut watch_c = watch(&mut first, "c").await;
+    let released =
+        second.client.release_task(pb::ReleaseTaskRequest { task_id: "a".into() }).await.unwrap().into_inner();
+    assert_eq!(released.agent_id, "expert");
+    let resolution = tokio::time::timeout(std::time::Duration::from_secs(20), watch_c.message())
+        .await
+        .expect("the resolution made on the other replica reaches the watcher")
+        .unwrap()
+        .unwrap()
+        .decision
+        .unwrap();
+    assert_eq!(Kind::try_from(resolution.decision).unwrap(), Kind::Delegate);
+    assert_eq!(resolution.primary_agent_id, "expert");
+    second.stop().await;
+    first.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_on_another_replica_reaches_the_watcher_on_sqlite() {
+    a_resolution_on_another_replica_reaches_the_watcher(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolution_on_another_replica_reaches_the_watcher_on_postgres() {
+    a_resolution_on_another_replica_reaches_the_watcher(Backend::Postgres).await;
+}

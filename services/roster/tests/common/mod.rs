@@ -108,6 +108,12 @@ impl TestServer {
         }
     }
 
+    /// Another roster process on the same database (a replica, as a second
+    /// pod would be), with credentials and a clock of its own.
+    pub async fn replica(&self) -> Self {
+        Self::start(self.database_url.clone(), None, 50).await
+    }
+
     /// A client calling with `credentials`.
     pub fn client_with(&self, credentials: Credentials) -> RosterServiceClient<AuthChannel> {
         RosterServiceClient::new(with_credentials(self.channel.clone(), credentials))
