@@ -65,7 +65,19 @@ pub struct Database {
     /// Write transactions run whole on the calling thread, for a SQLite
     /// file ([`NativeSqlite`]).
     native: Option<Arc<NativeSqlite>>,
+    /// Keeps the SQLite file's checkpointer thread running while any clone
+    /// of this lives (see `native::spawn_checkpointer`).
+    _checkpointer: Option<Arc<()>>,
 }
+
+/// Settings of every connection to a SQLite file: WAL, with temporary data
+/// in memory (a multi-row statement in a transaction keeps a statement
+/// journal, by default a temporary file written on every such statement).
+const SQLITE_SETTINGS: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; \
+     PRAGMA busy_timeout = 5000; PRAGMA temp_store = MEMORY;";
+
+/// For the connections of a file that a checkpointer thread looks after.
+const NO_CHECKPOINT_ON_COMMIT: &str = "PRAGMA wal_autocheckpoint = 0;";
 
 /// The placeholder of the `number`th (1-based) bind parameter. SQLite gets
 /// anonymous `?`: it resolves `$N` names with a linear search per parameter,
@@ -118,19 +130,22 @@ impl Database {
             Backend::Sqlite => (with_create_mode(url), 1),
             Backend::Postgres => (url.to_owned(), max_connections),
         };
-        let pool = pool_options(backend, max_connections, false).connect_lazy(&url)?;
+        let file = match backend {
+            Backend::Sqlite => native::file_of(&url),
+            Backend::Postgres => None,
+        };
+        let checkpointer = file.clone().and_then(native::spawn_checkpointer);
+        let checkpointed = checkpointer.is_some();
+        let pool = pool_options(backend, max_connections, false, checkpointed).connect_lazy(&url)?;
         // Reads get connections of their own, so that a flood of reads
         // cannot take the connections the writers need.
         let reads = if readers > 0 {
-            pool_options(backend, readers, backend == Backend::Sqlite).connect_lazy(&url)?
+            pool_options(backend, readers, backend == Backend::Sqlite, checkpointed).connect_lazy(&url)?
         } else {
             pool.clone()
         };
-        let native = match backend {
-            Backend::Sqlite => native::file_of(&url).map(|path| Arc::new(NativeSqlite::new(path))),
-            Backend::Postgres => None,
-        };
-        Ok(Self { pool, reads, backend, native })
+        let native = file.map(|path| Arc::new(NativeSqlite::new(path, checkpointed)));
+        Ok(Self { pool, reads, backend, native, _checkpointer: checkpointer })
     }
 
     /// The native connection of a SQLite file, for write transactions that
@@ -165,24 +180,21 @@ impl Database {
     }
 }
 
-/// Pool settings: SQLite connections in WAL mode (the read-only ones
-/// refuse writes), with temporary data in memory: a multi-row statement in
-/// a transaction keeps a statement journal, by default a temporary file
-/// written on every such statement. A SQLite connection is not tested before it is handed
+/// Pool settings: SQLite connections with [`SQLITE_SETTINGS`] (the
+/// read-only ones refuse writes; with `checkpointed`, no commit
+/// checkpoints). A SQLite connection is not tested before it is handed
 /// out: it cannot have been cut, and the test is a round trip to its
 /// thread.
-fn pool_options(backend: Backend, max_connections: u32, read_only: bool) -> AnyPoolOptions {
+fn pool_options(backend: Backend, max_connections: u32, read_only: bool, checkpointed: bool) -> AnyPoolOptions {
     let options =
         AnyPoolOptions::new().max_connections(max_connections).test_before_acquire(backend == Backend::Postgres);
     options.after_connect(move |connection, _| {
         Box::pin(async move {
             if backend == Backend::Sqlite {
-                connection
-                    .execute(
-                        "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
-                         PRAGMA foreign_keys = ON; PRAGMA busy_timeout = 5000; PRAGMA temp_store = MEMORY;",
-                    )
-                    .await?;
+                connection.execute(SQLITE_SETTINGS).await?;
+                if checkpointed {
+                    connection.execute(NO_CHECKPOINT_ON_COMMIT).await?;
+                }
                 if read_only {
                     connection.execute("PRAGMA query_only = ON;").await?;
                 }

@@ -16,8 +16,9 @@
 //! pool's writes and the native ones take turns.
 
 use std::{
-    path::PathBuf,
-    sync::{Mutex, PoisonError},
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, PoisonError, Weak},
+    time::Duration,
 };
 
 use rusqlite::{Connection, OpenFlags};
@@ -27,16 +28,21 @@ use sqlx::AnyPool;
 /// row count it was used with).
 const CACHED_STATEMENTS: usize = 128;
 
+/// How often the checkpointer copies the write-ahead log into the database.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
+
 /// The native connection of a SQLite file, opened on first use.
 #[derive(Debug)]
 pub struct NativeSqlite {
     path: PathBuf,
+    /// Whether a checkpointer thread runs for the file (then commits do not checkpoint).
+    checkpointed: bool,
     connection: Mutex<Option<Connection>>,
 }
 
 impl NativeSqlite {
-    pub(super) fn new(path: PathBuf) -> Self {
-        Self { path, connection: Mutex::new(None) }
+    pub(super) fn new(path: PathBuf, checkpointed: bool) -> Self {
+        Self { path, checkpointed, connection: Mutex::new(None) }
     }
 
     /// Runs `work` in one `BEGIN IMMEDIATE` transaction on the connection
@@ -80,12 +86,56 @@ impl NativeSqlite {
             &self.path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
-        connection.execute_batch(
-            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; \
-             PRAGMA busy_timeout = 5000; PRAGMA temp_store = MEMORY;",
-        )?;
+        connection.execute_batch(super::SQLITE_SETTINGS)?;
+        if self.checkpointed {
+            connection.execute_batch(super::NO_CHECKPOINT_ON_COMMIT)?;
+        }
         connection.set_prepared_statement_cache_capacity(CACHED_STATEMENTS);
         Ok(connection)
+    }
+}
+
+/// Checkpoints the write-ahead log of the SQLite file at `path` every
+/// [`CHECKPOINT_EVERY`] on a thread of its own, for as long as the token
+/// answered lives; `None` when no thread could be started.
+///
+/// By default SQLite checkpoints in the commit that fills the log past
+/// 1,000 pages: that caller copies the log into the database and waits for
+/// its `fsync`s (with `synchronous = NORMAL`, the only ones in WAL mode),
+/// one transaction in a few hundred taking milliseconds instead of
+/// microseconds. With this thread running, the connections of the file
+/// turn that off (`wal_autocheckpoint = 0`) and no commit waits for a
+/// checkpoint. It checkpoints passively: it never waits for, nor blocks,
+/// readers and writers.
+pub(super) fn spawn_checkpointer(path: PathBuf) -> Option<Arc<()>> {
+    let alive = Arc::new(());
+    let watched = Arc::downgrade(&alive);
+    std::thread::Builder::new()
+        .name("sqlite-checkpoint".to_owned())
+        .spawn(move || checkpoint_while(&path, &watched))
+        .ok()?;
+    Some(alive)
+}
+
+fn checkpoint_while(path: &Path, alive: &Weak<()>) {
+    let mut connection: Option<Connection> = None;
+    loop {
+        std::thread::sleep(CHECKPOINT_EVERY);
+        if alive.strong_count() == 0 {
+            return;
+        }
+        if connection.is_none() {
+            // Not created here: the pools create the file when they first connect.
+            connection =
+                Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+                    .ok();
+        }
+        if let Some(open) = &connection
+            && let Err(error) = open.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+        {
+            tracing::warn!(%error, path = %path.display(), "checkpointing the SQLite write-ahead log failed");
+            connection = None;
+        }
     }
 }
 
@@ -231,6 +281,48 @@ mod tests {
         assert_eq!(count(&database).await, 400);
         database.pool.close().await;
         database.reads.close().await;
+    }
+
+    /// Commits never checkpoint; the checkpointer thread copies the log into
+    /// the database file soon after, and stops with the database.
+    #[tokio::test]
+    async fn the_checkpointer_moves_the_log_into_the_file() {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let folder = Folder(std::env::temp_dir().join(format!("muster-native-{}-{nanos}", std::process::id())));
+        let url = format!("sqlite://{}/t.db", folder.0.display());
+        let database = Database::connect_lazy_with_readers(&url, 1, 1).unwrap();
+        let weak = Arc::downgrade(database._checkpointer.as_ref().expect("a SQLite file has a checkpointer"));
+        sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, source TEXT NOT NULL)")
+            .execute(&database.pool)
+            .await
+            .unwrap();
+        let every: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint").fetch_one(&database.pool).await.unwrap();
+        assert_eq!(every, 0, "commits do not checkpoint");
+        // 2 MB: less than the 1,000 pages (4 MB) at which a commit would
+        // checkpoint by default, so only the thread puts them in the file.
+        let native = database.native().unwrap();
+        for _ in 0..20 {
+            native
+                .write(&database.pool, |transaction| -> Result<(), Failure> {
+                    let mut insert = transaction.prepare_cached("INSERT INTO t (source) VALUES (?1)")?;
+                    for _ in 0..100 {
+                        insert.execute([&"x".repeat(1000)])?;
+                    }
+                    Ok(())
+                })
+                .await
+                .unwrap();
+        }
+        let file = folder.0.join("t.db");
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while std::fs::metadata(&file).unwrap().len() < 2_000_000 {
+            assert!(std::time::Instant::now() < deadline, "the log never reached the database file");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        database.pool.close().await;
+        database.reads.close().await;
+        drop(database);
+        assert_eq!(weak.strong_count(), 0, "the thread's token is gone: it stops within its period");
     }
 
     #[test]
