@@ -4,8 +4,9 @@
 //! ([`process`]), the one gRPC server builder that adds health, reflection,
 //! request spans, metrics and graceful shutdown to every service
 //! ([`server`]), the termination signal ([`shutdown`]), database pools and
-//! migrations for SQLite and PostgreSQL, and SQLite write transactions run
-//! whole on the calling thread ([`db`]), Prometheus metrics
+//! migrations for SQLite and PostgreSQL, SQLite write transactions run
+//! whole on the calling thread and its log checkpointed off it ([`db`]),
+//! Prometheus metrics
 //! ([`metrics`]), and the convention by which a service's errors become gRPC
 //! statuses ([`status`]), who is calling and what it may call ([`auth`],
 //! with the service-to-service credentials of [`security`]), TLS and mutual
