@@ -416,3 +416,10 @@ where
         }
     }
 }
+
+/// A request made as the agent (or other caller) holding `token`.
+pub fn as_agent<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().expect("a visible ASCII token"));
+    request
+}

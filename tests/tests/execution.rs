@@ -14,7 +14,7 @@ use muster_proto::{
     roster::v1::Agent,
 };
 use muster_tests::{
-    Backend, ExecutionClient, TestCluster, agent, chain_process, events_until_finished, publish_and_start,
+    Backend, ExecutionClient, TestCluster, agent, as_agent, chain_process, events_until_finished, publish_and_start,
     spawn_sample_worker,
 };
 
@@ -277,12 +277,6 @@ fn ndjson(dir: &std::path::Path) -> Vec<serde_json::Value> {
         }
     }
     lines
-}
-
-fn as_agent<T>(message: T, token: &str) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
-    request
 }
 
 async fn wait_for_status(

@@ -17,7 +17,7 @@ use muster_proto::{
     },
 };
 use muster_tests::{
-    Backend, ExecutionClient, TestCluster, agent, chain_process, events_until_finished, publish_and_start,
+    Backend, ExecutionClient, TestCluster, agent, as_agent, chain_process, events_until_finished, publish_and_start,
     spawn_sample_worker,
 };
 
@@ -112,13 +112,6 @@ async fn a_replica_that_dies_or_stops_hands_its_runs_over() {
     let _ = first_worker.await;
     second_worker.await.unwrap().unwrap();
     test.shutdown().await;
-}
-
-/// A request as the agent holding `token`.
-fn as_agent<T>(message: T, token: &str) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().unwrap());
-    request
 }
 
 /// Polls (through `client`) until the step reaches `status`.

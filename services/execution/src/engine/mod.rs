@@ -648,7 +648,8 @@ impl Engine {
     }
 
     /// Takes over and resumes the unfinished executions that no replica
-    /// drives (after a restart: the ones it drove itself); how many.
+    /// drives (given back by a replica that stopped, or of one whose lease
+    /// lapsed); how many.
     pub(crate) async fn adopt(self: &Arc<Self>) -> Result<usize> {
         let ids = self.store.adopt().await?;
         let mut resumed = 0;

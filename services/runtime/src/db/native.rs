@@ -191,15 +191,21 @@ mod tests {
         }
     }
 
+    /// A SQLite file of the test's own: its folder (removed when dropped) and URL.
+    fn temporary_file() -> (Folder, String) {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+        let folder = Folder(std::env::temp_dir().join(format!("muster-native-{}-{nanos}", std::process::id())));
+        let url = format!("sqlite://{}/t.db", folder.0.display());
+        (folder, url)
+    }
+
     async fn count(database: &Database) -> i64 {
         sqlx::query_scalar("SELECT COUNT(*) FROM t").fetch_one(&database.pool).await.unwrap()
     }
 
     #[tokio::test]
     async fn native_and_pool_writes_take_turns_and_a_failure_leaves_nothing() {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-        let folder = Folder(std::env::temp_dir().join(format!("muster-native-{}-{nanos}", std::process::id())));
-        let url = format!("sqlite://{}/t.db", folder.0.display());
+        let (_folder, url) = temporary_file();
         let database = Database::connect_lazy_with_readers(&url, 4, 2).unwrap();
         sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, source TEXT NOT NULL)")
             .execute(&database.pool)
@@ -287,9 +293,7 @@ mod tests {
     /// the database file soon after, and stops with the database.
     #[tokio::test]
     async fn the_checkpointer_moves_the_log_into_the_file() {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-        let folder = Folder(std::env::temp_dir().join(format!("muster-native-{}-{nanos}", std::process::id())));
-        let url = format!("sqlite://{}/t.db", folder.0.display());
+        let (folder, url) = temporary_file();
         let database = Database::connect_lazy_with_readers(&url, 1, 1).unwrap();
         let weak = Arc::downgrade(database._checkpointer.as_ref().expect("a SQLite file has a checkpointer"));
         sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, source TEXT NOT NULL)")
