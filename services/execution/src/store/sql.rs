@@ -93,7 +93,8 @@ const STEP_COLUMNS: &str = "execution_id, step_id, position, status, executor, a
 
 /// The advisory lock appends to the event log take on PostgreSQL ("must",
 /// "log"); the two-key form, a key space apart from the admission locks'.
-/// `muster_hold_lease` takes it for every transaction of a replica, and a
+/// `muster_hold_lease` takes it for every transaction of a replica (a store
+/// that has not joined the replicas is its process's only writer), and a
 /// takeover takes it too, so the two take turns.
 const LOG_LOCK: (i32, i32) = (0x6d75_7374, 0x006c_6f67);
 
@@ -223,21 +224,27 @@ impl SqlStore {
     }
 }
 
+/// SQLite's clock in milliseconds since the epoch, as SQL.
+macro_rules! sqlite_now {
+    () => {
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)"
+    };
+}
+
 /// The database's clock, in milliseconds since the epoch: leases are
 /// compared on one clock whatever the replicas' clocks say.
 fn database_now(backend: Backend) -> &'static str {
     match backend {
         Backend::Postgres => "(EXTRACT(EPOCH FROM clock_timestamp()) * 1000)::BIGINT",
-        Backend::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+        Backend::Sqlite => sqlite_now!(),
     }
 }
 
 /// The statement that finds the replica's lease unexpired, on SQLite (whose
-/// writers take turns anyway). PostgreSQL runs `muster_hold_lease` (its
-/// migration 11) with the transaction's BEGIN: [`begin_holding_lease`].
-fn sqlite_lease_check_sql() -> String {
-    format!("SELECT 1 FROM replicas WHERE id = ?1 AND expires_at > {}", database_now(Backend::Sqlite))
-}
+/// writers take turns anyway); the first of every transaction of a replica.
+/// PostgreSQL runs `muster_hold_lease` (its migration 11) with the
+/// transaction's BEGIN: [`begin_holding_lease`].
+const SQLITE_LEASE_CHECK: &str = concat!("SELECT 1 FROM replicas WHERE id = ?1 AND expires_at > ", sqlite_now!());
 
 /// A transaction of `replica` on PostgreSQL, begun in one round trip with
 /// `muster_hold_lease`: the event log's turn, held until it ends, so no
@@ -369,10 +376,7 @@ async fn apply<'a>(database: &Database, replica: Option<&str>, writes: impl Iter
     if backend == Backend::Sqlite
         && let Some(replica) = replica
     {
-        let held = sqlx::query(AssertSqlSafe(sqlite_lease_check_sql()))
-            .bind(replica.to_owned())
-            .fetch_optional(&mut *transaction)
-            .await?;
+        let held = sqlx::query(SQLITE_LEASE_CHECK).bind(replica.to_owned()).fetch_optional(&mut *transaction).await?;
         if held.is_none() {
             return Err(lease_lapsed(replica));
         }
@@ -448,15 +452,7 @@ async fn apply<'a>(database: &Database, replica: Option<&str>, writes: impl Iter
     for (execution_id, assignment) in assignments {
         upsert_assignment(&mut transaction, execution_id, assignment).await?;
     }
-    if backend == Backend::Postgres && !events.is_empty() && replica.is_none() {
-        // Replicas append to the log one transaction at a time, so that
-        // positions (taken from the log's sequence as rows go in) follow
-        // commit order; a replica took its turn as it began.
-        sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
-            .bind(LOG_LOCK.0)
-            .bind(LOG_LOCK.1)
-            .execute(&mut *transaction)
-            .await?;
+    if backend == Backend::Postgres {
         for chunk in events.chunks(JSON_ROWS_PER_STATEMENT) {
             let rows: Vec<EventRow<'_>> = chunk
                 .iter()
@@ -507,7 +503,7 @@ async fn apply_natively(
     native
         .write(&database.pool, |transaction| {
             if let Some(replica) = replica {
-                let mut check = transaction.prepare_cached(&sqlite_lease_check_sql())?;
+                let mut check = transaction.prepare_cached(SQLITE_LEASE_CHECK)?;
                 if !check.exists([replica])? {
                     return Err(lease_lapsed(replica));
                 }
