@@ -356,6 +356,19 @@ fn table() -> Vec<Row> {
             [OK, OK, OK, PD],
         ),
         row(
+            "ExecutionService/RelaySteps",
+            |_| {
+                execution::RelayStepsRequest {
+                    message: Some(execution::relay_steps_request::Message::Hello(execution::RelayHello {
+                        replica: "table".into(),
+                        ..Default::default()
+                    })),
+                }
+                .encode_to_vec()
+            },
+            [PD, PD, PD, OK],
+        ),
+        row(
             "ExecutionService/InvokeTool",
             |_| execution::InvokeToolRequest { tool: "word_count".into(), ..Default::default() }.encode_to_vec(),
             [OK, OK, PD, PD],

@@ -4,7 +4,8 @@
 //! lease lapses, and when it stops gracefully the other takes over at once.
 //! Either way every step completes exactly once and the notifier hears of
 //! every event once. Calls that act on a run reach the replica that drives
-//! it from any replica.
+//! it from any replica, and so do the workers and tools connected to any
+//! replica.
 
 use std::{collections::HashSet, time::Duration};
 
@@ -12,9 +13,10 @@ use muster::worker::{AgentCredential, Endpoint};
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus, StepEvent},
     execution::v1::{
-        CancelExecutionRequest, GetExecutionRequest, StepStatus, SubmitApprovalRequest, WatchExecutionRequest,
-        execution_service_client::ExecutionServiceClient,
+        CancelExecutionRequest, GetExecutionRequest, InvokeToolRequest, ListWorkersRequest, StepStatus,
+        SubmitApprovalRequest, WatchExecutionRequest, WorkerInfo, execution_service_client::ExecutionServiceClient,
     },
+    roster::v1::{PutRoleDefinitionRequest, RoleDefinition},
 };
 use muster_tests::{
     Backend, ExecutionClient, TestCluster, agent, as_agent, chain_process, events_until_finished, publish_and_start,
@@ -42,14 +44,14 @@ async fn wait_for_completed_steps(client: &mut ExecutionClient, execution_id: &s
 
 /// The run completed, each step once, its events without gap or repeat,
 /// and the notifier delivered each event to the informed agent once.
-async fn assert_completed_once(test: &TestCluster, replica: &Endpoint, execution_id: &str) {
+async fn assert_completed_once(test: &TestCluster, replica: &Endpoint, execution_id: &str, steps: usize) {
     let events: Vec<StepEvent> = events_until_finished(replica, execution_id).await;
     let finished = events.last().unwrap();
     assert_eq!(finished.execution_status, ExecutionStatus::Completed as i32, "{}", finished.detail);
     for (position, event) in events.iter().enumerate() {
         assert_eq!(event.sequence, position as u64 + 1, "event sequences have no gap and no repeat");
     }
-    for index in 0..STEPS {
+    for index in 0..steps {
         let step = format!("s{index}");
         let completions = events
             .iter()
@@ -93,7 +95,7 @@ async fn a_replica_that_dies_or_stops_hands_its_runs_over() {
     let crashed = publish_and_start(&mut first, &chain_process("crashed", STEPS, "doer", "watcher", "{}")).await;
     wait_for_completed_steps(&mut first, &crashed, STEPS / 3).await;
     test.cluster_mut().kill("execution").await.unwrap();
-    assert_completed_once(&test, &second, &crashed).await;
+    assert_completed_once(&test, &second, &crashed, STEPS).await;
 
     // The killed replica comes back (a new replica); a run it starts is
     // handed over at once when it stops gracefully.
@@ -104,7 +106,7 @@ async fn a_replica_that_dies_or_stops_hands_its_runs_over() {
     let stopping = tokio::time::Instant::now();
     test.cluster_mut().stop("execution").await.unwrap();
     // Watched on the other replica from before it takes the run over.
-    assert_completed_once(&test, &second, &stopped).await;
+    assert_completed_once(&test, &second, &stopped, STEPS).await;
     eprintln!("a run given back by a stopping replica finished {:?} after the stop began", stopping.elapsed());
 
     let _ = stop_first.send(());
@@ -180,6 +182,65 @@ async fn calls_about_a_run_reach_the_replica_that_drives_it() {
         .execution
         .unwrap();
     assert_eq!(execution.status, ExecutionStatus::Cancelled as i32);
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+/// Waits until `client`'s replica lists a worker offered by another replica; it.
+async fn relayed_worker(client: &mut ExecutionClient) -> WorkerInfo {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let workers = client.list_workers(ListWorkersRequest::default()).await.unwrap().into_inner().workers;
+        if let Some(worker) = workers.into_iter().find(|worker| !worker.relayed_by.is_empty()) {
+            return worker;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no replica offered its workers");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_on_one_replica_serve_the_runs_of_another() {
+    const RELAYED_STEPS: usize = 300;
+    let environment = vec![("MUSTER_REPLICA_LEASE_MS".to_owned(), LEASE_MS.to_owned())];
+    let Some(mut test) = TestCluster::start_with_environment(Backend::Postgres, environment).await else { return };
+    let writer =
+        RoleDefinition { name: "writer".to_owned(), tools: vec!["word_count".to_owned()], ..Default::default() };
+    test.roster().put_role_definition(PutRoleDefinitionRequest { role: Some(writer) }).await.unwrap();
+    let tokens = test.register_agents(&[agent("doer", "writer", "team"), agent("watcher", "worker", "team")]).await;
+    let credentials = vec![AgentCredential { agent_id: "doer".to_owned(), token: tokens[0].clone() }];
+    let second = test.cluster_mut().add_replica("execution").await.unwrap();
+    let second = Endpoint::new(format!("http://{second}"), test.cluster().credentials.operator_token.clone());
+    let mut on_second: ExecutionClient = ExecutionServiceClient::new(second.channel().unwrap());
+    // The only worker connects to the first replica; the second sees it as
+    // a worker the first offers.
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let offered = relayed_worker(&mut on_second).await;
+    assert_eq!(offered.agents, ["doer"]);
+    assert!(offered.tools.contains(&"word_count".to_owned()), "{:?}", offered.tools);
+
+    // A tool provided on the first replica, invoked through the second.
+    let request = InvokeToolRequest {
+        tool: "word_count".to_owned(),
+        input: muster_tests::object(r#"{"text": "counted one replica away"}"#),
+        execution_id: String::new(),
+    };
+    let output = on_second.invoke_tool(as_agent(request, &tokens[0])).await.unwrap().into_inner().output.unwrap();
+    assert_eq!((output.status_code, output.error.as_str()), (200, ""));
+    assert_eq!(muster_tests::json_of(&output.output), serde_json::json!({"words": 4}));
+
+    // A run the second replica drives, whose steps all go to the worker on
+    // the first; that replica is killed (kill -9) a third of the way in and
+    // comes back: the worker connects again and the run completes, each
+    // step once.
+    let relayed =
+        publish_and_start(&mut on_second, &chain_process("relayed", RELAYED_STEPS, "doer", "watcher", "{}")).await;
+    wait_for_completed_steps(&mut on_second, &relayed, RELAYED_STEPS / 3).await;
+    test.cluster_mut().kill("execution").await.unwrap();
+    test.cluster_mut().restart("execution").await.unwrap();
+    assert_completed_once(&test, &second, &relayed, RELAYED_STEPS).await;
 
     let _ = stop.send(());
     worker.await.unwrap().unwrap();

@@ -147,6 +147,7 @@ pub async fn run(
     });
     let limit = config.server.max_message_bytes;
     let api = grpc::ExecutionApi::new(engine.clone(), security.clone(), limit);
+    let relays = api.relays();
     let replica_url = match (config.replica_url.as_str(), listener.local_addr()) {
         ("", Ok(address)) if !address.ip().is_unspecified() => {
             let scheme = if security.server_tls.is_some() { "https" } else { "http" };
@@ -175,6 +176,7 @@ pub async fn run(
             tracing::info!(resumed, "resumed unfinished executions");
         }
         started.spawn(started.clone().keep_lease());
+        started.spawn(relays.follow_peers());
         // Messages posted while no run could start (the service stopped) start one now.
         if let Err(error) = started.trigger_waiting_inboxes().await {
             tracing::warn!(%error, "could not start the runs of waiting inbox messages");

@@ -325,6 +325,17 @@ pub(crate) fn tool_call_to_wire(call: &ToolCall) -> wire::ToolCall {
     }
 }
 
+/// A tool call another replica relayed (it checked the input).
+pub(crate) fn tool_call_from_wire(call: wire::ToolCall) -> ToolCall {
+    ToolCall {
+        call_id: call.call_id,
+        tool: call.tool,
+        input_json: stored_text(call.input.as_ref()),
+        agent_id: call.agent_id,
+        trace_parent: call.trace_parent,
+    }
+}
+
 /// A tool's answer from a worker; an output JSON cannot hold makes it a
 /// tool fault.
 pub(crate) fn tool_output_from_wire(output: wire::ToolOutput) -> ToolOutput {
@@ -341,8 +352,8 @@ pub(crate) fn tool_output_to_wire(output: ToolOutput) -> wire::ToolOutput {
     wire::ToolOutput { output: value, error: output.error, status_code: output.status_code }
 }
 
-/// Stored JSON text of a wire object that came from the roster (which
-/// checked it): empty when not set.
+/// Stored JSON text of a wire object that came from the roster or another
+/// replica (which checked it): empty when not set.
 fn stored_text(object: Option<&prost_types::Struct>) -> String {
     object.and_then(|object| muster_runtime::json::struct_to_text(Some(object)).ok()).unwrap_or_default()
 }

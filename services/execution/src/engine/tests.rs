@@ -241,6 +241,7 @@ impl Harness {
             tools: Vec::new(),
             max_concurrency: 64,
             opened_with: None,
+            relayed_by: None,
             sender,
         });
         let workers = self.engine.workers.clone();
@@ -289,6 +290,7 @@ impl Harness {
                 .collect(),
             max_concurrency: 64,
             opened_with: None,
+            relayed_by: None,
             sender,
         });
         let workers = self.engine.workers.clone();

@@ -28,6 +28,7 @@ pub const ACCESS: &[Rule] = &[
     rule("WatchExecution", Access::ANYONE),
     rule("CancelExecution", Access::OPERATOR.or(Access::AGENT)),
     rule("ConnectWorker", Access::OPERATOR.or(Access::AGENT)),
+    rule("RelaySteps", Access::SERVICE),
     rule("ListWorkers", Access::OPERATOR.or(Access::SERVICE)),
     rule("InvokeTool", Access::AGENT),
     rule("ListTools", Access::ANYONE),

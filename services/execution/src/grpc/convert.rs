@@ -166,5 +166,6 @@ pub(super) fn worker_to_wire(worker: &WorkerView) -> wire::WorkerInfo {
         max_concurrency: u32::try_from(worker.max_concurrency).unwrap_or(u32::MAX),
         connected_at: Some(to_timestamp(now - worker.connected_for.as_millis() as i64)),
         last_seen_at: Some(to_timestamp(now - worker.silent_for.as_millis() as i64)),
+        relayed_by: worker.relayed_by.clone().unwrap_or_default(),
     }
 }

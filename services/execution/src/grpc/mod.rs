@@ -37,6 +37,7 @@ mod forward;
 mod inbox;
 mod matrix;
 mod memory;
+mod relay;
 mod sessions;
 mod streams;
 mod tools;
@@ -69,6 +70,8 @@ pub(crate) struct ExecutionApi {
     max_message_bytes: usize,
     /// The other replicas, which answer the calls about the executions they drive.
     peers: forward::Peers,
+    /// The steps other replicas relayed to the workers connected here.
+    relays: Arc<relay::Relays>,
 }
 
 /// The page size asked for, within bounds.
@@ -121,12 +124,18 @@ fn roster_answer(
 impl ExecutionApi {
     pub(crate) fn new(engine: Arc<Engine>, security: Security, max_message_bytes: usize) -> Self {
         Self {
-            engine,
             agents: security.agents().clone(),
             role_tools: tools::RoleTools::default(),
             max_message_bytes,
-            peers: forward::Peers::new(security),
+            peers: forward::Peers::new(security.clone()),
+            relays: Arc::new(relay::Relays::new(engine.clone(), security)),
+            engine,
         }
+    }
+
+    /// Relays steps between this replica and the others, for as long as it runs.
+    pub(crate) fn relays(&self) -> Arc<relay::Relays> {
+        self.relays.clone()
     }
 
     /// An agent of the roster; FAILED_PRECONDITION naming `what` when it is not in it.
@@ -585,6 +594,16 @@ impl ExecutionService for ExecutionApi {
     ) -> Result<Response<Self::ConnectWorkerStream>, Status> {
         let caller = Caller::of(&request)?;
         Ok(Response::new(self.connect(caller, request.into_inner()).await?))
+    }
+
+    type RelayStepsStream = ResponseStream<wire::ConnectWorkerResponse>;
+
+    async fn relay_steps(
+        &self,
+        request: Request<Streaming<wire::RelayStepsRequest>>,
+    ) -> Result<Response<Self::RelayStepsStream>, Status> {
+        let caller = Caller::of(&request)?;
+        Ok(Response::new(self.relay_steps(caller, request.into_inner()).await?))
     }
 
     async fn list_workers(

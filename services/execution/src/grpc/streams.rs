@@ -4,7 +4,7 @@
 //! offer a tool only when entitled to: connected with an operator's
 //! credential, or serving (or calling as) an agent whose role lists the tool.
 
-use std::{collections::BTreeSet, sync::Arc};
+use std::{collections::BTreeSet, ops::ControlFlow, sync::Arc};
 
 use muster_proto::{common::v1 as common, execution::v1 as wire};
 use muster_runtime::{
@@ -17,7 +17,7 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::{ExecutionApi, ResponseStream, access::denied, tools::check_tool_specs};
+use super::{ExecutionApi, ResponseStream, access::denied, relay::Relays, tools::check_tool_specs};
 use crate::{
     Error, Result,
     domain::model::{EventKind, HandOff, HandOffAnswer, Outcome},
@@ -77,6 +77,10 @@ fn to_wire(message: ToWorker) -> Result<wire::ConnectWorkerResponse, Status> {
             decision: answer.decision.as_ref().map(decision_to_wire),
             reason: answer.reason,
         }),
+        ToWorker::Relayed(encoded) => {
+            return wire::ConnectWorkerResponse::decode(encoded)
+                .map_err(|error| Status::internal(format!("a relayed message does not decode: {error}")));
+        }
         ToWorker::Close(Closing::Revoked) => {
             return Err(muster_runtime::auth::unauthenticated(
                 "CREDENTIAL_REVOKED",
@@ -129,20 +133,30 @@ impl ExecutionApi {
                 Caller::Agent { token, .. } => Some(*token),
                 _ => None,
             },
+            relayed_by: None,
             sender,
         });
+        let (engine, relays) = (self.engine.clone(), self.relays.clone());
+        tokio::spawn(async move {
+            serve_worker(worker_id, &mut inbound, &engine, &relays).await;
+            engine.workers.unregister(worker_id);
+        });
+        Ok(self.outbound(worker_id, outbound))
+    }
+
+    /// The stream to a registered connection: its welcome, then what is
+    /// sent to it, until a message that closes it.
+    pub(super) fn outbound(
+        &self,
+        worker_id: u64,
+        outbound: mpsc::UnboundedReceiver<ToWorker>,
+    ) -> ResponseStream<wire::ConnectWorkerResponse> {
         let welcome = wire::ConnectWorkerResponse {
             message: Some(wire::connect_worker_response::Message::Welcome(wire::WorkerWelcome {
                 worker_id: worker_id.to_string(),
                 lease: Some(to_duration(self.engine.settings.worker_lease.as_millis() as u64)),
             })),
         };
-        let engine = self.engine.clone();
-        tokio::spawn(async move {
-            serve_worker(worker_id, &mut inbound, &engine).await;
-            engine.workers.unregister(worker_id);
-        });
-        // The stream ends after a message that closes the connection.
         let (engine, limit) = (self.engine.clone(), self.max_message_bytes);
         let messages = UnboundedReceiverStream::new(outbound)
             .filter_map(move |message| deliverable(&engine, worker_id, limit, to_wire(message)));
@@ -152,7 +166,7 @@ impl ExecutionApi {
             closed |= message.is_err();
             keep
         });
-        Ok(Box::pin(tokio_stream::once(Ok(welcome)).chain(messages)))
+        Box::pin(tokio_stream::once(Ok(welcome)).chain(messages))
     }
 
     /// Each served agent must present its own, good token; returns the
@@ -240,13 +254,16 @@ impl ExecutionApi {
 }
 
 /// Reads a worker's messages until it leaves.
-async fn serve_worker(worker_id: u64, inbound: &mut Streaming<wire::ConnectWorkerRequest>, engine: &Arc<Engine>) {
-    use wire::connect_worker_request::Message;
-    let workers = &engine.workers;
+async fn serve_worker(
+    worker_id: u64,
+    inbound: &mut Streaming<wire::ConnectWorkerRequest>,
+    engine: &Arc<Engine>,
+    relays: &Relays,
+) {
     loop {
         let message = match inbound.message().await {
             Ok(Some(message)) => {
-                workers.touch(worker_id);
+                engine.workers.touch(worker_id);
                 message
             }
             Ok(None) => return,
@@ -255,90 +272,109 @@ async fn serve_worker(worker_id: u64, inbound: &mut Streaming<wire::ConnectWorke
                 return;
             }
         };
-        match message.message {
-            Some(Message::Result(result)) => {
-                let (output_json, duration_ms) = match (
-                    muster_runtime::json::value_to_text(result.output.as_ref()),
-                    muster_runtime::time::from_duration(result.duration.as_ref()),
-                ) {
-                    (Ok(output), Ok(duration)) => (output, duration),
-                    (Err(problem), _) | (_, Err(problem)) => {
-                        let outcome = Outcome::Failed {
-                            error_code: "INVALID_RESULT".to_owned(),
-                            message: format!("the result's output or duration {problem}"),
-                            retryable: false,
-                        };
-                        workers.complete(worker_id, &result.assignment_id, outcome);
-                        continue;
-                    }
-                };
-                let outcome = Outcome::Completed {
-                    output_json,
-                    tokens_used: result.tokens_used,
-                    cost: result.cost,
-                    duration_ms,
-                    iterations: result.iterations,
-                    post_to_inbox: result.post_to_inbox,
-                    remember: result
-                        .remember
-                        .into_iter()
-                        .map(|note| {
-                            let global = match wire::MemoryScope::try_from(note.scope) {
-                                Ok(wire::MemoryScope::Global) => Some(true),
-                                Ok(wire::MemoryScope::Role) => Some(false),
-                                _ => None,
-                            };
-                            (global, note.text)
-                        })
-                        .collect(),
-                };
-                workers.complete(worker_id, &result.assignment_id, outcome);
-            }
-            Some(Message::Failure(failure)) => {
-                let outcome = Outcome::Failed {
-                    error_code: failure.error_code,
-                    message: failure.message,
-                    retryable: failure.retryable,
-                };
-                workers.complete(worker_id, &failure.assignment_id, outcome);
-            }
-            Some(Message::Delegate(request)) => {
-                let request = HandOff {
-                    assignment_id: request.assignment_id,
-                    to_agent_id: request.to_agent_id,
-                    required_expertise: request.required_expertise,
-                    required_role: request.required_role,
-                    reason: request.reason,
-                };
-                let assignment_id = request.assignment_id.clone();
-                // Only the worker holding the assignment may hand its step onward.
-                let answer = if workers.holds(worker_id, &assignment_id) {
-                    hand_off(engine, request).await
-                } else {
-                    Err(format!("this worker does not hold assignment '{assignment_id}'"))
-                };
-                let answer = answer.unwrap_or_else(|reason| HandOffAnswer {
-                    assignment_id,
-                    accepted: false,
-                    decision: None,
-                    reason,
-                });
-                workers.answer_hand_off(worker_id, answer);
-            }
-            Some(Message::Progress(progress)) => {
-                tracing::debug!(worker_id, assignment = %progress.assignment_id, message = %progress.message, "step progress");
-            }
-            Some(Message::ToolResult(result)) => {
-                let output = tool_output_from_wire(result.output.unwrap_or_default());
-                workers.complete_tool_call(worker_id, &result.call_id, output);
-            }
-            Some(Message::Heartbeat(_)) => {}
-            Some(Message::Hello(_)) | None => {
-                tracing::info!(worker_id, "a worker said hello twice; disconnecting it");
-                return;
-            }
+        // What concerns an assignment another replica relayed goes back to it.
+        if relays.forward(worker_id, &message) {
+            continue;
+        }
+        if handle_worker_message(worker_id, message, engine).await.is_break() {
+            return;
         }
     }
+}
+
+/// Acts on a message of a worker (or of a relay, for another replica's
+/// workers); `Break` ends the connection.
+pub(super) async fn handle_worker_message(
+    worker_id: u64,
+    message: wire::ConnectWorkerRequest,
+    engine: &Arc<Engine>,
+) -> ControlFlow<()> {
+    use wire::connect_worker_request::Message;
+    let workers = &engine.workers;
+    match message.message {
+        Some(Message::Result(result)) => {
+            let (output_json, duration_ms) = match (
+                muster_runtime::json::value_to_text(result.output.as_ref()),
+                muster_runtime::time::from_duration(result.duration.as_ref()),
+            ) {
+                (Ok(output), Ok(duration)) => (output, duration),
+                (Err(problem), _) | (_, Err(problem)) => {
+                    let outcome = Outcome::Failed {
+                        error_code: "INVALID_RESULT".to_owned(),
+                        message: format!("the result's output or duration {problem}"),
+                        retryable: false,
+                    };
+                    workers.complete(worker_id, &result.assignment_id, outcome);
+                    return ControlFlow::Continue(());
+                }
+            };
+            let outcome = Outcome::Completed {
+                output_json,
+                tokens_used: result.tokens_used,
+                cost: result.cost,
+                duration_ms,
+                iterations: result.iterations,
+                post_to_inbox: result.post_to_inbox,
+                remember: result
+                    .remember
+                    .into_iter()
+                    .map(|note| {
+                        let global = match wire::MemoryScope::try_from(note.scope) {
+                            Ok(wire::MemoryScope::Global) => Some(true),
+                            Ok(wire::MemoryScope::Role) => Some(false),
+                            _ => None,
+                        };
+                        (global, note.text)
+                    })
+                    .collect(),
+            };
+            workers.complete(worker_id, &result.assignment_id, outcome);
+        }
+        Some(Message::Failure(failure)) => {
+            let outcome = Outcome::Failed {
+                error_code: failure.error_code,
+                message: failure.message,
+                retryable: failure.retryable,
+            };
+            workers.complete(worker_id, &failure.assignment_id, outcome);
+        }
+        Some(Message::Delegate(request)) => {
+            let request = HandOff {
+                assignment_id: request.assignment_id,
+                to_agent_id: request.to_agent_id,
+                required_expertise: request.required_expertise,
+                required_role: request.required_role,
+                reason: request.reason,
+            };
+            let assignment_id = request.assignment_id.clone();
+            // Only the worker holding the assignment may hand its step onward.
+            let answer = if workers.holds(worker_id, &assignment_id) {
+                hand_off(engine, request).await
+            } else {
+                Err(format!("this worker does not hold assignment '{assignment_id}'"))
+            };
+            let answer = answer.unwrap_or_else(|reason| HandOffAnswer {
+                assignment_id,
+                accepted: false,
+                decision: None,
+                reason,
+            });
+            workers.answer_hand_off(worker_id, answer);
+        }
+        Some(Message::Progress(progress)) => {
+            tracing::debug!(worker_id, assignment = %progress.assignment_id, message = %progress.message, "step progress");
+        }
+        Some(Message::ToolResult(result)) => {
+            let output = tool_output_from_wire(result.output.unwrap_or_default());
+            workers.complete_tool_call(worker_id, &result.call_id, output);
+        }
+        Some(Message::Heartbeat(_)) => {}
+        Some(Message::Hello(_)) | None => {
+            tracing::info!(worker_id, "a worker said hello twice; disconnecting it");
+            return ControlFlow::Break(());
+        }
+    }
+    ControlFlow::Continue(())
 }
 
 /// Hands a worker's hand-off to the driver of the step's execution.

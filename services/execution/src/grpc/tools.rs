@@ -27,7 +27,7 @@ use crate::{
 };
 
 /// How long a provider may take to answer.
-const TOOL_CALL_LIMIT: Duration = Duration::from_secs(30);
+pub(super) const TOOL_CALL_LIMIT: Duration = Duration::from_secs(30);
 
 /// How long the tools a role lists are trusted before the roster is asked again.
 const ROLE_TOOLS_TTL: Duration = Duration::from_secs(2);

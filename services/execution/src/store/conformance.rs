@@ -6,8 +6,8 @@ use std::{sync::Arc, time::Duration};
 use muster_runtime::{db::Database, testing::TestDatabase};
 
 use super::{
-    Activity, Archived, ExecutionFilter, InboxFilter, NOTIFIER_CURSOR, NewProcess, Published, SqlStore, StepWrite,
-    Store, Write,
+    Activity, Archived, ExecutionFilter, InboxFilter, NOTIFIER_CURSOR, NewProcess, Published, Replica, SqlStore,
+    StepWrite, Store, Write,
 };
 use crate::{
     Error,
@@ -557,6 +557,8 @@ async fn replicas(url: &str) {
     assert_eq!(second.driver_of("ended").await.unwrap(), None, "an ended execution has no driver");
     assert!(first.renew(lease).await.unwrap());
     assert!(first.leads().await.unwrap() && !second.leads().await.unwrap(), "the eldest leads");
+    let peers = second.peers().await.unwrap();
+    assert_eq!(peers, [Replica { id: "first".to_owned(), url: "http://first".to_owned() }], "the others, not itself");
 
     // The first replica's lease lapses: its commits fail, it cannot renew
     // or adopt, and the second takes its unfinished executions over.
@@ -575,6 +577,7 @@ async fn replicas(url: &str) {
     // A replica that leaves gives its executions back at once.
     third.join("third", "", Duration::from_secs(600)).await.unwrap();
     assert!(third.adopt().await.unwrap().is_empty());
+    assert!(second.peers().await.unwrap().is_empty(), "neither a lapsed replica nor one without a URL");
     second.leave().await.unwrap();
     assert_eq!(third.adopt().await.unwrap(), ["old", "new"]);
     assert!(third.leads().await.unwrap());

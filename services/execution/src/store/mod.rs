@@ -255,6 +255,8 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn leave(&self) -> BoxFuture<'_, Result<()>>;
     /// The live replica that drives an unfinished execution, if any.
     fn driver_of<'a>(&'a self, execution_id: &'a str) -> BoxFuture<'a, Result<Option<Replica>>>;
+    /// The other live replicas that can be reached (their URL is known), by name.
+    fn peers(&self) -> BoxFuture<'_, Result<Vec<Replica>>>;
     /// Whether this replica is the eldest with a live lease: the one that
     /// does the work done once for all (streaming the log to the notifier).
     fn leads(&self) -> BoxFuture<'_, Result<bool>>;

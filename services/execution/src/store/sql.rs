@@ -1479,6 +1479,20 @@ impl Store for SqlStore {
         })
     }
 
+    fn peers(&self) -> BoxFuture<'_, Result<Vec<Replica>>> {
+        Box::pin(async move {
+            let replica = self.replica()?;
+            let now = database_now(self.database.backend);
+            let rows = sqlx::query(AssertSqlSafe(format!(
+                "SELECT id, url FROM replicas WHERE expires_at > {now} AND id <> $1 AND url <> '' ORDER BY id"
+            )))
+            .bind(replica.to_owned())
+            .fetch_all(&self.database.reads)
+            .await?;
+            rows.into_iter().map(|row| Ok(Replica { id: row.try_get("id")?, url: row.try_get("url")? })).collect()
+        })
+    }
+
     fn leads(&self) -> BoxFuture<'_, Result<bool>> {
         Box::pin(async move {
             let replica = self.replica()?;
