@@ -16,7 +16,7 @@ use muster_proto::{
         CancelExecutionRequest, GetExecutionRequest, InvokeToolRequest, ListWorkersRequest, StepStatus,
         SubmitApprovalRequest, WatchExecutionRequest, WorkerInfo, execution_service_client::ExecutionServiceClient,
     },
-    roster::v1::{PutRoleDefinitionRequest, RoleDefinition},
+    roster::v1::{Agent, PutRoleDefinitionRequest, RoleDefinition},
 };
 use muster_tests::{
     Backend, ExecutionClient, TestCluster, agent, as_agent, chain_process, events_until_finished, publish_and_start,
@@ -209,8 +209,17 @@ async fn workers_on_one_replica_serve_the_runs_of_another() {
     let writer =
         RoleDefinition { name: "writer".to_owned(), tools: vec!["word_count".to_owned()], ..Default::default() };
     test.roster().put_role_definition(PutRoleDefinitionRequest { role: Some(writer) }).await.unwrap();
-    let tokens = test.register_agents(&[agent("doer", "writer", "team"), agent("watcher", "worker", "team")]).await;
-    let credentials = vec![AgentCredential { agent_id: "doer".to_owned(), token: tokens[0].clone() }];
+    let tokens = test
+        .register_agents(&[
+            Agent { allow_delegation: true, ..agent("doer", "writer", "team") },
+            agent("watcher", "worker", "team"),
+            Agent { allow_delegation: true, ..agent("helper", "worker", "team") },
+        ])
+        .await;
+    let credentials = vec![
+        AgentCredential { agent_id: "doer".to_owned(), token: tokens[0].clone() },
+        AgentCredential { agent_id: "helper".to_owned(), token: tokens[2].clone() },
+    ];
     let second = test.cluster_mut().add_replica("execution").await.unwrap();
     let second = Endpoint::new(format!("http://{second}"), test.cluster().credentials.operator_token.clone());
     let mut on_second: ExecutionClient = ExecutionServiceClient::new(second.channel().unwrap());
@@ -218,7 +227,7 @@ async fn workers_on_one_replica_serve_the_runs_of_another() {
     // a worker the first offers.
     let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
     let offered = relayed_worker(&mut on_second).await;
-    assert_eq!(offered.agents, ["doer"]);
+    assert_eq!(offered.agents, ["doer", "helper"]);
     assert!(offered.tools.contains(&"word_count".to_owned()), "{:?}", offered.tools);
 
     // A tool provided on the first replica, invoked through the second.
@@ -230,6 +239,19 @@ async fn workers_on_one_replica_serve_the_runs_of_another() {
     let output = on_second.invoke_tool(as_agent(request, &tokens[0])).await.unwrap().into_inner().output.unwrap();
     assert_eq!((output.status_code, output.error.as_str()), (200, ""));
     assert_eq!(muster_tests::json_of(&output.output), serde_json::json!({"words": 4}));
+
+    // A worker hands a relayed step onward, and hears the answers: doer's
+    // hand-off to helper is accepted, helper's back to doer refused (a loop).
+    let source = "name: handed\nsteps:\n  - id: handed\n    type: agent_task\n    agent: doer\n    message: pass it on\n    inputs: {delegate: {doer: helper, helper: doer}}\n";
+    let handed = publish_and_start(&mut on_second, source).await;
+    let events = events_until_finished(&second, &handed).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
+    let execution =
+        on_second.get_execution(GetExecutionRequest { id: handed }).await.unwrap().into_inner().execution.unwrap();
+    let step = &execution.steps[0];
+    assert_eq!(step.executor, "helper");
+    let output: serde_json::Value = muster_tests::json_of(&step.output);
+    assert_eq!(output["delegation_refused"], "delegation loop: doer -> helper -> doer; the step stays with helper");
 
     // A run the second replica drives, whose steps all go to the worker on
     // the first; that replica is killed (kill -9) a third of the way in and

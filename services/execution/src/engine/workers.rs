@@ -468,15 +468,6 @@ impl Workers {
         self.lock().pending.get(assignment_id).is_some_and(|pending| pending.worker_id == worker_id)
     }
 
-    /// Sends `message` to the worker holding `assignment_id`, if any.
-    pub(crate) fn send_to_holder(&self, assignment_id: &str, message: ToWorker) {
-        let state = self.lock();
-        if let Some(worker) = state.pending.get(assignment_id).and_then(|pending| state.workers.get(&pending.worker_id))
-        {
-            let _ = worker.connection.sender.send(message);
-        }
-    }
-
     /// Ends a worker's hold on an assignment whose report went elsewhere
     /// (to the replica that relayed it): its room goes to a waiting step.
     pub(crate) fn release(self: &Arc<Self>, worker_id: u64, assignment_id: &str) {
@@ -523,10 +514,10 @@ impl Workers {
         Self::serve_waiting(self, &mut state, pending.worker_id);
     }
 
-    /// Answers a worker's hand-off request.
-    pub(crate) fn answer_hand_off(&self, worker_id: u64, answer: HandOffAnswer) {
+    /// Sends a worker a message (such as the answer to its hand-off), if it is still connected.
+    pub(crate) fn send_to(&self, worker_id: u64, message: ToWorker) {
         if let Some(worker) = self.lock().workers.get(&worker_id) {
-            let _ = worker.connection.sender.send(ToWorker::HandOffAnswer(answer));
+            let _ = worker.connection.sender.send(message);
         }
     }
 

@@ -21,6 +21,7 @@
 
 use std::{
     collections::HashMap,
+    ops::ControlFlow,
     sync::{Arc, Mutex, MutexGuard, PoisonError},
     time::Duration,
 };
@@ -80,11 +81,15 @@ pub(crate) struct Relays {
     engine: Arc<Engine>,
     security: Security,
     relayed: Mutex<HashMap<String, Relayed>>,
+    /// The workers here waiting for the answer to a hand-off of a relayed
+    /// assignment, by assignment (the assignment is withdrawn before the
+    /// answer arrives when the hand-off is accepted).
+    handing_off: Mutex<HashMap<String, u64>>,
 }
 
 impl Relays {
     pub(crate) fn new(engine: Arc<Engine>, security: Security) -> Self {
-        Self { engine, security, relayed: Mutex::new(HashMap::new()) }
+        Self { engine, security, relayed: Mutex::default(), handing_off: Mutex::default() }
     }
 
     fn relayed(&self) -> MutexGuard<'_, HashMap<String, Relayed>> {
@@ -108,6 +113,9 @@ impl Relays {
         if !self.engine.workers.holds(worker_id, assignment_id) {
             tracing::warn!(worker_id, %assignment_id, "report for a relayed assignment the worker does not hold; ignored");
             return true;
+        }
+        if matches!(message.message, Some(Message::Delegate(_))) {
+            self.handing_off.lock().unwrap_or_else(PoisonError::into_inner).insert(assignment_id.clone(), worker_id);
         }
         let message = wire::RelayStepsRequest { message: Some(relay_steps_request::Message::Worker(message.clone())) };
         let _ = entry.upstream.send(message);
@@ -299,8 +307,12 @@ impl Relays {
                 });
             }
             Some(Message::Delegation(answer)) => {
-                let encoded = bytes::Bytes::from(response.encode_to_vec());
-                self.engine.workers.send_to_holder(&answer.assignment_id, ToWorker::Relayed(encoded));
+                let asking =
+                    self.handing_off.lock().unwrap_or_else(PoisonError::into_inner).remove(&answer.assignment_id);
+                if let Some(worker_id) = asking {
+                    let encoded = bytes::Bytes::from(response.encode_to_vec());
+                    self.engine.workers.send_to(worker_id, ToWorker::Relayed(encoded));
+                }
             }
             None => {}
         }
@@ -444,20 +456,24 @@ async fn serve_relay(worker_id: u64, inbound: &mut Streaming<wire::RelayStepsReq
             }
         };
         engine.workers.touch(worker_id);
-        match message.message {
+        let flow = match message.message {
             Some(relay_steps_request::Message::Hello(hello)) => match offer_from_wire(hello) {
-                Ok((_, agents, tools, room)) => engine.workers.update(worker_id, agents, tools, room),
+                Ok((_, agents, tools, room)) => {
+                    engine.workers.update(worker_id, agents, tools, room);
+                    ControlFlow::Continue(())
+                }
                 Err(error) => {
                     tracing::warn!(worker_id, %error, "a relay's new offer is not valid; ending it");
-                    return;
+                    ControlFlow::Break(())
                 }
             },
             Some(relay_steps_request::Message::Worker(message)) => {
-                if handle_worker_message(worker_id, message, engine).await.is_break() {
-                    return;
-                }
+                handle_worker_message(worker_id, message, engine).await
             }
-            None => {}
+            None => ControlFlow::Continue(()),
+        };
+        if flow.is_break() {
+            return;
         }
     }
 }

@@ -359,7 +359,7 @@ pub(super) async fn handle_worker_message(
                 decision: None,
                 reason,
             });
-            workers.answer_hand_off(worker_id, answer);
+            workers.send_to(worker_id, ToWorker::HandOffAnswer(answer));
         }
         Some(Message::Progress(progress)) => {
             tracing::debug!(worker_id, assignment = %progress.assignment_id, message = %progress.message, "step progress");
