@@ -61,9 +61,11 @@ impl Endpoint {
         Self { url: url.into(), token: token.into() }
     }
 
-    /// A channel that connects on first use; its calls carry the token.
+    /// A channel that connects on first use, balanced over the service's
+    /// replicas (several URLs comma-separated, or a name with several
+    /// addresses); its calls carry the token.
     pub fn channel(&self) -> anyhow::Result<AuthChannel> {
-        let channel = muster_runtime::tls::lazy_channel(&self.url, Some(&client_tls()?))
+        let channel = muster_runtime::balance::Balanced::connect(&self.url, Some(&client_tls()?))
             .with_context(|| format!("reaching {}", self.url))?;
         Ok(with_credentials(channel, Credentials::bearer(&self.token)?))
     }

@@ -60,7 +60,7 @@ async fn subscribe(
     let mut grpc = tonic::client::Grpc::new(channel);
     let path = tonic::codegen::http::uri::PathAndQuery::from_static("/muster.notifier.v1.NotifierService/Subscribe");
     loop {
-        grpc.ready().await?;
+        grpc.ready().await.map_err(|error| anyhow::anyhow!(error))?;
         let codec = tonic_prost::ProstCodec::<SubscribeRequest, Received>::default();
         let request = tonic::Request::new(SubscribeRequest { agent_id: agent_id.clone(), after_cursor });
         match grpc.server_streaming(request, path.clone(), codec).await {

@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod balance;
 pub mod config;
 pub mod db;
 pub mod files;

@@ -57,9 +57,12 @@ impl Security {
     }
 
     /// A lazily connecting channel to another service (`http://` or
-    /// `https://`), whose calls carry this service's credential and trace context.
+    /// `https://`; several URLs comma-separated, or a name with several
+    /// addresses, are balanced: [`crate::balance`]), whose calls carry this
+    /// service's credential and trace context.
     pub fn channel(&self, url: &str) -> Result<client::AuthChannel> {
-        Ok(client::with_credentials(crate::tls::lazy_channel(url, Some(&self.client_tls))?, self.own.clone()))
+        let channel = crate::balance::Balanced::connect(url, Some(&self.client_tls))?;
+        Ok(client::with_credentials(channel, self.own.clone()))
     }
 
     /// The copy of the agent credentials.

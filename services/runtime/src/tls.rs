@@ -282,8 +282,18 @@ impl ClientTls {
         Ok(Self { config: Reloading::start(args, client_config)? })
     }
 
-    async fn connect(&self, host: String, port: u16) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
-        let stream = TcpStream::connect((host.as_str(), port)).await?;
+    /// Connects to `host` (at `address` when given, else where its name
+    /// leads), verifying that its certificate names `host`.
+    async fn connect(
+        &self,
+        host: String,
+        port: u16,
+        address: Option<std::net::SocketAddr>,
+    ) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let stream = match address {
+            Some(address) => TcpStream::connect(address).await?,
+            None => TcpStream::connect((host.as_str(), port)).await?,
+        };
         stream.set_nodelay(true)?;
         let name = ServerName::try_from(host.clone())
             .map_err(|error| io::Error::new(io::ErrorKind::InvalidInput, format!("server name {host:?}: {error}")))?;
@@ -294,6 +304,24 @@ impl ClientTls {
 /// A channel to `url` that connects on first use and again after failures:
 /// plain for `http://`, TLS for `https://` (with `tls`, or the public roots).
 pub fn lazy_channel(url: &str, tls: Option<&ClientTls>) -> Result<tonic::transport::Channel> {
+    channel_to(url, None, tls)
+}
+
+/// Like [`lazy_channel`], to one of the addresses of the URL's host name
+/// (TLS still verifies the name).
+pub fn lazy_channel_to(
+    url: &str,
+    address: std::net::SocketAddr,
+    tls: Option<&ClientTls>,
+) -> Result<tonic::transport::Channel> {
+    channel_to(url, Some(address), tls)
+}
+
+fn channel_to(
+    url: &str,
+    address: Option<std::net::SocketAddr>,
+    tls: Option<&ClientTls>,
+) -> Result<tonic::transport::Channel> {
     let invalid = |error: &dyn std::fmt::Display| Error::Config(format!("invalid service URL {url:?}: {error}"));
     let uri: http::Uri = url.parse().map_err(|error| invalid(&error))?;
     let endpoint = |address: &str| {
@@ -307,7 +335,11 @@ pub fn lazy_channel(url: &str, tls: Option<&ClientTls>) -> Result<tonic::transpo
         })
     };
     if uri.scheme_str() != Some("https") {
-        return Ok(endpoint(url).map_err(|error| invalid(&error))?.connect_lazy());
+        let url = match address {
+            Some(address) => format!("http://{address}"),
+            None => url.to_owned(),
+        };
+        return Ok(endpoint(&url).map_err(|error| invalid(&error))?.connect_lazy());
     }
     let host = uri.host().ok_or_else(|| invalid(&"no host"))?.trim_matches(['[', ']']).to_owned();
     let port = uri.port_u16().unwrap_or(443);
@@ -320,7 +352,7 @@ pub fn lazy_channel(url: &str, tls: Option<&ClientTls>) -> Result<tonic::transpo
     let plain = format!("http://{}", uri.authority().map(|authority| authority.as_str()).unwrap_or(&host));
     let connector = tower::service_fn(move |_: http::Uri| {
         let (tls, host) = (tls.clone(), host.clone());
-        async move { tls.connect(host, port).await.map(hyper_util::rt::TokioIo::new) }
+        async move { tls.connect(host, port, address).await.map(hyper_util::rt::TokioIo::new) }
     });
     Ok(endpoint(&plain).map_err(|error| invalid(&error))?.connect_with_connector_lazy(connector))
 }

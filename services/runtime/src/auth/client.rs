@@ -41,10 +41,11 @@ impl tonic::service::Interceptor for Credentials {
     }
 }
 
-/// A channel whose calls carry [`Credentials`].
-pub type AuthChannel = tonic::service::interceptor::InterceptedService<tonic::transport::Channel, Credentials>;
+/// A channel (balanced over a service's replicas: [`crate::balance`])
+/// whose calls carry [`Credentials`].
+pub type AuthChannel = tonic::service::interceptor::InterceptedService<crate::balance::Balanced, Credentials>;
 
 /// Wraps `channel` so its calls carry `credentials` and the trace context.
-pub fn with_credentials(channel: tonic::transport::Channel, credentials: Credentials) -> AuthChannel {
-    tonic::service::interceptor::InterceptedService::new(channel, credentials)
+pub fn with_credentials(channel: impl Into<crate::balance::Balanced>, credentials: Credentials) -> AuthChannel {
+    tonic::service::interceptor::InterceptedService::new(channel.into(), credentials)
 }
