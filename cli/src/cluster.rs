@@ -216,6 +216,13 @@ impl Cluster {
         Ok(address)
     }
 
+    /// Sets a variable of the environment the services start with from now
+    /// on (a restarted service sees it).
+    pub fn set_environment(&mut self, key: &str, value: &str) {
+        self.options.environment.retain(|(known, _)| known != key);
+        self.options.environment.push((key.to_owned(), value.to_owned()));
+    }
+
     /// Stops every service gracefully, the execution service first.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
         let mut first_error = None;

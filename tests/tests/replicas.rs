@@ -16,6 +16,7 @@ use muster_proto::{
         CancelExecutionRequest, GetExecutionRequest, InvokeToolRequest, ListWorkersRequest, StepStatus,
         SubmitApprovalRequest, WatchExecutionRequest, WorkerInfo, execution_service_client::ExecutionServiceClient,
     },
+    notifier::v1::{SubscribeRequest, notifier_service_client::NotifierServiceClient, subscribe_response},
     roster::v1::{Agent, PutRoleDefinitionRequest, RoleDefinition},
 };
 use muster_tests::{
@@ -263,6 +264,112 @@ async fn workers_on_one_replica_serve_the_runs_of_another() {
     test.cluster_mut().kill("execution").await.unwrap();
     test.cluster_mut().restart("execution").await.unwrap();
     assert_completed_once(&test, &second, &relayed, RELAYED_STEPS).await;
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+/// A live subscription's notifications of one run, in the order they came,
+/// until the run's last event arrives.
+async fn subscribe_until(
+    notifier: Endpoint,
+    agent_id: &str,
+    last_event: tokio::sync::watch::Receiver<Option<String>>,
+) -> tokio::task::JoinHandle<Vec<(u64, String)>> {
+    let mut stream = NotifierServiceClient::new(notifier.channel().unwrap())
+        .subscribe(SubscribeRequest { agent_id: agent_id.to_owned(), after_cursor: 0 })
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::spawn(async move {
+        let mut received = Vec::new();
+        loop {
+            let frame = tokio::time::timeout(Duration::from_secs(120), stream.message())
+                .await
+                .expect("notifications keep coming")
+                .expect("the subscription holds")
+                .expect("the stream stays open");
+            let Some(subscribe_response::Message::Notification(notification)) = frame.message else {
+                panic!("the subscriber fell behind: {frame:?}");
+            };
+            let event_id = notification.event.unwrap().event_id;
+            received.push((notification.cursor, event_id.clone()));
+            if last_event.borrow().as_deref() == Some(event_id.as_str()) {
+                return received;
+            }
+        }
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifier_replicas_share_inboxes_live_delivery_and_memory_files() {
+    const RUN_STEPS: usize = 300;
+    let Some(mut test) = TestCluster::start(Backend::Postgres).await else { return };
+    let tokens = test.register_agents(&[agent("doer", "worker", "team"), agent("watcher", "worker", "team")]).await;
+    let credentials = vec![AgentCredential { agent_id: "doer".to_owned(), token: tokens[0].clone() }];
+    let operator = test.cluster().credentials.operator_token.clone();
+    let second = test.cluster_mut().add_replica("notifier").await.unwrap();
+    let third = test.cluster_mut().add_replica("notifier").await.unwrap();
+    // The execution service sends its events to any of the three.
+    let first = test.cluster().service("notifier").url();
+    test.cluster_mut().set_environment("MUSTER_NOTIFIER_URL", &format!("{first},http://{second},http://{third}"));
+    test.cluster_mut().stop("execution").await.unwrap();
+    test.cluster_mut().restart("execution").await.unwrap();
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+
+    // The watcher subscribes on the second and the third replica.
+    let (last_event, last_event_seen) = tokio::sync::watch::channel(None);
+    let on_second =
+        subscribe_until(Endpoint::new(format!("http://{second}"), &operator), "watcher", last_event_seen.clone()).await;
+    let on_third =
+        subscribe_until(Endpoint::new(format!("http://{third}"), &operator), "watcher", last_event_seen).await;
+
+    // The first replica is killed (kill -9) a third of the way in.
+    let mut client = test.execution();
+    let run = publish_and_start(&mut client, &chain_process("noticed", RUN_STEPS, "doer", "watcher", "{}")).await;
+    wait_for_completed_steps(&mut client, &run, RUN_STEPS / 3).await;
+    test.cluster_mut().kill("notifier").await.unwrap();
+    let events = events_until_finished(&test.operator("execution"), &run).await;
+    assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
+    let _ = last_event.send(Some(events.last().unwrap().event_id.clone()));
+
+    // The inbox holds every event of the run once, and each surviving
+    // replica's subscriber received exactly the inbox, in cursor order.
+    let second_endpoint = Endpoint::new(format!("http://{second}"), &operator);
+    let last = events.last().unwrap().event_id.clone();
+    muster::inbox::wait_for_event(&second_endpoint, "watcher", &last, Duration::from_secs(60)).await.unwrap();
+    let inbox: Vec<(u64, String)> = muster::inbox::all(&second_endpoint, "watcher")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|notification| (notification.cursor, notification.event.unwrap().event_id))
+        .collect();
+    let expected: HashSet<&str> = events.iter().map(|event| event.event_id.as_str()).collect();
+    let stored: HashSet<&str> = inbox.iter().map(|(_, event_id)| event_id.as_str()).collect();
+    assert_eq!(stored, expected, "the lead hears of every event of the run");
+    assert_eq!(inbox.len(), expected.len(), "and of each once");
+    for subscriber in [on_second, on_third] {
+        let received = tokio::time::timeout(Duration::from_secs(60), subscriber).await.unwrap().unwrap();
+        assert_eq!(received, inbox, "a subscriber on a surviving replica misses nothing and repeats nothing");
+    }
+
+    // The memory files, written by whichever replica stored each batch,
+    // hold one line per notification.
+    // (Each event of this run is its own kind of event of its own step.)
+    let memory = test.cluster().options.data_dir.join("agents").join("watcher").join("events");
+    let mut written: Vec<(String, String)> = Vec::new();
+    for file in std::fs::read_dir(&memory).unwrap() {
+        for line in std::fs::read_to_string(file.unwrap().path()).unwrap().lines() {
+            let line: serde_json::Value = serde_json::from_str(line).expect("each line is JSON");
+            assert_eq!(line["execution_id"], serde_json::json!(run));
+            written.push((line["event_type"].to_string(), line["step_id"].to_string()));
+        }
+    }
+    assert_eq!(written.len(), inbox.len(), "one memory line per notification");
+    written.sort();
+    written.dedup();
+    assert_eq!(written.len(), inbox.len(), "no line written twice");
 
     let _ = stop.send(());
     worker.await.unwrap().unwrap();

@@ -263,6 +263,11 @@ impl Hub {
         }
     }
 
+    /// Whether any live buffer is registered.
+    pub(crate) fn has_subscribers(&self) -> bool {
+        !self.lock().is_empty()
+    }
+
     /// Offers each notification to the subscribers of its agent, in order.
     /// `build(index)` makes the notification of `deliveries[index]`; it is
     /// called only when someone listens.

@@ -5,7 +5,12 @@
 //! records that, and only then answers each stream.
 //!
 //! One writer keeps cursors increasing in commit order and lets the memory
-//! files have at most one unconfirmed batch (see [`crate::memory`]).
+//! files have at most one unconfirmed batch (see [`crate::memory`]). Several
+//! replicas on one PostgreSQL take turns, a whole batch each
+//! ([`Store::writer_turn`]): a turn first rewrites the lines a replica that
+//! died mid-batch left unwritten, and the notifications reach the live
+//! subscribers of every replica through [`crate::follow`] instead of
+//! straight from here.
 
 use std::{sync::Arc, time::Duration};
 
@@ -22,7 +27,7 @@ use crate::{
     },
     hub::{Hub, LiveNotification},
     memory::{MemoryFiles, group_by_file},
-    store::{IngestOutcome, MemoryProgress, MemoryState, NewEvent, NewRecipient, Store},
+    store::{IngestOutcome, MemoryProgress, MemoryState, NewEvent, NewRecipient, Store, WriterTurn},
 };
 
 /// Most events merged into one transaction.
@@ -74,6 +79,9 @@ pub(crate) struct IngestSettings {
     pub(crate) output_summary_chars: usize,
     /// `None` when memory files are turned off.
     pub(crate) memory: Option<MemoryFiles>,
+    /// Woken after each batch, on a database replicas share: it offers the
+    /// batch to the live subscribers ([`crate::follow`]).
+    pub(crate) follower: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// The handle streams submit batches through.
@@ -150,6 +158,41 @@ struct Writer<S> {
 
 impl<S: Store> Writer<S> {
     async fn process(&self, jobs: Vec<Job>) {
+        let turn = match self.take_turn().await {
+            Ok(turn) => turn,
+            Err(error) => {
+                tracing::error!(%error, "taking the turn to write failed");
+                let message = error.to_string();
+                for job in jobs {
+                    let _ = job.reply.send(Err(Error::StoreUnavailable(message.clone())));
+                }
+                return;
+            }
+        };
+        self.write(jobs).await;
+        if let Err(error) = turn.end().await {
+            tracing::warn!(%error, "ending the turn to write failed (it ends with its connection)");
+        }
+        if let Some(follower) = &self.settings.follower {
+            follower.notify_one();
+        }
+    }
+
+    /// Waits for this replica's turn; once it has it, rewrites what a
+    /// replica that died during its turn left unwritten.
+    async fn take_turn(&self) -> Result<WriterTurn> {
+        let turn = self.store.writer_turn().await?;
+        if self.store.shared()
+            && let Some(files) = &self.settings.memory
+        {
+            crate::memory::recover(self.store.as_ref(), files).await?;
+        }
+        Ok(turn)
+    }
+
+    /// Stores a batch, offers it to the live subscribers (unless
+    /// [`crate::follow`] does), writes its memory lines and answers its streams.
+    async fn write(&self, jobs: Vec<Job>) {
         let received_at = muster_runtime::time::now_millis();
         let incoming: Vec<&Incoming> = jobs.iter().flat_map(|job| job.events.iter()).collect();
         let _spans: Vec<tracing::Span> = incoming.iter().filter_map(|item| traced_event_span(&item.wire)).collect();
@@ -182,33 +225,9 @@ impl<S: Store> Writer<S> {
         };
 
         // Live delivery, in cursor order.
-        let mut deliveries: Vec<(&str, usize, u64, Reason)> = Vec::new();
-        let mut summaries: Vec<Arc<str>> = Vec::with_capacity(new_events.len());
-        for (index, (event, outcome)) in new_events.iter().zip(&outcomes).enumerate() {
-            summaries.push(Arc::from(event.output_summary.as_str()));
-            if let IngestOutcome::Stored { first_cursor } = outcome {
-                for (offset, recipient) in event.recipients.iter().enumerate() {
-                    deliveries.push((
-                        recipient.agent_id.as_str(),
-                        index,
-                        first_cursor + offset as u64,
-                        recipient.reason,
-                    ));
-                }
-            }
+        if self.settings.follower.is_none() {
+            self.publish(&new_events, &outcomes, received_at);
         }
-        let agents: Vec<&str> = deliveries.iter().map(|(agent, ..)| *agent).collect();
-        self.hub.publish(&agents, |delivery| {
-            let (agent_id, index, cursor, reason) = deliveries[delivery];
-            LiveNotification {
-                cursor,
-                agent_id: Arc::from(agent_id),
-                reason,
-                event: new_events[index].encoded.clone(),
-                output_summary: Arc::clone(&summaries[index]),
-                created_at: received_at,
-            }
-        });
 
         self.write_memory(&incoming, &new_events, &outcomes).await;
 
@@ -238,6 +257,37 @@ impl<S: Store> Writer<S> {
             let job_counts: Vec<u32> = counts.by_ref().take(job.events.len()).collect();
             let _ = job.reply.send(Ok(job_counts));
         }
+    }
+
+    /// Offers a stored batch's notifications to the live subscribers, in cursor order.
+    fn publish(&self, new_events: &[NewEvent], outcomes: &[IngestOutcome], received_at: i64) {
+        let mut deliveries: Vec<(&str, usize, u64, Reason)> = Vec::new();
+        let mut summaries: Vec<Arc<str>> = Vec::with_capacity(new_events.len());
+        for (index, (event, outcome)) in new_events.iter().zip(outcomes).enumerate() {
+            summaries.push(Arc::from(event.output_summary.as_str()));
+            if let IngestOutcome::Stored { first_cursor } = outcome {
+                for (offset, recipient) in event.recipients.iter().enumerate() {
+                    deliveries.push((
+                        recipient.agent_id.as_str(),
+                        index,
+                        first_cursor + offset as u64,
+                        recipient.reason,
+                    ));
+                }
+            }
+        }
+        let agents: Vec<&str> = deliveries.iter().map(|(agent, ..)| *agent).collect();
+        self.hub.publish(&agents, |delivery| {
+            let (agent_id, index, cursor, reason) = deliveries[delivery];
+            LiveNotification {
+                cursor,
+                agent_id: Arc::from(agent_id),
+                reason,
+                event: new_events[index].encoded.clone(),
+                output_summary: Arc::clone(&summaries[index]),
+                created_at: received_at,
+            }
+        });
     }
 
     fn prepare(&self, item: &Incoming, received_at: i64) -> NewEvent {

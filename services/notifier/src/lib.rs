@@ -16,6 +16,7 @@
 
 pub mod domain;
 mod error;
+mod follow;
 mod grpc;
 mod hub;
 mod ingest;
@@ -35,7 +36,7 @@ use crate::{
     hub::Hub,
     ingest::{IngestSettings, Ingestor},
     memory::MemoryFiles,
-    store::SqlStore,
+    store::{SqlStore, Store as _},
 };
 
 /// The notifier's default port.
@@ -94,10 +95,15 @@ pub async fn run(
     let memory = config.memory_files.then(|| MemoryFiles::new(config.memory_root()));
     let hub = Hub::new(config.subscriber_buffer);
     let (ready_sender, ready_receiver) = watch::channel(false);
+    // Replicas sharing the database offer their subscribers what any of them stored.
+    let follower = store.shared().then(|| Arc::new(tokio::sync::Notify::new()));
+    if let Some(wake) = &follower {
+        follow::spawn(Arc::clone(&store), Arc::clone(&hub), Arc::clone(wake), ready_receiver.clone());
+    }
     let ingestor = Ingestor::spawn(
         Arc::clone(&store),
         Arc::clone(&hub),
-        IngestSettings { output_summary_chars: config.output_summary_chars, memory: memory.clone() },
+        IngestSettings { output_summary_chars: config.output_summary_chars, memory: memory.clone(), follower },
         ready_receiver,
     );
 
@@ -106,7 +112,10 @@ pub async fn run(
         async move {
             store.migrate().await?;
             if let Some(memory) = &memory {
+                // In its turn: another replica may be appending.
+                let turn = store.writer_turn().await?;
                 memory::recover(store.as_ref(), memory).await?;
+                turn.end().await?;
             }
             let _ = ready_sender.send(true);
             Ok::<(), muster_runtime::server::BoxError>(())

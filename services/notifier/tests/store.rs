@@ -86,6 +86,14 @@ async fn conformance<S: Store>(store: &S) {
     assert_eq!(store.list("alice", 1, 1).await.expect("list").iter().map(|n| n.cursor).collect::<Vec<_>>(), vec![3]);
     assert_eq!(store.list("bob", 0, 100).await.expect("list").len(), 1);
     assert!(store.list("carol", 0, 100).await.expect("list").is_empty());
+    // Every agent's, in cursor order.
+    let all = store.list_all(1, 100).await.expect("list all");
+    assert_eq!(
+        all.iter().map(|n| (n.cursor, n.agent_id.as_str())).collect::<Vec<_>>(),
+        [(2, "bob"), (3, "alice"), (4, "alice")]
+    );
+    assert_eq!(store.list_all(0, 1).await.expect("list all").len(), 1);
+    assert_eq!(store.newest_cursor_of_all().await.expect("newest"), 4);
 
     // Acknowledgements are monotonic.
     assert_eq!(store.acknowledged_cursor("alice").await.expect("ack"), 0);
@@ -148,6 +156,10 @@ async fn sqlite_store_conforms() {
     let store = SqlStore::connect_lazy(&url, 1).expect("store");
     store.migrate().await.expect("migrate");
     conformance(&store).await;
+    assert!(!store.shared(), "one process writes a SQLite file");
+    let turn = store.writer_turn().await.expect("no turn to wait for");
+    store.writer_turn().await.expect("nor twice").end().await.unwrap();
+    turn.end().await.unwrap();
 }
 
 #[tokio::test]
@@ -156,4 +168,28 @@ async fn postgres_store_conforms() {
     let store = SqlStore::connect_lazy(&database.url, 4).expect("store");
     store.migrate().await.expect("migrate");
     conformance(&store).await;
+
+    // Replicas take turns: a second waits until the first ends, or dies.
+    assert!(store.shared());
+    let other = SqlStore::connect_lazy(&database.url, 2).expect("store");
+    let turn = store.writer_turn().await.expect("turn");
+    let waiting = tokio::spawn(async move { other.writer_turn().await.map(|turn| (turn, other)) });
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "the other replica waits for its turn");
+    turn.end().await.expect("end");
+    let (turn, _other) = tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+        .await
+        .expect("its turn comes")
+        .unwrap()
+        .expect("turn");
+    let waiting = tokio::spawn({
+        let store = store.clone();
+        async move { store.writer_turn().await.map(drop) }
+    });
+    drop(turn);
+    tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+        .await
+        .expect("a dropped turn ends too")
+        .unwrap()
+        .expect("turn");
 }

@@ -9,7 +9,7 @@ use std::future::Future;
 
 use bytes::Bytes;
 
-pub use sql::SqlStore;
+pub use sql::{SqlStore, WriterTurn};
 
 use crate::{Result, domain::Reason};
 
@@ -170,4 +170,22 @@ pub trait Store: Send + Sync + 'static {
 
     /// The recorded length of a memory file before its latest append.
     fn memory_file_length(&self, path: &str) -> impl Future<Output = Result<Option<u64>>> + Send;
+
+    /// Whether other processes (replicas) may write the same database: on
+    /// PostgreSQL. They then take turns with [`Store::writer_turn`], and each
+    /// learns of the others' notifications with [`Store::list_all`].
+    fn shared(&self) -> bool;
+
+    /// Waits for this process's turn to write (store a batch, append its
+    /// memory lines and record that); the turn lasts until the guard ends
+    /// or is dropped, or the process dies. Nothing to wait for unless
+    /// [`Store::shared`].
+    fn writer_turn(&self) -> impl Future<Output = Result<WriterTurn>> + Send;
+
+    /// Every agent's notifications with a cursor above `after_cursor`, in
+    /// cursor order, at most `limit`.
+    fn list_all(&self, after_cursor: u64, limit: u32) -> impl Future<Output = Result<Vec<StoredNotification>>> + Send;
+
+    /// The cursor of the newest notification of any agent (0 when none).
+    fn newest_cursor_of_all(&self) -> impl Future<Output = Result<u64>> + Send;
 }

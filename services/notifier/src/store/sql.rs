@@ -24,6 +24,26 @@ pub(crate) static MIGRATIONS: Migrations = Migrations {
 const ROWS_PER_STATEMENT: usize = 500;
 /// Any number unlikely to collide with another service's advisory locks.
 const INGEST_LOCK_KEY: i64 = 0x6d75_7374_6e74_6679;
+/// The advisory lock replicas take turns writing with (see [`WriterTurn`]).
+const WRITER_TURN_KEY: i64 = 0x6d75_7374_7475_726e;
+
+/// A process's turn to write, on PostgreSQL: a transaction holding an
+/// advisory lock, which ends with it — committed by [`WriterTurn::end`],
+/// rolled back when dropped, or cut off with the connection when the
+/// process dies. Nothing on SQLite (one process writes the file).
+pub struct WriterTurn {
+    transaction: Option<sqlx::Transaction<'static, sqlx::Any>>,
+}
+
+impl WriterTurn {
+    /// Ends the turn.
+    pub async fn end(self) -> Result<()> {
+        if let Some(transaction) = self.transaction {
+            transaction.commit().await?;
+        }
+        Ok(())
+    }
+}
 
 /// The SQL implementation of [`Store`].
 #[derive(Debug, Clone)]
@@ -281,6 +301,38 @@ impl Store for SqlStore {
             .fetch_all(&self.database.pool)
             .await?;
         rows.iter().map(Self::notification_from_row).collect()
+    }
+
+    fn shared(&self) -> bool {
+        self.database.backend == Backend::Postgres
+    }
+
+    async fn writer_turn(&self) -> Result<WriterTurn> {
+        if !self.shared() {
+            return Ok(WriterTurn { transaction: None });
+        }
+        let mut transaction = self.database.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(WRITER_TURN_KEY).execute(&mut *transaction).await?;
+        Ok(WriterTurn { transaction: Some(transaction) })
+    }
+
+    async fn list_all(&self, after_cursor: u64, limit: u32) -> Result<Vec<StoredNotification>> {
+        let sql = format!(
+            "SELECT {NOTIFICATION_COLUMNS} FROM notifications n JOIN events e ON e.event_id = n.event_id \
+             WHERE n.notification_id > $1 ORDER BY n.notification_id LIMIT $2"
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(from_cursor(after_cursor))
+            .bind(i64::from(limit))
+            .fetch_all(&self.database.pool)
+            .await?;
+        rows.iter().map(Self::notification_from_row).collect()
+    }
+
+    async fn newest_cursor_of_all(&self) -> Result<u64> {
+        let newest: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(notification_id) FROM notifications").fetch_one(&self.database.pool).await?;
+        Ok(newest.map_or(0, to_cursor))
     }
 
     async fn newest_cursor(&self, agent_id: &str) -> Result<u64> {
