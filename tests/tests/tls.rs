@@ -33,15 +33,20 @@ struct Process {
 }
 
 async fn spawn(service: &str, folder: &Path, environment: Vec<(String, String)>) -> Process {
+    spawn_as(service, service, folder, environment).await
+}
+
+/// Like [`spawn`], with files named after `name` (for a second replica).
+async fn spawn_as(service: &str, name: &str, folder: &Path, environment: Vec<(String, String)>) -> Process {
     build_service_binaries();
     let binary = muster::cluster::default_binary_dir().unwrap().join(format!("muster-{service}"));
-    let port_file = folder.join(format!("{service}.port"));
-    let log = std::fs::File::create(folder.join(format!("{service}.log"))).unwrap();
+    let port_file = folder.join(format!("{name}.port"));
+    let log = std::fs::File::create(folder.join(format!("{name}.log"))).unwrap();
     let child = tokio::process::Command::new(binary)
         .env("MUSTER_LISTEN", "127.0.0.1:0")
         .env("MUSTER_PORT_FILE", &port_file)
         .env("MUSTER_LOG_FORMAT", "json")
-        .env("MUSTER_DATABASE_URL", format!("sqlite://{}", folder.join(format!("{service}.db")).display()))
+        .env("MUSTER_DATABASE_URL", format!("sqlite://{}", folder.join(format!("{name}.db")).display()))
         .envs(environment)
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
@@ -444,8 +449,27 @@ async fn the_whole_cluster_runs_under_mutual_tls() {
         if service == "notifier" {
             environment.push(("MUSTER_DATA_DIR".into(), folder.0.display().to_string()));
         }
+        if service == "execution" && !databases.is_empty() {
+            // Two replicas on one database. Their certificate names the
+            // Service, not them: each joins with the Service's name in its
+            // URL and its own address to connect to.
+            for name in ["execution", "execution-b"] {
+                let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+                let replica = [
+                    ("MUSTER_LISTEN".to_owned(), format!("127.0.0.1:{port}")),
+                    ("MUSTER_REPLICA_URL".to_owned(), format!("https://muster-execution:{port}")),
+                    ("MUSTER_REPLICA_ADDRESS".to_owned(), "127.0.0.1".to_owned()),
+                ];
+                let environment = [environment.clone(), replica.to_vec()].concat();
+                services.insert(name, spawn_as(service, name, &folder.0, environment).await);
+            }
+            continue;
+        }
         services.insert(service, spawn(service, &folder.0, environment).await);
     }
+    // With two execution replicas, the worker connects to the second and the
+    // run starts on the first: its step crosses between them over mutual TLS.
+    let worker_replica = if services.contains_key("execution-b") { "execution-b" } else { "execution" };
     let address = |service: &str| services[service].address;
     let client_certificate = ca.issue(&folder.0, "workstation", &["ops-workstation"]);
     let operator = credentials.operator_token.clone();
@@ -475,7 +499,7 @@ async fn the_whole_cluster_runs_under_mutual_tls() {
     let muster = muster::cluster::default_binary_dir().unwrap().join("muster");
     let log = std::fs::File::create(folder.0.join("agent.log")).unwrap();
     let _worker = tokio::process::Command::new(muster)
-        .args(["agent", "--execution", &url(&services["execution"]), "--tokens-file"])
+        .args(["agent", "--execution", &url(&services[worker_replica]), "--tokens-file"])
         .arg(&tokens_file)
         .env("MUSTER_TOKEN", &operator)
         .env("MUSTER_TLS_CA_FILE", &ca_file)

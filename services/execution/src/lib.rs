@@ -89,6 +89,13 @@ pub struct Config {
     /// listens on, when that names one host.
     #[arg(long, env = "MUSTER_REPLICA_URL", default_value = "")]
     pub replica_url: String,
+    /// The IP address the other replicas connect to when MUSTER_REPLICA_URL
+    /// names a Service rather than this replica (under TLS, whose
+    /// certificates name the Services): e.g. $(POD_IP). The connection goes
+    /// there and TLS still verifies the URL's host. Empty: where the URL's
+    /// host leads.
+    #[arg(long, env = "MUSTER_REPLICA_ADDRESS", default_value = "")]
+    pub replica_address: String,
 }
 
 impl Config {
@@ -156,11 +163,18 @@ pub async fn run(
         (url, _) => url.to_owned(),
     };
 
+    if !config.replica_address.is_empty() && config.replica_address.parse::<std::net::IpAddr>().is_err() {
+        return Err(muster_runtime::Error::Config(format!(
+            "MUSTER_REPLICA_ADDRESS={:?} is not an IP address",
+            config.replica_address
+        )));
+    }
+    let replica_address = config.replica_address.clone();
     let agents = security.agents().clone();
     let started = engine.clone();
     let ready = async move {
         store.migrate().await?;
-        started.join(&replica_url).await?;
+        started.join(&replica_url, &replica_address).await?;
         started.load_matrix().await?;
         started.load_agent_budgets().await?;
         // These run for the life of the engine.

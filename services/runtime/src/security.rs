@@ -65,6 +65,21 @@ impl Security {
         Ok(client::with_credentials(channel, self.own.clone()))
     }
 
+    /// Like [`Security::channel`], to one replica of a service at `address`
+    /// (an IP address; the port is the URL's), verifying under TLS that it
+    /// is the URL's host; `address` empty: like [`Security::channel`].
+    pub fn channel_at(&self, url: &str, address: &str) -> Result<client::AuthChannel> {
+        if address.is_empty() {
+            return self.channel(url);
+        }
+        let invalid = |what: &str| Error::Config(format!("cannot reach {url} at {address:?}: {what}"));
+        let ip: std::net::IpAddr = address.parse().map_err(|_| invalid("not an IP address"))?;
+        let uri: http::Uri = url.parse().map_err(|_| invalid("not a URL"))?;
+        let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
+        let channel = crate::tls::lazy_channel_to(url, std::net::SocketAddr::new(ip, port), Some(&self.client_tls))?;
+        Ok(client::with_credentials(channel, self.own.clone()))
+    }
+
     /// The copy of the agent credentials.
     pub fn agents(&self) -> &AgentDirectory {
         self.authenticator.agents()

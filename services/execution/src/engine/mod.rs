@@ -53,7 +53,7 @@ use crate::{
             AgentContext, Event, EventKind, Execution, Finding, HandOff, HandOffAnswer, Outcome, ProcessVersion, Step,
         },
     },
-    store::{NewProcess, Published, StepWrite, Store, Write},
+    store::{NewProcess, Published, Replica, StepWrite, Store, Write},
 };
 
 /// How the engine runs executions.
@@ -254,8 +254,11 @@ impl Engine {
 
     /// Joins the replicas on the store, with this replica's lease; the
     /// others reach it at `url` (empty: they cannot).
-    pub(crate) async fn join(&self, url: &str) -> Result<()> {
-        self.store.join(&self.replica, url, self.settings.ownership_lease).await?;
+    /// Joins the replicas, reached by the others at `url` (connecting to
+    /// `address`, when the URL's host names a Service rather than this replica).
+    pub(crate) async fn join(&self, url: &str, address: &str) -> Result<()> {
+        let me = Replica { id: self.replica.clone(), url: url.to_owned(), address: address.to_owned() };
+        self.store.join(&me, self.settings.ownership_lease).await?;
         self.joined.store(true, std::sync::atomic::Ordering::Release);
         tracing::info!(replica = %self.replica, lease_ms = self.settings.ownership_lease.as_millis() as u64, "joined the execution service's replicas");
         Ok(())

@@ -213,7 +213,7 @@ async fn engine_on(file: &std::path::Path, roster: Arc<FakeRoster>, settings: Se
     let store: Arc<dyn Store> = Arc::new(SqlStore::new(database));
     store.migrate().await.unwrap();
     let engine = Engine::new(store, roster, settings);
-    engine.join("").await.unwrap();
+    engine.join("", "").await.unwrap();
     engine.load_matrix().await.unwrap();
     engine
 }

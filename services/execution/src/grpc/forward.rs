@@ -17,6 +17,7 @@ use muster_runtime::{auth::client::AuthChannel, security::Security};
 use tonic::{Request, Response, Status};
 
 use super::ExecutionApi;
+use crate::store::Replica;
 
 /// The metadata that marks a call handed over by another replica (its
 /// name): it is answered where it arrives, never handed on.
@@ -29,10 +30,10 @@ const HAND_OVER_TIMEOUT: Duration = Duration::from_secs(30);
 /// Another replica, over gRPC.
 pub(super) type PeerClient = ExecutionServiceClient<AuthChannel>;
 
-/// The connections to the other replicas, by URL.
+/// The connections to the other replicas, by URL and address.
 pub(crate) struct Peers {
     security: Security,
-    clients: Mutex<HashMap<String, PeerClient>>,
+    clients: Mutex<HashMap<(String, String), PeerClient>>,
 }
 
 impl Peers {
@@ -40,16 +41,20 @@ impl Peers {
         Self { security, clients: Mutex::new(HashMap::new()) }
     }
 
-    fn client(&self, url: &str) -> Result<PeerClient, Status> {
+    fn client(&self, replica: &Replica) -> Result<PeerClient, Status> {
+        let key = (replica.url.clone(), replica.address.clone());
         let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(client) = clients.get(url) {
+        if let Some(client) = clients.get(&key) {
             return Ok(client.clone());
         }
-        let channel = self.security.channel(url).map_err(|error| {
-            Status::unavailable(format!("cannot reach the replica that drives the execution at {url}: {error}"))
+        let channel = self.security.channel_at(&replica.url, &replica.address).map_err(|error| {
+            Status::unavailable(format!(
+                "cannot reach the replica that drives the execution at {}: {error}",
+                replica.url
+            ))
         })?;
         let client = ExecutionServiceClient::new(channel);
-        clients.insert(url.to_owned(), client.clone());
+        clients.insert(key, client.clone());
         Ok(client)
     }
 }
@@ -78,7 +83,7 @@ impl ExecutionApi {
             Ok(_) => return None,
             Err(error) => return Some(Err(error.into())),
         };
-        let client = match self.peers.client(&driver.url) {
+        let client = match self.peers.client(&driver) {
             Ok(client) => client,
             Err(status) => return Some(Err(status)),
         };

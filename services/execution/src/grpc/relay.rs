@@ -50,6 +50,7 @@ use crate::{
         Engine, Input, Route,
         workers::{Connection, Offer, ServedAgent, ToWorker},
     },
+    store::Replica,
     wire::{tool_call_from_wire, tool_from_wire, tool_output_to_wire, tool_to_wire},
 };
 
@@ -132,7 +133,7 @@ impl Relays {
     pub(crate) async fn follow_peers(self: Arc<Self>) {
         let mut changes = self.engine.workers.subscribe();
         let (offers, _) = watch::channel(Offer::default());
-        let mut links: HashMap<String, (String, JoinHandle<()>)> = HashMap::new();
+        let mut links: HashMap<String, (Replica, JoinHandle<()>)> = HashMap::new();
         let mut next_link = 0_u64;
         loop {
             let offer = self.engine.workers.offer();
@@ -153,8 +154,8 @@ impl Relays {
                 changed
             });
             if let Some(wanted) = wanted {
-                links.retain(|replica, (url, link)| {
-                    let keep = !link.is_finished() && wanted.iter().any(|peer| peer.id == *replica && peer.url == *url);
+                links.retain(|_, (peer, link)| {
+                    let keep = !link.is_finished() && wanted.contains(peer);
                     if !keep {
                         link.abort();
                     }
@@ -163,9 +164,8 @@ impl Relays {
                 for peer in wanted {
                     links.entry(peer.id.clone()).or_insert_with(|| {
                         next_link += 1;
-                        let link =
-                            tokio::spawn(self.clone().link(next_link, peer.id, peer.url.clone(), offers.subscribe()));
-                        (peer.url, link)
+                        let link = tokio::spawn(self.clone().link(next_link, peer.clone(), offers.subscribe()));
+                        (peer, link)
                     });
                 }
             }
@@ -180,14 +180,15 @@ impl Relays {
     }
 
     /// One relay to the replica `peer`, open until it ends either side.
-    async fn link(self: Arc<Self>, link: u64, peer: String, url: String, mut offers: watch::Receiver<Offer>) {
+    async fn link(self: Arc<Self>, link: u64, peer: Replica, mut offers: watch::Receiver<Offer>) {
+        let Replica { id: peer, url, address } = peer;
         let (upstream, requests) = mpsc::unbounded_channel();
         let hello = |offer: &Offer| wire::RelayStepsRequest {
             message: Some(relay_steps_request::Message::Hello(relay_hello(&self.engine.replica, offer))),
         };
         let _ = upstream.send(hello(&offers.borrow_and_update()));
         let ended = async {
-            let channel = self.security.channel(&url).map_err(|error| error.to_string())?;
+            let channel = self.security.channel_at(&url, &address).map_err(|error| error.to_string())?;
             let mut inbound = ExecutionServiceClient::new(channel)
                 .relay_steps(UnboundedReceiverStream::new(requests))
                 .await

@@ -239,7 +239,7 @@ async fn conformance(store: SqlStore) {
     ended.status = ExecutionStatus::Completed;
     ended.ended_at = Some(3_500);
     store.commit(vec![Write::CreateExecution(ended), steps("e3", &[done.clone(), done])]).await.unwrap();
-    store.join("only", "", Duration::from_secs(600)).await.unwrap();
+    store.join(&replica("only", ""), Duration::from_secs(600)).await.unwrap();
     assert_eq!(store.adopt().await.unwrap(), ["e1", "e2"], "the unfinished executions, oldest first");
     assert!(store.adopt().await.unwrap().is_empty(), "adopted once");
     let newest_first = |filter: ExecutionFilter| {
@@ -529,6 +529,10 @@ async fn inboxes(store: &SqlStore) {
 /// Two replicas on one database: each drives the executions it holds a
 /// lease on; one whose lease lapses can no longer write, and the other
 /// takes its executions over; one that leaves gives them back at once.
+fn replica(id: &str, url: &str) -> Replica {
+    Replica { id: id.to_owned(), url: url.to_owned(), address: String::new() }
+}
+
 async fn replicas(url: &str) {
     let store = || SqlStore::new(Database::connect_lazy_with_readers(url, 1, 1).unwrap());
     let (first, second, third) = (store(), store(), store());
@@ -542,23 +546,26 @@ async fn replicas(url: &str) {
     first.commit(vec![Write::CreateExecution(execution("old", 1_000, None))]).await.unwrap();
     // Long enough for the checks below on a busy machine; renewed before them.
     let lease = Duration::from_millis(2_000);
-    first.join("first", "http://first", lease).await.unwrap();
-    assert!(first.join("again", "", Duration::from_secs(1)).await.is_err(), "a store joins once");
+    first.join(&Replica { address: "10.0.0.1".to_owned(), ..replica("first", "http://first") }, lease).await.unwrap();
+    assert!(first.join(&replica("again", ""), Duration::from_secs(1)).await.is_err(), "a store joins once");
     assert_eq!(first.adopt().await.unwrap(), ["old"]);
     first.commit(vec![Write::CreateExecution(execution("new", 2_000, None))]).await.unwrap();
     let mut ended = execution("ended", 3_000, None);
     ended.status = ExecutionStatus::Completed;
     first.commit(vec![Write::CreateExecution(ended)]).await.unwrap();
 
-    second.join("second", "http://second", Duration::from_secs(600)).await.unwrap();
+    second.join(&replica("second", "http://second"), Duration::from_secs(600)).await.unwrap();
     assert!(second.adopt().await.unwrap().is_empty(), "the first replica's lease is live");
     let driver = second.driver_of("new").await.unwrap().unwrap();
-    assert_eq!((driver.id.as_str(), driver.url.as_str()), ("first", "http://first"));
+    assert_eq!(
+        (driver.id.as_str(), driver.url.as_str(), driver.address.as_str()),
+        ("first", "http://first", "10.0.0.1")
+    );
     assert_eq!(second.driver_of("ended").await.unwrap(), None, "an ended execution has no driver");
     assert!(first.renew(lease).await.unwrap());
     assert!(first.leads().await.unwrap() && !second.leads().await.unwrap(), "the eldest leads");
     let peers = second.peers().await.unwrap();
-    assert_eq!(peers, [Replica { id: "first".to_owned(), url: "http://first".to_owned() }], "the others, not itself");
+    assert_eq!(peers, [driver], "the others, not itself");
 
     // The first replica's lease lapses: its commits fail, it cannot renew
     // or adopt, and the second takes its unfinished executions over.
@@ -575,7 +582,7 @@ async fn replicas(url: &str) {
     assert_eq!(second.execution("new").await.unwrap().unwrap().reason, "progress");
 
     // A replica that leaves gives its executions back at once.
-    third.join("third", "", Duration::from_secs(600)).await.unwrap();
+    third.join(&replica("third", ""), Duration::from_secs(600)).await.unwrap();
     assert!(third.adopt().await.unwrap().is_empty());
     assert!(second.peers().await.unwrap().is_empty(), "neither a lapsed replica nor one without a URL");
     second.leave().await.unwrap();

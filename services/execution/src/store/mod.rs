@@ -178,6 +178,9 @@ pub(crate) struct Replica {
     pub(crate) id: String,
     /// Where the others reach it (empty: they cannot).
     pub(crate) url: String,
+    /// The address to connect to for `url` when its host names a Service
+    /// rather than this replica (empty: where the host leads).
+    pub(crate) address: String,
 }
 
 /// The execution service's repository.
@@ -240,7 +243,7 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// it will drive. From then on, new executions are this replica's, and
     /// every commit fails with [`crate::Error::Superseded`] once the lease
     /// has lapsed.
-    fn join<'a>(&'a self, replica: &'a str, url: &'a str, lease: Duration) -> BoxFuture<'a, Result<()>>;
+    fn join<'a>(&'a self, replica: &'a Replica, lease: Duration) -> BoxFuture<'a, Result<()>>;
     /// Extends the lease to `lease` from now; false when it had lapsed
     /// (another replica may have taken the executions over: the replica must
     /// stop driving them).

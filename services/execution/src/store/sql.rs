@@ -59,6 +59,7 @@ const MIGRATIONS: Migrations = Migrations {
         (9, "agent budgets", include_str!("../../migrations/sqlite/0009_agent_budgets.sql")),
         (10, "inherited slots", include_str!("../../migrations/sqlite/0010_inherited_slots.sql")),
         (11, "replicas", include_str!("../../migrations/sqlite/0011_replicas.sql")),
+        (12, "replica_address", include_str!("../../migrations/sqlite/0012_replica_address.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -72,6 +73,7 @@ const MIGRATIONS: Migrations = Migrations {
         (9, "agent budgets", include_str!("../../migrations/postgres/0009_agent_budgets.sql")),
         (10, "inherited slots", include_str!("../../migrations/postgres/0010_inherited_slots.sql")),
         (11, "replicas", include_str!("../../migrations/postgres/0011_replicas.sql")),
+        (12, "replica_address", include_str!("../../migrations/postgres/0012_replica_address.sql")),
     ],
 };
 
@@ -938,6 +940,10 @@ impl SqlStore {
     }
 }
 
+fn replica_from_row(row: &AnyRow) -> Result<Replica> {
+    Ok(Replica { id: row.try_get("id")?, url: row.try_get("url")?, address: row.try_get("address")? })
+}
+
 impl Store for SqlStore {
     fn migrate(&self) -> BoxFuture<'_, Result<()>> {
         Box::pin(
@@ -1380,7 +1386,7 @@ impl Store for SqlStore {
         })
     }
 
-    fn join<'a>(&'a self, replica: &'a str, url: &'a str, lease: Duration) -> BoxFuture<'a, Result<()>> {
+    fn join<'a>(&'a self, replica: &'a Replica, lease: Duration) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             let joined_already = || Error::Storage("the store joined the replicas already".to_owned());
             if self.replica.get().is_some() {
@@ -1388,14 +1394,15 @@ impl Store for SqlStore {
             }
             let now = database_now(self.database.backend);
             sqlx::query(AssertSqlSafe(format!(
-                "INSERT INTO replicas (id, url, joined_at, expires_at) VALUES ($1, $2, {now}, {now} + $3)"
+                "INSERT INTO replicas (id, url, address, joined_at, expires_at) VALUES ($1, $2, $3, {now}, {now} + $4)"
             )))
-            .bind(replica.to_owned())
-            .bind(url.to_owned())
+            .bind(replica.id.clone())
+            .bind(replica.url.clone())
+            .bind(replica.address.clone())
             .bind(lease_millis(lease))
             .execute(&self.database.pool)
             .await?;
-            self.replica.set(replica.into()).map_err(|_| joined_already())
+            self.replica.set(replica.id.as_str().into()).map_err(|_| joined_already())
         })
     }
 
@@ -1469,13 +1476,13 @@ impl Store for SqlStore {
         Box::pin(async move {
             let now = database_now(self.database.backend);
             let row = sqlx::query(AssertSqlSafe(format!(
-                "SELECT r.id, r.url FROM executions e JOIN replicas r ON r.id = e.owner \
+                "SELECT r.id, r.url, r.address FROM executions e JOIN replicas r ON r.id = e.owner \
                  WHERE e.id = $1 AND e.status IN ('running', 'paused') AND r.expires_at > {now}"
             )))
             .bind(execution_id.to_owned())
             .fetch_optional(&self.database.reads)
             .await?;
-            row.map(|row| Ok(Replica { id: row.try_get("id")?, url: row.try_get("url")? })).transpose()
+            row.as_ref().map(replica_from_row).transpose()
         })
     }
 
@@ -1484,12 +1491,12 @@ impl Store for SqlStore {
             let replica = self.replica()?;
             let now = database_now(self.database.backend);
             let rows = sqlx::query(AssertSqlSafe(format!(
-                "SELECT id, url FROM replicas WHERE expires_at > {now} AND id <> $1 AND url <> '' ORDER BY id"
+                "SELECT id, url, address FROM replicas WHERE expires_at > {now} AND id <> $1 AND url <> '' ORDER BY id"
             )))
             .bind(replica.to_owned())
             .fetch_all(&self.database.reads)
             .await?;
-            rows.into_iter().map(|row| Ok(Replica { id: row.try_get("id")?, url: row.try_get("url")? })).collect()
+            rows.iter().map(replica_from_row).collect()
         })
     }
 
