@@ -301,11 +301,17 @@ def environment(rendered: Rendered, where: str, container: dict) -> Environment:
             values.update({prefix + key: str(value) for key, value in (config_map.get("data") or {}).items()})
         else:
             drift(f"{where}: envFrom {sorted(source)} hides which variables are set; use env with secretKeyRef")
+    defined: set[str] = set(values)
     for variable in container.get("env") or []:
         name = variable["name"]
         if name in values or name in secrets:
             drift(f"{where}: {name} is set twice (env overrides envFrom): keep one")
         if "value" in variable:
+            # Kubernetes expands $(VAR) only for a variable defined earlier
+            # in the list; a later one stays as the literal text.
+            for reference in re.findall(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", str(variable["value"])):
+                if reference not in defined:
+                    drift(f"{where}: {name} uses $({reference}), which is not defined before it in env: it stays as text")
             values[name] = str(variable["value"])
         elif "secretKeyRef" in (variable.get("valueFrom") or {}):
             reference = variable["valueFrom"]["secretKeyRef"]
@@ -324,6 +330,7 @@ def environment(rendered: Rendered, where: str, container: dict) -> Environment:
             values[name] = "<" + variable["valueFrom"]["fieldRef"]["fieldPath"] + ">"
         else:
             drift(f"{where}: {name} is set from {sorted(variable.get('valueFrom') or {})}, which this check cannot read")
+        defined.add(name)
     return Environment(values, secrets)
 
 
@@ -452,11 +459,16 @@ def check_service_exposure(rendered: Rendered, where: str, name: str, pod_labels
         drift(f"{where}: no Service muster-{name} selects its pods")
         return
     named = {p.get("name"): p["containerPort"] for p in container.get("ports") or []}
+    headless = service["spec"].get("clusterIP") == "None"
     for service_port in service["spec"].get("ports") or []:
         target = service_port.get("targetPort", service_port["port"])
         resolved = named.get(target) if isinstance(target, str) else target
         if resolved != port:
             drift(f"{where}: Service muster-{name} port {service_port['port']} forwards to {target!r}, the service listens on {port}")
+        elif headless and service_port["port"] != port:
+            # Clients of a headless Service connect to the pods themselves,
+            # at the URL's port: nothing maps it to the target port.
+            drift(f"{where}: Service muster-{name} is headless: its port {service_port['port']} must be the pods' port {port}")
         protocol = "https" if tls.serves else "kubernetes.io/h2c"
         if service_port.get("appProtocol") != protocol:
             drift(
@@ -969,6 +981,8 @@ SELF_TEST_CASES = {
     "a writable root filesystem": ("dev", "readOnlyRootFilesystem", lambda d: container(d, "execution")["securityContext"].update(readOnlyRootFilesystem=False)),
     "service links": ("dev", "enableServiceLinks", lambda d: pod_spec(d, "roster").update(enableServiceLinks=True)),
     "a grace period longer than the pod's": ("dev", "terminationGracePeriodSeconds", lambda d: config(d, "execution").update(MUSTER_SHUTDOWN_GRACE_SECONDS="60")),
+    "a variable used before it is defined": ("dev", "not defined before it in env", lambda d: container(d, "execution")["env"].reverse()),
+    "a headless Service that remaps its port": ("dev", "headless", lambda d: find(d, "Service", "muster-roster")["spec"]["ports"][0].update(port=50099)),
     "different message limits": ("dev", "MUSTER_MAX_MESSAGE_BYTES differs", lambda d: config(d, "notifier").update(MUSTER_MAX_MESSAGE_BYTES="1024")),
     "a missing Deployment": ("dev", "0 Deployments run muster-validator", lambda d: d.remove(deployment(d, "validator"))),
     "clients of other namespaces shut out of the validator": ("dev", "network policies for muster-validator: block ['client']", lambda d: policy(d, "muster-validator")["spec"]["ingress"][0]["from"][0].pop("namespaceSelector")),

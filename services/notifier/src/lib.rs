@@ -7,7 +7,9 @@
 //! the participants a session event is addressed to), each agent's durable
 //! inbox with cursors and acknowledgements (an agent reads and acknowledges
 //! only its own), live delivery to subscribed agents, and the NDJSON memory
-//! files, written exactly once per notification.
+//! files, written exactly once per notification. Several replicas may share
+//! one PostgreSQL: they take turns writing (`ingest`) and each offers its
+//! subscribers what any of them stored (`follow`).
 //!
 //! It does not own: executions, steps or roles (the execution service sends
 //! them inside each event), agents (the roster), or what an agent does with a
