@@ -185,24 +185,62 @@ impl Cluster {
     /// until [`Cluster::restart`]: only a supervised cluster restarts
     /// services by itself, and supervision holds the cluster while it runs.
     pub async fn kill(&mut self, name: &str) -> anyhow::Result<()> {
-        let service = self.services.iter_mut().find(|service| service.name == name).context("no such service")?;
-        service.child.kill().await?;
-        Ok(())
+        self.kill_replica(name, 0).await
     }
 
     /// Stops a service gracefully (SIGTERM) and waits for it.
     pub async fn stop(&mut self, name: &str) -> anyhow::Result<()> {
-        let service = self.services.iter_mut().find(|service| service.name == name).context("no such service")?;
-        terminate(&mut service.child).await
+        self.stop_replica(name, 0).await
     }
 
     /// Starts a stopped service again, on the same address.
     pub async fn restart(&mut self, name: &'static str) -> anyhow::Result<()> {
-        let position = self.services.iter().position(|service| service.name == name).context("no such service")?;
+        self.restart_replica(name, 0).await
+    }
+
+    /// The position of a service's replica `index` (0: the first started,
+    /// then those [`Cluster::add_replica`] added, in order).
+    fn replica_position(&self, name: &str, index: usize) -> anyhow::Result<usize> {
+        self.services
+            .iter()
+            .enumerate()
+            .filter(|(_, service)| service.name == name)
+            .nth(index)
+            .map(|(position, _)| position)
+            .with_context(|| format!("no replica {index} of {name}"))
+    }
+
+    /// [`Cluster::kill`] for one replica of a service.
+    pub async fn kill_replica(&mut self, name: &str, index: usize) -> anyhow::Result<()> {
+        let position = self.replica_position(name, index)?;
+        self.services[position].child.kill().await?;
+        Ok(())
+    }
+
+    /// [`Cluster::stop`] for one replica of a service.
+    pub async fn stop_replica(&mut self, name: &str, index: usize) -> anyhow::Result<()> {
+        let position = self.replica_position(name, index)?;
+        terminate(&mut self.services[position].child).await
+    }
+
+    /// [`Cluster::restart`] for one replica of a service: on its address,
+    /// with its log file.
+    pub async fn restart_replica(&mut self, name: &'static str, index: usize) -> anyhow::Result<()> {
+        let position = self.replica_position(name, index)?;
         let address = self.services[position].address;
-        let replacement = self.spawn_at(name, address.port(), name).await?;
+        let file_stem =
+            self.services[position].log_path.file_stem().and_then(|stem| stem.to_str()).unwrap_or(name).to_owned();
+        let replacement = self.spawn_at(name, address.port(), &file_stem).await?;
         self.services[position] = replacement;
         Ok(())
+    }
+
+    /// The URL of every replica of a service, comma-separated, as a client
+    /// that balances over them takes it.
+    pub fn replica_urls(&self, name: &str) -> String {
+        let urls: Vec<String> =
+            self.services.iter().filter(|service| service.name == name).map(ServiceProcess::url).collect();
+        urls.join(",")
     }
 
     /// Starts one more process of a service, on a port of its own, sharing

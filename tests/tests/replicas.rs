@@ -46,6 +46,17 @@ async fn wait_for_completed_steps(client: &mut ExecutionClient, execution_id: &s
 /// The run completed, each step once, its events without gap or repeat,
 /// and the notifier delivered each event to the informed agent once.
 async fn assert_completed_once(test: &TestCluster, replica: &Endpoint, execution_id: &str, steps: usize) {
+    assert_completed_once_through(&test.operator("notifier"), replica, execution_id, steps).await;
+}
+
+/// [`assert_completed_once`], reading the inbox through `notifier`; the
+/// watcher's inbox, for the run, as (cursor, event id).
+async fn assert_completed_once_through(
+    notifier: &Endpoint,
+    replica: &Endpoint,
+    execution_id: &str,
+    steps: usize,
+) -> Vec<(u64, String)> {
     let events: Vec<StepEvent> = events_until_finished(replica, execution_id).await;
     let finished = events.last().unwrap();
     assert_eq!(finished.execution_status, ExecutionStatus::Completed as i32, "{}", finished.detail);
@@ -60,18 +71,46 @@ async fn assert_completed_once(test: &TestCluster, replica: &Endpoint, execution
             .count();
         assert_eq!(completions, 1, "step {step} completed once");
     }
-    muster::inbox::wait_for_event(&test.operator("notifier"), "watcher", &finished.event_id, Duration::from_secs(120))
-        .await
-        .unwrap();
-    let notified = muster::inbox::all(&test.operator("notifier"), "watcher").await.unwrap();
+    muster::inbox::wait_for_event(notifier, "watcher", &finished.event_id, Duration::from_secs(120)).await.unwrap();
+    let notified = muster::inbox::all(notifier, "watcher").await.unwrap();
     let mut seen = HashSet::new();
+    let mut inbox = Vec::new();
     for notification in &notified {
         let event = notification.event.as_ref().unwrap();
         if event.execution_id == execution_id {
             assert!(seen.insert(event.event_id.clone()), "event {} notified twice", event.event_id);
+            inbox.push((notification.cursor, event.event_id.clone()));
         }
     }
     assert_eq!(seen.len(), events.len(), "the lead hears of every event of the run once");
+    inbox
+}
+
+/// The memory files of `agent` hold exactly one line per event of the run
+/// it heard of (`events`: every event, for the lead), by kind and step.
+fn assert_one_memory_line_each(test: &TestCluster, agent: &str, execution_id: &str, events: &[StepEvent]) {
+    let memory = test.cluster().options.data_dir.join("agents").join(agent).join("events");
+    let mut written: Vec<(String, String)> = Vec::new();
+    for file in std::fs::read_dir(&memory).unwrap() {
+        for line in std::fs::read_to_string(file.unwrap().path()).unwrap().lines() {
+            let line: serde_json::Value = serde_json::from_str(line).expect("each line is JSON");
+            if line["execution_id"] == serde_json::json!(execution_id) {
+                let text = |field: &str| line[field].as_str().unwrap_or_default().to_owned();
+                written.push((text("event_type"), text("step_id")));
+            }
+        }
+    }
+    let mut expected: Vec<(String, String)> = events
+        .iter()
+        .map(|event| {
+            let kind = EventType::try_from(event.event_type).unwrap().as_str_name();
+            (kind.trim_start_matches("EVENT_TYPE_").to_lowercase(), event.step_id.clone())
+        })
+        .collect();
+    written.sort();
+    expected.sort();
+    assert_eq!(written.len(), expected.len(), "one memory line per notification");
+    assert_eq!(written, expected, "a line for each event, none twice");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -282,22 +321,26 @@ async fn subscribe_until(
         .await
         .unwrap()
         .into_inner();
+    let mut last_event = last_event;
     tokio::spawn(async move {
-        let mut received = Vec::new();
+        let mut received: Vec<(u64, String)> = Vec::new();
         loop {
-            let frame = tokio::time::timeout(Duration::from_secs(120), stream.message())
-                .await
-                .expect("notifications keep coming")
-                .expect("the subscription holds")
-                .expect("the stream stays open");
+            // The last event may have arrived before it was known to be the last.
+            let known_last = last_event.borrow_and_update().clone();
+            if known_last.is_some_and(|last| received.iter().any(|(_, event_id)| *event_id == last)) {
+                return received;
+            }
+            let frame = tokio::select! {
+                frame = tokio::time::timeout(Duration::from_secs(120), stream.message()) => frame
+                    .expect("notifications keep coming")
+                    .expect("the subscription holds")
+                    .expect("the stream stays open"),
+                _ = last_event.changed() => continue,
+            };
             let Some(subscribe_response::Message::Notification(notification)) = frame.message else {
                 panic!("the subscriber fell behind: {frame:?}");
             };
-            let event_id = notification.event.unwrap().event_id;
-            received.push((notification.cursor, event_id.clone()));
-            if last_event.borrow().as_deref() == Some(event_id.as_str()) {
-                return received;
-            }
+            received.push((notification.cursor, notification.event.unwrap().event_id));
         }
     })
 }
@@ -356,22 +399,99 @@ async fn notifier_replicas_share_inboxes_live_delivery_and_memory_files() {
 
     // The memory files, written by whichever replica stored each batch,
     // hold one line per notification.
-    // (Each event of this run is its own kind of event of its own step.)
-    let memory = test.cluster().options.data_dir.join("agents").join("watcher").join("events");
-    let mut written: Vec<(String, String)> = Vec::new();
-    for file in std::fs::read_dir(&memory).unwrap() {
-        for line in std::fs::read_to_string(file.unwrap().path()).unwrap().lines() {
-            let line: serde_json::Value = serde_json::from_str(line).expect("each line is JSON");
-            assert_eq!(line["execution_id"], serde_json::json!(run));
-            written.push((line["event_type"].to_string(), line["step_id"].to_string()));
-        }
-    }
-    assert_eq!(written.len(), inbox.len(), "one memory line per notification");
-    written.sort();
-    written.dedup();
-    assert_eq!(written.len(), inbox.len(), "no line written twice");
+    assert_one_memory_line_each(&test, "watcher", &run, &events);
 
     let _ = stop.send(());
     worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+/// An endpoint for each replica of a service, as the operator.
+fn replicas_of(test: &TestCluster, service: &str) -> Vec<Endpoint> {
+    let operator = &test.cluster().credentials.operator_token;
+    test.cluster().replica_urls(service).split(',').map(|url| Endpoint::new(url, operator)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_replicas_of_each_service_lose_nothing_to_a_crash_or_a_rolling_restart() {
+    const RUN_STEPS: usize = 1000;
+    let environment = vec![("MUSTER_REPLICA_LEASE_MS".to_owned(), LEASE_MS.to_owned())];
+    let Some(mut test) = TestCluster::start_with_environment(Backend::Postgres, environment).await else { return };
+    let tokens = test.register_agents(&[agent("doer", "worker", "team"), agent("watcher", "worker", "team")]).await;
+    let credentials = vec![AgentCredential { agent_id: "doer".to_owned(), token: tokens[0].clone() }];
+
+    // Three of each; every client balances over every replica of what it calls.
+    let cluster = test.cluster_mut();
+    for service in ["roster", "validator", "notifier"] {
+        for _ in 0..2 {
+            cluster.add_replica(service).await.unwrap();
+        }
+    }
+    let (rosters, notifiers) = (cluster.replica_urls("roster"), cluster.replica_urls("notifier"));
+    cluster.set_environment("MUSTER_ROSTER_URL", &rosters);
+    cluster.set_environment("MUSTER_NOTIFIER_URL", &notifiers);
+    for (service, count) in [("validator", 3), ("notifier", 3), ("execution", 1)] {
+        for index in 0..count {
+            cluster.stop_replica(service, index).await.unwrap();
+            cluster.restart_replica(service, index).await.unwrap();
+        }
+    }
+    for _ in 0..2 {
+        cluster.add_replica("execution").await.unwrap();
+    }
+    let executions = replicas_of(&test, "execution");
+    let notifiers = replicas_of(&test, "notifier");
+    // A worker on each execution replica, serving the same agent.
+    let workers: Vec<_> =
+        executions.iter().map(|replica| spawn_sample_worker(replica.clone(), credentials.clone())).collect();
+
+    // The watcher subscribes on the notifier replicas that will survive.
+    let (last_event, last_event_seen) = tokio::sync::watch::channel(None);
+    let mut subscribers = Vec::new();
+    for notifier in &notifiers[1..] {
+        subscribers.push(subscribe_until(notifier.clone(), "watcher", last_event_seen.clone()).await);
+    }
+
+    // A third of the way in, the first replica of every service is killed
+    // (kill -9), among them the execution replica driving the run.
+    let mut first = test.execution();
+    let mut second: ExecutionClient = ExecutionServiceClient::new(executions[1].channel().unwrap());
+    let crashed = publish_and_start(&mut first, &chain_process("crashed", RUN_STEPS, "doer", "watcher", "{}")).await;
+    wait_for_completed_steps(&mut second, &crashed, RUN_STEPS / 3).await;
+    for service in ["roster", "validator", "notifier", "execution"] {
+        test.cluster_mut().kill_replica(service, 0).await.unwrap();
+    }
+    let inbox = assert_completed_once_through(&notifiers[1], &executions[1], &crashed, RUN_STEPS).await;
+    let events = events_until_finished(&executions[1], &crashed).await;
+    let _ = last_event.send(Some(events.last().unwrap().event_id.clone()));
+    for subscriber in subscribers {
+        let received = tokio::time::timeout(Duration::from_secs(60), subscriber).await.unwrap().unwrap();
+        let received: Vec<(u64, String)> =
+            received.into_iter().filter(|(cursor, _)| inbox.iter().any(|(known, _)| known == cursor)).collect();
+        assert_eq!(received, inbox, "a subscriber on a surviving replica misses nothing and repeats nothing");
+    }
+    assert_one_memory_line_each(&test, "watcher", &crashed, &events);
+
+    // The killed replicas come back; then every replica of every service
+    // restarts, one at a time, during a second run.
+    for service in ["roster", "validator", "notifier", "execution"] {
+        test.cluster_mut().restart_replica(service, 0).await.unwrap();
+    }
+    let rolled = publish_and_start(&mut second, &chain_process("rolled", RUN_STEPS, "doer", "watcher", "{}")).await;
+    wait_for_completed_steps(&mut second, &rolled, 50).await;
+    for service in ["roster", "validator", "notifier", "execution"] {
+        for index in 0..3 {
+            test.cluster_mut().stop_replica(service, index).await.unwrap();
+            test.cluster_mut().restart_replica(service, index).await.unwrap();
+        }
+    }
+    assert_completed_once_through(&notifiers[2], &executions[2], &rolled, RUN_STEPS).await;
+    let events = events_until_finished(&executions[2], &rolled).await;
+    assert_one_memory_line_each(&test, "watcher", &rolled, &events);
+
+    for (stop, worker) in workers {
+        let _ = stop.send(());
+        let _ = worker.await;
+    }
     test.shutdown().await;
 }
