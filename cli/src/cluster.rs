@@ -235,12 +235,15 @@ impl Cluster {
         Ok(())
     }
 
+    /// Every replica of a service, in the order they started.
+    pub fn replicas<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a ServiceProcess> + 'a {
+        self.services.iter().filter(move |service| service.name == name)
+    }
+
     /// The URL of every replica of a service, comma-separated, as a client
     /// that balances over them takes it.
     pub fn replica_urls(&self, name: &str) -> String {
-        let urls: Vec<String> =
-            self.services.iter().filter(|service| service.name == name).map(ServiceProcess::url).collect();
-        urls.join(",")
+        self.replicas(name).map(ServiceProcess::url).collect::<Vec<_>>().join(",")
     }
 
     /// Starts one more process of a service, on a port of its own, sharing

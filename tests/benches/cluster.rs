@@ -4,6 +4,9 @@
 //! Prints steps per second, microseconds per step, and the CPU each process
 //! used (in % of one core) while the execution ran.
 //!
+//! Then, on PostgreSQL, a 10,000-step fan-out (three executions of a third
+//! each) driven by one execution replica and by three, a worker on each.
+//!
 //! `cargo bench -p muster-tests --bench cluster [-- SIZE ...]` (default 100 1000 10000).
 
 use std::time::Instant;
@@ -68,7 +71,8 @@ fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-async fn run_once(client: &mut ExecutionClient, source: &str) -> f64 {
+/// Publishes `source`; its process name.
+async fn publish(client: &mut ExecutionClient, source: &str) -> String {
     let process = client
         .publish_process(PublishProcessRequest { source: source.to_owned(), file_name: String::new() })
         .await
@@ -76,9 +80,13 @@ async fn run_once(client: &mut ExecutionClient, source: &str) -> f64 {
         .into_inner()
         .process
         .expect("process");
-    let started = Instant::now();
+    process.name
+}
+
+/// Starts a run of `process_name` and waits until it completes.
+async fn run_to_the_end(mut client: ExecutionClient, process_name: String) {
     let execution = client
-        .start_execution(StartExecutionRequest { process_name: process.name, ..Default::default() })
+        .start_execution(StartExecutionRequest { process_name, ..Default::default() })
         .await
         .expect("start")
         .into_inner()
@@ -96,7 +104,109 @@ async fn run_once(client: &mut ExecutionClient, source: &str) -> f64 {
             break;
         }
     }
+}
+
+async fn run_once(client: &mut ExecutionClient, source: &str) -> f64 {
+    let process_name = publish(client, source).await;
+    let started = Instant::now();
+    run_to_the_end(client.clone(), process_name).await;
     started.elapsed().as_secs_f64()
+}
+
+/// A stub worker connected to `execution`, until `stop` is sent or dropped.
+fn stub_worker(
+    execution: muster::worker::Endpoint,
+    credentials: Vec<AgentCredential>,
+) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = tokio::spawn(muster::worker::serve(
+        execution,
+        "bench-worker".to_owned(),
+        credentials,
+        std::sync::Arc::new(Stub),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    (stop, worker)
+}
+
+/// Room for the widest fan-out: every step holds one of its roster slots.
+fn bench_agent() -> muster_proto::roster::v1::Agent {
+    muster_proto::roster::v1::Agent { workload_capacity: 100_000, ..agent("bench-agent", "worker", "bench") }
+}
+
+/// A fan-out of `total` steps as three executions of a third each, driven
+/// by one execution replica, then by three (one execution each), with a
+/// worker on every replica; on PostgreSQL.
+async fn replicas(total: usize) {
+    let Some(mut test) = TestCluster::start(Backend::Postgres).await else { return };
+    let tokens = test.register_agents(&[bench_agent()]).await;
+    let credentials = vec![AgentCredential { agent_id: "bench-agent".to_owned(), token: tokens[0].clone() }];
+    println!();
+    println!(
+        "{:<9} {:>6}  {:>7} {:>11} {:>8}   CPU % of a core: execution replicas, notifier, roster, worker+client",
+        "replicas", "steps", "seconds", "steps/s", "µs/step"
+    );
+    for count in [1, 3] {
+        while test.cluster().replicas("execution").count() < count {
+            test.cluster_mut().add_replica("execution").await.expect("a replica");
+        }
+        let operator = test.cluster().credentials.operator_token.clone();
+        let endpoints: Vec<muster::worker::Endpoint> = test
+            .cluster()
+            .replica_urls("execution")
+            .split(',')
+            .map(|url| muster::worker::Endpoint::new(url, &operator))
+            .collect();
+        let workers: Vec<_> =
+            endpoints.iter().map(|endpoint| stub_worker(endpoint.clone(), credentials.clone())).collect();
+        let clients: Vec<ExecutionClient> = endpoints
+            .iter()
+            .map(|endpoint| {
+                muster_proto::execution::v1::execution_service_client::ExecutionServiceClient::new(
+                    endpoint.channel().expect("a channel"),
+                )
+            })
+            .collect();
+        let mut first = clients[0].clone();
+        let process_name = publish(&mut first, &fan_out_process(&format!("replicas-{count}"), total / 3)).await;
+        // The workers' hellos and the replicas' offers to each other settle.
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        let processes: Vec<u32> = test
+            .cluster()
+            .replicas("execution")
+            .chain(["notifier", "roster"].iter().map(|service| test.cluster().service(service)))
+            .map(|service| service.pid().unwrap_or_default())
+            .chain([std::process::id()])
+            .collect();
+        let before: Vec<f64> = processes.iter().map(|pid| cpu_seconds(*pid)).collect();
+        let started = Instant::now();
+        let runs: Vec<_> = (0..3)
+            .map(|index| tokio::spawn(run_to_the_end(clients[index % clients.len()].clone(), process_name.clone())))
+            .collect();
+        for run in runs {
+            run.await.expect("a run");
+        }
+        let seconds = started.elapsed().as_secs_f64();
+        let steps = total / 3 * 3;
+        let used: Vec<String> = processes
+            .iter()
+            .zip(&before)
+            .map(|(pid, before)| format!("{:>4.0}", (cpu_seconds(*pid) - before) * 100.0 / seconds))
+            .collect();
+        println!(
+            "{count:<9} {steps:>6}  {seconds:>7.3} {:>11.0} {:>8.0}   {}",
+            steps as f64 / seconds,
+            seconds * 1e6 / steps as f64,
+            used.join(" ")
+        );
+        for (stop, worker) in workers {
+            let _ = stop.send(());
+            let _ = worker.await;
+        }
+    }
+    test.shutdown().await;
 }
 
 #[tokio::main]
@@ -111,21 +221,9 @@ async fn main() {
     );
     for backend in [Backend::Sqlite, Backend::Postgres] {
         let Some(test) = TestCluster::start(backend).await else { continue };
-        // Room for the widest fan-out: every step holds one of its roster slots.
-        let bench_agent =
-            muster_proto::roster::v1::Agent { workload_capacity: 100_000, ..agent("bench-agent", "worker", "bench") };
-        let tokens = test.register_agents(&[bench_agent]).await;
+        let tokens = test.register_agents(&[bench_agent()]).await;
         let credentials = vec![AgentCredential { agent_id: "bench-agent".to_owned(), token: tokens[0].clone() }];
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let worker = tokio::spawn(muster::worker::serve(
-            test.operator("execution"),
-            "bench-worker".to_owned(),
-            credentials,
-            std::sync::Arc::new(Stub),
-            async move {
-                let _ = stopped.await;
-            },
-        ));
+        let (stop, worker) = stub_worker(test.operator("execution"), credentials);
         let mut client = test.execution();
         let processes: Vec<u32> = ["execution", "notifier", "roster"]
             .iter()
@@ -163,4 +261,5 @@ async fn main() {
         let _ = worker.await;
         test.shutdown().await;
     }
+    replicas(10_000).await;
 }
