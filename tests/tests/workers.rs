@@ -1,7 +1,8 @@
 //! A thousand workers connected at once, each its own connection, all
 //! served: a fan-out of a thousand steps puts one step on each (the service
 //! gives a step to the least busy worker), `ListWorkers` shows them all with
-//! their load, page by page, and every step completes on its first attempt.
+//! their load, page by page, and every step completes on its first attempt;
+//! workers that stop leave at once.
 
 use std::{
     collections::HashSet,
@@ -124,5 +125,7 @@ async fn a_thousand_workers_are_served_at_once() {
     for worker in workers {
         worker.await.unwrap().unwrap();
     }
+    // A worker that stops closes its stream: none lingers, heartbeating.
+    until(&mut client, "stopping", |workers| workers.is_empty()).await;
     test.shutdown().await;
 }

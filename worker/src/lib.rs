@@ -248,6 +248,15 @@ pub async fn serve_reporting<B: Behaviour>(
     }
 }
 
+/// A task that ends when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// A refusal (bad token, bad hello) will not get better by reconnecting.
 fn is_refusal(error: &anyhow::Error) -> bool {
     error.downcast_ref::<tonic::Status>().is_some_and(|status| {
@@ -339,6 +348,9 @@ async fn session<B: Behaviour>(
         let endpoint = Endpoint::new(execution.url.clone(), agent.token.clone());
         readers.insert(agent.agent_id.clone(), ExecutionServiceClient::new(endpoint.channel()?));
     }
+    // Heartbeats last as long as this session: a worker that stops (or
+    // reconnects) must not keep its old stream alive with them.
+    let mut _heartbeats: Option<AbortOnDrop> = None;
     // Assignments handed onward, waiting for the service's answer: what to report if refused.
     let refused_fallbacks: Arc<std::sync::Mutex<std::collections::HashMap<String, StepOutcome>>> = Arc::default();
     while let Some(message) = inbound.message().await? {
@@ -353,7 +365,7 @@ async fn session<B: Behaviour>(
                 let lease = muster_runtime::time::from_duration(welcome.lease.as_ref()).unwrap_or_default();
                 let heartbeat_every = Duration::from_millis((lease / 3).max(50));
                 let sender = sender.clone();
-                tokio::spawn(async move {
+                _heartbeats = Some(AbortOnDrop(tokio::spawn(async move {
                     let heartbeat = ConnectWorkerRequest {
                         message: Some(connect_worker_request::Message::Heartbeat(WorkerHeartbeat {})),
                     };
@@ -363,7 +375,7 @@ async fn session<B: Behaviour>(
                             return;
                         }
                     }
-                });
+                })));
             }
             Some(connect_worker_response::Message::Assignment(mut assignment)) => {
                 let mut reader = readers.get(&assignment.agent_id).unwrap_or(&client).clone();
