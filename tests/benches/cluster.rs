@@ -60,6 +60,17 @@ async fn metric(url: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// CPU time the PostgreSQL server's processes have used, in seconds (those
+/// alive at both readings count; its connections here live through a run).
+fn postgres_cpu_seconds() -> f64 {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return 0.0 };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|name| name.trim() == "postgres"))
+        .map(cpu_seconds)
+        .sum()
+}
+
 /// CPU time a process has used, in seconds (user and system), from /proc.
 fn cpu_seconds(pid: u32) -> f64 {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0.0 };
@@ -145,7 +156,7 @@ async fn replicas(total: usize) {
     let credentials = vec![AgentCredential { agent_id: "bench-agent".to_owned(), token: tokens[0].clone() }];
     println!();
     println!(
-        "{:<9} {:>6}  {:>7} {:>11} {:>8}   CPU % of a core: execution replicas, notifier, roster, worker+client",
+        "{:<9} {:>6}  {:>7} {:>11} {:>8}   CPU % of a core: execution replicas, notifier, roster, worker+client, PostgreSQL",
         "replicas", "steps", "seconds", "steps/s", "µs/step"
     );
     for count in [1, 3] {
@@ -181,6 +192,7 @@ async fn replicas(total: usize) {
             .chain([std::process::id()])
             .collect();
         let before: Vec<f64> = processes.iter().map(|pid| cpu_seconds(*pid)).collect();
+        let postgres_before = postgres_cpu_seconds();
         let started = Instant::now();
         let runs: Vec<_> = (0..3)
             .map(|index| tokio::spawn(run_to_the_end(clients[index % clients.len()].clone(), process_name.clone())))
@@ -190,11 +202,12 @@ async fn replicas(total: usize) {
         }
         let seconds = started.elapsed().as_secs_f64();
         let steps = total / 3 * 3;
-        let used: Vec<String> = processes
+        let mut used: Vec<String> = processes
             .iter()
             .zip(&before)
             .map(|(pid, before)| format!("{:>4.0}", (cpu_seconds(*pid) - before) * 100.0 / seconds))
             .collect();
+        used.push(format!("{:>4.0}", (postgres_cpu_seconds() - postgres_before) * 100.0 / seconds));
         println!(
             "{count:<9} {steps:>6}  {seconds:>7.3} {:>11.0} {:>8.0}   {}",
             steps as f64 / seconds,
