@@ -1,6 +1,10 @@
 //! The generated `RosterService` trait, implemented over the store.
 
-use std::{collections::HashSet, pin::Pin, sync::Arc};
+use std::{
+    collections::{HashMap, HashSet},
+    pin::Pin,
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+};
 
 use muster_proto::roster::v1::{self as pb, roster_service_server::RosterService};
 use muster_runtime::auth::{
@@ -69,6 +73,9 @@ struct Inner<S> {
     credentials_changed: tokio::sync::Notify,
     /// The roster's own copy of the credentials, which authenticates its callers.
     directory: AgentDirectory,
+    /// The role definitions as this replica last announced or saw them
+    /// (`None` until the first refresh): a difference is another replica's change.
+    known_roles: Mutex<Option<HashMap<String, pb::RoleDefinition>>>,
 }
 
 /// Who may call each method of the RosterService. Finer rules (an agent
@@ -125,6 +132,7 @@ impl<S: RosterStore> Roster<S> {
                 queue_gauge: tokio::sync::Mutex::new(()),
                 credentials_changed: tokio::sync::Notify::new(),
                 directory: AgentDirectory::new(std::time::Duration::from_secs(5)),
+                known_roles: Mutex::new(None),
             }),
         }
     }
@@ -178,6 +186,15 @@ impl<S: RosterStore> Roster<S> {
     /// Tells the roster's watchers about roles put (as stored) or removed
     /// (by name).
     fn announce_roles(&self, kind: pb::RosterChangeKind, roles: Vec<pb::RoleDefinition>) {
+        if let Some(known) = self.known_roles().as_mut() {
+            for role in &roles {
+                if kind == pb::RosterChangeKind::RoleRemoved {
+                    known.remove(&role.name);
+                } else {
+                    known.insert(role.name.clone(), role.clone());
+                }
+            }
+        }
         for role in roles {
             let _ = self.inner.roster_changes.send(pb::WatchRosterResponse {
                 kind: kind as i32,
@@ -197,8 +214,50 @@ impl<S: RosterStore> Roster<S> {
     /// Takes into the organisation held in memory what other replicas
     /// changed in the database; a background task calls this every
     /// `MUSTER_ROSTER_INDEX_REFRESH_INTERVAL_MS`.
+    ///
+    /// What other replicas changed reaches this replica's `WatchRoster`
+    /// streams then: the agents they changed (removals with the periodic full
+    /// comparison), and the roles they put or removed.
     pub async fn refresh_index(&self) -> Result<()> {
-        self.inner.store.refresh_index(self.now()).await
+        let changes = self.inner.store.refresh_index(self.now()).await?;
+        self.announce_agents(pb::RosterChangeKind::AgentUpserted, &changes.changed).await;
+        for id in changes.removed {
+            let _ = self.inner.roster_changes.send(pb::WatchRosterResponse {
+                kind: pb::RosterChangeKind::AgentRemoved as i32,
+                agent: Some(pb::Agent { id, ..Default::default() }),
+                role: None,
+            });
+        }
+        self.follow_roles().await
+    }
+
+    fn known_roles(&self) -> MutexGuard<'_, Option<HashMap<String, pb::RoleDefinition>>> {
+        self.inner.known_roles.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Announces the roles another replica put or removed since the last look.
+    async fn follow_roles(&self) -> Result<()> {
+        let listed: HashMap<String, pb::RoleDefinition> =
+            self.inner.store.list_roles().await?.iter().map(|role| (role.name.clone(), role_to_wire(role))).collect();
+        let (put, removed) = {
+            let mut known = self.known_roles();
+            let Some(previous) = known.as_mut() else {
+                *known = Some(listed);
+                return Ok(());
+            };
+            let put: Vec<pb::RoleDefinition> =
+                listed.values().filter(|role| previous.get(&role.name) != Some(*role)).cloned().collect();
+            let removed: Vec<pb::RoleDefinition> = previous
+                .keys()
+                .filter(|name| !listed.contains_key(*name))
+                .map(|name| pb::RoleDefinition { name: name.clone(), ..Default::default() })
+                .collect();
+            *previous = listed;
+            (put, removed)
+        };
+        self.announce_roles(pb::RosterChangeKind::RoleUpserted, put);
+        self.announce_roles(pb::RosterChangeKind::RoleRemoved, removed);
+        Ok(())
     }
 
     /// Escalates the queued tasks gone stale; the background sweeper calls this.

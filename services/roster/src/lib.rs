@@ -129,6 +129,9 @@ pub async fn run_with_clock(
             .send(muster_runtime::auth::watch::spawn_local_follower(Arc::new(migrating.clone()), directory));
         // The queue outlives the process: its gauge starts from the store.
         migrating.refresh_queue_gauge().await.map_err(|error| Box::new(error) as muster_runtime::server::BoxError)?;
+        // The organisation in memory is loaded before the first call: what
+        // changes after it reaches the WatchRoster streams (refresh_index).
+        migrating.refresh_index().await.map_err(|error| Box::new(error) as muster_runtime::server::BoxError)?;
         let _ = ready_sender.send(true);
         Ok(())
     };

@@ -232,25 +232,87 @@ async fn import_and_views_on_postgres() {
     import_and_views(Backend::Postgres).await;
 }
 
+/// The next change on a WatchRoster stream that differs from `previous` (a
+/// change may be announced twice: once as made, once as a refresh finds it).
+async fn next_change(
+    changes: &mut tonic::Streaming<pb::WatchRosterResponse>,
+    previous: &mut Option<pb::WatchRosterResponse>,
+) -> pb::WatchRosterResponse {
+    loop {
+        let change = tokio::time::timeout(std::time::Duration::from_secs(20), changes.message())
+            .await
+            .unwrap_or_else(|_| panic!("no change after {previous:?}"))
+            .unwrap()
+            .unwrap();
+        if previous.as_ref() != Some(&change) {
+            *previous = Some(change.clone());
+            return change;
+        }
+    }
+}
+
 #[tokio::test]
 async fn watch_roster_streams_changes() {
     let mut server = TestServer::sqlite().await;
     let mut changes = server.client.watch_roster(pb::WatchRosterRequest {}).await.unwrap().into_inner();
+    let mut previous = None;
     server.agent("alice", "", "", &["rust"], 2).await;
-    let change = changes.message().await.unwrap().unwrap();
+    let change = next_change(&mut changes, &mut previous).await;
     assert_eq!((change.kind, change.agent.unwrap().id.as_str()), (pb::RosterChangeKind::AgentUpserted as i32, "alice"));
     server.delegate(delegate_request("t", "", &["rust"])).await;
-    let change = changes.message().await.unwrap().unwrap();
+    let change = next_change(&mut changes, &mut previous).await;
     let agent = change.agent.unwrap();
     assert_eq!(
         (change.kind, agent.current_workload, agent.status),
         (pb::RosterChangeKind::AgentStatus as i32, 1, pb::AgentStatus::Busy as i32)
     );
     server.client.release_task(pb::ReleaseTaskRequest { task_id: "t".into() }).await.unwrap();
-    let change = changes.message().await.unwrap().unwrap();
+    let change = next_change(&mut changes, &mut previous).await;
     assert_eq!(change.agent.unwrap().status, pb::AgentStatus::Idle as i32);
     server.client.remove_agent(pb::RemoveAgentRequest { id: "alice".into() }).await.unwrap();
-    let change = changes.message().await.unwrap().unwrap();
+    let change = next_change(&mut changes, &mut previous).await;
     assert_eq!((change.kind, change.agent.unwrap().id.as_str()), (pb::RosterChangeKind::AgentRemoved as i32, "alice"));
     server.stop().await;
+}
+
+/// Changes made through one replica reach the WatchRoster streams of another
+/// (from the database, at its next refresh; removals at the periodic full
+/// comparison).
+async fn watch_roster_hears_other_replicas(backend: Backend) {
+    let Some(mut first) = TestServer::on(backend).await else { return };
+    let second = first.replica().await;
+    let mut changes = second.client.clone().watch_roster(pb::WatchRosterRequest {}).await.unwrap().into_inner();
+    let mut previous = None;
+    first.agent("alice", "", "", &["rust"], 2).await;
+    let change = next_change(&mut changes, &mut previous).await;
+    assert_eq!((change.kind, change.agent.unwrap().id.as_str()), (pb::RosterChangeKind::AgentUpserted as i32, "alice"));
+    let role = pb::RoleDefinition { name: "reviewer".into(), description: "Reviews".into(), ..Default::default() };
+    first.client.put_role_definition(pb::PutRoleDefinitionRequest { role: Some(role) }).await.unwrap();
+    let change = next_change(&mut changes, &mut previous).await;
+    let role = change.role.unwrap();
+    assert_eq!(
+        (change.kind, role.name.as_str(), role.description.as_str()),
+        (pb::RosterChangeKind::RoleUpserted as i32, "reviewer", "Reviews")
+    );
+    first.client.remove_role_definition(pb::RemoveRoleDefinitionRequest { name: "reviewer".into() }).await.unwrap();
+    let change = next_change(&mut changes, &mut previous).await;
+    assert_eq!(
+        (change.kind, change.role.unwrap().name.as_str()),
+        (pb::RosterChangeKind::RoleRemoved as i32, "reviewer")
+    );
+    first.client.remove_agent(pb::RemoveAgentRequest { id: "alice".into() }).await.unwrap();
+    let change = next_change(&mut changes, &mut previous).await;
+    assert_eq!((change.kind, change.agent.unwrap().id.as_str()), (pb::RosterChangeKind::AgentRemoved as i32, "alice"));
+    second.stop().await;
+    first.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_roster_hears_other_replicas_on_sqlite() {
+    watch_roster_hears_other_replicas(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_roster_hears_other_replicas_on_postgres() {
+    watch_roster_hears_other_replicas(Backend::Postgres).await;
 }

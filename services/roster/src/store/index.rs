@@ -26,7 +26,7 @@ use sqlx::{AssertSqlSafe, Row};
 use tokio_stream::StreamExt as _;
 
 use super::{
-    AgentQuery,
+    AgentQuery, IndexChanges,
     sql::{AGENT_COLUMNS, SqlStore, agent_from_row},
 };
 use crate::domain::{
@@ -444,11 +444,11 @@ impl SqlStore {
     /// Takes what other writers of the database changed since the last
     /// refresh (see the module's documentation), or loads the index if it is
     /// not yet; `now` is the service's clock.
-    pub(super) async fn index_refresh(&self, now: i64) -> Result<()> {
+    pub(super) async fn index_refresh(&self, now: i64) -> Result<IndexChanges> {
         if self.index.loaded.get().is_none() {
             // The first refresh loads it, so the first Delegate need not.
             self.index().await?;
-            return Ok(());
+            return Ok(IndexChanges::default());
         }
         let count = self.index.refreshes.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         if count.is_multiple_of(FULL_CHECK_EVERY) {
@@ -475,15 +475,16 @@ impl SqlStore {
             let team = team_from_row(row)?;
             state.teams.insert(team.name.clone(), team);
         }
-        Ok(())
+        Ok(IndexChanges { changed: differing, removed: Vec::new() })
     }
 
     /// Compares every id and version with the database and takes every
     /// difference, removals included; the first one loads the index.
-    async fn full_check(&self) -> Result<()> {
+    async fn full_check(&self) -> Result<IndexChanges> {
+        let mut changes = IndexChanges::default();
         let known: HashSet<Arc<str>> = self.index.read().agents.keys().cloned().collect();
         let teams_known: HashSet<String> = self.index.read().teams.keys().cloned().collect();
-        let rows = if known.is_empty() {
+        if known.is_empty() {
             // Loading: every row in full, one at a time (a list of 100,000
             // rows would double the memory the index takes).
             let sql = format!("SELECT {} FROM agents", versioned_columns());
@@ -492,20 +493,19 @@ impl SqlStore {
                 let agent = agent_from_row(&row)?;
                 self.index.write().put(agent, row.try_get("version")?);
             }
-            Vec::new()
         } else {
-            sqlx::query("SELECT id, version FROM agents").fetch_all(&self.database.pool).await?
-        };
-        if !rows.is_empty() {
+            // Every agent held may have been removed elsewhere: no row at all is an answer too.
+            let rows = sqlx::query("SELECT id, version FROM agents").fetch_all(&self.database.pool).await?;
             let mut present = HashSet::with_capacity(rows.len());
             for row in &rows {
                 present.insert(row.try_get::<String, _>("id")?);
             }
-            let differing = self.index.differing(&rows)?;
-            self.reread_agents(&differing).await?;
+            changes.changed = self.index.differing(&rows)?;
+            self.reread_agents(&changes.changed).await?;
             let mut state = self.index.write();
             for id in known.iter().filter(|id| !present.contains(&***id)) {
                 state.remove(id);
+                changes.removed.push(id.to_string());
             }
         }
         let teams =
@@ -520,7 +520,7 @@ impl SqlStore {
         for name in teams_known.iter().filter(|name| !present.contains(*name)) {
             state.teams.remove(name);
         }
-        Ok(())
+        Ok(changes)
     }
 }
 

@@ -134,6 +134,16 @@ pub struct DelegationQuery {
     pub after: Option<(i64, i64)>,
 }
 
+/// The agents other writers of the database changed or removed, as a
+/// refresh of the organisation in memory found them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IndexChanges {
+    /// Added or changed: read again.
+    pub changed: Vec<String>,
+    /// Removed (found by the periodic full comparison).
+    pub removed: Vec<String>,
+}
+
 /// The roster's repository. Every method is one transaction.
 pub trait RosterStore: Send + Sync + 'static {
     /// Creates the schema.
@@ -210,9 +220,9 @@ pub trait RosterStore: Send + Sync + 'static {
     /// [`Self::list_agents`] from the organisation held in memory (see [`Self::indexed_agent`]).
     fn indexed_agents(&self, query: &AgentQuery) -> impl Future<Output = Result<Vec<Arc<Agent>>>> + Send;
     /// Takes into memory what other writers of the database changed since
-    /// the last refresh (the first call loads the organisation, which
+    /// the last refresh, and says which agents those were (the first call loads the organisation, which
     /// otherwise the first read of it does); `now` is the service's clock, in ms.
-    fn refresh_index(&self, now: i64) -> impl Future<Output = Result<()>> + Send;
+    fn refresh_index(&self, now: i64) -> impl Future<Output = Result<IndexChanges>> + Send;
 
     /// Decides who takes the task and, unless a dry run, reserves the slot,
     /// queues the task and records the decision, all in one transaction.

@@ -663,7 +663,7 @@ impl RosterStore for SqlStore {
         Ok(self.index().await?.list(query))
     }
 
-    async fn refresh_index(&self, now: i64) -> Result<()> {
+    async fn refresh_index(&self, now: i64) -> Result<super::IndexChanges> {
         self.index_refresh(now).await
     }
 

@@ -88,6 +88,8 @@ impl TestServer {
         let address = listener.local_addr().expect("address");
         let mut config = Config::with_database(database_url.clone());
         config.queue_sweep_interval_ms = sweep_ms;
+        // Other replicas' changes, removals included (every 60th refresh), found within seconds.
+        config.index_refresh_interval_ms = 50;
         config.server.shutdown_grace_seconds = 1;
         let credentials = TestCredentials::new();
         credentials.apply(&mut config.server);
