@@ -596,7 +596,7 @@ impl ExecutionService for ExecutionApi {
         Ok(Response::new(self.connect(caller, request.into_inner()).await?))
     }
 
-    type RelayStepsStream = ResponseStream<wire::ConnectWorkerResponse>;
+    type RelayStepsStream = ResponseStream<wire::RelayStepsResponse>;
 
     async fn relay_steps(
         &self,

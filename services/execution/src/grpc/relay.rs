@@ -39,7 +39,7 @@ use tokio::{
     sync::{mpsc, oneshot, watch},
     task::JoinHandle,
 };
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::{StreamExt as _, wrappers::UnboundedReceiverStream};
 use tonic::{Status, Streaming};
 
 use super::{ExecutionApi, ResponseStream, access::denied, streams::handle_worker_message, tools};
@@ -199,11 +199,12 @@ impl Relays {
             loop {
                 tokio::select! {
                     message = inbound.message() => match message {
-                        Ok(Some(message)) => {
+                        Ok(Some(wire::RelayStepsResponse { worker: Some(message) })) => {
                             if let Some(lease) = self.from_peer(link, &upstream, message) {
                                 heartbeat = tokio::time::interval(lease.min(self.engine.settings.worker_lease) / 3);
                             }
                         }
+                        Ok(Some(wire::RelayStepsResponse { worker: None })) => {}
                         Ok(None) => return Err("the other replica ended the relay".to_owned()),
                         Err(status) => return Err(status.message().to_owned()),
                     },
@@ -410,7 +411,7 @@ impl ExecutionApi {
         &self,
         caller: Caller,
         mut inbound: Streaming<wire::RelayStepsRequest>,
-    ) -> std::result::Result<ResponseStream<wire::ConnectWorkerResponse>, Status> {
+    ) -> std::result::Result<ResponseStream<wire::RelayStepsResponse>, Status> {
         if !caller.is_service("execution") {
             return Err(denied(
                 &caller,
@@ -441,7 +442,8 @@ impl ExecutionApi {
             serve_relay(worker_id, &mut inbound, &engine).await;
             engine.workers.unregister(worker_id);
         });
-        Ok(self.outbound(worker_id, outbound))
+        let messages = self.outbound(worker_id, outbound);
+        Ok(Box::pin(messages.map(|message| message.map(|worker| wire::RelayStepsResponse { worker: Some(worker) }))))
     }
 }
 
