@@ -83,9 +83,10 @@ pub(crate) struct Relays {
     security: Security,
     relayed: Mutex<HashMap<String, Relayed>>,
     /// The workers here waiting for the answer to a hand-off of a relayed
-    /// assignment, by assignment (the assignment is withdrawn before the
-    /// answer arrives when the hand-off is accepted).
-    handing_off: Mutex<HashMap<String, u64>>,
+    /// assignment, by assignment, with the relay it came through (the
+    /// assignment is withdrawn before the answer arrives when the hand-off
+    /// is accepted).
+    handing_off: Mutex<HashMap<String, (u64, u64)>>,
 }
 
 impl Relays {
@@ -95,6 +96,10 @@ impl Relays {
 
     fn relayed(&self) -> MutexGuard<'_, HashMap<String, Relayed>> {
         self.relayed.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn handing_off(&self) -> MutexGuard<'_, HashMap<String, (u64, u64)>> {
+        self.handing_off.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Sends a worker's message about a relayed assignment back to the
@@ -116,7 +121,7 @@ impl Relays {
             return true;
         }
         if matches!(message.message, Some(Message::Delegate(_))) {
-            self.handing_off.lock().unwrap_or_else(PoisonError::into_inner).insert(assignment_id.clone(), worker_id);
+            self.handing_off().insert(assignment_id.clone(), (entry.link, worker_id));
         }
         let message = wire::RelayStepsRequest { message: Some(relay_steps_request::Message::Worker(message.clone())) };
         let _ = entry.upstream.send(message);
@@ -236,6 +241,7 @@ impl Relays {
 
     /// Withdraws here what a relay that ended brought.
     fn end_link(&self, link: u64, reason: &str) {
+        self.handing_off().retain(|_, (through, _)| *through != link);
         let ended: Vec<Relayed> = {
             let mut relayed = self.relayed();
             let ids: Vec<String> =
@@ -309,9 +315,8 @@ impl Relays {
                 });
             }
             Some(Message::Delegation(answer)) => {
-                let asking =
-                    self.handing_off.lock().unwrap_or_else(PoisonError::into_inner).remove(&answer.assignment_id);
-                if let Some(worker_id) = asking {
+                let asking = self.handing_off().remove(&answer.assignment_id);
+                if let Some((_, worker_id)) = asking {
                     let encoded = bytes::Bytes::from(response.encode_to_vec());
                     self.engine.workers.send_to(worker_id, ToWorker::Relayed(encoded));
                 }
