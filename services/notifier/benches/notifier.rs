@@ -1,4 +1,6 @@
-//! Notifier throughput over real gRPC, the server in process on SQLite:
+//! Notifier throughput over real gRPC, the server in process on SQLite (or,
+//! with `--postgres`, on a database of its own on the local PostgreSQL, where
+//! the notifier takes turns writing as replicas do):
 //! 1. events ingested per second over one IngestEvents stream (3 recipients
 //!    per event), with the NDJSON memory files on and off;
 //! 2. notifications delivered per second to 100 live subscribers, memory
@@ -6,7 +8,7 @@
 //!    notifications per event), and 100 subscriptions of the lead (1 stored
 //!    notification per event, delivered 100 times).
 //!
-//! Run: `cargo bench -p muster-notifier --bench notifier -- [--events N] [--fanout-events M]`
+//! Run: `cargo bench -p muster-notifier --bench notifier -- [--events N] [--fanout-events M] [--postgres]`
 //! (add `--profile dev` for an unoptimised build). The inbox is always durable.
 //!
 //! The subscribers run in the bench's process, on the notifier's cores, so
@@ -80,13 +82,33 @@ struct Running {
     ingester: NotifierServiceClient<AuthChannel>,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<muster_notifier::Result<()>>,
+    /// Dropped (the database removed) with the run.
+    _database: Option<muster_runtime::testing::TestDatabase>,
+}
+
+/// Whether the bench runs on PostgreSQL (`--postgres`).
+fn on_postgres() -> bool {
+    std::env::args().any(|argument| argument == "--postgres")
 }
 
 async fn start(data_dir: &Path, memory_files: bool) -> anyhow::Result<Running> {
+    let database = if on_postgres() {
+        Some(
+            muster_runtime::testing::TestDatabase::create()
+                .await
+                .ok_or_else(|| anyhow::anyhow!("--postgres: no PostgreSQL answers"))?,
+        )
+    } else {
+        None
+    };
+    let database_url = match &database {
+        Some(database) => database.url.clone(),
+        None => format!("sqlite://{}", data_dir.join("notifier.db").display()),
+    };
     let mut config = Config::parse_from([
         "muster-notifier".to_owned(),
         "--database-url".to_owned(),
-        format!("sqlite://{}", data_dir.join("notifier.db").display()),
+        database_url,
         "--data-dir".to_owned(),
         data_dir.display().to_string(),
         "--memory-files".to_owned(),
@@ -108,6 +130,7 @@ async fn start(data_dir: &Path, memory_files: bool) -> anyhow::Result<Running> {
         ingester: NotifierServiceClient::new(with_credentials(channel, credentials.service("execution"))),
         stop,
         task,
+        _database: database,
     })
 }
 

@@ -25,6 +25,7 @@ use crate::{
         memory::{is_safe_agent_directory, ndjson_line, output_summary, relative_file_path},
         recipients,
     },
+    follow::Follower,
     hub::{Hub, LiveNotification},
     memory::{MemoryFiles, group_by_file},
     store::{IngestOutcome, MemoryProgress, MemoryState, NewEvent, NewRecipient, Store, WriterTurn},
@@ -79,9 +80,9 @@ pub(crate) struct IngestSettings {
     pub(crate) output_summary_chars: usize,
     /// `None` when memory files are turned off.
     pub(crate) memory: Option<MemoryFiles>,
-    /// Woken after each batch, on a database replicas share: it offers the
-    /// batch to the live subscribers ([`crate::follow`]).
-    pub(crate) follower: Option<Arc<tokio::sync::Notify>>,
+    /// On a database replicas share: how far the live subscribers were
+    /// offered the inbox ([`crate::follow`]).
+    pub(crate) follower: Option<Arc<Follower>>,
 }
 
 /// The handle streams submit batches through.
@@ -173,9 +174,6 @@ impl<S: Store> Writer<S> {
         if let Err(error) = turn.end().await {
             tracing::warn!(%error, "ending the turn to write failed (it ends with its connection)");
         }
-        if let Some(follower) = &self.settings.follower {
-            follower.notify_one();
-        }
     }
 
     /// Waits for this replica's turn; once it has it, rewrites what a
@@ -225,8 +223,24 @@ impl<S: Store> Writer<S> {
         };
 
         // Live delivery, in cursor order.
-        if self.settings.follower.is_none() {
-            self.publish(&new_events, &outcomes, received_at);
+        match &self.settings.follower {
+            None => self.publish(&new_events, &outcomes, received_at, 0),
+            Some(follower) => {
+                let cursors = new_events.iter().zip(&outcomes).filter_map(|(event, outcome)| match outcome {
+                    IngestOutcome::Stored { first_cursor } if !event.recipients.is_empty() => {
+                        Some((*first_cursor, first_cursor + event.recipients.len() as u64 - 1))
+                    }
+                    _ => None,
+                });
+                if let Some((first, last)) = cursors.reduce(|(first, last), (from, to)| (first.min(from), last.max(to)))
+                {
+                    follower
+                        .offer_own(self.store.as_ref(), &self.hub, first, last, |after| {
+                            self.publish(&new_events, &outcomes, received_at, after)
+                        })
+                        .await;
+                }
+            }
         }
 
         self.write_memory(&incoming, &new_events, &outcomes).await;
@@ -259,20 +273,19 @@ impl<S: Store> Writer<S> {
         }
     }
 
-    /// Offers a stored batch's notifications to the live subscribers, in cursor order.
-    fn publish(&self, new_events: &[NewEvent], outcomes: &[IngestOutcome], received_at: i64) {
+    /// Offers a stored batch's notifications with a cursor above `after` to
+    /// the live subscribers, in cursor order.
+    fn publish(&self, new_events: &[NewEvent], outcomes: &[IngestOutcome], received_at: i64, after: u64) {
         let mut deliveries: Vec<(&str, usize, u64, Reason)> = Vec::new();
         let mut summaries: Vec<Arc<str>> = Vec::with_capacity(new_events.len());
         for (index, (event, outcome)) in new_events.iter().zip(outcomes).enumerate() {
             summaries.push(Arc::from(event.output_summary.as_str()));
             if let IngestOutcome::Stored { first_cursor } = outcome {
                 for (offset, recipient) in event.recipients.iter().enumerate() {
-                    deliveries.push((
-                        recipient.agent_id.as_str(),
-                        index,
-                        first_cursor + offset as u64,
-                        recipient.reason,
-                    ));
+                    let cursor = first_cursor + offset as u64;
+                    if cursor > after {
+                        deliveries.push((recipient.agent_id.as_str(), index, cursor, recipient.reason));
+                    }
                 }
             }
         }

@@ -98,9 +98,9 @@ pub async fn run(
     let hub = Hub::new(config.subscriber_buffer);
     let (ready_sender, ready_receiver) = watch::channel(false);
     // Replicas sharing the database offer their subscribers what any of them stored.
-    let follower = store.shared().then(|| Arc::new(tokio::sync::Notify::new()));
-    if let Some(wake) = &follower {
-        follow::spawn(Arc::clone(&store), Arc::clone(&hub), Arc::clone(wake), ready_receiver.clone());
+    let follower = store.shared().then(|| Arc::new(follow::Follower::default()));
+    if let Some(follower) = &follower {
+        follower.spawn(Arc::clone(&store), Arc::clone(&hub), ready_receiver.clone());
     }
     let ingestor = Ingestor::spawn(
         Arc::clone(&store),
