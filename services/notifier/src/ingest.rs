@@ -8,9 +8,8 @@
 //! files have at most one unconfirmed batch (see [`crate::memory`]). Several
 //! replicas on one PostgreSQL take turns, a whole batch each
 //! ([`Store::writer_turn`]): a turn first rewrites the lines a replica that
-//! died mid-batch left unwritten, and the notifications reach the live
-//! subscribers of every replica through [`crate::follow`] instead of
-//! straight from here.
+//! died mid-batch left unwritten, and the live subscribers are offered the
+//! batch through [`crate::follow`], after what other replicas stored before it.
 
 use std::{sync::Arc, time::Duration};
 
@@ -188,8 +187,8 @@ impl<S: Store> Writer<S> {
         Ok(turn)
     }
 
-    /// Stores a batch, offers it to the live subscribers (unless
-    /// [`crate::follow`] does), writes its memory lines and answers its streams.
+    /// Stores a batch, offers it to the live subscribers (with replicas,
+    /// through [`crate::follow`]), writes its memory lines and answers its streams.
     async fn write(&self, jobs: Vec<Job>) {
         let received_at = muster_runtime::time::now_millis();
         let incoming: Vec<&Incoming> = jobs.iter().flat_map(|job| job.events.iter()).collect();
