@@ -62,6 +62,17 @@ impl SqlStore {
         Ok(self.database.migrate(&MIGRATIONS).await?)
     }
 
+    /// The notifications `sql` selects with `$1` the cursor to read after
+    /// and `$2` the most to read.
+    async fn notifications(&self, sql: String, after_cursor: u64, limit: u32) -> Result<Vec<StoredNotification>> {
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(from_cursor(after_cursor))
+            .bind(i64::from(limit))
+            .fetch_all(&self.database.pool)
+            .await?;
+        rows.iter().map(Self::notification_from_row).collect()
+    }
+
     fn notification_from_row(row: &AnyRow) -> Result<StoredNotification> {
         let reason: i64 = row.try_get("reason")?;
         let memory: i64 = row.try_get("memory_state")?;
@@ -321,12 +332,7 @@ impl Store for SqlStore {
             "SELECT {NOTIFICATION_COLUMNS} FROM notifications n JOIN events e ON e.event_id = n.event_id \
              WHERE n.notification_id > $1 ORDER BY n.notification_id LIMIT $2"
         );
-        let rows = sqlx::query(AssertSqlSafe(sql))
-            .bind(from_cursor(after_cursor))
-            .bind(i64::from(limit))
-            .fetch_all(&self.database.pool)
-            .await?;
-        rows.iter().map(Self::notification_from_row).collect()
+        self.notifications(sql, after_cursor, limit).await
     }
 
     async fn newest_cursor_of_all(&self) -> Result<u64> {
@@ -407,12 +413,7 @@ impl Store for SqlStore {
                OR n.memory_state = 4) \
              ORDER BY n.notification_id LIMIT $2"
         );
-        let rows = sqlx::query(AssertSqlSafe(sql))
-            .bind(from_cursor(after_cursor))
-            .bind(i64::from(limit))
-            .fetch_all(&self.database.pool)
-            .await?;
-        rows.iter().map(Self::notification_from_row).collect()
+        self.notifications(sql, after_cursor, limit).await
     }
 
     async fn memory_file_length(&self, path: &str) -> Result<Option<u64>> {
