@@ -187,6 +187,8 @@ impl Relays {
     /// One relay to the replica `peer`, open until it ends either side.
     async fn link(self: Arc<Self>, link: u64, peer: Replica, mut offers: watch::Receiver<Offer>) {
         let Replica { id: peer, url, address } = peer;
+        // However the relay ends (its task may be aborted), what it brought is withdrawn.
+        let mut ending = LinkEnd { relays: self.clone(), link, reason: format!("the relay to replica {peer} ended") };
         let (upstream, requests) = mpsc::unbounded_channel();
         let hello = |offer: &Offer| wire::RelayStepsRequest {
             message: Some(relay_steps_request::Message::Hello(relay_hello(&self.engine.replica, offer))),
@@ -229,14 +231,13 @@ impl Relays {
                 }
             }
         };
-        let reason = match ended.await {
-            Ok(()) => "this replica stopped offering its workers".to_owned(),
+        match ended.await {
+            Ok(()) => ending.reason = "this replica stopped offering its workers".to_owned(),
             Err(error) => {
                 tracing::info!(%peer, %url, %error, "the relay to another replica ended");
-                format!("the relay to replica {peer} ended: {error}")
+                ending.reason = format!("the relay to replica {peer} ended: {error}");
             }
-        };
-        self.end_link(link, &reason);
+        }
     }
 
     /// Withdraws here what a relay that ended brought.
@@ -366,6 +367,19 @@ impl Relays {
                 }
             }
         }
+    }
+}
+
+/// Ends a relay: withdraws here what it brought.
+struct LinkEnd {
+    relays: Arc<Relays>,
+    link: u64,
+    reason: String,
+}
+
+impl Drop for LinkEnd {
+    fn drop(&mut self) {
+        self.relays.end_link(self.link, &self.reason);
     }
 }
 
