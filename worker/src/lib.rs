@@ -16,6 +16,7 @@ use muster_proto::execution::v1::{
 };
 use muster_runtime::{
     auth::client::{AuthChannel, Credentials, with_credentials},
+    balance::Balanced,
     tls::{ClientTls, TlsArgs},
 };
 use tokio::sync::mpsc;
@@ -65,9 +66,13 @@ impl Endpoint {
     /// replicas (several URLs comma-separated, or a name with several
     /// addresses); its calls carry the token.
     pub fn channel(&self) -> anyhow::Result<AuthChannel> {
-        let channel = muster_runtime::balance::Balanced::connect(&self.url, Some(&client_tls()?))
-            .with_context(|| format!("reaching {}", self.url))?;
-        Ok(with_credentials(channel, Credentials::bearer(&self.token)?))
+        Ok(with_credentials(self.replicas()?, Credentials::bearer(&self.token)?))
+    }
+
+    /// The connections to the service's replicas, without a credential:
+    /// channels made from clones share them (and their name's resolution).
+    pub fn replicas(&self) -> anyhow::Result<Balanced> {
+        Balanced::connect(&self.url, Some(&client_tls()?)).with_context(|| format!("reaching {}", self.url))
     }
 }
 
@@ -326,7 +331,9 @@ async fn session<B: Behaviour>(
     behaviour: &Arc<B>,
     notify: &mut impl FnMut(Notice),
 ) -> anyhow::Result<()> {
-    let mut client = ExecutionServiceClient::new(execution.channel()?);
+    let replicas = execution.replicas()?;
+    let mut client =
+        ExecutionServiceClient::new(with_credentials(replicas.clone(), Credentials::bearer(&execution.token)?));
     let (sender, receiver) = mpsc::channel::<ConnectWorkerRequest>(256);
     sender
         .send(ConnectWorkerRequest {
@@ -345,8 +352,8 @@ async fn session<B: Behaviour>(
     // Large values are read with the token of the agent the assignment is for.
     let mut readers = std::collections::HashMap::new();
     for agent in agents {
-        let endpoint = Endpoint::new(execution.url.clone(), agent.token.clone());
-        readers.insert(agent.agent_id.clone(), ExecutionServiceClient::new(endpoint.channel()?));
+        let channel = with_credentials(replicas.clone(), Credentials::bearer(&agent.token)?);
+        readers.insert(agent.agent_id.clone(), ExecutionServiceClient::new(channel));
     }
     // Heartbeats last as long as this session: a worker that stops (or
     // reconnects) must not keep its old stream alive with them.
