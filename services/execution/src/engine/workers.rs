@@ -503,15 +503,10 @@ impl Workers {
     /// worker is told to stop, and a late report is ignored.
     pub(crate) fn withdraw(self: &Arc<Self>, assignment_id: &str, reason: &str) {
         let mut state = self.lock();
-        let Some(pending) = state.pending.remove(assignment_id) else { return };
-        if let Some(worker) = state.workers.get_mut(&pending.worker_id) {
-            worker.in_flight = worker.in_flight.saturating_sub(1);
-            let _ = worker
-                .connection
-                .sender
-                .send(ToWorker::Cancel { assignment_id: assignment_id.to_owned(), reason: reason.to_owned() });
-        }
-        Self::serve_waiting(self, &mut state, pending.worker_id);
+        let Some(worker_id) = state.pending.get(assignment_id).map(|pending| pending.worker_id) else { return };
+        // The step's driver withdrew it: its route is not told.
+        Self::take_back(&mut state, &[assignment_id.to_owned()], |_| reason.to_owned());
+        Self::serve_waiting(self, &mut state, worker_id);
     }
 
     /// Sends a worker a message (such as the answer to its hand-off), if it is still connected.
