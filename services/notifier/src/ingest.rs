@@ -149,6 +149,15 @@ fn traced_event_span(event: &StepEvent) -> Option<tracing::Span> {
     Some(span)
 }
 
+/// Answers every stream of a batch that could not be stored: the store is
+/// unavailable, and the events are to be sent again.
+fn refuse(jobs: Vec<Job>, error: &Error) {
+    let message = error.to_string();
+    for job in jobs {
+        let _ = job.reply.send(Err(Error::StoreUnavailable(message.clone())));
+    }
+}
+
 struct Writer<S> {
     store: Arc<S>,
     hub: Arc<Hub>,
@@ -162,11 +171,7 @@ impl<S: Store> Writer<S> {
             Ok(turn) => turn,
             Err(error) => {
                 tracing::error!(%error, "taking the turn to write failed");
-                let message = error.to_string();
-                for job in jobs {
-                    let _ = job.reply.send(Err(Error::StoreUnavailable(message.clone())));
-                }
-                return;
+                return refuse(jobs, &error);
             }
         };
         self.write(jobs).await;
@@ -213,11 +218,7 @@ impl<S: Store> Writer<S> {
             Ok(outcomes) => outcomes,
             Err(error) => {
                 tracing::error!(%error, events = new_events.len(), "storing events failed");
-                let message = error.to_string();
-                for job in jobs {
-                    let _ = job.reply.send(Err(Error::StoreUnavailable(message.clone())));
-                }
-                return;
+                return refuse(jobs, &error);
             }
         };
 
