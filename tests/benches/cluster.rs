@@ -16,7 +16,7 @@ use muster_proto::{
     common::v1::{EventType, ExecutionStatus},
     execution::v1::{Assignment, PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest},
 };
-use muster_tests::{Backend, ExecutionClient, TestCluster, agent, chain_process};
+use muster_tests::{Backend, ExecutionClient, TestCluster, agent, chain_process, spawn_worker};
 
 /// Answers every assignment at once with a small output.
 struct Stub;
@@ -124,24 +124,6 @@ async fn run_once(client: &mut ExecutionClient, source: &str) -> f64 {
     started.elapsed().as_secs_f64()
 }
 
-/// A stub worker connected to `execution`, until `stop` is sent or dropped.
-fn stub_worker(
-    execution: muster::worker::Endpoint,
-    credentials: Vec<AgentCredential>,
-) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let worker = tokio::spawn(muster::worker::serve(
-        execution,
-        "bench-worker".to_owned(),
-        credentials,
-        std::sync::Arc::new(Stub),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    (stop, worker)
-}
-
 /// Room for the widest fan-out: every step holds one of its roster slots.
 fn bench_agent() -> muster_proto::roster::v1::Agent {
     muster_proto::roster::v1::Agent { workload_capacity: 100_000, ..agent("bench-agent", "worker", "bench") }
@@ -171,7 +153,7 @@ async fn replicas(total: usize) {
             .map(|url| muster::worker::Endpoint::new(url, &operator))
             .collect();
         let workers: Vec<_> =
-            endpoints.iter().map(|endpoint| stub_worker(endpoint.clone(), credentials.clone())).collect();
+            endpoints.iter().map(|endpoint| spawn_worker(endpoint.clone(), credentials.clone(), Stub)).collect();
         let clients: Vec<ExecutionClient> = endpoints
             .iter()
             .map(|endpoint| {
@@ -236,7 +218,7 @@ async fn main() {
         let Some(test) = TestCluster::start(backend).await else { continue };
         let tokens = test.register_agents(&[bench_agent()]).await;
         let credentials = vec![AgentCredential { agent_id: "bench-agent".to_owned(), token: tokens[0].clone() }];
-        let (stop, worker) = stub_worker(test.operator("execution"), credentials);
+        let (stop, worker) = spawn_worker(test.operator("execution"), credentials, Stub);
         let mut client = test.execution();
         let processes: Vec<u32> = ["execution", "notifier", "roster"]
             .iter()

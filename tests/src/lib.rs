@@ -293,12 +293,22 @@ pub fn spawn_sample_worker(
     execution: Endpoint,
     credentials: Vec<muster::worker::AgentCredential>,
 ) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
+    spawn_worker(execution, credentials, muster::sample::SampleBehaviour)
+}
+
+/// A worker serving `agents` with `behaviour`, stopped like
+/// [`spawn_sample_worker`]'s.
+pub fn spawn_worker<B: muster::worker::Behaviour>(
+    execution: Endpoint,
+    credentials: Vec<muster::worker::AgentCredential>,
+    behaviour: B,
+) -> (tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<anyhow::Result<()>>) {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let handle = tokio::spawn(muster::worker::serve(
         execution,
         "test-worker".to_owned(),
         credentials,
-        std::sync::Arc::new(muster::sample::SampleBehaviour),
+        std::sync::Arc::new(behaviour),
         async move {
             let _ = stopped.await;
         },
@@ -422,4 +432,19 @@ pub fn as_agent<T>(message: T, token: &str) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().expect("a visible ASCII token"));
     request
+}
+
+/// Every line of the NDJSON memory files in `dir` (an agent's `events`
+/// folder), parsed; none when the folder is missing.
+pub fn ndjson_lines(dir: &std::path::Path) -> Vec<serde_json::Value> {
+    let mut lines = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else { return lines };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        assert!(name.starts_with("notifications_") && name.ends_with(".ndjson"), "unexpected file {name}");
+        for line in std::fs::read_to_string(entry.path()).unwrap().lines() {
+            lines.push(serde_json::from_str(line).unwrap_or_else(|error| panic!("{name}: {error}: {line}")));
+        }
+    }
+    lines
 }

@@ -89,17 +89,15 @@ async fn assert_completed_once_through(
 /// The memory files of `agent` hold exactly one line per event of the run
 /// it heard of (`events`: every event, for the lead), by kind and step.
 fn assert_one_memory_line_each(test: &TestCluster, agent: &str, execution_id: &str, events: &[StepEvent]) {
-    let memory = test.cluster().options.data_dir.join("agents").join(agent).join("events");
-    let mut written: Vec<(String, String)> = Vec::new();
-    for file in std::fs::read_dir(&memory).unwrap() {
-        for line in std::fs::read_to_string(file.unwrap().path()).unwrap().lines() {
-            let line: serde_json::Value = serde_json::from_str(line).expect("each line is JSON");
-            if line["execution_id"] == serde_json::json!(execution_id) {
+    let mut written: Vec<(String, String)> =
+        muster_tests::ndjson_lines(&test.cluster().memory_dir().join(agent).join("events"))
+            .iter()
+            .filter(|line| line["execution_id"] == serde_json::json!(execution_id))
+            .map(|line| {
                 let text = |field: &str| line[field].as_str().unwrap_or_default().to_owned();
-                written.push((text("event_type"), text("step_id")));
-            }
-        }
-    }
+                (text("event_type"), text("step_id"))
+            })
+            .collect();
     let mut expected: Vec<(String, String)> = events
         .iter()
         .map(|event| {

@@ -3,7 +3,6 @@
 
 use std::{
     collections::{BTreeSet, HashMap},
-    path::Path,
     sync::Arc,
     time::Duration,
 };
@@ -176,7 +175,7 @@ async fn sample_process(backend: Backend) {
         }
     }
     for (agent, steps) in &expected {
-        let lines = ndjson_lines(&test.data_dir.join("agents").join(agent).join("events"));
+        let lines = muster_tests::ndjson_lines(&test.data_dir.join("agents").join(agent).join("events"));
         let lines: Vec<&serde_json::Value> =
             lines.iter().filter(|line| line["event_type"] != "execution_finished").collect();
         let informed_lines: Vec<&&serde_json::Value> = lines
@@ -229,17 +228,4 @@ async fn sample_process(backend: Backend) {
     let _ = stop_worker.send(());
     worker.await.unwrap().unwrap();
     test.shutdown().await;
-}
-
-fn ndjson_lines(dir: &Path) -> Vec<serde_json::Value> {
-    let mut lines = Vec::new();
-    let Ok(entries) = std::fs::read_dir(dir) else { return lines };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        assert!(name.starts_with("notifications_") && name.ends_with(".ndjson"), "unexpected file {name}");
-        for line in std::fs::read_to_string(entry.path()).unwrap().lines() {
-            lines.push(serde_json::from_str(line).unwrap_or_else(|error| panic!("{name}: {error}: {line}")));
-        }
-    }
-    lines
 }
