@@ -77,11 +77,10 @@ pub(crate) fn string_list_field<'a>(
     diagnostics: &mut Diagnostics,
 ) -> Option<Vec<(Node<'a>, &'a str)>> {
     let value = mapping.get(key)?;
-    let field_path = child_path(path, key);
     let Some(items) = value.sequence() else {
         diagnostics.error(
             code,
-            &field_path,
+            &child_path(path, key),
             value.position(),
             format!("field '{key}' must be a list of strings, found {}", value.type_name()),
         );
@@ -96,7 +95,7 @@ pub(crate) fn string_list_field<'a>(
                 all_strings = false;
                 diagnostics.error(
                     code,
-                    &index_path(&field_path, index),
+                    &index_path(&child_path(path, key), index),
                     item.position(),
                     format!("entries of '{key}' must be strings, found {}", item.type_name()),
                 );
@@ -116,13 +115,12 @@ pub(crate) fn integer_field(
     diagnostics: &mut Diagnostics,
 ) -> Option<i64> {
     let value = mapping.get(key)?;
-    let field_path = child_path(path, key);
     match value.as_i64() {
         Some(number) if (low..=high).contains(&number) => Some(number),
         Some(number) => {
             diagnostics.error(
                 range_code,
-                &field_path,
+                &child_path(path, key),
                 value.position(),
                 format!("field '{key}' must be between {low} and {high}, found {number}"),
             );
@@ -131,7 +129,7 @@ pub(crate) fn integer_field(
         None => {
             diagnostics.error(
                 type_code,
-                &field_path,
+                &child_path(path, key),
                 value.position(),
                 format!("field '{key}' must be an integer, found {}", value.type_name()),
             );

@@ -3,38 +3,45 @@
 
 use std::collections::HashMap;
 
-use super::diagnostic::{Diagnostics, Position};
+use super::diagnostic::{Diagnostics, Position, index_path};
 
 /// One `depends_on` entry as written.
-pub(crate) struct Dependency {
-    pub(crate) target: String,
+pub(crate) struct Dependency<'a> {
+    pub(crate) target: &'a str,
     /// Its index in the step's `depends_on` (for the path of a finding).
     pub(crate) index: usize,
     pub(crate) at: Position,
 }
 
 /// A step as the graph rules see it.
-pub(crate) struct GraphStep {
-    pub(crate) id: String,
-    pub(crate) path: String,
+pub(crate) struct GraphStep<'a> {
+    pub(crate) id: &'a str,
+    /// Its index in `steps`.
+    pub(crate) index: usize,
     pub(crate) at: Position,
-    pub(crate) depends_on: Vec<Dependency>,
+    pub(crate) depends_on: Vec<Dependency<'a>>,
+}
+
+impl GraphStep<'_> {
+    fn path(&self) -> String {
+        index_path("steps", self.index)
+    }
 }
 
 /// Reports unknown references (DEP001), self references (DEP004), each cycle
 /// once (DEP002) and steps downstream of a cycle (DEP003).
-pub(crate) fn check_dependencies(steps: &[GraphStep], diagnostics: &mut Diagnostics) {
+pub(crate) fn check_dependencies(steps: &[GraphStep<'_>], diagnostics: &mut Diagnostics) {
     let mut index_of: HashMap<&str, usize> = HashMap::with_capacity(steps.len());
     for (index, step) in steps.iter().enumerate() {
-        index_of.entry(step.id.as_str()).or_insert(index);
+        index_of.entry(step.id).or_insert(index);
     }
-    let ids: Vec<&str> = steps.iter().map(|step| step.id.as_str()).collect();
+    let ids: Vec<&str> = steps.iter().map(|step| step.id).collect();
     let mut edges: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
     let mut suggester = super::formats::Suggester::new();
     for (index, step) in steps.iter().enumerate() {
         for dependency in &step.depends_on {
-            let path = || format!("{}.depends_on[{}]", step.path, dependency.index);
-            match index_of.get(dependency.target.as_str()) {
+            let path = || format!("{}.depends_on[{}]", step.path(), dependency.index);
+            match index_of.get(dependency.target) {
                 Some(&target) if target == index => {
                     diagnostics.error("DEP004", &path(), dependency.at, format!("step '{}' depends on itself", step.id))
                 }
@@ -47,7 +54,7 @@ pub(crate) fn check_dependencies(steps: &[GraphStep], diagnostics: &mut Diagnost
                         "step '{}' depends on unknown step '{}'{}",
                         step.id,
                         dependency.target,
-                        suggester.suggest(&dependency.target, &ids)
+                        suggester.suggest(dependency.target, &ids)
                     ),
                 ),
             }
@@ -109,7 +116,7 @@ pub(crate) fn check_dependencies(steps: &[GraphStep], diagnostics: &mut Diagnost
         if blocked[index] && !in_cycle[index] {
             diagnostics.warning(
                 "DEP003",
-                &step.path,
+                &step.path(),
                 step.at,
                 format!("step '{}' can never run: it waits on a dependency cycle", step.id),
             );
@@ -119,17 +126,17 @@ pub(crate) fn check_dependencies(steps: &[GraphStep], diagnostics: &mut Diagnost
 
 /// Reports a cycle at the step of the cycle that comes first in the source,
 /// as `a -> b -> c -> a` where `->` reads "depends on".
-fn report_cycle(steps: &[GraphStep], members: &[usize], diagnostics: &mut Diagnostics) {
+fn report_cycle(steps: &[GraphStep<'_>], members: &[usize], diagnostics: &mut Diagnostics) {
     let Some(first) = members.iter().enumerate().min_by_key(|(_, member)| **member).map(|(offset, _)| offset) else {
         return;
     };
     let mut names: Vec<&str> =
-        members[first..].iter().chain(&members[..first]).map(|member| steps[*member].id.as_str()).collect();
-    names.push(steps[members[first]].id.as_str());
+        members[first..].iter().chain(&members[..first]).map(|member| steps[*member].id).collect();
+    names.push(steps[members[first]].id);
     let step = &steps[members[first]];
     diagnostics.error(
         "DEP002",
-        &step.path,
+        &step.path(),
         step.at,
         format!("dependency cycle: {} (each step depends on the next)", names.join(" -> ")),
     );

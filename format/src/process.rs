@@ -2,7 +2,7 @@
 //! roles, delegation requests, triggers, dependencies and, with a context,
 //! references. Builds the typed [`ProcessDefinition`] when nothing is wrong.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::budget::{check_budget, check_throttle};
 use super::diagnostic::{Diagnostics, Position, child_path, index_path};
@@ -167,12 +167,7 @@ fn check_root(
                     format!("step id '{id}' is already used by steps[{previous}]"),
                 );
             }
-            graph.push(GraphStep {
-                id: id.to_owned(),
-                path: path.clone(),
-                at: step_node.position(),
-                depends_on: checked.dependencies,
-            });
+            graph.push(GraphStep { id, index, at: step_node.position(), depends_on: checked.dependencies });
         }
         references.extend(checked.references);
         steps.push(checked.definition);
@@ -267,7 +262,7 @@ fn check_triggers(node: Node<'_>, diagnostics: &mut Diagnostics) -> Option<Trigg
 
 struct CheckedStep<'a> {
     id: Option<(Node<'a>, &'a str)>,
-    dependencies: Vec<Dependency>,
+    dependencies: Vec<Dependency<'a>>,
     /// None when the context has nothing to check references against.
     references: Option<StepReferences<'a>>,
     /// None when the step has an error.
@@ -303,7 +298,7 @@ fn check_step<'a>(
         None if step.get("id").is_none() => diagnostics.error("STP002", path, step.position(), "the step has no 'id'"),
         _ => {}
     }
-    let label = id.map_or_else(|| path.to_owned(), |(_, text)| format!("step '{text}'"));
+    let label = || id.map_or_else(|| path.to_owned(), |(_, text)| format!("step '{text}'"));
 
     let step_type = string_field(step, "type", path, "STP009", diagnostics).map(|(node, text)| {
         if !STEP_TYPES.contains(&text) {
@@ -321,7 +316,7 @@ fn check_step<'a>(
         text
     });
     if step.get("type").is_none() {
-        diagnostics.error("STP005", path, step.position(), format!("{label} has no 'type'"));
+        diagnostics.error("STP005", path, step.position(), format!("{} has no 'type'", label()));
     }
     let step_type = step_type.unwrap_or_default();
 
@@ -366,7 +361,7 @@ fn check_step<'a>(
     let inputs_json = match step.get("inputs") {
         None => "{}".to_owned(),
         Some(inputs) if inputs.is_null() => "{}".to_owned(),
-        Some(inputs) if inputs.is_mapping() => inputs.to_json().to_string(),
+        Some(inputs) if inputs.is_mapping() => inputs.to_json_text(),
         Some(inputs) => {
             diagnostics.error(
                 "STP009",
@@ -378,11 +373,16 @@ fn check_step<'a>(
         }
     };
 
-    let mut dependencies = Vec::new();
     let depends_on = string_list_field(step, "depends_on", path, "STP009", diagnostics).unwrap_or_default();
-    let mut listed = std::collections::HashSet::with_capacity(depends_on.len());
+    let mut dependencies: Vec<Dependency<'a>> = Vec::with_capacity(depends_on.len());
+    // A short list is searched; a long one gets a set.
+    let mut listed = (depends_on.len() > 16).then(|| HashSet::with_capacity(depends_on.len()));
     for (index, (node, target)) in depends_on.iter().enumerate() {
-        if !listed.insert(*target) {
+        let repeated = match &mut listed {
+            Some(listed) => !listed.insert(*target),
+            None => dependencies.iter().any(|dependency| dependency.target == *target),
+        };
+        if repeated {
             diagnostics.warning(
                 "STP013",
                 &index_path(&child_path(path, "depends_on"), index),
@@ -391,7 +391,7 @@ fn check_step<'a>(
             );
             continue;
         }
-        dependencies.push(Dependency { target: (*target).to_owned(), index, at: node.position() });
+        dependencies.push(Dependency { target, index, at: node.position() });
     }
 
     let roles_node = step.get("roles");
@@ -403,7 +403,7 @@ fn check_step<'a>(
     match step_type {
         "agent_task" => {
             if message.is_none() && step.get("message").is_none() {
-                diagnostics.error("STP007", path, step.position(), format!("agent_task {label} needs a 'message'"));
+                diagnostics.error("STP007", path, step.position(), format!("agent_task {} needs a 'message'", label()));
             }
             if agent.is_none() && roles_node.is_none() && step.get("delegate").is_none() && step.get("agent").is_none()
             {
@@ -411,12 +411,12 @@ fn check_step<'a>(
                     "STP007",
                     path,
                     step.position(),
-                    format!("agent_task {label} needs an executor: set 'agent', 'roles.executor' or 'delegate'"),
+                    format!("agent_task {} needs an executor: set 'agent', 'roles.executor' or 'delegate'", label()),
                 );
             }
         }
         "tool_call" if step.get("tool").is_none() => {
-            diagnostics.error("STP007", path, step.position(), format!("tool_call {label} needs a 'tool'"));
+            diagnostics.error("STP007", path, step.position(), format!("tool_call {} needs a 'tool'", label()));
         }
         _ => {}
     }
@@ -425,7 +425,7 @@ fn check_step<'a>(
             "STP012",
             &child_path(path, "tool"),
             node.position(),
-            format!("'tool' is only used by tool_call steps; {label} is {step_type}"),
+            format!("'tool' is only used by tool_call steps; {} is {step_type}", label()),
         );
     }
     let named_executor = roles.as_ref().map(|roles| roles.executor.as_str()).or(agent.map(|(_, text)| text));
@@ -434,7 +434,7 @@ fn check_step<'a>(
             "DLG007",
             &child_path(path, "delegate"),
             node.position(),
-            format!("{label} names its executor '{executor}', so 'delegate' is ignored"),
+            format!("{} names its executor '{executor}', so 'delegate' is ignored", label()),
         );
     }
 
@@ -454,7 +454,7 @@ fn check_step<'a>(
         step_type: step_type.to_owned(),
         agent: agent.map(|(_, text)| text.to_owned()),
         message: message.map(|(_, text)| text.to_owned()).unwrap_or_default(),
-        depends_on: dependencies.iter().map(|dependency| dependency.target.clone()).collect(),
+        depends_on: dependencies.iter().map(|dependency| dependency.target.to_owned()).collect(),
         roles,
         inputs_json,
         timeout_seconds: timeout.and_then(|value| u64::try_from(value).ok()),

@@ -279,7 +279,7 @@ fn schema_field(node: Node<'_>, key: &str, path: &str, diagnostics: &mut Diagnos
             );
         }
     }
-    Some(value.to_json().to_string())
+    Some(value.to_json_text())
 }
 
 /// Role names: non-empty, at most 64 characters, no control characters.

@@ -5,6 +5,7 @@
 //! so a "billion laughs" document is refused while it is read, in memory
 //! proportional to its text. Every limit answers with a diagnostic.
 
+mod fast;
 mod parse;
 mod scalar;
 
@@ -272,6 +273,73 @@ impl<'a> Node<'a> {
         }
     }
 
+    /// The node as compact JSON text, exactly as `to_json().to_string()`
+    /// writes it (keys in order, merge keys applied), written straight from
+    /// the tree when no merge key or repeated key needs the full conversion.
+    pub(crate) fn to_json_text(self) -> String {
+        let mut text = Vec::with_capacity(64);
+        if self.write_json(&mut text).is_some()
+            && let Ok(text) = String::from_utf8(text)
+        {
+            return text;
+        }
+        self.to_json().to_string()
+    }
+
+    /// Writes the node as JSON; `None` when it holds a merge key, a repeated
+    /// key or a key that is not a scalar.
+    fn write_json(self, out: &mut Vec<u8>) -> Option<()> {
+        match self.kind() {
+            Kind::Scalar { start, end, value } => {
+                let text = self.text(*start, *end);
+                match value {
+                    ScalarValue::Null => out.extend_from_slice(b"null"),
+                    ScalarValue::Bool(flag) => out.extend_from_slice(if *flag { b"true" } else { b"false" }),
+                    ScalarValue::Int(number) => serde_json::to_writer(&mut *out, number).ok()?,
+                    ScalarValue::Float(number) => match serde_json::Number::from_f64(*number) {
+                        Some(number) => serde_json::to_writer(&mut *out, &number).ok()?,
+                        None => serde_json::to_writer(&mut *out, text).ok()?,
+                    },
+                    ScalarValue::String => serde_json::to_writer(&mut *out, text).ok()?,
+                }
+            }
+            Kind::Sequence { .. } => {
+                out.push(b'[');
+                for (index, item) in self.sequence()?.enumerate() {
+                    if index > 0 {
+                        out.push(b',');
+                    }
+                    item.write_json(out)?;
+                }
+                out.push(b']');
+            }
+            Kind::Mapping { len, .. } => {
+                let mut entries: Vec<(&str, Node<'a>)> = Vec::with_capacity(*len as usize);
+                for (key, value) in self.mapping()? {
+                    let name = key.scalar_text().filter(|name| *name != MERGE_KEY)?;
+                    entries.push((name, value));
+                }
+                // JSON objects here keep their keys sorted.
+                entries.sort_unstable_by(|left, right| left.0.cmp(right.0));
+                if entries.windows(2).any(|pair| pair[0].0 == pair[1].0) {
+                    return None;
+                }
+                out.push(b'{');
+                for (index, (name, value)) in entries.into_iter().enumerate() {
+                    if index > 0 {
+                        out.push(b',');
+                    }
+                    serde_json::to_writer(&mut *out, name).ok()?;
+                    out.push(b':');
+                    value.write_json(out)?;
+                }
+                out.push(b'}');
+            }
+            Kind::Alias(_) => out.extend_from_slice(b"null"),
+        }
+        Some(())
+    }
+
     /// The node as JSON. Aliases are expanded; the expansion budget checked
     /// while parsing bounds the work.
     pub(crate) fn to_json(self) -> serde_json::Value {
@@ -324,4 +392,26 @@ impl<'a> Node<'a> {
 pub(crate) struct Parsed {
     pub(crate) document: Option<Document>,
     pub(crate) diagnostics: Vec<Diagnostic>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Limits, parse};
+
+    #[test]
+    fn json_text_is_what_the_json_values_write() {
+        let documents = [
+            "b: 1\na: [x, 'y', \"z\\u00e9\\n\"]\nc: {n: null, t: true, f: 1.5, e: 1e3, i: .inf, q: \"a\\\"b\"}\n",
+            "z: 1\n\"1\": [[], {}]\n10: x\n2: y\n",
+            "base: &b {x: 1, y: 2}\nwith: {<<: *b, y: 3}\n",
+            "a: 1\na: 2\n",
+            "list: &l [1, 2]\n? [k]\n: v\nother: *l\n",
+            "é: ü\nA: -0\nn: .nan\n",
+        ];
+        for source in documents {
+            let parsed = parse(source, &Limits::default());
+            let root = parsed.document.as_ref().map(|document| document.root()).expect(source);
+            assert_eq!(root.to_json_text(), root.to_json().to_string(), "{source}");
+        }
+    }
 }

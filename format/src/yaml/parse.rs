@@ -4,6 +4,7 @@ use std::collections::{HashMap, HashSet};
 
 use saphyr_parser::{Event, Parser, ScalarStyle, ScanError, Span};
 
+use super::fast;
 use super::scalar::resolve_plain;
 use super::{Document, Kind, Limits, NodeData, NodeId, Parsed, ScalarValue};
 use crate::diagnostic::{Diagnostic, Position, Severity};
@@ -20,7 +21,7 @@ struct Frame {
     key_set: Option<HashSet<String>>,
 }
 
-struct Builder<'l> {
+pub(super) struct Builder<'l> {
     limits: &'l Limits,
     nodes: Vec<NodeData>,
     children: Vec<NodeId>,
@@ -62,19 +63,19 @@ pub(crate) fn parse(source: &str, limits: &Limits) -> Parsed {
             )],
         };
     }
-    let mut builder = Builder {
-        limits,
-        nodes: Vec::with_capacity(source.len() / 8),
-        children: Vec::with_capacity(source.len() / 8),
-        text: String::with_capacity(source.len()),
-        scratch: Vec::new(),
-        stack: Vec::new(),
-        anchors: HashMap::new(),
-        open_anchors: Vec::new(),
-        root: None,
-        documents: 0,
-        diagnostics: Vec::new(),
-    };
+    let mut builder = Builder::new(limits, source.len());
+    // Most documents are plain block YAML that the fast reader takes whole;
+    // anything else it leaves to the full parser, from the start.
+    if fast::read(source, &mut builder).is_ok() {
+        return builder.finish();
+    }
+    builder.clear();
+    read_events(source, builder)
+}
+
+/// Reads `source` with the full YAML parser.
+pub(super) fn read_events(source: &str, mut builder: Builder<'_>) -> Parsed {
+    let limits = builder.limits;
     for item in Parser::new_from_str(source) {
         let outcome = match item {
             Ok((event, span)) => builder.event(event, &span),
@@ -85,20 +86,7 @@ pub(crate) fn parse(source: &str, limits: &Limits) -> Parsed {
             return Parsed { document: None, diagnostics: builder.diagnostics };
         }
     }
-    match builder.root {
-        Some(root) => Parsed {
-            document: Some(Document { nodes: builder.nodes, children: builder.children, text: builder.text, root }),
-            diagnostics: builder.diagnostics,
-        },
-        None => {
-            builder.diagnostics.push(limit(
-                "YAML007",
-                Position { line: 1, column: 1 },
-                "the document is empty".to_owned(),
-            ));
-            Parsed { document: None, diagnostics: builder.diagnostics }
-        }
-    }
+    builder.finish()
 }
 
 fn syntax_error(error: &ScanError, limits: &Limits) -> Diagnostic {
@@ -123,40 +111,61 @@ fn too_large(at: Position) -> Diagnostic {
     limit("YAML006", at, "the document is too large to index".to_owned())
 }
 
-impl Builder<'_> {
+impl<'l> Builder<'l> {
+    pub(super) fn new(limits: &'l Limits, source_bytes: usize) -> Self {
+        Builder {
+            limits,
+            nodes: Vec::with_capacity(source_bytes / 8),
+            children: Vec::with_capacity(source_bytes / 8),
+            text: String::with_capacity(source_bytes),
+            scratch: Vec::new(),
+            stack: Vec::new(),
+            anchors: HashMap::new(),
+            open_anchors: Vec::new(),
+            root: None,
+            documents: 0,
+            diagnostics: Vec::new(),
+        }
+    }
+
+    /// Forgets everything built so far, keeping the buffers.
+    pub(super) fn clear(&mut self) {
+        self.nodes.clear();
+        self.children.clear();
+        self.text.clear();
+        self.scratch.clear();
+        self.stack.clear();
+        self.anchors.clear();
+        self.open_anchors.clear();
+        self.root = None;
+        self.documents = 0;
+        self.diagnostics.clear();
+    }
+
+    pub(super) fn finish(mut self) -> Parsed {
+        match self.root {
+            Some(root) => Parsed {
+                document: Some(Document { nodes: self.nodes, children: self.children, text: self.text, root }),
+                diagnostics: self.diagnostics,
+            },
+            None => {
+                self.diagnostics.push(limit(
+                    "YAML007",
+                    Position { line: 1, column: 1 },
+                    "the document is empty".to_owned(),
+                ));
+                Parsed { document: None, diagnostics: self.diagnostics }
+            }
+        }
+    }
+
     fn event(&mut self, event: Event<'_>, span: &Span) -> Result<(), Diagnostic> {
         let at = position(span);
         match event {
-            Event::DocumentStart(_) => {
-                self.documents += 1;
-                if self.documents > 1 {
-                    return Err(limit("YAML008", at, "expected a single YAML document, found several".to_owned()));
-                }
-            }
+            Event::DocumentStart(_) => self.document_start(at),
             Event::Scalar(text, style, anchor, tag) => {
-                if text.len() > self.limits.max_string_bytes {
-                    return Err(limit(
-                        "YAML005",
-                        at,
-                        format!(
-                            "a string of {} bytes is longer than the limit of {} bytes",
-                            text.len(),
-                            self.limits.max_string_bytes
-                        ),
-                    ));
-                }
                 let forced_string = tag.as_ref().is_some_and(|tag| tag.suffix == "str");
-                let value = if style == ScalarStyle::Plain && !forced_string {
-                    resolve_plain(&text)
-                } else {
-                    ScalarValue::String
-                };
-                let start = u32::try_from(self.text.len()).map_err(|_| too_large(at))?;
-                self.text.push_str(&text);
-                let end = u32::try_from(self.text.len()).map_err(|_| too_large(at))?;
-                let id = self.add(Kind::Scalar { start, end, value }, at, 1)?;
-                self.register(anchor, id);
-                self.attach(id, at)?;
+                self.scalar(&text, style == ScalarStyle::Plain && !forced_string, anchor, at)
             }
             Event::Alias(anchor) => {
                 let Some(&target) = self.anchors.get(&anchor) else {
@@ -169,33 +178,66 @@ impl Builder<'_> {
                 };
                 let expanded = self.nodes[target as usize].expanded;
                 let id = self.add(Kind::Alias(target), at, expanded)?;
-                self.attach(id, at)?;
+                self.attach(id, at)
             }
-            Event::SequenceStart(anchor, _) => self.open(false, anchor, at)?,
-            Event::MappingStart(anchor, _) => self.open(true, anchor, at)?,
-            Event::SequenceEnd | Event::MappingEnd => {
-                let Some(frame) = self.stack.pop() else { return Ok(()) };
-                let start = u32::try_from(self.children.len()).map_err(|_| too_large(frame.at))?;
-                let count = self.scratch.len() - frame.first_child;
-                self.children.extend(self.scratch.drain(frame.first_child..));
-                let kind = if frame.is_mapping {
-                    Kind::Mapping { start, len: u32::try_from(count / 2).map_err(|_| too_large(frame.at))? }
-                } else {
-                    Kind::Sequence { start, len: u32::try_from(count).map_err(|_| too_large(frame.at))? }
-                };
-                if frame.anchor != 0 {
-                    self.open_anchors.retain(|open| *open != frame.anchor);
-                }
-                let id = self.add(kind, frame.at, frame.expanded)?;
-                self.register(frame.anchor, id);
-                self.attach(id, frame.at)?;
-            }
-            Event::StreamStart | Event::StreamEnd | Event::DocumentEnd | Event::Nothing => {}
+            Event::SequenceStart(anchor, _) => self.open(false, anchor, at),
+            Event::MappingStart(anchor, _) => self.open(true, anchor, at),
+            Event::SequenceEnd | Event::MappingEnd => self.close(),
+            Event::StreamStart | Event::StreamEnd | Event::DocumentEnd | Event::Nothing => Ok(()),
+        }
+    }
+
+    pub(super) fn document_start(&mut self, at: Position) -> Result<(), Diagnostic> {
+        self.documents += 1;
+        if self.documents > 1 {
+            return Err(limit("YAML008", at, "expected a single YAML document, found several".to_owned()));
         }
         Ok(())
     }
 
-    fn open(&mut self, is_mapping: bool, anchor: usize, at: Position) -> Result<(), Diagnostic> {
+    /// A scalar; `plain` when its type is resolved from its text (a plain
+    /// scalar without a `!!str` tag), otherwise it is a string.
+    pub(super) fn scalar(&mut self, text: &str, plain: bool, anchor: usize, at: Position) -> Result<(), Diagnostic> {
+        if text.len() > self.limits.max_string_bytes {
+            return Err(limit(
+                "YAML005",
+                at,
+                format!(
+                    "a string of {} bytes is longer than the limit of {} bytes",
+                    text.len(),
+                    self.limits.max_string_bytes
+                ),
+            ));
+        }
+        let value = if plain { resolve_plain(text) } else { ScalarValue::String };
+        let start = u32::try_from(self.text.len()).map_err(|_| too_large(at))?;
+        self.text.push_str(text);
+        let end = u32::try_from(self.text.len()).map_err(|_| too_large(at))?;
+        let id = self.add(Kind::Scalar { start, end, value }, at, 1)?;
+        self.register(anchor, id);
+        self.attach(id, at)
+    }
+
+    /// Ends the innermost open sequence or mapping.
+    pub(super) fn close(&mut self) -> Result<(), Diagnostic> {
+        let Some(frame) = self.stack.pop() else { return Ok(()) };
+        let start = u32::try_from(self.children.len()).map_err(|_| too_large(frame.at))?;
+        let count = self.scratch.len() - frame.first_child;
+        self.children.extend(self.scratch.drain(frame.first_child..));
+        let kind = if frame.is_mapping {
+            Kind::Mapping { start, len: u32::try_from(count / 2).map_err(|_| too_large(frame.at))? }
+        } else {
+            Kind::Sequence { start, len: u32::try_from(count).map_err(|_| too_large(frame.at))? }
+        };
+        if frame.anchor != 0 {
+            self.open_anchors.retain(|open| *open != frame.anchor);
+        }
+        let id = self.add(kind, frame.at, frame.expanded)?;
+        self.register(frame.anchor, id);
+        self.attach(id, frame.at)
+    }
+
+    pub(super) fn open(&mut self, is_mapping: bool, anchor: usize, at: Position) -> Result<(), Diagnostic> {
         if self.stack.len() >= self.limits.max_depth {
             return Err(limit(
                 "YAML003",
