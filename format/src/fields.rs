@@ -2,7 +2,7 @@
 
 use super::diagnostic::{Diagnostics, child_path, index_path};
 use super::formats::suggestion;
-use super::yaml::{MERGE_KEY, Node};
+use super::yaml::{MERGE_KEY, Node, same_text};
 
 /// Warns about keys that are not in `known` (with a suggestion) and reports
 /// keys that are not strings.
@@ -17,7 +17,7 @@ pub(crate) fn check_keys(
 ) {
     for (key, value) in mapping.mapping().into_iter().flatten() {
         match key.as_str() {
-            Some(name) if known.contains(&name) => {}
+            Some(name) if known.iter().any(|known| same_text(known, name)) => {}
             Some(MERGE_KEY) if value.is_merge_source() => {}
             Some(MERGE_KEY) => diagnostics.error(
                 type_code,

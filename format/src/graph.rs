@@ -28,16 +28,52 @@ impl GraphStep<'_> {
     }
 }
 
-/// Reports unknown references (DEP001), self references (DEP004), each cycle
-/// once (DEP002) and steps downstream of a cycle (DEP003).
-pub(crate) fn check_dependencies(steps: &[GraphStep<'_>], diagnostics: &mut Diagnostics) {
-    let mut index_of: HashMap<&str, usize> = HashMap::with_capacity(steps.len());
-    for (index, step) in steps.iter().enumerate() {
-        index_of.entry(step.id).or_insert(index);
+/// Edges of a graph in one buffer: node `n`'s are
+/// `targets[offsets[n]..offsets[n + 1]]`.
+struct Adjacency {
+    offsets: Vec<usize>,
+    targets: Vec<usize>,
+}
+
+impl Adjacency {
+    fn of(&self, node: usize) -> &[usize] {
+        &self.targets[self.offsets[node]..self.offsets[node + 1]]
     }
-    let ids: Vec<&str> = steps.iter().map(|step| step.id).collect();
-    let mut edges: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
+
+    /// The same edges, reversed.
+    fn reversed(&self) -> Adjacency {
+        let nodes = self.offsets.len() - 1;
+        let mut offsets = vec![0; nodes + 1];
+        for target in &self.targets {
+            offsets[target + 1] += 1;
+        }
+        for node in 0..nodes {
+            offsets[node + 1] += offsets[node];
+        }
+        let mut next = offsets.clone();
+        let mut targets = vec![0; self.targets.len()];
+        for node in 0..nodes {
+            for target in self.of(node) {
+                targets[next[*target]] = node;
+                next[*target] += 1;
+            }
+        }
+        Adjacency { offsets, targets }
+    }
+}
+
+/// Reports unknown references (DEP001), self references (DEP004), each cycle
+/// once (DEP002) and steps downstream of a cycle (DEP003). `index_of` gives
+/// each id's first step in `steps`.
+pub(crate) fn check_dependencies(
+    steps: &[GraphStep<'_>],
+    index_of: &HashMap<&str, usize>,
+    diagnostics: &mut Diagnostics,
+) {
+    let mut edges = Adjacency { offsets: Vec::with_capacity(steps.len() + 1), targets: Vec::new() };
+    edges.offsets.push(0);
     let mut suggester = super::formats::Suggester::new();
+    let mut ids: Option<Vec<&str>> = None;
     for (index, step) in steps.iter().enumerate() {
         for dependency in &step.depends_on {
             let path = || format!("{}.depends_on[{}]", step.path(), dependency.index);
@@ -45,20 +81,24 @@ pub(crate) fn check_dependencies(steps: &[GraphStep<'_>], diagnostics: &mut Diag
                 Some(&target) if target == index => {
                     diagnostics.error("DEP004", &path(), dependency.at, format!("step '{}' depends on itself", step.id))
                 }
-                Some(&target) => edges[index].push(target),
-                None => diagnostics.error(
-                    "DEP001",
-                    &path(),
-                    dependency.at,
-                    format!(
-                        "step '{}' depends on unknown step '{}'{}",
-                        step.id,
-                        dependency.target,
-                        suggester.suggest(dependency.target, &ids)
-                    ),
-                ),
+                Some(&target) => edges.targets.push(target),
+                None => {
+                    let ids = ids.get_or_insert_with(|| steps.iter().map(|step| step.id).collect());
+                    diagnostics.error(
+                        "DEP001",
+                        &path(),
+                        dependency.at,
+                        format!(
+                            "step '{}' depends on unknown step '{}'{}",
+                            step.id,
+                            dependency.target,
+                            suggester.suggest(dependency.target, ids)
+                        ),
+                    );
+                }
             }
         }
+        edges.offsets.push(edges.targets.len());
     }
 
     // Iterative depth-first search; colours: 0 new, 1 on the path, 2 done.
@@ -71,7 +111,7 @@ pub(crate) fn check_dependencies(steps: &[GraphStep<'_>], diagnostics: &mut Diag
         let mut path: Vec<(usize, usize)> = vec![(start, 0)];
         colour[start] = 1;
         while let Some(&mut (node, ref mut next)) = path.last_mut() {
-            if let Some(&target) = edges[node].get(*next) {
+            if let Some(&target) = edges.of(node).get(*next) {
                 *next += 1;
                 match colour[target] {
                     0 => {
@@ -96,16 +136,14 @@ pub(crate) fn check_dependencies(steps: &[GraphStep<'_>], diagnostics: &mut Diag
     }
 
     // Steps that wait, directly or not, on a step of a cycle never run.
-    let mut dependants: Vec<Vec<usize>> = vec![Vec::new(); steps.len()];
-    for (index, targets) in edges.iter().enumerate() {
-        for target in targets {
-            dependants[*target].push(index);
-        }
-    }
-    let mut blocked = in_cycle.clone();
     let mut queue: Vec<usize> = (0..steps.len()).filter(|index| in_cycle[*index]).collect();
+    if queue.is_empty() {
+        return;
+    }
+    let dependants = edges.reversed();
+    let mut blocked = in_cycle.clone();
     while let Some(node) = queue.pop() {
-        for dependant in &dependants[node] {
+        for dependant in dependants.of(node) {
             if !blocked[*dependant] {
                 blocked[*dependant] = true;
                 queue.push(*dependant);

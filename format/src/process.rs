@@ -2,7 +2,9 @@
 //! roles, delegation requests, triggers, dependencies and, with a context,
 //! references. Builds the typed [`ProcessDefinition`] when nothing is wrong.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
 
 use super::budget::{check_budget, check_throttle};
 use super::diagnostic::{Diagnostics, Position, child_path, index_path};
@@ -151,28 +153,34 @@ fn check_root(
     }
 
     let mut steps = Vec::with_capacity(step_nodes.len());
-    let mut graph = Vec::with_capacity(step_nodes.len());
+    let mut graph: Vec<GraphStep<'_>> = Vec::with_capacity(step_nodes.len());
     let collect_references = context.agents.is_some() || context.roles.is_some() || context.tools.is_some();
     let mut references = Vec::new();
+    // Each id's first step, by its place in `graph`.
     let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(step_nodes.len());
+    let mut path = String::new();
     for (index, step_node) in step_nodes.enumerate() {
-        let path = index_path("steps", index);
+        path.clear();
+        let _ = write!(path, "steps[{index}]");
         let Some(checked) = check_step(step_node, &path, collect_references, diagnostics) else { continue };
         if let Some((id_node, id)) = checked.id {
-            if let Some(previous) = first_seen.insert(id, index) {
-                diagnostics.error(
+            match first_seen.entry(id) {
+                Entry::Occupied(first) => diagnostics.error(
                     "STP004",
                     &child_path(&path, "id"),
                     id_node.position(),
-                    format!("step id '{id}' is already used by steps[{previous}]"),
-                );
+                    format!("step id '{id}' is already used by steps[{}]", graph[*first.get()].index),
+                ),
+                Entry::Vacant(first) => {
+                    first.insert(graph.len());
+                }
             }
             graph.push(GraphStep { id, index, at: step_node.position(), depends_on: checked.dependencies });
         }
         references.extend(checked.references);
         steps.push(checked.definition);
     }
-    check_dependencies(&graph, diagnostics);
+    check_dependencies(&graph, &first_seen, diagnostics);
     check_references(context, lead, &references, diagnostics);
 
     let process = name.map(|name| ProcessDefinition {

@@ -1,6 +1,8 @@
 //! YAML with positions: the one place that knows the YAML parser (STYLE rule
-//! 14). [`parse`] turns `saphyr-parser` events into a small node tree in an
-//! arena where every node keeps its line and column. An alias is a reference
+//! 14). [`parse`] builds a small node tree in an arena where every node keeps
+//! its line and column: the block YAML processes are usually written in is
+//! read by a fast reader of its own (`fast`), anything else from
+//! `saphyr-parser` events, into the same tree with the same positions. An alias is a reference
 //! to the anchored node, never a copy, and every node knows its expanded size,
 //! so a "billion laughs" document is refused while it is read, in memory
 //! proportional to its text. Every limit answers with a diagnostic.
@@ -103,6 +105,24 @@ impl Document {
     pub(crate) fn root(&self) -> Node<'_> {
         Node { document: self, id: self.root, at: self.nodes[self.root as usize].at }.resolve()
     }
+
+    /// The text of a scalar node, or of the scalar an alias refers to.
+    fn scalar_text(&self, id: NodeId) -> Option<&str> {
+        let kind = match self.nodes[id as usize].kind {
+            Kind::Alias(target) => &self.nodes[target as usize].kind,
+            ref kind => kind,
+        };
+        match kind {
+            Kind::Scalar { start, end, .. } => self.text.get(*start as usize..*end as usize),
+            _ => None,
+        }
+    }
+}
+
+/// String equality that rejects on length and first byte before comparing
+/// the rest: keys are looked up often, and most candidates differ early.
+pub(crate) fn same_text(left: &str, right: &str) -> bool {
+    left.len() == right.len() && left.as_bytes().first() == right.as_bytes().first() && left == right
 }
 
 /// A view of one node; aliases are resolved but keep the alias's position.
@@ -232,11 +252,12 @@ impl<'a> Node<'a> {
     /// (`<<: *defaults`, `<<: [*a, *b]`): keys written in the mapping win,
     /// then the merged mappings in order.
     pub(crate) fn get(&self, key: &str) -> Option<Node<'a>> {
+        let Kind::Mapping { start, len } = self.kind() else { return None };
         let mut merged = None;
-        for (name, value) in self.mapping()? {
-            match name.scalar_text() {
-                Some(text) if text == key => return Some(value),
-                Some(MERGE_KEY) => merged = Some(value),
+        for pair in self.children(*start, len.saturating_mul(2)).chunks_exact(2) {
+            match self.document.scalar_text(pair[0]) {
+                Some(text) if same_text(text, key) => return Some(self.child(pair[1])),
+                Some(MERGE_KEY) => merged = Some(self.child(pair[1])),
                 _ => {}
             }
         }

@@ -6,7 +6,7 @@ use saphyr_parser::{Event, Parser, ScalarStyle, ScanError, Span};
 
 use super::fast;
 use super::scalar::resolve_plain;
-use super::{Document, Kind, Limits, NodeData, NodeId, Parsed, ScalarValue};
+use super::{Document, Kind, Limits, NodeData, NodeId, Parsed, ScalarValue, same_text};
 use crate::diagnostic::{Diagnostic, Position, Severity};
 
 /// An open sequence or mapping; its children so far are
@@ -324,7 +324,7 @@ fn duplicate_key(
     }
     let is_duplicate = match key_set {
         Some(set) => !set.insert(key.to_owned()),
-        None => keys.into_iter().any(|existing| scalar_text(*existing) == Some(key)),
+        None => keys.into_iter().any(|existing| scalar_text(*existing).is_some_and(|text| same_text(text, key))),
     };
     is_duplicate.then(|| {
         let at = nodes[key_id as usize].at;
