@@ -59,14 +59,21 @@ struct Entry {
     agent: Arc<Agent>,
 }
 
+/// Maps of the index: keyed by ids, team names and tags, hashed fast (with
+/// a seed of the process's own).
+type Map<K, V> = HashMap<K, V, foldhash::quality::RandomState>;
+
 #[derive(Debug, Default)]
 struct State {
-    agents: HashMap<Arc<str>, Entry>,
+    agents: Map<Arc<str>, Entry>,
     /// Every id, in order.
     ids: BTreeSet<Arc<str>>,
-    by_team: HashMap<String, BTreeSet<Arc<str>>>,
-    by_tag: HashMap<String, BTreeSet<Arc<str>>>,
-    teams: HashMap<String, Team>,
+    by_team: Map<String, BTreeSet<Arc<str>>>,
+    by_tag: Map<String, BTreeSet<Arc<str>>>,
+    /// Each team's members by tag: a Delegate looks at the colleagues with
+    /// a required tag, not at the whole team.
+    by_team_tag: Map<String, Map<String, BTreeSet<Arc<str>>>>,
+    teams: Map<String, Team>,
 }
 
 /// A workload a write left on an agent: (id, version, workload).
@@ -97,12 +104,31 @@ impl State {
                 }
             }
         }
+        if let Some(tags) = self.by_team_tag.get_mut(&agent.team) {
+            for tag in &agent.expertise {
+                if let Some(holders) = tags.get_mut(tag) {
+                    holders.remove(id);
+                    if holders.is_empty() {
+                        tags.remove(tag);
+                    }
+                }
+            }
+            if tags.is_empty() {
+                self.by_team_tag.remove(&agent.team);
+            }
+        }
     }
 
     fn link(&mut self, id: &Arc<str>, agent: &Agent) {
         self.by_team.entry(agent.team.clone()).or_default().insert(id.clone());
         for tag in &agent.expertise {
             self.by_tag.entry(tag.clone()).or_default().insert(id.clone());
+        }
+        if !agent.expertise.is_empty() {
+            let tags = self.by_team_tag.entry(agent.team.clone()).or_default();
+            for tag in &agent.expertise {
+                tags.entry(tag.clone()).or_default().insert(id.clone());
+            }
         }
     }
 
@@ -271,7 +297,7 @@ impl Index {
     pub(super) fn snapshot(&self, request: &DelegationRequest, with_unavailable: bool) -> Snapshot {
         let state = self.read();
         let mut agents: Vec<Arc<Agent>> = Vec::new();
-        let mut seen: HashSet<*const Agent> = HashSet::new();
+        let mut seen: HashSet<*const Agent, foldhash::quality::RandomState> = HashSet::default();
         let mut keep = |agent: &Arc<Agent>, agents: &mut Vec<Arc<Agent>>| {
             if seen.insert(Arc::as_ptr(agent)) {
                 agents.push(agent.clone());
@@ -294,13 +320,20 @@ impl Index {
             // Colleagues with none of the required tags, or another role, can
             // neither take the task nor explain an escalation: the framework
             // passes over them, so they are left out.
-            if !home_team.is_empty() {
+            if home_team.is_empty() {
+                // No team: no colleagues.
+            } else if request.required_expertise.is_empty() {
                 for id in state.by_team.get(home_team).into_iter().flatten() {
-                    if let Some(agent) = state.agent(id).filter(|agent| {
-                        role_matches(request, agent)
-                            && (request.required_expertise.is_empty() || matched_count(request, agent) > 0)
-                    }) {
+                    if let Some(agent) = state.agent(id).filter(|agent| role_matches(request, agent)) {
                         keep(agent, &mut agents);
+                    }
+                }
+            } else if let Some(tags) = state.by_team_tag.get(home_team) {
+                for tag in &request.required_expertise {
+                    for id in tags.get(tag).into_iter().flatten() {
+                        if let Some(agent) = state.agent(id).filter(|agent| role_matches(request, agent)) {
+                            keep(agent, &mut agents);
+                        }
                     }
                 }
             }
@@ -538,6 +571,51 @@ mod tests {
 
     use super::*;
     use crate::domain::delegation::{DecisionKind, Settings, decide, tests::case_strategy};
+
+    fn member(id: &str, team: &str, tags: &[&str]) -> Agent {
+        Agent {
+            id: id.into(),
+            team: team.into(),
+            expertise: tags.iter().map(|tag| (*tag).to_owned()).collect(),
+            workload_capacity: 1,
+            ..Agent::default()
+        }
+    }
+
+    /// The members of `team` with `tag` as the index holds them.
+    fn colleagues(index: &Index, team: &str, tag: &str) -> Vec<String> {
+        let state = index.read();
+        let members = state.by_team_tag.get(team).and_then(|tags| tags.get(tag));
+        members.into_iter().flatten().map(|id| id.to_string()).collect()
+    }
+
+    /// Colleagues are found by team and tag; a move to another team, a change
+    /// of expertise and a removal each leave that index as they should.
+    #[test]
+    fn colleagues_by_team_and_tag_follow_every_change() {
+        let index = Index::default();
+        index.put(member("a", "red", &["rust", "sql"]), 1);
+        index.put(member("b", "red", &["sql"]), 1);
+        index.put(member("c", "blue", &["rust"]), 1);
+        assert_eq!(colleagues(&index, "red", "rust"), ["a"]);
+        assert_eq!(colleagues(&index, "red", "sql"), ["a", "b"]);
+
+        index.put(member("a", "blue", &["rust", "sql"]), 2);
+        assert_eq!(colleagues(&index, "red", "rust"), Vec::<String>::new());
+        assert_eq!(colleagues(&index, "red", "sql"), ["b"]);
+        assert_eq!(colleagues(&index, "blue", "rust"), ["a", "c"]);
+
+        index.put(member("c", "blue", &["go"]), 2);
+        assert_eq!(colleagues(&index, "blue", "rust"), ["a"]);
+        assert_eq!(colleagues(&index, "blue", "go"), ["c"]);
+
+        index.remove("a");
+        assert_eq!(colleagues(&index, "blue", "rust"), Vec::<String>::new());
+        assert_eq!(colleagues(&index, "blue", "sql"), Vec::<String>::new());
+        // An older version changes nothing.
+        index.put(member("b", "blue", &["sql"]), 1);
+        assert_eq!(colleagues(&index, "red", "sql"), ["b"]);
+    }
 
     proptest! {
         /// The index hands the framework a part of the roster; the part must
