@@ -116,49 +116,9 @@ impl Generator {
         items[self.below(items.len())]
     }
 
-    /// Mostly scalars the fast reader takes, now and then any.
+    /// Mostly scalars the fast reader takes, now and then one it declines.
     fn scalar(&mut self) -> &'static str {
-        if self.below(8) > 0 {
-            return self.pick(&[
-                "x",
-                "1",
-                "-5",
-                "0x1f",
-                "1.5",
-                "1e3",
-                ".inf",
-                "true",
-                "False",
-                "null",
-                "~",
-                "a b",
-                "a#b",
-                "'it''s'",
-                "'q'",
-                "\"e\\u00e9\\n\"",
-                "\"t\\tq\\\"\"",
-                "[a, b]",
-                "[]",
-                "[ ]",
-                "{x: 1, y: [2]}",
-                "{}",
-                "[a, [b, 'c'], {d: e}]",
-                "http://x",
-                "a, b]{c}",
-                "é à",
-                "x   ",
-                "a:b",
-                "\"\"",
-                "''",
-                "[\"a\", 'b']",
-                "{\"k\": v}",
-                "[a b, c]",
-                "'a' # c",
-                "-x-",
-                "a #c",
-            ]);
-        }
-        self.pick(&[
+        const TAKEN: &[&str] = &[
             "x",
             "1",
             "-5",
@@ -171,80 +131,60 @@ impl Generator {
             "null",
             "~",
             "a b",
-            "a: b",
-            "a #c",
             "a#b",
             "'it''s'",
             "'q'",
             "\"e\\u00e9\\n\"",
             "\"t\\tq\\\"\"",
-            "\"bad\\q\"",
             "[a, b]",
             "[]",
             "[ ]",
             "{x: 1, y: [2]}",
             "{}",
+            "[a, [b, 'c'], {d: e}]",
+            "http://x",
+            "a, b]{c}",
+            "é à",
+            "x   ",
+            "a:b",
+            "\"\"",
+            "''",
+            "[\"a\", 'b']",
+            "{\"k\": v}",
+            "[a b, c]",
+            "'a' # c",
+            "-x-",
+            "a #c",
+        ];
+        const DECLINED: &[&str] = &[
+            "a: b",
+            "\"bad\\q\"",
             "[a: b]",
             "[a,]",
-            "[a, [b, 'c'], {d: e}]",
             "{a: }",
             "&a x",
             "*a",
             "!!str 1",
             "|",
             "- x",
-            "http://x",
-            "a, b]{c}",
-            "é à",
             "'unterminated",
-            "x   ",
             "? q",
             "-",
             ":x",
-            "a:b",
-            "\"\"",
-            "''",
-            "[\"a\", 'b']",
             "@x",
-            "{\"k\": v}",
-            "[a b, c]",
             "[a # c]",
             "\"a\"b",
-            "'a' # c",
             "%x",
             "a\tb",
-            "-x-",
-        ])
+        ];
+        if self.below(8) > 0 { self.pick(TAKEN) } else { self.pick(DECLINED) }
     }
 
     fn key(&mut self) -> &'static str {
-        if self.below(8) > 0 {
-            return self.pick(&[
-                "a", "name", "b c", "x-y", "\"q\"", "'s'", "k#", "é", "<<", "-k", "1", "true", "id", "steps", "key ",
-            ]);
-        }
-        self.pick(&[
-            "a",
-            "name",
-            "b c",
-            "x-y",
-            "\"q\"",
-            "'s'",
-            "k#",
-            "a,b",
-            "é",
-            "<<",
-            "-k",
-            "1",
-            "true",
-            "a]",
-            "id",
-            "steps",
-            "\"k\\\"\"",
-            "key ",
-            "?",
-            "[k]",
-        ])
+        const TAKEN: &[&str] =
+            &["a", "name", "b c", "x-y", "\"q\"", "'s'", "k#", "é", "<<", "-k", "1", "true", "id", "steps", "key "];
+        const DECLINED: &[&str] = &["a,b", "a]", "\"k\\\"\"", "?", "[k]"];
+        if self.below(8) > 0 { self.pick(TAKEN) } else { self.pick(DECLINED) }
     }
 
     fn separator(&mut self) -> &'static str {
