@@ -19,6 +19,9 @@ pub(super) struct Decline;
 
 type Step<T = ()> = Result<T, Decline>;
 
+/// A mapping key: its text, whether it is plain, and where its `:` is.
+type Key<'s> = (Cow<'s, str>, bool, usize);
+
 /// Longest key taken, from its start to its `:` (YAML allows 1,024
 /// characters; the full parser judges anything near that).
 const MAX_KEY_BYTES: usize = 1000;
@@ -175,43 +178,48 @@ impl<'s> Reader<'s, '_, '_> {
     /// character). Returns at the first content line after the node.
     fn node(&mut self, at: usize) -> Step {
         let column = self.column(at);
-        match self.bytes[at] {
-            b'-' if self.byte(at + 1) == b' ' || self.byte(at + 1) == b'\n' => {
-                let position = self.position(at);
-                self.open(false, position)?;
-                self.items(at, column)?;
-                self.close()
-            }
-            b'[' | b'{' => {
-                let after = self.flow(at)?;
-                self.finish_line(after)
-            }
-            _ => match self.key(at)? {
-                Some(_) => self.mapping(at, column),
-                None => {
-                    let after = self.value(at)?;
-                    self.finish_line(after)
-                }
-            },
+        if self.is_entry(at) {
+            let position = self.position(at);
+            self.open(false, position)?;
+            self.items(at, column)?;
+            return self.close();
+        }
+        if matches!(self.bytes[at], b'[' | b'{') {
+            return self.inline_value(at);
+        }
+        match self.key(at)? {
+            Some(key) => self.mapping(at, column, key),
+            None => self.inline_value(at),
         }
     }
 
-    /// A block mapping whose first key is at `at`, every key at `indent`.
-    fn mapping(&mut self, mut at: usize, indent: usize) -> Step {
+    /// Whether a sequence entry (`- `, or `-` ending its line) starts at `at`.
+    fn is_entry(&self, at: usize) -> bool {
+        self.bytes[at] == b'-' && matches!(self.byte(at + 1), b' ' | b'\n')
+    }
+
+    /// A value written on the line from `at` (a flow collection or a
+    /// scalar), then the rest of the line.
+    fn inline_value(&mut self, at: usize) -> Step {
+        let after = if matches!(self.bytes[at], b'[' | b'{') { self.flow(at)? } else { self.value(at)? };
+        self.finish_line(after)
+    }
+
+    /// A block mapping whose first key, `key`, is at `at`, every key at
+    /// `indent`.
+    fn mapping(&mut self, mut at: usize, indent: usize, mut key: Key<'s>) -> Step {
         let position = self.position(at);
         self.open(true, position)?;
         loop {
-            let Some((text, plain, colon)) = self.key(at)? else { return Err(Decline) };
+            let (text, plain, colon) = key;
             self.emit_scalar(&text, plain, at)?;
-            let value = self.skip_spaces(colon + 1);
             if self.rest_is_empty(colon + 1) {
                 let null = self.position(colon);
                 self.next_line()?;
                 if self.at_end() || self.indent < indent {
                     self.emit_null(null)?;
                 } else if self.indent == indent {
-                    let first = self.start + self.indent;
-                    if self.bytes[first] == b'-' && matches!(self.byte(first + 1), b' ' | b'\n') {
+                    if self.is_entry(self.start + self.indent) {
                         self.indentless_sequence(indent)?;
                     } else {
                         self.emit_null(null)?;
@@ -220,16 +228,7 @@ impl<'s> Reader<'s, '_, '_> {
                     self.node(self.start + self.indent)?;
                 }
             } else {
-                match self.bytes[value] {
-                    b'[' | b'{' => {
-                        let after = self.flow(value)?;
-                        self.finish_line(after)?;
-                    }
-                    _ => {
-                        let after = self.value(value)?;
-                        self.finish_line(after)?;
-                    }
-                }
+                self.inline_value(self.skip_spaces(colon + 1))?;
             }
             if self.at_end() || self.indent < indent {
                 break;
@@ -238,9 +237,10 @@ impl<'s> Reader<'s, '_, '_> {
                 return Err(Decline);
             }
             at = self.start + self.indent;
-            if self.bytes[at] == b'-' && matches!(self.byte(at + 1), b' ' | b'\n') {
+            if self.is_entry(at) {
                 return Err(Decline);
             }
+            key = self.key(at)?.ok_or(Decline)?;
         }
         self.close()
     }
@@ -282,7 +282,7 @@ impl<'s> Reader<'s, '_, '_> {
                 return Err(Decline);
             }
             dash = self.start + self.indent;
-            if !(self.bytes[dash] == b'-' && matches!(self.byte(dash + 1), b' ' | b'\n')) {
+            if !self.is_entry(dash) {
                 return Ok(());
             }
         }
@@ -290,7 +290,7 @@ impl<'s> Reader<'s, '_, '_> {
 
     /// When a mapping key starts at `at`: its text, whether it is plain, and
     /// where its `:` is. `None` when the line holds a value, not a key.
-    fn key(&self, at: usize) -> Step<Option<(Cow<'s, str>, bool, usize)>> {
+    fn key(&self, at: usize) -> Step<Option<Key<'s>>> {
         let (text, plain, after) = match self.bytes[at] {
             b'\'' | b'"' => {
                 let (text, after) = self.quoted(at)?;
