@@ -57,13 +57,16 @@ pub(super) fn read(source: &str, builder: &mut Builder<'_>) -> Step {
 /// only characters YAML accepts as printable.
 fn plain_text(source: &str) -> bool {
     let bytes_ok = source.bytes().all(|byte| byte == b'\n' || (0x20..0x7f).contains(&byte) || byte >= 0x80);
-    bytes_ok
-        && (source.is_ascii()
-            || source.chars().all(|character| {
-                character.is_ascii()
-                    || matches!(character, '\u{a0}'..='\u{2027}' | '\u{202a}'..='\u{d7ff}' | '\u{e000}'..='\u{fefe}' | '\u{ff00}'..='\u{fffd}')
-                    || character >= '\u{10000}'
-            }))
+    bytes_ok && (source.is_ascii() || source.chars().all(|character| character.is_ascii() || printable(character)))
+}
+
+/// A non-ASCII character YAML prints as it is: not a C1 control, a line or
+/// paragraph separator, a byte order mark or a non-character.
+fn printable(character: char) -> bool {
+    matches!(
+        character,
+        '\u{a0}'..='\u{2027}' | '\u{202a}'..='\u{d7ff}' | '\u{e000}'..='\u{fefe}' | '\u{ff00}'..='\u{fffd}'
+    ) || character >= '\u{10000}'
 }
 
 struct Reader<'s, 'b, 'l> {

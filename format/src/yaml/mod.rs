@@ -2,10 +2,10 @@
 //! 14). [`parse`] builds a small node tree in an arena where every node keeps
 //! its line and column: the block YAML processes are usually written in is
 //! read by a fast reader of its own (`fast`), anything else from
-//! `saphyr-parser` events, into the same tree with the same positions. An alias is a reference
-//! to the anchored node, never a copy, and every node knows its expanded size,
-//! so a "billion laughs" document is refused while it is read, in memory
-//! proportional to its text. Every limit answers with a diagnostic.
+//! `saphyr-parser` events, into the same tree with the same positions. An
+//! alias is a reference to the anchored node, never a copy, and every node
+//! knows its expanded size, so a "billion laughs" document is refused while
+//! it is read, in memory proportional to its text. Every limit answers with a diagnostic.
 
 mod fast;
 mod parse;
