@@ -1,6 +1,12 @@
 //! Database pools and migrations. The URL chooses the backend: `sqlite://`
 //! (the embedded default) or `postgres://`. Services use sqlx's `Any` driver
 //! with portable SQL; each ships one migration set per backend.
+//!
+//! A bound `LIMIT` is written `LIMIT CAST($n AS BIGINT)`: SQLite plans a
+//! bare `LIMIT $n` with the value bound when it prepared the statement, so
+//! every new value prepares the statement again (a parse and a plan on each
+//! call of a cached statement); the cast keeps the limit a value read when
+//! the statement runs. Both backends read it the same way.
 
 use std::{borrow::Cow, str::FromStr, sync::Arc};
 

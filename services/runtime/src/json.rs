@@ -12,8 +12,8 @@ use serde_json::{Map, Number, Value as Json};
 
 /// A wire value from JSON text.
 pub fn value_from_text(text: &str) -> Result<Value, String> {
-    let json: Json = serde_json::from_str(text).map_err(|error| format!("is not JSON: {error}"))?;
-    Ok(from_json(json))
+    let Wire(value) = serde_json::from_str(text).map_err(|error| format!("is not JSON: {error}"))?;
+    Ok(value)
 }
 
 /// A wire object from JSON text; empty text is no object.
@@ -21,9 +21,75 @@ pub fn struct_from_text(text: &str) -> Result<Option<Struct>, String> {
     if text.trim().is_empty() {
         return Ok(None);
     }
-    match serde_json::from_str(text).map_err(|error| format!("is not JSON: {error}"))? {
-        Json::Object(object) => Ok(Some(object_from_json(object))),
-        other => Err(format!("is not a JSON object (it is {})", json_kind(&other))),
+    match value_from_text(text)?.kind {
+        Some(Kind::StructValue(object)) => Ok(Some(object)),
+        other => Err(format!("is not a JSON object (it is {})", wire_kind(other.as_ref()))),
+    }
+}
+
+/// A wire value read straight from JSON text, without a `serde_json::Value`
+/// in between (stored text becomes wire values on every assignment and
+/// event). Same values as [`from_json`] of the parsed text: numbers as
+/// doubles, the last of repeated keys.
+struct Wire(Value);
+
+impl<'de> serde::Deserialize<'de> for Wire {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(WireVisitor).map(|kind| Self(Value { kind: Some(kind) }))
+    }
+}
+
+struct WireVisitor;
+
+impl<'de> serde::de::Visitor<'de> for WireVisitor {
+    type Value = Kind;
+
+    fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Kind, E> {
+        Ok(Kind::NullValue(0))
+    }
+
+    fn visit_bool<E>(self, value: bool) -> Result<Kind, E> {
+        Ok(Kind::BoolValue(value))
+    }
+
+    fn visit_i64<E>(self, value: i64) -> Result<Kind, E> {
+        Ok(Kind::NumberValue(value as f64))
+    }
+
+    fn visit_u64<E>(self, value: u64) -> Result<Kind, E> {
+        Ok(Kind::NumberValue(value as f64))
+    }
+
+    fn visit_f64<E>(self, value: f64) -> Result<Kind, E> {
+        Ok(Kind::NumberValue(value))
+    }
+
+    fn visit_str<E>(self, value: &str) -> Result<Kind, E> {
+        Ok(Kind::StringValue(value.to_owned()))
+    }
+
+    fn visit_string<E>(self, value: String) -> Result<Kind, E> {
+        Ok(Kind::StringValue(value))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut items: A) -> Result<Kind, A::Error> {
+        let mut values = Vec::with_capacity(items.size_hint().unwrap_or(0));
+        while let Some(Wire(value)) = items.next_element()? {
+            values.push(value);
+        }
+        Ok(Kind::ListValue(ListValue { values }))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut entries: A) -> Result<Kind, A::Error> {
+        let mut fields = std::collections::BTreeMap::new();
+        while let Some((key, Wire(value))) = entries.next_entry::<String, Wire>()? {
+            fields.insert(key, value);
+        }
+        Ok(Kind::StructValue(Struct { fields }))
     }
 }
 
@@ -183,14 +249,14 @@ fn number_from(number: f64, path: &str) -> Result<Number, String> {
     Number::from_f64(number).ok_or_else(|| format!("{path} is {number}, which JSON cannot hold"))
 }
 
-fn json_kind(json: &Json) -> &'static str {
-    match json {
-        Json::Null => "null",
-        Json::Bool(_) => "a boolean",
-        Json::Number(_) => "a number",
-        Json::String(_) => "a string",
-        Json::Array(_) => "an array",
-        Json::Object(_) => "an object",
+fn wire_kind(kind: Option<&Kind>) -> &'static str {
+    match kind {
+        None | Some(Kind::NullValue(_)) => "null",
+        Some(Kind::BoolValue(_)) => "a boolean",
+        Some(Kind::NumberValue(_)) => "a number",
+        Some(Kind::StringValue(_)) => "a string",
+        Some(Kind::ListValue(_)) => "an array",
+        Some(Kind::StructValue(_)) => "an object",
     }
 }
 
@@ -220,6 +286,24 @@ mod tests {
         let list = Value { kind: Some(Kind::ListValue(ListValue { values: vec![from_json(Json::Null), infinite] })) };
         let object = Struct { fields: [("scores".to_owned(), list)].into() };
         assert_eq!(struct_to_text(Some(&object)).unwrap_err(), "$.scores[1] is inf, which JSON cannot hold");
+    }
+
+    #[test]
+    fn text_reads_as_the_parsed_json_would_convert() {
+        for text in [
+            r#"{"b":1,"a":[1.5,-2,18446744073709551615,"x\u00e9",null,false,{"c":{}}],"a":"last wins"}"#,
+            "[]",
+            "-0.0",
+            r#""\ud83d\ude00""#,
+            "1e308",
+        ] {
+            assert_eq!(value_from_text(text).unwrap(), from_json(serde_json::from_str(text).unwrap()), "{text}");
+        }
+        for text in ["", "{", "[1,]", "{\"a\":1}x", "nul"] {
+            assert!(value_from_text(text).unwrap_err().starts_with("is not JSON"), "{text}");
+        }
+        let deep = "[".repeat(200) + &"]".repeat(200);
+        assert!(value_from_text(&deep).is_err(), "nesting is bounded as serde_json bounds it");
     }
 
     #[test]

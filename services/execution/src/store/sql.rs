@@ -1065,7 +1065,7 @@ impl Store for SqlStore {
             let rows = sqlx::query(
                 "SELECT p.* FROM processes p JOIN (SELECT name, MAX(version) AS version FROM processes \
                  WHERE name > $1 GROUP BY name) l ON p.name = l.name AND p.version = l.version \
-                 ORDER BY p.name LIMIT $2",
+                 ORDER BY p.name LIMIT CAST($2 AS BIGINT)",
             )
             .bind(after_name.to_owned())
             .bind(i64::from(limit))
@@ -1531,7 +1531,7 @@ impl Store for SqlStore {
     ) -> BoxFuture<'a, Result<Vec<Vec<u8>>>> {
         Box::pin(async move {
             let rows = sqlx::query(
-                "SELECT event FROM events WHERE execution_id = $1 AND sequence > $2 ORDER BY sequence LIMIT $3",
+                "SELECT event FROM events WHERE execution_id = $1 AND sequence > $2 ORDER BY sequence LIMIT CAST($3 AS BIGINT)",
             )
             .bind(execution_id.to_owned())
             .bind(after_sequence as i64)
@@ -1543,8 +1543,20 @@ impl Store for SqlStore {
     }
 
     fn log_after(&self, after_position: i64, limit: u32) -> BoxFuture<'_, Result<Vec<LogEntry>>> {
+        const LOG_AFTER: &str = "SELECT id, event FROM events WHERE id > $1 ORDER BY id LIMIT CAST($2 AS BIGINT)";
         Box::pin(async move {
-            let rows = sqlx::query("SELECT id, event FROM events WHERE id > $1 ORDER BY id LIMIT $2")
+            // Read after every commit of the engine: on SQLite, without a
+            // hand-off to a pool's connection thread.
+            if let Some(native) = self.database.native() {
+                return native.read(|connection| {
+                    let mut statement = connection.prepare_cached(LOG_AFTER)?;
+                    let rows = statement.query_map(rusqlite::params![after_position, i64::from(limit)], |row| {
+                        Ok((row.get(0)?, row.get(1)?))
+                    })?;
+                    Ok(rows.collect::<rusqlite::Result<Vec<LogEntry>>>()?)
+                });
+            }
+            let rows = sqlx::query(LOG_AFTER)
                 .bind(after_position)
                 .bind(i64::from(limit))
                 .fetch_all(&self.database.reads)
@@ -1606,12 +1618,13 @@ impl Store for SqlStore {
 
     fn matrices(&self, before: Option<u32>, limit: u32) -> BoxFuture<'_, Result<Vec<Matrix>>> {
         Box::pin(async move {
-            let rows =
-                sqlx::query("SELECT * FROM permission_matrices WHERE version < $1 ORDER BY version DESC LIMIT $2")
-                    .bind(before.map_or(i64::MAX, i64::from))
-                    .bind(i64::from(limit))
-                    .fetch_all(&self.database.reads)
-                    .await?;
+            let rows = sqlx::query(
+                "SELECT * FROM permission_matrices WHERE version < $1 ORDER BY version DESC LIMIT CAST($2 AS BIGINT)",
+            )
+            .bind(before.map_or(i64::MAX, i64::from))
+            .bind(i64::from(limit))
+            .fetch_all(&self.database.reads)
+            .await?;
             rows.iter().map(matrix_from_row).collect()
         })
     }
@@ -1638,11 +1651,13 @@ impl Store for SqlStore {
 
     fn due_schedules(&self, now: i64, limit: u32) -> BoxFuture<'_, Result<Vec<ScheduleState>>> {
         Box::pin(async move {
-            let rows = sqlx::query("SELECT * FROM schedules WHERE next_fire_at <= $1 ORDER BY next_fire_at LIMIT $2")
-                .bind(now)
-                .bind(i64::from(limit))
-                .fetch_all(&self.database.pool)
-                .await?;
+            let rows = sqlx::query(
+                "SELECT * FROM schedules WHERE next_fire_at <= $1 ORDER BY next_fire_at LIMIT CAST($2 AS BIGINT)",
+            )
+            .bind(now)
+            .bind(i64::from(limit))
+            .fetch_all(&self.database.pool)
+            .await?;
             rows.iter().map(schedule_from_row).collect()
         })
     }
@@ -1657,11 +1672,13 @@ impl Store for SqlStore {
 
     fn schedules<'a>(&'a self, after: &'a str, limit: u32) -> BoxFuture<'a, Result<Vec<ScheduleState>>> {
         Box::pin(async move {
-            let rows = sqlx::query("SELECT * FROM schedules WHERE process_name > $1 ORDER BY process_name LIMIT $2")
-                .bind(after.to_owned())
-                .bind(i64::from(limit))
-                .fetch_all(&self.database.reads)
-                .await?;
+            let rows = sqlx::query(
+                "SELECT * FROM schedules WHERE process_name > $1 ORDER BY process_name LIMIT CAST($2 AS BIGINT)",
+            )
+            .bind(after.to_owned())
+            .bind(i64::from(limit))
+            .fetch_all(&self.database.reads)
+            .await?;
             rows.iter().map(schedule_from_row).collect()
         })
     }
@@ -1739,18 +1756,18 @@ impl Store for SqlStore {
         limit: u32,
     ) -> BoxFuture<'a, Result<Vec<MemoryEntry>>> {
         Box::pin(async move {
-            let rows =
-                match before {
-                    None => {
-                        sqlx::query("SELECT * FROM memory WHERE role = $1 ORDER BY created_at DESC, id DESC LIMIT $2")
-                            .bind(role.to_owned())
-                            .bind(i64::from(limit))
-                            .fetch_all(&self.database.reads)
-                            .await?
-                    }
-                    Some((created_at, id)) => sqlx::query(
+            let rows = match before {
+                None => sqlx::query(
+                    "SELECT * FROM memory WHERE role = $1 ORDER BY created_at DESC, id DESC LIMIT CAST($2 AS BIGINT)",
+                )
+                .bind(role.to_owned())
+                .bind(i64::from(limit))
+                .fetch_all(&self.database.reads)
+                .await?,
+                Some((created_at, id)) => {
+                    sqlx::query(
                         "SELECT * FROM memory WHERE role = $1 AND (created_at < $2 OR (created_at = $3 AND id < $4)) \
-                         ORDER BY created_at DESC, id DESC LIMIT $5",
+                         ORDER BY created_at DESC, id DESC LIMIT CAST($5 AS BIGINT)",
                     )
                     .bind(role.to_owned())
                     .bind(*created_at)
@@ -1758,8 +1775,9 @@ impl Store for SqlStore {
                     .bind(id.clone())
                     .bind(i64::from(limit))
                     .fetch_all(&self.database.reads)
-                    .await?,
-                };
+                    .await?
+                }
+            };
             rows.iter().map(memory_from_row).collect()
         })
     }

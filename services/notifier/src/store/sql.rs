@@ -303,7 +303,7 @@ impl Store for SqlStore {
     async fn list(&self, agent_id: &str, after_cursor: u64, limit: u32) -> Result<Vec<StoredNotification>> {
         let sql = format!(
             "SELECT {NOTIFICATION_COLUMNS} FROM notifications n JOIN events e ON e.event_id = n.event_id \
-             WHERE n.agent_id = $1 AND n.notification_id > $2 ORDER BY n.notification_id LIMIT $3"
+             WHERE n.agent_id = $1 AND n.notification_id > $2 ORDER BY n.notification_id LIMIT CAST($3 AS BIGINT)"
         );
         let rows = sqlx::query(AssertSqlSafe(sql))
             .bind(agent_id)
@@ -330,7 +330,7 @@ impl Store for SqlStore {
     async fn list_all(&self, after_cursor: u64, limit: u32) -> Result<Vec<StoredNotification>> {
         let sql = format!(
             "SELECT {NOTIFICATION_COLUMNS} FROM notifications n JOIN events e ON e.event_id = n.event_id \
-             WHERE n.notification_id > $1 ORDER BY n.notification_id LIMIT $2"
+             WHERE n.notification_id > $1 ORDER BY n.notification_id LIMIT CAST($2 AS BIGINT)"
         );
         self.notifications(sql, after_cursor, limit).await
     }
@@ -411,7 +411,7 @@ impl Store for SqlStore {
              WHERE n.notification_id > $1 AND ( \
                (n.memory_state = 0 AND n.notification_id > (SELECT written_through FROM memory_progress WHERE singleton = 1)) \
                OR n.memory_state = 4) \
-             ORDER BY n.notification_id LIMIT $2"
+             ORDER BY n.notification_id LIMIT CAST($2 AS BIGINT)"
         );
         self.notifications(sql, after_cursor, limit).await
     }

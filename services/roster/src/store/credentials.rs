@@ -114,7 +114,7 @@ pub(super) async fn changes_after(
     let token = position.token.map(TokenHash::to_hex).unwrap_or_default();
     let rows = sqlx::query(
         "SELECT token_hash, agent_id, role, active, revision FROM tokens \
-         WHERE revision > $1 OR (revision = $1 AND token_hash > $2) ORDER BY revision, token_hash LIMIT $3",
+         WHERE revision > $1 OR (revision = $1 AND token_hash > $2) ORDER BY revision, token_hash LIMIT CAST($3 AS BIGINT)",
     )
     .bind(revision)
     .bind(token)
