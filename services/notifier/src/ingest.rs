@@ -1,6 +1,7 @@
 //! The single ingest writer. Every IngestEvents stream hands its batches to
-//! one task, which merges whatever is queued (group commit) and, per merged
-//! batch: stores it in one transaction, offers the new notifications to live
+//! one task, which merges whatever is queued (group commit; when the batch is
+//! not full it waits up to the linger, a few milliseconds, for more) and, per
+//! merged batch: stores it in one transaction, offers the new notifications to live
 //! subscribers, appends the NDJSON lines (one write and fsync per file),
 //! records that, and only then answers each stream.
 //!
@@ -82,6 +83,8 @@ pub(crate) struct IngestSettings {
     /// On a database replicas share: how far the live subscribers were
     /// offered the inbox ([`crate::follow`]).
     pub(crate) follower: Option<Arc<Follower>>,
+    /// How long to wait for more events before writing a batch that is not full.
+    pub(crate) linger: Duration,
 }
 
 /// The handle streams submit batches through.
@@ -104,18 +107,25 @@ impl Ingestor {
             if ready.wait_for(|ready| *ready).await.is_err() {
                 return;
             }
+            let linger = settings.linger;
             let writer = Writer { store, hub, settings, failpoint: Failpoint::from_environment() };
             while let Some(job) = receiver.recv().await {
+                let written_by = tokio::time::Instant::now() + linger;
                 let mut jobs = vec![job];
                 let mut queued = jobs[0].events.len();
                 while queued < MAX_BATCH_EVENTS {
-                    match receiver.try_recv() {
-                        Ok(job) => {
-                            queued += job.events.len();
-                            jobs.push(job);
+                    let job = match receiver.try_recv() {
+                        Ok(job) => job,
+                        Err(mpsc::error::TryRecvError::Empty) if !linger.is_zero() => {
+                            match tokio::time::timeout_at(written_by, receiver.recv()).await {
+                                Ok(Some(job)) => job,
+                                _ => break,
+                            }
                         }
                         Err(_) => break,
-                    }
+                    };
+                    queued += job.events.len();
+                    jobs.push(job);
                 }
                 writer.process(jobs).await;
             }

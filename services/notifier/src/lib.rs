@@ -25,7 +25,7 @@ mod ingest;
 mod memory;
 pub mod store;
 
-use std::{future::Future, path::PathBuf, sync::Arc};
+use std::{future::Future, path::PathBuf, sync::Arc, time::Duration};
 
 pub use error::{Error, Result};
 pub use grpc::ACCESS;
@@ -74,6 +74,12 @@ pub struct Config {
     /// told to resume from its cursor.
     #[arg(long, env = "MUSTER_SUBSCRIBER_BUFFER", default_value_t = 4096)]
     pub subscriber_buffer: usize,
+    /// How long, in milliseconds, the ingest writer waits for more events
+    /// before it writes a batch that is not full: events that trickle in
+    /// (a running chain of steps) share one transaction and one fsync per
+    /// file instead of paying for them each. `0` writes every batch at once.
+    #[arg(long, env = "MUSTER_INGEST_LINGER_MS", default_value_t = 2)]
+    pub ingest_linger_ms: u64,
 }
 
 impl Config {
@@ -105,7 +111,12 @@ pub async fn run(
     let ingestor = Ingestor::spawn(
         Arc::clone(&store),
         Arc::clone(&hub),
-        IngestSettings { output_summary_chars: config.output_summary_chars, memory: memory.clone(), follower },
+        IngestSettings {
+            output_summary_chars: config.output_summary_chars,
+            memory: memory.clone(),
+            follower,
+            linger: Duration::from_millis(config.ingest_linger_ms),
+        },
         ready_receiver,
     );
 

@@ -513,3 +513,35 @@ async fn subscribing_during_ingestion_sees_every_notification_once_in_order() {
     assert!(tokio::time::timeout(Duration::from_millis(200), stream.next()).await.is_err(), "nothing more");
     notifier.stop().await;
 }
+
+/// Events sent 30 ms apart, within one linger of 400 ms, are stored in one
+/// batch: their notifications carry the batch's one creation time. (With no
+/// linger each would be a batch of its own, 30 ms apart.)
+#[tokio::test]
+async fn events_that_trickle_in_within_the_linger_are_written_together() {
+    let data = TempDirectory::new("linger");
+    let notifier = TestNotifier::start(&data.0, &["--ingest-linger-ms", "400"]).await;
+    let (sender, receiver) = tokio::sync::mpsc::channel(8);
+    let mut acks = notifier
+        .ingester
+        .clone()
+        .ingest_events(tokio_stream::wrappers::ReceiverStream::new(receiver))
+        .await
+        .expect("opening IngestEvents")
+        .into_inner();
+    for index in 0..4 {
+        let event = step_event(&format!("trickle-{index}"), EventType::StepStarted, &format!("s{index}"));
+        sender.send(IngestEventsRequest { event: Some(event) }).await.expect("sending");
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    for _ in 0..4 {
+        acks.next().await.expect("an ack").expect("stored");
+    }
+    let notifications = list(&notifier, "lead", 0).await;
+    assert_eq!(event_ids(&notifications), ["trickle-0", "trickle-1", "trickle-2", "trickle-3"]);
+    let created: BTreeSet<(i64, i32)> = notifications
+        .iter()
+        .map(|notification| notification.created_at.map(|at| (at.seconds, at.nanos)).expect("created_at"))
+        .collect();
+    assert_eq!(created.len(), 1, "one batch, one creation time: {created:?}");
+}
