@@ -4,7 +4,8 @@
 //! way: after a restart, what the notifier acknowledged since is sent again
 //! and deduplicated). When the notifier is down, events wait in the log;
 //! after a reconnect everything past the cursor is sent again (the notifier
-//! deduplicates by event id).
+//! deduplicates by event id). Reads are at least [`LINGER`] apart, so a
+//! busy engine's commits travel a few at a time.
 //!
 //! With several replicas, only the one that leads ([`Store::leads`])
 //! publishes; it reads the log when its own commits wake it and every
@@ -34,6 +35,11 @@ const BATCH: u32 = 1024;
 /// How often, at most, the cursor is written while acknowledgements flow:
 /// after a restart, what was acknowledged since is sent again, once.
 const CURSOR_EVERY: Duration = Duration::from_millis(100);
+
+/// Least time between two reads of the log: the commits of a busy engine
+/// reach the notifier a few at a time, in one read and one send, instead of
+/// one read and one send each; a commit after a quiet spell goes at once.
+const LINGER: Duration = Duration::from_millis(2);
 
 /// How often the log is read for events other replicas committed.
 const POLL: Duration = Duration::from_millis(100);
@@ -82,11 +88,13 @@ async fn session(store: &dyn Store, mut client: NotifierClient, wake: &Notify) -
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut lead_check = tokio::time::interval(LEAD_CHECK);
     lead_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_read = tokio::time::Instant::now();
     loop {
         let woken = wake.notified();
         tokio::pin!(woken);
         woken.as_mut().enable();
         if in_flight.len() < MAX_IN_FLIGHT {
+            last_read = tokio::time::Instant::now();
             for (position, bytes) in store.log_after(last_sent, BATCH).await? {
                 let event = StepEvent::decode(bytes.as_slice())
                     .map_err(|error| anyhow::anyhow!("event {position} of the log is corrupt: {error}"))?;
@@ -120,7 +128,7 @@ async fn session(store: &dyn Store, mut client: NotifierClient, wake: &Notify) -
                 store.advance_cursor(NOTIFIER_CURSOR, acknowledged).await?;
                 written = acknowledged;
             }
-            () = &mut woken, if in_flight.len() < MAX_IN_FLIGHT => {}
+            () = &mut woken, if in_flight.len() < MAX_IN_FLIGHT => tokio::time::sleep_until(last_read + LINGER).await,
             _ = poll.tick(), if in_flight.len() < MAX_IN_FLIGHT => {}
             _ = lead_check.tick() => {
                 if !store.leads().await? {
