@@ -263,7 +263,7 @@ impl Drop for TestCluster {
         if std::thread::panicking() {
             eprintln!("the cluster's data folder is kept for inspection: {}", self.data_dir.display());
         } else {
-            let _ = std::fs::remove_dir_all(&self.data_dir);
+            muster_runtime::testing::remove_folder(&self.data_dir);
         }
     }
 }
@@ -282,7 +282,7 @@ impl Folder {
 
 impl Drop for Folder {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        muster_runtime::testing::remove_folder(&self.0);
     }
 }
 

@@ -345,7 +345,7 @@ impl Drop for TlsPostgres {
     fn drop(&mut self) {
         let data = self.folder.join("data").display().to_string();
         let _ = self.command("pg_ctl").args(["-D", &data, "-m", "immediate", "stop"]).output();
-        let _ = std::fs::remove_dir_all(&self.folder);
+        muster_runtime::testing::remove_folder(&self.folder);
     }
 }
 

@@ -8,6 +8,20 @@
 
 use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
 
+/// Removes a test's folder and everything in it. A service still winding
+/// down (a SQLite connection closing, its checkpointer) can create a file in
+/// the folder while it is being removed, which leaves it behind: the
+/// removal is tried again for up to two seconds until the folder is gone.
+pub fn remove_folder(folder: &std::path::Path) {
+    for _ in 0..40 {
+        let _ = std::fs::remove_dir_all(folder);
+        if !folder.exists() {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// The administrative URL of the test server.
 pub fn postgres_admin_url() -> String {
     std::env::var("MUSTER_TEST_POSTGRES_URL")

@@ -36,7 +36,7 @@ impl TempDirectory {
 
 impl Drop for TempDirectory {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        muster_runtime::testing::remove_folder(&self.0);
     }
 }
 

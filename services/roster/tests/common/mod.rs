@@ -37,7 +37,7 @@ pub struct SqliteFile {
 
 impl Drop for SqliteFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.folder);
+        muster_runtime::testing::remove_folder(&self.folder);
     }
 }
 
