@@ -1,9 +1,9 @@
 //! The single ingest writer. Every IngestEvents stream hands its batches to
 //! one task, which merges whatever is queued (group commit; when the batch is
 //! not full it waits up to the linger, a few milliseconds, for more) and, per
-//! merged batch: stores it in one transaction, offers the new notifications to live
-//! subscribers, appends the NDJSON lines (one write and fsync per file),
-//! records that, and only then answers each stream.
+//! merged batch: stores it in one transaction, offers the new notifications
+//! to live subscribers, appends the NDJSON lines (one write and fsync per
+//! file), records that, and only then answers each stream.
 //!
 //! One writer keeps cursors increasing in commit order and lets the memory
 //! files have at most one unconfirmed batch (see [`crate::memory`]). Several
