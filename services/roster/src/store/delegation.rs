@@ -607,72 +607,51 @@ pub(super) async fn release_task(store: &SqlStore, task_id: &str, now: i64) -> R
     Ok(outcomes.pop().unwrap_or_default())
 }
 
+/// What a release transaction did.
+#[derive(Default)]
+struct Released {
+    /// Who held a slot for each task.
+    held: HashMap<String, String>,
+    /// The tasks that left the queue (a task that ends while still queued
+    /// is never offered a slot).
+    left_queue: HashSet<String>,
+    /// The queued tasks each agent's freed slots went to, oldest first.
+    offers: HashMap<String, std::collections::VecDeque<QueueResolution>>,
+    /// The workloads it changed.
+    changes: Vec<WorkloadChange>,
+}
+
 /// Frees the slots of many tasks in one transaction, each as [`release_task`]
 /// would: the reservations and queue entries go in multi-row statements,
 /// each agent's freed slots in one update, and then, one at a time, to the
 /// oldest tasks queued for that agent. A fan-out's ends cost a few
 /// statements instead of four per task.
+///
+/// On a SQLite file, a release whose agents have no task waiting for them
+/// (nearly every one) runs on the calling thread
+/// ([`muster_runtime::db::NativeSqlite`]), like the Delegate calls decided
+/// together: besides sparing a thread hand-off per statement, one
+/// connection writing keeps SQLite's page cache, which a transaction
+/// discards whenever another connection wrote since its last one.
 pub(super) async fn release_tasks(store: &SqlStore, task_ids: &[String], now: i64) -> Result<Vec<ReleaseOutcome>> {
-    let backend = store.database.backend;
     // A task named twice is released at its first mention.
     let mut distinct = HashSet::with_capacity(task_ids.len());
     let first_mention: Vec<bool> = task_ids.iter().map(|task_id| distinct.insert(task_id.as_str())).collect();
     let first_mentions: Vec<&String> =
         task_ids.iter().zip(&first_mention).filter(|(_, first)| **first).map(|(task_id, _)| task_id).collect();
-    let mut transaction = store.database.pool.begin().await?;
-    // Who held a slot for each task, and which tasks leave the queue (a task
-    // that ends while still queued is never offered a slot).
-    let mut held: HashMap<String, String> = HashMap::new();
-    let mut left_queue: HashSet<String> = HashSet::new();
-    for chunk in first_mentions.chunks(BATCH_ROWS_PER_STATEMENT) {
-        let list = muster_runtime::db::placeholder_list(backend, 1, chunk.len());
-        let sql = format!("DELETE FROM reservations WHERE task_id IN ({list}) RETURNING task_id, agent_id");
-        let query = chunk.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, task_id| query.bind((*task_id).clone()));
-        for row in query.fetch_all(&mut *transaction).await? {
-            held.insert(row.try_get("task_id")?, row.try_get("agent_id")?);
+    let natively = match store.database.native() {
+        Some(native) => {
+            native
+                .write(&store.database.pool, |transaction| release_natively(transaction, &first_mentions, now))
+                .await?
         }
-        let sql = format!("DELETE FROM queued_tasks WHERE state = 'queued' AND task_id IN ({list}) RETURNING task_id");
-        let query = chunk.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, task_id| query.bind((*task_id).clone()));
-        for row in query.fetch_all(&mut *transaction).await? {
-            left_queue.insert(row.try_get("task_id")?);
-        }
-    }
-    // Each agent's freed slots, in the order its tasks were named.
-    let mut freed: Vec<(&str, u32)> = Vec::new();
-    for task_id in &first_mentions {
-        if let Some(agent_id) = held.get(task_id.as_str()) {
-            match freed.iter_mut().find(|(agent, _)| *agent == agent_id) {
-                Some((_, count)) => *count += 1,
-                None => freed.push((agent_id, 1)),
-            }
-        }
-    }
-    let mut offers: HashMap<&str, std::collections::VecDeque<QueueResolution>> = HashMap::new();
-    let mut changes = Vec::new();
-    for &(agent_id, count) in &freed {
-        let freed = workload_update(
-            &mut transaction,
-            sqlx::query(
-                "UPDATE agents SET current_workload = \
-                 CASE WHEN current_workload > $2 THEN current_workload - $2 ELSE 0 END, \
-                 updated_at = $3, version = version + 1 WHERE id = $1 RETURNING id, version, current_workload",
-            )
-            .bind(agent_id.to_owned())
-            .bind(i64::from(count))
-            .bind(now),
-        )
-        .await?;
-        changes.extend(freed);
-        let offered = offers.entry(agent_id).or_default();
-        for _ in 0..count {
-            match offer_slot(&mut transaction, agent_id, now, &mut changes).await? {
-                Some(resolution) => offered.push_back(resolution),
-                None => break,
-            }
-        }
-    }
-    transaction.commit().await?;
-    store.apply_workloads(&changes).await;
+        None => None,
+    };
+    let mut released = match natively {
+        Some(released) => released,
+        None => release_in_pool(store, &first_mentions, now).await?,
+    };
+    store.apply_workloads(&released.changes).await;
     let outcomes = task_ids
         .iter()
         .zip(first_mention)
@@ -680,13 +659,129 @@ pub(super) async fn release_tasks(store: &SqlStore, task_ids: &[String], now: i6
             if !first {
                 return ReleaseOutcome::default();
             }
-            let agent_id = held.get(task_id).cloned();
-            let offered = agent_id.as_deref().and_then(|agent| offers.get_mut(agent)?.pop_front());
-            let queue_changed = left_queue.contains(task_id) || offered.is_some();
+            let agent_id = released.held.get(task_id).cloned();
+            let offered = agent_id.as_deref().and_then(|agent| released.offers.get_mut(agent)?.pop_front());
+            let queue_changed = released.left_queue.contains(task_id) || offered.is_some();
             ReleaseOutcome { agent_id, offered, queue_changed }
         })
         .collect();
     Ok(outcomes)
+}
+
+/// Each agent's freed slots, in the order its tasks were named.
+fn freed_slots<'a>(first_mentions: &[&String], held: &'a HashMap<String, String>) -> Vec<(&'a str, u32)> {
+    let mut freed: Vec<(&str, u32)> = Vec::new();
+    for task_id in first_mentions {
+        if let Some(agent_id) = held.get(task_id.as_str()) {
+            match freed.iter_mut().find(|(agent, _)| *agent == agent_id) {
+                Some((_, count)) => *count += 1,
+                None => freed.push((agent_id, 1)),
+            }
+        }
+    }
+    freed
+}
+
+/// Gives back `$2` slots of agent `$1` at time `$3`.
+const FREE_SLOTS_SQL: &str = "UPDATE agents SET current_workload = \
+     CASE WHEN current_workload > $2 THEN current_workload - $2 ELSE 0 END, \
+     updated_at = $3, version = version + 1 WHERE id = $1 RETURNING id, version, current_workload";
+
+/// [`release_tasks`]'s transaction through the pool, offering the freed
+/// slots to the tasks queued for them.
+async fn release_in_pool(store: &SqlStore, first_mentions: &[&String], now: i64) -> Result<Released> {
+    let backend = store.database.backend;
+    let mut transaction = store.database.pool.begin().await?;
+    let mut released = Released::default();
+    for chunk in first_mentions.chunks(BATCH_ROWS_PER_STATEMENT) {
+        let list = muster_runtime::db::placeholder_list(backend, 1, chunk.len());
+        let sql = format!("DELETE FROM reservations WHERE task_id IN ({list}) RETURNING task_id, agent_id");
+        let query = chunk.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, task_id| query.bind((*task_id).clone()));
+        for row in query.fetch_all(&mut *transaction).await? {
+            released.held.insert(row.try_get("task_id")?, row.try_get("agent_id")?);
+        }
+        let sql = format!("DELETE FROM queued_tasks WHERE state = 'queued' AND task_id IN ({list}) RETURNING task_id");
+        let query = chunk.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, task_id| query.bind((*task_id).clone()));
+        for row in query.fetch_all(&mut *transaction).await? {
+            released.left_queue.insert(row.try_get("task_id")?);
+        }
+    }
+    for (agent_id, count) in freed_slots(first_mentions, &released.held) {
+        let freed = workload_update(
+            &mut transaction,
+            sqlx::query(FREE_SLOTS_SQL).bind(agent_id.to_owned()).bind(i64::from(count)).bind(now),
+        )
+        .await?;
+        released.changes.extend(freed);
+        let mut offered = std::collections::VecDeque::new();
+        for _ in 0..count {
+            match offer_slot(&mut transaction, agent_id, now, &mut released.changes).await? {
+                Some(resolution) => offered.push_back(resolution),
+                None => break,
+            }
+        }
+        released.offers.insert(agent_id.to_owned(), offered);
+    }
+    transaction.commit().await?;
+    Ok(released)
+}
+
+/// [`release_tasks`]'s transaction on a SQLite file's native connection;
+/// `None`, having written nothing, when a task waits in the queue for an
+/// agent whose slot it frees (the pool's path offers it the slot).
+fn release_natively(
+    transaction: &rusqlite::Connection,
+    first_mentions: &[&String],
+    now: i64,
+) -> Result<Option<Released>> {
+    let mut released = Released::default();
+    for chunk in first_mentions.chunks(BATCH_ROWS_PER_STATEMENT) {
+        let list = muster_runtime::db::placeholder_list(Backend::Sqlite, 1, chunk.len());
+        let mut waiting = transaction.prepare_cached(&format!(
+            "SELECT 1 FROM reservations r JOIN queued_tasks q ON q.expert_id = r.agent_id AND q.state = 'queued' \
+             WHERE r.task_id IN ({list}) LIMIT 1"
+        ))?;
+        for (position, task_id) in chunk.iter().enumerate() {
+            waiting.raw_bind_parameter(position + 1, task_id.as_str())?;
+        }
+        if waiting.raw_query().next()?.is_some() {
+            return Ok(None);
+        }
+    }
+    for chunk in first_mentions.chunks(BATCH_ROWS_PER_STATEMENT) {
+        let list = muster_runtime::db::placeholder_list(Backend::Sqlite, 1, chunk.len());
+        for (sql, taken) in [
+            (format!("DELETE FROM reservations WHERE task_id IN ({list}) RETURNING task_id, agent_id"), true),
+            (
+                format!("DELETE FROM queued_tasks WHERE state = 'queued' AND task_id IN ({list}) RETURNING task_id"),
+                false,
+            ),
+        ] {
+            let mut statement = transaction.prepare_cached(&sql)?;
+            for (position, task_id) in chunk.iter().enumerate() {
+                statement.raw_bind_parameter(position + 1, task_id.as_str())?;
+            }
+            let mut rows = statement.raw_query();
+            while let Some(row) = rows.next()? {
+                if taken {
+                    released.held.insert(row.get(0)?, row.get(1)?);
+                } else {
+                    released.left_queue.insert(row.get(0)?);
+                }
+            }
+        }
+    }
+    // `?2` where the pool's SQL has `$2`: rusqlite binds by number.
+    let mut statement = transaction.prepare_cached(&FREE_SLOTS_SQL.replace('$', "?"))?;
+    for (agent_id, count) in freed_slots(first_mentions, &released.held) {
+        let mut rows = statement.query(rusqlite::params![agent_id, i64::from(count), now])?;
+        if let Some(row) = rows.next()? {
+            let workload: i64 = row.get(2)?;
+            released.changes.push((row.get(0)?, row.get(1)?, u32::try_from(workload.max(0)).unwrap_or(u32::MAX)));
+        }
+    }
+    drop(statement);
+    Ok(Some(released))
 }
 
 /// Offers a freed slot of `agent_id` to the oldest task queued for it, if the

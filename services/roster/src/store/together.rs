@@ -12,7 +12,9 @@
 //! the batch: a dry run or a task assigned to one agent, a task that holds a
 //! slot or waits in the queue, a decision that is not DELEGATE, a task named
 //! twice, an agent whose slot went to another writer meanwhile. A call
-//! that arrives alone takes this path too, as a batch of one.
+//! that arrives while nothing is being decided takes this path too, as a
+//! batch of one, on its own task; the calls that arrive meanwhile are
+//! decided by a task spawned for them.
 //!
 //! On a SQLite file the transaction runs whole on the calling thread
 //! (`muster_runtime::db::NativeSqlite`): the decisions need nothing but the
@@ -76,21 +78,56 @@ pub(super) async fn delegate(
         return delegate_alone(store, request, now, settings).await;
     }
     let (reply, answer) = oneshot::channel();
-    let start = {
+    let pending = Pending { request: request.clone(), now, settings, reply };
+    let lead = {
         let mut waiting = store.waiting.lock().unwrap_or_else(PoisonError::into_inner);
-        waiting.pending.push(Pending { request: request.clone(), now, settings, reply });
-        !std::mem::replace(&mut waiting.running, true)
+        if waiting.running {
+            waiting.pending.push(pending);
+            None
+        } else {
+            waiting.running = true;
+            Some(pending)
+        }
     };
-    if start {
-        // A task of its own: a caller that goes away does not stop the others' decisions.
-        tokio::spawn(decide_waiting(store.clone()));
+    if let Some(pending) = lead {
+        // Nobody is deciding: this call decides itself, as a batch of one,
+        // without a hand-off to another task, and leaves the calls that
+        // arrive meanwhile to a deciding task of their own.
+        let _handover = Handover(store.clone());
+        decide_batch(store, vec![pending]).await;
     }
     answer.await.map_err(|_| Error::Internal("the delegation batch ended without an answer".into()))?
 }
 
+/// Ends a call's own decision: the calls that arrived meanwhile go to a
+/// deciding task (a caller that goes away does not stop their decisions),
+/// or, with none waiting, the next call decides itself.
+struct Handover(SqlStore);
+
+impl Drop for Handover {
+    fn drop(&mut self) {
+        let mut waiting = self.0.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        if waiting.pending.is_empty() {
+            waiting.running = false;
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                drop(waiting);
+                runtime.spawn(decide_waiting(self.0.clone()));
+            }
+            Err(_) => {
+                // No runtime to decide them on: they are answered with an error.
+                waiting.pending.clear();
+                waiting.running = false;
+            }
+        }
+    }
+}
+
 /// If the deciding task ends early (a panic), the calls still waiting are
-/// answered with an error rather than left waiting, and the next call starts
-/// another task.
+/// answered with an error rather than left waiting, and the next call decides
+/// itself.
 struct Running {
     waiting: Arc<Mutex<Waiting>>,
     armed: bool,
@@ -112,7 +149,7 @@ async fn decide_waiting(store: SqlStore) {
         let batch = {
             let mut waiting = store.waiting.lock().unwrap_or_else(PoisonError::into_inner);
             if waiting.pending.is_empty() {
-                // Under the lock: a call arriving after this starts a new task.
+                // Under the lock: a call arriving after this decides itself.
                 waiting.running = false;
                 running.armed = false;
                 return;
@@ -406,4 +443,81 @@ fn settle_natively(transaction: &rusqlite::Connection, index: &Index, batch: &[P
         statement.raw_execute()?;
     }
     Ok(Settled { decisions, ids, changes, missed })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{
+        domain::model::{Agent, Team},
+        store::RosterStore,
+    };
+
+    const NOW: i64 = 1_700_000_000_000;
+
+    async fn store_with_a_team() -> SqlStore {
+        let store = SqlStore::connect("sqlite::memory:", 1).unwrap();
+        store.migrate().await.unwrap();
+        store.put_team(&Team { name: "core".into(), ..Team::default() }, NOW).await.unwrap();
+        for (id, senior) in [("lead", ""), ("dev", "lead")] {
+            let agent = Agent {
+                id: id.into(),
+                team: "core".into(),
+                senior_id: senior.into(),
+                expertise: vec!["rust".into()],
+                workload_capacity: 10,
+                ..Agent::default()
+            }
+            .normalize()
+            .unwrap();
+            store.insert_agent(&agent, &muster_runtime::auth::TokenHash::of(id), NOW).await.unwrap();
+        }
+        store
+    }
+
+    fn call(task_id: &str) -> (Pending, oneshot::Receiver<Result<DelegationOutcome>>) {
+        let request = DelegationRequest {
+            task_id: task_id.into(),
+            requester_id: "lead".into(),
+            required_expertise: vec!["rust".into()],
+            ..DelegationRequest::default()
+        };
+        let (reply, answer) = oneshot::channel();
+        (Pending { request, now: NOW, settings: Settings::default(), reply }, answer)
+    }
+
+    /// A call that decided itself and ends (or whose caller went away
+    /// before it ended) leaves the calls that arrived meanwhile to a task
+    /// that decides them; with none, the next call decides itself.
+    #[tokio::test]
+    async fn the_calls_that_wait_on_a_call_deciding_itself_are_decided_after_it() {
+        let store = store_with_a_team().await;
+        let (waiting_call, answer) = call("waited");
+        {
+            let mut waiting = store.waiting.lock().unwrap();
+            waiting.running = true;
+            waiting.pending.push(waiting_call);
+        }
+        drop(Handover(store.clone()));
+        let outcome = tokio::time::timeout(Duration::from_secs(10), answer).await.unwrap().unwrap().unwrap();
+        assert_eq!(
+            (outcome.decision.kind, outcome.decision.primary_agent_id.as_str()),
+            (DecisionKind::Delegate, "dev")
+        );
+        for _ in 0..100 {
+            if !store.waiting.lock().unwrap().running {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!store.waiting.lock().unwrap().running, "the deciding task ended with nothing waiting");
+
+        drop(Handover(store.clone()));
+        assert!(!store.waiting.lock().unwrap().running, "nothing waited: the next call decides itself");
+        let outcome = delegate(&store, &call("next").0.request, NOW, Settings::default()).await.unwrap();
+        assert_eq!(outcome.decision.kind, DecisionKind::Delegate);
+        assert_eq!(store.get_agent("dev").await.unwrap().current_workload, 2);
+    }
 }
