@@ -105,35 +105,56 @@ pub(super) async fn agent_of(pool: &sqlx::AnyPool, token: &TokenHash) -> Result<
 }
 
 /// Changes after `position`, in (revision, token) order.
+/// Credential changes after a position, in (revision, token) order.
+const CHANGES_AFTER_SQL: &str = "SELECT token_hash, agent_id, role, active, revision FROM tokens \
+     WHERE revision > $1 OR (revision = $1 AND token_hash > $2) ORDER BY revision, token_hash LIMIT CAST($3 AS BIGINT)";
+
+/// The changes after `position`, at most `limit`. On a SQLite file, read on
+/// the native reader ([`muster_runtime::db::NativeSqlite::read`]): through
+/// the pool, loading the tokens of a large roster at start would hold the
+/// one writers' connection, page after page, while decisions wait for it.
 pub(super) async fn changes_after(
-    pool: &sqlx::AnyPool,
+    database: &muster_runtime::db::Database,
     position: Position,
     limit: usize,
 ) -> Result<Vec<CredentialChange>> {
     let revision = i64::try_from(position.revision).unwrap_or(i64::MAX);
     let token = position.token.map(TokenHash::to_hex).unwrap_or_default();
-    let rows = sqlx::query(
-        "SELECT token_hash, agent_id, role, active, revision FROM tokens \
-         WHERE revision > $1 OR (revision = $1 AND token_hash > $2) ORDER BY revision, token_hash LIMIT CAST($3 AS BIGINT)",
-    )
-    .bind(revision)
-    .bind(token)
-    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-    .fetch_all(pool)
-    .await?;
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    if let Some(native) = database.native() {
+        return native.read(|connection| {
+            // `?1` where the pool's SQL has `$1`: rusqlite binds by number.
+            let mut statement = connection.prepare_cached(&CHANGES_AFTER_SQL.replace('$', "?"))?;
+            let mut rows = statement.query(rusqlite::params![revision, token, limit])?;
+            let mut changes = Vec::new();
+            while let Some(row) = rows.next()? {
+                changes.push(change(row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?)?);
+            }
+            Ok(changes)
+        });
+    }
+    let rows = sqlx::query(CHANGES_AFTER_SQL).bind(revision).bind(token).bind(limit).fetch_all(&database.pool).await?;
     rows.iter()
         .map(|row| {
-            let hash: String = row.try_get("token_hash")?;
-            let active: i64 = row.try_get("active")?;
-            let revision: i64 = row.try_get("revision")?;
-            Ok(CredentialChange {
-                token: TokenHash::from_hex(&hash)
-                    .ok_or_else(|| Error::Internal(format!("a stored token hash is not 64 hex digits: {hash:?}")))?,
-                agent_id: row.try_get("agent_id")?,
-                role: row.try_get("role")?,
-                active: active != 0,
-                revision: u64::try_from(revision).unwrap_or_default(),
-            })
+            change(
+                row.try_get("token_hash")?,
+                row.try_get("agent_id")?,
+                row.try_get("role")?,
+                row.try_get("active")?,
+                row.try_get("revision")?,
+            )
         })
         .collect()
+}
+
+/// A stored token row as a change.
+fn change(hash: String, agent_id: String, role: String, active: i64, revision: i64) -> Result<CredentialChange> {
+    Ok(CredentialChange {
+        token: TokenHash::from_hex(&hash)
+            .ok_or_else(|| Error::Internal(format!("a stored token hash is not 64 hex digits: {hash:?}")))?,
+        agent_id,
+        role,
+        active: active != 0,
+        revision: u64::try_from(revision).unwrap_or_default(),
+    })
 }

@@ -239,20 +239,31 @@ impl Index {
     /// hold. One it holds a higher version of is forgotten first, so that
     /// reading it again takes the row whatever its version: an agent removed
     /// and created again elsewhere starts again from version 0.
-    fn differing(&self, rows: &[sqlx::any::AnyRow]) -> Result<Vec<String>> {
-        let mut differing = Vec::new();
-        let mut state = self.write();
-        for row in rows {
-            let id: String = row.try_get("id")?;
-            let version: i64 = row.try_get("version")?;
-            match state.agents.get(id.as_str()).map(|entry| entry.version) {
-                Some(held) if held == version => continue,
-                Some(held) if held > version => state.remove(&id),
-                _ => {}
+    ///
+    /// The comparison takes the read lock only (decisions go on meanwhile);
+    /// the write lock only when a higher version is to be forgotten.
+    fn differing(&self, rows: Vec<(String, i64)>) -> Vec<String> {
+        let mut higher = false;
+        let differing: Vec<(String, bool)> = {
+            let state = self.read();
+            rows.into_iter()
+                .filter_map(|(id, version)| match state.agents.get(id.as_str()).map(|entry| entry.version) {
+                    Some(held) if held == version => None,
+                    held => {
+                        let forget = held.is_some_and(|held| held > version);
+                        higher |= forget;
+                        Some((id, forget))
+                    }
+                })
+                .collect()
+        };
+        if higher {
+            let mut state = self.write();
+            for (id, _) in differing.iter().filter(|(_, forget)| *forget) {
+                state.remove(id);
             }
-            differing.push(id);
         }
-        Ok(differing)
+        differing.into_iter().map(|(id, _)| id).collect()
     }
 
     /// One agent, as last seen.
@@ -493,11 +504,7 @@ impl SqlStore {
             last => last,
         }
         .saturating_sub(REFRESH_LOOKBACK_MILLIS);
-        let rows = sqlx::query("SELECT id, version FROM agents WHERE updated_at >= $1")
-            .bind(since)
-            .fetch_all(&self.database.pool)
-            .await?;
-        let differing = self.index.differing(&rows)?;
+        let differing = self.index.differing(self.versions(Some(since)).await?);
         self.reread_agents(&differing).await?;
         let teams = sqlx::query("SELECT name, description, lead_agent_id FROM teams WHERE updated_at >= $1")
             .bind(since)
@@ -509,6 +516,39 @@ impl SqlStore {
             state.teams.insert(team.name.clone(), team);
         }
         Ok(IndexChanges { changed: differing, removed: Vec::new() })
+    }
+
+    /// The id and version of every agent whose row changed at or after
+    /// `since` (every agent for `None`). On a SQLite file, read on the
+    /// native reader ([`muster_runtime::db::NativeSqlite::read`]): through
+    /// the pool, the thousands of rows a busy second changes would hold
+    /// the one writers' connection, and every decision waiting for it, for
+    /// a hand-off per row.
+    async fn versions(&self, since: Option<i64>) -> Result<Vec<(String, i64)>> {
+        let sql = match since {
+            Some(_) => "SELECT id, version FROM agents WHERE updated_at >= $1",
+            None => "SELECT id, version FROM agents",
+        };
+        if let Some(native) = self.database.native() {
+            return native.read(|connection| {
+                let mut statement = connection.prepare_cached(&sql.replace('$', "?"))?;
+                if let Some(since) = since {
+                    statement.raw_bind_parameter(1, since)?;
+                }
+                let mut rows = statement.raw_query();
+                let mut versions = Vec::new();
+                while let Some(row) = rows.next()? {
+                    versions.push((row.get(0)?, row.get(1)?));
+                }
+                Ok(versions)
+            });
+        }
+        let rows = since
+            .into_iter()
+            .fold(sqlx::query(sql), |query, since| query.bind(since))
+            .fetch_all(&self.database.pool)
+            .await?;
+        rows.iter().map(|row| Ok((row.try_get("id")?, row.try_get("version")?))).collect()
     }
 
     /// Compares every id and version with the database and takes every
@@ -528,12 +568,9 @@ impl SqlStore {
             }
         } else {
             // Every agent held may have been removed elsewhere: no row at all is an answer too.
-            let rows = sqlx::query("SELECT id, version FROM agents").fetch_all(&self.database.pool).await?;
-            let mut present = HashSet::with_capacity(rows.len());
-            for row in &rows {
-                present.insert(row.try_get::<String, _>("id")?);
-            }
-            changes.changed = self.index.differing(&rows)?;
+            let rows = self.versions(None).await?;
+            let present: HashSet<String> = rows.iter().map(|(id, _)| id.clone()).collect();
+            changes.changed = self.index.differing(rows);
             self.reread_agents(&changes.changed).await?;
             let mut state = self.index.write();
             for id in known.iter().filter(|id| !present.contains(&***id)) {

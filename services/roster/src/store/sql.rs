@@ -642,7 +642,7 @@ impl RosterStore for SqlStore {
     }
 
     async fn credential_changes_after(&self, position: Position, limit: usize) -> Result<Vec<CredentialChange>> {
-        credentials::changes_after(&self.database.pool, position, limit).await
+        credentials::changes_after(&self.database, position, limit).await
     }
 
     async fn import(&self, plan: &ImportPlan, now: i64) -> Result<Vec<String>> {
