@@ -164,15 +164,12 @@ async fn conformance(store: SqlStore) {
     first_run.status = ExecutionStatus::Paused;
     first_run.lead_agent_id = "lead-2".to_owned();
     let more = events(&mut first_run, 3);
+    // A running execution's progress (a backend may write it its own way) ...
     store
         .commit(vec![
             steps("e1", std::slice::from_ref(&running)),
             steps("e1", std::slice::from_ref(&done)),
             Write::UpdateExecution(first_run.clone()),
-            Write::Assignment {
-                execution_id: "e1".to_owned(),
-                assignment: RoleAssignment { role: "reviewer".to_owned(), ..assignment.clone() },
-            },
             Write::Events(more),
         ])
         .await
@@ -181,6 +178,20 @@ async fn conformance(store: SqlStore) {
     assert_eq!(read.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
     assert_eq!(read[0].1, done);
     assert_eq!(read[1].1, Step::new());
+    // ... and steps written with other changes.
+    let redone = Step { attempt: 3, output_json: Some("{\"back\":\"\\\\ and '\"}".into()), ..done.clone() };
+    store
+        .commit(vec![
+            steps("e1", std::slice::from_ref(&redone)),
+            Write::Assignment {
+                execution_id: "e1".to_owned(),
+                assignment: RoleAssignment { role: "reviewer".to_owned(), ..assignment.clone() },
+            },
+        ])
+        .await
+        .unwrap();
+    assert_eq!(store.steps("e1").await.unwrap()[0].1, redone);
+    store.commit(vec![steps("e1", std::slice::from_ref(&done))]).await.unwrap();
     assert_eq!(store.step_output("e1", "a").await.unwrap().as_deref(), done.output_json.as_deref());
     assert_eq!(store.step_output("e1", "b").await.unwrap(), None, "no output yet");
     assert_eq!(store.step_output("e1", "nothing").await.unwrap(), None, "no such step");
@@ -537,9 +548,12 @@ async fn replicas(url: &str) {
     let store = || SqlStore::new(Database::connect_lazy_with_readers(url, 1, 1).unwrap());
     let (first, second, third) = (store(), store(), store());
     first.migrate().await.unwrap();
+    // Quotes, backslashes and escapes reach the database as they are, in
+    // whatever form a backend sends them.
+    let reason = "progress: it's \\'done\\' \\x41 $$ E'\\n' \u{e9}\u{1f600}";
     let progress = |id: &str| {
         let mut update = execution(id, 0, None);
-        update.reason = "progress".to_owned();
+        update.reason = reason.to_owned();
         vec![Write::UpdateExecution(update)]
     };
     // An execution from before replicas: nobody owns it.
@@ -579,7 +593,7 @@ async fn replicas(url: &str) {
     assert!(first.adopt().await.unwrap().is_empty(), "a replica without a lease adopts nothing");
     assert!(second.leads().await.unwrap());
     second.commit(progress("new")).await.unwrap();
-    assert_eq!(second.execution("new").await.unwrap().unwrap().reason, "progress");
+    assert_eq!(second.execution("new").await.unwrap().unwrap().reason, reason);
 
     // A replica that leaves gives its executions back at once.
     third.join(&replica("third", ""), Duration::from_secs(600)).await.unwrap();
