@@ -72,6 +72,10 @@ enum Command {
     Agent(commands::agent::AgentArgs),
 }
 
+/// See [`muster_runtime::Allocator`].
+#[global_allocator]
+static ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();

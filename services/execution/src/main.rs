@@ -4,6 +4,10 @@ use std::process::ExitCode;
 
 use clap::Parser as _;
 
+/// See [`muster_runtime::Allocator`].
+#[global_allocator]
+static ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = muster_execution::Config::parse();

@@ -283,6 +283,10 @@ fn flag(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// The service binary's allocator, so that the service measured in process allocates as it does in its pod.
+#[global_allocator]
+static ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let events = flag("--events", 20_000);

@@ -7,6 +7,10 @@ use std::{
 
 use clap::Parser as _;
 
+/// See [`muster_runtime::Allocator`].
+#[global_allocator]
+static ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let config = muster_notifier::Config::parse();

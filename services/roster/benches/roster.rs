@@ -101,6 +101,10 @@ fn delegate_request(iteration: usize, sizes: &Sizes) -> pb::DelegateRequest {
     }
 }
 
+/// The service binary's allocator, so that the service measured in process allocates as it does in its pod.
+#[global_allocator]
+static ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let sizes = Sizes {

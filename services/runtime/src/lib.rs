@@ -38,6 +38,12 @@ pub mod testing;
 pub mod time;
 pub mod tls;
 
+/// The allocator every muster binary uses (`#[global_allocator] static
+/// ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;`):
+/// mimalloc, whose per-thread free lists spare the services the arena locks
+/// and chunk consolidation of glibc's malloc on their hot paths.
+pub use mimalloc::MiMalloc as Allocator;
+
 pub use config::ServerArgs;
 pub use server::Server;
 
