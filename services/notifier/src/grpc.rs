@@ -315,14 +315,13 @@ async fn answer_ingest_stream(
     }
 }
 
-/// Counts notifications handed to agents, by how they were read.
-fn delivered(via: &str, amount: usize) {
-    muster_runtime::metrics::count(
+/// The count of notifications handed to agents, by how they were read.
+fn delivered(via: &str) -> muster_runtime::metrics::CounterSeries {
+    muster_runtime::metrics::counter(
         "muster_notifications_delivered_total",
         "Notifications handed to agents: Subscribe streams replaying the inbox (backlog), live, or ListNotifications",
         &[("via", via)],
-        amount as u64,
-    );
+    )
 }
 
 /// Streams an agent's backlog after `after_cursor`, then live
@@ -340,6 +339,7 @@ async fn run_subscription<S: Store>(
     let send = |frame: SubscribeFrame| output.send(Ok(frame));
     // Counted as an open stream, with its lag, until this returns.
     let subscription = hub.open(&agent_id);
+    let (backlog_delivered, live_delivered) = (delivered("backlog"), delivered("live"));
     let mut last_sent = after_cursor;
     'resubscribe: loop {
         // Live first, then the backlog: whatever commits in between arrives
@@ -368,7 +368,7 @@ async fn run_subscription<S: Store>(
                 }
                 last_sent = stored.cursor;
             }
-            delivered("backlog", page.len());
+            backlog_delivered.add(page.len() as u64);
             if page.len() < BACKLOG_PAGE as usize {
                 break;
             }
@@ -402,7 +402,7 @@ async fn run_subscription<S: Store>(
                     if send(frame).await.is_err() {
                         return;
                     }
-                    delivered("live", 1);
+                    live_delivered.add(1);
                     last_sent = live.cursor;
                 }
                 Some(_) => {}
@@ -495,7 +495,7 @@ impl<S: Store> NotifierService for NotifierGrpc<S> {
         };
         let stored = self.store.list(&request.agent_id, request.after_cursor, limit).await?;
         let notifications = stored.iter().map(stored_to_wire).collect::<Result<Vec<_>>>()?;
-        delivered("list", notifications.len());
+        delivered("list").add(notifications.len() as u64);
         let acknowledged_cursor = self.store.acknowledged_cursor(&request.agent_id).await?;
         Ok(Response::new(ListNotificationsResponse { notifications, acknowledged_cursor }))
     }
