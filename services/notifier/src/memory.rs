@@ -28,6 +28,9 @@ use crate::{
     store::{MemoryProgress, MemoryState, Store},
 };
 
+/// How many threads append to memory files at once.
+const APPENDING_THREADS: usize = 4;
+
 /// The lines to append to one file.
 #[derive(Debug, Default)]
 pub(crate) struct FileAppend {
@@ -73,17 +76,38 @@ impl MemoryFiles {
 
     /// Appends each group with one write and an fsync. Returns the cursors of
     /// the groups that failed; a failed file is cut back to its length before.
-    /// Blocking.
+    /// Blocking. Many files are appended by [`APPENDING_THREADS`] threads
+    /// at once: most of an append is waiting for its fsync, and the disk
+    /// takes several at a time.
     pub(crate) fn append_all(&self, appends: &[FileAppend]) -> Vec<u64> {
-        let mut failed = Vec::new();
-        for append in appends {
-            let path = self.absolute(&append.path);
-            if let Err(error) = append_and_sync(&path, append.text.as_bytes()) {
-                tracing::error!(path = %path.display(), %error, lines = append.cursors.len(), "appending memory lines failed");
-                failed.extend_from_slice(&append.cursors);
+        let append_some = |appends: &[FileAppend]| {
+            let mut failed = Vec::new();
+            for append in appends {
+                let path = self.absolute(&append.path);
+                if let Err(error) = append_and_sync(&path, append.text.as_bytes()) {
+                    tracing::error!(path = %path.display(), %error, lines = append.cursors.len(), "appending memory lines failed");
+                    failed.extend_from_slice(&append.cursors);
+                }
             }
+            failed
+        };
+        if appends.len() < 2 * APPENDING_THREADS {
+            return append_some(appends);
         }
-        failed
+        let share = appends.len().div_ceil(APPENDING_THREADS);
+        std::thread::scope(|scope| {
+            let others: Vec<_> =
+                appends[share..].chunks(share).map(|appends| scope.spawn(move || append_some(appends))).collect();
+            let mut failed = append_some(&appends[..share]);
+            for (other, appends) in others.into_iter().zip(appends[share..].chunks(share)) {
+                match other.join() {
+                    Ok(more) => failed.extend(more),
+                    // A thread that panicked: its files count as failed (cut back and rewritten at start).
+                    Err(_) => failed.extend(appends.iter().flat_map(|append| append.cursors.iter().copied())),
+                }
+            }
+            failed
+        })
     }
 
     /// Writes the first half of an append and stops (the torn-append failpoint).
@@ -195,5 +219,45 @@ pub(crate) async fn recover<S: Store>(store: &S, files: &MemoryFiles) -> Result<
         progress.failed = failed;
         store.record_memory_progress(&progress).await?;
         tracing::info!(lines = count, failed = progress.failed.len(), "recovered unwritten memory lines");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Many files are appended by several threads: every line lands in its
+    /// file, in order, and only the files that could not be written count
+    /// as failed.
+    #[test]
+    fn many_files_are_appended_at_once_and_failures_stay_with_their_files() {
+        let root = std::env::temp_dir().join(format!("muster-notifier-memory-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&root).unwrap();
+        // A file where a folder should be: appends below it fail.
+        std::fs::write(root.join("blocked"), "not a folder").unwrap();
+        let mut appends: Vec<FileAppend> = (0..40u64)
+            .map(|agent| FileAppend {
+                path: format!("agent-{agent}/2026-11-26.ndjson"),
+                cursors: vec![agent * 10, agent * 10 + 1],
+                text: format!("{{\"line\":1,\"agent\":{agent}}}\n{{\"line\":2,\"agent\":{agent}}}\n"),
+            })
+            .collect();
+        appends.insert(
+            17,
+            FileAppend { path: "blocked/2026-11-26.ndjson".into(), cursors: vec![999], text: "x\n".into() },
+        );
+        let files = MemoryFiles::new(root.clone());
+        let failed = files.append_all(&appends);
+        let again = files.append_all(&appends[..1]);
+        let contents: Vec<String> = (0..40)
+            .map(|agent| std::fs::read_to_string(root.join(format!("agent-{agent}/2026-11-26.ndjson"))).unwrap())
+            .collect();
+        muster_runtime::testing::remove_folder(&root);
+        assert_eq!(failed, [999]);
+        assert!(again.is_empty());
+        assert_eq!(contents[0], format!("{}{}", appends[0].text, appends[0].text), "appended, not replaced");
+        for (agent, content) in contents.iter().enumerate().skip(1) {
+            assert_eq!(content, &format!("{{\"line\":1,\"agent\":{agent}}}\n{{\"line\":2,\"agent\":{agent}}}\n"));
+        }
     }
 }
