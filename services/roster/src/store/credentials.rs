@@ -104,7 +104,6 @@ pub(super) async fn agent_of(pool: &sqlx::AnyPool, token: &TokenHash) -> Result<
     Ok(agent)
 }
 
-/// Changes after `position`, in (revision, token) order.
 /// Credential changes after a position, in (revision, token) order.
 const CHANGES_AFTER_SQL: &str = "SELECT token_hash, agent_id, role, active, revision FROM tokens \
      WHERE revision > $1 OR (revision = $1 AND token_hash > $2) ORDER BY revision, token_hash LIMIT CAST($3 AS BIGINT)";
