@@ -771,8 +771,7 @@ fn release_natively(
             }
         }
     }
-    // `?2` where the pool's SQL has `$2`: rusqlite binds by number.
-    let mut statement = transaction.prepare_cached(&FREE_SLOTS_SQL.replace('$', "?"))?;
+    let mut statement = transaction.prepare_cached(&super::sql::for_rusqlite(FREE_SLOTS_SQL))?;
     for (agent_id, count) in freed_slots(first_mentions, &released.held) {
         let mut rows = statement.query(rusqlite::params![agent_id, i64::from(count), now])?;
         if let Some(row) = rows.next()? {

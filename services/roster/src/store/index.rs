@@ -531,7 +531,7 @@ impl SqlStore {
         };
         if let Some(native) = self.database.native() {
             return native.read(|connection| {
-                let mut statement = connection.prepare_cached(&sql.replace('$', "?"))?;
+                let mut statement = connection.prepare_cached(&super::sql::for_rusqlite(sql))?;
                 if let Some(since) = since {
                     statement.raw_bind_parameter(1, since)?;
                 }

@@ -67,6 +67,13 @@ impl SqlStore {
     }
 }
 
+/// A statement written for the pool (`$1`, `$2`, ...) as a native SQLite
+/// connection takes it: rusqlite binds by number, `?1` where the pool's SQL
+/// has `$1` (a number used twice stays one parameter).
+pub(super) fn for_rusqlite(sql: &str) -> String {
+    sql.replace('$', "?")
+}
+
 pub(super) fn agent_from_row(row: &AnyRow) -> Result<Agent> {
     let expertise_json: String = row.try_get("expertise_json")?;
     let manual_status: String = row.try_get("manual_status")?;
