@@ -688,17 +688,15 @@ async fn apply_in_one_round_trip(
         let _ = write!(sql, "SELECT muster_hold_lease({});", literal(replica));
     }
     for execution in updated {
-        let _ = write!(
-            sql,
-            "UPDATE executions SET status = {}, reason = {}, lead_agent_id = {}, ended_at = {}, last_sequence = {} \
-             WHERE id = {};",
+        let values = [
             literal(execution.status.as_str()),
             literal(&execution.reason),
             literal(&execution.lead_agent_id),
             execution.ended_at.map_or_else(|| "NULL".to_owned(), |at| at.to_string()),
-            execution.last_sequence as i64,
+            (execution.last_sequence as i64).to_string(),
             literal(&execution.id),
-        );
+        ];
+        let _ = write!(sql, "{};", update_execution_statement(|number| values[number - 1].clone()));
     }
     for chunk in steps.chunks(JSON_ROWS_PER_STATEMENT) {
         let rows: Vec<StepRow<'_>> = chunk.iter().map(|write| StepRow::of(write)).collect();
@@ -716,16 +714,21 @@ async fn apply_in_one_round_trip(
 }
 
 fn update_execution_sql(backend: Backend) -> String {
-    let p = |number| placeholder(backend, number);
+    update_execution_statement(|number| placeholder(backend, number))
+}
+
+/// The update of an execution's row, its six values (status, reason, lead,
+/// end, last sequence, then the id) given by `value` from 1.
+fn update_execution_statement(value: impl Fn(usize) -> String) -> String {
     format!(
         "UPDATE executions SET status = {}, reason = {}, lead_agent_id = {}, ended_at = {}, last_sequence = {} \
          WHERE id = {}",
-        p(1),
-        p(2),
-        p(3),
-        p(4),
-        p(5),
-        p(6)
+        value(1),
+        value(2),
+        value(3),
+        value(4),
+        value(5),
+        value(6)
     )
 }
 
