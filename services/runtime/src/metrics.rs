@@ -102,13 +102,7 @@ fn labels(pairs: &[(&str, &str)]) -> Labels {
 
 /// Adds `amount` to a counter (its name ends in `_total`).
 pub fn count(name: &'static str, help: &'static str, pairs: &[(&str, &str)], amount: u64) {
-    let make =
-        || if pairs.is_empty() { Metric::Counter(Counter::default()) } else { Metric::Counters(Family::default()) };
-    with_metric(name, help, make, |metric| match metric {
-        Metric::Counters(family) => _ = family.get_or_create(&labels(pairs)).inc_by(amount),
-        Metric::Counter(counter) => _ = counter.inc_by(amount),
-        _ => {}
-    });
+    counter(name, help, pairs).add(amount);
 }
 
 /// One counter series, found once: for a caller that adds to it at a high
