@@ -37,7 +37,10 @@ use muster_proto::{
     execution::v1::execution_service_server::ExecutionServiceServer,
     notifier::v1::notifier_service_client::NotifierServiceClient,
 };
-use muster_runtime::{ServerArgs, db::Database};
+use muster_runtime::{
+    ServerArgs,
+    db::{Connections, Database, SMALL_PAGES},
+};
 use tokio::net::TcpListener;
 
 pub(crate) use error::{Error, Result};
@@ -112,10 +115,14 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::result::Result<(), muster_runtime::Error> {
     let security = muster_runtime::security::Security::following_roster("execution", &config.server)?;
-    let database = Database::connect_lazy_with_readers(
+    // A running execution commits a few small rows per step.
+    let database = Database::connect_lazy_with(
         &config.database_url,
-        config.database_max_connections,
-        config.database_readers,
+        Connections {
+            max_connections: config.database_max_connections,
+            readers: config.database_readers,
+            sqlite_page_size: SMALL_PAGES,
+        },
     )?;
     let store: Arc<dyn store::Store> = Arc::new(store::SqlStore::new(database));
     let roster = Arc::new(clients::roster::RosterClient::new(security.channel(&config.server.auth.roster_url)?));

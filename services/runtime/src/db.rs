@@ -76,11 +76,29 @@ pub struct Database {
     _checkpointer: Option<Arc<()>>,
 }
 
-/// Settings of every connection to a SQLite file: WAL, with temporary data
-/// in memory (a multi-row statement in a transaction keeps a statement
-/// journal, by default a temporary file written on every such statement).
+/// Settings of every connection to a SQLite file, after its page size:
+/// WAL, with temporary data in memory (a multi-row statement in a
+/// transaction keeps a statement journal, by default a temporary file
+/// written on every such statement).
 const SQLITE_SETTINGS: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; \
      PRAGMA busy_timeout = 5000; PRAGMA temp_store = MEMORY;";
+
+/// SQLite's own page size, for files written in large batches.
+pub const DEFAULT_PAGES: u32 = 4096;
+
+/// A page size for files written in many small transactions. A commit
+/// writes every page it changed to the write-ahead log, whole: a
+/// transaction that changes a few small rows in several tables and
+/// indexes writes a page per table and per index, so with 1 KiB pages it
+/// writes a quarter of the bytes it writes with 4 KiB ones.
+pub const SMALL_PAGES: u32 = 1024;
+
+/// The settings of a connection to a SQLite file whose pages (when this
+/// connection creates it) are `page_size` bytes. The page size must come
+/// first: once WAL is on, the file's page size cannot change.
+fn sqlite_settings(page_size: u32) -> Arc<str> {
+    format!("PRAGMA page_size = {page_size}; {SQLITE_SETTINGS}").into()
+}
 
 /// For the connections of a file that a checkpointer thread looks after.
 const NO_CHECKPOINT_ON_COMMIT: &str = "PRAGMA wal_autocheckpoint = 0;";
@@ -114,6 +132,20 @@ pub fn placeholders(backend: Backend, rows: usize, columns: usize) -> String {
     text
 }
 
+/// How many connections a [`Database`] opens, and how a SQLite file it
+/// creates is laid out.
+#[derive(Debug, Clone, Copy)]
+pub struct Connections {
+    /// The writers' pool on PostgreSQL (on SQLite it is one connection).
+    pub max_connections: u32,
+    /// A pool of read connections for [`Database::reads`] (0: reads share
+    /// the writers' pool).
+    pub readers: u32,
+    /// The page size of a SQLite file the database creates
+    /// ([`DEFAULT_PAGES`], [`SMALL_PAGES`]); a file that exists keeps its own.
+    pub sqlite_page_size: u32,
+}
+
 impl Database {
     /// A pool that connects on first use, so a service can listen (NOT_SERVING)
     /// before its database answers. SQLite files, and their folder, are
@@ -125,6 +157,12 @@ impl Database {
     /// [`Database::connect_lazy`], with a pool of `readers` connections for
     /// [`Database::reads`] (0: reads share the writers' pool).
     pub fn connect_lazy_with_readers(url: &str, max_connections: u32, readers: u32) -> Result<Self> {
+        Self::connect_lazy_with(url, Connections { max_connections, readers, sqlite_page_size: DEFAULT_PAGES })
+    }
+
+    /// [`Database::connect_lazy`], with the pools and the SQLite layout of `connections`.
+    pub fn connect_lazy_with(url: &str, connections: Connections) -> Result<Self> {
+        let Connections { max_connections, readers, sqlite_page_size } = connections;
         sqlx::any::install_default_drivers();
         let backend: Backend = url.parse()?;
         if backend == Backend::Sqlite {
@@ -142,15 +180,16 @@ impl Database {
         };
         let checkpointer = file.clone().and_then(native::spawn_checkpointer);
         let checkpointed = checkpointer.is_some();
-        let pool = pool_options(backend, max_connections, false, checkpointed).connect_lazy(&url)?;
+        let settings = sqlite_settings(sqlite_page_size);
+        let pool = pool_options(backend, max_connections, &settings, false, checkpointed).connect_lazy(&url)?;
         // Reads get connections of their own, so that a flood of reads
         // cannot take the connections the writers need.
         let reads = if readers > 0 {
-            pool_options(backend, readers, backend == Backend::Sqlite, checkpointed).connect_lazy(&url)?
+            pool_options(backend, readers, &settings, backend == Backend::Sqlite, checkpointed).connect_lazy(&url)?
         } else {
             pool.clone()
         };
-        let native = file.map(|path| Arc::new(NativeSqlite::new(path, checkpointed)));
+        let native = file.map(|path| Arc::new(NativeSqlite::new(path, settings, checkpointed)));
         Ok(Self { pool, reads, backend, native, _checkpointer: checkpointer })
     }
 
@@ -186,18 +225,26 @@ impl Database {
     }
 }
 
-/// Pool settings: SQLite connections with [`SQLITE_SETTINGS`] (the
+/// Pool settings: SQLite connections with `settings` (the
 /// read-only ones refuse writes; with `checkpointed`, no commit
 /// checkpoints). A SQLite connection is not tested before it is handed
 /// out: it cannot have been cut, and the test is a round trip to its
 /// thread.
-fn pool_options(backend: Backend, max_connections: u32, read_only: bool, checkpointed: bool) -> AnyPoolOptions {
+fn pool_options(
+    backend: Backend,
+    max_connections: u32,
+    settings: &Arc<str>,
+    read_only: bool,
+    checkpointed: bool,
+) -> AnyPoolOptions {
     let options =
         AnyPoolOptions::new().max_connections(max_connections).test_before_acquire(backend == Backend::Postgres);
+    let settings = settings.clone();
     options.after_connect(move |connection, _| {
+        let settings = settings.clone();
         Box::pin(async move {
             if backend == Backend::Sqlite {
-                connection.execute(SQLITE_SETTINGS).await?;
+                connection.execute(sqlx::AssertSqlSafe(&*settings)).await?;
                 if checkpointed {
                     connection.execute(NO_CHECKPOINT_ON_COMMIT).await?;
                 }

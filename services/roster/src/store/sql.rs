@@ -7,7 +7,7 @@ use muster_runtime::{
         TokenHash,
         directory::{CredentialChange, Position},
     },
-    db::{Backend, Database, Migrations, placeholders},
+    db::{Backend, Connections, Database, Migrations, SMALL_PAGES, placeholders},
 };
 use std::sync::Arc;
 
@@ -59,7 +59,9 @@ impl SqlStore {
 
     /// Connects lazily to `url` (`sqlite://...` or `postgres://...`).
     pub fn connect(url: &str, max_connections: u32) -> Result<Self> {
-        let database = Database::connect_lazy(url, max_connections).map_err(|error| match error {
+        // A decision commits a few small rows, in several tables and indexes.
+        let connections = Connections { max_connections, readers: 0, sqlite_page_size: SMALL_PAGES };
+        let database = Database::connect_lazy_with(url, connections).map_err(|error| match error {
             muster_runtime::Error::Database(error) => Error::Database(error),
             other => Error::Runtime(other),
         })?;

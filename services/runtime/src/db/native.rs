@@ -35,6 +35,8 @@ const CHECKPOINT_EVERY: Duration = Duration::from_millis(100);
 #[derive(Debug)]
 pub struct NativeSqlite {
     path: PathBuf,
+    /// What every connection runs first (the pools' settings).
+    settings: Arc<str>,
     /// Whether a checkpointer thread runs for the file (then commits do not checkpoint).
     checkpointed: bool,
     connection: Mutex<Option<Connection>>,
@@ -43,8 +45,8 @@ pub struct NativeSqlite {
 }
 
 impl NativeSqlite {
-    pub(super) fn new(path: PathBuf, checkpointed: bool) -> Self {
-        Self { path, checkpointed, connection: Mutex::new(None), reader: Mutex::new(None) }
+    pub(super) fn new(path: PathBuf, settings: Arc<str>, checkpointed: bool) -> Self {
+        Self { path, settings, checkpointed, connection: Mutex::new(None), reader: Mutex::new(None) }
     }
 
     /// Runs `work` on a read-only connection of its own, on the calling
@@ -109,7 +111,7 @@ impl NativeSqlite {
             &self.path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
         )?;
-        connection.execute_batch(super::SQLITE_SETTINGS)?;
+        connection.execute_batch(&self.settings)?;
         if self.checkpointed {
             connection.execute_batch(super::NO_CHECKPOINT_ON_COMMIT)?;
         }
@@ -185,7 +187,7 @@ pub(super) fn file_of(url: &str) -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::db::Database;
+    use crate::db::{Connections, DEFAULT_PAGES, Database};
 
     /// A SQLite file in a folder of its own, removed when dropped.
     struct Folder(PathBuf);
@@ -310,6 +312,47 @@ mod tests {
         assert_eq!(count(&database).await, 400);
         database.pool.close().await;
         database.reads.close().await;
+    }
+
+    async fn page_size(database: &Database) -> i64 {
+        sqlx::query_scalar("PRAGMA page_size").fetch_one(&database.reads).await.unwrap()
+    }
+
+    /// A file takes the page size asked for, whichever connection creates
+    /// it, and keeps it when opened again with another.
+    #[tokio::test]
+    async fn a_new_file_takes_the_page_size_asked_for_and_keeps_it() {
+        let small = Connections { max_connections: 1, readers: 1, sqlite_page_size: crate::db::SMALL_PAGES };
+        for native_first in [true, false] {
+            let (_folder, url) = temporary_file();
+            let database = Database::connect_lazy_with(&url, small).unwrap();
+            if native_first {
+                let native = database.native().unwrap();
+                native
+                    .write(&database.pool, |transaction| -> Result<(), Failure> {
+                        transaction.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY)")?;
+                        Ok(())
+                    })
+                    .await
+                    .unwrap();
+            } else {
+                sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY)").execute(&database.pool).await.unwrap();
+            }
+            assert_eq!(page_size(&database).await, 1024, "created by the native connection first: {native_first}");
+            database.pool.close().await;
+            database.reads.close().await;
+
+            let again =
+                Database::connect_lazy_with(&url, Connections { sqlite_page_size: DEFAULT_PAGES, ..small }).unwrap();
+            assert_eq!(page_size(&again).await, 1024, "an existing file keeps its pages");
+            again.pool.close().await;
+            again.reads.close().await;
+        }
+        let (_folder, url) = temporary_file();
+        let database = Database::connect_lazy(&url, 1).unwrap();
+        sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY)").execute(&database.pool).await.unwrap();
+        assert_eq!(page_size(&database).await, i64::from(DEFAULT_PAGES));
+        database.pool.close().await;
     }
 
     /// Commits never checkpoint; the checkpointer thread copies the log into
