@@ -119,9 +119,9 @@ pub async fn run(
     let database = Database::connect_lazy_with(
         &config.database_url,
         Connections {
-            max_connections: config.database_max_connections,
             readers: config.database_readers,
             sqlite_page_size: SMALL_PAGES,
+            ..Connections::new(config.database_max_connections)
         },
     )?;
     let store: Arc<dyn store::Store> = Arc::new(store::SqlStore::new(database));

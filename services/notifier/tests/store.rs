@@ -2,6 +2,8 @@
 
 mod common;
 
+use sqlx::Connection as _;
+
 use muster_notifier::{
     domain::Reason,
     store::{IngestOutcome, MemoryProgress, MemoryState, NewEvent, NewRecipient, SqlStore, Store},
@@ -160,6 +162,37 @@ async fn sqlite_store_conforms() {
     let turn = store.writer_turn().await.expect("no turn to wait for");
     store.writer_turn().await.expect("nor twice").end().await.unwrap();
     turn.end().await.unwrap();
+
+    // A batch refused part-way through its inserts leaves nothing behind:
+    // neither its events nor the notifications written before the refusal.
+    let mut other = sqlx::AnyConnection::connect(&url).await.expect("a second connection");
+    sqlx::query(
+        "CREATE TRIGGER refuse_poison BEFORE INSERT ON notifications WHEN NEW.agent_id = 'poison' \
+         BEGIN SELECT RAISE(FAIL, 'poison refused'); END",
+    )
+    .execute(&mut other)
+    .await
+    .expect("trigger");
+    let newest = store.newest_cursor_of_all().await.expect("newest");
+    let batch = [
+        new_event("before-poison", vec![recipient("healthy", Reason::Informed, MemoryState::Disabled)]),
+        new_event(
+            "poisoned",
+            vec![
+                recipient("healthy", Reason::Monitor, MemoryState::Disabled),
+                recipient("poison", Reason::Informed, MemoryState::Disabled),
+            ],
+        ),
+    ];
+    let refused = store.ingest(&batch, &[]).await;
+    assert!(matches!(&refused, Err(error) if error.to_string().contains("poison refused")), "{refused:?}");
+    assert_eq!(store.newest_cursor_of_all().await.expect("newest"), newest);
+    assert!(store.list("healthy", 0, 10).await.expect("list").is_empty());
+    sqlx::query("DROP TRIGGER refuse_poison").execute(&mut other).await.expect("drop trigger");
+    let outcomes = store.ingest(&batch, &[]).await.expect("ingest once allowed");
+    assert!(outcomes.iter().all(|outcome| matches!(outcome, IngestOutcome::Stored { .. })), "{outcomes:?}");
+    assert_eq!(store.list("healthy", 0, 10).await.expect("list").len(), 2);
+    other.close().await.expect("close");
 }
 
 #[tokio::test]

@@ -76,11 +76,11 @@ pub struct Database {
     _checkpointer: Option<Arc<()>>,
 }
 
-/// Settings of every connection to a SQLite file, after its page size:
-/// WAL, with temporary data in memory (a multi-row statement in a
-/// transaction keeps a statement journal, by default a temporary file
+/// Settings of every connection to a SQLite file, after its page size and
+/// foreign keys: WAL, with temporary data in memory (a multi-row statement
+/// in a transaction keeps a statement journal, by default a temporary file
 /// written on every such statement).
-const SQLITE_SETTINGS: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; \
+const SQLITE_SETTINGS: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
      PRAGMA busy_timeout = 5000; PRAGMA temp_store = MEMORY;";
 
 /// SQLite's own page size, for files written in large batches.
@@ -93,11 +93,16 @@ pub const DEFAULT_PAGES: u32 = 4096;
 /// writes a quarter of the bytes it writes with 4 KiB ones.
 pub const SMALL_PAGES: u32 = 1024;
 
-/// The settings of a connection to a SQLite file whose pages (when this
-/// connection creates it) are `page_size` bytes. The page size must come
-/// first: once WAL is on, the file's page size cannot change.
-fn sqlite_settings(page_size: u32) -> Arc<str> {
-    format!("PRAGMA page_size = {page_size}; {SQLITE_SETTINGS}").into()
+/// The settings of a connection to a SQLite file laid out as `connections`
+/// asks. The page size must come first: once WAL is on, the file's page
+/// size cannot change.
+fn sqlite_settings(connections: &Connections) -> Arc<str> {
+    let foreign_keys = if connections.sqlite_foreign_keys { "ON" } else { "OFF" };
+    format!(
+        "PRAGMA page_size = {}; PRAGMA foreign_keys = {foreign_keys}; {SQLITE_SETTINGS}",
+        connections.sqlite_page_size
+    )
+    .into()
 }
 
 /// For the connections of a file that a checkpointer thread looks after.
@@ -144,6 +149,19 @@ pub struct Connections {
     /// The page size of a SQLite file the database creates
     /// ([`DEFAULT_PAGES`], [`SMALL_PAGES`]); a file that exists keeps its own.
     pub sqlite_page_size: u32,
+    /// Whether SQLite checks the schema's foreign keys (PostgreSQL always
+    /// does). Checked, a multi-row insert into a table with one looks up
+    /// each row's parent and keeps a statement journal, so that a missing
+    /// parent can undo the statement alone.
+    pub sqlite_foreign_keys: bool,
+}
+
+impl Connections {
+    /// `max_connections` writers, reads on the writers' pool, SQLite's own
+    /// page size, foreign keys checked.
+    pub fn new(max_connections: u32) -> Self {
+        Self { max_connections, readers: 0, sqlite_page_size: DEFAULT_PAGES, sqlite_foreign_keys: true }
+    }
 }
 
 impl Database {
@@ -157,12 +175,12 @@ impl Database {
     /// [`Database::connect_lazy`], with a pool of `readers` connections for
     /// [`Database::reads`] (0: reads share the writers' pool).
     pub fn connect_lazy_with_readers(url: &str, max_connections: u32, readers: u32) -> Result<Self> {
-        Self::connect_lazy_with(url, Connections { max_connections, readers, sqlite_page_size: DEFAULT_PAGES })
+        Self::connect_lazy_with(url, Connections { readers, ..Connections::new(max_connections) })
     }
 
     /// [`Database::connect_lazy`], with the pools and the SQLite layout of `connections`.
     pub fn connect_lazy_with(url: &str, connections: Connections) -> Result<Self> {
-        let Connections { max_connections, readers, sqlite_page_size } = connections;
+        let Connections { max_connections, readers, .. } = connections;
         sqlx::any::install_default_drivers();
         let backend: Backend = url.parse()?;
         if backend == Backend::Sqlite {
@@ -180,7 +198,7 @@ impl Database {
         };
         let checkpointer = file.clone().and_then(native::spawn_checkpointer);
         let checkpointed = checkpointer.is_some();
-        let settings = sqlite_settings(sqlite_page_size);
+        let settings = sqlite_settings(&connections);
         let pool = pool_options(backend, max_connections, &settings, false, checkpointed).connect_lazy(&url)?;
         // Reads get connections of their own, so that a flood of reads
         // cannot take the connections the writers need.

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
-use muster_runtime::db::{Backend, Database, Migrations, placeholder, placeholder_list, placeholders};
+use muster_runtime::db::{Backend, Connections, Database, Migrations, placeholder, placeholder_list, placeholders};
 use sqlx::{AssertSqlSafe, Row, any::AnyRow};
 
 use super::{IngestOutcome, MemoryProgress, MemoryState, NewEvent, Store, StoredNotification};
@@ -54,7 +54,12 @@ pub struct SqlStore {
 impl SqlStore {
     /// A store on `url` (`sqlite://...` or `postgres://...`); connects on first use.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self> {
-        Ok(Self { database: Database::connect_lazy(url, max_connections)? })
+        // On SQLite the one foreign key (a notification's event) is not
+        // checked: only the ingest writes either table, the event first, in
+        // the transaction that writes its notifications, and checking cost
+        // the ingest a lookup per notification and a statement journal.
+        let connections = Connections { sqlite_foreign_keys: false, ..Connections::new(max_connections) };
+        Ok(Self { database: Database::connect_lazy_with(url, connections)? })
     }
 
     /// Runs the migrations.
@@ -160,7 +165,10 @@ impl<'a> IngestPlan<'a> {
 }
 
 /// [`Store::ingest`] on a SQLite file, run whole on the calling thread:
-/// the same statements without a thread hand-off for each.
+/// the same statements without a thread hand-off for each. The inserts are
+/// `OR FAIL`: a row that breaks a constraint stops its statement without
+/// undoing the rows before it, which spares SQLite the statement journal
+/// an undo needs, and the error rolls the whole transaction back.
 fn ingest_natively(
     transaction: &rusqlite::Connection,
     events: &[NewEvent],
@@ -186,7 +194,7 @@ fn ingest_natively(
     for chunk in plan.new_events.chunks(ROWS_PER_STATEMENT / 5) {
         let values = placeholders(Backend::Sqlite, chunk.len(), 5);
         let mut statement = transaction.prepare_cached(&format!(
-            "INSERT INTO events (event_id, event, output_summary, notifications, received_at) VALUES {values}"
+            "INSERT OR FAIL INTO events (event_id, event, output_summary, notifications, received_at) VALUES {values}"
         ))?;
         for (row, event) in chunk.iter().enumerate() {
             let first = row * 5;
@@ -201,7 +209,7 @@ fn ingest_natively(
     for chunk in plan.notifications.chunks(ROWS_PER_STATEMENT) {
         let values = placeholders(Backend::Sqlite, chunk.len(), 5);
         let mut statement = transaction.prepare_cached(&format!(
-            "INSERT INTO notifications (notification_id, agent_id, reason, event_id, memory_state) VALUES {values}"
+            "INSERT OR FAIL INTO notifications (notification_id, agent_id, reason, event_id, memory_state) VALUES {values}"
         ))?;
         for (row, (cursor, event, index)) in chunk.iter().enumerate() {
             let first = row * 5;

@@ -60,7 +60,7 @@ impl SqlStore {
     /// Connects lazily to `url` (`sqlite://...` or `postgres://...`).
     pub fn connect(url: &str, max_connections: u32) -> Result<Self> {
         // A decision commits a few small rows, in several tables and indexes.
-        let connections = Connections { max_connections, readers: 0, sqlite_page_size: SMALL_PAGES };
+        let connections = Connections { sqlite_page_size: SMALL_PAGES, ..Connections::new(max_connections) };
         let database = Database::connect_lazy_with(url, connections).map_err(|error| match error {
             muster_runtime::Error::Database(error) => Error::Database(error),
             other => Error::Runtime(other),

@@ -322,7 +322,7 @@ mod tests {
     /// it, and keeps it when opened again with another.
     #[tokio::test]
     async fn a_new_file_takes_the_page_size_asked_for_and_keeps_it() {
-        let small = Connections { max_connections: 1, readers: 1, sqlite_page_size: crate::db::SMALL_PAGES };
+        let small = Connections { readers: 1, sqlite_page_size: crate::db::SMALL_PAGES, ..Connections::new(1) };
         for native_first in [true, false] {
             let (_folder, url) = temporary_file();
             let database = Database::connect_lazy_with(&url, small).unwrap();
@@ -353,6 +353,32 @@ mod tests {
         sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY)").execute(&database.pool).await.unwrap();
         assert_eq!(page_size(&database).await, i64::from(DEFAULT_PAGES));
         database.pool.close().await;
+    }
+
+    /// Foreign keys are checked unless the database is asked not to, on
+    /// the pools' connections and the native one alike.
+    #[tokio::test]
+    async fn foreign_keys_are_checked_unless_asked_not_to() {
+        const SCHEMA: &str = "CREATE TABLE parent (id INTEGER PRIMARY KEY); \
+             CREATE TABLE child (parent_id INTEGER NOT NULL REFERENCES parent (id));";
+        for checked in [true, false] {
+            let (_folder, url) = temporary_file();
+            let connections = Connections { sqlite_foreign_keys: checked, ..Connections::new(1) };
+            let database = Database::connect_lazy_with(&url, connections).unwrap();
+            sqlx::raw_sql(SCHEMA).execute(&database.pool).await.unwrap();
+            let pool = sqlx::query("INSERT INTO child (parent_id) VALUES (1)").execute(&database.pool).await;
+            let native = database
+                .native()
+                .unwrap()
+                .write(&database.pool, |transaction| -> Result<(), Failure> {
+                    transaction.execute("INSERT INTO child (parent_id) VALUES (2)", [])?;
+                    Ok(())
+                })
+                .await;
+            assert_eq!(pool.is_err(), checked, "the pool's connection, checked: {checked}: {pool:?}");
+            assert_eq!(native.is_err(), checked, "the native connection, checked: {checked}: {native:?}");
+            database.pool.close().await;
+        }
     }
 
     /// Commits never checkpoint; the checkpointer thread copies the log into
