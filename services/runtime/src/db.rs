@@ -93,9 +93,9 @@ pub const DEFAULT_PAGES: u32 = 4096;
 /// writes a quarter of the bytes it writes with 4 KiB ones.
 pub const SMALL_PAGES: u32 = 1024;
 
-/// The settings of a connection to a SQLite file laid out as `connections`
-/// asks. The page size must come first: once WAL is on, the file's page
-/// size cannot change.
+/// The settings of a connection to a SQLite file, as `connections` asks.
+/// The page size must come first: once WAL is on, the file's page size
+/// cannot change.
 fn sqlite_settings(connections: &Connections) -> Arc<str> {
     let foreign_keys = if connections.sqlite_foreign_keys { "ON" } else { "OFF" };
     format!(
@@ -137,8 +137,8 @@ pub fn placeholders(backend: Backend, rows: usize, columns: usize) -> String {
     text
 }
 
-/// How many connections a [`Database`] opens, and how a SQLite file it
-/// creates is laid out.
+/// How many connections a [`Database`] opens, and the SQLite settings
+/// they open with.
 #[derive(Debug, Clone, Copy)]
 pub struct Connections {
     /// The writers' pool on PostgreSQL (on SQLite it is one connection).
@@ -178,7 +178,7 @@ impl Database {
         Self::connect_lazy_with(url, Connections { readers, ..Connections::new(max_connections) })
     }
 
-    /// [`Database::connect_lazy`], with the pools and the SQLite layout of `connections`.
+    /// [`Database::connect_lazy`], with the pools and the SQLite settings of `connections`.
     pub fn connect_lazy_with(url: &str, connections: Connections) -> Result<Self> {
         let Connections { max_connections, readers, .. } = connections;
         sqlx::any::install_default_drivers();
