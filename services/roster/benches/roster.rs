@@ -176,8 +176,17 @@ async fn main() {
     drop(fresh);
     store.indexed_agent(&agent_at(0, &sizes).id).await.expect("index");
 
-    // In process: the service called directly (validation, transaction, reservation, audit).
+    // In process: the service called directly (validation, transaction, reservation, audit),
+    // with the audit trail folded in the background as the service does.
     let roster = Roster::new(store.clone(), Arc::new(SystemClock), Settings::default());
+    let folding = store.clone();
+    let folder = tokio::spawn(async move {
+        let mut folds = tokio::time::interval(muster_roster::AUDIT_FOLD_INTERVAL);
+        loop {
+            folds.tick().await;
+            folding.fold_audit_trail().await.expect("fold");
+        }
+    });
     let mut samples = Vec::with_capacity(sizes.iterations);
     for iteration in 0..sizes.iterations {
         let request = delegate_request(iteration, &sizes);
@@ -189,6 +198,7 @@ async fn main() {
         roster.release_task(as_operator(pb::ReleaseTaskRequest { task_id })).await.expect("release");
     }
     report("Delegate, in process", samples);
+    folder.abort();
 
     let roster_iterations = (sizes.iterations / 10).max(20);
     let mut samples = Vec::with_capacity(roster_iterations);

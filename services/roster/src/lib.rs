@@ -152,9 +152,14 @@ pub async fn run_with_clock(
     Ok(outcome?)
 }
 
+/// How often the audit records that decisions appended are moved into the
+/// trail that ListDelegations reads (see [`store::RosterStore::fold_audit_trail`]).
+pub const AUDIT_FOLD_INTERVAL: Duration = Duration::from_millis(100);
+
 /// Once the database is ready, until `stop`: escalates stale queued tasks
-/// every `sweep`, and takes other replicas' changes into the organisation
-/// held in memory every `refresh`.
+/// every `sweep`, takes other replicas' changes into the organisation held
+/// in memory every `refresh`, and folds the audit trail every
+/// [`AUDIT_FOLD_INTERVAL`].
 async fn background<S: RosterStore>(
     roster: Roster<S>,
     sweep: Duration,
@@ -168,7 +173,8 @@ async fn background<S: RosterStore>(
     }
     let mut sweeps = tokio::time::interval(sweep);
     let mut refreshes = tokio::time::interval(refresh);
-    for ticker in [&mut sweeps, &mut refreshes] {
+    let mut folds = tokio::time::interval(AUDIT_FOLD_INTERVAL);
+    for ticker in [&mut sweeps, &mut refreshes, &mut folds] {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     }
     loop {
@@ -178,6 +184,9 @@ async fn background<S: RosterStore>(
             },
             _ = refreshes.tick() => if let Err(error) = roster.refresh_index().await {
                 tracing::warn!(%error, "refreshing the roster held in memory failed");
+            },
+            _ = folds.tick() => if let Err(error) = roster.store().fold_audit_trail().await {
+                tracing::warn!(%error, "moving the newest audit records into the trail failed");
             },
             _ = stop.changed() => return,
         }

@@ -454,6 +454,35 @@ async fn replicas(first: SqlStore, second: SqlStore) {
     assert!(matches!(second.indexed_agent("ops").await, Err(Error::NotFound { .. })), "removal found");
     assert_index_agrees(&second, "after a full check").await;
     assert_index_agrees(&first, "on the first").await;
+
+    // The audit trail: a decision appends its record to the log; a read on
+    // either replica first moves what is there, and when both move records
+    // at once, each record moves once.
+    assert_eq!(first.fold_audit_trail().await.unwrap(), 3, "the three decisions above are in the log");
+    assert_eq!(second.fold_audit_trail().await.unwrap(), 0, "and move once");
+    first.insert_agent(&agent("pool", "core", "boss", &["bulk"], 2_000), &token("h-pool"), NOW).await.unwrap();
+    let asked = 1_100;
+    for task in 0..asked {
+        let outcome = first.delegate(&request(&format!("bulk-{task}"), "dev", &["bulk"]), NOW, settings).await.unwrap();
+        assert!(!outcome.delegation_id.is_empty(), "{outcome:?}");
+    }
+    let listed = second
+        .list_delegations(&DelegationQuery { task_id: "bulk-7".into(), ..DelegationQuery::default() })
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1, "a read on the other replica finds a record only the log held");
+    let more = 600;
+    for task in asked..asked + more {
+        first.delegate(&request(&format!("bulk-{task}"), "dev", &["bulk"]), NOW, settings).await.unwrap();
+    }
+    let (by_first, by_second) = tokio::join!(first.fold_audit_trail(), second.fold_audit_trail());
+    assert_eq!(by_first.unwrap() + by_second.unwrap(), more as u64, "every record moved once");
+    let records = second
+        .list_delegations(&DelegationQuery { agent_id: "pool".into(), limit: 10_000, ..DelegationQuery::default() })
+        .await
+        .unwrap();
+    let ids: std::collections::HashSet<&str> = records.iter().map(|record| record.id.as_str()).collect();
+    assert_eq!((records.len(), ids.len()), (asked + more, asked + more));
 }
 
 #[tokio::test]

@@ -254,4 +254,9 @@ pub trait RosterStore: Send + Sync + 'static {
     fn queued_task_count(&self) -> impl Future<Output = Result<u64>> + Send;
     /// Recorded decisions, oldest first.
     fn list_delegations(&self, query: &DelegationQuery) -> impl Future<Output = Result<Vec<DelegationRecord>>> + Send;
+
+    /// Moves the audit records that decisions appended since the last call
+    /// into the trail [`RosterStore::list_delegations`] reads (which calls
+    /// it first); returns how many moved.
+    fn fold_audit_trail(&self) -> impl Future<Output = Result<u64>> + Send;
 }

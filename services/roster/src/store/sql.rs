@@ -25,11 +25,13 @@ static MIGRATIONS: Migrations = Migrations {
         (1, "init", include_str!("../../migrations/sqlite/0001_init.sql")),
         (2, "credentials", include_str!("../../migrations/sqlite/0002_credentials.sql")),
         (3, "agent_versions", include_str!("../../migrations/sqlite/0003_agent_versions.sql")),
+        (4, "delegation_log", include_str!("../../migrations/sqlite/0004_delegation_log.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
         (2, "credentials", include_str!("../../migrations/postgres/0002_credentials.sql")),
         (3, "agent_versions", include_str!("../../migrations/postgres/0003_agent_versions.sql")),
+        (4, "delegation_log", include_str!("../../migrations/postgres/0004_delegation_log.sql")),
     ],
 };
 
@@ -716,5 +718,9 @@ impl RosterStore for SqlStore {
 
     async fn list_delegations(&self, query: &super::DelegationQuery) -> Result<Vec<super::DelegationRecord>> {
         super::delegation::list_delegations(self, query).await
+    }
+
+    async fn fold_audit_trail(&self) -> Result<u64> {
+        super::delegation::fold_audit_trail(self).await
     }
 }

@@ -31,7 +31,9 @@ use tokio::sync::oneshot;
 
 use super::{
     DelegationOutcome,
-    delegation::{delegate_alone, to_json, upsert_reservations, upsert_reservations_natively, workload_change},
+    delegation::{
+        RECORD_COLUMNS, delegate_alone, to_json, upsert_reservations, upsert_reservations_natively, workload_change,
+    },
     index::{Index, WorkloadChange},
     sql::SqlStore,
 };
@@ -320,13 +322,9 @@ fn reservations<'a>(placed: &[(&'a Pending, &'a Decision)]) -> Vec<(&'a str, &'a
         .collect()
 }
 
-/// The audit records of `rows` calls, 9 parameters each.
-fn delegations_sql(backend: Backend, rows: usize) -> String {
-    format!(
-        "INSERT INTO delegations (id, task_id, requester_id, primary_agent_id, decision, tier, decision_json, \
-         description, decided_at) VALUES {}",
-        placeholders(backend, rows, 9)
-    )
+/// The audit records of `rows` calls, 9 parameters each, appended to the log.
+fn audit_records_sql(backend: Backend, rows: usize) -> String {
+    format!("INSERT INTO delegation_log ({RECORD_COLUMNS}) VALUES {}", placeholders(backend, rows, 9))
 }
 
 /// [`decide_together`]'s transaction through the pool.
@@ -363,7 +361,7 @@ async fn settle(store: &SqlStore, index: &Index, batch: &[Pending]) -> Result<Se
     let mut ids = Vec::with_capacity(placed.len());
     if !placed.is_empty() {
         upsert_reservations(&mut transaction, backend, &reservations(&placed)).await?;
-        let mut query = sqlx::query(AssertSqlSafe(delegations_sql(backend, placed.len())));
+        let mut query = sqlx::query(AssertSqlSafe(audit_records_sql(backend, placed.len())));
         for (pending, decision) in &placed {
             let id = uuid::Uuid::now_v7().to_string();
             query = query
@@ -425,7 +423,7 @@ fn settle_natively(transaction: &rusqlite::Connection, index: &Index, batch: &[P
     let mut ids = Vec::with_capacity(placed.len());
     if !placed.is_empty() {
         upsert_reservations_natively(transaction, &reservations(&placed))?;
-        let mut statement = transaction.prepare_cached(&delegations_sql(backend, placed.len()))?;
+        let mut statement = transaction.prepare_cached(&audit_records_sql(backend, placed.len()))?;
         for (row, (pending, decision)) in placed.iter().enumerate() {
             let id = uuid::Uuid::now_v7().to_string();
             let first = row * 9;
