@@ -25,13 +25,13 @@ static MIGRATIONS: Migrations = Migrations {
         (1, "init", include_str!("../../migrations/sqlite/0001_init.sql")),
         (2, "credentials", include_str!("../../migrations/sqlite/0002_credentials.sql")),
         (3, "agent_versions", include_str!("../../migrations/sqlite/0003_agent_versions.sql")),
-        (4, "delegation_log", include_str!("../../migrations/sqlite/0004_delegation_log.sql")),
+        (4, "decision_writes", include_str!("../../migrations/sqlite/0004_decision_writes.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
         (2, "credentials", include_str!("../../migrations/postgres/0002_credentials.sql")),
         (3, "agent_versions", include_str!("../../migrations/postgres/0003_agent_versions.sql")),
-        (4, "delegation_log", include_str!("../../migrations/postgres/0004_delegation_log.sql")),
+        (4, "decision_writes", include_str!("../../migrations/postgres/0004_decision_writes.sql")),
     ],
 };
 
@@ -722,5 +722,45 @@ impl RosterStore for SqlStore {
 
     async fn fold_audit_trail(&self) -> Result<u64> {
         super::delegation::fold_audit_trail(self).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MIGRATIONS;
+
+    /// A file made by an older roster keeps its reservations, and their
+    /// index, when they are stored in task order.
+    #[test]
+    fn decision_writes_migration_keeps_the_reservations() {
+        let connection = rusqlite::Connection::open_in_memory().unwrap();
+        let (before, after): (Vec<_>, Vec<_>) = MIGRATIONS.sqlite.iter().partition(|(version, _, _)| *version < 4);
+        for (_, _, sql) in &before {
+            connection.execute_batch(sql).unwrap();
+        }
+        connection.execute_batch("INSERT INTO reservations VALUES ('task-1', 'dev', 7), ('task-2', 'ops', 8)").unwrap();
+        for (_, _, sql) in &after {
+            connection.execute_batch(sql).unwrap();
+        }
+        let kept: Vec<(String, String, i64)> = connection
+            .prepare("SELECT task_id, agent_id, reserved_at FROM reservations ORDER BY task_id")
+            .unwrap()
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(kept, vec![("task-1".into(), "dev".into(), 7), ("task-2".into(), "ops".into(), 8)]);
+        let clustered: String = connection
+            .query_row("SELECT sql FROM sqlite_schema WHERE name = 'reservations'", [], |row| row.get(0))
+            .unwrap();
+        assert!(clustered.contains("WITHOUT ROWID"), "{clustered}");
+        let by_agent: i64 = connection
+            .query_row(
+                "SELECT COUNT(*) FROM reservations INDEXED BY reservations_agent WHERE agent_id = 'dev'",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert_eq!(by_agent, 1);
     }
 }

@@ -15,3 +15,17 @@ CREATE TABLE delegation_log (
     description TEXT NOT NULL,
     decided_at INTEGER NOT NULL
 );
+
+-- A reservation is found by its task alone: stored in the order of its key,
+-- a reservation is one B-tree entry where a table with row ids keeps two
+-- (the row and its key's index), and each commit writes a page less.
+CREATE TABLE reservations_by_task (
+    task_id TEXT PRIMARY KEY,
+    agent_id TEXT NOT NULL,
+    reserved_at INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO reservations_by_task (task_id, agent_id, reserved_at)
+    SELECT task_id, agent_id, reserved_at FROM reservations;
+DROP TABLE reservations;
+ALTER TABLE reservations_by_task RENAME TO reservations;
+CREATE INDEX reservations_agent ON reservations (agent_id);
