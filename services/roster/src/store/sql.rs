@@ -729,8 +729,8 @@ impl RosterStore for SqlStore {
 mod tests {
     use super::MIGRATIONS;
 
-    /// A file made by an older roster keeps its reservations, and their
-    /// index, when they are stored in task order.
+    /// A file made by an older roster keeps its reservations when they
+    /// are stored in task order.
     #[test]
     fn decision_writes_migration_keeps_the_reservations() {
         let connection = rusqlite::Connection::open_in_memory().unwrap();
@@ -754,13 +754,5 @@ mod tests {
             .query_row("SELECT sql FROM sqlite_schema WHERE name = 'reservations'", [], |row| row.get(0))
             .unwrap();
         assert!(clustered.contains("WITHOUT ROWID"), "{clustered}");
-        let by_agent: i64 = connection
-            .query_row(
-                "SELECT COUNT(*) FROM reservations INDEXED BY reservations_agent WHERE agent_id = 'dev'",
-                [],
-                |row| row.get(0),
-            )
-            .unwrap();
-        assert_eq!(by_agent, 1);
     }
 }
