@@ -107,8 +107,12 @@ fn from_json<T: serde::de::DeserializeOwned>(text: &str) -> Result<T> {
 }
 
 /// The columns of an audit record, in `delegation_log` and `delegations` alike.
-pub(super) const RECORD_COLUMNS: &str =
-    "id, task_id, requester_id, primary_agent_id, decision, tier, decision_json, description, decided_at";
+macro_rules! record_columns {
+    () => {
+        "id, task_id, requester_id, primary_agent_id, decision, tier, decision_json, description, decided_at"
+    };
+}
+pub(super) const RECORD_COLUMNS: &str = record_columns!();
 
 /// Appends a decision's audit record to `delegation_log`, in the decision's
 /// transaction; [`fold_audit_trail`] moves it into `delegations`.
@@ -121,9 +125,11 @@ async fn record(
     now: i64,
 ) -> Result<String> {
     let id = uuid::Uuid::now_v7().to_string();
-    sqlx::query(AssertSqlSafe(format!(
-        "INSERT INTO delegation_log ({RECORD_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-    )))
+    sqlx::query(concat!(
+        "INSERT INTO delegation_log (",
+        record_columns!(),
+        ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+    ))
     .bind(id.clone())
     .bind(task_id.to_owned())
     .bind(requester_id.to_owned())
