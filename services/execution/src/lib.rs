@@ -37,10 +37,7 @@ use muster_proto::{
     execution::v1::execution_service_server::ExecutionServiceServer,
     notifier::v1::notifier_service_client::NotifierServiceClient,
 };
-use muster_runtime::{
-    ServerArgs,
-    db::{Connections, Database, SMALL_PAGES},
-};
+use muster_runtime::ServerArgs;
 use tokio::net::TcpListener;
 
 pub(crate) use error::{Error, Result};
@@ -115,16 +112,11 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::result::Result<(), muster_runtime::Error> {
     let security = muster_runtime::security::Security::following_roster("execution", &config.server)?;
-    // A running execution commits a few small rows per step.
-    let database = Database::connect_lazy_with(
+    let store: Arc<dyn store::Store> = Arc::new(store::SqlStore::connect(
         &config.database_url,
-        Connections {
-            readers: config.database_readers,
-            sqlite_page_size: SMALL_PAGES,
-            ..Connections::new(config.database_max_connections)
-        },
-    )?;
-    let store: Arc<dyn store::Store> = Arc::new(store::SqlStore::new(database));
+        config.database_max_connections,
+        config.database_readers,
+    )?);
     let roster = Arc::new(clients::roster::RosterClient::new(security.channel(&config.server.auth.roster_url)?));
     let notifier = NotifierServiceClient::new(security.channel(&config.notifier_url)?);
     let lease = Duration::from_millis(config.worker_lease_ms.max(100));

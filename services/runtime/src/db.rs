@@ -169,13 +169,7 @@ impl Database {
     /// before its database answers. SQLite files, and their folder, are
     /// created when missing.
     pub fn connect_lazy(url: &str, max_connections: u32) -> Result<Self> {
-        Self::connect_lazy_with_readers(url, max_connections, 0)
-    }
-
-    /// [`Database::connect_lazy`], with a pool of `readers` connections for
-    /// [`Database::reads`] (0: reads share the writers' pool).
-    pub fn connect_lazy_with_readers(url: &str, max_connections: u32, readers: u32) -> Result<Self> {
-        Self::connect_lazy_with(url, Connections { readers, ..Connections::new(max_connections) })
+        Self::connect_lazy_with(url, Connections::new(max_connections))
     }
 
     /// [`Database::connect_lazy`], with the pools and the SQLite settings of `connections`.

@@ -7,7 +7,6 @@ use std::{
     time::Duration,
 };
 
-use muster_runtime::db::Database;
 use tokio::sync::mpsc;
 
 use super::{
@@ -209,8 +208,7 @@ fn settings() -> Settings {
 }
 
 async fn engine_on(file: &std::path::Path, roster: Arc<FakeRoster>, settings: Settings) -> Arc<Engine> {
-    let database = Database::connect_lazy_with_readers(&format!("sqlite://{}", file.display()), 1, 2).unwrap();
-    let store: Arc<dyn Store> = Arc::new(SqlStore::new(database));
+    let store: Arc<dyn Store> = Arc::new(SqlStore::connect(&format!("sqlite://{}", file.display()), 1, 2).unwrap());
     store.migrate().await.unwrap();
     let engine = Engine::new(store, roster, settings);
     engine.join("", "").await.unwrap();

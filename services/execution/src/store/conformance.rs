@@ -3,7 +3,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use muster_runtime::{db::Database, testing::TestDatabase};
+use muster_runtime::testing::TestDatabase;
 
 use super::{
     Activity, Archived, ExecutionFilter, InboxFilter, NOTIFIER_CURSOR, NewProcess, Published, Replica, SqlStore,
@@ -545,7 +545,7 @@ fn replica(id: &str, url: &str) -> Replica {
 }
 
 async fn replicas(url: &str) {
-    let store = || SqlStore::new(Database::connect_lazy_with_readers(url, 1, 1).unwrap());
+    let store = || SqlStore::connect(url, 1, 1).unwrap();
     let (first, second, third) = (store(), store(), store());
     first.migrate().await.unwrap();
     // Quotes, backslashes and escapes reach the database as they are, in
@@ -621,8 +621,7 @@ impl Drop for SqliteFile {
 async fn the_store_conforms_on_sqlite() {
     let file =
         SqliteFile(std::env::temp_dir().join(format!("muster-execution-store-{}.db", uuid::Uuid::new_v4().simple())));
-    let database = Database::connect_lazy_with_readers(&format!("sqlite://{}", file.0.display()), 1, 2).unwrap();
-    conformance(SqlStore::new(database)).await;
+    conformance(SqlStore::connect(&format!("sqlite://{}", file.0.display()), 1, 2).unwrap()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -641,5 +640,5 @@ async fn replicas_take_turns_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_conforms_on_postgres() {
     let Some(database) = TestDatabase::create().await else { return };
-    conformance(SqlStore::new(Database::connect_lazy(&database.url, 4).unwrap())).await;
+    conformance(SqlStore::connect(&database.url, 4, 0).unwrap()).await;
 }

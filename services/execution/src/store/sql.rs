@@ -23,7 +23,9 @@ use std::{
 };
 
 use muster_proto::common::v1 as common;
-use muster_runtime::db::{Backend, Database, Migrations, NativeSqlite, placeholder, placeholders};
+use muster_runtime::db::{
+    Backend, Connections, Database, Migrations, NativeSqlite, SMALL_PAGES, placeholder, placeholders,
+};
 use prost::Message as _;
 use sqlx::{AssertSqlSafe, Row, any::AnyRow};
 use tokio::sync::{mpsc, oneshot};
@@ -260,6 +262,15 @@ impl std::fmt::Debug for SqlStore {
 }
 
 impl SqlStore {
+    /// A store on `url` (`sqlite://...` or `postgres://...`), connected on
+    /// first use, with a pool of `readers` connections for reads (0: reads
+    /// share the writers'). A SQLite file it creates has small pages: a
+    /// running execution commits a few small rows per step.
+    pub(crate) fn connect(url: &str, max_connections: u32, readers: u32) -> muster_runtime::Result<Self> {
+        let connections = Connections { readers, sqlite_page_size: SMALL_PAGES, ..Connections::new(max_connections) };
+        Ok(Self::new(Database::connect_lazy_with(url, connections)?))
+    }
+
     /// A store on `database`; its writer runs until the last clone is dropped.
     pub(crate) fn new(database: Database) -> Self {
         let (writer, jobs) = mpsc::channel(4096);

@@ -231,7 +231,7 @@ mod tests {
     #[tokio::test]
     async fn native_and_pool_writes_take_turns_and_a_failure_leaves_nothing() {
         let (_folder, url) = temporary_file();
-        let database = Database::connect_lazy_with_readers(&url, 4, 2).unwrap();
+        let database = Database::connect_lazy_with(&url, Connections { readers: 2, ..Connections::new(4) }).unwrap();
         sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, source TEXT NOT NULL)")
             .execute(&database.pool)
             .await
@@ -386,7 +386,7 @@ mod tests {
     #[tokio::test]
     async fn the_checkpointer_moves_the_log_into_the_file() {
         let (folder, url) = temporary_file();
-        let database = Database::connect_lazy_with_readers(&url, 1, 1).unwrap();
+        let database = Database::connect_lazy_with(&url, Connections { readers: 1, ..Connections::new(1) }).unwrap();
         let weak = Arc::downgrade(database._checkpointer.as_ref().expect("a SQLite file has a checkpointer"));
         sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, source TEXT NOT NULL)")
             .execute(&database.pool)
