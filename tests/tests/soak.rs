@@ -1,9 +1,10 @@
 //! A soak: executions run back to back for a while under mixed read and
-//! write load, on SQLite and then on PostgreSQL. Every execution started
-//! completes with every step, no call fails (a read the service sheds at its
-//! limit of reads in flight is made again, as its RetryInfo asks), and the
-//! services' memory stays flat (the second half of the run adds next to
-//! nothing to the first's).
+//! write load, on SQLite and on PostgreSQL (two tests, which `cargo test`
+//! runs side by side; `--test-threads=1` gives each the machine alone).
+//! Every execution started completes with every step, no call fails (a read
+//! the service sheds at its limit of reads in flight is made again, as its
+//! RetryInfo asks), and the services' memory stays flat (the second half of
+//! the run adds next to nothing to the first's).
 //!
 //! Bounded: `MUSTER_SOAK_SECONDS` per database (60 by default), loopback
 //! only. The figures are printed (`-- --nocapture`) and recorded in
@@ -172,9 +173,17 @@ async fn soak(backend: Backend, length: Duration) {
     test.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn executions_under_mixed_load_lose_nothing_and_hold_their_memory() {
+fn length() -> Duration {
     let seconds = std::env::var("MUSTER_SOAK_SECONDS").ok().and_then(|value| value.parse().ok()).unwrap_or(60);
-    soak(Backend::Sqlite, Duration::from_secs(seconds)).await;
-    soak(Backend::Postgres, Duration::from_secs(seconds)).await;
+    Duration::from_secs(seconds)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executions_under_mixed_load_lose_nothing_and_hold_their_memory_on_sqlite() {
+    soak(Backend::Sqlite, length()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn executions_under_mixed_load_lose_nothing_and_hold_their_memory_on_postgres() {
+    soak(Backend::Postgres, length()).await;
 }

@@ -18,7 +18,7 @@ use muster_proto::{
 };
 use muster_tests::{Backend, TestCluster, agent, events_until_finished};
 
-const SAMPLE_PROCESS: &str = include_str!("../../examples/process.yaml");
+const SAMPLE_PROCESS: &str = include_str!("../../../examples/process.yaml");
 
 /// The agents of the sample process, with a role and team each.
 const SAMPLE_AGENTS: &[(&str, &str, &str)] = &[

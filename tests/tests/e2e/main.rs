@@ -1,0 +1,29 @@
+//! The cluster end to end: four real service processes over real gRPC, on
+//! SQLite and on PostgreSQL, driven by the `muster` command, the Rust
+//! clients, the Python client, grpcurl and `buf curl`.
+//!
+//! One test binary for all of them, so the end-to-end tests build once and
+//! run side by side (`cargo test -p muster-tests --test e2e -- replicas::`
+//! runs one module). The read flood (`load`) and the soak (`soak`) are
+//! binaries of their own: they want the machine to themselves.
+
+mod authority;
+mod budgets;
+mod cli;
+mod clients;
+mod examples;
+mod execution;
+mod inbox;
+mod limits;
+mod metrics;
+mod payloads;
+mod replicas;
+mod roles;
+mod sample_process;
+mod schedules;
+mod sessions;
+mod supervision;
+mod tls;
+mod tools;
+mod tracing;
+mod workers;
