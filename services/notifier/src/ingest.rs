@@ -22,7 +22,7 @@ use crate::{
     Error, Result,
     domain::{
         Event, Reason,
-        memory::{is_safe_agent_directory, ndjson_line, output_summary, relative_file_path},
+        memory::{is_safe_agent_directory, ndjson_line, output_summary, relative_file_path, utc_day},
         recipients,
     },
     follow::Follower,
@@ -315,17 +315,20 @@ impl<S: Store> Writer<S> {
 
     fn prepare(&self, item: &Incoming, received_at: i64) -> NewEvent {
         let event = &item.event;
+        let day = self.settings.memory.as_ref().map(|_| utc_day(event.occurred_at));
         let recipients = recipients(event)
             .into_iter()
             .map(|(agent_id, reason)| {
-                let (memory, memory_path) = if self.settings.memory.is_none() {
-                    (MemoryState::Disabled, None)
-                } else if is_safe_agent_directory(&agent_id) {
-                    (MemoryState::Pending, Some(relative_file_path(&agent_id, event.occurred_at)))
-                } else {
-                    tracing::warn!(agent_id = %agent_id.escape_debug(), event_id = %event.event_id,
-                        "agent id cannot name a memory directory; notification stored without a memory line");
-                    (MemoryState::Refused, None)
+                let (memory, memory_path) = match &day {
+                    None => (MemoryState::Disabled, None),
+                    Some(day) if is_safe_agent_directory(&agent_id) => {
+                        (MemoryState::Pending, Some(relative_file_path(&agent_id, day)))
+                    }
+                    Some(_) => {
+                        tracing::warn!(agent_id = %agent_id.escape_debug(), event_id = %event.event_id,
+                            "agent id cannot name a memory directory; notification stored without a memory line");
+                        (MemoryState::Refused, None)
+                    }
                 };
                 NewRecipient { agent_id, reason, memory, memory_path }
             })

@@ -23,7 +23,7 @@ use std::{
 
 use crate::{
     Error, Result,
-    domain::memory::{ndjson_line, relative_file_path},
+    domain::memory::{ndjson_line, relative_file_path, utc_day},
     grpc::decode_event,
     store::{MemoryProgress, MemoryState, Store},
 };
@@ -189,7 +189,7 @@ pub(crate) async fn recover<S: Store>(store: &S, files: &MemoryFiles) -> Result<
         let mut cut_back_paths = Vec::new();
         for notification in &page {
             let (_, event) = decode_event(&notification.encoded)?;
-            let path = relative_file_path(&notification.agent_id, event.occurred_at);
+            let path = relative_file_path(&notification.agent_id, &utc_day(event.occurred_at));
             match notification.memory {
                 MemoryState::Failed => progress.recovered.push(notification.cursor),
                 _ => {
