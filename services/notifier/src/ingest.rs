@@ -3,16 +3,18 @@
 //! not full it waits up to the linger, a few milliseconds, for more) and, per
 //! merged batch: stores it in one transaction, offers the new notifications
 //! to live subscribers, appends the NDJSON lines (one write and fsync per
-//! file), records that, and only then answers each stream.
+//! file), records that, and only then answers each stream. The next batch
+//! is stored while the previous one's lines are appended.
 //!
-//! One writer keeps cursors increasing in commit order and lets the memory
-//! files have at most one unconfirmed batch (see [`crate::memory`]). Several
+//! One writer keeps cursors increasing in commit order and the appends in
+//! that order, so the memory files have at most two unconfirmed batches (see
+//! [`crate::memory`]). Several
 //! replicas on one PostgreSQL take turns, a whole batch each
 //! ([`Store::writer_turn`]): a turn first rewrites the lines a replica that
 //! died mid-batch left unwritten, and the live subscribers are offered the
 //! batch through [`crate::follow`], after what other replicas stored before it.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use muster_proto::common::v1::StepEvent;
 use prost::Message as _;
@@ -108,7 +110,8 @@ impl Ingestor {
                 return;
             }
             let linger = settings.linger;
-            let writer = Writer { store, hub, settings, failpoint: Failpoint::from_environment() };
+            let writer = Arc::new(Writer { store, hub, settings, failpoint: Failpoint::from_environment() });
+            let mut appending = None;
             while let Some(job) = receiver.recv().await {
                 let written_by = tokio::time::Instant::now() + linger;
                 let mut jobs = vec![job];
@@ -127,7 +130,10 @@ impl Ingestor {
                     queued += job.events.len();
                     jobs.push(job);
                 }
-                writer.process(jobs).await;
+                appending = writer.process(jobs, appending).await;
+            }
+            if let Some(appending) = appending {
+                appending.finish().await;
             }
         });
         Self { sender }
@@ -175,18 +181,91 @@ struct Writer<S> {
     failpoint: Option<Failpoint>,
 }
 
+/// A batch stored in the inbox, its memory lines not yet written.
+struct Stored {
+    new_events: Vec<NewEvent>,
+    outcomes: Vec<IngestOutcome>,
+    /// The spans of its events that carry a trace: open until the batch is done.
+    _spans: Vec<tracing::Span>,
+}
+
+impl Stored {
+    /// The memory files its lines go to.
+    fn memory_files(&self) -> HashSet<String> {
+        self.new_events
+            .iter()
+            .zip(&self.outcomes)
+            .filter(|(_, outcome)| matches!(outcome, IngestOutcome::Stored { .. }))
+            .flat_map(|(event, _)| event.recipients.iter().filter_map(|recipient| recipient.memory_path.clone()))
+            .collect()
+    }
+}
+
+/// A stored batch whose memory lines are being written; its streams are
+/// answered once they are.
+struct Appending {
+    /// The memory files it appends to.
+    files: HashSet<String>,
+    done: tokio::task::JoinHandle<()>,
+}
+
+impl Appending {
+    async fn finish(self) {
+        if let Err(error) = self.done.await {
+            // Its lines stay pending, rewritten at start; its streams send again.
+            tracing::error!(%error, "memory append task failed");
+        }
+    }
+}
+
 impl<S: Store> Writer<S> {
-    async fn process(&self, jobs: Vec<Job>) {
-        let turn = match self.take_turn().await {
-            Ok(turn) => turn,
-            Err(error) => {
-                tracing::error!(%error, "taking the turn to write failed");
-                return refuse(jobs, &error);
+    /// Stores a batch, offers it to the live subscribers, writes its memory
+    /// lines and answers its streams.
+    ///
+    /// Alone on its database, the writer stores a batch while the previous
+    /// one's lines are still being appended (its answer waits for them):
+    /// the appends stay one after the other, in cursor order, and a file the
+    /// previous batch appends to keeps the length recorded before that
+    /// append, so a crash cuts it back to there and rewrites both batches'
+    /// lines (see [`crate::memory`]). Replicas sharing a database take turns
+    /// a whole batch each, lines included.
+    async fn process(self: &Arc<Self>, jobs: Vec<Job>, previous: Option<Appending>) -> Option<Appending> {
+        if self.store.shared() {
+            if let Some(previous) = previous {
+                previous.finish().await;
             }
-        };
-        self.write(jobs).await;
-        if let Err(error) = turn.end().await {
-            tracing::warn!(%error, "ending the turn to write failed (it ends with its connection)");
+            let turn = match self.take_turn().await {
+                Ok(turn) => turn,
+                Err(error) => {
+                    tracing::error!(%error, "taking the turn to write failed");
+                    refuse(jobs, &error);
+                    return None;
+                }
+            };
+            match self.store_batch(&jobs, &HashSet::new()).await {
+                Ok(stored) => self.finish(jobs, stored).await,
+                Err(error) => refuse(jobs, &error),
+            }
+            if let Err(error) = turn.end().await {
+                tracing::warn!(%error, "ending the turn to write failed (it ends with its connection)");
+            }
+            return None;
+        }
+        let in_flight = previous.as_ref().map(|previous| &previous.files);
+        let stored = self.store_batch(&jobs, in_flight.unwrap_or(&HashSet::new())).await;
+        if let Some(previous) = previous {
+            previous.finish().await;
+        }
+        match stored {
+            Ok(stored) => {
+                let files = stored.memory_files();
+                let writer = Arc::clone(self);
+                Some(Appending { files, done: tokio::spawn(async move { writer.finish(jobs, stored).await }) })
+            }
+            Err(error) => {
+                refuse(jobs, &error);
+                None
+            }
         }
     }
 
@@ -202,17 +281,19 @@ impl<S: Store> Writer<S> {
         Ok(turn)
     }
 
-    /// Stores a batch, offers it to the live subscribers (with replicas,
-    /// through [`crate::follow`]), writes its memory lines and answers its streams.
-    async fn write(&self, jobs: Vec<Job>) {
+    /// Stores a batch and offers it to the live subscribers (with replicas,
+    /// through [`crate::follow`]). The files in `in_flight` are being
+    /// appended to: their recorded lengths stay.
+    async fn store_batch(&self, jobs: &[Job], in_flight: &HashSet<String>) -> Result<Stored> {
         let received_at = muster_runtime::time::now_millis();
-        let incoming: Vec<&Incoming> = jobs.iter().flat_map(|job| job.events.iter()).collect();
-        let _spans: Vec<tracing::Span> = incoming.iter().filter_map(|item| traced_event_span(&item.wire)).collect();
-        let new_events: Vec<NewEvent> = incoming.iter().map(|item| self.prepare(item, received_at)).collect();
+        let incoming = jobs.iter().flat_map(|job| job.events.iter());
+        let spans: Vec<tracing::Span> = incoming.clone().filter_map(|item| traced_event_span(&item.wire)).collect();
+        let new_events: Vec<NewEvent> = incoming.map(|item| self.prepare(item, received_at)).collect();
 
         let mut memory_paths: Vec<String> = new_events
             .iter()
             .flat_map(|event| event.recipients.iter().filter_map(|recipient| recipient.memory_path.clone()))
+            .filter(|path| !in_flight.contains(path))
             .collect();
         memory_paths.sort();
         memory_paths.dedup();
@@ -224,13 +305,9 @@ impl<S: Store> Writer<S> {
             _ => Vec::new(),
         };
 
-        let outcomes = match self.store.ingest(&new_events, &lengths).await {
-            Ok(outcomes) => outcomes,
-            Err(error) => {
-                tracing::error!(%error, events = new_events.len(), "storing events failed");
-                return refuse(jobs, &error);
-            }
-        };
+        let outcomes = self.store.ingest(&new_events, &lengths).await.inspect_err(|error| {
+            tracing::error!(%error, events = new_events.len(), "storing events failed");
+        })?;
 
         // Live delivery, in cursor order.
         match &self.settings.follower {
@@ -252,7 +329,13 @@ impl<S: Store> Writer<S> {
                 }
             }
         }
+        Ok(Stored { new_events, outcomes, _spans: spans })
+    }
 
+    /// Writes a stored batch's memory lines and answers its streams.
+    async fn finish(&self, jobs: Vec<Job>, stored: Stored) {
+        let Stored { new_events, outcomes, _spans } = stored;
+        let incoming: Vec<&Incoming> = jobs.iter().flat_map(|job| job.events.iter()).collect();
         self.write_memory(&incoming, &new_events, &outcomes).await;
 
         let mut counts = new_events.iter().zip(&outcomes).map(|(event, outcome)| match outcome {
@@ -384,16 +467,18 @@ impl<S: Store> Writer<S> {
             _ => {}
         }
         let files = files.clone();
-        progress.failed = match tokio::task::spawn_blocking(move || files.append_all(&appends)).await {
-            Ok(failed) => failed,
-            Err(error) => {
-                // The append task panicked: leave the batch pending, rewritten at start.
-                tracing::error!(%error, "memory append task failed");
-                return;
-            }
-        };
-        // The mark must be recorded before the next batch appends, or a restart
-        // would cut back and rewrite lines that are already there.
+        (progress.failed, progress.lengths) =
+            match tokio::task::spawn_blocking(move || files.append_all(&appends)).await {
+                Ok(appended) => (appended.failed, appended.lengths),
+                Err(error) => {
+                    // The append task panicked: leave the batch pending, rewritten at start.
+                    tracing::error!(%error, "memory append task failed");
+                    return;
+                }
+            };
+        // The mark and the lengths after must be recorded before the next
+        // batch appends, or a restart would cut back to this batch's lengths
+        // and rewrite only the next batch's lines.
         let mut delay = Duration::from_millis(50);
         while let Err(error) = self.store.record_memory_progress(&progress).await {
             tracing::error!(%error, retry_in_ms = delay.as_millis() as u64, "recording memory progress failed");

@@ -5,14 +5,18 @@
 //!    with, for every file about to be appended, its length before the append.
 //! 2. After the commit, the lines are appended, one write per file, and
 //!    fsync'd; then one small transaction advances the *written-through* mark
-//!    past the batch (and marks lines whose append failed as *failed*).
+//!    past the batch, records each file's length after the append, and marks
+//!    lines whose append failed as *failed*.
 //! 3. At start, pending notifications above the mark (a crash between 1 and 2)
 //!    are rewritten: each of their files is first cut back to its recorded
 //!    length, which removes whatever part of the batch reached the disk, then
 //!    their lines are appended. Failed ones are appended again.
 //!
-//! One process writes a memory root at a time; batches are appended one after
-//! the other, so at most one batch is ever unconfirmed.
+//! One process writes a memory root at a time, and appends one batch after
+//! the other. The next batch may be stored (step 1) while the previous one
+//! is in step 2: it leaves the recorded length of a file the previous batch
+//! appends to as it is, so at most two batches are unconfirmed, and a cut
+//! back removes both batches' lines, which step 3 rewrites in cursor order.
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -57,39 +61,43 @@ impl MemoryFiles {
         relative.split('/').fold(self.root.clone(), |path, component| path.join(component))
     }
 
-    /// The current length of each file (0 when missing). A file that cannot
-    /// be examined is left out, so no cut-back length is recorded for it.
+    /// The current length of each file (0 when missing), `None` for a file
+    /// that cannot be examined, so no cut-back length is recorded for it.
     /// Blocking.
-    pub(crate) fn lengths(&self, paths: impl IntoIterator<Item = String>) -> Vec<(String, u64)> {
+    pub(crate) fn lengths(&self, paths: impl IntoIterator<Item = String>) -> Vec<(String, Option<u64>)> {
         paths
             .into_iter()
-            .filter_map(|path| match std::fs::metadata(self.absolute(&path)) {
-                Ok(metadata) => Some((path, metadata.len())),
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => Some((path, 0)),
+            .map(|path| match std::fs::metadata(self.absolute(&path)) {
+                Ok(metadata) => (path, Some(metadata.len())),
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => (path, Some(0)),
                 Err(error) => {
                     tracing::warn!(path = %path, %error, "cannot examine a memory file");
-                    None
+                    (path, None)
                 }
             })
             .collect()
     }
 
     /// Appends each group with one write and an fsync. Returns the cursors of
-    /// the groups that failed; a failed file is cut back to its length before.
+    /// the groups that failed (a failed file is cut back to its length
+    /// before) and the length of every other file after its append.
     /// Blocking. Many files are appended by [`APPENDING_THREADS`] threads
     /// at once: most of an append is waiting for its fsync, and the disk
     /// takes several at a time.
-    pub(crate) fn append_all(&self, appends: &[FileAppend]) -> Vec<u64> {
+    pub(crate) fn append_all(&self, appends: &[FileAppend]) -> Appended {
         let append_some = |appends: &[FileAppend]| {
-            let mut failed = Vec::new();
+            let mut appended = Appended::default();
             for append in appends {
                 let path = self.absolute(&append.path);
-                if let Err(error) = append_and_sync(&path, append.text.as_bytes()) {
-                    tracing::error!(path = %path.display(), %error, lines = append.cursors.len(), "appending memory lines failed");
-                    failed.extend_from_slice(&append.cursors);
+                match append_and_sync(&path, append.text.as_bytes()) {
+                    Ok(length) => appended.lengths.push((append.path.clone(), length)),
+                    Err(error) => {
+                        tracing::error!(path = %path.display(), %error, lines = append.cursors.len(), "appending memory lines failed");
+                        appended.failed.extend_from_slice(&append.cursors);
+                    }
                 }
             }
-            failed
+            appended
         };
         if appends.len() < 2 * APPENDING_THREADS {
             return append_some(appends);
@@ -98,15 +106,18 @@ impl MemoryFiles {
         std::thread::scope(|scope| {
             let others: Vec<_> =
                 appends[share..].chunks(share).map(|appends| scope.spawn(move || append_some(appends))).collect();
-            let mut failed = append_some(&appends[..share]);
+            let mut appended = append_some(&appends[..share]);
             for (other, appends) in others.into_iter().zip(appends[share..].chunks(share)) {
                 match other.join() {
-                    Ok(more) => failed.extend(more),
+                    Ok(more) => {
+                        appended.failed.extend(more.failed);
+                        appended.lengths.extend(more.lengths);
+                    }
                     // A thread that panicked: its files count as failed (cut back and rewritten at start).
-                    Err(_) => failed.extend(appends.iter().flat_map(|append| append.cursors.iter().copied())),
+                    Err(_) => appended.failed.extend(appends.iter().flat_map(|append| append.cursors.iter().copied())),
                 }
             }
-            failed
+            appended
         })
     }
 
@@ -139,9 +150,18 @@ impl MemoryFiles {
     }
 }
 
+/// What [`MemoryFiles::append_all`] did.
+#[derive(Debug, Default)]
+pub(crate) struct Appended {
+    /// The cursors of the lines not written.
+    pub(crate) failed: Vec<u64>,
+    /// Each file written, relative to the memory root, with its length after.
+    pub(crate) lengths: Vec<(String, u64)>,
+}
+
 /// Appends `bytes` and syncs; on failure, cuts the file back to its length
-/// before the write so no partial line stays behind.
-fn append_and_sync(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// before the write so no partial line stays behind. Returns the length after.
+fn append_and_sync(path: &Path, bytes: &[u8]) -> std::io::Result<u64> {
     let parent = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent)?;
     let existed = path.exists();
@@ -158,7 +178,7 @@ fn append_and_sync(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         // Make the new directory entry durable too.
         File::open(parent)?.sync_all()?;
     }
-    Ok(())
+    Ok(length_before + bytes.len() as u64)
 }
 
 /// Groups pending lines (path, cursor, line) by file, keeping cursor order
@@ -214,7 +234,8 @@ pub(crate) async fn recover<S: Store>(store: &S, files: &MemoryFiles) -> Result<
         let files = files.clone();
         let failed = tokio::task::spawn_blocking(move || files.append_all(&appends))
             .await
-            .map_err(|error| Error::Corrupt(format!("memory task: {error}")))?;
+            .map_err(|error| Error::Corrupt(format!("memory task: {error}")))?
+            .failed;
         progress.recovered.retain(|cursor| !failed.contains(cursor));
         progress.failed = failed;
         store.record_memory_progress(&progress).await?;
@@ -247,14 +268,24 @@ mod tests {
             FileAppend { path: "blocked/2026-11-26.ndjson".into(), cursors: vec![999], text: "x\n".into() },
         );
         let files = MemoryFiles::new(root.clone());
-        let failed = files.append_all(&appends);
+        let appended = files.append_all(&appends);
         let again = files.append_all(&appends[..1]);
         let contents: Vec<String> = (0..40)
             .map(|agent| std::fs::read_to_string(root.join(format!("agent-{agent}/2026-11-26.ndjson"))).unwrap())
             .collect();
         muster_runtime::testing::remove_folder(&root);
-        assert_eq!(failed, [999]);
-        assert!(again.is_empty());
+        assert_eq!(appended.failed, [999]);
+        assert!(again.failed.is_empty());
+        let mut lengths = appended.lengths;
+        lengths.sort();
+        let mut expected: Vec<(String, u64)> = appends
+            .iter()
+            .filter(|append| append.cursors != [999])
+            .map(|append| (append.path.clone(), append.text.len() as u64))
+            .collect();
+        expected.sort();
+        assert_eq!(lengths, expected, "each file written, with its length after");
+        assert_eq!(again.lengths, [(appends[0].path.clone(), 2 * appends[0].text.len() as u64)]);
         assert_eq!(contents[0], format!("{}{}", appends[0].text, appends[0].text), "appended, not replaced");
         for (agent, content) in contents.iter().enumerate().skip(1) {
             assert_eq!(content, &format!("{{\"line\":1,\"agent\":{agent}}}\n{{\"line\":2,\"agent\":{agent}}}\n"));

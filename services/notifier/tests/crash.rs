@@ -201,7 +201,7 @@ async fn a_crash_between_commit_and_append_is_repaired_at_start() {
             }],
         })
         .collect();
-    store.ingest(&pending, &[(relative.to_owned(), first_line.len() as u64)]).await.expect("ingest");
+    store.ingest(&pending, &[(relative.to_owned(), Some(first_line.len() as u64))]).await.expect("ingest");
     drop(store);
     let mut torn = first_line.clone();
     torn.push_str("{\"event_type\":\"step_comp");
@@ -216,6 +216,53 @@ async fn a_crash_between_commit_and_append_is_repaired_at_start() {
     let counts: BTreeMap<&str, usize> =
         AGENTS.iter().map(|agent| (*agent, memory_lines(&memory_root, agent).len())).collect();
     assert_eq!(counts["informed"], 3);
+    notifier.stop().await;
+}
+
+/// The notifier stores a batch while the previous one's lines are still
+/// being appended. A crash then leaves two batches unconfirmed: the first's
+/// lines on disk, the second's torn. The file is cut back to its length
+/// before the first and both are rewritten.
+#[tokio::test]
+async fn a_crash_with_two_batches_unconfirmed_rewrites_both() {
+    let data = TempDirectory::new("two-unconfirmed");
+    let url = format!("sqlite://{}", data.0.join("notifier.db").display());
+    let memory_root = data.0.join("agents");
+    let relative = "informed/events/notifications_2026-01-16.ndjson";
+    let file = memory_root.join(relative);
+
+    let notifier = TestNotifier::start(&data.0, &[]).await;
+    notifier.ingest(vec![completed("e0", "s0", "{}")]).await;
+    notifier.stop().await;
+    let first_line = std::fs::read_to_string(&file).expect("file");
+
+    let store = SqlStore::connect_lazy(&url, 1).expect("store");
+    let pending = |event_id: &str, step_id: &str| NewEvent {
+        event_id: event_id.to_owned(),
+        encoded: completed(event_id, step_id, "{}").encode_to_vec().into(),
+        output_summary: "{}".to_owned(),
+        received_at: 0,
+        recipients: vec![NewRecipient {
+            agent_id: "informed".to_owned(),
+            reason: Reason::Informed,
+            memory: MemoryState::Pending,
+            memory_path: Some(relative.to_owned()),
+        }],
+    };
+    // The first batch records the length before its append; the second,
+    // stored while that append is under way, leaves it as it is.
+    store
+        .ingest(&[pending("e1", "s1")], &[(relative.to_owned(), Some(first_line.len() as u64))])
+        .await
+        .expect("ingest");
+    store.ingest(&[pending("e2", "s2"), pending("e3", "s3")], &[]).await.expect("ingest");
+    drop(store);
+    // The first batch's line whole, the second's torn.
+    let first_batch_line = first_line.replace("\"s0\"", "\"s1\"");
+    std::fs::write(&file, format!("{first_line}{first_batch_line}{{\"event_type\":\"step_comp")).expect("write");
+
+    let notifier = TestNotifier::start(&data.0, &[]).await;
+    assert_eq!(line_steps(&memory_root, "informed"), vec!["s0", "s1", "s2", "s3"]);
     notifier.stop().await;
 }
 

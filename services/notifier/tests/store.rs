@@ -41,7 +41,7 @@ async fn conformance<S: Store>(store: &S) {
                 // Repeated inside the batch: a duplicate.
                 new_event("e1", vec![recipient("alice", Reason::Informed, MemoryState::Pending)]),
             ],
-            &[("alice/events/notifications_2026-01-16.ndjson".to_owned(), 0)],
+            &[("alice/events/notifications_2026-01-16.ndjson".to_owned(), Some(0))],
         )
         .await
         .expect("ingest");
@@ -114,13 +114,23 @@ async fn conformance<S: Store>(store: &S) {
     let unwritten = store.unwritten_memory(0, 100).await.expect("unwritten");
     assert_eq!(unwritten.iter().map(|n| n.cursor).collect::<Vec<_>>(), vec![1, 2]);
     store
-        .record_memory_progress(&MemoryProgress { written_through: 2, failed: vec![2], recovered: vec![] })
+        .record_memory_progress(&MemoryProgress {
+            written_through: 2,
+            failed: vec![2],
+            recovered: vec![],
+            ..MemoryProgress::default()
+        })
         .await
         .expect("progress");
     let unwritten = store.unwritten_memory(0, 100).await.expect("unwritten");
     assert_eq!(unwritten.iter().map(|n| (n.cursor, n.memory)).collect::<Vec<_>>(), vec![(2, MemoryState::Failed)]);
     store
-        .record_memory_progress(&MemoryProgress { written_through: 1, failed: vec![], recovered: vec![2] })
+        .record_memory_progress(&MemoryProgress {
+            written_through: 1,
+            failed: vec![],
+            recovered: vec![2],
+            ..MemoryProgress::default()
+        })
         .await
         .expect("progress");
     assert!(store.unwritten_memory(0, 100).await.expect("unwritten").is_empty());
@@ -149,6 +159,25 @@ async fn conformance<S: Store>(store: &S) {
     let page = store.list("bulk-b", 0, 1000).await.expect("list");
     assert_eq!(page.len(), 1000);
     assert!(page.windows(2).all(|pair| pair[0].cursor + 2 == pair[1].cursor));
+
+    // A memory file's recorded length: an ingest records the length it is
+    // given and forgets one given as unknown; one it is not given stays (the
+    // length before an earlier batch's append still under way); a progress
+    // records the lengths after an append.
+    let carol = "carol/events/notifications_2026-01-16.ndjson";
+    let to_carol =
+        |event_id: &str| new_event(event_id, vec![recipient("carol", Reason::Informed, MemoryState::Pending)]);
+    store.ingest(&[to_carol("c1")], &[(carol.to_owned(), Some(7))]).await.expect("ingest");
+    assert_eq!(store.memory_file_length(carol).await.expect("length"), Some(7));
+    store.ingest(&[to_carol("c2")], &[]).await.expect("ingest");
+    assert_eq!(store.memory_file_length(carol).await.expect("length"), Some(7), "kept");
+    store
+        .record_memory_progress(&MemoryProgress { lengths: vec![(carol.to_owned(), 19)], ..MemoryProgress::default() })
+        .await
+        .expect("progress");
+    assert_eq!(store.memory_file_length(carol).await.expect("length"), Some(19), "the length after");
+    store.ingest(&[to_carol("c3")], &[(carol.to_owned(), None)]).await.expect("ingest");
+    assert_eq!(store.memory_file_length(carol).await.expect("length"), None, "forgotten");
 }
 
 #[tokio::test]

@@ -123,6 +123,9 @@ pub struct MemoryProgress {
     pub failed: Vec<u64>,
     /// Previously failed notifications whose lines are now written.
     pub recovered: Vec<u64>,
+    /// The length of each file appended to without a failure, after the
+    /// append: where the next batch's lines begin.
+    pub lengths: Vec<(String, u64)>,
 }
 
 /// The repository of the notifier.
@@ -130,11 +133,14 @@ pub trait Store: Send + Sync + 'static {
     /// Stores a batch of events in one transaction: events already stored, or
     /// repeated within the batch, are duplicates and create nothing. For every
     /// memory file that receives a pending line, `memory_file_lengths` gives
-    /// its length before the append; it is recorded in the same transaction.
+    /// its length before the append, recorded in the same transaction, or
+    /// `None` when it is unknown (the recorded length is forgotten). A file
+    /// it leaves out keeps the length recorded for it: the length before the
+    /// append of an earlier batch still unconfirmed.
     fn ingest(
         &self,
         events: &[NewEvent],
-        memory_file_lengths: &[(String, u64)],
+        memory_file_lengths: &[(String, Option<u64>)],
     ) -> impl Future<Output = Result<Vec<IngestOutcome>>> + Send;
 
     /// An agent's notifications with a cursor above `after_cursor`, in cursor

@@ -156,11 +156,12 @@ impl<'a> IngestPlan<'a> {
         plan
     }
 
-    /// Each touched memory file with its length before this ingest appends,
-    /// `None` when unknown.
-    fn memory_files(&self, lengths: &[(String, u64)]) -> Vec<(&'a str, Option<u64>)> {
-        let known: HashMap<&str, u64> = lengths.iter().map(|(path, length)| (path.as_str(), *length)).collect();
-        self.touched_paths.iter().map(|path| (*path, known.get(path).copied())).collect()
+    /// Each touched memory file given a length: its length before this
+    /// ingest appends, `None` when unknown. A touched file not given keeps
+    /// the length recorded for it.
+    fn memory_files(&self, lengths: &[(String, Option<u64>)]) -> Vec<(&'a str, Option<u64>)> {
+        let given: HashMap<&str, Option<u64>> = lengths.iter().map(|(path, length)| (path.as_str(), *length)).collect();
+        self.touched_paths.iter().filter_map(|path| Some((*path, *given.get(path)?))).collect()
     }
 }
 
@@ -172,7 +173,7 @@ impl<'a> IngestPlan<'a> {
 fn ingest_natively(
     transaction: &rusqlite::Connection,
     events: &[NewEvent],
-    memory_file_lengths: &[(String, u64)],
+    memory_file_lengths: &[(String, Option<u64>)],
 ) -> Result<Vec<IngestOutcome>> {
     let mut already_stored: HashSet<String> = HashSet::new();
     for chunk in events.chunks(ROWS_PER_STATEMENT) {
@@ -234,7 +235,11 @@ fn ingest_natively(
 }
 
 impl Store for SqlStore {
-    async fn ingest(&self, events: &[NewEvent], memory_file_lengths: &[(String, u64)]) -> Result<Vec<IngestOutcome>> {
+    async fn ingest(
+        &self,
+        events: &[NewEvent],
+        memory_file_lengths: &[(String, Option<u64>)],
+    ) -> Result<Vec<IngestOutcome>> {
         if let Some(native) = self.database.native() {
             return native
                 .write(&self.database.pool, |transaction| ingest_natively(transaction, events, memory_file_lengths))
@@ -395,6 +400,9 @@ impl Store for SqlStore {
         .bind(from_cursor(progress.written_through))
         .execute(&mut *transaction)
         .await?;
+        for (path, length) in &progress.lengths {
+            sqlx::query(MEMORY_FILE_UPSERT).bind(path).bind(from_cursor(*length)).execute(&mut *transaction).await?;
+        }
         for (cursors, state) in [(&progress.failed, MemoryState::Failed), (&progress.recovered, MemoryState::Written)] {
             for chunk in cursors.chunks(ROWS_PER_STATEMENT) {
                 let list = placeholder_list(self.database.backend, 2, chunk.len());
