@@ -31,6 +31,10 @@ use tonic::{Code, Status, body::Body};
 /// Deepest nesting of messages accepted (prost's own limit is 100).
 const MAX_DEPTH: usize = 64;
 
+/// The most fields a message may have for [`walk`] to count its elements on
+/// the stack.
+const STACK_COUNTS: usize = 32;
+
 /// The request message of every muster method, by HTTP/2 path.
 static METHOD_INPUTS: LazyLock<HashMap<&'static str, usize>> =
     LazyLock::new(|| METHODS.iter().map(|method| (method.path, method.input)).collect());
@@ -91,12 +95,30 @@ fn walk(message: usize, mut bytes: &[u8], depth: usize) -> Result<(), Violation>
         return Err(Violation::new(Code::InvalidArgument, format!("nests messages deeper than {MAX_DEPTH} levels")));
     }
     let fields = MESSAGES[message].fields;
-    // Elements seen so far of each field, by the field's position.
-    let mut counts = vec![0u32; fields.len()];
+    // Elements seen so far of each field, by the field's position: on the
+    // stack unless the message has more fields than any of muster's.
+    let mut on_stack = [0u32; STACK_COUNTS];
+    let mut on_heap = Vec::new();
+    let counts: &mut [u32] = match on_stack.get_mut(..fields.len()) {
+        Some(counts) => counts,
+        None => {
+            on_heap.resize(fields.len(), 0);
+            &mut on_heap
+        }
+    };
+    // Where the field after the last one found is: encoders write fields in
+    // number order, so it is usually the next one (or the same, repeated).
+    let mut next = 0usize;
     while !bytes.is_empty() {
         let key = varint(&mut bytes).ok_or_else(|| malformed("a truncated field key"))?;
         let number = u32::try_from(key >> 3).unwrap_or(u32::MAX);
-        let position = fields.binary_search_by_key(&number, |field| field.number).ok();
+        let position = [next, next.wrapping_sub(1)]
+            .into_iter()
+            .find(|&position| fields.get(position).is_some_and(|field| field.number == number))
+            .or_else(|| fields.binary_search_by_key(&number, |field| field.number).ok());
+        if let Some(position) = position {
+            next = position + 1;
+        }
         let field = position.map(|position| &fields[position]);
         // Field numbers run from 1 to 2^29 - 1.
         if number == 0 || number >= 1 << 29 {
