@@ -168,6 +168,22 @@ async fn kill_nine_and_restart_neither_lose_nor_double_a_line() {
     );
 }
 
+/// A completed event for the informed agent, stored with its memory line pending.
+fn pending_for_informed(event_id: &str, step_id: &str) -> NewEvent {
+    NewEvent {
+        event_id: event_id.to_owned(),
+        encoded: completed(event_id, step_id, "{}").encode_to_vec().into(),
+        output_summary: "{}".to_owned(),
+        received_at: 0,
+        recipients: vec![NewRecipient {
+            agent_id: "informed".to_owned(),
+            reason: Reason::Informed,
+            memory: MemoryState::Pending,
+            memory_path: Some("informed/events/notifications_2026-01-16.ndjson".to_owned()),
+        }],
+    }
+}
+
 #[tokio::test]
 async fn a_crash_between_commit_and_append_is_repaired_at_start() {
     let data = TempDirectory::new("torn");
@@ -185,22 +201,7 @@ async fn a_crash_between_commit_and_append_is_repaired_at_start() {
     // Simulate the crash: a batch committed as pending, with the file's length
     // before the append recorded, and half of its first line on disk.
     let store = SqlStore::connect_lazy(&url, 1).expect("store");
-    let pending: Vec<NewEvent> = ["e1", "e2"]
-        .iter()
-        .enumerate()
-        .map(|(index, event_id)| NewEvent {
-            event_id: (*event_id).to_owned(),
-            encoded: completed(event_id, &format!("s{}", index + 1), "{}").encode_to_vec().into(),
-            output_summary: "{}".to_owned(),
-            received_at: 0,
-            recipients: vec![NewRecipient {
-                agent_id: "informed".to_owned(),
-                reason: Reason::Informed,
-                memory: MemoryState::Pending,
-                memory_path: Some(relative.to_owned()),
-            }],
-        })
-        .collect();
+    let pending = [pending_for_informed("e1", "s1"), pending_for_informed("e2", "s2")];
     store.ingest(&pending, &[(relative.to_owned(), Some(first_line.len() as u64))]).await.expect("ingest");
     drop(store);
     let mut torn = first_line.clone();
@@ -237,25 +238,12 @@ async fn a_crash_with_two_batches_unconfirmed_rewrites_both() {
     let first_line = std::fs::read_to_string(&file).expect("file");
 
     let store = SqlStore::connect_lazy(&url, 1).expect("store");
-    let pending = |event_id: &str, step_id: &str| NewEvent {
-        event_id: event_id.to_owned(),
-        encoded: completed(event_id, step_id, "{}").encode_to_vec().into(),
-        output_summary: "{}".to_owned(),
-        received_at: 0,
-        recipients: vec![NewRecipient {
-            agent_id: "informed".to_owned(),
-            reason: Reason::Informed,
-            memory: MemoryState::Pending,
-            memory_path: Some(relative.to_owned()),
-        }],
-    };
     // The first batch records the length before its append; the second,
     // stored while that append is under way, leaves it as it is.
-    store
-        .ingest(&[pending("e1", "s1")], &[(relative.to_owned(), Some(first_line.len() as u64))])
-        .await
-        .expect("ingest");
-    store.ingest(&[pending("e2", "s2"), pending("e3", "s3")], &[]).await.expect("ingest");
+    let first_batch = [pending_for_informed("e1", "s1")];
+    store.ingest(&first_batch, &[(relative.to_owned(), Some(first_line.len() as u64))]).await.expect("ingest");
+    let second_batch = [pending_for_informed("e2", "s2"), pending_for_informed("e3", "s3")];
+    store.ingest(&second_batch, &[]).await.expect("ingest");
     drop(store);
     // The first batch's line whole, the second's torn.
     let first_batch_line = first_line.replace("\"s0\"", "\"s1\"");
