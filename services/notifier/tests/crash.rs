@@ -168,6 +168,34 @@ async fn kill_nine_and_restart_neither_lose_nor_double_a_line() {
     );
 }
 
+/// The informed agent's memory file of the test events' day.
+const INFORMED_FILE: &str = "informed/events/notifications_2026-01-16.ndjson";
+
+/// A notifier's data folder after one event (step s0) went through normally,
+/// with a store on its database to simulate a crash with.
+struct OneLine {
+    data: TempDirectory,
+    store: SqlStore,
+    memory_root: std::path::PathBuf,
+    /// The informed agent's memory file.
+    file: std::path::PathBuf,
+    /// Its one line.
+    first_line: String,
+}
+
+async fn one_line_written(name: &str) -> OneLine {
+    let data = TempDirectory::new(name);
+    let memory_root = data.0.join("agents");
+    let file = memory_root.join(INFORMED_FILE);
+    let notifier = TestNotifier::start(&data.0, &[]).await;
+    notifier.ingest(vec![completed("e0", "s0", "{}")]).await;
+    notifier.stop().await;
+    let first_line = std::fs::read_to_string(&file).expect("file");
+    let url = format!("sqlite://{}", data.0.join("notifier.db").display());
+    let store = SqlStore::connect_lazy(&url, 1).expect("store");
+    OneLine { data, store, memory_root, file, first_line }
+}
+
 /// A completed event for the informed agent, stored with its memory line pending.
 fn pending_for_informed(event_id: &str, step_id: &str) -> NewEvent {
     NewEvent {
@@ -179,30 +207,19 @@ fn pending_for_informed(event_id: &str, step_id: &str) -> NewEvent {
             agent_id: "informed".to_owned(),
             reason: Reason::Informed,
             memory: MemoryState::Pending,
-            memory_path: Some("informed/events/notifications_2026-01-16.ndjson".to_owned()),
+            memory_path: Some(INFORMED_FILE.to_owned()),
         }],
     }
 }
 
 #[tokio::test]
 async fn a_crash_between_commit_and_append_is_repaired_at_start() {
-    let data = TempDirectory::new("torn");
-    let url = format!("sqlite://{}", data.0.join("notifier.db").display());
-    let memory_root = data.0.join("agents");
-    let relative = "informed/events/notifications_2026-01-16.ndjson";
-    let file = memory_root.join(relative);
-
-    // A first line written normally.
-    let notifier = TestNotifier::start(&data.0, &[]).await;
-    notifier.ingest(vec![completed("e0", "s0", "{}")]).await;
-    notifier.stop().await;
-    let first_line = std::fs::read_to_string(&file).expect("file");
+    let OneLine { data, store, memory_root, file, first_line } = one_line_written("torn").await;
 
     // Simulate the crash: a batch committed as pending, with the file's length
     // before the append recorded, and half of its first line on disk.
-    let store = SqlStore::connect_lazy(&url, 1).expect("store");
     let pending = [pending_for_informed("e1", "s1"), pending_for_informed("e2", "s2")];
-    store.ingest(&pending, &[(relative.to_owned(), Some(first_line.len() as u64))]).await.expect("ingest");
+    store.ingest(&pending, &[(INFORMED_FILE.to_owned(), Some(first_line.len() as u64))]).await.expect("ingest");
     drop(store);
     let mut torn = first_line.clone();
     torn.push_str("{\"event_type\":\"step_comp");
@@ -226,22 +243,11 @@ async fn a_crash_between_commit_and_append_is_repaired_at_start() {
 /// before the first and both are rewritten.
 #[tokio::test]
 async fn a_crash_with_two_batches_unconfirmed_rewrites_both() {
-    let data = TempDirectory::new("two-unconfirmed");
-    let url = format!("sqlite://{}", data.0.join("notifier.db").display());
-    let memory_root = data.0.join("agents");
-    let relative = "informed/events/notifications_2026-01-16.ndjson";
-    let file = memory_root.join(relative);
-
-    let notifier = TestNotifier::start(&data.0, &[]).await;
-    notifier.ingest(vec![completed("e0", "s0", "{}")]).await;
-    notifier.stop().await;
-    let first_line = std::fs::read_to_string(&file).expect("file");
-
-    let store = SqlStore::connect_lazy(&url, 1).expect("store");
+    let OneLine { data, store, memory_root, file, first_line } = one_line_written("two-unconfirmed").await;
     // The first batch records the length before its append; the second,
     // stored while that append is under way, leaves it as it is.
     let first_batch = [pending_for_informed("e1", "s1")];
-    store.ingest(&first_batch, &[(relative.to_owned(), Some(first_line.len() as u64))]).await.expect("ingest");
+    store.ingest(&first_batch, &[(INFORMED_FILE.to_owned(), Some(first_line.len() as u64))]).await.expect("ingest");
     let second_batch = [pending_for_informed("e2", "s2"), pending_for_informed("e3", "s3")];
     store.ingest(&second_batch, &[]).await.expect("ingest");
     drop(store);
