@@ -3,7 +3,12 @@
 //! everything down (processes, data folder, databases) afterwards.
 #![forbid(unsafe_code)]
 
-use std::{path::PathBuf, process::Command, sync::OnceLock, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    sync::OnceLock,
+    time::Duration,
+};
 
 use muster::{
     cluster::{Cluster, ClusterOptions, DatabaseUrls, Ports, default_binary_dir},
@@ -249,13 +254,7 @@ impl Drop for TestCluster {
         if std::thread::panicking() {
             // The services' logs are the first thing to read when a test fails.
             for service in muster::cluster::SERVICES {
-                let log = self.data_dir.join("logs").join(format!("{service}.log"));
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                eprintln!("---- last lines of {} ----", log.display());
-                for line in &lines[lines.len().saturating_sub(40)..] {
-                    eprintln!("{line}");
-                }
+                print_log_tail(&self.data_dir.join("logs").join(format!("{service}.log")));
             }
         }
         // Child processes are killed on drop (kill_on_drop) before the data goes.
@@ -265,6 +264,17 @@ impl Drop for TestCluster {
         } else {
             muster_runtime::testing::remove_folder(&self.data_dir);
         }
+    }
+}
+
+/// Prints the last lines of a service's log to the test's output: the
+/// first thing to read when a test fails.
+pub fn print_log_tail(log: &Path) {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    eprintln!("---- last lines of {} ----", log.display());
+    for line in &lines[lines.len().saturating_sub(40)..] {
+        eprintln!("{line}");
     }
 }
 

@@ -174,6 +174,7 @@ pub async fn run(
     let ready = async move {
         store.migrate().await?;
         started.join(&replica_url, &replica_address).await?;
+        started.spawn(started.clone().keep_lease());
         started.load_matrix().await?;
         started.load_agent_budgets().await?;
         // These run for the life of the engine.
@@ -188,7 +189,7 @@ pub async fn run(
         if resumed > 0 {
             tracing::info!(resumed, "resumed unfinished executions");
         }
-        started.spawn(started.clone().keep_lease());
+        started.spawn(started.clone().adopt_orphans());
         started.spawn(relays.follow_peers());
         // Messages posted while no run could start (the service stopped) start one now.
         if let Err(error) = started.trigger_waiting_inboxes().await {

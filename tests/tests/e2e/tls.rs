@@ -22,7 +22,7 @@ use muster_runtime::{
     testing::TestCredentials,
     tls::{ClientTls, TlsArgs},
 };
-use muster_tests::{Folder, agent, build_service_binaries, pki::TestCa};
+use muster_tests::{Folder, agent, build_service_binaries, pki::TestCa, print_log_tail};
 use tonic::Code;
 use tonic_types::StatusExt as _;
 
@@ -30,6 +30,15 @@ use tonic_types::StatusExt as _;
 struct Process {
     _child: tokio::process::Child,
     address: SocketAddr,
+    log: PathBuf,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            print_log_tail(&self.log);
+        }
+    }
 }
 
 async fn spawn(service: &str, folder: &Path, environment: Vec<(String, String)>) -> Process {
@@ -41,7 +50,8 @@ async fn spawn_as(service: &str, name: &str, folder: &Path, environment: Vec<(St
     build_service_binaries();
     let binary = muster::cluster::default_binary_dir().unwrap().join(format!("muster-{service}"));
     let port_file = folder.join(format!("{name}.port"));
-    let log = std::fs::File::create(folder.join(format!("{name}.log"))).unwrap();
+    let log_path = folder.join(format!("{name}.log"));
+    let log = std::fs::File::create(&log_path).unwrap();
     let child = tokio::process::Command::new(binary)
         .env("MUSTER_LISTEN", "127.0.0.1:0")
         .env("MUSTER_PORT_FILE", &port_file)
@@ -64,7 +74,7 @@ async fn spawn_as(service: &str, name: &str, folder: &Path, environment: Vec<(St
         assert!(tokio::time::Instant::now() < deadline, "muster-{service} did not listen: see {}", folder.display());
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    Process { _child: child, address }
+    Process { _child: child, address, log: log_path }
 }
 
 /// A channel to `address` over TLS, trusting `ca`, presenting `client` (or no certificate).

@@ -264,10 +264,11 @@ impl Engine {
         Ok(())
     }
 
-    /// Renews this replica's lease every third of it and takes over the
-    /// executions no replica drives, until the engine stops. When the lease
-    /// is lost (it lapsed: another replica may drive the executions now), or
-    /// cannot be renewed before it lapses, cancels [`Engine::deposed`].
+    /// Renews this replica's lease every third of it, until the engine
+    /// stops. When the lease is lost (it lapsed: another replica may drive
+    /// the executions now), or cannot be renewed before it lapses, cancels
+    /// [`Engine::deposed`]. Nothing else waits in this loop: a long takeover
+    /// ([`Engine::adopt_orphans`]) never makes a renewal late.
     pub(crate) async fn keep_lease(self: Arc<Self>) {
         let lease = self.settings.ownership_lease;
         let mut tick = tokio::time::interval(lease / 3);
@@ -284,11 +285,19 @@ impl Engine {
                 Err(error) if tokio::time::Instant::now() >= held_until => {
                     return self.depose(&format!("it could not renew its lease in time: {error}"));
                 }
-                Err(error) => {
-                    tracing::warn!(%error, "renewing this replica's lease failed; retrying");
-                    continue;
-                }
+                Err(error) => tracing::warn!(%error, "renewing this replica's lease failed; retrying"),
             }
+        }
+    }
+
+    /// Takes over the executions no replica drives, every third of the
+    /// lease, until the engine stops.
+    pub(crate) async fn adopt_orphans(self: Arc<Self>) {
+        let period = self.settings.ownership_lease / 3;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
             match self.adopt().await {
                 Ok(0) => {}
                 Ok(adopted) => tracing::info!(adopted, "took over executions no replica drove"),
