@@ -102,6 +102,10 @@ pub(crate) async fn publish_file(client: &mut Client, file: &Path) -> anyhow::Re
     };
     print_diagnostics(&file_name, &source, &published.diagnostics);
     let process = published.process.context("the execution service returned no process")?;
+    let unlisted = (process.warning_count as usize).saturating_sub(published.diagnostics.len());
+    if unlisted > 0 {
+        eprintln!("{unlisted} more warning(s) not listed ({} in all)", process.warning_count);
+    }
     println!("published {} version {} ({} steps)", process.name, process.version, process.step_count);
     Ok(process)
 }

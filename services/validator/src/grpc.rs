@@ -101,6 +101,22 @@ fn has_errors(diagnostics: &[Diagnostic]) -> bool {
     diagnostics.iter().any(Diagnostic::is_error)
 }
 
+/// Most findings a response carries, so that a document with a finding on
+/// every line is still answered within the message limit.
+const MAX_CARRIED: usize = 1_000;
+
+/// The findings a response carries (all of them in source order, or, of
+/// more than [`MAX_CARRIED`], the errors first), and how many there are.
+fn carried(diagnostics: &[Diagnostic]) -> (Vec<muster_proto::common::v1::Diagnostic>, u32) {
+    let count = u32::try_from(diagnostics.len()).unwrap_or(u32::MAX);
+    if diagnostics.len() <= MAX_CARRIED {
+        return (diagnostics.iter().map(Into::into).collect(), count);
+    }
+    let errors = diagnostics.iter().filter(|found| found.is_error());
+    let warnings = diagnostics.iter().filter(|found| !found.is_error());
+    (errors.chain(warnings).take(MAX_CARRIED).map(Into::into).collect(), count)
+}
+
 #[tonic::async_trait]
 impl ValidatorApi for ValidatorService {
     async fn validate_process(
@@ -114,8 +130,10 @@ impl ValidatorApi for ValidatorService {
         let report = blocking(move || muster_format::validate_process_with_limits(&source, &context, &limits)).await?;
         tracing::debug!(file = %request.file_name, diagnostics = report.diagnostics.len(), "validated a process");
         let valid = !has_errors(&report.diagnostics);
+        let (diagnostics, diagnostic_count) = carried(&report.diagnostics);
         Ok(Response::new(wire::ValidateProcessResponse {
-            diagnostics: report.diagnostics.iter().map(Into::into).collect(),
+            diagnostics,
+            diagnostic_count,
             valid,
             process_name: report.name.unwrap_or_default(),
             step_count: u32::try_from(report.step_count).unwrap_or(u32::MAX),
@@ -135,10 +153,12 @@ impl ValidatorApi for ValidatorService {
             blocking(move || muster_format::validate_role_definition_with_limits(&source, format, &context, &limits))
                 .await?;
         let valid = !has_errors(&report.diagnostics);
+        let (diagnostics, diagnostic_count) = carried(&report.diagnostics);
         Ok(Response::new(wire::ValidateRoleDefinitionResponse {
             valid,
             role_names: report.roles.iter().map(|role| role.name.clone()).filter(|name| !name.is_empty()).collect(),
-            diagnostics: report.diagnostics.iter().map(Into::into).collect(),
+            diagnostics,
+            diagnostic_count,
         }))
     }
 
@@ -151,9 +171,7 @@ impl ValidatorApi for ValidatorService {
         let source = request.source;
         let report = blocking(move || muster_format::validate_permission_matrix_with_limits(&source, &limits)).await?;
         let valid = !has_errors(&report.diagnostics);
-        Ok(Response::new(wire::ValidatePermissionMatrixResponse {
-            diagnostics: report.diagnostics.iter().map(Into::into).collect(),
-            valid,
-        }))
+        let (diagnostics, diagnostic_count) = carried(&report.diagnostics);
+        Ok(Response::new(wire::ValidatePermissionMatrixResponse { diagnostics, diagnostic_count, valid }))
     }
 }

@@ -131,6 +131,29 @@ steps:
 }
 
 #[tokio::test]
+async fn a_finding_on_every_step_is_answered_within_bounds_errors_first() {
+    let mut server = TestServer::start().await;
+    // 1,500 warnings (each executor also informed), then one error at the end.
+    let mut source = String::from("name: many\nsteps:\n");
+    for index in 0..1_500 {
+        source.push_str(&format!(
+            "  - {{id: s{index}, type: agent_task, agent: a, message: m, roles: {{executor: a, informed: [a]}}}}\n"
+        ));
+    }
+    source.push_str("  - {id: last, type: agent_task, agent: a, message: m, roles: {monitors: [b]}}\n");
+    let response = server.process(&source, None).await;
+    assert!(!response.valid);
+    assert_eq!((response.diagnostics.len(), response.diagnostic_count), (1_000, 1_501));
+    assert_eq!(summary(&response.diagnostics[..1]), vec![("EMI002".to_owned(), Severity::Error as i32, 1_503, 56)]);
+    assert!(response.diagnostics[1..].iter().all(|found| found.code == "EMI102"), "then the warnings");
+    assert_eq!(response.diagnostics[1].line, 3, "in source order");
+    // Below the bound, every finding in source order, as before.
+    let few = server.process(&source.replace("informed: [a]", "informed: [b]"), None).await;
+    assert_eq!((few.diagnostics.len(), few.diagnostic_count), (1, 1));
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn context_flags_decide_which_reference_rules_run() {
     let mut server = TestServer::start().await;
     let source = "name: p\nsteps:\n  - {id: a, type: tool_call, agent: dev, tool: linter, action: review}\n";

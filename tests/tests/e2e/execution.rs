@@ -744,7 +744,7 @@ async fn a_lost_stream_gives_its_steps_back_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn versions_are_pinned_context_is_checked_and_parallelism_is_bounded() {
-    use muster_proto::execution::v1::GetProcessRequest;
+    use muster_proto::execution::v1::{GetProcessRequest, ListProcessesRequest};
     let Some((test, credentials)) = cluster_with_agents(Backend::Sqlite, &["doer"]).await else { return };
     let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
     let mut client = test.execution();
@@ -795,6 +795,34 @@ async fn versions_are_pinned_context_is_checked_and_parallelism_is_bounded() {
         .process
         .unwrap();
     assert_eq!(original.source, bounded, "a published version never changes");
+
+    // A warning on each of 1,000 steps (the executor is also informed): the
+    // version keeps and shows the first 100 with the count of them all, a
+    // publish does not echo the source, and a list carries the count only.
+    let warned = chain_process("warned", 1_000, "doer", "doer", "{}");
+    let published = client
+        .publish_process(PublishProcessRequest { source: warned.clone(), file_name: String::new() })
+        .await
+        .unwrap()
+        .into_inner();
+    let version = published.process.unwrap();
+    assert_eq!((published.diagnostics.len(), version.warnings.len(), version.warning_count), (100, 100, 1_000));
+    assert_eq!(
+        published.diagnostics[99].line,
+        warned.lines().position(|line| line == "  - id: s99").unwrap() as u32 + 8
+    );
+    assert!(version.source.is_empty(), "the caller has the source");
+    let read = client
+        .get_process(GetProcessRequest { name: "warned".to_owned(), version: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+        .process
+        .unwrap();
+    assert_eq!((read.source == warned, read.warnings, read.warning_count), (true, published.diagnostics, 1_000));
+    let listed = client.list_processes(ListProcessesRequest::default()).await.unwrap().into_inner();
+    let listed = listed.processes.iter().find(|process| process.name == "warned").unwrap();
+    assert_eq!((listed.warnings.len(), listed.warning_count), (0, 1_000));
 
     let _ = stop.send(());
     worker.await.unwrap().unwrap();

@@ -188,6 +188,27 @@ impl Event {
     }
 }
 
+/// The warnings found when a process was published: the first
+/// [`Warnings::KEPT`] in source order, and how many there were. A process
+/// with a warning on each of its thousands of steps is kept, read and
+/// answered without them all.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Warnings {
+    pub(crate) kept: Vec<Finding>,
+    pub(crate) count: u32,
+}
+
+impl Warnings {
+    pub(crate) const KEPT: usize = 100;
+
+    /// The first [`Warnings::KEPT`] of `found`, and their count.
+    pub(crate) fn keep(mut found: Vec<Finding>) -> Self {
+        let count = u32::try_from(found.len()).unwrap_or(u32::MAX);
+        found.truncate(Self::KEPT);
+        Self { kept: found, count }
+    }
+}
+
 /// A published version of a process.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ProcessVersion {
@@ -200,7 +221,7 @@ pub(crate) struct ProcessVersion {
     pub(crate) published_at: i64,
     pub(crate) step_count: u32,
     /// Warnings found when it was published.
-    pub(crate) warnings: Vec<Finding>,
+    pub(crate) warnings: Warnings,
     /// The definition, parsed and checked once, when it was published.
     pub(crate) definition: Arc<muster_format::ProcessDefinition>,
 }

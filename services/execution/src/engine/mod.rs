@@ -51,6 +51,7 @@ use crate::{
         budget::Budget,
         model::{
             AgentContext, Event, EventKind, Execution, Finding, HandOff, HandOffAnswer, Outcome, ProcessVersion, Step,
+            Warnings,
         },
     },
     store::{NewProcess, Published, Replica, StepWrite, Store, Write},
@@ -405,7 +406,7 @@ impl Engine {
                 content_hash: hex::encode(sha2::Sha256::digest(source.as_bytes())),
                 source,
                 published_at: muster_runtime::time::now_millis(),
-                warnings: findings,
+                warnings: Warnings::keep(findings),
                 definition: Arc::new(definition),
             })
             .await?;

@@ -17,14 +17,29 @@ use crate::{
     wire::{execution_status_to_wire, finding_to_wire, roles_to_wire, step_status_to_wire},
 };
 
-pub(super) fn process_to_wire(process: &ProcessVersion, with_source: bool) -> wire::ProcessVersion {
+/// What a process version's wire form carries besides its summary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shown {
+    /// The source and the kept warnings (GetProcess).
+    All,
+    /// The kept warnings (PublishProcess: the caller sent the source).
+    Warnings,
+    /// The warnings' count only (ListProcesses: a page of many).
+    Count,
+}
+
+pub(super) fn process_to_wire(process: &ProcessVersion, shown: Shown) -> wire::ProcessVersion {
     wire::ProcessVersion {
         name: process.name.clone(),
         version: process.version,
-        source: if with_source { process.source.clone() } else { String::new() },
+        source: if shown == Shown::All { process.source.clone() } else { String::new() },
         published_at: Some(to_timestamp(process.published_at)),
         step_count: process.step_count,
-        warnings: process.warnings.iter().map(finding_to_wire).collect(),
+        warnings: match shown {
+            Shown::All | Shown::Warnings => process.warnings.kept.iter().map(finding_to_wire).collect(),
+            Shown::Count => Vec::new(),
+        },
+        warning_count: process.warnings.count,
     }
 }
 

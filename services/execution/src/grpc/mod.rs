@@ -43,13 +43,15 @@ mod streams;
 mod tools;
 
 pub use access::ACCESS;
-use convert::{execution_to_wire, process_to_wire};
+use convert::{Shown, execution_to_wire, process_to_wire};
 use streams::stream_events;
 
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
-/// Longest source of a process accepted for publishing, in bytes.
-const MAX_SOURCE_BYTES: usize = 4 * 1024 * 1024;
+/// Longest source of a process accepted for publishing, in bytes: 64 KiB
+/// under the default message limit leaves room, in GetProcess's answer,
+/// for the version's kept warnings beside its source.
+const MAX_SOURCE_BYTES: usize = 4 * 1024 * 1024 - 64 * 1024;
 /// Longest execution inputs, in bytes.
 const MAX_INPUTS_BYTES: usize = 1024 * 1024;
 /// Longest idempotency key, in bytes.
@@ -158,8 +160,8 @@ impl ExecutionApi {
             tracing::info!(process = %process.name, version = process.version, "process published");
         }
         Ok(wire::PublishProcessResponse {
-            diagnostics: process.warnings.iter().map(crate::wire::finding_to_wire).collect(),
-            process: Some(process_to_wire(&process, true)),
+            diagnostics: process.warnings.kept.iter().map(crate::wire::finding_to_wire).collect(),
+            process: Some(process_to_wire(&process, Shown::Warnings)),
             unchanged: !new,
         })
     }
@@ -436,7 +438,7 @@ impl ExecutionApi {
             String::new()
         };
         Ok(wire::ListProcessesResponse {
-            processes: processes.iter().map(|process| process_to_wire(process, false)).collect(),
+            processes: processes.iter().map(|process| process_to_wire(process, Shown::Count)).collect(),
             next_page_token,
         })
     }
@@ -471,7 +473,7 @@ impl ExecutionService for ExecutionApi {
                 )
             })
         });
-        answer(found.map(|process| wire::GetProcessResponse { process: Some(process_to_wire(&process, true)) }))
+        answer(found.map(|process| wire::GetProcessResponse { process: Some(process_to_wire(&process, Shown::All)) }))
     }
 
     async fn list_processes(

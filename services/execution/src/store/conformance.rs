@@ -17,7 +17,7 @@ use crate::{
         budget::{Action, Budget, Source},
         inbox::{InboxMessage, MessageState, Priority},
         memory::MemoryEntry,
-        model::{Event, EventKind, Execution, Step},
+        model::{Event, EventKind, Execution, Finding, Step, Warnings},
     },
 };
 
@@ -32,7 +32,7 @@ fn new_process(source: &str, hash: &str) -> NewProcess {
         source: source.to_owned(),
         content_hash: hash.to_owned(),
         published_at: 1_000,
-        warnings: Vec::new(),
+        warnings: Warnings::default(),
         definition: Arc::new(definition),
     }
 }
@@ -111,6 +111,23 @@ async fn conformance(store: SqlStore) {
     assert_eq!(page, ["alpha", "flow"]);
     let next = store.list_processes("flow", 2).await.unwrap();
     assert_eq!((next.len(), next[0].name.as_str(), next[0].version), (1, "omega", 1));
+    // Of many warnings, the first are kept with the count of them all.
+    let warning = |line: u32| Finding {
+        error: false,
+        code: "EMI102".to_owned(),
+        message: format!("warning on line {line}"),
+        path: "steps[0]".to_owned(),
+        line,
+        column: 3,
+    };
+    let warned = NewProcess {
+        warnings: Warnings::keep((1..=250).map(warning).collect()),
+        ..new_process(&PROCESS.replace("name: flow", "name: warned"), "hash-warned")
+    };
+    store.publish_process(warned).await.unwrap();
+    let read = store.process("warned", None).await.unwrap().unwrap();
+    assert_eq!((read.warnings.kept.len(), read.warnings.count), (Warnings::KEPT, 250));
+    assert_eq!(read.warnings.kept[Warnings::KEPT - 1], warning(Warnings::KEPT as u32));
 
     // An execution with its steps and first events, in one commit.
     let assignment = RoleAssignment {

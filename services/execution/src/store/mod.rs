@@ -26,7 +26,7 @@ use crate::{
         budget::{Budget, Usage},
         inbox::{InboxMessage, MessageState},
         memory::MemoryEntry,
-        model::{Event, Execution, Finding, ProcessVersion, Step},
+        model::{Event, Execution, ProcessVersion, Step, Warnings},
         schedule::ScheduleState,
     },
 };
@@ -41,7 +41,7 @@ pub(crate) struct NewProcess {
     pub(crate) source: String,
     pub(crate) content_hash: String,
     pub(crate) published_at: i64,
-    pub(crate) warnings: Vec<Finding>,
+    pub(crate) warnings: Warnings,
     pub(crate) definition: Arc<muster_format::ProcessDefinition>,
 }
 

@@ -41,7 +41,7 @@ use crate::{
         budget::{self, Budget, Usage},
         inbox::{InboxMessage, MessageState},
         memory::MemoryEntry,
-        model::{Event, Execution, Finding, ProcessVersion, Step},
+        model::{Event, Execution, Finding, ProcessVersion, Step, Warnings},
         schedule::ScheduleState,
     },
     wire,
@@ -839,21 +839,28 @@ async fn upsert_assignment(
     Ok(())
 }
 
-/// Diagnostics are stored as one encoded message of wire diagnostics.
+/// A version's warnings are stored as one encoded message of wire
+/// diagnostics, with their count (absent, before warnings were counted:
+/// all of them are stored).
 #[derive(Clone, PartialEq, prost::Message)]
 struct StoredDiagnostics {
     #[prost(message, repeated, tag = "1")]
     diagnostics: Vec<common::Diagnostic>,
+    #[prost(uint32, tag = "2")]
+    count: u32,
 }
 
-fn encode_findings(findings: &[Finding]) -> Vec<u8> {
-    StoredDiagnostics { diagnostics: findings.iter().map(wire::finding_to_wire).collect() }.encode_to_vec()
+fn encode_warnings(warnings: &Warnings) -> Vec<u8> {
+    StoredDiagnostics { diagnostics: warnings.kept.iter().map(wire::finding_to_wire).collect(), count: warnings.count }
+        .encode_to_vec()
 }
 
-fn decode_findings(bytes: &[u8]) -> Result<Vec<Finding>> {
-    StoredDiagnostics::decode(bytes)
-        .map(|stored| stored.diagnostics.into_iter().map(wire::finding_from_wire).collect())
-        .map_err(|error| Error::Storage(format!("corrupt stored diagnostics: {error}")))
+fn decode_warnings(bytes: &[u8]) -> Result<Warnings> {
+    let stored = StoredDiagnostics::decode(bytes)
+        .map_err(|error| Error::Storage(format!("corrupt stored diagnostics: {error}")))?;
+    let kept: Vec<Finding> = stored.diagnostics.into_iter().map(wire::finding_from_wire).collect();
+    // Versions stored before the count kept every warning.
+    Ok(if stored.count == 0 { Warnings::keep(kept) } else { Warnings { kept, count: stored.count } })
 }
 
 /// The messages an ended execution had: processed when it completed, given
@@ -1009,7 +1016,7 @@ fn process_from_row(row: &AnyRow) -> Result<ProcessVersion> {
         content_hash: row.try_get("content_hash")?,
         published_at: row.try_get("published_at")?,
         step_count: row.try_get::<i64, _>("step_count")? as u32,
-        warnings: decode_findings(&warnings)?,
+        warnings: decode_warnings(&warnings)?,
         definition: Arc::new(definition),
         name,
         version,
@@ -1151,7 +1158,7 @@ impl Store for SqlStore {
             .bind(process.source.clone())
             .bind(process.published_at)
             .bind(process.definition.steps.len() as i64)
-            .bind(encode_findings(&process.warnings))
+            .bind(encode_warnings(&process.warnings))
             .bind(definition)
             .bind(process.content_hash.clone())
             .bind(inbox.unwrap_or_default())
