@@ -337,7 +337,7 @@ impl Engine {
     pub(crate) async fn load_matrix(&self) -> Result<()> {
         let matrix = match self.store.latest_matrix().await? {
             Some(matrix) => matrix,
-            None => self.store.put_matrix(default_matrix()).await?,
+            None => self.store.first_matrix(default_matrix()).await?,
         };
         self.set_matrix(matrix);
         Ok(())

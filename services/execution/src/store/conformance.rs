@@ -313,13 +313,23 @@ async fn conformance(store: SqlStore) {
     // The permission matrix: versions, the newest in force.
     assert!(store.latest_matrix().await.unwrap().is_none());
     let (matrix, _) = Matrix::parse(0, DEFAULT_MATRIX.to_owned(), 10, "muster".to_owned()).unwrap();
-    let first_matrix = store.put_matrix(matrix.clone()).await.unwrap();
-    let second_matrix = store.put_matrix(Matrix { created_by: "operator:ops".to_owned(), ..matrix }).await.unwrap();
-    assert_eq!((first_matrix.version, second_matrix.version), (1, 2));
+    // Replicas starting at once store one first version between them.
+    let other = Matrix { created_by: "replica-b".to_owned(), ..matrix.clone() };
+    let (first, also_first) = tokio::join!(store.first_matrix(matrix.clone()), store.first_matrix(other));
+    let (first, also_first) = (first.unwrap(), also_first.unwrap());
+    assert_eq!((first.version, also_first.version), (1, 1));
+    assert_eq!(first.created_by, also_first.created_by, "one of the two, stored once");
+    // Matrices put at once each take a version of their own.
+    let put = |by: &str| store.put_matrix(Matrix { created_by: by.to_owned(), ..matrix.clone() });
+    let (two, three, four) = tokio::join!(put("operator:a"), put("operator:b"), put("operator:c"));
+    let mut versions = [two.unwrap().version, three.unwrap().version, four.unwrap().version];
+    versions.sort_unstable();
+    assert_eq!(versions, [2, 3, 4]);
+    assert_eq!(put("operator:ops").await.unwrap().version, 5);
     assert_eq!(store.latest_matrix().await.unwrap().unwrap().created_by, "operator:ops");
-    assert_eq!(store.matrix(1).await.unwrap().unwrap().created_by, "muster");
+    assert_eq!(store.matrix(1).await.unwrap().unwrap().created_by, first.created_by);
     let versions: Vec<u32> = store.matrices(None, 10).await.unwrap().iter().map(|matrix| matrix.version).collect();
-    assert_eq!(versions, [2, 1]);
+    assert_eq!(versions, [5, 4, 3, 2, 1]);
     let older: Vec<u32> = store.matrices(Some(2), 10).await.unwrap().iter().map(|matrix| matrix.version).collect();
     assert_eq!(older, [1]);
 

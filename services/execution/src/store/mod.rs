@@ -292,6 +292,10 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// Stores `matrix` as the next version (its `version` is ignored) and
     /// returns it with its version.
     fn put_matrix(&self, matrix: Matrix) -> BoxFuture<'_, Result<Matrix>>;
+    /// Stores `matrix` as version 1 unless a version is stored (another
+    /// replica starting at the same time may have stored it); returns the
+    /// newest version.
+    fn first_matrix(&self, matrix: Matrix) -> BoxFuture<'_, Result<Matrix>>;
 
     /// Schedules due at or before `now`, the earliest first.
     fn due_schedules(&self, now: i64, limit: u32) -> BoxFuture<'_, Result<Vec<ScheduleState>>>;

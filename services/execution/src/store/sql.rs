@@ -1797,21 +1797,56 @@ impl Store for SqlStore {
 
     fn put_matrix(&self, matrix: Matrix) -> BoxFuture<'_, Result<Matrix>> {
         Box::pin(async move {
+            // Replicas putting a matrix at once may both take the same next
+            // version: the one refused by the key takes the one after.
+            let mut attempts = 0;
+            loop {
+                attempts += 1;
+                let put = async {
+                    let mut transaction = self.database.pool.begin().await?;
+                    let latest: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM permission_matrices")
+                        .fetch_one(&mut *transaction)
+                        .await?;
+                    let version = latest.unwrap_or(0) + 1;
+                    sqlx::query(
+                        "INSERT INTO permission_matrices (version, source, created_at, created_by) \
+                         VALUES ($1, $2, $3, $4)",
+                    )
+                    .bind(version)
+                    .bind(matrix.source.clone())
+                    .bind(matrix.created_at)
+                    .bind(matrix.created_by.clone())
+                    .execute(&mut *transaction)
+                    .await?;
+                    transaction.commit().await?;
+                    Ok::<_, sqlx::Error>(version)
+                };
+                match put.await {
+                    Ok(version) => return Ok(Matrix { version: version as u32, ..matrix }),
+                    Err(sqlx::Error::Database(error)) if error.is_unique_violation() && attempts < 10 => continue,
+                    Err(error) => return Err(error.into()),
+                }
+            }
+        })
+    }
+
+    fn first_matrix(&self, matrix: Matrix) -> BoxFuture<'_, Result<Matrix>> {
+        Box::pin(async move {
             let mut transaction = self.database.pool.begin().await?;
-            let latest: Option<i64> =
-                sqlx::query_scalar("SELECT MAX(version) FROM permission_matrices").fetch_one(&mut *transaction).await?;
-            let version = latest.unwrap_or(0) + 1;
             sqlx::query(
-                "INSERT INTO permission_matrices (version, source, created_at, created_by) VALUES ($1, $2, $3, $4)",
+                "INSERT INTO permission_matrices (version, source, created_at, created_by) VALUES (1, $1, $2, $3) \
+                 ON CONFLICT (version) DO NOTHING",
             )
-            .bind(version)
             .bind(matrix.source.clone())
             .bind(matrix.created_at)
             .bind(matrix.created_by.clone())
             .execute(&mut *transaction)
             .await?;
+            let latest = sqlx::query("SELECT * FROM permission_matrices ORDER BY version DESC LIMIT 1")
+                .fetch_one(&mut *transaction)
+                .await?;
             transaction.commit().await?;
-            Ok(Matrix { version: version as u32, ..matrix })
+            matrix_from_row(&latest)
         })
     }
 
