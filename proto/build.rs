@@ -33,20 +33,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(out_dir.join("muster_descriptor.bin"), compiler.encode_file_descriptor_set())?;
     std::fs::write(out_dir.join("limits.rs"), limits_table(&compiler.descriptor_pool())?)?;
     tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(compiler.file_descriptor_set())?;
-    framed_notifier_server(compiler.file_descriptor_set(), &out_dir)?;
+    framed_servers(compiler.file_descriptor_set(), &out_dir)?;
     Ok(())
 }
 
-/// A second server for the notifier, into `OUT_DIR/framed`: the same service
-/// whose Subscribe stream yields `frame::SubscribeFrame`, the
-/// hand-encoded form of `SubscribeResponse` that carries an event already
-/// encoded, so one event sent to many subscribers is encoded once. Every
-/// message is the one generated above.
-fn framed_notifier_server(
+/// A second server for the notifier and the execution service, into
+/// `OUT_DIR/framed`: the same services whose streams yield hand-encoded
+/// messages that carry parts already encoded. The notifier's Subscribe
+/// stream yields `frame::SubscribeFrame` (an event encoded once for all its
+/// subscribers); the execution service's ConnectWorker and RelaySteps
+/// streams yield `frame::WorkerFrame` and `frame::RelayFrame` (an
+/// assignment's shared memory encoded once for the assignments that carry
+/// it, and relayed messages passed on as they came). Every message is the
+/// one generated above.
+fn framed_servers(
     mut set: prost_types::FileDescriptorSet,
     out_dir: &std::path::Path,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    set.file.retain(|file| file.service.is_empty() || file.name() == "muster/notifier/v1/notifier.proto");
+    set.file.retain(|file| {
+        file.service.is_empty()
+            || ["muster/notifier/v1/notifier.proto", "muster/execution/v1/execution.proto"].contains(&file.name())
+    });
     let framed = out_dir.join("framed");
     std::fs::create_dir_all(&framed)?;
     tonic_prost_build::configure()
@@ -55,6 +62,8 @@ fn framed_notifier_server(
         .out_dir(&framed)
         .extern_path(".muster", "crate")
         .extern_path(".muster.notifier.v1.SubscribeResponse", "crate::frame::SubscribeFrame")
+        .extern_path(".muster.execution.v1.ConnectWorkerResponse", "crate::frame::WorkerFrame")
+        .extern_path(".muster.execution.v1.RelayStepsResponse", "crate::frame::RelayFrame")
         .compile_fds(set)?;
     Ok(())
 }

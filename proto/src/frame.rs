@@ -1,11 +1,18 @@
-//! `muster.notifier.v1.SubscribeResponse` as a server sends it: the
+//! Stream messages as the servers send them, with parts already encoded.
+//!
+//! `muster.notifier.v1.SubscribeResponse` ([`SubscribeFrame`]): the
 //! notification's event travels as its encoded bytes, shared by every
 //! subscriber it goes to, instead of a `StepEvent` cloned and encoded once per
 //! subscriber. The bytes on the wire are exactly those of the generated
 //! [`SubscribeResponse`](crate::notifier::v1::SubscribeResponse); clients
-//! decode them with the generated types.
+//! decode them with the generated types. The execution service's worker
+//! streams: [`WorkerFrame`] and [`RelayFrame`].
 
 use std::sync::Arc;
+
+mod worker;
+
+pub use worker::{RelayFrame, WorkerFrame};
 
 use prost::{
     DecodeError, Message,

@@ -38,6 +38,13 @@ pub mod execution {
     /// Version 1.
     pub mod v1 {
         tonic::include_proto!("muster.execution.v1");
+
+        /// The execution service's server once more, its ConnectWorker and
+        /// RelaySteps streams yielding [`WorkerFrame`](crate::frame::WorkerFrame)s:
+        /// what the execution service serves (the same wire contract).
+        pub mod framed {
+            include!(concat!(env!("OUT_DIR"), "/framed/muster.execution.v1.rs"));
+        }
     }
 }
 

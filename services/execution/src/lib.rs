@@ -34,7 +34,7 @@ mod wire;
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use muster_proto::{
-    execution::v1::execution_service_server::ExecutionServiceServer,
+    execution::v1::framed::execution_service_server::ExecutionServiceServer,
     notifier::v1::notifier_service_client::NotifierServiceClient,
 };
 use muster_runtime::ServerArgs;

@@ -13,8 +13,8 @@ use muster_runtime::{
 use crate::domain::{
     ExecutionStatus, StepStatus,
     model::{
-        Assignment, Decision, DecisionKind, Event, EventKind, Finding, HistoryEntry, RoleDefinition, Tool, ToolCall,
-        ToolOutput,
+        Assignment, Decision, DecisionKind, Event, EventKind, Finding, HistoryEntry, RoleDefinition, SharedMemory,
+        Tool, ToolCall, ToolOutput,
     },
     payload::{PayloadKind, PayloadRef},
 };
@@ -239,6 +239,8 @@ pub(crate) fn memory_entry_to_wire(entry: &crate::domain::memory::MemoryEntry) -
     }
 }
 
+/// An assignment on the wire: every field but its `shared_memory`, which
+/// travels encoded beside it ([`shared_memory_to_wire`]).
 pub(crate) fn assignment_to_wire(assignment: &Assignment) -> wire::Assignment {
     let context = &assignment.context;
     wire::Assignment {
@@ -259,7 +261,7 @@ pub(crate) fn assignment_to_wire(assignment: &Assignment) -> wire::Assignment {
             .iter()
             .map(|(step_id, output)| (step_id.clone(), stored_value(output)))
             .collect(),
-        shared_memory: stored_struct(&assignment.shared_memory_json),
+        shared_memory: None,
         shared_memory_left_out: assignment.shared_memory_left_out,
         history: assignment.history.iter().map(history_to_wire).collect(),
         role_definition: context.role_definition.as_ref().map(role_definition_to_wire),
@@ -276,6 +278,27 @@ pub(crate) fn assignment_to_wire(assignment: &Assignment) -> wire::Assignment {
         payload_refs: assignment.payload_refs.iter().map(payload_ref_to_wire).collect(),
         memory: context.memory.iter().map(memory_entry_to_wire).collect(),
     }
+}
+
+/// The shared memory as an encoded `google.protobuf.Struct`, made once for
+/// every assignment that carries it, of each output's part made once: a
+/// `Struct` whose fields are encoded one at a time and put side by side is
+/// the `Struct` of them all.
+pub(crate) fn shared_memory_to_wire(memory: &SharedMemory) -> bytes::Bytes {
+    use prost::Message as _;
+    memory
+        .encoded
+        .get_or_init(|| {
+            let mut encoded = Vec::new();
+            for entry in &memory.outputs {
+                encoded.extend_from_slice(entry.encoded.get_or_init(|| {
+                    let fields = [(entry.step_id.clone(), stored_value(&entry.output))].into();
+                    prost_types::Struct { fields }.encode_to_vec().into()
+                }));
+            }
+            encoded.into()
+        })
+        .clone()
 }
 
 fn payload_ref_to_wire(reference: &PayloadRef) -> wire::PayloadRef {

@@ -2,7 +2,7 @@
 //! flows between the engine and the workers — as the engine and the store
 //! see them. Their wire forms live in `grpc/convert.rs`.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use muster_format::StepRoles;
 
@@ -188,6 +188,38 @@ impl Event {
     }
 }
 
+/// The shared memory an assignment carries: the outputs of the most
+/// recently completed steps, newest first, an object of step id to output.
+/// Its encoded form is made once, by the wire layer, for every assignment
+/// that carries it; each output's part of it once for every memory the
+/// output is in.
+#[derive(Debug, Default)]
+pub(crate) struct SharedMemory {
+    pub(crate) outputs: Vec<Arc<MemoryOutput>>,
+    pub(crate) encoded: OnceLock<bytes::Bytes>,
+}
+
+/// One completed step's output in the shared memory.
+#[derive(Debug)]
+pub(crate) struct MemoryOutput {
+    pub(crate) step_id: String,
+    /// JSON text.
+    pub(crate) output: Arc<str>,
+    pub(crate) encoded: OnceLock<bytes::Bytes>,
+}
+
+/// Equal when they hold the same outputs, encoded yet or not.
+impl PartialEq for SharedMemory {
+    fn eq(&self, other: &Self) -> bool {
+        self.outputs.len() == other.outputs.len()
+            && self
+                .outputs
+                .iter()
+                .zip(&other.outputs)
+                .all(|(one, two)| one.step_id == two.step_id && one.output == two.output)
+    }
+}
+
 /// The warnings found when a process was published: the first
 /// [`Warnings::KEPT`] in source order, and how many there were. A process
 /// with a warning on each of its thousands of steps is kept, read and
@@ -328,11 +360,11 @@ pub(crate) struct Assignment {
     pub(crate) upstream_outputs: Vec<(String, Arc<str>)>,
     /// The inputs and outputs that travel by reference.
     pub(crate) payload_refs: Vec<super::payload::PayloadRef>,
-    /// Outputs of the most recently completed steps, as a JSON object of
-    /// step id to output (bounded: see `shared_memory_left_out`); shared by
-    /// the assignments made while no step ends.
-    pub(crate) shared_memory_json: Arc<str>,
-    /// Completed steps whose outputs did not fit into `shared_memory_json`.
+    /// Outputs of the most recently completed steps (bounded: see
+    /// `shared_memory_left_out`); shared by the assignments made while no
+    /// step ends.
+    pub(crate) shared_memory: Arc<SharedMemory>,
+    /// Completed steps whose outputs did not fit into `shared_memory`.
     pub(crate) shared_memory_left_out: u32,
     /// The most recent finished steps, oldest first; shared like the memory.
     pub(crate) history: Arc<[HistoryEntry]>,

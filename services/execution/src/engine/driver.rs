@@ -18,7 +18,7 @@
 use std::{
     cmp::Reverse,
     collections::{BinaryHeap, HashMap, HashSet, VecDeque},
-    sync::Arc,
+    sync::{Arc, OnceLock},
     time::Duration,
 };
 
@@ -40,7 +40,10 @@ use crate::{
         dag::{Dag, Readiness},
         inbox::{self, InboxMessage},
         memory::{self, MemoryEntry},
-        model::{AgentContext, Assignment, Event, EventKind, Execution, HistoryEntry, Outcome, ProcessVersion, Step},
+        model::{
+            AgentContext, Assignment, Event, EventKind, Execution, HistoryEntry, MemoryOutput, Outcome, ProcessVersion,
+            SharedMemory, Step,
+        },
         payload,
     },
     store::{StepWrite, Write},
@@ -100,7 +103,7 @@ enum Effect {
 #[derive(Clone)]
 struct Recent {
     history: Arc<[HistoryEntry]>,
-    shared_memory_json: Arc<str>,
+    shared_memory: Arc<SharedMemory>,
     left_out: u32,
 }
 
@@ -132,6 +135,9 @@ pub(crate) struct Driver {
     ended: Vec<usize>,
     /// History and shared memory as of the last step that ended, once built.
     recent: Option<Recent>,
+    /// The outputs in the last shared memory built, by step position: kept
+    /// (with their encoded form, once made) for the next.
+    memory_outputs: HashMap<usize, Arc<MemoryOutput>>,
     completed: usize,
     /// The span of each attempt underway: the step's part of the trace.
     spans: Vec<Option<tracing::Span>>,
@@ -194,6 +200,7 @@ impl Driver {
             ready: VecDeque::new(),
             ended,
             recent: None,
+            memory_outputs: HashMap::new(),
             completed,
             spans: vec![None; count],
             route,
@@ -1160,7 +1167,7 @@ impl Driver {
             inputs_json: carried.inputs_json,
             upstream_outputs: carried.upstream_outputs,
             payload_refs: carried.payload_refs,
-            shared_memory_json: recent.shared_memory_json,
+            shared_memory: recent.shared_memory,
             shared_memory_left_out: recent.left_out,
             history: recent.history,
             context,
@@ -1183,21 +1190,21 @@ impl Driver {
         if let Some(recent) = &self.recent {
             return recent.clone();
         }
-        let (shared_memory_json, left_out) = self.shared_memory();
-        let recent = Recent { history: self.history().into(), shared_memory_json: shared_memory_json.into(), left_out };
+        let (shared_memory, left_out) = self.shared_memory();
+        let recent = Recent { history: self.history().into(), shared_memory: Arc::new(shared_memory), left_out };
         self.recent = Some(recent.clone());
         recent
     }
 
     /// The outputs of the most recently completed steps that fit, newest
-    /// first, as a JSON object of step id to output (outputs are JSON text
-    /// once stored, so this is concatenation, not parsing), and how many
-    /// completed steps were left out.
-    fn shared_memory(&self) -> (String, u32) {
-        let mut memory = Vec::new();
+    /// first, and how many completed steps were left out. An output still
+    /// in the memory is the one the last memory held, with its encoded form.
+    fn shared_memory(&mut self) -> (SharedMemory, u32) {
+        let mut kept = std::mem::take(&mut self.memory_outputs);
+        let mut outputs = Vec::new();
         let mut bytes = 0;
         for &position in self.ended.iter().rev() {
-            if memory.len() >= SHARED_MEMORY_STEPS {
+            if outputs.len() >= SHARED_MEMORY_STEPS {
                 break;
             }
             let step = &self.steps[position];
@@ -1208,22 +1215,19 @@ impl Driver {
                 break;
             }
             bytes += output.len();
-            memory.push((&self.definition(position).id, output));
+            let entry = match kept.remove(&position) {
+                Some(entry) if Arc::ptr_eq(&entry.output, output) => entry,
+                _ => Arc::new(MemoryOutput {
+                    step_id: self.definition(position).id.clone(),
+                    output: output.clone(),
+                    encoded: OnceLock::new(),
+                }),
+            };
+            self.memory_outputs.insert(position, entry.clone());
+            outputs.push(entry);
         }
-        let left_out = self.completed.saturating_sub(memory.len());
-        let mut text =
-            String::with_capacity(2 + memory.iter().map(|(id, output)| id.len() + output.len() + 4).sum::<usize>());
-        text.push('{');
-        for (index, (step_id, output)) in memory.iter().enumerate() {
-            if index > 0 {
-                text.push(',');
-            }
-            text.push_str(&serde_json::Value::String((*step_id).clone()).to_string());
-            text.push(':');
-            text.push_str(output);
-        }
-        text.push('}');
-        (text, u32::try_from(left_out).unwrap_or(u32::MAX))
+        let left_out = self.completed.saturating_sub(outputs.len());
+        (SharedMemory { outputs, encoded: OnceLock::new() }, u32::try_from(left_out).unwrap_or(u32::MAX))
     }
 
     /// The most recent ended steps, oldest first.

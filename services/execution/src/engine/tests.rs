@@ -586,21 +586,25 @@ async fn each_assignment_carries_the_history_and_memory_as_of_its_start() {
         steps.sort();
         steps
     };
+    // The shared memory as a worker decodes it.
+    let memory = |assignment: &crate::domain::model::Assignment| -> serde_json::Value {
+        use prost::Message as _;
+        let encoded = crate::wire::shared_memory_to_wire(&assignment.shared_memory);
+        muster_runtime::json::object_to_json(&prost_types::Struct::decode(encoded).unwrap()).unwrap()
+    };
     assert!(seen("s0").history.is_empty());
-    assert_eq!(&*seen("s0").shared_memory_json, "{}");
+    assert_eq!(memory(&seen("s0")), serde_json::json!({}));
     // s1 and s2 see s0 (and, if it ended before they started, each other), never themselves.
     for step in ["s1", "s2"] {
         let assignment = seen(step);
         assert!(ended(&assignment).contains(&"s0".to_owned()), "{step}");
         assert!(!ended(&assignment).contains(&step.to_owned()), "{step}");
-        assert!(
-            assignment.shared_memory_json.starts_with('{')
-                && assignment.shared_memory_json.contains(r#""s0":{"step":"s0"}"#)
-        );
+        assert_eq!(memory(&assignment)["s0"], serde_json::json!({"step": "s0"}), "{step}");
     }
     assert_eq!(ended(&seen("s3")), ["s0", "s1", "s2"]);
-    let memory: serde_json::Value = serde_json::from_str(&seen("s3").shared_memory_json).unwrap();
+    let memory = memory(&seen("s3"));
     assert_eq!(memory.as_object().unwrap().len(), 3);
+    assert_eq!(memory["s2"], serde_json::json!({"step": "s2"}));
 }
 
 /// The roster's questions and releases about one execution, as step ids.

@@ -7,7 +7,10 @@
 
 use std::{pin::Pin, sync::Arc};
 
-use muster_proto::execution::v1::{self as wire, execution_service_server::ExecutionService};
+use muster_proto::{
+    execution::v1::{self as wire, framed::execution_service_server::ExecutionService},
+    frame::{RelayFrame, WorkerFrame},
+};
 use muster_runtime::{
     auth::{AgentDirectory, Caller},
     security::Security,
@@ -588,7 +591,7 @@ impl ExecutionService for ExecutionApi {
         )
     }
 
-    type ConnectWorkerStream = ResponseStream<wire::ConnectWorkerResponse>;
+    type ConnectWorkerStream = ResponseStream<WorkerFrame>;
 
     async fn connect_worker(
         &self,
@@ -598,7 +601,7 @@ impl ExecutionService for ExecutionApi {
         Ok(Response::new(self.connect(caller, request.into_inner()).await?))
     }
 
-    type RelayStepsStream = ResponseStream<wire::RelayStepsResponse>;
+    type RelayStepsStream = ResponseStream<RelayFrame>;
 
     async fn relay_steps(
         &self,

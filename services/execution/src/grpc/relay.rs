@@ -26,9 +26,12 @@ use std::{
     time::Duration,
 };
 
-use muster_proto::execution::v1::{
-    self as wire, connect_worker_request, connect_worker_response, execution_service_client::ExecutionServiceClient,
-    relay_steps_request,
+use muster_proto::{
+    execution::v1::{
+        self as wire, connect_worker_request, connect_worker_response,
+        execution_service_client::ExecutionServiceClient, relay_steps_request,
+    },
+    frame::RelayFrame,
 };
 use muster_runtime::{
     auth::{Caller, TokenHash},
@@ -430,7 +433,7 @@ impl ExecutionApi {
         &self,
         caller: Caller,
         mut inbound: Streaming<wire::RelayStepsRequest>,
-    ) -> std::result::Result<ResponseStream<wire::RelayStepsResponse>, Status> {
+    ) -> std::result::Result<ResponseStream<RelayFrame>, Status> {
         if !caller.is_service("execution") {
             return Err(denied(
                 &caller,
@@ -462,7 +465,7 @@ impl ExecutionApi {
             engine.workers.unregister(worker_id);
         });
         let messages = self.outbound(worker_id, outbound);
-        Ok(Box::pin(messages.map(|message| message.map(|worker| wire::RelayStepsResponse { worker: Some(worker) }))))
+        Ok(Box::pin(messages.map(|message| message.map(|worker| RelayFrame { worker: Some(worker) }))))
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::{collections::BTreeSet, ops::ControlFlow, sync::Arc};
 
-use muster_proto::{common::v1 as common, execution::v1 as wire};
+use muster_proto::{common::v1 as common, execution::v1 as wire, frame::WorkerFrame};
 use muster_runtime::{
     auth::{Caller, TokenHash},
     time::to_duration,
@@ -26,7 +26,8 @@ use crate::{
         workers::{Closing, Connection, ServedAgent, ToWorker},
     },
     wire::{
-        assignment_to_wire, decision_to_wire, event_to_wire, tool_call_to_wire, tool_from_wire, tool_output_from_wire,
+        assignment_to_wire, decision_to_wire, event_to_wire, shared_memory_to_wire, tool_call_to_wire, tool_from_wire,
+        tool_output_from_wire,
     },
 };
 
@@ -43,14 +44,14 @@ fn deliverable(
     engine: &Engine,
     worker_id: u64,
     limit: usize,
-    message: Result<wire::ConnectWorkerResponse, Status>,
-) -> Option<Result<wire::ConnectWorkerResponse, Status>> {
-    if let Ok(response) = &message
-        && let Some(wire::connect_worker_response::Message::Assignment(assignment)) = &response.message
-        && response.encoded_len() > limit
+    message: Result<WorkerFrame, Status>,
+) -> Option<Result<WorkerFrame, Status>> {
+    if let Ok(frame) = &message
+        && frame.encoded_len() > limit
+        && let Some(assignment_id) = assignment_id(frame)
     {
-        let size = response.encoded_len();
-        tracing::warn!(assignment_id = %assignment.assignment_id, size, limit, "assignment too large to send");
+        let size = frame.encoded_len();
+        tracing::warn!(%assignment_id, size, limit, "assignment too large to send");
         let outcome = Outcome::Failed {
             error_code: "ASSIGNMENT_TOO_LARGE".to_owned(),
             message: format!(
@@ -59,16 +60,32 @@ fn deliverable(
             ),
             retryable: false,
         };
-        engine.workers.complete(worker_id, &assignment.assignment_id, outcome);
+        engine.workers.complete(worker_id, &assignment_id, outcome);
         return None;
     }
     Some(message)
 }
 
-fn to_wire(message: ToWorker) -> Result<wire::ConnectWorkerResponse, Status> {
+/// The id of the assignment a frame carries, if it carries one.
+fn assignment_id(frame: &WorkerFrame) -> Option<String> {
+    match frame {
+        WorkerFrame::Assignment { assignment, .. } => Some(assignment.assignment_id.clone()),
+        other => match other.to_message().ok()?.message? {
+            wire::connect_worker_response::Message::Assignment(assignment) => Some(assignment.assignment_id),
+            _ => None,
+        },
+    }
+}
+
+fn to_wire(message: ToWorker) -> Result<WorkerFrame, Status> {
     use wire::connect_worker_response::Message;
     let message = match message {
-        ToWorker::Assignment(assignment) => Message::Assignment(assignment_to_wire(&assignment)),
+        ToWorker::Assignment(assignment) => {
+            return Ok(WorkerFrame::Assignment {
+                assignment: assignment_to_wire(&assignment),
+                shared_memory: shared_memory_to_wire(&assignment.shared_memory),
+            });
+        }
         ToWorker::Cancel { assignment_id, reason } => Message::Cancel(wire::CancelAssignment { assignment_id, reason }),
         ToWorker::ToolCall(call) => Message::ToolCall(tool_call_to_wire(&call)),
         ToWorker::HandOffAnswer(answer) => Message::Delegation(wire::DelegationOutcome {
@@ -77,10 +94,7 @@ fn to_wire(message: ToWorker) -> Result<wire::ConnectWorkerResponse, Status> {
             decision: answer.decision.as_ref().map(decision_to_wire),
             reason: answer.reason,
         }),
-        ToWorker::Relayed(encoded) => {
-            return wire::ConnectWorkerResponse::decode(encoded)
-                .map_err(|error| Status::internal(format!("a relayed message does not decode: {error}")));
-        }
+        ToWorker::Relayed(encoded) => return Ok(WorkerFrame::Encoded(encoded)),
         ToWorker::Close(Closing::Revoked) => {
             return Err(muster_runtime::auth::unauthenticated(
                 "CREDENTIAL_REVOKED",
@@ -94,7 +108,7 @@ fn to_wire(message: ToWorker) -> Result<wire::ConnectWorkerResponse, Status> {
             )));
         }
     };
-    Ok(wire::ConnectWorkerResponse { message: Some(message) })
+    Ok(WorkerFrame::Message(wire::ConnectWorkerResponse { message: Some(message) }))
 }
 
 impl ExecutionApi {
@@ -103,7 +117,7 @@ impl ExecutionApi {
         &self,
         caller: Caller,
         mut inbound: Streaming<wire::ConnectWorkerRequest>,
-    ) -> Result<ResponseStream<wire::ConnectWorkerResponse>, Status> {
+    ) -> Result<ResponseStream<WorkerFrame>, Status> {
         let hello = match inbound.message().await? {
             Some(wire::ConnectWorkerRequest { message: Some(wire::connect_worker_request::Message::Hello(hello)) }) => {
                 hello
@@ -150,13 +164,13 @@ impl ExecutionApi {
         &self,
         worker_id: u64,
         outbound: mpsc::UnboundedReceiver<ToWorker>,
-    ) -> ResponseStream<wire::ConnectWorkerResponse> {
-        let welcome = wire::ConnectWorkerResponse {
+    ) -> ResponseStream<WorkerFrame> {
+        let welcome = WorkerFrame::Message(wire::ConnectWorkerResponse {
             message: Some(wire::connect_worker_response::Message::Welcome(wire::WorkerWelcome {
                 worker_id: worker_id.to_string(),
                 lease: Some(to_duration(self.engine.settings.worker_lease.as_millis() as u64)),
             })),
-        };
+        });
         let (engine, limit) = (self.engine.clone(), self.max_message_bytes);
         let messages = UnboundedReceiverStream::new(outbound)
             .filter_map(move |message| deliverable(&engine, worker_id, limit, to_wire(message)));

@@ -1,0 +1,219 @@
+//! `muster.execution.v1.ConnectWorkerResponse` and `RelayStepsResponse` as
+//! the execution service sends them: an assignment's shared memory travels
+//! as its encoded `google.protobuf.Struct`, built once and shared by every
+//! assignment that carries it, instead of a `Struct` parsed, cloned and
+//! encoded once per assignment; a message another replica relayed goes on
+//! as the bytes it came as. Clients decode them with the generated types:
+//! the same fields, the shared memory after the assignment's other fields.
+
+use prost::{
+    DecodeError, Message,
+    bytes::{Buf, BufMut, Bytes},
+    encoding::{self, DecodeContext, WireType},
+};
+
+use super::{encode_length_delimited, length_delimited_len};
+use crate::execution::v1::{Assignment, ConnectWorkerResponse};
+
+/// `ConnectWorkerResponse.assignment`.
+const ASSIGNMENT: u32 = 2;
+/// `Assignment.shared_memory`.
+const SHARED_MEMORY: u32 = 32;
+/// `RelayStepsResponse.worker`.
+const WORKER: u32 = 1;
+
+/// One message of a ConnectWorker stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkerFrame {
+    /// A message, encoded as generated.
+    Message(ConnectWorkerResponse),
+    /// An assignment (its own `shared_memory` unset) and its shared memory:
+    /// the encoded fields of a `google.protobuf.Struct`, always sent.
+    Assignment { assignment: Assignment, shared_memory: Bytes },
+    /// A whole `ConnectWorkerResponse`, already encoded.
+    Encoded(Bytes),
+}
+
+impl Default for WorkerFrame {
+    fn default() -> Self {
+        Self::Message(ConnectWorkerResponse::default())
+    }
+}
+
+impl WorkerFrame {
+    /// The generated message this frame encodes.
+    pub fn to_message(&self) -> Result<ConnectWorkerResponse, DecodeError> {
+        match self {
+            Self::Message(message) => Ok(message.clone()),
+            other => ConnectWorkerResponse::decode(other.encode_to_vec().as_slice()),
+        }
+    }
+}
+
+fn assignment_len(assignment: &Assignment, shared_memory: &Bytes) -> usize {
+    assignment.encoded_len() + length_delimited_len(SHARED_MEMORY, shared_memory.len())
+}
+
+impl Message for WorkerFrame {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        match self {
+            Self::Message(message) => message.encode_raw(buf),
+            Self::Assignment { assignment, shared_memory } => {
+                debug_assert!(assignment.shared_memory.is_none(), "the shared memory travels encoded");
+                encoding::encode_key(ASSIGNMENT, WireType::LengthDelimited, buf);
+                encoding::encode_varint(assignment_len(assignment, shared_memory) as u64, buf);
+                assignment.encode_raw(buf);
+                encode_length_delimited(SHARED_MEMORY, shared_memory, buf);
+            }
+            Self::Encoded(bytes) => buf.put_slice(bytes),
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        let mut message = match std::mem::take(self) {
+            Self::Message(message) => message,
+            other => other.to_message()?,
+        };
+        let merged = message.merge_field(tag, wire_type, buf, ctx);
+        *self = Self::Message(message);
+        merged
+    }
+
+    fn encoded_len(&self) -> usize {
+        match self {
+            Self::Message(message) => message.encoded_len(),
+            Self::Assignment { assignment, shared_memory } => {
+                length_delimited_len(ASSIGNMENT, assignment_len(assignment, shared_memory))
+            }
+            Self::Encoded(bytes) => bytes.len(),
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
+    }
+}
+
+/// One message of a RelaySteps stream: what a worker connected to
+/// ConnectWorker would receive.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RelayFrame {
+    /// Field 1.
+    pub worker: Option<WorkerFrame>,
+}
+
+impl Message for RelayFrame {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        if let Some(worker) = &self.worker {
+            encoding::message::encode(WORKER, worker, buf);
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        match tag {
+            WORKER => encoding::message::merge(wire_type, self.worker.get_or_insert_with(Default::default), buf, ctx),
+            _ => encoding::skip_field(wire_type, tag, buf, ctx),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.worker.as_ref().map_or(0, |worker| encoding::message::encoded_len(WORKER, worker))
+    }
+
+    fn clear(&mut self) {
+        self.worker = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost_types::{Struct, Value, value::Kind};
+
+    use super::*;
+    use crate::{
+        common::v1::StepRoles,
+        execution::v1::{CancelAssignment, RelayStepsResponse, connect_worker_response},
+    };
+
+    fn text(value: &str) -> Value {
+        Value { kind: Some(Kind::StringValue(value.to_owned())) }
+    }
+
+    fn assignment() -> Assignment {
+        Assignment {
+            assignment_id: "a-1".to_owned(),
+            step_id: "write".to_owned(),
+            message: "é".repeat(200),
+            roles: Some(StepRoles { executor: "writer".to_owned(), ..StepRoles::default() }),
+            shared_memory_left_out: 3,
+            ..Assignment::default()
+        }
+    }
+
+    fn generated(assignment: Assignment) -> ConnectWorkerResponse {
+        ConnectWorkerResponse { message: Some(connect_worker_response::Message::Assignment(assignment)) }
+    }
+
+    /// The shared memory of one step's output: a one-field `Struct`.
+    fn entry(step_id: &str, output: Value) -> Bytes {
+        Struct { fields: [(step_id.to_owned(), output)].into() }.encode_to_vec().into()
+    }
+
+    #[test]
+    fn an_assignment_frame_decodes_as_the_generated_response() {
+        // Fields encoded one at a time and put side by side are the Struct.
+        let shared_memory: Bytes = [entry("b", text("second")), entry("a", text("first"))].concat().into();
+        let memory = Struct { fields: [("a".to_owned(), text("first")), ("b".to_owned(), text("second"))].into() };
+        for (shared_memory, memory) in [(shared_memory, memory), (Bytes::new(), Struct::default())] {
+            let frame = WorkerFrame::Assignment { assignment: assignment(), shared_memory };
+            let wire = generated(Assignment { shared_memory: Some(memory), ..assignment() });
+            let encoded = frame.encode_to_vec();
+            assert_eq!(ConnectWorkerResponse::decode(encoded.as_slice()).unwrap(), wire);
+            assert_eq!((frame.encoded_len(), encoded.len()), (wire.encoded_len(), wire.encoded_len()));
+            assert_eq!(frame.to_message().unwrap(), wire);
+            assert_eq!(WorkerFrame::decode(encoded.as_slice()).unwrap(), WorkerFrame::Message(wire));
+        }
+    }
+
+    #[test]
+    fn messages_and_encoded_messages_go_as_they_are() {
+        let cancel = ConnectWorkerResponse {
+            message: Some(connect_worker_response::Message::Cancel(CancelAssignment {
+                assignment_id: "a-1".to_owned(),
+                reason: "cancelled".to_owned(),
+            })),
+        };
+        let bytes = cancel.encode_to_vec();
+        for frame in [WorkerFrame::Message(cancel.clone()), WorkerFrame::Encoded(bytes.clone().into())] {
+            assert_eq!(frame.encode_to_vec(), bytes);
+            assert_eq!(frame.encoded_len(), bytes.len());
+            assert_eq!(frame.to_message().unwrap(), cancel);
+        }
+    }
+
+    #[test]
+    fn a_relay_frame_decodes_as_the_generated_response() {
+        let frame = RelayFrame {
+            worker: Some(WorkerFrame::Assignment { assignment: assignment(), shared_memory: entry("a", text("x")) }),
+        };
+        let memory = Struct { fields: [("a".to_owned(), text("x"))].into() };
+        let wire =
+            RelayStepsResponse { worker: Some(generated(Assignment { shared_memory: Some(memory), ..assignment() })) };
+        let encoded = frame.encode_to_vec();
+        assert_eq!(RelayStepsResponse::decode(encoded.as_slice()).unwrap(), wire);
+        assert_eq!(frame.encoded_len(), encoded.len());
+        assert_eq!(RelayFrame::default().encode_to_vec(), RelayStepsResponse::default().encode_to_vec());
+    }
+}
