@@ -34,6 +34,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(out_dir.join("limits.rs"), limits_table(&compiler.descriptor_pool())?)?;
     tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(compiler.file_descriptor_set())?;
     framed_servers(compiler.file_descriptor_set(), &out_dir)?;
+    framed_notifier_client(compiler.file_descriptor_set(), &out_dir)?;
     Ok(())
 }
 
@@ -46,6 +47,27 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// assignment's shared memory encoded once for the assignments that carry
 /// it, and relayed messages passed on as they came). Every message is the
 /// one generated above.
+/// A second client for the notifier, into `OUT_DIR/framed_client`: its
+/// IngestEvents stream takes `frame::IngestFrame`, an event as the
+/// execution service stored it, sent without being decoded and encoded
+/// again.
+fn framed_notifier_client(
+    mut set: prost_types::FileDescriptorSet,
+    out_dir: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    set.file.retain(|file| file.service.is_empty() || file.name() == "muster/notifier/v1/notifier.proto");
+    let framed = out_dir.join("framed_client");
+    std::fs::create_dir_all(&framed)?;
+    tonic_prost_build::configure()
+        .build_server(false)
+        .build_client(true)
+        .out_dir(&framed)
+        .extern_path(".muster", "crate")
+        .extern_path(".muster.notifier.v1.IngestEventsRequest", "crate::frame::IngestFrame")
+        .compile_fds(set)?;
+    Ok(())
+}
+
 fn framed_servers(
     mut set: prost_types::FileDescriptorSet,
     out_dir: &std::path::Path,

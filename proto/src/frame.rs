@@ -6,12 +6,15 @@
 //! subscriber. The bytes on the wire are exactly those of the generated
 //! [`SubscribeResponse`](crate::notifier::v1::SubscribeResponse); clients
 //! decode them with the generated types. The execution service's worker
-//! streams: [`WorkerFrame`] and [`RelayFrame`].
+//! streams: [`WorkerFrame`] and [`RelayFrame`]; its events to the notifier:
+//! [`IngestFrame`].
 
 use std::sync::Arc;
 
+mod ingest;
 mod worker;
 
+pub use ingest::{IngestFrame, event_id};
 pub use worker::{RelayFrame, WorkerFrame};
 
 use prost::{
@@ -74,6 +77,20 @@ fn encode_length_delimited(tag: u32, value: &[u8], buf: &mut impl BufMut) {
     buf.put_slice(value);
 }
 
+/// Merges an encoded message field: seen twice, a message field merges, so
+/// its encodings concatenate.
+fn merge_encoded(
+    wire_type: WireType,
+    value: &mut Bytes,
+    buf: &mut impl Buf,
+    ctx: DecodeContext,
+) -> Result<(), DecodeError> {
+    let mut more = Bytes::new();
+    encoding::bytes::merge(wire_type, &mut more, buf, ctx)?;
+    *value = if value.is_empty() { more } else { [&value[..], &more[..]].concat().into() };
+    Ok(())
+}
+
 fn merge_string(
     wire_type: WireType,
     value: &mut Arc<str>,
@@ -113,13 +130,7 @@ impl Message for NotificationFrame {
             1 => encoding::uint64::merge(wire_type, &mut self.cursor, buf, ctx),
             2 => merge_string(wire_type, &mut self.agent_id, buf, ctx),
             3 => encoding::int32::merge(wire_type, &mut self.reason, buf, ctx),
-            4 => {
-                // A message field seen twice merges: its encodings concatenate.
-                let mut more = Bytes::new();
-                encoding::bytes::merge(wire_type, &mut more, buf, ctx)?;
-                self.event = if self.event.is_empty() { more } else { [&self.event[..], &more[..]].concat().into() };
-                Ok(())
-            }
+            4 => merge_encoded(wire_type, &mut self.event, buf, ctx),
             5 => merge_string(wire_type, &mut self.output_summary, buf, ctx),
             6 => encoding::message::merge(wire_type, self.created_at.get_or_insert_with(Default::default), buf, ctx),
             _ => encoding::skip_field(wire_type, tag, buf, ctx),

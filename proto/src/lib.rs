@@ -60,6 +60,13 @@ pub mod notifier {
         pub mod framed {
             include!(concat!(env!("OUT_DIR"), "/framed/muster.notifier.v1.rs"));
         }
+
+        /// The notifier's client once more, its IngestEvents stream taking
+        /// [`IngestFrame`](crate::frame::IngestFrame)s: events sent as they
+        /// are stored (the same wire contract).
+        pub mod framed_client {
+            include!(concat!(env!("OUT_DIR"), "/framed_client/muster.notifier.v1.rs"));
+        }
     }
 }
 

@@ -35,7 +35,7 @@ use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 
 use muster_proto::{
     execution::v1::framed::execution_service_server::ExecutionServiceServer,
-    notifier::v1::notifier_service_client::NotifierServiceClient,
+    notifier::v1::framed_client::notifier_service_client::NotifierServiceClient,
 };
 use muster_runtime::ServerArgs;
 use tokio::net::TcpListener;

@@ -5,7 +5,8 @@
 //! and deduplicated). When the notifier is down, events wait in the log;
 //! after a reconnect everything past the cursor is sent again (the notifier
 //! deduplicates by event id). Reads are at least [`LINGER`] apart, so a
-//! busy engine's commits travel a few at a time.
+//! busy engine's commits travel a few at a time. Each event goes as it is
+//! stored, read only for its id, not decoded and encoded again.
 //!
 //! With several replicas, only the one that leads ([`Store::leads`])
 //! publishes; it reads the log when its own commits wake it and every
@@ -15,17 +16,16 @@
 use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use muster_proto::{
-    common::v1::StepEvent,
-    notifier::v1::{IngestEventsRequest, notifier_service_client::NotifierServiceClient},
+    frame::{IngestFrame, event_id},
+    notifier::v1::framed_client::notifier_service_client::NotifierServiceClient,
 };
 use muster_runtime::auth::client::AuthChannel;
-use prost::Message as _;
 use tokio::sync::{Notify, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::store::{NOTIFIER_CURSOR, Store};
 
-/// The notifier over gRPC.
+/// The notifier over gRPC; events go as they are stored.
 pub(crate) type NotifierClient = NotifierServiceClient<AuthChannel>;
 
 /// Most events sent and not yet acknowledged.
@@ -74,7 +74,7 @@ pub(crate) async fn publish(store: Arc<dyn Store>, notifier: NotifierClient, wak
 }
 
 async fn session(store: &dyn Store, mut client: NotifierClient, wake: &Notify) -> anyhow::Result<()> {
-    let (sender, receiver) = mpsc::channel::<IngestEventsRequest>(BATCH as usize);
+    let (sender, receiver) = mpsc::channel::<IngestFrame>(BATCH as usize);
     let mut acknowledgements = client.ingest_events(ReceiverStream::new(receiver)).await?.into_inner();
     tracing::info!("event stream to the notifier open");
 
@@ -96,10 +96,9 @@ async fn session(store: &dyn Store, mut client: NotifierClient, wake: &Notify) -
         if in_flight.len() < MAX_IN_FLIGHT {
             last_read = tokio::time::Instant::now();
             for (position, bytes) in store.log_after(last_sent, BATCH).await? {
-                let event = StepEvent::decode(bytes.as_slice())
+                let event_id = event_id(&bytes)
                     .map_err(|error| anyhow::anyhow!("event {position} of the log is corrupt: {error}"))?;
-                let event_id = event.event_id.clone();
-                sender.send(IngestEventsRequest { event: Some(event) }).await?;
+                sender.send(IngestFrame { event: bytes.into() }).await?;
                 in_flight.push_back((position, event_id));
                 last_sent = position;
             }
