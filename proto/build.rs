@@ -33,60 +33,60 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::write(out_dir.join("muster_descriptor.bin"), compiler.encode_file_descriptor_set())?;
     std::fs::write(out_dir.join("limits.rs"), limits_table(&compiler.descriptor_pool())?)?;
     tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(compiler.file_descriptor_set())?;
-    framed_servers(compiler.file_descriptor_set(), &out_dir)?;
-    framed_notifier_client(compiler.file_descriptor_set(), &out_dir)?;
+    // Streams of messages that carry parts already encoded. The notifier's
+    // Subscribe stream: an event encoded once for all its subscribers. The
+    // execution service's ConnectWorker and RelaySteps streams: an
+    // assignment's shared memory encoded once for the assignments that carry
+    // it, and relayed messages passed on as they came.
+    framed(
+        compiler.file_descriptor_set(),
+        &out_dir,
+        "framed",
+        true,
+        &["muster/notifier/v1/notifier.proto", "muster/execution/v1/execution.proto"],
+        &[
+            (".muster.notifier.v1.SubscribeResponse", "crate::frame::SubscribeFrame"),
+            (".muster.execution.v1.ConnectWorkerResponse", "crate::frame::WorkerFrame"),
+            (".muster.execution.v1.RelayStepsResponse", "crate::frame::RelayFrame"),
+        ],
+    )?;
+    // The notifier's IngestEvents stream, on the execution service's side:
+    // an event sent as it is stored, not decoded and encoded again.
+    framed(
+        compiler.file_descriptor_set(),
+        &out_dir,
+        "framed_client",
+        false,
+        &["muster/notifier/v1/notifier.proto"],
+        &[(".muster.notifier.v1.IngestEventsRequest", "crate::frame::IngestFrame")],
+    )?;
     Ok(())
 }
 
-/// A second server for the notifier and the execution service, into
-/// `OUT_DIR/framed`: the same services whose streams yield hand-encoded
-/// messages that carry parts already encoded. The notifier's Subscribe
-/// stream yields `frame::SubscribeFrame` (an event encoded once for all its
-/// subscribers); the execution service's ConnectWorker and RelaySteps
-/// streams yield `frame::WorkerFrame` and `frame::RelayFrame` (an
-/// assignment's shared memory encoded once for the assignments that carry
-/// it, and relayed messages passed on as they came). Every message is the
-/// one generated above.
-/// A second client for the notifier, into `OUT_DIR/framed_client`: its
-/// IngestEvents stream takes `frame::IngestFrame`, an event as the
-/// execution service stored it, sent without being decoded and encoded
-/// again.
-fn framed_notifier_client(
+/// The services generated once more, into `OUT_DIR/<folder>`, as servers
+/// or as clients, with `frames` (a message and the hand-encoded type of
+/// `crate::frame` that replaces it) in the streams that carry them. Every
+/// other message is the one generated above.
+fn framed(
     mut set: prost_types::FileDescriptorSet,
     out_dir: &std::path::Path,
+    folder: &str,
+    servers: bool,
+    services: &[&str],
+    frames: &[(&str, &str)],
 ) -> Result<(), Box<dyn std::error::Error>> {
-    set.file.retain(|file| file.service.is_empty() || file.name() == "muster/notifier/v1/notifier.proto");
-    let framed = out_dir.join("framed_client");
+    set.file.retain(|file| file.service.is_empty() || services.contains(&file.name()));
+    let framed = out_dir.join(folder);
     std::fs::create_dir_all(&framed)?;
-    tonic_prost_build::configure()
-        .build_server(false)
-        .build_client(true)
+    let mut builder = tonic_prost_build::configure()
+        .build_server(servers)
+        .build_client(!servers)
         .out_dir(&framed)
-        .extern_path(".muster", "crate")
-        .extern_path(".muster.notifier.v1.IngestEventsRequest", "crate::frame::IngestFrame")
-        .compile_fds(set)?;
-    Ok(())
-}
-
-fn framed_servers(
-    mut set: prost_types::FileDescriptorSet,
-    out_dir: &std::path::Path,
-) -> Result<(), Box<dyn std::error::Error>> {
-    set.file.retain(|file| {
-        file.service.is_empty()
-            || ["muster/notifier/v1/notifier.proto", "muster/execution/v1/execution.proto"].contains(&file.name())
-    });
-    let framed = out_dir.join("framed");
-    std::fs::create_dir_all(&framed)?;
-    tonic_prost_build::configure()
-        .build_server(true)
-        .build_client(false)
-        .out_dir(&framed)
-        .extern_path(".muster", "crate")
-        .extern_path(".muster.notifier.v1.SubscribeResponse", "crate::frame::SubscribeFrame")
-        .extern_path(".muster.execution.v1.ConnectWorkerResponse", "crate::frame::WorkerFrame")
-        .extern_path(".muster.execution.v1.RelayStepsResponse", "crate::frame::RelayFrame")
-        .compile_fds(set)?;
+        .extern_path(".muster", "crate");
+    for (message, frame) in frames {
+        builder = builder.extern_path(*message, *frame);
+    }
+    builder.compile_fds(set)?;
     Ok(())
 }
 
