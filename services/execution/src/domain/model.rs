@@ -208,18 +208,6 @@ pub(crate) struct MemoryOutput {
     pub(crate) encoded: OnceLock<bytes::Bytes>,
 }
 
-/// Equal when they hold the same outputs, encoded yet or not.
-impl PartialEq for SharedMemory {
-    fn eq(&self, other: &Self) -> bool {
-        self.outputs.len() == other.outputs.len()
-            && self
-                .outputs
-                .iter()
-                .zip(&other.outputs)
-                .all(|(one, two)| one.step_id == two.step_id && one.output == two.output)
-    }
-}
-
 /// The warnings found when a process was published: the first
 /// [`Warnings::KEPT`] in source order, and how many there were. A process
 /// with a warning on each of its thousands of steps is kept, read and
@@ -340,7 +328,7 @@ pub(crate) struct HistoryEntry {
 }
 
 /// A step handed to a worker to run as one of its agents.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Assignment {
     /// `<execution>/<step>/<attempt>`.
     pub(crate) assignment_id: String,
