@@ -21,7 +21,7 @@ use crate::domain::{
         Decision, DecisionKind, DelegationRequest, Settings, Snapshot, decide, queue_escalation_decision,
         queue_offer_decision,
     },
-    model::Status,
+    model::{Agent, Status},
 };
 use crate::error::{Error, QUEUED_TASK, Result};
 
@@ -211,18 +211,20 @@ async fn decide_from_index(
     let index = store.index().await?;
     let mut decided = None;
     for with_unavailable in [false, true] {
-        let mut snapshot = index.snapshot(request, with_unavailable);
+        // An agent whose last slot went to another writer is full; the one
+        // that holds this task's slot has it back to give.
+        let load = |agent: &Agent| {
+            if lost_races.contains(&agent.id) {
+                agent.current_workload.max(agent.workload_capacity)
+            } else if held_by == Some(&agent.id) {
+                agent.current_workload.saturating_sub(1)
+            } else {
+                agent.current_workload
+            }
+        };
+        let mut snapshot = index.snapshot(request, with_unavailable, &load);
         if with_unavailable || !request.assigned_agent_id.is_empty() {
             snapshot.queued = load_queued(transaction, request).await?;
-        }
-        for agent in &mut snapshot.agents {
-            if lost_races.contains(&agent.id) {
-                let agent = Arc::make_mut(agent);
-                agent.current_workload = agent.current_workload.max(agent.workload_capacity);
-            } else if held_by == Some(&agent.id) {
-                let agent = Arc::make_mut(agent);
-                agent.current_workload = agent.current_workload.saturating_sub(1);
-            }
         }
         let decision = decide(request, &snapshot, now, settings);
         let settled = decision.kind == DecisionKind::Delegate || !request.assigned_agent_id.is_empty();

@@ -30,7 +30,7 @@ use super::{
     sql::{AGENT_COLUMNS, SqlStore, agent_from_row},
 };
 use crate::domain::{
-    delegation::{DelegationRequest, Snapshot, matched_count, role_matches},
+    delegation::{DelegationRequest, MAX_CANDIDATES, Snapshot, matched_count, role_matches},
     model::{Agent, Status, Team},
 };
 use crate::error::Result;
@@ -38,6 +38,10 @@ use crate::error::Result;
 /// Most cross-team matches taken beyond the delegation chain's length: the
 /// framework needs the best two (primary and fallback).
 const CROSS_TEAM_MARGIN: usize = 8;
+/// Idle colleagues that, found in id order, are the best ranked candidates
+/// of a decision: every candidate it lists, and one more besides a named
+/// colleague listed first.
+const BEST_COLLEAGUES: usize = MAX_CANDIDATES + 1;
 /// Most busy experts taken for the queue tier.
 const MAX_BUSY_EXPERTS: usize = 500;
 /// Most offline experts taken (only to explain an escalation).
@@ -75,6 +79,9 @@ struct State {
     by_team_tag: Map<String, Map<String, BTreeSet<Arc<str>>>>,
     teams: Map<String, Team>,
 }
+
+/// An agent's workload as a caller of [`Index::snapshot`] knows it.
+pub(super) type Load<'a> = dyn Fn(&Agent) -> u32 + 'a;
 
 /// A workload a write left on an agent: (id, version, workload).
 pub(super) type WorkloadChange = (String, i64, u32);
@@ -298,15 +305,24 @@ impl Index {
 
     /// The agents and teams that may matter to one request, and no more
     /// (the queue lengths are the caller's to add): the requester's team
-    /// members of the required role with at least one required tag;
+    /// members of the required role with at least one required tag and
     /// the best cross-team full matches with a free slot (in the framework's
-    /// order: workload, then id); with `with_unavailable`, busy full-match
+    /// order: workload, then id), or only the first idle colleagues who can
+    /// take the task when they are enough to fill the candidates; with `with_unavailable`, busy full-match
     /// experts (for the queue) and a few offline experts (to explain an
     /// escalation); the requester, the named colleague, the delegation
     /// chain, the seniors above the requester and the team's lead.
     /// A task assigned to one agent needs only that agent and whom it escalates to.
-    pub(super) fn snapshot(&self, request: &DelegationRequest, with_unavailable: bool) -> Snapshot {
+    ///
+    /// `load` gives each agent's workload where the caller knows better than
+    /// the index (slots its own transaction took or gave back); the snapshot
+    /// chooses by it and carries it.
+    pub(super) fn snapshot(&self, request: &DelegationRequest, with_unavailable: bool, load: &Load) -> Snapshot {
         let state = self.read();
+        let free = |agent: &Agent| {
+            !matches!(agent.manual_status, Some(Status::Offline | Status::Busy))
+                && load(agent) < agent.workload_capacity
+        };
         let mut agents: Vec<Arc<Agent>> = Vec::new();
         let mut seen: HashSet<*const Agent, foldhash::quality::RandomState> = HashSet::default();
         let mut keep = |agent: &Arc<Agent>, agents: &mut Vec<Arc<Agent>>| {
@@ -328,12 +344,40 @@ impl Index {
                 keep(assigned, &mut agents);
             }
         } else {
-            // Colleagues with none of the required tags, or another role, can
-            // neither take the task nor explain an escalation: the framework
-            // passes over them, so they are left out.
-            if home_team.is_empty() {
+            // Idle colleagues who can take the task with every required tag
+            // come first in the framework's order, in id order among them:
+            // when there are enough of them to fill the candidates, they are
+            // the best ranked and nobody else, colleague or not, is listed.
+            let best: Vec<&Arc<Agent>> = if home_team.is_empty() || with_unavailable {
+                Vec::new()
+            } else {
+                let ids: Box<dyn Iterator<Item = &Arc<str>>> = match request.required_expertise.first() {
+                    None => Box::new(state.by_team.get(home_team).into_iter().flatten()),
+                    Some(tag) => {
+                        Box::new(state.by_team_tag.get(home_team).and_then(|tags| tags.get(tag)).into_iter().flatten())
+                    }
+                };
+                ids.filter_map(|id| state.agent(id))
+                    .filter(|agent| {
+                        load(agent) == 0
+                            && free(agent)
+                            && agent.id != request.requester_id
+                            && !request.delegation_chain.contains(&agent.id)
+                            && role_matches(request, agent)
+                            && has_every_tag(request, agent)
+                    })
+                    .take(BEST_COLLEAGUES)
+                    .collect()
+            };
+            let enough_colleagues = best.len() == BEST_COLLEAGUES;
+            if enough_colleagues {
+                best.into_iter().for_each(|agent| keep(agent, &mut agents));
+            } else if home_team.is_empty() {
                 // No team: no colleagues.
             } else if request.required_expertise.is_empty() {
+                // Colleagues with none of the required tags, or another role,
+                // can neither take the task nor explain an escalation: the
+                // framework passes over them, so they are left out.
                 for id in state.by_team.get(home_team).into_iter().flatten() {
                     if let Some(agent) = state.agent(id).filter(|agent| role_matches(request, agent)) {
                         keep(agent, &mut agents);
@@ -351,27 +395,35 @@ impl Index {
             let first_tag = request.required_expertise.first();
             let cross_team = |agent: &&Arc<Agent>| {
                 (home_team.is_empty() || agent.team != home_team)
-                    && agent.has_free_slot()
+                    && free(agent)
                     && role_matches(request, agent)
                     && has_every_tag(request, agent)
             };
             // Idle agents come first in the framework's order; in id order
             // they are found without looking at every match.
             let limit = request.delegation_chain.len() + CROSS_TEAM_MARGIN;
-            let idle: Vec<&Arc<Agent>> = state
-                .ids_with(first_tag)
-                .filter_map(|id| state.agent(id))
-                .filter(|agent| agent.current_workload == 0)
-                .filter(cross_team)
-                .take(limit)
-                .collect();
-            if idle.len() == limit {
-                idle.into_iter().for_each(|agent| keep(agent, &mut agents));
+            if enough_colleagues {
+                // Another team's agents rank after every one of them.
             } else {
-                let mut free: Vec<&Arc<Agent>> =
-                    state.ids_with(first_tag).filter_map(|id| state.agent(id)).filter(cross_team).collect();
-                free.sort_by(|a, b| (a.current_workload, &a.id).cmp(&(b.current_workload, &b.id)));
-                free.into_iter().take(limit).for_each(|agent| keep(agent, &mut agents));
+                let idle: Vec<&Arc<Agent>> = state
+                    .ids_with(first_tag)
+                    .filter_map(|id| state.agent(id))
+                    .filter(|agent| load(agent) == 0)
+                    .filter(cross_team)
+                    .take(limit)
+                    .collect();
+                if idle.len() == limit {
+                    idle.into_iter().for_each(|agent| keep(agent, &mut agents));
+                } else {
+                    let mut free: Vec<(u32, &Arc<Agent>)> = state
+                        .ids_with(first_tag)
+                        .filter_map(|id| state.agent(id))
+                        .filter(cross_team)
+                        .map(|agent| (load(agent), agent))
+                        .collect();
+                    free.sort_by(|(a_load, a), (b_load, b)| (a_load, &a.id).cmp(&(b_load, &b.id)));
+                    free.into_iter().take(limit).for_each(|(_, agent)| keep(agent, &mut agents));
+                }
             }
             if with_unavailable {
                 state
@@ -379,8 +431,7 @@ impl Index {
                     .filter_map(|id| state.agent(id))
                     .filter(|agent| {
                         agent.manual_status != Some(Status::Offline)
-                            && (agent.current_workload >= agent.workload_capacity
-                                || agent.manual_status == Some(Status::Busy))
+                            && (load(agent) >= agent.workload_capacity || agent.manual_status == Some(Status::Busy))
                             && role_matches(request, agent)
                             && has_every_tag(request, agent)
                     })
@@ -424,6 +475,12 @@ impl Index {
                 keep(lead, &mut agents);
             }
             teams.push(team.clone());
+        }
+        for agent in &mut agents {
+            let workload = load(agent);
+            if workload != agent.current_workload {
+                Arc::make_mut(agent).current_workload = workload;
+            }
         }
         Snapshot { agents, queued: HashMap::new(), teams }
     }
@@ -654,6 +711,11 @@ mod tests {
         assert_eq!(colleagues(&index, "red", "sql"), ["b"]);
     }
 
+    /// The workload the index holds.
+    fn as_indexed(agent: &Agent) -> u32 {
+        agent.current_workload
+    }
+
     proptest! {
         /// The index hands the framework a part of the roster; the part must
         /// decide as the whole roster would.
@@ -665,9 +727,9 @@ mod tests {
             }
             let whole = Snapshot { agents: agents.iter().cloned().map(Arc::new).collect(), ..Snapshot::default() };
             let expected = decide(&request, &whole, 1_000, Settings::default());
-            let mut decided = decide(&request, &index.snapshot(&request, false), 1_000, Settings::default());
+            let mut decided = decide(&request, &index.snapshot(&request, false, &as_indexed), 1_000, Settings::default());
             if decided.kind != DecisionKind::Delegate {
-                decided = decide(&request, &index.snapshot(&request, true), 1_000, Settings::default());
+                decided = decide(&request, &index.snapshot(&request, true, &as_indexed), 1_000, Settings::default());
             }
             prop_assert_eq!(
                 (decided.kind, decided.tier, &decided.primary_agent_id, &decided.fallback_agent_id),
@@ -675,5 +737,90 @@ mod tests {
                 "{:?}", request
             );
         }
+
+        /// Teams large enough that idle colleagues alone fill the
+        /// candidates: the index hands over only those, and the decision
+        /// lists the same candidates as over the whole roster whenever the
+        /// whole roster's are all colleagues.
+        #[test]
+        fn a_large_team_decides_from_its_best_colleagues((agents, request) in large_team_strategy()) {
+            let index = Index::default();
+            for agent in &agents {
+                index.put(agent.clone(), 0);
+            }
+            let whole = Snapshot { agents: agents.iter().cloned().map(Arc::new).collect(), ..Snapshot::default() };
+            let expected = decide(&request, &whole, 1_000, Settings::default());
+            let snapshot = index.snapshot(&request, false, &as_indexed);
+            let mut decided = decide(&request, &snapshot, 1_000, Settings::default());
+            if decided.kind != DecisionKind::Delegate {
+                decided = decide(&request, &index.snapshot(&request, true, &as_indexed), 1_000, Settings::default());
+            }
+            prop_assert_eq!(
+                (decided.kind, decided.tier, &decided.primary_agent_id, &decided.fallback_agent_id),
+                (expected.kind, expected.tier, &expected.primary_agent_id, &expected.fallback_agent_id),
+                "{:?}", request
+            );
+            let home = &request.team;
+            let all_colleagues = expected.candidates.len() == MAX_CANDIDATES
+                && expected.candidates.iter().all(|id| agents.iter().any(|agent| agent.id == *id && agent.team == *home));
+            if all_colleagues {
+                prop_assert_eq!(&decided.candidates, &expected.candidates);
+            }
+        }
+    }
+
+    /// 80 agents in two teams, most of them idle, and a request from one of the teams.
+    fn large_team_strategy() -> impl Strategy<Value = (Vec<Agent>, DelegationRequest)> {
+        let agent = |index: usize| {
+            (proptest::collection::vec(any::<bool>(), 2), 0..8_u32, 0..10_u8, any::<bool>()).prop_map(
+                move |(tags, workload, manual, even)| Agent {
+                    id: format!("a{index:02}"),
+                    name: format!("A{index}"),
+                    role: if even { "even".into() } else { "odd".into() },
+                    team: format!("t{}", index % 2),
+                    expertise: ["x", "y"]
+                        .iter()
+                        .zip(&tags)
+                        .filter(|(_, on)| **on)
+                        .map(|(tag, _)| (*tag).into())
+                        .collect(),
+                    manual_status: match manual {
+                        0 => Some(Status::Offline),
+                        1 => Some(Status::Busy),
+                        _ => None,
+                    },
+                    // Mostly idle, some with tasks, some full.
+                    current_workload: workload.saturating_sub(4),
+                    workload_capacity: 3,
+                    ..Agent::default()
+                },
+            )
+        };
+        (
+            (0..80_usize).map(agent).collect::<Vec<_>>(),
+            0..80_usize,
+            proptest::collection::vec(any::<bool>(), 2),
+            proptest::collection::vec(0..80_usize, 0..4),
+            0..90_usize,
+            any::<bool>(),
+        )
+            .prop_map(|(agents, requester, tags, chain, preferred, by_role)| {
+                let request = DelegationRequest {
+                    task_id: "task".into(),
+                    requester_id: format!("a{requester:02}"),
+                    team: format!("t{}", requester % 2),
+                    required_expertise: ["x", "y"]
+                        .iter()
+                        .zip(&tags)
+                        .filter(|(_, on)| **on)
+                        .map(|(tag, _)| (*tag).to_owned())
+                        .collect(),
+                    required_role: if by_role { "even".into() } else { String::new() },
+                    delegation_chain: chain.into_iter().map(|index| format!("a{index:02}")).collect(),
+                    preferred_agent_id: if preferred < 80 { format!("a{preferred:02}") } else { String::new() },
+                    ..DelegationRequest::default()
+                };
+                (agents, request)
+            })
     }
 }

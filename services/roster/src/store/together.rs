@@ -37,7 +37,10 @@ use super::{
     index::{Index, WorkloadChange},
     sql::SqlStore,
 };
-use crate::domain::delegation::{Decision, DecisionKind, DelegationRequest, Settings, decide};
+use crate::domain::{
+    delegation::{Decision, DecisionKind, DelegationRequest, Settings, decide},
+    model::Agent,
+};
 use crate::error::{Error, Result};
 
 /// Most calls one transaction decides.
@@ -261,12 +264,8 @@ fn decide_in_order(
             decisions.push(None);
             continue;
         }
-        let mut snapshot = index.snapshot(request, false);
-        for agent in &mut snapshot.agents {
-            if let Some(slots) = taken.get(&agent.id) {
-                Arc::make_mut(agent).current_workload += slots;
-            }
-        }
+        let load = |agent: &Agent| agent.current_workload + taken.get(&agent.id).copied().unwrap_or(0);
+        let snapshot = index.snapshot(request, false, &load);
         let decision = decide(request, &snapshot, pending.now, pending.settings);
         if decision.kind != DecisionKind::Delegate {
             decisions.push(None);
@@ -484,6 +483,36 @@ mod tests {
         };
         let (reply, answer) = oneshot::channel();
         (Pending { request, now: NOW, settings: Settings::default(), reply }, answer)
+    }
+
+    /// Calls decided together each see the slots the ones before them
+    /// took: thirty calls from a team of thirty-one idle colleagues go to
+    /// thirty different colleagues.
+    #[tokio::test]
+    async fn calls_decided_together_spread_over_the_idle_colleagues() {
+        let store = store_with_a_team().await;
+        for member in 0..30 {
+            let id = format!("dev-{member:02}");
+            let agent = Agent {
+                id: id.clone(),
+                team: "core".into(),
+                senior_id: "lead".into(),
+                expertise: vec!["rust".into()],
+                workload_capacity: 5,
+                ..Agent::default()
+            }
+            .normalize()
+            .unwrap();
+            store.insert_agent(&agent, &muster_runtime::auth::TokenHash::of(&id), NOW).await.unwrap();
+        }
+        let (batch, answers): (Vec<_>, Vec<_>) = (0..30).map(|task| call(&format!("task-{task}"))).unzip();
+        decide_batch(&store, batch).await;
+        let mut chosen = HashSet::new();
+        for answer in answers {
+            let outcome = answer.await.unwrap().unwrap();
+            assert_eq!(outcome.decision.kind, DecisionKind::Delegate);
+            assert!(chosen.insert(outcome.decision.primary_agent_id.clone()), "chosen twice: {outcome:?}");
+        }
     }
 
     /// A call that decided itself and ends (or whose caller went away
