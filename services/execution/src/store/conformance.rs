@@ -181,16 +181,20 @@ async fn conformance(store: SqlStore) {
     first_run.status = ExecutionStatus::Paused;
     first_run.lead_agent_id = "lead-2".to_owned();
     let more = events(&mut first_run, 3);
-    // A running execution's progress (a backend may write it its own way) ...
+    // A running execution's progress (a backend may write it its own way;
+    // a row written twice keeps its last state) ...
+    let earlier = Execution { lead_agent_id: "lead-1".to_owned(), ..first_run.clone() };
     store
         .commit(vec![
             steps("e1", std::slice::from_ref(&running)),
+            Write::UpdateExecution(earlier),
             steps("e1", std::slice::from_ref(&done)),
             Write::UpdateExecution(first_run.clone()),
             Write::Events(more),
         ])
         .await
         .unwrap();
+    assert_eq!(store.execution("e1").await.unwrap().unwrap().lead_agent_id, "lead-2");
     let read = store.steps("e1").await.unwrap();
     assert_eq!(read.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
     assert_eq!(read[0].1, done);

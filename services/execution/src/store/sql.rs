@@ -76,6 +76,7 @@ const MIGRATIONS: Migrations = Migrations {
         (10, "inherited slots", include_str!("../../migrations/postgres/0010_inherited_slots.sql")),
         (11, "replicas", include_str!("../../migrations/postgres/0011_replicas.sql")),
         (12, "replica_address", include_str!("../../migrations/postgres/0012_replica_address.sql")),
+        (13, "commit progress", include_str!("../../migrations/postgres/0013_commit_progress.sql")),
     ],
 };
 
@@ -162,6 +163,30 @@ impl<'a> StepRow<'a> {
             retry_at: step.retry_at,
             roster_reserved: i64::from(step.roster_reserved),
             slot_task: &step.slot_task,
+        }
+    }
+}
+
+/// An execution's row as `muster_commit_progress` updates it.
+#[derive(serde::Serialize)]
+struct ExecutionRow<'a> {
+    id: &'a str,
+    status: &'a str,
+    reason: &'a str,
+    lead_agent_id: &'a str,
+    ended_at: Option<i64>,
+    last_sequence: i64,
+}
+
+impl<'a> ExecutionRow<'a> {
+    fn of(execution: &'a Execution) -> Self {
+        Self {
+            id: &execution.id,
+            status: execution.status.as_str(),
+            reason: &execution.reason,
+            lead_agent_id: &execution.lead_agent_id,
+            ended_at: execution.ended_at,
+            last_sequence: execution.last_sequence as i64,
         }
     }
 }
@@ -677,13 +702,12 @@ async fn apply_natively(
 }
 
 /// A running execution's progress on PostgreSQL (what [`apply_natively`]
-/// writes on SQLite) in one round trip: the statements go as one simple
-/// query, their values written into its text as literals, and PostgreSQL
-/// runs them as one transaction (an error in any rolls back all). The lease
-/// comes first, so the event log's turn is held before the events draw
-/// their positions. Through parameters, the same transaction was five
-/// round trips (BEGIN with the lease, the execution's row, its steps, its
-/// events, COMMIT).
+/// writes on SQLite) in one round trip: one call of
+/// `muster_commit_progress` (migration 13), its own transaction, with the
+/// rows as JSON parameters. The function holds the lease first, so the
+/// event log's turn is held before the events draw their positions, and its
+/// statements are planned once per connection: sent as text, they were
+/// planned on every commit.
 async fn apply_in_one_round_trip(
     database: &Database,
     held: &mut Option<sqlx::pool::PoolConnection<sqlx::Any>>,
@@ -692,45 +716,35 @@ async fn apply_in_one_round_trip(
     steps: &[&StepWrite],
     events: &[&Event],
 ) -> Result<()> {
-    use std::fmt::Write as _;
-    let mut sql = String::new();
-    // Writing to a String cannot fail.
-    if let Some(replica) = replica {
-        let _ = write!(sql, "SELECT muster_hold_lease({});", literal(replica));
-    }
-    for execution in updated {
-        let values = [
-            literal(execution.status.as_str()),
-            literal(&execution.reason),
-            literal(&execution.lead_agent_id),
-            execution.ended_at.map_or_else(|| "NULL".to_owned(), |at| at.to_string()),
-            (execution.last_sequence as i64).to_string(),
-            literal(&execution.id),
-        ];
-        let _ = write!(sql, "{};", update_execution_statement(|number| values[number - 1].clone()));
-    }
-    for chunk in steps.chunks(JSON_ROWS_PER_STATEMENT) {
-        let rows: Vec<StepRow<'_>> = chunk.iter().map(|write| StepRow::of(write)).collect();
-        let _ = write!(sql, "{};", steps_from_json_sql(&literal(&json_rows(&rows)?)));
-    }
-    for chunk in events.chunks(JSON_ROWS_PER_STATEMENT) {
-        let _ = write!(sql, "{};", events_from_json_sql(&literal(&json_rows(&EventRow::all(chunk))?)));
-    }
-    if sql.is_empty() {
+    if updated.is_empty() && steps.is_empty() && events.is_empty() {
         return Ok(());
     }
+    // An execution updated twice keeps its last state (one UPDATE takes
+    // one source row per target row).
+    let last: HashMap<&str, usize> =
+        updated.iter().enumerate().map(|(index, execution)| (execution.id.as_str(), index)).collect();
+    let executions: Vec<ExecutionRow<'_>> = updated
+        .iter()
+        .enumerate()
+        .filter(|(index, execution)| last[execution.id.as_str()] == *index)
+        .map(|(_, execution)| ExecutionRow::of(execution))
+        .collect();
+    let steps: Vec<StepRow<'_>> = steps.iter().map(|write| StepRow::of(write)).collect();
     let connection = held_connection(database, held).await?;
-    sqlx::raw_sql(AssertSqlSafe(sql)).execute(&mut **connection).await?;
+    sqlx::query("SELECT muster_commit_progress($1, $2::json, $3::json, $4::json)")
+        .bind(replica.map(str::to_owned))
+        .bind(json_rows(&executions)?)
+        .bind(json_rows(&steps)?)
+        .bind(json_rows(&EventRow::all(events))?)
+        .execute(&mut **connection)
+        .await?;
     Ok(())
 }
 
-fn update_execution_sql(backend: Backend) -> String {
-    update_execution_statement(|number| placeholder(backend, number))
-}
-
 /// The update of an execution's row, its six values (status, reason, lead,
-/// end, last sequence, then the id) given by `value` from 1.
-fn update_execution_statement(value: impl Fn(usize) -> String) -> String {
+/// end, last sequence, then the id) as parameters.
+fn update_execution_sql(backend: Backend) -> String {
+    let value = |number| placeholder(backend, number);
     format!(
         "UPDATE executions SET status = {}, reason = {}, lead_agent_id = {}, ended_at = {}, last_sequence = {} \
          WHERE id = {}",
