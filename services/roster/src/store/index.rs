@@ -308,10 +308,11 @@ impl Index {
     /// members of the required role with at least one required tag and
     /// the best cross-team full matches with a free slot (in the framework's
     /// order: workload, then id), or only the first idle colleagues who can
-    /// take the task when they are enough to fill the candidates; with `with_unavailable`, busy full-match
-    /// experts (for the queue) and a few offline experts (to explain an
-    /// escalation); the requester, the named colleague, the delegation
-    /// chain, the seniors above the requester and the team's lead.
+    /// take the task when they are enough to fill the candidates; with
+    /// `with_unavailable`, busy full-match experts (for the queue) and a few
+    /// offline experts (to explain an escalation); the requester, the named
+    /// colleague, the delegation chain, the seniors above the requester and
+    /// the team's lead.
     /// A task assigned to one agent needs only that agent and whom it escalates to.
     ///
     /// `load` gives each agent's workload where the caller knows better than
