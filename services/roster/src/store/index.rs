@@ -665,7 +665,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::domain::delegation::{DecisionKind, Settings, decide, tests::case_strategy};
+    use crate::domain::delegation::{Decision, DecisionKind, Settings, decide, tests::case_strategy};
 
     fn member(id: &str, team: &str, tags: &[&str]) -> Agent {
         Agent {
@@ -717,21 +717,28 @@ mod tests {
         agent.current_workload
     }
 
+    /// `request` decided from the index of `agents` (as the store does: the
+    /// unavailable too when the first look finds no delegate), then from
+    /// all of them.
+    fn decided_from_index_and_whole(agents: &[Agent], request: &DelegationRequest) -> (Decision, Decision) {
+        let index = Index::default();
+        for agent in agents {
+            index.put(agent.clone(), 0);
+        }
+        let mut decided = decide(request, &index.snapshot(request, false, &as_indexed), 1_000, Settings::default());
+        if decided.kind != DecisionKind::Delegate {
+            decided = decide(request, &index.snapshot(request, true, &as_indexed), 1_000, Settings::default());
+        }
+        let whole = Snapshot { agents: agents.iter().cloned().map(Arc::new).collect(), ..Snapshot::default() };
+        (decided, decide(request, &whole, 1_000, Settings::default()))
+    }
+
     proptest! {
         /// The index hands the framework a part of the roster; the part must
         /// decide as the whole roster would.
         #[test]
         fn the_index_decides_as_the_whole_roster((agents, request) in case_strategy()) {
-            let index = Index::default();
-            for agent in &agents {
-                index.put(agent.clone(), 0);
-            }
-            let whole = Snapshot { agents: agents.iter().cloned().map(Arc::new).collect(), ..Snapshot::default() };
-            let expected = decide(&request, &whole, 1_000, Settings::default());
-            let mut decided = decide(&request, &index.snapshot(&request, false, &as_indexed), 1_000, Settings::default());
-            if decided.kind != DecisionKind::Delegate {
-                decided = decide(&request, &index.snapshot(&request, true, &as_indexed), 1_000, Settings::default());
-            }
+            let (decided, expected) = decided_from_index_and_whole(&agents, &request);
             prop_assert_eq!(
                 (decided.kind, decided.tier, &decided.primary_agent_id, &decided.fallback_agent_id),
                 (expected.kind, expected.tier, &expected.primary_agent_id, &expected.fallback_agent_id),
@@ -745,17 +752,7 @@ mod tests {
         /// whole roster's are all colleagues.
         #[test]
         fn a_large_team_decides_from_its_best_colleagues((agents, request) in large_team_strategy()) {
-            let index = Index::default();
-            for agent in &agents {
-                index.put(agent.clone(), 0);
-            }
-            let whole = Snapshot { agents: agents.iter().cloned().map(Arc::new).collect(), ..Snapshot::default() };
-            let expected = decide(&request, &whole, 1_000, Settings::default());
-            let snapshot = index.snapshot(&request, false, &as_indexed);
-            let mut decided = decide(&request, &snapshot, 1_000, Settings::default());
-            if decided.kind != DecisionKind::Delegate {
-                decided = decide(&request, &index.snapshot(&request, true, &as_indexed), 1_000, Settings::default());
-            }
+            let (decided, expected) = decided_from_index_and_whole(&agents, &request);
             prop_assert_eq!(
                 (decided.kind, decided.tier, &decided.primary_agent_id, &decided.fallback_agent_id),
                 (expected.kind, expected.tier, &expected.primary_agent_id, &expected.fallback_agent_id),
@@ -770,6 +767,11 @@ mod tests {
         }
     }
 
+    /// The tags "x" and "y" that `on` turns on, in order.
+    fn tags_of(on: &[bool]) -> Vec<String> {
+        ["x", "y"].iter().zip(on).filter(|(_, on)| **on).map(|(tag, _)| (*tag).to_owned()).collect()
+    }
+
     /// 80 agents in two teams, most of them idle, and a request from one of the teams.
     fn large_team_strategy() -> impl Strategy<Value = (Vec<Agent>, DelegationRequest)> {
         let agent = |index: usize| {
@@ -779,12 +781,7 @@ mod tests {
                     name: format!("A{index}"),
                     role: if even { "even".into() } else { "odd".into() },
                     team: format!("t{}", index % 2),
-                    expertise: ["x", "y"]
-                        .iter()
-                        .zip(&tags)
-                        .filter(|(_, on)| **on)
-                        .map(|(tag, _)| (*tag).into())
-                        .collect(),
+                    expertise: tags_of(&tags),
                     manual_status: match manual {
                         0 => Some(Status::Offline),
                         1 => Some(Status::Busy),
@@ -810,12 +807,7 @@ mod tests {
                     task_id: "task".into(),
                     requester_id: format!("a{requester:02}"),
                     team: format!("t{}", requester % 2),
-                    required_expertise: ["x", "y"]
-                        .iter()
-                        .zip(&tags)
-                        .filter(|(_, on)| **on)
-                        .map(|(tag, _)| (*tag).to_owned())
-                        .collect(),
+                    required_expertise: tags_of(&tags),
                     required_role: if by_role { "even".into() } else { String::new() },
                     delegation_chain: chain.into_iter().map(|index| format!("a{index:02}")).collect(),
                     preferred_agent_id: if preferred < 80 { format!("a{preferred:02}") } else { String::new() },
