@@ -1091,6 +1091,9 @@ fn step_from_row(row: &AnyRow) -> Result<(String, Step)> {
     Ok((row.try_get("step_id")?, step))
 }
 
+/// The newest version of the permission matrix.
+const LATEST_MATRIX: &str = "SELECT * FROM permission_matrices ORDER BY version DESC LIMIT 1";
+
 /// A stored matrix version whose document no longer parses is corrupt data.
 fn matrix_from_row(row: &AnyRow) -> Result<Matrix> {
     let version: i64 = row.try_get("version")?;
@@ -1779,9 +1782,7 @@ impl Store for SqlStore {
 
     fn latest_matrix(&self) -> BoxFuture<'_, Result<Option<Matrix>>> {
         Box::pin(async move {
-            let row = sqlx::query("SELECT * FROM permission_matrices ORDER BY version DESC LIMIT 1")
-                .fetch_optional(&self.database.reads)
-                .await?;
+            let row = sqlx::query(LATEST_MATRIX).fetch_optional(&self.database.reads).await?;
             row.as_ref().map(matrix_from_row).transpose()
         })
     }
@@ -1856,9 +1857,7 @@ impl Store for SqlStore {
             .bind(matrix.created_by.clone())
             .execute(&mut *transaction)
             .await?;
-            let latest = sqlx::query("SELECT * FROM permission_matrices ORDER BY version DESC LIMIT 1")
-                .fetch_one(&mut *transaction)
-                .await?;
+            let latest = sqlx::query(LATEST_MATRIX).fetch_one(&mut *transaction).await?;
             transaction.commit().await?;
             matrix_from_row(&latest)
         })
