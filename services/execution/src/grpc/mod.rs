@@ -162,9 +162,10 @@ impl ExecutionApi {
         if new {
             tracing::info!(process = %process.name, version = process.version, "process published");
         }
+        let process = process_to_wire(&process, Shown::Warnings);
         Ok(wire::PublishProcessResponse {
-            diagnostics: process.warnings.kept.iter().map(crate::wire::finding_to_wire).collect(),
-            process: Some(process_to_wire(&process, Shown::Warnings)),
+            diagnostics: process.warnings.clone(),
+            process: Some(process),
             unchanged: !new,
         })
     }
