@@ -11,6 +11,10 @@
 
 use std::time::Instant;
 
+/// The worker here allocates as `muster agent` and the services do.
+#[global_allocator]
+static ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;
+
 use muster::worker::{AgentCredential, Behaviour, StepOutcome};
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus},

@@ -91,6 +91,30 @@ impl Dag {
         }
         order
     }
+
+    /// The steps `position` builds on: its dependencies, theirs, and so on,
+    /// each once, nearest first (breadth-first), at most `limit` of them.
+    /// The walk stops at `limit`, so a step deep in a long chain costs as
+    /// little as one near its start.
+    pub(crate) fn upstream(&self, position: usize, limit: usize) -> Vec<usize> {
+        let mut order = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut next = 0;
+        let mut from = position;
+        loop {
+            for &dependency in &self.dependencies[from] {
+                if order.len() == limit {
+                    return order;
+                }
+                if seen.insert(dependency) {
+                    order.push(dependency);
+                }
+            }
+            let Some(&following) = order.get(next) else { return order };
+            from = following;
+            next += 1;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -136,5 +160,24 @@ mod tests {
         let dag = Dag::new(&definition(DIAMOND));
         assert_eq!(dag.downstream(0), vec![1, 2, 3]);
         assert_eq!(dag.downstream(3), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn upstream_lists_what_a_step_builds_on_nearest_first_up_to_a_limit() {
+        let dag = Dag::new(&definition(DIAMOND));
+        assert_eq!(dag.upstream(3, 10), vec![1, 2, 0], "a, reached through b and through c, once");
+        assert_eq!(dag.upstream(3, 2), vec![1, 2]);
+        assert_eq!(dag.upstream(1, 10), vec![0]);
+        assert_eq!(dag.upstream(0, 10), Vec::<usize>::new());
+        let mut chain = String::from("name: c\nsteps:\n  - {id: s0, type: agent_task, agent: x, message: m}\n");
+        for index in 1..500 {
+            chain.push_str(&format!(
+                "  - {{id: s{index}, type: agent_task, agent: x, message: m, depends_on: [s{}]}}\n",
+                index - 1
+            ));
+        }
+        let dag = Dag::new(&definition(&chain));
+        assert_eq!(dag.upstream(499, 3), vec![498, 497, 496]);
+        assert_eq!(dag.upstream(2, 100), vec![1, 0]);
     }
 }

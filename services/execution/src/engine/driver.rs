@@ -51,6 +51,8 @@ use crate::{
 
 /// Most steps whose outputs an assignment's shared memory carries.
 const SHARED_MEMORY_STEPS: usize = 100;
+/// Most encoded outputs kept for the shared memories still to be built.
+const KEPT_MEMORY_OUTPUTS: usize = 4 * SHARED_MEMORY_STEPS;
 /// Most bytes of outputs an assignment's shared memory carries.
 const SHARED_MEMORY_BYTES: usize = 256 * 1024;
 /// Most history entries an assignment carries.
@@ -98,10 +100,11 @@ enum Effect {
     Posted(String),
 }
 
-/// What every assignment carries of the execution so far: the latest ended
-/// steps and completed outputs. Built once and shared until a step ends.
+/// What an assignment carries of the steps it builds on: their history and
+/// their completed outputs. Built once for the steps that depend on the same
+/// steps, until a step ends.
 #[derive(Clone)]
-struct Recent {
+struct Upstream {
     history: Arc<[HistoryEntry]>,
     shared_memory: Arc<SharedMemory>,
     left_out: u32,
@@ -133,9 +136,11 @@ pub(crate) struct Driver {
     ready: VecDeque<usize>,
     /// Steps in the order they ended (for history and shared memory).
     ended: Vec<usize>,
-    /// History and shared memory as of the last step that ended, once built.
-    recent: Option<Recent>,
-    /// The outputs in the last shared memory built, by step position: kept
+    /// The last history and shared memory built, with the dependencies of
+    /// the step it was built for: the next step with the same dependencies
+    /// takes it, until a step ends.
+    upstream: Option<(Vec<usize>, Upstream)>,
+    /// Outputs in the shared memories built lately, by step position: kept
     /// (with their encoded form, once made) for the next.
     memory_outputs: HashMap<usize, Arc<MemoryOutput>>,
     completed: usize,
@@ -199,7 +204,7 @@ impl Driver {
             max_parallel,
             ready: VecDeque::new(),
             ended,
-            recent: None,
+            upstream: None,
             memory_outputs: HashMap::new(),
             completed,
             spans: vec![None; count],
@@ -345,7 +350,7 @@ impl Driver {
             _ => {}
         }
         if was_final || status.is_final() {
-            self.recent = None;
+            self.upstream = None;
         }
         match (was_completed, status == StepStatus::Completed) {
             (false, true) => self.completed += 1,
@@ -764,8 +769,8 @@ impl Driver {
             let due = now + (seconds * 1000) as i64;
             self.timers.push(Reverse((due, Timer::Timeout, position, self.steps[position].attempt)));
         }
-        let recent = self.recent();
-        let assignment = Arc::new(self.assignment(position, recent));
+        let upstream = self.upstream(position);
+        let assignment = Arc::new(self.assignment(position, upstream));
         let route = self.route(position);
         self.after_commit.push(Effect::Send { slot, assignment, route });
     }
@@ -1114,7 +1119,7 @@ impl Driver {
     }
 
     /// The assignment of a step's current attempt, with its task context.
-    fn assignment(&self, position: usize, recent: Recent) -> Assignment {
+    fn assignment(&self, position: usize, upstream: Upstream) -> Assignment {
         let definition = self.definition(position);
         let step = &self.steps[position];
         let context = match self.contexts.get(&step.executor) {
@@ -1167,9 +1172,9 @@ impl Driver {
             inputs_json: carried.inputs_json,
             upstream_outputs: carried.upstream_outputs,
             payload_refs: carried.payload_refs,
-            shared_memory: recent.shared_memory,
-            shared_memory_left_out: recent.left_out,
-            history: recent.history,
+            shared_memory: upstream.shared_memory,
+            shared_memory_left_out: upstream.left_out,
+            history: upstream.history,
             context,
             roles: step_roles(definition),
             delegation_chain: step.delegation_chain.clone(),
@@ -1185,25 +1190,36 @@ impl Driver {
         payload::merge_inputs(&self.execution_inputs, step_inputs)
     }
 
-    /// The history and shared memory as of now, built when a step ended since.
-    fn recent(&mut self) -> Recent {
-        if let Some(recent) = &self.recent {
-            return recent.clone();
+    /// The history and shared memory of the steps `position` builds on:
+    /// the nearest of them ([`Dag::upstream`]) that ended, in the order
+    /// they ended, and the outputs of the latest completed ones that fit.
+    /// Nothing that runs beside the step, so an attempt sees the same
+    /// whenever it starts.
+    fn upstream(&mut self, position: usize) -> Upstream {
+        let dependencies = self.dag.dependencies(position);
+        if let Some((built_for, upstream)) = &self.upstream
+            && built_for.as_slice() == dependencies
+        {
+            return upstream.clone();
         }
-        let (shared_memory, left_out) = self.shared_memory();
-        let recent = Recent { history: self.history().into(), shared_memory: Arc::new(shared_memory), left_out };
-        self.recent = Some(recent.clone());
-        recent
+        let dependencies = dependencies.to_vec();
+        let mut ended = self.dag.upstream(position, HISTORY_ENTRIES.max(SHARED_MEMORY_STEPS));
+        ended.retain(|&step| self.steps[step].status.is_final());
+        ended.sort_by_key(|&step| (self.steps[step].ended_at, step));
+        let (shared_memory, left_out) = self.shared_memory(&ended);
+        let upstream =
+            Upstream { history: self.history(&ended).into(), shared_memory: Arc::new(shared_memory), left_out };
+        self.upstream = Some((dependencies, upstream.clone()));
+        upstream
     }
 
-    /// The outputs of the most recently completed steps that fit, newest
-    /// first, and how many completed steps were left out. An output still
-    /// in the memory is the one the last memory held, with its encoded form.
-    fn shared_memory(&mut self) -> (SharedMemory, u32) {
-        let mut kept = std::mem::take(&mut self.memory_outputs);
+    /// The outputs of the latest completed of `ended` that fit, newest
+    /// first, and how many completed steps of the execution it leaves out.
+    /// An output kept from an earlier memory comes with its encoded form.
+    fn shared_memory(&mut self, ended: &[usize]) -> (SharedMemory, u32) {
         let mut outputs = Vec::new();
         let mut bytes = 0;
-        for &position in self.ended.iter().rev() {
+        for &position in ended.iter().rev() {
             if outputs.len() >= SHARED_MEMORY_STEPS {
                 break;
             }
@@ -1215,25 +1231,31 @@ impl Driver {
                 break;
             }
             bytes += output.len();
-            let entry = match kept.remove(&position) {
-                Some(entry) if Arc::ptr_eq(&entry.output, output) => entry,
-                _ => Arc::new(MemoryOutput {
-                    step_id: self.definition(position).id.clone(),
-                    output: output.clone(),
-                    encoded: OnceLock::new(),
-                }),
+            let entry = match self.memory_outputs.get(&position) {
+                Some(entry) if Arc::ptr_eq(&entry.output, output) => entry.clone(),
+                _ => {
+                    let entry = Arc::new(MemoryOutput {
+                        step_id: self.definition(position).id.clone(),
+                        output: output.clone(),
+                        encoded: OnceLock::new(),
+                    });
+                    self.memory_outputs.insert(position, entry.clone());
+                    entry
+                }
             };
-            self.memory_outputs.insert(position, entry.clone());
             outputs.push(entry);
+        }
+        if self.memory_outputs.len() > KEPT_MEMORY_OUTPUTS {
+            self.memory_outputs.retain(|_, kept| outputs.iter().any(|output| Arc::ptr_eq(output, kept)));
         }
         let left_out = self.completed.saturating_sub(outputs.len());
         (SharedMemory { outputs, encoded: OnceLock::new() }, u32::try_from(left_out).unwrap_or(u32::MAX))
     }
 
-    /// The most recent ended steps, oldest first.
-    fn history(&self) -> Vec<HistoryEntry> {
-        let start = self.ended.len().saturating_sub(HISTORY_ENTRIES);
-        self.ended[start..]
+    /// The last of `ended`, oldest first.
+    fn history(&self, ended: &[usize]) -> Vec<HistoryEntry> {
+        let start = ended.len().saturating_sub(HISTORY_ENTRIES);
+        ended[start..]
             .iter()
             .map(|&position| {
                 let step = &self.steps[position];

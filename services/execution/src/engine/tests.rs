@@ -568,7 +568,7 @@ async fn an_engine_that_stops_mid_run_resumes_where_the_store_says() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn each_assignment_carries_the_history_and_memory_as_of_its_start() {
+async fn each_assignment_carries_the_history_and_memory_of_the_steps_it_builds_on() {
     let harness = Harness::new(FakeRoster { agents: vec!["doer"], ..FakeRoster::default() }, settings()).await;
     harness.worker(&["doer"], Behaviour::Complete);
     // s0, then s1 and s2 (both after s0), then s3 after both.
@@ -594,17 +594,55 @@ async fn each_assignment_carries_the_history_and_memory_as_of_its_start() {
     };
     assert!(seen("s0").history.is_empty());
     assert_eq!(memory(&seen("s0")), serde_json::json!({}));
-    // s1 and s2 see s0 (and, if it ended before they started, each other), never themselves.
+    // s1 and s2 see s0 and never each other, whichever ended first: they
+    // run side by side, neither builds on the other.
     for step in ["s1", "s2"] {
         let assignment = seen(step);
-        assert!(ended(&assignment).contains(&"s0".to_owned()), "{step}");
-        assert!(!ended(&assignment).contains(&step.to_owned()), "{step}");
-        assert_eq!(memory(&assignment)["s0"], serde_json::json!({"step": "s0"}), "{step}");
+        assert_eq!(ended(&assignment), ["s0"], "{step}");
+        assert_eq!(memory(&assignment), serde_json::json!({"s0": {"step": "s0"}}), "{step}");
     }
-    assert_eq!(ended(&seen("s3")), ["s0", "s1", "s2"]);
-    let memory = memory(&seen("s3"));
+    let s3 = seen("s3");
+    assert_eq!(ended(&s3), ["s0", "s1", "s2"]);
+    assert_eq!(s3.history.first().map(|entry| entry.step_id.as_str()), Some("s0"), "oldest first");
+    let memory = memory(&s3);
     assert_eq!(memory.as_object().unwrap().len(), 3);
     assert_eq!(memory["s2"], serde_json::json!({"step": "s2"}));
+    assert_eq!(s3.shared_memory_left_out, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_side_by_side_see_nothing_of_each_other_and_a_long_chain_sees_its_nearest_hundred() {
+    let harness = Harness::new(FakeRoster { agents: vec!["doer"], ..FakeRoster::default() }, settings()).await;
+    harness.worker(&["doer"], Behaviour::Complete);
+    let mut source = String::from("name: wide-then-long\nsteps:\n");
+    for index in 0..20 {
+        source.push_str(&format!("  - {{id: w{index}, type: agent_task, agent: doer, message: m}}\n"));
+    }
+    source.push_str("  - {id: c0, type: agent_task, agent: doer, message: m}\n");
+    for index in 1..150 {
+        source.push_str(&format!(
+            "  - {{id: c{index}, type: agent_task, agent: doer, message: m, depends_on: [c{}]}}\n",
+            index - 1
+        ));
+    }
+    let id = harness.run(&source).await;
+    assert_eq!(harness.finished(&id).await.0, ExecutionStatus::Completed);
+    let received = harness.received.lock().unwrap().clone();
+    let seen = |step: &str| received.iter().find(|assignment| assignment.step_id == step).unwrap().clone();
+    for index in 0..20 {
+        let wide = seen(&format!("w{index}"));
+        assert!(wide.history.is_empty(), "w{index}");
+        assert!(wide.shared_memory.outputs.is_empty(), "w{index}");
+    }
+    let last = seen("c149");
+    let history: Vec<&str> = last.history.iter().map(|entry| entry.step_id.as_str()).collect();
+    let expected: Vec<String> = (49..149).map(|index| format!("c{index}")).collect();
+    assert_eq!(history, expected, "the nearest hundred it builds on, oldest first");
+    let memory: Vec<&str> = last.shared_memory.outputs.iter().map(|output| output.step_id.as_str()).collect();
+    assert_eq!(memory.len(), 100);
+    assert_eq!((memory[0], memory[99]), ("c148", "c49"), "newest first");
+    // Every other completed step of the execution is counted as left out.
+    assert_eq!(last.shared_memory_left_out, 169 - 100);
 }
 
 /// The roster's questions and releases about one execution, as step ids.
