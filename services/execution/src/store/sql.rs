@@ -116,6 +116,25 @@ const STEP_UPDATE: &str = "ON CONFLICT (execution_id, step_id) DO UPDATE SET sta
      retry_at = excluded.retry_at, roster_reserved = excluded.roster_reserved, \
      slot_task = excluded.slot_task";
 
+/// The SQLite upsert of `rows` step rows, its text made once per row count
+/// (a commit's statements are looked up by their text).
+fn step_upsert_sql(rows: usize) -> &'static str {
+    static TEXTS: [OnceLock<String>; STEP_ROWS_PER_STATEMENT] = [const { OnceLock::new() }; STEP_ROWS_PER_STATEMENT];
+    TEXTS[rows - 1].get_or_init(|| {
+        let values = placeholders(Backend::Sqlite, rows, STEP_COLUMN_COUNT);
+        format!("INSERT INTO steps ({STEP_COLUMNS}) VALUES {values} {STEP_UPDATE}")
+    })
+}
+
+/// The SQLite insert of `rows` events, its text made once per row count.
+fn event_insert_sql(rows: usize) -> &'static str {
+    static TEXTS: [OnceLock<String>; EVENT_ROWS_PER_STATEMENT] = [const { OnceLock::new() }; EVENT_ROWS_PER_STATEMENT];
+    TEXTS[rows - 1].get_or_init(|| {
+        let values = placeholders(Backend::Sqlite, rows, 3);
+        format!("INSERT INTO events (execution_id, sequence, event) VALUES {values}")
+    })
+}
+
 /// A step row as PostgreSQL's `json_to_recordset` reads it.
 #[derive(serde::Serialize)]
 struct StepRow<'a> {
@@ -586,11 +605,8 @@ async fn apply_on<'a>(
         }
     } else {
         for chunk in steps.chunks(STEP_ROWS_PER_STATEMENT) {
-            let sql = format!(
-                "INSERT INTO steps ({STEP_COLUMNS}) VALUES {} {STEP_UPDATE}",
-                placeholders(backend, chunk.len(), STEP_COLUMN_COUNT)
-            );
-            let query = chunk.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, write| bind_step(query, write));
+            let sql = step_upsert_sql(chunk.len());
+            let query = chunk.iter().fold(sqlx::query(sql), |query, write| bind_step(query, write));
             query.execute(&mut *transaction).await?;
         }
     }
@@ -606,11 +622,8 @@ async fn apply_on<'a>(
         }
     } else {
         for chunk in events.chunks(EVENT_ROWS_PER_STATEMENT) {
-            let sql = format!(
-                "INSERT INTO events (execution_id, sequence, event) VALUES {}",
-                placeholders(backend, chunk.len(), 3)
-            );
-            let query = chunk.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, event| bind_event(query, event));
+            let sql = event_insert_sql(chunk.len());
+            let query = chunk.iter().fold(sqlx::query(sql), |query, event| bind_event(query, event));
             query.execute(&mut *transaction).await?;
         }
     }
@@ -653,9 +666,7 @@ async fn apply_natively(
                 ])?;
             }
             for chunk in steps.chunks(STEP_ROWS_PER_STATEMENT) {
-                let values = placeholders(Backend::Sqlite, chunk.len(), STEP_COLUMN_COUNT);
-                let mut statement = transaction
-                    .prepare_cached(&format!("INSERT INTO steps ({STEP_COLUMNS}) VALUES {values} {STEP_UPDATE}"))?;
+                let mut statement = transaction.prepare_cached(step_upsert_sql(chunk.len()))?;
                 for (row, write) in chunk.iter().enumerate() {
                     let first = row * STEP_COLUMN_COUNT;
                     let step = StepRow::of(write);
@@ -685,9 +696,7 @@ async fn apply_natively(
                 statement.raw_execute()?;
             }
             for chunk in events.chunks(EVENT_ROWS_PER_STATEMENT) {
-                let values = placeholders(Backend::Sqlite, chunk.len(), 3);
-                let mut statement = transaction
-                    .prepare_cached(&format!("INSERT INTO events (execution_id, sequence, event) VALUES {values}"))?;
+                let mut statement = transaction.prepare_cached(event_insert_sql(chunk.len()))?;
                 for (row, event) in chunk.iter().enumerate() {
                     let first = row * 3;
                     statement.raw_bind_parameter(first + 1, &event.execution_id)?;
