@@ -2,7 +2,8 @@
 //! agent answers at once with a small output, a linear chain and a fan-out of
 //! steps of several sizes, on SQLite and (when it answers) PostgreSQL.
 //! Prints steps per second, microseconds per step, and the CPU each process
-//! used (in % of one core) while the execution ran.
+//! used (in % of one core) while the execution ran, the PostgreSQL server's
+//! processes too on that backend.
 //!
 //! Then, on PostgreSQL, a 10,000-step fan-out (three executions of a third
 //! each) driven by one execution replica and by three, a worker on each.
@@ -215,7 +216,7 @@ async fn main() {
         sizes = vec![100, 1000, 10_000];
     }
     println!(
-        "{:<9} {:<8} {:>6}  {:>7} {:>11} {:>8}  {:>8} {:>9}   CPU % of a core: execution notifier roster worker+client",
+        "{:<9} {:<8} {:>6}  {:>7} {:>11} {:>8}  {:>8} {:>9}   CPU % of a core: execution notifier roster worker+client [PostgreSQL]",
         "backend", "shape", "steps", "seconds", "steps/s", "µs/step", "commits", "µs/commit"
     );
     for backend in [Backend::Sqlite, Backend::Postgres] {
@@ -238,7 +239,14 @@ async fn main() {
                 let commits_before = metric(&url, "muster_execution_commit_seconds_count").await;
                 let commit_time_before = metric(&url, "muster_execution_commit_seconds_sum").await;
                 let before: Vec<f64> = processes.iter().map(|pid| cpu_seconds(*pid)).collect();
+                let postgres_before = postgres_cpu_seconds();
                 let seconds = run_once(&mut client, &source).await;
+                let postgres = match backend {
+                    Backend::Postgres => {
+                        format!(" {:>4.0}", (postgres_cpu_seconds() - postgres_before) * 100.0 / seconds)
+                    }
+                    Backend::Sqlite => String::new(),
+                };
                 let transactions = metric(&url, "muster_execution_commit_seconds_count").await - commits_before;
                 let commit_time = metric(&url, "muster_execution_commit_seconds_sum").await - commit_time_before;
                 let used: Vec<String> = processes
@@ -247,7 +255,7 @@ async fn main() {
                     .map(|(pid, before)| format!("{:>4.0}", (cpu_seconds(*pid) - before) * 100.0 / seconds))
                     .collect();
                 println!(
-                    "{:<9} {shape:<8} {steps:>6}  {seconds:>7.3} {:>11.0} {:>8.0}  {transactions:>8} {:>9.0}   {}",
+                    "{:<9} {shape:<8} {steps:>6}  {seconds:>7.3} {:>11.0} {:>8.0}  {transactions:>8} {:>9.0}   {}{postgres}",
                     format!("{backend:?}"),
                     steps as f64 / seconds,
                     seconds * 1e6 / steps as f64,
