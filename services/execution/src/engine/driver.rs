@@ -134,8 +134,8 @@ pub(crate) struct Driver {
     max_parallel: usize,
     /// Steps ready to start, in the order they became ready.
     ready: VecDeque<usize>,
-    /// Steps in the order they ended (for history and shared memory).
-    ended: Vec<usize>,
+    /// Steps that ended: the execution ends when all have.
+    ended: usize,
     /// The last history and shared memory built, with the dependencies of
     /// the step it was built for: the next step with the same dependencies
     /// takes it, until a step ends.
@@ -187,8 +187,7 @@ impl Driver {
                 step.status = StepStatus::Ready;
             }
         }
-        let mut ended: Vec<usize> = (0..count).filter(|position| steps[*position].status.is_final()).collect();
-        ended.sort_by_key(|position| steps[*position].ended_at);
+        let ended = steps.iter().filter(|step| step.status.is_final()).count();
         let completed = steps.iter().filter(|step| step.status == StepStatus::Completed).count();
         let max_parallel =
             process.definition.max_parallel.map(|limit| limit as usize).unwrap_or(engine.settings.max_parallel).max(1);
@@ -234,7 +233,7 @@ impl Driver {
         loop {
             self.advance();
             self.send_asks();
-            if self.ended.len() == self.steps.len() {
+            if self.ended == self.steps.len() {
                 return self.finish(None).await;
             }
             self.flush().await?;
@@ -345,8 +344,8 @@ impl Driver {
         let was_completed = self.steps[position].status == StepStatus::Completed;
         self.steps[position].status = status;
         match (was_final, status.is_final()) {
-            (false, true) => self.ended.push(position),
-            (true, false) => self.ended.retain(|ended| *ended != position),
+            (false, true) => self.ended += 1,
+            (true, false) => self.ended -= 1,
             _ => {}
         }
         if was_final || status.is_final() {
