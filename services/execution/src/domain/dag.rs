@@ -47,10 +47,6 @@ impl Dag {
         Self { dependencies, dependants, continue_on_failure }
     }
 
-    pub(crate) fn len(&self) -> usize {
-        self.dependencies.len()
-    }
-
     pub(crate) fn dependencies(&self, position: usize) -> &[usize] {
         &self.dependencies[position]
     }
@@ -76,20 +72,7 @@ impl Dag {
     /// The steps reachable from `position` through dependants, each once, in
     /// breadth-first order (without `position` itself).
     pub(crate) fn downstream(&self, position: usize) -> Vec<usize> {
-        let mut seen = vec![false; self.len()];
-        let mut order = Vec::new();
-        let mut queue = std::collections::VecDeque::from([position]);
-        seen[position] = true;
-        while let Some(next) = queue.pop_front() {
-            for &dependant in &self.dependants[next] {
-                if !seen[dependant] {
-                    seen[dependant] = true;
-                    order.push(dependant);
-                    queue.push_back(dependant);
-                }
-            }
-        }
-        order
+        walk(&self.dependants, position, usize::MAX)
     }
 
     /// The steps `position` builds on: its dependencies, theirs, and so on,
@@ -97,23 +80,31 @@ impl Dag {
     /// The walk stops at `limit`, so a step deep in a long chain costs as
     /// little as one near its start.
     pub(crate) fn upstream(&self, position: usize, limit: usize) -> Vec<usize> {
-        let mut order = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        let mut next = 0;
-        let mut from = position;
-        loop {
-            for &dependency in &self.dependencies[from] {
-                if order.len() == limit {
-                    return order;
-                }
-                if seen.insert(dependency) {
-                    order.push(dependency);
-                }
+        walk(&self.dependencies, position, limit)
+    }
+}
+
+/// The steps reachable from `position` along `edges`, each once, in
+/// breadth-first order (without `position` itself), at most `limit` of
+/// them. What it has seen is kept in a set, not a flag per step, so a
+/// short walk costs nothing in proportion to the process's size.
+fn walk(edges: &[Vec<usize>], position: usize, limit: usize) -> Vec<usize> {
+    let mut order = Vec::new();
+    let mut seen = std::collections::HashSet::from([position]);
+    let mut next = 0;
+    let mut from = position;
+    loop {
+        for &to in &edges[from] {
+            if order.len() == limit {
+                return order;
             }
-            let Some(&following) = order.get(next) else { return order };
-            from = following;
-            next += 1;
+            if seen.insert(to) {
+                order.push(to);
+            }
         }
+        let Some(&following) = order.get(next) else { return order };
+        from = following;
+        next += 1;
     }
 }
 
