@@ -40,7 +40,9 @@ pub use model::{
     ProcessThrottle, StepDefinition, StepRoles, Triggers,
 };
 pub use process::{MAX_RETRIES, STEP_TYPES};
-pub use role::{RoleDefinition, RoleFormat, RoleReport, role_inbox_name, role_schedule_cron};
+pub use role::{
+    BUILTIN_TOOLS, RoleDefinition, RoleFormat, RoleReport, is_builtin_tool, role_inbox_name, role_schedule_cron,
+};
 pub use schedule::{MissedRuns, Schedule, rfc3339};
 pub use yaml::Limits;
 
@@ -58,7 +60,8 @@ pub fn validate_process_with_limits(source: &str, context: &Context, limits: &Li
 }
 
 /// Validates a role definition (YAML: one definition or a list; Markdown: one
-/// role file). Tools are checked against `context.tools` when given.
+/// role file). Tools are checked against `context.tools` when given; the
+/// [`BUILTIN_TOOLS`] are always known.
 pub fn validate_role_definition(source: &str, format: RoleFormat, context: &Context) -> RoleReport {
     validate_role_definition_with_limits(source, format, context, &Limits::default())
 }

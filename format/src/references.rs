@@ -146,12 +146,18 @@ pub(crate) fn check_references(
         if let (Some(tools), Some(tool)) = (&tools, &step.tool)
             && !tools.contains(&tool.name)
         {
-            diagnostics.error(
-                "CTX006",
-                &tool.path,
-                tool.at,
-                format!("unknown tool '{}'{}", tool.name, suggester.suggest(tool.name, tools)),
-            );
+            // A built-in workspace tool is known, but only to the agent that
+            // serves it: the execution service cannot call it for a step.
+            let message = if crate::is_builtin_tool(tool.name) {
+                format!(
+                    "'{}' is a built-in workspace tool of the model-driven agent, not a registered tool: \
+                     a tool_call step cannot call it; give the work to an agent_task step whose role lists it",
+                    tool.name
+                )
+            } else {
+                format!("unknown tool '{}'{}", tool.name, suggester.suggest(tool.name, tools))
+            };
+            diagnostics.error("CTX006", &tool.path, tool.at, message);
         }
         let Some(roles) = &roles else { continue };
         // The role whose permissions apply: the executor's, else the delegate role.

@@ -92,6 +92,18 @@ const ROLE_FIELDS: [&str; 16] = [
     "budget",
     "throttle",
 ];
+/// The workspace file tools the model-driven agent (`muster agent`) serves
+/// itself, inside its worker, on the files of its workspace: never
+/// registered with the cluster, so a role may list them whatever tools are
+/// registered (no `CTX006`). A `tool_call` step cannot call them: the
+/// execution service only calls tools that a worker registered.
+pub const BUILTIN_TOOLS: [&str; 5] = ["read_file", "write_file", "append_file", "list_files", "move_file"];
+
+/// Whether `tool` is one of the [`BUILTIN_TOOLS`].
+pub fn is_builtin_tool(tool: &str) -> bool {
+    BUILTIN_TOOLS.contains(&tool)
+}
+
 const JSON_SCHEMA_TYPES: [&str; 7] = ["object", "array", "string", "number", "integer", "boolean", "null"];
 
 /// Validates a role definition document.
@@ -113,7 +125,8 @@ pub(crate) fn check_role_definition(
         }
     }
     if let Some(tools) = &context.tools {
-        let names: Vec<&str> = tools.iter().map(String::as_str).collect();
+        // The built-in tools are known without being registered.
+        let names: Vec<&str> = tools.iter().map(String::as_str).chain(BUILTIN_TOOLS).collect();
         for ((_, tools), _) in &roles {
             for (tool, path, at) in tools {
                 if !names.contains(&tool.as_str()) {

@@ -432,6 +432,14 @@ fn rules_without_context_lists_are_skipped() {
 }
 
 #[test]
+fn a_tool_call_step_cannot_call_a_built_in_workspace_tool() {
+    let source = "name: d\nsteps:\n  - {id: a, type: tool_call, agent: dev, tool: read_file}\n";
+    let report = validate_process(source, &Context { tools: Some(vec![]), ..Context::default() });
+    assert_eq!(found(&report.diagnostics), vec![("CTX006", 3, 48)]);
+    assert!(report.diagnostics[0].message.contains("built-in workspace tool"), "{}", report.diagnostics[0].message);
+}
+
+#[test]
 fn findings_come_in_source_order_and_one_bad_step_hides_nothing() {
     let source = process(
         "  - {id: a, type: agent_task}\n  - {id: b, type: human_approval, roles: {}}\n  - {id: c, type: nope}\n  - {id: d, type: tool_call}\n",

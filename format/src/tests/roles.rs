@@ -118,6 +118,21 @@ fn tools_are_checked_against_the_context() {
 }
 
 #[test]
+fn built_in_workspace_tools_need_no_registration() {
+    let context = Context { tools: Some(vec!["web_search".to_owned()]), ..Context::default() };
+    let report = validate_role_definition("name: a\ntools: [read_file, move_file]\n", RoleFormat::Yaml, &context);
+    assert_eq!(found(&report.diagnostics), vec![]);
+    for tool in crate::BUILTIN_TOOLS {
+        let source = format!("# R\n## Mission\nm\n## Tools\n- {tool}\n");
+        let report = validate_role_definition(&source, RoleFormat::Markdown, &context);
+        assert_eq!(found(&report.diagnostics), vec![], "{tool}");
+    }
+    let report = validate_role_definition("name: a\ntools: [reed_file]\n", RoleFormat::Yaml, &context);
+    assert_eq!(found(&report.diagnostics), vec![("CTX006", 2, 9)]);
+    assert!(report.diagnostics[0].message.contains("did you mean 'read_file'"), "{}", report.diagnostics[0].message);
+}
+
+#[test]
 fn markdown_role_rules() {
     assert_eq!(markdown("## Mission\nm\n"), vec![("MD001", 1, 1)]);
     assert_eq!(markdown("# A\n# B\n## Mission\nm\n"), vec![("MD002", 2, 3)]);
