@@ -420,7 +420,7 @@ fn read_agent(mut fields: Fields<'_>, parsed: &mut ParsedRoster) {
         expertise: fields.list(&["expertise"]),
         workload_capacity: fields.number(&["capacity", "workload_capacity"], super::model::MAX_CAPACITY),
         custom_prompt: fields.text(&["prompt", "custom_prompt", "system_prompt"]),
-        llm_config_json: fields.json_object(&["llm_config", "llm_config_json"]),
+        llm_config_json: fields.llm_config(&["llm_config", "llm_config_json"]),
         backstory: fields.text(&["backstory"]),
         allow_delegation: fields.flag(&["allow_delegation"]),
         max_iterations: fields.number(&["max_iterations"], 10_000),

@@ -97,3 +97,45 @@ fn markdown_roles_follow_the_validator_rules() {
     let parsed = parse_files(&[file("roles/writer.md", "## Mission\nWrite.\n")]);
     assert_eq!(parsed.diagnostics[0].code, "MD001", "a title names the role file");
 }
+
+#[test]
+fn llm_config_is_checked_where_it_is_written() {
+    let parsed = parse_files(&[file(
+        "r.yaml",
+        "agents:\n  - id: a\n    llm_config:\n      provider: azure\n      api_key: sk-abc123\n      model: sk-proj-999\n      headers:\n        authorization: Bearer xyz\n      top_p: 0.9\n",
+    )]);
+    let found: Vec<(Severity, &str, &str, u32, u32)> =
+        parsed.diagnostics.iter().map(|d| (d.severity, d.code, d.path.as_str(), d.line, d.column)).collect();
+    assert_eq!(
+        found,
+        vec![
+            (Severity::Error, "ROS013", "agents[0].llm_config.provider", 4, 17),
+            (Severity::Error, "ROS011", "agents[0].llm_config.api_key", 5, 7),
+            (Severity::Error, "ROS011", "agents[0].llm_config.model", 6, 14),
+            (Severity::Error, "ROS011", "agents[0].llm_config.headers.authorization", 8, 9),
+            (Severity::Warning, "ROS012", "agents[0].llm_config.top_p", 9, 7),
+        ]
+    );
+    for diagnostic in &parsed.diagnostics {
+        for secret in ["sk-abc123", "sk-proj-999", "Bearer xyz", "azure"] {
+            assert!(!diagnostic.message.contains(secret), "{}", diagnostic.message);
+        }
+    }
+    assert!(parsed.diagnostics[1].message.contains("api_key_env"), "{}", parsed.diagnostics[1].message);
+    assert!(parsed.agents.is_empty(), "an agent whose settings hold an error is not imported");
+}
+
+#[test]
+fn llm_config_unknown_keys_are_kept_with_a_warning() {
+    let parsed = parse_files(&[file(
+        "r.yaml",
+        "agents:\n  - id: a\n    llm_config: {provider: openai, model: gpt-4o, api_key_env: OPENAI_API_KEY, seed: 7}\n",
+    )]);
+    let found: Vec<(&str, u32, u32)> = parsed.diagnostics.iter().map(|d| (d.code, d.line, d.column)).collect();
+    assert_eq!(found, vec![("ROS012", 3, 80)]);
+    assert!(parsed.agents[0].llm_config_json.contains(r#""seed":7"#), "{}", parsed.agents[0].llm_config_json);
+    let parsed = parse_files(&[file("r.yaml", "agents:\n  - id: a\n    llm_config_json: '{\"token\": \"x\"}'\n")]);
+    let found: Vec<(&str, &str, u32, u32)> =
+        parsed.diagnostics.iter().map(|d| (d.code, d.path.as_str(), d.line, d.column)).collect();
+    assert_eq!(found, vec![("ROS011", "agents[0].llm_config_json.token", 3, 22)], "JSON text: at the text");
+}

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use saphyr::{LoadableYamlNode, MarkedYamlOwned, ScalarOwned, YamlDataOwned};
 
 use super::import::{FileDiagnostic, MAX_DEPTH, Severity, Source, file_diagnostic};
+use super::llm_config::{PathStep, Spot, check_llm_config};
 
 pub(super) fn position(node: &MarkedYamlOwned) -> (u32, u32) {
     let start = node.span.start;
@@ -170,6 +171,55 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// An agent's model settings (a mapping, or JSON text), as JSON text,
+    /// checked by [`check_llm_config`] with each finding at the line and
+    /// column of its key or value.
+    pub(super) fn llm_config(&mut self, names: &[&str]) -> String {
+        let Some((node, key)) = self.take(names) else { return String::new() };
+        let (text, settings) = match &node.data {
+            YamlDataOwned::Mapping(_) => {
+                let settings = to_json(node);
+                (settings.to_string(), settings)
+            }
+            _ => match scalar_text(node) {
+                // JSON text: a finding can only point at the text; what is not
+                // a JSON object is the model's rule to report.
+                Some(text) => {
+                    let settings = serde_json::from_str(&text).unwrap_or(serde_json::Value::Null);
+                    (text, settings)
+                }
+                None => {
+                    self.error("ROS003", &key, format!("{key} must be a mapping"));
+                    return String::new();
+                }
+            },
+        };
+        if !settings.is_object() {
+            return text;
+        }
+        let mut findings: Vec<_> = check_llm_config(&settings)
+            .into_iter()
+            .map(|finding| (locate(node, &finding.steps, finding.spot), finding))
+            .collect();
+        findings.sort_by_key(|(at, _)| *at);
+        for ((line, column), finding) in findings {
+            if finding.severity == Severity::Error {
+                self.failed = true;
+            }
+            let path = finding.path_under(&format!("{}.{key}", self.path));
+            self.diagnostics.push(file_diagnostic(
+                self.file_name,
+                finding.severity,
+                finding.code,
+                finding.message,
+                &path,
+                line,
+                column,
+            ));
+        }
+        text
+    }
+
     /// A mapping read into `T` (its fields, none unknown); `None` when absent
     /// or wrong.
     pub(super) fn mapping<T: serde::de::DeserializeOwned>(&mut self, names: &[&str]) -> Option<T> {
@@ -197,9 +247,40 @@ impl<'a> Fields<'a> {
                 format!("unknown field {key:?} is ignored"),
             ));
         }
-        let _ = (self.file_name, &self.path);
         (self.source, self.diagnostics, self.failed)
     }
+}
+
+/// The line and column of the key or value that `steps` lead to from
+/// `node`; where the path leaves the YAML (JSON text), the nearest node's.
+fn locate(node: &MarkedYamlOwned, steps: &[PathStep], spot: Spot) -> (u32, u32) {
+    let mut current = node;
+    for (index, step) in steps.iter().enumerate() {
+        while let YamlDataOwned::Tagged(_, inner) = &current.data {
+            current = inner;
+        }
+        let next = match (step, &current.data) {
+            (PathStep::Key(wanted), YamlDataOwned::Mapping(entries)) => {
+                // The last of duplicate keys is the one the JSON holds.
+                let Some((key, value)) =
+                    entries.iter().rev().find(|(key, _)| scalar_text(key).as_deref() == Some(wanted.as_str()))
+                else {
+                    break;
+                };
+                if index + 1 == steps.len() && spot == Spot::Key {
+                    return position(key);
+                }
+                value
+            }
+            (PathStep::Index(wanted), YamlDataOwned::Sequence(items)) => match items.get(*wanted) {
+                Some(item) => item,
+                None => break,
+            },
+            _ => break,
+        };
+        current = next;
+    }
+    position(current)
 }
 
 /// Parses one YAML document with positions; `None` for an empty file. Nesting

@@ -1,11 +1,13 @@
 //! The roster's documents: its entities and the rules each obeys
 //! ([`model`]), and the files a roster is imported from ([`import`]): a YAML
 //! roster of teams, agents and roles, and Markdown role definitions, read
-//! with a diagnostic (file, path, line and column) for everything wrong.
+//! with a diagnostic (file, path, line and column) for everything wrong —
+//! and an agent's model settings ([`llm_config`]).
 //! The roster service imports with it; `muster validate` checks the same
 //! files offline.
 
 pub mod import;
 mod import_markdown;
 mod import_yaml;
+pub mod llm_config;
 pub mod model;

@@ -105,7 +105,8 @@ pub struct Agent {
     pub availability_until: Option<i64>,
     /// The agent's own prompt.
     pub custom_prompt: String,
-    /// LLM overrides, a JSON object as text (empty for none).
+    /// Model settings, a JSON object as text (empty for none); checked by
+    /// [`super::llm_config::check_llm_config`].
     pub llm_config_json: String,
     /// The agent's backstory, given to its model.
     pub backstory: String,
@@ -129,7 +130,9 @@ impl Agent {
     }
 
     /// Validates and normalises the descriptive fields of an agent given on input:
-    /// id format, name default, tag format, capacity default, JSON object.
+    /// id format, name default, tag format, capacity default, model settings
+    /// (a JSON object without secrets, its known keys well typed; the first
+    /// error is named by its path, `agent.llm_config.api_key`, never by its value).
     pub fn normalize(mut self) -> Result<Self> {
         validate_id("agent.id", &self.id)?;
         self.name = self.name.trim().to_owned();
@@ -162,6 +165,12 @@ impl Agent {
             self.max_iterations = DEFAULT_MAX_ITERATIONS;
         }
         validate_json_object("agent.llm_config_json", &self.llm_config_json)?;
+        if let Ok(settings) = serde_json::from_str::<serde_json::Value>(&self.llm_config_json) {
+            let findings = super::llm_config::check_llm_config(&settings);
+            if let Some(error) = findings.iter().find(|finding| finding.severity == crate::Severity::Error) {
+                return Err(invalid(&error.path_under("agent.llm_config"), &error.message));
+            }
+        }
         Ok(self)
     }
 
