@@ -14,7 +14,8 @@ for each muster service (a directory services/<name> with a src/main.rs and a
   grpc port when there is none (never a TLS port: the kubelet cannot do TLS);
 - every MUSTER_* variable the manifests set (env, envFrom ConfigMaps) is one
   the service reads: an `env = "MUSTER_..."` attribute in services/runtime/src
-  (config.rs, auth/mod.rs, tls.rs, ...) or services/<name>/src;
+  (config.rs, auth/mod.rs, ...), client/src (tls.rs: the runtime links
+  muster-client) or services/<name>/src;
 - every MUSTER_<SERVICE>_URL the service reads (but its own) is set, names the
   Service and port of that other service, and is https:// exactly when that
   service serves TLS; database URLs come from a Secret (and, when the overlay
@@ -90,14 +91,15 @@ PROMETHEUS = ({"app.kubernetes.io/name": "prometheus"}, "monitoring")
 # manifest that sets one is a mistake.
 TEST_ONLY = re.compile(r"^MUSTER_TEST_|FAILPOINT")
 WRITTEN_PATHS = ("MUSTER_DATA_DIR", "MUSTER_MEMORY_DIR", "MUSTER_PORT_FILE")
-# Credentials (services/runtime/src/auth/mod.rs, tls.rs): files of mounted
+# Credentials (services/runtime/src/auth/mod.rs, client/src/tls.rs): files of mounted
 # Secrets. The inline forms would put them in a ConfigMap or the pod spec, or
 # (from a secretKeyRef) freeze them until a restart.
 OPERATORS_FILE, SERVICE_SECRET_FILE = "MUSTER_OPERATORS_FILE", "MUSTER_SERVICE_SECRET_FILE"
 INLINE_CREDENTIALS = {"MUSTER_OPERATORS": OPERATORS_FILE, "MUSTER_SERVICE_SECRET": SERVICE_SECRET_FILE}
 TLS_FILES = ("MUSTER_TLS_CERT_FILE", "MUSTER_TLS_KEY_FILE", "MUSTER_TLS_CA_FILE")
 CLIENT_AUTH_MODES = ("none", "optional", "required")
-# What the runtime must read for these rules to mean anything.
+# What the runtime (with the muster-client library it links) must read for
+# these rules to mean anything.
 RUNTIME_VARIABLES = {
     "MUSTER_LISTEN", "MUSTER_HEALTH_LISTEN", OPERATORS_FILE, SERVICE_SECRET_FILE, *INLINE_CREDENTIALS,
     *TLS_FILES, "MUSTER_TLS_CLIENT_AUTH", "MUSTER_ROSTER_URL",
@@ -144,13 +146,17 @@ def read_variables(paths: list[Path]) -> set[str]:
 
 def discover_services() -> dict[str, ServiceCode]:
     # What every service reads through muster-runtime (ServerArgs in config.rs,
-    # and anything else its sources read), except the test-only support.
+    # and anything else its sources read) and the muster-client library it
+    # links (TlsArgs in tls.rs), except the test-only support.
     runtime = ROOT / "services" / "runtime" / "src"
-    shared = read_variables([path for path in sorted(runtime.rglob("*.rs")) if path.name != "testing.rs"])
+    client = ROOT / "client" / "src"
+    shared = read_variables(
+        [path for source in (runtime, client) for path in sorted(source.rglob("*.rs")) if path.name != "testing.rs"]
+    )
     if not RUNTIME_VARIABLES <= shared:
         sys.exit(
-            f"check_manifests: services/runtime/src no longer reads {sorted(RUNTIME_VARIABLES - shared)} "
-            "(config.rs, auth/mod.rs, tls.rs); update this script"
+            f"check_manifests: services/runtime/src and client/src no longer read {sorted(RUNTIME_VARIABLES - shared)} "
+            "(runtime: config.rs, auth/mod.rs; client: tls.rs); update this script"
         )
     services = {}
     for directory in sorted((ROOT / "services").iterdir()):

@@ -9,21 +9,21 @@
 use std::{future::Future, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
+use muster_client::{
+    auth::{AuthChannel, Credentials, with_credentials},
+    balance::Balanced,
+    tls::{ClientTls, TlsArgs},
+};
 use muster_proto::execution::v1::{
     Assignment, ConnectWorkerRequest, DelegateStep, MemoryNote, PayloadKind, ReadPayloadRequest, ServedAgent,
     StepFailure, StepResult, ToolCall, ToolCallResult, ToolOutput, ToolSpec, WorkerHeartbeat, WorkerHello,
     connect_worker_request, connect_worker_response, execution_service_client::ExecutionServiceClient,
 };
-use muster_runtime::{
-    auth::client::{AuthChannel, Credentials, with_credentials},
-    balance::Balanced,
-    tls::{ClientTls, TlsArgs},
-};
 use tokio::sync::mpsc;
 
 /// JSON values as assignments, results and tool calls carry them
 /// (`google.protobuf.Struct` and `Value`), to and from `serde_json`.
-pub use muster_runtime::json;
+pub use muster_client::json;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument as _;
 
@@ -278,7 +278,7 @@ fn is_refusal(error: &anyhow::Error) -> bool {
 fn refused_agent(error: &anyhow::Error, execution: &Endpoint, agents: &[AgentCredential]) -> Option<(String, String)> {
     let status = error.downcast_ref::<tonic::Status>()?;
     let reason = format!("{:?}: {}", status.code(), status.message());
-    let named = muster_runtime::auth::error_info(status).and_then(|(_, metadata)| metadata.get("agent_id").cloned());
+    let named = muster_client::auth::error_info(status).and_then(|(_, metadata)| metadata.get("agent_id").cloned());
     let agent = match named {
         Some(agent_id) => agents.iter().find(|agent| agent.agent_id == agent_id),
         None if status.code() == tonic::Code::Unauthenticated => {
@@ -293,14 +293,14 @@ fn refused_agent(error: &anyhow::Error, execution: &Endpoint, agents: &[AgentCre
 fn report(assignment_id: String, outcome: StepOutcome, elapsed: Duration) -> connect_worker_request::Message {
     match outcome {
         StepOutcome::Completed { output_json, tokens_used, cost, iterations, remember } => {
-            match muster_runtime::json::value_from_text(&output_json) {
+            match muster_client::json::value_from_text(&output_json) {
                 Ok(output) => connect_worker_request::Message::Result(StepResult {
                     remember,
                     assignment_id,
                     output: Some(output),
                     tokens_used,
                     cost,
-                    duration: Some(muster_runtime::time::to_duration(elapsed.as_millis() as u64)),
+                    duration: Some(muster_client::time::to_duration(elapsed.as_millis() as u64)),
                     post_to_inbox: String::new(),
                     iterations,
                 }),
@@ -369,7 +369,7 @@ async fn session<B: Behaviour>(
                     agents: agents.iter().map(|agent| agent.agent_id.clone()).collect(),
                 });
                 // Heartbeats keep the lease while assignments take long.
-                let lease = muster_runtime::time::from_duration(welcome.lease.as_ref()).unwrap_or_default();
+                let lease = muster_client::time::from_duration(welcome.lease.as_ref()).unwrap_or_default();
                 let heartbeat_every = Duration::from_millis((lease / 3).max(50));
                 let sender = sender.clone();
                 _heartbeats = Some(AbortOnDrop(tokio::spawn(async move {
@@ -396,7 +396,7 @@ async fn session<B: Behaviour>(
                     agent_id = %assignment.agent_id,
                     step_id = %assignment.step_id,
                 );
-                muster_runtime::telemetry::continue_from(&span, &assignment.trace_parent);
+                muster_client::trace::continue_from(&span, &assignment.trace_parent);
                 let run = async move {
                     let assignment_id = assignment.assignment_id.clone();
                     let started = std::time::Instant::now();
@@ -462,7 +462,7 @@ async fn session<B: Behaviour>(
                 let behaviour = behaviour.clone();
                 let sender = sender.clone();
                 let span = tracing::info_span!(parent: None, "tool call", tool = %call.tool, agent_id = %call.agent_id);
-                muster_runtime::telemetry::continue_from(&span, &call.trace_parent);
+                muster_client::trace::continue_from(&span, &call.trace_parent);
                 let run = async move {
                     let call_id = call.call_id.clone();
                     let output = behaviour.call_tool(call).await;
@@ -486,7 +486,7 @@ fn within_limits(message: connect_worker_request::Message) -> ConnectWorkerReque
     use connect_worker_request::Message;
     const PATH: &str = "/muster.execution.v1.ExecutionService/ConnectWorker";
     let request = ConnectWorkerRequest { message: Some(message) };
-    let Err(refusal) = muster_runtime::limits::check_request(PATH, &prost::Message::encode_to_vec(&request)) else {
+    let Err(refusal) = muster_client::limits::check_request(PATH, &prost::Message::encode_to_vec(&request)) else {
         return request;
     };
     let why = refusal.message().to_owned();
@@ -526,10 +526,10 @@ async fn fill_payloads(
             |problem: String| tonic::Status::data_loss(format!("payload of step {}: {problem}", reference.step_id));
         match kind {
             PayloadKind::Inputs => {
-                assignment.inputs = muster_runtime::json::struct_from_text(&value).map_err(unreadable)?
+                assignment.inputs = muster_client::json::struct_from_text(&value).map_err(unreadable)?
             }
             PayloadKind::Output => {
-                let value = muster_runtime::json::value_from_text(&value).map_err(unreadable)?;
+                let value = muster_client::json::value_from_text(&value).map_err(unreadable)?;
                 assignment.upstream_outputs.insert(reference.step_id.clone(), value);
             }
             PayloadKind::Unspecified => {}

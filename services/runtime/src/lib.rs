@@ -14,15 +14,25 @@
 //! every request field, checked on the wire ([`limits`]), and JSON values
 //! and durations converted at the wire ([`json`], [`time`]).
 //!
+//! What a client of the cluster needs too lives in `muster-client`, which
+//! clients (the worker library) link without this crate's databases, HTTP
+//! server and OTLP exporter: the credentials calls carry
+//! ([`auth::client`], [`auth::error_info`]), balancing over replicas
+//! ([`balance`]), the TLS settings and TLS to `https://` URLs ([`tls`]),
+//! [`json`] and [`time`], the check of a request against the limits
+//! ([`limits::check`]), the status naming a field and the bounds on a
+//! status ([`status`]), and trace context propagation ([`telemetry`]'s
+//! `extract`, `traceparent`, ...). This crate re-exports them where they
+//! were; the server side of each (the authentication and limits layers, TLS
+//! on the server) stays here.
+//!
 //! This crate is not deployable on its own; it holds no business logic.
 #![forbid(unsafe_code)]
 
 pub mod auth;
-pub mod balance;
 pub mod config;
 pub mod db;
 pub mod files;
-pub mod json;
 pub mod limits;
 pub mod metrics;
 pub mod paging;
@@ -35,8 +45,9 @@ pub mod status;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod time;
 pub mod tls;
+
+pub use muster_client::{balance, json, time};
 
 /// The allocator every muster binary uses (`#[global_allocator] static
 /// ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;`):
@@ -62,6 +73,10 @@ pub enum Error {
     /// A database URL names a backend muster does not support.
     #[error("unsupported database URL {0:?}: use sqlite:// or postgres://")]
     UnsupportedDatabase(String),
+    /// The settings of a client of another service are wrong: a service
+    /// URL, a token, TLS files ([`muster_client::Error`]).
+    #[error(transparent)]
+    Client(#[from] muster_client::Error),
     /// The gRPC server failed.
     #[error("server: {0}")]
     Transport(#[from] tonic::transport::Error),

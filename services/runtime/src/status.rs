@@ -24,20 +24,15 @@ use std::{collections::HashMap, fmt::Display, time::Duration};
 use muster_proto::common::v1::{Diagnostic, Severity};
 use tonic_types::{ErrorDetails, StatusExt as _};
 
+// What clients build too, from `muster_client::status`: the
+// INVALID_ARGUMENT naming a field, and the bounds on a status's size.
+pub use muster_client::status::{MAX_DETAILS_BYTES, MAX_MESSAGE_BYTES, invalid_field, truncate};
+
 /// The `domain` of muster's `ErrorInfo` details.
 pub const DOMAIN: &str = "muster.dev";
 
 /// How long a client waits before trying again a call refused as UNAVAILABLE.
 pub const RETRY_UNAVAILABLE_AFTER: Duration = Duration::from_secs(1);
-
-/// INVALID_ARGUMENT about one field of the request: `message` (which names
-/// the field for people), and a `google.rpc.BadRequest` whose violation
-/// names it for programs (`budget.name`, `agents[3].id`).
-pub fn invalid_field(field: &str, message: &str) -> tonic::Status {
-    let message = truncate(message, MAX_MESSAGE_BYTES);
-    let details = ErrorDetails::with_bad_request_violation(truncate(field, 256), message.as_ref());
-    tonic::Status::with_error_details(tonic::Code::InvalidArgument, message, details)
-}
 
 /// FAILED_PRECONDITION with a `google.rpc.PreconditionFailure` violation:
 /// `kind` says which condition (`EXECUTION_ENDED`), `subject` what it is
@@ -238,28 +233,6 @@ fn uuid_like_reference() -> String {
     format!("{:x}-{:x}", nanos, COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
-/// Most bytes of a status message. With [`MAX_DETAILS_BYTES`] of details
-/// (base64 in trailers, and percent-encoding that can triple a message) a
-/// status stays well inside the 16 KiB of trailers that gRPC clients accept.
-pub const MAX_MESSAGE_BYTES: usize = 1024;
-
-/// Most bytes of a status's encoded details.
-pub const MAX_DETAILS_BYTES: usize = 8 * 1024;
-
-/// `text` cut to at most `max` bytes on a character boundary, ending with
-/// how many bytes were left out.
-pub fn truncate(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
-    if text.len() <= max {
-        return text.into();
-    }
-    // Room for the note, which is at most 30 bytes.
-    let mut end = max.saturating_sub(30);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} more bytes)", &text[..end], text.len() - end).into()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,14 +306,5 @@ mod tests {
             (info.reason.as_str(), info.metadata["dependency"].as_str()),
             ("DEPENDENCY_UNAVAILABLE", "the roster")
         );
-    }
-
-    #[test]
-    fn truncation_keeps_short_text_and_cuts_long_text_on_a_character() {
-        assert_eq!(truncate("short", 10), "short");
-        let long = "é".repeat(1000);
-        let cut = truncate(&long, 100);
-        assert!(cut.len() <= 100, "{}", cut.len());
-        assert!(cut.ends_with("… (1930 more bytes)"), "{cut}");
     }
 }

@@ -27,12 +27,6 @@ pub fn unauthenticated_with(reason: &str, message: impl Into<String>, metadata: 
     )
 }
 
-/// The reason and metadata of a refusal's `ErrorInfo` detail, when it has one.
-pub fn error_info(status: &tonic::Status) -> Option<(String, HashMap<String, String>)> {
-    let info = status.get_details_error_info()?;
-    Some((info.reason, info.metadata))
-}
-
 /// PERMISSION_DENIED naming the caller, its role and the action:
 /// "<caller> may not <action>: <why>", with an `ErrorInfo` whose metadata
 /// holds `caller`, `caller_kind`, `role`, `action` and `extra`.

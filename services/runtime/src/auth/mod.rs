@@ -21,7 +21,11 @@
 //! [`Caller::of`] and make the finer checks (the agent itself, the step's
 //! executor, the lead) with [`permission_denied`] for refusals.
 
-pub mod client;
+/// What outgoing calls carry, a credential and the trace context: the
+/// client side, which lives in [`muster_client::auth`].
+pub mod client {
+    pub use muster_client::auth::{AuthChannel, Credentials, with_credentials};
+}
 pub mod directory;
 mod errors;
 pub mod layer;
@@ -32,8 +36,9 @@ pub mod watch;
 use std::{fmt, path::PathBuf, sync::Arc};
 
 pub use directory::AgentDirectory;
-pub use errors::{DOMAIN, error_info, only_for_itself, permission_denied, unauthenticated, unauthenticated_with};
+pub use errors::{DOMAIN, only_for_itself, permission_denied, unauthenticated, unauthenticated_with};
 pub use layer::{Access, AuthLayer, Rule, rule};
+pub use muster_client::auth::error_info;
 pub use token::{ServiceSecret, TokenHash};
 
 /// An authenticated caller.

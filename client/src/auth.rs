@@ -1,7 +1,10 @@
 //! What outgoing calls carry: a credential in `authorization`, and the
-//! current trace context.
+//! current trace context; and what a refusal's `ErrorInfo` says.
+
+use std::collections::HashMap;
 
 use tonic::metadata::{Ascii, MetadataValue};
+use tonic_types::StatusExt as _;
 
 /// A client interceptor adding a bearer credential (unless the request
 /// carries one already) and the caller's W3C trace context to every call.
@@ -37,7 +40,7 @@ impl tonic::service::Interceptor for Credentials {
         {
             request.metadata_mut().insert("authorization", value.clone());
         }
-        crate::telemetry::TraceContextInterceptor.call(request)
+        crate::trace::TraceContextInterceptor.call(request)
     }
 }
 
@@ -48,4 +51,10 @@ pub type AuthChannel = tonic::service::interceptor::InterceptedService<crate::ba
 /// Wraps `channel` so its calls carry `credentials` and the trace context.
 pub fn with_credentials(channel: impl Into<crate::balance::Balanced>, credentials: Credentials) -> AuthChannel {
     tonic::service::interceptor::InterceptedService::new(channel.into(), credentials)
+}
+
+/// The reason and metadata of a refusal's `ErrorInfo` detail, when it has one.
+pub fn error_info(status: &tonic::Status) -> Option<(String, HashMap<String, String>)> {
+    let info = status.get_details_error_info()?;
+    Some((info.reason, info.metadata))
 }
