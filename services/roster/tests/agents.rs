@@ -456,6 +456,64 @@ async fn the_token_is_stored_only_as_a_hash() {
     );
 }
 
+#[tokio::test]
+async fn model_settings_never_hold_a_key() {
+    let mut server = TestServer::sqlite().await;
+    let text = |text: &str| prost_types::Value { kind: Some(prost_types::value::Kind::StringValue(text.into())) };
+    let settings = |entries: Vec<(&str, prost_types::Value)>| prost_types::Struct {
+        fields: entries.into_iter().map(|(key, value)| (key.to_owned(), value)).collect(),
+    };
+    let register = |llm_config: prost_types::Struct| pb::RegisterAgentRequest {
+        agent: Some(pb::Agent { id: "model-agent".into(), llm_config: Some(llm_config), ..Default::default() }),
+    };
+
+    let secret = "sk-live-0123456789abcdef";
+    let status = server
+        .client
+        .register_agent(register(settings(vec![
+            ("provider", text("openai")),
+            ("model", text("m")),
+            ("api_key", text(secret)),
+        ])))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(!status.message().contains(secret), "the key is echoed: {}", status.message());
+    assert!(status.message().contains("agent.llm_config.api_key"), "{}", status.message());
+    assert!(status.message().contains("api_key_env"), "{}", status.message());
+    let violations = status.get_details_bad_request().expect("a BadRequest").field_violations;
+    assert_eq!(violations[0].field, "agent.llm_config.api_key");
+    assert!(!format!("{violations:?}").contains(secret));
+
+    let headers = prost_types::Value {
+        kind: Some(prost_types::value::Kind::StructValue(settings(vec![("Authorization", text("Bearer abc"))]))),
+    };
+    let status = server.client.register_agent(register(settings(vec![("headers", headers)]))).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("agent.llm_config.headers.Authorization"), "{}", status.message());
+    assert!(!status.message().contains("Bearer abc"), "{}", status.message());
+
+    // Named, the key's variable is accepted; a key the agent does not read is kept.
+    let named = settings(vec![
+        ("provider", text("anthropic")),
+        ("model", text("claude")),
+        ("api_key_env", text("ANTHROPIC_API_KEY")),
+        ("seed", text("7")),
+    ]);
+    server.client.register_agent(register(named)).await.unwrap();
+    let mut update = server.get("model-agent").await;
+    assert_eq!(update.llm_config.as_ref().unwrap().fields["seed"], text("7"));
+    update.llm_config.as_mut().unwrap().fields.insert("model".into(), text(secret));
+    let status = server
+        .client
+        .update_agent(pb::UpdateAgentRequest { agent: Some(update), update_mask: None })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("agent.llm_config.model"), "{}", status.message());
+    assert!(!status.message().contains(secret), "{}", status.message());
+}
+
 /// An object JSON cannot hold: a number that is not finite.
 fn not_json() -> prost_types::Struct {
     let nan = prost_types::Value { kind: Some(prost_types::value::Kind::NumberValue(f64::NAN)) };
