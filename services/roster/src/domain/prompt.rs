@@ -1,8 +1,9 @@
-//! An agent's system prompt: the agent's own prompt, its role (mission,
-//! goals, tools, context files, user preferences) with the think-first
-//! preamble, then its static organisational context and the delegation
-//! framework. Live data (colleagues,
-//! their status and workload) stays out: agents query the roster for it.
+//! An agent's system prompt: the agent's own prompt and its backstory ("Your
+//! background:"), its role (mission, goals, tools, context files, user
+//! preferences) with the think-first preamble, then its static
+//! organisational context and the delegation framework. Live data
+//! (colleagues, their status and workload) stays out: agents query the
+//! roster for it.
 
 use super::model::{Agent, RoleDefinition};
 
@@ -67,6 +68,12 @@ pub fn render_system_prompt(agent: &Agent, role: Option<&RoleDefinition>, senior
     let custom = agent.custom_prompt.trim();
     if !custom.is_empty() {
         prompt.push_str(custom);
+        prompt.push_str("\n\n");
+    }
+    let backstory = agent.backstory.trim();
+    if !backstory.is_empty() {
+        prompt.push_str("Your background:\n");
+        prompt.push_str(backstory);
         prompt.push_str("\n\n");
     }
     if let Some(role) = role {
@@ -168,6 +175,20 @@ mod tests {
         let think = prompt.find("Before taking any action, THINK:").expect("the preamble");
         let context = prompt.find("## YOUR ORGANIZATIONAL CONTEXT").expect("the organisation");
         assert!(think < context, "the role comes before the organisation");
+    }
+
+    #[test]
+    fn the_backstory_follows_the_agents_own_prompt() {
+        let storied = Agent { backstory: "  Ten years of shipping on time.\n".into(), ..agent() };
+        let prompt = render_system_prompt(&storied, None, None);
+        assert!(
+            prompt.starts_with(
+                "Be concise.\n\nYour background:\nTen years of shipping on time.\n\n## YOUR ORGANIZATIONAL CONTEXT"
+            ),
+            "{prompt}"
+        );
+        let prompt = render_system_prompt(&Agent { backstory: " \n".into(), ..agent() }, None, None);
+        assert!(!prompt.contains("Your background"), "an empty backstory is left out: {prompt}");
     }
 
     #[test]
