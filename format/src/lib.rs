@@ -41,7 +41,8 @@ pub use model::{
 };
 pub use process::{MAX_RETRIES, STEP_TYPES};
 pub use role::{
-    BUILTIN_TOOLS, RoleDefinition, RoleFormat, RoleReport, is_builtin_tool, role_inbox_name, role_schedule_cron,
+    BUILTIN_TOOLS, MAX_WORKSPACE_PATH_CHARS, MAX_WORKSPACE_PATHS, RoleDefinition, RoleFormat, RoleReport,
+    is_builtin_tool, role_inbox_name, role_schedule_cron, workspace_path_problem,
 };
 pub use schedule::{MissedRuns, Schedule, rfc3339};
 pub use yaml::Limits;

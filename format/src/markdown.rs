@@ -1,6 +1,6 @@
 //! Markdown role files: a `# Title` heading names the role; `##` sections
-//! Mission, Goals, Context Files, Tools, Schedule, Inbox, Post To Inbox,
-//! Budget, Throttle and User Preferences describe it. Budget and Throttle
+//! Mission, Goals, Context Files, Tools, Read Paths, Write Paths, Schedule,
+//! Inbox, Post To Inbox, Budget, Throttle and User Preferences describe it. Budget and Throttle
 //! hold YAML mappings, as a process's `budget:` and `throttle:`. Lists are `-`, `*` or `+` bullets.
 
 use super::budget::{check_budget, check_throttle};
@@ -8,15 +8,17 @@ use super::diagnostic::{Diagnostics, Position};
 use super::formats::suggestion;
 use super::role::{
     ReadRole, RoleDefinition, check_context_file, check_inbox, check_post_to_inbox, check_role_name, check_schedule,
-    warn_duplicates,
+    check_workspace_path_list, warn_duplicates,
 };
 use super::yaml::{Limits, Node, parse};
 
-const SECTIONS: [&str; 10] = [
+const SECTIONS: [&str; 12] = [
     "Mission",
     "Goals",
     "Context Files",
     "Tools",
+    "Read Paths",
+    "Write Paths",
     "Schedule",
     "Inbox",
     "Post To Inbox",
@@ -24,7 +26,7 @@ const SECTIONS: [&str; 10] = [
     "Throttle",
     "User Preferences",
 ];
-const LIST_SECTIONS: [&str; 3] = ["Goals", "Context Files", "Tools"];
+const LIST_SECTIONS: [&str; 5] = ["Goals", "Context Files", "Tools", "Read Paths", "Write Paths"];
 
 struct Line<'a> {
     number: u32,
@@ -137,6 +139,20 @@ pub(crate) fn check_markdown_role(
                         check_context_file(file, &format!("Context Files[{index}]"), *at, diagnostics);
                     }
                     role.context_files = items.into_iter().map(|(item, _)| item.to_owned()).collect();
+                }
+                "Read Paths" | "Write Paths" => {
+                    let written: Vec<(&str, String, Position)> = items
+                        .iter()
+                        .enumerate()
+                        .map(|(index, (entry, at))| (*entry, format!("{canonical}[{index}]"), *at))
+                        .collect();
+                    check_workspace_path_list(&written, canonical, section.heading, diagnostics);
+                    let entries = items.into_iter().map(|(entry, _)| entry.to_owned()).collect();
+                    if canonical == "Read Paths" {
+                        role.read_paths = entries;
+                    } else {
+                        role.write_paths = entries;
+                    }
                 }
                 _ => {
                     tools = items

@@ -40,6 +40,12 @@ pub struct RoleDefinition {
     pub mission: String,
     /// Files the role reads for context.
     pub context_files: Vec<String>,
+    /// What the agent's workspace file tools may read: workspace-relative
+    /// paths, a folder ending in `/` covering everything under it; empty for
+    /// no narrowing.
+    pub read_paths: Vec<String>,
+    /// What the agent's workspace file tools may write, as `read_paths`.
+    pub write_paths: Vec<String>,
     /// When the role runs: a cron expression or the text as written.
     pub schedule: Option<String>,
     /// The inbox that triggers the role.
@@ -74,7 +80,7 @@ impl RoleReport {
     }
 }
 
-const ROLE_FIELDS: [&str; 16] = [
+const ROLE_FIELDS: [&str; 18] = [
     "name",
     "description",
     "goals",
@@ -91,7 +97,35 @@ const ROLE_FIELDS: [&str; 16] = [
     "post_to_inbox",
     "budget",
     "throttle",
+    "read_paths",
+    "write_paths",
 ];
+/// Most entries of a role's `read_paths` or `write_paths`.
+pub const MAX_WORKSPACE_PATHS: usize = 64;
+/// Longest entry of a role's `read_paths` or `write_paths`, in characters.
+pub const MAX_WORKSPACE_PATH_CHARS: usize = 256;
+
+/// What is wrong with an entry of a role's `read_paths` or `write_paths`,
+/// if anything: it must be a workspace-relative path (not empty, no leading
+/// `/`, no `..` segment, at most [`MAX_WORKSPACE_PATH_CHARS`] characters). A
+/// folder ends in `/` and covers everything under it; a file covers itself.
+pub fn workspace_path_problem(path: &str) -> Option<String> {
+    let trimmed = path.trim();
+    if trimmed.is_empty() {
+        Some("is empty; write a workspace-relative path such as 'notes/' or 'report.md'".to_owned())
+    } else if trimmed.starts_with('/') {
+        Some(format!("'{trimmed}' is absolute; write a path relative to the workspace"))
+    } else if trimmed.split(['/', '\\']).any(|segment| segment == "..") {
+        Some(format!("'{trimmed}' leaves the workspace ('..')"))
+    } else if trimmed.chars().count() > MAX_WORKSPACE_PATH_CHARS {
+        Some(format!("is longer than {MAX_WORKSPACE_PATH_CHARS} characters"))
+    } else if trimmed.chars().any(char::is_control) {
+        Some("has control characters".to_owned())
+    } else {
+        None
+    }
+}
+
 /// The workspace file tools the model-driven agent (`muster agent`) serves
 /// itself, inside its worker, on the files of its workspace: never
 /// registered with the cluster, so a role may list them whatever tools are
@@ -219,6 +253,10 @@ fn check_yaml_role(node: Node<'_>, path: &str, diagnostics: &mut Diagnostics) ->
     for (index, (item, file)) in context_files.iter().enumerate() {
         check_context_file(file, &index_path(&child_path(path, "context_files"), index), item.position(), diagnostics);
     }
+    let read_paths = list("read_paths", diagnostics);
+    check_workspace_paths(&read_paths, &child_path(path, "read_paths"), node, diagnostics);
+    let write_paths = list("write_paths", diagnostics);
+    check_workspace_paths(&write_paths, &child_path(path, "write_paths"), node, diagnostics);
     let actions = list("permitted_actions", diagnostics);
     for (index, (item, action)) in actions.iter().enumerate() {
         let well_formed = action.bytes().next().is_some_and(|first| first.is_ascii_lowercase())
@@ -240,6 +278,8 @@ fn check_yaml_role(node: Node<'_>, path: &str, diagnostics: &mut Diagnostics) ->
         permitted_actions: actions.iter().map(|(_, item)| (*item).to_owned()).collect(),
         mission: text("mission", diagnostics).unwrap_or_default(),
         context_files: context_files.iter().map(|(_, file)| (*file).to_owned()).collect(),
+        read_paths: read_paths.iter().map(|(_, entry)| entry.trim().to_owned()).collect(),
+        write_paths: write_paths.iter().map(|(_, entry)| entry.trim().to_owned()).collect(),
         schedule,
         inbox,
         user_preferences: text("user_preferences", diagnostics).unwrap_or_default(),
@@ -254,6 +294,36 @@ fn check_yaml_role(node: Node<'_>, path: &str, diagnostics: &mut Diagnostics) ->
         name,
     };
     Some(((role, tools), node.position()))
+}
+
+/// The entries of `read_paths` or `write_paths` (YAML), each at its position.
+fn check_workspace_paths(entries: &[(Node<'_>, &str)], path: &str, role: Node<'_>, diagnostics: &mut Diagnostics) {
+    let key = path.rsplit('.').next().unwrap_or(path);
+    let at = role.get(key).map_or(role.position(), |list| list.position());
+    let written: Vec<(&str, String, Position)> = entries
+        .iter()
+        .enumerate()
+        .map(|(index, (item, entry))| (*entry, index_path(path, index), item.position()))
+        .collect();
+    check_workspace_path_list(&written, path, at, diagnostics);
+}
+
+/// The rules of `read_paths` and `write_paths` (YAML and Markdown): at most
+/// [`MAX_WORKSPACE_PATHS`] entries, each a workspace-relative path.
+pub(crate) fn check_workspace_path_list(
+    entries: &[(&str, String, Position)],
+    path: &str,
+    at: Position,
+    diagnostics: &mut Diagnostics,
+) {
+    if entries.len() > MAX_WORKSPACE_PATHS {
+        diagnostics.error("ROL015", path, at, format!("at most {MAX_WORKSPACE_PATHS} paths, found {}", entries.len()));
+    }
+    for (entry, entry_path, entry_at) in entries {
+        if let Some(problem) = workspace_path_problem(entry) {
+            diagnostics.error("ROL015", entry_path, *entry_at, format!("workspace path {problem}"));
+        }
+    }
 }
 
 fn schema_field(node: Node<'_>, key: &str, path: &str, diagnostics: &mut Diagnostics) -> Option<String> {

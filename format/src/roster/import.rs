@@ -459,6 +459,8 @@ fn read_role(mut fields: Fields<'_>, parsed: &mut ParsedRoster) {
         output_schema_json: fields.json_object(&["output_schema", "output_schema_json"]),
         mission: fields.text(&["mission"]),
         context_files: fields.list(&["context_files"]),
+        read_paths: fields.workspace_paths(&["read_paths"]),
+        write_paths: fields.workspace_paths(&["write_paths"]),
         schedule: fields.text(&["schedule"]),
         inbox: fields.text(&["inbox"]),
         user_preferences: fields.text(&["user_preferences"]),

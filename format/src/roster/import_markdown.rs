@@ -11,7 +11,8 @@ use super::import::{FileDiagnostic, ImportFile, ParsedRoster, Severity, file_dia
 use super::model::{RoleBudget, RoleDefinition, RoleThrottle};
 
 /// Sections the roster reads beyond the validator's (Mission, Goals, Context
-/// Files, Tools, Schedule, Inbox, Post To Inbox, User Preferences).
+/// Files, Tools, Read Paths, Write Paths, Schedule, Inbox, Post To Inbox,
+/// User Preferences).
 const EXTRA_SECTIONS: [&str; 4] = ["Description", "Responsibilities", "Actions", "Permitted Actions"];
 
 /// Parses a Markdown role file: the file name (without `.md`) is the role's
@@ -85,6 +86,8 @@ pub(super) fn parse_markdown_role(file: &ImportFile, parsed: &mut ParsedRoster) 
             "goals" => role.goals = items(),
             "responsibilities" => role.responsibilities = items(),
             "context files" => role.context_files = items(),
+            "read paths" => role.read_paths = items(),
+            "write paths" => role.write_paths = items(),
             "tools" => role.tools = items(),
             "actions" | "permitted actions" => role.permitted_actions = items(),
             "schedule" => role.schedule = text(),

@@ -139,3 +139,47 @@ fn llm_config_unknown_keys_are_kept_with_a_warning() {
         parsed.diagnostics.iter().map(|d| (d.code, d.path.as_str(), d.line, d.column)).collect();
     assert_eq!(found, vec![("ROS011", "agents[0].llm_config_json.token", 3, 22)], "JSON text: at the text");
 }
+
+#[test]
+fn roles_narrow_their_workspace_paths() {
+    let parsed = parse_files(&[file(
+        "r.yaml",
+        "roles:\n  - name: writer\n    read_paths: [notes/, brief.md]\n    write_paths:\n      - out/\n      - /tmp/x\n",
+    )]);
+    let found: Vec<(&str, &str, u32, u32)> =
+        parsed.diagnostics.iter().map(|d| (d.code, d.path.as_str(), d.line, d.column)).collect();
+    assert_eq!(found, vec![("ROS014", "roles[0].write_paths[1]", 6, 9)]);
+    assert!(parsed.roles.is_empty());
+    let parsed = parse_files(&[file(
+        "r.yaml",
+        "roles:\n  - {name: writer, read_paths: [notes/], write_paths: [out/, report.md]}\n",
+    )]);
+    assert!(parsed.diagnostics.is_empty(), "{:?}", parsed.diagnostics);
+    assert_eq!(parsed.roles[0].read_paths, vec!["notes/"]);
+    assert_eq!(parsed.roles[0].write_paths, vec!["out/", "report.md"]);
+
+    let parsed = parse_files(&[file(
+        "roles/writer.md",
+        "# Writer\n\n## Mission\nWrite.\n\n## Read Paths\n- notes/\n\n## Write Paths\n- `out/`\n- ../escape\n",
+    )]);
+    let found: Vec<(&str, u32, u32)> = parsed.diagnostics.iter().map(|d| (d.code, d.line, d.column)).collect();
+    assert_eq!(found, vec![("ROL015", 11, 3)]);
+    let parsed = parse_files(&[file(
+        "roles/writer.md",
+        "# Writer\n\n## Mission\nWrite.\n\n## Read Paths\n- notes/\n\n## Write Paths\n- `out/`\n",
+    )]);
+    assert!(parsed.diagnostics.is_empty(), "{:?}", parsed.diagnostics);
+    assert_eq!(
+        (parsed.roles[0].read_paths.clone(), parsed.roles[0].write_paths.clone()),
+        (vec!["notes/".to_owned()], vec!["out/".to_owned()])
+    );
+}
+
+#[test]
+fn the_model_refuses_paths_that_leave_the_workspace() {
+    let role = |read_paths: Vec<String>| RoleDefinition { name: "r".into(), read_paths, ..RoleDefinition::default() };
+    let error = role(vec!["ok/".into(), " ../x ".into()]).normalize().unwrap_err();
+    assert_eq!(error.field, "role.read_paths[1]");
+    assert_eq!(role(vec![" notes/ ".into()]).normalize().unwrap().read_paths, vec!["notes/"]);
+    assert_eq!(role(vec!["x".into(); 65]).normalize().unwrap_err().field, "role.read_paths");
+}

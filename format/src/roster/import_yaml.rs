@@ -133,6 +133,49 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// A role's `read_paths` or `write_paths`: a list of workspace-relative
+    /// paths, each wrong entry reported at its own line and column (`ROS014`).
+    pub(super) fn workspace_paths(&mut self, names: &[&str]) -> Vec<String> {
+        let Some((node, key)) = self.take(names) else { return Vec::new() };
+        let YamlDataOwned::Sequence(items) = &node.data else {
+            self.error("ROS003", &key, format!("{key} must be a list of paths"));
+            return Vec::new();
+        };
+        let list_path = format!("{}.{key}", self.path);
+        if items.len() > crate::MAX_WORKSPACE_PATHS {
+            let (line, column) = position(node);
+            self.error_at(
+                "ROS014",
+                &list_path,
+                (line, column),
+                format!("{key}: at most {} paths, found {}", crate::MAX_WORKSPACE_PATHS, items.len()),
+            );
+        }
+        let mut paths = Vec::with_capacity(items.len());
+        for (index, item) in items.iter().enumerate() {
+            let entry_path = format!("{list_path}[{index}]");
+            match scalar_text(item) {
+                Some(entry) => match crate::workspace_path_problem(&entry) {
+                    Some(problem) => self.error_at(
+                        "ROS014",
+                        &entry_path,
+                        position(item),
+                        format!("{key}[{index}]: workspace path {problem}"),
+                    ),
+                    None => paths.push(entry.trim().to_owned()),
+                },
+                None => self.error_at("ROS003", &entry_path, position(item), format!("{key}[{index}] must be a path")),
+            }
+        }
+        paths
+    }
+
+    /// An error at a position of its own (an entry inside a field's value).
+    fn error_at(&mut self, code: &'static str, path: &str, (line, column): (u32, u32), message: String) {
+        self.failed = true;
+        self.diagnostics.push(file_diagnostic(self.file_name, Severity::Error, code, message, path, line, column));
+    }
+
     pub(super) fn number(&mut self, names: &[&str], max: u32) -> u32 {
         let Some((node, key)) = self.take(names) else { return 0 };
         match &node.data {

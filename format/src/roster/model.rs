@@ -390,6 +390,12 @@ pub struct RoleDefinition {
     pub mission: String,
     /// Files the role reads for context.
     pub context_files: Vec<String>,
+    /// What the agent's workspace file tools may read: workspace-relative
+    /// paths (a folder ending in `/` covers everything under it); empty for
+    /// no narrowing.
+    pub read_paths: Vec<String>,
+    /// What the agent's workspace file tools may write, as `read_paths`.
+    pub write_paths: Vec<String>,
     /// When the role runs, as written (a cron expression or text).
     pub schedule: String,
     /// The inbox that triggers the role.
@@ -416,6 +422,20 @@ impl RoleDefinition {
             }
             let mut seen = std::collections::HashSet::new();
             list.retain(|item| seen.insert(item.clone()));
+        }
+        for (field, list) in [("role.read_paths", &mut self.read_paths), ("role.write_paths", &mut self.write_paths)] {
+            if list.len() > crate::MAX_WORKSPACE_PATHS {
+                return Err(invalid(
+                    field,
+                    format!("at most {} paths, not {}", crate::MAX_WORKSPACE_PATHS, list.len()),
+                ));
+            }
+            for (index, entry) in list.iter_mut().enumerate() {
+                *entry = entry.trim().to_owned();
+                if let Some(problem) = crate::workspace_path_problem(entry) {
+                    return Err(invalid(&format!("{field}[{index}]"), format!("workspace path {problem}")));
+                }
+            }
         }
         validate_json_object("role.input_schema_json", &self.input_schema_json)?;
         validate_json_object("role.output_schema_json", &self.output_schema_json)?;

@@ -180,3 +180,39 @@ fn a_role_declares_the_budget_and_throttle_of_its_runs() {
     assert_eq!(report.roles[0].budget.as_ref().map(|budget| budget.max_cost), Some(2.5));
     assert_eq!(report.roles[0].throttle.map(|throttle| throttle.max_concurrent), Some(1));
 }
+
+#[test]
+fn read_and_write_paths_narrow_the_workspace() {
+    let source = "name: a\nread_paths: [notes/, brief.md]\nwrite_paths:\n  - out/\n";
+    let report = validate_role_definition(source, RoleFormat::Yaml, &Context::default());
+    assert_eq!(found(&report.diagnostics), vec![]);
+    assert_eq!(report.roles[0].read_paths, vec!["notes/", "brief.md"]);
+    assert_eq!(report.roles[0].write_paths, vec!["out/"]);
+
+    let source = "name: a\nread_paths: [notes/, /etc/passwd]\nwrite_paths:\n  - out/../../x\n  - \"\"\n";
+    let report = validate_role_definition(source, RoleFormat::Yaml, &Context::default());
+    assert_eq!(found(&report.diagnostics), vec![("ROL015", 2, 22), ("ROL015", 4, 5), ("ROL015", 5, 5)]);
+    assert_eq!(report.diagnostics[0].path, "read_paths[1]");
+    assert!(report.diagnostics[0].message.contains("absolute"), "{}", report.diagnostics[0].message);
+    assert!(report.diagnostics[1].message.contains(".."), "{}", report.diagnostics[1].message);
+    let long = format!("name: a\nread_paths: [{}]\n", "a".repeat(257));
+    assert_eq!(yaml(&long), vec![("ROL015", 2, 14)]);
+    let many = format!("name: a\nwrite_paths: [{}]\n", vec!["x"; 65].join(", "));
+    assert_eq!(yaml(&many), vec![("ROL015", 2, 14)]);
+    assert_eq!(yaml("name: a\nread_paths: notes/\n"), vec![("ROL003", 2, 13)]);
+
+    let markdown_role = "# A\n## Mission\nm\n## Read Paths\n- notes/\n- ../up\n## Write Paths\n- out/\n";
+    let report = validate_role_definition(markdown_role, RoleFormat::Markdown, &Context::default());
+    assert_eq!(found(&report.diagnostics), vec![("ROL015", 6, 3)]);
+    assert_eq!(report.diagnostics[0].path, "Read Paths[1]");
+    let report = validate_role_definition(
+        "# A\n## Mission\nm\n## Read Paths\n- notes/\n## Write Paths\n- out/\n",
+        RoleFormat::Markdown,
+        &Context::default(),
+    );
+    assert_eq!(found(&report.diagnostics), vec![]);
+    assert_eq!(
+        (report.roles[0].read_paths.clone(), report.roles[0].write_paths.clone()),
+        (vec!["notes/".to_owned()], vec!["out/".to_owned()])
+    );
+}

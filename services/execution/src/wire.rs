@@ -189,6 +189,8 @@ pub(crate) fn role_definition_from_wire(role: roster::RoleDefinition) -> RoleDef
         output_schema_json: stored_text(role.output_schema.as_ref()),
         mission: role.mission,
         context_files: role.context_files,
+        read_paths: role.read_paths,
+        write_paths: role.write_paths,
         schedule: role.schedule,
         inbox: role.inbox,
         user_preferences: role.user_preferences,
@@ -208,6 +210,8 @@ fn role_definition_to_wire(role: &RoleDefinition) -> roster::RoleDefinition {
         output_schema: stored_struct(&role.output_schema_json),
         mission: role.mission.clone(),
         context_files: role.context_files.clone(),
+        read_paths: role.read_paths.clone(),
+        write_paths: role.write_paths.clone(),
         schedule: role.schedule.clone(),
         inbox: role.inbox.clone(),
         user_preferences: role.user_preferences.clone(),
@@ -379,4 +383,63 @@ pub(crate) fn tool_output_to_wire(output: ToolOutput) -> wire::ToolOutput {
 /// replica (which checked it): empty when not set.
 fn stored_text(object: Option<&prost_types::Struct>) -> String {
     object.and_then(|object| muster_runtime::json::struct_to_text(Some(object)).ok()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::domain::model::AgentContext;
+
+    #[test]
+    fn an_assignment_carries_the_paths_its_role_narrows_the_workspace_to() {
+        let role = role_definition_from_wire(roster::RoleDefinition {
+            name: "writer".into(),
+            tools: vec!["read_file".into(), "write_file".into()],
+            read_paths: vec!["notes/".into(), "brief.md".into()],
+            write_paths: vec!["out/".into()],
+            ..Default::default()
+        });
+        let context = AgentContext {
+            roster_role: "writer".into(),
+            role_definition: Some(role),
+            system_prompt: Arc::from(""),
+            max_iterations: 10,
+            llm_config_json: String::new(),
+            allow_delegation: false,
+            memory: Vec::new(),
+        };
+        let assignment = Assignment {
+            assignment_id: "e/s/1".into(),
+            idempotency_key: "e/s".into(),
+            attempt: 1,
+            agent_id: "w".into(),
+            execution_id: "e".into(),
+            process_name: "p".into(),
+            process_version: 1,
+            step_id: "s".into(),
+            step_name: "s".into(),
+            step_type: "agent_task".into(),
+            message: String::new(),
+            inputs_json: "{}".into(),
+            upstream_outputs: Vec::new(),
+            payload_refs: Vec::new(),
+            shared_memory: Arc::default(),
+            shared_memory_left_out: 0,
+            history: Arc::from(Vec::new()),
+            context: Arc::new(context),
+            roles: muster_format::StepRoles { executor: "w".into(), monitors: Vec::new(), informed: Vec::new() },
+            delegation_chain: Vec::new(),
+            timeout_ms: 0,
+            trace_parent: String::new(),
+            session_role: String::new(),
+            session_context: String::new(),
+        };
+        let role = assignment_to_wire(&assignment).role_definition.expect("the role");
+        assert_eq!(
+            (role.read_paths, role.write_paths),
+            (vec!["notes/".into(), "brief.md".into()], vec!["out/".into()])
+        );
+    }
 }

@@ -231,6 +231,8 @@ async fn agents_teams_and_roles(backend: Backend) {
         permitted_actions: vec!["review".into(), "approve".into()],
         mission: "Keep quality high".into(),
         context_files: vec!["project/scope.md".into()],
+        read_paths: vec!["project/".into(), " reviews/notes.md ".into()],
+        write_paths: vec!["reviews/".into()],
         schedule: "0 9 * * 1-5".into(),
         inbox: "agent/inbox/reviewer/".into(),
         ..Default::default()
@@ -244,6 +246,10 @@ async fn agents_teams_and_roles(backend: Backend) {
         .role
         .unwrap();
     assert_eq!(stored.tools, vec!["read_file"]);
+    assert_eq!(
+        (stored.read_paths.clone(), stored.write_paths.clone()),
+        (vec!["project/".to_owned(), "reviews/notes.md".to_owned()], vec!["reviews/".to_owned()])
+    );
     let fetched = server
         .client
         .get_role_definition(pb::GetRoleDefinitionRequest { name: "reviewer".into() })
@@ -261,6 +267,19 @@ async fn agents_teams_and_roles(backend: Backend) {
         .await
         .unwrap_err();
     assert!(status.message().contains("role.input_schema $.temperature is NaN"), "{}", status.message());
+    let status = server
+        .client
+        .put_role_definition(pb::PutRoleDefinitionRequest {
+            role: Some(pb::RoleDefinition {
+                name: "x".into(),
+                write_paths: vec!["../up".into()],
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(status.message().contains("role.write_paths[0]"), "{}", status.message());
     let roles = server
         .client
         .list_role_definitions(pb::ListRoleDefinitionsRequest::default())

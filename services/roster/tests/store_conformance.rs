@@ -153,6 +153,8 @@ async fn conformance(store: SqlStore) {
         name: "Dev".into(),
         tools: vec!["git".into()],
         permitted_actions: vec!["code".into()],
+        read_paths: vec!["src/".into(), "README.md".into()],
+        write_paths: vec!["src/".into()],
         ..RoleDefinition::default()
     };
     store.put_role(&role, NOW).await.unwrap();

@@ -312,6 +312,10 @@ pub(crate) struct RoleDefinition {
     pub(crate) output_schema_json: String,
     pub(crate) mission: String,
     pub(crate) context_files: Vec<String>,
+    // What the agent's workspace file tools may read and write (empty: no
+    // narrowing); the worker enforces them.
+    pub(crate) read_paths: Vec<String>,
+    pub(crate) write_paths: Vec<String>,
     pub(crate) schedule: String,
     pub(crate) inbox: String,
     pub(crate) user_preferences: String,

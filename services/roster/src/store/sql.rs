@@ -356,7 +356,8 @@ fn role_to_json(role: &RoleDefinition) -> String {
         "responsibilities": role.responsibilities, "tools": role.tools,
         "permitted_actions": role.permitted_actions, "input_schema_json": role.input_schema_json,
         "output_schema_json": role.output_schema_json, "mission": role.mission,
-        "context_files": role.context_files, "schedule": role.schedule, "inbox": role.inbox,
+        "context_files": role.context_files, "read_paths": role.read_paths, "write_paths": role.write_paths,
+        "schedule": role.schedule, "inbox": role.inbox,
         "user_preferences": role.user_preferences, "post_to_inbox": role.post_to_inbox,
         "budget": role.budget, "throttle": role.throttle,
     })
@@ -385,6 +386,8 @@ fn role_from_json(text: &str) -> Result<RoleDefinition> {
         output_schema_json: text_field("output_schema_json"),
         mission: text_field("mission"),
         context_files: list_field("context_files"),
+        read_paths: list_field("read_paths"),
+        write_paths: list_field("write_paths"),
         schedule: text_field("schedule"),
         inbox: text_field("inbox"),
         user_preferences: text_field("user_preferences"),
