@@ -17,6 +17,7 @@ use crate::domain::{
         Tool, ToolCall, ToolOutput,
     },
     payload::{PayloadKind, PayloadRef},
+    progress::{ModelCall, Progress},
 };
 
 pub(crate) fn finding_to_wire(finding: &Finding) -> common::Diagnostic {
@@ -65,6 +66,25 @@ fn event_type(kind: EventKind) -> common::EventType {
         EventKind::RoleAssigned => common::EventType::RoleAssigned,
         EventKind::LeadChanged => common::EventType::LeadChanged,
         EventKind::BudgetExceeded => common::EventType::BudgetExceeded,
+        EventKind::StepProgress => common::EventType::StepProgress,
+    }
+}
+
+/// A worker's progress report as the driver takes it. A model call's
+/// latency that is not a valid duration counts as 0.
+pub(crate) fn progress_from_wire(progress: wire::StepProgress) -> Progress {
+    Progress {
+        tokens_used: progress.tokens_used,
+        cost: progress.cost,
+        model_call: progress.model_call.map(|call| ModelCall {
+            iteration: call.iteration,
+            model: call.model,
+            input_tokens: call.input_tokens,
+            output_tokens: call.output_tokens,
+            latency_ms: muster_runtime::time::from_duration(call.latency.as_ref()).unwrap_or_default(),
+            tool_calls: call.tool_calls,
+            cost: call.cost,
+        }),
     }
 }
 

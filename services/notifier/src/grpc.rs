@@ -54,6 +54,7 @@ fn kind_from_wire(value: i32) -> Option<EventKind> {
         EventType::RoleAssigned => EventKind::RoleAssigned,
         EventType::LeadChanged => EventKind::LeadChanged,
         EventType::BudgetExceeded => EventKind::BudgetExceeded,
+        EventType::StepProgress => EventKind::StepProgress,
     })
 }
 

@@ -3,8 +3,9 @@
 //! steps may run in ([`dag`]), who may do what ([`authority`]), what a
 //! session looks like to its members ([`session`]), which values travel by
 //! reference ([`payload`]), the messages that start runs ([`inbox`]), the
-//! limits on runs ([`budget`]), when scheduled runs fire ([`schedule`]), and
-//! what runs remember ([`memory`]).
+//! limits on runs ([`budget`]), what a running attempt reports of its use
+//! ([`progress`]), when scheduled runs fire ([`schedule`]), and what runs
+//! remember ([`memory`]).
 
 pub(crate) mod authority;
 pub(crate) mod budget;
@@ -13,6 +14,7 @@ pub(crate) mod inbox;
 pub(crate) mod memory;
 pub(crate) mod model;
 pub(crate) mod payload;
+pub(crate) mod progress;
 pub(crate) mod schedule;
 pub(crate) mod session;
 

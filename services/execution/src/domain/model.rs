@@ -116,6 +116,8 @@ pub(crate) enum EventKind {
     RoleAssigned,
     LeadChanged,
     BudgetExceeded,
+    /// A model call of a running attempt, for audit.
+    StepProgress,
 }
 
 /// Something that happened in an execution: recorded with the state change,
@@ -383,6 +385,9 @@ pub(crate) enum Outcome {
         /// Entries to remember: (global, or the role's when false; `None`
         /// when the worker named no memory), text.
         remember: Vec<(Option<bool>, String)>,
+        /// The output is posted to no inbox (neither the step's nor
+        /// `post_to_inbox`): the runs a post would start need not run.
+        skip_triggers: bool,
     },
     Failed {
         error_code: String,

@@ -1,8 +1,10 @@
 //! One execution's driver: the only writer of its state. It starts ready
 //! steps (up to the parallel limit), has the roster place them (a named
 //! executor's capacity and status, or a choice by criteria), hands them to
-//! workers or invokes their tools ([`tool_step`]), records the outcomes,
-//! fails the dependants of failed steps, and ends the execution.
+//! workers or invokes their tools ([`tool_step`]), follows what running
+//! attempts report ([`progress`]) and what the run spends ([`spending`]),
+//! records the outcomes, fails the dependants of failed steps, and ends the
+//! execution.
 //!
 //! Everything happens in turns. A turn takes every input waiting (worker
 //! reports, the roster's answers, callers' requests, due timers), applies
@@ -27,6 +29,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
+mod progress;
 mod spending;
 mod tool_step;
 
@@ -169,6 +172,8 @@ pub(crate) struct Driver {
     within_agent_budget: HashSet<(usize, u32)>,
     /// Agents whose budget went over with `warn`, told once per execution.
     warned_agents: HashSet<String>,
+    /// What the running attempts reported so far, by step position.
+    reported: HashMap<usize, progress::Reported>,
 }
 
 impl Driver {
@@ -221,6 +226,7 @@ impl Driver {
             spending: None,
             within_agent_budget: HashSet::new(),
             warned_agents: HashSet::new(),
+            reported: HashMap::new(),
         }
     }
 
@@ -272,6 +278,11 @@ impl Driver {
                     if self.steps[position].status == StepStatus::Completed {
                         return self.spend(position).await;
                     }
+                }
+            }
+            Input::Progress { position, attempt, progress } => {
+                if self.is_current(position, attempt) && self.steps[position].status == StepStatus::Running {
+                    return self.progressed(position, progress).await;
                 }
             }
             Input::Executor { position, attempt, found } => self.executor_found(position, attempt, found),
@@ -760,7 +771,10 @@ impl Driver {
     /// that is written.
     fn dispatch(&mut self, position: usize, slot: Slot) {
         let now = muster_runtime::time::now_millis();
-        self.steps[position].started_at = Some(now);
+        let step = &mut self.steps[position];
+        step.started_at = Some(now);
+        // The step's use is its current attempt's, as it reports it.
+        (step.cost, step.tokens_used) = (0.0, 0);
         self.set_status(position, StepStatus::Running);
         let event = self.step_event(EventKind::StepStarted, position);
         self.record(event);
@@ -819,11 +833,21 @@ impl Driver {
             other => other,
         };
         match outcome {
-            Outcome::Completed { output_json, tokens_used, cost, duration_ms, post_to_inbox, remember, .. } => {
+            Outcome::Completed {
+                output_json,
+                tokens_used,
+                cost,
+                duration_ms,
+                post_to_inbox,
+                remember,
+                skip_triggers,
+                ..
+            } => {
                 self.remember(position, &remember, now);
                 let inbox = Some(post_to_inbox)
                     .filter(|inbox| !inbox.is_empty())
-                    .or_else(|| self.definition(position).post_to_inbox.clone());
+                    .or_else(|| self.definition(position).post_to_inbox.clone())
+                    .filter(|_| !skip_triggers);
                 let step = &mut self.steps[position];
                 step.output_json = Some(Arc::from(stored_output(output_json)));
                 step.cost = cost;
@@ -923,6 +947,7 @@ impl Driver {
             self.in_flight -= 1;
         }
         self.spans[position] = None;
+        self.forget_reported(position);
     }
 
     fn max_iterations(&self, position: usize) -> u32 {

@@ -53,6 +53,7 @@ use crate::{
             AgentContext, Event, EventKind, Execution, Finding, HandOff, HandOffAnswer, Outcome, ProcessVersion, Step,
             Warnings,
         },
+        progress::Progress,
     },
     store::{NewProcess, Published, Replica, StepWrite, Store, Write},
 };
@@ -87,6 +88,10 @@ impl Route {
         let _ = self.driver.send(Input::Report { position: self.position, attempt: self.attempt, outcome });
     }
 
+    pub(crate) fn progress(&self, progress: Progress) {
+        let _ = self.driver.send(Input::Progress { position: self.position, attempt: self.attempt, progress });
+    }
+
     fn is(&self, other: &Route) -> bool {
         self.position == other.position && self.attempt == other.attempt && self.driver.same_channel(&other.driver)
     }
@@ -97,6 +102,8 @@ impl Route {
 pub(crate) enum Input {
     /// A worker reported on an attempt (or lost it).
     Report { position: usize, attempt: u32, outcome: Outcome },
+    /// A worker reported how a running attempt goes: its use so far, a model call.
+    Progress { position: usize, attempt: u32, progress: Progress },
     /// The roster answered who executes an attempt.
     Executor { position: usize, attempt: u32, found: Found },
     /// What an agent's assignments tell it, fetched from the roster.

@@ -1,6 +1,8 @@
 //! The engine on its own: a real store (a SQLite file), a roster and
 //! workers of the test's making.
 
+mod progress;
+
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex},
@@ -264,6 +266,7 @@ impl Harness {
                         iterations: 1,
                         post_to_inbox: String::new(),
                         remember: Vec::new(),
+                        skip_triggers: false,
                     },
                 };
                 workers.complete(worker_id, &assignment.assignment_id, outcome);
@@ -388,6 +391,7 @@ fn decode(bytes: &[u8]) -> Event {
         EventType::StepQueued => EventKind::StepQueued,
         EventType::StepEscalated => EventKind::StepEscalated,
         EventType::BudgetExceeded => EventKind::BudgetExceeded,
+        EventType::StepProgress => EventKind::StepProgress,
         other => panic!("unexpected {other:?}"),
     };
     let mut execution = crate::domain::model::Execution {
@@ -410,6 +414,7 @@ fn decode(bytes: &[u8]) -> Event {
     event.agent_id = wire.agent_id;
     event.detail = wire.detail;
     event.error = wire.error.map(|error| (error.code, error.message));
+    (event.tokens_used, event.cost) = (wire.tokens_used, wire.cost);
     event
 }
 

@@ -5,11 +5,11 @@
 //! A step's driver asks for a worker with room ([`Workers::acquire`]); when
 //! there is none, the step waits in its agent's line and its driver is handed
 //! a [`Slot`] as soon as a worker connects or finishes something. A worker's
-//! report goes straight to the driver of the step it is about. A worker that
-//! disconnects loses its assignments (their steps go back to be assigned
-//! again); so does a worker whose token for an agent is revoked, for that
-//! agent's assignments — it keeps serving the others — and a connection
-//! opened with a revoked token ends.
+//! report, and its progress, go straight to the driver of the step they are
+//! about. A worker that disconnects loses its assignments (their steps go
+//! back to be assigned again); so does a worker whose token for an agent is
+//! revoked, for that agent's assignments — it keeps serving the others — and
+//! a connection opened with a revoked token ends.
 //!
 //! Another replica's workers appear here as one connection (`relayed_by`):
 //! a step goes to a worker connected here first. What arrives through a
@@ -26,7 +26,10 @@ use muster_runtime::auth::TokenHash;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::{Input, Route};
-use crate::domain::model::{Assignment, HandOffAnswer, Outcome, Tool, ToolCall, ToolOutput};
+use crate::domain::{
+    model::{Assignment, HandOffAnswer, Outcome, Tool, ToolCall, ToolOutput},
+    progress::Progress,
+};
 
 /// What the service sends a worker.
 #[derive(Debug)]
@@ -497,6 +500,19 @@ impl Workers {
         }
         pending.route.report(outcome);
         Self::serve_waiting(self, &mut state, worker_id);
+    }
+
+    /// Passes what a worker reported of one of its assignments while it
+    /// runs to the step's driver; about an assignment the worker does not
+    /// hold (any more), it is ignored.
+    pub(crate) fn progress(&self, worker_id: u64, assignment_id: &str, progress: Progress) {
+        let state = self.lock();
+        match state.pending.get(assignment_id) {
+            Some(pending) if pending.worker_id == worker_id => pending.route.progress(progress),
+            _ => {
+                tracing::debug!(worker_id, assignment_id, "progress on an assignment the worker does not hold; ignored")
+            }
+        }
     }
 
     /// Withdraws an assignment (timeout, cancellation, intervention): the

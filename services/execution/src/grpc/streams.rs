@@ -26,8 +26,8 @@ use crate::{
         workers::{Closing, Connection, ServedAgent, ToWorker},
     },
     wire::{
-        assignment_to_wire, decision_to_wire, event_to_wire, shared_memory_to_wire, tool_call_to_wire, tool_from_wire,
-        tool_output_from_wire,
+        assignment_to_wire, decision_to_wire, event_to_wire, progress_from_wire, shared_memory_to_wire,
+        tool_call_to_wire, tool_from_wire, tool_output_from_wire,
     },
 };
 
@@ -329,6 +329,7 @@ pub(super) async fn handle_worker_message(
                 duration_ms,
                 iterations: result.iterations,
                 post_to_inbox: result.post_to_inbox,
+                skip_triggers: result.skip_triggers,
                 remember: result
                     .remember
                     .into_iter()
@@ -375,8 +376,10 @@ pub(super) async fn handle_worker_message(
             });
             workers.send_to(worker_id, ToWorker::HandOffAnswer(answer));
         }
-        Some(Message::Progress(progress)) => {
-            tracing::debug!(worker_id, assignment = %progress.assignment_id, message = %progress.message, "step progress");
+        Some(Message::Progress(mut progress)) => {
+            tracing::debug!(worker_id, assignment = %progress.assignment_id, message = %progress.message, tokens_used = progress.tokens_used, "step progress");
+            let assignment_id = std::mem::take(&mut progress.assignment_id);
+            workers.progress(worker_id, &assignment_id, progress_from_wire(progress));
         }
         Some(Message::ToolResult(result)) => {
             let output = tool_output_from_wire(result.output.unwrap_or_default());

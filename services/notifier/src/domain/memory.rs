@@ -168,7 +168,8 @@ fn metadata(event: &Event) -> Metadata<'_> {
         EventKind::ExecutionFinished => {
             Metadata { execution_status: Some(&event.execution_status), ..Metadata::default() }
         }
-        EventKind::BudgetExceeded => {
+        // A step's progress reaches nobody (see `recipients`): it never has a line.
+        EventKind::BudgetExceeded | EventKind::StepProgress => {
             Metadata { cost: Some(format_cost(event.cost)), detail: Some(&event.detail), ..Metadata::default() }
         }
         EventKind::SessionStarted | EventKind::RoleAssigned | EventKind::LeadChanged => Metadata {

@@ -22,6 +22,9 @@ pub(crate) enum EventKind {
     RoleAssigned,
     LeadChanged,
     BudgetExceeded,
+    /// A model call of a running step: audit in the execution's event log,
+    /// for no agent.
+    StepProgress,
 }
 
 impl EventKind {
@@ -42,6 +45,7 @@ impl EventKind {
             Self::RoleAssigned => "role_assigned",
             Self::LeadChanged => "lead_changed",
             Self::BudgetExceeded => "budget_exceeded",
+            Self::StepProgress => "step_progress",
         }
     }
 
@@ -124,7 +128,8 @@ pub(crate) struct Event {
 /// - the execution's lead on every event of the execution;
 /// - the participants a session event is addressed to.
 ///
-/// An empty agent id names nobody and is skipped.
+/// A step's progress (its model calls) reaches nobody: it is audit, read in
+/// the execution's event log. An empty agent id names nobody and is skipped.
 pub(crate) fn recipients(event: &Event) -> Vec<(String, Reason)> {
     fn add<'event>(strongest: &mut BTreeMap<&'event str, Reason>, agent: &'event str, reason: Reason) {
         if agent.is_empty() {
@@ -134,6 +139,9 @@ pub(crate) fn recipients(event: &Event) -> Vec<(String, Reason)> {
         if reason > *entry {
             *entry = reason;
         }
+    }
+    if event.kind == EventKind::StepProgress {
+        return Vec::new();
     }
     let mut strongest: BTreeMap<&str, Reason> = BTreeMap::new();
     if event.kind.is_outcome() {
@@ -220,6 +228,13 @@ mod tests {
             recipients(&assigned),
             vec![("dev".to_owned(), Reason::Participant), ("lead".to_owned(), Reason::Lead)]
         );
+    }
+
+    #[test]
+    fn a_steps_progress_reaches_nobody() {
+        let mut progress = event(EventKind::StepProgress);
+        progress.participants = vec!["dev".to_owned()];
+        assert!(recipients(&progress).is_empty());
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! What a running execution spends against its process's budget: after each
-//! completed step, the run's cost and tokens (with what the process's other
-//! runs had used in the period when the budget was first read) are checked
-//! against the budget's limits. The first limit gone over is acted on once,
-//! as the budget says — the run stops, pauses or goes on — and the step's
-//! monitors and the lead are told (`budget_exceeded`).
+//! completed step, and whenever a running attempt reports more use
+//! ([`super::progress`]), the run's cost and tokens — its completed steps'
+//! plus what its attempts underway reported so far, with what the process's
+//! other runs had used in the period when the budget was first read — are
+//! checked against the budget's limits. The first limit gone over is acted
+//! on once, as the budget says — the run stops (a step underway is
+//! withdrawn), pauses or goes on — and the step's monitors and the lead are
+//! told (`budget_exceeded`).
 //!
 //! An agent's budget is checked before each of its steps starts, against
 //! what the steps it started in the period used: a step past a limit is
@@ -23,7 +26,7 @@ use crate::{
 /// A budget that limits cost or tokens, and the use counted against it.
 pub(super) struct Spending {
     budget: Budget,
-    /// This run's use so far.
+    /// This run's completed steps' use so far.
     run: Usage,
     /// The other runs' use in the period, when the budget was read.
     others: Usage,
@@ -95,20 +98,35 @@ impl Driver {
     pub(super) async fn spend(&mut self, position: usize) -> Result<Option<String>> {
         let step = &self.steps[position];
         let used = Usage { cost: step.cost, tokens: step.tokens_used, runs: 0 };
-        if self.spending.is_none() {
-            // The first time: the run's use so far, this step included.
-            self.spending = Some(self.read_budget().await?);
-        } else if let Some(Some(spending)) = &mut self.spending {
+        // Read the first time, the budget counts the completed steps, this one included.
+        if let Some(Some(spending)) = &mut self.spending {
             spending.run.cost += used.cost;
             spending.run.tokens = spending.run.tokens.saturating_add(used.tokens);
         }
+        self.check_spending(position).await
+    }
+
+    /// Checks the run's use (its completed steps' and its attempts'
+    /// underway) against the budget, reading it the first time; acts on the
+    /// first limit gone over, with `position` as the step that went over.
+    /// The reason to cancel the execution when the budget says to stop.
+    pub(super) async fn check_spending(&mut self, position: usize) -> Result<Option<String>> {
+        if self.spending.is_none() {
+            self.spending = Some(self.read_budget().await?);
+        }
+        let in_flight = self.in_flight_use();
         let Some(Some(spending)) = &mut self.spending else { return Ok(None) };
         if spending.acted {
             return Ok(None);
         }
-        let Some(exceeded) = spending.budget.exceeded(&spending.run, &spending.others) else { return Ok(None) };
+        let run = Usage {
+            cost: spending.run.cost + in_flight.cost,
+            tokens: spending.run.tokens.saturating_add(in_flight.tokens),
+            runs: 0,
+        };
+        let Some(exceeded) = spending.budget.exceeded(&run, &spending.others) else { return Ok(None) };
         spending.acted = true;
-        let (action, run) = (spending.budget.on_exceed, spending.run);
+        let action = spending.budget.on_exceed;
         let reason = format!("budget exceeded: {} ({} budget)", exceeded.description, spending.budget.source.as_str());
         let done = match action {
             Action::Stop => "the run is stopped",

@@ -126,6 +126,7 @@ fn outcome(tool: &str, answer: ToolOutput, took: Duration) -> Outcome {
             iterations: 0,
             post_to_inbox: String::new(),
             remember: Vec::new(),
+            skip_triggers: false,
         };
     }
     let (error_code, retryable) = match status {
