@@ -17,6 +17,7 @@ mod inbox;
 mod limits;
 mod metrics;
 mod payloads;
+mod progress;
 mod replicas;
 mod roles;
 mod sample_process;
