@@ -24,7 +24,7 @@ use std::time::Duration;
 use muster_proto::execution::v1::{Assignment, MemoryNote, MemoryScope, ToolCall, ToolOutput, ToolSpec};
 use serde_json::{Value, json};
 
-use crate::worker::{Behaviour, StepOutcome, json};
+use crate::worker::{Behaviour, Step, StepOutcome, json};
 
 /// Shared-memory keys an output lists.
 const MEMORY_KEYS_SHOWN: usize = 10;
@@ -88,12 +88,19 @@ impl SampleBehaviour {
         } else {
             Vec::new()
         };
-        StepOutcome::Completed { output_json: output.to_string(), tokens_used: 100, cost: 0.01, iterations, remember }
+        StepOutcome::Completed {
+            output_json: output.to_string(),
+            tokens_used: 100,
+            cost: 0.01,
+            iterations,
+            remember,
+            skip_triggers: false,
+        }
     }
 }
 
 impl Behaviour for SampleBehaviour {
-    async fn run(&self, assignment: Assignment) -> StepOutcome {
+    async fn run(&self, assignment: Assignment, _step: Step) -> StepOutcome {
         let inputs = object(assignment.inputs.as_ref());
         if let Some(milliseconds) = inputs.get("sleep_ms").and_then(Value::as_u64) {
             tokio::time::sleep(Duration::from_millis(milliseconds)).await;

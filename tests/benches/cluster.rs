@@ -16,7 +16,7 @@ use std::time::Instant;
 #[global_allocator]
 static ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;
 
-use muster::worker::{AgentCredential, Behaviour, StepOutcome};
+use muster::worker::{AgentCredential, Behaviour, Step, StepOutcome};
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus},
     execution::v1::{Assignment, PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest},
@@ -27,13 +27,14 @@ use muster_tests::{Backend, ExecutionClient, TestCluster, agent, chain_process, 
 struct Stub;
 
 impl Behaviour for Stub {
-    async fn run(&self, assignment: Assignment) -> StepOutcome {
+    async fn run(&self, assignment: Assignment, _step: Step) -> StepOutcome {
         StepOutcome::Completed {
             output_json: format!(r#"{{"done":"{}"}}"#, assignment.step_id),
             tokens_used: 1,
             cost: 0.0,
             iterations: 1,
             remember: Vec::new(),
+            skip_triggers: false,
         }
     }
 }

@@ -5,6 +5,11 @@
 //! token the service refuses is left out and the others go on being served.
 //! Inputs and upstream outputs too large to travel in an assignment are read
 //! (`ReadPayload`) before the behaviour runs, so it always sees them whole.
+//! While it runs, a behaviour holds its [`Step`]: to report progress (and
+//! the tokens and cost used so far), to hand the step onward and hear the
+//! answer, and to call the cluster as the step's agent. A step the service
+//! withdraws (cancelled, reassigned, timed out) is stopped at once: its
+//! behaviour's future is dropped, aborting whatever call it was making.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -15,11 +20,12 @@ use muster_client::{
     tls::{ClientTls, TlsArgs},
 };
 use muster_proto::execution::v1::{
-    Assignment, ConnectWorkerRequest, DelegateStep, MemoryNote, PayloadKind, ReadPayloadRequest, ServedAgent,
-    StepFailure, StepResult, ToolCall, ToolCallResult, ToolOutput, ToolSpec, WorkerHeartbeat, WorkerHello,
-    connect_worker_request, connect_worker_response, execution_service_client::ExecutionServiceClient,
+    Assignment, ConnectWorkerRequest, DelegateStep, DelegationOutcome, MemoryNote, PayloadKind, ReadPayloadRequest,
+    ServedAgent, StepFailure, StepProgress, StepResult, ToolCall, ToolCallResult, ToolOutput, ToolSpec,
+    WorkerHeartbeat, WorkerHello, connect_worker_request, connect_worker_response,
+    execution_service_client::ExecutionServiceClient,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 /// JSON values as assignments, results and tool calls carry them
 /// (`google.protobuf.Struct` and `Value`), to and from `serde_json`.
@@ -93,6 +99,8 @@ pub enum StepOutcome {
         /// What the agent wants later runs to remember: entries for the
         /// global memory or its role's.
         remember: Vec<MemoryNote>,
+        /// No other role needs to run: the output is posted to no inbox.
+        skip_triggers: bool,
     },
     /// Hand the step onward: to a named colleague, or (with `to_agent_id`
     /// empty) to whoever the roster chooses for the expertise. If the
@@ -109,6 +117,9 @@ pub enum StepOutcome {
         /// What to report when the delegation is refused.
         otherwise: Box<StepOutcome>,
     },
+    /// The step went to another agent through [`Step::delegate`]: nothing
+    /// is left to report.
+    HandedOff,
     /// Failure.
     Failed {
         /// A stable code.
@@ -120,10 +131,89 @@ pub enum StepOutcome {
     },
 }
 
+/// What a behaviour holds while it runs one assignment: the way to report
+/// progress, to hand the step onward and hear the answer, and the
+/// execution service as the step's agent.
+#[derive(Clone)]
+pub struct Step {
+    assignment_id: String,
+    agent_token: String,
+    sender: mpsc::Sender<ConnectWorkerRequest>,
+    execution: ExecutionServiceClient<AuthChannel>,
+    delegations: Delegations,
+}
+
+impl std::fmt::Debug for Step {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("Step").field("assignment_id", &self.assignment_id).finish_non_exhaustive()
+    }
+}
+
+/// Delegations waiting for the service's answer, by assignment.
+type Delegations = Arc<std::sync::Mutex<std::collections::HashMap<String, oneshot::Sender<DelegationOutcome>>>>;
+
+/// How long [`Step::delegate`] waits for the service's answer.
+const DELEGATION_WAIT: Duration = Duration::from_secs(30);
+
+impl Step {
+    /// The assignment's id.
+    pub fn assignment_id(&self) -> &str {
+        &self.assignment_id
+    }
+
+    /// The roster token of the agent the step is for, for calls made as it.
+    pub fn agent_token(&self) -> &str {
+        &self.agent_token
+    }
+
+    /// The execution service, called as the step's agent.
+    pub fn execution(&self) -> ExecutionServiceClient<AuthChannel> {
+        self.execution.clone()
+    }
+
+    /// Reports progress (its `assignment_id` is set to the step's); a report
+    /// the service would refuse for its size is dropped with a warning.
+    pub async fn progress(&self, mut progress: StepProgress) {
+        progress.assignment_id.clone_from(&self.assignment_id);
+        let request = ConnectWorkerRequest { message: Some(connect_worker_request::Message::Progress(progress)) };
+        let path = "/muster.execution.v1.ExecutionService/ConnectWorker";
+        if let Err(refusal) = muster_client::limits::check_request(path, &prost::Message::encode_to_vec(&request)) {
+            tracing::warn!(why = %refusal.message(), "progress report too large; not sent");
+            return;
+        }
+        let _ = self.sender.send(request).await;
+    }
+
+    /// Hands the step onward and waits for the service's answer. Accepted,
+    /// the step is another agent's (the behaviour should return
+    /// [`StepOutcome::HandedOff`]); refused, the answer says why and the step
+    /// stays this agent's. `Err` when no answer came.
+    pub async fn delegate(&self, mut request: DelegateStep) -> Result<DelegationOutcome, String> {
+        request.assignment_id.clone_from(&self.assignment_id);
+        let (answer, answered) = oneshot::channel();
+        self.delegations
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(self.assignment_id.clone(), answer);
+        let message = ConnectWorkerRequest { message: Some(connect_worker_request::Message::Delegate(request)) };
+        if self.sender.send(message).await.is_err() {
+            return Err("the worker's connection closed".to_owned());
+        }
+        match tokio::time::timeout(DELEGATION_WAIT, answered).await {
+            Ok(Ok(outcome)) => Ok(outcome),
+            Ok(Err(_)) => Err("the worker's connection closed before the delegation was answered".to_owned()),
+            Err(_) => {
+                self.delegations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&self.assignment_id);
+                Err("the execution service did not answer the delegation in time".to_owned())
+            }
+        }
+    }
+}
+
 /// How a worker runs its assignments and the tools it provides.
 pub trait Behaviour: Send + Sync + 'static {
-    /// Runs one assignment.
-    fn run(&self, assignment: Assignment) -> impl Future<Output = StepOutcome> + Send;
+    /// Runs one assignment; `step` reports on it while it runs.
+    fn run(&self, assignment: Assignment, step: Step) -> impl Future<Output = StepOutcome> + Send;
 
     /// The tools this worker provides (none by default).
     fn tools(&self) -> Vec<ToolSpec> {
@@ -145,8 +235,8 @@ pub trait Behaviour: Send + Sync + 'static {
 pub struct WithoutTools<B>(pub B);
 
 impl<B: Behaviour> Behaviour for WithoutTools<B> {
-    fn run(&self, assignment: Assignment) -> impl Future<Output = StepOutcome> + Send {
-        self.0.run(assignment)
+    fn run(&self, assignment: Assignment, step: Step) -> impl Future<Output = StepOutcome> + Send {
+        self.0.run(assignment, step)
     }
 }
 
@@ -253,6 +343,49 @@ pub async fn serve_reporting<B: Behaviour>(
     }
 }
 
+/// The assignments a session is running, each stoppable; all are stopped
+/// when the session ends (and drops this).
+#[derive(Default)]
+struct Running(Arc<std::sync::Mutex<std::collections::HashMap<String, tokio::task::AbortHandle>>>);
+
+impl Running {
+    /// Spawns an assignment's task, listed before it can end (its end
+    /// unlists it through `finished`).
+    fn spawn<F: Future<Output = ()> + Send + 'static>(&self, assignment_id: String, task: impl FnOnce(Finished) -> F) {
+        let mut tasks = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let finished = Finished { tasks: Arc::downgrade(&self.0), assignment_id: assignment_id.clone() };
+        tasks.insert(assignment_id, tokio::spawn(task(finished)).abort_handle());
+    }
+
+    fn abort(&self, assignment_id: &str) {
+        if let Some(task) = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(assignment_id) {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        for task in self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values() {
+            task.abort();
+        }
+    }
+}
+
+/// Unlists a running assignment when it ends, however it ends.
+struct Finished {
+    tasks: std::sync::Weak<std::sync::Mutex<std::collections::HashMap<String, tokio::task::AbortHandle>>>,
+    assignment_id: String,
+}
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        if let Some(tasks) = self.tasks.upgrade() {
+            tasks.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&self.assignment_id);
+        }
+    }
+}
+
 /// A task that ends when this is dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -292,7 +425,7 @@ fn refused_agent(error: &anyhow::Error, execution: &Endpoint, agents: &[AgentCre
 /// The message reporting a finished assignment.
 fn report(assignment_id: String, outcome: StepOutcome, elapsed: Duration) -> connect_worker_request::Message {
     match outcome {
-        StepOutcome::Completed { output_json, tokens_used, cost, iterations, remember } => {
+        StepOutcome::Completed { output_json, tokens_used, cost, iterations, remember, skip_triggers } => {
             match muster_client::json::value_from_text(&output_json) {
                 Ok(output) => connect_worker_request::Message::Result(StepResult {
                     remember,
@@ -303,6 +436,7 @@ fn report(assignment_id: String, outcome: StepOutcome, elapsed: Duration) -> con
                     duration: Some(muster_client::time::to_duration(elapsed.as_millis() as u64)),
                     post_to_inbox: String::new(),
                     iterations,
+                    skip_triggers,
                 }),
                 Err(problem) => connect_worker_request::Message::Failure(StepFailure {
                     assignment_id,
@@ -315,12 +449,14 @@ fn report(assignment_id: String, outcome: StepOutcome, elapsed: Duration) -> con
         StepOutcome::Failed { error_code, message, retryable } => {
             connect_worker_request::Message::Failure(StepFailure { assignment_id, error_code, message, retryable })
         }
-        StepOutcome::Delegate { .. } => connect_worker_request::Message::Failure(StepFailure {
-            assignment_id,
-            error_code: "DELEGATION_REFUSED".to_owned(),
-            message: "the delegation was refused and there was nothing else to report".to_owned(),
-            retryable: false,
-        }),
+        StepOutcome::Delegate { .. } | StepOutcome::HandedOff => {
+            connect_worker_request::Message::Failure(StepFailure {
+                assignment_id,
+                error_code: "DELEGATION_REFUSED".to_owned(),
+                message: "the delegation was refused and there was nothing else to report".to_owned(),
+                retryable: false,
+            })
+        }
     }
 }
 
@@ -349,12 +485,17 @@ async fn session<B: Behaviour>(
         })
         .await?;
     let mut inbound = client.connect_worker(ReceiverStream::new(receiver)).await?.into_inner();
-    // Large values are read with the token of the agent the assignment is for.
+    // Large values are read, and a step's calls made, with the token of the
+    // agent the assignment is for.
     let mut readers = std::collections::HashMap::new();
     for agent in agents {
         let channel = with_credentials(replicas.clone(), Credentials::bearer(&agent.token)?);
-        readers.insert(agent.agent_id.clone(), ExecutionServiceClient::new(channel));
+        readers.insert(agent.agent_id.clone(), (ExecutionServiceClient::new(channel), agent.token.clone()));
     }
+    // The assignments running, to stop one the service withdraws; all of
+    // them stop with the session (the service reassigns them).
+    let running = Running::default();
+    let delegations = Delegations::default();
     // Heartbeats last as long as this session: a worker that stops (or
     // reconnects) must not keep its old stream alive with them.
     let mut _heartbeats: Option<AbortOnDrop> = None;
@@ -385,7 +526,17 @@ async fn session<B: Behaviour>(
                 })));
             }
             Some(connect_worker_response::Message::Assignment(mut assignment)) => {
-                let mut reader = readers.get(&assignment.agent_id).unwrap_or(&client).clone();
+                let (mut reader, agent_token) = readers
+                    .get(&assignment.agent_id)
+                    .cloned()
+                    .unwrap_or_else(|| (client.clone(), execution.token.clone()));
+                let step = Step {
+                    assignment_id: assignment.assignment_id.clone(),
+                    agent_token,
+                    sender: sender.clone(),
+                    execution: reader.clone(),
+                    delegations: delegations.clone(),
+                };
                 let behaviour = behaviour.clone();
                 let sender = sender.clone();
                 let refused_fallbacks = refused_fallbacks.clone();
@@ -397,11 +548,13 @@ async fn session<B: Behaviour>(
                     step_id = %assignment.step_id,
                 );
                 muster_client::trace::continue_from(&span, &assignment.trace_parent);
-                let run = async move {
+                let listed_as = assignment.assignment_id.clone();
+                let run = move |finished: Finished| async move {
+                    let _finished = finished;
                     let assignment_id = assignment.assignment_id.clone();
                     let started = std::time::Instant::now();
                     let outcome = match fill_payloads(&mut reader, &mut assignment).await {
-                        Ok(()) => behaviour.run(assignment).await,
+                        Ok(()) => behaviour.run(assignment, step).await,
                         Err(status) => StepOutcome::Failed {
                             error_code: "PAYLOAD_UNAVAILABLE".to_owned(),
                             message: format!("could not read the assignment's large values: {}", status.message()),
@@ -422,24 +575,42 @@ async fn session<B: Behaviour>(
                                 reason,
                             })
                         }
+                        StepOutcome::HandedOff => return,
                         outcome => report(assignment_id, outcome, started.elapsed()),
                     };
                     let _ = sender.send(within_limits(message)).await;
                 };
-                tokio::spawn(run.instrument(span));
+                running.spawn(listed_as, |finished| run(finished).instrument(span));
             }
             Some(connect_worker_response::Message::Cancel(cancel)) => {
                 tracing::info!(assignment = %cancel.assignment_id, reason = %cancel.reason, "assignment withdrawn");
+                running.abort(&cancel.assignment_id);
             }
             Some(connect_worker_response::Message::Delegation(outcome)) => {
                 tracing::info!(assignment = %outcome.assignment_id, accepted = outcome.accepted, reason = %outcome.reason, "delegation answered");
+                let waiting = delegations
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .remove(&outcome.assignment_id);
+                if let Some(waiting) = waiting {
+                    // A behaviour waits for it (Step::delegate).
+                    let _ = waiting.send(outcome);
+                    continue;
+                }
                 let fallback = refused_fallbacks
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .remove(&outcome.assignment_id);
                 if let (false, Some(fallback)) = (outcome.accepted, fallback) {
                     let fallback = match fallback {
-                        StepOutcome::Completed { output_json, tokens_used, cost, iterations, remember } => {
+                        StepOutcome::Completed {
+                            output_json,
+                            tokens_used,
+                            cost,
+                            iterations,
+                            remember,
+                            skip_triggers,
+                        } => {
                             let mut output: serde_json::Value = serde_json::from_str(&output_json).unwrap_or_default();
                             if let Some(object) = output.as_object_mut() {
                                 object.insert("delegation_refused".to_owned(), outcome.reason.clone().into());
@@ -450,6 +621,7 @@ async fn session<B: Behaviour>(
                                 cost,
                                 iterations,
                                 remember,
+                                skip_triggers,
                             }
                         }
                         other => other,

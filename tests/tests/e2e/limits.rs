@@ -201,6 +201,7 @@ impl muster::worker::Behaviour for BigOutputs {
     fn run(
         &self,
         assignment: muster_proto::execution::v1::Assignment,
+        _step: muster::worker::Step,
     ) -> impl Future<Output = muster::worker::StepOutcome> + Send {
         let size = if assignment.step_id.starts_with("big") { 60_000 } else { 10 };
         std::future::ready(muster::worker::StepOutcome::Completed {
@@ -209,6 +210,7 @@ impl muster::worker::Behaviour for BigOutputs {
             cost: 0.0,
             iterations: 1,
             remember: Vec::new(),
+            skip_triggers: false,
         })
     }
 }

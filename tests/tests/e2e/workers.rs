@@ -29,7 +29,7 @@ struct Gated {
 }
 
 impl Behaviour for Gated {
-    async fn run(&self, _assignment: Assignment) -> StepOutcome {
+    async fn run(&self, _assignment: Assignment, _step: muster::worker::Step) -> StepOutcome {
         let mut gate = self.gate.clone();
         let _ = gate.wait_for(|open| *open).await;
         StepOutcome::Completed {
@@ -38,6 +38,7 @@ impl Behaviour for Gated {
             cost: 0.0,
             iterations: 1,
             remember: Vec::new(),
+            skip_triggers: false,
         }
     }
 }
