@@ -1,0 +1,364 @@
+//! The tools a model-driven agent is offered beyond its role's own: the
+//! cluster's tools (the roster, delegation, the team protocol, inboxes,
+//! memory) and the workspace's file tools. Each is defined here once — its
+//! name, what it does, the JSON schema of its arguments, and how a refusal
+//! of the cluster becomes the tool error the model reads — so every front
+//! end that offers them (the agent, an MCP server) offers the same.
+
+use std::sync::LazyLock;
+
+use jsonschema::Validator;
+use serde_json::{Value, json};
+
+/// A tool of the cluster's own. Each acts with the agent's own credential:
+/// the cluster's authority decides, as for any call of the agent's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClusterTool {
+    /// The organisation's roster, through one of its filters.
+    GetOrganizationRoster,
+    /// Hands the step onward through the roster's decision.
+    DelegateTask,
+    /// The agent's role in the execution.
+    GetMyRole,
+    /// Whether an action is permitted, and why.
+    RoleCheck,
+    /// Gives an agent a role in a team session (the lead's).
+    AssignRole,
+    /// Drops a message into an inbox.
+    PostToInbox,
+    /// Something later runs should know.
+    Remember,
+    /// The step's output starts no run through its inbox post.
+    SkipTriggers,
+}
+
+/// A built-in file tool, served inside the worker on its workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkspaceTool {
+    /// A file's text.
+    ReadFile,
+    /// Writes a file.
+    WriteFile,
+    /// Adds to a file.
+    AppendFile,
+    /// A folder's entries.
+    ListFiles,
+    /// Moves a file or folder.
+    MoveFile,
+}
+
+impl ClusterTool {
+    /// Every cluster tool, in the order they are offered.
+    pub const ALL: [Self; 8] = [
+        Self::GetOrganizationRoster,
+        Self::DelegateTask,
+        Self::GetMyRole,
+        Self::RoleCheck,
+        Self::AssignRole,
+        Self::PostToInbox,
+        Self::Remember,
+        Self::SkipTriggers,
+    ];
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::GetOrganizationRoster => "get_organization_roster",
+            Self::DelegateTask => "delegate_task",
+            Self::GetMyRole => "get_my_role",
+            Self::RoleCheck => "role_check",
+            Self::AssignRole => "assign_role",
+            Self::PostToInbox => "post_to_inbox",
+            Self::Remember => "remember",
+            Self::SkipTriggers => "skip_triggers",
+        }
+    }
+
+    /// The tool of that name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|tool| tool.name() == name)
+    }
+
+    /// What it does, for the model.
+    pub fn description(self) -> &'static str {
+        match self {
+            Self::GetOrganizationRoster => {
+                "Get a fresh view of the organisation: you, and your colleagues with their team, role, expertise, \
+                 status and workload. Filters: all, my_team, available (not offline, below capacity), by_expertise \
+                 (give `expertise`). Call it before delegating; status and workload change all the time."
+            }
+            Self::DelegateTask => {
+                "Hand this step to someone else: a named colleague (`to_agent_id`), or whoever the roster's \
+                 decision framework picks for the `expertise` (and `role`) you give. Say why in `reason`. If the \
+                 cluster accepts, the step is theirs and your work on it ends; if it refuses (a delegation loop, \
+                 nobody available, delegation not allowed), you get the reason and the step stays yours."
+            }
+            Self::GetMyRole => {
+                "Your role in this execution (in a team session: your role, subtask and the actions it permits)."
+            }
+            Self::RoleCheck => {
+                "Whether an action (such as `code`, `review`, `approve`) is permitted to you (or, for the lead, to \
+                 an agent of the execution), and why."
+            }
+            Self::AssignRole => "As the session's lead: give an agent a role (and a subtask) in this execution.",
+            Self::PostToInbox => {
+                "Drop a message into an inbox (`[a-z0-9][a-z0-9_-]*`); the process the inbox triggers runs on it."
+            }
+            Self::Remember => {
+                "Keep a note for later runs: in your role's memory (scope `role`, the default) or the global \
+                 memory (scope `global`). At most 16 notes of 4 KiB per step."
+            }
+            Self::SkipTriggers => {
+                "Decide that no other role needs to run after this step: its output is posted to no inbox, so the \
+                 runs it would start do not start. Say why in `reason`."
+            }
+        }
+    }
+
+    /// The JSON schema of its arguments.
+    pub fn input_schema(self) -> &'static Value {
+        &SCHEMAS.cluster[self.index()].0
+    }
+
+    /// Arguments checked against the schema: the first problem, for the model.
+    pub fn check(self, arguments: &Value) -> Result<(), String> {
+        first_problem(&SCHEMAS.cluster[self.index()].1, arguments)
+    }
+
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|tool| *tool == self).unwrap_or_default()
+    }
+}
+
+impl WorkspaceTool {
+    /// Every workspace tool.
+    pub const ALL: [Self; 5] = [Self::ReadFile, Self::WriteFile, Self::AppendFile, Self::ListFiles, Self::MoveFile];
+
+    /// Its name (as roles list it in `tools`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::ReadFile => "read_file",
+            Self::WriteFile => "write_file",
+            Self::AppendFile => "append_file",
+            Self::ListFiles => "list_files",
+            Self::MoveFile => "move_file",
+        }
+    }
+
+    /// The tool of that name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|tool| tool.name() == name)
+    }
+
+    /// What it does, for the model.
+    pub fn description(self) -> &'static str {
+        match self {
+            Self::ReadFile => "Read a text file of the workspace (at most 256 KiB of it).",
+            Self::WriteFile => "Write a text file of the workspace (at most 1 MiB), replacing it; folders are made.",
+            Self::AppendFile => "Add text to the end of a workspace file, making it when missing.",
+            Self::ListFiles => "List a folder of the workspace (`\"\"` for the workspace itself).",
+            Self::MoveFile => "Move a file or folder within the workspace; the target must not exist.",
+        }
+    }
+
+    /// The JSON schema of its arguments.
+    pub fn input_schema(self) -> &'static Value {
+        &SCHEMAS.workspace[self.index()].0
+    }
+
+    /// Arguments checked against the schema: the first problem, for the model.
+    pub fn check(self, arguments: &Value) -> Result<(), String> {
+        first_problem(&SCHEMAS.workspace[self.index()].1, arguments)
+    }
+
+    fn index(self) -> usize {
+        Self::ALL.iter().position(|tool| *tool == self).unwrap_or_default()
+    }
+}
+
+/// Each tool's schema, with its validator made once.
+struct Schemas {
+    cluster: Vec<(Value, Validator)>,
+    workspace: Vec<(Value, Validator)>,
+}
+
+fn compiled(schema: Value) -> (Value, Validator) {
+    let validator = jsonschema::validator_for(&schema).expect("the catalogue's own schemas are valid");
+    (schema, validator)
+}
+
+fn object(properties: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "properties": properties, "required": required, "additionalProperties": false})
+}
+
+static SCHEMAS: LazyLock<Schemas> = LazyLock::new(|| {
+    let text = |description: &str, max: usize| json!({"type": "string", "description": description, "maxLength": max});
+    let cluster = ClusterTool::ALL
+        .iter()
+        .map(|tool| match tool {
+            ClusterTool::GetOrganizationRoster => object(
+                json!({
+                    "filter": {"type": "string", "enum": ["all", "my_team", "available", "by_expertise"]},
+                    "expertise": text("the expertise tag, with filter by_expertise", 64),
+                }),
+                &["filter"],
+            ),
+            ClusterTool::DelegateTask => object(
+                json!({
+                    "to_agent_id": text("a named colleague; empty to let the roster decide", 64),
+                    "expertise": {"type": "array", "items": {"type": "string", "maxLength": 64}, "maxItems": 16},
+                    "role": text("a role the delegate must have", 64),
+                    "reason": text("why, for the audit trail", 16_384),
+                }),
+                &["reason"],
+            ),
+            ClusterTool::GetMyRole => object(json!({}), &[]),
+            ClusterTool::RoleCheck => object(
+                json!({
+                    "action": text("the action, such as code, review or approve", 64),
+                    "agent_id": text("another agent of the execution (the lead only); empty for yourself", 64),
+                }),
+                &["action"],
+            ),
+            ClusterTool::AssignRole => object(
+                json!({
+                    "agent_id": text("the agent", 64),
+                    "role": text("a role of the permission matrix", 64),
+                    "subtask": text("what the agent is to do", 16_384),
+                }),
+                &["agent_id", "role"],
+            ),
+            ClusterTool::PostToInbox => object(
+                json!({
+                    "inbox": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,63}$"},
+                    "body": text("the message", 262_144),
+                    "subject": text("a one-line summary", 1024),
+                    "priority": {"type": "string", "enum": ["low", "normal", "high"]},
+                }),
+                &["inbox", "body"],
+            ),
+            ClusterTool::Remember => object(
+                json!({
+                    "text": text("the note", 4096),
+                    "scope": {"type": "string", "enum": ["role", "global"]},
+                }),
+                &["text"],
+            ),
+            ClusterTool::SkipTriggers => object(json!({"reason": text("why no other role needs to run", 4096)}), &[]),
+        })
+        .map(compiled)
+        .collect();
+    let path = |description: &str| text(description, 1024);
+    let workspace = WorkspaceTool::ALL
+        .iter()
+        .map(|tool| match tool {
+            WorkspaceTool::ReadFile => object(json!({"path": path("relative to the workspace")}), &["path"]),
+            WorkspaceTool::WriteFile | WorkspaceTool::AppendFile => object(
+                json!({"path": path("relative to the workspace"), "content": text("the text", 1 << 20)}),
+                &["path", "content"],
+            ),
+            WorkspaceTool::ListFiles => object(json!({"path": path("a folder; \"\" for the workspace")}), &[]),
+            WorkspaceTool::MoveFile => {
+                object(json!({"from": path("what to move"), "to": path("where to; must not exist")}), &["from", "to"])
+            }
+        })
+        .map(compiled)
+        .collect();
+    Schemas { cluster, workspace }
+});
+
+/// A value checked against a JSON schema (a role's output schema): the
+/// first problem, for the model.
+pub fn check_against(schema: &Value, value: &Value) -> Result<(), String> {
+    let validator = jsonschema::validator_for(schema).map_err(|error| format!("the schema is not valid: {error}"))?;
+    first_problem(&validator, value)
+}
+
+fn first_problem(validator: &Validator, arguments: &Value) -> Result<(), String> {
+    match validator.iter_errors(arguments).next() {
+        None => Ok(()),
+        Some(error) => {
+            let at = error.instance_path().to_string();
+            Err(if at.is_empty() { error.to_string() } else { format!("{at}: {error}") })
+        }
+    }
+}
+
+/// A refusal or failure of a tool, as the model reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolError {
+    /// A stable code: `invalid_arguments`, `permission_denied`, `not_found`, ...
+    pub code: &'static str,
+    /// What the cluster or the tool said.
+    pub message: String,
+}
+
+impl ToolError {
+    /// A tool error of `code`.
+    pub fn new(code: &'static str, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+
+    /// The JSON the model is given.
+    pub fn to_json(&self) -> Value {
+        json!({"error": {"code": self.code, "message": self.message}})
+    }
+}
+
+impl From<tonic::Status> for ToolError {
+    /// A refusal of the cluster, with its reason as the cluster gave it.
+    fn from(status: tonic::Status) -> Self {
+        let code = match status.code() {
+            tonic::Code::InvalidArgument | tonic::Code::OutOfRange => "invalid_arguments",
+            tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => "permission_denied",
+            tonic::Code::NotFound => "not_found",
+            tonic::Code::AlreadyExists => "already_exists",
+            tonic::Code::FailedPrecondition => "failed_precondition",
+            tonic::Code::ResourceExhausted => "resource_exhausted",
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => "unavailable",
+            _ => "internal",
+        };
+        Self { code, message: status.message().to_owned() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tool_has_a_unique_name_and_an_object_schema() {
+        let mut names: Vec<&str> = ClusterTool::ALL.iter().map(|tool| tool.name()).collect();
+        names.extend(WorkspaceTool::ALL.iter().map(|tool| tool.name()));
+        let count = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), count);
+        for tool in ClusterTool::ALL {
+            assert_eq!(ClusterTool::from_name(tool.name()), Some(tool));
+            assert_eq!(tool.input_schema()["type"], "object");
+        }
+        for tool in WorkspaceTool::ALL {
+            assert_eq!(WorkspaceTool::from_name(tool.name()), Some(tool));
+            assert_eq!(tool.input_schema()["type"], "object");
+        }
+    }
+
+    #[test]
+    fn arguments_are_checked_with_the_problem_named() {
+        let tool = ClusterTool::PostToInbox;
+        assert!(tool.check(&json!({"inbox": "risk", "body": "late"})).is_ok());
+        let problem = tool.check(&json!({"inbox": "Risk!", "body": "late"})).unwrap_err();
+        assert!(problem.contains("/inbox"), "{problem}");
+        assert!(tool.check(&json!({"body": "late"})).unwrap_err().contains("inbox"));
+        assert!(tool.check(&json!({"inbox": "a", "body": "b", "extra": 1})).is_err());
+        assert!(check_against(&json!({"type": "object", "required": ["light"]}), &json!({})).is_err());
+    }
+
+    #[test]
+    fn a_refusal_keeps_the_clusters_reason() {
+        let error = ToolError::from(tonic::Status::permission_denied("analyst-agent may not code: ..."));
+        assert_eq!(error.to_json()["error"]["code"], "permission_denied");
+        assert_eq!(error.message, "analyst-agent may not code: ...");
+    }
+}
