@@ -6,9 +6,13 @@
 //! agents' inboxes ([`inbox`]), with the deterministic sample behaviour the
 //! CLI's sample agents use ([`sample`]).
 //!
+//! The behaviour `muster agent` serves (model-driven agents beside sample
+//! ones) is [`agents`].
+//!
 //! It holds no service logic: everything goes through the services' gRPC APIs.
 #![forbid(unsafe_code)]
 
+pub mod agents;
 pub mod cluster;
 pub mod credentials;
 pub mod inbox;

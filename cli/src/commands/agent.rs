@@ -1,11 +1,13 @@
-//! `muster agent`: a sample worker serving agents with the deterministic behaviour.
+//! `muster agent`: a worker serving the agents of a tokens file: those whose
+//! `llm_config` names a provider with their model (docs/agents.md), the
+//! others with the deterministic sample behaviour.
 
 use std::{path::PathBuf, sync::Arc};
 
 use anyhow::Context;
 use muster::{
+    agents::Agents,
     credentials::Endpoint,
-    sample::SampleBehaviour,
     worker::{self, AgentCredential, Notice, WithoutTools},
 };
 
@@ -21,6 +23,30 @@ pub(crate) struct AgentArgs {
     /// Serve only these agents (default: every agent of the tokens file).
     #[arg(long = "serve")]
     agents: Vec<String>,
+    /// The roster, for the model-driven agents' roster tools.
+    #[arg(long, env = "MUSTER_ROSTER_URL", default_value = "http://127.0.0.1:50052")]
+    roster: String,
+    /// The folder the model-driven agents' file tools act in (default:
+    /// `workspace/` in the data folder).
+    #[arg(long, env = "MUSTER_WORKSPACE")]
+    workspace: Option<PathBuf>,
+    /// A folder for full transcripts of the model calls (none by default).
+    #[arg(long)]
+    transcripts: Option<PathBuf>,
+}
+
+impl AgentArgs {
+    /// The model-driven behaviour beside the sample one.
+    pub(crate) fn agents(&self) -> anyhow::Result<Agents> {
+        let workspace =
+            self.workspace.clone().unwrap_or_else(|| muster::credentials::default_data_dir().join("workspace"));
+        let settings = muster_agent::Settings {
+            workspace,
+            roster_url: self.roster.clone(),
+            transcripts: self.transcripts.clone(),
+        };
+        Ok(Agents::new(muster_agent::ModelAgent::new(settings)?))
+    }
 }
 
 /// Serves the agents of the tokens file. The connection is made with the
@@ -35,6 +61,7 @@ pub(crate) async fn run(args: AgentArgs, token: Option<&str>) -> anyhow::Result<
     }
     let tokens = super::roster::read_tokens(&args.tokens_file)?;
     let credentials = credentials(&tokens, &args.agents)?;
+    let agents = args.agents()?;
     let name = format!("muster-agent-{}", std::process::id());
     let shutdown = muster_runtime::shutdown::signal();
     println!("serving {} agents; Ctrl-C to stop", credentials.len());
@@ -49,14 +76,14 @@ pub(crate) async fn run(args: AgentArgs, token: Option<&str>) -> anyhow::Result<
     match muster::credentials::resolve(token) {
         Ok(token) => {
             let execution = Endpoint::new(args.execution, token);
-            worker::serve_reporting(execution, name, credentials, Arc::new(SampleBehaviour), report, shutdown).await
+            worker::serve_reporting(execution, name, credentials, Arc::new(agents), report, shutdown).await
         }
         Err(_) => {
             let token =
                 credentials.first().map(|agent| agent.token.clone()).context("the tokens file names no agent")?;
             println!("(no operator credential: serving without the sample tools)");
             let execution = Endpoint::new(args.execution, token);
-            let behaviour = Arc::new(WithoutTools(SampleBehaviour));
+            let behaviour = Arc::new(WithoutTools(agents));
             worker::serve_reporting(execution, name, credentials, behaviour, report, shutdown).await
         }
     }

@@ -1,12 +1,12 @@
 //! `muster demo`: the main job on the embedded default. Starts the cluster on
 //! SQLite, imports the sample roster, serves its agents with the sample
-//! behaviour, runs the sample process, and says where the informed agents'
-//! NDJSON memory is.
+//! behaviour (or, given a model endpoint, with that model), runs the sample
+//! process, and says where the informed agents' NDJSON memory is.
 
 use std::{path::PathBuf, sync::Arc};
 
-use muster::{sample::SampleBehaviour, worker};
-use muster_proto::roster::v1::{RotateTokenRequest, roster_service_client::RosterServiceClient};
+use muster::{agents::Agents, worker};
+use muster_proto::roster::v1::{RotateTokenRequest, UpdateAgentRequest, roster_service_client::RosterServiceClient};
 
 use super::{
     run::{ReconnectArgs, RunArgs},
@@ -24,6 +24,43 @@ pub(crate) struct DemoArgs {
     /// The process to run.
     #[arg(long, default_value = "examples/process.yaml")]
     process: PathBuf,
+    #[command(flatten)]
+    model: ModelArgs,
+}
+
+/// A model endpoint for every sample agent (docs/agents.md); none keeps the
+/// deterministic sample behaviour.
+#[derive(Debug, clap::Args)]
+struct ModelArgs {
+    /// The endpoint's API root, such as `http://127.0.0.1:11434/v1` for Ollama.
+    #[arg(long = "model-url", env = "MUSTER_MODEL_URL")]
+    url: Option<String>,
+    /// The model's name at the endpoint.
+    #[arg(long = "model", env = "MUSTER_MODEL", requires = "url")]
+    name: Option<String>,
+    /// The API the endpoint speaks.
+    #[arg(long = "provider", env = "MUSTER_MODEL_PROVIDER", default_value = "openai", value_parser = ["openai", "anthropic"])]
+    provider: String,
+    /// The environment variable holding the endpoint's key (its name, not the key).
+    #[arg(long = "api-key-env", env = "MUSTER_MODEL_API_KEY_ENV")]
+    api_key_env: Option<String>,
+}
+
+impl ModelArgs {
+    /// The `llm_config` every sample agent gets; none without an endpoint.
+    fn llm_config(&self) -> anyhow::Result<Option<serde_json::Value>> {
+        let Some(url) = &self.url else { return Ok(None) };
+        let Some(model) = &self.name else {
+            anyhow::bail!("--model-url needs --model (the model's name at the endpoint)")
+        };
+        let mut config = serde_json::json!({"provider": self.provider, "base_url": url, "model": model});
+        if let Some(variable) = &self.api_key_env {
+            config["api_key_env"] = variable.clone().into();
+        }
+        // The same checks as a roster's `llm_config`.
+        muster_agent::config::LlmConfig::from_json(&config).map_err(|problem| anyhow::anyhow!(problem))?;
+        Ok(Some(config))
+    }
 }
 
 pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
@@ -58,13 +95,33 @@ async fn demo(args: &DemoArgs, cluster: &muster::cluster::Cluster) -> anyhow::Re
         println!("new tokens for {} agents whose tokens were not in {}", rotated.len(), tokens_file.display());
         tokens = super::roster::merge_tokens(&tokens_file, rotated)?;
     }
+    let agents = super::roster::list_all(&mut roster).await?;
+    if let Some(config) = args.model.llm_config()? {
+        let llm_config =
+            muster_runtime::json::struct_from_text(&config.to_string()).map_err(|problem| anyhow::anyhow!(problem))?;
+        for mut agent in agents {
+            agent.llm_config = llm_config.clone();
+            let update_mask = Some(prost_types::FieldMask { paths: vec!["llm_config".to_owned()] });
+            roster
+                .update_agent(UpdateAgentRequest { agent: Some(agent), update_mask })
+                .await
+                .map_err(super::refused)?;
+        }
+        println!("the sample agents are model-driven: {config}");
+    }
     let credentials = super::agent::credentials(&tokens, &[])?;
+    let settings = muster_agent::Settings {
+        workspace: args.up.data_dir.join("workspace"),
+        roster_url: cluster.roster_url(),
+        transcripts: None,
+    };
+    let behaviour = Agents::new(muster_agent::ModelAgent::new(settings)?);
     let (stop_sender, stop_receiver) = tokio::sync::oneshot::channel::<()>();
     let worker = tokio::spawn(worker::serve(
         cluster.as_operator("execution"),
         "muster-demo-agents".to_owned(),
         credentials,
-        Arc::new(SampleBehaviour),
+        Arc::new(behaviour),
         async move {
             let _ = stop_receiver.await;
         },
