@@ -31,6 +31,8 @@ const MAX_TOOL_CALLS_PER_REPLY: usize = 32;
 const MAX_TOOL_RESULT_CHARS: usize = 64 * 1024;
 /// Most notes one step may ask to be remembered.
 const MAX_NOTES: usize = 16;
+/// Most bytes of one note.
+const MAX_NOTE_BYTES: usize = 4096;
 
 /// What a tool call came to.
 enum Called {
@@ -406,8 +408,11 @@ impl<'a> StepRun<'a> {
         if !global && self.assignment.role_definition.is_none() {
             return Err(ToolError::new("failed_precondition", "you hold no role: use scope \"global\""));
         }
-        if text.trim().is_empty() {
-            return Err(ToolError::new("invalid_arguments", "the note is empty"));
+        if text.trim().is_empty() || text.len() > MAX_NOTE_BYTES {
+            return Err(ToolError::new(
+                "invalid_arguments",
+                format!("a note holds 1 to {MAX_NOTE_BYTES} bytes; this one has {}", text.trim().len()),
+            ));
         }
         let scope = if global { MemoryScope::Global } else { MemoryScope::Role };
         self.notes.push(MemoryNote { scope: scope as i32, text: text.to_owned() });

@@ -12,7 +12,10 @@
 use std::{
     fs::File,
     io::{Read as _, Write as _},
-    os::fd::{AsFd, OwnedFd},
+    os::{
+        fd::{AsFd, OwnedFd},
+        unix::fs::DirBuilderExt as _,
+    },
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -87,7 +90,7 @@ impl Workspace {
     /// Opens `path`, making it (mode 0700) when it does not exist.
     pub fn open(path: &Path) -> std::io::Result<Self> {
         if !path.exists() {
-            std::fs::DirBuilder::new().recursive(true).mode_private().create(path)?;
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(path)?;
         }
         let root = rustix::fs::open(path, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
         Ok(Self { root: Arc::new(root), path: path.to_owned() })
@@ -304,17 +307,6 @@ fn refusal(path: &str, errno: Errno) -> FileError {
 
 fn io_failure(path: &str, error: &std::io::Error) -> FileError {
     FileError(format!("{path}: {error}"))
-}
-
-/// A builder that makes folders for the owner only.
-trait PrivateFolders {
-    fn mode_private(&mut self) -> &mut Self;
-}
-
-impl PrivateFolders for std::fs::DirBuilder {
-    fn mode_private(&mut self) -> &mut Self {
-        std::os::unix::fs::DirBuilderExt::mode(self, 0o700)
-    }
 }
 
 #[cfg(test)]
