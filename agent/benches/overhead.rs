@@ -35,14 +35,7 @@ async fn model_calls(calls: usize) {
     let model = Model::new(config, http.clone());
     let conversation =
         Conversation { system: "You are an agent. ".repeat(200), turns: vec![Turn::User("Do the step. ".repeat(300))] };
-    let tools: Vec<ToolDefinition> = WorkspaceTool::ALL
-        .iter()
-        .map(|tool| ToolDefinition {
-            name: tool.name().to_owned(),
-            description: tool.description().to_owned(),
-            parameters: tool.input_schema().clone(),
-        })
-        .collect();
+    let tools: Vec<ToolDefinition> = WorkspaceTool::ALL.iter().map(|tool| tool.definition()).collect();
     let request = Request { conversation: &conversation, tools: &tools, output_schema: None };
     let (_, exchange) = model.complete(request).await;
     let body = exchange.request.to_string();

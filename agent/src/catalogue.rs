@@ -10,6 +10,8 @@ use std::sync::LazyLock;
 use jsonschema::Validator;
 use serde_json::{Value, json};
 
+use crate::provider::ToolDefinition;
+
 /// A tool of the cluster's own. Each acts with the agent's own credential:
 /// the cluster's authority decides, as for any call of the agent's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -125,6 +127,15 @@ impl ClusterTool {
         first_problem(&SCHEMAS.cluster[self.index()].1, arguments)
     }
 
+    /// The tool as a model is offered it.
+    pub fn definition(self) -> ToolDefinition {
+        ToolDefinition {
+            name: self.name().to_owned(),
+            description: self.description().to_owned(),
+            parameters: self.input_schema().clone(),
+        }
+    }
+
     fn index(self) -> usize {
         Self::ALL.iter().position(|tool| *tool == self).unwrap_or_default()
     }
@@ -169,6 +180,15 @@ impl WorkspaceTool {
     /// Arguments checked against the schema: the first problem, for the model.
     pub fn check(self, arguments: &Value) -> Result<(), String> {
         first_problem(&SCHEMAS.workspace[self.index()].1, arguments)
+    }
+
+    /// The tool as a model is offered it.
+    pub fn definition(self) -> ToolDefinition {
+        ToolDefinition {
+            name: self.name().to_owned(),
+            description: self.description().to_owned(),
+            parameters: self.input_schema().clone(),
+        }
     }
 
     fn index(self) -> usize {

@@ -223,15 +223,7 @@ impl<'a> StepRun<'a> {
     /// The tools offered to the model: the role's (with the schemas their
     /// providers registered), then the cluster's.
     async fn offered_tools(&self) -> Vec<ToolDefinition> {
-        let mut tools: Vec<ToolDefinition> = self
-            .workspace_tools
-            .iter()
-            .map(|tool| ToolDefinition {
-                name: tool.name().to_owned(),
-                description: tool.description().to_owned(),
-                parameters: tool.input_schema().clone(),
-            })
-            .collect();
+        let mut tools: Vec<ToolDefinition> = self.workspace_tools.iter().map(|tool| tool.definition()).collect();
         if !self.provided.is_empty() {
             let registered = self.agent.registered_tools(self.step).await;
             for name in &self.provided {
@@ -239,11 +231,7 @@ impl<'a> StepRun<'a> {
                 tools.push(provided_tool(name, spec));
             }
         }
-        tools.extend(ClusterTool::ALL.iter().map(|tool| ToolDefinition {
-            name: tool.name().to_owned(),
-            description: tool.description().to_owned(),
-            parameters: tool.input_schema().clone(),
-        }));
+        tools.extend(ClusterTool::ALL.iter().map(|tool| tool.definition()));
         tools
     }
 
