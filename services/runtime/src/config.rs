@@ -41,9 +41,32 @@ pub struct ServerArgs {
     /// Largest gRPC message accepted or sent, in bytes.
     #[arg(long, env = "MUSTER_MAX_MESSAGE_BYTES", default_value_t = 4 * 1024 * 1024)]
     pub max_message_bytes: usize,
-    /// Most concurrent requests per connection.
-    #[arg(long, env = "MUSTER_MAX_CONCURRENT_REQUESTS", default_value_t = 1024)]
+    /// Most concurrent requests per connection handled at once (more wait
+    /// for a slot); no more than the streams a connection may open.
+    #[arg(long, env = "MUSTER_MAX_CONCURRENT_REQUESTS", default_value_t = 256)]
     pub max_concurrent_requests: usize,
+    /// Most HTTP/2 streams one connection may have open at once, advertised
+    /// in the server's SETTINGS (`SETTINGS_MAX_CONCURRENT_STREAMS`).
+    #[arg(long, env = "MUSTER_MAX_CONCURRENT_STREAMS", default_value_t = 256)]
+    pub max_concurrent_streams: u32,
+    /// Milliseconds a connection has to send the HTTP/2 preface and its
+    /// SETTINGS (after TLS, if any) before it is closed.
+    #[arg(long, env = "MUSTER_HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000)]
+    pub handshake_timeout_ms: u64,
+    /// Seconds the server waits for the answer to its keepalive ping (sent
+    /// every 30 s) before it closes the connection.
+    #[arg(long, env = "MUSTER_KEEPALIVE_TIMEOUT_SECONDS", default_value_t = 20)]
+    pub keepalive_timeout_seconds: u64,
+    /// Milliseconds the request of a unary or server-streaming call has to
+    /// arrive whole; past it the call ends with DEADLINE_EXCEEDED and frees
+    /// its slot. (Client- and bidirectional-streaming calls have leases.)
+    #[arg(long, env = "MUSTER_REQUEST_BODY_TIMEOUT_MS", default_value_t = 10_000)]
+    pub request_body_timeout_ms: u64,
+    /// Milliseconds an answer's next message may wait for the client to
+    /// read (its flow-control window closed); past it the call's slot is
+    /// freed and the connection closed.
+    #[arg(long, env = "MUSTER_RESPONSE_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
+    pub response_idle_timeout_ms: u64,
     /// Most calls that are not reads handled at once by the whole service
     /// (a streaming call counts while it opens); more are refused at once
     /// with RESOURCE_EXHAUSTED and a retry delay, and health reads
@@ -55,8 +78,15 @@ pub struct ServerArgs {
     /// two per core the service may use (at least four). Kept small: a read in flight
     /// competes for the CPU with the work (an answer showing a large
     /// execution is CPU-bound), and more reads at once only queue longer.
+    /// No caller holds more than a quarter of them (at least one), and
+    /// agents leave one free for operators.
     #[arg(long, env = "MUSTER_MAX_READS_IN_FLIGHT", default_value_t = default_reads_in_flight())]
     pub max_reads_in_flight: usize,
+    /// Most watches (`Watch*`, `Subscribe`) opening at once, a budget apart
+    /// from the short reads' and shared the same way; an open watch holds
+    /// no slot.
+    #[arg(long, env = "MUSTER_MAX_WATCHES_OPENING", default_value_t = default_reads_in_flight())]
+    pub max_watches_opening: usize,
     /// Who may call: operators, agents' credentials, the service secret.
     #[command(flatten)]
     pub auth: crate::auth::AuthArgs,
@@ -74,6 +104,26 @@ impl ServerArgs {
     /// The shutdown grace period.
     pub fn shutdown_grace(&self) -> Duration {
         Duration::from_secs(self.shutdown_grace_seconds)
+    }
+
+    /// How long a connection has to start speaking HTTP/2 (at least 1 ms).
+    pub fn handshake_timeout(&self) -> Duration {
+        Duration::from_millis(self.handshake_timeout_ms.max(1))
+    }
+
+    /// How long a keepalive ping may go unanswered (at least 1 s).
+    pub fn keepalive_timeout(&self) -> Duration {
+        Duration::from_secs(self.keepalive_timeout_seconds.max(1))
+    }
+
+    /// How long a request has to arrive whole (at least 1 ms).
+    pub fn request_body_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_body_timeout_ms.max(1))
+    }
+
+    /// How long an answer may wait for its reader (at least 1 ms).
+    pub fn response_idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.response_idle_timeout_ms.max(1))
     }
 }
 
@@ -93,9 +143,15 @@ impl Default for ServerArgs {
             log_filter: "info".to_owned(),
             shutdown_grace_seconds: 10,
             max_message_bytes: 4 * 1024 * 1024,
-            max_concurrent_requests: 1024,
+            max_concurrent_requests: 256,
+            max_concurrent_streams: 256,
+            handshake_timeout_ms: 10_000,
+            keepalive_timeout_seconds: 20,
+            request_body_timeout_ms: 10_000,
+            response_idle_timeout_ms: 30_000,
             max_in_flight: 256,
             max_reads_in_flight: default_reads_in_flight(),
+            max_watches_opening: default_reads_in_flight(),
             auth: crate::auth::AuthArgs::default(),
             tls: crate::tls::TlsArgs::default(),
         }

@@ -45,6 +45,7 @@ pub mod status;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod timeouts;
 pub mod tls;
 
 pub use muster_client::{balance, json, time};

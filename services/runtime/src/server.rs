@@ -2,12 +2,14 @@
 //! each with the access rule of every method, and a readiness check; the
 //! builder adds authentication ([`crate::auth::layer`]), TLS when configured,
 //! health (NOT_SERVING until the check passes, and while overloaded),
-//! reflection v1 and v1alpha, request tracing, metrics, load shedding
+//! reflection v1 and v1alpha, request tracing, metrics, deadlines on slow
+//! and silent clients ([`crate::timeouts`]), load shedding
 //! ([`crate::shed`]), request limits ([`crate::limits`]) and graceful shutdown.
 
 use std::{convert::Infallible, future::Future, time::Duration};
 
 use tokio::net::TcpListener;
+use tokio_stream::StreamExt as _;
 use tonic::{
     body::Body,
     server::NamedService,
@@ -29,6 +31,7 @@ use crate::{
     limits::LimitsLayer,
     security::Security,
     shed::{ShedLayer, Shedding},
+    timeouts::{Timeouts, TimeoutsLayer},
 };
 
 /// Any error a readiness check may end with.
@@ -122,7 +125,10 @@ impl Server {
             None => None,
         };
 
-        let shedding = Shedding::new(self.args.max_reads_in_flight, self.args.max_in_flight);
+        let shedding =
+            Shedding::new(self.args.max_reads_in_flight, self.args.max_watches_opening, self.args.max_in_flight);
+        let timeouts = Timeouts::new(&self.args);
+        let sweeper = tokio::spawn(timeouts.clone().sweep());
         let (stop_sender, stop_receiver) = tokio::sync::oneshot::channel::<()>();
         let grace = self.args.shutdown_grace();
         // `/metrics` answers plain HTTP/1.1 on the same port, for Prometheus.
@@ -130,12 +136,14 @@ impl Server {
             Routes::from(routes.routes().into_axum_router().route("/metrics", axum::routing::get(metrics_page)));
         let router = tonic::transport::Server::builder()
             .accept_http1(true)
-            .concurrency_limit_per_connection(self.args.max_concurrent_requests)
+            .concurrency_limit_per_connection(self.args.max_concurrent_requests.max(1))
+            .max_concurrent_streams(self.args.max_concurrent_streams.max(1))
             // Large windows: assignments carry the shared memory of an execution,
             // and 64 KiB windows would stall them on flow control.
             .initial_stream_window_size(Some(4 * 1024 * 1024))
             .initial_connection_window_size(Some(8 * 1024 * 1024))
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(self.args.keepalive_timeout()))
             .layer(
                 TraceLayer::new_for_grpc()
                     .make_span_with(request_span)
@@ -148,6 +156,7 @@ impl Server {
                     }),
             )
             .layer(crate::metrics::RpcMetricsLayer)
+            .layer(TimeoutsLayer::new(timeouts.clone()))
             .layer(AuthLayer::new(security.authenticator.clone(), self.rules))
             .layer(ShedLayer::new(shedding.clone()))
             .layer(LimitsLayer::new(self.args.max_message_bytes))
@@ -157,12 +166,28 @@ impl Server {
         };
         let server: std::pin::Pin<Box<dyn Future<Output = std::result::Result<(), tonic::transport::Error>> + Send>> =
             match &security.server_tls {
-                Some(tls) => Box::pin(router.serve_with_incoming_shutdown(tls.incoming(listener), stopped)),
+                Some(tls) => {
+                    let timeouts = timeouts.clone();
+                    let incoming = tls.incoming(listener).map(move |accepted| {
+                        accepted.map(|stream| {
+                            let peer = stream.get_ref().0.peer_addr().ok();
+                            timeouts.guard(stream, peer)
+                        })
+                    });
+                    Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
+                }
                 // Nagle's algorithm on accepted sockets would add ~40 ms to small
                 // replies (delayed ACKs): set TCP_NODELAY on every connection.
-                None => Box::pin(
-                    router.serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), stopped),
-                ),
+                None => {
+                    let timeouts = timeouts.clone();
+                    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true)).map(move |accepted| {
+                        accepted.map(|stream| {
+                            let peer = stream.peer_addr().ok();
+                            timeouts.guard(stream, peer)
+                        })
+                    });
+                    Box::pin(router.serve_with_incoming_shutdown(incoming, stopped))
+                }
             };
         tracing::info!(address = %local_addr, services = ?self.service_names, tls = security.server_tls.is_some(), "listening");
 
@@ -206,6 +231,7 @@ impl Server {
         if let Some(health_port) = health_port {
             health_port.abort();
         }
+        sweeper.abort();
         tracing::info!("stopped");
         Ok(())
     }

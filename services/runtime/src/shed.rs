@@ -14,13 +14,20 @@
 //! While calls are being shed the service's health reads NOT_SERVING, so
 //! Kubernetes routes new calls to other replicas; it reads SERVING again once
 //! a second has passed without shedding.
+//!
+//! Reads are shared fairly: no caller (an operator, an agent) holds more
+//! than a quarter of the read slots (at least one), and agents together
+//! leave one free, so that an agent's flood never sheds an operator's
+//! `GetExecution`. Watches (`Watch*`, `Subscribe`) open with slots of a
+//! budget of their own, shared the same way, so that watches being opened
+//! never take the short reads' slots.
 
 use std::{
-    collections::HashSet,
+    collections::{HashMap, HashSet},
     future::Future,
     pin::Pin,
     sync::{
-        Arc, LazyLock,
+        Arc, LazyLock, Mutex,
         atomic::{AtomicBool, Ordering},
     },
     task::{Context, Poll},
@@ -44,7 +51,8 @@ static STREAMING: LazyLock<HashSet<&'static str>> = LazyLock::new(|| {
 /// The shared state of one server's shedding.
 #[derive(Debug)]
 pub struct Shedding {
-    reads: Arc<Semaphore>,
+    reads: Arc<Shares>,
+    watches: Arc<Shares>,
     work: Arc<Semaphore>,
     capacity: (usize, usize),
     /// Set when a call is shed; cleared by [`Shedding::watch`].
@@ -52,11 +60,13 @@ pub struct Shedding {
 }
 
 impl Shedding {
-    /// At most `reads` reads, and `work` other calls, handled at once.
-    pub fn new(reads: usize, work: usize) -> Arc<Self> {
+    /// At most `reads` reads, `watches` watches opening and `work` other
+    /// calls handled at once.
+    pub fn new(reads: usize, watches: usize, work: usize) -> Arc<Self> {
         let (reads, work) = (reads.max(1), work.max(1));
         Arc::new(Self {
-            reads: Arc::new(Semaphore::new(reads)),
+            reads: Arc::new(Shares::new(reads)),
+            watches: Arc::new(Shares::new(watches.max(1))),
             work: Arc::new(Semaphore::new(work)),
             capacity: (reads, work),
             shed: AtomicBool::new(false),
@@ -151,39 +161,53 @@ where
             return Box::pin(self.inner.call(request));
         }
         let method = path.rsplit('/').next().unwrap_or_default();
-        let service = matches!(request.extensions().get::<Caller>(), Some(Caller::Service { .. }));
+        let caller = request.extensions().get::<Caller>();
+        let service = matches!(caller, Some(Caller::Service { .. }));
+        let watch = ["Watch", "Subscribe"].iter().any(|verb| method.starts_with(verb));
         let read = !service
             // (`ReadPayload` is work: a worker reads what its step needs.)
-            && ["Get", "List", "Watch", "Subscribe", "Check", "Render"]
-                .iter()
-                .any(|verb| method.starts_with(verb));
-        let slots = if read { &self.shedding.reads } else { &self.shedding.work };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            self.shedding.shed.store(true, Ordering::Relaxed);
-            crate::metrics::count(
-                "muster_rpc_shed_total",
-                "Calls refused at once because the service was handling its limit of calls",
-                &[("method", path)],
-                1,
-            );
-            let status = tonic::Status::with_error_details(
-                tonic::Code::ResourceExhausted,
-                if read {
-                    format!(
-                        "the service is handling {} reads, its limit (MUSTER_MAX_READS_IN_FLIGHT); retry after {} ms",
-                        self.shedding.capacity.0,
-                        RETRY_AFTER.as_millis()
-                    )
-                } else {
-                    format!(
-                        "the service is handling {} calls, its limit (MUSTER_MAX_IN_FLIGHT); retry after {} ms",
-                        self.shedding.capacity.1,
-                        RETRY_AFTER.as_millis()
-                    )
-                },
-                ErrorDetails::with_retry_info(Some(RETRY_AFTER)),
-            );
-            return Box::pin(std::future::ready(Ok(status.into_http())));
+            && (watch || ["Get", "List", "Check", "Render"].iter().any(|verb| method.starts_with(verb)));
+        let slot = if read {
+            let shares = if watch { &self.shedding.watches } else { &self.shedding.reads };
+            shares.try_take(caller)
+        } else {
+            self.shedding.work.clone().try_acquire_owned().map(Slot::Work).map_err(|_| Refusal::Full)
+        };
+        let permit = match slot {
+            Ok(permit) => permit,
+            Err(refusal) => {
+                self.shedding.shed.store(true, Ordering::Relaxed);
+                crate::metrics::count(
+                    "muster_rpc_shed_total",
+                    "Calls refused at once because the service was handling its limit of calls",
+                    &[("method", path)],
+                    1,
+                );
+                let retry = RETRY_AFTER.as_millis();
+                let message = match (read, watch, refusal) {
+                    (false, _, _) => format!(
+                        "the service is handling {} calls, its limit (MUSTER_MAX_IN_FLIGHT); retry after {retry} ms",
+                        self.shedding.capacity.1
+                    ),
+                    (true, false, Refusal::Full) => format!(
+                        "the service is handling {} reads, its limit (MUSTER_MAX_READS_IN_FLIGHT); retry after {retry} ms",
+                        self.shedding.capacity.0
+                    ),
+                    (true, true, Refusal::Full) => format!(
+                        "the service is opening {} watches, its limit (MUSTER_MAX_WATCHES_OPENING); retry after {retry} ms",
+                        self.shedding.watches.capacity
+                    ),
+                    (true, _, Refusal::Share(share)) => format!(
+                        "this caller has {share} reads in flight, its share of the service's (MUSTER_MAX_READS_IN_FLIGHT); retry after {retry} ms"
+                    ),
+                };
+                let status = tonic::Status::with_error_details(
+                    tonic::Code::ResourceExhausted,
+                    message,
+                    ErrorDetails::with_retry_info(Some(RETRY_AFTER)),
+                );
+                return Box::pin(std::future::ready(Ok(status.into_http())));
+            }
         };
         let streaming = STREAMING.contains(path);
         let response = self.inner.call(request);
@@ -204,7 +228,7 @@ where
 /// A response body that holds its call's slot until it is sent.
 struct Held {
     body: Body,
-    _permit: OwnedSemaphorePermit,
+    _permit: Slot,
 }
 
 impl http_body::Body for Held {
@@ -224,5 +248,152 @@ impl http_body::Body for Held {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+/// A slot taken: it goes back when dropped.
+#[derive(Debug)]
+enum Slot {
+    Work(#[expect(dead_code, reason = "held for its drop")] OwnedSemaphorePermit),
+    Shared(#[expect(dead_code, reason = "held for its drop")] SharedSlot),
+}
+
+/// Why a call got no slot.
+#[derive(Debug, Clone, Copy)]
+enum Refusal {
+    /// The budget is spent.
+    Full,
+    /// The caller holds its share of it.
+    Share(usize),
+}
+
+/// Who holds slots of a shared budget.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Holder {
+    Operator(Arc<str>),
+    Agent(Arc<str>),
+    Service(Arc<str>),
+    /// A call without a caller (not one of muster's): shared by all such.
+    Unknown,
+}
+
+/// A budget of slots shared fairly between callers: each holds at most
+/// `share` of them, and agents together leave `reserved` for operators
+/// (and calls of the cluster's services, were they counted here).
+#[derive(Debug)]
+struct Shares {
+    capacity: usize,
+    share: usize,
+    reserved: usize,
+    held: Mutex<Holdings>,
+}
+
+#[derive(Debug, Default)]
+struct Holdings {
+    total: usize,
+    by_agents: usize,
+    by_holder: HashMap<Holder, usize>,
+}
+
+impl Shares {
+    fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            share: (capacity / 4).max(1),
+            reserved: usize::from(capacity >= 2),
+            held: Mutex::new(Holdings::default()),
+        }
+    }
+
+    fn try_take(self: &Arc<Self>, caller: Option<&Caller>) -> Result<Slot, Refusal> {
+        let holder = match caller {
+            Some(Caller::Operator { name }) => Holder::Operator(name.clone()),
+            Some(Caller::Agent { id, .. }) => Holder::Agent(id.clone()),
+            // (Services' calls are work: they never reach a shared budget.)
+            Some(Caller::Service { name }) => Holder::Service(name.clone()),
+            None => Holder::Unknown,
+        };
+        let agent = matches!(holder, Holder::Agent(_));
+        let Ok(mut held) = self.held.lock() else {
+            return Err(Refusal::Full);
+        };
+        if held.total >= self.capacity || (agent && held.by_agents + self.reserved >= self.capacity) {
+            return Err(Refusal::Full);
+        }
+        let mine = held.by_holder.get(&holder).copied().unwrap_or(0);
+        if mine >= self.share {
+            return Err(Refusal::Share(mine));
+        }
+        held.total += 1;
+        held.by_agents += usize::from(agent);
+        held.by_holder.insert(holder.clone(), mine + 1);
+        Ok(Slot::Shared(SharedSlot { shares: self.clone(), holder }))
+    }
+}
+
+/// A slot of [`Shares`].
+#[derive(Debug)]
+struct SharedSlot {
+    shares: Arc<Shares>,
+    holder: Holder,
+}
+
+impl Drop for SharedSlot {
+    fn drop(&mut self) {
+        let Ok(mut held) = self.shares.held.lock() else {
+            return;
+        };
+        held.total = held.total.saturating_sub(1);
+        if matches!(self.holder, Holder::Agent(_)) {
+            held.by_agents = held.by_agents.saturating_sub(1);
+        }
+        if let Some(count) = held.by_holder.get_mut(&self.holder) {
+            *count -= 1;
+            if *count == 0 {
+                held.by_holder.remove(&self.holder);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(id: &str) -> Caller {
+        Caller::Agent { id: id.into(), role: "".into(), token: crate::auth::TokenHash::of("token") }
+    }
+
+    fn operator(name: &str) -> Caller {
+        Caller::Operator { name: name.into() }
+    }
+
+    #[test]
+    fn no_caller_holds_more_than_its_share_and_agents_leave_one_slot_for_operators() {
+        let shares = Arc::new(Shares::new(8));
+        let (first, second, third) = (agent("a"), agent("b"), agent("c"));
+        let held_by_first: Vec<Slot> = (0..2).map(|_| shares.try_take(Some(&first)).unwrap()).collect();
+        assert!(matches!(shares.try_take(Some(&first)), Err(Refusal::Share(2))));
+        let mut held: Vec<Slot> = (0..2).map(|_| shares.try_take(Some(&second)).unwrap()).collect();
+        held.extend((0..2).map(|_| shares.try_take(Some(&third)).unwrap()));
+        held.push(shares.try_take(Some(&agent("d"))).unwrap());
+        // Seven taken by agents: the eighth is the operators'.
+        assert!(matches!(shares.try_take(Some(&agent("e"))), Err(Refusal::Full)));
+        let operator_slot = shares.try_take(Some(&operator("local"))).unwrap();
+        assert!(matches!(shares.try_take(Some(&operator("other"))), Err(Refusal::Full)));
+        drop(held_by_first);
+        assert!(shares.try_take(Some(&first)).is_ok());
+        drop(operator_slot);
+        let held = shares.held.lock().unwrap();
+        assert_eq!((held.total, held.by_agents), (5, 5));
+    }
+
+    #[test]
+    fn a_small_budget_still_gives_every_caller_one_slot() {
+        let shares = Arc::new(Shares::new(1));
+        let slot = shares.try_take(Some(&agent("a"))).unwrap();
+        assert!(shares.try_take(Some(&operator("local"))).is_err());
+        drop(slot);
+        assert!(shares.try_take(Some(&operator("local"))).is_ok());
     }
 }
