@@ -24,6 +24,7 @@ mod roles;
 mod sample_process;
 mod schedules;
 mod sessions;
+mod slow_clients;
 mod supervision;
 mod tls;
 mod tools;
