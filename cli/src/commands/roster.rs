@@ -1,11 +1,12 @@
-//! `muster roster`: import a roster, list agents.
+//! `muster roster`: import a roster, list agents, show the organisation as
+//! an agent sees it (through the roster's filters), set an agent's status.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use muster_proto::roster::v1::{
-    Agent, ImportFile, ImportRosterRequest, ListAgentsRequest, ListAgentsResponse,
-    roster_service_client::RosterServiceClient,
+    Agent, AgentStatus, GetOrganizationRosterRequest, ImportFile, ImportRosterRequest, ListAgentsRequest,
+    ListAgentsResponse, RosterFilter, SetAgentStatusRequest, roster_service_client::RosterServiceClient,
 };
 use muster_runtime::auth::client::AuthChannel;
 
@@ -36,8 +37,54 @@ enum RosterCommand {
         #[arg(long)]
         tokens_file: Option<PathBuf>,
     },
-    /// Lists the agents.
+    /// Lists the agents, with their status and workload.
     List,
+    /// The organisation as an agent sees it: the agent, then the colleagues
+    /// that pass the filter, each with status and workload.
+    Show {
+        /// Whose view: the asking agent (an agent may ask only for itself).
+        #[arg(long)]
+        agent: String,
+        /// Which colleagues.
+        #[arg(long, value_enum, default_value = "all")]
+        filter: Filter,
+        /// The expertise tag, with `--filter by-expertise`.
+        #[arg(long, required_if_eq("filter", "by-expertise"))]
+        expertise: Option<String>,
+    },
+    /// Sets an agent's status by hand: `offline` (never delegated to),
+    /// `busy`, or `auto` (derived from its workload again).
+    Status {
+        /// The agent.
+        agent: String,
+        /// The status.
+        #[arg(value_enum)]
+        status: StatusChoice,
+    },
+}
+
+/// The roster's filters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Filter {
+    /// Everyone.
+    All,
+    /// The agent's team.
+    MyTeam,
+    /// Agents not offline and below capacity.
+    Available,
+    /// Agents with the expertise given.
+    ByExpertise,
+}
+
+/// A status set by hand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum StatusChoice {
+    /// Never delegated to.
+    Offline,
+    /// At or near capacity.
+    Busy,
+    /// Derived from the workload again.
+    Auto,
 }
 
 type Client = RosterServiceClient<AuthChannel>;
@@ -68,20 +115,80 @@ pub(crate) async fn run(args: RosterArgs, token: Option<&str>) -> anyhow::Result
                 println!("{}", super::output::to_json(&all, "muster.roster.v1.ListAgentsResponse")?);
                 return Ok(());
             }
-            for agent in agents {
-                println!(
-                    "{:<24} {:<16} {:<12} {}/{}  {}",
-                    agent.id,
-                    agent.role,
-                    agent.team,
-                    agent.current_workload,
-                    agent.workload_capacity,
-                    agent.expertise.join(",")
-                );
+            if agents.is_empty() {
+                println!("no agents");
+            }
+            for agent in &agents {
+                print_agent(agent);
+            }
+        }
+        RosterCommand::Show { agent, filter, expertise } => {
+            let filter = match filter {
+                Filter::All => RosterFilter::All,
+                Filter::MyTeam => RosterFilter::MyTeam,
+                Filter::Available => RosterFilter::Available,
+                Filter::ByExpertise => RosterFilter::ByExpertise,
+            };
+            let request = GetOrganizationRosterRequest {
+                agent_id: agent,
+                filter: filter as i32,
+                expertise: expertise.unwrap_or_default(),
+            };
+            let view = client.get_organization_roster(request).await.map_err(super::refused)?.into_inner();
+            if args.output == super::output::Output::Json {
+                println!("{}", super::output::to_json(&view, "muster.roster.v1.GetOrganizationRosterResponse")?);
+                return Ok(());
+            }
+            if let Some(me) = &view.agent_context {
+                print!("you: ");
+                print_agent(me);
+            }
+            if view.colleagues.is_empty() {
+                println!("no colleague passes the filter");
+            }
+            for colleague in &view.colleagues {
+                print_agent(colleague);
+            }
+        }
+        RosterCommand::Status { agent, status } => {
+            let status = match status {
+                StatusChoice::Offline => AgentStatus::Offline,
+                StatusChoice::Busy => AgentStatus::Busy,
+                StatusChoice::Auto => AgentStatus::Unspecified,
+            };
+            let request = SetAgentStatusRequest { id: agent, status: status as i32, availability_until: None };
+            let agent = client.set_agent_status(request).await.map_err(super::refused)?.into_inner().agent;
+            if let Some(agent) = agent {
+                print_agent(&agent);
             }
         }
     }
     Ok(())
+}
+
+/// One agent on a line: id, status, workload, role, team, expertise.
+fn print_agent(agent: &Agent) {
+    println!(
+        "{:<24} {:<8} {:>3}/{:<3} {:<16} {:<12} {}",
+        agent.id,
+        status_name(agent.status),
+        agent.current_workload,
+        agent.workload_capacity,
+        agent.role,
+        agent.team,
+        agent.expertise.join(",")
+    );
+}
+
+/// A status as the roster's documents write it.
+fn status_name(status: i32) -> &'static str {
+    match AgentStatus::try_from(status) {
+        Ok(AgentStatus::Idle) => "IDLE",
+        Ok(AgentStatus::Active) => "ACTIVE",
+        Ok(AgentStatus::Busy) => "BUSY",
+        Ok(AgentStatus::Offline) => "OFFLINE",
+        _ => "-",
+    }
 }
 
 /// Every agent of the roster, page by page.

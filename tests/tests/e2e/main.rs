@@ -23,6 +23,7 @@ mod replicas;
 mod roles;
 mod sample_process;
 mod schedules;
+mod roster_cli;
 mod sessions;
 mod slow_clients;
 mod supervision;
