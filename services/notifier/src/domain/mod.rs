@@ -126,7 +126,9 @@ pub(crate) struct Event {
 /// - the step's informed agents on completion and failure;
 /// - the step's monitors on every event of the step;
 /// - the execution's lead on every event of the execution;
-/// - the participants a session event is addressed to.
+/// - the participants a session event is addressed to;
+/// - the agent a step was delegated or escalated to (the event's
+///   `agent_id`), as a participant: it hears that the step is now its own.
 ///
 /// A step's progress (its model calls) reaches nobody: it is audit, read in
 /// the execution's event log. An empty agent id names nobody and is skipped.
@@ -157,6 +159,9 @@ pub(crate) fn recipients(event: &Event) -> Vec<(String, Reason)> {
     add(&mut strongest, &event.lead_agent_id, Reason::Lead);
     for agent in &event.participants {
         add(&mut strongest, agent, Reason::Participant);
+    }
+    if matches!(event.kind, EventKind::StepDelegated | EventKind::StepEscalated) {
+        add(&mut strongest, &event.agent_id, Reason::Participant);
     }
     strongest.into_iter().map(|(agent, reason)| (agent.to_owned(), reason)).collect()
 }
@@ -244,5 +249,21 @@ mod tests {
         assert_eq!(recipients(&execution_event), vec![("lead".to_owned(), Reason::Lead)]);
         execution_event.lead_agent_id.clear();
         assert!(recipients(&execution_event).is_empty());
+    }
+
+    #[test]
+    fn the_agent_a_step_is_handed_to_hears_of_it() {
+        for kind in [EventKind::StepDelegated, EventKind::StepEscalated] {
+            let mut handed = event(kind);
+            handed.agent_id = "delegate".to_owned();
+            let heard = recipients(&handed);
+            assert!(heard.contains(&("delegate".to_owned(), Reason::Participant)), "{kind:?}: {heard:?}");
+        }
+        let mut started = event(EventKind::StepStarted);
+        started.agent_id = "executor".to_owned();
+        assert!(
+            recipients(&started).iter().all(|(agent, _)| agent != "executor"),
+            "the executor is no recipient as such"
+        );
     }
 }
