@@ -28,6 +28,7 @@ mod schedules;
 mod roster_cli;
 mod sessions;
 mod slow_clients;
+mod strangers;
 mod supervision;
 mod tls;
 mod tools;

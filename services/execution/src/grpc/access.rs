@@ -4,6 +4,8 @@
 //! matrix decides what its role may do (in a session, or outside one when
 //! the matrix names its roster role).
 
+use std::sync::Arc;
+
 use muster_runtime::auth::{Access, Caller, Rule, rule};
 
 use super::ExecutionApi;
@@ -102,24 +104,39 @@ impl ExecutionApi {
             || self.engine.store.executes_a_step(&execution.id, agent_id).await?)
     }
 
-    /// Operators and services see every execution; an agent only those it takes part in.
-    pub(super) async fn require_part(
+    /// The execution `execution_id` names, with its process, for a caller
+    /// that may learn of it. Operators and services learn that it is
+    /// missing (NOT_FOUND). An agent that takes no part in it is refused
+    /// with the same PERMISSION_DENIED, byte for byte, whether it exists or
+    /// not, naming nothing of it: so the refusal confirms no id and names
+    /// none of its agents. Every handler about one execution starts here,
+    /// before it says anything else of the execution. `action` ends with
+    /// the execution's quoted id (`cancel execution 'ID'`), which the
+    /// stranger's refusal leaves out of its message (the `ErrorInfo` still
+    /// echoes it), so that its message is the same for every id.
+    pub(super) async fn execution_for(
         &self,
         caller: &Caller,
-        execution: &Execution,
-        process: &ProcessVersion,
+        execution_id: &str,
         action: &str,
-    ) -> Result<()> {
-        match caller.agent_id() {
-            Some(agent_id) if !self.takes_part(agent_id, execution, process).await? => Err(denied(
+    ) -> Result<(Execution, Arc<ProcessVersion>)> {
+        let Some(agent_id) = caller.agent_id() else { return self.execution_and_process(execution_id).await };
+        let stranger = || {
+            let quoted = format!(" '{execution_id}'");
+            denied(
                 caller,
-                action,
+                action.strip_suffix(&quoted).unwrap_or(action),
                 "NOT_A_PARTICIPANT",
-                format!("it takes no part in execution '{}'", execution.id),
-                vec![("execution_id", execution.id.clone())],
-            )),
-            _ => Ok(()),
+                "it takes no part in it, or there is no such execution",
+                vec![("execution_id", execution_id.to_owned())],
+            )
+        };
+        let Some(execution) = self.engine.store.execution(execution_id).await? else { return Err(stranger()) };
+        let process = self.engine.definition_of(&execution).await?;
+        if !self.takes_part(agent_id, &execution, &process).await? {
+            return Err(stranger());
         }
+        Ok((execution, process))
     }
 
     /// An agent's `action` must pass the permission matrix: in a session

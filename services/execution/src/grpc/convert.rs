@@ -24,7 +24,9 @@ pub(super) enum Shown {
     All,
     /// The kept warnings (PublishProcess: the caller sent the source).
     Warnings,
-    /// The warnings' count only (ListProcesses: a page of many).
+    /// The warnings' count only (ListProcesses: a page of many; GetProcess
+    /// to an agent the process does not name, since the source and its
+    /// findings may quote the steps' literal inputs).
     Count,
 }
 

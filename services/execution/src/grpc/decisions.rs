@@ -30,7 +30,8 @@ impl ExecutionApi {
         caller: &Caller,
         request: wire::SubmitApprovalRequest,
     ) -> Result<wire::SubmitApprovalResponse> {
-        let (execution, process) = self.execution_and_process(&request.execution_id).await?;
+        let described = format!("decide step '{}' of execution '{}'", request.step_id, request.execution_id);
+        let (execution, process) = self.execution_for(caller, &request.execution_id, &described).await?;
         let step = process.definition.steps.iter().find(|step| step.id == request.step_id).ok_or_else(|| {
             Error::not_found(
                 "muster.execution.v1.StepState",
@@ -45,7 +46,6 @@ impl ExecutionApi {
                 format!("step '{}' is not a human_approval step", step.id),
             ));
         }
-        let described = format!("decide step '{}' of execution '{}'", step.id, request.execution_id);
         let allowed = step.approvers();
         if !caller.agent_id().is_some_and(|agent_id| allowed.iter().any(|approver| approver == agent_id)) {
             let who =
@@ -83,7 +83,9 @@ impl ExecutionApi {
         caller: &Caller,
         request: wire::InterveneRequest,
     ) -> Result<wire::InterveneResponse> {
-        let (execution, process) = self.execution_and_process(&request.execution_id).await?;
+        let (execution, process) = self
+            .execution_for(caller, &request.execution_id, &format!("intervene in execution '{}'", request.execution_id))
+            .await?;
         let action = match wire::InterventionAction::try_from(request.action).unwrap_or_default() {
             wire::InterventionAction::Pause => InterventionAction::Pause,
             wire::InterventionAction::Resume => InterventionAction::Resume,

@@ -284,6 +284,16 @@ impl ExecutionApi {
         execution_id: &str,
         control: impl FnOnce(tokio::sync::oneshot::Sender<Result<()>>) -> Control,
     ) -> Result<()> {
+        // An unfinished execution no live replica drives (given back by a
+        // replica that stopped, or of one whose lease lapsed) is taken over
+        // here and now, rather than at the next look for orphans: the call
+        // is answered, not refused as UNAVAILABLE.
+        if !self.engine.drives(execution_id)
+            && matches!(self.engine.store.driver_of(execution_id).await, Ok(None))
+            && let Err(error) = self.engine.adopt().await
+        {
+            tracing::warn!(%execution_id, %error, "taking over executions no replica drives failed");
+        }
         let (reply, answer) = tokio::sync::oneshot::channel();
         if self.engine.control(execution_id, control(reply))
             && let Ok(outcome) = answer.await
@@ -332,24 +342,19 @@ impl ExecutionApi {
 
     async fn cancel(&self, caller: &Caller, request: wire::CancelExecutionRequest) -> Result<wire::Execution> {
         let mut live = self.engine.events.subscribe();
-        let execution = self.engine.store.execution(&request.id).await?.ok_or_else(|| {
-            Error::not_found(
-                "muster.execution.v1.Execution",
-                &request.id,
-                format!("execution '{}' not found", request.id),
-            )
-        })?;
+        let described = format!("cancel execution '{}'", request.id);
+        let (execution, _) = self.execution_for(caller, &request.id, &described).await?;
         if let Some(agent_id) = caller.agent_id() {
             if execution.lead_agent_id != agent_id {
                 return Err(access::denied(
                     caller,
-                    format!("cancel execution '{}'", request.id),
+                    described,
                     "NOT_THE_LEAD",
                     "only operators and the execution's lead may cancel it",
                     vec![("execution_id", request.id.clone())],
                 ));
             }
-            self.check_matrix_action(caller, &execution, "close_task", &format!("cancel execution '{}'", request.id))?;
+            self.check_matrix_action(caller, &execution, "close_task", &described)?;
         }
         if execution.status.is_final() {
             return Err(Error::precondition(
@@ -382,9 +387,8 @@ impl ExecutionApi {
     async fn payload(&self, caller: &Caller, request: &wire::ReadPayloadRequest) -> Result<String> {
         let kind = payload_kind_from_wire(request.kind)
             .ok_or_else(|| Error::invalid("kind", "kind must be PAYLOAD_KIND_OUTPUT or PAYLOAD_KIND_INPUTS"))?;
-        let (execution, process) = self.execution_and_process(&request.execution_id).await?;
-        self.require_part(caller, &execution, &process, &format!("read a payload of execution '{}'", execution.id))
-            .await?;
+        let described = format!("read a payload of execution '{}'", request.execution_id);
+        let (execution, process) = self.execution_for(caller, &request.execution_id, &described).await?;
         let step = process.definition.steps.iter().find(|step| step.id == request.step_id).ok_or_else(|| {
             Error::not_found(
                 "muster.execution.v1.StepState",
@@ -466,6 +470,7 @@ impl ExecutionService for ExecutionApi {
         &self,
         request: Request<wire::GetProcessRequest>,
     ) -> Result<Response<wire::GetProcessResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let version = (request.version != 0).then_some(request.version);
         let found = self.engine.process(&request.name, version).await.and_then(|process| {
@@ -477,7 +482,15 @@ impl ExecutionService for ExecutionApi {
                 )
             })
         });
-        answer(found.map(|process| wire::GetProcessResponse { process: Some(process_to_wire(&process, Shown::All)) }))
+        // The source holds the steps' literal inputs: an agent reads them
+        // only where ReadPayload would let it, in a process that names it.
+        let shown = |process: &ProcessVersion| match caller.agent_id() {
+            Some(agent_id) if !process.names(agent_id) => Shown::Count,
+            _ => Shown::All,
+        };
+        answer(
+            found.map(|process| wire::GetProcessResponse { process: Some(process_to_wire(&process, shown(&process))) }),
+        )
     }
 
     async fn list_processes(
@@ -505,8 +518,7 @@ impl ExecutionService for ExecutionApi {
         let caller = Caller::of(&request)?;
         let id = request.into_inner().id;
         let outcome = async {
-            let (execution, process) = self.execution_and_process(&id).await?;
-            self.require_part(&caller, &execution, &process, &format!("read execution '{id}'")).await?;
+            let (execution, process) = self.execution_for(&caller, &id, &format!("read execution '{id}'")).await?;
             let steps = self.steps(&id).await?;
             Ok(wire::GetExecutionResponse {
                 execution: Some(execution_to_wire(&execution, &steps, Some(&process.definition), self.outputs_room())),
@@ -560,8 +572,8 @@ impl ExecutionService for ExecutionApi {
         let request = request.into_inner();
         // Subscribe before reading the history, so nothing falls between the two.
         let live = self.engine.events.subscribe();
-        let (execution, process) = self.execution_and_process(&request.execution_id).await?;
-        self.require_part(&caller, &execution, &process, &format!("watch execution '{}'", execution.id)).await?;
+        let described = format!("watch execution '{}'", request.execution_id);
+        self.execution_for(&caller, &request.execution_id, &described).await?;
         let (sender, receiver) = mpsc::channel(256);
         let engine = self.engine.clone();
         tokio::spawn(async move {

@@ -130,13 +130,10 @@ impl ExecutionApi {
         caller: &Caller,
         request: wire::AssignRoleRequest,
     ) -> Result<wire::AssignRoleResponse> {
-        let execution = self.engine.store.execution(&request.execution_id).await?.ok_or_else(|| {
-            Error::not_found(
-                "muster.execution.v1.Execution",
-                &request.execution_id,
-                format!("execution '{}' not found", request.execution_id),
-            )
-        })?;
+        // Who asks is checked before anything is said of the execution.
+        let described = format!("assign roles in execution '{}'", request.execution_id);
+        let (execution, _) = self.execution_for(caller, &request.execution_id, &described).await?;
+        let matrix_version = self.check_matrix_action(caller, &execution, "assign_role", &described)?;
         if execution.session.is_none() {
             return Err(Error::precondition(
                 "NOT_A_SESSION",
@@ -147,8 +144,6 @@ impl ExecutionApi {
                 ),
             ));
         }
-        let described = format!("assign roles in execution '{}'", request.execution_id);
-        let matrix_version = self.check_matrix_action(caller, &execution, "assign_role", &described)?;
         self.assignable_role("role", &request.role)?;
         too_long("subtask", &request.subtask, MAX_TEXT)?;
         self.roster_agent(&request.agent_id, "agent").await?;
@@ -179,9 +174,8 @@ impl ExecutionApi {
         request: wire::GetMyRoleRequest,
     ) -> Result<wire::GetMyRoleResponse> {
         let agent_id = caller.agent_id().unwrap_or_default();
-        let (execution, process) = self.execution_and_process(&request.execution_id).await?;
-        self.require_part(caller, &execution, &process, &format!("read its role in execution '{}'", execution.id))
-            .await?;
+        let described = format!("read its role in execution '{}'", request.execution_id);
+        let (execution, process) = self.execution_for(caller, &request.execution_id, &described).await?;
         let matrix = self.engine.matrix();
         let subject = Subject {
             agent_id,
@@ -230,7 +224,8 @@ impl ExecutionApi {
         let execution = if request.execution_id.is_empty() {
             None
         } else {
-            Some(self.execution_and_process(&request.execution_id).await?)
+            let described = format!("check roles in execution '{}'", request.execution_id);
+            Some(self.execution_for(caller, &request.execution_id, &described).await?)
         };
         // Agents check themselves; the lead may check the agents of its execution.
         if let Some(own) = caller.agent_id()
@@ -251,11 +246,7 @@ impl ExecutionApi {
             self.roster_agent(&agent_id, "agent").await?.role
         };
         let (lead, session) = match &execution {
-            Some((execution, process)) => {
-                self.require_part(caller, execution, process, &format!("check roles in execution '{}'", execution.id))
-                    .await?;
-                (execution.lead_agent_id.as_str(), execution.session.as_ref())
-            }
+            Some((execution, _)) => (execution.lead_agent_id.as_str(), execution.session.as_ref()),
             None => ("", None),
         };
         let subject = Subject { agent_id: &agent_id, roster_role: &roster_role, lead, session };
@@ -280,8 +271,8 @@ impl ExecutionApi {
         caller: &Caller,
         request: wire::SetLeadRequest,
     ) -> Result<wire::SetLeadResponse> {
-        let (execution, process) = self.execution_and_process(&request.execution_id).await?;
         let described = format!("set the lead of execution '{}'", request.execution_id);
+        let (execution, process) = self.execution_for(caller, &request.execution_id, &described).await?;
         if let Some(own) = caller.agent_id() {
             if execution.lead_agent_id != own {
                 return Err(denied(
@@ -309,13 +300,14 @@ impl ExecutionApi {
         caller: &Caller,
         request: wire::GetSessionStatusRequest,
     ) -> Result<wire::GetSessionStatusResponse> {
-        let (execution, process) = self.execution_and_process(&request.execution_id).await?;
+        let described = format!("read the dashboard of execution '{}'", request.execution_id);
+        let (execution, process) = self.execution_for(caller, &request.execution_id, &described).await?;
         if let Some(own) = caller.agent_id()
             && execution.lead_agent_id != own
         {
             return Err(denied(
                 caller,
-                format!("read the dashboard of execution '{}'", execution.id),
+                described,
                 "NOT_THE_LEAD",
                 format!(
                     "the dashboard is for operators and the execution's lead ({})",

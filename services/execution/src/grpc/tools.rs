@@ -107,9 +107,8 @@ impl ExecutionApi {
         };
         // Within an execution, the agent must take part in it (in a session: be assigned).
         if !request.execution_id.is_empty() {
-            let (execution, process) = self.execution_and_process(&request.execution_id).await?;
-            let described = format!("invoke tool '{}' in execution '{}'", request.tool, execution.id);
-            self.require_part(caller, &execution, &process, &described).await?;
+            let described = format!("invoke tool '{}' in execution '{}'", request.tool, request.execution_id);
+            let (execution, _) = self.execution_for(caller, &request.execution_id, &described).await?;
             if let Some(session) = &execution.session {
                 let subject =
                     Subject { agent_id, roster_role: role, lead: &execution.lead_agent_id, session: Some(session) };
