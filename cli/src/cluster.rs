@@ -336,7 +336,10 @@ impl Cluster {
                         "MUSTER_DATABASE_URL",
                         options.database_urls.execution.clone().unwrap_or_else(|| sqlite("execution.db")),
                     )
-                    .env("MUSTER_NOTIFIER_URL", self.service("notifier").url());
+                    .env("MUSTER_NOTIFIER_URL", self.service("notifier").url())
+                    // A stable identity per replica (`execution-0`, then
+                    // `execution-1`, ...): restarted, it takes its runs back at once.
+                    .env("MUSTER_REPLICA_ID", execution_replica_id(file_stem));
             }
             _ => {}
         }
@@ -355,6 +358,16 @@ impl Cluster {
 }
 
 const STARTUP_LIMIT: Duration = Duration::from_secs(60);
+
+/// The stable identity of the execution replica whose files are named
+/// `file_stem`: `execution-0` for the first, `execution-N` for the replica
+/// added as `execution-replica-N`.
+fn execution_replica_id(file_stem: &str) -> String {
+    match file_stem.strip_prefix("execution-replica-") {
+        Some(number) => format!("execution-{number}"),
+        None => "execution-0".to_owned(),
+    }
+}
 
 async fn wait_for_port_file(
     path: &Path,

@@ -83,6 +83,15 @@ pub struct Config {
     /// time. A replica that cannot renew in time stops.
     #[arg(long, env = "MUSTER_REPLICA_LEASE_MS", default_value_t = 10_000)]
     pub replica_lease_ms: u64,
+    /// This replica's stable identity (a StatefulSet's pod name, or
+    /// `execution-0` under `muster up`): letters, digits, `-`, `_` and `.`,
+    /// at most 63. A replica that starts again with the identity it had
+    /// takes its executions back at once, rather than waiting for its old
+    /// lease to lapse; its previous incarnation, should it still live, can
+    /// no longer write. Two live replicas must never share one. Empty: a
+    /// new identity at each start (the host name and a random suffix).
+    #[arg(long, env = "MUSTER_REPLICA_ID", default_value = "")]
+    pub replica_id: String,
     /// The URL the other replicas reach this one at, to hand it the calls
     /// about the executions it drives (approvals, interventions, roles,
     /// cancellation), e.g. http://$(POD_IP):50051. Empty: the address it
@@ -126,6 +135,7 @@ pub async fn run(
         schedule_to_start: (config.schedule_to_start_seconds > 0)
             .then(|| Duration::from_secs(config.schedule_to_start_seconds)),
         ownership_lease: Duration::from_millis(config.replica_lease_ms.max(300)),
+        replica_identity: replica_identity(&config.replica_id)?,
     };
     let engine = engine::Engine::new(store.clone(), roster.clone(), settings);
     let measured = Arc::downgrade(&engine);
@@ -212,6 +222,18 @@ pub async fn run(
         )));
     }
     served
+}
+
+/// A stable replica identity, checked: it names the replica in the store
+/// and in logs, before the incarnation's suffix.
+fn replica_identity(identity: &str) -> std::result::Result<String, muster_runtime::Error> {
+    let allowed = |character: char| character.is_ascii_alphanumeric() || matches!(character, '-' | '_' | '.');
+    if identity.len() > 63 || !identity.chars().all(allowed) {
+        return Err(muster_runtime::Error::Config(format!(
+            "MUSTER_REPLICA_ID={identity:?} is not a replica identity: at most 63 letters, digits, '-', '_' and '.'"
+        )));
+    }
+    Ok(identity.to_owned())
 }
 
 /// Resolves on `shutdown`, or when the replica lost its lease.

@@ -22,6 +22,7 @@ mod metrics;
 mod payloads;
 mod progress;
 mod replicas;
+mod restarts;
 mod roles;
 mod sample_process;
 mod schedules;

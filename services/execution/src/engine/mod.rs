@@ -59,7 +59,7 @@ use crate::{
 };
 
 /// How the engine runs executions.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Settings {
     /// Most steps of one execution in flight at once, unless the process sets `max_parallel`.
     pub(crate) max_parallel: usize,
@@ -72,6 +72,9 @@ pub(crate) struct Settings {
     /// renewed (it is renewed every third of it): after a crash, other
     /// replicas take the executions over within about this time.
     pub(crate) ownership_lease: Duration,
+    /// This replica's stable identity (`MUSTER_REPLICA_ID`); empty: a new
+    /// one at each start.
+    pub(crate) replica_identity: String,
 }
 
 /// Where a worker's report (or a slot on a worker) goes: the driver of the
@@ -222,6 +225,7 @@ pub(crate) struct Admitted<'a> {
 impl Engine {
     pub(crate) fn new(store: Arc<dyn Store>, roster: Arc<dyn Roster>, settings: Settings) -> Arc<Self> {
         let (events, _) = broadcast::channel(16_384);
+        let replica = replica_name(&settings.replica_identity);
         Arc::new(Self {
             store,
             roster,
@@ -231,7 +235,7 @@ impl Engine {
             settings,
             tasks: TaskTracker::new(),
             stopping: CancellationToken::new(),
-            replica: replica_name(),
+            replica,
             joined: std::sync::atomic::AtomicBool::new(false),
             deposed: CancellationToken::new(),
             drivers: Mutex::new(HashMap::new()),
@@ -780,9 +784,15 @@ impl Engine {
 
 /// A name for this replica: the host's (a pod's name on Kubernetes) and a
 /// random suffix, so that a restarted process is a new replica.
-fn replica_name() -> String {
-    let host = std::env::var("HOSTNAME").ok().filter(|host| !host.is_empty()).unwrap_or_else(|| "execution".to_owned());
+/// This incarnation's name among the replicas: `IDENTITY@SUFFIX` for a
+/// stable identity (the store knows the previous incarnations by it),
+/// else `HOST-SUFFIX`.
+fn replica_name(identity: &str) -> String {
     let suffix = uuid::Uuid::new_v4().simple().to_string();
+    if !identity.is_empty() {
+        return format!("{identity}{}{}", crate::store::INCARNATION, &suffix[..8]);
+    }
+    let host = std::env::var("HOSTNAME").ok().filter(|host| !host.is_empty()).unwrap_or_else(|| "execution".to_owned());
     format!("{host}-{}", &suffix[..8])
 }
 

@@ -206,6 +206,7 @@ fn settings() -> Settings {
         worker_lease: Duration::from_secs(30),
         schedule_to_start: None,
         ownership_lease: Duration::from_secs(30),
+        replica_identity: String::new(),
     }
 }
 

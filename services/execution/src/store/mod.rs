@@ -172,6 +172,11 @@ pub(crate) type LogEntry = (i64, Vec<u8>);
 /// The name of the notifier's cursor in the event log.
 pub(crate) const NOTIFIER_CURSOR: &str = "notifier";
 
+/// Separates a replica's stable identity from its incarnation in its name
+/// (`execution-0@1a2b3c4d`): [`Store::join`] replaces the previous
+/// incarnations of the identity.
+pub(crate) const INCARNATION: char = '@';
+
 /// A replica of the execution service.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Replica {
@@ -242,7 +247,10 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// `replica` reached at `url`, with a lease of `lease` on the executions
     /// it will drive. From then on, new executions are this replica's, and
     /// every commit fails with [`crate::Error::Superseded`] once the lease
-    /// has lapsed.
+    /// has lapsed. A replica named `IDENTITY@...` (see [`INCARNATION`])
+    /// replaces the previous incarnations of its identity at once: their
+    /// executions are given back (the next [`Store::adopt`] takes them), and
+    /// they leave the replicas, so that one still alive can no longer write.
     fn join<'a>(&'a self, replica: &'a Replica, lease: Duration) -> BoxFuture<'a, Result<()>>;
     /// Extends the lease to `lease` from now; false when it had lapsed
     /// (another replica may have taken the executions over: the replica must

@@ -1584,7 +1584,39 @@ impl Store for SqlStore {
             if self.replica.get().is_some() {
                 return Err(joined_already());
             }
-            let now = database_now(self.database.backend);
+            let backend = self.database.backend;
+            let now = database_now(backend);
+            let mut transaction = self.database.pool.begin().await?;
+            if let Some((identity, _)) = replica.id.split_once(super::INCARNATION) {
+                if backend == Backend::Postgres {
+                    // The log's turn, as a takeover takes it: a transaction of
+                    // the previous incarnation under way ends first, and none
+                    // after this one finds its lease.
+                    sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
+                        .bind(LOG_LOCK.0)
+                        .bind(LOG_LOCK.1)
+                        .execute(&mut *transaction)
+                        .await?;
+                }
+                let prefix = format!("{identity}{}", super::INCARNATION);
+                let length = i64::try_from(prefix.len()).unwrap_or(i64::MAX);
+                let previous = "SELECT id FROM replicas WHERE substr(id, 1, CAST($2 AS INTEGER)) = $1";
+                sqlx::query(AssertSqlSafe(format!(
+                    "UPDATE executions SET owner = NULL WHERE status IN ('running', 'paused') AND owner IN ({previous})"
+                )))
+                .bind(prefix.clone())
+                .bind(length)
+                .execute(&mut *transaction)
+                .await?;
+                let replaced = sqlx::query("DELETE FROM replicas WHERE substr(id, 1, CAST($2 AS INTEGER)) = $1")
+                    .bind(prefix)
+                    .bind(length)
+                    .execute(&mut *transaction)
+                    .await?;
+                if replaced.rows_affected() > 0 {
+                    tracing::info!(replica = %replica.id, %identity, "replaced the previous incarnation of this replica: its executions are taken back at once");
+                }
+            }
             sqlx::query(AssertSqlSafe(format!(
                 "INSERT INTO replicas (id, url, address, joined_at, expires_at) VALUES ($1, $2, $3, {now}, {now} + $4)"
             )))
