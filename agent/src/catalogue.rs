@@ -342,9 +342,58 @@ impl From<tonic::Status> for ToolError {
     }
 }
 
+/// The catalogue as JSON: every cluster tool and every workspace tool with
+/// its name, description and input schema, in the order they are offered.
+/// `agent/catalogue.json` holds it, and the Python and TypeScript worker
+/// libraries ship copies of that file byte for byte (a test of this crate
+/// fails when one differs; `MUSTER_WRITE_CATALOGUE=1` rewrites them).
+pub fn catalogue_json() -> String {
+    let entry = |name: &str, description: &str, schema: &Value| json!({"name": name, "description": description, "input_schema": schema});
+    let catalogue = json!({
+        "cluster_tools": ClusterTool::ALL
+            .iter()
+            .map(|tool| entry(tool.name(), tool.description(), tool.input_schema()))
+            .collect::<Vec<_>>(),
+        "workspace_tools": WorkspaceTool::ALL
+            .iter()
+            .map(|tool| entry(tool.name(), tool.description(), tool.input_schema()))
+            .collect::<Vec<_>>(),
+    });
+    let mut text = serde_json::to_string_pretty(&catalogue).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The committed catalogue and its copies in the other languages' worker
+    /// libraries, relative to this crate.
+    const CATALOGUE_FILES: [&str; 3] = [
+        "catalogue.json",
+        "../clients/python/muster_worker/catalogue.json",
+        "../clients/typescript/src/catalogue.json",
+    ];
+
+    #[test]
+    fn the_committed_catalogues_are_this_one() {
+        let expected = catalogue_json();
+        let rewrite = std::env::var("MUSTER_WRITE_CATALOGUE").as_deref() == Ok("1");
+        for file in CATALOGUE_FILES {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+            if rewrite {
+                std::fs::write(&path, &expected).unwrap();
+            }
+            let committed = std::fs::read_to_string(&path).unwrap_or_default();
+            assert!(
+                committed == expected,
+                "{} differs from ClusterTool::ALL and WorkspaceTool::ALL: rewrite it (and its copies) with \
+                 `MUSTER_WRITE_CATALOGUE=1 cargo test -p muster-agent --lib catalogue`",
+                path.display()
+            );
+        }
+    }
 
     #[test]
     fn every_tool_has_a_unique_name_and_an_object_schema() {
