@@ -38,6 +38,16 @@ is reported instead, with the refusal as its "delegation_refused".
 A tool this worker provides is a `Tool(name, description, input_schema, run)`
 where run(tool_input, agent_id) takes the input as a dict and returns a
 JSON-able value.
+
+Extra may also hold "skip_triggers": True (the output is posted to no inbox)
+and "iterations". A behaviour fails its step with a code of its own by raising
+`StepFailed(code, message, retryable)`, reports its use while it runs with
+`context.progress(tokens_used, cost, model_call=...)`, and hands the step
+onward itself with `context.delegate(...)`, which waits for the service's
+answer; accepted, it returns `HANDED_OFF` and the worker reports nothing more.
+
+`muster_worker.model.ModelAgent` is the model-driven behaviour (the Rust
+agent's, on the `openai` and `anthropic` packages): see its module.
 """
 
 import inspect
@@ -54,6 +64,9 @@ from google.protobuf import json_format, struct_pb2
 
 from muster.execution.v1 import execution_pb2, execution_pb2_grpc
 
+
+HANDED_OFF = object()
+"""What a behaviour returns when it handed its step onward (context.delegate accepted)."""
 
 MEMORY_SCOPES = {"global": execution_pb2.MEMORY_SCOPE_GLOBAL, "role": execution_pb2.MEMORY_SCOPE_ROLE}
 FIRST_BACKOFF_SECONDS = 0.1
@@ -119,6 +132,16 @@ def sample_behaviour(assignment):
     )
 
 
+class StepFailed(Exception):
+    """Raised by a behaviour: the step fails with this code (retryable: another attempt may succeed)."""
+
+    def __init__(self, error_code, message, retryable=False):
+        super().__init__(message)
+        self.error_code = error_code
+        self.message = message
+        self.retryable = retryable
+
+
 @dataclass
 class Tool:
     """A tool the worker provides; the service calls run(tool_input, agent_id)."""
@@ -132,11 +155,53 @@ class Tool:
 class Context:
     """What a behaviour may use besides its assignment."""
 
-    def __init__(self, stub, metadata, execution_id):
+    def __init__(self, stub, metadata, execution_id, assignment_id="", worker=None, outbox=None):
         self.cancelled = threading.Event()
         self._stub = stub
         self._metadata = metadata
         self._execution_id = execution_id
+        self.assignment_id = assignment_id
+        self._worker = worker
+        self._outbox = outbox
+
+    @property
+    def execution(self):
+        """The execution service's stub; call it with `metadata=context.metadata` to act as the agent."""
+        return self._stub
+
+    @property
+    def metadata(self):
+        """The assignment's agent's credential, as gRPC call metadata."""
+        return self._metadata
+
+    def progress(self, tokens_used, cost, message="", model_call=None):
+        """Reports the attempt's use so far (running totals) and, optionally, one model call
+        (an execution_pb2.ModelCall): the service counts it against budgets at once."""
+        if self._outbox is None:
+            return
+        progress = execution_pb2.StepProgress(
+            assignment_id=self.assignment_id, message=message, tokens_used=tokens_used, cost=cost
+        )
+        if model_call is not None:
+            progress.model_call.CopyFrom(model_call)
+        self._outbox.put(execution_pb2.ConnectWorkerRequest(progress=progress))
+
+    def delegate(self, to_agent_id="", required_expertise=(), required_role="", reason="", timeout=60.0):
+        """Asks the service to hand the step onward and waits for its answer: (accepted, reason).
+        Accepted, the step is the delegate's: return HANDED_OFF."""
+        if self._worker is None or self._outbox is None:
+            return False, "this worker cannot delegate"
+        return self._worker._delegate(
+            self._outbox,
+            execution_pb2.DelegateStep(
+                assignment_id=self.assignment_id,
+                to_agent_id=to_agent_id,
+                required_expertise=list(required_expertise),
+                required_role=required_role,
+                reason=reason,
+            ),
+            timeout,
+        )
 
     def invoke_tool(self, tool, tool_input):
         """Invokes a tool as the assignment's agent; returns its output (plain Python values), or
@@ -179,6 +244,7 @@ class Worker:
         self._lock = threading.Lock()
         self._running = {}  # assignment id -> Context
         self._delegated = {}  # assignment id -> the StepResult to report if refused
+        self._awaiting = {}  # assignment id -> [threading.Event, DelegationOutcome] of context.delegate
         self._outbox = None
         self._responses = None
         self._stopped = threading.Event()
@@ -271,12 +337,14 @@ class Worker:
 
     def _run(self, assignment, outbox):
         as_agent = [("authorization", f"Bearer {self._credentials.get(assignment.agent_id, self._token)}")]
-        context = Context(self._stub, as_agent, assignment.execution_id)
+        context = Context(self._stub, as_agent, assignment.execution_id, assignment.assignment_id, self, outbox)
         with self._lock:
             self._running[assignment.assignment_id] = context
         try:
             self._fill_payloads(assignment, as_agent)
             answer = self._behaviour(assignment, context) if self._takes_context else self._behaviour(assignment)
+            if answer is HANDED_OFF:
+                return  # the delegate's now: counted when the service accepted it
             output, tokens, cost, *extra = answer
             extra = extra[0] if extra else {}
             result = execution_pb2.StepResult(
@@ -285,6 +353,8 @@ class Worker:
                 tokens_used=tokens,
                 cost=cost,
                 post_to_inbox=extra.get("post_to_inbox", ""),
+                skip_triggers=bool(extra.get("skip_triggers", False)),
+                iterations=int(extra.get("iterations", 0)),
                 remember=[
                     execution_pb2.MemoryNote(scope=MEMORY_SCOPES[scope], text=text)
                     for scope, text in extra.get("remember", [])
@@ -304,6 +374,15 @@ class Worker:
                 )
             else:
                 message = execution_pb2.ConnectWorkerRequest(result=result)
+        except StepFailed as failure:
+            message = execution_pb2.ConnectWorkerRequest(
+                failure=execution_pb2.StepFailure(
+                    assignment_id=assignment.assignment_id,
+                    error_code=failure.error_code,
+                    message=failure.message,
+                    retryable=failure.retryable,
+                )
+            )
         except Exception as error:  # a behaviour's fault fails the step, not the worker
             message = execution_pb2.ConnectWorkerRequest(
                 failure=execution_pb2.StepFailure(
@@ -320,8 +399,29 @@ class Worker:
                 self.handled += 1
         outbox.put(message)
 
+    def _delegate(self, outbox, request, timeout):
+        """Sends a delegation and waits for the service's answer: (accepted, reason)."""
+        waiting = [threading.Event(), None]
+        with self._lock:
+            self._awaiting[request.assignment_id] = waiting
+        outbox.put(execution_pb2.ConnectWorkerRequest(delegate=request))
+        answered = waiting[0].wait(timeout)
+        with self._lock:
+            self._awaiting.pop(request.assignment_id, None)
+        if not answered:
+            return False, "the execution service did not answer the delegation"
+        return waiting[1].accepted, waiting[1].reason
+
     def _answered(self, outcome, outbox):
         """The service's answer to a delegation: done, or report the output kept for a refusal."""
+        with self._lock:
+            waiting = self._awaiting.get(outcome.assignment_id)
+            if waiting is not None:
+                waiting[1] = outcome
+                if outcome.accepted:
+                    self.handled += 1
+                waiting[0].set()
+                return
         with self._lock:
             result = self._delegated.pop(outcome.assignment_id, None)
             self.handled += 1
