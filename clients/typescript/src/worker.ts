@@ -15,7 +15,7 @@
 // google.protobuf.Struct fields (inputs, tool inputs) as JSON objects, and the
 // worker converts google.protobuf.Value ones (outputs) to and from JSON.
 
-import { create, fromJson, type JsonObject, type JsonValue, toJson } from "@bufbuild/protobuf";
+import { create, fromJson, type JsonObject, type JsonValue, type MessageInitShape, toJson } from "@bufbuild/protobuf";
 import { type Value, ValueSchema } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient, type Client, type Interceptor } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
@@ -26,6 +26,7 @@ import {
   ConnectWorkerRequestSchema,
   ExecutionService,
   MemoryScope,
+  type ModelCallSchema,
   PayloadKind,
   type ToolCall,
 } from "./gen/muster/execution/v1/execution_pb.js";
@@ -44,7 +45,11 @@ export type Outcome =
       remember?: { scope: "global" | "role"; text: string }[];
       /** An inbox to post the output to. */
       postToInbox?: string;
+      /** No other role needs to run: the output is posted to no inbox. */
+      skipTriggers?: boolean;
     }
+  /** The step was handed onward (`context.delegate` accepted): nothing more is reported. */
+  | { kind: "handedOff" }
   | { kind: "failed"; errorCode: string; message: string; retryable?: boolean }
   | {
       /** Hand the step onward: to a named colleague, or to whoever the roster chooses for the expertise. */
@@ -62,6 +67,20 @@ export interface Context {
   signal: AbortSignal;
   /** Invokes a tool another worker provides, as the assignment's agent: its output, or an error with the tool's. */
   invokeTool(tool: string, input: JsonObject): Promise<JsonValue>;
+  /** The execution service as the assignment's agent. */
+  execution: Client<typeof ExecutionService>;
+  /** The assignment's agent's roster token. */
+  agentToken: string;
+  /**
+   * Reports the attempt's use so far (running totals) and, optionally, one model call: the service
+   * counts it against budgets at once.
+   */
+  progress(update: { tokensUsed: number; cost: number; message?: string; modelCall?: MessageInitShape<typeof ModelCallSchema> }): void;
+  /**
+   * Asks the service to hand the step onward and waits for its answer. Accepted, the step is the
+   * delegate's: return `{ kind: "handedOff" }`.
+   */
+  delegate(request: { toAgentId?: string; requiredExpertise?: string[]; requiredRole?: string; reason: string }): Promise<{ accepted: boolean; reason: string }>;
 }
 
 export type Behaviour = (assignment: Assignment, context: Context) => Promise<Outcome>;
@@ -134,6 +153,8 @@ export class Worker {
   private readonly hangUp = new AbortController();
   private readonly running = new Map<string, AbortController>();
   private readonly delegations = new Map<string, Outcome>();
+  /** Delegations a behaviour waits the answer of (`context.delegate`), by assignment. */
+  private readonly awaiting = new Map<string, (outcome: { accepted: boolean; reason: string }) => void>();
   private readonly clients = new Map<string, Client<typeof ExecutionService>>();
   private welcomed: (() => void) | undefined;
   readonly ready: Promise<void>;
@@ -233,6 +254,13 @@ export class Worker {
             break;
           case "delegation": {
             const outcome = response.message.value;
+            const waiting = this.awaiting.get(outcome.assignmentId);
+            if (waiting) {
+              this.awaiting.delete(outcome.assignmentId);
+              if (outcome.accepted) this.handled += 1;
+              waiting({ accepted: outcome.accepted, reason: outcome.reason });
+              break;
+            }
             const otherwise = this.delegations.get(outcome.assignmentId);
             this.delegations.delete(outcome.assignmentId);
             if (outcome.accepted) this.handled += 1;
@@ -263,6 +291,39 @@ export class Worker {
           if (answer?.error) throw new Error(`tool ${tool} answered ${answer.statusCode}: ${answer.error}`);
           return answer?.output ? toJson(ValueSchema, answer.output) : null;
         },
+        execution: client,
+        agentToken: token,
+        progress: ({ tokensUsed, cost, message, modelCall }) =>
+          outbox.push(
+            create(ConnectWorkerRequestSchema, {
+              message: {
+                case: "progress",
+                value: { assignmentId: assignment.assignmentId, message: message ?? "", tokensUsed: BigInt(tokensUsed), cost, modelCall },
+              },
+            }),
+          ),
+        delegate: (request) =>
+          new Promise((resolve) => {
+            const timer = setTimeout(() => {
+              this.awaiting.delete(assignment.assignmentId);
+              resolve({ accepted: false, reason: "the execution service did not answer the delegation" });
+            }, 60_000);
+            this.awaiting.set(assignment.assignmentId, (outcome) => (clearTimeout(timer), resolve(outcome)));
+            outbox.push(
+              create(ConnectWorkerRequestSchema, {
+                message: {
+                  case: "delegate",
+                  value: {
+                    assignmentId: assignment.assignmentId,
+                    toAgentId: request.toAgentId ?? "",
+                    requiredExpertise: request.requiredExpertise ?? [],
+                    requiredRole: request.requiredRole ?? "",
+                    reason: request.reason,
+                  },
+                },
+              }),
+            );
+          }),
       });
     } catch (error) {
       outcome = { kind: "failed", errorCode: "TYPESCRIPT_ERROR", message: String(error) };
@@ -305,6 +366,7 @@ export class Worker {
                 cost: outcome.cost ?? 0,
                 iterations: outcome.iterations ?? 1,
                 postToInbox: outcome.postToInbox ?? "",
+                skipTriggers: outcome.skipTriggers ?? false,
                 remember: (outcome.remember ?? []).map((note) => ({
                   scope: note.scope === "global" ? MemoryScope.GLOBAL : MemoryScope.ROLE,
                   text: note.text,
@@ -324,6 +386,8 @@ export class Worker {
             },
           }),
         );
+        break;
+      case "handedOff":
         break;
       case "delegate":
         // Finished when the service answers (DelegationOutcome).
