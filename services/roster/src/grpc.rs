@@ -438,6 +438,9 @@ impl<S: RosterStore> RosterService for Roster<S> {
         request: Request<pb::ListAgentsRequest>,
     ) -> Result<Response<pb::ListAgentsResponse>, GrpcStatus> {
         let request = request.into_inner();
+        if !muster_runtime::paging::is_key_token(&request.page_token) {
+            return Err(Error::invalid("page_token", muster_runtime::paging::MALFORMED_TOKEN).into());
+        }
         let page_size = page_size(request.page_size) as u32;
         let expertise = if request.expertise.trim().is_empty() {
             String::new()
@@ -529,6 +532,9 @@ impl<S: RosterStore> RosterService for Roster<S> {
         request: Request<pb::ListTeamsRequest>,
     ) -> Result<Response<pb::ListTeamsResponse>, GrpcStatus> {
         let request = request.into_inner();
+        if !muster_runtime::paging::is_key_token(&request.page_token) {
+            return Err(Error::invalid("page_token", muster_runtime::paging::MALFORMED_TOKEN).into());
+        }
         let teams = self.inner.store.list_teams().await?;
         let (teams, next_page_token) = page(
             &teams,
@@ -574,6 +580,9 @@ impl<S: RosterStore> RosterService for Roster<S> {
         request: Request<pb::ListRoleDefinitionsRequest>,
     ) -> Result<Response<pb::ListRoleDefinitionsResponse>, GrpcStatus> {
         let request = request.into_inner();
+        if !muster_runtime::paging::is_key_token(&request.page_token) {
+            return Err(Error::invalid("page_token", muster_runtime::paging::MALFORMED_TOKEN).into());
+        }
         let roles = self.inner.store.list_roles().await?;
         let (roles, next_page_token) = page(
             &roles,

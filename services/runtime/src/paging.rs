@@ -1,5 +1,6 @@
 //! Pages of lists read whole from memory or from a query, bounded by count
-//! and by encoded size, so that no answer grows with what it lists.
+//! and by encoded size, so that no answer grows with what it lists; and the
+//! check of a page token that names a position by key.
 
 /// One page of `items`, which are sorted by `key`: those after
 /// `page_token` (a key), at most `page_size` of them, ending early once
@@ -29,6 +30,23 @@ pub fn page<T, M: prost::Message>(
     (page, next_page_token)
 }
 
+/// Most bytes of a key a page token names.
+pub const MAX_KEY_TOKEN_BYTES: usize = 256;
+
+/// Whether `page_token` can be a key-position token this service gave: empty,
+/// or at most [`MAX_KEY_TOKEN_BYTES`] of the characters names are made of
+/// (letters, digits, `_ - . : /`). Lists keyed by a name (agents, teams,
+/// roles, processes, tools, schedules, budgets) refuse any other token with
+/// INVALID_ARGUMENT naming `page_token`; a well-formed key only says where
+/// the next page starts, which tells a caller nothing it may not list.
+pub fn is_key_token(page_token: &str) -> bool {
+    page_token.len() <= MAX_KEY_TOKEN_BYTES
+        && page_token.bytes().all(|byte| byte.is_ascii_alphanumeric() || b"_-.:/".contains(&byte))
+}
+
+/// What a list answers a malformed page token with.
+pub const MALFORMED_TOKEN: &str = "page_token is not one this service gave";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -52,5 +70,15 @@ mod tests {
         assert_eq!((small.len(), token.as_str()), (4, "n003"));
         let (empty, token) = page(&items, |name| name, wire, 10, "zzz", usize::MAX);
         assert!(empty.is_empty() && token.is_empty());
+    }
+
+    #[test]
+    fn key_tokens_are_names_and_nothing_else() {
+        for good in ["", "n009", "agent:writer-agent", "role-delivery", "PythonDeveloper", "a.b/c_d"] {
+            assert!(is_key_token(good), "{good}");
+        }
+        for bad in ["a b", "x\u{0}", "'; DROP", "%%%", &"x".repeat(MAX_KEY_TOKEN_BYTES + 1), "é"] {
+            assert!(!is_key_token(bad), "{bad}");
+        }
     }
 }

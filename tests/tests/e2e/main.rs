@@ -19,6 +19,8 @@ mod execution;
 mod inbox;
 mod limits;
 mod metrics;
+mod model_clients;
+mod page_tokens;
 mod payloads;
 mod progress;
 mod replicas;

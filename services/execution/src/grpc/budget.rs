@@ -171,6 +171,7 @@ impl ExecutionApi {
     }
 
     pub(super) async fn list_budgets(&self, request: wire::ListBudgetsRequest) -> Result<wire::ListBudgetsResponse> {
+        super::key_token(&request.page_token)?;
         let size = page_size(request.page_size) as usize;
         if request.scope == wire::BudgetScope::Agent as i32 {
             let all = self.engine.store.agent_budgets().await?;

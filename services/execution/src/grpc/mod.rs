@@ -86,6 +86,16 @@ fn page_size(asked: u32) -> u32 {
 
 /// Where a page that this service ends with `<time>/<id>` goes on from;
 /// `None` for the first page.
+/// A page token that names a position by key (a name): refused when it is
+/// not one this service could have given.
+fn key_token(page_token: &str) -> Result<()> {
+    if muster_runtime::paging::is_key_token(page_token) {
+        Ok(())
+    } else {
+        Err(Error::invalid("page_token", muster_runtime::paging::MALFORMED_TOKEN))
+    }
+}
+
 fn time_and_id(page_token: &str) -> Result<Option<(i64, String)>> {
     if page_token.is_empty() {
         return Ok(None);
@@ -437,6 +447,7 @@ impl ExecutionApi {
     }
 
     async fn list_processes(&self, request: wire::ListProcessesRequest) -> Result<wire::ListProcessesResponse> {
+        key_token(&request.page_token)?;
         let limit = page_size(request.page_size);
         let mut processes = self.engine.store.list_processes(&request.page_token, limit + 1).await?;
         let next_page_token = if processes.len() > limit as usize {
@@ -671,6 +682,7 @@ impl ExecutionService for ExecutionApi {
         request: Request<wire::ListToolsRequest>,
     ) -> Result<Response<wire::ListToolsResponse>, Status> {
         let request = request.into_inner();
+        key_token(&request.page_token)?;
         let tools = self.engine.workers.tools();
         let (tools, next_page_token) = muster_runtime::paging::page(
             &tools,
@@ -838,6 +850,7 @@ impl ExecutionService for ExecutionApi {
         let request = request.into_inner();
         let size = page_size(request.page_size);
         let answer_page = async {
+            key_token(&request.page_token)?;
             let states = self.engine.store.schedules(&request.page_token, size).await?;
             let next_page_token = match states.last() {
                 Some(last) if states.len() == size as usize => last.process_name.clone(),
