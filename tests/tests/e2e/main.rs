@@ -19,7 +19,6 @@ mod execution;
 mod inbox;
 mod limits;
 mod metrics;
-mod model_clients;
 mod page_tokens;
 mod payloads;
 mod progress;
