@@ -16,12 +16,12 @@ use muster::cluster::{Cluster, Ports};
 use muster_tests::{Backend, TestCluster, agent};
 use tokio::io::AsyncBufReadExt as _;
 
-fn repository() -> PathBuf {
+pub(super) fn repository() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
 /// A tool, or `None` (after saying why) when it is missing outside CI.
-fn tool(variable: &str, default: &str, probe: &[&str]) -> Option<String> {
+pub(super) fn tool(variable: &str, default: &str, probe: &[&str]) -> Option<String> {
     let program = std::env::var(variable).unwrap_or_else(|_| default.to_owned());
     let works = Command::new(&program).args(probe).output().is_ok_and(|output| output.status.success());
     if works {
@@ -177,12 +177,18 @@ async fn typescript_client_runs_the_sample_process() {
 /// `generate.sh` makes from `proto/`, and the worker library), built from a
 /// copy in the test's folder and installed into a folder of its own, which
 /// the Python programs then import from: that folder.
-fn python_client(test: &TestCluster, python: &str) -> PathBuf {
+pub(super) fn python_client(test: &TestCluster, python: &str) -> PathBuf {
     let source = repository().join("clients/python");
     let package = test.data_dir.join("python-package");
     std::fs::create_dir_all(package.join("muster_worker")).unwrap();
-    for file in ["pyproject.toml", "README.md", "muster_worker/__init__.py"] {
+    for file in ["pyproject.toml", "README.md"] {
         std::fs::copy(source.join(file), package.join(file)).unwrap();
+    }
+    for entry in std::fs::read_dir(source.join("muster_worker")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|extension| extension == "py" || extension == "json") {
+            std::fs::copy(&path, package.join("muster_worker").join(path.file_name().unwrap())).unwrap();
+        }
     }
     let status = Command::new("bash")
         .arg(source.join("generate.sh"))
@@ -205,7 +211,7 @@ fn python_client(test: &TestCluster, python: &str) -> PathBuf {
 /// A copy of `clients/typescript` in the test's folder, its dependencies
 /// installed (`npm ci`), the client generated there by the repository's
 /// `buf.gen.yaml`, and built (`tsc`, which type-checks it): its folder.
-async fn typescript_client(test: &TestCluster, npm: String, buf: String) -> PathBuf {
+pub(super) async fn typescript_client(test: &TestCluster, npm: String, buf: String) -> PathBuf {
     let client = test.data_dir.join("clients/typescript");
     let output_base = test.data_dir.join("proto");
     let source = repository().join("clients/typescript");
@@ -215,7 +221,7 @@ async fn typescript_client(test: &TestCluster, npm: String, buf: String) -> Path
     }
     for entry in std::fs::read_dir(source.join("src")).unwrap() {
         let path = entry.unwrap().path();
-        if path.extension().is_some_and(|extension| extension == "ts") {
+        if path.extension().is_some_and(|extension| extension == "ts" || extension == "json") {
             std::fs::copy(&path, client.join("src").join(path.file_name().unwrap())).unwrap();
         }
     }
