@@ -18,6 +18,7 @@ mod execution;
 mod inbox;
 mod limits;
 mod metrics;
+mod model_clients;
 mod page_tokens;
 mod payloads;
 mod progress;
