@@ -326,3 +326,96 @@ async fn run_scenarios(test: TestCluster, mut program: tokio::process::Command, 
     assert!(ended.expect("the scenario program stops").unwrap().success(), "{language}");
     test.shutdown().await;
 }
+
+/// The Python serve example, as its docstring runs it, with its own fake model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_serve_example_runs_a_step_on_its_fake_model() {
+    let Some(python) =
+        tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools, setuptools, openai, anthropic"])
+    else {
+        return;
+    };
+    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let installed = python_client(&test, &python);
+    let mut example = tokio::process::Command::new(python);
+    example
+        .arg(repository().join("examples/python/serve_model_agents.py"))
+        .env("PYTHONPATH", installed.display().to_string());
+    serve_example_runs_a_step(test, example, "py-reader").await;
+}
+
+/// The TypeScript serve example, likewise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_typescript_serve_example_runs_a_step_on_its_fake_model() {
+    let Some(npm) = tool("MUSTER_NPM", "npm", &["--version"]) else { return };
+    let Some(buf) = tool("MUSTER_BUF", "buf", &["--version"]) else { return };
+    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let client = typescript_client(&test, npm, buf).await;
+    let mut example = tokio::process::Command::new("node");
+    example.arg(client.join("dist/serve-model-agents.js"));
+    serve_example_runs_a_step(test, example, "ts-reader").await;
+}
+
+/// Serves one agent with an example (`--fake-model 0`: its own fake model on
+/// a free port, which it names), points the agent's `llm_config` at that
+/// model, and runs one step: the model lists the workspace and answers.
+async fn serve_example_runs_a_step(test: TestCluster, mut example: tokio::process::Command, agent_id: &str) {
+    // A role that lists the file tool the example's model calls.
+    let role = RoleDefinition { name: "reader".to_owned(), tools: vec!["list_files".to_owned()], ..Default::default() };
+    test.roster().put_role_definition(PutRoleDefinitionRequest { role: Some(role) }).await.unwrap();
+    let token = test.register_agents(&[agent(agent_id, "reader", "examples")]).await.remove(0);
+    let folder = Folder::new("serve-example");
+    let tokens = folder.0.join("tokens.json");
+    std::fs::write(&tokens, json!({ agent_id: token }).to_string()).unwrap();
+    let workspace = folder.0.join("workspace");
+    std::fs::create_dir_all(&workspace).unwrap();
+    std::fs::write(workspace.join("notes.md"), "notes").unwrap();
+    let address = |url: String| url.trim_start_matches("http://").to_owned();
+    example
+        .arg("--execution")
+        .arg(address(test.cluster().execution_url()))
+        .arg("--roster")
+        .arg(address(test.cluster().roster_url()))
+        .arg("--tokens")
+        .arg(&tokens)
+        .arg("--workspace")
+        .arg(&workspace)
+        .args(["--fake-model", "0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = example.spawn().expect("starting the example");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut model_url = None;
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line()).await;
+        let line = line.expect("the example speaks within 60 s").unwrap().expect("the example ended early");
+        if let Some(url) = line.strip_prefix("fake model at ") {
+            model_url = Some(url.trim().to_owned());
+        }
+        if line.starts_with("serving ") {
+            break;
+        }
+    }
+    let model_url = model_url.expect("the example names its fake model");
+    let config = llm_config(json!({"provider": "openai", "base_url": model_url, "model": "fake"}));
+    let update = muster_proto::roster::v1::UpdateAgentRequest {
+        agent: Some(muster_proto::roster::v1::Agent {
+            id: agent_id.to_owned(),
+            llm_config: config,
+            ..Default::default()
+        }),
+        update_mask: Some(prost_types::FieldMask { paths: vec!["llm_config".to_owned()] }),
+    };
+    test.roster().update_agent(update).await.unwrap();
+    let mut client = test.execution();
+    let id = publish_and_start(&mut client, &one_step("example-run", agent_id, "Look around")).await;
+    events_until_finished(&test.operator("execution"), &id).await;
+    let execution = execution_of(&mut client, &id).await;
+    assert_eq!(execution.status, ExecutionStatus::Completed as i32, "{execution:?}");
+    let output = json_of(&execution.steps[0].output);
+    assert_eq!(output["summary"], "looked at the workspace", "{output}");
+    assert!(output.to_string().contains("notes.md"), "{output}");
+    drop(child);
+    test.shutdown().await;
+}
