@@ -114,6 +114,11 @@ pub struct Agent {
     pub allow_delegation: bool,
     /// Most iterations per task; 0 on input means the default.
     pub max_iterations: u32,
+    /// How long the agent's tasks take, observed: a moving average of the
+    /// time from a slot's reservation to its release, in ms; 0 until a task
+    /// of it ended. Kept by the roster; the estimated wait for the agent's
+    /// slot comes from it.
+    pub average_task_millis: i64,
 }
 
 impl Agent {

@@ -81,6 +81,7 @@ pub(crate) fn agent_from_wire(agent: Option<pb::Agent>) -> Result<Agent> {
         backstory: agent.backstory,
         allow_delegation: agent.allow_delegation,
         max_iterations: agent.max_iterations,
+        average_task_millis: 0,
     }
     .normalize()
     .map_err(Error::from)

@@ -348,6 +348,58 @@ async fn a_batch_places_many_tasks_of_one_agent_at_once(backend: Backend) {
     server.stop().await;
 }
 
+/// A queued task's wait comes from how long the expert's tasks took: the
+/// configured average (30 minutes here) until one ended, then the expert's
+/// own moving figure.
+async fn waits_are_estimated_from_what_the_agent_took(backend: Backend) {
+    let Some(mut server) = org(backend).await else { return };
+    for task in ["a", "b"] {
+        assert_eq!(server.delegate(delegate_request(task, "junior", &["sql"])).await.primary_agent_id, "expert");
+    }
+    let before = server.delegate(delegate_request("c", "junior", &["sql"])).await;
+    assert_eq!(Kind::try_from(before.decision).unwrap(), Kind::Queue);
+    assert_eq!(
+        before.estimated_wait.map(|wait| wait.seconds).unwrap_or_default(),
+        1800,
+        "no task of the expert ended yet"
+    );
+    server.client.release_task(pb::ReleaseTaskRequest { task_id: "c".into() }).await.unwrap();
+
+    // Task a took ten minutes; b, released with it, as long.
+    server.clock.advance(10 * 60_000);
+    let released = pb::ReleaseTasksRequest { task_ids: vec!["a".into(), "b".into()] };
+    server.client.release_tasks(released).await.unwrap();
+    for task in ["d", "e"] {
+        assert_eq!(server.delegate(delegate_request(task, "junior", &["sql"])).await.primary_agent_id, "expert");
+    }
+    let queued = server.delegate(delegate_request("f", "junior", &["sql"])).await;
+    assert_eq!(Kind::try_from(queued.decision).unwrap(), Kind::Queue);
+    assert_eq!(queued.estimated_wait.map(|wait| wait.seconds).unwrap_or_default(), 600, "one of the expert's tasks");
+    let behind = server.delegate(delegate_request("g", "boss", &["sql"])).await;
+    assert_eq!(behind.estimated_wait.map(|wait| wait.seconds).unwrap_or_default(), 1200, "one queued ahead");
+
+    // d took twenty minutes: the figure moves a fifth of the way (10 → 12 minutes).
+    server.clock.advance(20 * 60_000);
+    server.client.release_task(pb::ReleaseTaskRequest { task_id: "d".into() }).await.unwrap();
+    for task in ["f", "g"] {
+        server.client.release_task(pb::ReleaseTaskRequest { task_id: task.into() }).await.unwrap();
+    }
+    assert_eq!(server.delegate(delegate_request("h", "junior", &["sql"])).await.primary_agent_id, "expert");
+    let later = server.delegate(delegate_request("i", "junior", &["sql"])).await;
+    assert_eq!(Kind::try_from(later.decision).unwrap(), Kind::Queue);
+    assert_eq!(later.estimated_wait.map(|wait| wait.seconds).unwrap_or_default(), 720);
+}
+
+#[tokio::test]
+async fn waits_are_estimated_from_what_the_agent_took_on_sqlite() {
+    waits_are_estimated_from_what_the_agent_took(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn waits_are_estimated_from_what_the_agent_took_on_postgres() {
+    waits_are_estimated_from_what_the_agent_took(Backend::Postgres).await;
+}
+
 #[tokio::test]
 async fn release_offers_the_slot_to_the_oldest_queued_task_on_sqlite() {
     release_offers_the_slot_to_the_oldest_queued_task(Backend::Sqlite).await;

@@ -647,15 +647,18 @@ fn matching_tags<'a>(request: &'a DelegationRequest, agent: &Agent) -> Vec<&'a s
 }
 
 /// The estimated wait for a slot of a busy agent: until its `availability_until`
-/// when that lies ahead, else one average task, plus one average task per task
-/// already queued for it.
+/// when that lies ahead, else one of its tasks, plus one of its tasks per
+/// task already queued for it. A task lasts what the agent's tasks took so
+/// far (`average_task_millis`, observed), or the configured average until
+/// one of them ended.
 pub fn estimated_wait(agent: &Agent, snapshot: &Snapshot, now: i64, settings: Settings) -> i64 {
+    let task = if agent.average_task_millis > 0 { agent.average_task_millis } else { settings.average_task_millis };
     let base = match agent.availability_until {
         Some(until) if until > now => until - now,
-        _ => settings.average_task_millis,
+        _ => task,
     };
     let ahead = i64::from(snapshot.queued.get(&agent.id).copied().unwrap_or(0));
-    base.saturating_add(ahead.saturating_mul(settings.average_task_millis))
+    base.saturating_add(ahead.saturating_mul(task))
 }
 
 #[cfg(test)]

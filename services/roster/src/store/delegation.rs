@@ -625,6 +625,10 @@ pub(super) async fn release_task(store: &SqlStore, task_id: &str, now: i64) -> R
 struct Released {
     /// Who held a slot for each task.
     held: HashMap<String, String>,
+    /// How long each task held its slot, in ms.
+    held_for: HashMap<String, i64>,
+    /// The agents whose observed task duration changed, with the new average.
+    averages: Vec<(String, i64)>,
     /// The tasks that left the queue (a task that ends while still queued
     /// is never offered a slot).
     left_queue: HashSet<String>,
@@ -665,6 +669,7 @@ pub(super) async fn release_tasks(store: &SqlStore, task_ids: &[String], now: i6
         None => release_in_pool(store, &first_mentions, now).await?,
     };
     store.apply_workloads(&released.changes).await;
+    store.index.apply_averages(&released.averages);
     let outcomes = task_ids
         .iter()
         .zip(first_mention)
@@ -681,24 +686,34 @@ pub(super) async fn release_tasks(store: &SqlStore, task_ids: &[String], now: i6
     Ok(outcomes)
 }
 
-/// Each agent's freed slots, in the order its tasks were named.
-fn freed_slots<'a>(first_mentions: &[&String], held: &'a HashMap<String, String>) -> Vec<(&'a str, u32)> {
-    let mut freed: Vec<(&str, u32)> = Vec::new();
+/// Each agent's freed slots, in the order its tasks were named, with how
+/// long those tasks took on average (ms; 0 when unknown).
+fn freed_slots<'a>(released: &'a Released, first_mentions: &[&String]) -> Vec<(&'a str, u32, i64)> {
+    let mut freed: Vec<(&str, u32, i64)> = Vec::new();
     for task_id in first_mentions {
-        if let Some(agent_id) = held.get(task_id.as_str()) {
-            match freed.iter_mut().find(|(agent, _)| *agent == agent_id) {
-                Some((_, count)) => *count += 1,
-                None => freed.push((agent_id, 1)),
+        if let Some(agent_id) = released.held.get(task_id.as_str()) {
+            let took = released.held_for.get(task_id.as_str()).copied().unwrap_or(0).max(0);
+            match freed.iter_mut().find(|(agent, _, _)| *agent == agent_id) {
+                Some((_, count, total)) => {
+                    *count += 1;
+                    *total = total.saturating_add(took);
+                }
+                None => freed.push((agent_id, 1, took)),
             }
         }
     }
-    freed
+    freed.into_iter().map(|(agent, count, total)| (agent, count, total / i64::from(count))).collect()
 }
 
-/// Gives back `$2` slots of agent `$1` at time `$3`.
+/// Gives back `$2` slots of agent `$1` at time `$3`, whose tasks took `$4`
+/// ms on average: the agent's observed task duration moves a fifth of the
+/// way towards it (or starts at it).
 const FREE_SLOTS_SQL: &str = "UPDATE agents SET current_workload = \
      CASE WHEN current_workload > $2 THEN current_workload - $2 ELSE 0 END, \
-     updated_at = $3, version = version + 1 WHERE id = $1 RETURNING id, version, current_workload";
+     average_task_millis = CASE WHEN $4 <= 0 THEN average_task_millis \
+     WHEN average_task_millis <= 0 THEN $4 ELSE (average_task_millis * 4 + $4) / 5 END, \
+     updated_at = $3, version = version + 1 WHERE id = $1 \
+     RETURNING id, version, current_workload, average_task_millis";
 
 /// [`release_tasks`]'s transaction through the pool, offering the freed
 /// slots to the tasks queued for them.
@@ -708,10 +723,13 @@ async fn release_in_pool(store: &SqlStore, first_mentions: &[&String], now: i64)
     let mut released = Released::default();
     for chunk in first_mentions.chunks(BATCH_ROWS_PER_STATEMENT) {
         let list = muster_runtime::db::placeholder_list(backend, 1, chunk.len());
-        let sql = format!("DELETE FROM reservations WHERE task_id IN ({list}) RETURNING task_id, agent_id");
+        let sql =
+            format!("DELETE FROM reservations WHERE task_id IN ({list}) RETURNING task_id, agent_id, reserved_at");
         let query = chunk.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, task_id| query.bind((*task_id).clone()));
         for row in query.fetch_all(&mut *transaction).await? {
-            released.held.insert(row.try_get("task_id")?, row.try_get("agent_id")?);
+            let task_id: String = row.try_get("task_id")?;
+            released.held_for.insert(task_id.clone(), now - row.try_get::<i64, _>("reserved_at")?);
+            released.held.insert(task_id, row.try_get("agent_id")?);
         }
         let sql = format!("DELETE FROM queued_tasks WHERE state = 'queued' AND task_id IN ({list}) RETURNING task_id");
         let query = chunk.iter().fold(sqlx::query(AssertSqlSafe(sql)), |query, task_id| query.bind((*task_id).clone()));
@@ -719,13 +737,23 @@ async fn release_in_pool(store: &SqlStore, first_mentions: &[&String], now: i64)
             released.left_queue.insert(row.try_get("task_id")?);
         }
     }
-    for (agent_id, count) in freed_slots(first_mentions, &released.held) {
-        let freed = workload_update(
-            &mut transaction,
-            sqlx::query(FREE_SLOTS_SQL).bind(agent_id.to_owned()).bind(i64::from(count)).bind(now),
-        )
-        .await?;
-        released.changes.extend(freed);
+    let freed_slots: Vec<(String, u32, i64)> = freed_slots(&released, first_mentions)
+        .into_iter()
+        .map(|(agent_id, count, took)| (agent_id.to_owned(), count, took))
+        .collect();
+    for (agent_id, count, took) in freed_slots {
+        let agent_id = agent_id.as_str();
+        let row = sqlx::query(FREE_SLOTS_SQL)
+            .bind(agent_id.to_owned())
+            .bind(i64::from(count))
+            .bind(now)
+            .bind(took)
+            .fetch_optional(&mut *transaction)
+            .await?;
+        if let Some(row) = row {
+            released.changes.push(workload_change(&row)?);
+            released.averages.push((agent_id.to_owned(), row.try_get("average_task_millis")?));
+        }
         let mut offered = std::collections::VecDeque::new();
         for _ in 0..count {
             match offer_slot(&mut transaction, agent_id, now, &mut released.changes).await? {
@@ -764,7 +792,10 @@ fn release_natively(
     for chunk in first_mentions.chunks(BATCH_ROWS_PER_STATEMENT) {
         let list = muster_runtime::db::placeholder_list(Backend::Sqlite, 1, chunk.len());
         for (sql, taken) in [
-            (format!("DELETE FROM reservations WHERE task_id IN ({list}) RETURNING task_id, agent_id"), true),
+            (
+                format!("DELETE FROM reservations WHERE task_id IN ({list}) RETURNING task_id, agent_id, reserved_at"),
+                true,
+            ),
             (
                 format!("DELETE FROM queued_tasks WHERE state = 'queued' AND task_id IN ({list}) RETURNING task_id"),
                 false,
@@ -777,7 +808,9 @@ fn release_natively(
             let mut rows = statement.raw_query();
             while let Some(row) = rows.next()? {
                 if taken {
-                    released.held.insert(row.get(0)?, row.get(1)?);
+                    let task_id: String = row.get(0)?;
+                    released.held_for.insert(task_id.clone(), now - row.get::<_, i64>(2)?);
+                    released.held.insert(task_id, row.get(1)?);
                 } else {
                     released.left_queue.insert(row.get(0)?);
                 }
@@ -785,11 +818,16 @@ fn release_natively(
         }
     }
     let mut statement = transaction.prepare_cached(&super::sql::for_rusqlite(FREE_SLOTS_SQL))?;
-    for (agent_id, count) in freed_slots(first_mentions, &released.held) {
-        let mut rows = statement.query(rusqlite::params![agent_id, i64::from(count), now])?;
+    let freed: Vec<(String, u32, i64)> = freed_slots(&released, first_mentions)
+        .into_iter()
+        .map(|(agent_id, count, took)| (agent_id.to_owned(), count, took))
+        .collect();
+    for (agent_id, count, took) in freed {
+        let mut rows = statement.query(rusqlite::params![agent_id, i64::from(count), now, took])?;
         if let Some(row) = rows.next()? {
             let workload: i64 = row.get(2)?;
             released.changes.push((row.get(0)?, row.get(1)?, u32::try_from(workload.max(0)).unwrap_or(u32::MAX)));
+            released.averages.push((agent_id, row.get(3)?));
         }
     }
     drop(statement);

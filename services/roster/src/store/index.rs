@@ -242,6 +242,20 @@ impl Index {
         stale
     }
 
+    /// Sets the observed task durations a release computed (the row's
+    /// version moved with its workload, which `apply_workloads` took).
+    pub(super) fn apply_averages(&self, averages: &[(String, i64)]) {
+        if averages.is_empty() {
+            return;
+        }
+        let mut state = self.write();
+        for (id, average) in averages {
+            if let Some(entry) = state.agents.get_mut(id.as_str()) {
+                Arc::make_mut(&mut entry.agent).average_task_millis = *average;
+            }
+        }
+    }
+
     /// The ids of rows (`id`, `version`) whose version the index does not
     /// hold. One it holds a higher version of is forgotten first, so that
     /// reading it again takes the row whatever its version: an agent removed

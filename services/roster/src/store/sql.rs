@@ -26,18 +26,20 @@ static MIGRATIONS: Migrations = Migrations {
         (2, "credentials", include_str!("../../migrations/sqlite/0002_credentials.sql")),
         (3, "agent_versions", include_str!("../../migrations/sqlite/0003_agent_versions.sql")),
         (4, "decision_writes", include_str!("../../migrations/sqlite/0004_decision_writes.sql")),
+        (5, "task_durations", include_str!("../../migrations/sqlite/0005_task_durations.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
         (2, "credentials", include_str!("../../migrations/postgres/0002_credentials.sql")),
         (3, "agent_versions", include_str!("../../migrations/postgres/0003_agent_versions.sql")),
         (4, "decision_writes", include_str!("../../migrations/postgres/0004_decision_writes.sql")),
+        (5, "task_durations", include_str!("../../migrations/postgres/0005_task_durations.sql")),
     ],
 };
 
 pub(super) const AGENT_COLUMNS: &str = "id, name, role, team, senior_id, expertise_json, manual_status, \
      current_workload, workload_capacity, availability_until, custom_prompt, llm_config_json, backstory, \
-     allow_delegation, max_iterations";
+     allow_delegation, max_iterations, average_task_millis";
 
 /// The effective status in SQL, the same rule as `Status::from_workload`.
 const STATUS_SQL: &str = "(CASE WHEN manual_status <> '' THEN manual_status \
@@ -106,6 +108,7 @@ pub(super) fn agent_from_row(row: &AnyRow) -> Result<Agent> {
         backstory: row.try_get("backstory")?,
         allow_delegation: row.try_get::<i64, _>("allow_delegation")? != 0,
         max_iterations: to_u32(row.try_get::<i64, _>("max_iterations")?),
+        average_task_millis: row.try_get::<i64, _>("average_task_millis")?,
     })
 }
 
