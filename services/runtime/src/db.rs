@@ -79,9 +79,16 @@ pub struct Database {
 /// Settings of every connection to a SQLite file, after its page size and
 /// foreign keys: WAL, with temporary data in memory (a multi-row statement
 /// in a transaction keeps a statement journal, by default a temporary file
-/// written on every such statement).
+/// written on every such statement), and a write-ahead log cut back to
+/// [`WAL_SIZE_LIMIT`] bytes each time it starts over (without a limit the
+/// file keeps the largest size it ever reached).
 const SQLITE_SETTINGS: &str = "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; \
-     PRAGMA busy_timeout = 5000; PRAGMA temp_store = MEMORY;";
+     PRAGMA busy_timeout = 5000; PRAGMA temp_store = MEMORY; PRAGMA journal_size_limit = 4194304;";
+
+/// The size (4 MiB) a SQLite file's write-ahead log is cut back to when it
+/// starts over (`journal_size_limit`); past it, the checkpointer waits for
+/// readers so that the log can start over (see `native::spawn_checkpointer`).
+pub const WAL_SIZE_LIMIT: u64 = 4 * 1024 * 1024;
 
 /// SQLite's own page size, for files written in large batches.
 pub const DEFAULT_PAGES: u32 = 4096;
@@ -190,10 +197,14 @@ impl Database {
             Backend::Sqlite => native::file_of(&url),
             Backend::Postgres => None,
         };
-        let checkpointer = file.clone().and_then(native::spawn_checkpointer);
+        // The checkpointer takes the writers' turn (their pool's one
+        // connection) for its checkpoints that hold writers back.
+        let writers = Arc::new(std::sync::OnceLock::new());
+        let checkpointer = file.clone().and_then(|path| native::spawn_checkpointer(path, writers.clone()));
         let checkpointed = checkpointer.is_some();
         let settings = sqlite_settings(&connections);
         let pool = pool_options(backend, max_connections, &settings, false, checkpointed).connect_lazy(&url)?;
+        let _ = writers.set(pool.clone());
         // Reads get connections of their own, so that a flood of reads
         // cannot take the connections the writers need.
         let reads = if readers > 0 {

@@ -17,7 +17,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, PoisonError, Weak},
+    sync::{Arc, Mutex, OnceLock, PoisonError, Weak},
     time::Duration,
 };
 
@@ -130,36 +130,160 @@ impl NativeSqlite {
 /// one transaction in a few hundred taking milliseconds instead of
 /// microseconds. With this thread running, the connections of the file
 /// turn that off (`wal_autocheckpoint = 0`) and no commit waits for a
-/// checkpoint. It checkpoints passively: it never waits for, nor blocks,
-/// readers and writers.
-pub(super) fn spawn_checkpointer(path: PathBuf) -> Option<Arc<()>> {
+/// checkpoint.
+///
+/// Most checkpoints are passive: they never wait for, nor block, readers
+/// and writers. But a passive checkpoint copies only what no reader still
+/// reads from the log, and the log starts over (from its beginning, cut
+/// back to `journal_size_limit`) only when a writer finds it copied whole
+/// and no reader in it: under steady reads and writes that moment never
+/// comes, and the log grew to hundreds of megabytes. So:
+/// - past [`super::WAL_SIZE_LIMIT`], the thread checkpoints with RESTART:
+///   it holds new writers back (at most [`RESTART_WAIT`]) while the readers
+///   that began before it finish, and the next commit starts the log over;
+/// - once no commit came for [`IDLE_BEFORE_TRUNCATE`], it checkpoints with
+///   TRUNCATE, leaving the log empty (waiting for a reader at most
+///   [`IDLE_WAIT`]).
+///
+/// Those two take SQLite's write lock, so they run in the writers' turn:
+/// holding the one connection of `writers` (set once the pool exists), as a
+/// native transaction does. Without it, a deferred transaction of the pool
+/// that read before it wrote would be refused at once as busy (SQLite does
+/// not wait to upgrade a read to a write). They need the runtime the
+/// database was made on; without one, checkpoints stay passive.
+pub(super) fn spawn_checkpointer(path: PathBuf, writers: Arc<OnceLock<AnyPool>>) -> Option<Arc<()>> {
     let alive = Arc::new(());
     let watched = Arc::downgrade(&alive);
+    let runtime = tokio::runtime::Handle::try_current().ok();
     std::thread::Builder::new()
         .name("sqlite-checkpoint".to_owned())
-        .spawn(move || checkpoint_while(&path, &watched))
+        .spawn(move || checkpoint_while(&path, &watched, runtime.as_ref(), &writers))
         .ok()?;
     Some(alive)
 }
 
-fn checkpoint_while(path: &Path, alive: &Weak<()>) {
-    let mut connection: Option<Connection> = None;
+/// How long a RESTART checkpoint holds writers back, waiting for readers.
+const RESTART_WAIT: Duration = Duration::from_millis(500);
+
+/// How long after a RESTART that readers kept from finishing the next may be tried.
+const RESTART_BACKOFF: Duration = Duration::from_secs(2);
+
+/// How long the log must have had no new commit before it is emptied.
+const IDLE_BEFORE_TRUNCATE: Duration = Duration::from_secs(1);
+
+/// How long an idle TRUNCATE checkpoint waits for a reader (or a writer
+/// that came meanwhile waits for it).
+const IDLE_WAIT: Duration = Duration::from_millis(100);
+
+/// The checkpointer's connection and what it last saw of the log.
+struct Checkpointer {
+    connection: Connection,
+    page_size: u64,
+    /// Frames in the log at the last checkpoint, and since when unchanged.
+    frames: i64,
+    unchanged_since: std::time::Instant,
+    /// No RESTART before this: one that a reader kept waiting is not tried
+    /// again at once, so that a long read holds writers back at most
+    /// [`RESTART_WAIT`] in each [`RESTART_BACKOFF`].
+    restart_after: std::time::Instant,
+}
+
+/// The modes of `PRAGMA wal_checkpoint`, as the thread uses them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Checkpoint {
+    Passive,
+    Restart,
+    Truncate,
+}
+
+impl Checkpointer {
+    /// Not created here: the pools create the file when they first connect.
+    fn open(path: &Path) -> rusqlite::Result<Self> {
+        let connection =
+            Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)?;
+        connection.execute_batch("PRAGMA journal_size_limit = 4194304;")?;
+        let page_size: i64 = connection.query_row("PRAGMA page_size", [], |row| row.get(0))?;
+        let now = std::time::Instant::now();
+        Ok(Self { connection, page_size: page_size as u64, frames: 0, unchanged_since: now, restart_after: now })
+    }
+
+    /// One checkpoint, in the mode the log's size and age ask for.
+    fn tick(&mut self, turn: Option<(&tokio::runtime::Handle, &AnyPool)>) -> rusqlite::Result<()> {
+        let (frames, _) = self.checkpoint(Checkpoint::Passive)?;
+        let now = std::time::Instant::now();
+        if frames != self.frames {
+            self.frames = frames;
+            self.unchanged_since = now;
+        }
+        let size = (frames.max(0) as u64).saturating_mul(self.page_size);
+        // Idle first: a RESTART leaves the file as large as it was until
+        // the next commit, a TRUNCATE empties it.
+        let Some((runtime, writers)) = turn else { return Ok(()) };
+        let mode = if frames > 0 && now.duration_since(self.unchanged_since) >= IDLE_BEFORE_TRUNCATE {
+            Checkpoint::Truncate
+        } else if size > super::WAL_SIZE_LIMIT && now >= self.restart_after {
+            Checkpoint::Restart
+        } else {
+            return Ok(());
+        };
+        // A runtime shut down under it panics: the service is stopping.
+        let checkpointed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            runtime.block_on(async {
+                let Ok(Ok(mut turn)) = tokio::time::timeout(TURN_WAIT, writers.acquire()).await else {
+                    return None;
+                };
+                let checkpointed = self.checkpoint(mode);
+                turn.return_to_pool().await;
+                Some(checkpointed)
+            })
+        }));
+        let Ok(Some(checkpointed)) = checkpointed else { return Ok(()) };
+        let (frames, busy) = checkpointed?;
+        if !busy {
+            self.frames = frames;
+        } else if mode == Checkpoint::Restart {
+            self.restart_after = std::time::Instant::now() + RESTART_BACKOFF;
+        }
+        Ok(())
+    }
+
+    /// Runs a checkpoint: the frames in the log after it, and whether a
+    /// reader or writer kept it from finishing.
+    fn checkpoint(&self, mode: Checkpoint) -> rusqlite::Result<(i64, bool)> {
+        let (sql, wait) = match mode {
+            Checkpoint::Passive => ("PRAGMA wal_checkpoint(PASSIVE)", Duration::ZERO),
+            Checkpoint::Restart => ("PRAGMA wal_checkpoint(RESTART)", RESTART_WAIT),
+            Checkpoint::Truncate => ("PRAGMA wal_checkpoint(TRUNCATE)", IDLE_WAIT),
+        };
+        self.connection.busy_timeout(wait)?;
+        self.connection.query_row(sql, [], |row| Ok((row.get::<_, i64>(1)?, row.get::<_, i64>(0)? != 0)))
+    }
+}
+
+/// How long the checkpointer waits for the writers' turn before it tries again later.
+const TURN_WAIT: Duration = Duration::from_secs(1);
+
+fn checkpoint_while(
+    path: &Path,
+    alive: &Weak<()>,
+    runtime: Option<&tokio::runtime::Handle>,
+    writers: &OnceLock<AnyPool>,
+) {
+    let mut checkpointer: Option<Checkpointer> = None;
     loop {
         std::thread::sleep(CHECKPOINT_EVERY);
         if alive.strong_count() == 0 {
             return;
         }
-        if connection.is_none() {
-            // Not created here: the pools create the file when they first connect.
-            connection =
-                Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-                    .ok();
+        if checkpointer.is_none() {
+            checkpointer = Checkpointer::open(path).ok();
         }
-        if let Some(open) = &connection
-            && let Err(error) = open.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+        let forced = runtime.zip(writers.get());
+        if let Some(open) = &mut checkpointer
+            && let Err(error) = open.tick(forced)
         {
             tracing::warn!(%error, path = %path.display(), "checkpointing the SQLite write-ahead log failed");
-            connection = None;
+            checkpointer = None;
         }
     }
 }
@@ -419,6 +543,109 @@ mod tests {
         database.reads.close().await;
         drop(database);
         assert_eq!(weak.strong_count(), 0, "the thread's token is gone: it stops within its period");
+    }
+
+    fn log_size(folder: &Folder) -> u64 {
+        std::fs::metadata(folder.0.join("t.db-wal")).map_or(0, |metadata| metadata.len())
+    }
+
+    /// Writes `transactions` of 64 rows of 1 KB through the native
+    /// connection, `pause` apart; the largest the log of `folder` was seen.
+    async fn write_rows(database: &Database, folder: &Folder, transactions: usize, pause: Duration) -> u64 {
+        let mut largest = 0;
+        let native = database.native().unwrap();
+        for _ in 0..transactions {
+            native
+                .write(&database.pool, |transaction| -> Result<(), Failure> {
+                    let mut insert = transaction.prepare_cached("INSERT INTO t (source) VALUES (?1)")?;
+                    for _ in 0..64 {
+                        insert.execute([&"x".repeat(1000)])?;
+                    }
+                    Ok(())
+                })
+                .await
+                .unwrap();
+            largest = largest.max(log_size(folder));
+            if !pause.is_zero() {
+                tokio::time::sleep(pause).await;
+            }
+        }
+        largest
+    }
+
+    /// A reader that held the log while it grew does not leave it large:
+    /// every connection cuts it back to the limit, and once no commit
+    /// comes the checkpointer empties it.
+    #[tokio::test]
+    async fn the_log_is_emptied_once_the_writer_is_idle() {
+        let (folder, url) = temporary_file();
+        let database = Database::connect_lazy_with(&url, Connections { readers: 1, ..Connections::new(1) }).unwrap();
+        sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, source TEXT NOT NULL)")
+            .execute(&database.pool)
+            .await
+            .unwrap();
+        let limit: i64 = sqlx::query_scalar("PRAGMA journal_size_limit").fetch_one(&database.reads).await.unwrap();
+        assert_eq!(limit as u64, crate::db::WAL_SIZE_LIMIT);
+        // A read transaction open from the start keeps every frame in the log.
+        let reader = Connection::open(folder.0.join("t.db")).unwrap();
+        reader.execute_batch("BEGIN").unwrap();
+        let _: i64 = reader.query_row("SELECT COUNT(*) FROM t", [], |row| row.get(0)).unwrap();
+        write_rows(&database, &folder, 150, Duration::ZERO).await;
+        let grown = log_size(&folder);
+        assert!(grown > 2 * crate::db::WAL_SIZE_LIMIT, "the held log grew: {grown} bytes");
+        reader.execute_batch("COMMIT").unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while log_size(&folder) > 1024 * 1024 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the log stayed at {} bytes once idle (it had grown to {grown})",
+                log_size(&folder)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        database.pool.close().await;
+        database.reads.close().await;
+    }
+
+    /// Readers that overlap, so that one always reads from the log, do not
+    /// keep it from starting over: it stays within a few times its limit
+    /// while the writer writes six times that.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn overlapping_readers_cannot_starve_the_checkpoints() {
+        let (folder, url) = temporary_file();
+        let database = Database::connect_lazy_with(&url, Connections { readers: 1, ..Connections::new(1) }).unwrap();
+        sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, source TEXT NOT NULL)")
+            .execute(&database.pool)
+            .await
+            .unwrap();
+        write_rows(&database, &folder, 1, Duration::ZERO).await;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let readers: Vec<_> = (0..2)
+            .map(|index| {
+                let (path, stop) = (folder.0.join("t.db"), stop.clone());
+                std::thread::spawn(move || {
+                    let reader = Connection::open(path).unwrap();
+                    reader.busy_timeout(Duration::from_secs(5)).unwrap();
+                    std::thread::sleep(Duration::from_millis(3 * index));
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        reader.execute_batch("BEGIN").unwrap();
+                        let _: i64 = reader.query_row("SELECT MAX(id) FROM t", [], |row| row.get(0)).unwrap();
+                        std::thread::sleep(Duration::from_millis(6));
+                        reader.execute_batch("COMMIT").unwrap();
+                    }
+                })
+            })
+            .collect();
+        // 64 KB per commit, 24 MB in all (six times the limit), at most
+        // 13 MB/s (the checkpointer looks every 100 ms).
+        let largest = write_rows(&database, &folder, 384, Duration::from_millis(5)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for reader in readers {
+            reader.join().unwrap();
+        }
+        database.pool.close().await;
+        database.reads.close().await;
+        assert!(largest < 3 * crate::db::WAL_SIZE_LIMIT, "the log reached {largest} bytes");
     }
 
     /// How often the statement was prepared again after its first run, over
