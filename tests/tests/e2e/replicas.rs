@@ -7,14 +7,19 @@
 //! it from any replica, and so do the workers and tools connected to any
 //! replica.
 
-use std::{collections::HashSet, time::Duration};
+use std::{
+    collections::{HashMap, HashSet},
+    time::Duration,
+};
 
 use muster::worker::{AgentCredential, Endpoint};
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus, StepEvent},
     execution::v1::{
-        CancelExecutionRequest, GetExecutionRequest, InvokeToolRequest, ListWorkersRequest, StepStatus,
-        SubmitApprovalRequest, WatchExecutionRequest, WorkerInfo, execution_service_client::ExecutionServiceClient,
+        CancelExecutionRequest, GetExecutionRequest, InvokeToolRequest, ListExecutionsRequest,
+        ListInboxMessagesRequest, ListWorkersRequest, MessageState, PostToInboxRequest, PublishProcessRequest,
+        StepStatus, SubmitApprovalRequest, WatchExecutionRequest, WorkerInfo,
+        execution_service_client::ExecutionServiceClient,
     },
     notifier::v1::{SubscribeRequest, notifier_service_client::NotifierServiceClient, subscribe_response},
     roster::v1::{Agent, PutRoleDefinitionRequest, RoleDefinition},
@@ -491,5 +496,84 @@ async fn three_replicas_of_each_service_lose_nothing_to_a_crash_or_a_rolling_res
         let _ = stop.send(());
         let _ = worker.await;
     }
+    test.shutdown().await;
+}
+
+/// Posts to one inbox through two replicas at the same instant: the run
+/// each post triggers is decided in one replica, but its claim of the
+/// messages is checked in the database, so a replica whose run would take
+/// a message another replica's run took first starts no run. Every message
+/// is in exactly one run, which completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simultaneous_posts_through_two_replicas_run_each_message_once() {
+    const ROUNDS: usize = 4;
+    const POSTS_PER_ROUND: usize = 8;
+    let Some(mut test) = TestCluster::start(Backend::Postgres).await else { return };
+    let tokens = test.register_agents(&[agent("reviewer", "worker", "team")]).await;
+    let credentials = vec![AgentCredential { agent_id: "reviewer".to_owned(), token: tokens[0].clone() }];
+    let second = test.cluster_mut().add_replica("execution").await.unwrap();
+    let second = Endpoint::new(format!("http://{second}"), test.cluster().credentials.operator_token.clone());
+    let (stop_first, first_worker) = spawn_sample_worker(test.operator("execution"), credentials.clone());
+    let (stop_second, second_worker) = spawn_sample_worker(second.clone(), credentials);
+    let source = "name: review\ntriggers: {inbox: race}\nsteps:\n  - {id: read, type: agent_task, agent: reviewer, message: read them}\n";
+    let mut first = test.execution();
+    first.publish_process(PublishProcessRequest { source: source.to_owned(), file_name: String::new() }).await.unwrap();
+    let replicas = [test.operator("execution"), second.clone()];
+
+    let mut posted = Vec::new();
+    for round in 0..ROUNDS {
+        let mut posts = tokio::task::JoinSet::new();
+        for index in 0..POSTS_PER_ROUND {
+            let mut client: ExecutionClient = ExecutionServiceClient::new(replicas[index % 2].channel().unwrap());
+            let request = PostToInboxRequest {
+                inbox: "race".to_owned(),
+                body: format!("round {round}, post {index}"),
+                ..Default::default()
+            };
+            posts.spawn(async move { client.post_to_inbox(request).await.unwrap().into_inner().message.unwrap().id });
+        }
+        while let Some(id) = posts.join_next().await {
+            posted.push(id.unwrap());
+        }
+    }
+
+    // Every message is processed, in time.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let messages = loop {
+        let request = ListInboxMessagesRequest { inbox: "race".to_owned(), page_size: 100, ..Default::default() };
+        let messages = first.list_inbox_messages(request).await.unwrap().into_inner().messages;
+        if messages.len() == posted.len()
+            && messages.iter().all(|message| message.state == MessageState::Processed as i32)
+        {
+            break messages;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "messages left unprocessed: {messages:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+
+    // Each in the inputs of exactly one run, the one that processed it.
+    let request = ListExecutionsRequest { process_name: "review".to_owned(), limit: 100, ..Default::default() };
+    let runs = first.list_executions(request).await.unwrap().into_inner().executions;
+    let mut runs_of: HashMap<String, Vec<String>> = HashMap::new();
+    for run in &runs {
+        let run = first.get_execution(GetExecutionRequest { id: run.id.clone() }).await.unwrap().into_inner();
+        let run = run.execution.unwrap();
+        assert_eq!(run.status, ExecutionStatus::Completed as i32, "run {} completed", run.id);
+        let inputs = prost_types::Value { kind: Some(prost_types::value::Kind::StructValue(run.inputs.unwrap())) };
+        for message in muster_tests::json_of(&Some(inputs))["inbox_messages"].as_array().unwrap() {
+            runs_of.entry(message["id"].as_str().unwrap().to_owned()).or_default().push(run.id.clone());
+        }
+    }
+    let twice: Vec<_> = runs_of.iter().filter(|(_, runs)| runs.len() > 1).collect();
+    assert_eq!(twice, Vec::<(&String, &Vec<String>)>::new(), "messages in more than one run");
+    for message in &messages {
+        assert_eq!(runs_of.get(&message.id), Some(&vec![message.processed_by_execution_id.clone()]), "{message:?}");
+    }
+    eprintln!("{} messages in {} runs", messages.len(), runs.len());
+
+    let _ = stop_first.send(());
+    let _ = stop_second.send(());
+    let _ = first_worker.await;
+    let _ = second_worker.await;
     test.shutdown().await;
 }

@@ -97,6 +97,13 @@ impl Engine {
                 self.store.note_messages(&ids, &format!("no run started: {refusal}")).await?;
                 return Ok(Vec::new());
             }
+            // A run of another replica took the messages first (the
+            // in-process gate above does not hold across replicas): theirs
+            // is the run; what is left waits for its end.
+            Err(Error::Superseded(reason)) => {
+                tracing::debug!(inbox, process = %process_name, %reason, "inbox run superseded");
+                return Ok(Vec::new());
+            }
             Err(Error::Throttled { retry_after, .. }) => {
                 tracing::debug!(inbox, process = %process_name, "inbox run throttled");
                 if let Some(delay) = retry_after {

@@ -584,45 +584,51 @@ impl Engine {
         Ok(execution)
     }
 
-    /// Checks that a run of `process` may start now, under its budget and
-    /// its throttle; the budget in force, for the run's driver. Runs of a
-    /// process with a limit per period or a throttle start one at a time,
-    /// each after the check (the guard answered is held until it is
-    /// created), in this replica and, on PostgreSQL, across replicas, so
-    /// that concurrent starts cannot overrun them.
+    /// Checks that a run of `process` may start now, under its budget, its
+    /// throttle and the budgets of the agents it names; the budget in
+    /// force, for the run's driver. Runs under a limit per period or a
+    /// throttle start one at a time, each after the check (the guard
+    /// answered is held until it is created), in this replica and, on
+    /// PostgreSQL, across replicas, so that concurrent starts cannot
+    /// overrun them. An agent's budget is locked as a process's is, by its
+    /// key (`agent:ID`, which no process name can be).
     async fn admit(&self, process: &ProcessVersion) -> Result<(Option<Admitted<'_>>, Option<Budget>)> {
-        // The agents the process names as executors, within their budgets.
+        // The agents the process names as executors, in order: every
+        // replica locks them in that order, then the process.
         let mut named: Vec<&str> = process.definition.steps.iter().filter_map(|step| step.executor()).collect();
         named.sort_unstable();
         named.dedup();
-        for agent_id in named {
-            let Some(budget) = self.agent_budget(agent_id) else { continue };
-            let now = muster_runtime::time::now_millis();
-            let usage = self.store.agent_usage(agent_id, budget.period_start(now)).await?;
-            if let Some(exhausted) = budget.exhausted(&usage) {
-                return Err(Error::BudgetExhausted {
-                    key: budget.process_name.clone(),
-                    description: format!("{} ({} budget)", exhausted.description, budget.source.as_str()),
-                });
-            }
-        }
+        let agent_budgets: Vec<Budget> = named.into_iter().filter_map(|agent_id| self.agent_budget(agent_id)).collect();
         let budget = self.budget_of(process).await?;
         let period_limited = budget.as_ref().filter(|budget| budget.has_period_limit());
         let throttle = process
             .definition
             .throttle
             .filter(|throttle| throttle.min_interval_seconds > 0 || throttle.max_concurrent > 0);
-        if period_limited.is_none() && throttle.is_none() {
+        if agent_budgets.is_empty() && period_limited.is_none() && throttle.is_none() {
             return Ok((None, budget));
         }
         // One start at a time in this replica, then across replicas (the
-        // local gate first: a replica holds at most one database connection
-        // waiting for the shared lock).
-        let admitted = Admitted {
-            _local: self.admission_gate.lock().await,
-            _shared: self.store.admission_lock(&process.name).await?,
-        };
+        // local gate first: a replica holds at most one start's database
+        // connections waiting for the shared locks).
+        let local = self.admission_gate.lock().await;
+        let keys: Vec<&str> = agent_budgets
+            .iter()
+            .map(|agent_budget| agent_budget.process_name.as_str())
+            .chain((period_limited.is_some() || throttle.is_some()).then_some(process.name.as_str()))
+            .collect();
+        let admitted = Admitted { _local: local, _shared: self.store.admission_lock(&keys).await? };
         let now = muster_runtime::time::now_millis();
+        for agent_budget in &agent_budgets {
+            let agent_id = agent_budget.agent_id().unwrap_or_default();
+            let usage = self.store.agent_usage(agent_id, agent_budget.period_start(now)).await?;
+            if let Some(exhausted) = agent_budget.exhausted(&usage) {
+                return Err(Error::BudgetExhausted {
+                    key: agent_budget.process_name.clone(),
+                    description: format!("{} ({} budget)", exhausted.description, agent_budget.source.as_str()),
+                });
+            }
+        }
         if let Some(budget) = period_limited {
             let usage = self.store.process_usage(&budget.process_name, budget.period_start(now), "").await?;
             if let Some(exhausted) = budget.exhausted(&usage) {

@@ -469,6 +469,24 @@ fn message(id: &str, posted_at: i64) -> InboxMessage {
     }
 }
 
+/// Admission locks: on PostgreSQL a start holding the lock of a limit (an
+/// agent's budget, a process) keeps another replica's start under that
+/// limit waiting until it is created; SQLite, used by one service alone,
+/// needs none.
+async fn admission(store: &SqlStore, shared: bool) {
+    assert!(store.admission_lock(&[]).await.unwrap().is_none(), "no limit, no lock");
+    let held = store.admission_lock(&["agent:x", "flow"]).await.unwrap();
+    assert_eq!(held.is_some(), shared);
+    let Some(held) = held else { return };
+    let waiting = store.admission_lock(&["agent:x"]);
+    tokio::pin!(waiting);
+    let before = tokio::time::timeout(Duration::from_millis(300), &mut waiting).await;
+    assert!(before.is_err(), "the agent's lock is held");
+    drop(held);
+    let after = tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("given once the first is dropped");
+    assert!(after.unwrap().is_some());
+}
+
 /// Messages: posted, listed in pages, claimed with a run's creation and
 /// settled with its end, archived unless claimed; one process per inbox.
 async fn inboxes(store: &SqlStore) {
@@ -520,6 +538,22 @@ async fn inboxes(store: &SqlStore) {
     assert!(store.inbox_busy("risk").await.unwrap());
     let unclaimed = list(Some(MessageState::Unprocessed), true, None, 10);
     assert_eq!(ids(store.inbox_messages(&unclaimed).await.unwrap()), ["m3"]);
+
+    // A rival run (another replica's, which read the inbox before that
+    // commit) claiming one of them is refused whole as superseded: it is
+    // not created, and takes none of its messages.
+    let rival = execution("rival-run", 5_001, None);
+    let lost = store
+        .commit(vec![
+            Write::CreateExecution(rival.clone()),
+            Write::ClaimMessages { execution_id: rival.id.clone(), message_ids: vec!["m3".into(), "m2".into()] },
+        ])
+        .await;
+    assert!(matches!(lost, Err(Error::Superseded(_))), "{lost:?}");
+    assert_eq!(store.execution("rival-run").await.unwrap(), None, "the superseded run is not created");
+    assert_eq!(ids(store.inbox_messages(&unclaimed).await.unwrap()), ["m3"], "m3 still waits");
+    let m2 = store.inbox_messages(&list(None, false, Some((10, "m1")), 1)).await.unwrap();
+    assert_eq!(m2[0].claimed_by, run.id, "m2 stays the first run's");
     let Archived::Claimed(claimed) = store.archive_message("m1").await.unwrap() else { panic!("m1 is claimed") };
     assert_eq!((claimed.state, claimed.claimed_by.as_str()), (MessageState::Unprocessed, run.id.as_str()));
 
@@ -652,7 +686,9 @@ impl Drop for SqliteFile {
 async fn the_store_conforms_on_sqlite() {
     let file =
         SqliteFile(std::env::temp_dir().join(format!("muster-execution-store-{}.db", uuid::Uuid::new_v4().simple())));
-    conformance(SqlStore::connect(&format!("sqlite://{}", file.0.display()), 1, 2).unwrap()).await;
+    let url = format!("sqlite://{}", file.0.display());
+    admission(&SqlStore::connect(&url, 1, 2).unwrap(), false).await;
+    conformance(SqlStore::connect(&url, 1, 2).unwrap()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -671,5 +707,6 @@ async fn replicas_take_turns_on_postgres() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_conforms_on_postgres() {
     let Some(database) = TestDatabase::create().await else { return };
+    admission(&SqlStore::connect(&database.url, 4, 0).unwrap(), true).await;
     conformance(SqlStore::connect(&database.url, 4, 0).unwrap()).await;
 }

@@ -94,7 +94,10 @@ pub(crate) enum Write {
     Assignment { execution_id: String, assignment: RoleAssignment },
     /// Events, appended to the log.
     Events(Vec<Event>),
-    /// A new run takes these unprocessed inbox messages. (An execution
+    /// A new run takes these unprocessed inbox messages. When one of them
+    /// is no longer unprocessed and unclaimed (another run, of another
+    /// replica, took it first), the whole commit fails with
+    /// [`crate::Error::Superseded`]: the run is not created. (An execution
     /// that ends settles the messages it took: processed when it
     /// completed, given back with a note otherwise.)
     ClaimMessages { execution_id: String, message_ids: Vec<String> },
@@ -143,10 +146,11 @@ pub(crate) struct ExecutionFilter {
     pub(crate) limit: u32,
 }
 
-/// Held while a run of a process is checked against its budget and
-/// throttle and created, so that the replicas on one database admit the
-/// runs of a process one at a time: on PostgreSQL, a transaction holding an
-/// advisory lock on the process, released when this is dropped.
+/// Held while a run of a process is checked against its budget, its
+/// throttle and its agents' budgets and created, so that the replicas on
+/// one database admit the runs under one limit one at a time: on
+/// PostgreSQL, a transaction holding an advisory lock per limit (the
+/// process, each agent), released when this is dropped.
 pub(crate) struct AdmissionLock {
     _transaction: sqlx::Transaction<'static, sqlx::Any>,
 }
@@ -314,9 +318,12 @@ pub(crate) trait Store: Send + Sync + 'static {
     /// Moves a schedule due at `due` on to `next` without a run; false when
     /// it was no longer due at `due`.
     fn skip_schedule<'a>(&'a self, process_name: &'a str, due: i64, next: i64) -> BoxFuture<'a, Result<bool>>;
-    /// Locks the admission of `process_name`'s runs across replicas (see
-    /// [`AdmissionLock`]); `None` on SQLite, which one service uses alone.
-    fn admission_lock<'a>(&'a self, process_name: &'a str) -> BoxFuture<'a, Result<Option<AdmissionLock>>>;
+    /// Locks the admission of runs across replicas (see [`AdmissionLock`]),
+    /// by the keys of what limits them, in the order given (every replica
+    /// gives the same order): a process's name, an agent's budget key
+    /// (`agent:ID`). `None` on SQLite, which one service uses alone, and
+    /// for no keys.
+    fn admission_lock<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Result<Option<AdmissionLock>>>;
     /// How many executions of `process_name` are underway, and when the
     /// latest started.
     fn process_activity<'a>(&'a self, process_name: &'a str) -> BoxFuture<'a, Result<Activity>>;

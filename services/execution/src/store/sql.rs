@@ -585,7 +585,7 @@ async fn apply_on<'a>(
     }
     for (execution_id, message_ids) in claims {
         for id in message_ids {
-            sqlx::query(
+            let moved = sqlx::query(
                 "UPDATE inbox_messages SET claimed_by = $1, note = '' \
                  WHERE id = $2 AND state = 'unprocessed' AND claimed_by = ''",
             )
@@ -593,6 +593,11 @@ async fn apply_on<'a>(
             .bind(id.clone())
             .execute(&mut *transaction)
             .await?;
+            // Another run (of another replica) took it first: this run
+            // must not start with it.
+            if moved.rows_affected() == 0 {
+                return Err(Error::Superseded(format!("inbox message '{id}' was no longer waiting for a run")));
+            }
         }
     }
     if backend == Backend::Postgres {
@@ -1967,17 +1972,20 @@ impl Store for SqlStore {
         })
     }
 
-    fn admission_lock<'a>(&'a self, process_name: &'a str) -> BoxFuture<'a, Result<Option<AdmissionLock>>> {
+    fn admission_lock<'a>(&'a self, keys: &'a [&'a str]) -> BoxFuture<'a, Result<Option<AdmissionLock>>> {
         Box::pin(async move {
-            if self.database.backend != Backend::Postgres {
+            if self.database.backend != Backend::Postgres || keys.is_empty() {
                 return Ok(None);
             }
-            // FNV-1a of the process name: the lock's key.
-            let key = process_name
-                .bytes()
-                .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3));
+            // One connection however many limits: a start holds no more.
             let mut transaction = self.database.pool.begin().await?;
-            sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(key as i64).execute(&mut *transaction).await?;
+            for name in keys {
+                // FNV-1a of the name: the lock's key.
+                let key = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+                    (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+                });
+                sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(key as i64).execute(&mut *transaction).await?;
+            }
             Ok(Some(AdmissionLock::new(transaction)))
         })
     }
