@@ -359,6 +359,20 @@ def check_security(where: str, pod: dict, container: dict) -> None:
         drift(f"{where}: capabilities must drop ALL and add none")
     if (setting("seccompProfile") or {}).get("type") != "RuntimeDefault":
         drift(f"{where}: seccompProfile must be RuntimeDefault")
+    fs_group = pod_context.get("fsGroup")
+    if not isinstance(fs_group, int) or fs_group == 0:
+        drift(f"{where}: fsGroup must be set, and not 0: the pod's volumes are the service's group's (docs/security.md, data at rest)")
+    for volume in pod.get("volumes") or []:
+        secret = volume.get("secret")
+        if secret is None:
+            continue
+        # Kubernetes' own default is 0644: readable by every user of the node's pod.
+        modes = [secret.get("defaultMode", 0o644)] + [item["mode"] for item in secret.get("items") or [] if "mode" in item]
+        if any(mode != 0o400 for mode in modes):
+            drift(
+                f"{where}: Secret volume {volume['name']} has defaultMode {' '.join(oct(mode) for mode in modes)}; "
+                "use 0400 (the kubelet adds read for the fsGroup)"
+            )
     if pod.get("automountServiceAccountToken") is not False:
         drift(f"{where}: automountServiceAccountToken must be false (the services call no Kubernetes API)")
     if pod.get("enableServiceLinks") is not False:
@@ -984,6 +998,9 @@ SELF_TEST_CASES = {
     "the service secret inline": ("dev", "MUSTER_SERVICE_SECRET is set inline", lambda d: config(d, "roster").update(MUSTER_SERVICE_SECRET="x" * 64)),
     "a malformed dev operators file": ("dev", "each line is `NAME SHA256`", lambda d: put(generated_secret(d, "muster-operators"), "operators", "dev not-a-hash\n")),
     "a short dev service secret": ("dev", "needs at least", lambda d: put(generated_secret(d, "muster-service-secret"), "secret", "too-short\n")),
+    "a Secret volume readable by others": ("dev", "Secret volume service-secret has defaultMode 0o444", lambda d: next(v for v in pod_spec(d, "notifier")["volumes"] if v["name"] == "service-secret")["secret"].update(defaultMode=0o444)),
+    "a Secret volume with Kubernetes' default mode": ("prod", "Secret volume tls has defaultMode 0o644", lambda d: next(v for v in pod_spec(d, "roster")["volumes"] if v["name"] == "tls")["secret"].pop("defaultMode")),
+    "no fsGroup": ("dev", "fsGroup must be set", lambda d: pod_spec(d, "validator")["securityContext"].pop("fsGroup")),
     "a writable root filesystem": ("dev", "readOnlyRootFilesystem", lambda d: container(d, "execution")["securityContext"].update(readOnlyRootFilesystem=False)),
     "service links": ("dev", "enableServiceLinks", lambda d: pod_spec(d, "roster").update(enableServiceLinks=True)),
     "a grace period longer than the pod's": ("dev", "terminationGracePeriodSeconds", lambda d: config(d, "execution").update(MUSTER_SHUTDOWN_GRACE_SECONDS="60")),

@@ -12,6 +12,8 @@ use std::{
 };
 
 use anyhow::{Context, bail};
+use muster_runtime::files::{PRIVATE_FILE, PRIVATE_FOLDER};
+use std::os::unix::fs::PermissionsExt as _;
 
 use crate::credentials::{Endpoint, LocalCredentials};
 use tokio::process::{Child, Command};
@@ -133,11 +135,21 @@ pub struct Cluster {
 impl Cluster {
     /// Starts the four services and waits until each reports SERVING. The
     /// data folder keeps a local operator's token and the service secret
-    /// (made on first start, mode 0600).
+    /// (made on first start, mode 0600). It is its owner's alone: the
+    /// folder 0700, what this writes 0600 (logs, tokens; the services make
+    /// their own files so, port files included), narrowed to that when an
+    /// older cluster left them wider.
     pub async fn start(options: ClusterOptions) -> anyhow::Result<Self> {
-        std::fs::create_dir_all(options.data_dir.join("logs"))
-            .with_context(|| format!("creating {}", options.data_dir.display()))?;
+        let data_dir = &options.data_dir;
+        create_private_folder(&data_dir.join("logs"))?;
+        let narrowed = std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(PRIVATE_FOLDER))
+            .and_then(|()| muster_runtime::files::make_private(&data_dir.join("logs")));
+        narrowed.with_context(|| format!("making {} private", data_dir.display()))?;
         let credentials = LocalCredentials::ensure(&options.data_dir)?;
+        let token_file = options.data_dir.join(crate::credentials::OPERATOR_TOKEN_FILE);
+        for file in [&credentials.operators_file, &credentials.service_secret_file, &token_file] {
+            muster_runtime::files::make_private(file).with_context(|| format!("making {} private", file.display()))?;
+        }
         let mut cluster = Self { options, credentials, services: Vec::new() };
         for name in SERVICES {
             let service = cluster.spawn(name).await?;
@@ -297,11 +309,10 @@ impl Cluster {
         let log_path = options.data_dir.join("logs").join(format!("{file_stem}.log"));
         let port_file = options.data_dir.join(format!("{file_stem}.port"));
         let _ = std::fs::remove_file(&port_file);
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .with_context(|| format!("opening {}", log_path.display()))?;
+        let mut log_options = std::fs::OpenOptions::new();
+        log_options.create(true).append(true);
+        std::os::unix::fs::OpenOptionsExt::mode(&mut log_options, PRIVATE_FILE);
+        let log = log_options.open(&log_path).with_context(|| format!("opening {}", log_path.display()))?;
         let log_start = log.metadata().map_or(0, |metadata| metadata.len());
         let mut command = Command::new(&binary);
         command
@@ -358,6 +369,15 @@ impl Cluster {
 }
 
 const STARTUP_LIMIT: Duration = Duration::from_secs(60);
+
+/// Creates `folder` and the folders above it that are missing, each 0700
+/// whatever the umask.
+fn create_private_folder(folder: &Path) -> anyhow::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, PRIVATE_FOLDER);
+    builder.create(folder).with_context(|| format!("creating {}", folder.display()))
+}
 
 /// The stable identity of the execution replica whose files are named
 /// `file_stem`: `execution-0` for the first, `execution-N` for the replica

@@ -125,6 +125,9 @@ pub async fn run(
         async move {
             store.migrate().await?;
             if let Some(memory) = &memory {
+                // Written before the services made their data private.
+                let root = memory.root().to_owned();
+                tokio::task::spawn_blocking(move || muster_runtime::files::make_private(&root)).await??;
                 // In its turn: another replica may be appending.
                 let turn = store.writer_turn().await?;
                 memory::recover(store.as_ref(), memory).await?;

@@ -57,6 +57,11 @@ impl MemoryFiles {
         Self { root }
     }
 
+    /// The folder beneath which every memory file is.
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
+    }
+
     fn absolute(&self, relative: &str) -> PathBuf {
         relative.split('/').fold(self.root.clone(), |path, component| path.join(component))
     }
@@ -163,9 +168,14 @@ pub(crate) struct Appended {
 /// before the write so no partial line stays behind. Returns the length after.
 fn append_and_sync(path: &Path, bytes: &[u8]) -> std::io::Result<u64> {
     let parent = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent)?;
+    // The memory is its owner's alone (folders 0700, files 0600), whatever the umask.
+    let mut folders = std::fs::DirBuilder::new();
+    std::os::unix::fs::DirBuilderExt::mode(folders.recursive(true), muster_runtime::files::PRIVATE_FOLDER);
+    folders.create(parent)?;
     let existed = path.exists();
-    let mut file = OpenOptions::new().create(true).append(true).open(path)?;
+    let mut options = OpenOptions::new();
+    std::os::unix::fs::OpenOptionsExt::mode(options.create(true).append(true), muster_runtime::files::PRIVATE_FILE);
+    let mut file = options.open(path)?;
     let length_before = file.metadata()?.len();
     let written = file.write_all(bytes).and_then(|()| file.sync_data());
     if let Err(error) = written {

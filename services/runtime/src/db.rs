@@ -186,6 +186,9 @@ impl Database {
         let backend: Backend = url.parse()?;
         if backend == Backend::Sqlite {
             create_sqlite_folder(url)?;
+            if let Some(path) = native::file_of(url) {
+                create_private_file(&path)?;
+            }
         }
         let (url, max_connections) = match backend {
             // One connection: SQLite serialises writers anyway, and a single
@@ -289,8 +292,32 @@ fn create_sqlite_folder(url: &str) -> Result<()> {
         return Ok(());
     }
     if let Some(folder) = std::path::Path::new(path).parent().filter(|folder| !folder.as_os_str().is_empty()) {
-        std::fs::create_dir_all(folder)
+        let mut builder = std::fs::DirBuilder::new();
+        builder.recursive(true);
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, crate::files::PRIVATE_FOLDER);
+        builder
+            .create(folder)
             .map_err(|source| Error::Io { context: format!("creating {}", folder.display()), source })?;
+    }
+    Ok(())
+}
+
+/// Creates the SQLite file at `path` empty (a valid database) and its
+/// owner's alone (0600) when missing, so that SQLite, which creates its
+/// `-wal` and `-shm` with the mode of the database file, makes them 0600
+/// too whatever the umask; narrows the three to 0600 when they exist.
+fn create_private_file(path: &std::path::Path) -> Result<()> {
+    let io_error = |source| Error::Io { context: format!("making {} private", path.display()), source };
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, crate::files::PRIVATE_FILE);
+    options.open(path).map_err(io_error)?;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        crate::files::make_private(std::path::Path::new(&name)).map_err(io_error)?;
     }
     Ok(())
 }

@@ -10,8 +10,11 @@ use crate::config::ServerArgs;
 /// The shutdown signal handed to a service's `run`.
 pub type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Sets up logs and traces (`name` names the process in them), binds `server.listen` (or `default_address`), runs the
-/// service until SIGTERM or SIGINT, and turns the outcome into an exit code.
+/// Makes what the process writes its owner's alone
+/// ([`crate::files::private_umask`]), sets up logs and traces (`name` names
+/// the process in them), binds `server.listen` (or `default_address`), runs
+/// the service until SIGTERM or SIGINT, and turns the outcome into an exit
+/// code.
 pub async fn serve<Run, Running, Failure>(
     name: &str,
     server: &ServerArgs,
@@ -23,6 +26,7 @@ where
     Running: Future<Output = Result<(), Failure>>,
     Failure: Display,
 {
+    crate::files::private_umask();
     let telemetry = match crate::telemetry::init(name, server.log_format, &server.log_filter) {
         Ok(telemetry) => telemetry,
         Err(error) => {
