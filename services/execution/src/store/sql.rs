@@ -1629,8 +1629,9 @@ impl Store for SqlStore {
             .bind(replica.url.clone())
             .bind(replica.address.clone())
             .bind(lease_millis(lease))
-            .execute(&self.database.pool)
+            .execute(&mut *transaction)
             .await?;
+            transaction.commit().await?;
             self.replica.set(replica.id.as_str().into()).map_err(|_| joined_already())
         })
     }
