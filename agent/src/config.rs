@@ -1,11 +1,13 @@
 //! An agent's model settings, read from the `llm_config` its assignment
-//! carries (the roster's `llm_config`, checked at import by the format
-//! library). The key itself is never among them: `api_key_env` names the
-//! environment variable of the worker that holds it.
+//! carries (the roster's `llm_config`), checked by the format library's one
+//! set of rules, as the roster checks them. The key itself is never among
+//! them: `api_key_env` names the environment variable of the worker that
+//! holds it.
 
 use std::{fmt, time::Duration};
 
-use serde_json::{Map, Value};
+use muster_format::{Severity, roster::llm_config::check_llm_config};
+use serde_json::Value;
 
 /// Which API the endpoint speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,68 +140,37 @@ impl fmt::Debug for ApiKey {
 
 impl LlmConfig {
     /// The settings an `llm_config` object gives; `Ok(None)` when it names
-    /// no provider (the agent is not model-driven). Values the format
-    /// library would refuse at import are refused here too, naming the key.
+    /// no provider (the agent is not model-driven). The settings are checked
+    /// by the same rules as a roster's (`muster_format`'s
+    /// `check_llm_config`): the first error is refused, naming the key.
     pub fn from_json(config: &Value) -> Result<Option<Self>, String> {
-        let Some(config) = config.as_object() else { return Ok(None) };
-        let provider = match config.get("provider") {
-            None | Some(Value::Null) => return Ok(None),
-            Some(Value::String(name)) if name == "openai" => ProviderKind::OpenAi,
-            Some(Value::String(name)) if name == "anthropic" => ProviderKind::Anthropic,
-            Some(other) => return Err(format!("llm_config.provider {other} is neither \"openai\" nor \"anthropic\"")),
-        };
-        let text = |key: &str| -> Result<Option<String>, String> {
-            match config.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(Value::String(text)) if !text.trim().is_empty() => Ok(Some(text.trim().to_owned())),
-                Some(_) => Err(format!("llm_config.{key} must be a non-empty string")),
-            }
-        };
-        let number = |key: &str| -> Result<Option<f64>, String> {
-            match config.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(value) => value.as_f64().map(Some).ok_or_else(|| format!("llm_config.{key} must be a number")),
-            }
-        };
-        let model = text("model")?.ok_or("llm_config.model is required with a provider")?;
-        let base_url = text("base_url")?.unwrap_or_else(|| provider.default_base_url().to_owned());
-        if !(base_url.starts_with("http://") || base_url.starts_with("https://")) {
-            return Err("llm_config.base_url must start with http:// or https://".to_owned());
+        let Some(entries) = config.as_object() else { return Ok(None) };
+        if entries.get("provider").is_none_or(Value::is_null) {
+            return Ok(None);
         }
-        let timeout = match number("timeout_seconds")? {
-            None => DEFAULT_TIMEOUT,
-            Some(seconds) if seconds > 0.0 && seconds <= 3600.0 => Duration::from_secs_f64(seconds),
-            Some(_) => return Err("llm_config.timeout_seconds must be above 0 and at most 3600".to_owned()),
-        };
-        let max_tokens = match config.get("max_tokens") {
-            None | Some(Value::Null) => None,
-            Some(value) => Some(
-                value
-                    .as_u64()
-                    .filter(|tokens| *tokens >= 1)
-                    .ok_or("llm_config.max_tokens must be a whole number of at least 1")?,
-            ),
-        };
-        let api_key_env = text("api_key_env")?;
-        if let Some(name) = &api_key_env
-            && !is_variable_name(name)
-        {
-            return Err("llm_config.api_key_env must name an environment variable ([A-Za-z_][A-Za-z0-9_]*)".to_owned());
+        if let Some(error) = check_llm_config(config).into_iter().find(|finding| finding.severity == Severity::Error) {
+            return Err(format!("{}: {}", error.path_under("llm_config"), error.message));
         }
-        let prices = match config.get("prices") {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(prices)) => Some(read_prices(prices)?),
-            Some(_) => return Err("llm_config.prices must be a mapping".to_owned()),
-        };
+        // Checked above: each value present is of its kind and in range.
+        let provider = if entries["provider"] == "anthropic" { ProviderKind::Anthropic } else { ProviderKind::OpenAi };
+        let text = |key: &str| entries.get(key).and_then(Value::as_str).map(|text| text.trim().to_owned());
+        let number = |key: &str| entries.get(key).and_then(Value::as_f64);
+        let price = |key: &str| entries.get("prices").and_then(|prices| prices.get(key)).and_then(Value::as_f64);
         Ok(Some(Self {
             provider,
-            base_url: base_url.trim_end_matches('/').to_owned(),
-            model,
-            temperature: number("temperature")?,
-            max_tokens,
-            timeout,
-            api_key_env,
-            prices,
+            base_url: text("base_url")
+                .unwrap_or_else(|| provider.default_base_url().to_owned())
+                .trim_end_matches('/')
+                .to_owned(),
+            model: text("model").unwrap_or_default(),
+            temperature: number("temperature"),
+            max_tokens: entries.get("max_tokens").and_then(Value::as_u64),
+            timeout: number("timeout_seconds").map_or(DEFAULT_TIMEOUT, Duration::from_secs_f64),
+            api_key_env: text("api_key_env"),
+            prices: entries.get("prices").map(|_| Prices {
+                input_per_million: price("input_per_million").unwrap_or(0.0),
+                output_per_million: price("output_per_million").unwrap_or(0.0),
+            }),
         }))
     }
 
@@ -224,25 +195,6 @@ impl LlmConfig {
                 / 1_000_000.0
         })
     }
-}
-
-fn read_prices(prices: &Map<String, Value>) -> Result<Prices, String> {
-    let price = |key: &str| -> Result<f64, String> {
-        match prices.get(key) {
-            None | Some(Value::Null) => Ok(0.0),
-            Some(value) => value
-                .as_f64()
-                .filter(|price| price.is_finite() && *price >= 0.0)
-                .ok_or_else(|| format!("llm_config.prices.{key} must be a number of at least 0")),
-        }
-    };
-    Ok(Prices { input_per_million: price("input_per_million")?, output_per_million: price("output_per_million")? })
-}
-
-fn is_variable_name(name: &str) -> bool {
-    let mut characters = name.chars();
-    characters.next().is_some_and(|first| first.is_ascii_alphabetic() || first == '_')
-        && characters.all(|character| character.is_ascii_alphanumeric() || character == '_')
 }
 
 #[cfg(test)]
