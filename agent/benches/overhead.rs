@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use muster_agent::{
-    catalogue::WorkspaceTool,
+    catalogue::{Tool as _, WorkspaceTool},
     config::LlmConfig,
     provider::{Conversation, Model, Request, ToolDefinition, Turn},
     testing::{FakeModel, openai_text},

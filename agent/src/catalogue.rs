@@ -5,7 +5,7 @@
 //! of the cluster becomes the tool error the model reads — so every front
 //! end that offers them (the agent, an MCP server) offers the same.
 
-use std::sync::LazyLock;
+use std::{collections::HashMap, sync::LazyLock};
 
 use jsonschema::Validator;
 use serde_json::{Value, json};
@@ -49,9 +49,44 @@ pub enum WorkspaceTool {
     MoveFile,
 }
 
-impl ClusterTool {
-    /// Every cluster tool, in the order they are offered.
-    pub const ALL: [Self; 8] = [
+/// What every tool of the catalogue answers, whichever kind it is.
+pub trait Tool: Copy + PartialEq + 'static {
+    /// Every tool of the kind, in the order they are offered.
+    const ALL: &'static [Self];
+
+    /// Its name (as roles list it in `tools`).
+    fn name(self) -> &'static str;
+
+    /// What it does, for the model.
+    fn description(self) -> &'static str;
+
+    /// The tool of that name.
+    fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.iter().copied().find(|tool| tool.name() == name)
+    }
+
+    /// The JSON schema of its arguments.
+    fn input_schema(self) -> &'static Value {
+        &schema_of(self.name()).0
+    }
+
+    /// Arguments checked against the schema: the first problem, for the model.
+    fn check(self, arguments: &Value) -> Result<(), String> {
+        first_problem(&schema_of(self.name()).1, arguments)
+    }
+
+    /// The tool as a model is offered it.
+    fn definition(self) -> ToolDefinition {
+        ToolDefinition {
+            name: self.name().to_owned(),
+            description: self.description().to_owned(),
+            parameters: self.input_schema().clone(),
+        }
+    }
+}
+
+impl Tool for ClusterTool {
+    const ALL: &'static [Self] = &[
         Self::GetOrganizationRoster,
         Self::DelegateTask,
         Self::GetMyRole,
@@ -62,8 +97,7 @@ impl ClusterTool {
         Self::SkipTriggers,
     ];
 
-    /// Its name.
-    pub fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             Self::GetOrganizationRoster => "get_organization_roster",
             Self::DelegateTask => "delegate_task",
@@ -76,13 +110,7 @@ impl ClusterTool {
         }
     }
 
-    /// The tool of that name.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|tool| tool.name() == name)
-    }
-
-    /// What it does, for the model.
-    pub fn description(self) -> &'static str {
+    fn description(self) -> &'static str {
         match self {
             Self::GetOrganizationRoster => {
                 "Get a fresh view of the organisation: you, and your colleagues with their team, role, expertise, \
@@ -116,37 +144,12 @@ impl ClusterTool {
             }
         }
     }
-
-    /// The JSON schema of its arguments.
-    pub fn input_schema(self) -> &'static Value {
-        &SCHEMAS.cluster[self.index()].0
-    }
-
-    /// Arguments checked against the schema: the first problem, for the model.
-    pub fn check(self, arguments: &Value) -> Result<(), String> {
-        first_problem(&SCHEMAS.cluster[self.index()].1, arguments)
-    }
-
-    /// The tool as a model is offered it.
-    pub fn definition(self) -> ToolDefinition {
-        ToolDefinition {
-            name: self.name().to_owned(),
-            description: self.description().to_owned(),
-            parameters: self.input_schema().clone(),
-        }
-    }
-
-    fn index(self) -> usize {
-        Self::ALL.iter().position(|tool| *tool == self).unwrap_or_default()
-    }
 }
 
-impl WorkspaceTool {
-    /// Every workspace tool.
-    pub const ALL: [Self; 5] = [Self::ReadFile, Self::WriteFile, Self::AppendFile, Self::ListFiles, Self::MoveFile];
+impl Tool for WorkspaceTool {
+    const ALL: &'static [Self] = &[Self::ReadFile, Self::WriteFile, Self::AppendFile, Self::ListFiles, Self::MoveFile];
 
-    /// Its name (as roles list it in `tools`).
-    pub fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             Self::ReadFile => "read_file",
             Self::WriteFile => "write_file",
@@ -156,13 +159,7 @@ impl WorkspaceTool {
         }
     }
 
-    /// The tool of that name.
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|tool| tool.name() == name)
-    }
-
-    /// What it does, for the model.
-    pub fn description(self) -> &'static str {
+    fn description(self) -> &'static str {
         match self {
             Self::ReadFile => "Read a text file of the workspace (at most 256 KiB of it).",
             Self::WriteFile => "Write a text file of the workspace (at most 1 MiB), replacing it; folders are made.",
@@ -171,121 +168,102 @@ impl WorkspaceTool {
             Self::MoveFile => "Move a file or folder within the workspace; the target must not exist.",
         }
     }
-
-    /// The JSON schema of its arguments.
-    pub fn input_schema(self) -> &'static Value {
-        &SCHEMAS.workspace[self.index()].0
-    }
-
-    /// Arguments checked against the schema: the first problem, for the model.
-    pub fn check(self, arguments: &Value) -> Result<(), String> {
-        first_problem(&SCHEMAS.workspace[self.index()].1, arguments)
-    }
-
-    /// The tool as a model is offered it.
-    pub fn definition(self) -> ToolDefinition {
-        ToolDefinition {
-            name: self.name().to_owned(),
-            description: self.description().to_owned(),
-            parameters: self.input_schema().clone(),
-        }
-    }
-
-    fn index(self) -> usize {
-        Self::ALL.iter().position(|tool| *tool == self).unwrap_or_default()
-    }
 }
 
-/// Each tool's schema, with its validator made once.
-struct Schemas {
-    cluster: Vec<(Value, Validator)>,
-    workspace: Vec<(Value, Validator)>,
-}
+/// Each tool's schema with its validator, made once, by the tool's name
+/// (names are unique across the kinds: a test says so).
+static SCHEMAS: LazyLock<HashMap<&'static str, (Value, Validator)>> = LazyLock::new(|| {
+    let cluster = ClusterTool::ALL.iter().map(|tool| (tool.name(), cluster_schema(*tool)));
+    let workspace = WorkspaceTool::ALL.iter().map(|tool| (tool.name(), workspace_schema(*tool)));
+    cluster
+        .chain(workspace)
+        .map(|(name, schema)| {
+            let validator = jsonschema::validator_for(&schema).expect("the catalogue's own schemas are valid");
+            (name, (schema, validator))
+        })
+        .collect()
+});
 
-fn compiled(schema: Value) -> (Value, Validator) {
-    let validator = jsonschema::validator_for(&schema).expect("the catalogue's own schemas are valid");
-    (schema, validator)
+fn schema_of(name: &str) -> &'static (Value, Validator) {
+    SCHEMAS.get(name).expect("every tool of the catalogue has a schema")
 }
 
 fn object(properties: Value, required: &[&str]) -> Value {
     json!({"type": "object", "properties": properties, "required": required, "additionalProperties": false})
 }
 
-static SCHEMAS: LazyLock<Schemas> = LazyLock::new(|| {
-    let text = |description: &str, max: usize| json!({"type": "string", "description": description, "maxLength": max});
-    let cluster = ClusterTool::ALL
-        .iter()
-        .map(|tool| match tool {
-            ClusterTool::GetOrganizationRoster => object(
-                json!({
-                    "filter": {"type": "string", "enum": ["all", "my_team", "available", "by_expertise"]},
-                    "expertise": text("the expertise tag, with filter by_expertise", 64),
-                }),
-                &["filter"],
-            ),
-            ClusterTool::DelegateTask => object(
-                json!({
-                    "to_agent_id": text("a named colleague; empty to let the roster decide", 64),
-                    "expertise": {"type": "array", "items": {"type": "string", "maxLength": 64}, "maxItems": 16},
-                    "role": text("a role the delegate must have", 64),
-                    "reason": text("why, for the audit trail", 16_384),
-                }),
-                &["reason"],
-            ),
-            ClusterTool::GetMyRole => object(json!({}), &[]),
-            ClusterTool::RoleCheck => object(
-                json!({
-                    "action": text("the action, such as code, review or approve", 64),
-                    "agent_id": text("another agent of the execution (the lead only); empty for yourself", 64),
-                }),
-                &["action"],
-            ),
-            ClusterTool::AssignRole => object(
-                json!({
-                    "agent_id": text("the agent", 64),
-                    "role": text("a role of the permission matrix", 64),
-                    "subtask": text("what the agent is to do", 16_384),
-                }),
-                &["agent_id", "role"],
-            ),
-            ClusterTool::PostToInbox => object(
-                json!({
-                    "inbox": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,63}$"},
-                    "body": text("the message", 262_144),
-                    "subject": text("a one-line summary", 1024),
-                    "priority": {"type": "string", "enum": ["low", "normal", "high"]},
-                }),
-                &["inbox", "body"],
-            ),
-            ClusterTool::Remember => object(
-                json!({
-                    "text": text("the note", 4096),
-                    "scope": {"type": "string", "enum": ["role", "global"]},
-                }),
-                &["text"],
-            ),
-            ClusterTool::SkipTriggers => object(json!({"reason": text("why no other role needs to run", 4096)}), &[]),
-        })
-        .map(compiled)
-        .collect();
+fn text(description: &str, max: usize) -> Value {
+    json!({"type": "string", "description": description, "maxLength": max})
+}
+
+fn cluster_schema(tool: ClusterTool) -> Value {
+    match tool {
+        ClusterTool::GetOrganizationRoster => object(
+            json!({
+                "filter": {"type": "string", "enum": ["all", "my_team", "available", "by_expertise"]},
+                "expertise": text("the expertise tag, with filter by_expertise", 64),
+            }),
+            &["filter"],
+        ),
+        ClusterTool::DelegateTask => object(
+            json!({
+                "to_agent_id": text("a named colleague; empty to let the roster decide", 64),
+                "expertise": {"type": "array", "items": {"type": "string", "maxLength": 64}, "maxItems": 16},
+                "role": text("a role the delegate must have", 64),
+                "reason": text("why, for the audit trail", 16_384),
+            }),
+            &["reason"],
+        ),
+        ClusterTool::GetMyRole => object(json!({}), &[]),
+        ClusterTool::RoleCheck => object(
+            json!({
+                "action": text("the action, such as code, review or approve", 64),
+                "agent_id": text("another agent of the execution (the lead only); empty for yourself", 64),
+            }),
+            &["action"],
+        ),
+        ClusterTool::AssignRole => object(
+            json!({
+                "agent_id": text("the agent", 64),
+                "role": text("a role of the permission matrix", 64),
+                "subtask": text("what the agent is to do", 16_384),
+            }),
+            &["agent_id", "role"],
+        ),
+        ClusterTool::PostToInbox => object(
+            json!({
+                "inbox": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,63}$"},
+                "body": text("the message", 262_144),
+                "subject": text("a one-line summary", 1024),
+                "priority": {"type": "string", "enum": ["low", "normal", "high"]},
+            }),
+            &["inbox", "body"],
+        ),
+        ClusterTool::Remember => object(
+            json!({
+                "text": text("the note", 4096),
+                "scope": {"type": "string", "enum": ["role", "global"]},
+            }),
+            &["text"],
+        ),
+        ClusterTool::SkipTriggers => object(json!({"reason": text("why no other role needs to run", 4096)}), &[]),
+    }
+}
+
+fn workspace_schema(tool: WorkspaceTool) -> Value {
     let path = |description: &str| text(description, 1024);
-    let workspace = WorkspaceTool::ALL
-        .iter()
-        .map(|tool| match tool {
-            WorkspaceTool::ReadFile => object(json!({"path": path("relative to the workspace")}), &["path"]),
-            WorkspaceTool::WriteFile | WorkspaceTool::AppendFile => object(
-                json!({"path": path("relative to the workspace"), "content": text("the text", 1 << 20)}),
-                &["path", "content"],
-            ),
-            WorkspaceTool::ListFiles => object(json!({"path": path("a folder; \"\" for the workspace")}), &[]),
-            WorkspaceTool::MoveFile => {
-                object(json!({"from": path("what to move"), "to": path("where to; must not exist")}), &["from", "to"])
-            }
-        })
-        .map(compiled)
-        .collect();
-    Schemas { cluster, workspace }
-});
+    match tool {
+        WorkspaceTool::ReadFile => object(json!({"path": path("relative to the workspace")}), &["path"]),
+        WorkspaceTool::WriteFile | WorkspaceTool::AppendFile => object(
+            json!({"path": path("relative to the workspace"), "content": text("the text", 1 << 20)}),
+            &["path", "content"],
+        ),
+        WorkspaceTool::ListFiles => object(json!({"path": path("a folder; \"\" for the workspace")}), &[]),
+        WorkspaceTool::MoveFile => {
+            object(json!({"from": path("what to move"), "to": path("where to; must not exist")}), &["from", "to"])
+        }
+    }
+}
 
 /// A value checked against a JSON schema (a role's output schema): the
 /// first problem, for the model.
@@ -403,11 +381,11 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), count);
-        for tool in ClusterTool::ALL {
+        for &tool in ClusterTool::ALL {
             assert_eq!(ClusterTool::from_name(tool.name()), Some(tool));
             assert_eq!(tool.input_schema()["type"], "object");
         }
-        for tool in WorkspaceTool::ALL {
+        for &tool in WorkspaceTool::ALL {
             assert_eq!(WorkspaceTool::from_name(tool.name()), Some(tool));
             assert_eq!(tool.input_schema()["type"], "object");
         }

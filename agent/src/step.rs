@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::{
     ModelAgent,
-    catalogue::{ClusterTool, ToolError, WorkspaceTool, check_against},
+    catalogue::{ClusterTool, Tool as _, ToolError, WorkspaceTool, check_against},
     config::{LlmConfig, Usage},
     prompt,
     provider::{Conversation, Model, Reply, Request, ToolCall, ToolDefinition, ToolResult, Turn, answer_as_output},

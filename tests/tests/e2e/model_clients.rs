@@ -29,6 +29,8 @@ use muster_tests::{
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader, Lines};
 
+use muster_agent::catalogue::Tool as _;
+
 use super::clients::{python_client, repository, tool, typescript_client};
 
 const KEY_VARIABLE: &str = "MUSTER_TEST_MODEL_KEY";
@@ -49,15 +51,27 @@ fn the_three_catalogues_agree() {
     }
 }
 
+/// A test cluster and a Python that has the package installed for it, with
+/// the model extra; `None` (said) when the toolchain is missing outside CI.
+async fn python_cluster() -> Option<(TestCluster, String, PathBuf)> {
+    let python = tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools, setuptools, openai, anthropic"])?;
+    let test = TestCluster::start(Backend::Sqlite).await?;
+    let installed = python_client(&test, &python);
+    Some((test, python, installed))
+}
+
+/// A test cluster and the TypeScript package built for it.
+async fn typescript_cluster() -> Option<(TestCluster, PathBuf)> {
+    let npm = tool("MUSTER_NPM", "npm", &["--version"])?;
+    let buf = tool("MUSTER_BUF", "buf", &["--version"])?;
+    let test = TestCluster::start(Backend::Sqlite).await?;
+    let client = typescript_client(&test, npm, buf).await;
+    Some((test, client))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_model_agent_runs_the_scenarios() {
-    let Some(python) =
-        tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools, setuptools, openai, anthropic"])
-    else {
-        return;
-    };
-    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
-    let installed = python_client(&test, &python);
+    let Some((test, python, installed)) = python_cluster().await else { return };
     let scripts = repository().join("clients/python/tests");
     let mut program = tokio::process::Command::new(python);
     program
@@ -68,10 +82,7 @@ async fn the_python_model_agent_runs_the_scenarios() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_typescript_model_agent_runs_the_scenarios() {
-    let Some(npm) = tool("MUSTER_NPM", "npm", &["--version"]) else { return };
-    let Some(buf) = tool("MUSTER_BUF", "buf", &["--version"]) else { return };
-    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
-    let client = typescript_client(&test, npm, buf).await;
+    let Some((test, client)) = typescript_cluster().await else { return };
     let mut program = tokio::process::Command::new("node");
     program.arg(client.join("dist/model-scenarios.js"));
     run_scenarios(test, program, "typescript").await;
@@ -330,13 +341,7 @@ async fn run_scenarios(test: TestCluster, mut program: tokio::process::Command, 
 /// The Python serve example, as its docstring runs it, with its own fake model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_serve_example_runs_a_step_on_its_fake_model() {
-    let Some(python) =
-        tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools, setuptools, openai, anthropic"])
-    else {
-        return;
-    };
-    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
-    let installed = python_client(&test, &python);
+    let Some((test, python, installed)) = python_cluster().await else { return };
     let mut example = tokio::process::Command::new(python);
     example
         .arg(repository().join("examples/python/serve_model_agents.py"))
@@ -347,10 +352,7 @@ async fn the_python_serve_example_runs_a_step_on_its_fake_model() {
 /// The TypeScript serve example, likewise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_typescript_serve_example_runs_a_step_on_its_fake_model() {
-    let Some(npm) = tool("MUSTER_NPM", "npm", &["--version"]) else { return };
-    let Some(buf) = tool("MUSTER_BUF", "buf", &["--version"]) else { return };
-    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
-    let client = typescript_client(&test, npm, buf).await;
+    let Some((test, client)) = typescript_cluster().await else { return };
     let mut example = tokio::process::Command::new("node");
     example.arg(client.join("dist/serve-model-agents.js"));
     serve_example_runs_a_step(test, example, "ts-reader").await;
