@@ -16,28 +16,12 @@ use std::time::Instant;
 #[global_allocator]
 static ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;
 
-use muster::worker::{AgentCredential, Behaviour, Step, StepOutcome};
+use muster::worker::AgentCredential;
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus},
-    execution::v1::{Assignment, PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest},
+    execution::v1::{PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest},
 };
-use muster_tests::{Backend, ExecutionClient, TestCluster, agent, chain_process, spawn_worker};
-
-/// Answers every assignment at once with a small output.
-struct Stub;
-
-impl Behaviour for Stub {
-    async fn run(&self, assignment: Assignment, _step: Step) -> StepOutcome {
-        StepOutcome::Completed {
-            output_json: format!(r#"{{"done":"{}"}}"#, assignment.step_id),
-            tokens_used: 1,
-            cost: 0.0,
-            iterations: 1,
-            remember: Vec::new(),
-            skip_triggers: false,
-        }
-    }
-}
+use muster_tests::{Backend, ExecutionClient, StubBehaviour, TestCluster, agent, chain_process, spawn_worker};
 
 fn fan_out_process(name: &str, width: usize) -> String {
     let mut yaml = format!("name: {name}\nmax_parallel: {width}\nsteps:\n");
@@ -158,8 +142,10 @@ async fn replicas(total: usize) {
             .split(',')
             .map(|url| muster::worker::Endpoint::new(url, &operator))
             .collect();
-        let workers: Vec<_> =
-            endpoints.iter().map(|endpoint| spawn_worker(endpoint.clone(), credentials.clone(), Stub)).collect();
+        let workers: Vec<_> = endpoints
+            .iter()
+            .map(|endpoint| spawn_worker(endpoint.clone(), credentials.clone(), StubBehaviour))
+            .collect();
         let clients: Vec<ExecutionClient> = endpoints
             .iter()
             .map(|endpoint| {
@@ -224,7 +210,7 @@ async fn main() {
         let Some(test) = TestCluster::start(backend).await else { continue };
         let tokens = test.register_agents(&[bench_agent()]).await;
         let credentials = vec![AgentCredential { agent_id: "bench-agent".to_owned(), token: tokens[0].clone() }];
-        let (stop, worker) = spawn_worker(test.operator("execution"), credentials, Stub);
+        let (stop, worker) = spawn_worker(test.operator("execution"), credentials, StubBehaviour);
         let mut client = test.execution();
         let processes: Vec<u32> = ["execution", "notifier", "roster"]
             .iter()

@@ -20,25 +20,9 @@ use std::{
 #[global_allocator]
 static ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;
 
-use muster::worker::{AgentCredential, Behaviour, Step, StepOutcome};
-use muster_proto::execution::v1::{Assignment, PublishProcessRequest, StartExecutionRequest};
-use muster_tests::{Backend, TestCluster, agent, chain_process, events_until_finished, spawn_worker};
-
-/// Answers every assignment at once with a small output.
-struct Stub;
-
-impl Behaviour for Stub {
-    async fn run(&self, assignment: Assignment, _step: Step) -> StepOutcome {
-        StepOutcome::Completed {
-            output_json: format!(r#"{{"done":"{}"}}"#, assignment.step_id),
-            tokens_used: 1,
-            cost: 0.0,
-            iterations: 1,
-            remember: Vec::new(),
-            skip_triggers: false,
-        }
-    }
-}
+use muster::worker::AgentCredential;
+use muster_proto::execution::v1::{PublishProcessRequest, StartExecutionRequest};
+use muster_tests::{Backend, StubBehaviour, TestCluster, agent, chain_process, events_until_finished, spawn_worker};
 
 fn size(path: &Path) -> u64 {
     std::fs::metadata(path).map_or(0, |metadata| metadata.len())
@@ -56,7 +40,7 @@ async fn main() {
         muster_proto::roster::v1::Agent { workload_capacity: 100_000, ..agent("bench-agent", "worker", "bench") };
     let tokens = test.register_agents(&[bench_agent]).await;
     let credentials = vec![AgentCredential { agent_id: "bench-agent".to_owned(), token: tokens[0].clone() }];
-    let (stop, worker) = spawn_worker(test.operator("execution"), credentials, Stub);
+    let (stop, worker) = spawn_worker(test.operator("execution"), credentials, StubBehaviour);
     let mut client = test.execution();
     let source = chain_process("burst", 10, "bench-agent", "bench-agent", "{}");
     client.publish_process(PublishProcessRequest { source, file_name: String::new() }).await.unwrap();

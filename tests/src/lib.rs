@@ -326,6 +326,28 @@ pub fn spawn_worker<B: muster::worker::Behaviour>(
     (stop, handle)
 }
 
+/// A behaviour that answers every assignment at once with a small output,
+/// for the benches: the engine's own cost, no agent's.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StubBehaviour;
+
+impl muster::worker::Behaviour for StubBehaviour {
+    async fn run(
+        &self,
+        assignment: muster_proto::execution::v1::Assignment,
+        _step: muster::worker::Step,
+    ) -> muster::worker::StepOutcome {
+        muster::worker::StepOutcome::Completed {
+            output_json: format!(r#"{{"done":"{}"}}"#, assignment.step_id),
+            tokens_used: 1,
+            cost: 0.0,
+            iterations: 1,
+            remember: Vec::new(),
+            skip_triggers: false,
+        }
+    }
+}
+
 /// A process of `length` steps in a chain, each run by `agent` and informing `informed`.
 pub fn chain_process(name: &str, length: usize, agent: &str, informed: &str, inputs: &str) -> String {
     let mut yaml = format!("name: {name}\nlead: {informed}\nsteps:\n");
