@@ -688,7 +688,7 @@ pub(super) async fn release_tasks(store: &SqlStore, task_ids: &[String], now: i6
 
 /// Each agent's freed slots, in the order its tasks were named, with how
 /// long those tasks took on average (ms; 0 when unknown).
-fn freed_slots<'a>(released: &'a Released, first_mentions: &[&String]) -> Vec<(&'a str, u32, i64)> {
+fn freed_slots(released: &Released, first_mentions: &[&String]) -> Vec<(String, u32, i64)> {
     let mut freed: Vec<(&str, u32, i64)> = Vec::new();
     for task_id in first_mentions {
         if let Some(agent_id) = released.held.get(task_id.as_str()) {
@@ -702,7 +702,7 @@ fn freed_slots<'a>(released: &'a Released, first_mentions: &[&String]) -> Vec<(&
             }
         }
     }
-    freed.into_iter().map(|(agent, count, total)| (agent, count, total / i64::from(count))).collect()
+    freed.into_iter().map(|(agent, count, total)| (agent.to_owned(), count, total / i64::from(count))).collect()
 }
 
 /// Gives back `$2` slots of agent `$1` at time `$3`, whose tasks took `$4`
@@ -737,14 +737,9 @@ async fn release_in_pool(store: &SqlStore, first_mentions: &[&String], now: i64)
             released.left_queue.insert(row.try_get("task_id")?);
         }
     }
-    let freed_slots: Vec<(String, u32, i64)> = freed_slots(&released, first_mentions)
-        .into_iter()
-        .map(|(agent_id, count, took)| (agent_id.to_owned(), count, took))
-        .collect();
-    for (agent_id, count, took) in freed_slots {
-        let agent_id = agent_id.as_str();
+    for (agent_id, count, took) in freed_slots(&released, first_mentions) {
         let row = sqlx::query(FREE_SLOTS_SQL)
-            .bind(agent_id.to_owned())
+            .bind(agent_id.clone())
             .bind(i64::from(count))
             .bind(now)
             .bind(took)
@@ -752,16 +747,16 @@ async fn release_in_pool(store: &SqlStore, first_mentions: &[&String], now: i64)
             .await?;
         if let Some(row) = row {
             released.changes.push(workload_change(&row)?);
-            released.averages.push((agent_id.to_owned(), row.try_get("average_task_millis")?));
+            released.averages.push((agent_id.clone(), row.try_get("average_task_millis")?));
         }
         let mut offered = std::collections::VecDeque::new();
         for _ in 0..count {
-            match offer_slot(&mut transaction, agent_id, now, &mut released.changes).await? {
+            match offer_slot(&mut transaction, &agent_id, now, &mut released.changes).await? {
                 Some(resolution) => offered.push_back(resolution),
                 None => break,
             }
         }
-        released.offers.insert(agent_id.to_owned(), offered);
+        released.offers.insert(agent_id, offered);
     }
     transaction.commit().await?;
     Ok(released)
@@ -818,11 +813,7 @@ fn release_natively(
         }
     }
     let mut statement = transaction.prepare_cached(&super::sql::for_rusqlite(FREE_SLOTS_SQL))?;
-    let freed: Vec<(String, u32, i64)> = freed_slots(&released, first_mentions)
-        .into_iter()
-        .map(|(agent_id, count, took)| (agent_id.to_owned(), count, took))
-        .collect();
-    for (agent_id, count, took) in freed {
+    for (agent_id, count, took) in freed_slots(&released, first_mentions) {
         let mut rows = statement.query(rusqlite::params![agent_id, i64::from(count), now, took])?;
         if let Some(row) = rows.next()? {
             let workload: i64 = row.get(2)?;

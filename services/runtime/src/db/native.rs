@@ -520,19 +520,7 @@ mod tests {
         assert_eq!(every, 0, "commits do not checkpoint");
         // 2 MB: less than the 1,000 pages (4 MB) at which a commit would
         // checkpoint by default, so only the thread puts them in the file.
-        let native = database.native().unwrap();
-        for _ in 0..20 {
-            native
-                .write(&database.pool, |transaction| -> Result<(), Failure> {
-                    let mut insert = transaction.prepare_cached("INSERT INTO t (source) VALUES (?1)")?;
-                    for _ in 0..100 {
-                        insert.execute([&"x".repeat(1000)])?;
-                    }
-                    Ok(())
-                })
-                .await
-                .unwrap();
-        }
+        write_rows(&database, &folder, 20, 100, Duration::ZERO).await;
         let file = folder.0.join("t.db");
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while std::fs::metadata(&file).unwrap().len() < 2_000_000 {
@@ -549,16 +537,22 @@ mod tests {
         std::fs::metadata(folder.0.join("t.db-wal")).map_or(0, |metadata| metadata.len())
     }
 
-    /// Writes `transactions` of 64 rows of 1 KB through the native
+    /// Writes `transactions` of `rows` rows of 1 KB through the native
     /// connection, `pause` apart; the largest the log of `folder` was seen.
-    async fn write_rows(database: &Database, folder: &Folder, transactions: usize, pause: Duration) -> u64 {
+    async fn write_rows(
+        database: &Database,
+        folder: &Folder,
+        transactions: usize,
+        rows: usize,
+        pause: Duration,
+    ) -> u64 {
         let mut largest = 0;
         let native = database.native().unwrap();
         for _ in 0..transactions {
             native
                 .write(&database.pool, |transaction| -> Result<(), Failure> {
                     let mut insert = transaction.prepare_cached("INSERT INTO t (source) VALUES (?1)")?;
-                    for _ in 0..64 {
+                    for _ in 0..rows {
                         insert.execute([&"x".repeat(1000)])?;
                     }
                     Ok(())
@@ -590,7 +584,7 @@ mod tests {
         let reader = Connection::open(folder.0.join("t.db")).unwrap();
         reader.execute_batch("BEGIN").unwrap();
         let _: i64 = reader.query_row("SELECT COUNT(*) FROM t", [], |row| row.get(0)).unwrap();
-        write_rows(&database, &folder, 150, Duration::ZERO).await;
+        write_rows(&database, &folder, 150, 64, Duration::ZERO).await;
         let grown = log_size(&folder);
         assert!(grown > 2 * crate::db::WAL_SIZE_LIMIT, "the held log grew: {grown} bytes");
         reader.execute_batch("COMMIT").unwrap();
@@ -618,7 +612,7 @@ mod tests {
             .execute(&database.pool)
             .await
             .unwrap();
-        write_rows(&database, &folder, 1, Duration::ZERO).await;
+        write_rows(&database, &folder, 1, 64, Duration::ZERO).await;
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let readers: Vec<_> = (0..2)
             .map(|index| {
@@ -638,7 +632,7 @@ mod tests {
             .collect();
         // 64 KB per commit, 24 MB in all (six times the limit), at most
         // 13 MB/s (the checkpointer looks every 100 ms).
-        let largest = write_rows(&database, &folder, 384, Duration::from_millis(5)).await;
+        let largest = write_rows(&database, &folder, 384, 64, Duration::from_millis(5)).await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         for reader in readers {
             reader.join().unwrap();
