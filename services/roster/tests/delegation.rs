@@ -90,9 +90,20 @@ async fn delegation_scenarios(backend: Backend) {
         decision.text
     );
 
-    let critical =
-        pb::DelegateRequest { urgency: pb::Urgency::Critical as i32, ..delegate_request("t9", "bob", &["go"]) };
-    let decision = server.delegate(critical).await;
+    // At capacity only urgent tasks: a critical one takes dave's one slot
+    // over capacity (2/1); the next cannot wait and escalates.
+    let critical = |task: &str| pb::DelegateRequest {
+        urgency: pb::Urgency::Critical as i32,
+        ..delegate_request(task, "bob", &["go"])
+    };
+    let decision = server.delegate(critical("t9")).await;
+    assert_eq!((kind(&decision), decision.primary_agent_id.as_str()), (Kind::Delegate, "dave"));
+    assert!(decision.text.contains("placed over capacity because the task is urgent (critical)"), "{}", decision.text);
+    assert_eq!(
+        (server.get("dave").await.current_workload, server.get("dave").await.status),
+        (2, pb::AgentStatus::Busy as i32)
+    );
+    let decision = server.delegate(critical("t9b")).await;
     assert_eq!((kind(&decision), decision.primary_agent_id.as_str()), (Kind::Escalate, "cto"));
     assert!(decision.reasoning.contains("critical task cannot wait"), "{}", decision.reasoning);
 

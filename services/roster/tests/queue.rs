@@ -104,6 +104,11 @@ async fn stale_queued_tasks_are_escalated(backend: Backend) {
     let Some(mut server) = org(backend).await else { return };
     server.delegate(delegate_request("a", "junior", &["sql"])).await;
     server.delegate(delegate_request("b", "junior", &["sql"])).await;
+    // An urgent task takes the expert's one slot over capacity; past it,
+    // urgent tasks wait or escalate too.
+    let over =
+        pb::DelegateRequest { urgency: pb::Urgency::Critical as i32, ..delegate_request("x", "junior", &["sql"]) };
+    assert_eq!(Kind::try_from(server.delegate(over).await.decision).unwrap(), Kind::Delegate);
     let high = pb::DelegateRequest { urgency: pb::Urgency::High as i32, ..delegate_request("c", "junior", &["sql"]) };
     assert_eq!(Kind::try_from(server.delegate(high).await.decision).unwrap(), Kind::Queue);
     let normal = delegate_request("d", "junior", &["sql"]);
@@ -155,21 +160,24 @@ async fn concurrent_delegations_take_the_last_slot_once(backend: Backend) {
         }));
     }
     let mut delegated = 0;
+    let mut over_capacity = 0;
     for call in calls {
         let decision = call.await.unwrap();
         match Kind::try_from(decision.decision).unwrap() {
             Kind::Delegate => {
                 assert_eq!(decision.primary_agent_id, "solo");
                 delegated += 1;
+                over_capacity += usize::from(decision.text.contains("placed over capacity"));
             }
             Kind::Escalate => {}
             other => panic!("unexpected {other:?}"),
         }
     }
-    assert_eq!(delegated, 1, "exactly one call takes the last slot");
+    // The calls are critical: after the last slot, one takes the slot over capacity.
+    assert_eq!((delegated, over_capacity), (2, 1), "exactly one call takes the last slot, one the slot over");
     let solo = server.get("solo").await;
-    assert_eq!(solo.current_workload, 3);
-    assert!(solo.current_workload <= solo.workload_capacity);
+    assert_eq!(solo.current_workload, 4);
+    assert_eq!(solo.current_workload, solo.workload_capacity + 1, "never more than one over capacity");
     server.stop().await;
 }
 
@@ -190,11 +198,19 @@ async fn a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates(backend: Ba
     assert_eq!(Kind::try_from(again.decision).unwrap(), Kind::Delegate);
     assert_eq!(server.get("expert").await.current_workload, 1);
     server.delegate(assigned("b", "expert")).await;
-    // At capacity: the task waits for the agent, whatever its urgency.
-    let critical = pb::DelegateRequest { urgency: pb::Urgency::Critical as i32, ..assigned("c", "expert") };
-    let queued = server.delegate(critical).await;
+    // At capacity: a task that is not urgent waits for the agent.
+    let queued = server.delegate(assigned("c", "expert")).await;
     assert_eq!((Kind::try_from(queued.decision).unwrap(), queued.primary_agent_id.as_str()), (Kind::Queue, "expert"));
     assert_eq!(queued.fallback_agent_id, "boss", "the senior to escalate to");
+    // An urgent one takes the agent's one slot over capacity; once it ends,
+    // the agent is back at capacity and the queued task still waits.
+    let critical = pb::DelegateRequest { urgency: pb::Urgency::Critical as i32, ..assigned("u", "expert") };
+    let over = server.delegate(critical).await;
+    assert_eq!((Kind::try_from(over.decision).unwrap(), over.primary_agent_id.as_str()), (Kind::Delegate, "expert"));
+    assert!(over.text.contains("placed over capacity because the task is urgent (critical)"), "{}", over.text);
+    assert_eq!(server.get("expert").await.current_workload, 3);
+    server.client.release_task(pb::ReleaseTaskRequest { task_id: "u".into() }).await.unwrap();
+    assert_eq!(server.get("expert").await.current_workload, 2);
     // A task holding a slot of another agent and handed to the busy expert
     // waits too, and gives its former slot back when the expert takes it.
     server.delegate(assigned("m", "boss")).await;

@@ -191,19 +191,17 @@ async fn conformance(store: SqlStore) {
     assert!(store.release_task("t1", NOW + 30).await.unwrap().agent_id.is_none());
     assert_eq!(store.get_agent("dev").await.unwrap().current_workload, 2);
 
-    // Stale queue entries escalate to the senior chosen when queued.
-    let queued = store
-        .delegate(&DelegationRequest { urgency: Urgency::High, ..request("t4", "boss", &["rust"]) }, NOW, settings)
-        .await
-        .unwrap();
+    // Stale queue entries escalate to the senior chosen when queued (a
+    // normal task: an urgent one would take dev's slot over capacity).
+    let queued = store.delegate(&request("t4", "boss", &["rust"]), NOW, settings).await.unwrap();
     assert_eq!(queued.decision.kind, DecisionKind::Queue);
-    assert!(store.escalate_stale(NOW + 30 * 60_000 - 1).await.unwrap().is_empty());
+    assert!(store.escalate_stale(NOW + 4 * 3_600_000 - 1).await.unwrap().is_empty());
     assert_eq!(store.queued_task_count().await.unwrap(), 1);
-    let escalated = store.escalate_stale(NOW + 30 * 60_000).await.unwrap();
+    let escalated = store.escalate_stale(NOW + 4 * 3_600_000).await.unwrap();
     assert_eq!(escalated.len(), 1);
     assert_eq!(store.queued_task_count().await.unwrap(), 0, "escalated, t4 left the queue");
     assert_eq!(escalated[0].decision.kind, DecisionKind::Escalate);
-    assert!(store.escalate_stale(NOW + 40 * 60_000).await.unwrap().is_empty(), "escalated once");
+    assert!(store.escalate_stale(NOW + 5 * 3_600_000).await.unwrap().is_empty(), "escalated once");
 
     // A queued task that is released leaves the queue: the freed slot is not offered to it.
     let withdrawn = store

@@ -72,6 +72,7 @@ pub(super) fn finish(
         notes: notes.join("; "),
         text: String::new(),
         candidates,
+        over_capacity: false,
     };
     decision.text = render_text(&decision, &primary.name, &fallback_name);
     decision
@@ -181,6 +182,7 @@ pub(super) fn escalation(
                 notes: notes.join("; "),
                 text: String::new(),
                 candidates,
+                over_capacity: false,
             };
             decision.text = render_text(&decision, "none", "");
             decision

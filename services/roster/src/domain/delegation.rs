@@ -4,8 +4,12 @@
 //! Priority order: a colleague the requester named (when eligible); best
 //! same-team match; partial-expertise same team; best cross-team match; queue
 //! for the primary expert when the wait fits; escalate to the senior. Never an
-//! offline agent, never one without a free slot, never the requester, never an
-//! agent already in the task's delegation chain.
+//! offline agent, never the requester, never an agent already in the task's
+//! delegation chain, and never one without a free slot, with one exception:
+//! at capacity (5/5) an agent takes only urgent tasks. An urgent task (HIGH
+//! or CRITICAL) that no colleague with a free slot can take goes to the
+//! primary expert at capacity, in one slot over capacity (6/5, never 7/5),
+//! rather than wait; the decision says so ([`Decision::over_capacity`]).
 
 use std::{
     collections::{HashMap, HashSet},
@@ -42,6 +46,12 @@ impl Urgency {
             Self::High => Some(30 * 60_000),
             Self::Critical => None,
         }
+    }
+
+    /// Whether the task is urgent (HIGH or CRITICAL): only an urgent task
+    /// may take an agent's one slot over capacity.
+    pub fn is_urgent(self) -> bool {
+        matches!(self, Self::High | Self::Critical)
     }
 
     /// The stored spelling.
@@ -164,6 +174,12 @@ pub struct Decision {
     pub text: String,
     /// Agents considered, in ranked order (at most [`MAX_CANDIDATES`]).
     pub candidates: Vec<String>,
+    /// For DELEGATE: the task takes the primary agent's one slot over
+    /// capacity (an urgent task, the agent exactly at capacity). Its
+    /// reservation then succeeds only while the agent is still exactly at
+    /// capacity, so at most one task is ever over.
+    #[serde(default)]
+    pub over_capacity: bool,
 }
 
 /// What the framework reads: the agents that may matter for one request.
@@ -207,9 +223,10 @@ struct Ranked<'a> {
 /// Decides who takes a task. `now` is in ms since the epoch.
 ///
 /// A task assigned to an agent ([`DelegationRequest::assigned_agent_id`])
-/// goes to that agent when it has a free slot, waits in its queue when it is
-/// at capacity or busy, and escalates when it is offline or not in the
-/// roster; the criteria, the chain and the requester do not apply.
+/// goes to that agent when it has a free slot (or, urgent, its one slot
+/// over capacity), waits in its queue when it is at capacity or busy, and
+/// escalates when it is offline or not in the roster; the criteria, the
+/// chain and the requester do not apply.
 pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settings: Settings) -> Decision {
     let by_id: HashMap<&str, &Agent> = snapshot.agents.iter().map(|agent| (agent.id.as_str(), &**agent)).collect();
     let requester = by_id.get(request.requester_id.as_str()).copied();
@@ -348,6 +365,38 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
     });
     let mut considered = candidates;
     considered.extend(experts.iter().map(|(agent, _)| agent.id.clone()));
+    // 5/5 means only urgent tasks: an urgent task takes the primary expert's
+    // one slot over capacity rather than wait (an expert already over, or set
+    // busy by hand, has none to give).
+    if request.urgency.is_urgent()
+        && let Some((expert, _)) = experts.iter().find(|(agent, _)| has_slot_over_capacity(agent))
+    {
+        let fallback = escalation_target(request, snapshot, &by_id, home_team, &chain)
+            .filter(|senior| senior.id != expert.id)
+            .map(|senior| (senior, format!("{}, senior to escalate to", role_label(senior))));
+        let reasoning = format!(
+            "Every matching colleague is at capacity; {} is the primary expert, at capacity ({}/{} tasks), and takes this {} task in one slot over capacity: only an urgent task goes to an agent at capacity, and only one at a time.",
+            expert.name,
+            expert.current_workload,
+            expert.workload_capacity,
+            request.urgency.as_str()
+        );
+        notes.push(over_capacity_note(expert, request.urgency));
+        let matched = matching_tags(request, expert);
+        let mut decision = finish(
+            DecisionKind::Delegate,
+            Tier::QueueForExpert,
+            expert,
+            describe(expert, &matched, home_team, "primary expert, at capacity"),
+            fallback,
+            reasoning,
+            0,
+            notes,
+            considered,
+        );
+        decision.over_capacity = true;
+        return decision;
+    }
     let reason = if let Some((expert, wait)) = experts.first() {
         let limit = request.urgency.max_wait_millis();
         let fits_deadline = request.deadline.is_none_or(|deadline| now.saturating_add(*wait) <= deadline);
@@ -451,6 +500,29 @@ fn decide_assigned(
             Vec::new(),
             vec![agent.id.clone()],
         );
+    }
+    if request.urgency.is_urgent() && has_slot_over_capacity(agent) {
+        let reasoning = format!(
+            "{} is assigned the task and at capacity ({}/{} tasks); the task is {}, so it takes the agent's one slot over capacity rather than wait.",
+            agent.name,
+            agent.current_workload,
+            agent.workload_capacity,
+            request.urgency.as_str()
+        );
+        let reason = describe(agent, &matched, home_team, "assigned the task, at capacity");
+        let mut decision = finish(
+            DecisionKind::Delegate,
+            Tier::Named,
+            agent,
+            reason,
+            None,
+            reasoning,
+            0,
+            vec![over_capacity_note(agent, request.urgency)],
+            vec![agent.id.clone()],
+        );
+        decision.over_capacity = true;
+        return decision;
     }
     let wait = estimated_wait(agent, snapshot, now, settings);
     let fallback = escalation_target(request, snapshot, by_id, home_team, chain)
@@ -562,6 +634,26 @@ fn rank<'a>(
         ))
     });
     ranked
+}
+
+/// Whether an agent has its one slot over capacity to give to an urgent
+/// task: exactly at capacity, neither offline nor set busy by hand.
+pub fn has_slot_over_capacity(agent: &Agent) -> bool {
+    !matches!(agent.manual_status, Some(Status::Offline | Status::Busy))
+        && agent.current_workload == agent.workload_capacity
+}
+
+/// The note of the audit trail on a task placed over capacity.
+fn over_capacity_note(agent: &Agent, urgency: Urgency) -> String {
+    format!(
+        "placed over capacity because the task is urgent ({}): {} goes from {}/{} to {}/{} tasks",
+        urgency.as_str(),
+        agent.name,
+        agent.current_workload,
+        agent.workload_capacity,
+        agent.current_workload.saturating_add(1),
+        agent.workload_capacity
+    )
 }
 
 /// Whether an agent can never take this task (apart from capacity); the

@@ -84,7 +84,19 @@ proptest! {
             DecisionKind::Delegate => {
                 let chosen = chosen.expect("a delegate exists");
                 prop_assert!(chosen.status() != Status::Offline);
-                prop_assert!(chosen.has_free_slot() && chosen.current_workload < chosen.workload_capacity);
+                if decision.over_capacity {
+                    // 5/5 means only urgent tasks, and only one of them over.
+                    prop_assert!(request.urgency.is_urgent(), "{decision:?}");
+                    prop_assert!(!chosen.has_free_slot() && has_slot_over_capacity(chosen), "{decision:?}");
+                    prop_assert!(!agents.iter().any(|agent| agent.id != request.requester_id
+                        && !request.delegation_chain.contains(&agent.id)
+                        && agent.has_free_slot()
+                        && (request.required_role.is_empty() || agent.role == request.required_role)
+                        && request.required_expertise.iter().all(|tag| agent.expertise.contains(tag))),
+                        "a colleague with a free slot was passed over: {decision:?}");
+                } else {
+                    prop_assert!(chosen.has_free_slot() && chosen.current_workload < chosen.workload_capacity);
+                }
                 prop_assert!(request.required_role.is_empty() || chosen.role == request.required_role);
             }
             DecisionKind::Queue => {
@@ -145,4 +157,90 @@ fn format_wait_reads_well() {
     assert_eq!(format_wait(5 * 3_600_000 + 60_000), "5h 1m");
     assert_eq!(format_wait(4 * 3_600_000), "4h");
     assert_eq!(format_wait(5_000), "5s");
+}
+
+/// A lead (under a head) and one rust expert holding `workload` of 5 tasks.
+fn expert_holding(workload: u32, manual_status: Option<Status>) -> Snapshot {
+    let head = Agent { id: "head".into(), name: "Head".into(), workload_capacity: 5, ..Agent::default() };
+    let lead = Agent {
+        id: "lead".into(),
+        name: "Lead".into(),
+        team: "core".into(),
+        senior_id: "head".into(),
+        workload_capacity: 5,
+        ..Agent::default()
+    };
+    let expert = Agent {
+        id: "dev".into(),
+        name: "Dev".into(),
+        team: "core".into(),
+        senior_id: "lead".into(),
+        expertise: vec!["rust".into()],
+        manual_status,
+        current_workload: workload,
+        workload_capacity: 5,
+        ..Agent::default()
+    };
+    snapshot_of(&[head, lead, expert])
+}
+
+fn rust_task(urgency: Urgency) -> DelegationRequest {
+    DelegationRequest {
+        task_id: "task".into(),
+        requester_id: "lead".into(),
+        required_expertise: vec!["rust".into()],
+        urgency,
+        ..DelegationRequest::default()
+    }
+}
+
+#[test]
+fn at_capacity_only_an_urgent_task_is_placed_and_only_one_over() {
+    let at_capacity = expert_holding(5, None);
+    for urgency in [Urgency::High, Urgency::Critical] {
+        let decision = decide(&rust_task(urgency), &at_capacity, 1_000, Settings::default());
+        assert_eq!(
+            (decision.kind, decision.primary_agent_id.as_str()),
+            (DecisionKind::Delegate, "dev"),
+            "{decision:?}"
+        );
+        assert_eq!(decision.tier, Tier::QueueForExpert);
+        assert!(decision.over_capacity);
+        assert!(decision.text.contains("over capacity because the task is urgent"), "{}", decision.text);
+        assert!(decision.text.contains("from 5/5 to 6/5 tasks"), "{}", decision.text);
+        assert_eq!(decision.fallback_agent_id, "head", "the senior, should the expert not take it");
+    }
+    for urgency in [Urgency::Low, Urgency::Normal] {
+        let decision = decide(&rust_task(urgency), &at_capacity, 1_000, Settings::default());
+        assert_eq!((decision.kind, decision.over_capacity), (DecisionKind::Queue, false), "{decision:?}");
+    }
+    // Already over capacity: a second urgent task waits (HIGH, 30 minutes at
+    // most) or escalates (CRITICAL).
+    let over = expert_holding(6, None);
+    let high = decide(&rust_task(Urgency::High), &over, 1_000, Settings::default());
+    assert_eq!((high.kind, high.primary_agent_id.as_str(), high.over_capacity), (DecisionKind::Queue, "dev", false));
+    let critical = decide(&rust_task(Urgency::Critical), &over, 1_000, Settings::default());
+    assert_eq!((critical.kind, critical.primary_agent_id.as_str()), (DecisionKind::Escalate, "head"));
+    // Set busy by hand: no task at all, urgent or not.
+    let held_back = expert_holding(5, Some(Status::Busy));
+    let decision = decide(&rust_task(Urgency::Critical), &held_back, 1_000, Settings::default());
+    assert_eq!((decision.kind, decision.over_capacity), (DecisionKind::Escalate, false));
+    // Below capacity an urgent task takes a free slot like any other.
+    let decision = decide(&rust_task(Urgency::Critical), &expert_holding(4, None), 1_000, Settings::default());
+    assert_eq!(
+        (decision.kind, decision.tier, decision.over_capacity),
+        (DecisionKind::Delegate, Tier::SameTeamMatch, false)
+    );
+}
+
+#[test]
+fn an_assigned_urgent_task_takes_the_slot_over_capacity() {
+    let assigned = |urgency| DelegationRequest { assigned_agent_id: "dev".into(), ..rust_task(urgency) };
+    let decision = decide(&assigned(Urgency::Critical), &expert_holding(5, None), 1_000, Settings::default());
+    assert_eq!((decision.kind, decision.tier, decision.over_capacity), (DecisionKind::Delegate, Tier::Named, true));
+    assert!(decision.notes.contains("over capacity because the task is urgent (critical)"), "{decision:?}");
+    let decision = decide(&assigned(Urgency::Normal), &expert_holding(5, None), 1_000, Settings::default());
+    assert_eq!((decision.kind, decision.over_capacity), (DecisionKind::Queue, false));
+    let decision = decide(&assigned(Urgency::High), &expert_holding(6, None), 1_000, Settings::default());
+    assert_eq!((decision.kind, decision.over_capacity), (DecisionKind::Queue, false));
 }

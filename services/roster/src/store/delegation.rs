@@ -44,19 +44,30 @@ pub(super) fn workload_change(row: &sqlx::any::AnyRow) -> Result<WorkloadChange>
     Ok((row.try_get("id")?, row.try_get("version")?, u32::try_from(workload.max(0)).unwrap_or(u32::MAX)))
 }
 
-/// Takes one slot of `agent_id` if it has one; `None` when someone else took the last.
-async fn reserve_slot(transaction: &mut Tx, agent_id: &str, now: i64) -> Result<Option<WorkloadChange>> {
-    workload_update(
-        transaction,
-        sqlx::query(
-            "UPDATE agents SET current_workload = current_workload + 1, updated_at = $2, version = version + 1 \
-             WHERE id = $1 AND current_workload < workload_capacity AND manual_status NOT IN ('offline', 'busy') \
-             RETURNING id, version, current_workload",
-        )
-        .bind(agent_id.to_owned())
-        .bind(now),
-    )
-    .await
+/// Takes one slot below capacity of agent `$1`, at time `$2`.
+const RESERVE_SLOT_SQL: &str = "UPDATE agents SET current_workload = current_workload + 1, updated_at = $2, \
+     version = version + 1 \
+     WHERE id = $1 AND current_workload < workload_capacity AND manual_status NOT IN ('offline', 'busy') \
+     RETURNING id, version, current_workload";
+
+/// Takes the one slot over capacity of agent `$1`, which only an urgent task
+/// may take, and only while the agent is exactly at capacity: of any number
+/// of concurrent calls, one takes it (6/5), none goes further (7/5).
+const RESERVE_SLOT_OVER_CAPACITY_SQL: &str = "UPDATE agents SET current_workload = current_workload + 1, \
+     updated_at = $2, version = version + 1 \
+     WHERE id = $1 AND current_workload = workload_capacity AND manual_status NOT IN ('offline', 'busy') \
+     RETURNING id, version, current_workload";
+
+/// Takes one slot of `agent_id` if it has one, or with `over_capacity` its
+/// one slot over capacity; `None` when someone else took it.
+async fn reserve_slot(
+    transaction: &mut Tx,
+    agent_id: &str,
+    over_capacity: bool,
+    now: i64,
+) -> Result<Option<WorkloadChange>> {
+    let sql = if over_capacity { RESERVE_SLOT_OVER_CAPACITY_SQL } else { RESERVE_SLOT_SQL };
+    workload_update(transaction, sqlx::query(sql).bind(agent_id.to_owned()).bind(now)).await
 }
 
 /// Gives back one slot of `agent_id`.
@@ -157,9 +168,11 @@ async fn resolve_queued(transaction: &mut Tx, task_id: &str, state: &str, decisi
 }
 
 /// A task assigned to an agent that has a free slot (or already holds one
-/// of its slots for the task): reserved in one short transaction, without
-/// a snapshot. `None` when the agent has no free slot, is offline or busy,
-/// or is not in the roster: the framework decides then.
+/// of its slots for the task; or, urgent, finds the agent exactly at
+/// capacity and takes its one slot over): reserved in one short
+/// transaction, without a snapshot. `None` when the agent has no slot for
+/// it, is offline or busy, or is not in the roster: the framework decides
+/// then.
 async fn take_assigned_slot(
     transaction: &mut Tx,
     request: &DelegationRequest,
@@ -169,26 +182,33 @@ async fn take_assigned_slot(
     changes: &mut Vec<WorkloadChange>,
 ) -> Result<Option<Decision>> {
     let assigned = &request.assigned_agent_id;
-    let mut agent = if held_by == Some(assigned) {
-        let Some(agent) = fetch_agent(transaction, assigned).await? else { return Ok(None) };
+    let agent = if held_by == Some(assigned) {
+        let Some(mut agent) = fetch_agent(transaction, assigned).await? else { return Ok(None) };
+        // The slot it holds for this task counts as free for it, even when
+        // the agent went over capacity since (an urgent task took the slot over).
+        agent.current_workload =
+            agent.current_workload.saturating_sub(1).min(agent.workload_capacity.saturating_sub(1));
         agent
     } else {
+        // An urgent task may take the slot over capacity too (`$3` is 1):
+        // the workload it returns tells which it took, and the decision
+        // below, from the workload as the task found it, says so.
         let row = sqlx::query(AssertSqlSafe(format!(
             "UPDATE agents SET current_workload = current_workload + 1, updated_at = $2, version = version + 1 \
-             WHERE id = $1 AND current_workload < workload_capacity AND manual_status NOT IN ('offline', 'busy') \
-             RETURNING {AGENT_COLUMNS}, version"
+             WHERE id = $1 AND current_workload < workload_capacity + $3 \
+             AND manual_status NOT IN ('offline', 'busy') RETURNING {AGENT_COLUMNS}, version"
         )))
         .bind(assigned.clone())
         .bind(now)
+        .bind(i64::from(request.urgency.is_urgent()))
         .fetch_optional(&mut **transaction)
         .await?;
         let Some(row) = row else { return Ok(None) };
-        let agent = agent_from_row(&row)?;
+        let mut agent = agent_from_row(&row)?;
         changes.push((agent.id.clone(), row.try_get("version")?, agent.current_workload));
+        agent.current_workload = agent.current_workload.saturating_sub(1);
         agent
     };
-    // The slot it holds for this task counts as free for it.
-    agent.current_workload = agent.current_workload.saturating_sub(1);
     let decision = decide(request, &Snapshot { agents: vec![Arc::new(agent)], ..Snapshot::default() }, now, settings);
     if decision.kind != DecisionKind::Delegate {
         return Err(Error::Internal(format!("an agent with a free slot was not chosen: {}", decision.reasoning)));
@@ -198,24 +218,26 @@ async fn take_assigned_slot(
 
 /// Decides from the organisation in memory, with the queue lengths from the
 /// database when the decision may need them; agents whose last slot went
-/// to a concurrent call count as full.
+/// to a concurrent call count as full (`lost_races`: `true` when their slot
+/// over capacity went too).
 async fn decide_from_index(
     store: &SqlStore,
     transaction: &mut Tx,
     request: &DelegationRequest,
     held_by: Option<&String>,
-    lost_races: &HashSet<String>,
+    lost_races: &HashMap<String, bool>,
     now: i64,
     settings: Settings,
 ) -> Result<Decision> {
     let index = store.index().await?;
     let mut decided = None;
     for with_unavailable in [false, true] {
-        // An agent whose last slot went to another writer is full; the one
-        // that holds this task's slot has it back to give.
+        // An agent whose last slot went to another writer is full (and past
+        // it, when its slot over capacity went too); the one that holds
+        // this task's slot has it back to give.
         let load = |agent: &Agent| {
-            if lost_races.contains(&agent.id) {
-                agent.current_workload.max(agent.workload_capacity)
+            if let Some(&over) = lost_races.get(&agent.id) {
+                agent.current_workload.max(agent.workload_capacity.saturating_add(u32::from(over)))
             } else if held_by == Some(&agent.id) {
                 agent.current_workload.saturating_sub(1)
             } else {
@@ -227,7 +249,11 @@ async fn decide_from_index(
             snapshot.queued = load_queued(transaction, request).await?;
         }
         let decision = decide(request, &snapshot, now, settings);
-        let settled = decision.kind == DecisionKind::Delegate || !request.assigned_agent_id.is_empty();
+        // A placement over capacity waits for the look that includes the
+        // unavailable: the primary expert at capacity may be one the first
+        // look leaves out.
+        let settled = (decision.kind == DecisionKind::Delegate && !decision.over_capacity)
+            || !request.assigned_agent_id.is_empty();
         decided = Some(decision);
         if settled {
             break;
@@ -247,10 +273,10 @@ pub(super) async fn delegate_alone(
     // Loaded before the transaction: a first load reads the whole roster.
     store.index().await?;
     let mut changes = Vec::new();
-    let mut lost_races: HashSet<String> = HashSet::new();
+    let mut lost_races: HashMap<String, bool> = HashMap::new();
     let outcome = delegate_in_transaction(store, request, now, settings, &mut changes, &mut lost_races).await;
     // What the database now holds, committed or not, for the next decision.
-    let mut reread: Vec<String> = lost_races.into_iter().collect();
+    let mut reread: Vec<String> = lost_races.into_keys().collect();
     if outcome.is_ok() {
         reread.extend(store.index.apply_workloads(&changes));
     }
@@ -264,7 +290,7 @@ async fn delegate_in_transaction(
     now: i64,
     settings: Settings,
     changes: &mut Vec<WorkloadChange>,
-    lost_races: &mut HashSet<String>,
+    lost_races: &mut HashMap<String, bool>,
 ) -> Result<DelegationOutcome> {
     let mut transaction = store.database.pool.begin().await?;
     // A task holds one slot; the agent holding it has that slot for it. One
@@ -294,10 +320,17 @@ async fn delegate_in_transaction(
         }
         upsert_reservation(&mut transaction, &request.task_id, &decision.primary_agent_id, now).await?;
         let queue_changed = leave_queue(&mut transaction, &decision).await?;
-        transaction.commit().await?;
         // A task a process assigned by name is no choice of the roster's: the
-        // audit trail keeps its queue waits and escalations, not this.
-        return Ok(DelegationOutcome { decision, delegation_id: String::new(), changed_agents, queue_changed });
+        // audit trail keeps its queue waits and escalations, not this, unless
+        // the task took the agent's slot over capacity.
+        let delegation_id = if decision.over_capacity {
+            record(&mut transaction, &request.task_id, &request.requester_id, &decision, &request.description, now)
+                .await?
+        } else {
+            String::new()
+        };
+        transaction.commit().await?;
+        return Ok(DelegationOutcome { decision, delegation_id, changed_agents, queue_changed });
     }
     let mut decision = None;
     for _ in 0..MAX_ATTEMPTS {
@@ -310,13 +343,20 @@ async fn delegate_in_transaction(
             decision = Some(candidate);
             break;
         }
-        if let Some(change) = reserve_slot(&mut transaction, &candidate.primary_agent_id, now).await? {
+        if let Some(change) =
+            reserve_slot(&mut transaction, &candidate.primary_agent_id, candidate.over_capacity, now).await?
+        {
             changes.push(change);
             decision = Some(candidate);
             break;
         }
-        tracing::debug!(agent_id = %candidate.primary_agent_id, task_id = %request.task_id, "lost the race for a slot; deciding again");
-        lost_races.insert(candidate.primary_agent_id);
+        tracing::debug!(
+            agent_id = %candidate.primary_agent_id,
+            task_id = %request.task_id,
+            over_capacity = candidate.over_capacity,
+            "lost the race for a slot; deciding again"
+        );
+        lost_races.insert(candidate.primary_agent_id, candidate.over_capacity);
     }
     let decision = decision.ok_or_else(|| Error::RetryLater {
         reason: "ROSTER_BUSY",
@@ -378,7 +418,10 @@ async fn delegate_in_transaction(
         }
         DecisionKind::Escalate => leave_queue(&mut transaction, &decision).await?,
     };
-    let delegation_id = if decision.kind == DecisionKind::Delegate && !request.assigned_agent_id.is_empty() {
+    let delegation_id = if decision.kind == DecisionKind::Delegate
+        && !request.assigned_agent_id.is_empty()
+        && !decision.over_capacity
+    {
         String::new()
     } else {
         record(&mut transaction, &request.task_id, &request.requester_id, &decision, &request.description, now).await?
@@ -537,7 +580,9 @@ async fn place_on_agent(
         let request = &requests[index];
         let mut seen = agent.clone();
         if count < kept.len() {
-            seen.current_workload = seen.current_workload.saturating_sub(1);
+            // Its own slot counts as free for it, even over capacity.
+            seen.current_workload =
+                seen.current_workload.saturating_sub(1).min(seen.workload_capacity.saturating_sub(1));
         }
         let decision =
             decide(request, &Snapshot { agents: vec![Arc::new(seen)], ..Snapshot::default() }, now, settings);
@@ -844,7 +889,7 @@ async fn offer_slot(
     let queued_task: String = next.try_get("task_id")?;
     let request: DelegationRequest = from_json(&next.try_get::<String, _>("request_json")?)?;
     let queued_at: i64 = next.try_get("queued_at")?;
-    let Some(reserved) = reserve_slot(transaction, agent_id, now).await? else { return Ok(None) };
+    let Some(reserved) = reserve_slot(transaction, agent_id, false, now).await? else { return Ok(None) };
     changes.push(reserved);
     // A task handed to a busy agent may still hold its former slot.
     let former = sqlx::query("SELECT agent_id FROM reservations WHERE task_id = $1")

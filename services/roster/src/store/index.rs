@@ -732,15 +732,15 @@ mod tests {
     }
 
     /// `request` decided from the index of `agents` (as the store does: the
-    /// unavailable too when the first look finds no delegate), then from
-    /// all of them.
+    /// unavailable too when the first look finds no delegate, or one over
+    /// capacity), then from all of them.
     fn decided_from_index_and_whole(agents: &[Agent], request: &DelegationRequest) -> (Decision, Decision) {
         let index = Index::default();
         for agent in agents {
             index.put(agent.clone(), 0);
         }
         let mut decided = decide(request, &index.snapshot(request, false, &as_indexed), 1_000, Settings::default());
-        if decided.kind != DecisionKind::Delegate {
+        if decided.kind != DecisionKind::Delegate || decided.over_capacity {
             decided = decide(request, &index.snapshot(request, true, &as_indexed), 1_000, Settings::default());
         }
         let whole = Snapshot { agents: agents.iter().cloned().map(Arc::new).collect(), ..Snapshot::default() };

@@ -10,8 +10,9 @@
 //! seeing the slots taken by those before it in the batch. What this path
 //! does not settle goes through [`delegate_alone`], one call at a time, after
 //! the batch: a dry run or a task assigned to one agent, a task that holds a
-//! slot or waits in the queue, a decision that is not DELEGATE, a task named
-//! twice, an agent whose slot went to another writer meanwhile. A call
+//! slot or waits in the queue, a decision that is not DELEGATE, an urgent
+//! task placed over capacity (its reservation has a guard of its own), a
+//! task named twice, an agent whose slot went to another writer meanwhile. A call
 //! that arrives while nothing is being decided takes this path too, as a
 //! batch of one, on its own task; the calls that arrive meanwhile are
 //! decided by a task spawned for them.
@@ -267,7 +268,10 @@ fn decide_in_order(
         let load = |agent: &Agent| agent.current_workload + taken.get(&agent.id).copied().unwrap_or(0);
         let snapshot = index.snapshot(request, false, &load);
         let decision = decide(request, &snapshot, pending.now, pending.settings);
-        if decision.kind != DecisionKind::Delegate {
+        // A slot over capacity is taken alone: its update must find the
+        // agent exactly at capacity, which the batch's one update, taking
+        // the chosen agents' slots below capacity, does not check.
+        if decision.kind != DecisionKind::Delegate || decision.over_capacity {
             decisions.push(None);
             continue;
         }
@@ -513,6 +517,33 @@ mod tests {
             assert_eq!(outcome.decision.kind, DecisionKind::Delegate);
             assert!(chosen.insert(outcome.decision.primary_agent_id.clone()), "chosen twice: {outcome:?}");
         }
+    }
+
+    /// Urgent calls decided in one batch against an expert at capacity:
+    /// the batch leaves the slot over capacity to the calls decided alone,
+    /// and exactly one of them takes it.
+    #[tokio::test]
+    async fn one_urgent_call_of_a_batch_takes_the_slot_over_capacity() {
+        let store = store_with_a_team().await;
+        for task in 0..10 {
+            delegate(&store, &call(&format!("fill-{task}")).0.request, NOW, Settings::default()).await.unwrap();
+        }
+        assert_eq!(store.get_agent("dev").await.unwrap().current_workload, 10);
+        let (mut batch, answers): (Vec<_>, Vec<_>) = (0..8).map(|task| call(&format!("urgent-{task}"))).unzip();
+        for pending in &mut batch {
+            pending.request.urgency = crate::domain::delegation::Urgency::Critical;
+        }
+        decide_batch(&store, batch).await;
+        let mut over = 0;
+        for answer in answers {
+            let decision = answer.await.unwrap().unwrap().decision;
+            if decision.kind == DecisionKind::Delegate {
+                assert!(decision.over_capacity && decision.primary_agent_id == "dev", "{decision:?}");
+                over += 1;
+            }
+        }
+        assert_eq!(over, 1);
+        assert_eq!(store.get_agent("dev").await.unwrap().current_workload, 11, "10/10 plus one over, never two");
     }
 
     /// A call that decided itself and ends (or whose caller went away
