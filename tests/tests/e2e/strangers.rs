@@ -2,12 +2,15 @@
 //! execution gets the same PERMISSION_DENIED, byte for byte, for a real id
 //! and a made-up one, on every RPC about one execution, and the refusal
 //! names none of the execution's agents; an operator learns that an id is
-//! missing (NOT_FOUND with a `ResourceInfo`); and GetProcess shows an agent
-//! a step's literal inputs only where ReadPayload would.
+//! missing (NOT_FOUND with a `ResourceInfo`); GetProcess shows an agent
+//! a step's literal inputs only where ReadPayload would; and ListExecutions
+//! shows an agent the executions it takes part in, and a stranger none.
 
 use std::time::Duration;
 
-use muster_proto::execution::v1::{self as execution, GetExecutionRequest, GetProcessRequest, StepStatus};
+use muster_proto::execution::v1::{
+    self as execution, GetExecutionRequest, GetProcessRequest, ListExecutionsRequest, StepStatus,
+};
 use muster_runtime::auth::client::Credentials;
 use muster_tests::{Backend, TestCluster, agent, raw};
 use prost::Message as _;
@@ -211,4 +214,83 @@ async fn refusals_tell_strangers_nothing(backend: Backend) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_tell_strangers_nothing_on_sqlite() {
     refusals_tell_strangers_nothing(Backend::Sqlite).await;
+}
+
+/// The ids ListExecutions shows the caller of `token`, page by page (pages
+/// of `limit`), with the other filters of `request`; every page but the
+/// last is full and has a next page token.
+async fn listed_as(test: &TestCluster, token: &str, request: ListExecutionsRequest) -> Vec<String> {
+    let mut client = test.execution_as(token);
+    let mut ids = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let request = ListExecutionsRequest { page_token: page_token.clone(), ..request.clone() };
+        let page = client.list_executions(request.clone()).await.unwrap().into_inner();
+        ids.extend(page.executions.iter().map(|listed| listed.id.clone()));
+        if page.next_page_token.is_empty() {
+            return ids;
+        }
+        assert_eq!(page.executions.len(), request.limit as usize, "a page before the last is full");
+        page_token = page.next_page_token;
+    }
+}
+
+async fn an_agent_lists_only_its_executions(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let role = muster_proto::roster::v1::RoleDefinition { name: "member".into(), ..Default::default() };
+    let request = muster_proto::roster::v1::PutRoleDefinitionRequest { role: Some(role) };
+    test.roster().put_role_definition(request).await.unwrap();
+    let names = ["alice", "mona", "dave", "bob", "erin"];
+    let agents: Vec<_> = names.iter().map(|name| agent(name, "member", "core")).collect();
+    let tokens: std::collections::HashMap<&str, String> =
+        names.into_iter().zip(test.register_agents(&agents).await).collect();
+    let mut client = test.execution();
+    let bobs = PROCESS.replace("private-process", "bobs-process").replace(
+        "roles: {executor: alice, monitors: [mona], informed: [dave]}\n    approvers: [alice, mona]",
+        "approvers: [bob]",
+    );
+    let mut started = std::collections::HashMap::<&str, Vec<String>>::new();
+    for (process, source, lead, runs) in [("private-process", PROCESS, "alice", 3), ("bobs-process", &*bobs, "bob", 2)]
+    {
+        client
+            .publish_process(execution::PublishProcessRequest { source: source.into(), ..Default::default() })
+            .await
+            .unwrap();
+        for _ in 0..runs {
+            let run = client
+                .start_execution(execution::StartExecutionRequest {
+                    process_name: process.into(),
+                    lead_agent_id: lead.into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .execution
+                .unwrap();
+            started.entry(process).or_default().push(run.id);
+        }
+    }
+    let sorted = |mut ids: Vec<String>| {
+        ids.sort();
+        ids
+    };
+    let all = ListExecutionsRequest { limit: 2, ..Default::default() };
+    let alices = sorted(started["private-process"].clone());
+    let listed = listed_as(&test, &tokens["alice"], all.clone()).await;
+    assert_eq!(sorted(listed.clone()), alices, "the lead's, each once: {listed:?}");
+    assert_eq!(sorted(listed_as(&test, &tokens["mona"], all.clone()).await), alices, "named in a step");
+    assert_eq!(sorted(listed_as(&test, &tokens["bob"], all.clone()).await), sorted(started["bobs-process"].clone()));
+    assert!(listed_as(&test, &tokens["erin"], all.clone()).await.is_empty(), "a stranger sees none");
+    let of_bobs = ListExecutionsRequest { process_name: "bobs-process".into(), ..all.clone() };
+    assert!(listed_as(&test, &tokens["alice"], of_bobs.clone()).await.is_empty(), "none of another's process");
+    assert_eq!(listed_as(&test, &tokens["bob"], of_bobs).await.len(), 2);
+    let operator = test.cluster().credentials.operator_token.clone();
+    assert_eq!(listed_as(&test, &operator, all).await.len(), 5, "an operator sees every one");
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_lists_only_its_executions_on_sqlite() {
+    an_agent_lists_only_its_executions(Backend::Sqlite).await;
 }

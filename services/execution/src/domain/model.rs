@@ -249,18 +249,24 @@ pub(crate) struct ProcessVersion {
 }
 
 impl ProcessVersion {
-    /// Whether the definition names `agent_id` in a step: as its agent, in
-    /// its roles (executor, monitors, informed) or among its approvers.
+    /// Whether the definition names `agent_id` in a step (see [`named_agents`]).
     pub(crate) fn names(&self, agent_id: &str) -> bool {
-        self.definition.steps.iter().any(|step| {
-            step.agent.as_deref() == Some(agent_id)
-                || step.approvers.iter().any(|approver| approver == agent_id)
-                || step.roles.as_ref().is_some_and(|roles| {
-                    roles.executor == agent_id
-                        || roles.monitors.iter().chain(&roles.informed).any(|name| name == agent_id)
-                })
-        })
+        named_agents(&self.definition).any(|named| named == agent_id)
     }
+}
+
+/// The agents a definition names in its steps: as a step's agent, in its
+/// roles (executor, monitors, informed) or among its approvers; an agent
+/// named twice comes twice. The store keeps them per version, so that the
+/// executions an agent takes part in are listed by the same rule.
+pub(crate) fn named_agents(definition: &muster_format::ProcessDefinition) -> impl Iterator<Item = &str> {
+    definition.steps.iter().flat_map(|step| {
+        let roles = step
+            .roles
+            .iter()
+            .flat_map(|roles| std::iter::once(&roles.executor).chain(&roles.monitors).chain(&roles.informed));
+        step.agent.iter().chain(&step.approvers).chain(roles).map(String::as_str)
+    })
 }
 
 /// A diagnostic about a document, as kept with what it was found in.

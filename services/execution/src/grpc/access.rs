@@ -26,7 +26,7 @@ pub const ACCESS: &[Rule] = &[
     rule("StartExecution", Access::OPERATOR),
     rule("GetExecution", Access::ANYONE),
     rule("ReadPayload", Access::ANYONE),
-    rule("ListExecutions", Access::OPERATOR.or(Access::SERVICE)),
+    rule("ListExecutions", Access::ANYONE),
     rule("WatchExecution", Access::ANYONE),
     rule("CancelExecution", Access::OPERATOR.or(Access::AGENT)),
     rule("ConnectWorker", Access::OPERATOR.or(Access::AGENT)),
@@ -91,7 +91,9 @@ pub(super) fn refusal(caller: &Caller, action: &str, execution_id: &str, verdict
 impl ExecutionApi {
     /// Whether `agent_id` takes part in an execution: its lead, a participant
     /// of its session, named in a step (roles, approvers), or the executor of
-    /// a step (the store is asked only when nothing else says so).
+    /// a step (the store is asked only when nothing else says so). The
+    /// store lists an agent's executions by the same rule
+    /// (`ExecutionFilter::agent_id`): change both together.
     pub(super) async fn takes_part(
         &self,
         agent_id: &str,

@@ -420,7 +420,12 @@ impl ExecutionApi {
         }
     }
 
-    async fn list_executions(&self, request: wire::ListExecutionsRequest) -> Result<wire::ListExecutionsResponse> {
+    /// Executions, newest first; an agent's, the ones it takes part in.
+    async fn list_executions(
+        &self,
+        caller: &Caller,
+        request: wire::ListExecutionsRequest,
+    ) -> Result<wire::ListExecutionsResponse> {
         let limit = page_size(request.limit);
         let after = time_and_id(&request.page_token)?;
         let filter = ExecutionFilter {
@@ -430,6 +435,7 @@ impl ExecutionApi {
                 .and_then(execution_status_from_wire),
             started_after: request.started_after.as_ref().map(muster_runtime::time::from_timestamp),
             started_before: request.started_before.as_ref().map(muster_runtime::time::from_timestamp),
+            agent_id: caller.agent_id().map(str::to_owned),
             after,
             limit: limit + 1,
         };
@@ -570,7 +576,8 @@ impl ExecutionService for ExecutionApi {
         &self,
         request: Request<wire::ListExecutionsRequest>,
     ) -> Result<Response<wire::ListExecutionsResponse>, Status> {
-        answer(self.list_executions(request.into_inner()).await)
+        let caller = Caller::of(&request)?;
+        answer(self.list_executions(&caller, request.into_inner()).await)
     }
 
     type WatchExecutionStream = ResponseStream<wire::WatchExecutionResponse>;

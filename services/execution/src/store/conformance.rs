@@ -1,6 +1,8 @@
 //! One conformance suite over the [`Store`], run against SQLite and
 //! PostgreSQL: both backends behave the same, commit by commit.
 
+mod agents;
+
 use std::{sync::Arc, time::Duration};
 
 use muster_runtime::testing::TestDatabase;

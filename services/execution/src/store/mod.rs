@@ -141,6 +141,10 @@ pub(crate) struct ExecutionFilter {
     pub(crate) status: Option<ExecutionStatus>,
     pub(crate) started_after: Option<i64>,
     pub(crate) started_before: Option<i64>,
+    /// Only executions this agent takes part in: its lead, a participant of
+    /// its session, the executor of a step, or named in a step of its
+    /// process version (the rule of one execution in `grpc/access.rs`).
+    pub(crate) agent_id: Option<String>,
     /// Only executions listed after this one (start time and id), for the next page.
     pub(crate) after: Option<(i64, String)>,
     pub(crate) limit: u32,

@@ -30,6 +30,8 @@ use prost::Message as _;
 use sqlx::{AssertSqlSafe, Row, any::AnyRow};
 use tokio::sync::{mpsc, oneshot};
 
+mod participants;
+
 use super::{
     Activity, AdmissionLock, Archived, BoxFuture, ExecutionFilter, InboxFilter, LogEntry, NewProcess, Published,
     Replica, StepWrite, Store, Write,
@@ -62,6 +64,7 @@ const MIGRATIONS: Migrations = Migrations {
         (10, "inherited slots", include_str!("../../migrations/sqlite/0010_inherited_slots.sql")),
         (11, "replicas", include_str!("../../migrations/sqlite/0011_replicas.sql")),
         (12, "replica_address", include_str!("../../migrations/sqlite/0012_replica_address.sql")),
+        (13, "process agents", include_str!("../../migrations/sqlite/0013_process_agents.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -77,6 +80,7 @@ const MIGRATIONS: Migrations = Migrations {
         (11, "replicas", include_str!("../../migrations/postgres/0011_replicas.sql")),
         (12, "replica_address", include_str!("../../migrations/postgres/0012_replica_address.sql")),
         (13, "commit progress", include_str!("../../migrations/postgres/0013_commit_progress.sql")),
+        (14, "process agents", include_str!("../../migrations/postgres/0014_process_agents.sql")),
     ],
 };
 
@@ -1143,9 +1147,10 @@ fn replica_from_row(row: &AnyRow) -> Result<Replica> {
 
 impl Store for SqlStore {
     fn migrate(&self) -> BoxFuture<'_, Result<()>> {
-        Box::pin(
-            async move { self.database.migrate(&MIGRATIONS).await.map_err(|error| Error::Storage(error.to_string())) },
-        )
+        Box::pin(async move {
+            self.database.migrate(&MIGRATIONS).await.map_err(|error| Error::Storage(error.to_string()))?;
+            participants::list_earlier_versions(&self.database).await
+        })
     }
 
     fn publish_process(&self, process: NewProcess) -> BoxFuture<'_, Result<Published>> {
@@ -1182,7 +1187,7 @@ impl Store for SqlStore {
                 .map_err(|error| Error::Storage(format!("encoding the definition: {error}")))?;
             sqlx::query(
                 "INSERT INTO processes (name, version, source, published_at, step_count, warnings, definition, \
-                 content_hash, trigger_inbox) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                 content_hash, trigger_inbox, agents_listed) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 1)",
             )
             .bind(process.name.clone())
             .bind(version)
@@ -1195,6 +1200,7 @@ impl Store for SqlStore {
             .bind(inbox.unwrap_or_default())
             .execute(&mut *transaction)
             .await?;
+            participants::keep_named_agents(&mut transaction, &process.name, version, &process.definition).await?;
             // The schedule follows the latest version; an unchanged cron and
             // time zone keep their due time.
             match process.schedule() {
@@ -1561,6 +1567,9 @@ impl Store for SqlStore {
                 let (first, second, third) = (next(), next(), next());
                 sql.push_str(&format!(" AND (started_at < {first} OR (started_at = {second} AND id > {third}))"));
             }
+            if filter.agent_id.is_some() {
+                sql.push_str(&participants::takes_part(&mut next));
+            }
             sql.push_str(&format!(" ORDER BY started_at DESC, id LIMIT {}", filter.limit));
             let mut query = sqlx::query(AssertSqlSafe(sql));
             if let Some(name) = &filter.process_name {
@@ -1577,6 +1586,11 @@ impl Store for SqlStore {
             }
             if let Some((started_at, id)) = &filter.after {
                 query = query.bind(*started_at).bind(*started_at).bind(id.clone());
+            }
+            if let Some(agent_id) = &filter.agent_id {
+                for _ in 0..participants::TAKES_PART_BINDS {
+                    query = query.bind(agent_id.clone());
+                }
             }
             let rows = query.fetch_all(&self.database.reads).await?;
             rows.iter().map(execution_from_row).collect()
