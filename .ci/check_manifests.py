@@ -38,6 +38,34 @@ for each muster service (a directory services/<name> with a src/main.rs and a
   and none of them opens the health port (health and /metrics, no credentials);
 - every resource carries app.kubernetes.io/part-of: muster and app.kubernetes.io/name.
 
+The console (console/, a `pub const DEFAULT_PORT` in its src/lib.rs: web pages
+over HTTP/1.1, a client of some of the services) is checked the same way where
+that applies:
+
+- it has no powers of its own: its code reads no credential variable
+  (MUSTER_SERVICE_SECRET_FILE, MUSTER_OPERATORS_FILE and their inline forms),
+  its manifests set none, and its pod uses none of the Secrets the services
+  use (the service secret, the operators file, their TLS keys, the database
+  URLs), so whatever it does, it does with the signed-in user's token;
+- one Deployment, image muster-console; every MUSTER_* variable is one its
+  code reads (console/src, and client/src/tls.rs for the TlsArgs it flattens);
+  MUSTER_LISTEN on its DEFAULT_PORT, the container's http port and the target
+  of its Service (appProtocol http: plain, TLS ends at the ingress);
+  liveness, readiness and startup probes are HTTP GETs of the health path its
+  router serves (/healthz), on that port;
+- every MUSTER_<SERVICE>_URL it reads is set and reaches that service, with
+  https:// exactly when the service serves TLS; under TLS it has the CA, and
+  under mutual TLS its own client certificate (cert and key) from a mounted
+  Secret; it never sets MUSTER_TLS_CLIENT_AUTH (it serves no TLS);
+- MUSTER_CONSOLE_SESSION_KEY_FILE is set, a file of a read-only, whole,
+  non-optional Secret volume (its replicas share the key), well-formed when
+  the overlay generates it (32 bytes or 64 hex digits); with TLS on in the
+  overlay, MUSTER_CONSOLE_SECURE_COOKIES is true;
+- the same pod lockdown as the services;
+- its NetworkPolicy admits the design's sources to its port and nothing else,
+  the services it calls admit it (and no other service does), and its egress
+  is restricted to exactly those services' gRPC ports and DNS.
+
 It also checks the Dockerfile against rust-toolchain.toml and the workspace
 (Rust version, the SERVICE list, the packages it builds), and that the prod
 overlay's image tag is the workspace version.
@@ -73,11 +101,19 @@ OVERLAYS = ROOT / "k8s" / "overlays"
 # validator serves clients only: the execution service checks what it
 # publishes in-process, with the muster-format library.
 ALLOWED_SOURCES = {
-    "execution": {"client", "worker"},
-    "roster": {"execution", "validator", "notifier", "client"},
-    "validator": {"client"},
+    "execution": {"client", "worker", "console"},
+    "roster": {"execution", "validator", "notifier", "client", "console"},
+    "validator": {"client", "console"},
     "notifier": {"execution", "client", "worker"},
+    # The console's web port: clients, in practice the ingress controller's
+    # pods, which terminate TLS. The console calls exactly the services whose
+    # sources list it (the services whose MUSTER_<SERVICE>_URL it reads).
+    "console": {"client"},
 }
+CONSOLE = "console"
+# Where a pod's DNS questions go (kube-dns, CoreDNS): the console's egress
+# policy must let them through.
+CLUSTER_DNS = ({"k8s-app": "kube-dns"}, "kube-system")
 EXTERNAL_SOURCES = {
     "client": {"muster.dev/client": "true"},
     "worker": {"muster.dev/worker": "true"},
@@ -98,6 +134,10 @@ OPERATORS_FILE, SERVICE_SECRET_FILE = "MUSTER_OPERATORS_FILE", "MUSTER_SERVICE_S
 INLINE_CREDENTIALS = {"MUSTER_OPERATORS": OPERATORS_FILE, "MUSTER_SERVICE_SECRET": SERVICE_SECRET_FILE}
 TLS_FILES = ("MUSTER_TLS_CERT_FILE", "MUSTER_TLS_KEY_FILE", "MUSTER_TLS_CA_FILE")
 CLIENT_AUTH_MODES = ("none", "optional", "required")
+# What would give the console powers of its own: it must read none of them.
+CREDENTIAL_VARIABLES = {OPERATORS_FILE, SERVICE_SECRET_FILE, *INLINE_CREDENTIALS}
+SESSION_KEY_FILE = "MUSTER_CONSOLE_SESSION_KEY_FILE"
+SECURE_COOKIES = "MUSTER_CONSOLE_SECURE_COOKIES"
 # What the runtime (with the muster-client library it links) must read for
 # these rules to mean anything.
 RUNTIME_VARIABLES = {
@@ -128,10 +168,20 @@ class ServiceCode:
 
 
 @dataclass
+class ConsoleCode:
+    default_port: int
+    variables: set[str]
+    binaries: set[str]
+    health_path: str  # the route that answers 200 without calling the cluster
+    calls: set[str]  # the services whose MUSTER_<SERVICE>_URL it reads
+
+
+@dataclass
 class Code:
     """What the checks compare the manifests with."""
 
     services: dict[str, ServiceCode]
+    console: ConsoleCode | None  # None: the workspace has no console
     grace_default: int  # MUSTER_SHUTDOWN_GRACE_SECONDS
     secret_min_bytes: int  # the service secret's least length
     version: str  # the workspace version, the prod image tag
@@ -180,6 +230,56 @@ def discover_services() -> dict[str, ServiceCode]:
     return services
 
 
+def discover_console(services: dict[str, ServiceCode]) -> ConsoleCode | None:
+    """The console's port, variables, health route and the services it calls."""
+    directory = ROOT / CONSOLE
+    lib = directory / "src" / "lib.rs"
+    if not lib.is_file():
+        return None
+    source = lib.read_text(encoding="utf-8")
+    port = re.search(r"pub const DEFAULT_PORT: u16 = (\d+);", source)
+    health = re.search(r'\.route\(\s*"(/[^"]*health[^"]*)"', source)
+    if not port or not health:
+        sys.exit(
+            "check_manifests: cannot read the console's DEFAULT_PORT or its health route (`.route(\"/healthz\", ...)`) "
+            "in console/src/lib.rs; update this script"
+        )
+    variables = read_variables(sorted((directory / "src").rglob("*.rs")))
+    # Settings structs of other crates flattened into its Config: the TLS
+    # client settings (muster-client's TlsArgs) add their variables; the
+    # services' AuthArgs would add the credentials; anything else is unknown.
+    for flattened in re.findall(r"#\[command\(flatten\)\]\s*pub\s+\w+:\s*([\w:]+)", source):
+        kind = flattened.rsplit("::", 1)[-1]
+        if kind == "TlsArgs":
+            variables |= read_variables([ROOT / "client" / "src" / "tls.rs"])
+        elif kind == "AuthArgs":
+            variables |= {OPERATORS_FILE, SERVICE_SECRET_FILE}
+        else:
+            sys.exit(f"check_manifests: the console's Config flattens {flattened}, whose variables this script does not know; update it")
+    # A credential variable in the code is already a power: report it
+    # whatever the manifests say.
+    for variable in sorted(variables & CREDENTIAL_VARIABLES):
+        drift(
+            f"console/src: the console reads {variable}: it must hold no credential of its own "
+            "(every call it makes carries the signed-in user's token)"
+        )
+    calls = {name for name in services if f"MUSTER_{name.upper()}_URL" in variables}
+    designed = {name for name, sources in ALLOWED_SOURCES.items() if CONSOLE in sources}
+    if calls != designed:
+        sys.exit(
+            f"check_manifests: the console calls {sorted(calls)} (the MUSTER_<SERVICE>_URL it reads), "
+            f"ALLOWED_SOURCES admits it to {sorted(designed)}; update this script's design"
+        )
+    manifest = tomllib.loads((directory / "Cargo.toml").read_text(encoding="utf-8"))
+    return ConsoleCode(
+        default_port=int(port.group(1)),
+        variables=variables,
+        binaries={binary["name"] for binary in manifest.get("bin", [])} or {manifest["package"]["name"]},
+        health_path=health.group(1),
+        calls=calls,
+    )
+
+
 def runtime_number(path: str, pattern: str, what: str) -> int:
     source = (ROOT / "services" / "runtime" / "src" / path).read_text(encoding="utf-8")
     match = re.search(pattern, source)
@@ -189,8 +289,10 @@ def runtime_number(path: str, pattern: str, what: str) -> int:
 
 
 def read_code() -> Code:
+    services = discover_services()
     return Code(
-        services=discover_services(),
+        services=services,
+        console=discover_console(services),
         grace_default=runtime_number(
             "config.rs", r'env = "MUSTER_SHUTDOWN_GRACE_SECONDS", default_value_t = (\d+)', "the MUSTER_SHUTDOWN_GRACE_SECONDS default"
         ),
@@ -222,7 +324,9 @@ class Rendered:
         secret = self.find("Secret", name)
         if secret is None:
             return None
-        data = {key: base64.b64decode(value).decode() for key, value in (secret.get("data") or {}).items()}
+        # surrogateescape: a raw binary key (the console's 32-byte session
+        # key) decodes too, and encodes back to its bytes.
+        data = {key: base64.b64decode(value).decode("utf-8", "surrogateescape") for key, value in (secret.get("data") or {}).items()}
         data.update(secret.get("stringData") or {})
         return data
 
@@ -448,7 +552,7 @@ def check_probes(where: str, container: dict, port: int, health: int | None, tls
             drift(f"{where}: {probe_name} asks for health service {grpc['service']!r}; the overall status is \"\"")
 
 
-def check_written_paths(where: str, pod: dict, container: dict, env: Environment, code: ServiceCode) -> None:
+def check_written_paths(where: str, pod: dict, container: dict, env: Environment, code: ServiceCode | ConsoleCode) -> None:
     writable = [
         mount["mountPath"].rstrip("/")
         for mount in container.get("volumeMounts") or []
@@ -677,6 +781,220 @@ def check_overlay_tls(rendered: Rendered, pods: dict[str, ServicePod]) -> None:
         drift(f"{rendered.overlay}: MUSTER_TLS_CLIENT_AUTH differs between services {modes}")
 
 
+# --- the console ----------------------------------------------------------------
+
+
+@dataclass
+class ConsolePod:
+    """The console's pods, as the network checks see them."""
+
+    labels: dict
+    port: int  # MUSTER_LISTEN: web pages and the health path
+
+
+# The cluster's credentials by their names in the manifests (a generated
+# Secret's name carries a hash suffix): the console may use none, whether or
+# not a service uses it in this overlay.
+CREDENTIAL_SECRETS = ("muster-service-secret", "muster-operators")
+
+
+def secrets_used(pod: dict) -> set[str]:
+    """The Secrets a pod reads: as volumes (plain or projected) and in any
+    container's environment."""
+    names: set[str] = set()
+    for volume in pod.get("volumes") or []:
+        if "secret" in volume:
+            names.add(volume["secret"].get("secretName", ""))
+        for source in (volume.get("projected") or {}).get("sources") or []:
+            if "secret" in source:
+                names.add(source["secret"].get("name", ""))
+    for each in [*(pod.get("initContainers") or []), *(pod.get("containers") or [])]:
+        for variable in each.get("env") or []:
+            reference = (variable.get("valueFrom") or {}).get("secretKeyRef")
+            if reference:
+                names.add(reference["name"])
+        for source in each.get("envFrom") or []:
+            if "secretRef" in source:
+                names.add(source["secretRef"]["name"])
+    return names - {""}
+
+
+def check_no_powers(where: str, pod: dict, env: Environment, service_secrets: dict[str, set[str]]) -> None:
+    """The console holds no credential: no credential variable, and none of
+    the Secrets the services hold theirs in (the service secret, the operators
+    file, their TLS keys, which under mutual TLS name a service, the database
+    URLs)."""
+    for variable in sorted((set(env.values) | set(env.secrets)) & CREDENTIAL_VARIABLES):
+        drift(
+            f"{where}: sets {variable}: the console must hold no credential of its own "
+            "(every call it makes carries the signed-in user's token)"
+        )
+    for name in sorted(secrets_used(pod)):
+        users = service_secrets.get(name, set())
+        if users or any(name == base or name.startswith(base + "-") for base in CREDENTIAL_SECRETS):
+            drift(
+                f"{where}: uses Secret {name}"
+                + (f" (used by muster-{', muster-'.join(sorted(users))})" if users else " (a cluster credential)")
+                + ": the console must hold no credential of its own; it needs its session key and, under mutual "
+                "TLS, a client certificate of its own that names no service"
+            )
+
+
+def session_key_ok(text: str) -> bool:
+    """What the console accepts (console/src/session.rs): 64 hex digits,
+    surrounding whitespace ignored, or exactly 32 bytes."""
+    return bool(re.fullmatch(r"[0-9a-fA-F]{64}", text.strip())) or len(text.encode("utf-8", "surrogateescape")) == 32
+
+
+def check_session_key(rendered: Rendered, where: str, pod: dict, container: dict, env: Environment) -> None:
+    """One key for every replica, from a mounted Secret."""
+    if SESSION_KEY_FILE in env.secrets:
+        drift(f"{where}: {SESSION_KEY_FILE} is a path; take it from the manifests, not from a Secret")
+        return
+    path = env.values.get(SESSION_KEY_FILE)
+    if path is None:
+        drift(
+            f"{where}: {SESSION_KEY_FILE} is not set: each replica would seal sessions with a key it makes up at "
+            "start, so a session would work on one replica only and end at every restart"
+        )
+        return
+    key = mounted_secret_file(rendered, where, pod, container, SESSION_KEY_FILE, path)
+    if key is not None and not session_key_ok(key):
+        drift(
+            f"{where}: the session key ({SESSION_KEY_FILE}) is {len(key.encode('utf-8', 'surrogateescape'))} bytes; "
+            "the console takes 32 bytes or 64 hexadecimal digits (openssl rand -hex 32)"
+        )
+
+
+def check_console_tls(rendered: Rendered, where: str, pod: dict, container: dict, env: Environment, pods: dict[str, ServicePod]) -> None:
+    """The console is a TLS client only: the CA when the services serve TLS,
+    its own certificate when they demand one, nothing when they are plain."""
+    if "MUSTER_TLS_CLIENT_AUTH" in env.values or "MUSTER_TLS_CLIENT_AUTH" in env.secrets:
+        drift(f"{where}: sets MUSTER_TLS_CLIENT_AUTH, a server's setting: the console serves plain HTTP (TLS ends at the ingress)")
+    given = {variable for variable in TLS_FILES if variable in env.values or variable in env.secrets}
+    for variable in sorted(given):
+        if variable in env.secrets:
+            drift(f"{where}: {variable} is a path; take it from the manifests, not from a Secret")
+        else:
+            mounted_secret_file(rendered, where, pod, container, variable, env.values[variable])
+    if not any(service.tls.serves for service in pods.values()):
+        if given:
+            drift(f"{where}: sets {sorted(given)}, but no service serves TLS in {rendered.overlay}: its URLs are http://")
+        return
+    if "MUSTER_TLS_CA_FILE" not in given:
+        drift(
+            f"{where}: the services serve TLS but MUSTER_TLS_CA_FILE is not set: the console would check their "
+            "certificates against the public web roots"
+        )
+    certificate = {"MUSTER_TLS_CERT_FILE", "MUSTER_TLS_KEY_FILE"}
+    demanding = sorted(name for name, service in pods.items() if service.tls.mutual)
+    if len(certificate & given) == 1:
+        drift(f"{where}: sets {sorted(certificate & given)} without {sorted(certificate - given)}: a client certificate needs both")
+    elif demanding and not certificate & given:
+        drift(
+            f"{where}: no client certificate (MUSTER_TLS_CERT_FILE, MUSTER_TLS_KEY_FILE), but {demanding} demand "
+            "one (MUSTER_TLS_CLIENT_AUTH=required): they refuse the console's connections"
+        )
+
+
+def check_http_probes(where: str, container: dict, port: int, path: str) -> None:
+    """The console's probes: HTTP GETs of its health path on its one port."""
+    named = {p.get("name"): p["containerPort"] for p in container.get("ports") or []}
+    for probe_name in ("livenessProbe", "readinessProbe", "startupProbe"):
+        probe = container.get(probe_name)
+        if probe is None:
+            if probe_name != "startupProbe":
+                drift(f"{where}: no {probe_name}")
+            continue
+        http = probe.get("httpGet")
+        if http is None:
+            drift(f"{where}: {probe_name} must be an httpGet probe of {path} (the console serves HTTP, not gRPC)")
+            continue
+        target = http.get("port")
+        if (named.get(target) if isinstance(target, str) else target) != port:
+            drift(f"{where}: {probe_name} probes port {target!r}, the console listens on {port}")
+        if http.get("path") != path:
+            drift(f"{where}: {probe_name} probes path {http.get('path')!r}; the console's health path is {path}")
+        if http.get("scheme", "HTTP") != "HTTP":
+            drift(f"{where}: {probe_name} uses {http['scheme']}; the console serves plain HTTP (TLS ends at the ingress)")
+
+
+def check_console_exposure(rendered: Rendered, where: str, pod_labels: dict, port: int, container: dict) -> None:
+    """The Service muster-console selects the pods and forwards plain HTTP to
+    the console's port."""
+    service = rendered.find("Service", "muster-console")
+    selector = (service or {}).get("spec", {}).get("selector") or {}
+    if service is None or not selector or not selects({"matchLabels": selector}, pod_labels):
+        drift(f"{where}: no Service muster-console selects its pods")
+        return
+    named = {p.get("name"): p["containerPort"] for p in container.get("ports") or []}
+    for service_port in service["spec"].get("ports") or []:
+        target = service_port.get("targetPort", service_port["port"])
+        if (named.get(target) if isinstance(target, str) else target) != port:
+            drift(f"{where}: Service muster-console port {service_port['port']} forwards to {target!r}, the console listens on {port}")
+        if service_port.get("appProtocol", "http") != "http":
+            drift(
+                f"{where}: Service muster-console port {service_port['port']} has appProtocol "
+                f"{service_port['appProtocol']!r}; the console speaks plain HTTP/1.1: http"
+            )
+
+
+def check_console(
+    rendered: Rendered, code: Code, found: list[dict], pods: dict[str, ServicePod], service_secrets: dict[str, set[str]]
+) -> ConsolePod | None:
+    console = code.console
+    assert console is not None
+    if len(found) != 1:
+        drift(f"{rendered.overlay}: {len(found)} Deployments run muster-{CONSOLE}; expected exactly 1")
+        return None
+    deployment = found[0]
+    where = f"{rendered.overlay}: Deployment {deployment['metadata']['name']}"
+    pod = deployment["spec"]["template"]["spec"]
+    labels = deployment["spec"]["template"]["metadata"].get("labels") or {}
+    if labels.get("app.kubernetes.io/name") != f"muster-{CONSOLE}" or labels.get("app.kubernetes.io/part-of") != "muster":
+        drift(f"{where}: pod labels need app.kubernetes.io/name=muster-{CONSOLE} and app.kubernetes.io/part-of=muster")
+    container = next(c for c in pod["containers"] if re.search(rf"(^|/)muster-{CONSOLE}(:|@|$)", c["image"]))
+    env = environment(rendered, where, container)
+    check_no_powers(where, pod, env, service_secrets)
+    for variable in sorted((set(env.values) | set(env.secrets)) - CREDENTIAL_VARIABLES):
+        if TEST_ONLY.search(variable):
+            drift(f"{where}: sets {variable}, a test-only switch")
+        elif variable.startswith("MUSTER_") and variable not in console.variables:
+            drift(f"{where}: sets {variable}, which muster-{CONSOLE} does not read (it reads {', '.join(sorted(console.variables))})")
+    check_security(where, pod, container)
+    check_console_tls(rendered, where, pod, container, env, pods)
+    check_session_key(rendered, where, pod, container, env)
+    cookies = env.values.get(SECURE_COOKIES)
+    if cookies is not None and cookies not in ("true", "false"):
+        drift(f"{where}: {SECURE_COOKIES}={cookies!r}; the console takes true or false, and refuses to start otherwise")
+    elif any(service.tls.serves for service in pods.values()) and cookies != "true":
+        drift(
+            f"{where}: TLS is on in {rendered.overlay}, so people reach the console over HTTPS (at the ingress): "
+            f"set {SECURE_COOKIES}=true, or browsers may send the session cookie in clear text"
+        )
+    idle = env.values.get("MUSTER_CONSOLE_IDLE_MINUTES")
+    if idle is not None and not idle.isdigit():
+        drift(f"{where}: MUSTER_CONSOLE_IDLE_MINUTES={idle!r} is not a whole number of minutes")
+    port = listen_port(where, env)
+    if port is None:
+        return None
+    http_ports = [p["containerPort"] for p in container.get("ports") or [] if p.get("name") == "http"]
+    if http_ports != [port]:
+        drift(f"{where}: the container's http port is {http_ports}, MUSTER_LISTEN says {port}")
+    if port != console.default_port:
+        drift(f"{where}: listens on {port}, muster-{CONSOLE}'s default port (DEFAULT_PORT) is {console.default_port}")
+    check_http_probes(where, container, port, console.health_path)
+    check_written_paths(where, pod, container, env, console)
+    check_console_exposure(rendered, where, labels, port, container)
+    for target in sorted(console.calls):
+        variable = f"MUSTER_{target.upper()}_URL"
+        if variable not in env.values:
+            drift(f"{where}: {variable} is not set; its default points at 127.0.0.1")
+            continue
+        resolve_url(rendered, where, variable, env.values[variable], target, pods)
+    return ConsolePod(labels, port)
+
+
 # --- network policies --------------------------------------------------------
 
 
@@ -694,12 +1012,7 @@ def allowed(
     ]
     if not policies:
         return True  # no policy isolates the pod
-    if same_namespace:
-        namespace = rendered.find("Namespace", rendered.namespace)
-        namespace_labels = dict((namespace or {}).get("metadata", {}).get("labels") or {})
-        namespace_labels["kubernetes.io/metadata.name"] = rendered.namespace
-    else:
-        namespace_labels = {"kubernetes.io/metadata.name": elsewhere}
+    labels_of_namespace = namespace_labels(rendered, same_namespace, elsewhere)
     for policy in policies:
         for rule in policy["spec"].get("ingress") or []:
             ports = rule.get("ports")
@@ -712,13 +1025,111 @@ def allowed(
                 if "ipBlock" in peer:
                     continue
                 namespace_selector = peer.get("namespaceSelector")
-                namespace_ok = same_namespace if namespace_selector is None else selects(namespace_selector, namespace_labels)
+                namespace_ok = same_namespace if namespace_selector is None else selects(namespace_selector, labels_of_namespace)
                 if namespace_ok and selects(peer.get("podSelector") or {}, source_labels):
                     return True
     return False
 
 
-def check_network(rendered: Rendered, pods: dict[str, ServicePod], database_users: set[str]) -> None:
+def namespace_labels(rendered: Rendered, same_namespace: bool, elsewhere: str) -> dict:
+    """The labels of the overlay's namespace, or of the one named `elsewhere`."""
+    if not same_namespace:
+        return {"kubernetes.io/metadata.name": elsewhere}
+    namespace = rendered.find("Namespace", rendered.namespace)
+    labels = dict((namespace or {}).get("metadata", {}).get("labels") or {})
+    labels["kubernetes.io/metadata.name"] = rendered.namespace
+    return labels
+
+
+def egress_policies(rendered: Rendered, source_labels: dict) -> list[dict]:
+    return [
+        policy
+        for policy in rendered.by_kind.get("NetworkPolicy", [])
+        if "Egress" in (policy["spec"].get("policyTypes") or (["Ingress", "Egress"] if policy["spec"].get("egress") else []))
+        and selects(policy["spec"].get("podSelector") or {}, source_labels)
+    ]
+
+
+def egress_allowed(
+    rendered: Rendered, source_labels: dict, destination_labels: dict | None, same_namespace: bool, elsewhere: str, port: int, protocol: str
+) -> bool:
+    """Whether the overlay's NetworkPolicies let a pod of the overlay with
+    `source_labels` open a connection (`protocol`, `port`) to a pod with
+    `destination_labels` (in the overlay's namespace or the one named
+    `elsewhere`), or, with None, to an address outside the cluster (which
+    only an ipBlock names)."""
+    policies = egress_policies(rendered, source_labels)
+    if not policies:
+        return True  # no policy restricts the pod's egress
+    labels_of_namespace = namespace_labels(rendered, same_namespace, elsewhere)
+    for policy in policies:
+        for rule in policy["spec"].get("egress") or []:
+            ports = rule.get("ports")
+            if ports and not any(
+                p.get("protocol", "TCP") == protocol
+                and (p.get("port") in (None, port) or (isinstance(p.get("port"), int) and p["port"] <= port <= p.get("endPort", p["port"])))
+                for p in ports
+            ):
+                continue
+            peers = rule.get("to")
+            if not peers:
+                return True  # a rule without peers admits every destination
+            for peer in peers:
+                if "ipBlock" in peer:
+                    if destination_labels is None:
+                        return True
+                    continue
+                if destination_labels is None:
+                    continue
+                namespace_selector = peer.get("namespaceSelector")
+                namespace_ok = same_namespace if namespace_selector is None else selects(namespace_selector, labels_of_namespace)
+                if namespace_ok and selects(peer.get("podSelector") or {}, destination_labels):
+                    return True
+    return False
+
+
+def check_console_egress(rendered: Rendered, console: ConsolePod, pods: dict[str, ServicePod], calls: set[str], workloads: list[tuple[str, dict, list[int]]]) -> None:
+    """The console reaches the services it calls on their gRPC ports, and DNS;
+    nothing else (not the other services, no health port, no database,
+    nothing in other namespaces or outside the cluster)."""
+    if not egress_policies(rendered, console.labels):
+        drift(
+            f"{rendered.overlay}: network policies for muster-{CONSOLE}: its egress is not restricted; "
+            f"it should reach only {sorted(f'muster-{name}' for name in calls)} and DNS"
+        )
+        return
+    # name -> (labels or None for an outside address, same namespace, namespace, port, protocol)
+    destinations: dict[str, tuple[dict | None, bool, str, int, str]] = {}
+    for name, pod in pods.items():
+        destinations[f"muster-{name}:{pod.port}"] = (pod.labels, True, "", pod.port, "TCP")
+        if pod.health is not None:
+            destinations[f"muster-{name}:{pod.health}"] = (pod.labels, True, "", pod.health, "TCP")
+        destinations[f"muster-{name}'s labels in another namespace:{pod.port}"] = (pod.labels, False, "elsewhere", pod.port, "TCP")
+    for name, labels, ports in workloads:
+        for port in ports:
+            destinations[f"{name}:{port}"] = (labels, True, "", port, "TCP")
+    destinations["a pod of another namespace:443"] = (EXTERNAL_SOURCES["stranger"], False, "elsewhere", 443, "TCP")
+    destinations["an address outside the cluster:443"] = (None, False, "", 443, "TCP")
+    destinations["DNS"] = (CLUSTER_DNS[0], False, CLUSTER_DNS[1], 53, "UDP")
+    expected = {f"muster-{name}:{pods[name].port}" for name in calls if name in pods} | {"DNS"}
+    actual = {
+        name
+        for name, (labels, same, namespace, port, protocol) in destinations.items()
+        if egress_allowed(rendered, console.labels, labels, same, namespace, port, protocol)
+    }
+    if actual != expected:
+        extra, missing = sorted(actual - expected), sorted(expected - actual)
+        drift(
+            f"{rendered.overlay}: network policies for muster-{CONSOLE}'s egress: "
+            + (f"allow {extra} (not an edge of the design)" if extra else "")
+            + ("; " if extra and missing else "")
+            + (f"block {missing} (an edge of the design)" if missing else "")
+        )
+
+
+def check_network(
+    rendered: Rendered, pods: dict[str, ServicePod], database_users: set[str], console: ConsolePod | None, console_calls: set[str]
+) -> None:
     default_deny = [
         policy
         for policy in rendered.by_kind.get("NetworkPolicy", [])
@@ -731,6 +1142,8 @@ def check_network(rendered: Rendered, pods: dict[str, ServicePod], database_user
     sources: dict[str, tuple[dict, bool, str]] = {name: (pod.labels, True, "") for name, pod in pods.items()}
     sources.update({name: (labels, False, "elsewhere") for name, labels in EXTERNAL_SOURCES.items()})
     sources["neighbour"] = ({"app.kubernetes.io/name": "something-else"}, True, "")
+    if console is not None:
+        sources[CONSOLE] = (console.labels, True, "")
     sources["prometheus"] = (PROMETHEUS[0], False, PROMETHEUS[1])
 
     def reaching(labels: dict, port: int, but: str = "") -> set[str]:
@@ -751,7 +1164,7 @@ def check_network(rendered: Rendered, pods: dict[str, ServicePod], database_user
                 f"{rendered.overlay}: network policies for muster-{destination}: the health port {pod.health} "
                 f"(health and /metrics without credentials) is open to {sorted(opened)}; expected {sorted(expected_health)}"
             )
-        expected = ALLOWED_SOURCES.get(destination, set())
+        expected = ALLOWED_SOURCES.get(destination, set()) - (set() if console else {CONSOLE})
         actual = reaching(pod.labels, pod.port, but=destination)
         if actual != expected:
             extra, missing = sorted(actual - expected), sorted(expected - actual)
@@ -761,13 +1174,32 @@ def check_network(rendered: Rendered, pods: dict[str, ServicePod], database_user
                 + ("; " if extra and missing else "")
                 + (f"block {missing} (an edge of the design)" if missing else "")
             )
+    if console is not None:
+        expected = ALLOWED_SOURCES[CONSOLE]
+        actual = reaching(console.labels, console.port, but=CONSOLE)
+        if actual != expected:
+            extra, missing = sorted(actual - expected), sorted(expected - actual)
+            drift(
+                f"{rendered.overlay}: network policies for muster-{CONSOLE}: "
+                + (f"allow {extra} (not an edge of the design)" if extra else "")
+                + ("; " if extra and missing else "")
+                + (f"block {missing} (an edge of the design)" if missing else "")
+            )
     # Any other workload of the overlay (the dev PostgreSQL): reached only by the
     # services that keep a database.
+    workloads: list[tuple[str, dict, list[int]]] = []
     for kind in ("StatefulSet", "Deployment"):
         for workload in rendered.by_kind.get(kind, []):
             labels = workload["spec"]["template"]["metadata"].get("labels") or {}
-            if any(labels == pod.labels for pod in pods.values()):
+            if any(labels == pod.labels for pod in pods.values()) or (console is not None and labels == console.labels):
                 continue
+            workloads.append(
+                (
+                    f"{kind} {workload['metadata']['name']}",
+                    labels,
+                    [p["containerPort"] for c in workload["spec"]["template"]["spec"]["containers"] for p in c.get("ports") or []],
+                )
+            )
             for container in workload["spec"]["template"]["spec"]["containers"]:
                 for container_port in container.get("ports") or []:
                     actual = reaching(labels, container_port["containerPort"])
@@ -776,6 +1208,8 @@ def check_network(rendered: Rendered, pods: dict[str, ServicePod], database_user
                             f"{rendered.overlay}: {kind} {workload['metadata']['name']} port {container_port['containerPort']} "
                             f"is reachable from {sorted(actual)}; expected exactly the services with a database {sorted(database_users)}"
                         )
+    if console is not None:
+        check_console_egress(rendered, console, pods, console_calls, workloads)
 
 
 def check_pod_monitors(rendered: Rendered, pods: dict[str, ServicePod]) -> set[str]:
@@ -809,7 +1243,11 @@ def check_pod_monitors(rendered: Rendered, pods: dict[str, ServicePod]) -> set[s
 # --- the Dockerfile -------------------------------------------------------------
 
 
-def check_dockerfile(services: dict[str, ServiceCode]) -> None:
+def check_dockerfile(services: dict[str, ServiceCode], console: ConsoleCode | None) -> None:
+    """The Dockerfile builds and accepts every service, and the console."""
+    binaries = {name: code.binaries for name, code in services.items()}
+    if console is not None:
+        binaries[CONSOLE] = console.binaries
     dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
     toolchain = tomllib.loads((ROOT / "rust-toolchain.toml").read_text(encoding="utf-8"))["toolchain"]["channel"]
     for version in re.findall(r"^FROM rust:([0-9.]+)", dockerfile, re.MULTILINE):
@@ -817,16 +1255,20 @@ def check_dockerfile(services: dict[str, ServiceCode]) -> None:
             drift(f"Dockerfile: FROM rust:{version}, rust-toolchain.toml pins {toolchain}")
     case = re.search(r'case "\$\{SERVICE\}" in\s*\\\s*\n\s*([a-z |]+)\)', dockerfile)
     listed = {name.strip() for name in case.group(1).split("|")} if case else set()
-    if listed != set(services):
-        drift(f"Dockerfile: SERVICE accepts {sorted(listed)}, the services are {sorted(services)}")
-    for build in re.findall(r"cargo build --release --locked((?:\s*\\\n|\s+-p\s+[\w-]+)+)", dockerfile):
+    if listed != set(binaries):
+        drift(f"Dockerfile: SERVICE accepts {sorted(listed)}, the images are {sorted(binaries)}")
+    builds = re.findall(r"cargo build --release --locked((?:\s*\\\n|\s+-p\s+[\w-]+)+)", dockerfile)
+    if not builds:
+        drift("Dockerfile: no `cargo build --release --locked -p ...` found; update this script")
+    for build in builds:
         packages = set(re.findall(r"-p\s+([\w-]+)", build))
-        expected = {f"muster-{name}" for name in services}
+        expected = {f"muster-{name}" for name in binaries}
         if packages != expected:
-            drift(f"Dockerfile: cargo build builds {sorted(packages)}, the services are {sorted(expected)}")
-    for name, code in services.items():
-        if f"muster-{name}" not in code.binaries:
-            drift(f"services/{name}: the Dockerfile copies target/release/muster-{name}, the package builds {sorted(code.binaries)}")
+            drift(f"Dockerfile: cargo build builds {sorted(packages)}, the images need {sorted(expected)}")
+    for name, built in binaries.items():
+        if f"muster-{name}" not in built:
+            where = CONSOLE if name == CONSOLE else f"services/{name}"
+            drift(f"{where}: the Dockerfile copies target/release/muster-{name}, the package builds {sorted(built)}")
 
 
 # --- main -----------------------------------------------------------------------
@@ -849,12 +1291,14 @@ def check_overlay(rendered: Rendered, code: Code) -> None:
             match = re.fullmatch(r"muster-([a-z]+)", image_name)
             if match:
                 deployments.setdefault(match.group(1), []).append(deployment)
-                if match.group(1) not in services:
+                if match.group(1) not in services and (match.group(1) != CONSOLE or code.console is None):
                     drift(f"{rendered.overlay}: Deployment {deployment['metadata']['name']} runs image {image_name}, no such service")
                 if rendered.overlay == "prod" and tag != code.version:
                     drift(f"{rendered.overlay}: image {container['image']} is not tagged with the workspace version {code.version}")
     pods: dict[str, ServicePod] = {}
     environments: dict[str, tuple[str, Environment]] = {}
+    # Secret name -> the services whose pods use it: none is the console's.
+    service_secrets: dict[str, set[str]] = {}
     for name, service in services.items():
         found = deployments.get(name, [])
         if len(found) != 1:
@@ -863,6 +1307,8 @@ def check_overlay(rendered: Rendered, code: Code) -> None:
         deployment = found[0]
         where = f"{rendered.overlay}: Deployment {deployment['metadata']['name']}"
         pod = deployment["spec"]["template"]["spec"]
+        for secret in secrets_used(pod):
+            service_secrets.setdefault(secret, set()).add(name)
         labels = deployment["spec"]["template"]["metadata"].get("labels") or {}
         if labels.get("app.kubernetes.io/name") != f"muster-{name}" or labels.get("app.kubernetes.io/part-of") != "muster":
             drift(f"{where}: pod labels need app.kubernetes.io/name=muster-{name} and app.kubernetes.io/part-of=muster")
@@ -916,8 +1362,11 @@ def check_overlay(rendered: Rendered, code: Code) -> None:
         drift(f"{rendered.overlay}: MUSTER_MAX_MESSAGE_BYTES differs between services {sizes}: a message one sends, another may refuse")
 
     check_overlay_tls(rendered, pods)
+    console = None
+    if code.console is not None:
+        console = check_console(rendered, code, deployments.get(CONSOLE, []), pods, service_secrets)
     database_users = {name for name, service in services.items() if "MUSTER_DATABASE_URL" in service.variables}
-    check_network(rendered, pods, database_users)
+    check_network(rendered, pods, database_users, console, code.console.calls if code.console else set())
 
 
 # --- the self-test ---------------------------------------------------------------
@@ -970,6 +1419,20 @@ def drop_service_secret(documents: list[dict]) -> None:
         remove_named(container(documents, name)["env"], SERVICE_SECRET_FILE)
         remove_named(container(documents, name)["volumeMounts"], "service-secret")
         remove_named(pod_spec(documents, name)["volumes"], "service-secret")
+
+
+def give_console(documents: list[dict], volume: str, variable: str | None, path: str) -> None:
+    """Mounts the service's Secret volume `volume` (as the validator mounts
+    it) into the console, and points `variable` at the file in it."""
+    source = next(v for v in pod_spec(documents, "validator")["volumes"] if v["name"] == volume)
+    pod_spec(documents, "console")["volumes"].append(source)
+    container(documents, "console")["volumeMounts"].append(dict(mount(documents, "validator", volume)))
+    if variable:
+        container(documents, "console")["env"].append({"name": variable, "value": path})
+
+
+def console_peer() -> dict:
+    return {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "muster-console"}}}
 
 
 # Each case: the overlay it breaks, how, and a text the report must contain
@@ -1027,6 +1490,47 @@ SELF_TEST_CASES = {
     "PodMonitor on the gRPC port": ("prod", "does not scrape muster-roster", lambda d: find(d, "PodMonitor", "muster")["spec"]["podMetricsEndpoints"][0].update(port="grpc")),
     "health ports open to Prometheus without a PodMonitor": ("prod", "is open to ['prometheus']", lambda d: d.remove(find(d, "PodMonitor", "muster"))),
     "Prometheus admitted to the gRPC port": ("prod", "allow ['prometheus']", lambda d: policy(d, "muster-metrics")["spec"]["ingress"][0]["ports"][0].update(port=50052)),
+    # The console: no powers of its own.
+    "the console given the service secret": ("dev", "muster-console: sets MUSTER_SERVICE_SECRET_FILE: the console must hold no credential", lambda d: give_console(d, "service-secret", SERVICE_SECRET_FILE, "/etc/muster/service/secret")),
+    "the console mounting the operators file": ("dev", "uses Secret muster-operators-", lambda d: give_console(d, "operators", None, "")),
+    "the console given the operators file inline": ("dev", "sets MUSTER_OPERATORS: the console must hold no credential", lambda d: config(d, "console").update(MUSTER_OPERATORS="dev:" + "0" * 64)),
+    "the console given the database URLs": ("dev", "uses Secret muster-database-", lambda d: container(d, "console")["env"].append({"name": "DATABASE", "valueFrom": {"secretKeyRef": next(v for v in container(d, "roster")["env"] if v["name"] == "MUSTER_DATABASE_URL")["valueFrom"]["secretKeyRef"]}})),
+    "the console given a service's certificate": ("prod", "uses Secret muster-roster-tls (used by muster-roster)", lambda d: next(v for v in pod_spec(d, "console")["volumes"] if v["name"] == "tls")["secret"].update(secretName="muster-roster-tls")),
+    "the console given the service secret under mutual TLS": ("prod", "uses Secret muster-service-secret", lambda d: give_console(d, "service-secret", None, "")),
+    # The console: settings.
+    "a variable the console does not read": ("dev", "which muster-console does not read", lambda d: config(d, "console").update(MUSTER_MAX_IN_FLIGHT="256")),
+    "the console without a session key": ("dev", "MUSTER_CONSOLE_SESSION_KEY_FILE is not set", lambda d: remove_named(container(d, "console")["env"], SESSION_KEY_FILE)),
+    "a writable session key mount": ("dev", "MUSTER_CONSOLE_SESSION_KEY_FILE: volume session-key must be mounted readOnly", lambda d: mount(d, "console", "session-key").update(readOnly=False)),
+    "an optional session key": ("prod", "Secret volume session-key is optional", lambda d: next(v for v in pod_spec(d, "console")["volumes"] if v["name"] == "session-key")["secret"].update(optional=True)),
+    "a short dev session key": ("dev", "the console takes 32 bytes or 64 hexadecimal digits", lambda d: put(generated_secret(d, "muster-console-session"), "key", "0123456789abcdef\n")),
+    "a raw 32-byte dev session key": ("dev", None, lambda d: generated_secret(d, "muster-console-session")["data"].update(key=base64.b64encode(bytes(range(200, 232))).decode())),
+    "the console's validator URL left out": ("dev", "muster-console: MUSTER_VALIDATOR_URL is not set", lambda d: config(d, "console").pop("MUSTER_VALIDATOR_URL")),
+    "the console's roster URL on the notifier": ("dev", "MUSTER_ROSTER_URL=http://muster-notifier:50054: Service muster-notifier does not select the roster pods", lambda d: config(d, "console").update(MUSTER_ROSTER_URL="http://muster-notifier:50054")),
+    "an http:// console URL under TLS": ("prod", "muster-console: MUSTER_EXECUTION_URL=http://muster-execution:50051: muster-execution speaks TLS only", lambda d: config(d, "console").update(MUSTER_EXECUTION_URL="http://muster-execution:50051")),
+    "the console on another port": ("dev", "muster-console's default port (DEFAULT_PORT) is 50080", lambda d: config(d, "console").update(MUSTER_LISTEN="0.0.0.0:8080")),
+    "a gRPC probe on the console": ("dev", "readinessProbe must be an httpGet probe of /healthz", lambda d: container(d, "console").update(readinessProbe={"grpc": {"port": 50080}})),
+    "a console probe of another path": ("dev", "livenessProbe probes path '/'", lambda d: container(d, "console")["livenessProbe"]["httpGet"].update(path="/")),
+    "the console's Service on another port": ("dev", "Service muster-console port 50080 forwards to 8080", lambda d: find(d, "Service", "muster-console")["spec"]["ports"][0].update(targetPort=8080)),
+    "no client certificate for the console under mutual TLS": ("prod", "they refuse the console's connections", lambda d: [remove_named(container(d, "console")["env"], v) for v in ("MUSTER_TLS_CERT_FILE", "MUSTER_TLS_KEY_FILE")]),
+    "no CA for the console under TLS": ("prod", "MUSTER_TLS_CA_FILE is not set", lambda d: remove_named(container(d, "console")["env"], "MUSTER_TLS_CA_FILE")),
+    "client auth set on the console": ("prod", "MUSTER_TLS_CLIENT_AUTH, a server's setting", lambda d: container(d, "console")["env"].append({"name": "MUSTER_TLS_CLIENT_AUTH", "value": "required"})),
+    "insecure session cookies behind TLS": ("prod", "set MUSTER_CONSOLE_SECURE_COOKIES=true", lambda d: config(d, "console").pop(SECURE_COOKIES)),
+    "a session cookie setting the console refuses": ("prod", "the console takes true or false", lambda d: config(d, "console").update({SECURE_COOKIES: "yes"})),
+    "service links on the console": ("dev", "muster-console: enableServiceLinks", lambda d: pod_spec(d, "console").update(enableServiceLinks=True)),
+    "a missing console Deployment": ("dev", "0 Deployments run muster-console", lambda d: d.remove(deployment(d, "console"))),
+    # The console: network edges.
+    "the console let into the notifier": ("dev", "network policies for muster-notifier: allow ['console']", lambda d: policy(d, "muster-notifier")["spec"]["ingress"][0]["from"].append(console_peer())),
+    "the console shut out of the validator": ("dev", "network policies for muster-validator: block ['console']", lambda d: policy(d, "muster-validator")["spec"]["ingress"][0]["from"].pop()),
+    "the console open to every pod": ("prod", "network policies for muster-console: allow", lambda d: policy(d, "muster-console")["spec"]["ingress"][0].update({"from": [{"namespaceSelector": {}}]})),
+    "the console shut out of its clients": ("dev", "network policies for muster-console: block ['client']", lambda d: policy(d, "muster-console")["spec"].pop("ingress")),
+    "the console's egress unrestricted": ("dev", "its egress is not restricted", lambda d: policy(d, "muster-console")["spec"].update(policyTypes=["Ingress"], egress=[])),
+    "the console's egress open to everything": ("dev", "muster-console's egress: allow", lambda d: policy(d, "muster-console")["spec"]["egress"].append({})),
+    "the console's egress to the notifier": ("prod", "egress: allow ['muster-notifier:50054']", lambda d: policy(d, "muster-console")["spec"]["egress"].append({"to": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "muster-notifier"}}}], "ports": [{"protocol": "TCP", "port": 50054}]})),
+    "the console's egress to a health port": ("dev", "egress: allow ['muster-execution:8081']", lambda d: policy(d, "muster-console")["spec"]["egress"][0]["ports"].append({"protocol": "TCP", "port": 8081})),
+    "the console's egress to PostgreSQL": ("dev", "egress: allow ['StatefulSet muster-postgres:5432']", lambda d: policy(d, "muster-console")["spec"]["egress"].append({"to": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "muster-postgres"}}}], "ports": [{"protocol": "TCP", "port": 5432}]})),
+    "the console's egress to any namespace": ("dev", "muster-execution's labels in another namespace:50051", lambda d: policy(d, "muster-console")["spec"]["egress"][0]["to"][0].update(namespaceSelector={})),
+    "the console's DNS blocked": ("dev", "egress: block ['DNS']", lambda d: policy(d, "muster-console")["spec"]["egress"].pop()),
+    "the console cut off from the roster": ("dev", "egress: block ['muster-roster:50052']", lambda d: policy(d, "muster-console")["spec"]["egress"].pop(1)),
 }
 
 
@@ -1068,7 +1572,7 @@ def main() -> int:
         return self_test(code)
     if sys.argv[1:]:
         sys.exit("usage: check_manifests.py [--self-test]")
-    check_dockerfile(code.services)
+    check_dockerfile(code.services, code.console)
     overlays = sorted(path for path in OVERLAYS.iterdir() if (path / "kustomization.yaml").is_file())
     if {path.name for path in overlays} != {"dev", "prod"}:
         drift(f"k8s/overlays: expected dev and prod, found {[path.name for path in overlays]}")
@@ -1079,9 +1583,12 @@ def main() -> int:
             print(f"drift: {problem}", file=sys.stderr)
         print(f"check_manifests: {len(problems)} problem(s): the manifests no longer match the code", file=sys.stderr)
         return 1
+    ports = {name: service.default_port for name, service in code.services.items()}
+    if code.console is not None:
+        ports[CONSOLE] = code.console.default_port
     print(
         f"check_manifests: {', '.join(o.name for o in overlays)} match the code "
-        f"({', '.join(f'{n}:{s.default_port}' for n, s in code.services.items())})"
+        f"({', '.join(f'{n}:{p}' for n, p in ports.items())})"
     )
     return 0
 

@@ -8,6 +8,12 @@
 # code, so the Dockerfile can cache that layer: the skeleton's content changes
 # only when a manifest, the lock file or the set of targets does.
 #
+# The packages come from `cargo metadata`, so a new workspace member (such as
+# the console) is covered without a change here. Files a crate embeds at
+# compile time (include_str!: the services' SQL migrations, the console's
+# assets/) are left out: the stubs embed nothing, and the Dockerfile's real
+# build copies the whole source tree, those files included.
+#
 # Needs only `cargo` and POSIX tools (the rust image has no jq or python).
 # `.ci/check-deploy` runs it too and checks that the skeleton still resolves
 # with `--locked`, so a manifest change cannot break the image's first layer
