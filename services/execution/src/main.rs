@@ -8,13 +8,11 @@ use clap::Parser as _;
 #[global_allocator]
 static ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let config = muster_execution::Config::parse();
     let server = config.server.clone();
     let address = config.listen_address();
     muster_runtime::process::serve("muster-execution", &server, address, |listener, shutdown| {
         muster_execution::run(config, listener, shutdown)
     })
-    .await
 }

@@ -8,13 +8,11 @@ use clap::Parser as _;
 #[global_allocator]
 static ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let config = muster_roster::Config::parse();
     let server = config.server.clone();
     let address = muster_roster::default_listen_address();
     muster_runtime::process::serve("muster-roster", &server, address, |listener, shutdown| {
         muster_roster::run(config, listener, shutdown)
     })
-    .await
 }

@@ -1,7 +1,8 @@
 //! What every muster service shares and nothing a single service owns:
 //! typed configuration ([`config`]), logs and OpenTelemetry traces with W3C
 //! trace context across calls ([`telemetry`]), the life of a service process
-//! ([`process`]), the one gRPC server builder that adds health, reflection,
+//! on a Tokio runtime whose idle threads give freed memory back ([`process`]),
+//! the one gRPC server builder that adds health, reflection,
 //! request spans, metrics and graceful shutdown to every service
 //! ([`server`]), the termination signal ([`shutdown`]), database pools and
 //! migrations for SQLite and PostgreSQL, SQLite write transactions run
@@ -53,8 +54,10 @@ pub use muster_client::{balance, json, time};
 /// The allocator every muster binary uses (`#[global_allocator] static
 /// ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;`):
 /// mimalloc, whose per-thread free lists spare the services the arena locks
-/// and chunk consolidation of glibc's malloc on their hot paths.
-pub use mimalloc::MiMalloc as Allocator;
+/// and chunk consolidation of glibc's malloc on their hot paths. The
+/// services' runtime makes its threads give what they freed back to the
+/// system when they go idle ([`process::serve`]).
+pub use muster_allocator::Allocator;
 
 pub use config::ServerArgs;
 pub use server::Server;

@@ -11,13 +11,11 @@ use clap::Parser as _;
 #[global_allocator]
 static ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let config = muster_validator::Config::parse();
     let server = config.server.clone();
     let address = SocketAddr::from((Ipv4Addr::UNSPECIFIED, muster_validator::DEFAULT_PORT));
     muster_runtime::process::serve("muster-validator", &server, address, |listener, shutdown| {
         muster_validator::run(config, listener, shutdown)
     })
-    .await
 }

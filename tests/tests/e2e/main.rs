@@ -18,6 +18,7 @@ mod examples;
 mod execution;
 mod inbox;
 mod limits;
+mod memory_release;
 mod metrics;
 mod model_clients;
 mod page_tokens;
