@@ -41,6 +41,8 @@ pub struct ClusterOptions {
     pub database_urls: DatabaseUrls,
     /// Extra environment for every service.
     pub environment: Vec<(String, String)>,
+    /// Whether to start the console too (on `ports.console`).
+    pub console: bool,
 }
 
 /// The services' ports.
@@ -54,11 +56,13 @@ pub struct Ports {
     pub validator: u16,
     /// The notifier.
     pub notifier: u16,
+    /// The console (web pages).
+    pub console: u16,
 }
 
 impl Default for Ports {
     fn default() -> Self {
-        Self { execution: 50051, roster: 50052, validator: 50053, notifier: 50054 }
+        Self { execution: 50051, roster: 50052, validator: 50053, notifier: 50054, console: 50080 }
     }
 }
 
@@ -83,6 +87,7 @@ impl ClusterOptions {
             ports: Ports::default(),
             database_urls: DatabaseUrls::default(),
             environment: Vec::new(),
+            console: true,
         })
     }
 }
@@ -155,6 +160,10 @@ impl Cluster {
             let service = cluster.spawn(name).await?;
             cluster.services.push(service);
         }
+        if cluster.options.console {
+            let console = cluster.spawn("console").await?;
+            cluster.services.push(console);
+        }
         Ok(cluster)
     }
 
@@ -181,6 +190,11 @@ impl Cluster {
     /// The notifier's URL.
     pub fn notifier_url(&self) -> String {
         self.service("notifier").url()
+    }
+
+    /// The console's address, when it runs.
+    pub fn console_url(&self) -> Option<String> {
+        self.services.iter().find(|service| service.name == "console").map(ServiceProcess::url)
     }
 
     /// A service, called as the local operator.
@@ -293,6 +307,7 @@ impl Cluster {
             "execution" => ports.execution,
             "roster" => ports.roster,
             "validator" => ports.validator,
+            "console" => ports.console,
             _ => ports.notifier,
         };
         self.spawn_at(name, port, name).await
@@ -315,8 +330,12 @@ impl Cluster {
         let log = log_options.open(&log_path).with_context(|| format!("opening {}", log_path.display()))?;
         let log_start = log.metadata().map_or(0, |metadata| metadata.len());
         let mut command = Command::new(&binary);
+        if name != "console" {
+            // The console has no powers of its own: it acts with the
+            // credential of whoever signs in to it.
+            command.envs(self.credentials.environment());
+        }
         command
-            .envs(self.credentials.environment())
             .env("MUSTER_LISTEN", SocketAddr::new(options.host, port).to_string())
             .env("MUSTER_PORT_FILE", &port_file)
             .env("MUSTER_LOG_FORMAT", "json")
@@ -352,9 +371,16 @@ impl Cluster {
                     // `execution-1`, ...): restarted, it takes its runs back at once.
                     .env("MUSTER_REPLICA_ID", execution_replica_id(file_stem));
             }
+            "console" => {
+                command
+                    .env("MUSTER_EXECUTION_URL", self.service("execution").url())
+                    .env("MUSTER_ROSTER_URL", self.service("roster").url())
+                    .env("MUSTER_VALIDATOR_URL", self.service("validator").url())
+                    .env("MUSTER_CONSOLE_SESSION_KEY_FILE", self.console_key()?);
+            }
             _ => {}
         }
-        if name != "roster" {
+        if name != "roster" && name != "console" {
             // Where agent credentials come from.
             command.env("MUSTER_ROSTER_URL", self.service("roster").url());
         }
@@ -363,8 +389,25 @@ impl Cluster {
         }
         let mut child = command.spawn().with_context(|| format!("starting {}", binary.display()))?;
         let address = wait_for_port_file(&port_file, &mut child, name, &log_path, log_start).await?;
-        wait_until_serving(address, &mut child, name, &log_path, log_start).await?;
+        if name != "console" {
+            // The console serves pages, not gRPC: listening is serving.
+            wait_until_serving(address, &mut child, name, &log_path, log_start).await?;
+        }
         Ok(ServiceProcess { name, address, log_path, log_start, child })
+    }
+}
+
+impl Cluster {
+    /// The console's session key in the data folder, made on first use
+    /// (mode 0600): sessions outlive a restart of the console.
+    fn console_key(&self) -> anyhow::Result<PathBuf> {
+        let path = self.options.data_dir.join("console.key");
+        if !path.exists() {
+            let key = muster_runtime::auth::token::generate_secret()?;
+            muster_runtime::files::write_private(&path, key.as_bytes())
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        Ok(path)
     }
 }
 

@@ -18,6 +18,7 @@
 
 mod budget;
 mod diagnostic;
+mod edit;
 mod emi;
 mod fields;
 mod formats;
@@ -33,6 +34,7 @@ mod schedule;
 mod yaml;
 
 pub use diagnostic::{Diagnostic, Severity};
+pub use edit::{StepRolesRow, set_step_roles, step_roles};
 pub use formats::{is_identifier, rfc3339_millis};
 pub use matrix::{MatrixReport, MatrixRole};
 pub use model::{

@@ -176,7 +176,7 @@ impl StepDefinition {
 }
 
 /// The Executor / Monitor / Informed roles of a step.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct StepRoles {
     /// The one agent that performs the step.
     pub executor: String,

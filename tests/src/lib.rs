@@ -83,6 +83,8 @@ pub fn build_service_binaries() {
                 "-p",
                 "muster-notifier",
                 "-p",
+                "muster-console",
+                "-p",
                 "muster",
                 "--bins",
             ])
@@ -109,6 +111,15 @@ impl TestCluster {
 
     /// Starts a cluster whose services get extra environment variables.
     pub async fn start_with_environment(backend: Backend, extra: Vec<(String, String)>) -> Option<Self> {
+        Self::start_cluster(backend, extra, false).await
+    }
+
+    /// Starts a cluster with its console (`cluster().console_url()`).
+    pub async fn start_with_console(backend: Backend) -> Option<Self> {
+        Self::start_cluster(backend, Vec::new(), true).await
+    }
+
+    async fn start_cluster(backend: Backend, extra: Vec<(String, String)>, console: bool) -> Option<Self> {
         build_service_binaries();
         let data_dir = std::env::temp_dir().join(format!("muster-e2e-{}", uuid::Uuid::new_v4().simple()));
         let mut databases = Vec::new();
@@ -129,7 +140,7 @@ impl TestCluster {
             binary_dir: default_binary_dir().expect("locating the binaries"),
             data_dir: data_dir.clone(),
             host: std::net::IpAddr::from([127, 0, 0, 1]),
-            ports: Ports { execution: 0, roster: 0, validator: 0, notifier: 0 },
+            ports: Ports { execution: 0, roster: 0, validator: 0, notifier: 0, console: 0 },
             database_urls,
             // `MUSTER_LOG=debug cargo test ...` turns up the services' logs.
             environment: std::env::var("MUSTER_LOG")
@@ -137,6 +148,7 @@ impl TestCluster {
                 .into_iter()
                 .chain(extra)
                 .collect(),
+            console,
         };
         let cluster = Cluster::start(options).await.expect("starting the cluster");
         Some(Self { cluster: Some(cluster), data_dir, _databases: databases })

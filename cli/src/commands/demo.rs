@@ -1,7 +1,8 @@
 //! `muster demo`: the main job on the embedded default. Starts the cluster on
 //! SQLite, imports the sample roster, serves its agents with the sample
 //! behaviour (or, given a model endpoint, with that model), runs the sample
-//! process, and says where the informed agents' NDJSON memory is.
+//! process, and says where the informed agents' NDJSON memory is; with
+//! `--stay`, keeps everything up afterwards for a look in the console.
 
 use std::{path::PathBuf, sync::Arc};
 
@@ -26,6 +27,10 @@ pub(crate) struct DemoArgs {
     process: PathBuf,
     #[command(flatten)]
     model: ModelArgs,
+    /// After the run, keep the cluster and the sample agents up until
+    /// Ctrl-C, to look at the run in the console.
+    #[arg(long)]
+    stay: bool,
 }
 
 /// A model endpoint for every sample agent (docs/agents.md); none keeps the
@@ -137,8 +142,6 @@ async fn demo(args: &DemoArgs, cluster: &muster::cluster::Cluster) -> anyhow::Re
         Some(&cluster.credentials.operator_token),
     )
     .await;
-    let _ = stop_sender.send(());
-    let _ = worker.await;
     let finished = completed?;
     if !finished.lead_agent_id.is_empty() {
         // The lead hears of every event: once the last one reached its inbox,
@@ -164,6 +167,19 @@ async fn demo(args: &DemoArgs, cluster: &muster::cluster::Cluster) -> anyhow::Re
         let lines = std::fs::read_to_string(&file).map(|text| text.lines().count()).unwrap_or(0);
         println!("  {} ({lines} lines)", file.display());
     }
+    if args.stay
+        && let Some(url) = cluster.console_url()
+    {
+        println!(
+            "\nthe cluster and the sample agents stay up: open {url}/ and sign in with the token in {} (an agent's, from {}, works too); Ctrl-C stops them",
+            args.up.data_dir.join(muster::credentials::OPERATOR_TOKEN_FILE).display(),
+            tokens_file.display()
+        );
+        muster_runtime::shutdown::signal().await;
+    }
+    // Dropped on an early return, the sender stops the agents just the same.
+    let _ = stop_sender.send(());
+    let _ = worker.await;
     Ok(super::run::completed(&finished))
 }
 

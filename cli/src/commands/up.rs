@@ -24,6 +24,12 @@ pub(crate) struct UpArgs {
     /// Port of the notifier.
     #[arg(long, default_value_t = 50054)]
     pub(crate) notifier_port: u16,
+    /// Port of the console, the cluster's web pages.
+    #[arg(long, default_value_t = 50080)]
+    pub(crate) console_port: u16,
+    /// Do not start the console.
+    #[arg(long)]
+    pub(crate) no_console: bool,
 }
 
 impl UpArgs {
@@ -34,7 +40,9 @@ impl UpArgs {
             roster: self.roster_port,
             validator: self.validator_port,
             notifier: self.notifier_port,
+            console: self.console_port,
         };
+        options.console = !self.no_console;
         Ok(options)
     }
 }
@@ -83,8 +91,13 @@ pub(crate) async fn start(args: &UpArgs) -> anyhow::Result<Cluster> {
         let pid = service.pid().map_or_else(|| "?".to_owned(), |pid| pid.to_string());
         println!("  {name:<10} {url}   (pid {pid}, log: {})", service.log_path.display());
     }
+    if let Some(url) = cluster.console_url() {
+        let console = cluster.service("console");
+        let pid = console.pid().map_or_else(|| "?".to_owned(), |pid| pid.to_string());
+        println!("  {:<10} {url}/   (pid {pid}, log: {}): open it in a browser", "console", console.log_path.display());
+    }
     println!(
-        "  the local operator's token is in {} (the muster command uses it by itself)",
+        "  the local operator's token is in {} (the muster command uses it by itself; sign in to the console with it)",
         args.data_dir.join(muster::credentials::OPERATOR_TOKEN_FILE).display()
     );
     Ok(cluster)

@@ -104,7 +104,7 @@ pub const ACCESS: &[Rule] = &[
     rule("ListDelegations", Access::ANYONE),
     rule("WatchRoster", Access::ANYONE),
     rule("RenderSystemPrompt", Access::ANYONE),
-    rule("Authenticate", Access::OPERATOR.or(Access::SERVICE)),
+    rule("Authenticate", Access::ANYONE),
     rule("RotateToken", Access::OPERATOR.or(Access::AGENT)),
     rule("RevokeToken", Access::OPERATOR.or(Access::AGENT)),
 ];
@@ -937,12 +937,27 @@ impl<S: RosterStore> RosterService for Roster<S> {
         &self,
         request: Request<pb::AuthenticateRequest>,
     ) -> Result<Response<pb::AuthenticateResponse>, GrpcStatus> {
+        let caller = Caller::of(&request)?;
         let token = request.into_inner().token;
         let token = token.trim();
         if token.is_empty() {
             return Err(Error::invalid("token", "token: required").into());
         }
-        match self.inner.store.agent_by_token(&TokenHash::of(token)).await? {
+        let agent = self.inner.store.agent_by_token(&TokenHash::of(token)).await?;
+        // An agent learns who it is, and nothing of other tokens: another
+        // agent's token and an unknown one get the same refusal.
+        if let Some(own) = caller.agent_id()
+            && agent.as_ref().is_none_or(|agent| agent.id != own)
+        {
+            return Err(permission_denied(
+                &caller,
+                "authenticate a token",
+                "NOT_THE_AGENT",
+                "an agent may authenticate only its own token".to_owned(),
+                &[],
+            ));
+        }
+        match agent {
             Some(agent) => Ok(Response::new(pb::AuthenticateResponse { agent: Some(agent_to_wire(&agent)) })),
             None => Err(Error::Unauthenticated {
                 reason: "CREDENTIAL_UNKNOWN",

@@ -24,7 +24,7 @@ fn reason(status: &tonic::Status) -> (String, String) {
 async fn agents_act_for_themselves_only(backend: Backend) {
     let Some(mut server) = TestServer::on(backend).await else { return };
     let alice = server.agent("alice", "", "", &[], 0).await;
-    server.agent("bob", "", "", &[], 0).await;
+    let bob = server.agent("bob", "", "", &[], 0).await;
     let mut as_alice = server.client_as(&alice);
 
     // Rotating another agent's token: refused, naming who, its role and the action.
@@ -68,12 +68,16 @@ async fn agents_act_for_themselves_only(backend: Backend) {
             .list_delegations(pb::ListDelegationsRequest { agent_id: "bob".into(), ..Default::default() })
             .await
             .unwrap_err(),
-        as_alice.authenticate(pb::AuthenticateRequest { token: alice.clone() }).await.unwrap_err(),
+        // Another's token and an unknown one are refused alike.
+        as_alice.authenticate(pb::AuthenticateRequest { token: bob }).await.unwrap_err(),
+        as_alice.authenticate(pb::AuthenticateRequest { token: "no-such-token".into() }).await.unwrap_err(),
     ] {
         assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     }
 
     // For itself, an agent may: its own context, its own delegations, its own token.
+    let own = as_alice.authenticate(pb::AuthenticateRequest { token: alice.clone() }).await.unwrap().into_inner();
+    assert_eq!(own.agent.unwrap().id, "alice");
     as_alice
         .get_organization_roster(pb::GetOrganizationRosterRequest { agent_id: "alice".into(), ..Default::default() })
         .await

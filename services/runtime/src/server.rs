@@ -303,7 +303,9 @@ async fn set_all(health: &HealthReporter, names: &[&'static str], status: Servin
     }
 }
 
-fn write_port_file(path: &std::path::Path, address: &str) -> Result<()> {
+/// Writes `address` to `path` atomically (a temporary file renamed), for
+/// whoever waits for the service to listen.
+pub fn write_port_file(path: &std::path::Path, address: &str) -> Result<()> {
     let temporary = path.with_extension("tmp");
     let io_error = |source| Error::Io { context: format!("writing {}", path.display()), source };
     std::fs::write(&temporary, address).map_err(io_error)?;

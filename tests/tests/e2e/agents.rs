@@ -597,7 +597,7 @@ async fn the_demo_runs_the_sample_process_on_a_model() {
     let data = Folder::new("agents-demo");
     let data_dir = data.0.join("data").display().to_string();
     let mut arguments: Vec<String> = ["demo", "--data-dir", &data_dir].map(String::from).to_vec();
-    for port in ["--execution-port", "--roster-port", "--validator-port", "--notifier-port"] {
+    for port in ["--execution-port", "--roster-port", "--validator-port", "--notifier-port", "--console-port"] {
         arguments.extend([port.to_owned(), "0".to_owned()]);
     }
     arguments.extend([

@@ -217,7 +217,7 @@ fn table() -> Vec<Row> {
         row(
             "RosterService/Authenticate",
             |fixture| roster::AuthenticateRequest { token: fixture.tokens["alice"].clone() }.encode_to_vec(),
-            [PD, PD, OK, OK],
+            [PD, OK, OK, OK],
         ),
         Row {
             method: "RosterService/RotateToken",

@@ -12,6 +12,7 @@ mod authority;
 mod budgets;
 mod cli;
 mod clients;
+mod console;
 mod data_at_rest;
 mod delegation_notice;
 mod examples;

@@ -30,6 +30,8 @@ async fn muster_up(data: &Folder) -> (Background, String) {
             "0",
             "--notifier-port",
             "0",
+            "--console-port",
+            "0",
         ],
         &[],
     );
