@@ -29,8 +29,13 @@ use muster_tests::{
 };
 use serde_json::Value;
 
-const ROLE_FILES: [&str; 4] =
-    ["examples/tpm/delivery.md", "examples/tpm/risk.md", "examples/tpm/communication.md", "examples/tpm/roster.yaml"];
+const ROLE_FILES: [&str; 5] = [
+    "examples/tpm/delivery.md",
+    "examples/tpm/risk.md",
+    "examples/tpm/communication.md",
+    "examples/tpm/product.md",
+    "examples/tpm/roster.yaml",
+];
 
 fn words(words: &[&str]) -> Vec<String> {
     words.iter().map(|word| (*word).to_owned()).collect()
@@ -80,6 +85,11 @@ async fn roles_run_on_their_own(backend: Backend) {
     let Some(test) = TestCluster::start(backend).await else { return };
     let environment = test.command_environment();
     let tokens_file = test.data_dir.join("tokens.json").display().to_string();
+    let mut validate = words(&["validate"]);
+    validate.extend(words(&ROLE_FILES));
+    let valid = run(validate, environment.clone()).await;
+    assert_eq!(valid.status.code(), Some(0), "{}", text(&valid));
+    assert!(text(&valid).contains("5 file(s) checked: 0 error(s), 0 warning(s)"), "{}", text(&valid));
     let mut import = words(&["roster", "import"]);
     import.extend(words(&ROLE_FILES));
     import.extend(words(&["--tokens-file", &tokens_file]));
@@ -96,8 +106,14 @@ async fn roles_run_on_their_own(backend: Backend) {
     assert!(delivery.source.contains("post_to_inbox: tpm-risk"), "{}", delivery.source);
     process_when(&mut client, "role-risk", |_| true).await;
     process_when(&mut client, "role-communication", |_| true).await;
+    // The product manager: weekly, and on demand through its inbox.
+    let product = process_when(&mut client, "role-product", |_| true).await;
+    for part in ["schedule: \"0 10 * * 1\"", "inbox: tpm-product", "post_to_inbox: tpm-delivery"] {
+        assert!(product.source.contains(part), "missing {part:?} in:\n{}", product.source);
+    }
     let schedules = run(words(&["schedule", "list"]), environment.clone()).await;
     assert!(text(&schedules).contains("role-communication  '*/30 * * * *' UTC  missed: skip"), "{}", text(&schedules));
+    assert!(text(&schedules).contains("role-product  '0 10 * * 1' UTC  missed: skip"), "{}", text(&schedules));
 
     // The prompt an agent of a role gets: the role, then the think-first preamble.
     let prompt = test
@@ -237,6 +253,33 @@ async fn roles_run_on_their_own(backend: Backend) {
     assert!(posted.status.success(), "{}", text(&posted));
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(runs_of(&mut client, "role-communication").await.len(), 3, "the message starts nothing now");
+
+    // The product manager on demand: a request to its inbox runs it, with its
+    // role's prompt, and its scope change goes to delivery's inbox.
+    let prompt = test
+        .roster()
+        .render_system_prompt(RenderSystemPromptRequest { agent_id: "product-agent".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .system_prompt;
+    assert!(prompt.contains("Your role in this project: product (Product Manager)."), "{prompt}");
+    let posted = run(
+        words(&["inbox", "post", "tpm-product", "the client wants the audit export in JSON this release"]),
+        environment.clone(),
+    )
+    .await;
+    assert!(posted.status.success(), "{}", text(&posted));
+    processed_message(&mut client, "tpm-product").await;
+    let [run_of_product] = runs_of(&mut client, "role-product").await.try_into().expect("one product run");
+    assert_eq!(run_of_product.status, muster_proto::common::v1::ExecutionStatus::Completed as i32);
+    let request = ListInboxMessagesRequest { inbox: "tpm-delivery".into(), ..Default::default() };
+    let to_delivery = client.list_inbox_messages(request).await.unwrap().into_inner().messages;
+    let from_product = to_delivery.iter().find(|message| message.sender == "product-agent");
+    let from_product = from_product.unwrap_or_else(|| panic!("product posted to delivery: {to_delivery:?}"));
+    assert!(from_product.body.contains("audit export in JSON"), "product saw the request: {}", from_product.body);
+    let shown = run(words(&["memory", "show", "product"]), environment.clone()).await;
+    assert!(text(&shown).contains("product-agent ran role-product"), "{}", text(&shown));
 
     // Bad input names the field.
     let bad = RoleDefinition { name: "broken".into(), schedule: "0 0 30 2 *".into(), ..Default::default() };
