@@ -1,5 +1,9 @@
-//! Inboxes: `muster inbox post|list|archive`. A message posted to an inbox
-//! starts a run of the process the inbox triggers (`triggers.inbox`).
+//! Inboxes: `muster inbox post|list|archive|watch`. A message posted to an
+//! inbox starts a run of the process the inbox triggers (`triggers.inbox`);
+//! `watch` keeps inboxes as folders ([`watch`]).
+
+mod folder;
+mod watch;
 
 use anyhow::Context;
 use muster_proto::execution::v1::{
@@ -70,6 +74,33 @@ enum InboxCommand {
         /// The message's id.
         id: String,
     },
+    /// Inboxes as folders: posts each file dropped into DIR/<inbox>/ once it
+    /// is unchanged for a poll, then moves it to DIR/<inbox>/processed/ and
+    /// DIR/<inbox>/archive/ as its message moves; a refused file stays, with
+    /// <file>.error beside it. Until Ctrl-C.
+    Watch {
+        /// The folder whose subfolders are inboxes.
+        dir: std::path::PathBuf,
+        /// Seconds between polls.
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        interval_seconds: u64,
+        /// How urgent the messages are.
+        #[arg(long, value_enum, default_value = "normal")]
+        priority: Priority,
+        /// The sender (an operator may name anyone; an agent posts as
+        /// itself). Keep it across restarts: a file's idempotency key is
+        /// the sender's.
+        #[arg(long, default_value = "")]
+        from: String,
+    },
+}
+
+fn priority_to_wire(priority: Priority) -> MessagePriority {
+    match priority {
+        Priority::Low => MessagePriority::Low,
+        Priority::Normal => MessagePriority::Normal,
+        Priority::High => MessagePriority::High,
+    }
 }
 
 fn line(message: &InboxMessage) -> String {
@@ -104,11 +135,7 @@ pub(crate) async fn run(args: InboxArgs, token: Option<&str>) -> anyhow::Result<
     let mut execution = ExecutionServiceClient::new(super::endpoint(&args.execution, token)?.channel()?);
     match args.command {
         InboxCommand::Post { inbox, body, subject, priority, from, idempotency_key } => {
-            let priority = match priority {
-                Priority::Low => MessagePriority::Low,
-                Priority::Normal => MessagePriority::Normal,
-                Priority::High => MessagePriority::High,
-            };
+            let priority = priority_to_wire(priority);
             let posted = execution
                 .post_to_inbox(PostToInboxRequest {
                     inbox,
@@ -165,6 +192,15 @@ pub(crate) async fn run(args: InboxArgs, token: Option<&str>) -> anyhow::Result<
                 .into_inner();
             let message = archived.message.context("no message in the answer")?;
             println!("archived {}", message.id);
+        }
+        InboxCommand::Watch { dir, interval_seconds, priority, from } => {
+            let options = watch::Watch {
+                dir,
+                interval: std::time::Duration::from_secs(interval_seconds),
+                sender: from,
+                priority: priority_to_wire(priority),
+            };
+            watch::run(options, execution).await?;
         }
     }
     Ok(())

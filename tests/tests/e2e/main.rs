@@ -18,6 +18,7 @@ mod delegation_notice;
 mod examples;
 mod execution;
 mod inbox;
+mod inbox_folders;
 mod limits;
 mod memory_release;
 mod metrics;
