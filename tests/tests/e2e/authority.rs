@@ -410,12 +410,12 @@ fn table() -> Vec<Row> {
                 execution::StartSessionRequest {
                     process_name: "auth-process".into(),
                     lead_agent_id: "alice".into(),
-                    task: Some(execution::SessionTask { title: "by the operator".into(), description: String::new() }),
+                    task: Some(execution::SessionTask { title: "led by alice".into(), description: String::new() }),
                     ..Default::default()
                 }
                 .encode_to_vec()
             },
-            OPERATORS,
+            [PD, OK, OK, PD],
         ),
         row(
             "ExecutionService/AssignRole",

@@ -2,7 +2,8 @@
 //! processes: every (role, action) cell of the default matrix through
 //! CheckRole and through the action it guards; a session from start to close;
 //! the per-agent limits; impersonation attempts; a revoked agent leaving its
-//! worker.
+//! worker; a lead starting its own session; a roster role's actions binding
+//! outside sessions; a dashboard suggesting only what would be accepted.
 
 use std::{collections::HashMap, time::Duration};
 
@@ -1003,4 +1004,231 @@ async fn outside_sessions_the_matrix_governs_its_own_roles_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outside_sessions_the_matrix_governs_its_own_roles_on_postgres() {
     outside_sessions_the_matrix_governs_its_own_roles(Backend::Postgres).await;
+}
+
+/// The team protocol's `start_session` is "called by Lead": an agent starts
+/// a session that names it as lead, when the matrix lets `lead` `create_task`;
+/// not one that names another lead.
+async fn a_lead_starts_its_own_session(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let names = ["boss", "dev"];
+    let agents: Vec<Agent> = names.iter().map(|name| agent(name, "member", "core")).collect();
+    let tokens: HashMap<&str, String> = names.into_iter().zip(test.register_agents(&agents).await).collect();
+    let mut client = test.execution();
+    publish(&mut client, "name: led\nsteps:\n  - {id: gate, type: human_approval, roles: {executor: boss}}\n").await;
+    let request = |lead: &str| StartSessionRequest {
+        process_name: "led".into(),
+        lead_agent_id: lead.into(),
+        participants: vec![participant("dev", "developer", "Write it")],
+        task: Some(SessionTask { title: "Led by its lead".into(), description: String::new() }),
+        ..Default::default()
+    };
+    let mut as_boss = test.execution_as(&tokens["boss"]);
+    let started = as_boss.start_session(request("boss")).await.unwrap().into_inner().execution.unwrap();
+    assert_eq!(started.lead_agent_id, "boss");
+    wait_to_hear(&test, "dev", &tokens["dev"], &started.id, EventType::SessionStarted).await;
+
+    // Not a session another agent leads, and not the developer's own.
+    for (token, lead) in [(&tokens["dev"], "boss"), (&tokens["boss"], "dev")] {
+        let refused = test.execution_as(token).start_session(request(lead)).await.unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+        assert_eq!(refused.get_details_error_info().unwrap().reason, "NOT_THE_LEAD");
+    }
+    // The matrix decides `create_task` for the lead.
+    client
+        .put_permission_matrix(execution::PutPermissionMatrixRequest {
+            source: "roles:\n  lead:\n    can: [assign_role]\n  developer:\n    can: [code]\n".into(),
+        })
+        .await
+        .unwrap();
+    let refused = as_boss.start_session(request("boss")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    let info = refused.get_details_error_info().unwrap();
+    assert_eq!((info.reason.as_str(), info.metadata["matrix_version"].as_str()), ("ROLE_FORBIDS_ACTION", "2"));
+    // Operators still start sessions for anyone.
+    let mut as_operator = test.execution();
+    let mut by_operator = request("boss");
+    by_operator.participants.clear();
+    as_operator.start_session(by_operator).await.unwrap();
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lead_starts_its_own_session_on_sqlite() {
+    a_lead_starts_its_own_session(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lead_starts_its_own_session_on_postgres() {
+    a_lead_starts_its_own_session(Backend::Postgres).await;
+}
+
+/// Outside sessions the actions a roster role lists bind its agents at run
+/// time, as at publish: the sample writer role does not list `approve`, so
+/// a writer neither approves nor hears from CheckRole that it may.
+async fn a_roster_roles_actions_bind_outside_sessions(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let mut roster = test.roster();
+    for (name, actions) in
+        [("writer", ["code", "report_done", "request_review"]), ("editor", ["review", "approve", "request_changes"])]
+    {
+        let role = muster_proto::roster::v1::RoleDefinition {
+            name: name.into(),
+            permitted_actions: actions.iter().map(|action| (*action).to_owned()).collect(),
+            ..Default::default()
+        };
+        roster
+            .put_role_definition(muster_proto::roster::v1::PutRoleDefinitionRequest { role: Some(role) })
+            .await
+            .unwrap();
+    }
+    let names = ["wri", "edi"];
+    let agents = [agent("wri", "writer", "core"), agent("edi", "editor", "core")];
+    let tokens: HashMap<&str, String> = names.into_iter().zip(test.register_agents(&agents).await).collect();
+    let mut client = test.execution();
+    publish(
+        &mut client,
+        "name: drafts\nsteps:\n\
+         \x20 - {id: by-writer, type: human_approval, roles: {executor: wri}}\n\
+         \x20 - {id: by-editor, type: human_approval, roles: {executor: edi}}\n",
+    )
+    .await;
+    let started = client
+        .start_execution(StartExecutionRequest { process_name: "drafts".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    wait_for_steps(&mut client, &started.id, "both gates wait", |steps| {
+        steps["by-writer"].status() == StepStatus::WaitingApproval
+            && steps["by-editor"].status() == StepStatus::WaitingApproval
+    })
+    .await;
+    for (agent_id, step_id, allowed) in [("wri", "by-writer", false), ("edi", "by-editor", true)] {
+        let mut as_agent = test.execution_as(&tokens[agent_id]);
+        for execution_id in [String::new(), started.id.clone()] {
+            let verdict = as_agent
+                .check_role(CheckRoleRequest { execution_id, action: "approve".into(), agent_id: String::new() })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(verdict.allowed, allowed, "{verdict:?}");
+            if !allowed {
+                assert_eq!(verdict.decided_by(), RoleCheck::RosterRole, "{verdict:?}");
+                assert!(verdict.reason.contains("code, report_done, request_review"), "{}", verdict.reason);
+            }
+        }
+        let decided = as_agent
+            .submit_approval(SubmitApprovalRequest {
+                execution_id: started.id.clone(),
+                step_id: step_id.into(),
+                approved: true,
+                comment: String::new(),
+            })
+            .await;
+        match decided {
+            Ok(_) => assert!(allowed, "{agent_id} approved"),
+            Err(status) => {
+                assert!(!allowed, "{agent_id} was refused: {status:?}");
+                assert_eq!(status.code(), Code::PermissionDenied);
+                assert_eq!(status.get_details_error_info().unwrap().reason, "ROSTER_ROLE_FORBIDS_ACTION");
+            }
+        }
+    }
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roster_roles_actions_bind_outside_sessions_on_sqlite() {
+    a_roster_roles_actions_bind_outside_sessions(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roster_roles_actions_bind_outside_sessions_on_postgres() {
+    a_roster_roles_actions_bind_outside_sessions(Backend::Postgres).await;
+}
+
+/// The lead's dashboard suggests only what the service would do: it names
+/// as approvers those SubmitApproval accepts (in a session, assigned with a
+/// role that may approve), suggests no RETRY of a refused step, and
+/// nothing once the execution has ended.
+async fn the_dashboard_suggests_only_what_would_be_accepted(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let names = ["boss", "rev", "outsider"];
+    let agents: Vec<Agent> = names.iter().map(|name| agent(name, "member", "core")).collect();
+    let tokens: HashMap<&str, String> = names.into_iter().zip(test.register_agents(&agents).await).collect();
+    let mut client = test.execution();
+    publish(
+        &mut client,
+        "name: honest\nsteps:\n\
+         \x20 - {id: gate, type: human_approval, roles: {executor: outsider, monitors: [rev]}}\n\
+         \x20 - {id: code-by-reviewer, type: agent_task, agent: rev, message: m, action: code}\n",
+    )
+    .await;
+    let session = client
+        .start_session(StartSessionRequest {
+            process_name: "honest".into(),
+            lead_agent_id: "boss".into(),
+            participants: vec![participant("rev", "reviewer", "Review it")],
+            task: Some(SessionTask { title: "Honest dashboard".into(), description: String::new() }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    let steps = wait_for_steps(&mut client, &session.id, "the gate waits and the refused step fails", |steps| {
+        steps["gate"].status() == StepStatus::WaitingApproval && is_final(&steps["code-by-reviewer"])
+    })
+    .await;
+    assert_eq!(steps["code-by-reviewer"].error.as_ref().unwrap().code, "PERMISSION_DENIED");
+    // The outsider is not assigned in the session: SubmitApproval refuses it.
+    let refused = test
+        .execution_as(&tokens["outsider"])
+        .submit_approval(SubmitApprovalRequest {
+            execution_id: session.id.clone(),
+            step_id: "gate".into(),
+            approved: true,
+            comment: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+
+    let mut as_lead = test.execution_as(&tokens["boss"]);
+    let dashboard = as_lead
+        .get_session_status(GetSessionStatusRequest { execution_id: session.id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    let reminder = dashboard.suggested_interventions.iter().find(|suggestion| suggestion.step_id == "gate").unwrap();
+    assert_eq!(reminder.text, "remind rev to decide step 'gate'", "{reminder:?}");
+    let refused_step =
+        dashboard.suggested_interventions.iter().find(|suggestion| suggestion.step_id == "code-by-reviewer").unwrap();
+    assert_ne!(refused_step.action(), InterventionAction::Retry, "{refused_step:?}");
+
+    client
+        .cancel_execution(execution::CancelExecutionRequest { id: session.id.clone(), reason: "done".into() })
+        .await
+        .unwrap();
+    let ended = as_lead
+        .get_session_status(GetSessionStatusRequest { execution_id: session.id.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ended.status(), ExecutionStatus::Cancelled);
+    assert!(ended.suggested_interventions.is_empty(), "{:?}", ended.suggested_interventions);
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_suggests_only_what_would_be_accepted_on_sqlite() {
+    the_dashboard_suggests_only_what_would_be_accepted(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_suggests_only_what_would_be_accepted_on_postgres() {
+    the_dashboard_suggests_only_what_would_be_accepted(Backend::Postgres).await;
 }

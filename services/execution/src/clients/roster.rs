@@ -65,6 +65,14 @@ pub(crate) struct DelegationAsk {
     pub(crate) assigned_agent_id: String,
 }
 
+/// What a roster role lists: the tools its agents may use, and the actions
+/// they may take outside sessions (none listed: no list binds them).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct RoleGrants {
+    pub(crate) tools: Vec<String>,
+    pub(crate) actions: Vec<String>,
+}
+
 /// The roster, as the execution service uses it.
 pub(crate) trait Roster: Send + Sync + 'static {
     /// Decides (and, for DELEGATE, reserves) who takes a task.
@@ -83,8 +91,8 @@ pub(crate) trait Roster: Send + Sync + 'static {
     /// What an assignment tells an agent about itself: role definition,
     /// rendered system prompt, limits, LLM settings.
     fn agent_context(&self, agent_id: String) -> BoxFuture<'_, Result<AgentContext, RosterFailure>>;
-    /// The tools a role lists (none for an unknown role).
-    fn role_tools(&self, role: String) -> BoxFuture<'_, Result<Vec<String>, RosterFailure>>;
+    /// The tools and actions a role lists (none for an unknown role).
+    fn role_grants(&self, role: String) -> BoxFuture<'_, Result<RoleGrants, RosterFailure>>;
     /// Every agent and role, to check a process's references at publish.
     fn validation_context(&self) -> BoxFuture<'_, Result<muster_format::Context, RosterFailure>>;
 }
@@ -313,12 +321,16 @@ impl Roster for RosterClient {
         })
     }
 
-    fn role_tools(&self, role: String) -> BoxFuture<'_, Result<Vec<String>, RosterFailure>> {
+    fn role_grants(&self, role: String) -> BoxFuture<'_, Result<RoleGrants, RosterFailure>> {
         let mut client = self.client.clone();
         Box::pin(async move {
             match client.get_role_definition(roster::GetRoleDefinitionRequest { name: role }).await {
-                Ok(response) => Ok(response.into_inner().role.map(|role| role.tools).unwrap_or_default()),
-                Err(status) if status.code() == tonic::Code::NotFound => Ok(Vec::new()),
+                Ok(response) => Ok(response
+                    .into_inner()
+                    .role
+                    .map(|role| RoleGrants { tools: role.tools, actions: role.permitted_actions })
+                    .unwrap_or_default()),
+                Err(status) if status.code() == tonic::Code::NotFound => Ok(RoleGrants::default()),
                 Err(status) => Err(failure(status)),
             }
         })

@@ -6,7 +6,9 @@
 //! 3. does that role permit the action?
 //!
 //! Outside sessions the first check does not apply and the role is the
-//! agent's roster role (`lead` for the execution's lead). There the matrix
+//! agent's roster role (`lead` for the execution's lead). A roster role that
+//! lists its `actions` binds there first: an action it does not list is
+//! refused, as publishing refuses a step declaring one. Then the matrix
 //! governs only the roles it names: an agent whose roster role is not one of
 //! them is not restricted by it, and the step's roles (executor, monitors)
 //! alone decide what it may do. The matrix in force is versioned; every
@@ -95,6 +97,8 @@ pub(crate) enum Check {
     Action,
     /// Outside sessions, a role the matrix does not name: it does not apply.
     NotGoverned,
+    /// Outside sessions, the actions the agent's roster role lists.
+    RosterRole,
 }
 
 impl Check {
@@ -105,6 +109,7 @@ impl Check {
             Self::UnknownRole => "UNKNOWN_ROLE",
             Self::Action => "ROLE_FORBIDS_ACTION",
             Self::NotGoverned => "NOT_GOVERNED",
+            Self::RosterRole => "ROSTER_ROLE_FORBIDS_ACTION",
         }
     }
 }
@@ -127,6 +132,10 @@ pub(crate) struct Subject<'a> {
     pub(crate) agent_id: &'a str,
     /// The agent's roster role (used outside sessions).
     pub(crate) roster_role: &'a str,
+    /// The actions the roster role lists, when it lists any (outside
+    /// sessions they bind the agent acting in its roster role); `None`
+    /// when it lists none, or is not known.
+    pub(crate) roster_actions: Option<&'a [String]>,
     /// The execution's lead, if any.
     pub(crate) lead: &'a str,
     /// The session, when the execution runs as one.
@@ -180,6 +189,22 @@ pub(crate) fn check(matrix: &Matrix, subject: &Subject<'_>, action: &str) -> Ver
             ),
         };
     };
+    let in_roster_role = subject.session.is_none() && (subject.lead.is_empty() || subject.agent_id != subject.lead);
+    if in_roster_role
+        && let Some(listed) = subject.roster_actions.filter(|listed| !listed.is_empty())
+        && !listed.iter().any(|listed| listed == action)
+    {
+        return verdict(
+            false,
+            role,
+            Check::RosterRole,
+            format!(
+                "'{action}' is not among the actions roster role '{role}' lists ({}): outside sessions the \
+                 role's own actions bind",
+                listed.join(", ")
+            ),
+        );
+    }
     let Some(matrix_role) = matrix.role(role) else {
         if subject.session.is_none() {
             return verdict(
@@ -257,7 +282,13 @@ mod tests {
     fn the_default_matrix_is_the_team_protocol_table() {
         let matrix = default_matrix();
         let session = session(&[("dev", "developer"), ("rev", "reviewer"), ("ana", "analyst"), ("arch", "architect")]);
-        let subject = |agent_id| Subject { agent_id, roster_role: "", lead: "boss", session: Some(&session) };
+        let subject = |agent_id| Subject {
+            agent_id,
+            roster_role: "",
+            roster_actions: None,
+            lead: "boss",
+            session: Some(&session),
+        };
         let allowed = |agent, action| check(&matrix, &subject(agent), action).allowed;
         assert!(allowed("boss", "assign_role") && allowed("boss", "code") && allowed("boss", "approve"));
         assert!(allowed("dev", "code") && allowed("dev", "report_done") && !allowed("dev", "reassign"));
@@ -274,10 +305,11 @@ mod tests {
     #[test]
     fn outside_sessions_the_roster_role_applies() {
         let matrix = default_matrix();
-        let subject = Subject { agent_id: "a", roster_role: "reviewer", lead: "", session: None };
+        let subject = Subject { agent_id: "a", roster_role: "reviewer", roster_actions: None, lead: "", session: None };
         assert!(check(&matrix, &subject, "approve").allowed);
         assert!(!check(&matrix, &subject, "code").allowed, "a matrix role is restricted outside sessions too");
-        let lead = Subject { agent_id: "boss", roster_role: "writer", lead: "boss", session: None };
+        let lead =
+            Subject { agent_id: "boss", roster_role: "writer", roster_actions: None, lead: "boss", session: None };
         assert_eq!(check(&matrix, &lead, "close_task").role, LEAD_ROLE);
         let ungoverned = Subject { roster_role: "writer", ..subject };
         let verdict = check(&matrix, &ungoverned, "approve");
@@ -287,10 +319,34 @@ mod tests {
     }
 
     #[test]
+    fn outside_sessions_the_actions_a_roster_role_lists_bind() {
+        let matrix = default_matrix();
+        let listed = ["code".to_owned(), "report_done".to_owned()];
+        let writer =
+            Subject { agent_id: "w", roster_role: "writer", roster_actions: Some(&listed), lead: "", session: None };
+        let refused = check(&matrix, &writer, "approve");
+        assert_eq!((refused.allowed, refused.check), (false, Check::RosterRole), "{refused:?}");
+        assert_eq!(check(&matrix, &writer, "code").check, Check::NotGoverned, "a listed action goes on to the matrix");
+        // A governed role is held to both: its list, then the matrix.
+        let reviewer = Subject { roster_role: "reviewer", ..writer };
+        assert_eq!(check(&matrix, &reviewer, "approve").check, Check::RosterRole);
+        assert!(!check(&matrix, &reviewer, "code").allowed, "listed, but the matrix forbids it");
+        // The lead acts as `lead`, and a session role replaces the roster role.
+        let lead = Subject { lead: "w", ..writer };
+        assert!(check(&matrix, &lead, "approve").allowed);
+        let session = session(&[("w", "reviewer")]);
+        let in_session = Subject { session: Some(&session), ..writer };
+        assert!(check(&matrix, &in_session, "approve").allowed);
+        let unlisted = Subject { roster_actions: Some(&[]), ..writer };
+        assert!(check(&matrix, &unlisted, "approve").allowed, "a role listing no actions is not held to a list");
+    }
+
+    #[test]
     fn in_a_session_a_role_outside_the_matrix_is_refused() {
         let matrix = default_matrix();
         let session = session(&[("w", "writer")]);
-        let subject = Subject { agent_id: "w", roster_role: "", lead: "", session: Some(&session) };
+        let subject =
+            Subject { agent_id: "w", roster_role: "", roster_actions: None, lead: "", session: Some(&session) };
         let verdict = check(&matrix, &subject, "code");
         assert_eq!((verdict.allowed, verdict.check), (false, Check::UnknownRole), "{verdict:?}");
     }

@@ -8,11 +8,17 @@
 //!   marks offline or no connected worker serves → REASSIGN;
 //! - `queued_behind_busy_expert`: a step waits in a busy expert's queue → REASSIGN;
 //! - `step_failed`: a step failed on its own (not because of an upstream
-//!   step) → RETRY;
-//! - `approval_waiting`: an approval step waits for a decision → remind its approvers;
+//!   step) → RETRY, unless retrying cannot help: refused (`PERMISSION_DENIED`:
+//!   the executor's role must change first) or given invalid input (the
+//!   same input fails again) → no intervention, what would help instead;
+//! - `approval_waiting`: an approval step waits for a decision → remind its
+//!   approvers, naming only those SubmitApproval would accept;
 //! - `step_paused`: a paused step → RESUME;
 //! - `budget_near_limit`: the process has used 80% or more of a budget
 //!   limit in the current period → PAUSE.
+//!
+//! An ended execution takes no intervention (each is refused), so its
+//! dashboard suggests none: it shows its blockers only.
 
 use std::fmt::Write as _;
 
@@ -30,7 +36,8 @@ pub(crate) struct StepView<'a> {
     pub(crate) timeout_seconds: Option<u64>,
     pub(crate) error_code: &'a str,
     pub(crate) error_message: &'a str,
-    /// For approval steps: who may decide.
+    /// For approval steps: who may decide (the session view narrows it to
+    /// those SubmitApproval would accept).
     pub(crate) approvers: Vec<String>,
 }
 
@@ -129,8 +136,14 @@ pub(crate) fn context_window(execution_id: &str, session: &Session, lead: &str, 
     text
 }
 
-/// The dashboard's blockers and suggestions at `now` (milliseconds).
+/// Failures a retry repeats: the same executor is refused again, or the
+/// same input is invalid again.
+const NOT_RETRYABLE: [&str; 3] = ["PERMISSION_DENIED", "INVALID_INPUT", "INPUT_SCHEMA"];
+
+/// The dashboard's blockers and suggestions at `now` (milliseconds); none
+/// for an `ended` execution.
 pub(crate) fn dashboard(
+    ended: bool,
     steps: &[StepView<'_>],
     presence: &dyn Fn(&str) -> Presence,
     budgets: &[BudgetUse],
@@ -209,11 +222,49 @@ pub(crate) fn dashboard(
                     agent_id: step.executor.to_owned(),
                     reason: format!("step '{}' failed: {}: {}", step.id, step.error_code, step.error_message),
                 });
+                if step.error_code == "PERMISSION_DENIED" {
+                    suggest(
+                        "step_failed",
+                        step,
+                        Suggested::Nothing,
+                        format!(
+                            "step '{}' was refused: a RETRY is refused again until {}'s role permits it; change the role, or OVERRIDE_OUTPUT",
+                            step.id, step.executor
+                        ),
+                    );
+                } else if NOT_RETRYABLE.contains(&step.error_code) {
+                    suggest(
+                        "step_failed",
+                        step,
+                        Suggested::Nothing,
+                        format!(
+                            "step '{}' had invalid input ({}): a RETRY fails the same way; OVERRIDE_OUTPUT, or start again with valid inputs",
+                            step.id, step.error_code
+                        ),
+                    );
+                } else {
+                    suggest(
+                        "step_failed",
+                        step,
+                        Suggested::Retry,
+                        format!("RETRY step '{}' ({})", step.id, step.error_code),
+                    );
+                }
+            }
+            StepStatus::WaitingApproval if step.approvers.is_empty() => {
+                blockers.push(Blocker {
+                    step_id: step.id.to_owned(),
+                    agent_id: String::new(),
+                    reason: format!("step '{}' waits for a decision that none of its approvers may make", step.id),
+                });
                 suggest(
-                    "step_failed",
+                    "approval_waiting",
                     step,
-                    Suggested::Retry,
-                    format!("RETRY step '{}' ({})", step.id, step.error_code),
+                    Suggested::Nothing,
+                    format!(
+                        "no approver of step '{}' may decide it now: give one a role that may approve, or CANCEL the step",
+                        step.id
+                    ),
                 );
             }
             StepStatus::WaitingApproval => {
@@ -240,6 +291,10 @@ pub(crate) fn dashboard(
             }
             _ => {}
         }
+    }
+    if ended {
+        suggestions.clear();
+        return (blockers, suggestions);
     }
     for budget in budgets.iter().filter(|budget| budget.max > 0.0 && budget.used >= budget.max * 0.8) {
         suggestions.push(Suggestion {
@@ -318,7 +373,7 @@ mod tests {
         ];
         let presence = |agent: &str| Presence { offline: agent == "ghost", served: agent != "ghost" };
         let budgets = [BudgetUse { limit: "cost", used: 9.0, max: 10.0 }];
-        let (blockers, suggestions) = dashboard(&steps, &presence, &budgets, 90_000, 600);
+        let (blockers, suggestions) = dashboard(false, &steps, &presence, &budgets, 90_000, 600);
         let rules: Vec<&str> = suggestions.iter().map(|suggestion| suggestion.rule).collect();
         assert_eq!(
             rules,
@@ -326,5 +381,22 @@ mod tests {
         );
         assert_eq!(blockers.len(), 3, "{blockers:?}");
         assert!(blockers.iter().any(|blocker| blocker.reason.contains("ghost, who is offline")));
+        let (blockers_when_ended, none) = dashboard(true, &steps, &presence, &budgets, 90_000, 600);
+        assert!(none.is_empty(), "an ended execution takes no intervention: {none:?}");
+        assert_eq!(blockers_when_ended, blockers);
+    }
+
+    #[test]
+    fn a_retry_is_suggested_only_where_it_can_help() {
+        let presence = |_: &str| Presence { offline: false, served: true };
+        for (code, retry) in
+            [("WORKER_FAILED", true), ("TIMEOUT", true), ("PERMISSION_DENIED", false), ("INVALID_INPUT", false)]
+        {
+            let mut failed = step("broken", StepStatus::Failed, "dev");
+            failed.error_code = code;
+            let (_, suggestions) = dashboard(false, &[failed], &presence, &[], 0, 600);
+            assert_eq!(suggestions.len(), 1, "{code}: {suggestions:?}");
+            assert_eq!(suggestions[0].action == Suggested::Retry, retry, "{code}: {suggestions:?}");
+        }
     }
 }

@@ -686,7 +686,7 @@ impl Driver {
         {
             return self.read_agent_usage(position, attempt, agent_id, budget);
         }
-        if let Err(reason) = self.admit(position, &agent_id, &context.roster_role) {
+        if let Err(reason) = self.admit(position, &agent_id, &context) {
             self.end_attempt(position);
             self.fail(position, "PERMISSION_DENIED", reason);
             return;
@@ -748,8 +748,9 @@ impl Driver {
 
     /// Whether the executor may perform the step: in a session it must be
     /// assigned and its role permit the step's `action`; outside sessions the
-    /// matrix decides for the roster roles it governs.
-    fn admit(&self, position: usize, agent_id: &str, roster_role: &str) -> std::result::Result<(), String> {
+    /// actions its roster role lists, then the matrix for the roster roles
+    /// it governs.
+    fn admit(&self, position: usize, agent_id: &str, context: &AgentContext) -> std::result::Result<(), String> {
         let action = self.definition(position).action.as_deref();
         if let Some(session) = &self.execution.session {
             return super::session::admit(
@@ -762,7 +763,13 @@ impl Driver {
             .map(drop);
         }
         let Some(action) = action else { return Ok(()) };
-        let subject = Subject { agent_id, roster_role, lead: &self.execution.lead_agent_id, session: None };
+        let subject = Subject {
+            agent_id,
+            roster_role: &context.roster_role,
+            roster_actions: context.role_definition.as_ref().map(|role| role.permitted_actions.as_slice()),
+            lead: &self.execution.lead_agent_id,
+            session: None,
+        };
         let verdict = authority::check(&self.engine.matrix(), &subject, action);
         if verdict.allowed { Ok(()) } else { Err(format!("{agent_id} may not '{action}': {}", verdict.reason)) }
     }

@@ -43,9 +43,21 @@ impl Driver {
             }
             Err(failure) => return refuse(format!("the roster cannot be asked now: {}", failure.message()), None),
         };
+        // Outside sessions the actions its roster role lists bind it too.
+        let grants = if self.execution.session.is_none() && !agent.role.is_empty() {
+            match roster.role_grants(agent.role.clone()).await {
+                Ok(grants) => grants,
+                Err(failure) => {
+                    return refuse(format!("the roster cannot be asked now: {}", failure.message()), None);
+                }
+            }
+        } else {
+            Default::default()
+        };
         let subject = Subject {
             agent_id: &current,
             roster_role: &agent.role,
+            roster_actions: Some(grants.actions.as_slice()),
             lead: &self.execution.lead_agent_id,
             session: self.execution.session.as_ref(),
         };

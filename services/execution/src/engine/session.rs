@@ -25,7 +25,7 @@ pub(crate) fn admit(
     agent_id: &str,
     action: Option<&str>,
 ) -> std::result::Result<String, String> {
-    let subject = Subject { agent_id, roster_role: "", lead, session: Some(session) };
+    let subject = Subject { agent_id, roster_role: "", roster_actions: None, lead, session: Some(session) };
     let Some(role) = subject.role() else {
         return Err(format!(
             "{agent_id} is not assigned in this session (neither its lead nor a participant): assign it a role first"

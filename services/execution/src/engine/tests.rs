@@ -16,7 +16,7 @@ use super::{
     workers::{Connection, ServedAgent, ToWorker},
 };
 use crate::{
-    clients::roster::{AgentInfo, DelegationAsk, Roster, RosterFailure},
+    clients::roster::{AgentInfo, DelegationAsk, RoleGrants, Roster, RosterFailure},
     domain::{
         ExecutionStatus, StepStatus,
         model::{AgentContext, Decision, DecisionKind, Event, EventKind, Outcome, RoleDefinition, Tool, ToolOutput},
@@ -156,8 +156,8 @@ impl Roster for FakeRoster {
         })
     }
 
-    fn role_tools(&self, _role: String) -> BoxFuture<'_, Result<Vec<String>, RosterFailure>> {
-        Box::pin(async { Ok(Vec::new()) })
+    fn role_grants(&self, _role: String) -> BoxFuture<'_, Result<RoleGrants, RosterFailure>> {
+        Box::pin(async { Ok(RoleGrants::default()) })
     }
 
     fn validation_context(&self) -> BoxFuture<'_, Result<muster_format::Context, RosterFailure>> {

@@ -36,7 +36,7 @@ pub const ACCESS: &[Rule] = &[
     rule("ListTools", Access::ANYONE),
     rule("SubmitApproval", Access::AGENT),
     rule("Intervene", Access::OPERATOR.or(Access::AGENT)),
-    rule("StartSession", Access::OPERATOR),
+    rule("StartSession", Access::OPERATOR.or(Access::AGENT)),
     rule("AssignRole", Access::AGENT),
     rule("GetMyRole", Access::AGENT),
     rule("CheckRole", Access::OPERATOR.or(Access::AGENT)),
@@ -141,11 +141,27 @@ impl ExecutionApi {
         Ok((execution, process))
     }
 
+    /// The actions an agent's roster role lists, when they may bind it:
+    /// outside sessions, acting in its roster role (not as the lead).
+    pub(super) async fn roster_actions(
+        &self,
+        agent_id: &str,
+        roster_role: &str,
+        lead: &str,
+        in_session: bool,
+    ) -> Result<Option<Arc<crate::clients::roster::RoleGrants>>> {
+        if in_session || roster_role.is_empty() || (!lead.is_empty() && agent_id == lead) {
+            return Ok(None);
+        }
+        Ok(Some(self.role_grants.of(self.engine.roster.as_ref(), roster_role).await?))
+    }
+
     /// An agent's `action` must pass the permission matrix: in a session
-    /// always, outside one when the matrix governs its role (see
-    /// [`authority`]). Returns the matrix version that decided (0 when no
-    /// rule applied: operators, or a role the matrix does not govern).
-    pub(super) fn check_matrix_action(
+    /// always, outside one when the matrix governs its role, after the
+    /// actions its roster role lists (see [`authority`]). Returns the matrix
+    /// version that decided (0 when no rule applied: operators, or a role
+    /// the matrix does not govern).
+    pub(super) async fn check_matrix_action(
         &self,
         caller: &Caller,
         execution: &Execution,
@@ -153,16 +169,20 @@ impl ExecutionApi {
         described: &str,
     ) -> Result<u32> {
         let Some(agent_id) = caller.agent_id() else { return Ok(0) };
+        let grants = self
+            .roster_actions(agent_id, caller.roster_role(), &execution.lead_agent_id, execution.session.is_some())
+            .await?;
         let subject = Subject {
             agent_id,
             roster_role: caller.roster_role(),
+            roster_actions: grants.as_deref().map(|grants| grants.actions.as_slice()),
             lead: &execution.lead_agent_id,
             session: execution.session.as_ref(),
         };
         let verdict = authority::check(&self.engine.matrix(), &subject, action);
         match verdict.check {
             _ if !verdict.allowed => Err(refusal(caller, described, &execution.id, &verdict)),
-            Check::NotGoverned => Ok(0),
+            Check::NotGoverned | Check::RosterRole => Ok(0),
             _ => Ok(verdict.matrix_version),
         }
     }

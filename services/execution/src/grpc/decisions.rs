@@ -59,7 +59,7 @@ impl ExecutionApi {
             ));
         }
         let action = if request.approved { "approve" } else { "request_changes" };
-        let matrix_version = self.check_matrix_action(caller, &execution, action, &described)?;
+        let matrix_version = self.check_matrix_action(caller, &execution, action, &described).await?;
         let control = |reply| Control::Decide {
             step_id: request.step_id.clone(),
             approved: request.approved,
@@ -161,7 +161,7 @@ impl ExecutionApi {
                     vec![("execution_id", request.execution_id.clone())],
                 ));
             }
-            matrix_version = self.check_matrix_action(caller, &execution, matrix_action(&action), &described)?;
+            matrix_version = self.check_matrix_action(caller, &execution, matrix_action(&action), &described).await?;
         }
         let intervention =
             Intervention { step_id, action, by: caller.audit_name(), reason: request.reason, matrix_version };

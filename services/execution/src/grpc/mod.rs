@@ -68,8 +68,9 @@ pub(crate) struct ExecutionApi {
     engine: Arc<Engine>,
     /// The agents' credentials, to check the tokens a worker presents.
     agents: AgentDirectory,
-    /// The tools each role lists, to authorise tool calls and providers.
-    role_tools: tools::RoleTools,
+    /// The tools and actions each role lists, to authorise tool calls,
+    /// providers, and agents' actions outside sessions.
+    role_grants: tools::RoleGrantsCache,
     /// The largest message the service sends: a bigger assignment fails its
     /// step instead of breaking the worker's stream.
     max_message_bytes: usize,
@@ -140,7 +141,7 @@ impl ExecutionApi {
     pub(crate) fn new(engine: Arc<Engine>, security: Security, max_message_bytes: usize) -> Self {
         Self {
             agents: security.agents().clone(),
-            role_tools: tools::RoleTools::default(),
+            role_grants: tools::RoleGrantsCache::default(),
             max_message_bytes,
             peers: forward::Peers::new(security.clone()),
             relays: Arc::new(relay::Relays::new(engine.clone(), security)),
@@ -364,7 +365,7 @@ impl ExecutionApi {
                     vec![("execution_id", request.id.clone())],
                 ));
             }
-            self.check_matrix_action(caller, &execution, "close_task", &described)?;
+            self.check_matrix_action(caller, &execution, "close_task", &described).await?;
         }
         if execution.status.is_final() {
             return Err(Error::precondition(

@@ -14,9 +14,10 @@ use super::{
 };
 use crate::{
     Error, Result,
+    clients::roster::RosterFailure,
     domain::{
         authority::{self, Check, LEAD_ROLE, RoleAssignment, Session, Subject},
-        model::ProcessVersion,
+        model::{Execution, ProcessVersion},
         session::{BudgetUse, Presence, Suggested, activity, context_window, dashboard},
     },
     engine::{Control, step_views},
@@ -77,6 +78,37 @@ impl ExecutionApi {
         }
         too_long("task.title", &task.title, MAX_TITLE)?;
         too_long("task.description", &task.description, MAX_TEXT)?;
+        // The lead starts its own session (operators any): the matrix
+        // decides whether its role, `lead`, may `create_task`.
+        if let Some(own) = caller.agent_id() {
+            if own != request.lead_agent_id {
+                return Err(denied(
+                    caller,
+                    "start a session",
+                    "NOT_THE_LEAD",
+                    "an agent starts only a session that names it as lead (lead_agent_id)",
+                    vec![("lead_agent_id", request.lead_agent_id.clone())],
+                ));
+            }
+            let empty = Session::default();
+            let subject = Subject {
+                agent_id: own,
+                roster_role: caller.roster_role(),
+                roster_actions: None,
+                lead: own,
+                session: Some(&empty),
+            };
+            let verdict = authority::check(&self.engine.matrix(), &subject, "create_task");
+            if !verdict.allowed {
+                return Err(denied(
+                    caller,
+                    "start a session",
+                    verdict.check.reason(),
+                    verdict.reason,
+                    vec![("session_role", verdict.role), ("matrix_version", verdict.matrix_version.to_string())],
+                ));
+            }
+        }
         if request.lead_agent_id.is_empty() {
             return Err(Error::invalid("lead_agent_id", "lead_agent_id is required: a session has a lead"));
         }
@@ -133,7 +165,7 @@ impl ExecutionApi {
         // Who asks is checked before anything is said of the execution.
         let described = format!("assign roles in execution '{}'", request.execution_id);
         let (execution, _) = self.execution_for(caller, &request.execution_id, &described).await?;
-        let matrix_version = self.check_matrix_action(caller, &execution, "assign_role", &described)?;
+        let matrix_version = self.check_matrix_action(caller, &execution, "assign_role", &described).await?;
         if execution.session.is_none() {
             return Err(Error::precondition(
                 "NOT_A_SESSION",
@@ -180,6 +212,7 @@ impl ExecutionApi {
         let subject = Subject {
             agent_id,
             roster_role: caller.roster_role(),
+            roster_actions: None,
             lead: &execution.lead_agent_id,
             session: execution.session.as_ref(),
         };
@@ -249,7 +282,15 @@ impl ExecutionApi {
             Some((execution, _)) => (execution.lead_agent_id.as_str(), execution.session.as_ref()),
             None => ("", None),
         };
-        let subject = Subject { agent_id: &agent_id, roster_role: &roster_role, lead, session };
+        // The same actions bind here as in the action itself (`check_matrix_action`).
+        let grants = self.roster_actions(&agent_id, &roster_role, lead, session.is_some()).await?;
+        let subject = Subject {
+            agent_id: &agent_id,
+            roster_role: &roster_role,
+            roster_actions: grants.as_deref().map(|grants| grants.actions.as_slice()),
+            lead,
+            session,
+        };
         let verdict = authority::check(&self.engine.matrix(), &subject, request.action.trim());
         Ok(wire::CheckRoleResponse {
             allowed: verdict.allowed,
@@ -261,6 +302,7 @@ impl ExecutionApi {
                 Check::UnknownRole => wire::RoleCheck::UnknownRole,
                 Check::Action => wire::RoleCheck::Action,
                 Check::NotGoverned => wire::RoleCheck::NotGoverned,
+                Check::RosterRole => wire::RoleCheck::RosterRole,
             } as i32,
             matrix_version: verdict.matrix_version,
         })
@@ -283,7 +325,7 @@ impl ExecutionApi {
                     vec![("execution_id", request.execution_id.clone())],
                 ));
             }
-            self.check_matrix_action(caller, &execution, "assign_role", &described)?;
+            self.check_matrix_action(caller, &execution, "assign_role", &described).await?;
         }
         self.roster_agent(&request.agent_id, "lead").await?;
         let control = |reply| Control::SetLead { agent_id: request.agent_id, by: caller.audit_name(), reply };
@@ -317,7 +359,17 @@ impl ExecutionApi {
             ));
         }
         let steps = self.steps(&execution.id).await?;
-        let views = step_views(&steps, &process.definition);
+        let mut views = step_views(&steps, &process.definition);
+        // Approvers named are those SubmitApproval would accept.
+        for view in &mut views {
+            let mut accepted = Vec::with_capacity(view.approvers.len());
+            for approver in std::mem::take(&mut view.approvers) {
+                if self.may_decide(&execution, &approver).await {
+                    accepted.push(approver);
+                }
+            }
+            view.approvers = accepted;
+        }
         // Who can work: the roster's status and the connected workers.
         let mut presence: HashMap<String, Presence> = HashMap::new();
         let agents = views
@@ -337,7 +389,8 @@ impl ExecutionApi {
         let budgets = self.budget_use(&process).await?;
         let now = muster_runtime::time::now_millis();
         let present = |agent: &str| presence.get(agent).copied().unwrap_or(Presence { offline: false, served: true });
-        let (blockers, suggestions) = dashboard(&views, &present, &budgets, now, EXPECTED_STEP_SECONDS);
+        let ended = execution.status.is_final();
+        let (blockers, suggestions) = dashboard(ended, &views, &present, &budgets, now, EXPECTED_STEP_SECONDS);
         let last = self.engine.store.last_event_sequence(&execution.id).await?;
         let recent_activity: Vec<common::StepEvent> = self
             .engine
@@ -394,6 +447,31 @@ impl ExecutionApi {
                 description: session.description.clone(),
             }),
         })
+    }
+
+    /// Whether SubmitApproval would accept a decision of `agent_id`, one of
+    /// a step's approvers: it must be an agent of the roster, and the checks
+    /// of `check_matrix_action` let it `approve` or `request_changes`. When
+    /// the roster cannot say, the process's word stands.
+    async fn may_decide(&self, execution: &Execution, agent_id: &str) -> bool {
+        let roster_role = match self.engine.roster.agent(agent_id.to_owned()).await {
+            Ok(agent) => agent.role,
+            Err(RosterFailure::NotFound(_)) => return false,
+            Err(_) => return true,
+        };
+        let grants = self
+            .roster_actions(agent_id, &roster_role, &execution.lead_agent_id, execution.session.is_some())
+            .await
+            .unwrap_or(None);
+        let subject = Subject {
+            agent_id,
+            roster_role: &roster_role,
+            roster_actions: grants.as_deref().map(|grants| grants.actions.as_slice()),
+            lead: &execution.lead_agent_id,
+            session: execution.session.as_ref(),
+        };
+        let matrix = self.engine.matrix();
+        ["approve", "request_changes"].iter().any(|action| authority::check(&matrix, &subject, action).allowed)
     }
 
     /// The use of the process's budget in force in its current period.

@@ -249,7 +249,7 @@ impl ExecutionApi {
             .collect();
         let mut entitled: BTreeSet<String> = BTreeSet::new();
         for role in &roles {
-            entitled.extend(self.role_tools.of(self.engine.roster.as_ref(), role).await?.iter().cloned());
+            entitled.extend(self.role_grants.of(self.engine.roster.as_ref(), role).await?.tools.iter().cloned());
         }
         match tools.iter().find(|tool| !entitled.contains(&tool.name)) {
             None => Ok(()),

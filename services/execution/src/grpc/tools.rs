@@ -18,7 +18,7 @@ use muster_runtime::auth::Caller;
 use super::{ExecutionApi, access::denied};
 use crate::{
     Error, Result,
-    clients::roster::{Roster, RosterFailure},
+    clients::roster::{RoleGrants, Roster, RosterFailure},
     domain::{
         authority::Subject,
         model::{Tool, ToolCall, ToolOutput},
@@ -29,35 +29,35 @@ use crate::{
 /// How long a provider may take to answer.
 pub(super) const TOOL_CALL_LIMIT: Duration = Duration::from_secs(30);
 
-/// How long the tools a role lists are trusted before the roster is asked again.
-const ROLE_TOOLS_TTL: Duration = Duration::from_secs(2);
+/// How long what a role lists is trusted before the roster is asked again.
+const ROLE_GRANTS_TTL: Duration = Duration::from_secs(2);
 
-/// When the roster was asked, and the tools the role lists.
-type Fetched = (Instant, Arc<[String]>);
+/// When the roster was asked, and what the role lists.
+type Fetched = (Instant, Arc<RoleGrants>);
 
-/// The tools each role lists, as the roster said a moment ago: a tool call
-/// is authorised without a roster round trip, and a change to a role's tools
-/// takes effect within [`ROLE_TOOLS_TTL`].
+/// The tools and actions each role lists, as the roster said a moment ago:
+/// a tool call or an action is authorised without a roster round trip, and
+/// a change to a role takes effect within [`ROLE_GRANTS_TTL`].
 #[derive(Default)]
-pub(super) struct RoleTools {
+pub(super) struct RoleGrantsCache {
     known: Mutex<HashMap<String, Fetched>>,
 }
 
-impl RoleTools {
+impl RoleGrantsCache {
     /// Most roles remembered at once.
     const KEPT: usize = 1024;
 
-    pub(super) async fn of(&self, roster: &dyn Roster, role: &str) -> Result<Arc<[String]>> {
+    pub(super) async fn of(&self, roster: &dyn Roster, role: &str) -> Result<Arc<RoleGrants>> {
         if role.is_empty() {
-            return Ok(Arc::from([]));
+            return Ok(Arc::default());
         }
-        if let Some((fetched, tools)) = self.lock().get(role)
-            && fetched.elapsed() < ROLE_TOOLS_TTL
+        if let Some((fetched, grants)) = self.lock().get(role)
+            && fetched.elapsed() < ROLE_GRANTS_TTL
         {
-            return Ok(tools.clone());
+            return Ok(grants.clone());
         }
-        let tools: Arc<[String]> = match roster.role_tools(role.to_owned()).await {
-            Ok(tools) => tools.into(),
+        let grants: Arc<RoleGrants> = match roster.role_grants(role.to_owned()).await {
+            Ok(grants) => Arc::new(grants),
             Err(RosterFailure::Unavailable(detail)) => return Err(Error::Unavailable { service: "roster", detail }),
             Err(failure) => {
                 return Err(Error::precondition("ROSTER_REFUSED", "roster", format!("roster: {}", failure.message())));
@@ -67,8 +67,8 @@ impl RoleTools {
         if known.len() >= Self::KEPT {
             known.clear();
         }
-        known.insert(role.to_owned(), (Instant::now(), tools.clone()));
-        Ok(tools)
+        known.insert(role.to_owned(), (Instant::now(), grants.clone()));
+        Ok(grants)
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Fetched>> {
@@ -110,8 +110,13 @@ impl ExecutionApi {
             let described = format!("invoke tool '{}' in execution '{}'", request.tool, request.execution_id);
             let (execution, _) = self.execution_for(caller, &request.execution_id, &described).await?;
             if let Some(session) = &execution.session {
-                let subject =
-                    Subject { agent_id, roster_role: role, lead: &execution.lead_agent_id, session: Some(session) };
+                let subject = Subject {
+                    agent_id,
+                    roster_role: role,
+                    roster_actions: None,
+                    lead: &execution.lead_agent_id,
+                    session: Some(session),
+                };
                 if subject.role().is_none() {
                     return Err(denied(
                         caller,
@@ -124,8 +129,8 @@ impl ExecutionApi {
             }
         }
         // 1. The agent's role must permit the tool.
-        let permitted = self.role_tools.of(self.engine.roster.as_ref(), role).await?;
-        if !permitted.contains(&request.tool) {
+        let permitted = self.role_grants.of(self.engine.roster.as_ref(), role).await?;
+        if !permitted.tools.contains(&request.tool) {
             let role = if role.is_empty() { "no role".to_owned() } else { format!("role '{role}'") };
             return Ok(output(
                 403,
