@@ -152,14 +152,19 @@ async fn the_command_line_drives_the_cluster() {
     let waited = waiting.await.unwrap();
     assert!(waited.status.success(), "{}", text(&waited));
 
-    // An agent's role, checked against the permission matrix in force: the
-    // editor is a reviewer, a role of the default matrix; the writer's role
-    // is not one, so the matrix does not restrict it.
+    // An agent's role, checked against the actions its roster role lists
+    // and the permission matrix in force: the editor is a reviewer, a role
+    // of the default matrix; the writer's role is not one, so the matrix
+    // does not restrict it, but the writer role's own actions do (it lists
+    // no `approve`).
     let denied = run(vec!["check-role".into(), "editor-agent".into(), "assign_role".into()], environment.clone()).await;
     assert_eq!(denied.status.code(), Some(1), "{}", text(&denied));
     assert!(text(&denied).contains("denied: editor-agent 'assign_role'"), "{}", text(&denied));
+    let unlisted = run(vec!["check-role".into(), "writer-agent".into(), "approve".into()], environment.clone()).await;
+    assert_eq!(unlisted.status.code(), Some(1), "{}", text(&unlisted));
+    assert!(text(&unlisted).contains("[roster_role]"), "{}", text(&unlisted));
     let ungoverned =
-        run(vec!["check-role".into(), "writer-agent".into(), "assign_role".into()], environment.clone()).await;
+        run(vec!["check-role".into(), "writer-agent".into(), "request_review".into()], environment.clone()).await;
     assert_eq!(ungoverned.status.code(), Some(0), "{}", text(&ungoverned));
     assert!(text(&ungoverned).contains("[not_governed]"), "{}", text(&ungoverned));
     let shown = run(vec!["matrix".into(), "show".into()], environment.clone()).await;
