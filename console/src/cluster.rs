@@ -125,7 +125,7 @@ impl IntoResponse for Failure {
             return Redirect::to("/signin").into_response();
         }
         let (code, text) = self.status_and_text();
-        let body = format!("{}<p><a href=\"javascript:history.back()\">Back</a></p>", html::notice("error", &text));
+        let body = format!("{}<p><a href=\"/executions\">Executions</a></p>", html::notice("error", &text));
         (code, Html(html::page("Refused", "", None, &body))).into_response()
     }
 }

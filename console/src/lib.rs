@@ -1,18 +1,18 @@
 //! muster's console: web pages over the cluster, served by axum, for
 //! people who would rather look than type. It lists executions and draws
-//! one as its graph, live ([`executions`]); edits a process as YAML beside
+//! one as its graph, live (`executions`); edits a process as YAML beside
 //! its role matrix, with the validator's diagnostics as one types, and
-//! publishes and starts it ([`editor`]); shows the roster, its delegations
-//! and who would take a task ([`roster`]); and a team's sessions, budgets,
-//! schedules, permission matrices and memory ([`team`]).
+//! publishes and starts it (`editor`); shows the roster, its delegations
+//! and who would take a task (`roster`); and a team's sessions, budgets,
+//! schedules, permission matrices and memory (`team`).
 //!
 //! It has no powers of its own: it is a client of the execution service,
 //! the roster and the validator through their gRPC contracts, and every
 //! call carries the credential of whoever signed in (an operator's or an
 //! agent's token), so the cluster's authority decides every action. The
-//! session is a sealed cookie ([`session`]); every change carries a CSRF
+//! session is a sealed cookie (`session`); every change carries a CSRF
 //! token; pages load no inline script, and what agents wrote is shown as
-//! text ([`html`]). It keeps no state: any number of replicas sharing a
+//! text (`html`). It keeps no state: any number of replicas sharing a
 //! session key serve the same sessions.
 #![forbid(unsafe_code)]
 

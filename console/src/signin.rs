@@ -37,6 +37,9 @@ fn page(problem: Option<&str>) -> String {
     html::page("Sign in", "", None, &body)
 }
 
+/// Longer tokens are nobody's.
+const MAX_TOKEN_BYTES: usize = 4096;
+
 #[derive(serde::Deserialize)]
 pub(crate) struct SignIn {
     token: String,
@@ -45,8 +48,11 @@ pub(crate) struct SignIn {
 /// Signs in with the token of the form.
 pub(crate) async fn sign_in(State(console): State<Shared>, Form(form): Form<SignIn>) -> Response {
     let token = form.token.trim().to_owned();
-    if token.is_empty() || token.len() > 4096 {
+    if token.is_empty() {
         return Html(page(Some("give a token"))).into_response();
+    }
+    if token.len() > MAX_TOKEN_BYTES {
+        return Html(page(Some("the cluster does not know this token"))).into_response();
     }
     let probe = Session::new(token.clone(), Identity::Operator);
     let identity = match identify(&console, &probe).await {
