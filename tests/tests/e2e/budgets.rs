@@ -98,7 +98,7 @@ async fn budgets_stop_a_runaway_loop(backend: Backend) {
     let refused = refused_message(&mut client, "ping").await;
     assert_eq!(
         refused.note,
-        "no run started: budget of process 'ping' exhausted: 3 of 3 runs in the last 3600 s (declared budget)"
+        "held: budget of process 'ping' exhausted: 3 of 3 runs in the last 3600 s (declared budget)"
     );
     assert_eq!(refused.sender, "worker", "a step posts as its executor");
     assert!(refused.subject.starts_with("step 'work' of pong ("), "{}", refused.subject);

@@ -81,7 +81,7 @@ async fn the_chain_and_the_loop_run_as_the_readme_says() {
         wait_for_message(&mut client, "ping", MessageState::Unprocessed, |message| !message.note.is_empty()).await;
     assert_eq!(
         stopped.note,
-        "no run started: budget of process 'ping' exhausted: 5 of 5 runs in the last 3600 s (declared budget)"
+        "held: budget of process 'ping' exhausted: 5 of 5 runs in the last 3600 s (declared budget)"
     );
     let budgets = run(command(&["budget", "list"]), environment.clone()).await;
     assert!(text(&budgets).contains("ping  (declared, per 3600 s)  runs 5 of 5"), "{}", text(&budgets));

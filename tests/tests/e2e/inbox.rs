@@ -4,7 +4,8 @@
 //! the next run; a run that fails gives its messages back with a note and
 //! does not start itself again; one that completes marks them processed;
 //! listing pages and is for the agents the process names; archiving,
-//! senders and bad input are checked.
+//! senders and bad input are checked. A message its process's throttle
+//! holds back says why, and runs when the throttle allows.
 
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use muster_proto::{
     common::v1::ExecutionStatus,
     execution::v1::{
         ArchiveInboxMessageRequest, GetExecutionRequest, InboxMessage, ListExecutionsRequest, ListInboxMessagesRequest,
-        MessagePriority, MessageState, PostToInboxRequest, PublishProcessRequest,
+        MessagePriority, MessageState, PostToInboxRequest, PublishProcessRequest, StartExecutionRequest,
     },
 };
 use muster_tests::{
@@ -236,4 +237,64 @@ async fn messages_start_runs_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_start_runs_on_postgres() {
     messages_start_runs(Backend::Postgres).await;
+}
+
+/// Triage: started by its inbox, one run at a time.
+const TRIAGE: &str = "name: triage\nlead: tpm\ntriggers: {inbox: triage}\nthrottle: {max_concurrent: 1}\n\
+                      steps:\n  - {id: sort, type: agent_task, agent: risk-agent, message: sort}\n";
+
+async fn triage_messages(client: &mut ExecutionClient) -> Vec<InboxMessage> {
+    let request = ListInboxMessagesRequest { inbox: "triage".to_owned(), ..Default::default() };
+    client.list_inbox_messages(request).await.expect("ListInboxMessages").into_inner().messages
+}
+
+async fn held_messages_say_why(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let tokens = test.register_agents(&[agent("tpm", "member", "core"), agent("risk-agent", "member", "core")]).await;
+    let mut client = test.execution();
+    client
+        .publish_process(PublishProcessRequest { source: TRIAGE.to_owned(), file_name: String::new() })
+        .await
+        .unwrap();
+
+    // A run started by hand is underway (no worker yet): a message posted
+    // now is held by the throttle, and its note says so.
+    let start = StartExecutionRequest { process_name: "triage".into(), ..Default::default() };
+    let manual = client.start_execution(start).await.expect("StartExecution").into_inner().execution.unwrap().id;
+    let posted = client.post_to_inbox(post("triage", "new bug")).await.expect("PostToInbox").into_inner();
+    assert!(posted.triggered_execution_ids.is_empty(), "held: {posted:?}");
+    let [held] = triage_messages(&mut client).await.try_into().expect("one message");
+    assert_eq!(held.state, MessageState::Unprocessed as i32);
+    assert_eq!(held.note, "held: process 'triage' is throttled: it allows 1 run at a time; 1 of 1 runs underway");
+
+    // A worker comes: the run by hand completes, the held message starts
+    // the next run, which takes it: processed, the note cleared.
+    let credentials = vec![muster::worker::AgentCredential { agent_id: "risk-agent".into(), token: tokens[1].clone() }];
+    let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials);
+    let processed = 'wait: {
+        for _ in 0..200 {
+            let [message] = triage_messages(&mut client).await.try_into().expect("one message");
+            if message.state == MessageState::Processed as i32 {
+                break 'wait message;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the held message was never processed");
+    };
+    assert!(processed.note.is_empty(), "{}", processed.note);
+    assert!(!processed.processed_by_execution_id.is_empty() && processed.processed_by_execution_id != manual);
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_messages_say_why_on_sqlite() {
+    held_messages_say_why(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_messages_say_why_on_postgres() {
+    held_messages_say_why(Backend::Postgres).await;
 }

@@ -350,10 +350,7 @@ async fn a_role_loop_stops_at_its_declared_budget(backend: Backend) {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_eq!(
-        note,
-        "no run started: budget of process 'role-ping' exhausted: 3 of 3 runs in the last 3600 s (declared budget)"
-    );
+    assert_eq!(note, "held: budget of process 'role-ping' exhausted: 3 of 3 runs in the last 3600 s (declared budget)");
     assert_eq!(runs_of(&mut client, "role-ping").await.len(), 3);
     assert_eq!(runs_of(&mut client, "role-pong").await.len(), 3);
     let budgets = client.list_budgets(ListBudgetsRequest::default()).await.unwrap().into_inner().budgets;

@@ -51,7 +51,8 @@ pub(crate) struct InboxMessage {
     pub(crate) claimed_by: String,
     /// The run that processed it.
     pub(crate) processed_by: String,
-    /// Why it is still unprocessed after a run had it.
+    /// Why it is still unprocessed: a run had it and failed, or its
+    /// process's budget or throttle holds its run back ([`held_note`]).
     pub(crate) note: String,
 }
 
@@ -61,6 +62,22 @@ pub(crate) const MAX_BODY_BYTES: usize = 256 * 1024;
 pub(crate) const MESSAGES_PER_RUN: usize = 100;
 /// Most bytes of message bodies one run starts with (its inputs are at most 1 MiB).
 pub(crate) const BYTES_PER_RUN: usize = 512 * 1024;
+
+/// How the note of a message held back (not yet tried by a run) begins.
+const HELD: &str = "held: ";
+
+/// The note of messages whose run `refusal` (a budget or a throttle)
+/// held back.
+pub(crate) fn held_note(refusal: &impl std::fmt::Display) -> String {
+    format!("{HELD}{refusal}")
+}
+
+/// Whether a message's note says a run had it and failed: such a message
+/// alone starts no run when another ends (no loop), while one held back by
+/// a limit is tried again.
+pub(crate) fn failed_in_a_run(note: &str) -> bool {
+    !note.is_empty() && !note.starts_with(HELD)
+}
 
 /// The messages a run takes, from the unprocessed ones oldest first: as many
 /// as fit, and always the first.
@@ -124,6 +141,15 @@ mod tests {
         assert_eq!(taken.iter().map(|message| message.id.as_str()).collect::<Vec<_>>(), ["a"]);
         let many: Vec<_> = (0..150).map(|index| message(&index.to_string(), Priority::Low, index, "x")).collect();
         assert_eq!(take_for_run(many).len(), MESSAGES_PER_RUN);
+    }
+
+    #[test]
+    fn held_messages_are_tried_again_failed_ones_not() {
+        let held = held_note(&"process 'risk' is throttled: it allows 1 run at a time; 1 of 1 runs underway");
+        assert_eq!(held, "held: process 'risk' is throttled: it allows 1 run at a time; 1 of 1 runs underway");
+        assert!(!failed_in_a_run(&held));
+        assert!(!failed_in_a_run(""), "never tried");
+        assert!(failed_in_a_run("run r1 failed: step 'a' failed: no worker"));
     }
 
     #[test]

@@ -5,11 +5,13 @@
 //! one. A run that fails gives its messages back with a note and starts
 //! nothing by itself — only a new message (or a restart of the service)
 //! does — so a process that keeps failing on a message does not loop. A run
-//! its process's budget refuses leaves the messages waiting, with a note
-//! saying so. A run its throttle holds back is coalesced: the messages wait
-//! without a note, and the run starts when the throttle allows (after the
-//! interval, or when a run underway ends) with every message posted
-//! meanwhile.
+//! its process's budget or throttle refuses leaves the messages waiting,
+//! held, with a note saying which limit and how far it is reached (cleared
+//! when a run takes them, rewritten when another is refused). A run its
+//! throttle holds back is coalesced: the run starts when the throttle
+//! allows (after the interval, or when a run underway ends) with every
+//! message posted meanwhile. Held messages are tried again when a run of
+//! the process ends; messages a run failed on are not.
 
 use std::{
     sync::{Arc, PoisonError},
@@ -69,7 +71,7 @@ impl Engine {
                 limit: inbox::MESSAGES_PER_RUN as u32,
             })
             .await?;
-        if cause == Cause::Settled && waiting.iter().all(|message| !message.note.is_empty()) {
+        if cause == Cause::Settled && waiting.iter().all(|message| inbox::failed_in_a_run(&message.note)) {
             return Ok(Vec::new());
         }
         let messages = inbox::take_for_run(waiting);
@@ -92,9 +94,10 @@ impl Engine {
         let execution = match started {
             Ok(execution) => execution,
             Err(refusal @ Error::BudgetExhausted { .. }) => {
-                // The messages wait, saying why; the next message tries again.
+                // The messages wait, saying why; the next message, or the
+                // end of a run of the process, tries again.
                 tracing::warn!(inbox, process = %process_name, %refusal, "inbox run refused");
-                self.store.note_messages(&ids, &format!("no run started: {refusal}")).await?;
+                self.store.note_messages(&ids, &inbox::held_note(&refusal)).await?;
                 return Ok(Vec::new());
             }
             // A run of another replica took the messages first (the
@@ -104,9 +107,10 @@ impl Engine {
                 tracing::debug!(inbox, process = %process_name, %reason, "inbox run superseded");
                 return Ok(Vec::new());
             }
-            Err(Error::Throttled { retry_after, .. }) => {
-                tracing::debug!(inbox, process = %process_name, "inbox run throttled");
-                if let Some(delay) = retry_after {
+            Err(refusal @ Error::Throttled { .. }) => {
+                tracing::debug!(inbox, process = %process_name, %refusal, "inbox run throttled");
+                self.store.note_messages(&ids, &inbox::held_note(&refusal)).await?;
+                if let Error::Throttled { retry_after: Some(delay), .. } = refusal {
                     self.trigger_later(inbox, delay);
                 }
                 return Ok(Vec::new());

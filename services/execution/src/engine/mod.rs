@@ -646,8 +646,12 @@ impl Engine {
                 retry_after,
             };
             if throttle.max_concurrent > 0 && activity.underway >= u64::from(throttle.max_concurrent) {
+                let runs = if throttle.max_concurrent == 1 { "run" } else { "runs" };
                 return Err(throttled(
-                    format!("{} of {} runs underway", activity.underway, throttle.max_concurrent),
+                    format!(
+                        "it allows {} {runs} at a time; {} of {} runs underway",
+                        throttle.max_concurrent, activity.underway, throttle.max_concurrent
+                    ),
                     None,
                 ));
             }
@@ -658,8 +662,9 @@ impl Engine {
                 let wait = last.saturating_add(interval) - now;
                 return Err(throttled(
                     format!(
-                        "runs start at least {} s apart; the next may start in {} ms",
-                        throttle.min_interval_seconds, wait
+                        "it starts runs at least {} s apart; the next may start in {} s",
+                        throttle.min_interval_seconds,
+                        (wait as u64).div_ceil(1000)
                     ),
                     Some(Duration::from_millis(wait as u64)),
                 ));
