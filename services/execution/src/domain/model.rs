@@ -303,7 +303,7 @@ pub(crate) struct AgentContext {
     pub(crate) llm_config_json: String,
     pub(crate) allow_delegation: bool,
     /// The global memory's newest entries, then the agent's role's, as
-    /// they were when the agent's first assignment of the execution was made.
+    /// they are when the step is assigned to the agent.
     pub(crate) memory: Vec<super::memory::MemoryEntry>,
 }
 

@@ -152,6 +152,8 @@ pub(crate) struct Driver {
     route: mpsc::UnboundedSender<Input>,
     inputs: mpsc::UnboundedReceiver<Input>,
     contexts: HashMap<String, Known>,
+    /// The version of the memory each agent's context carries.
+    memory_versions: HashMap<String, i64>,
     timers: BinaryHeap<Due>,
     /// The execution's inputs, parsed once.
     execution_inputs: serde_json::Map<String, serde_json::Value>,
@@ -215,6 +217,7 @@ impl Driver {
             route,
             inputs,
             contexts: HashMap::new(),
+            memory_versions: HashMap::new(),
             timers: BinaryHeap::new(),
             execution_inputs,
             staged: Staged::default(),
@@ -286,7 +289,13 @@ impl Driver {
                 }
             }
             Input::Executor { position, attempt, found } => self.executor_found(position, attempt, found),
-            Input::Context { agent_id, context } => self.context_known(agent_id, context),
+            Input::Context { agent_id, context, memory_version } => {
+                self.memory_versions.insert(agent_id.clone(), memory_version);
+                self.context_known(agent_id, context);
+            }
+            Input::Memory { agent_id, position, attempt, fresh } => {
+                self.memory_checked(agent_id, position, attempt, fresh);
+            }
             Input::AgentUsage { position, attempt, budget, usage } => {
                 self.agent_usage_known(position, attempt, &budget, usage);
             }
@@ -619,8 +628,8 @@ impl Driver {
         self.stage(position);
         match self.contexts.get_mut(&agent_id) {
             Some(Known::Ready(context)) => {
-                let context = context.clone();
-                self.assign(position, context);
+                let role = context.roster_role.clone();
+                self.check_memory(position, attempt, agent_id, role);
             }
             Some(Known::Fetching(waiting)) => waiting.push((position, attempt)),
             None => {
@@ -632,9 +641,10 @@ impl Driver {
                         engine.roster.agent_context(agent_id.clone())
                     })
                     .await;
+                    let mut memory_version = 0;
                     let fetched = match fetched {
                         Ok(mut context) => {
-                            context.memory = engine.recall(&context.roster_role).await;
+                            (memory_version, context.memory) = engine.recall(&context.roster_role).await;
                             Ok(context)
                         }
                         Err(failure) => Err(failure),
@@ -643,9 +653,47 @@ impl Driver {
                         RosterFailure::NotFound(_) => format!("agent '{agent_id}' is not in the roster"),
                         other => format!("the roster cannot describe agent '{agent_id}': {}", other.message()),
                     });
-                    let _ = driver.send(Input::Context { agent_id, context });
+                    let _ = driver.send(Input::Context { agent_id, context, memory_version });
                 });
             }
+        }
+    }
+
+    /// An agent's later attempt: its context is known, but memory may have
+    /// grown since it was read (a step of this run or another remembered,
+    /// an operator added or removed an entry). The memory's version is asked
+    /// first; the entries are read again only when it moved.
+    fn check_memory(&mut self, position: usize, attempt: u32, agent_id: String, role: String) {
+        let known = self.memory_versions.get(&agent_id).copied().unwrap_or(-1);
+        let engine = self.engine.clone();
+        let driver = self.route.clone();
+        self.engine.spawn(async move {
+            let fresh = engine.recall_if_changed(&role, known).await;
+            let _ = driver.send(Input::Memory { agent_id, position, attempt, fresh });
+        });
+    }
+
+    /// The memory is checked: the attempt is assigned with the memory as it
+    /// is now.
+    fn memory_checked(
+        &mut self,
+        agent_id: String,
+        position: usize,
+        attempt: u32,
+        fresh: Option<(i64, Vec<crate::domain::memory::MemoryEntry>)>,
+    ) {
+        let Some(Known::Ready(context)) = self.contexts.get_mut(&agent_id) else { return };
+        if let Some((version, memory)) = fresh
+            && self.memory_versions.get(&agent_id).is_none_or(|known| *known < version)
+        {
+            *context = Arc::new(AgentContext { memory, ..(**context).clone() });
+            self.memory_versions.insert(agent_id, version);
+        }
+        let current = context.clone();
+        if self.is_current(position, attempt)
+            && matches!(self.steps[position].status, StepStatus::Ready | StepStatus::Queued)
+        {
+            self.assign(position, current);
         }
     }
 

@@ -109,8 +109,17 @@ pub(crate) enum Input {
     Progress { position: usize, attempt: u32, progress: Progress },
     /// The roster answered who executes an attempt.
     Executor { position: usize, attempt: u32, found: Found },
-    /// What an agent's assignments tell it, fetched from the roster.
-    Context { agent_id: String, context: std::result::Result<Arc<AgentContext>, String> },
+    /// What an agent's assignments tell it, fetched from the roster, with
+    /// the version of the memory it carries.
+    Context { agent_id: String, context: std::result::Result<Arc<AgentContext>, String>, memory_version: i64 },
+    /// An agent's memory checked for an attempt it is to be assigned: as it
+    /// is now when it changed since its context was read (`None`: it did not).
+    Memory {
+        agent_id: String,
+        position: usize,
+        attempt: u32,
+        fresh: Option<(i64, Vec<crate::domain::memory::MemoryEntry>)>,
+    },
     /// What the executor of an attempt used in its budget's period.
     AgentUsage { position: usize, attempt: u32, budget: Budget, usage: crate::domain::budget::Usage },
     /// A worker has room for an attempt that waited for one.
@@ -439,19 +448,21 @@ impl Engine {
     }
 
     /// What an agent of `role` (empty: none) remembers: the global memory's
-    /// newest entries, then the role's, within an assignment's room. A
+    /// newest entries, then the role's, within an assignment's room, with
+    /// the version of the memories they are no newer than (read first). A
     /// store that fails is asked again until it answers.
-    pub(crate) async fn recall(&self, role: &str) -> Vec<crate::domain::memory::MemoryEntry> {
+    pub(crate) async fn recall(&self, role: &str) -> (i64, Vec<crate::domain::memory::MemoryEntry>) {
         use crate::domain::memory::{ASSIGNMENT_ENTRIES, within_assignment};
         loop {
             let read = async {
+                let version = self.store.memory_version(role).await?;
                 let global = self.store.memory("", None, ASSIGNMENT_ENTRIES).await?;
                 let own = if role.is_empty() {
                     Vec::new()
                 } else {
                     self.store.memory(role, None, ASSIGNMENT_ENTRIES).await?
                 };
-                Ok::<_, Error>(within_assignment([global, own]))
+                Ok::<_, Error>((version, within_assignment([global, own])))
             };
             match read.await {
                 Ok(memory) => return memory,
@@ -460,6 +471,19 @@ impl Engine {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             }
+        }
+    }
+
+    /// What an agent of `role` remembers, read again only if the memories'
+    /// version moved from `known`: `None` when it did not.
+    pub(crate) async fn recall_if_changed(
+        &self,
+        role: &str,
+        known: i64,
+    ) -> Option<(i64, Vec<crate::domain::memory::MemoryEntry>)> {
+        match self.store.memory_version(role).await {
+            Ok(version) if version == known => None,
+            _ => Some(self.recall(role).await),
         }
     }
 

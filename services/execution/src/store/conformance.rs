@@ -345,7 +345,8 @@ async fn conformance(store: SqlStore) {
     memory(&store).await;
 }
 
-/// Memory: entries by memory, newest first, page by page; forgotten ones go.
+/// Memory: entries by memory, newest first, page by page; forgotten ones
+/// go; every change raises the version of its memory, and nothing else does.
 async fn memory(store: &SqlStore) {
     let entry = |id: &str, role: &str, at: i64| MemoryEntry {
         id: id.to_owned(),
@@ -355,22 +356,31 @@ async fn memory(store: &SqlStore) {
         execution_id: "run".to_owned(),
         created_at: at,
     };
+    let version = |role: &'static str| store.memory_version(role);
+    assert_eq!((version("risk").await.unwrap(), version("").await.unwrap()), (0, 0));
     let written = vec![entry("m1", "risk", 10), entry("m2", "risk", 20), entry("m3", "risk", 20), entry("g1", "", 15)];
     store.commit(vec![Write::Remember(written.clone())]).await.unwrap();
+    // One commit raises each memory it wrote to once; a role's version
+    // includes the global memory's.
+    assert_eq!((version("risk").await.unwrap(), version("").await.unwrap()), (2, 1));
+    assert_eq!(version("delivery").await.unwrap(), 1, "the global memory's alone");
     let ids = |entries: Vec<MemoryEntry>| entries.into_iter().map(|entry| entry.id).collect::<Vec<_>>();
     assert_eq!(ids(store.memory("risk", None, 10).await.unwrap()), ["m3", "m2", "m1"]);
     assert_eq!(store.memory("", None, 10).await.unwrap(), vec![written[3].clone()]);
     let first_page = store.memory("risk", None, 2).await.unwrap();
     let last = first_page.last().map(|entry| (entry.created_at, entry.id.clone())).unwrap();
     assert_eq!(ids(store.memory("risk", Some(&last), 2).await.unwrap()), ["m1"]);
+    assert_eq!(version("risk").await.unwrap(), 2, "reading changes nothing");
     assert!(store.forget_memory("m2").await.unwrap());
     assert!(!store.forget_memory("m2").await.unwrap());
     assert_eq!(ids(store.memory("risk", None, 10).await.unwrap()), ["m3", "m1"]);
+    assert_eq!((version("risk").await.unwrap(), version("").await.unwrap()), (3, 1), "forgotten once");
     // An entry appended twice with the same id is stored once: the first.
     assert_eq!(store.append_memory(entry("k1", "risk", 30)).await.unwrap(), entry("k1", "risk", 30));
     let retried = MemoryEntry { text: "another text".to_owned(), ..entry("k1", "risk", 40) };
     assert_eq!(store.append_memory(retried).await.unwrap(), entry("k1", "risk", 30));
     assert_eq!(ids(store.memory("risk", None, 10).await.unwrap()), ["k1", "m3", "m1"]);
+    assert_eq!(version("risk").await.unwrap(), 4, "appended once");
 }
 
 /// Schedules: kept by publishing; a due time fires once, the loser of two

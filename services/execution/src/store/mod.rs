@@ -345,6 +345,10 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn append_memory(&self, entry: MemoryEntry) -> BoxFuture<'_, Result<MemoryEntry>>;
     /// Removes a memory entry; whether it existed.
     fn forget_memory<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool>>;
+    /// The version of the global memory and `role`'s (empty: the global
+    /// memory's alone) together: it grows whenever an entry is added to or
+    /// removed from either, and only then.
+    fn memory_version<'a>(&'a self, role: &'a str) -> BoxFuture<'a, Result<i64>>;
     /// What the executions of `process_name` started at or after `since` used,
     /// but `except_execution` (empty: none).
     fn process_usage<'a>(

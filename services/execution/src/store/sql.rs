@@ -30,6 +30,7 @@ use prost::Message as _;
 use sqlx::{AssertSqlSafe, Row, any::AnyRow};
 use tokio::sync::{mpsc, oneshot};
 
+mod memory;
 mod participants;
 
 use super::{
@@ -65,6 +66,7 @@ const MIGRATIONS: Migrations = Migrations {
         (11, "replicas", include_str!("../../migrations/sqlite/0011_replicas.sql")),
         (12, "replica_address", include_str!("../../migrations/sqlite/0012_replica_address.sql")),
         (13, "process agents", include_str!("../../migrations/sqlite/0013_process_agents.sql")),
+        (14, "memory versions", include_str!("../../migrations/sqlite/0014_memory_versions.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -81,6 +83,7 @@ const MIGRATIONS: Migrations = Migrations {
         (12, "replica_address", include_str!("../../migrations/postgres/0012_replica_address.sql")),
         (13, "commit progress", include_str!("../../migrations/postgres/0013_commit_progress.sql")),
         (14, "process agents", include_str!("../../migrations/postgres/0014_process_agents.sql")),
+        (15, "memory versions", include_str!("../../migrations/postgres/0015_memory_versions.sql")),
     ],
 };
 
@@ -568,9 +571,10 @@ async fn apply_on<'a>(
     for message in posted {
         insert_message(&mut transaction, message).await?;
     }
-    for entry in remembered {
+    for entry in &remembered {
         insert_memory(&mut transaction, entry).await?;
     }
+    memory::raise_versions(&mut transaction, remembered.iter().map(|entry| entry.role.as_str())).await?;
     for (process_name, due, next, execution_id, fired_at) in fired {
         let moved = sqlx::query(
             "UPDATE schedules SET next_fire_at = $1, last_fired_at = $2, last_execution_id = $3 \
@@ -2022,6 +2026,7 @@ impl Store for SqlStore {
                 drop(transaction);
                 return stored().await?.ok_or(error);
             }
+            memory::raise_versions(&mut transaction, [entry.role.as_str()]).await?;
             transaction.commit().await?;
             Ok(entry)
         })
@@ -2061,13 +2066,11 @@ impl Store for SqlStore {
     }
 
     fn forget_memory<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(async move {
-            let deleted = sqlx::query("DELETE FROM memory WHERE id = $1")
-                .bind(id.to_owned())
-                .execute(&self.database.pool)
-                .await?;
-            Ok(deleted.rows_affected() > 0)
-        })
+        Box::pin(memory::forget(&self.database, id))
+    }
+
+    fn memory_version<'a>(&'a self, role: &'a str) -> BoxFuture<'a, Result<i64>> {
+        Box::pin(memory::version(&self.database, role))
     }
 
     fn process_usage<'a>(
