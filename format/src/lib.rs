@@ -26,6 +26,7 @@ mod graph;
 mod markdown;
 mod matrix;
 mod model;
+mod plain_schedule;
 mod process;
 mod references;
 mod role;
@@ -41,10 +42,11 @@ pub use model::{
     BudgetAction, Context, DelegationRequest, KnownAgent, KnownRole, ProcessBudget, ProcessDefinition, ProcessReport,
     ProcessThrottle, StepDefinition, StepRoles, Triggers,
 };
+pub use plain_schedule::{RoleSchedule, Unreadable, role_schedule};
 pub use process::{MAX_RETRIES, STEP_TYPES};
 pub use role::{
     BUILTIN_TOOLS, MAX_WORKSPACE_PATH_CHARS, MAX_WORKSPACE_PATHS, RoleDefinition, RoleFormat, RoleReport,
-    is_builtin_tool, role_inbox_name, role_schedule_cron, workspace_path_problem,
+    is_builtin_tool, role_inbox_name, workspace_path_problem,
 };
 pub use schedule::{MissedRuns, Schedule, rfc3339};
 pub use yaml::Limits;

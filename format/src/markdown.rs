@@ -184,7 +184,17 @@ pub(crate) fn check_markdown_role(
         match canonical {
             "Mission" => role.mission = text,
             "Schedule" => {
-                check_schedule(&text, &path, at, diagnostics);
+                let lines: Vec<Position> = content
+                    .iter()
+                    .map(|line| Position {
+                        line: line.number,
+                        column: u32::try_from(
+                            line.text[..line.text.len() - line.text.trim_start().len()].chars().count() + 1,
+                        )
+                        .unwrap_or(1),
+                    })
+                    .collect();
+                check_schedule(&text, &path, &lines, diagnostics);
                 role.schedule = Some(text);
             }
             "Inbox" => {

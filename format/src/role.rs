@@ -9,6 +9,7 @@ use super::fields::{check_keys, string_field, string_list_field};
 use super::formats::{is_identifier, suggestion};
 use super::markdown;
 use super::model::{Context, ProcessBudget, ProcessThrottle};
+use super::plain_schedule::role_schedule;
 use super::schedule::Schedule;
 use super::yaml::{Limits, Node, parse};
 
@@ -238,7 +239,7 @@ fn check_yaml_role(node: Node<'_>, path: &str, diagnostics: &mut Diagnostics) ->
         .collect();
     warn_duplicates(&tools, diagnostics);
     let schedule = string_field(node, "schedule", path, "ROL003", diagnostics).map(|(value, text)| {
-        check_schedule(text, &child_path(path, "schedule"), value.position(), diagnostics);
+        check_schedule(text, &child_path(path, "schedule"), &[value.position()], diagnostics);
         text.to_owned()
     });
     let inbox = string_field(node, "inbox", path, "ROL003", diagnostics).map(|(value, text)| {
@@ -386,18 +387,6 @@ pub(crate) fn warn_duplicates(tools: &[(String, String, Position)], diagnostics:
     }
 }
 
-/// The cron expression a role's schedule holds: the whole text when it
-/// looks like one, else the first backticked span; `None` for free text
-/// (nothing can fire it).
-pub fn role_schedule_cron(text: &str) -> Option<&str> {
-    let trimmed = text.trim();
-    let code_span = trimmed.split('`').nth(1).filter(|_| trimmed.matches('`').count() >= 2);
-    let looks_like_cron = trimmed.starts_with('@')
-        || (!trimmed.is_empty()
-            && trimmed.chars().all(|character| character.is_ascii_digit() || " */,-?".contains(character)));
-    code_span.or(looks_like_cron.then_some(trimmed)).map(str::trim)
-}
-
 /// The inbox a role's `inbox` names: the text itself, or the last segment of
 /// a relative path (`agent/inbox/risk/` is the inbox `risk`), in lowercase;
 /// `None` when that is not an inbox name (`[a-z0-9][a-z0-9_-]*`) or the path
@@ -411,25 +400,45 @@ pub fn role_inbox_name(text: &str) -> Option<String> {
     is_identifier(&name).then_some(name)
 }
 
-/// A schedule is a cron expression (checked), a cron expression in backticks
-/// within text (checked), or free text (a warning: nothing can fire it).
-pub(crate) fn check_schedule(text: &str, path: &str, at: Position, diagnostics: &mut Diagnostics) {
-    match role_schedule_cron(text) {
-        Some(expression) => {
-            if let Err(reason) = Schedule::parse(expression, "") {
-                diagnostics.error("ROL006", path, at, format!("invalid schedule: {reason}"));
+/// A schedule is a cron expression (checked), one in backticks within text
+/// (checked), or plain English read into one (checked; a phrase that cannot
+/// be read is a warning at that phrase: nothing can fire the role), with
+/// perhaps a line `time_zone: NAME` (checked). `lines` is where each line
+/// of `text` starts in the file; a line past them is taken to start below
+/// the last, at its column.
+pub(crate) fn check_schedule(text: &str, path: &str, lines: &[Position], diagnostics: &mut Diagnostics) {
+    let first = lines.first().copied().unwrap_or(Position { line: 1, column: 1 });
+    let line_start = |line: usize| {
+        lines.get(line).copied().unwrap_or_else(|| Position {
+            line: first.line + u32::try_from(line).unwrap_or(u32::MAX),
+            column: first.column,
+        })
+    };
+    match role_schedule(text) {
+        Ok(None) => {}
+        Ok(Some(schedule)) => {
+            if let Err(reason) = Schedule::parse(&schedule.cron, &schedule.time_zone) {
+                diagnostics.error("ROL006", path, first, format!("invalid schedule: {reason}"));
             }
         }
-        None => diagnostics.warning(
-            "ROL011",
-            path,
-            at,
-            format!(
-                "schedule '{}' is not a cron expression, so nothing can fire it; \
-                 write one, e.g. `0 9,17 * * 1-5` for 9am and 5pm on weekdays (UTC)",
-                text.trim()
-            ),
-        ),
+        Err(unreadable) => {
+            let start = line_start(unreadable.line);
+            let at = Position {
+                line: start.line,
+                column: start.column + u32::try_from(unreadable.column).unwrap_or(u32::MAX),
+            };
+            diagnostics.warning(
+                "ROL011",
+                path,
+                at,
+                format!(
+                    "schedule: cannot read '{}': {}; nothing can fire this role until it reads — write times and \
+                     days ('9am and 5pm, weekdays'), an interval ('every 30 minutes') or a cron expression \
+                     (`0 9,17 * * 1-5`)",
+                    unreadable.phrase, unreadable.reason
+                ),
+            );
+        }
     }
 }
 

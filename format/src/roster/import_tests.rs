@@ -62,7 +62,7 @@ fn reads_markdown_roles() {
         "# roles/delivery.md\n\n# Delivery Manager\n\n## Mission\nKeep delivery on time.\n\n## Goals\n- Track progress\n- Find blockers\n\n## Context Files\n- project/scope.md\n\n## Tools\n- read_file\n\n## Schedule\n9am and 5pm, weekdays\n\n## Inbox\nagent/inbox/delivery/\n\n## User Preferences\n(none)\n",
     )]);
     let codes: Vec<&str> = parsed.diagnostics.iter().map(|d| d.code).collect();
-    assert_eq!(codes, vec!["ROL011"], "the validator warns that the schedule is not cron: {:?}", parsed.diagnostics);
+    assert!(codes.is_empty(), "the schedule reads as cron: {:?}", parsed.diagnostics);
     let role = &parsed.roles[0];
     assert_eq!(role.name, "delivery");
     assert_eq!(role.description, "Delivery Manager");

@@ -445,8 +445,11 @@ impl RoleDefinition {
         validate_json_object("role.input_schema_json", &self.input_schema_json)?;
         validate_json_object("role.output_schema_json", &self.output_schema_json)?;
         self.schedule = self.schedule.trim().to_owned();
-        if let Some(cron) = crate::role_schedule_cron(&self.schedule) {
-            crate::Schedule::parse(cron, "").map_err(|reason| invalid("role.schedule", reason))?;
+        // A schedule that cannot be read is kept (the validator warns that
+        // nothing fires it); one that reads must be a schedule that fires.
+        if let Ok(Some(schedule)) = crate::role_schedule(&self.schedule) {
+            crate::Schedule::parse(&schedule.cron, &schedule.time_zone)
+                .map_err(|reason| invalid("role.schedule", reason))?;
         }
         self.inbox = self.inbox.trim().to_owned();
         if !self.inbox.is_empty() && crate::role_inbox_name(&self.inbox).is_none() {

@@ -2,6 +2,7 @@
 
 mod hostile;
 mod matrix;
+mod plain_schedule;
 mod process;
 mod roles;
 

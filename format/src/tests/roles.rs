@@ -68,11 +68,11 @@ fn the_yaml_role_list_is_valid() {
 }
 
 #[test]
-fn the_markdown_role_is_read_with_one_schedule_warning() {
+fn the_markdown_role_is_read_with_its_plain_english_schedule() {
     let report = validate_role_definition(MARKDOWN_ROLE, RoleFormat::Markdown, &Context::default());
-    assert_eq!(found(&report.diagnostics), vec![("ROL011", 30, 1)]);
-    assert_eq!(report.diagnostics[0].severity, Severity::Warning);
+    assert_eq!(report.diagnostics, vec![]);
     let role = &report.roles[0];
+    assert_eq!(role.schedule.as_deref(), Some("9am and 5pm, weekdays"));
     assert_eq!(role.name, "Delivery Manager");
     assert!(role.mission.starts_with("Keep the project delivery"));
     assert_eq!(role.goals.len(), 3);
@@ -160,9 +160,27 @@ fn a_role_names_its_inbox_and_its_cron() {
     assert_eq!(crate::role_inbox_name("risk").as_deref(), Some("risk"));
     assert_eq!(crate::role_inbox_name("agent/inbox/../risk"), None);
     assert_eq!(crate::role_inbox_name("/risk"), None);
-    assert_eq!(crate::role_schedule_cron("9am and 5pm: `0 9,17 * * 1-5`"), Some("0 9,17 * * 1-5"));
-    assert_eq!(crate::role_schedule_cron("*/30 * * * *"), Some("*/30 * * * *"));
-    assert_eq!(crate::role_schedule_cron("twice a day"), None);
+    let cron = |text: &str| crate::role_schedule(text).ok().flatten().map(|schedule| schedule.cron);
+    assert_eq!(cron("9am and 5pm: `0 9,17 * * 1-5`").as_deref(), Some("0 9,17 * * 1-5"));
+    assert_eq!(cron("*/30 * * * *").as_deref(), Some("*/30 * * * *"));
+    assert_eq!(cron("9am and 5pm, weekdays").as_deref(), Some("0 9,17 * * 1-5"));
+    assert_eq!(cron("twice a day"), None);
+}
+
+#[test]
+fn a_schedule_that_cannot_be_read_is_a_warning_at_the_phrase() {
+    // The phrase's own line and column, in Markdown (after the time zone
+    // line and a blank one) and in YAML.
+    let source = "# A\n## Mission\nm\n## Schedule\ntime_zone: Europe/Paris\n\n9am and 5pm, weekdys\n";
+    let report = validate_role_definition(source, RoleFormat::Markdown, &Context::default());
+    assert_eq!(found(&report.diagnostics), vec![("ROL011", 7, 14)]);
+    assert_eq!(report.diagnostics[0].severity, Severity::Warning);
+    assert!(report.diagnostics[0].message.contains("cannot read 'weekdys'"), "{}", report.diagnostics[0].message);
+    assert_eq!(yaml("name: a\nschedule: every 45 minutes\n"), vec![("ROL011", 2, 11)]);
+    assert_eq!(yaml("name: a\nschedule: 9am twice\n"), vec![("ROL011", 2, 15)]);
+    // A time zone is checked as a process's is.
+    assert_eq!(markdown("# A\n## Mission\nm\n## Schedule\nhourly\ntime_zone: Mars/Olympus\n"), vec![("ROL006", 5, 1)]);
+    assert_eq!(markdown("# A\n## Mission\nm\n## Schedule\nhourly\ntime_zone: Asia/Tokyo\n"), vec![]);
 }
 
 #[test]

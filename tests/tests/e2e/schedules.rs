@@ -4,7 +4,10 @@
 //! due times, `missed: run_once` fires once for all of them and `missed:
 //! skip` fires none; no due time ever fires twice, also with two execution
 //! services on one PostgreSQL database; `ListSchedules` and `muster schedule
-//! list` show when each fires next.
+//! list` show when each fires next. A role's schedule written in plain
+//! English ("9am and 5pm, weekdays") fires as the cron it reads as, in the
+//! time zone the role names; one that cannot be read is named, at its line
+//! and column, when the role is imported.
 
 use std::time::Duration;
 
@@ -120,6 +123,67 @@ async fn schedules_fire(backend: Backend) {
     let _ = stop.send(());
     let _ = worker.await;
     test.shutdown().await;
+}
+
+async fn roles_schedules_in_plain_english(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let environment = test.command_environment();
+    let role_file = |name: &str, schedule: &str| {
+        let path = test.data_dir.join(format!("{name}.md"));
+        std::fs::write(&path, format!("# {name}\n\n## Mission\nKeep the team in step.\n\n## Schedule\n{schedule}\n"))
+            .unwrap();
+        path.display().to_string()
+    };
+    let files = [
+        role_file("standup", "9am and 5pm, weekdays\ntime_zone: Europe/Paris"),
+        role_file("digest", "every 30 minutes"),
+        role_file("typo", "9am and 5pm, weekdys"),
+    ];
+    let mut import = vec!["roster".to_owned(), "import".to_owned()];
+    import.extend(files.iter().cloned());
+    let imported = run(import, environment.clone()).await;
+    assert!(imported.status.success(), "{}", text(&imported));
+    // The phrase that cannot be read, where it is: line 7, column 14.
+    let warning = format!("{}:7:14: warning[ROL011]: schedule: cannot read 'weekdys'", files[2]);
+    assert!(text(&imported).contains(&warning), "{}", text(&imported));
+
+    // Each readable schedule fires as its cron, in its role's time zone.
+    let mut client = test.execution();
+    let mut listed = Vec::new();
+    for _ in 0..300 {
+        let request = ListSchedulesRequest::default();
+        listed = client.list_schedules(request).await.unwrap().into_inner().schedules;
+        if listed.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut shown: Vec<(&str, &str, &str)> = listed
+        .iter()
+        .map(|schedule| (schedule.process_name.as_str(), schedule.cron.as_str(), schedule.time_zone.as_str()))
+        .collect();
+    shown.sort_unstable();
+    assert_eq!(
+        shown,
+        [("role-digest", "*/30 * * * *", ""), ("role-standup", "0 9,17 * * 1-5", "Europe/Paris")],
+        "the role whose schedule cannot be read has none"
+    );
+    let schedules = run(vec!["schedule".into(), "list".into()], environment.clone()).await;
+    assert!(schedules.status.success(), "{}", text(&schedules));
+    for line in ["role-standup  '0 9,17 * * 1-5' Europe/Paris  missed: skip", "role-digest  '*/30 * * * *' UTC"] {
+        assert!(text(&schedules).contains(line), "{line} in:\n{}", text(&schedules));
+    }
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_schedules_in_plain_english_on_sqlite() {
+    roles_schedules_in_plain_english(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_schedules_in_plain_english_on_postgres() {
+    roles_schedules_in_plain_english(Backend::Postgres).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

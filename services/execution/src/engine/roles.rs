@@ -46,9 +46,10 @@ fn description(role: &str) -> String {
 /// The process source of a role's runs; `None` when nothing starts the role
 /// (no cron schedule, no inbox).
 pub(crate) fn source(role: &roster::RoleDefinition) -> Option<String> {
-    let cron = muster_format::role_schedule_cron(&role.schedule);
+    // A schedule that cannot be read fires nothing (the validator says so).
+    let schedule = muster_format::role_schedule(&role.schedule).ok().flatten();
     let inbox = muster_format::role_inbox_name(&role.inbox).filter(|_| !role.inbox.trim().is_empty());
-    if cron.is_none() && inbox.is_none() {
+    if schedule.is_none() && inbox.is_none() {
         return None;
     }
     let mut source = format!(
@@ -58,8 +59,11 @@ pub(crate) fn source(role: &roster::RoleDefinition) -> Option<String> {
         process = process_name(&role.name),
         description = quoted(&description(&role.name)),
     );
-    if let Some(cron) = cron {
-        source.push_str(&format!("  schedule: {}\n", quoted(cron)));
+    if let Some(schedule) = schedule {
+        source.push_str(&format!("  schedule: {}\n", quoted(&schedule.cron)));
+        if !schedule.time_zone.is_empty() {
+            source.push_str(&format!("  time_zone: {}\n", quoted(&schedule.time_zone)));
+        }
     }
     if let Some(inbox) = inbox {
         source.push_str(&format!("  inbox: {inbox}\n"));
