@@ -235,11 +235,13 @@
       $("#timeline").appendChild(item);
     }
 
+    // An ended execution changes no more: its events fill the timeline only.
+    const ended = () => ["COMPLETED", "FAILED", "CANCELLED"].some((end) => state.execution.status.endsWith(end));
     paint();
     const source = new EventSource(`/executions/${encodeURIComponent(id)}/events`);
-    source.addEventListener("step", (message) => { timeline(JSON.parse(message.data)); refresh(); });
-    source.addEventListener("end", () => { source.close(); refresh(); });
-    source.onerror = () => { source.close(); refresh(); };
+    source.addEventListener("step", (message) => { timeline(JSON.parse(message.data)); if (!ended()) refresh(); });
+    source.addEventListener("end", () => { source.close(); if (!ended()) refresh(); });
+    source.onerror = () => { source.close(); if (!ended()) refresh(); };
   }
 
   // ----- The process editor -----

@@ -67,6 +67,28 @@ impl Cluster {
     }
 }
 
+/// Calls again, after a pause growing from 50 ms (about 1.5 s in all), a
+/// read the service shed: the cluster gives each caller a fair share of its
+/// reads, and a page's own calls (the page, its state, its live stream)
+/// come as one caller.
+pub(crate) async fn patiently<T, Call, Answer>(mut call: Call) -> Result<T, tonic::Status>
+where
+    Call: FnMut() -> Answer,
+    Answer: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let mut pause = std::time::Duration::from_millis(50);
+    for _ in 0..5 {
+        match call().await {
+            Err(status) if status.code() == tonic::Code::ResourceExhausted => {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            answer => return answer,
+        }
+    }
+    call().await
+}
+
 /// Why a page cannot be shown.
 #[derive(Debug)]
 pub(crate) enum Failure {

@@ -23,7 +23,7 @@ use tokio_stream::StreamExt as _;
 
 use crate::{
     Shared,
-    cluster::{Failure, Signed, check_csrf, to_json},
+    cluster::{Failure, Signed, check_csrf, patiently, to_json},
     html::{self, escape},
     session::Session,
 };
@@ -56,7 +56,13 @@ pub(crate) async fn list(
         page_token: query.page.clone(),
         ..Default::default()
     };
-    let answer = console.cluster.execution(&session)?.list_executions(request).await?.into_inner();
+    let client = console.cluster.execution(&session)?;
+    let answer = patiently(|| {
+        let (mut client, request) = (client.clone(), request.clone());
+        async move { client.list_executions(request).await }
+    })
+    .await?
+    .into_inner();
     let mut body = String::from("<form class=\"filters\" method=\"get\" action=\"/executions\" role=\"search\">");
     let _ = write!(
         body,
@@ -146,14 +152,16 @@ pub(crate) async fn state(State(console): State<Shared>, Signed(session): Signed
 }
 
 async fn state_of(console: &Shared, session: &Session, id: &str) -> Result<serde_json::Value, Failure> {
-    let execution = console
-        .cluster
-        .execution(session)?
-        .get_execution(GetExecutionRequest { id: id.to_owned() })
-        .await?
-        .into_inner()
-        .execution
-        .ok_or_else(|| Failure::BadRequest("the service answered without the execution".to_owned()))?;
+    let client = console.cluster.execution(session)?;
+    let request = GetExecutionRequest { id: id.to_owned() };
+    let execution = patiently(|| {
+        let (mut client, request) = (client.clone(), request.clone());
+        async move { client.get_execution(request).await }
+    })
+    .await?
+    .into_inner()
+    .execution
+    .ok_or_else(|| Failure::BadRequest("the service answered without the execution".to_owned()))?;
     let decide = decidable_steps(console, session, &execution).await?;
     let intervene = may_intervene(session, &execution);
     Ok(serde_json::json!({

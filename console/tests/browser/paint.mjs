@@ -31,7 +31,13 @@ async function time(name, path, complete) {
     await page.goto(`${base}${path}`);
     await page.waitForFunction(complete, steps);
     completes.push(Date.now() - started);
-    paints.push(await page.evaluate(() => performance.getEntriesByName("first-contentful-paint")[0]?.startTime ?? NaN));
+    paints.push(await page.evaluate(() => new Promise((resolve) => {
+      new PerformanceObserver((list) => {
+        const paint = list.getEntries().find((entry) => entry.name === "first-contentful-paint");
+        if (paint) resolve(paint.startTime);
+      }).observe({ type: "paint", buffered: true });
+      setTimeout(() => resolve(NaN), 5000);
+    })));
   }
   console.log(`${name.padEnd(34)} first paint ${median(paints).toFixed(0).padStart(5)} ms   complete ${median(completes).toFixed(0).padStart(5)} ms   (median of 5)`);
 }
