@@ -20,7 +20,7 @@ async fn cluster() -> Option<TestCluster> {
         ("MUSTER_MAX_READS_IN_FLIGHT", "4"),
         ("MUSTER_MAX_WATCHES_OPENING", "4"),
         ("MUSTER_REQUEST_BODY_TIMEOUT_MS", "1500"),
-        ("MUSTER_RESPONSE_IDLE_TIMEOUT_MS", "3000"),
+        ("MUSTER_RESPONSE_IDLE_TIMEOUT_MS", "6000"),
         ("MUSTER_HANDSHAKE_TIMEOUT_MS", "500"),
     ];
     TestCluster::start_with_environment(
@@ -163,9 +163,11 @@ async fn answers_nobody_reads_are_ended_and_free_their_slots() {
     body.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true).expect("sending an empty message");
     send = ready;
 
-    // While the answer waits, it holds the agent's one slot...
+    // While the answer waits, it holds the agent's one slot (6 s: time
+    // enough for the stuck request to arrive and for probes on a loaded
+    // machine)...
     let mut held = false;
-    for _ in 0..60 {
+    for _ in 0..160 {
         match client.list_processes(as_agent(ListProcessesRequest::default(), deaf)).await {
             Err(status) if is_shed(&status) => {
                 held = true;
