@@ -69,58 +69,27 @@ pub(crate) async fn page(
     if !query.inbox.trim().is_empty() {
         let request =
             ListInboxMessagesRequest { inbox: query.inbox.trim().to_owned(), page_size: PAGE, ..Default::default() };
-        body.push_str("<h2>Inbox</h2>");
-        match execution.list_inbox_messages(request).await {
-            Ok(answer) => body.push_str(&listed(
-                to_json(&answer.into_inner(), "muster.execution.v1.ListInboxMessagesResponse"),
-                "messages",
-                "Messages and their notes",
-            )),
-            Err(status) => body.push_str(&refused(&status)),
-        }
+        let answer = execution.list_inbox_messages(request).await;
+        body.push_str(&section("Inbox", answer, "ListInboxMessagesResponse", "messages", "Messages and their notes"));
     }
-    body.push_str("<h2>Permission matrix</h2>");
-    match execution
-        .list_permission_matrix_versions(ListPermissionMatrixVersionsRequest {
-            page_size: PAGE,
-            page_token: String::new(),
-        })
-        .await
-    {
-        Ok(answer) => body.push_str(&listed(
-            to_json(&answer.into_inner(), "muster.execution.v1.ListPermissionMatrixVersionsResponse"),
-            "versions",
-            "Versions, newest first",
-        )),
-        Err(status) => body.push_str(&refused(&status)),
-    }
-    body.push_str("<h2>Budgets</h2>");
-    match execution.list_budgets(ListBudgetsRequest { page_size: PAGE, ..Default::default() }).await {
-        Ok(answer) => body.push_str(&listed(
-            to_json(&answer.into_inner(), "muster.execution.v1.ListBudgetsResponse"),
-            "budgets",
-            "Budgets and their use",
-        )),
-        Err(status) => body.push_str(&refused(&status)),
-    }
-    body.push_str("<h2>Schedules</h2>");
-    match execution.list_schedules(ListSchedulesRequest { page_size: PAGE, page_token: String::new() }).await {
-        Ok(answer) => body.push_str(&listed(
-            to_json(&answer.into_inner(), "muster.execution.v1.ListSchedulesResponse"),
-            "schedules",
-            "Schedules and when they are next due",
-        )),
-        Err(status) => body.push_str(&refused(&status)),
-    }
-    body.push_str("<h2>Memory</h2>");
-    match execution.list_memory(ListMemoryRequest { page_size: PAGE, ..Default::default() }).await {
-        Ok(answer) => body.push_str(&listed(
-            to_json(&answer.into_inner(), "muster.execution.v1.ListMemoryResponse"),
-            "entries",
-            "Memory entries",
-        )),
-        Err(status) => body.push_str(&refused(&status)),
-    }
+    let request = ListPermissionMatrixVersionsRequest { page_size: PAGE, page_token: String::new() };
+    let answer = execution.list_permission_matrix_versions(request).await;
+    let versions = section(
+        "Permission matrix",
+        answer,
+        "ListPermissionMatrixVersionsResponse",
+        "versions",
+        "Versions, newest first",
+    );
+    body.push_str(&versions);
+    let answer = execution.list_budgets(ListBudgetsRequest { page_size: PAGE, ..Default::default() }).await;
+    body.push_str(&section("Budgets", answer, "ListBudgetsResponse", "budgets", "Budgets and their use"));
+    let answer = execution.list_schedules(ListSchedulesRequest { page_size: PAGE, page_token: String::new() }).await;
+    let schedules =
+        section("Schedules", answer, "ListSchedulesResponse", "schedules", "Schedules and when they are next due");
+    body.push_str(&schedules);
+    let answer = execution.list_memory(ListMemoryRequest { page_size: PAGE, ..Default::default() }).await;
+    body.push_str(&section("Memory", answer, "ListMemoryResponse", "entries", "Memory entries"));
     Ok(Html(html::page("Team", "/team", Some(&session), &body)))
 }
 
@@ -132,8 +101,24 @@ fn text(value: &Value) -> &str {
     value.as_str().unwrap_or_default()
 }
 
-fn listed(answer: Value, key: &str, caption: &str) -> String {
-    table(caption, answer[key].as_array().map_or(&[][..], Vec::as_slice))
+/// A part of the page: `title`, and the list under `key` of the answer (an
+/// `execution.v1` message named `message`) as a table, or why the cluster
+/// did not answer.
+fn section<M: prost::Message>(
+    title: &str,
+    answer: Result<tonic::Response<M>, tonic::Status>,
+    message: &str,
+    key: &str,
+    caption: &str,
+) -> String {
+    let shown = match answer {
+        Ok(answer) => {
+            let answer = to_json(&answer.into_inner(), &format!("muster.execution.v1.{message}"));
+            table(caption, answer[key].as_array().map_or(&[][..], Vec::as_slice))
+        }
+        Err(status) => refused(&status),
+    };
+    format!("<h2>{}</h2>{shown}", escape(title))
 }
 
 /// `rows` (JSON objects) as a table: a column per field of the first row;

@@ -35,8 +35,29 @@ where
     Running: Future<Output = Result<(), Failure>>,
     Failure: Display,
 {
+    let logs = Logs { format: server.log_format, filter: &server.log_filter };
+    serve_at(name, logs, server.listen_or(default_address), run)
+}
+
+/// How a process logs: the format and the `tracing` filter.
+#[derive(Debug, Clone, Copy)]
+pub struct Logs<'a> {
+    /// The log format.
+    pub format: crate::config::LogFormat,
+    /// The filter, in `tracing` syntax.
+    pub filter: &'a str,
+}
+
+/// [`serve`] for a process that is not a gRPC service (the console): its
+/// logs and its address given as they are.
+pub fn serve_at<Run, Running, Failure>(name: &str, logs: Logs<'_>, address: SocketAddr, run: Run) -> ExitCode
+where
+    Run: FnOnce(TcpListener, Shutdown) -> Running,
+    Running: Future<Output = Result<(), Failure>>,
+    Failure: Display,
+{
     match runtime() {
-        Ok(runtime) => runtime.block_on(serve_on_runtime(name, server, default_address, run)),
+        Ok(runtime) => runtime.block_on(serve_on_runtime(name, logs, address, run)),
         Err(error) => {
             eprintln!("{name}: cannot start the Tokio runtime: {error}");
             ExitCode::FAILURE
@@ -44,26 +65,20 @@ where
     }
 }
 
-async fn serve_on_runtime<Run, Running, Failure>(
-    name: &str,
-    server: &ServerArgs,
-    default_address: SocketAddr,
-    run: Run,
-) -> ExitCode
+async fn serve_on_runtime<Run, Running, Failure>(name: &str, logs: Logs<'_>, address: SocketAddr, run: Run) -> ExitCode
 where
     Run: FnOnce(TcpListener, Shutdown) -> Running,
     Running: Future<Output = Result<(), Failure>>,
     Failure: Display,
 {
     crate::files::private_umask();
-    let telemetry = match crate::telemetry::init(name, server.log_format, &server.log_filter) {
+    let telemetry = match crate::telemetry::init(name, logs.format, logs.filter) {
         Ok(telemetry) => telemetry,
         Err(error) => {
             eprintln!("{name}: {error}");
             return ExitCode::FAILURE;
         }
     };
-    let address = server.listen_or(default_address);
     let code = match TcpListener::bind(address).await {
         Ok(listener) => match run(listener, Box::pin(crate::shutdown::signal())).await {
             Ok(()) => ExitCode::SUCCESS,
