@@ -52,16 +52,29 @@ pub(crate) async fn page(
         body.push_str("<h2>Session</h2>");
         match execution.get_session_status(request).await {
             Ok(answer) => {
-                let status = to_json(&answer.into_inner(), "muster.execution.v1.GetSessionStatusResponse");
+                let answer = answer.into_inner();
+                let status = to_json(&answer, "muster.execution.v1.GetSessionStatusResponse");
                 let _ = write!(body, "<p>Lead: <strong>{}</strong></p>", escape(text(&status["lead_agent_id"])));
                 for (key, caption) in [
                     ("assignments", "Participants and their roles"),
                     ("blockers", "Blockers"),
                     ("suggested_interventions", "Suggestions"),
-                    ("recent_activity", "Recent activity"),
                 ] {
                     body.push_str(&table(caption, status[key].as_array().map_or(&[][..], Vec::as_slice)));
                 }
+                body.push_str("<h3>Recent activity</h3><ol class=\"timeline\" tabindex=\"0\">");
+                for event in &answer.recent_activity {
+                    let kind = event.event_type().as_str_name().trim_start_matches("EVENT_TYPE_").to_ascii_lowercase();
+                    let _ = write!(
+                        body,
+                        "<li>{} {}: {} {}</li>",
+                        event.occurred_at.map(|at| at.to_string()).unwrap_or_default(),
+                        escape(if event.step_id.is_empty() { "execution" } else { &event.step_id }),
+                        kind.replace('_', " "),
+                        escape(&event.agent_id)
+                    );
+                }
+                body.push_str("</ol>");
             }
             Err(status) => body.push_str(&refused(&status)),
         }
