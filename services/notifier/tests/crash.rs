@@ -111,17 +111,21 @@ async fn inbox(address: &str, agent_id: &str) -> Vec<String> {
     let mut client = client(address, credentials().operator());
     let mut event_ids = Vec::new();
     let mut after = 0;
+    let mut shed = 0;
     loop {
-        let page = client
-            .list_notifications(ListNotificationsRequest {
-                agent_id: agent_id.to_owned(),
-                after_cursor: after,
-                limit: 1000,
-            })
-            .await
-            .expect("list")
-            .into_inner()
-            .notifications;
+        let request = ListNotificationsRequest { agent_id: agent_id.to_owned(), after_cursor: after, limit: 1000 };
+        let page = match client.list_notifications(request).await {
+            Ok(answer) => answer.into_inner().notifications,
+            // A caller's reads are one at a time on a small machine: the
+            // previous page's slot may not be back yet. As the refusal says,
+            // ask again a little later.
+            Err(status) if status.code() == tonic::Code::ResourceExhausted && shed < 50 => {
+                shed += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+            Err(status) => panic!("list: {status}"),
+        };
         let Some(last) = page.last() else { return event_ids };
         after = last.cursor;
         event_ids.extend(page.into_iter().map(|n| n.event.expect("event").event_id));
