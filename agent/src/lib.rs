@@ -33,14 +33,13 @@ pub mod workspace;
 
 use std::{
     path::PathBuf,
-    sync::{Arc, LazyLock, Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
     time::{Duration, Instant},
 };
 
 use muster_client::balance::Balanced;
 use muster_proto::execution::v1::{Assignment, ListToolsRequest, ToolSpec};
 use muster_worker::{Behaviour, Step, StepOutcome};
-use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
 
 use crate::{catalogue::ToolError, workspace::Workspace};
 
@@ -191,18 +190,8 @@ pub fn http_client() -> Result<reqwest::Client, Error> {
         .map_err(|error| Error::Http(error.to_string()))
 }
 
-static POOL: LazyLock<Option<DescriptorPool>> =
-    LazyLock::new(|| DescriptorPool::decode(muster_proto::FILE_DESCRIPTOR_SET).ok());
-
 /// A message of the contract as JSON (the canonical mapping, default values
 /// left out), as tools answer with it.
 pub(crate) fn wire_json(message: &impl prost::Message, full_name: &str) -> serde_json::Value {
-    let Some(descriptor) = POOL.as_ref().and_then(|pool| pool.get_message_by_name(full_name)) else {
-        return serde_json::Value::Null;
-    };
-    let Ok(dynamic) = DynamicMessage::decode(descriptor, message.encode_to_vec().as_slice()) else {
-        return serde_json::Value::Null;
-    };
-    let options = SerializeOptions::new().use_proto_field_name(true).skip_default_fields(true);
-    dynamic.serialize_with_options(serde_json::value::Serializer, &options).unwrap_or_default()
+    muster_client::json::message_to_json(message, full_name, false).unwrap_or_default()
 }

@@ -1,14 +1,47 @@
 //! JSON values as the contracts carry them (`google.protobuf.Struct` for
 //! objects, `google.protobuf.Value` for any value) and as the services store
-//! them (JSON text), converted at the wire.
+//! them (JSON text), converted at the wire; and any message of the
+//! contracts in the canonical JSON mapping ([`message_to_json`]).
 //!
 //! Protobuf numbers are doubles: an integer beyond 2^53 loses precision on
 //! the way in, as it would in JavaScript. A number that is not finite has no
 //! JSON form: it is refused on the way in and written as `null` on the way
 //! out.
 
+use std::sync::LazyLock;
+
+use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
 use prost_types::{ListValue, Struct, Value, value::Kind};
 use serde_json::{Map, Number, Value as Json};
+
+static POOL: LazyLock<Result<DescriptorPool, String>> = LazyLock::new(|| {
+    DescriptorPool::decode(muster_proto::FILE_DESCRIPTOR_SET)
+        .map_err(|error| format!("muster's own descriptors: {error}"))
+});
+
+/// `message`, of the contracts' type `full_name`, in the canonical protobuf
+/// JSON mapping with the `.proto` field names (as grpcurl prints it); with
+/// `defaults`, every field present, default values included, else those
+/// left out.
+pub fn message_to_json(message: &impl prost::Message, full_name: &str, defaults: bool) -> Result<Json, String> {
+    serialize_message(message, full_name, defaults, serde_json::value::Serializer)
+}
+
+/// [`message_to_json`] into any serializer, such as a pretty printer (its
+/// fields in the order of the `.proto` file).
+pub fn serialize_message<S: serde::Serializer>(
+    message: &impl prost::Message,
+    full_name: &str,
+    defaults: bool,
+    serializer: S,
+) -> Result<S::Ok, String> {
+    let pool = POOL.as_ref()?;
+    let descriptor = pool.get_message_by_name(full_name).ok_or_else(|| format!("no message type {full_name}"))?;
+    let dynamic = DynamicMessage::decode(descriptor, message.encode_to_vec().as_slice())
+        .map_err(|error| format!("a {full_name} that does not decode: {error}"))?;
+    let options = SerializeOptions::new().use_proto_field_name(true).skip_default_fields(!defaults);
+    dynamic.serialize_with_options(serializer, &options).map_err(|error| error.to_string())
+}
 
 /// A wire value from JSON text.
 pub fn value_from_text(text: &str) -> Result<Value, String> {

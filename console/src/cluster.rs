@@ -2,8 +2,6 @@
 //! that carry the signed-in caller's token, the session every page needs,
 //! and how a refusal of the cluster becomes a page.
 
-use std::sync::LazyLock;
-
 use axum::{
     extract::FromRequestParts,
     http::{StatusCode, request::Parts},
@@ -18,7 +16,6 @@ use muster_proto::{
     roster::v1::roster_service_client::RosterServiceClient,
     validator::v1::validator_service_client::ValidatorServiceClient,
 };
-use prost_reflect::{DescriptorPool, DynamicMessage, SerializeOptions};
 
 use crate::{Config, html, session::Session};
 
@@ -177,17 +174,8 @@ pub(crate) fn check_csrf(session: &Session, sent: &str) -> Result<(), Failure> {
     if crate::session::same_secret(&session.csrf, sent) { Ok(()) } else { Err(Failure::Forgery) }
 }
 
-static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
-    DescriptorPool::decode(muster_proto::FILE_DESCRIPTOR_SET).expect("muster's own descriptors decode")
-});
-
 /// `message`, of the protobuf type `full_name`, in the canonical JSON
 /// mapping with the `.proto` field names and every field present.
 pub(crate) fn to_json(message: &impl prost::Message, full_name: &str) -> serde_json::Value {
-    let Some(descriptor) = POOL.get_message_by_name(full_name) else { return serde_json::Value::Null };
-    let Ok(dynamic) = DynamicMessage::decode(descriptor, message.encode_to_vec().as_slice()) else {
-        return serde_json::Value::Null;
-    };
-    let options = SerializeOptions::new().use_proto_field_name(true).skip_default_fields(false);
-    dynamic.serialize_with_options(serde_json::value::Serializer, &options).unwrap_or_default()
+    muster_client::json::message_to_json(message, full_name, true).unwrap_or_default()
 }
