@@ -1,4 +1,5 @@
-//! A read flood does not starve the work: while 2,000 callers read a
+//! A read flood does not starve the work: while 2,000 readers (the operator
+//! and four agents, more than the read slots hold) read a
 //! 300-step execution as fast as the service lets them, a six-step run
 //! finishes within a bounded ratio of its unloaded time; the flood is shed
 //! with RESOURCE_EXHAUSTED and a retry delay (never another error), health
@@ -52,13 +53,29 @@ async fn health(test: &TestCluster) -> Option<i32> {
 
 async fn a_read_flood_does_not_starve_a_run(backend: Backend) {
     let Some(test) = TestCluster::start(backend).await else { return };
-    let tokens = test.register_agents(&[agent("lead", "lead", "core"), agent("worker", "member", "core")]).await;
+    // The flood comes from the operator and four agents informed of every
+    // step, together more than the read slots: a single caller at its own
+    // share is refused, but does not make the service unhealthy.
+    let tokens = test
+        .register_agents(&[
+            agent("lead", "lead", "core"),
+            agent("worker", "member", "core"),
+            agent("reader-1", "member", "core"),
+            agent("reader-2", "member", "core"),
+            agent("reader-3", "member", "core"),
+            agent("reader-4", "member", "core"),
+        ])
+        .await;
+    let mut flooders = vec![test.cluster().credentials.operator_token.clone()];
+    flooders.extend(tokens[2..].iter().cloned());
     let credentials = vec![AgentCredential { agent_id: "worker".to_owned(), token: tokens[1].clone() }];
     let (stop_worker, worker) = spawn_sample_worker(test.operator("execution"), credentials);
     let mut client = test.execution();
 
     // The execution the flood reads: 300 steps.
-    let big = publish_and_start(&mut client, &chain_process("big", 300, "worker", "lead", "{}")).await;
+    let big = chain_process("big", 300, "worker", "lead", "{}")
+        .replace("informed: [lead]", "informed: [lead, reader-1, reader-2, reader-3, reader-4]");
+    let big = publish_and_start(&mut client, &big).await;
     events_until_finished(&test.operator("execution"), &big).await;
     let unloaded = timed_run(&mut client, &test, "unloaded").await;
     let pid = test.cluster().service("execution").pid().expect("the execution service runs");
@@ -67,13 +84,13 @@ async fn a_read_flood_does_not_starve_a_run(backend: Backend) {
     let flooding = Arc::new(AtomicBool::new(true));
     let (served, shed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let mut clients: Vec<ExecutionClient> = Vec::new();
-    for _ in 0..CONNECTIONS {
+    for connection in 0..CONNECTIONS {
         let endpoint = tonic::transport::Endpoint::from_shared(test.cluster().execution_url()).unwrap();
         let channel = endpoint.connect().await.expect("a connection for the readers");
         clients.push({
             let channel = muster_runtime::auth::client::with_credentials(
                 channel,
-                muster_runtime::auth::client::Credentials::bearer(&test.cluster().credentials.operator_token).unwrap(),
+                muster_runtime::auth::client::Credentials::bearer(&flooders[connection % flooders.len()]).unwrap(),
             );
             muster_proto::execution::v1::execution_service_client::ExecutionServiceClient::new(channel)
                 .max_decoding_message_size(64 << 20)

@@ -11,14 +11,17 @@
 //! Unary calls take a slot for their whole life; a streaming call takes one
 //! while it opens (its handler's setup), not for as long as it stays open, so
 //! a thousand connected workers or subscribers do not hold a thousand slots.
-//! While calls are being shed the service's health reads NOT_SERVING, so
+//! While a budget is spent the service's health reads NOT_SERVING, so
 //! Kubernetes routes new calls to other replicas; it reads SERVING again once
-//! a second has passed without shedding.
+//! a second has passed without shedding. A caller refused for holding its
+//! own share does not make the service unhealthy.
 //!
 //! Reads are shared fairly: no caller (an operator, an agent) holds more
 //! than a quarter of the read slots (at least one), and agents together
 //! leave one free, so that an agent's flood never sheds an operator's
-//! `GetExecution`. Watches (`Watch*`, `Subscribe`) open with slots of a
+//! `GetExecution`. A read of a caller at its share waits up to a quarter of
+//! a second for one of its own to end (a client reading page after page asks
+//! for the next page while the last one is still being sent). Watches (`Watch*`, `Subscribe`) open with slots of a
 //! budget of their own, shared the same way, so that watches being opened
 //! never take the short reads' slots.
 
@@ -34,7 +37,7 @@ use std::{
     time::Duration,
 };
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use crate::auth::Caller;
 use tonic::body::Body;
@@ -42,6 +45,10 @@ use tonic_types::{ErrorDetails, StatusExt as _};
 
 /// How long a shed caller is told to wait before trying again.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a read waits for one of its caller's own reads to end when
+/// the caller holds its share.
+const OWN_SLOT_GRACE: Duration = Duration::from_millis(250);
 
 /// The paths of muster's streaming methods.
 static STREAMING: LazyLock<HashSet<&'static str>> = LazyLock::new(|| {
@@ -167,51 +174,34 @@ where
         let read = !service
             // (`ReadPayload` is work: a worker reads what its step needs.)
             && (watch || ["Get", "List", "Check", "Render"].iter().any(|verb| method.starts_with(verb)));
-        let slot = if read {
-            let shares = if watch { &self.shedding.watches } else { &self.shedding.reads };
-            shares.try_take(caller)
-        } else {
-            self.shedding.work.clone().try_acquire_owned().map(Slot::Work).map_err(|_| Refusal::Full)
+        let shares = read.then(|| if watch { &self.shedding.watches } else { &self.shedding.reads }.clone());
+        let slot = match &shares {
+            Some(shares) => shares.try_take(caller),
+            None => self.shedding.work.clone().try_acquire_owned().map(Slot::Work).map_err(|_| Refusal::Full),
         };
-        let permit = match slot {
-            Ok(permit) => permit,
-            Err(refusal) => {
-                self.shedding.shed.store(true, Ordering::Relaxed);
-                crate::metrics::count(
-                    "muster_rpc_shed_total",
-                    "Calls refused at once because the service was handling its limit of calls",
-                    &[("method", path)],
-                    1,
-                );
-                let retry = RETRY_AFTER.as_millis();
-                let message = match (read, watch, refusal) {
-                    (false, _, _) => format!(
-                        "the service is handling {} calls, its limit (MUSTER_MAX_IN_FLIGHT); retry after {retry} ms",
-                        self.shedding.capacity.1
-                    ),
-                    (true, false, Refusal::Full) => format!(
-                        "the service is handling {} reads, its limit (MUSTER_MAX_READS_IN_FLIGHT); retry after {retry} ms",
-                        self.shedding.capacity.0
-                    ),
-                    (true, true, Refusal::Full) => format!(
-                        "the service is opening {} watches, its limit (MUSTER_MAX_WATCHES_OPENING); retry after {retry} ms",
-                        self.shedding.watches.capacity
-                    ),
-                    (true, _, Refusal::Share(share)) => format!(
-                        "this caller has {share} reads in flight, its share of the service's (MUSTER_MAX_READS_IN_FLIGHT); retry after {retry} ms"
-                    ),
-                };
-                let status = tonic::Status::with_error_details(
-                    tonic::Code::ResourceExhausted,
-                    message,
-                    ErrorDetails::with_retry_info(Some(RETRY_AFTER)),
-                );
-                return Box::pin(std::future::ready(Ok(status.into_http())));
-            }
+        let refuse = {
+            let (shedding, path) = (self.shedding.clone(), path.to_owned());
+            move |refusal| refuse(&shedding, &path, read, watch, refusal)
         };
+        let slot = match (slot, shares) {
+            (Ok(slot), _) => Ok(slot),
+            // A caller at its share of the reads waits a moment for one of
+            // its own to end: a client reading page after page asks for
+            // the next while the last one's answer is still being sent.
+            (Err(Refusal::Share(_)), Some(shares)) => Err(shares),
+            (Err(refusal), _) => return Box::pin(std::future::ready(Ok(refuse(refusal)))),
+        };
+        let caller = caller.cloned();
         let streaming = STREAMING.contains(path);
         let response = self.inner.call(request);
         Box::pin(async move {
+            let permit = match slot {
+                Ok(slot) => slot,
+                Err(shares) => match shares.take_within(caller.as_ref(), OWN_SLOT_GRACE).await {
+                    Ok(slot) => slot,
+                    Err(refusal) => return Ok(refuse(refusal)),
+                },
+            };
             let response = response.await;
             if streaming {
                 // The stream is open: its slot goes back.
@@ -223,6 +213,45 @@ where
             response.map(|response| response.map(|body| Body::new(Held { body, _permit: permit })))
         })
     }
+}
+
+/// The answer to a call refused for `refusal`. Only a spent budget is the
+/// service's overload (health NOT_SERVING); a caller at its own share is
+/// not, or one greedy caller would take the pod out of its Service.
+fn refuse(shedding: &Shedding, path: &str, read: bool, watch: bool, refusal: Refusal) -> http::Response<Body> {
+    if matches!(refusal, Refusal::Full) {
+        shedding.shed.store(true, Ordering::Relaxed);
+    }
+    crate::metrics::count(
+        "muster_rpc_shed_total",
+        "Calls refused at once because the service was handling its limit of calls",
+        &[("method", path)],
+        1,
+    );
+    let retry = RETRY_AFTER.as_millis();
+    let message = match (read, watch, refusal) {
+        (false, _, _) => format!(
+            "the service is handling {} calls, its limit (MUSTER_MAX_IN_FLIGHT); retry after {retry} ms",
+            shedding.capacity.1
+        ),
+        (true, false, Refusal::Full) => format!(
+            "the service is handling {} reads, its limit (MUSTER_MAX_READS_IN_FLIGHT); retry after {retry} ms",
+            shedding.capacity.0
+        ),
+        (true, true, Refusal::Full) => format!(
+            "the service is opening {} watches, its limit (MUSTER_MAX_WATCHES_OPENING); retry after {retry} ms",
+            shedding.watches.capacity
+        ),
+        (true, _, Refusal::Share(share)) => format!(
+            "this caller has {share} reads in flight, its share of the service's (MUSTER_MAX_READS_IN_FLIGHT); retry after {retry} ms"
+        ),
+    };
+    let status = tonic::Status::with_error_details(
+        tonic::Code::ResourceExhausted,
+        message,
+        ErrorDetails::with_retry_info(Some(RETRY_AFTER)),
+    );
+    status.into_http()
 }
 
 /// A response body that holds its call's slot until it is sent.
@@ -286,6 +315,8 @@ struct Shares {
     share: usize,
     reserved: usize,
     held: Mutex<Holdings>,
+    /// Woken when a slot goes back.
+    released: Notify,
 }
 
 #[derive(Debug, Default)]
@@ -302,6 +333,25 @@ impl Shares {
             share: (capacity / 4).max(1),
             reserved: usize::from(capacity >= 2),
             held: Mutex::new(Holdings::default()),
+            released: Notify::new(),
+        }
+    }
+
+    /// [`Shares::try_take`], waiting up to `grace` while the caller holds
+    /// its share (not while the budget is spent).
+    async fn take_within(self: &Arc<Self>, caller: Option<&Caller>, grace: Duration) -> Result<Slot, Refusal> {
+        let deadline = tokio::time::Instant::now() + grace;
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            match self.try_take(caller) {
+                Err(Refusal::Share(_)) if tokio::time::Instant::now() < deadline => {}
+                taken => return taken,
+            }
+            if tokio::time::timeout_at(deadline, released).await.is_err() {
+                return self.try_take(caller);
+            }
         }
     }
 
@@ -353,6 +403,8 @@ impl Drop for SharedSlot {
                 held.by_holder.remove(&self.holder);
             }
         }
+        drop(held);
+        self.shares.released.notify_waiters();
     }
 }
 
@@ -395,5 +447,29 @@ mod tests {
         assert!(shares.try_take(Some(&operator("local"))).is_err());
         drop(slot);
         assert!(shares.try_take(Some(&operator("local"))).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_caller_at_its_share_waits_for_its_own_read_to_end() {
+        let shares = Arc::new(Shares::new(4));
+        let reader = agent("pager");
+        let previous = shares.try_take(Some(&reader)).unwrap();
+        let long = Duration::from_secs(60);
+        let waiting = tokio::spawn({
+            let (shares, reader) = (shares.clone(), reader.clone());
+            async move { shares.take_within(Some(&reader), long).await.is_ok() }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(previous);
+        assert!(waiting.await.unwrap(), "the next page gets the slot the last one gave back");
+
+        // A slot held for longer than the grace: refused as before.
+        let _held = shares.try_take(Some(&reader)).unwrap();
+        let refused = shares.take_within(Some(&reader), Duration::from_millis(20)).await;
+        assert!(matches!(refused, Err(Refusal::Share(1))));
+        // A spent budget is not waited for.
+        let _others: Vec<Slot> = ["b", "c"].iter().map(|id| shares.try_take(Some(&agent(id))).unwrap()).collect();
+        let full = tokio::time::timeout(long / 2, shares.take_within(Some(&agent("d")), long)).await;
+        assert!(matches!(full, Ok(Err(Refusal::Full))), "{full:?}");
     }
 }

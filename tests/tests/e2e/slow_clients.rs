@@ -193,6 +193,19 @@ async fn answers_nobody_reads_are_ended_and_free_their_slots() {
         }
     }
     assert!(held, "the unread answer holds its caller's slot");
+    // One caller at its own share is not the service's overload: health
+    // stays SERVING (a greedy agent must not take the pod out of its Service).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let channel = test.operator("execution").channel().expect("a channel");
+    let health = tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest { service: String::new() })
+        .await
+        .expect("a health check");
+    assert_eq!(
+        health.into_inner().status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+        "health stays SERVING while one caller is refused its share"
+    );
     // ...until it is ended, with its connection, and the slot is free.
     let ended = tokio::time::timeout(Duration::from_secs(20), async {
         let response = response.await;
