@@ -285,7 +285,9 @@ fn describe(event: &StepEvent) -> String {
             }
         }
         EventType::SessionStarted => format!("session started with {}", event.participants.join(", ")),
-        EventType::RoleAssigned | EventType::LeadChanged => event.detail.clone(),
+        EventType::RoleAssigned | EventType::LeadChanged | EventType::SubtaskRequested | EventType::SubtaskDecided => {
+            event.detail.clone()
+        }
         EventType::BudgetExceeded => format!("{step} over budget: {}", event.detail),
         EventType::StepProgress => format!("{step} {} ({} tokens so far)", event.detail, event.tokens_used),
         EventType::Unspecified => "unknown event".to_owned(),

@@ -1,12 +1,13 @@
-//! Team sessions: `muster session start|status|assign|lead` and
+//! Team sessions: `muster session start|status|assign|lead|subtask|decide` and
 //! `muster check-role AGENT ACTION`.
 
 use std::path::Path;
 
 use anyhow::Context;
 use muster_proto::execution::v1::{
-    AssignRoleRequest, CheckRoleRequest, GetSessionStatusRequest, InterventionAction, RoleAssignment, RoleCheck,
-    SessionTask, SetLeadRequest, StartSessionRequest, execution_service_client::ExecutionServiceClient,
+    AssignRoleRequest, CheckRoleRequest, DecideSubtaskRequest, GetSessionStatusRequest, InterventionAction,
+    RequestSubtaskRequest, RoleAssignment, RoleCheck, SessionTask, SetLeadRequest, StartSessionRequest, SubtaskStatus,
+    execution_service_client::ExecutionServiceClient,
 };
 
 /// `muster session ...`
@@ -70,6 +71,48 @@ enum SessionCommand {
         /// The new lead.
         agent_id: String,
     },
+    /// Asks the lead for a subtask; nothing is assigned until the lead
+    /// decides (`muster session decide`). Participants whose role may
+    /// `create_subtask` (the architect).
+    Subtask {
+        /// The execution.
+        execution_id: String,
+        /// What is to be done.
+        subtask: String,
+        /// The agent that would do it (default: you).
+        #[arg(long = "agent", default_value = "")]
+        agent_id: String,
+        /// Its role (default: the role it has in the session).
+        #[arg(long, default_value = "")]
+        role: String,
+        /// Why it is needed.
+        #[arg(long, default_value = "")]
+        reason: String,
+    },
+    /// Approves or rejects a subtask request; approved, it becomes the named
+    /// agent's assignment. The lead, and operators.
+    #[command(group(clap::ArgGroup::new("decision").required(true).args(["approve", "reject"])))]
+    Decide {
+        /// The execution.
+        execution_id: String,
+        /// The subtask request (its id, as `muster session status` lists it).
+        request_id: String,
+        /// Approve it.
+        #[arg(long)]
+        approve: bool,
+        /// Reject it.
+        #[arg(long)]
+        reject: bool,
+        /// A note for the requester.
+        #[arg(long, default_value = "")]
+        note: String,
+    },
+}
+
+/// A subtask request's status as a word.
+fn subtask_status(status: i32) -> String {
+    let status = SubtaskStatus::try_from(status).unwrap_or_default();
+    status.as_str_name().trim_start_matches("SUBTASK_STATUS_").to_lowercase()
 }
 
 fn parse_participant(text: &str) -> Result<RoleAssignment, String> {
@@ -140,6 +183,20 @@ pub(crate) async fn run(args: SessionArgs, token: Option<&str>) -> anyhow::Resul
                     println!("  - [{}] {} ({action})", suggestion.rule, suggestion.text);
                 }
             }
+            if !status.subtask_requests.is_empty() {
+                println!("\nsubtask requests:");
+                for request in &status.subtask_requests {
+                    println!(
+                        "  - {} [{}] {} for {} as {}: {}",
+                        request.id,
+                        subtask_status(request.status),
+                        request.requested_by,
+                        request.agent_id,
+                        request.role,
+                        request.subtask
+                    );
+                }
+            }
             println!("\nrecent activity:");
             for event in &status.recent_activity {
                 let kind = muster_proto::common::v1::EventType::try_from(event.event_type).unwrap_or_default();
@@ -168,6 +225,34 @@ pub(crate) async fn run(args: SessionArgs, token: Option<&str>) -> anyhow::Resul
                 .execution
                 .context("no execution in the answer")?;
             println!("{} now leads {}", changed.lead_agent_id, changed.id);
+        }
+        SessionCommand::Subtask { execution_id, subtask, agent_id, role, reason } => {
+            let asked = execution
+                .request_subtask(RequestSubtaskRequest { execution_id, agent_id, role, subtask, reason })
+                .await
+                .map_err(super::refused)?
+                .into_inner()
+                .request
+                .context("no subtask request in the answer")?;
+            println!(
+                "subtask request {} for {} as {} waits for the lead's decision",
+                asked.id, asked.agent_id, asked.role
+            );
+        }
+        SessionCommand::Decide { execution_id, request_id, approve, reject: _, note } => {
+            let decided = execution
+                .decide_subtask(DecideSubtaskRequest { execution_id, request_id, approve, note })
+                .await
+                .map_err(super::refused)?
+                .into_inner();
+            let request = decided.request.unwrap_or_default();
+            match decided.assignment {
+                Some(assignment) => println!(
+                    "subtask request {} approved: {} is now {} ({})",
+                    request.id, assignment.agent_id, assignment.role, assignment.subtask
+                ),
+                None => println!("subtask request {} {}", request.id, subtask_status(request.status)),
+            }
         }
     }
     Ok(())

@@ -67,6 +67,8 @@ fn event_type(kind: EventKind) -> common::EventType {
         EventKind::LeadChanged => common::EventType::LeadChanged,
         EventKind::BudgetExceeded => common::EventType::BudgetExceeded,
         EventKind::StepProgress => common::EventType::StepProgress,
+        EventKind::SubtaskRequested => common::EventType::SubtaskRequested,
+        EventKind::SubtaskDecided => common::EventType::SubtaskDecided,
     }
 }
 

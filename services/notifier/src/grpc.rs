@@ -55,6 +55,8 @@ fn kind_from_wire(value: i32) -> Option<EventKind> {
         EventType::LeadChanged => EventKind::LeadChanged,
         EventType::BudgetExceeded => EventKind::BudgetExceeded,
         EventType::StepProgress => EventKind::StepProgress,
+        EventType::SubtaskRequested => EventKind::SubtaskRequested,
+        EventType::SubtaskDecided => EventKind::SubtaskDecided,
     })
 }
 

@@ -431,6 +431,33 @@ fn table() -> Vec<Row> {
             [PD, OK, PD, PD],
         ),
         row(
+            "ExecutionService/RequestSubtask",
+            |fixture| {
+                execution::RequestSubtaskRequest {
+                    execution_id: fixture.session.clone(),
+                    agent_id: "dave".into(),
+                    role: "developer".into(),
+                    subtask: "Write the migration".into(),
+                    reason: String::new(),
+                }
+                .encode_to_vec()
+            },
+            [PD, OK, PD, PD],
+        ),
+        row(
+            "ExecutionService/DecideSubtask",
+            |fixture| {
+                execution::DecideSubtaskRequest {
+                    execution_id: fixture.session.clone(),
+                    request_id: "no-such-request".into(),
+                    approve: true,
+                    note: String::new(),
+                }
+                .encode_to_vec()
+            },
+            [PD, NotFound, NotFound, PD],
+        ),
+        row(
             "ExecutionService/GetMyRole",
             |fixture| execution::GetMyRoleRequest { execution_id: fixture.execution.clone() }.encode_to_vec(),
             [PD, OK, PD, PD],

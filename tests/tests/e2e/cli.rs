@@ -211,7 +211,7 @@ async fn the_command_line_drives_the_cluster() {
     can: [assign_role]
     includes: [writer]
   writer:
-    can: [code]
+    can: [code, create_subtask]
 ",
     )
     .unwrap();
@@ -262,6 +262,37 @@ steps:
     let writer =
         [environment.clone(), vec![("MUSTER_TOKEN".to_owned(), tokens["writer-agent"].as_str().unwrap().to_owned())]]
             .concat();
+    // A subtask asked of the lead, which approves it.
+    let asked = run(
+        vec![
+            "session".into(),
+            "subtask".into(),
+            session_id.clone(),
+            "Write the meta description".into(),
+            "--agent".into(),
+            "seo-agent".into(),
+        ],
+        writer.clone(),
+    )
+    .await;
+    assert!(text(&asked).contains("for seo-agent as writer waits for the lead's decision"), "{}", text(&asked));
+    let request_id = text(&asked).split_whitespace().nth(2).unwrap_or_default().to_owned();
+    let approved = run(
+        vec!["session".into(), "decide".into(), session_id.clone(), request_id.clone(), "--approve".into()],
+        manager.clone(),
+    )
+    .await;
+    assert!(
+        text(&approved).contains("approved: seo-agent is now writer (Write the meta description)"),
+        "{}",
+        text(&approved)
+    );
+    let status = run(vec!["session".into(), "status".into(), session_id.clone()], environment.clone()).await;
+    assert!(
+        text(&status).contains(&format!("{request_id} [approved] writer-agent for seo-agent")),
+        "{}",
+        text(&status)
+    );
     let not_lead =
         run(vec!["session".into(), "assign".into(), session_id.clone(), "seo-agent".into(), "writer".into()], writer)
             .await;

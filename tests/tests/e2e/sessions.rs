@@ -2,7 +2,8 @@
 //! processes: every (role, action) cell of the default matrix through
 //! CheckRole and through the action it guards; a session from start to close;
 //! the per-agent limits; impersonation attempts; a revoked agent leaving its
-//! worker; a lead starting its own session; a roster role's actions binding
+//! worker; a lead starting its own session; a subtask waiting for the
+//! lead's approval; a roster role's actions binding
 //! outside sessions; a dashboard suggesting only what would be accepted.
 
 use std::{collections::HashMap, time::Duration};
@@ -11,11 +12,11 @@ use muster::worker::AgentCredential;
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus},
     execution::v1::{
-        self as execution, AssignRoleRequest, CheckRoleRequest, ConnectWorkerRequest, GetExecutionRequest,
-        GetMyRoleRequest, GetSessionStatusRequest, InterveneRequest, InterventionAction, InvokeToolRequest,
-        PublishProcessRequest, RoleAssignment, RoleCheck, ServedAgent, SessionTask, SetLeadRequest,
-        StartExecutionRequest, StartSessionRequest, StepStatus, SubmitApprovalRequest, ToolSpec, WorkerHello,
-        connect_worker_request,
+        self as execution, AssignRoleRequest, CheckRoleRequest, ConnectWorkerRequest, DecideSubtaskRequest,
+        GetExecutionRequest, GetMyRoleRequest, GetSessionStatusRequest, InterveneRequest, InterventionAction,
+        InvokeToolRequest, PublishProcessRequest, RequestSubtaskRequest, RoleAssignment, RoleCheck, ServedAgent,
+        SessionTask, SetLeadRequest, StartExecutionRequest, StartSessionRequest, StepStatus, SubmitApprovalRequest,
+        SubtaskStatus, ToolSpec, WorkerHello, connect_worker_request,
     },
     notifier::v1::ListNotificationsRequest,
     roster::v1::{Agent, AgentStatus, RevokeTokenRequest, SetAgentStatusRequest, UpdateAgentRequest},
@@ -1061,6 +1062,164 @@ async fn a_lead_starts_its_own_session_on_sqlite() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lead_starts_its_own_session_on_postgres() {
     a_lead_starts_its_own_session(Backend::Postgres).await;
+}
+
+/// An architect asks the lead for a subtask; nothing is assigned until the
+/// lead decides. Approved, it is the named agent's assignment (and it hears
+/// of it); rejected, nothing changes; both are recorded, listed on the
+/// dashboard and told to those concerned.
+async fn a_subtask_waits_for_the_leads_approval(backend: Backend) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let names = ["boss", "arch", "dev", "newbie"];
+    let agents: Vec<Agent> = names.iter().map(|name| agent(name, "member", "core")).collect();
+    let tokens: HashMap<&str, String> = names.into_iter().zip(test.register_agents(&agents).await).collect();
+    let mut client = test.execution();
+    publish(&mut client, "name: split\nsteps:\n  - {id: gate, type: human_approval, roles: {executor: boss}}\n").await;
+    let session = client
+        .start_session(StartSessionRequest {
+            process_name: "split".into(),
+            lead_agent_id: "boss".into(),
+            participants: vec![
+                participant("arch", "architect", "Design it"),
+                participant("dev", "developer", "Build it"),
+            ],
+            task: Some(SessionTask { title: "Split the work".into(), description: String::new() }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap()
+        .id;
+    let ask = |agent_id: &str, role: &str, subtask: &str| RequestSubtaskRequest {
+        execution_id: session.clone(),
+        agent_id: agent_id.into(),
+        role: role.into(),
+        subtask: subtask.into(),
+        reason: "the schema changes".into(),
+    };
+    let (mut as_arch, mut as_dev, mut as_boss) =
+        (test.execution_as(&tokens["arch"]), test.execution_as(&tokens["dev"]), test.execution_as(&tokens["boss"]));
+
+    // A developer's role may not create subtasks; a stranger takes no part.
+    let refused = as_dev.request_subtask(ask("newbie", "developer", "Write the migration")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert_eq!(refused.get_details_error_info().unwrap().reason, "ROLE_FORBIDS_ACTION");
+    let refused =
+        test.execution_as(&tokens["newbie"]).request_subtask(ask("newbie", "developer", "Me")).await.unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    // What cannot be asked: the lead's role, no role for an agent without one, nothing to do.
+    for (request, field) in [
+        (ask("newbie", "lead", "Lead it"), "role"),
+        (ask("newbie", "", "Anything"), "role"),
+        (ask("boss", "developer", "Lead's work"), "agent_id"),
+        (ask("newbie", "developer", "  "), "subtask"),
+    ] {
+        let refused = as_arch.request_subtask(request).await.unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert_eq!(refused.get_details_bad_request().unwrap().field_violations[0].field, field);
+    }
+
+    // The architect asks; the lead and the agent named hear of it; nothing is assigned yet.
+    let asked = as_arch
+        .request_subtask(ask("newbie", "developer", "Write the migration"))
+        .await
+        .unwrap()
+        .into_inner()
+        .request
+        .unwrap();
+    assert_eq!(
+        (asked.requested_by.as_str(), asked.agent_id.as_str(), asked.status),
+        ("arch", "newbie", SubtaskStatus::Pending as i32)
+    );
+    let heard = wait_to_hear(&test, "boss", &tokens["boss"], &session, EventType::SubtaskRequested).await;
+    assert!(heard.detail.contains("Write the migration"), "{}", heard.detail);
+    wait_to_hear(&test, "newbie", &tokens["newbie"], &session, EventType::SubtaskRequested).await;
+    let role = |token: &str| {
+        let mut client = test.execution_as(token);
+        let execution_id = session.clone();
+        async move {
+            client.get_my_role(GetMyRoleRequest { execution_id }).await.map(|answer| answer.into_inner().assignment)
+        }
+    };
+    assert!(role(&tokens["newbie"]).await.is_err(), "not a participant before the approval");
+
+    // Only the lead (or an operator) decides.
+    let decide = |request_id: &str, approve: bool, note: &str| DecideSubtaskRequest {
+        execution_id: session.clone(),
+        request_id: request_id.into(),
+        approve,
+        note: note.into(),
+    };
+    for as_other in [&mut as_arch, &mut as_dev] {
+        let refused = as_other.decide_subtask(decide(&asked.id, true, "")).await.unwrap_err();
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+        assert_eq!(refused.get_details_error_info().unwrap().reason, "NOT_THE_LEAD");
+    }
+    let decided = as_boss.decide_subtask(decide(&asked.id, true, "go ahead")).await.unwrap().into_inner();
+    assert_eq!(decided.request.as_ref().unwrap().status, SubtaskStatus::Approved as i32);
+    assert_eq!(decided.request.as_ref().unwrap().decided_by, "boss");
+    let assignment = role(&tokens["newbie"]).await.unwrap().unwrap();
+    assert_eq!(
+        (assignment.role.as_str(), assignment.subtask.as_str(), assignment.assigned_by.as_str()),
+        ("developer", "Write the migration", "boss")
+    );
+    let heard = wait_to_hear(&test, "arch", &tokens["arch"], &session, EventType::SubtaskDecided).await;
+    assert!(heard.detail.contains("approved") && heard.detail.contains("go ahead"), "{}", heard.detail);
+    wait_to_hear(&test, "newbie", &tokens["newbie"], &session, EventType::RoleAssigned).await;
+    // A decision is made once.
+    let again = as_boss.decide_subtask(decide(&asked.id, false, "")).await.unwrap_err();
+    assert_eq!(again.code(), Code::FailedPrecondition, "{again:?}");
+    assert_eq!(again.get_details_precondition_failure().unwrap().violations[0].r#type, "SUBTASK_DECIDED");
+    let missing = as_boss.decide_subtask(decide("no-such-request", true, "")).await.unwrap_err();
+    assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
+
+    // Rejected: the architect keeps its role and subtask (its own role, as none was named).
+    let own = as_arch.request_subtask(ask("", "", "Also design the API")).await.unwrap().into_inner().request.unwrap();
+    assert_eq!((own.agent_id.as_str(), own.role.as_str()), ("arch", "architect"));
+    let rejected = client.decide_subtask(decide(&own.id, false, "not now")).await.unwrap().into_inner();
+    assert_eq!(rejected.request.unwrap().status, SubtaskStatus::Rejected as i32);
+    assert!(rejected.assignment.is_none());
+    assert_eq!(role(&tokens["arch"]).await.unwrap().unwrap().subtask, "Design it");
+
+    // The dashboard lists both, as stored.
+    let dashboard = as_boss
+        .get_session_status(GetSessionStatusRequest { execution_id: session.clone() })
+        .await
+        .unwrap()
+        .into_inner();
+    let listed: Vec<(&str, i32, &str)> = dashboard
+        .subtask_requests
+        .iter()
+        .map(|request| (request.subtask.as_str(), request.status, request.decided_by.split(':').next().unwrap()))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("Write the migration", SubtaskStatus::Approved as i32, "boss"),
+            ("Also design the API", SubtaskStatus::Rejected as i32, "operator")
+        ]
+    );
+
+    // A session keeps at most 100 requests.
+    for index in 2..100 {
+        as_arch.request_subtask(ask("dev", "", &format!("Part {index}"))).await.unwrap();
+    }
+    let full = as_arch.request_subtask(ask("dev", "", "One too many")).await.unwrap_err();
+    assert_eq!(full.code(), Code::FailedPrecondition, "{full:?}");
+    assert_eq!(full.get_details_precondition_failure().unwrap().violations[0].r#type, "TOO_MANY_SUBTASK_REQUESTS");
+    test.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subtask_waits_for_the_leads_approval_on_sqlite() {
+    a_subtask_waits_for_the_leads_approval(Backend::Sqlite).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subtask_waits_for_the_leads_approval_on_postgres() {
+    a_subtask_waits_for_the_leads_approval(Backend::Postgres).await;
 }
 
 /// Outside sessions the actions a roster role lists bind its agents at run

@@ -80,6 +80,27 @@ fn requests(id: &str) -> Vec<(&'static str, Vec<u8>)> {
             }
             .encode_to_vec(),
         ),
+        (
+            "RequestSubtask",
+            execution::RequestSubtaskRequest {
+                execution_id: id.clone(),
+                agent_id: "bob".into(),
+                role: "developer".into(),
+                subtask: "Write it".into(),
+                reason: String::new(),
+            }
+            .encode_to_vec(),
+        ),
+        (
+            "DecideSubtask",
+            execution::DecideSubtaskRequest {
+                execution_id: id.clone(),
+                request_id: "0195f0c2-0000-7000-8000-000000000001".into(),
+                approve: true,
+                note: String::new(),
+            }
+            .encode_to_vec(),
+        ),
         ("GetMyRole", execution::GetMyRoleRequest { execution_id: id.clone() }.encode_to_vec()),
         (
             "CheckRole",
@@ -184,7 +205,7 @@ async fn refusals_tell_strangers_nothing(backend: Backend) {
     }
     // Operators learn what is missing.
     for (method, request) in requests(made_up) {
-        if matches!(method, "InvokeTool" | "GetMyRole" | "AssignRole" | "SubmitApproval") {
+        if matches!(method, "InvokeTool" | "GetMyRole" | "AssignRole" | "RequestSubtask" | "SubmitApproval") {
             continue; // for agents only
         }
         let status = call(&test, method, request, operator()).await;

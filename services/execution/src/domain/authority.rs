@@ -87,6 +87,53 @@ pub(crate) struct Session {
     pub(crate) description: String,
     /// By agent id.
     pub(crate) assignments: BTreeMap<String, RoleAssignment>,
+    /// Subtasks asked of the lead, by id (ids grow with time).
+    pub(crate) subtasks: BTreeMap<String, SubtaskRequest>,
+}
+
+/// Most subtask requests a session keeps.
+pub(crate) const MAX_SUBTASK_REQUESTS: usize = 100;
+
+/// A subtask asked of the lead, and its decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SubtaskRequest {
+    pub(crate) id: String,
+    pub(crate) requested_by: String,
+    /// The agent that would do it.
+    pub(crate) agent_id: String,
+    pub(crate) role: String,
+    pub(crate) subtask: String,
+    pub(crate) reason: String,
+    pub(crate) status: SubtaskStatus,
+    /// `operator:<name>` or the lead's id; empty while pending.
+    pub(crate) decided_by: String,
+    pub(crate) note: String,
+    pub(crate) requested_at: i64,
+    /// 0 while pending.
+    pub(crate) decided_at: i64,
+}
+
+/// Where a subtask request stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SubtaskStatus {
+    Pending,
+    Approved,
+    Rejected,
+}
+
+impl SubtaskStatus {
+    /// As stored.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Approved => "approved",
+            Self::Rejected => "rejected",
+        }
+    }
+
+    pub(crate) fn parse(text: &str) -> Option<Self> {
+        [Self::Pending, Self::Approved, Self::Rejected].into_iter().find(|status| status.as_str() == text)
+    }
 }
 
 /// Which check decided.

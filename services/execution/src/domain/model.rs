@@ -118,6 +118,8 @@ pub(crate) enum EventKind {
     BudgetExceeded,
     /// A model call of a running attempt, for audit.
     StepProgress,
+    SubtaskRequested,
+    SubtaskDecided,
 }
 
 /// Something that happened in an execution: recorded with the state change,

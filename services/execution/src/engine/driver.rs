@@ -39,7 +39,7 @@ use crate::{
     clients::roster::{DelegationAsk, RosterFailure, patiently},
     domain::{
         ExecutionStatus, StepStatus,
-        authority::{self, RoleAssignment, Subject},
+        authority::{self, RoleAssignment, Subject, SubtaskRequest},
         dag::{Dag, Readiness},
         inbox::{self, InboxMessage},
         memory::{self, MemoryEntry},
@@ -119,6 +119,7 @@ struct Staged {
     steps: Vec<usize>,
     execution_changed: bool,
     assignments: Vec<RoleAssignment>,
+    subtasks: Vec<SubtaskRequest>,
     events: Vec<Event>,
     messages: Vec<InboxMessage>,
     memories: Vec<MemoryEntry>,
@@ -332,6 +333,16 @@ impl Driver {
                 let outcome = self.written(outcome).await?;
                 let _ = reply.send(outcome);
             }
+            Control::RequestSubtask { request, reply } => {
+                let outcome = self.request_subtask(request);
+                let outcome = self.written(outcome).await?;
+                let _ = reply.send(outcome);
+            }
+            Control::DecideSubtask { decided, assignment, matrix_version, reply } => {
+                let outcome = self.decide_subtask(decided, assignment, matrix_version);
+                let outcome = self.written(outcome).await?;
+                let _ = reply.send(outcome);
+            }
             Control::SetLead { agent_id, by, reply } => {
                 self.set_lead(agent_id, &by);
                 self.flush().await?;
@@ -392,6 +403,10 @@ impl Driver {
 
     pub(super) fn stage_assignment(&mut self, assignment: RoleAssignment) {
         self.staged.assignments.push(assignment);
+    }
+
+    pub(super) fn stage_subtask(&mut self, subtask: SubtaskRequest) {
+        self.staged.subtasks.push(subtask);
     }
 
     pub(super) fn record(&mut self, event: Event) {
@@ -1447,6 +1462,7 @@ impl Driver {
         if staged.steps.is_empty()
             && !staged.execution_changed
             && staged.assignments.is_empty()
+            && staged.subtasks.is_empty()
             && staged.events.is_empty()
             && staged.messages.is_empty()
             && staged.memories.is_empty()
@@ -1476,6 +1492,9 @@ impl Driver {
         }
         for assignment in staged.assignments {
             writes.push(Write::Assignment { execution_id: self.execution.id.clone(), assignment });
+        }
+        for subtask in staged.subtasks {
+            writes.push(Write::Subtask { execution_id: self.execution.id.clone(), subtask });
         }
         if !staged.events.is_empty() {
             writes.push(Write::Events(staged.events.clone()));

@@ -47,7 +47,7 @@ use crate::{
     clients::roster::{Roster, RosterFailure},
     domain::{
         ExecutionStatus,
-        authority::{DEFAULT_MATRIX, Matrix, RoleAssignment, Session},
+        authority::{DEFAULT_MATRIX, Matrix, RoleAssignment, Session, SubtaskRequest},
         budget::Budget,
         model::{
             AgentContext, Event, EventKind, Execution, Finding, HandOff, HandOffAnswer, Outcome, ProcessVersion, Step,
@@ -161,6 +161,16 @@ pub(crate) enum Control {
     Intervene { intervention: Intervention, reply: oneshot::Sender<Result<()>> },
     /// The lead assigns a role in the session.
     AssignRole { assignment: RoleAssignment, matrix_version: u32, reply: oneshot::Sender<Result<()>> },
+    /// A participant asks the lead for a subtask.
+    RequestSubtask { request: SubtaskRequest, reply: oneshot::Sender<Result<()>> },
+    /// The lead's decision on a pending subtask request (`decided` is the
+    /// request as decided); an approval comes with the assignment it makes.
+    DecideSubtask {
+        decided: SubtaskRequest,
+        assignment: Option<RoleAssignment>,
+        matrix_version: u32,
+        reply: oneshot::Sender<Result<()>>,
+    },
     /// A new lead.
     SetLead { agent_id: String, by: String, reply: oneshot::Sender<Result<()>> },
 }

@@ -10,7 +10,9 @@ use crate::{
     Error, Result,
     domain::{
         StepStatus,
-        authority::{self, Matrix, RoleAssignment, Session, Subject},
+        authority::{
+            self, MAX_SUBTASK_REQUESTS, Matrix, RoleAssignment, Session, Subject, SubtaskRequest, SubtaskStatus,
+        },
         model::{EventKind, Step},
         session::StepView,
     },
@@ -81,17 +83,20 @@ impl Driver {
         admit(&self.engine.matrix(), &self.execution.lead_agent_id, session, executor, action).map(drop)
     }
 
+    fn not_a_session(&self) -> Error {
+        Error::precondition(
+            "NOT_A_SESSION",
+            format!("execution/{}", self.execution.id),
+            format!(
+                "execution '{}' is not a session: roles are assigned in sessions (StartSession)",
+                self.execution.id
+            ),
+        )
+    }
+
     pub(super) fn assign_role(&mut self, assignment: RoleAssignment, matrix_version: u32) -> Result<()> {
-        let Some(session) = &mut self.execution.session else {
-            return Err(Error::precondition(
-                "NOT_A_SESSION",
-                format!("execution/{}", self.execution.id),
-                format!(
-                    "execution '{}' is not a session: roles are assigned in sessions (StartSession)",
-                    self.execution.id
-                ),
-            ));
-        };
+        let not_a_session = self.not_a_session();
+        let Some(session) = &mut self.execution.session else { return Err(not_a_session) };
         session.assignments.insert(assignment.agent_id.clone(), assignment.clone());
         let mut event = self.execution_event(EventKind::RoleAssigned);
         event.participants = vec![assignment.agent_id.clone()];
@@ -122,5 +127,89 @@ impl Driver {
         tracing::info!(execution_id = %self.execution.id, lead = %agent_id, %previous, by, "lead changed");
         self.record(event);
         self.stage_execution();
+    }
+
+    pub(super) fn request_subtask(&mut self, request: SubtaskRequest) -> Result<()> {
+        let not_a_session = self.not_a_session();
+        let Some(session) = &mut self.execution.session else { return Err(not_a_session) };
+        if session.subtasks.len() >= MAX_SUBTASK_REQUESTS {
+            return Err(Error::precondition(
+                "TOO_MANY_SUBTASK_REQUESTS",
+                format!("execution/{}", self.execution.id),
+                format!(
+                    "session '{}' already holds {MAX_SUBTASK_REQUESTS} subtask requests, its limit: \
+                     ask the lead to assign the work (AssignRole)",
+                    self.execution.id
+                ),
+            ));
+        }
+        session.subtasks.insert(request.id.clone(), request.clone());
+        let mut event = self.execution_event(EventKind::SubtaskRequested);
+        event.participants = vec![request.agent_id.clone()];
+        event.agent_id = request.agent_id.clone();
+        event.detail = format!(
+            "{} asks for a subtask for {} as {} ({}): {}",
+            request.requested_by, request.agent_id, request.role, request.id, request.subtask
+        );
+        tracing::info!(execution_id = %self.execution.id, request_id = %request.id, by = %request.requested_by, agent_id = %request.agent_id, "subtask requested");
+        self.record(event);
+        self.stage_subtask(request);
+        Ok(())
+    }
+
+    pub(super) fn decide_subtask(
+        &mut self,
+        decided: SubtaskRequest,
+        assignment: Option<RoleAssignment>,
+        matrix_version: u32,
+    ) -> Result<()> {
+        let not_a_session = self.not_a_session();
+        let Some(session) = &mut self.execution.session else { return Err(not_a_session) };
+        let Some(pending) = session.subtasks.get_mut(&decided.id) else {
+            return Err(Error::not_found(
+                "muster.execution.v1.SubtaskRequest",
+                decided.id.clone(),
+                format!("execution '{}' has no subtask request '{}'", self.execution.id, decided.id),
+            ));
+        };
+        if pending.status != SubtaskStatus::Pending {
+            return Err(Error::precondition(
+                "SUBTASK_DECIDED",
+                format!("execution/{}/subtasks/{}", self.execution.id, decided.id),
+                format!(
+                    "subtask request '{}' was already {} by {}",
+                    decided.id,
+                    pending.status.as_str(),
+                    pending.decided_by
+                ),
+            ));
+        }
+        *pending = decided.clone();
+        if let Some(assignment) = assignment {
+            self.assign_role(assignment, matrix_version)?;
+        }
+        let mut event = self.execution_event(EventKind::SubtaskDecided);
+        event.participants = vec![decided.requested_by.clone()];
+        if decided.agent_id != decided.requested_by {
+            event.participants.push(decided.agent_id.clone());
+        }
+        event.agent_id = decided.agent_id.clone();
+        event.matrix_version = matrix_version;
+        event.detail = format!(
+            "{} {} the subtask {} asked for {} ({}): {}",
+            decided.decided_by,
+            decided.status.as_str(),
+            decided.requested_by,
+            decided.agent_id,
+            decided.id,
+            decided.subtask
+        );
+        if !decided.note.is_empty() {
+            event.detail.push_str(&format!(" ({})", decided.note));
+        }
+        tracing::info!(execution_id = %self.execution.id, request_id = %decided.id, by = %decided.decided_by, status = decided.status.as_str(), "subtask decided");
+        self.record(event);
+        self.stage_subtask(decided);
+        Ok(())
     }
 }

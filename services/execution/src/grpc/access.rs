@@ -42,6 +42,8 @@ pub const ACCESS: &[Rule] = &[
     rule("CheckRole", Access::OPERATOR.or(Access::AGENT)),
     rule("SetLead", Access::OPERATOR.or(Access::AGENT)),
     rule("GetSessionStatus", Access::OPERATOR.or(Access::AGENT)),
+    rule("RequestSubtask", Access::AGENT),
+    rule("DecideSubtask", Access::OPERATOR.or(Access::AGENT)),
     rule("PutPermissionMatrix", Access::OPERATOR),
     rule("GetPermissionMatrix", Access::ANYONE),
     rule("ListPermissionMatrixVersions", Access::ANYONE),

@@ -9,7 +9,7 @@ use muster_runtime::{
 use crate::{
     domain::{
         StepStatus,
-        authority::{Matrix, RoleAssignment},
+        authority::{Matrix, RoleAssignment, SubtaskRequest, SubtaskStatus},
         model::{Execution, ProcessVersion, Step},
         session::activity,
     },
@@ -151,6 +151,27 @@ pub(super) fn assignment_to_wire(assignment: &RoleAssignment, status: String) ->
         status,
         assigned_by: assignment.assigned_by.clone(),
         assigned_at: Some(to_timestamp(assignment.assigned_at)),
+    }
+}
+
+pub(super) fn subtask_to_wire(execution_id: &str, subtask: &SubtaskRequest) -> wire::SubtaskRequest {
+    wire::SubtaskRequest {
+        id: subtask.id.clone(),
+        execution_id: execution_id.to_owned(),
+        requested_by: subtask.requested_by.clone(),
+        agent_id: subtask.agent_id.clone(),
+        role: subtask.role.clone(),
+        subtask: subtask.subtask.clone(),
+        reason: subtask.reason.clone(),
+        status: match subtask.status {
+            SubtaskStatus::Pending => wire::SubtaskStatus::Pending,
+            SubtaskStatus::Approved => wire::SubtaskStatus::Approved,
+            SubtaskStatus::Rejected => wire::SubtaskStatus::Rejected,
+        } as i32,
+        decided_by: subtask.decided_by.clone(),
+        note: subtask.note.clone(),
+        requested_at: Some(to_timestamp(subtask.requested_at)),
+        decided_at: (subtask.decided_at > 0).then(|| to_timestamp(subtask.decided_at)),
     }
 }
 

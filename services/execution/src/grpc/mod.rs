@@ -783,6 +783,34 @@ impl ExecutionService for ExecutionApi {
         answer(self.set_lead_as(&caller, request.into_inner()).await)
     }
 
+    async fn request_subtask(
+        &self,
+        request: Request<wire::RequestSubtaskRequest>,
+    ) -> Result<Response<wire::RequestSubtaskResponse>, Status> {
+        let id = request.get_ref().execution_id.clone();
+        if let Some(answer) =
+            self.hand_over(&request, &id, |mut peer, request| async move { peer.request_subtask(request).await }).await
+        {
+            return answer;
+        }
+        let caller = Caller::of(&request)?;
+        answer(self.request_subtask_as(&caller, request.into_inner()).await)
+    }
+
+    async fn decide_subtask(
+        &self,
+        request: Request<wire::DecideSubtaskRequest>,
+    ) -> Result<Response<wire::DecideSubtaskResponse>, Status> {
+        let id = request.get_ref().execution_id.clone();
+        if let Some(answer) =
+            self.hand_over(&request, &id, |mut peer, request| async move { peer.decide_subtask(request).await }).await
+        {
+            return answer;
+        }
+        let caller = Caller::of(&request)?;
+        answer(self.decide_subtask_as(&caller, request.into_inner()).await)
+    }
+
     async fn get_session_status(
         &self,
         request: Request<wire::GetSessionStatusRequest>,

@@ -10,13 +10,13 @@ use prost::Message as _;
 use super::{
     ExecutionApi,
     access::denied,
-    convert::{assignment_to_wire, execution_to_wire},
+    convert::{assignment_to_wire, execution_to_wire, subtask_to_wire},
 };
 use crate::{
     Error, Result,
     clients::roster::RosterFailure,
     domain::{
-        authority::{self, Check, LEAD_ROLE, RoleAssignment, Session, Subject},
+        authority::{self, Check, LEAD_ROLE, RoleAssignment, Session, Subject, SubtaskRequest, SubtaskStatus},
         model::{Execution, ProcessVersion},
         session::{BudgetUse, Presence, Suggested, activity, context_window, dashboard},
     },
@@ -143,7 +143,8 @@ impl ExecutionApi {
                 return Err(Error::invalid(&field, format!("{field}: '{}' is listed twice", participant.agent_id)));
             }
         }
-        let session = Session { title: task.title, description: task.description, assignments };
+        let session =
+            Session { title: task.title, description: task.description, assignments, subtasks: Default::default() };
         let execution = self
             .start_as_session(
                 &request.process_name,
@@ -197,6 +198,131 @@ impl ExecutionApi {
         Ok(wire::AssignRoleResponse {
             assignment: Some(assignment_to_wire(&assignment, String::new())),
             matrix_version,
+        })
+    }
+
+    pub(super) async fn request_subtask_as(
+        &self,
+        caller: &Caller,
+        request: wire::RequestSubtaskRequest,
+    ) -> Result<wire::RequestSubtaskResponse> {
+        let described = format!("request a subtask in execution '{}'", request.execution_id);
+        let (execution, _) = self.execution_for(caller, &request.execution_id, &described).await?;
+        let Some(session) = &execution.session else {
+            return Err(Error::precondition(
+                "NOT_A_SESSION",
+                format!("execution/{}", request.execution_id),
+                format!(
+                    "execution '{}' is not a session: subtasks are asked of a session's lead (StartSession)",
+                    request.execution_id
+                ),
+            ));
+        };
+        let requester = caller.agent_id().unwrap_or_default().to_owned();
+        // Only a participant asks, and only if its session role may.
+        self.check_matrix_action(caller, &execution, "create_subtask", &described).await?;
+        if request.subtask.trim().is_empty() {
+            return Err(Error::invalid("subtask", "subtask is required: what is to be done?"));
+        }
+        too_long("subtask", &request.subtask, MAX_TEXT)?;
+        too_long("reason", &request.reason, MAX_TEXT)?;
+        let agent_id = if request.agent_id.is_empty() { requester.clone() } else { request.agent_id };
+        if agent_id == execution.lead_agent_id {
+            return Err(Error::invalid(
+                "agent_id",
+                format!("'{agent_id}' is the lead, whose role is '{LEAD_ROLE}': a subtask goes to a participant"),
+            ));
+        }
+        let role = match (request.role.as_str(), session.assignments.get(&agent_id)) {
+            ("", Some(assignment)) => assignment.role.clone(),
+            ("", None) => {
+                return Err(Error::invalid(
+                    "role",
+                    format!("role is required: '{agent_id}' has no role in this session to keep"),
+                ));
+            }
+            (role, _) => role.to_owned(),
+        };
+        self.assignable_role("role", &role)?;
+        if agent_id != requester {
+            self.roster_agent(&agent_id, "agent").await?;
+        }
+        let subtask = SubtaskRequest {
+            id: uuid::Uuid::now_v7().to_string(),
+            requested_by: requester,
+            agent_id,
+            role,
+            subtask: request.subtask,
+            reason: request.reason,
+            status: SubtaskStatus::Pending,
+            decided_by: String::new(),
+            note: String::new(),
+            requested_at: muster_runtime::time::now_millis(),
+            decided_at: 0,
+        };
+        let control = |reply| Control::RequestSubtask { request: subtask.clone(), reply };
+        self.control(&execution.id, control).await?;
+        Ok(wire::RequestSubtaskResponse { request: Some(subtask_to_wire(&execution.id, &subtask)) })
+    }
+
+    pub(super) async fn decide_subtask_as(
+        &self,
+        caller: &Caller,
+        request: wire::DecideSubtaskRequest,
+    ) -> Result<wire::DecideSubtaskResponse> {
+        let described = format!("decide a subtask request in execution '{}'", request.execution_id);
+        let (execution, _) = self.execution_for(caller, &request.execution_id, &described).await?;
+        let mut matrix_version = 0;
+        if let Some(own) = caller.agent_id() {
+            if execution.lead_agent_id != own {
+                return Err(denied(
+                    caller,
+                    described,
+                    "NOT_THE_LEAD",
+                    "only operators and the execution's lead decide subtask requests",
+                    vec![("execution_id", request.execution_id.clone())],
+                ));
+            }
+            matrix_version = self.check_matrix_action(caller, &execution, "assign_role", &described).await?;
+        }
+        too_long("note", &request.note, MAX_TEXT)?;
+        let pending = execution.session.as_ref().and_then(|session| session.subtasks.get(&request.request_id));
+        let Some(pending) = pending else {
+            return Err(Error::not_found(
+                "muster.execution.v1.SubtaskRequest",
+                request.request_id.clone(),
+                format!("execution '{}' has no subtask request '{}'", execution.id, request.request_id),
+            ));
+        };
+        let now = muster_runtime::time::now_millis();
+        let decided = SubtaskRequest {
+            status: if request.approve { SubtaskStatus::Approved } else { SubtaskStatus::Rejected },
+            decided_by: caller.audit_name(),
+            note: request.note,
+            decided_at: now,
+            ..pending.clone()
+        };
+        let assignment = request.approve.then(|| RoleAssignment {
+            agent_id: decided.agent_id.clone(),
+            role: decided.role.clone(),
+            subtask: decided.subtask.clone(),
+            assigned_by: decided.decided_by.clone(),
+            assigned_at: now,
+        });
+        if assignment.is_some() {
+            // The role must still be one the matrix in force assigns.
+            self.assignable_role("role", &decided.role)?;
+        }
+        let control = |reply| Control::DecideSubtask {
+            decided: decided.clone(),
+            assignment: assignment.clone(),
+            matrix_version,
+            reply,
+        };
+        self.control(&execution.id, control).await?;
+        Ok(wire::DecideSubtaskResponse {
+            request: Some(subtask_to_wire(&execution.id, &decided)),
+            assignment: assignment.map(|assignment| assignment_to_wire(&assignment, String::new())),
         })
     }
 
@@ -446,6 +572,11 @@ impl ExecutionApi {
                 title: session.title.clone(),
                 description: session.description.clone(),
             }),
+            subtask_requests: session
+                .subtasks
+                .values()
+                .map(|subtask| subtask_to_wire(&execution.id, subtask))
+                .collect(),
         })
     }
 

@@ -22,7 +22,7 @@ use crate::{
     Result,
     domain::{
         ExecutionStatus,
-        authority::{Matrix, RoleAssignment},
+        authority::{Matrix, RoleAssignment, SubtaskRequest},
         budget::{Budget, Usage},
         inbox::{InboxMessage, MessageState},
         memory::MemoryEntry,
@@ -92,6 +92,8 @@ pub(crate) enum Write {
     Steps(Vec<StepWrite>),
     /// A session assignment, created or replaced.
     Assignment { execution_id: String, assignment: RoleAssignment },
+    /// A session's subtask request, created or replaced (decided).
+    Subtask { execution_id: String, subtask: SubtaskRequest },
     /// Events, appended to the log.
     Events(Vec<Event>),
     /// A new run takes these unprocessed inbox messages. When one of them

@@ -40,7 +40,7 @@ use super::{
 use crate::{
     Error, Result,
     domain::{
-        authority::{Matrix, RoleAssignment, Session},
+        authority::{Matrix, RoleAssignment, Session, SubtaskRequest, SubtaskStatus},
         budget::{self, Budget, Usage},
         inbox::{InboxMessage, MessageState},
         memory::MemoryEntry,
@@ -67,6 +67,7 @@ const MIGRATIONS: Migrations = Migrations {
         (12, "replica_address", include_str!("../../migrations/sqlite/0012_replica_address.sql")),
         (13, "process agents", include_str!("../../migrations/sqlite/0013_process_agents.sql")),
         (14, "memory versions", include_str!("../../migrations/sqlite/0014_memory_versions.sql")),
+        (15, "session subtasks", include_str!("../../migrations/sqlite/0015_session_subtasks.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
@@ -84,6 +85,7 @@ const MIGRATIONS: Migrations = Migrations {
         (13, "commit progress", include_str!("../../migrations/postgres/0013_commit_progress.sql")),
         (14, "process agents", include_str!("../../migrations/postgres/0014_process_agents.sql")),
         (15, "memory versions", include_str!("../../migrations/postgres/0015_memory_versions.sql")),
+        (16, "session subtasks", include_str!("../../migrations/postgres/0016_session_subtasks.sql")),
     ],
 };
 
@@ -502,6 +504,7 @@ async fn apply_on<'a>(
     let mut updated = Vec::new();
     let mut steps: Vec<&StepWrite> = Vec::new();
     let mut assignments = Vec::new();
+    let mut subtasks = Vec::new();
     let mut events: Vec<&Event> = Vec::new();
     let mut claims = Vec::new();
     let mut posted: Vec<&InboxMessage> = Vec::new();
@@ -513,6 +516,7 @@ async fn apply_on<'a>(
             Write::UpdateExecution(execution) => updated.push(execution),
             Write::Steps(rows) => steps.extend(rows),
             Write::Assignment { execution_id, assignment } => assignments.push((execution_id, assignment)),
+            Write::Subtask { execution_id, subtask } => subtasks.push((execution_id, subtask)),
             Write::Events(list) => events.extend(list),
             Write::ClaimMessages { execution_id, message_ids } => claims.push((execution_id, message_ids)),
             Write::PostMessages(list) => posted.extend(list),
@@ -542,6 +546,7 @@ async fn apply_on<'a>(
         && fired.is_empty()
         && claims.is_empty()
         && assignments.is_empty()
+        && subtasks.is_empty()
         && updated.iter().all(|execution| !execution.status.is_final());
     if let Some(native) = database.native().filter(|_| only_progress) {
         return apply_natively(native, database, replica, &updated, &steps, &events).await;
@@ -625,6 +630,9 @@ async fn apply_on<'a>(
     }
     for (execution_id, assignment) in assignments {
         upsert_assignment(&mut transaction, execution_id, assignment).await?;
+    }
+    for (execution_id, subtask) in subtasks {
+        upsert_subtask(&mut transaction, execution_id, subtask).await?;
     }
     if backend == Backend::Postgres {
         for chunk in events.chunks(JSON_ROWS_PER_STATEMENT) {
@@ -875,6 +883,34 @@ async fn upsert_assignment(
     Ok(())
 }
 
+async fn upsert_subtask(
+    transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
+    execution_id: &str,
+    subtask: &SubtaskRequest,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO session_subtasks (execution_id, id, requested_by, agent_id, role, subtask, reason, status, \
+         decided_by, note, requested_at, decided_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+         ON CONFLICT (execution_id, id) DO UPDATE SET status = excluded.status, decided_by = excluded.decided_by, \
+         note = excluded.note, decided_at = excluded.decided_at",
+    )
+    .bind(execution_id.to_owned())
+    .bind(subtask.id.clone())
+    .bind(subtask.requested_by.clone())
+    .bind(subtask.agent_id.clone())
+    .bind(subtask.role.clone())
+    .bind(subtask.subtask.clone())
+    .bind(subtask.reason.clone())
+    .bind(subtask.status.as_str())
+    .bind(subtask.decided_by.clone())
+    .bind(subtask.note.clone())
+    .bind(subtask.requested_at)
+    .bind(subtask.decided_at)
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
+}
+
 /// A version's warnings are stored as one encoded message of wire
 /// diagnostics, with their count (absent, before warnings were counted:
 /// all of them are stored).
@@ -1081,6 +1117,7 @@ fn execution_from_row(row: &AnyRow) -> Result<Execution> {
                     title: row.try_get("session_title")?,
                     description: row.try_get("session_description")?,
                     assignments: Default::default(),
+                    subtasks: Default::default(),
                 })
             })
             .transpose()?,
@@ -1125,6 +1162,33 @@ fn matrix_from_row(row: &AnyRow) -> Result<Matrix> {
 }
 
 impl SqlStore {
+    async fn subtasks(&self, execution_id: &str) -> Result<std::collections::BTreeMap<String, SubtaskRequest>> {
+        let rows = sqlx::query("SELECT * FROM session_subtasks WHERE execution_id = $1 ORDER BY id")
+            .bind(execution_id.to_owned())
+            .fetch_all(&self.database.reads)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let status: String = row.try_get("status")?;
+                let subtask = SubtaskRequest {
+                    id: row.try_get("id")?,
+                    requested_by: row.try_get("requested_by")?,
+                    agent_id: row.try_get("agent_id")?,
+                    role: row.try_get("role")?,
+                    subtask: row.try_get("subtask")?,
+                    reason: row.try_get("reason")?,
+                    status: SubtaskStatus::parse(&status)
+                        .ok_or_else(|| Error::Storage(format!("unknown subtask status '{status}'")))?,
+                    decided_by: row.try_get("decided_by")?,
+                    note: row.try_get("note")?,
+                    requested_at: row.try_get("requested_at")?,
+                    decided_at: row.try_get("decided_at")?,
+                };
+                Ok((subtask.id.clone(), subtask))
+            })
+            .collect()
+    }
+
     async fn assignments(&self, execution_id: &str) -> Result<std::collections::BTreeMap<String, RoleAssignment>> {
         let rows = sqlx::query("SELECT * FROM session_assignments WHERE execution_id = $1 ORDER BY agent_id")
             .bind(execution_id.to_owned())
@@ -1305,6 +1369,7 @@ impl Store for SqlStore {
             let mut execution = execution_from_row(&row)?;
             if let Some(session) = &mut execution.session {
                 session.assignments = self.assignments(id).await?;
+                session.subtasks = self.subtasks(id).await?;
             }
             Ok(Some(execution))
         })

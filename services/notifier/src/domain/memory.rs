@@ -172,7 +172,11 @@ fn metadata(event: &Event) -> Metadata<'_> {
         EventKind::BudgetExceeded | EventKind::StepProgress => {
             Metadata { cost: Some(format_cost(event.cost)), detail: Some(&event.detail), ..Metadata::default() }
         }
-        EventKind::SessionStarted | EventKind::RoleAssigned | EventKind::LeadChanged => Metadata {
+        EventKind::SessionStarted
+        | EventKind::RoleAssigned
+        | EventKind::LeadChanged
+        | EventKind::SubtaskRequested
+        | EventKind::SubtaskDecided => Metadata {
             agent_id,
             participants: Some(&event.participants),
             detail: Some(&event.detail),

@@ -25,6 +25,8 @@ pub(crate) enum EventKind {
     /// A model call of a running step: audit in the execution's event log,
     /// for no agent.
     StepProgress,
+    SubtaskRequested,
+    SubtaskDecided,
 }
 
 impl EventKind {
@@ -46,6 +48,8 @@ impl EventKind {
             Self::LeadChanged => "lead_changed",
             Self::BudgetExceeded => "budget_exceeded",
             Self::StepProgress => "step_progress",
+            Self::SubtaskRequested => "subtask_requested",
+            Self::SubtaskDecided => "subtask_decided",
         }
     }
 
