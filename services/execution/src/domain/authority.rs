@@ -307,6 +307,7 @@ mod tests {
         Session {
             title: "t".to_owned(),
             description: String::new(),
+            subtasks: Default::default(),
             assignments: assignments
                 .iter()
                 .map(|(agent, role)| {

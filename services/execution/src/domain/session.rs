@@ -340,6 +340,7 @@ mod tests {
         let session = Session {
             title: "Implement feature X".to_owned(),
             description: String::new(),
+            subtasks: Default::default(),
             assignments: BTreeMap::from([(
                 "dev".to_owned(),
                 RoleAssignment {

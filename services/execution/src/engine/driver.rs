@@ -334,12 +334,12 @@ impl Driver {
                 let _ = reply.send(outcome);
             }
             Control::RequestSubtask { request, reply } => {
-                let outcome = self.request_subtask(request);
+                let outcome = self.request_subtask(*request);
                 let outcome = self.written(outcome).await?;
                 let _ = reply.send(outcome);
             }
             Control::DecideSubtask { decided, assignment, matrix_version, reply } => {
-                let outcome = self.decide_subtask(decided, assignment, matrix_version);
+                let outcome = self.decide_subtask(*decided, assignment.map(|assignment| *assignment), matrix_version);
                 let outcome = self.written(outcome).await?;
                 let _ = reply.send(outcome);
             }

@@ -162,12 +162,12 @@ pub(crate) enum Control {
     /// The lead assigns a role in the session.
     AssignRole { assignment: RoleAssignment, matrix_version: u32, reply: oneshot::Sender<Result<()>> },
     /// A participant asks the lead for a subtask.
-    RequestSubtask { request: SubtaskRequest, reply: oneshot::Sender<Result<()>> },
+    RequestSubtask { request: Box<SubtaskRequest>, reply: oneshot::Sender<Result<()>> },
     /// The lead's decision on a pending subtask request (`decided` is the
     /// request as decided); an approval comes with the assignment it makes.
     DecideSubtask {
-        decided: SubtaskRequest,
-        assignment: Option<RoleAssignment>,
+        decided: Box<SubtaskRequest>,
+        assignment: Option<Box<RoleAssignment>>,
         matrix_version: u32,
         reply: oneshot::Sender<Result<()>>,
     },

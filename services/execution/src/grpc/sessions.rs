@@ -260,7 +260,7 @@ impl ExecutionApi {
             requested_at: muster_runtime::time::now_millis(),
             decided_at: 0,
         };
-        let control = |reply| Control::RequestSubtask { request: subtask.clone(), reply };
+        let control = |reply| Control::RequestSubtask { request: Box::new(subtask.clone()), reply };
         self.control(&execution.id, control).await?;
         Ok(wire::RequestSubtaskResponse { request: Some(subtask_to_wire(&execution.id, &subtask)) })
     }
@@ -314,8 +314,8 @@ impl ExecutionApi {
             self.assignable_role("role", &decided.role)?;
         }
         let control = |reply| Control::DecideSubtask {
-            decided: decided.clone(),
-            assignment: assignment.clone(),
+            decided: Box::new(decided.clone()),
+            assignment: assignment.clone().map(Box::new),
             matrix_version,
             reply,
         };

@@ -15,7 +15,7 @@ use crate::{
     Error,
     domain::{
         ExecutionStatus, StepStatus,
-        authority::{DEFAULT_MATRIX, Matrix, RoleAssignment, Session},
+        authority::{DEFAULT_MATRIX, Matrix, RoleAssignment, Session, SubtaskRequest, SubtaskStatus},
         budget::{Action, Budget, Source},
         inbox::{InboxMessage, MessageState, Priority},
         memory::MemoryEntry,
@@ -143,6 +143,7 @@ async fn conformance(store: SqlStore) {
         title: "t".to_owned(),
         description: "d".to_owned(),
         assignments: [(assignment.agent_id.clone(), assignment.clone())].into(),
+        subtasks: Default::default(),
     };
     let mut first_run = execution("e1", 1_000, Some(session.clone()));
     let started = events(&mut first_run, 2);
@@ -223,6 +224,33 @@ async fn conformance(store: SqlStore) {
     let stored = store.execution("e1").await.unwrap().unwrap();
     assert_eq!((stored.status, stored.lead_agent_id.as_str()), (ExecutionStatus::Paused, "lead-2"));
     assert_eq!(stored.session.unwrap().assignments["dev"].role, "reviewer");
+
+    // A subtask request, then its decision: every field round-trips.
+    let asked = SubtaskRequest {
+        id: "st-1".to_owned(),
+        requested_by: "arch".to_owned(),
+        agent_id: "dev".to_owned(),
+        role: "developer".to_owned(),
+        subtask: "Write the migration — ü".to_owned(),
+        reason: "the 'schema' changes".to_owned(),
+        status: SubtaskStatus::Pending,
+        decided_by: String::new(),
+        note: String::new(),
+        requested_at: 6_000,
+        decided_at: 0,
+    };
+    store.commit(vec![Write::Subtask { execution_id: "e1".to_owned(), subtask: asked.clone() }]).await.unwrap();
+    let subtasks = |stored: Option<Execution>| stored.unwrap().session.unwrap().subtasks;
+    assert_eq!(subtasks(store.execution("e1").await.unwrap())["st-1"], asked);
+    let decided = SubtaskRequest {
+        status: SubtaskStatus::Approved,
+        decided_by: "lead-2".to_owned(),
+        note: "go".to_owned(),
+        decided_at: 7_000,
+        ..asked.clone()
+    };
+    store.commit(vec![Write::Subtask { execution_id: "e1".to_owned(), subtask: decided.clone() }]).await.unwrap();
+    assert_eq!(subtasks(store.execution("e1").await.unwrap()).into_values().collect::<Vec<_>>(), [decided]);
 
     // A commit that breaks a rule changes nothing, and fails alone among
     // the commits written with it.

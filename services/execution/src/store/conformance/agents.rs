@@ -35,7 +35,7 @@ fn run(id: &str, started_at: i64, process: &str, lead: &str) -> Execution {
 
 /// `run` as a session, with `member` assigned a role.
 fn session_with(id: &str, started_at: i64, member: &str) -> Vec<Write> {
-    let session = Session { title: "task".to_owned(), description: String::new(), assignments: Default::default() };
+    let session = Session { title: "task".to_owned(), description: String::new(), ..Default::default() };
     let assignment = RoleAssignment {
         agent_id: member.to_owned(),
         role: "developer".to_owned(),
