@@ -54,13 +54,37 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// One address calls may go to.
 struct Target {
     channel: Channel,
+    /// The URL it was reached by, which connection failures name (empty
+    /// for a channel made elsewhere).
+    url: String,
     /// Milliseconds since the process started before which it is passed over.
     passed_over_until: AtomicU64,
 }
 
 impl Target {
-    fn new(channel: Channel) -> Arc<Self> {
-        Arc::new(Self { channel, passed_over_until: AtomicU64::new(0) })
+    fn new(channel: Channel, url: &str) -> Arc<Self> {
+        Arc::new(Self { channel, url: url.to_owned(), passed_over_until: AtomicU64::new(0) })
+    }
+
+    /// A failure to reach the target as the caller reads it: UNAVAILABLE
+    /// naming the URL tried, when the connection failed (an I/O error);
+    /// others as they are.
+    fn failure(&self, error: BoxError) -> BoxError {
+        let mut causes = Vec::new();
+        let mut io = false;
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error.as_ref());
+        while let Some(cause) = source {
+            io |= cause.is::<std::io::Error>();
+            let text = cause.to_string();
+            if !causes.iter().any(|known: &String| known.contains(&text)) {
+                causes.push(text);
+            }
+            source = cause.source();
+        }
+        if !io || self.url.is_empty() {
+            return error;
+        }
+        Box::new(tonic::Status::unavailable(format!("cannot reach {}: {}", self.url, causes.join(": "))))
     }
 
     fn usable(&self) -> bool {
@@ -130,7 +154,7 @@ impl std::fmt::Debug for Balanced {
 impl From<Channel> for Balanced {
     /// One connection, as it is.
     fn from(channel: Channel) -> Self {
-        Self { shared: Arc::new(Shared::new(vec![vec![Target::new(channel)]])) }
+        Self { shared: Arc::new(Shared::new(vec![vec![Target::new(channel, "")]])) }
     }
 }
 
@@ -145,7 +169,7 @@ impl Balanced {
             if let Some((host, port)) = dns_name(url) {
                 names.push((groups.len(), url.to_owned(), host, port));
             }
-            groups.push(vec![Target::new(channel)]);
+            groups.push(vec![Target::new(channel, url)]);
         }
         if groups.is_empty() {
             return Err(crate::Error::Config(format!("no service URL in {urls:?}")));
@@ -204,7 +228,7 @@ async fn follow_name(shared: Weak<Shared>, group: usize, url: String, host: Stri
                 } else {
                     match lazy_channel_to(&url, *address, tls.as_ref()) {
                         Ok(channel) => {
-                            let target = Target::new(channel);
+                            let target = Target::new(channel, &format!("{url} ({address})"));
                             channels.insert(*address, target.clone());
                             targets.push(target);
                         }
@@ -236,11 +260,14 @@ fn unavailable(response: &http::Response<Body>) -> bool {
 
 async fn send(target: &Target, request: http::Request<Body>) -> std::result::Result<http::Response<Body>, BoxError> {
     let mut channel = target.channel.clone();
-    let response = channel.ready().await?.call(request).await;
+    let response = match channel.ready().await {
+        Ok(ready) => ready.call(request).await,
+        Err(error) => Err(error),
+    };
     if response.as_ref().is_err() || response.as_ref().is_ok_and(unavailable) {
         target.pass_over();
     }
-    Ok(response?)
+    response.map_err(|error| target.failure(error.into()))
 }
 
 impl Service<http::Request<Body>> for Balanced {
@@ -383,5 +410,16 @@ mod calls {
         let (on_first, on_second) = (first.0.load(Ordering::Relaxed), second.0.load(Ordering::Relaxed));
         assert_eq!(on_first + on_second, 30);
         assert!(on_first >= 10 && on_second >= 10, "round-robin: {on_first} and {on_second}");
+    }
+
+    #[tokio::test]
+    async fn a_service_that_cannot_be_reached_is_named() {
+        let vacant = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let url = format!("http://{vacant}");
+        let mut client = HealthClient::new(Balanced::connect(&url, None).unwrap());
+        let failed = client.check(HealthCheckRequest::default()).await.unwrap_err();
+        assert_eq!(failed.code(), tonic::Code::Unavailable, "{failed:?}");
+        assert!(failed.message().starts_with(&format!("cannot reach {url}: ")), "{}", failed.message());
+        assert!(failed.message().contains("refused"), "{}", failed.message());
     }
 }
