@@ -70,9 +70,13 @@ impl LocalCredentials {
     }
 }
 
-/// The data folder of the cluster on this machine: `MUSTER_DATA_DIR`, else `muster-data`.
+/// The data folder of the cluster on this machine: `MUSTER_DATA_DIR`, else
+/// the selected cluster context's ([`crate::context`]), else `muster-data`.
 pub fn default_data_dir() -> PathBuf {
-    std::env::var_os("MUSTER_DATA_DIR").map_or_else(|| PathBuf::from("muster-data"), PathBuf::from)
+    if let Some(dir) = std::env::var_os("MUSTER_DATA_DIR") {
+        return PathBuf::from(dir);
+    }
+    crate::context::selected().map_or_else(|| PathBuf::from("muster-data"), |context| context.data_dir.clone())
 }
 
 /// The credential a command runs with: the one given (`--token` or

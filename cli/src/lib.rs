@@ -1,7 +1,7 @@
 //! The library behind the `muster` command line: starting and supervising a
 //! cluster of the four service processes ([`cluster`]), the credentials of a
 //! cluster on this machine and the channels that carry them
-//! ([`credentials`]), the Rust agent worker library (the `muster-worker`
+//! ([`credentials`]), where a cluster is ([`context`]), the Rust agent worker library (the `muster-worker`
 //! crate, as [`worker`]), reading
 //! agents' inboxes ([`inbox`]), with the deterministic sample behaviour the
 //! CLI's sample agents use ([`sample`]).
@@ -14,6 +14,7 @@
 
 pub mod agents;
 pub mod cluster;
+pub mod context;
 pub mod credentials;
 pub mod inbox;
 pub mod sample;

@@ -18,6 +18,11 @@ struct Cli {
     /// in its data folder is used.
     #[arg(long, env = "MUSTER_TOKEN", global = true, hide_env_values = true)]
     token: Option<String>,
+    /// The cluster to talk to: a context `muster up` wrote (by default the
+    /// last one started). For `muster up`, the name it writes (`local`).
+    /// Flags and `MUSTER_*_URL` variables still win over its addresses.
+    #[arg(long, env = "MUSTER_CLUSTER", global = true)]
+    cluster: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -91,9 +96,17 @@ async fn main() -> ExitCode {
         }
     };
     let token = cli.token.as_deref();
+    // The commands that start a cluster name the context they write; the
+    // others need the one they name to exist.
+    let starts_a_cluster = matches!(cli.command, Command::Up(_) | Command::Demo(_));
+    if !starts_a_cluster && let Err(error) = muster::context::selection() {
+        eprintln!("muster: {error}");
+        return ExitCode::from(2);
+    }
+    let cluster = cli.cluster.as_deref().unwrap_or(muster::context::DEFAULT_NAME);
     let outcome = match cli.command {
-        Command::Up(args) => commands::up::run(args).await.map(|()| true),
-        Command::Demo(args) => commands::demo::run(args).await,
+        Command::Up(args) => commands::up::run(args, cluster).await.map(|()| true),
+        Command::Demo(args) => commands::demo::run(args, cluster).await,
         Command::Run(args) => {
             commands::run::run(&args, token).await.map(|finished| commands::run::completed(&finished))
         }

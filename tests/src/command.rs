@@ -21,13 +21,18 @@ pub fn repository() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// `muster` in the repository, with cluster contexts off unless the
+/// environment a test gives sets `MUSTER_CONFIG_DIR` (a command reads no
+/// context of the machine, and `muster up` writes none there).
+fn command(arguments: impl IntoIterator<Item = impl AsRef<std::ffi::OsStr>>) -> Command {
+    let mut command = Command::new(muster());
+    command.args(arguments).env("MUSTER_CONFIG_DIR", "").current_dir(repository());
+    command
+}
+
 /// Runs `muster` with these arguments and extra environment to its end.
 pub async fn run(arguments: Vec<String>, environment: Vec<(String, String)>) -> Output {
-    tokio::task::spawn_blocking(move || {
-        Command::new(muster()).args(arguments).envs(environment).current_dir(repository()).output().unwrap()
-    })
-    .await
-    .unwrap()
+    tokio::task::spawn_blocking(move || command(arguments).envs(environment).output().unwrap()).await.unwrap()
 }
 
 /// A finished command's standard output, then its standard error.
@@ -45,10 +50,8 @@ pub struct Background {
 impl Background {
     /// Starts `muster` with these arguments and extra environment.
     pub fn spawn(arguments: &[&str], environment: &[(String, String)]) -> Self {
-        let mut child = Command::new(muster())
-            .args(arguments)
+        let mut child = command(arguments)
             .envs(environment.iter().cloned())
-            .current_dir(repository())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

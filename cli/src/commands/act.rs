@@ -20,7 +20,7 @@ pub(crate) struct ApproveArgs {
     #[arg(long, default_value = "")]
     comment: String,
     /// The execution service.
-    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051")]
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value_t = muster::context::default_url(muster::context::Service::Execution))]
     execution: String,
 }
 
@@ -68,7 +68,7 @@ pub(crate) struct DelegateArgs {
     #[arg(long)]
     commit: bool,
     /// The roster service.
-    #[arg(long, env = "MUSTER_ROSTER_URL", default_value = "http://127.0.0.1:50052")]
+    #[arg(long, env = "MUSTER_ROSTER_URL", default_value_t = muster::context::default_url(muster::context::Service::Roster))]
     roster: String,
 }
 

@@ -16,7 +16,7 @@ use muster_proto::{
 #[derive(Debug, clap::Args)]
 pub(crate) struct TokenArgs {
     /// The roster service.
-    #[arg(long, env = "MUSTER_ROSTER_URL", default_value = "http://127.0.0.1:50052", global = true)]
+    #[arg(long, env = "MUSTER_ROSTER_URL", default_value_t = muster::context::default_url(muster::context::Service::Roster), global = true)]
     roster: String,
     #[command(subcommand)]
     command: TokenCommand,
@@ -105,7 +105,7 @@ pub(crate) fn operator(args: &OperatorArgs) -> anyhow::Result<()> {
 #[derive(Debug, clap::Args)]
 pub(crate) struct MatrixArgs {
     /// The execution service.
-    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051", global = true)]
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value_t = muster::context::default_url(muster::context::Service::Execution), global = true)]
     execution: String,
     /// How to print what it reads: text, or JSON (the service's answer, every page in one).
     #[arg(long, value_enum, default_value = "text", global = true)]

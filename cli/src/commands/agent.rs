@@ -15,7 +15,7 @@ use muster::{
 #[derive(Debug, clap::Args)]
 pub(crate) struct AgentArgs {
     /// The execution service.
-    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051")]
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value_t = muster::context::default_url(muster::context::Service::Execution))]
     execution: String,
     /// JSON file of agent ids to tokens, as written by `muster roster import --tokens-file`.
     #[arg(long)]
@@ -24,7 +24,7 @@ pub(crate) struct AgentArgs {
     #[arg(long = "serve")]
     agents: Vec<String>,
     /// The roster, for the model-driven agents' roster tools.
-    #[arg(long, env = "MUSTER_ROSTER_URL", default_value = "http://127.0.0.1:50052")]
+    #[arg(long, env = "MUSTER_ROSTER_URL", default_value_t = muster::context::default_url(muster::context::Service::Roster))]
     roster: String,
     /// The folder the model-driven agents' file tools act in (default:
     /// `workspace/` in the data folder).

@@ -68,8 +68,8 @@ impl ModelArgs {
     }
 }
 
-pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<bool> {
-    let cluster = super::up::start(&args.up).await?;
+pub(crate) async fn run(args: DemoArgs, name: &str) -> anyhow::Result<bool> {
+    let cluster = super::up::start(&args.up, name).await?;
     let outcome = demo(&args, &cluster).await;
     cluster.shutdown().await?;
     let completed = outcome?;

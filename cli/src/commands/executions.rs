@@ -19,7 +19,7 @@ use super::output::{Output, to_json, when};
 #[derive(Debug, clap::Args)]
 pub(crate) struct Service {
     /// The execution service.
-    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051", global = true)]
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value_t = muster::context::default_url(muster::context::Service::Execution), global = true)]
     execution: String,
     /// How to print the answer.
     #[arg(long, value_enum, default_value = "text", global = true)]

@@ -14,7 +14,7 @@ use muster_runtime::auth::client::AuthChannel;
 #[derive(Debug, clap::Args)]
 pub(crate) struct RosterArgs {
     /// The roster service.
-    #[arg(long, env = "MUSTER_ROSTER_URL", default_value = "http://127.0.0.1:50052", global = true)]
+    #[arg(long, env = "MUSTER_ROSTER_URL", default_value_t = muster::context::default_url(muster::context::Service::Roster), global = true)]
     roster: String,
     /// How to print what it reads: text, or JSON (the service's answer, every page in one).
     #[arg(long, value_enum, default_value = "text", global = true)]

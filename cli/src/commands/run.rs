@@ -30,7 +30,7 @@ pub(crate) struct RunArgs {
     /// The process YAML.
     pub(crate) file: PathBuf,
     /// The execution service.
-    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051")]
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value_t = muster::context::default_url(muster::context::Service::Execution))]
     pub(crate) execution: String,
     /// Inputs of the execution, a JSON object.
     #[arg(long, default_value = "{}")]
@@ -64,7 +64,7 @@ pub(crate) struct PublishArgs {
     /// The process YAML.
     file: PathBuf,
     /// The execution service.
-    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051")]
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value_t = muster::context::default_url(muster::context::Service::Execution))]
     execution: String,
 }
 
@@ -74,7 +74,7 @@ pub(crate) struct WatchArgs {
     /// The execution's id.
     execution_id: String,
     /// The execution service.
-    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051")]
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value_t = muster::context::default_url(muster::context::Service::Execution))]
     execution: String,
     #[command(flatten)]
     reconnect: ReconnectArgs,

@@ -14,7 +14,7 @@ use muster_proto::execution::v1::{
 #[derive(Debug, clap::Args)]
 pub(crate) struct SessionArgs {
     /// The execution service.
-    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051", global = true)]
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value_t = muster::context::default_url(muster::context::Service::Execution), global = true)]
     execution: String,
     /// How to print what it reads: text, or JSON (the service's answer, every page in one).
     #[arg(long, value_enum, default_value = "text", global = true)]
@@ -270,7 +270,7 @@ pub(crate) struct CheckRoleArgs {
     #[arg(long)]
     execution_id: Option<String>,
     /// The execution service.
-    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value = "http://127.0.0.1:50051")]
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value_t = muster::context::default_url(muster::context::Service::Execution))]
     execution: String,
 }
 

@@ -4,7 +4,10 @@
 
 use std::path::PathBuf;
 
-use muster::cluster::{Cluster, ClusterOptions, Ports, RestartPolicy, SupervisionEvent};
+use muster::{
+    cluster::{Cluster, ClusterOptions, Ports, RestartPolicy, SupervisionEvent},
+    context::ClusterContext,
+};
 
 /// Options of `muster up` (shared by `muster demo`).
 #[derive(Debug, Clone, clap::Args)]
@@ -47,8 +50,8 @@ impl UpArgs {
     }
 }
 
-pub(crate) async fn run(args: UpArgs) -> anyhow::Result<()> {
-    let mut cluster = start(&args).await?;
+pub(crate) async fn run(args: UpArgs, name: &str) -> anyhow::Result<()> {
+    let mut cluster = start(&args, name).await?;
     println!("press Ctrl-C to stop; a service that exits is restarted");
     let supervised = cluster.supervise(RestartPolicy::default(), muster_runtime::shutdown::signal(), print_event).await;
     println!("{}", if supervised.is_ok() { "stopping..." } else { "stopping the other services..." });
@@ -77,8 +80,9 @@ fn print_event(event: SupervisionEvent) {
     }
 }
 
-/// Starts the cluster and prints where everything is.
-pub(crate) async fn start(args: &UpArgs) -> anyhow::Result<Cluster> {
+/// Starts the cluster, prints where everything is, and writes its context
+/// (`name`), through which the other `muster` commands find it.
+pub(crate) async fn start(args: &UpArgs, name: &str) -> anyhow::Result<Cluster> {
     println!("starting muster in {} ...", args.data_dir.display());
     let cluster = Cluster::start(args.options()?).await?;
     for (name, url) in [
@@ -100,5 +104,27 @@ pub(crate) async fn start(args: &UpArgs) -> anyhow::Result<Cluster> {
         "  the local operator's token is in {} (the muster command uses it by itself; sign in to the console with it)",
         args.data_dir.join(muster::credentials::OPERATOR_TOKEN_FILE).display()
     );
+    let context = ClusterContext {
+        name: name.to_owned(),
+        data_dir: std::path::absolute(&args.data_dir)?,
+        execution: cluster.execution_url(),
+        roster: cluster.roster_url(),
+        validator: cluster.validator_url(),
+        notifier: cluster.notifier_url(),
+        console: cluster.console_url(),
+    };
+    match muster::context::save(&context)? {
+        Some(file) => println!(
+            "  muster commands on this machine use this cluster (context '{name}' in {}); \
+             after another `muster up`, pick it with: export MUSTER_CLUSTER={name}",
+            file.display()
+        ),
+        None => println!(
+            "  in another terminal: export MUSTER_EXECUTION_URL={} MUSTER_ROSTER_URL={} MUSTER_DATA_DIR={}",
+            context.execution,
+            context.roster,
+            context.data_dir.display()
+        ),
+    }
     Ok(cluster)
 }

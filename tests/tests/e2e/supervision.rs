@@ -13,7 +13,8 @@ use nix::sys::signal::Signal;
 /// How long anything here may take before the test calls it a hang.
 const LIMIT: Duration = Duration::from_secs(120);
 
-/// `muster up` on free ports in its own data folder, once it has started.
+/// `muster up` on free ports in its own data folder, once it has started;
+/// it writes its cluster context, `test`, in `data`'s `config` folder.
 async fn muster_up(data: &Folder) -> (Background, String) {
     build_service_binaries();
     let data_dir = data.0.display().to_string();
@@ -32,11 +33,18 @@ async fn muster_up(data: &Folder) -> (Background, String) {
             "0",
             "--console-port",
             "0",
+            "--cluster",
+            "test",
         ],
-        &[],
+        &contexts(data),
     );
     let output = up.wait_for("press Ctrl-C to stop", LIMIT).await;
     (up, output)
+}
+
+/// The environment in which `muster` keeps its cluster contexts in `data`.
+fn contexts(data: &Folder) -> Vec<(String, String)> {
+    vec![("MUSTER_CONFIG_DIR".to_owned(), data.0.join("config").display().to_string())]
 }
 
 /// The URL and process id `muster up` printed for a service.
@@ -91,12 +99,21 @@ async fn muster_up_restarts_a_killed_service() {
     let output = up.wait_for("restarted execution (attempt 1)", LIMIT).await;
     assert_eq!(restarted(&output, "execution"), execution_url, "the same address");
 
-    // The cluster works again: the sample roster, its agents and process.
-    let environment = vec![
-        ("MUSTER_EXECUTION_URL".to_owned(), execution_url),
-        ("MUSTER_ROSTER_URL".to_owned(), roster_url),
-        ("MUSTER_DATA_DIR".to_owned(), data.0.display().to_string()),
-    ];
+    // The cluster works again: the sample roster, its agents and process,
+    // with commands that find the cluster, its addresses and the operator's
+    // token, through the context `muster up` wrote.
+    let environment = contexts(&data);
+    let context = std::fs::read_to_string(data.0.join("config/clusters/test.json")).expect("the context");
+    assert!(context.contains(&execution_url) && context.contains(&roster_url), "{context}");
+    assert!(output.contains("muster commands on this machine use this cluster (context 'test'"), "{output}");
+    let unknown =
+        run(vec!["roster".into(), "list".into(), "--cluster".into(), "elsewhere".into()], environment.clone()).await;
+    assert_eq!(unknown.status.code(), Some(2), "{}", text(&unknown));
+    assert!(
+        text(&unknown).contains("no cluster 'elsewhere'") && text(&unknown).contains("known: test"),
+        "{}",
+        text(&unknown)
+    );
     let tokens_file = data.0.join("tokens.json").display().to_string();
     let imported = run(
         ["roster", "import", "examples/roster.yaml", "--tokens-file", &tokens_file].map(String::from).to_vec(),
