@@ -37,6 +37,10 @@ enum Command {
     Run(commands::run::RunArgs),
     /// Publishes a process (a new version), printing its diagnostics.
     Publish(commands::run::PublishArgs),
+    /// Starts a published process; prints the execution's id (`muster watch ID` follows it).
+    Start(commands::run::StartArgs),
+    /// An agent's notifications, oldest first; --follow waits for new ones.
+    Notifications(commands::notifications::NotificationsArgs),
     /// Executions: list them, show one with its steps, cancel one.
     Executions(commands::executions::ExecutionsArgs),
     /// Intervenes in an execution: pause, resume, retry, cancel, reassign or override a step.
@@ -75,14 +79,35 @@ enum Command {
     CheckRole(commands::session::CheckRoleArgs),
     /// Serves agents with the deterministic sample behaviour (no LLM); an agent whose token is refused is left out.
     Agent(commands::agent::AgentArgs),
+    /// Prints the shell completion script for SHELL (bash, zsh, fish, elvish, powershell), e.g.
+    /// `muster completions bash > ~/.local/share/bash-completion/completions/muster`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
 }
 
 /// See [`muster_runtime::Allocator`].
 #[global_allocator]
 static ALLOCATOR: muster_runtime::Allocator = muster_runtime::Allocator;
 
+/// Ends the command quietly when its output is a pipe whose reader went
+/// away (`muster executions list | head -1`): printing then fails, which
+/// Rust reports as a panic.
+fn end_quietly_on_a_broken_pipe() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info.payload_as_str().unwrap_or_default();
+        if message.contains("Broken pipe") || message.contains("BrokenPipe") {
+            std::process::exit(0);
+        }
+        report(info);
+    }));
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
+    end_quietly_on_a_broken_pipe();
     let cli = Cli::parse();
     // Warnings only unless MUSTER_LOG says otherwise; traces (of `muster
     // agent`'s assignments) go out when OTEL_EXPORTER_OTLP_ENDPOINT is set.
@@ -98,7 +123,7 @@ async fn main() -> ExitCode {
     let token = cli.token.as_deref();
     // The commands that start a cluster name the context they write; the
     // others need the one they name to exist.
-    let starts_a_cluster = matches!(cli.command, Command::Up(_) | Command::Demo(_));
+    let starts_a_cluster = matches!(cli.command, Command::Up(_) | Command::Demo(_) | Command::Completions { .. });
     if !starts_a_cluster && let Err(error) = muster::context::selection() {
         eprintln!("muster: {error}");
         return ExitCode::from(2);
@@ -111,6 +136,8 @@ async fn main() -> ExitCode {
             commands::run::run(&args, token).await.map(|finished| commands::run::completed(&finished))
         }
         Command::Publish(args) => commands::run::publish(&args, token).await.map(|()| true),
+        Command::Start(args) => commands::run::start(args, token).await.map(|()| true),
+        Command::Notifications(args) => commands::notifications::run(args, token).await.map(|()| true),
         Command::Executions(args) => commands::executions::executions(args, token).await.map(|()| true),
         Command::Intervene(args) => commands::executions::intervene(args, token).await.map(|()| true),
         Command::Processes(args) => commands::executions::processes(args, token).await.map(|()| true),
@@ -132,6 +159,15 @@ async fn main() -> ExitCode {
         Command::Inbox(args) => commands::inbox::run(args, token).await.map(|()| true),
         Command::CheckRole(args) => commands::session::check_role(args, token).await,
         Command::Agent(args) => commands::agent::run(args, token).await.map(|()| true),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut <Cli as clap::CommandFactory>::command(),
+                "muster",
+                &mut std::io::stdout(),
+            );
+            Ok(true)
+        }
     };
     telemetry.shutdown().await;
     match outcome {

@@ -46,8 +46,8 @@ pub(crate) struct ValidateArgs {
     /// The files to check.
     #[arg(required = true)]
     files: Vec<PathBuf>,
-    /// Output format.
-    #[arg(long, value_enum, default_value = "text")]
+    /// Output format (`--output` is the same flag, as on the other commands).
+    #[arg(long, alias = "output", value_enum, default_value = "text")]
     format: OutputFormat,
     /// What the files are.
     #[arg(long, value_enum, default_value = "auto")]

@@ -24,22 +24,34 @@ static POOL: LazyLock<Result<DescriptorPool, String>> = LazyLock::new(|| {
 /// `defaults`, every field present, default values included, else those
 /// left out.
 pub fn message_to_json(message: &impl prost::Message, full_name: &str, defaults: bool) -> Result<Json, String> {
-    serialize_message(message, full_name, defaults, serde_json::value::Serializer)
+    serialize_message(message, full_name, defaults, FieldNames::Proto, serde_json::value::Serializer)
+}
+
+/// How fields are named in JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldNames {
+    /// As in the `.proto` files (`next_page_token`).
+    Proto,
+    /// The canonical protobuf JSON mapping's lowerCamelCase (`nextPageToken`),
+    /// as grpcurl and the protobuf libraries print it.
+    LowerCamel,
 }
 
 /// [`message_to_json`] into any serializer, such as a pretty printer (its
-/// fields in the order of the `.proto` file).
+/// fields in the order of the `.proto` file), with fields named `names`.
 pub fn serialize_message<S: serde::Serializer>(
     message: &impl prost::Message,
     full_name: &str,
     defaults: bool,
+    names: FieldNames,
     serializer: S,
 ) -> Result<S::Ok, String> {
     let pool = POOL.as_ref()?;
     let descriptor = pool.get_message_by_name(full_name).ok_or_else(|| format!("no message type {full_name}"))?;
     let dynamic = DynamicMessage::decode(descriptor, message.encode_to_vec().as_slice())
         .map_err(|error| format!("a {full_name} that does not decode: {error}"))?;
-    let options = SerializeOptions::new().use_proto_field_name(true).skip_default_fields(!defaults);
+    let options =
+        SerializeOptions::new().use_proto_field_name(names == FieldNames::Proto).skip_default_fields(!defaults);
     dynamic.serialize_with_options(serializer, &options).map_err(|error| error.to_string())
 }
 

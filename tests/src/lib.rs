@@ -187,6 +187,7 @@ impl TestCluster {
         vec![
             ("MUSTER_EXECUTION_URL".to_owned(), self.cluster().execution_url()),
             ("MUSTER_ROSTER_URL".to_owned(), self.cluster().roster_url()),
+            ("MUSTER_NOTIFIER_URL".to_owned(), self.cluster().notifier_url()),
             ("MUSTER_DATA_DIR".to_owned(), self.data_dir.display().to_string()),
         ]
     }

@@ -67,6 +67,9 @@ pub(crate) struct DelegateArgs {
     /// Decide and reserve the slot (by default only show the decision).
     #[arg(long)]
     commit: bool,
+    /// How to print the decision: text, or JSON (the roster's answer).
+    #[arg(long, value_enum, default_value = "text")]
+    output: super::output::Output,
     /// The roster service.
     #[arg(long, env = "MUSTER_ROSTER_URL", default_value_t = muster::context::default_url(muster::context::Service::Roster))]
     roster: String,
@@ -92,8 +95,19 @@ pub(crate) async fn delegate(args: DelegateArgs, token: Option<&str>) -> anyhow:
             ..Default::default()
         })
         .await
-        .map_err(super::refused)?;
-    let decision = response.into_inner().decision.context("no decision in the answer")?;
+        .map_err(super::refused)?
+        .into_inner();
+    if args.output == super::output::Output::Json {
+        println!("{}", super::output::to_json(&response, "muster.roster.v1.DelegateResponse")?);
+        return Ok(());
+    }
+    let decision = response.decision.context("no decision in the answer")?;
     println!("{}", decision.text);
+    // The text names agents as people read them; scripts need their ids.
+    let mut ids = format!("agent ids: {}", decision.primary_agent_id);
+    if !decision.fallback_agent_id.is_empty() {
+        ids.push_str(&format!(", fallback {}", decision.fallback_agent_id));
+    }
+    println!("{ids}");
     Ok(())
 }

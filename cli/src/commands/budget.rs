@@ -175,6 +175,8 @@ pub(crate) async fn run(args: BudgetArgs, token: Option<&str>) -> anyhow::Result
             }
             if args.output == super::output::Output::Json {
                 println!("{}", super::output::to_json(&all, "muster.execution.v1.ListBudgetsResponse")?);
+            } else if all.budgets.is_empty() {
+                println!("(no budgets set)");
             } else {
                 for budget in &all.budgets {
                     println!("{}", line(budget));

@@ -215,6 +215,9 @@ pub(crate) async fn executions(args: ExecutionsArgs, token: Option<&str>) -> any
                 println!("{}", to_json(&response, "muster.execution.v1.ListExecutionsResponse")?);
                 return Ok(());
             }
+            if response.executions.is_empty() {
+                println!("(no executions)");
+            }
             for execution in &response.executions {
                 println!("{}", summary(execution));
             }
@@ -313,6 +316,9 @@ pub(crate) async fn processes(args: ProcessesArgs, token: Option<&str>) -> anyho
         println!("{}", to_json(&response, "muster.execution.v1.ListProcessesResponse")?);
         return Ok(());
     }
+    if response.processes.is_empty() {
+        println!("(no processes published)");
+    }
     for process in &response.processes {
         println!(
             "{} v{}  {} steps  published {}",
@@ -334,6 +340,9 @@ pub(crate) async fn workers(args: WorkersArgs, token: Option<&str>) -> anyhow::R
     if args.service.output == Output::Json {
         println!("{}", to_json(&response, "muster.execution.v1.ListWorkersResponse")?);
         return Ok(());
+    }
+    if response.workers.is_empty() {
+        println!("(no workers connected)");
     }
     for worker in &response.workers {
         println!(

@@ -178,6 +178,8 @@ pub(crate) async fn run(args: InboxArgs, token: Option<&str>) -> anyhow::Result<
             }
             if args.output == super::output::Output::Json {
                 println!("{}", super::output::to_json(&all, "muster.execution.v1.ListInboxMessagesResponse")?);
+            } else if all.messages.is_empty() {
+                println!("(no messages)");
             } else {
                 for message in &all.messages {
                     println!("{}", line(message));

@@ -8,6 +8,7 @@ pub(crate) mod demo;
 pub(crate) mod executions;
 pub(crate) mod inbox;
 pub(crate) mod memory;
+pub(crate) mod notifications;
 pub(crate) mod output;
 pub(crate) mod roster;
 pub(crate) mod run;

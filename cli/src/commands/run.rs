@@ -18,8 +18,8 @@ use muster::credentials::Endpoint;
 use muster_proto::{
     common::v1::{Diagnostic, EventType, ExecutionStatus, StepEvent},
     execution::v1::{
-        CancelExecutionRequest, ProcessVersion, PublishProcessRequest, StartExecutionRequest, WatchExecutionRequest,
-        execution_service_client::ExecutionServiceClient,
+        CancelExecutionRequest, GetExecutionRequest, ProcessVersion, PublishProcessRequest, StartExecutionRequest,
+        WatchExecutionRequest, execution_service_client::ExecutionServiceClient,
     },
 };
 use muster_runtime::auth::client::AuthChannel;
@@ -66,6 +66,68 @@ pub(crate) struct PublishArgs {
     /// The execution service.
     #[arg(long, env = "MUSTER_EXECUTION_URL", default_value_t = muster::context::default_url(muster::context::Service::Execution))]
     execution: String,
+}
+
+/// `muster start`
+#[derive(Debug, clap::Args)]
+pub(crate) struct StartArgs {
+    /// A published process's name.
+    process: String,
+    /// The version to run (default: the latest).
+    #[arg(long, default_value_t = 0)]
+    version: u32,
+    /// An input, `KEY=VALUE` (repeat); a VALUE that reads as JSON is taken as
+    /// JSON (`count=3`, `tags=["a","b"]`), else as text.
+    #[arg(long = "input", value_name = "KEY=VALUE", value_parser = parse_input)]
+    input: Vec<(String, serde_json::Value)>,
+    /// Inputs as one JSON object; `--input` adds to it.
+    #[arg(long, default_value = "{}")]
+    inputs: String,
+    /// The execution's lead (an agent of the roster).
+    #[arg(long, default_value = "")]
+    lead: String,
+    /// A key: a second start with the same key returns the first execution.
+    #[arg(long, default_value = "")]
+    idempotency_key: String,
+    /// The execution service.
+    #[arg(long, env = "MUSTER_EXECUTION_URL", default_value_t = muster::context::default_url(muster::context::Service::Execution))]
+    execution: String,
+}
+
+fn parse_input(text: &str) -> Result<(String, serde_json::Value), String> {
+    let (key, value) = text.split_once('=').ok_or("expected KEY=VALUE")?;
+    if key.trim().is_empty() {
+        return Err("expected KEY=VALUE, with a key".to_owned());
+    }
+    let value = serde_json::from_str(value).unwrap_or_else(|_| serde_json::Value::String(value.to_owned()));
+    Ok((key.trim().to_owned(), value))
+}
+
+/// `muster start PROCESS`: starts a published process; prints the
+/// execution's id alone on standard output (for scripts), and how to
+/// follow it on standard error.
+pub(crate) async fn start(args: StartArgs, token: Option<&str>) -> anyhow::Result<()> {
+    let mut inputs: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&args.inputs)
+        .map_err(|error| anyhow::anyhow!("--inputs is not a JSON object: {error}"))?;
+    inputs.extend(args.input);
+    let inputs = serde_json::Value::Object(inputs).to_string();
+    let execution = connect(&args.execution, token)?
+        .start_execution(StartExecutionRequest {
+            process_name: args.process,
+            process_version: args.version,
+            inputs: super::json_object("--inputs", &inputs)?,
+            lead_agent_id: args.lead,
+            idempotency_key: args.idempotency_key,
+            ..Default::default()
+        })
+        .await
+        .map_err(super::refused)?
+        .into_inner()
+        .execution
+        .context("the execution service returned no execution")?;
+    println!("{}", execution.id);
+    eprintln!("execution {} started; `muster watch {}` follows it", execution.id, execution.id);
+    Ok(())
 }
 
 /// `muster watch`
@@ -116,7 +178,11 @@ pub(crate) async fn publish_file(client: &mut Client, file: &Path) -> anyhow::Re
 /// with backoff and asks for the events after the last one printed; it gives
 /// up after `reconnect.reconnect_timeout` seconds without a connection.
 async fn watch_events(execution: &Endpoint, execution_id: &str, reconnect: ReconnectArgs) -> anyhow::Result<StepEvent> {
+    // Times are the events' own, from the first one (the execution's start):
+    // a past execution shows when its steps happened.
     let started = Instant::now();
+    let mut origin: Option<f64> = None;
+    let colour = crate::validate::colour(true);
     let give_up_after = Duration::from_secs(reconnect.reconnect_timeout);
     let mut last_sequence = 0;
     // Since when the service has been out of reach.
@@ -143,7 +209,12 @@ async fn watch_events(execution: &Endpoint, execution_id: &str, reconnect: Recon
                                 continue;
                             }
                             last_sequence = event.sequence;
-                            println!("[{:>7.2}s] {}", started.elapsed().as_secs_f64(), describe(&event));
+                            let at = event.occurred_at.as_ref().map(|at| at.seconds as f64 + f64::from(at.nanos) / 1e9);
+                            let seconds = match at {
+                                Some(at) => at - *origin.get_or_insert(at),
+                                None => started.elapsed().as_secs_f64(),
+                            };
+                            println!("[{seconds:>7.2}s] {}", painted(&event, describe(&event), colour));
                             if event.event_type == EventType::ExecutionFinished as i32 {
                                 return Ok(event);
                             }
@@ -230,7 +301,11 @@ pub(crate) async fn run(args: &RunArgs, token: Option<&str>) -> anyhow::Result<S
     let watching = watch_events(&endpoint, &id, args.reconnect);
     tokio::pin!(watching);
     tokio::select! {
-        finished = &mut watching => return finished,
+        finished = &mut watching => {
+            let finished = finished?;
+            print_outputs(&mut client, &id).await;
+            return Ok(finished);
+        }
         _ = interrupts.recv() => {}
     }
     if args.detach {
@@ -248,9 +323,63 @@ pub(crate) async fn run(args: &RunArgs, token: Option<&str>) -> anyhow::Result<S
     }
 }
 
+/// Longest output shown per step, in characters.
+const OUTPUT_SHOWN: usize = 160;
+
+/// What each step of an ended execution produced, one line per step.
+async fn print_outputs(client: &mut Client, id: &str) {
+    let execution = match client.get_execution(GetExecutionRequest { id: id.to_owned() }).await {
+        Ok(answer) => answer.into_inner().execution.unwrap_or_default(),
+        Err(status) => {
+            eprintln!("the steps' outputs could not be read: {}", describe_status(&status));
+            return;
+        }
+    };
+    let shown: Vec<String> = execution
+        .steps
+        .iter()
+        .filter_map(|step| {
+            let output = match &step.output {
+                Some(output) => {
+                    muster_runtime::json::to_json(output).map_or_else(|problem| problem, |json| json.to_string())
+                }
+                None if step.output_omitted => {
+                    "(too large to show here: `muster executions get ID --output json`)".to_owned()
+                }
+                None => return None,
+            };
+            let mut shown: String = output.chars().take(OUTPUT_SHOWN).collect();
+            if shown.len() < output.len() {
+                shown.push('…');
+            }
+            Some(format!("  {:<12} {shown}", step.step_id))
+        })
+        .collect();
+    if !shown.is_empty() {
+        println!("outputs:");
+        for line in shown {
+            println!("{line}");
+        }
+    }
+}
+
 /// Whether a final event says the execution completed.
 pub(crate) fn completed(finished: &StepEvent) -> bool {
     finished.execution_status == ExecutionStatus::Completed as i32
+}
+
+/// `line` in the colour of what `event` tells, when `colour`: green for
+/// what completed, red for what failed or was cancelled, yellow for what waits.
+fn painted(event: &StepEvent, line: String, colour: bool) -> String {
+    let code = match EventType::try_from(event.event_type).unwrap_or_default() {
+        EventType::StepCompleted => "32",
+        EventType::StepFailed | EventType::BudgetExceeded => "31",
+        EventType::StepQueued | EventType::ApprovalRequested => "33",
+        EventType::ExecutionFinished if event.execution_status == ExecutionStatus::Completed as i32 => "1;32",
+        EventType::ExecutionFinished => "1;31",
+        _ => return line,
+    };
+    if colour { format!("\x1b[{code}m{line}\x1b[0m") } else { line }
 }
 
 fn describe(event: &StepEvent) -> String {

@@ -57,6 +57,8 @@ pub(crate) async fn run(args: ScheduleArgs, token: Option<&str>) -> anyhow::Resu
             }
             if args.output == super::output::Output::Json {
                 println!("{}", super::output::to_json(&all, "muster.execution.v1.ListSchedulesResponse")?);
+            } else if all.schedules.is_empty() {
+                println!("(no processes run on a schedule)");
             } else {
                 for schedule in &all.schedules {
                     println!("{}", line(schedule));

@@ -269,6 +269,9 @@ pub(crate) struct CheckRoleArgs {
     /// agent's roster role against the permission matrix.
     #[arg(long)]
     execution_id: Option<String>,
+    /// How to print the verdict: text, or JSON (the service's answer).
+    #[arg(long, value_enum, default_value = "text")]
+    output: super::output::Output,
     /// The execution service.
     #[arg(long, env = "MUSTER_EXECUTION_URL", default_value_t = muster::context::default_url(muster::context::Service::Execution))]
     execution: String,
@@ -286,6 +289,10 @@ pub(crate) async fn check_role(args: CheckRoleArgs, token: Option<&str>) -> anyh
         .await
         .map_err(super::refused)?
         .into_inner();
+    if args.output == super::output::Output::Json {
+        println!("{}", super::output::to_json(&verdict, "muster.execution.v1.CheckRoleResponse")?);
+        return Ok(verdict.allowed);
+    }
     let check = RoleCheck::try_from(verdict.decided_by).unwrap_or_default();
     println!(
         "{}: {} '{}' — {} [{}]",

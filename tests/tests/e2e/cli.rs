@@ -78,6 +78,61 @@ async fn the_command_line_drives_the_cluster() {
     let ran = run(vec!["run".into(), "examples/process.yaml".into()], environment.clone()).await;
     assert!(ran.status.success(), "{}", text(&ran));
     assert!(text(&ran).contains("execution completed"), "{}", text(&ran));
+    assert!(text(&ran).contains("outputs:\n  research     {"), "each step's output at the end: {}", text(&ran));
+
+    // A published process started by name, with inputs: the id alone on
+    // standard output; watched after the fact, at the times it happened.
+    let started = run(
+        ["start", "content-pipeline", "--input", "topic=muster", "--input", "rounds=2"].map(String::from).to_vec(),
+        environment.clone(),
+    )
+    .await;
+    assert!(started.status.success(), "{}", text(&started));
+    let id = String::from_utf8(started.stdout.clone()).unwrap().trim().to_owned();
+    assert_eq!(id.len(), 36, "only the id on standard output: {id:?}");
+    let watched = run(vec!["watch".into(), id.clone()], environment.clone()).await;
+    assert!(watched.status.success(), "{}", text(&watched));
+    let watched_again = run(vec!["watch".into(), id.clone()], environment.clone()).await;
+    let times = |output: &std::process::Output| -> Vec<String> {
+        text(output).lines().filter_map(|line| Some(line.split(']').next()?.to_owned())).collect()
+    };
+    assert_eq!(times(&watched), times(&watched_again), "the recorded times, not the watcher's");
+    assert!(times(&watched_again).iter().any(|time| time != "[   0.00s"), "{}", text(&watched_again));
+    let inputs =
+        run(vec!["executions".into(), "get".into(), id.clone(), "--output".into(), "json".into()], environment.clone())
+            .await;
+    let inputs: serde_json::Value = serde_json::from_slice(&inputs.stdout).unwrap();
+    let inputs = &inputs["execution"]["inputs"];
+    assert_eq!((inputs["topic"].as_str(), inputs["rounds"].as_f64()), (Some("muster"), Some(2.0)), "{inputs}");
+
+    // An informed agent's notifications, as lines and as JSON.
+    let heard = run(vec!["notifications".into(), "archive-agent".into()], environment.clone()).await;
+    assert!(heard.status.success(), "{}", text(&heard));
+    assert!(text(&heard).contains("step_completed") && text(&heard).contains(&id), "{}", text(&heard));
+    let heard =
+        run(["notifications", "archive-agent", "--output", "json"].map(String::from).to_vec(), environment.clone())
+            .await;
+    let heard: serde_json::Value = serde_json::from_slice(&heard.stdout).unwrap();
+    assert!(heard["notifications"][0]["outputSummary"].is_string(), "lowerCamelCase: {heard}");
+    let nobody = run(vec!["notifications".into(), "qa-agent".into()], environment.clone()).await;
+    assert!(text(&nobody).contains("(no notifications for qa-agent)"), "{}", text(&nobody));
+    let budgets = run(vec!["budget".into(), "list".into()], environment.clone()).await;
+    assert_eq!(String::from_utf8_lossy(&budgets.stdout), "(no budgets set)\n", "an empty list says so");
+
+    // Shell completions; a reader that goes away ends the command quietly.
+    let completions = run(vec!["completions".into(), "bash".into()], environment.clone()).await;
+    assert!(String::from_utf8_lossy(&completions.stdout).starts_with("_muster()"), "{}", text(&completions));
+    let mut piped = Command::new(muster())
+        .args(["completions", "bash"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0_u8; 16];
+    std::io::Read::read_exact(piped.stdout.as_mut().unwrap(), &mut first).unwrap();
+    drop(piped.stdout.take());
+    let ended = piped.wait_with_output().unwrap();
+    assert!(ended.status.success() && ended.stderr.is_empty(), "{}", String::from_utf8_lossy(&ended.stderr));
 
     let valid = run(vec!["validate".into(), "examples/process.yaml".into()], environment.clone()).await;
     assert_eq!(valid.status.code(), Some(0), "{}", text(&valid));
@@ -103,6 +158,21 @@ async fn the_command_line_drives_the_cluster() {
     .await;
     assert!(delegated.status.success(), "{}", text(&delegated));
     assert!(text(&delegated).contains("DELEGATION DECISION"), "{}", text(&delegated));
+    assert!(text(&delegated).contains("\nagent ids: "), "{}", text(&delegated));
+    let delegated = run(
+        ["delegate", "t-1", "--expertise", "writing", "--requester", "manager-agent", "--output", "json"]
+            .map(String::from)
+            .to_vec(),
+        environment.clone(),
+    )
+    .await;
+    let delegated: serde_json::Value = serde_json::from_slice(&delegated.stdout).unwrap();
+    assert!(delegated["decision"]["primaryAgentId"].is_string(), "{delegated}");
+    let verdict =
+        run(["check-role", "writer-agent", "code", "--output", "json"].map(String::from).to_vec(), environment.clone())
+            .await;
+    let verdict: serde_json::Value = serde_json::from_slice(&verdict.stdout).unwrap();
+    assert_eq!(verdict["agentId"], "writer-agent", "{verdict}");
 
     // An approval: `muster run` waits while `muster approve` decides, with the manager's token.
     let approval = test.data_dir.join("approval.yaml");
@@ -469,7 +539,7 @@ async fn day_two_commands_show_executions_processes_and_workers() {
     assert_eq!(running["executions"].as_array().unwrap().len(), 1, "{running}");
     assert_eq!(running["executions"][0]["id"], waiting.as_str());
     assert_eq!(running["executions"][0]["status"], "EXECUTION_STATUS_RUNNING");
-    assert_eq!(running["next_page_token"], "", "every field is there, defaults too");
+    assert_eq!(running["nextPageToken"], "", "every field is there, defaults too, in lowerCamelCase");
     let first = stdout(&muster(&["executions", "list", "--page-size", "1"]).await);
     let token = first.lines().find_map(|line| line.strip_prefix("more: --page-token ")).expect(&first).to_owned();
     assert!(first.starts_with(&waiting), "{first}");
