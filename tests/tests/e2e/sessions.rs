@@ -1051,6 +1051,24 @@ async fn a_lead_starts_its_own_session(backend: Backend) {
     let mut by_operator = request("boss");
     by_operator.participants.clear();
     as_operator.start_session(by_operator).await.unwrap();
+    // A session whose step goes to an agent without a role in it would fail
+    // that step: it does not start.
+    publish(
+        &mut client,
+        "name: unled\nsteps:\n  - {id: build, type: agent_task, agent: dev, message: Build, roles: {executor: dev}}\n",
+    )
+    .await;
+    let unassigned = StartSessionRequest { process_name: "unled".into(), participants: Vec::new(), ..request("boss") };
+    let refused = as_operator.start_session(unassigned.clone()).await.unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition, "{refused:?}");
+    assert_eq!(
+        refused.get_details_precondition_failure().unwrap().violations[0].r#type,
+        "SESSION_EXECUTORS_NOT_ALLOWED"
+    );
+    assert!(refused.message().contains("step 'build': dev is not assigned in this session"), "{}", refused.message());
+    let assigned =
+        StartSessionRequest { participants: vec![participant("dev", "developer", "Build it")], ..unassigned };
+    as_operator.start_session(assigned).await.unwrap();
     test.shutdown().await;
 }
 

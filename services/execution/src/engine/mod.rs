@@ -39,7 +39,7 @@ use tracing::Instrument as _;
 
 pub(crate) use driver::step_roles;
 pub(crate) use intervention::{Intervention, InterventionAction};
-pub(crate) use session::step_views;
+pub(crate) use session::{refused_steps, step_views};
 use workers::{Slot, Workers};
 
 use crate::{

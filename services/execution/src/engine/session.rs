@@ -46,6 +46,31 @@ pub(crate) fn admit(
     }
 }
 
+/// Why the steps of `definition` would be refused to their executors in
+/// `session` because they are not assigned in it (one reason per step;
+/// empty when every executor is the lead or a participant), checked before
+/// the session starts. Whether a role permits a step's action is checked
+/// when the step runs, as roles may change in between. Steps decided by
+/// people (`human_approval`) and steps whose executor the roster picks
+/// (`delegate`) are not checked.
+pub(crate) fn refused_steps(
+    matrix: &Matrix,
+    lead: &str,
+    session: &Session,
+    definition: &ProcessDefinition,
+) -> Vec<String> {
+    definition
+        .steps
+        .iter()
+        .filter(|step| step.step_type != "human_approval" && step.delegate.is_none())
+        .filter_map(|step| {
+            let executor = step.executor().filter(|executor| !executor.is_empty())?;
+            let refused = admit(matrix, lead, session, executor, None).err()?;
+            Some(format!("step '{}': {refused}", step.id))
+        })
+        .collect()
+}
+
 /// The steps of an execution as the session's views see them.
 pub(crate) fn step_views<'a>(steps: &'a [Step], definition: &'a ProcessDefinition) -> Vec<StepView<'a>> {
     steps

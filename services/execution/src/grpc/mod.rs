@@ -271,6 +271,26 @@ impl ExecutionApi {
         idempotency_key: String,
     ) -> Result<wire::Execution> {
         let (process, inputs_json) = self.prepare_start(process_name, process_version, inputs).await?;
+        // A session whose executors are not assigned in it would fail step
+        // after step: it is refused before it starts.
+        let refused =
+            crate::engine::refused_steps(&self.engine.matrix(), &lead_agent_id, &session, &process.definition);
+        if !refused.is_empty() {
+            let shown = refused.len().min(5);
+            return Err(Error::precondition(
+                "SESSION_EXECUTORS_NOT_ALLOWED",
+                format!("process/{}", process.name),
+                format!(
+                    "the session would fail: {}{}; give each step's executor a role in the session (participants)",
+                    refused[..shown].join("; "),
+                    if refused.len() > shown {
+                        format!("; and {} more steps", refused.len() - shown)
+                    } else {
+                        String::new()
+                    }
+                ),
+            ));
+        }
         let execution = self
             .engine
             .start(StartRequest {
