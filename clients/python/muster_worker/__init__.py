@@ -70,6 +70,8 @@ HANDED_OFF = object()
 
 MEMORY_SCOPES = {"global": execution_pb2.MEMORY_SCOPE_GLOBAL, "role": execution_pb2.MEMORY_SCOPE_ROLE}
 FIRST_BACKOFF_SECONDS = 0.1
+# Refusals of a worker that connecting again would not change.
+REFUSALS = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
 MOST_BACKOFF_SECONDS = 5.0
 
 
@@ -250,6 +252,9 @@ class Worker:
         self._stopped = threading.Event()
         self._thread = None
         self.welcomed = threading.Event()
+        # Why the service refused the worker before welcoming it, if it did.
+        self.refusal = None
+        self.last_error = None
         self.handled = 0
         self.connections = 0
         # Heartbeats keep the worker's lease; the welcome says how long it is.
@@ -288,8 +293,15 @@ class Worker:
             try:
                 self._session()
                 backoff = FIRST_BACKOFF_SECONDS
-            except Exception:  # the stream broke or could not open: connect again
-                pass
+            except grpc.RpcError as error:
+                self.last_error = f"{error.code().name}: {error.details()}"
+                # Refused before any welcome (a token, or a tool no role of
+                # its agents grants): connecting again would not help.
+                if not self.welcomed.is_set() and error.code() in REFUSALS:
+                    self.refusal = self.last_error
+                    return
+            except Exception as error:  # the stream broke or could not open: connect again
+                self.last_error = str(error)
             if self._stopped.wait(backoff):
                 return
             backoff = min(backoff * 2, MOST_BACKOFF_SECONDS)
@@ -445,10 +457,17 @@ class Worker:
         outbox.put(execution_pb2.ConnectWorkerRequest(tool_result=execution_pb2.ToolCallResult(call_id=call.call_id, output=output)))
 
     def start(self):
+        """Connects; returns once the execution service welcomes the worker.
+        Raises RuntimeError with the service's reason when it refuses it, or
+        after 30 s without a welcome (naming the last error)."""
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
-        if not self.welcomed.wait(timeout=30):
-            raise RuntimeError("the execution service did not welcome the worker")
+        deadline = time.monotonic() + 30
+        while not self.welcomed.wait(timeout=0.05):
+            if self.refusal is not None:
+                raise RuntimeError(f"the execution service refused the worker: {self.refusal}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the execution service did not welcome the worker within 30 s (last error: {self.last_error})")
         return self
 
     def stop(self):

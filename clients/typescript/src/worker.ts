@@ -157,11 +157,19 @@ export class Worker {
   private readonly awaiting = new Map<string, (outcome: { accepted: boolean; reason: string }) => void>();
   private readonly clients = new Map<string, Client<typeof ExecutionService>>();
   private welcomed: (() => void) | undefined;
+  private refusedAtStart: ((error: Error) => void) | undefined;
+  private isWelcomed = false;
+  /** Resolves once the execution service welcomes the worker; rejects,
+   * with the service's reason, when it refuses it before that (a token or
+   * a tool the agents' roles do not grant): trying again would not help. */
   readonly ready: Promise<void>;
   private done: Promise<void> | undefined;
 
   constructor(private readonly options: WorkerOptions) {
-    this.ready = new Promise((resolve) => (this.welcomed = resolve));
+    this.ready = new Promise((resolve, reject) => {
+      this.welcomed = resolve;
+      this.refusedAtStart = reject;
+    });
   }
 
   /** The execution service as `token`'s holder. */
@@ -199,6 +207,11 @@ export class Worker {
         const refused = ConnectError.from(error);
         if (this.stopped) return;
         if (refused.code === Code.Unauthenticated || refused.code === Code.PermissionDenied) {
+          if (!this.isWelcomed) {
+            this.stopped = true;
+            this.refusedAtStart?.(new Error(`the execution service refused the worker: ${refused.message}`));
+            return;
+          }
           console.error(`worker refused: ${refused.message}`);
         }
         await new Promise((resolve) => setTimeout(resolve, backoff));
@@ -240,6 +253,7 @@ export class Worker {
             const leaseMs = Number(lease?.seconds ?? 0n) * 1000 + (lease?.nanos ?? 0) / 1e6;
             const every = Math.max(leaseMs / 3, 50);
             heartbeat = setInterval(() => outbox.push(create(ConnectWorkerRequestSchema, { message: { case: "heartbeat", value: {} } })), every);
+            this.isWelcomed = true;
             this.welcomed?.();
             break;
           }

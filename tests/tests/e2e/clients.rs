@@ -46,16 +46,66 @@ const SAMPLE_AGENTS: &[(&str, &str)] = &[
     ("learning-agent", "operations"),
 ];
 
+/// The sample roster imported as the README does; its tokens file.
+async fn import_sample_roster(test: &TestCluster) -> PathBuf {
+    let tokens_file = test.data_dir.join("tokens.json");
+    let arguments = ["roster", "import", "examples/roster.yaml", "--tokens-file"].map(String::from);
+    let arguments = arguments.into_iter().chain([tokens_file.display().to_string()]).collect();
+    let imported = muster_tests::command::run(arguments, test.command_environment()).await;
+    assert!(imported.status.success(), "{}", muster_tests::command::text(&imported));
+    tokens_file
+}
+
+/// A README example worker (`program`, already given its arguments but
+/// `--tokens`) against the sample roster: with every agent's token it is
+/// welcomed (it prints `serving 10 agents`, then is stopped); with only the
+/// token of an agent whose role grants none of the tools it offers, it ends
+/// at once with the service's refusal and its reason.
+async fn example_worker_serves_the_sample_roster(
+    mut program: impl FnMut() -> tokio::process::Command,
+    tokens_file: &std::path::Path,
+) {
+    let mut worker = program()
+        .arg("--tokens")
+        .arg(tokens_file)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(worker.stdout.take().unwrap()).lines();
+    let served = tokio::time::timeout(std::time::Duration::from_secs(60), lines.next_line()).await;
+    let served = served.ok().and_then(Result::ok).flatten();
+    if served.as_deref() != Some("serving 10 agents") {
+        let _ = worker.start_kill();
+        let output = worker.wait_with_output().await.unwrap();
+        panic!("the example worker was not welcomed ({served:?}): {}", String::from_utf8_lossy(&output.stderr));
+    }
+    worker.kill().await.unwrap();
+
+    let tokens: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(tokens_file).unwrap()).unwrap();
+    let archivist = tokens_file.with_file_name("archivist.json");
+    std::fs::write(&archivist, serde_json::json!({"archive-agent": tokens["archive-agent"]}).to_string()).unwrap();
+    let refused = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        program().arg("--tokens").arg(&archivist).kill_on_drop(true).output(),
+    )
+    .await
+    .expect("a refused worker ends")
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the execution service refused the worker") && stderr.contains("word_count"),
+        "the refusal reaches the user with its reason: {stderr}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_client_runs_the_sample_process() {
     let Some(python) = tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_tools, setuptools"]) else { return };
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
-    let agents: Vec<_> = SAMPLE_AGENTS.iter().map(|(id, team)| agent(id, "member", team)).collect();
-    let tokens = test.register_agents(&agents).await;
-    let tokens: serde_json::Map<String, serde_json::Value> =
-        agents.iter().zip(tokens).map(|(agent, token)| (agent.id.clone(), token.into())).collect();
-    let tokens_file = test.data_dir.join("tokens.json");
-    std::fs::write(&tokens_file, serde_json::Value::Object(tokens).to_string()).unwrap();
+    let tokens_file = import_sample_roster(&test).await;
 
     let examples = repository().join("examples/python");
     let python_path = python_client(&test, &python);
@@ -64,6 +114,8 @@ async fn python_client_runs_the_sample_process() {
     let operator_token_file = test.data_dir.join(muster::credentials::OPERATOR_TOKEN_FILE);
     let output = tokio::task::spawn_blocking({
         let (execution, notifier) = (address(test.cluster().execution_url()), address(test.cluster().notifier_url()));
+        let (python, examples, python_path, tokens_file) =
+            (python.clone(), examples.clone(), python_path.clone(), tokens_file.clone());
         move || {
             Command::new(&python)
                 .arg(examples.join("run_process.py"))
@@ -108,6 +160,18 @@ async fn python_client_runs_the_sample_process() {
         assert_eq!((entry.text.as_str(), entry.execution_id.as_str()), ("python was here", id));
         assert!(execution.steps.iter().any(|step| step.executor == entry.author), "{entry:?}");
     }
+
+    // The README's example worker serves the sample roster; refused, it says why.
+    let execution = address(test.cluster().execution_url());
+    let worker = || {
+        let mut command = tokio::process::Command::new(&python);
+        command
+            .arg(examples.join("serve_agents.py"))
+            .args(["--execution", &execution])
+            .env("PYTHONPATH", python_path.display().to_string());
+        command
+    };
+    example_worker_serves_the_sample_roster(worker, &tokens_file).await;
     test.shutdown().await;
 }
 
@@ -120,35 +184,37 @@ async fn typescript_client_runs_the_sample_process() {
     let Some(npm) = tool("MUSTER_NPM", "npm", &["--version"]) else { return };
     let Some(buf) = tool("MUSTER_BUF", "buf", &["--version"]) else { return };
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
-    let agents: Vec<_> = SAMPLE_AGENTS.iter().map(|(id, team)| agent(id, "member", team)).collect();
-    let tokens = test.register_agents(&agents).await;
-    let credentials = agents
+    let tokens_file = import_sample_roster(&test).await;
+    let tokens: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&tokens_file).unwrap()).unwrap();
+    let credentials = tokens
         .iter()
-        .zip(&tokens)
-        .map(|(agent, token)| muster::worker::AgentCredential { agent_id: agent.id.clone(), token: token.clone() })
+        .map(|(agent_id, token)| muster::worker::AgentCredential {
+            agent_id: agent_id.clone(),
+            token: token.as_str().unwrap().to_owned(),
+        })
         .collect();
     let (stop_worker, worker) = muster_tests::spawn_sample_worker(test.operator("execution"), credentials);
-    let tokens: serde_json::Map<String, serde_json::Value> =
-        agents.iter().zip(tokens).map(|(agent, token)| (agent.id.clone(), token.into())).collect();
-    let tokens_file = test.data_dir.join("tokens.json");
-    std::fs::write(&tokens_file, serde_json::Value::Object(tokens).to_string()).unwrap();
 
     let client = typescript_client(&test, npm, buf).await;
     let address = |url: String| url.trim_start_matches("http://").to_owned();
     let (execution, notifier) = (address(test.cluster().execution_url()), address(test.cluster().notifier_url()));
     let operator_token_file = test.data_dir.join(muster::credentials::OPERATOR_TOKEN_FILE);
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new("node")
-            .arg(client.join("dist/run-process.js"))
-            .args(["--execution", &execution, "--notifier", &notifier, "--read-notifications-of", "archive-agent"])
-            .arg("--tokens")
-            .arg(&tokens_file)
-            .arg("--operator-token-file")
-            .arg(&operator_token_file)
-            .arg("--process")
-            .arg(repository().join("examples/process.yaml"))
-            .output()
-            .unwrap()
+    let output = tokio::task::spawn_blocking({
+        let (client, tokens_file) = (client.clone(), tokens_file.clone());
+        move || {
+            Command::new("node")
+                .arg(client.join("dist/run-process.js"))
+                .args(["--execution", &execution, "--notifier", &notifier, "--read-notifications-of", "archive-agent"])
+                .arg("--tokens")
+                .arg(&tokens_file)
+                .arg("--operator-token-file")
+                .arg(&operator_token_file)
+                .arg("--process")
+                .arg(repository().join("examples/process.yaml"))
+                .output()
+                .unwrap()
+        }
     })
     .await
     .unwrap();
@@ -170,6 +236,15 @@ async fn typescript_client_runs_the_sample_process() {
     assert_eq!(execution.status, muster_proto::common::v1::ExecutionStatus::Completed as i32);
     let _ = stop_worker.send(());
     worker.await.unwrap().unwrap();
+
+    // The README's example worker serves the sample roster; refused, it says why.
+    let execution = address(test.cluster().execution_url());
+    let worker = || {
+        let mut command = tokio::process::Command::new("node");
+        command.arg(client.join("dist/serve-agents.js")).args(["--execution", &execution]);
+        command
+    };
+    example_worker_serves_the_sample_roster(worker, &tokens_file).await;
     test.shutdown().await;
 }
 
