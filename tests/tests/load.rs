@@ -3,8 +3,8 @@
 //! 300-step execution as fast as the service lets them, a six-step run
 //! finishes within a bounded ratio of its unloaded time; the flood is shed
 //! with RESOURCE_EXHAUSTED and a retry delay (never another error), health
-//! reads NOT_SERVING while it lasts and SERVING after, and the execution
-//! service's memory comes back down. On SQLite and PostgreSQL, one after the
+//! stays SERVING throughout (being busy is not being unable to serve), and
+//! the execution service's memory comes back down. On SQLite and PostgreSQL, one after the
 //! other (two floods at once on a small machine would measure each other).
 
 use std::{
@@ -125,12 +125,9 @@ async fn a_read_flood_does_not_starve_a_run(backend: Backend) {
         assert!(Instant::now() < deadline, "nothing was shed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let mut saw_not_serving = false;
-    for _ in 0..50 {
-        if health(&test).await == Some(ServingStatus::NotServing as i32) {
-            saw_not_serving = true;
-            break;
-        }
+    let mut health_while_shed = Vec::new();
+    for _ in 0..25 {
+        health_while_shed.push(health(&test).await);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let loaded = timed_run(&mut client, &test, "loaded").await;
@@ -141,12 +138,7 @@ async fn a_read_flood_does_not_starve_a_run(backend: Backend) {
     }
     drop(clients);
 
-    // After the flood: SERVING again, and memory back near where it was.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while health(&test).await != Some(ServingStatus::Serving as i32) {
-        assert!(Instant::now() < deadline, "health did not come back to SERVING");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // After the flood: memory back near where it was.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let rss_after = rss_kib(pid);
     let slowdown = loaded.as_secs_f64() / unloaded.as_secs_f64().max(0.05);
@@ -156,7 +148,10 @@ async fn a_read_flood_does_not_starve_a_run(backend: Backend) {
         served.load(Ordering::Relaxed),
         shed.load(Ordering::Relaxed),
     );
-    assert!(saw_not_serving, "health stayed SERVING while calls were shed");
+    assert!(
+        health_while_shed.iter().all(|status| *status == Some(ServingStatus::Serving as i32)),
+        "health changed while calls were shed: {health_while_shed:?}"
+    );
     assert!(served.load(Ordering::Relaxed) > 0, "the flood was all shed: reads must still be served");
     assert!(slowdown <= MAX_SLOWDOWN, "the run was {slowdown:.1} times slower under the flood");
     assert!(

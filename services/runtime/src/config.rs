@@ -67,12 +67,16 @@ pub struct ServerArgs {
     /// freed and the connection closed.
     #[arg(long, env = "MUSTER_RESPONSE_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
     pub response_idle_timeout_ms: u64,
-    /// Most calls that are not reads handled at once by the whole service
-    /// (a streaming call counts while it opens); more are refused at once
-    /// with RESOURCE_EXHAUSTED and a retry delay, and health reads
-    /// NOT_SERVING while that lasts.
+    /// Most calls of clients that are not reads handled at once by the
+    /// whole service (a streaming call counts while it opens); more are
+    /// refused at once with RESOURCE_EXHAUSTED and a retry delay.
     #[arg(long, env = "MUSTER_MAX_IN_FLIGHT", default_value_t = 256)]
     pub max_in_flight: usize,
+    /// Most calls of the cluster's own services handled at once; more wait
+    /// for a slot (up to ten seconds, then RESOURCE_EXHAUSTED) instead of
+    /// being refused like a client's.
+    #[arg(long, env = "MUSTER_MAX_SERVICE_CALLS_IN_FLIGHT", default_value_t = 1024)]
+    pub max_service_calls_in_flight: usize,
     /// Most reads (`Get*`, `List*`, `Watch*`, `Subscribe`, `Check*`,
     /// `Render*`) handled at once, shed like the rest past it; by default
     /// two per core the service may use (at least four). Kept small: a read in flight
@@ -150,6 +154,7 @@ impl Default for ServerArgs {
             request_body_timeout_ms: 10_000,
             response_idle_timeout_ms: 30_000,
             max_in_flight: 256,
+            max_service_calls_in_flight: 1024,
             max_reads_in_flight: default_reads_in_flight(),
             max_watches_opening: default_reads_in_flight(),
             auth: crate::auth::AuthArgs::default(),

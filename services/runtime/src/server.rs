@@ -1,7 +1,7 @@
 //! The one gRPC server builder. A service registers its own gRPC services,
 //! each with the access rule of every method, and a readiness check; the
 //! builder adds authentication ([`crate::auth::layer`]), TLS when configured,
-//! health (NOT_SERVING until the check passes, and while overloaded),
+//! health (NOT_SERVING until the check passes and from shutdown; never for load),
 //! reflection v1 and v1alpha, request tracing, metrics, deadlines on slow
 //! and silent clients ([`crate::timeouts`]), load shedding
 //! ([`crate::shed`]), request limits ([`crate::limits`]) and graceful shutdown.
@@ -125,8 +125,12 @@ impl Server {
             None => None,
         };
 
-        let shedding =
-            Shedding::new(self.args.max_reads_in_flight, self.args.max_watches_opening, self.args.max_in_flight);
+        let shedding = Shedding::new(
+            self.args.max_reads_in_flight,
+            self.args.max_watches_opening,
+            self.args.max_in_flight,
+            self.args.max_service_calls_in_flight,
+        );
         let timeouts = Timeouts::new(&self.args);
         let sweeper = tokio::spawn(timeouts.clone().sweep());
         let (stop_sender, stop_receiver) = tokio::sync::oneshot::channel::<()>();
@@ -195,7 +199,6 @@ impl Server {
         let mut ready = std::pin::pin!(ready);
         let mut shutdown = std::pin::pin!(shutdown);
         let mut is_ready = false;
-        let mut overload_watch = None;
         loop {
             tokio::select! {
                 result = &mut server => return result.map_err(Error::from),
@@ -207,20 +210,11 @@ impl Server {
                     is_ready = true;
                     set_all(&health, &self.service_names, ServingStatus::Serving).await;
                     tracing::info!("serving");
-                    let (health, names) = (health.clone(), self.service_names.clone());
-                    overload_watch = Some(tokio::spawn(shedding.clone().watch(move |overloaded| {
-                        let (health, names) = (health.clone(), names.clone());
-                        let status = if overloaded { ServingStatus::NotServing } else { ServingStatus::Serving };
-                        async move { set_all(&health, &names, status).await }
-                    })));
                 }
                 () = &mut shutdown => break,
             }
         }
 
-        if let Some(watch) = overload_watch {
-            watch.abort();
-        }
         set_all(&health, &self.service_names, ServingStatus::NotServing).await;
         tracing::info!(grace_seconds = grace.as_secs(), "shutting down");
         let _ = stop_sender.send(());

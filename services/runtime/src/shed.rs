@@ -5,16 +5,18 @@
 //! Reads (`Get*`, `List*`, `Watch*`, `Subscribe`, `Check*`, `Render*`) and
 //! the rest (the calls that do the work: publish, start, report, decide...)
 //! have a budget each, so a flood of reads never sheds the work, nor the
-//! other way round. Calls between muster's services are work, whatever the
-//! method: the engine's reads of the roster are how it gets its work done.
+//! other way round. Calls between muster's services are never shed like a
+//! client's: they have an admission of their own, where a call past its
+//! limit waits for a slot (up to ten seconds) instead of being refused, so
+//! that a burst of a thousand starts never makes the roster refuse the
+//! engine's delegations.
 //!
 //! Unary calls take a slot for their whole life; a streaming call takes one
 //! while it opens (its handler's setup), not for as long as it stays open, so
 //! a thousand connected workers or subscribers do not hold a thousand slots.
-//! While a budget is spent the service's health reads NOT_SERVING, so
-//! Kubernetes routes new calls to other replicas; it reads SERVING again once
-//! a second has passed without shedding. A caller refused for holding its
-//! own share does not make the service unhealthy.
+//! Shedding never changes the service's health: readiness says whether the
+//! service can serve, and a replica taken out of its Service for being busy
+//! would only pass its load to the others, the start of a cascade.
 //!
 //! Reads are shared fairly: no caller (an operator, an agent) holds more
 //! than a quarter of the read slots (at least one), and agents together
@@ -29,10 +31,7 @@ use std::{
     collections::{HashMap, HashSet},
     future::Future,
     pin::Pin,
-    sync::{
-        Arc, LazyLock, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::{Arc, LazyLock, Mutex},
     task::{Context, Poll},
     time::Duration,
 };
@@ -45,6 +44,9 @@ use tonic_types::{ErrorDetails, StatusExt as _};
 
 /// How long a shed caller is told to wait before trying again.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a call of another service waits for a slot of their admission.
+const SERVICE_ADMISSION_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a read waits for one of its caller's own reads to end when
 /// the caller holds its share.
@@ -61,59 +63,24 @@ pub struct Shedding {
     reads: Arc<Shares>,
     watches: Arc<Shares>,
     work: Arc<Semaphore>,
-    capacity: (usize, usize),
-    /// Set when a call is shed; cleared by [`Shedding::watch`].
-    shed: AtomicBool,
+    /// The admission of calls from the cluster's own services.
+    services: Arc<Semaphore>,
+    capacity: (usize, usize, usize),
 }
 
 impl Shedding {
     /// At most `reads` reads, `watches` watches opening and `work` other
-    /// calls handled at once.
-    pub fn new(reads: usize, watches: usize, work: usize) -> Arc<Self> {
-        let (reads, work) = (reads.max(1), work.max(1));
+    /// calls of clients handled at once, and `services` calls of the
+    /// cluster's services.
+    pub fn new(reads: usize, watches: usize, work: usize, services: usize) -> Arc<Self> {
+        let (reads, work, services) = (reads.max(1), work.max(1), services.max(1));
         Arc::new(Self {
             reads: Arc::new(Shares::new(reads)),
             watches: Arc::new(Shares::new(watches.max(1))),
             work: Arc::new(Semaphore::new(work)),
-            capacity: (reads, work),
-            shed: AtomicBool::new(false),
+            services: Arc::new(Semaphore::new(services)),
+            capacity: (reads, work, services),
         })
-    }
-
-    /// Calls `overloaded(true)` when calls start being shed and
-    /// `overloaded(false)` once a second has passed without any; runs until
-    /// dropped.
-    pub async fn watch<F, Fut>(self: Arc<Self>, overloaded: F)
-    where
-        F: Fn(bool) -> Fut,
-        Fut: Future<Output = ()>,
-    {
-        let mut shedding = false;
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let mut quiet_ticks = 0;
-        loop {
-            tick.tick().await;
-            let shed = self.shed.swap(false, Ordering::Relaxed);
-            if shed {
-                quiet_ticks = 0;
-                if !shedding {
-                    shedding = true;
-                    tracing::warn!(
-                        reads = self.capacity.0,
-                        other_calls = self.capacity.1,
-                        "overloaded: shedding calls, health NOT_SERVING"
-                    );
-                    overloaded(true).await;
-                }
-            } else if shedding {
-                quiet_ticks += 1;
-                if quiet_ticks >= 10 {
-                    shedding = false;
-                    tracing::info!("no longer overloaded: health SERVING");
-                    overloaded(false).await;
-                }
-            }
-        }
     }
 }
 
@@ -174,33 +141,54 @@ where
         let read = !service
             // (`ReadPayload` is work: a worker reads what its step needs.)
             && (watch || ["Get", "List", "Check", "Render"].iter().any(|verb| method.starts_with(verb)));
-        let shares = read.then(|| if watch { &self.shedding.watches } else { &self.shedding.reads }.clone());
-        let slot = match &shares {
-            Some(shares) => shares.try_take(caller),
-            None => self.shedding.work.clone().try_acquire_owned().map(Slot::Work).map_err(|_| Refusal::Full),
+        let kind = match (service, read, watch) {
+            (true, _, _) => Kind::Service,
+            (_, true, true) => Kind::Watch,
+            (_, true, false) => Kind::Read,
+            _ => Kind::Work,
         };
-        let refuse = {
-            let (shedding, path) = (self.shedding.clone(), path.to_owned());
-            move |refusal| refuse(&shedding, &path, read, watch, refusal)
+        let pending = match kind {
+            Kind::Service => match self.shedding.services.clone().try_acquire_owned() {
+                Ok(permit) => Pending::Taken(Slot::Work(permit)),
+                // The cluster's own calls wait for a slot.
+                Err(_) => Pending::Service(self.shedding.services.clone()),
+            },
+            Kind::Read | Kind::Watch => {
+                let shares = if kind == Kind::Watch { &self.shedding.watches } else { &self.shedding.reads };
+                match shares.try_take(caller) {
+                    Ok(slot) => Pending::Taken(slot),
+                    // A caller at its share of the reads waits a moment for
+                    // one of its own to end: a client reading page after
+                    // page asks for the next while the last one's answer is
+                    // still being sent.
+                    Err(Refusal::Share(_)) => Pending::OwnShare(shares.clone()),
+                    Err(refusal) => {
+                        return Box::pin(std::future::ready(Ok(refuse(&self.shedding, path, kind, refusal))));
+                    }
+                }
+            }
+            Kind::Work => match self.shedding.work.clone().try_acquire_owned() {
+                Ok(permit) => Pending::Taken(Slot::Work(permit)),
+                Err(_) => return Box::pin(std::future::ready(Ok(refuse(&self.shedding, path, kind, Refusal::Full)))),
+            },
         };
-        let slot = match (slot, shares) {
-            (Ok(slot), _) => Ok(slot),
-            // A caller at its share of the reads waits a moment for one of
-            // its own to end: a client reading page after page asks for
-            // the next while the last one's answer is still being sent.
-            (Err(Refusal::Share(_)), Some(shares)) => Err(shares),
-            (Err(refusal), _) => return Box::pin(std::future::ready(Ok(refuse(refusal)))),
-        };
+        let (shedding, path) = (self.shedding.clone(), path.to_owned());
         let caller = caller.cloned();
-        let streaming = STREAMING.contains(path);
+        let streaming = STREAMING.contains(path.as_str());
         let response = self.inner.call(request);
         Box::pin(async move {
-            let permit = match slot {
-                Ok(slot) => slot,
-                Err(shares) => match shares.take_within(caller.as_ref(), OWN_SLOT_GRACE).await {
+            let permit = match pending {
+                Pending::Taken(slot) => slot,
+                Pending::OwnShare(shares) => match shares.take_within(caller.as_ref(), OWN_SLOT_GRACE).await {
                     Ok(slot) => slot,
-                    Err(refusal) => return Ok(refuse(refusal)),
+                    Err(refusal) => return Ok(refuse(&shedding, &path, kind, refusal)),
                 },
+                Pending::Service(admission) => {
+                    match tokio::time::timeout(SERVICE_ADMISSION_WAIT, admission.acquire_owned()).await {
+                        Ok(Ok(permit)) => Slot::Work(permit),
+                        _ => return Ok(refuse(&shedding, &path, kind, Refusal::Full)),
+                    }
+                }
             };
             let response = response.await;
             if streaming {
@@ -215,13 +203,29 @@ where
     }
 }
 
-/// The answer to a call refused for `refusal`. Only a spent budget is the
-/// service's overload (health NOT_SERVING); a caller at its own share is
-/// not, or one greedy caller would take the pod out of its Service.
-fn refuse(shedding: &Shedding, path: &str, read: bool, watch: bool, refusal: Refusal) -> http::Response<Body> {
-    if matches!(refusal, Refusal::Full) {
-        shedding.shed.store(true, Ordering::Relaxed);
-    }
+/// What kind of call, for its budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A call of one of the cluster's services.
+    Service,
+    Read,
+    Watch,
+    /// A client's call that is not a read.
+    Work,
+}
+
+/// A call's slot, or where it waits for one.
+enum Pending {
+    Taken(Slot),
+    /// Its caller holds its share of the reads.
+    OwnShare(Arc<Shares>),
+    /// The admission of the services' calls is full.
+    Service(Arc<Semaphore>),
+}
+
+/// The answer to a call refused for `refusal`: RESOURCE_EXHAUSTED with a
+/// retry delay (health is not touched).
+fn refuse(shedding: &Shedding, path: &str, kind: Kind, refusal: Refusal) -> http::Response<Body> {
     crate::metrics::count(
         "muster_rpc_shed_total",
         "Calls refused at once because the service was handling its limit of calls",
@@ -229,20 +233,24 @@ fn refuse(shedding: &Shedding, path: &str, read: bool, watch: bool, refusal: Ref
         1,
     );
     let retry = RETRY_AFTER.as_millis();
-    let message = match (read, watch, refusal) {
-        (false, _, _) => format!(
-            "the service is handling {} calls, its limit (MUSTER_MAX_IN_FLIGHT); retry after {retry} ms",
-            shedding.capacity.1
+    let (reads, work, services) = shedding.capacity;
+    let message = match (kind, refusal) {
+        (Kind::Service, _) => format!(
+            "the service has been handling {services} calls of the cluster's services, their limit \
+             (MUSTER_MAX_SERVICE_CALLS_IN_FLIGHT), for {} s; retry after {retry} ms",
+            SERVICE_ADMISSION_WAIT.as_secs()
         ),
-        (true, false, Refusal::Full) => format!(
-            "the service is handling {} reads, its limit (MUSTER_MAX_READS_IN_FLIGHT); retry after {retry} ms",
-            shedding.capacity.0
+        (Kind::Work, _) => {
+            format!("the service is handling {work} calls, its limit (MUSTER_MAX_IN_FLIGHT); retry after {retry} ms")
+        }
+        (Kind::Read, Refusal::Full) => format!(
+            "the service is handling {reads} reads, its limit (MUSTER_MAX_READS_IN_FLIGHT); retry after {retry} ms"
         ),
-        (true, true, Refusal::Full) => format!(
+        (Kind::Watch, Refusal::Full) => format!(
             "the service is opening {} watches, its limit (MUSTER_MAX_WATCHES_OPENING); retry after {retry} ms",
             shedding.watches.capacity
         ),
-        (true, _, Refusal::Share(share)) => format!(
+        (_, Refusal::Share(share)) => format!(
             "this caller has {share} reads in flight, its share of the service's (MUSTER_MAX_READS_IN_FLIGHT); retry after {retry} ms"
         ),
     };
@@ -471,5 +479,39 @@ mod tests {
         let _others: Vec<Slot> = ["b", "c"].iter().map(|id| shares.try_take(Some(&agent(id))).unwrap()).collect();
         let full = tokio::time::timeout(long / 2, shares.take_within(Some(&agent("d")), long)).await;
         assert!(matches!(full, Ok(Err(Refusal::Full))), "{full:?}");
+    }
+
+    /// Two calls at once where one slot is free: a client's second is
+    /// refused, a service's second waits for the first to end.
+    #[tokio::test]
+    async fn the_services_calls_wait_where_a_clients_are_refused() {
+        use http_body::Body as _;
+        use tower::{Layer as _, Service as _, ServiceExt as _};
+
+        let shedding = Shedding::new(4, 4, 1, 1);
+        let inner = tower::service_fn(|_: http::Request<Body>| async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        });
+        let shed = ShedLayer::new(shedding).layer(inner);
+        let call = |caller: Caller| {
+            let mut shed = shed.clone();
+            async move {
+                let mut request = http::Request::new(Body::empty());
+                *request.uri_mut() = "/muster.roster.v1.RosterService/Delegate".parse().unwrap();
+                request.extensions_mut().insert(caller);
+                let response = shed.ready().await.unwrap().call(request).await.unwrap();
+                // The slot goes back once the answer's body is read.
+                let status = response.headers().get("grpc-status").map(|status| status.to_str().unwrap().to_owned());
+                let mut body = response.into_body();
+                while std::future::poll_fn(|context| Pin::new(&mut body).poll_frame(context)).await.is_some() {}
+                status
+            }
+        };
+        let service = || Caller::Service { name: "execution".into() };
+        let (first, second) = tokio::join!(call(service()), call(service()));
+        assert_eq!((first, second), (None, None), "both served");
+        let (first, second) = tokio::join!(call(agent("a")), call(agent("b")));
+        assert_eq!((first, second.as_deref()), (None, Some("8")), "the second is RESOURCE_EXHAUSTED");
     }
 }
