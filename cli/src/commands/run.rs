@@ -118,7 +118,6 @@ pub(crate) async fn start(args: StartArgs, token: Option<&str>) -> anyhow::Resul
             inputs: super::json_object("--inputs", &inputs)?,
             lead_agent_id: args.lead,
             idempotency_key: args.idempotency_key,
-            ..Default::default()
         })
         .await
         .map_err(super::refused)?
