@@ -30,7 +30,9 @@ struct Cli {
 #[derive(Debug, clap::Subcommand)]
 enum Command {
     /// Starts the four services on this machine (SQLite in the data folder) until Ctrl-C, restarting any that exits.
-    Up(commands::up::UpArgs),
+    Up(commands::up::UpCommand),
+    /// Stops the cluster `muster up --detach` started.
+    Down(commands::up::DownArgs),
     /// The sample end to end: cluster, sample roster, sample agents, sample process.
     Demo(commands::demo::DemoArgs),
     /// Publishes and runs a process, showing its progress live (across restarts of the execution service); exit code 0 only if it completed.
@@ -130,7 +132,9 @@ async fn main() -> ExitCode {
     }
     let cluster = cli.cluster.as_deref().unwrap_or(muster::context::DEFAULT_NAME);
     let outcome = match cli.command {
-        Command::Up(args) => commands::up::run(args, cluster).await.map(|()| true),
+        Command::Up(args) if args.detach => commands::up::detach(&args.up).await.map(|()| true),
+        Command::Up(args) => commands::up::run(args.up, cluster).await.map(|()| true),
+        Command::Down(args) => commands::up::down(args).await.map(|()| true),
         Command::Demo(args) => commands::demo::run(args, cluster).await,
         Command::Run(args) => {
             commands::run::run(&args, token).await.map(|finished| commands::run::completed(&finished))

@@ -116,7 +116,7 @@ pub(crate) async fn run(args: RosterArgs, token: Option<&str>) -> anyhow::Result
                 return Ok(());
             }
             if agents.is_empty() {
-                println!("no agents");
+                println!("(no agents)");
             }
             for agent in &agents {
                 print_agent(agent);

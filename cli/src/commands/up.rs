@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use anyhow::Context as _;
+
 use muster::{
     cluster::{Cluster, ClusterOptions, Ports, RestartPolicy, SupervisionEvent},
     context::ClusterContext,
@@ -35,6 +37,106 @@ pub(crate) struct UpArgs {
     pub(crate) no_console: bool,
 }
 
+/// Options of `muster up` alone.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct UpCommand {
+    #[command(flatten)]
+    pub(crate) up: UpArgs,
+    /// Starts the cluster in the background (its output in
+    /// DATA_DIR/logs/up.log) and returns once it serves; `muster down`
+    /// stops it.
+    #[arg(long)]
+    pub(crate) detach: bool,
+}
+
+/// `muster down`
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct DownArgs {
+    /// The data folder of the cluster `muster up --detach` started (by
+    /// default the current cluster's, else `muster-data`).
+    #[arg(long, env = "MUSTER_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+/// The file in the data folder that holds the process id of a detached `muster up`.
+const PID_FILE: &str = "up.pid";
+/// How long `--detach` waits for the cluster to serve, and `down` for it to stop.
+const DETACH_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// `muster up --detach`: runs `muster up` (the same arguments but
+/// `--detach`) in a process group of its own, and returns once it serves.
+pub(crate) async fn detach(args: &UpArgs) -> anyhow::Result<()> {
+    use std::os::unix::process::CommandExt as _;
+    let logs = args.data_dir.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    let log_path = logs.join("up.log");
+    let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let arguments: Vec<String> = std::env::args().skip(1).filter(|argument| argument != "--detach").collect();
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(arguments)
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .process_group(0)
+        .spawn()
+        .context("starting muster up in the background")?;
+    let pid_file = args.data_dir.join(PID_FILE);
+    std::fs::write(&pid_file, format!("{}\n", child.id()))
+        .with_context(|| format!("writing {}", pid_file.display()))?;
+    let deadline = std::time::Instant::now() + DETACH_WAIT;
+    loop {
+        let output = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if let Some(started) = output.split("press Ctrl-C to stop").next().filter(|_| output.contains("press Ctrl-C")) {
+            print!("{started}");
+            println!(
+                "running in the background (pid {}, output in {}); `muster down` stops it",
+                child.id(),
+                log_path.display()
+            );
+            return Ok(());
+        }
+        if let Some(status) = child.try_wait()? {
+            let _ = std::fs::remove_file(&pid_file);
+            anyhow::bail!("muster up ended ({status}) before serving:\n{output}");
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "muster up did not serve within {DETACH_WAIT:?}:\n{output}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// `muster down`: stops the cluster `muster up --detach` started, as
+/// Ctrl-C would, and waits until it has stopped.
+pub(crate) async fn down(args: DownArgs) -> anyhow::Result<()> {
+    use nix::{sys::signal, unistd::Pid};
+    let data_dir = args.data_dir.unwrap_or_else(muster::credentials::default_data_dir);
+    let pid_file = data_dir.join(PID_FILE);
+    let text = std::fs::read_to_string(&pid_file).with_context(|| {
+        format!("no cluster started with `muster up --detach` in {} ({})", data_dir.display(), pid_file.display())
+    })?;
+    let pid: i32 = text.trim().parse().with_context(|| format!("{} holds no process id", pid_file.display()))?;
+    let pid = Pid::from_raw(pid);
+    if signal::kill(pid, signal::Signal::SIGINT).is_err() {
+        let _ = std::fs::remove_file(&pid_file);
+        println!("muster up (pid {pid}) was not running");
+        return Ok(());
+    }
+    let deadline = std::time::Instant::now() + DETACH_WAIT;
+    while signal::kill(pid, None).is_ok() {
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "muster up (pid {pid}) did not stop within {DETACH_WAIT:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // (`muster up` removes it as it stops; a killed one leaves it.)
+    let _ = std::fs::remove_file(&pid_file);
+    println!("stopped");
+    Ok(())
+}
+
 impl UpArgs {
     pub(crate) fn options(&self) -> anyhow::Result<ClusterOptions> {
         let mut options = ClusterOptions::new(&self.data_dir)?;
@@ -56,6 +158,11 @@ pub(crate) async fn run(args: UpArgs, name: &str) -> anyhow::Result<()> {
     let supervised = cluster.supervise(RestartPolicy::default(), muster_runtime::shutdown::signal(), print_event).await;
     println!("{}", if supervised.is_ok() { "stopping..." } else { "stopping the other services..." });
     let stopped = cluster.shutdown().await;
+    // Started by `muster up --detach`: its process id goes with it.
+    let pid_file = args.data_dir.join(PID_FILE);
+    if std::fs::read_to_string(&pid_file).is_ok_and(|text| text.trim() == std::process::id().to_string()) {
+        let _ = std::fs::remove_file(&pid_file);
+    }
     supervised?;
     stopped?;
     println!("stopped");
