@@ -255,6 +255,18 @@ pub(crate) fn render_text<'a>(
                     .path(file)
                     .annotation(AnnotationKind::Primary.span(column_range(text, finding.column))),
             ),
+            // Past the last line (a YAML error at the end of the document):
+            // the caret goes after the last line's end.
+            None if line == lines.len() + 1 && !lines.is_empty() => {
+                let last = lines[lines.len() - 1];
+                let end = column_range(last, last.chars().count() as u32 + 1);
+                title.element(
+                    Snippet::source(last)
+                        .line_start(lines.len())
+                        .path(file)
+                        .annotation(AnnotationKind::Primary.span(end).label("the document ends here")),
+                )
+            }
             None if line > 0 => title.element(Origin::path(file).line(line).char_column(finding.column as usize)),
             None => title.element(Origin::path(file)),
         };
@@ -326,10 +338,16 @@ mod tests {
         );
         let nowhere = Diagnostic { line: 0, column: 0, ..diagnostic };
         assert_eq!(render_text("f", "", [Finding::from(&nowhere)], false), "warning[X001]: m\n--> f\n\n");
-        let past_the_end = Diagnostic { line: 2, column: 1, ..nowhere };
+        // A YAML error at the end of the document: after the last line.
+        let past_the_end = Diagnostic { line: 2, column: 1, ..nowhere.clone() };
         assert_eq!(
             render_text("f", "a: [\n", [Finding::from(&past_the_end)], false),
-            "warning[X001]: m\n--> f:2:1\n\n"
+            "warning[X001]: m\n --> f:1:5\n  |\n1 | a: [\n  |     ^ the document ends here\n\n"
+        );
+        let far_past_the_end = Diagnostic { line: 9, column: 1, ..nowhere };
+        assert_eq!(
+            render_text("f", "a: [\n", [Finding::from(&far_past_the_end)], false),
+            "warning[X001]: m\n--> f:9:1\n\n"
         );
     }
 
