@@ -5,15 +5,20 @@
 //! test when a command of it fails. A block that cannot run here (it needs
 //! a model endpoint, a container engine, a Kubernetes cluster) carries
 //! `<!-- not run here: REASON -->` on the line before it, and a marker
-//! without a reason fails the test too.
+//! without a reason fails the test too. A block shown failing carries
+//! `<!-- exits N printing "TEXT" -->`: it must end with that status, having
+//! printed that text.
 //!
-//! The folder holds the repository's `target`, `examples`, `clients` and
-//! `proto` (linked), and `cargo` builds the repository. The blocks use the
-//! default ports (50051–50054, 50080): this test is a binary of its own, so
-//! no other test of this package runs beside it. It needs `grpcurl`, `buf`
-//! and a Python with grpcio (`MUSTER_GRPCURL`, `MUSTER_BUF`,
-//! `MUSTER_PYTHON`, which `.ci/run` installs); without them it says so and
-//! passes, except under `CI=true`.
+//! The folder holds the repository's `target` and `examples` (linked), a
+//! copy of `clients` and `proto` (the clients are generated and built
+//! there), a Python virtual environment of its own first on the PATH (what
+//! the blocks `pip install` goes there), and `cargo` builds the repository.
+//! The blocks use the default ports (50051–50054, 50080): this test is a
+//! binary of its own, so no other test of this package runs beside it. It
+//! needs `grpcurl` and `buf` (`MUSTER_GRPCURL`, `MUSTER_BUF`, which
+//! `.ci/run` installs), `python3` with `venv`, Node.js with `npm`, and the
+//! package registries; without the tools it says so and passes, except
+//! under `CI=true`.
 
 use std::{
     path::{Path, PathBuf},
@@ -38,6 +43,15 @@ struct Block {
     text: String,
     /// Why it is not run, when it says so.
     not_run: Option<String>,
+    /// The status it ends with and a text it prints, when not 0.
+    fails: Option<(i32, String)>,
+}
+
+/// `exits N printing "TEXT"` of a marker line.
+fn expected_failure(line: &str) -> Option<(i32, String)> {
+    let rest = line.trim().strip_prefix("<!-- exits ")?.strip_suffix("-->")?.trim();
+    let (status, text) = rest.split_once(" printing ")?;
+    Some((status.parse().ok()?, text.trim().strip_prefix('"')?.strip_suffix('"')?.to_owned()))
 }
 
 /// The documents, in the order their blocks run.
@@ -77,7 +91,8 @@ fn blocks(path: &Path) -> Vec<Block> {
                 .strip_prefix("<!-- not run here:")
                 .and_then(|rest| rest.strip_suffix("-->"))
                 .map(|reason| reason.trim().to_owned());
-            found.push(Block { place: format!("{name}:{}", number + 1), text: body, not_run });
+            let fails = expected_failure(previous);
+            found.push(Block { place: format!("{name}:{}", number + 1), text: body, not_run, fails });
             previous = "";
             continue;
         }
@@ -97,6 +112,13 @@ fn every_block_not_run_says_why() {
             if let Some(reason) = &block.not_run {
                 assert!(!reason.is_empty(), "{}: `not run here` gives no reason", block.place);
             }
+            if let Some((status, text)) = &block.fails {
+                assert!(
+                    *status != 0 && !text.is_empty(),
+                    "{}: an `exits` marker names a failing status and a text",
+                    block.place
+                );
+            }
         }
     }
     assert!(blocks_seen > 20, "the documents' blocks were not found ({blocks_seen})");
@@ -115,16 +137,36 @@ fn tool(variable: &str, default: &str, probe: &[&str]) -> Option<PathBuf> {
     None
 }
 
-/// A program on the folder's PATH: `link` pointing at `target`, or a script.
-fn link(bin: &Path, name: &str, target: &Path) {
-    std::os::unix::fs::symlink(std::path::absolute(target).expect("a path"), bin.join(name)).expect("a link");
+/// `name` in `folder`, linked to `target`.
+fn link(folder: &Path, name: &str, target: &Path) {
+    std::os::unix::fs::symlink(std::path::absolute(target).expect("a path"), folder.join(name)).expect("a link");
+}
+
+/// A copy of the folder `from` at `to`, without what builds and installs
+/// leave in it.
+fn copy_sources(from: &Path, to: &Path) {
+    const LEFT_OUT: [&str; 5] = ["node_modules", "dist", "gen", "build", "__pycache__"];
+    std::fs::create_dir_all(to).expect("a folder");
+    for entry in std::fs::read_dir(from).expect("a folder") {
+        let entry = entry.expect("an entry");
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        if path.is_dir() {
+            if !LEFT_OUT.contains(&name.as_str()) && !name.ends_with(".egg-info") {
+                copy_sources(&path, &to.join(&name));
+            }
+        } else {
+            std::fs::copy(&path, to.join(&name)).expect("a copy");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_commands_run_as_written() {
     let Some(grpcurl) = tool("MUSTER_GRPCURL", "grpcurl", &["-version"]) else { return };
     let Some(buf) = tool("MUSTER_BUF", "buf", &["--version"]) else { return };
-    let Some(python) = tool("MUSTER_PYTHON", "python3", &["-c", "import grpc, grpc_status"]) else { return };
+    let Some(_) = tool("MUSTER_NPM", "npm", &["--version"]) else { return };
+    let Some(_) = tool("MUSTER_VENV_PYTHON", "python3", &["-c", "import venv, ensurepip"]) else { return };
     build_service_binaries();
     let root = repository();
     let folder = Folder::new("docs");
@@ -132,13 +174,22 @@ async fn the_documented_commands_run_as_written() {
     let bin = folder.0.join("bin");
     std::fs::create_dir_all(&bin).unwrap();
     std::fs::create_dir_all(home.join(".local/share/bash-completion/completions")).unwrap();
-    for shared in ["target", "examples", "clients", "proto"] {
+    for shared in ["target", "examples"] {
         link(&folder.0, shared, &root.join(shared));
     }
+    for copied in ["clients", "proto"] {
+        copy_sources(&root.join(copied), &folder.0.join(copied));
+    }
+    // The Python client as generated in the repository, if it was: the
+    // blocks generate their own.
+    let _ = std::fs::remove_dir_all(folder.0.join("clients/python/muster"));
     link(&bin, "grpcurl", &grpcurl);
     link(&bin, "buf", &buf);
-    link(&bin, "python3", &python);
     link(&bin, "muster", &root.join("target/debug/muster"));
+    // A Python of the folder's own: what the blocks install goes there.
+    let venv = folder.0.join("venv");
+    let made = std::process::Command::new("python3").args(["-m", "venv"]).arg(&venv).status().expect("python3 -m venv");
+    assert!(made.success(), "making a Python virtual environment failed");
     // `cargo` builds the repository, wherever it is called.
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let script = format!("#!/bin/sh\ncd '{}' && exec '{cargo}' \"$@\"\n", root.display());
@@ -159,7 +210,17 @@ async fn the_documented_commands_run_as_written() {
         // background is stopped when it ends.
         let mut script = String::from("set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n");
         for block in &runnable {
-            script.push_str(&format!("echo '### {}'\n{}", block.place, block.text));
+            script.push_str(&format!("echo '### {}'\n", block.place));
+            match &block.fails {
+                None => script.push_str(&block.text),
+                // Run apart, its status and output checked.
+                Some((status, text)) => script.push_str(&format!(
+                    "status=0\n( set -e\n{}) > .block.out 2>&1 || status=$?\ncat .block.out\n\
+                     if [ \"$status\" != {status} ] || ! grep -qF '{text}' .block.out; then\n\
+                     echo \"!!! expected exit status {status} printing {text}; got $status\"; exit 1\nfi\n",
+                    block.text
+                )),
+            }
         }
         let mut command = tokio::process::Command::new("bash");
         // Nothing of this test's own environment leaks in: no cluster's
@@ -178,7 +239,16 @@ async fn the_documented_commands_run_as_written() {
         command
             .args(["-c", &script])
             .current_dir(&folder.0)
-            .env("PATH", format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default()))
+            .env(
+                "PATH",
+                format!(
+                    "{}:{}:{}",
+                    venv.join("bin").display(),
+                    bin.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+            )
+            .env("VIRTUAL_ENV", &venv)
             .env("HOME", &home)
             .env("MUSTER_CONFIG_DIR", folder.0.join("config"))
             .env("NO_COLOR", "1")
