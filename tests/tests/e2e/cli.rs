@@ -114,6 +114,15 @@ async fn the_command_line_drives_the_cluster() {
             .await;
     let heard: serde_json::Value = serde_json::from_slice(&heard.stdout).unwrap();
     assert!(heard["notifications"][0]["outputSummary"].is_string(), "lowerCamelCase: {heard}");
+    // Following: what was there, then what comes, until Ctrl-C.
+    let mut following = Background::spawn(&["notifications", "archive-agent", "--follow"], &environment);
+    following.wait_for(&id, Duration::from_secs(30)).await;
+    let again = run(["start", "content-pipeline"].map(String::from).to_vec(), environment.clone()).await;
+    let again = String::from_utf8(again.stdout).unwrap().trim().to_owned();
+    following.wait_for(&format!("step_completed     {again}"), Duration::from_secs(30)).await;
+    following.signal(nix::sys::signal::Signal::SIGINT);
+    let (stopped, _) = following.wait(Duration::from_secs(30)).await;
+    assert!(stopped.success(), "Ctrl-C ends --follow quietly");
     let nobody = run(vec!["notifications".into(), "qa-agent".into()], environment.clone()).await;
     assert!(text(&nobody).contains("(no notifications for qa-agent)"), "{}", text(&nobody));
     let budgets = run(vec!["budget".into(), "list".into()], environment.clone()).await;
