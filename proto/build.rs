@@ -102,8 +102,14 @@ fn limits_table(pool: &DescriptorPool) -> Result<String, Box<dyn std::error::Err
         for method in service.methods() {
             let input = table.message(&method.input(), None, &extension);
             let streaming = method.is_client_streaming() || method.is_server_streaming();
+            let kind = match (method.is_client_streaming(), method.is_server_streaming()) {
+                (false, false) => "unary",
+                (true, false) => "client_stream",
+                (false, true) => "server_stream",
+                (true, true) => "bidi_stream",
+            };
             methods.push(format!(
-                "Method {{ path: \"/{}/{}\", input: {input}, streaming: {streaming} }}",
+                "Method {{ path: \"/{}/{}\", input: {input}, streaming: {streaming}, kind: \"{kind}\" }}",
                 service.full_name(),
                 method.name()
             ));

@@ -58,6 +58,9 @@ pub struct Method {
     pub input: usize,
     /// Whether the client or the server streams.
     pub streaming: bool,
+    /// `unary`, `client_stream`, `server_stream` or `bidi_stream`, as the
+    /// standard gRPC metrics' `grpc_type` label names it.
+    pub kind: &'static str,
 }
 
 include!(concat!(env!("OUT_DIR"), "/limits.rs"));

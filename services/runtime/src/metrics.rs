@@ -1,10 +1,18 @@
 //! Prometheus metrics, through the `prometheus-client` crate: a process-wide
 //! registry of counters, gauges and histograms with labels, collectors that
-//! set gauges when scraped, the RPC layer that records every call's latency
-//! by method and canonical status code (`OK`, `INVALID_ARGUMENT`), the
+//! set gauges when scraped, the RPC layer that records every call, the
 //! `process_*` metrics (CPU, memory, file descriptors, threads, start time)
 //! and `muster_build_info`, all served as OpenMetrics text at `/metrics`
 //! (HTTP/1.1, so Prometheus scrapes it as is).
+//!
+//! Calls are recorded under the standard gRPC server metrics that stock
+//! dashboards and alerts know (the `go-grpc-prometheus` names and labels):
+//! `grpc_server_started_total`, `grpc_server_handled_total` with the code a
+//! call ended with (from its trailers when it streamed) and
+//! `grpc_server_handling_seconds`, each by `grpc_type`, `grpc_service` and
+//! `grpc_method`. `muster_rpc_requests_total` and
+//! `muster_rpc_duration_seconds` (by method and the code of the response
+//! headers) stay for one release, deprecated.
 
 use std::{
     collections::HashMap,
@@ -273,6 +281,128 @@ impl ProcessStats {
     }
 }
 
+/// The standard name of a status code, as `grpc_code` labels it.
+fn standard_code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code;
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
+/// The `grpc-status` of a header map.
+fn status_of(headers: &http::HeaderMap) -> Option<tonic::Code> {
+    headers.get("grpc-status")?.to_str().ok()?.parse::<i32>().ok().map(tonic::Code::from)
+}
+
+/// The `grpc_type` of each of muster's methods, by path.
+static METHOD_TYPES: std::sync::LazyLock<HashMap<&'static str, &'static str>> = std::sync::LazyLock::new(|| {
+    muster_proto::limits::METHODS.iter().map(|method| (method.path, method.kind)).collect()
+});
+
+/// One call as the standard metrics see it, recorded once when it ends.
+struct Call {
+    /// `grpc_type`, `grpc_service`, `grpc_method`.
+    labels: [(&'static str, String); 3],
+    started: Instant,
+    recorded: bool,
+}
+
+impl Call {
+    fn start(path: &str) -> Self {
+        let (service, method) = path.trim_start_matches('/').split_once('/').unwrap_or(("", path));
+        let kind = METHOD_TYPES.get(path).copied().unwrap_or("unary");
+        let labels =
+            [("grpc_type", kind.to_owned()), ("grpc_service", service.to_owned()), ("grpc_method", method.to_owned())];
+        let pairs: Vec<(&str, &str)> = labels.iter().map(|(name, value)| (*name, value.as_str())).collect();
+        count("grpc_server_started_total", "gRPC calls started on the server", &pairs, 1);
+        Self { labels, started: Instant::now(), recorded: false }
+    }
+
+    fn end(&mut self, code: tonic::Code) {
+        if std::mem::replace(&mut self.recorded, true) {
+            return;
+        }
+        let mut pairs: Vec<(&str, &str)> = self.labels.iter().map(|(name, value)| (*name, value.as_str())).collect();
+        observe(
+            "grpc_server_handling_seconds",
+            "Time from the start of gRPC calls to their end, on the server",
+            &pairs,
+            self.started.elapsed().as_secs_f64(),
+        );
+        pairs.push(("grpc_code", standard_code_name(code)));
+        count(
+            "grpc_server_handled_total",
+            "gRPC calls completed on the server, by the code they ended with",
+            &pairs,
+            1,
+        );
+    }
+}
+
+impl Drop for Call {
+    /// An answer dropped before its end: the call was cancelled.
+    fn drop(&mut self) {
+        self.end(tonic::Code::Cancelled);
+    }
+}
+
+/// A response body that records its call when its trailers go out.
+struct Recorded {
+    body: tonic::body::Body,
+    call: Call,
+}
+
+impl http_body::Body for Recorded {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        context: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(context);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(trailers) = frame.trailers_ref() {
+                    let code = status_of(trailers).unwrap_or(tonic::Code::Ok);
+                    self.call.end(code);
+                }
+            }
+            Poll::Ready(Some(Err(status))) => {
+                let code = status.code();
+                self.call.end(code);
+            }
+            Poll::Ready(None) => self.call.end(tonic::Code::Ok),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 /// The tower layer that times every gRPC call by method and status code.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RpcMetricsLayer;
@@ -291,9 +421,9 @@ pub struct RpcMetrics<S> {
     inner: S,
 }
 
-impl<S, RequestBody, ResponseBody> tower::Service<http::Request<RequestBody>> for RpcMetrics<S>
+impl<S, RequestBody> tower::Service<http::Request<RequestBody>> for RpcMetrics<S>
 where
-    S: tower::Service<http::Request<RequestBody>, Response = http::Response<ResponseBody>>,
+    S: tower::Service<http::Request<RequestBody>, Response = http::Response<tonic::body::Body>>,
     S::Future: Send + 'static,
 {
     type Response = S::Response;
@@ -307,12 +437,13 @@ where
     fn call(&mut self, request: http::Request<RequestBody>) -> Self::Future {
         let method = request.uri().path().to_owned();
         let started = Instant::now();
+        // Health, reflection and scrapes are not the service's calls.
+        let recorded = !(method.starts_with("/grpc.") || method == "/metrics");
+        let mut call = recorded.then(|| Call::start(&method));
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
-            if method.starts_with("/grpc.") || method == "/metrics" {
-                return Ok(response); // health, reflection and scrapes are not the service's calls
-            }
+            let Some(mut call) = call.take() else { return Ok(response) };
             // Errors answered at once carry their code in the headers; the
             // others end with it in the trailers, which most often say OK.
             let code = response
@@ -329,7 +460,13 @@ where
                 &labels,
                 started.elapsed().as_secs_f64(),
             );
-            Ok(response)
+            // Refused at once (a trailers-only answer), the call has ended;
+            // otherwise it ends with the body's trailers.
+            if let Some(code) = status_of(response.headers()) {
+                call.end(code);
+                return Ok(response);
+            }
+            Ok(response.map(|body| tonic::body::Body::new(Recorded { body, call })))
         })
     }
 }
@@ -372,6 +509,57 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    /// A response body of the frames given.
+    struct Frames(std::collections::VecDeque<http_body::Frame<bytes::Bytes>>);
+
+    impl http_body::Body for Frames {
+        type Data = bytes::Bytes;
+        type Error = tonic::Status;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(Ok))
+        }
+    }
+
+    #[tokio::test]
+    async fn calls_are_counted_under_the_standard_names_with_the_code_they_end_with() {
+        use http_body::Body as _;
+        use tower::{Layer as _, Service as _, ServiceExt as _};
+
+        let answer = tower::service_fn(|_: http::Request<()>| async {
+            let mut trailers = http::HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static("5"));
+            let frames =
+                [http_body::Frame::data(bytes::Bytes::from_static(b"x")), http_body::Frame::trailers(trailers)];
+            Ok::<_, std::convert::Infallible>(http::Response::new(tonic::body::Body::new(Frames(frames.into()))))
+        });
+        let mut service = RpcMetricsLayer.layer(answer);
+        let call = |path: &'static str| {
+            let mut request = http::Request::new(());
+            *request.uri_mut() = path.parse().unwrap();
+            request
+        };
+        // Read to its end: the code of its trailers.
+        let response = service.ready().await.unwrap().call(call("/muster.test.v1.TestService/WatchAll")).await.unwrap();
+        let mut body = response.into_body();
+        while std::future::poll_fn(|context| Pin::new(&mut body).poll_frame(context)).await.is_some() {}
+        // Dropped before its end: cancelled.
+        let response = service.ready().await.unwrap().call(call("/muster.test.v1.TestService/Dropped")).await.unwrap();
+        drop(response);
+        let text = render();
+        for expected in [
+            "grpc_server_started_total{grpc_type=\"unary\",grpc_service=\"muster.test.v1.TestService\",grpc_method=\"WatchAll\"} 1",
+            "grpc_server_handled_total{grpc_type=\"unary\",grpc_service=\"muster.test.v1.TestService\",grpc_method=\"WatchAll\",grpc_code=\"NotFound\"} 1",
+            "grpc_server_handled_total{grpc_type=\"unary\",grpc_service=\"muster.test.v1.TestService\",grpc_method=\"Dropped\",grpc_code=\"Canceled\"} 1",
+            "grpc_server_handling_seconds_count{grpc_type=\"unary\",grpc_service=\"muster.test.v1.TestService\",grpc_method=\"WatchAll\"} 1",
+        ] {
+            assert!(text.contains(expected), "{expected} missing from:\n{text}");
+        }
     }
 
     #[test]

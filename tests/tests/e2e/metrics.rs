@@ -105,6 +105,10 @@ async fn every_service_serves_its_metrics() {
     let execution = scrape(&test.cluster().execution_url()).await;
     for expected in [
         "muster_rpc_requests_total{method=\"/muster.execution.v1.ExecutionService/GetExecution\",code=\"NOT_FOUND\"} 1",
+        // The standard gRPC server metrics.
+        "grpc_server_handled_total{grpc_type=\"unary\",grpc_service=\"muster.execution.v1.ExecutionService\",grpc_method=\"GetExecution\",grpc_code=\"NotFound\"} 1",
+        "grpc_server_started_total{grpc_type=\"server_stream\",grpc_service=\"muster.execution.v1.ExecutionService\",grpc_method=\"WatchExecution\"} 1",
+        "grpc_server_handling_seconds_count{grpc_type=\"unary\",grpc_service=\"muster.execution.v1.ExecutionService\",grpc_method=\"PublishProcess\"} 1",
         "muster_execution_outbox_events ",
         "# TYPE muster_steps counter",
         "muster_steps_total{outcome=\"completed\"} 2",
