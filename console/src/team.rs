@@ -59,6 +59,7 @@ pub(crate) async fn page(
                     ("assignments", "Participants and their roles"),
                     ("blockers", "Blockers"),
                     ("suggested_interventions", "Suggestions"),
+                    ("subtask_requests", "Subtask requests and their decisions"),
                 ] {
                     body.push_str(&table(caption, status[key].as_array().map_or(&[][..], Vec::as_slice)));
                 }

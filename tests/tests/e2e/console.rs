@@ -4,8 +4,9 @@
 //! block, diagnostics at their line, publish and start, the graph turning
 //! live, decisions only for those entitled, agents' text shown inert,
 //! axe-core), saving a screenshot of each page under `docs/console/`.
-//! And the console's own refusals over plain HTTP: no session, no CSRF
-//! token, a tampered cookie.
+//! And over plain HTTP: the console's own refusals (no session, no CSRF
+//! token, a tampered cookie), and the team page showing a session's subtask
+//! requests.
 //!
 //! Chromium (`CHROMIUM`, default `/usr/bin/chromium`) and npm are installed
 //! by `.ci/run`; without them the browser test says so and passes, except
@@ -89,6 +90,75 @@ async fn in_a_browser() {
     }
 }
 
+/// `request` sent to the console at `address`; its whole answer.
+async fn http(address: &str, request: String) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(address).await.expect("connecting to the console");
+    stream.write_all(request.as_bytes()).await.expect("sending");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.expect("reading");
+    answer
+}
+
+fn get(path: &str, cookie: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nHost: console\r\nConnection: close\r\nCookie: {cookie}\r\n\r\n")
+}
+
+fn post(path: &str, cookie: &str, body: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: console\r\nConnection: close\r\nCookie: {cookie}\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// The team page shows a session's subtask requests as the lead's dashboard has them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_team_page_shows_a_sessions_subtask_requests() {
+    use muster_proto::execution::v1::{
+        PublishProcessRequest, RequestSubtaskRequest, RoleAssignment, SessionTask, StartSessionRequest,
+    };
+    let Some(test) = TestCluster::start_with_console(Backend::Sqlite).await else { return };
+    let address = test.cluster().console_url().expect("the console runs").trim_start_matches("http://").to_owned();
+    let tokens = test.register_agents(&[agent("boss", "member", "core"), agent("arch", "member", "core")]).await;
+    let mut client = test.execution();
+    let source = "name: split\nsteps:\n  - {id: gate, type: human_approval, roles: {executor: boss}}\n";
+    client.publish_process(PublishProcessRequest { source: source.into(), file_name: String::new() }).await.unwrap();
+    let architect = RoleAssignment { agent_id: "arch".into(), role: "architect".into(), ..Default::default() };
+    let session = client
+        .start_session(StartSessionRequest {
+            process_name: "split".into(),
+            lead_agent_id: "boss".into(),
+            participants: vec![architect],
+            task: Some(SessionTask { title: "Split it".into(), description: String::new() }),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap()
+        .id;
+    let request = RequestSubtaskRequest {
+        execution_id: session.clone(),
+        subtask: "Write the upgrade guide".into(),
+        ..Default::default()
+    };
+    test.execution_as(&tokens[1]).request_subtask(request).await.unwrap();
+
+    let token = &test.cluster().credentials.operator_token;
+    let signed = http(&address, post("/signin", "", &format!("token={token}"))).await;
+    let cookie_line = signed.lines().find(|line| line.starts_with("set-cookie: ")).expect("a session cookie");
+    let cookie = cookie_line.trim_start_matches("set-cookie: ").split(';').next().unwrap();
+    let page = http(&address, get(&format!("/team?execution={session}"), cookie)).await;
+    assert!(page.starts_with("HTTP/1.1 200"), "{page}");
+    for shown in
+        ["<caption>Subtask requests and their decisions</caption>", "Write the upgrade guide", "SUBTASK_STATUS_PENDING"]
+    {
+        assert!(page.contains(shown), "{shown} missing from the team page:\n{page}");
+    }
+}
+
 /// The console refuses what does not come from a signed-in page of its own,
 /// before the cluster is asked anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -96,27 +166,7 @@ async fn refusals_without_a_browser() {
     let Some(test) = TestCluster::start_with_console(Backend::Sqlite).await else { return };
     let url = test.cluster().console_url().expect("the console runs");
     let address = url.trim_start_matches("http://").to_owned();
-    let ask = |request: String| {
-        let address = address.clone();
-        async move {
-            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-            let mut stream = tokio::net::TcpStream::connect(&address).await.expect("connecting to the console");
-            stream.write_all(request.as_bytes()).await.expect("sending");
-            let mut answer = String::new();
-            stream.read_to_string(&mut answer).await.expect("reading");
-            answer
-        }
-    };
-    let get = |path: &str, cookie: &str| {
-        format!("GET {path} HTTP/1.1\r\nHost: console\r\nConnection: close\r\nCookie: {cookie}\r\n\r\n")
-    };
-    let post = |path: &str, cookie: &str, body: &str| {
-        format!(
-            "POST {path} HTTP/1.1\r\nHost: console\r\nConnection: close\r\nCookie: {cookie}\r\n\
-             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        )
-    };
+    let ask = |request: String| http(&address, request);
 
     let anonymous = ask(get("/executions", "")).await;
     assert!(anonymous.starts_with("HTTP/1.1 303") && anonymous.contains("location: /signin"), "{anonymous}");
