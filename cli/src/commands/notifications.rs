@@ -7,7 +7,7 @@ use muster_proto::notifier::v1::{
     notifier_service_client::NotifierServiceClient, subscribe_response,
 };
 
-use super::output::{Output, to_json, to_json_line, when};
+use super::output::{Output, event_name, to_json, to_json_line, when};
 
 /// The type of a notification, for JSON.
 const NOTIFICATION: &str = "muster.notifier.v1.Notification";
@@ -37,8 +37,7 @@ pub(crate) struct NotificationsArgs {
 /// One notification as a line.
 fn line(notification: &Notification) -> String {
     let event = notification.event.clone().unwrap_or_default();
-    let kind = muster_proto::common::v1::EventType::try_from(event.event_type).unwrap_or_default();
-    let kind = kind.as_str_name().trim_start_matches("EVENT_TYPE_").to_lowercase();
+    let kind = event_name(event.event_type);
     let reason = RecipientReason::try_from(notification.reason).unwrap_or_default();
     let reason = reason.as_str_name().trim_start_matches("RECIPIENT_REASON_").to_lowercase();
     let step = if event.step_id.is_empty() { String::new() } else { format!(" {}", event.step_id) };

@@ -37,6 +37,12 @@ fn write_json<S: serde::Serializer>(
     Ok(())
 }
 
+/// An event's type as people read it: `step_completed`.
+pub(crate) fn event_name(event_type: i32) -> String {
+    let kind = muster_proto::common::v1::EventType::try_from(event_type).unwrap_or_default();
+    kind.as_str_name().trim_start_matches("EVENT_TYPE_").to_lowercase()
+}
+
 /// A timestamp for people: RFC 3339, or `-` when absent.
 pub(crate) fn when(timestamp: Option<&prost_types::Timestamp>) -> String {
     timestamp.map_or_else(|| "-".to_owned(), ToString::to_string)

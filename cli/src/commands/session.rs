@@ -199,8 +199,7 @@ pub(crate) async fn run(args: SessionArgs, token: Option<&str>) -> anyhow::Resul
             }
             println!("\nrecent activity:");
             for event in &status.recent_activity {
-                let kind = muster_proto::common::v1::EventType::try_from(event.event_type).unwrap_or_default();
-                let kind = kind.as_str_name().trim_start_matches("EVENT_TYPE_").to_lowercase();
+                let kind = super::output::event_name(event.event_type);
                 println!("  #{:<4} {kind:<20} {} {}", event.sequence, event.step_id, event.detail);
             }
         }

@@ -58,6 +58,8 @@ pub(crate) struct DownArgs {
     data_dir: Option<PathBuf>,
 }
 
+/// What `muster up` prints once the cluster serves.
+const SERVING: &str = "press Ctrl-C to stop";
 /// The file in the data folder that holds the process id of a detached `muster up`.
 const PID_FILE: &str = "up.pid";
 /// How long `--detach` waits for the cluster to serve, and `down` for it to stop.
@@ -86,7 +88,7 @@ pub(crate) async fn detach(args: &UpArgs) -> anyhow::Result<()> {
     let deadline = std::time::Instant::now() + DETACH_WAIT;
     loop {
         let output = std::fs::read_to_string(&log_path).unwrap_or_default();
-        if let Some(started) = output.split("press Ctrl-C to stop").next().filter(|_| output.contains("press Ctrl-C")) {
+        if let Some((started, _)) = output.split_once(SERVING) {
             print!("{started}");
             println!(
                 "running in the background (pid {}, output in {}); `muster down` stops it",
@@ -154,7 +156,7 @@ impl UpArgs {
 
 pub(crate) async fn run(args: UpArgs, name: &str) -> anyhow::Result<()> {
     let mut cluster = start(&args, name).await?;
-    println!("press Ctrl-C to stop; a service that exits is restarted");
+    println!("{SERVING}; a service that exits is restarted");
     let supervised = cluster.supervise(RestartPolicy::default(), muster_runtime::shutdown::signal(), print_event).await;
     println!("{}", if supervised.is_ok() { "stopping..." } else { "stopping the other services..." });
     let stopped = cluster.shutdown().await;

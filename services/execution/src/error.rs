@@ -147,6 +147,24 @@ impl Error {
     pub(crate) fn precondition(kind: &'static str, subject: impl Into<String>, message: impl Into<String>) -> Self {
         Self::FailedPrecondition { kind, subject: subject.into(), message: message.into() }
     }
+
+    /// FAILED_PRECONDITION `NOT_A_SESSION`: what `needs` is done in sessions only.
+    pub(crate) fn not_a_session(execution_id: &str, needs: &str) -> Self {
+        Self::precondition(
+            "NOT_A_SESSION",
+            format!("execution/{execution_id}"),
+            format!("execution '{execution_id}' is not a session: {needs} (StartSession)"),
+        )
+    }
+
+    /// NOT_FOUND: no subtask request `request_id` in the execution.
+    pub(crate) fn no_subtask_request(execution_id: &str, request_id: &str) -> Self {
+        Self::not_found(
+            "muster.execution.v1.SubtaskRequest",
+            request_id,
+            format!("execution '{execution_id}' has no subtask request '{request_id}'"),
+        )
+    }
 }
 
 /// The execution service's result type.

@@ -436,33 +436,26 @@ where
 
     fn call(&mut self, request: http::Request<RequestBody>) -> Self::Future {
         let method = request.uri().path().to_owned();
-        let started = Instant::now();
         // Health, reflection and scrapes are not the service's calls.
         let recorded = !(method.starts_with("/grpc.") || method == "/metrics");
-        let mut call = recorded.then(|| Call::start(&method));
+        let call = recorded.then(|| Call::start(&method));
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
-            let Some(mut call) = call.take() else { return Ok(response) };
-            // Errors answered at once carry their code in the headers; the
-            // others end with it in the trailers, which most often say OK.
-            let code = response
-                .headers()
-                .get("grpc-status")
-                .and_then(|value| value.to_str().ok())
-                .and_then(|value| value.parse::<i32>().ok())
-                .map_or("OK", |code| crate::status::code_name(tonic::Code::from(code)));
-            let labels = [("method", method.as_str()), ("code", code)];
+            let Some(mut call) = call else { return Ok(response) };
+            // Errors answered at once carry their code in the headers (a
+            // trailers-only answer: the call has ended); the others end with
+            // it in the body's trailers.
+            let refused = status_of(response.headers());
+            let labels = [("method", method.as_str()), ("code", refused.map_or("OK", crate::status::code_name))];
             count("muster_rpc_requests_total", "gRPC calls answered, by method and status code", &labels, 1);
             observe(
                 "muster_rpc_duration_seconds",
                 "Time to the response headers of gRPC calls, by method and status code",
                 &labels,
-                started.elapsed().as_secs_f64(),
+                call.started.elapsed().as_secs_f64(),
             );
-            // Refused at once (a trailers-only answer), the call has ended;
-            // otherwise it ends with the body's trailers.
-            if let Some(code) = status_of(response.headers()) {
+            if let Some(code) = refused {
                 call.end(code);
                 return Ok(response);
             }

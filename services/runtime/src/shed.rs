@@ -136,16 +136,16 @@ where
         }
         let method = path.rsplit('/').next().unwrap_or_default();
         let caller = request.extensions().get::<Caller>();
-        let service = matches!(caller, Some(Caller::Service { .. }));
-        let watch = ["Watch", "Subscribe"].iter().any(|verb| method.starts_with(verb));
-        let read = !service
-            // (`ReadPayload` is work: a worker reads what its step needs.)
-            && (watch || ["Get", "List", "Check", "Render"].iter().any(|verb| method.starts_with(verb)));
-        let kind = match (service, read, watch) {
-            (true, _, _) => Kind::Service,
-            (_, true, true) => Kind::Watch,
-            (_, true, false) => Kind::Read,
-            _ => Kind::Work,
+        let verb = |verbs: &[&str]| verbs.iter().any(|verb| method.starts_with(verb));
+        let kind = if matches!(caller, Some(Caller::Service { .. })) {
+            Kind::Service
+        } else if verb(&["Watch", "Subscribe"]) {
+            Kind::Watch
+        // (`ReadPayload` is work: a worker reads what its step needs.)
+        } else if verb(&["Get", "List", "Check", "Render"]) {
+            Kind::Read
+        } else {
+            Kind::Work
         };
         let pending = match kind {
             Kind::Service => match self.shedding.services.clone().try_acquire_owned() {

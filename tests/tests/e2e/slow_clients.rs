@@ -47,6 +47,16 @@ async fn raw_connection(test: &TestCluster, window: u32) -> h2::client::SendRequ
     send
 }
 
+/// The headers of a call of the execution service's `method` with `token`.
+fn grpc_request(method: &str, token: &str) -> http::Request<()> {
+    http::Request::post(format!("http://muster/muster.execution.v1.ExecutionService/{method}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {token}"))
+        .body(())
+        .expect("a request")
+}
+
 /// Opens a call of `method` with `token`, whose request body is one message
 /// header announcing 10 bytes, and never the bytes: a body that never ends.
 async fn open_unfinished(
@@ -54,12 +64,7 @@ async fn open_unfinished(
     method: &str,
     token: &str,
 ) -> (h2::client::ResponseFuture, h2::SendStream<Bytes>) {
-    let request = http::Request::post(format!("http://muster/muster.execution.v1.ExecutionService/{method}"))
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .header("authorization", format!("Bearer {token}"))
-        .body(())
-        .expect("a request");
+    let request = grpc_request(method, token);
     let mut ready = send.clone().ready().await.expect("a stream");
     let (response, mut body) = ready.send_request(request, false).expect("sending the headers");
     body.send_data(Bytes::from_static(&[0, 0, 0, 0, 10, 0x0a]), false).expect("sending part of a message");
@@ -157,13 +162,8 @@ async fn answers_nobody_reads_are_ended_and_free_their_slots() {
     let mut send = raw_connection(&test, 0).await;
     let mut stuck = None;
     for _ in 0..40 {
-        let request = http::Request::post("http://muster/muster.execution.v1.ExecutionService/ListProcesses")
-            .header("content-type", "application/grpc")
-            .header("te", "trailers")
-            .header("authorization", format!("Bearer {deaf}"))
-            .body(())
-            .expect("a request");
         let mut ready = send.clone().ready().await.expect("a stream");
+        let request = grpc_request("ListProcesses", deaf);
         let (mut response, mut body) = ready.send_request(request, false).expect("sending the headers");
         body.send_data(Bytes::from_static(&[0, 0, 0, 0, 0]), true).expect("sending an empty message");
         send = ready;

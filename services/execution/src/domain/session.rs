@@ -24,6 +24,11 @@ use std::fmt::Write as _;
 
 use super::{StepStatus, authority::Session};
 
+/// Why a role cannot be assigned outside a session.
+pub(crate) const ASSIGNED_IN_SESSIONS: &str = "roles are assigned in sessions";
+/// Why a subtask cannot be asked for outside a session.
+pub(crate) const ASKED_IN_SESSIONS: &str = "subtasks are asked of a session's lead";
+
 /// A step as the dashboard sees it.
 #[derive(Debug, Clone)]
 pub(crate) struct StepView<'a> {

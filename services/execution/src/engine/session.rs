@@ -14,7 +14,7 @@ use crate::{
             self, MAX_SUBTASK_REQUESTS, Matrix, RoleAssignment, Session, Subject, SubtaskRequest, SubtaskStatus,
         },
         model::{EventKind, Step},
-        session::StepView,
+        session::{ASKED_IN_SESSIONS, ASSIGNED_IN_SESSIONS, StepView},
     },
 };
 
@@ -108,20 +108,10 @@ impl Driver {
         admit(&self.engine.matrix(), &self.execution.lead_agent_id, session, executor, action).map(drop)
     }
 
-    fn not_a_session(&self) -> Error {
-        Error::precondition(
-            "NOT_A_SESSION",
-            format!("execution/{}", self.execution.id),
-            format!(
-                "execution '{}' is not a session: roles are assigned in sessions (StartSession)",
-                self.execution.id
-            ),
-        )
-    }
-
     pub(super) fn assign_role(&mut self, assignment: RoleAssignment, matrix_version: u32) -> Result<()> {
-        let not_a_session = self.not_a_session();
-        let Some(session) = &mut self.execution.session else { return Err(not_a_session) };
+        let Some(session) = &mut self.execution.session else {
+            return Err(Error::not_a_session(&self.execution.id, ASSIGNED_IN_SESSIONS));
+        };
         session.assignments.insert(assignment.agent_id.clone(), assignment.clone());
         let mut event = self.execution_event(EventKind::RoleAssigned);
         event.participants = vec![assignment.agent_id.clone()];
@@ -155,8 +145,9 @@ impl Driver {
     }
 
     pub(super) fn request_subtask(&mut self, request: SubtaskRequest) -> Result<()> {
-        let not_a_session = self.not_a_session();
-        let Some(session) = &mut self.execution.session else { return Err(not_a_session) };
+        let Some(session) = &mut self.execution.session else {
+            return Err(Error::not_a_session(&self.execution.id, ASKED_IN_SESSIONS));
+        };
         if session.subtasks.len() >= MAX_SUBTASK_REQUESTS {
             return Err(Error::precondition(
                 "TOO_MANY_SUBTASK_REQUESTS",
@@ -188,14 +179,11 @@ impl Driver {
         assignment: Option<RoleAssignment>,
         matrix_version: u32,
     ) -> Result<()> {
-        let not_a_session = self.not_a_session();
-        let Some(session) = &mut self.execution.session else { return Err(not_a_session) };
+        let Some(session) = &mut self.execution.session else {
+            return Err(Error::not_a_session(&self.execution.id, ASKED_IN_SESSIONS));
+        };
         let Some(pending) = session.subtasks.get_mut(&decided.id) else {
-            return Err(Error::not_found(
-                "muster.execution.v1.SubtaskRequest",
-                decided.id.clone(),
-                format!("execution '{}' has no subtask request '{}'", self.execution.id, decided.id),
-            ));
+            return Err(Error::no_subtask_request(&self.execution.id, &decided.id));
         };
         if pending.status != SubtaskStatus::Pending {
             return Err(Error::precondition(

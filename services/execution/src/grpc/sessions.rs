@@ -18,7 +18,10 @@ use crate::{
     domain::{
         authority::{self, Check, LEAD_ROLE, RoleAssignment, Session, Subject, SubtaskRequest, SubtaskStatus},
         model::{Execution, ProcessVersion},
-        session::{BudgetUse, Presence, Suggested, activity, context_window, dashboard},
+        session::{
+            ASKED_IN_SESSIONS, ASSIGNED_IN_SESSIONS, BudgetUse, Presence, Suggested, activity, context_window,
+            dashboard,
+        },
     },
     engine::{Control, step_views},
 };
@@ -168,14 +171,7 @@ impl ExecutionApi {
         let (execution, _) = self.execution_for(caller, &request.execution_id, &described).await?;
         let matrix_version = self.check_matrix_action(caller, &execution, "assign_role", &described).await?;
         if execution.session.is_none() {
-            return Err(Error::precondition(
-                "NOT_A_SESSION",
-                format!("execution/{}", request.execution_id),
-                format!(
-                    "execution '{}' is not a session: roles are assigned in sessions (StartSession)",
-                    request.execution_id
-                ),
-            ));
+            return Err(Error::not_a_session(&request.execution_id, ASSIGNED_IN_SESSIONS));
         }
         self.assignable_role("role", &request.role)?;
         too_long("subtask", &request.subtask, MAX_TEXT)?;
@@ -209,14 +205,7 @@ impl ExecutionApi {
         let described = format!("request a subtask in execution '{}'", request.execution_id);
         let (execution, _) = self.execution_for(caller, &request.execution_id, &described).await?;
         let Some(session) = &execution.session else {
-            return Err(Error::precondition(
-                "NOT_A_SESSION",
-                format!("execution/{}", request.execution_id),
-                format!(
-                    "execution '{}' is not a session: subtasks are asked of a session's lead (StartSession)",
-                    request.execution_id
-                ),
-            ));
+            return Err(Error::not_a_session(&request.execution_id, ASKED_IN_SESSIONS));
         };
         let requester = caller.agent_id().unwrap_or_default().to_owned();
         // Only a participant asks, and only if its session role may.
@@ -272,27 +261,12 @@ impl ExecutionApi {
     ) -> Result<wire::DecideSubtaskResponse> {
         let described = format!("decide a subtask request in execution '{}'", request.execution_id);
         let (execution, _) = self.execution_for(caller, &request.execution_id, &described).await?;
-        let mut matrix_version = 0;
-        if let Some(own) = caller.agent_id() {
-            if execution.lead_agent_id != own {
-                return Err(denied(
-                    caller,
-                    described,
-                    "NOT_THE_LEAD",
-                    "only operators and the execution's lead decide subtask requests",
-                    vec![("execution_id", request.execution_id.clone())],
-                ));
-            }
-            matrix_version = self.check_matrix_action(caller, &execution, "assign_role", &described).await?;
-        }
+        let who = "only operators and the execution's lead decide subtask requests";
+        let matrix_version = self.check_the_lead(caller, &execution, &described, who).await?;
         too_long("note", &request.note, MAX_TEXT)?;
         let pending = execution.session.as_ref().and_then(|session| session.subtasks.get(&request.request_id));
         let Some(pending) = pending else {
-            return Err(Error::not_found(
-                "muster.execution.v1.SubtaskRequest",
-                request.request_id.clone(),
-                format!("execution '{}' has no subtask request '{}'", execution.id, request.request_id),
-            ));
+            return Err(Error::no_subtask_request(&execution.id, &request.request_id));
         };
         let now = muster_runtime::time::now_millis();
         let decided = SubtaskRequest {
@@ -441,18 +415,8 @@ impl ExecutionApi {
     ) -> Result<wire::SetLeadResponse> {
         let described = format!("set the lead of execution '{}'", request.execution_id);
         let (execution, process) = self.execution_for(caller, &request.execution_id, &described).await?;
-        if let Some(own) = caller.agent_id() {
-            if execution.lead_agent_id != own {
-                return Err(denied(
-                    caller,
-                    described,
-                    "NOT_THE_LEAD",
-                    "only operators and the current lead may designate a lead",
-                    vec![("execution_id", request.execution_id.clone())],
-                ));
-            }
-            self.check_matrix_action(caller, &execution, "assign_role", &described).await?;
-        }
+        let who = "only operators and the current lead may designate a lead";
+        self.check_the_lead(caller, &execution, &described, who).await?;
         self.roster_agent(&request.agent_id, "lead").await?;
         let control = |reply| Control::SetLead { agent_id: request.agent_id, by: caller.audit_name(), reply };
         self.control(&request.execution_id, control).await?;
@@ -578,6 +542,17 @@ impl ExecutionApi {
                 .map(|subtask| subtask_to_wire(&execution.id, subtask))
                 .collect(),
         })
+    }
+
+    /// Operators, and the execution's lead when its role may `assign_role`
+    /// (`who` says so to another agent); the permission matrix version that
+    /// allowed it (0 for operators).
+    async fn check_the_lead(&self, caller: &Caller, execution: &Execution, described: &str, who: &str) -> Result<u32> {
+        let Some(own) = caller.agent_id() else { return Ok(0) };
+        if execution.lead_agent_id != own {
+            return Err(denied(caller, described, "NOT_THE_LEAD", who, vec![("execution_id", execution.id.clone())]));
+        }
+        self.check_matrix_action(caller, execution, "assign_role", described).await
     }
 
     /// Whether SubmitApproval would accept a decision of `agent_id`, one of
