@@ -390,6 +390,14 @@ pub fn agent(id: &str, role: &str, team: &str) -> Agent {
     Agent { id: id.to_owned(), name: id.to_owned(), role: role.to_owned(), team: team.to_owned(), ..Default::default() }
 }
 
+/// Starts a team session as `client`'s caller; its execution's id.
+pub async fn start_session(
+    client: &mut ExecutionClient,
+    request: muster_proto::execution::v1::StartSessionRequest,
+) -> String {
+    client.start_session(request).await.expect("starting a session").into_inner().execution.expect("an execution").id
+}
+
 /// Publishes a process and starts an execution of it with no inputs; its id.
 pub async fn publish_and_start(client: &mut ExecutionClient, source: &str) -> String {
     let process = client

@@ -580,7 +580,7 @@ async fn start(test: &TestCluster, lead: &str, session: bool) -> String {
             task: Some(execution::SessionTask { title: "the table's session".into(), description: String::new() }),
             ..Default::default()
         };
-        client.start_session(request).await.unwrap().into_inner().execution.unwrap().id
+        muster_tests::start_session(&mut client, request).await
     } else {
         let request = execution::StartExecutionRequest {
             process_name: "auth-process".into(),

@@ -125,20 +125,17 @@ async fn the_team_page_shows_a_sessions_subtask_requests() {
     let source = "name: split\nsteps:\n  - {id: gate, type: human_approval, roles: {executor: boss}}\n";
     client.publish_process(PublishProcessRequest { source: source.into(), file_name: String::new() }).await.unwrap();
     let architect = RoleAssignment { agent_id: "arch".into(), role: "architect".into(), ..Default::default() };
-    let session = client
-        .start_session(StartSessionRequest {
+    let session = muster_tests::start_session(
+        &mut client,
+        StartSessionRequest {
             process_name: "split".into(),
             lead_agent_id: "boss".into(),
             participants: vec![architect],
             task: Some(SessionTask { title: "Split it".into(), description: String::new() }),
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .execution
-        .unwrap()
-        .id;
+        },
+    )
+    .await;
     let request = RequestSubtaskRequest {
         execution_id: session.clone(),
         subtask: "Write the upgrade guide".into(),

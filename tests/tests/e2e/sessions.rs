@@ -156,8 +156,9 @@ async fn every_cell_of_the_default_matrix_through_check_role_and_the_action_it_g
     let (stop, worker) = spawn_sample_worker(test.operator("execution"), credentials.collect());
     let mut client = test.execution();
     publish(&mut client, &matrix_process()).await;
-    let session = client
-        .start_session(StartSessionRequest {
+    let session = muster_tests::start_session(
+        &mut client,
+        StartSessionRequest {
             process_name: "matrix-cells".into(),
             lead_agent_id: "boss".into(),
             participants: vec![
@@ -170,13 +171,9 @@ async fn every_cell_of_the_default_matrix_through_check_role_and_the_action_it_g
             ],
             task: Some(SessionTask { title: "Every cell".into(), description: String::new() }),
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .execution
-        .unwrap()
-        .id;
+        },
+    )
+    .await;
 
     // Through CheckRole.
     for (player, role) in PLAYERS {
@@ -1093,8 +1090,9 @@ async fn a_subtask_waits_for_the_leads_approval(backend: Backend) {
     let tokens: HashMap<&str, String> = names.into_iter().zip(test.register_agents(&agents).await).collect();
     let mut client = test.execution();
     publish(&mut client, "name: split\nsteps:\n  - {id: gate, type: human_approval, roles: {executor: boss}}\n").await;
-    let session = client
-        .start_session(StartSessionRequest {
+    let session = muster_tests::start_session(
+        &mut client,
+        StartSessionRequest {
             process_name: "split".into(),
             lead_agent_id: "boss".into(),
             participants: vec![
@@ -1103,13 +1101,9 @@ async fn a_subtask_waits_for_the_leads_approval(backend: Backend) {
             ],
             task: Some(SessionTask { title: "Split the work".into(), description: String::new() }),
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .execution
-        .unwrap()
-        .id;
+        },
+    )
+    .await;
     let ask = |agent_id: &str, role: &str, subtask: &str| RequestSubtaskRequest {
         execution_id: session.clone(),
         agent_id: agent_id.into(),

@@ -153,19 +153,16 @@ async fn refusals_tell_strangers_nothing(backend: Backend) {
         .execution
         .unwrap()
         .id;
-    let session = client
-        .start_session(execution::StartSessionRequest {
+    let session = muster_tests::start_session(
+        &mut client,
+        execution::StartSessionRequest {
             process_name: "private-process".into(),
             lead_agent_id: "alice".into(),
             task: Some(execution::SessionTask { title: "private".into(), description: String::new() }),
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .execution
-        .unwrap()
-        .id;
+        },
+    )
+    .await;
     for id in [&run, &session] {
         for _ in 0..500 {
             let found = client.get_execution(GetExecutionRequest { id: id.clone() }).await.unwrap().into_inner();
