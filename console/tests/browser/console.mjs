@@ -117,7 +117,7 @@ try {
 `), "choosing an executor, two monitors and an informed agent writes the step's roles block");
   check(edited.startsWith("# The console's browser test"), "the document's other comments survive");
   await page.waitForSelector("#diagnostics li.ok");
-  check(true, "the edited process is valid");
+  check(await page.locator("#diagnostics li.error").count() === 0, "the edited process is valid");
 
   // An error is marked at its line and column as one types.
   const broken = edited.replace("type: human_approval", "type: human_aproval");
@@ -167,11 +167,12 @@ try {
   await approver.page.goto(executionUrl);
   await approver.page.getByRole("button", { name: "Approve decide" }).click();
   await approver.page.waitForURL(executionUrl);
-  await page.waitForFunction(() => {
+  const allCompleted = () => {
     const nodes = [...document.querySelectorAll("g.node")];
     return nodes.length === 3 && nodes.every((node) => node.dataset.status === "completed");
-  });
-  check(true, "every node turned completed live on the operator's page");
+  };
+  await page.waitForFunction(allCompleted);
+  check(await page.evaluate(allCompleted), "every node turned completed live on the operator's page");
   await approver.context.close();
 
   // What an agent wrote is shown as text.
