@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 pub mod catalogue;
+pub mod cluster;
 pub mod config;
 pub mod prompt;
 pub mod provider;

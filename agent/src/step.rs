@@ -4,11 +4,8 @@
 
 use muster_client::auth::{Credentials, with_credentials};
 use muster_proto::{
-    execution::v1::{
-        AssignRoleRequest, Assignment, CheckRoleRequest, DelegateStep, GetMyRoleRequest, InvokeToolRequest, MemoryNote,
-        MemoryScope, MessagePriority, ModelCall, PostToInboxRequest, StepProgress, ToolSpec,
-    },
-    roster::v1::{GetOrganizationRosterRequest, RosterFilter, roster_service_client::RosterServiceClient},
+    execution::v1::{Assignment, ModelCall, StepProgress, ToolSpec},
+    roster::v1::roster_service_client::RosterServiceClient,
 };
 use muster_worker::{Step, StepOutcome};
 use serde_json::{Value, json};
@@ -16,6 +13,7 @@ use serde_json::{Value, json};
 use crate::{
     ModelAgent,
     catalogue::{ClusterTool, Tool as _, ToolError, WorkspaceTool, check_against},
+    cluster::{self, Acting, Called, StepNotes},
     config::{LlmConfig, Usage},
     prompt,
     provider::{Conversation, Model, Reply, Request, ToolCall, ToolDefinition, ToolResult, Turn, answer_as_output},
@@ -29,18 +27,6 @@ const DEFAULT_MAX_ITERATIONS: u32 = 10;
 const MAX_TOOL_CALLS_PER_REPLY: usize = 32;
 /// Most characters of one tool result the model is given.
 const MAX_TOOL_RESULT_CHARS: usize = 64 * 1024;
-/// Most notes one step may ask to be remembered.
-const MAX_NOTES: usize = 16;
-/// Most bytes of one note.
-const MAX_NOTE_BYTES: usize = 4096;
-
-/// What a tool call came to.
-enum Called {
-    /// The result the model reads.
-    Result(Result<Value, ToolError>),
-    /// The step went to another agent: the loop ends.
-    HandedOff,
-}
 
 /// One run of one assignment.
 pub(crate) struct StepRun<'a> {
@@ -54,9 +40,7 @@ pub(crate) struct StepRun<'a> {
     workspace_tools: Vec<WorkspaceTool>,
     usage: Usage,
     cost: f64,
-    notes: Vec<MemoryNote>,
-    skip_triggers: bool,
-    posts: u32,
+    notes: StepNotes,
 }
 
 impl<'a> StepRun<'a> {
@@ -86,9 +70,7 @@ impl<'a> StepRun<'a> {
             workspace_tools,
             usage: Usage::default(),
             cost: 0.0,
-            notes: Vec::new(),
-            skip_triggers: false,
-            posts: 0,
+            notes: StepNotes::default(),
         })
     }
 
@@ -215,8 +197,8 @@ impl<'a> StepRun<'a> {
             tokens_used: self.usage.total(),
             cost: self.cost,
             iterations,
-            remember: std::mem::take(&mut self.notes),
-            skip_triggers: self.skip_triggers,
+            remember: std::mem::take(&mut self.notes.notes),
+            skip_triggers: self.notes.skip_triggers,
         }
     }
 
@@ -257,7 +239,9 @@ impl<'a> StepRun<'a> {
             return self.cluster_call(tool, &call.id, &arguments).await;
         }
         if self.provided.contains(&call.name) {
-            return Called::Result(self.invoke(&call.name, arguments).await);
+            let invoked =
+                cluster::invoke_tool(self.step.execution(), &self.assignment.execution_id, &call.name, arguments);
+            return Called::Result(invoked.await);
         }
         Called::Result(Err(ToolError::new("unknown_tool", format!("no tool named '{}' is offered to you", call.name))))
     }
@@ -285,162 +269,15 @@ impl<'a> StepRun<'a> {
     }
 
     async fn cluster_call(&mut self, tool: ClusterTool, call_id: &str, arguments: &Value) -> Called {
-        let text = |key: &str| arguments.get(key).and_then(Value::as_str).unwrap_or_default().to_owned();
-        let execution_id = self.assignment.execution_id.clone();
-        let mut execution = self.step.execution();
-        let result = match tool {
-            ClusterTool::GetOrganizationRoster => {
-                let filter = match text("filter").as_str() {
-                    "my_team" => RosterFilter::MyTeam,
-                    "available" => RosterFilter::Available,
-                    "by_expertise" => RosterFilter::ByExpertise,
-                    _ => RosterFilter::All,
-                };
-                let request = GetOrganizationRosterRequest {
-                    agent_id: self.assignment.agent_id.clone(),
-                    filter: filter as i32,
-                    expertise: text("expertise"),
-                };
-                match self.agent.roster(self.step) {
-                    Ok(mut roster) => roster
-                        .get_organization_roster(request)
-                        .await
-                        .map(|answer| {
-                            crate::wire_json(&answer.into_inner(), "muster.roster.v1.GetOrganizationRosterResponse")
-                        })
-                        .map_err(ToolError::from),
-                    Err(error) => Err(error),
-                }
-            }
-            ClusterTool::DelegateTask => {
-                let expertise = arguments
-                    .get("expertise")
-                    .and_then(Value::as_array)
-                    .map(|tags| tags.iter().filter_map(Value::as_str).map(str::to_owned).collect())
-                    .unwrap_or_default();
-                let request = DelegateStep {
-                    assignment_id: self.step.assignment_id().to_owned(),
-                    to_agent_id: text("to_agent_id"),
-                    required_expertise: expertise,
-                    required_role: text("role"),
-                    reason: text("reason"),
-                };
-                match self.step.delegate(request).await {
-                    Ok(outcome) if outcome.accepted => return Called::HandedOff,
-                    Ok(outcome) => Err(ToolError::new("delegation_refused", outcome.reason)),
-                    Err(why) => Err(ToolError::new("unavailable", why)),
-                }
-            }
-            ClusterTool::GetMyRole => execution
-                .get_my_role(GetMyRoleRequest { execution_id })
-                .await
-                .map(|answer| crate::wire_json(&answer.into_inner(), "muster.execution.v1.GetMyRoleResponse"))
-                .map_err(ToolError::from),
-            ClusterTool::RoleCheck => execution
-                .check_role(CheckRoleRequest { execution_id, action: text("action"), agent_id: text("agent_id") })
-                .await
-                .map(|answer| crate::wire_json(&answer.into_inner(), "muster.execution.v1.CheckRoleResponse"))
-                .map_err(ToolError::from),
-            ClusterTool::AssignRole => execution
-                .assign_role(AssignRoleRequest {
-                    execution_id,
-                    agent_id: text("agent_id"),
-                    role: text("role"),
-                    subtask: text("subtask"),
-                })
-                .await
-                .map(|answer| crate::wire_json(&answer.into_inner(), "muster.execution.v1.AssignRoleResponse"))
-                .map_err(ToolError::from),
-            ClusterTool::PostToInbox => {
-                let priority = match text("priority").as_str() {
-                    "low" => MessagePriority::Low,
-                    "high" => MessagePriority::High,
-                    _ => MessagePriority::Normal,
-                };
-                self.posts += 1;
-                let request = PostToInboxRequest {
-                    inbox: text("inbox"),
-                    sender: String::new(),
-                    priority: priority as i32,
-                    body: text("body"),
-                    subject: text("subject"),
-                    // A call the model makes once is posted once, however often it is sent.
-                    idempotency_key: format!("{}/{call_id}/{}", self.step.assignment_id(), self.posts),
-                };
-                execution
-                    .post_to_inbox(request)
-                    .await
-                    .map(|answer| {
-                        let answer = answer.into_inner();
-                        json!({
-                            "message_id": answer.message.map(|message| message.id).unwrap_or_default(),
-                            "triggered_execution_ids": answer.triggered_execution_ids,
-                        })
-                    })
-                    .map_err(ToolError::from)
-            }
-            ClusterTool::Remember => self.remember(&text("text"), &text("scope")),
-            ClusterTool::SkipTriggers => {
-                self.skip_triggers = true;
-                Ok(json!({"skip_triggers": true, "reason": text("reason")}))
-            }
+        let acting = Acting {
+            agent_id: &self.assignment.agent_id,
+            execution_id: &self.assignment.execution_id,
+            execution: self.step.execution(),
+            roster: self.agent.roster(self.step),
+            step: Some(self.step),
+            holds_role: self.assignment.role_definition.is_some(),
         };
-        Called::Result(result)
-    }
-
-    fn remember(&mut self, text: &str, scope: &str) -> Result<Value, ToolError> {
-        if self.notes.len() >= MAX_NOTES {
-            return Err(ToolError::new("resource_exhausted", format!("a step may leave at most {MAX_NOTES} notes")));
-        }
-        let global = scope == "global";
-        if !global && self.assignment.role_definition.is_none() {
-            return Err(ToolError::new("failed_precondition", "you hold no role: use scope \"global\""));
-        }
-        if text.trim().is_empty() || text.len() > MAX_NOTE_BYTES {
-            return Err(ToolError::new(
-                "invalid_arguments",
-                format!("a note holds 1 to {MAX_NOTE_BYTES} bytes; this one has {}", text.trim().len()),
-            ));
-        }
-        let scope = if global { MemoryScope::Global } else { MemoryScope::Role };
-        self.notes.push(MemoryNote { scope: scope as i32, text: text.to_owned() });
-        Ok(json!({"remembered": true, "scope": if global { "global" } else { "role" }, "notes": self.notes.len()}))
-    }
-
-    /// A tool a provider serves, through the execution service (which checks
-    /// the role's permission and the input's schema, and routes the call).
-    async fn invoke(&self, tool: &str, arguments: Value) -> Result<Value, ToolError> {
-        let Value::Object(input) = arguments else {
-            return Err(ToolError::new("invalid_arguments", "the arguments are not a JSON object"));
-        };
-        let request = InvokeToolRequest {
-            tool: tool.to_owned(),
-            input: Some(muster_client::json::object_from_json(input)),
-            execution_id: self.assignment.execution_id.clone(),
-        };
-        let output = self
-            .step
-            .execution()
-            .invoke_tool(request)
-            .await
-            .map_err(ToolError::from)?
-            .into_inner()
-            .output
-            .unwrap_or_default();
-        if output.status_code == 200 {
-            return Ok(output
-                .output
-                .as_ref()
-                .map_or(Ok(Value::Null), muster_client::json::to_json)
-                .unwrap_or(Value::Null));
-        }
-        let code = match output.status_code {
-            400 => "invalid_arguments",
-            403 => "permission_denied",
-            404 => "not_found",
-            _ => "tool_failed",
-        };
-        Err(ToolError::new(code, format!("{} (status {})", output.error, output.status_code)))
+        cluster::call(acting, &mut self.notes, tool, call_id, arguments).await
     }
 }
 

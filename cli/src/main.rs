@@ -81,6 +81,9 @@ enum Command {
     CheckRole(commands::session::CheckRoleArgs),
     /// Serves agents with the deterministic sample behaviour (no LLM); an agent whose token is refused is left out.
     Agent(commands::agent::AgentArgs),
+    /// Serves one agent as a Model Context Protocol server, over stdio (the --token's agent) or streamable HTTP
+    /// (--listen; each client's own bearer token), so that an MCP client can be a member of a team.
+    Mcp(commands::mcp::McpArgs),
     /// Prints the shell completion script for SHELL (bash, zsh, fish, elvish, powershell), e.g.
     /// `muster completions bash > ~/.local/share/bash-completion/completions/muster`.
     Completions {
@@ -162,6 +165,7 @@ async fn main() -> ExitCode {
         Command::Memory(args) => commands::memory::run(args, token).await.map(|()| true),
         Command::Inbox(args) => commands::inbox::run(args, token).await.map(|()| true),
         Command::CheckRole(args) => commands::session::check_role(args, token).await,
+        Command::Mcp(args) => commands::mcp::run(args, token).await.map(|()| true),
         Command::Agent(args) => commands::agent::run(args, token).await.map(|()| true),
         Command::Completions { shell } => {
             clap_complete::generate(

@@ -19,6 +19,20 @@ static POOL: LazyLock<Result<DescriptorPool, String>> = LazyLock::new(|| {
         .map_err(|error| format!("muster's own descriptors: {error}"))
 });
 
+/// The contracts' message type `full_name`.
+pub(crate) fn message_descriptor(full_name: &str) -> Result<prost_reflect::MessageDescriptor, String> {
+    POOL.as_ref()?.get_message_by_name(full_name).ok_or_else(|| format!("no message type {full_name}"))
+}
+
+/// A message of the contracts' type `full_name` read from `json` in the
+/// canonical protobuf JSON mapping (fields by their `.proto` or their
+/// lowerCamelCase names); a field the type does not have is refused, by name.
+pub fn message_from_json<M: prost::Message + Default>(json: &Json, full_name: &str) -> Result<M, String> {
+    let dynamic =
+        DynamicMessage::deserialize(message_descriptor(full_name)?, json).map_err(|error| error.to_string())?;
+    dynamic.transcode_to().map_err(|error| format!("a {full_name} that does not encode: {error}"))
+}
+
 /// `message`, of the contracts' type `full_name`, in the canonical protobuf
 /// JSON mapping with the `.proto` field names (as grpcurl prints it); with
 /// `defaults`, every field present, default values included, else those
@@ -46,9 +60,7 @@ pub fn serialize_message<S: serde::Serializer>(
     names: FieldNames,
     serializer: S,
 ) -> Result<S::Ok, String> {
-    let pool = POOL.as_ref()?;
-    let descriptor = pool.get_message_by_name(full_name).ok_or_else(|| format!("no message type {full_name}"))?;
-    let dynamic = DynamicMessage::decode(descriptor, message.encode_to_vec().as_slice())
+    let dynamic = DynamicMessage::decode(message_descriptor(full_name)?, message.encode_to_vec().as_slice())
         .map_err(|error| format!("a {full_name} that does not decode: {error}"))?;
     let options =
         SerializeOptions::new().use_proto_field_name(names == FieldNames::Proto).skip_default_fields(!defaults);

@@ -7,6 +7,7 @@ pub(crate) mod budget;
 pub(crate) mod demo;
 pub(crate) mod executions;
 pub(crate) mod inbox;
+pub(crate) mod mcp;
 pub(crate) mod memory;
 pub(crate) mod notifications;
 pub(crate) mod output;

@@ -21,6 +21,7 @@ mod execution;
 mod inbox;
 mod inbox_folders;
 mod limits;
+mod mcp;
 mod memory_release;
 mod metrics;
 mod model_clients;
