@@ -55,21 +55,20 @@ impl Held {
     }
 }
 
-/// Hands each assignment to the member's client and waits for its end.
+/// Hands each assignment to the member's client and waits for its end. A
+/// step whose client went away is never reported: it waits until the worker
+/// session closes with the member, and the service takes it back then.
 struct Hand(mpsc::Sender<Offer>);
 
 impl Behaviour for Hand {
     async fn run(&self, assignment: Assignment, step: Step) -> StepOutcome {
         let (reply, answer) = oneshot::channel();
-        let gone = || StepOutcome::Failed {
-            error_code: "MCP_CLIENT_GONE".to_owned(),
-            message: "the MCP client serving the agent went away".to_owned(),
-            retryable: true,
-        };
-        if self.0.send(Offer { assignment, step, reply }).await.is_err() {
-            return gone();
+        if self.0.send(Offer { assignment, step, reply }).await.is_ok()
+            && let Ok(outcome) = answer.await
+        {
+            return outcome;
         }
-        answer.await.unwrap_or_else(|_| gone())
+        std::future::pending().await
     }
 }
 

@@ -315,3 +315,41 @@ fn ended(sent: bool, assignment_id: &str, how: &str) -> Result<Value, ToolError>
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tool_has_a_unique_name_and_an_object_schema() {
+        let mut names: Vec<&str> = TOOLS.iter().map(|tool| tool.name).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), TOOLS.len(), "{names:?}");
+        for tool in TOOLS.iter() {
+            assert_eq!(tool.schema["type"], "object", "{}: {:?}", tool.name, tool.schema);
+            assert!(!tool.description.is_empty(), "{}", tool.name);
+        }
+    }
+
+    #[test]
+    fn the_cluster_tools_name_what_they_act_on() {
+        let schema = |name: &str| &TOOLS.iter().find(|tool| tool.name == name).unwrap().schema;
+        assert!(schema("delegate_task")["required"].as_array().unwrap().contains(&json!("assignment_id")));
+        assert!(schema("remember")["required"].as_array().unwrap().contains(&json!("assignment_id")));
+        assert!(schema("assign_role")["required"].as_array().unwrap().contains(&json!("execution_id")));
+        assert!(!schema("get_organization_roster")["properties"].as_object().unwrap().contains_key("assignment_id"));
+        assert!(TOOLS.iter().all(|tool| tool.name != "skip_triggers"), "skip_triggers is complete_step's argument");
+    }
+
+    #[test]
+    fn arguments_are_checked_before_anything_is_sent() {
+        assert!(check("fail_step", &json!({"assignment_id": "a", "error_code": "X"})).is_ok());
+        let wrong = check("fail_step", &json!({"assignment_id": "a", "retryable": "yes"})).unwrap_err();
+        assert_eq!(wrong.code, "invalid_arguments");
+        assert!(wrong.message.contains("retryable"), "{}", wrong.message);
+        assert_eq!(check("nothing", &json!({})).unwrap_err().code, "unknown_tool");
+        let wait = check("next_assignment", &json!({"wait_seconds": MAX_WAIT_SECONDS + 1})).unwrap_err();
+        assert_eq!(wait.code, "invalid_arguments");
+    }
+}

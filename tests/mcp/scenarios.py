@@ -3,8 +3,9 @@
 Run by tests/tests/e2e/mcp.rs against a real cluster, with:
 MUSTER (the command), the services' URLs (MUSTER_*_URL), MCP_URL (a
 `muster mcp --listen` server), and the roster tokens WRITER_TOKEN (stdio),
-THIRD_TOKEN and READER_TOKEN (HTTP), and the ids FIRST_EXECUTION (two
-steps for the writer) and SECOND_EXECUTION (two steps for the third agent,
+THIRD_TOKEN and READER_TOKEN (HTTP), and the ids FIRST_EXECUTION (three
+steps for the writer; the client leaves holding the last), SESSION (a
+session where the writer is an analyst) and SECOND_EXECUTION (two steps for the third agent,
 the reader informed). Prints `ok: ...` for each check; a failed check ends
 the program with a traceback. After the second execution's first step it
 takes the second and leaves without ending it: the test then checks the
@@ -12,6 +13,7 @@ cluster gave it back.
 """
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -97,6 +99,13 @@ async def over_stdio():
         refused, error = await call(client, "set_lead", {"execution_id": first, "agent_id": "mcp-third"})
         check(error and refused["error"]["code"] == "permission_denied" and refused["error"]["message"],
               f"set_lead by an agent that may not is refused with the cluster's reason: {refused}")
+        # In the session, the writer is an analyst: the matrix does not let it assign roles.
+        refused, error = await call(client, "assign_role", {
+            "execution_id": os.environ["SESSION"], "agent_id": "mcp-reader", "role": "developer"})
+        check(error and refused["error"]["code"] == "permission_denied" and "analyst" in refused["error"]["message"],
+              f"assign_role by an analyst is refused with the matrix's reason: {refused}")
+        mine, error = await call(client, "get_my_role", {"execution_id": os.environ["SESSION"]})
+        check(not error and mine["assignment"]["role"] == "analyst", f"get_my_role says analyst: {mine}")
         roster, error = await call(client, "get_organization_roster", {"filter": "all"})
         check(not error and roster["agent_context"]["id"] == "mcp-writer"
               and any(agent["id"] == "mcp-third" for agent in roster["colleagues"]),
@@ -108,6 +117,10 @@ async def over_stdio():
         prompt = await client.read_resource("muster://prompt")
         check("mcp-writer" in prompt.contents[0].text, "the rendered system prompt is the agent's")
 
+        # The last step is taken, and the client goes away without ending it.
+        taken, error = await call(client, "next_assignment", {"wait_seconds": 30})
+        check(not error and taken["assignment"]["step_id"] == "s2", "s2 is taken, and the stdio client exits")
+
 
 def http_client(token):
     return Client(streamable_http_client(os.environ["MCP_URL"], http_client=httpx2.AsyncClient(
@@ -116,6 +129,30 @@ def http_client(token):
 
 async def over_http():
     second = os.environ["SECOND_EXECUTION"]
+    async with httpx2.AsyncClient() as plain:
+        initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+        anonymous = await plain.post(os.environ["MCP_URL"], json=initialize)
+        check(anonymous.status_code == 401 and "Bearer" in anonymous.text, "a request without a token is answered 401")
+        forged = await plain.post(os.environ["MCP_URL"], json=initialize, headers={"Authorization": "Bearer forged"})
+        check(forged.status_code == 401 and "refused" in forged.text, f"a token the roster refuses is answered 401: {forged.text}")
+
+    # An agent holds at most 8 subscriptions at once.
+    async with http_client(os.environ["THIRD_TOKEN"]) as third, contextlib.AsyncExitStack() as held:
+        for _ in range(8):
+            await held.enter_async_context(third.listen(resource_subscriptions=["muster://notifications"]))
+        refused = None
+        try:
+            # Acknowledged before the server knows whose it is; then ended with the refusal.
+            async with third.listen(resource_subscriptions=["muster://notifications"]) as ninth:
+                async with asyncio.timeout(10):
+                    async for _ in ninth:
+                        break
+        except Exception as error:  # noqa: BLE001 - the SDK's refusal, whatever its class
+            refused = f"{type(error).__name__}: {error}"
+        # The SDK reports the refusal (-32600, "an agent may hold 8 subscriptions at once") as the stream's loss.
+        check(refused is not None and ("8 subscriptions" in refused or "SubscriptionLost" in refused),
+              f"a ninth subscription is ended at once: {refused}")
+
     async with http_client(os.environ["THIRD_TOKEN"]) as third, http_client(os.environ["READER_TOKEN"]) as reader:
         # The reader sees none of the third agent's steps.
         nothing, error = await call(reader, "next_assignment", {"wait_seconds": 1})

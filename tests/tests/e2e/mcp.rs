@@ -14,19 +14,32 @@ use std::{process::Stdio, time::Duration};
 
 use muster_proto::{
     common::v1::ExecutionStatus,
-    execution::v1::{GetExecutionRequest, ListMemoryRequest, MemoryScope, StepStatus},
+    execution::v1::{
+        Execution, GetExecutionRequest, ListMemoryRequest, MemoryScope, PublishProcessRequest, RoleAssignment,
+        SessionTask, StartSessionRequest, StepStatus,
+    },
 };
 use muster_tests::{Backend, StubBehaviour, TestCluster, agent, publish_and_start, spawn_worker};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 use super::clients::{repository, tool};
 
-/// A two-step chain for `executor`, `informed` hearing of each step.
-fn chain(name: &str, executor: &str, informed: &str) -> String {
-    format!(
-        "name: {name}\nsteps:\n  - id: s0\n    type: agent_task\n    agent: {executor}\n    message: first\n    roles:\n      executor: {executor}\n      informed: [{informed}]\n  - id: s1\n    type: agent_task\n    agent: {executor}\n    message: second\n    depends_on: [s0]\n    roles:\n      executor: {executor}\n      informed: [{informed}]\n"
-    )
+/// A chain of `length` steps for `executor`, `informed` hearing of each step.
+fn chain(name: &str, length: usize, executor: &str, informed: &str) -> String {
+    let mut yaml = format!("name: {name}\nsteps:\n");
+    for index in 0..length {
+        yaml.push_str(&format!(
+            "  - id: s{index}\n    type: agent_task\n    agent: {executor}\n    message: step {index}\n    roles:\n      executor: {executor}\n      informed: [{informed}]\n"
+        ));
+        if index > 0 {
+            yaml.push_str(&format!("    depends_on: [s{}]\n", index - 1));
+        }
+    }
+    yaml
 }
+
+/// A session's process: one approval its lead decides.
+const SESSION: &str = "name: mcp-session\nsteps:\n  - id: gate\n    type: human_approval\n    roles: {executor: mcp-third}\n    approvers: [mcp-third]\n";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_client_is_a_member_of_the_team() {
@@ -39,8 +52,36 @@ async fn an_mcp_client_is_a_member_of_the_team() {
     ];
     let tokens = test.register_agents(&agents).await;
     let mut execution = test.execution();
-    let first = publish_and_start(&mut execution, &chain("mcp-first", "mcp-writer", "mcp-reader")).await;
-    let second = publish_and_start(&mut execution, &chain("mcp-second", "mcp-third", "mcp-reader")).await;
+    let first = publish_and_start(&mut execution, &chain("mcp-first", 3, "mcp-writer", "mcp-reader")).await;
+    let second = publish_and_start(&mut execution, &chain("mcp-second", 2, "mcp-third", "mcp-reader")).await;
+    execution
+        .publish_process(PublishProcessRequest { source: SESSION.to_owned(), file_name: String::new() })
+        .await
+        .unwrap();
+    let session = muster_tests::start_session(
+        &mut execution,
+        StartSessionRequest {
+            process_name: "mcp-session".into(),
+            lead_agent_id: "mcp-third".into(),
+            participants: vec![RoleAssignment {
+                agent_id: "mcp-writer".into(),
+                role: "analyst".into(),
+                subtask: "measure it".into(),
+                ..Default::default()
+            }],
+            task: Some(SessionTask { title: "measure".into(), description: String::new() }),
+            ..Default::default()
+        },
+    )
+    .await;
+
+    // Over HTTP each client brings its own token: one given to the server is refused.
+    let mut environment = test.command_environment();
+    environment.push(("MUSTER_TOKEN".to_owned(), tokens[0].clone()));
+    let refused =
+        muster_tests::command::run(["mcp", "--listen", "127.0.0.1:0"].map(String::from).to_vec(), environment).await;
+    let said = muster_tests::command::text(&refused);
+    assert!(!refused.status.success() && said.contains("refused with --listen"), "{said}");
 
     // The HTTP server, letting an agent go after 2 s without a call.
     let mut server = tokio::process::Command::new(muster_tests::command::muster());
@@ -74,6 +115,7 @@ async fn an_mcp_client_is_a_member_of_the_team() {
         .env("READER_TOKEN", &tokens[2])
         .env("FIRST_EXECUTION", &first)
         .env("SECOND_EXECUTION", &second)
+        .env("SESSION", &session)
         .stdout(Stdio::piped())
         .kill_on_drop(true);
     let mut scenarios = scenarios.spawn().expect("starting the scenarios");
@@ -91,13 +133,12 @@ async fn an_mcp_client_is_a_member_of_the_team() {
     assert!(status.success(), "the MCP scenarios failed:\n{printed}");
     assert!(printed.lines().filter(|line| line.starts_with("ok: ")).count() >= 25, "{printed}");
 
-    // The run taken step by step over stdio completed, with its outputs and notes.
-    let run = execution.get_execution(GetExecutionRequest { id: first.clone() }).await.unwrap().into_inner();
-    let run = run.execution.unwrap();
-    assert_eq!(run.status(), ExecutionStatus::Completed, "{run:?}");
-    let outputs: Vec<_> = run.steps.iter().map(|step| muster_tests::json_of(&step.output)).collect();
+    // The run taken step by step over stdio: the step the client held when it
+    // went away goes back to the cluster and to another worker of the agent.
+    let run = finished(&test, &tokens[0], "mcp-writer", &first).await;
+    let outputs: Vec<_> = run.steps.iter().take(2).map(|step| muster_tests::json_of(&step.output)).collect();
     assert_eq!(outputs, [serde_json::json!({"text": "done s0"}), serde_json::json!({"text": "done s1"})]);
-    assert!(run.steps.iter().all(|step| step.tokens_used == 7), "{:?}", run.steps);
+    assert!(run.steps.iter().take(2).all(|step| step.tokens_used == 7), "{:?}", run.steps);
     let memory = execution
         .list_memory(ListMemoryRequest { scope: MemoryScope::Global as i32, ..Default::default() })
         .await
@@ -109,23 +150,29 @@ async fn an_mcp_client_is_a_member_of_the_team() {
     // The step the vanished client held goes back to the cluster and to another worker.
     let abandoned = printed.lines().filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok()).next();
     assert!(abandoned.is_some_and(|line| line["abandoned"].is_string()), "{printed}");
-    let credentials =
-        vec![muster::worker::AgentCredential { agent_id: "mcp-third".to_owned(), token: tokens[1].clone() }];
-    let (stop, worker) = spawn_worker(test.caller("execution", &tokens[1]), credentials, StubBehaviour);
+    let run = finished(&test, &tokens[1], "mcp-third", &second).await;
+    assert_eq!(run.steps[1].status(), StepStatus::Completed, "{run:?}");
+    let _ = server.kill().await;
+    test.shutdown().await;
+}
+
+/// The execution once a stub worker of `agent_id` has taken what the MCP
+/// clients left: it completes only if their held steps were given back.
+async fn finished(test: &TestCluster, token: &str, agent_id: &str, execution_id: &str) -> Execution {
+    let credentials = vec![muster::worker::AgentCredential { agent_id: agent_id.to_owned(), token: token.to_owned() }];
+    let (stop, worker) = spawn_worker(test.caller("execution", token), credentials, StubBehaviour);
+    let mut execution = test.execution();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    let finished = loop {
-        let run = execution.get_execution(GetExecutionRequest { id: second.clone() }).await.unwrap();
+    let run = loop {
+        let run = execution.get_execution(GetExecutionRequest { id: execution_id.to_owned() }).await.unwrap();
         let run = run.into_inner().execution.unwrap();
         if run.status() == ExecutionStatus::Completed || tokio::time::Instant::now() > deadline {
             break run;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    assert_eq!(finished.status(), ExecutionStatus::Completed, "the abandoned step was given back: {finished:?}");
-    let last = finished.steps.iter().find(|step| step.step_id == "s1").unwrap();
-    assert_eq!(last.status(), StepStatus::Completed);
     let _ = stop.send(());
     let _ = worker.await;
-    let _ = server.kill().await;
-    test.shutdown().await;
+    assert_eq!(run.status(), ExecutionStatus::Completed, "the abandoned step was given back: {run:?}");
+    run
 }
