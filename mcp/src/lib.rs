@@ -8,7 +8,7 @@
 //!   `acknowledge_notifications`), and the work loop: `next_assignment`
 //!   takes the agent's next step as a worker receives it (the server holds
 //!   it as a worker does: heartbeats, lease), `complete_step`, `fail_step`
-//!   and `delegate_task` end it, `invoke_tool` calls a tool another worker
+//!   and `delegate_step` end it, `invoke_tool` calls a tool another worker
 //!   provides ([`tools`]).
 //! - **Resources**: the agent's notifications (`muster://notifications`,
 //!   paged), its role, its rendered system prompt and the organisation's

@@ -90,7 +90,7 @@ impl ServerHandler for McpServer {
             .with_server_info(Implementation::new("muster", env!("CARGO_PKG_VERSION")))
             .with_instructions(
                 "You are an agent of a muster cluster. Take your steps with next_assignment and end each with \
-                 complete_step, fail_step or delegate_task; the cluster's authority decides every call. Your \
+                 complete_step, fail_step or delegate_step; the cluster's authority decides every call. Your \
                  notifications are the resource muster://notifications.",
             )
     }

@@ -16,7 +16,7 @@ use muster_agent::{
 };
 use muster_client::schema::message_schema;
 use muster_proto::{
-    execution::v1::{SetLeadRequest, StartSessionRequest, StepFailure, StepResult},
+    execution::v1::{DelegateStep, SetLeadRequest, StartSessionRequest, StepFailure, StepResult},
     notifier::v1::{AcknowledgeNotificationsRequest, ListNotificationsRequest},
 };
 use muster_worker::StepOutcome;
@@ -58,7 +58,7 @@ pub(crate) static TOOLS: LazyLock<Vec<Offered>> = LazyLock::new(|| {
         name: "next_assignment",
         description: format!(
             "Wait for the next step assigned to you (at most `wait_seconds`, up to {MAX_WAIT_SECONDS}; default 30) and \
-             take it: it is yours until you end it with complete_step, fail_step or delegate_task, or the cluster \
+             take it: it is yours until you end it with complete_step, fail_step or delegate_step, or the cluster \
              withdraws it. Answers {{\"assignment\": null}} when none came in time."
         ),
         schema: object(json!({
@@ -80,6 +80,15 @@ pub(crate) static TOOLS: LazyLock<Vec<Offered>> = LazyLock::new(|| {
         "End a step you hold as failed, with a stable error code, what went wrong and whether another attempt may \
          succeed.",
         "muster.execution.v1.StepFailure",
+        &[],
+    ));
+    tools.push(contract(
+        "delegate_step",
+        "Hand a step you hold onward, with the fields of the worker protocol's DelegateStep: a named colleague \
+         (`to_agent_id`), or whoever the roster picks for `required_expertise` (and `required_role`); `reason` \
+         for the audit trail. Accepted, the step is theirs; refused, it stays yours and the reason comes back. \
+         (delegate_task does the same with the agent catalogue's arguments.)",
+        "muster.execution.v1.DelegateStep",
         &[],
     ));
     tools.push(contract(
@@ -214,6 +223,25 @@ pub(crate) async fn call(member: &Member, name: &str, call_id: &str, arguments: 
                 retryable: failure.retryable,
             };
             ended(held.end(outcome), &failure.assignment_id, "failed")
+        }
+        "delegate_step" => {
+            let request: DelegateStep = read(&arguments, "muster.execution.v1.DelegateStep")?;
+            let held = member.take(&request.assignment_id).map_err(|why| ToolError::new("not_found", why))?;
+            let answer = held.step.delegate(request).await;
+            match answer {
+                Ok(outcome) if outcome.accepted => {
+                    let id = held.assignment.assignment_id.clone();
+                    held.end(StepOutcome::HandedOff);
+                    Ok(json!({"delegated": true, "assignment_id": id, "decision": outcome.reason}))
+                }
+                refused => {
+                    member.put_back(held);
+                    Err(match refused {
+                        Ok(outcome) => ToolError::new("delegation_refused", outcome.reason),
+                        Err(why) => ToolError::new("unavailable", why),
+                    })
+                }
+            }
         }
         "start_session" => {
             let request: StartSessionRequest = read(&arguments, "muster.execution.v1.StartSessionRequest")?;

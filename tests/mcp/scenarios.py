@@ -46,7 +46,7 @@ async def call(client, name, arguments):
 WORK_TOOLS = {
     "get_organization_roster", "delegate_task", "get_my_role", "role_check", "assign_role", "post_to_inbox",
     "remember", "start_session", "set_lead", "list_notifications", "acknowledge_notifications", "next_assignment",
-    "complete_step", "fail_step", "invoke_tool",
+    "complete_step", "fail_step", "delegate_step", "invoke_tool",
 }
 
 
@@ -75,6 +75,12 @@ async def over_stdio():
             assignment = taken["assignment"]
             check(assignment["execution_id"] == first and assignment["step_id"] == f"s{index}",
                   f"it is s{index} of {first}")
+            if index == 0:
+                refused, error = await call(client, "delegate_step", {
+                    "assignment_id": assignment["assignment_id"], "to_agent_id": "nobody", "reason": "try"})
+                check(error and refused["error"]["code"] == "delegation_refused"
+                      and "does not allow delegation" in refused["error"]["message"],
+                      f"a delegation the cluster refuses says why, and the step stays held: {refused}")
             noted, error = await call(client, "remember", {"assignment_id": assignment["assignment_id"],
                                                             "text": f"s{index} was done over MCP", "scope": "global"})
             check(not error and noted["remembered"], "a note is kept for the step")
