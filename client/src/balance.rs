@@ -281,35 +281,53 @@ impl Service<http::Request<Body>> for Balanced {
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let shared = self.shared.clone();
+        let call = crate::observe::started(request.uri().path());
+        let response = dispatch(shared, request);
         Box::pin(async move {
-            let no_target = || -> BoxError { "no address to call".into() };
-            if !is_idempotent(request.uri().path()) {
-                let target = shared.pick().ok_or_else(no_target)?;
-                return send(&target, request).await;
-            }
-            // A read's request is one small message: kept to send again.
-            let (parts, body) = request.into_parts();
-            let body = body.collect().await?.to_bytes();
-            let mut pause = FIRST_PAUSE;
-            let mut attempt = 1;
-            loop {
-                let target = shared.pick().ok_or_else(no_target)?;
-                let request =
-                    http::Request::from_parts(parts.clone(), Body::new(http_body_util::Full::new(body.clone())));
-                let response = send(&target, request).await;
-                let retry = match &response {
-                    Ok(response) => unavailable(response),
-                    Err(_) => true,
-                };
-                if !retry || attempt == MAX_ATTEMPTS {
-                    return response;
+            let response = response.await;
+            let Some(call) = call else { return response };
+            match response {
+                Ok(response) => Ok(crate::observe::reported(response, call)),
+                Err(error) => {
+                    call.ended(tonic::Code::Unavailable);
+                    Err(error)
                 }
-                tracing::debug!(path = %parts.uri.path(), attempt, "call unavailable; trying again");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(1));
-                attempt += 1;
             }
         })
+    }
+}
+
+/// Sends a call to one of the replicas; a read that finds its replica
+/// unavailable is tried again on another.
+async fn dispatch(
+    shared: Arc<Shared>,
+    request: http::Request<Body>,
+) -> std::result::Result<http::Response<Body>, BoxError> {
+    let no_target = || -> BoxError { "no address to call".into() };
+    if !is_idempotent(request.uri().path()) {
+        let target = shared.pick().ok_or_else(no_target)?;
+        return send(&target, request).await;
+    }
+    // A read's request is one small message: kept to send again.
+    let (parts, body) = request.into_parts();
+    let body = body.collect().await?.to_bytes();
+    let mut pause = FIRST_PAUSE;
+    let mut attempt = 1;
+    loop {
+        let target = shared.pick().ok_or_else(no_target)?;
+        let request = http::Request::from_parts(parts.clone(), Body::new(http_body_util::Full::new(body.clone())));
+        let response = send(&target, request).await;
+        let retry = match &response {
+            Ok(response) => unavailable(response),
+            Err(_) => true,
+        };
+        if !retry || attempt == MAX_ATTEMPTS {
+            return response;
+        }
+        tracing::debug!(path = %parts.uri.path(), attempt, "call unavailable; trying again");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+        attempt += 1;
     }
 }
 

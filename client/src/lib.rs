@@ -20,6 +20,7 @@ pub mod auth;
 pub mod balance;
 pub mod json;
 pub mod limits;
+pub mod observe;
 pub mod schema;
 pub mod status;
 pub mod time;

@@ -23,6 +23,7 @@ use std::{
     time::Instant,
 };
 
+use muster_client::observe::status_of;
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric as _},
@@ -46,6 +47,13 @@ const BUCKETS: [f64; 12] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1
 
 fn latency_histogram() -> Histogram {
     Histogram::new(BUCKETS)
+}
+
+/// Upper bounds of the buckets of long durations (runs of processes), in seconds.
+const LONG_BUCKETS: [f64; 14] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0];
+
+fn long_histogram() -> Histogram {
+    Histogram::new(LONG_BUCKETS)
 }
 
 /// The series registered under one name: a family by labels, or one series
@@ -151,11 +159,27 @@ pub fn set(name: &'static str, help: &'static str, pairs: &[(&str, &str)], value
 
 /// Records one observation, in seconds, in a histogram.
 pub fn observe(name: &'static str, help: &'static str, pairs: &[(&str, &str)], seconds: f64) {
+    observe_in(latency_histogram, name, help, pairs, seconds);
+}
+
+/// [`observe`] for durations of seconds to hours (a process's runs): buckets
+/// from 50 ms to 4 h.
+pub fn observe_long(name: &'static str, help: &'static str, pairs: &[(&str, &str)], seconds: f64) {
+    observe_in(long_histogram, name, help, pairs, seconds);
+}
+
+fn observe_in(
+    buckets: fn() -> Histogram,
+    name: &'static str,
+    help: &'static str,
+    pairs: &[(&str, &str)],
+    seconds: f64,
+) {
     let make = || {
         if pairs.is_empty() {
-            Metric::Histogram(latency_histogram())
+            Metric::Histogram(buckets())
         } else {
-            Metric::Histograms(Family::new_with_constructor(latency_histogram as fn() -> Histogram))
+            Metric::Histograms(Family::new_with_constructor(buckets))
         }
     };
     with_metric(name, help, make, |metric| match metric {
@@ -305,18 +329,34 @@ fn standard_code_name(code: tonic::Code) -> &'static str {
     }
 }
 
-/// The `grpc-status` of a header map.
-fn status_of(headers: &http::HeaderMap) -> Option<tonic::Code> {
-    headers.get("grpc-status")?.to_str().ok()?.parse::<i32>().ok().map(tonic::Code::from)
-}
-
 /// The `grpc_type` of each of muster's methods, by path.
 static METHOD_TYPES: std::sync::LazyLock<HashMap<&'static str, &'static str>> = std::sync::LazyLock::new(|| {
     muster_proto::limits::METHODS.iter().map(|method| (method.path, method.kind)).collect()
 });
 
+/// Which end of a call the standard metrics count: the names of its series.
+#[derive(Clone, Copy)]
+struct Side {
+    started: (&'static str, &'static str),
+    handled: (&'static str, &'static str),
+    handling: (&'static str, &'static str),
+}
+
+const SERVER: Side = Side {
+    started: ("grpc_server_started_total", "gRPC calls started on the server"),
+    handled: ("grpc_server_handled_total", "gRPC calls completed on the server, by the code they ended with"),
+    handling: ("grpc_server_handling_seconds", "Time from the start of gRPC calls to their end, on the server"),
+};
+
+const CLIENT: Side = Side {
+    started: ("grpc_client_started_total", "gRPC calls this process started as a client"),
+    handled: ("grpc_client_handled_total", "gRPC calls this process made, by the code they ended with"),
+    handling: ("grpc_client_handling_seconds", "Time from the start of gRPC calls this process made to their end"),
+};
+
 /// One call as the standard metrics see it, recorded once when it ends.
 struct Call {
+    side: Side,
     /// `grpc_type`, `grpc_service`, `grpc_method`.
     labels: [(&'static str, String); 3],
     started: Instant,
@@ -324,83 +364,58 @@ struct Call {
 }
 
 impl Call {
-    fn start(path: &str) -> Self {
+    fn start(side: Side, path: &str) -> Self {
         let (service, method) = path.trim_start_matches('/').split_once('/').unwrap_or(("", path));
         let kind = METHOD_TYPES.get(path).copied().unwrap_or("unary");
         let labels =
             [("grpc_type", kind.to_owned()), ("grpc_service", service.to_owned()), ("grpc_method", method.to_owned())];
         let pairs: Vec<(&str, &str)> = labels.iter().map(|(name, value)| (*name, value.as_str())).collect();
-        count("grpc_server_started_total", "gRPC calls started on the server", &pairs, 1);
-        Self { labels, started: Instant::now(), recorded: false }
+        count(side.started.0, side.started.1, &pairs, 1);
+        Self { side, labels, started: Instant::now(), recorded: false }
     }
+}
 
+impl Call {
+    /// Records the call's end, once.
     fn end(&mut self, code: tonic::Code) {
         if std::mem::replace(&mut self.recorded, true) {
             return;
         }
         let mut pairs: Vec<(&str, &str)> = self.labels.iter().map(|(name, value)| (*name, value.as_str())).collect();
-        observe(
-            "grpc_server_handling_seconds",
-            "Time from the start of gRPC calls to their end, on the server",
-            &pairs,
-            self.started.elapsed().as_secs_f64(),
-        );
+        observe(self.side.handling.0, self.side.handling.1, &pairs, self.started.elapsed().as_secs_f64());
         pairs.push(("grpc_code", standard_code_name(code)));
-        count(
-            "grpc_server_handled_total",
-            "gRPC calls completed on the server, by the code they ended with",
-            &pairs,
-            1,
-        );
+        count(self.side.handled.0, self.side.handled.1, &pairs, 1);
+    }
+}
+
+impl muster_client::observe::Ended for Call {
+    fn ended(mut self: Box<Self>, code: tonic::Code) {
+        self.end(code);
     }
 }
 
 impl Drop for Call {
-    /// An answer dropped before its end: the call was cancelled.
+    /// A call dropped before its answer came: it was cancelled.
     fn drop(&mut self) {
         self.end(tonic::Code::Cancelled);
     }
 }
 
-/// A response body that records its call when its trailers go out.
-struct Recorded {
-    body: tonic::body::Body,
-    call: Call,
+/// Records the calls this process's clients make (the services' calls of
+/// one another) as the standard gRPC client metrics.
+struct ClientCalls;
+
+impl muster_client::observe::Observer for ClientCalls {
+    fn started(&self, path: &str) -> Box<dyn muster_client::observe::Ended> {
+        Box::new(Call::start(CLIENT, path))
+    }
 }
 
-impl http_body::Body for Recorded {
-    type Data = bytes::Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        context: &mut Context<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(context);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(trailers) = frame.trailers_ref() {
-                    let code = status_of(trailers).unwrap_or(tonic::Code::Ok);
-                    self.call.end(code);
-                }
-            }
-            Poll::Ready(Some(Err(status))) => {
-                let code = status.code();
-                self.call.end(code);
-            }
-            Poll::Ready(None) => self.call.end(tonic::Code::Ok),
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
+/// Counts the calls this process makes as a client, from now on:
+/// `grpc_client_started_total`, `grpc_client_handled_total` and
+/// `grpc_client_handling_seconds`, labelled as the server's.
+pub fn record_client_calls() {
+    muster_client::observe::install(ClientCalls);
 }
 
 /// The tower layer that times every gRPC call by method and status code.
@@ -438,11 +453,11 @@ where
         let method = request.uri().path().to_owned();
         // Health, reflection and scrapes are not the service's calls.
         let recorded = !(method.starts_with("/grpc.") || method == "/metrics");
-        let call = recorded.then(|| Call::start(&method));
+        let call = recorded.then(|| Call::start(SERVER, &method));
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
-            let Some(mut call) = call else { return Ok(response) };
+            let Some(call) = call else { return Ok(response) };
             // Errors answered at once carry their code in the headers (a
             // trailers-only answer: the call has ended); the others end with
             // it in the body's trailers.
@@ -455,11 +470,7 @@ where
                 &labels,
                 call.started.elapsed().as_secs_f64(),
             );
-            if let Some(code) = refused {
-                call.end(code);
-                return Ok(response);
-            }
-            Ok(response.map(|body| tonic::body::Body::new(Recorded { body, call })))
+            Ok(muster_client::observe::reported(response, Box::new(call)))
         })
     }
 }

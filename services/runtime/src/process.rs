@@ -72,6 +72,7 @@ where
     Failure: Display,
 {
     crate::files::private_umask();
+    crate::metrics::record_client_calls();
     let telemetry = match crate::telemetry::init(name, logs.format, logs.filter) {
         Ok(telemetry) => telemetry,
         Err(error) => {

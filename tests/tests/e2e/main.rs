@@ -18,6 +18,7 @@ mod data_at_rest;
 mod delegation_notice;
 mod examples;
 mod execution;
+mod go_client;
 mod inbox;
 mod inbox_folders;
 mod limits;

@@ -113,6 +113,14 @@ async fn every_service_serves_its_metrics() {
         "# TYPE muster_steps counter",
         "muster_steps_total{outcome=\"completed\"} 2",
         "muster_steps_total{outcome=\"failed\"} 1",
+        // Runs by process and how they ended.
+        // The execution service's own calls of the roster, as a client.
+        "grpc_client_handled_total{grpc_type=\"unary\",grpc_service=\"muster.roster.v1.RosterService\",grpc_method=\"DelegateBatch\",grpc_code=\"OK\"} ",
+        "grpc_client_started_total{grpc_type=\"bidi_stream\",grpc_service=\"muster.notifier.v1.NotifierService\",grpc_method=\"IngestEvents\"} ",
+        "# TYPE grpc_client_handling_seconds histogram",
+        "muster_process_runs_total{process=\"measured\",status=\"failed\"} 1",
+        "muster_process_run_duration_seconds_count{process=\"measured\",status=\"failed\"} 1",
+        "muster_process_run_duration_seconds_bucket{le=\"14400.0\",process=\"measured\",status=\"failed\"} 1",
         "muster_rpc_requests_total{method=\"/muster.execution.v1.ExecutionService/StartExecution\",code=\"OK\"} 1",
         "# TYPE muster_rpc_duration_seconds histogram",
         "muster_build_info{version=\"0.1.0\"} 1",

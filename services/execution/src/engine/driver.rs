@@ -1427,6 +1427,19 @@ impl Driver {
         self.stage_execution();
         self.flush().await?;
         tracing::info!(execution_id = %self.execution.id, status = self.execution.status.as_str(), reason = %self.execution.reason, "execution finished");
+        let outcome = [("process", self.execution.process_name.as_str()), ("status", self.execution.status.as_str())];
+        muster_runtime::metrics::count(
+            "muster_process_runs_total",
+            "Executions that ended, by process and how (completed, failed, cancelled)",
+            &outcome,
+            1,
+        );
+        muster_runtime::metrics::observe_long(
+            "muster_process_run_duration_seconds",
+            "How long executions took from their start to their end, by process and how they ended",
+            &outcome,
+            (now - self.execution.started_at).max(0) as f64 / 1000.0,
+        );
         if let Some(inbox) = self.process.definition.triggers.as_ref().and_then(|triggers| triggers.inbox.clone()) {
             self.engine.spawn_trigger(inbox, Cause::Settled);
         }
