@@ -1,9 +1,10 @@
 //! Logs and traces.
 //!
 //! Logs: `tracing` with a human format on a terminal and JSON lines
-//! otherwise, filtered by `MUSTER_LOG`. While traces are exported, each JSON
-//! line written inside a traced span starts with its `trace_id` and
-//! `span_id`, so a log line leads to its trace and back.
+//! otherwise, filtered by `MUSTER_LOG`; a field logged as a list is a JSON
+//! array in them. While traces are exported, each JSON line written inside a
+//! traced span starts with its `trace_id` and `span_id`, so a log line leads
+//! to its trace and back.
 //!
 //! Traces: when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, the same `tracing` spans are
@@ -19,7 +20,7 @@
 //! [`continue_from`]). Those live in [`muster_client::trace`], which every
 //! client links, and are re-exported here.
 
-use std::io::IsTerminal;
+use std::{fmt::Write as _, io::IsTerminal};
 
 pub use muster_client::trace::{TraceContextInterceptor, continue_from, extract, traceparent};
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
@@ -102,15 +103,16 @@ fn tracer_provider(service: &str) -> crate::Result<SdkTracerProvider> {
     Ok(SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build())
 }
 
-/// A JSON event format that puts the OpenTelemetry trace and span ids of the
-/// event's span first in each line (`{"trace_id":"…","span_id":"…",…`),
-/// when the span is traced.
-struct WithTraceIds<F> {
-    inner: F,
+/// The JSON line of an event: `{"timestamp":…,"level":…,"fields":{…},
+/// "target":…,"spans":[…]}`, with the OpenTelemetry trace and span ids of
+/// the event's span first (`{"trace_id":"…","span_id":"…",…`) when the span
+/// is traced. A field whose text is a JSON array (a list logged with `?`,
+/// such as `?agents`) is written as that array, not as a string.
+struct JsonLine {
     dispatch: DispatchSlot,
 }
 
-/// The subscriber a [`WithTraceIds`] formats for: while an event is being
+/// The subscriber a [`JsonLine`] formats for: while an event is being
 /// dispatched, the current dispatcher is out of reach, and the span's trace
 /// context is read through this one.
 #[derive(Clone, Default)]
@@ -122,11 +124,10 @@ impl<S: tracing::Subscriber> Layer<S> for DispatchSlot {
     }
 }
 
-impl<S, N, F> fmt::FormatEvent<S, N> for WithTraceIds<F>
+impl<S, N> fmt::FormatEvent<S, N> for JsonLine
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
     N: for<'a> fmt::FormatFields<'a> + 'static,
-    F: fmt::FormatEvent<S, N>,
 {
     fn format_event(
         &self,
@@ -134,20 +135,90 @@ where
         mut writer: fmt::format::Writer<'_>,
         event: &tracing::Event<'_>,
     ) -> std::fmt::Result {
+        use fmt::time::FormatTime as _;
         let traced = context.lookup_current().and_then(|span| {
             let dispatch = self.dispatch.0.get()?.upgrade()?;
             tracing_opentelemetry::get_otel_context(&span.id(), &dispatch)
         });
         let ids = traced.map(|traced| traced.span().span_context().clone()).filter(|ids| ids.is_valid());
-        let Some(ids) = ids else { return self.inner.format_event(context, writer, event) };
-        let mut line = String::new();
-        self.inner.format_event(context, fmt::format::Writer::new(&mut line), event)?;
-        match line.strip_prefix('{') {
-            Some(rest) => {
-                write!(writer, "{{\"trace_id\":\"{}\",\"span_id\":\"{}\",{rest}", ids.trace_id(), ids.span_id())
-            }
-            None => writer.write_str(&line),
+        let mut line = String::with_capacity(256);
+        line.push('{');
+        if let Some(ids) = ids {
+            write!(line, "\"trace_id\":\"{}\",\"span_id\":\"{}\",", ids.trace_id(), ids.span_id())?;
         }
+        line.push_str("\"timestamp\":\"");
+        fmt::time::SystemTime.format_time(&mut fmt::format::Writer::new(&mut line))?;
+        write!(line, "\",\"level\":\"{}\",\"fields\":{{", event.metadata().level())?;
+        let mut fields = JsonFields { line: &mut line, first: true };
+        event.record(&mut fields);
+        write!(line, "}},\"target\":{}", Json::from(event.metadata().target()))?;
+        if let Some(scope) = context.event_scope() {
+            line.push_str(",\"spans\":[");
+            for (index, span) in scope.from_root().enumerate() {
+                if index > 0 {
+                    line.push(',');
+                }
+                let extensions = span.extensions();
+                let recorded = extensions.get::<fmt::FormattedFields<N>>().map_or("", |fields| fields.fields.as_str());
+                let inner = recorded.trim().strip_prefix('{').and_then(|rest| rest.strip_suffix('}')).unwrap_or("");
+                let comma = if inner.trim().is_empty() { "" } else { "," };
+                write!(line, "{{{inner}{comma}\"name\":{}}}", Json::from(span.name()))?;
+            }
+            line.push(']');
+        }
+        line.push('}');
+        writeln!(writer, "{line}")
+    }
+}
+
+type Json = serde_json::Value;
+
+/// Writes an event's fields into a JSON object being written.
+struct JsonFields<'a> {
+    line: &'a mut String,
+    first: bool,
+}
+
+impl JsonFields<'_> {
+    fn field(&mut self, name: &str, value: &Json) {
+        if !std::mem::take(&mut self.first) {
+            self.line.push(',');
+        }
+        let _ = write!(self.line, "{}:{value}", Json::from(name));
+    }
+}
+
+impl tracing::field::Visit for JsonFields<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        let text = format!("{value:?}");
+        let list = (field.name() != "message" && text.starts_with('['))
+            .then(|| serde_json::from_str::<Json>(&text).ok().filter(Json::is_array))
+            .flatten();
+        self.field(field.name(), &list.unwrap_or(Json::String(text)));
+    }
+
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.field(field.name(), &Json::from(value));
+    }
+
+    fn record_i64(&mut self, field: &tracing::field::Field, value: i64) {
+        self.field(field.name(), &Json::from(value));
+    }
+
+    fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+        self.field(field.name(), &Json::from(value));
+    }
+
+    fn record_f64(&mut self, field: &tracing::field::Field, value: f64) {
+        self.field(field.name(), &Json::from(value));
+    }
+
+    fn record_bool(&mut self, field: &tracing::field::Field, value: bool) {
+        self.field(field.name(), &Json::from(value));
+    }
+
+    fn record_error(&mut self, field: &tracing::field::Field, value: &(dyn std::error::Error + 'static)) {
+        self.field(field.name(), &Json::from(value.to_string()));
     }
 }
 
@@ -159,8 +230,7 @@ where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
     W: for<'w> fmt::MakeWriter<'w> + Send + Sync + 'static,
 {
-    let format = WithTraceIds { inner: fmt::format().json().with_current_span(false), dispatch };
-    fmt::layer().fmt_fields(fmt::format::JsonFields::new()).event_format(format).with_writer(writer)
+    fmt::layer().fmt_fields(fmt::format::JsonFields::new()).event_format(JsonLine { dispatch }).with_writer(writer)
 }
 
 #[cfg(test)]
@@ -209,5 +279,51 @@ mod tests {
             (expected.0.as_str(), expected.1.as_str())
         );
         assert_eq!(lines[1]["fields"]["step"], "s1", "the rest of the line is as before: {written}");
+        assert_eq!(lines[1]["spans"][0]["name"], "work", "{written}");
+    }
+
+    #[test]
+    fn json_lines_write_lists_as_arrays_and_keep_every_field() {
+        #[derive(Clone, Default)]
+        struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber =
+            tracing_subscriber::registry().with(json_logs(move || writer.clone(), DispatchSlot::default()));
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!("request", method = "Get", ids = ?["a", "b"]);
+            let _entered = span.enter();
+            let agents = vec!["writer-agent", "say \"hi\""];
+            let none: Vec<String> = Vec::new();
+            let address: std::net::SocketAddr = "[::1]:50051".parse().unwrap();
+            tracing::warn!(?agents, tools = ?none, count = 2_u64, ok = true, ratio = 0.5, peer = ?address, name = "x", "[not a list]");
+        });
+        let written = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        let line: serde_json::Value =
+            serde_json::from_str(written.trim()).unwrap_or_else(|error| panic!("{error}: {written}"));
+        let fields = &line["fields"];
+        assert_eq!(fields["agents"], serde_json::json!(["writer-agent", "say \"hi\""]), "{written}");
+        assert_eq!(fields["tools"], serde_json::json!([]), "{written}");
+        assert_eq!(
+            (fields["count"].clone(), fields["ok"].clone(), fields["ratio"].clone()),
+            (2.into(), true.into(), 0.5.into())
+        );
+        assert_eq!(fields["peer"], "[::1]:50051", "not JSON: kept as text");
+        assert_eq!(fields["message"], "[not a list]", "the message stays text");
+        assert_eq!(fields["name"], "x");
+        assert_eq!(line["level"], "WARN");
+        assert!(line["timestamp"].as_str().is_some_and(|time| time.ends_with('Z')), "{written}");
+        assert_eq!(line["spans"][0]["name"], "request", "{written}");
+        assert_eq!(line["spans"][0]["method"], "Get", "{written}");
+        assert!(line.get("trace_id").is_none());
     }
 }
