@@ -26,7 +26,7 @@ use crate::Settings;
 /// Steps offered to a member and not yet taken, most.
 const OFFERED: usize = 16;
 /// Steps one member may hold at once, most.
-pub(crate) const MAX_HELD: usize = 64;
+const MAX_HELD: usize = 64;
 
 /// A step offered by the execution service, waiting for `next_assignment`.
 struct Offer {

@@ -27,14 +27,14 @@ use tokio_stream::StreamExt as _;
 use crate::member::Member;
 
 /// The agent's notifications (`?after=CURSOR` for those after a cursor).
-pub(crate) const NOTIFICATIONS: &str = "muster://notifications";
+const NOTIFICATIONS: &str = "muster://notifications";
 const ROLE: &str = "muster://role";
 const PROMPT: &str = "muster://prompt";
 const ROSTER: &str = "muster://roster";
 /// Notifications one read of the resource gives, most.
 const NOTIFICATIONS_PAGE: u32 = 100;
 /// Subscriptions one agent may hold open at once.
-pub(crate) const MAX_SUBSCRIPTIONS: usize = 8;
+const MAX_SUBSCRIPTIONS: usize = 8;
 
 /// Tells the handler who it acts for.
 #[derive(Clone)]
@@ -170,11 +170,15 @@ impl ServerHandler for McpServer {
         member.touch();
         let uri = request.uri.as_str();
         let refused = |error: tonic::Status| McpError::invalid_request(ToolError::from(error).message, None);
-        let (text, mime) = match uri.split_once('?') {
-            _ if uri == NOTIFICATIONS || uri.starts_with(&format!("{NOTIFICATIONS}?")) => {
-                let after = match uri.split_once('?') {
+        let (base, query) = uri.split_once('?').map_or((uri, None), |(base, query)| (base, Some(query)));
+        if query.is_some() && base != NOTIFICATIONS {
+            return Err(McpError::resource_not_found(format!("no resource {uri}"), None));
+        }
+        let (text, mime) = match base {
+            NOTIFICATIONS => {
+                let after = match query {
                     None => 0,
-                    Some((_, query)) => query
+                    Some(query) => query
                         .strip_prefix("after=")
                         .and_then(|cursor| cursor.parse::<u64>().ok())
                         .ok_or_else(|| McpError::invalid_params(format!("{uri}: the query is `after=CURSOR`"), None))?,
@@ -192,7 +196,7 @@ impl ServerHandler for McpServer {
                 body["next"] = next.map_or(Value::Null, Value::String);
                 (body.to_string(), "application/json")
             }
-            _ if uri == ROLE => {
+            ROLE => {
                 let mut roster = member.roster.clone();
                 let agent = roster.get_agent(GetAgentRequest { id: member.agent_id.clone() }).await.map_err(refused)?;
                 let role = agent.into_inner().agent.map(|agent| agent.role).unwrap_or_default();
@@ -207,12 +211,12 @@ impl ServerHandler for McpServer {
                     )
                 }
             }
-            _ if uri == PROMPT => {
+            PROMPT => {
                 let request = RenderSystemPromptRequest { agent_id: member.agent_id.clone() };
                 let prompt = member.roster.clone().render_system_prompt(request).await.map_err(refused)?;
                 (prompt.into_inner().system_prompt, "text/plain")
             }
-            _ if uri == ROSTER => {
+            ROSTER => {
                 let request = GetOrganizationRosterRequest { agent_id: member.agent_id.clone(), ..Default::default() };
                 let roster = member.roster.clone().get_organization_roster(request).await.map_err(refused)?;
                 (

@@ -193,6 +193,16 @@ async def over_http():
         heard = json.loads((await reader.read_resource("muster://notifications")).contents[0].text)
         check(heard["notifications"] and all(item["agent_id"] == "mcp-reader" for item in heard["notifications"]),
               "the reader's notifications are its own")
+        last = max(int(item["cursor"]) for item in heard["notifications"])
+        later = json.loads((await reader.read_resource(f"muster://notifications?after={last}")).contents[0].text)
+        check(all(int(item["cursor"]) > last for item in later.get("notifications", [])),
+              f"the page after a cursor holds only later notifications: {later}")
+        try:
+            await reader.read_resource("muster://notifications?after=soon")
+            malformed = None
+        except Exception as error:  # noqa: BLE001 - the SDK's error, whatever its class
+            malformed = str(error)
+        check(malformed is not None and "after=CURSOR" in malformed, f"a malformed page is refused: {malformed}")
         listed, error = await call(third, "list_notifications", {})
         check(not error and all(item["agent_id"] == "mcp-third" for item in listed.get("notifications", [])),
               "the third agent's notifications are its own")

@@ -19,24 +19,10 @@ use muster_proto::{
         SessionTask, StartSessionRequest, StepStatus,
     },
 };
-use muster_tests::{Backend, StubBehaviour, TestCluster, agent, publish_and_start, spawn_worker};
+use muster_tests::{Backend, StubBehaviour, TestCluster, agent, chain_process, publish_and_start, spawn_worker};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 use super::clients::{repository, tool};
-
-/// A chain of `length` steps for `executor`, `informed` hearing of each step.
-fn chain(name: &str, length: usize, executor: &str, informed: &str) -> String {
-    let mut yaml = format!("name: {name}\nsteps:\n");
-    for index in 0..length {
-        yaml.push_str(&format!(
-            "  - id: s{index}\n    type: agent_task\n    agent: {executor}\n    message: step {index}\n    roles:\n      executor: {executor}\n      informed: [{informed}]\n"
-        ));
-        if index > 0 {
-            yaml.push_str(&format!("    depends_on: [s{}]\n", index - 1));
-        }
-    }
-    yaml
-}
 
 /// A session's process: one approval its lead decides.
 const SESSION: &str = "name: mcp-session\nsteps:\n  - id: gate\n    type: human_approval\n    roles: {executor: mcp-third}\n    approvers: [mcp-third]\n";
@@ -52,8 +38,10 @@ async fn an_mcp_client_is_a_member_of_the_team() {
     ];
     let tokens = test.register_agents(&agents).await;
     let mut execution = test.execution();
-    let first = publish_and_start(&mut execution, &chain("mcp-first", 3, "mcp-writer", "mcp-reader")).await;
-    let second = publish_and_start(&mut execution, &chain("mcp-second", 2, "mcp-third", "mcp-reader")).await;
+    let first =
+        publish_and_start(&mut execution, &chain_process("mcp-first", 3, "mcp-writer", "mcp-reader", "{}")).await;
+    let second =
+        publish_and_start(&mut execution, &chain_process("mcp-second", 2, "mcp-third", "mcp-reader", "{}")).await;
     execution
         .publish_process(PublishProcessRequest { source: SESSION.to_owned(), file_name: String::new() })
         .await
