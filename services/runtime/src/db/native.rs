@@ -606,6 +606,24 @@ mod tests {
     /// while the writer writes six times that.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn overlapping_readers_cannot_starve_the_checkpoints() {
+        // A reader descheduled for half a second on a loaded machine can make
+        // one RESTART busy, and the backoff after it lets the log grow past
+        // the bound: tried twice. A checkpointer the readers starve fails
+        // both (the log reaches the 24 MB written each time).
+        let mut sizes = Vec::new();
+        for _ in 0..2 {
+            let largest = largest_log_under_overlapping_readers().await;
+            if largest < 3 * crate::db::WAL_SIZE_LIMIT {
+                return;
+            }
+            sizes.push(largest);
+        }
+        panic!("the log reached {sizes:?} bytes");
+    }
+
+    /// The largest the log grew while two overlapping readers read and the
+    /// writer wrote 24 MB.
+    async fn largest_log_under_overlapping_readers() -> u64 {
         let (folder, url) = temporary_file();
         let database = Database::connect_lazy_with(&url, Connections { readers: 1, ..Connections::new(1) }).unwrap();
         sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, source TEXT NOT NULL)")
@@ -639,7 +657,7 @@ mod tests {
         }
         database.pool.close().await;
         database.reads.close().await;
-        assert!(largest < 3 * crate::db::WAL_SIZE_LIMIT, "the log reached {largest} bytes");
+        largest
     }
 
     /// How often the statement was prepared again after its first run, over
