@@ -58,7 +58,7 @@ pub fn reported(response: http::Response<Body>, ended: Box<dyn Ended>) -> http::
 }
 
 /// A response body that reports its call's end once.
-pub struct Reported {
+struct Reported {
     body: Body,
     ended: Option<Box<dyn Ended>>,
 }
