@@ -192,7 +192,7 @@ pub fn http_client() -> Result<reqwest::Client, Error> {
 }
 
 /// A message of the contract as JSON (the canonical mapping, default values
-/// left out), as tools answer with it.
-pub(crate) fn wire_json(message: &impl prost::Message, full_name: &str) -> serde_json::Value {
+/// left out), as the cluster's tools answer with it (here and over MCP).
+pub fn wire_json(message: &impl prost::Message, full_name: &str) -> serde_json::Value {
     muster_client::json::message_to_json(message, full_name, false).unwrap_or_default()
 }

@@ -134,7 +134,7 @@ impl Member {
         *self.last_used.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
     }
 
-    /// How long since the member was last used, when no call of it is waiting.
+    /// How long since the member was last used (a call under way keeps it: [`Members::expire`]).
     pub(crate) fn idle_for(&self) -> Duration {
         self.last_used.lock().unwrap_or_else(PoisonError::into_inner).elapsed()
     }

@@ -116,10 +116,10 @@ impl ServerHandler for McpServer {
             return Err(McpError::invalid_params(format!("no tool named '{}'", request.name), None));
         }
         let member = self.member(&context)?;
-        member.touch();
         let arguments = request.arguments.map_or_else(|| json!({}), Value::Object);
         let call_id = uuid::Uuid::new_v4().to_string();
         let result = crate::tools::call(&member, &request.name, &call_id, arguments).await;
+        // A call may wait a minute (next_assignment): idle from its end.
         member.touch();
         Ok(match result {
             Ok(value) => CallToolResult::structured(value),
@@ -167,7 +167,6 @@ impl ServerHandler for McpServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, McpError> {
         let member = self.member(&context)?;
-        member.touch();
         let uri = request.uri.as_str();
         let refused = |error: tonic::Status| McpError::invalid_request(ToolError::from(error).message, None);
         let (base, query) = uri.split_once('?').map_or((uri, None), |(base, query)| (base, Some(query)));
@@ -192,7 +191,7 @@ impl ServerHandler for McpServer {
                 let next = (page.notifications.len() == NOTIFICATIONS_PAGE as usize)
                     .then(|| page.notifications.last().map(|last| format!("{NOTIFICATIONS}?after={}", last.cursor)))
                     .flatten();
-                let mut body = wire(&page, "muster.notifier.v1.ListNotificationsResponse");
+                let mut body = muster_agent::wire_json(&page, "muster.notifier.v1.ListNotificationsResponse");
                 body["next"] = next.map_or(Value::Null, Value::String);
                 (body.to_string(), "application/json")
             }
@@ -206,7 +205,8 @@ impl ServerHandler for McpServer {
                     let definition =
                         roster.get_role_definition(GetRoleDefinitionRequest { name: role }).await.map_err(refused)?;
                     (
-                        wire(&definition.into_inner(), "muster.roster.v1.GetRoleDefinitionResponse").to_string(),
+                        muster_agent::wire_json(&definition.into_inner(), "muster.roster.v1.GetRoleDefinitionResponse")
+                            .to_string(),
                         "application/json",
                     )
                 }
@@ -220,7 +220,8 @@ impl ServerHandler for McpServer {
                 let request = GetOrganizationRosterRequest { agent_id: member.agent_id.clone(), ..Default::default() };
                 let roster = member.roster.clone().get_organization_roster(request).await.map_err(refused)?;
                 (
-                    wire(&roster.into_inner(), "muster.roster.v1.GetOrganizationRosterResponse").to_string(),
+                    muster_agent::wire_json(&roster.into_inner(), "muster.roster.v1.GetOrganizationRosterResponse")
+                        .to_string(),
                     "application/json",
                 )
             }
@@ -362,8 +363,4 @@ where
         }
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-}
-
-fn wire(message: &impl prost::Message, full_name: &str) -> Value {
-    muster_client::json::message_to_json(message, full_name, false).unwrap_or_default()
 }

@@ -197,10 +197,9 @@ pub(crate) async fn call(member: &Member, name: &str, call_id: &str, arguments: 
             let result: StepResult = read(&arguments, "muster.execution.v1.StepResult")?;
             let output = result.output.as_ref().map_or(Ok(Value::Null), muster_client::json::to_json);
             let output = output.map_err(|error| ToolError::new("invalid_arguments", format!("output {error}")))?;
-            let held = member.take(&result.assignment_id).map_err(|why| ToolError::new("not_found", why))?;
-            let mut remember = result.remember;
-            let mut notes = held.notes.notes.clone();
-            notes.append(&mut remember);
+            let mut held = member.take(&result.assignment_id).map_err(|why| ToolError::new("not_found", why))?;
+            let mut notes = std::mem::take(&mut held.notes.notes);
+            notes.extend(result.remember);
             let outcome = StepOutcome::Completed {
                 output_json: output.to_string(),
                 tokens_used: result.tokens_used,
@@ -246,26 +245,26 @@ pub(crate) async fn call(member: &Member, name: &str, call_id: &str, arguments: 
         "start_session" => {
             let request: StartSessionRequest = read(&arguments, "muster.execution.v1.StartSessionRequest")?;
             let answer = member.execution.clone().start_session(request).await.map_err(ToolError::from)?;
-            Ok(wire(&answer.into_inner(), "muster.execution.v1.StartSessionResponse"))
+            Ok(muster_agent::wire_json(&answer.into_inner(), "muster.execution.v1.StartSessionResponse"))
         }
         "set_lead" => {
             let request: SetLeadRequest = read(&arguments, "muster.execution.v1.SetLeadRequest")?;
             let answer = member.execution.clone().set_lead(request).await.map_err(ToolError::from)?;
-            Ok(wire(&answer.into_inner(), "muster.execution.v1.SetLeadResponse"))
+            Ok(muster_agent::wire_json(&answer.into_inner(), "muster.execution.v1.SetLeadResponse"))
         }
         "list_notifications" => {
             let mut request: ListNotificationsRequest =
                 read(&arguments, "muster.notifier.v1.ListNotificationsRequest")?;
             request.agent_id.clone_from(&member.agent_id);
             let answer = member.notifier.clone().list_notifications(request).await.map_err(ToolError::from)?;
-            Ok(wire(&answer.into_inner(), "muster.notifier.v1.ListNotificationsResponse"))
+            Ok(muster_agent::wire_json(&answer.into_inner(), "muster.notifier.v1.ListNotificationsResponse"))
         }
         "acknowledge_notifications" => {
             let mut request: AcknowledgeNotificationsRequest =
                 read(&arguments, "muster.notifier.v1.AcknowledgeNotificationsRequest")?;
             request.agent_id.clone_from(&member.agent_id);
             let answer = member.notifier.clone().acknowledge_notifications(request).await.map_err(ToolError::from)?;
-            Ok(wire(&answer.into_inner(), "muster.notifier.v1.AcknowledgeNotificationsResponse"))
+            Ok(muster_agent::wire_json(&answer.into_inner(), "muster.notifier.v1.AcknowledgeNotificationsResponse"))
         }
         "invoke_tool" => {
             let input = arguments.get("input").cloned().unwrap_or_else(|| json!({}));
@@ -325,10 +324,6 @@ async fn cluster_call(
 fn read<M: prost::Message + Default>(arguments: &Value, full_name: &str) -> Result<M, ToolError> {
     muster_client::json::message_from_json(arguments, full_name)
         .map_err(|problem| ToolError::new("invalid_arguments", problem))
-}
-
-fn wire(message: &impl prost::Message, full_name: &str) -> Value {
-    muster_client::json::message_to_json(message, full_name, false).unwrap_or_default()
 }
 
 fn ended(sent: bool, assignment_id: &str, how: &str) -> Result<Value, ToolError> {

@@ -373,9 +373,7 @@ impl Call {
         count(side.started.0, side.started.1, &pairs, 1);
         Self { side, labels, started: Instant::now(), recorded: false }
     }
-}
 
-impl Call {
     /// Records the call's end, once.
     fn end(&mut self, code: tonic::Code) {
         if std::mem::replace(&mut self.recorded, true) {
