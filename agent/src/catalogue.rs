@@ -72,7 +72,7 @@ pub trait Tool: Copy + PartialEq + 'static {
 
     /// Arguments checked against the schema: the first problem, for the model.
     fn check(self, arguments: &Value) -> Result<(), String> {
-        first_problem(&schema_of(self.name()).1, arguments)
+        schema_of(self.name()).1.check(arguments)
     }
 
     /// The tool as a model is offered it.
@@ -172,19 +172,19 @@ impl Tool for WorkspaceTool {
 
 /// Each tool's schema with its validator, made once, by the tool's name
 /// (names are unique across the kinds: a test says so).
-static SCHEMAS: LazyLock<HashMap<&'static str, (Value, Validator)>> = LazyLock::new(|| {
+static SCHEMAS: LazyLock<HashMap<&'static str, (Value, Checker)>> = LazyLock::new(|| {
     let cluster = ClusterTool::ALL.iter().map(|tool| (tool.name(), cluster_schema(*tool)));
     let workspace = WorkspaceTool::ALL.iter().map(|tool| (tool.name(), workspace_schema(*tool)));
     cluster
         .chain(workspace)
         .map(|(name, schema)| {
-            let validator = jsonschema::validator_for(&schema).expect("the catalogue's own schemas are valid");
-            (name, (schema, validator))
+            let checker = Checker::new(&schema).expect("the catalogue's own schemas are valid");
+            (name, (schema, checker))
         })
         .collect()
 });
 
-fn schema_of(name: &str) -> &'static (Value, Validator) {
+fn schema_of(name: &str) -> &'static (Value, Checker) {
     SCHEMAS.get(name).expect("every tool of the catalogue has a schema")
 }
 
@@ -268,16 +268,27 @@ fn workspace_schema(tool: WorkspaceTool) -> Value {
 /// A value checked against a JSON schema (a role's output schema): the
 /// first problem, for the model.
 pub fn check_against(schema: &Value, value: &Value) -> Result<(), String> {
-    let validator = jsonschema::validator_for(schema).map_err(|error| format!("the schema is not valid: {error}"))?;
-    first_problem(&validator, value)
+    Checker::new(schema)?.check(value)
 }
 
-fn first_problem(validator: &Validator, arguments: &Value) -> Result<(), String> {
-    match validator.iter_errors(arguments).next() {
-        None => Ok(()),
-        Some(error) => {
-            let at = error.instance_path().to_string();
-            Err(if at.is_empty() { error.to_string() } else { format!("{at}: {error}") })
+/// A JSON schema compiled once, for values checked against it again and
+/// again (the arguments of a tool offered by another front end).
+pub struct Checker(Validator);
+
+impl Checker {
+    /// `schema` compiled, or why it is not a valid schema.
+    pub fn new(schema: &Value) -> Result<Self, String> {
+        jsonschema::validator_for(schema).map(Self).map_err(|error| format!("the schema is not valid: {error}"))
+    }
+
+    /// The first problem of `value`, naming where it is.
+    pub fn check(&self, value: &Value) -> Result<(), String> {
+        match self.0.iter_errors(value).next() {
+            None => Ok(()),
+            Some(error) => {
+                let at = error.instance_path().to_string();
+                Err(if at.is_empty() { error.to_string() } else { format!("{at}: {error}") })
+            }
         }
     }
 }

@@ -102,7 +102,7 @@ impl ServerHandler for McpServer {
     ) -> Result<ListToolsResult, McpError> {
         let tools = crate::tools::TOOLS
             .iter()
-            .map(|tool| Tool::new(tool.name, tool.description.clone(), Arc::new(tool.schema.clone())))
+            .map(|tool| Tool::new(tool.name, tool.description.clone(), tool.schema.clone()))
             .collect();
         Ok(ListToolsResult::with_all_items(tools))
     }

@@ -8,10 +8,13 @@
 //! the cluster's reason; arguments that do not fit the schema are refused
 //! before anything is sent.
 
-use std::{sync::LazyLock, time::Duration};
+use std::{
+    sync::{Arc, LazyLock},
+    time::Duration,
+};
 
 use muster_agent::{
-    catalogue::{ClusterTool, Tool as _, ToolError},
+    catalogue::{Checker, ClusterTool, Tool as _, ToolError},
     cluster::{self, Acting, Called},
 };
 use muster_client::schema::message_schema;
@@ -43,31 +46,39 @@ const CLUSTER_TOOLS: &[ClusterTool] = &[
 pub(crate) struct Offered {
     pub(crate) name: &'static str,
     pub(crate) description: String,
-    pub(crate) schema: Map<String, Value>,
+    pub(crate) schema: Arc<Map<String, Value>>,
+    /// The schema compiled once, for every call's arguments.
+    checker: Result<Checker, String>,
+}
+
+impl Offered {
+    fn new(name: &'static str, description: String, schema: Map<String, Value>) -> Self {
+        let checker = Checker::new(&Value::Object(schema.clone()));
+        Self { name, description, schema: Arc::new(schema), checker }
+    }
 }
 
 /// Every tool, in the order they are listed.
 pub(crate) static TOOLS: LazyLock<Vec<Offered>> = LazyLock::new(|| {
     let mut tools: Vec<Offered> = CLUSTER_TOOLS.iter().map(|tool| cluster_tool(*tool)).collect();
-    let contract = |name, description: &str, message: &str, leave_out: &[&str]| Offered {
-        name,
-        description: description.to_owned(),
-        schema: object(message_schema(message, leave_out).unwrap_or_else(|error| json!({"description": error}))),
+    let contract = |name, description: &str, message: &str, leave_out: &[&str]| {
+        let schema = message_schema(message, leave_out).unwrap_or_else(|error| json!({"description": error}));
+        Offered::new(name, description.to_owned(), object(schema))
     };
-    tools.push(Offered {
-        name: "next_assignment",
-        description: format!(
+    tools.push(Offered::new(
+        "next_assignment",
+        format!(
             "Wait for the next step assigned to you (at most `wait_seconds`, up to {MAX_WAIT_SECONDS}; default 30) and \
              take it: it is yours until you end it with complete_step, fail_step or delegate_step, or the cluster \
              withdraws it. Answers {{\"assignment\": null}} when none came in time."
         ),
-        schema: object(json!({
+        object(json!({
             "type": "object",
             "properties": {"wait_seconds": {"type": "integer", "minimum": 0, "maximum": MAX_WAIT_SECONDS,
                 "description": "How long to wait for a step, in seconds."}},
             "additionalProperties": false,
         })),
-    });
+    ));
     tools.push(contract(
         "complete_step",
         "End a step you hold with its output (any JSON value), the tokens and cost it used, notes to remember, and \
@@ -150,7 +161,7 @@ fn cluster_tool(tool: ClusterTool) -> Offered {
         }
         _ => tool.description().to_owned(),
     };
-    Offered { name: tool.name(), description, schema }
+    Offered::new(tool.name(), description, schema)
 }
 
 fn object(schema: Value) -> Map<String, Value> {
@@ -166,8 +177,8 @@ pub(crate) fn check(name: &str, arguments: &Value) -> Result<(), ToolError> {
     let Some(offered) = TOOLS.iter().find(|tool| tool.name == name) else {
         return Err(ToolError::new("unknown_tool", format!("no tool named '{name}'")));
     };
-    muster_agent::catalogue::check_against(&Value::Object(offered.schema.clone()), arguments)
-        .map_err(|problem| ToolError::new("invalid_arguments", problem))
+    let checked = offered.checker.as_ref().map_err(|why| ToolError::new("internal", why.clone()))?.check(arguments);
+    checked.map_err(|problem| ToolError::new("invalid_arguments", problem))
 }
 
 /// Carries out one call of the tool `name` for `member`; `call_id` tells
