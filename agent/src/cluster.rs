@@ -111,10 +111,9 @@ pub async fn call(
                 required_role: text("role"),
                 reason: text("reason"),
             };
-            match step.delegate(request).await {
-                Ok(outcome) if outcome.accepted => return Called::HandedOff,
-                Ok(outcome) => Err(ToolError::new("delegation_refused", outcome.reason)),
-                Err(why) => Err(ToolError::new("unavailable", why)),
+            match delegate(step, request).await {
+                Ok(_) => return Called::HandedOff,
+                Err(refused) => Err(refused),
             }
         }
         ClusterTool::GetMyRole => execution
@@ -178,6 +177,17 @@ pub async fn call(
         },
     };
     Called::Result(result)
+}
+
+/// Hands `step` onward: the decision's reason when the cluster accepted
+/// (the step is another agent's now), else why not as a tool error (the step
+/// stays the caller's).
+pub async fn delegate(step: &Step, request: DelegateStep) -> Result<String, ToolError> {
+    match step.delegate(request).await {
+        Ok(outcome) if outcome.accepted => Ok(outcome.reason),
+        Ok(outcome) => Err(ToolError::new("delegation_refused", outcome.reason)),
+        Err(why) => Err(ToolError::new("unavailable", why)),
+    }
 }
 
 fn no_step(tool: ClusterTool) -> ToolError {

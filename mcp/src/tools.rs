@@ -25,7 +25,7 @@ use muster_proto::{
 use muster_worker::StepOutcome;
 use serde_json::{Map, Value, json};
 
-use crate::member::Member;
+use crate::member::{Held, Member};
 
 /// The longest `next_assignment` waits.
 pub(crate) const MAX_WAIT_SECONDS: u64 = 60;
@@ -237,19 +237,15 @@ pub(crate) async fn call(member: &Member, name: &str, call_id: &str, arguments: 
         "delegate_step" => {
             let request: DelegateStep = read(&arguments, "muster.execution.v1.DelegateStep")?;
             let held = member.take(&request.assignment_id).map_err(|why| ToolError::new("not_found", why))?;
-            let answer = held.step.delegate(request).await;
-            match answer {
-                Ok(outcome) if outcome.accepted => {
-                    let id = held.assignment.assignment_id.clone();
-                    held.end(StepOutcome::HandedOff);
-                    Ok(json!({"delegated": true, "assignment_id": id, "decision": outcome.reason}))
+            match cluster::delegate(&held.step, request).await {
+                Ok(decision) => {
+                    let mut answer = handed_off(held);
+                    answer["decision"] = Value::String(decision);
+                    Ok(answer)
                 }
-                refused => {
+                Err(refused) => {
                     member.put_back(held);
-                    Err(match refused {
-                        Ok(outcome) => ToolError::new("delegation_refused", outcome.reason),
-                        Err(why) => ToolError::new("unavailable", why),
-                    })
+                    Err(refused)
                 }
             }
         }
@@ -316,11 +312,7 @@ async fn cluster_call(
     };
     let called = cluster::call(acting, notes, tool, call_id, arguments).await;
     match (called, held) {
-        (Called::HandedOff, Some(held)) => {
-            let id = held.assignment.assignment_id.clone();
-            held.end(StepOutcome::HandedOff);
-            Ok(json!({"delegated": true, "assignment_id": id}))
-        }
+        (Called::HandedOff, Some(held)) => Ok(handed_off(held)),
         (Called::HandedOff, None) => Ok(json!({"delegated": true})),
         (Called::Result(result), held) => {
             if let Some(held) = held {
@@ -329,6 +321,13 @@ async fn cluster_call(
             result
         }
     }
+}
+
+/// Ends a held step the cluster handed to another agent.
+fn handed_off(held: Held) -> Value {
+    let answer = json!({"delegated": true, "assignment_id": held.assignment.assignment_id});
+    held.end(StepOutcome::HandedOff);
+    answer
 }
 
 /// A contract message from the tool's arguments.
