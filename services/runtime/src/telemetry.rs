@@ -149,7 +149,7 @@ where
         line.push_str("\"timestamp\":\"");
         fmt::time::SystemTime.format_time(&mut fmt::format::Writer::new(&mut line))?;
         write!(line, "\",\"level\":\"{}\",\"fields\":{{", event.metadata().level())?;
-        let mut fields = JsonFields { line: &mut line, first: true };
+        let mut fields = EventFields { line: &mut line, first: true };
         event.record(&mut fields);
         write!(line, "}},\"target\":{}", Json::from(event.metadata().target()))?;
         if let Some(scope) = context.event_scope() {
@@ -174,12 +174,12 @@ where
 type Json = serde_json::Value;
 
 /// Writes an event's fields into a JSON object being written.
-struct JsonFields<'a> {
+struct EventFields<'a> {
     line: &'a mut String,
     first: bool,
 }
 
-impl JsonFields<'_> {
+impl EventFields<'_> {
     fn field(&mut self, name: &str, value: &Json) {
         if !std::mem::take(&mut self.first) {
             self.line.push(',');
@@ -188,7 +188,7 @@ impl JsonFields<'_> {
     }
 }
 
-impl tracing::field::Visit for JsonFields<'_> {
+impl tracing::field::Visit for EventFields<'_> {
     fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
         let text = format!("{value:?}");
         let list = (field.name() != "message" && text.starts_with('['))
