@@ -43,10 +43,11 @@ impl SampleBehaviour {
             .iter()
             .map(|(step, output)| (step.clone(), json_bytes(output).into()))
             .collect();
-        let memory = object(assignment.shared_memory.as_ref());
+        // Only the keys: the values (up to a hundred steps' outputs) are
+        // not turned into JSON to be listed.
         let mut memory_keys: Vec<&String> =
-            memory.as_object().map(|memory| memory.keys().collect()).unwrap_or_default();
-        memory_keys.sort();
+            assignment.shared_memory.as_ref().map(|memory| memory.fields.keys().collect()).unwrap_or_default();
+        memory_keys.sort_unstable();
         // What the agent was told, so its output shows the task context it had.
         let mut output = json!({
             "agent": assignment.agent_id,

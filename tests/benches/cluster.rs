@@ -5,12 +5,23 @@
 //! used (in % of one core) while the execution ran, the PostgreSQL server's
 //! processes too on that backend.
 //!
+//! Then the shapes users run, on SQLite ([`users`]): the sample behaviour
+//! of `muster agent` as the worker, a chain whose steps go to ten agents in
+//! turn with the lead informed, and many executions at once (100 and 1,000
+//! of ten steps over 100 agents), with the starts refused, the services'
+//! health throughout, and how long a step made ready waits for a worker.
+//!
 //! Then, on PostgreSQL, a 10,000-step fan-out (three executions of a third
 //! each) driven by one execution replica and by three, a worker on each.
 //!
-//! `cargo bench -p muster-tests --bench cluster [-- SIZE ...]` (default 100 1000 10000).
+//! `cargo bench -p muster-tests --bench cluster [-- SIZE ...] [-- users]`
+//! (default 100 1000 10000; `users` runs the users' shapes alone, beside the
+//! bench's chain and fan-out of 1,000 steps for comparison).
 
 use std::time::Instant;
+
+#[path = "cluster/users.rs"]
+mod users;
 
 /// The worker here allocates as `muster agent` and the services do.
 #[global_allocator]
@@ -35,6 +46,11 @@ fn fan_out_process(name: &str, width: usize) -> String {
 
 /// A metric's value (the sum of its series) as the execution service serves it.
 async fn metric(url: &str, name: &str) -> f64 {
+    metric_where(url, name, "").await
+}
+
+/// The sum of a metric's series whose line holds `label` (e.g. `status="completed"`).
+async fn metric_where(url: &str, name: &str, label: &str) -> f64 {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let address = url.trim_start_matches("http://");
     let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else { return 0.0 };
@@ -45,7 +61,7 @@ async fn metric(url: &str, name: &str) -> f64 {
     let mut text = String::new();
     let _ = stream.read_to_string(&mut text).await;
     text.lines()
-        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with([' ', '{']))
+        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with([' ', '{']) && line.contains(label))
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
@@ -176,17 +192,12 @@ async fn replicas(total: usize) {
         }
         let seconds = started.elapsed().as_secs_f64();
         let steps = total / 3 * 3;
-        let mut used: Vec<String> = processes
-            .iter()
-            .zip(&before)
-            .map(|(pid, before)| format!("{:>4.0}", (cpu_seconds(*pid) - before) * 100.0 / seconds))
-            .collect();
-        used.push(format!("{:>4.0}", (postgres_cpu_seconds() - postgres_before) * 100.0 / seconds));
         println!(
-            "{count:<9} {steps:>6}  {seconds:>7.3} {:>11.0} {:>8.0}   {}",
+            "{count:<9} {steps:>6}  {seconds:>7.3} {:>11.0} {:>8.0}   {} {:>4.0}",
             steps as f64 / seconds,
             seconds * 1e6 / steps as f64,
-            used.join(" ")
+            cpu_used(&processes, &before, seconds),
+            (postgres_cpu_seconds() - postgres_before) * 100.0 / seconds
         );
         for (stop, worker) in workers {
             let _ = stop.send(());
@@ -198,62 +209,83 @@ async fn replicas(total: usize) {
 
 #[tokio::main]
 async fn main() {
-    let mut sizes: Vec<usize> = std::env::args().skip(1).filter_map(|argument| argument.parse().ok()).collect();
+    let arguments: Vec<String> = std::env::args().skip(1).collect();
+    let users_only = arguments.iter().any(|argument| argument == "users");
+    let mut sizes: Vec<usize> = arguments.iter().filter_map(|argument| argument.parse().ok()).collect();
     if sizes.is_empty() {
-        sizes = vec![100, 1000, 10_000];
+        sizes = if users_only { vec![1000] } else { vec![100, 1000, 10_000] };
     }
     println!(
         "{:<9} {:<8} {:>6}  {:>7} {:>11} {:>8}  {:>8} {:>9}   CPU % of a core: execution notifier roster worker+client [PostgreSQL]",
         "backend", "shape", "steps", "seconds", "steps/s", "µs/step", "commits", "µs/commit"
     );
-    for backend in [Backend::Sqlite, Backend::Postgres] {
-        let Some(test) = TestCluster::start(backend).await else { continue };
-        let tokens = test.register_agents(&[bench_agent()]).await;
-        let credentials = vec![AgentCredential { agent_id: "bench-agent".to_owned(), token: tokens[0].clone() }];
-        let (stop, worker) = spawn_worker(test.operator("execution"), credentials, StubBehaviour);
-        let mut client = test.execution();
-        let processes: Vec<u32> = ["execution", "notifier", "roster"]
-            .iter()
-            .map(|service| test.cluster().service(service).pid().unwrap_or_default())
-            .chain([std::process::id()])
-            .collect();
-        for &steps in &sizes {
-            for (shape, source) in [
-                ("chain", chain_process(&format!("chain-{steps}"), steps, "bench-agent", "bench-agent", "{}")),
-                ("fan-out", fan_out_process(&format!("fan-out-{steps}"), steps)),
-            ] {
-                let url = test.cluster().execution_url();
-                let commits_before = metric(&url, "muster_execution_commit_seconds_count").await;
-                let commit_time_before = metric(&url, "muster_execution_commit_seconds_sum").await;
-                let before: Vec<f64> = processes.iter().map(|pid| cpu_seconds(*pid)).collect();
-                let postgres_before = postgres_cpu_seconds();
-                let seconds = run_once(&mut client, &source).await;
-                let postgres = match backend {
-                    Backend::Postgres => {
-                        format!(" {:>4.0}", (postgres_cpu_seconds() - postgres_before) * 100.0 / seconds)
-                    }
-                    Backend::Sqlite => String::new(),
-                };
-                let transactions = metric(&url, "muster_execution_commit_seconds_count").await - commits_before;
-                let commit_time = metric(&url, "muster_execution_commit_seconds_sum").await - commit_time_before;
-                let used: Vec<String> = processes
-                    .iter()
-                    .zip(&before)
-                    .map(|(pid, before)| format!("{:>4.0}", (cpu_seconds(*pid) - before) * 100.0 / seconds))
-                    .collect();
-                println!(
-                    "{:<9} {shape:<8} {steps:>6}  {seconds:>7.3} {:>11.0} {:>8.0}  {transactions:>8} {:>9.0}   {}{postgres}",
-                    format!("{backend:?}"),
-                    steps as f64 / seconds,
-                    seconds * 1e6 / steps as f64,
-                    commit_time * 1e6 / transactions.max(1.0),
-                    used.join(" ")
-                );
-            }
-        }
-        let _ = stop.send(());
-        let _ = worker.await;
-        test.shutdown().await;
+    let backends: &[Backend] = if users_only { &[Backend::Sqlite] } else { &[Backend::Sqlite, Backend::Postgres] };
+    for &backend in backends {
+        bench_shapes(backend, &sizes).await;
     }
-    replicas(10_000).await;
+    users::run().await;
+    if !users_only {
+        replicas(10_000).await;
+    }
+}
+
+/// The bench's own shapes: one agent takes every step, a stub worker.
+async fn bench_shapes(backend: Backend, sizes: &[usize]) {
+    let Some(test) = TestCluster::start(backend).await else { return };
+    let tokens = test.register_agents(&[bench_agent()]).await;
+    let credentials = vec![AgentCredential { agent_id: "bench-agent".to_owned(), token: tokens[0].clone() }];
+    let (stop, worker) = spawn_worker(test.operator("execution"), credentials, StubBehaviour);
+    let mut client = test.execution();
+    let processes = service_pids(&test);
+    for &steps in sizes {
+        for (shape, source) in [
+            ("chain", chain_process(&format!("chain-{steps}"), steps, "bench-agent", "bench-agent", "{}")),
+            ("fan-out", fan_out_process(&format!("fan-out-{steps}"), steps)),
+        ] {
+            let url = test.cluster().execution_url();
+            let commits_before = metric(&url, "muster_execution_commit_seconds_count").await;
+            let commit_time_before = metric(&url, "muster_execution_commit_seconds_sum").await;
+            let before: Vec<f64> = processes.iter().map(|pid| cpu_seconds(*pid)).collect();
+            let postgres_before = postgres_cpu_seconds();
+            let seconds = run_once(&mut client, &source).await;
+            let postgres = match backend {
+                Backend::Postgres => {
+                    format!(" {:>4.0}", (postgres_cpu_seconds() - postgres_before) * 100.0 / seconds)
+                }
+                Backend::Sqlite => String::new(),
+            };
+            let transactions = metric(&url, "muster_execution_commit_seconds_count").await - commits_before;
+            let commit_time = metric(&url, "muster_execution_commit_seconds_sum").await - commit_time_before;
+            println!(
+                "{:<9} {shape:<8} {steps:>6}  {seconds:>7.3} {:>11.0} {:>8.0}  {transactions:>8} {:>9.0}   {}{postgres}",
+                format!("{backend:?}"),
+                steps as f64 / seconds,
+                seconds * 1e6 / steps as f64,
+                commit_time * 1e6 / transactions.max(1.0),
+                cpu_used(&processes, &before, seconds)
+            );
+        }
+    }
+    let _ = stop.send(());
+    let _ = worker.await;
+    test.shutdown().await;
+}
+
+/// The pids of the execution service, the notifier, the roster and this process.
+fn service_pids(test: &TestCluster) -> Vec<u32> {
+    ["execution", "notifier", "roster"]
+        .iter()
+        .map(|service| test.cluster().service(service).pid().unwrap_or_default())
+        .chain([std::process::id()])
+        .collect()
+}
+
+/// The CPU each of `processes` used since `before`, in % of one core over `seconds`.
+fn cpu_used(processes: &[u32], before: &[f64], seconds: f64) -> String {
+    let used: Vec<String> = processes
+        .iter()
+        .zip(before)
+        .map(|(pid, before)| format!("{:>4.0}", (cpu_seconds(*pid) - before) * 100.0 / seconds))
+        .collect();
+    used.join(" ")
 }

@@ -137,7 +137,7 @@ pub async fn run(
         ownership_lease: Duration::from_millis(config.replica_lease_ms.max(300)),
         replica_identity: replica_identity(&config.replica_id)?,
     };
-    let engine = engine::Engine::new(store.clone(), roster.clone(), settings);
+    let engine = engine::Engine::new(store.clone(), Arc::new(clients::batched::Batched::new(roster.clone())), settings);
     let measured = Arc::downgrade(&engine);
     muster_runtime::metrics::collect_on_render(move || {
         let Some(engine) = measured.upgrade() else { return false };

@@ -66,6 +66,9 @@ struct Inner<S> {
     clock: Arc<dyn Clock>,
     settings: Settings,
     roster_changes: broadcast::Sender<pb::WatchRosterResponse>,
+    /// Watchers that asked for agents' status changes: with none, a
+    /// delegation or release announces nothing.
+    status_watchers: Arc<std::sync::atomic::AtomicUsize>,
     queue_resolutions: broadcast::Sender<QueueResolution>,
     /// Held while the queue gauge is counted and set (see [`Roster::refresh_queue_gauge`]).
     queue_gauge: tokio::sync::Mutex<()>,
@@ -112,6 +115,22 @@ pub const ACCESS: &[Rule] = &[
 /// Who may call the CredentialService: the cluster's services.
 pub const CREDENTIAL_ACCESS: &[Rule] = &[rule("WatchCredentials", Access::SERVICE)];
 
+/// One watcher of agents' status changes, counted while it lives.
+struct StatusWatcher(Arc<std::sync::atomic::AtomicUsize>);
+
+impl StatusWatcher {
+    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self(count.clone())
+    }
+}
+
+impl Drop for StatusWatcher {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// A new agent token.
 fn new_token() -> Result<String> {
     token::generate(token::AGENT_PREFIX).map_err(|error| Error::Internal(error.to_string()))
@@ -128,6 +147,7 @@ impl<S: RosterStore> Roster<S> {
                 clock,
                 settings,
                 roster_changes,
+                status_watchers: Arc::default(),
                 queue_resolutions,
                 queue_gauge: tokio::sync::Mutex::new(()),
                 credentials_changed: tokio::sync::Notify::new(),
@@ -163,7 +183,9 @@ impl<S: RosterStore> Roster<S> {
     }
 
     async fn announce_agents(&self, kind: pb::RosterChangeKind, ids: &[String]) {
-        if self.inner.roster_changes.receiver_count() == 0 {
+        let status_unwatched = kind == pb::RosterChangeKind::AgentStatus
+            && self.inner.status_watchers.load(std::sync::atomic::Ordering::Relaxed) == 0;
+        if self.inner.roster_changes.receiver_count() == 0 || status_unwatched {
             return;
         }
         for id in ids {
@@ -890,13 +912,35 @@ impl<S: RosterStore> RosterService for Roster<S> {
 
     async fn watch_roster(
         &self,
-        _request: Request<pb::WatchRosterRequest>,
+        request: Request<pb::WatchRosterRequest>,
     ) -> Result<Response<Self::WatchRosterStream>, GrpcStatus> {
-        let stream = BroadcastStream::new(self.inner.roster_changes.subscribe()).filter_map(|change| match change {
-            Ok(change) => Some(Ok(change)),
-            Err(error) => {
-                tracing::warn!(%error, "a roster watcher fell behind; changes were skipped");
-                None
+        let mut kinds = HashSet::new();
+        for (index, &kind) in request.get_ref().kinds.iter().enumerate() {
+            match pb::RosterChangeKind::try_from(kind) {
+                Ok(pb::RosterChangeKind::Unspecified) | Err(_) => {
+                    return Err(Error::invalid(
+                        format!("kinds[{index}]"),
+                        format!("kinds[{index}]: {kind} is not a kind of change"),
+                    )
+                    .into());
+                }
+                Ok(_) => {
+                    kinds.insert(kind);
+                }
+            }
+        }
+        let status = kinds.is_empty() || kinds.contains(&(pb::RosterChangeKind::AgentStatus as i32));
+        // Counted while the stream lives.
+        let watching = status.then(|| StatusWatcher::new(&self.inner.status_watchers));
+        let stream = BroadcastStream::new(self.inner.roster_changes.subscribe()).filter_map(move |change| {
+            let _watching = &watching;
+            match change {
+                Ok(change) if kinds.is_empty() || kinds.contains(&change.kind) => Some(Ok(change)),
+                Ok(_) => None,
+                Err(error) => {
+                    tracing::warn!(%error, "a roster watcher fell behind; changes were skipped");
+                    None
+                }
             }
         });
         Ok(Response::new(Box::pin(stream)))

@@ -275,6 +275,49 @@ async fn watch_roster_streams_changes() {
     server.stop().await;
 }
 
+/// A watcher asking for some kinds of change hears only those: one that
+/// leaves out agents' status changes hears nothing of a delegation or a
+/// release, while a watcher of everything still does. A kind that is not
+/// one is refused, naming it.
+#[tokio::test]
+async fn watch_roster_sends_the_kinds_asked_for() {
+    let mut server = TestServer::sqlite().await;
+    let kinds = [pb::RosterChangeKind::AgentUpserted as i32, pb::RosterChangeKind::AgentRemoved as i32];
+    let mut agents_only =
+        server.client.watch_roster(pb::WatchRosterRequest { kinds: kinds.to_vec() }).await.unwrap().into_inner();
+    let mut everything = server.client.watch_roster(pb::WatchRosterRequest::default()).await.unwrap().into_inner();
+    let (mut previous, mut previous_all) = (None, None);
+    server.agent("alice", "", "", &["rust"], 2).await;
+    server.delegate(delegate_request("t", "", &["rust"])).await;
+    server.client.release_task(pb::ReleaseTaskRequest { task_id: "t".into() }).await.unwrap();
+    server.client.remove_agent(pb::RemoveAgentRequest { id: "alice".into() }).await.unwrap();
+    let mut heard = Vec::new();
+    for _ in 0..2 {
+        heard.push(next_change(&mut agents_only, &mut previous).await.kind);
+    }
+    assert_eq!(heard, kinds, "the agent put, then removed: no status change between");
+    let mut heard_all = Vec::new();
+    for _ in 0..4 {
+        heard_all.push(next_change(&mut everything, &mut previous_all).await.kind);
+    }
+    assert_eq!(
+        heard_all,
+        [
+            pb::RosterChangeKind::AgentUpserted as i32,
+            pb::RosterChangeKind::AgentStatus as i32,
+            pb::RosterChangeKind::AgentStatus as i32,
+            pb::RosterChangeKind::AgentRemoved as i32,
+        ]
+    );
+    for kinds in [vec![0], vec![pb::RosterChangeKind::AgentUpserted as i32, 42]] {
+        let status = server.client.watch_roster(pb::WatchRosterRequest { kinds: kinds.clone() }).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{kinds:?}: {status:?}");
+        let index = kinds.len() - 1;
+        assert!(status.message().starts_with(&format!("kinds[{index}]: ")), "{status:?}");
+    }
+    server.stop().await;
+}
+
 /// Changes made through one replica reach the WatchRoster streams of another
 /// (from the database, at its next refresh; removals at the periodic full
 /// comparison).

@@ -7,6 +7,7 @@
 //! runs one module). The read flood (`load`) and the soak (`soak`) are
 //! binaries of their own: they want the machine to themselves.
 
+mod agent_contexts;
 mod agent_memory;
 mod agents;
 mod authority;

@@ -131,7 +131,15 @@ impl RosterClient {
     /// The roster's changes, as they happen.
     pub(crate) async fn watch(&self) -> Result<tonic::Streaming<roster::WatchRosterResponse>, RosterFailure> {
         let mut client = self.client.clone();
-        Ok(client.watch_roster(roster::WatchRosterRequest {}).await.map_err(failure)?.into_inner())
+        // Not agents' status changes: one comes with every delegation and release.
+        let kinds = [
+            roster::RosterChangeKind::AgentUpserted,
+            roster::RosterChangeKind::AgentRemoved,
+            roster::RosterChangeKind::RoleUpserted,
+            roster::RosterChangeKind::RoleRemoved,
+        ];
+        let request = roster::WatchRosterRequest { kinds: kinds.map(|kind| kind as i32).to_vec() };
+        Ok(client.watch_roster(request).await.map_err(failure)?.into_inner())
     }
 }
 

@@ -652,15 +652,13 @@ impl Driver {
                 let engine = self.engine.clone();
                 let driver = self.route.clone();
                 self.engine.spawn(async move {
-                    let fetched = patiently(Duration::from_millis(500), "an assignment", || {
-                        engine.roster.agent_context(agent_id.clone())
-                    })
-                    .await;
+                    let fetched = engine.agent_context(&agent_id).await;
                     let mut memory_version = 0;
                     let fetched = match fetched {
-                        Ok(mut context) => {
-                            (memory_version, context.memory) = engine.recall(&context.roster_role).await;
-                            Ok(context)
+                        Ok(context) => {
+                            let memory;
+                            (memory_version, memory) = engine.recall_kept(&context.roster_role).await;
+                            Ok(AgentContext { memory, ..(*context).clone() })
                         }
                         Err(failure) => Err(failure),
                     };

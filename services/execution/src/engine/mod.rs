@@ -14,6 +14,7 @@
 //! publisher, the lease sweeper) runs on one [`TaskTracker`]: on shutdown
 //! the engine stops taking work, cancels them and waits for them.
 
+mod contexts;
 mod driver;
 mod handoff;
 pub(crate) mod inbox;
@@ -233,6 +234,8 @@ pub(crate) struct Engine {
     delayed_triggers: Mutex<HashSet<String>>,
     /// Agents' budgets by agent id, as last read from the store.
     agent_budgets: RwLock<Arc<HashMap<String, Budget>>>,
+    /// Agents' contexts and roles' memories, for every execution.
+    pub(crate) contexts: contexts::Contexts,
 }
 
 /// Held from a run's admission until it is created: see [`Engine::admit`].
@@ -264,6 +267,7 @@ impl Engine {
             admission_gate: tokio::sync::Mutex::new(()),
             delayed_triggers: Mutex::new(HashSet::new()),
             agent_budgets: RwLock::new(Arc::new(HashMap::new())),
+            contexts: contexts::Contexts::default(),
         })
     }
 

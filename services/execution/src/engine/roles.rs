@@ -134,7 +134,9 @@ fn step(role: &str, post_to_inbox: &str) -> String {
 
 impl Engine {
     /// Follows the roster's role changes until the engine stops, comparing
-    /// every role with its process at each (re)connection and every minute.
+    /// every role with its process at each (re)connection and every minute;
+    /// any change of an agent or a role also forgets the agents' contexts
+    /// kept for assignments.
     pub(crate) async fn follow_roles(self: Arc<Self>, roster: Arc<RosterClient>) {
         loop {
             let mut changes = match roster.watch().await {
@@ -146,6 +148,7 @@ impl Engine {
                 }
             };
             // Watching first: a change made during the comparison is still seen.
+            self.contexts.following(true);
             let mut resync = tokio::time::interval(RESYNC);
             loop {
                 tokio::select! {
@@ -155,11 +158,16 @@ impl Engine {
                         }
                     }
                     change = changes.message() => match change {
-                        Ok(Some(change)) => self.role_changed(change).await,
+                        Ok(Some(change)) => {
+                            // Every change watched is of an agent or a role.
+                            self.contexts.forget();
+                            self.role_changed(change).await;
+                        }
                         Ok(None) | Err(_) => break,
                     },
                 }
             }
+            self.contexts.following(false);
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
     }

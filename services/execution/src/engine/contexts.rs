@@ -1,0 +1,114 @@
+//! What the roster says of each agent for its assignments (role definition,
+//! rendered system prompt, limits, LLM settings) and what each role
+//! remembers, kept for every execution, so that a run whose steps go to one
+//! agent after another does not ask the roster three times per step.
+//!
+//! Agents' contexts are kept only while the engine follows the roster's
+//! changes ([`Engine::follow_roles`]): any change of an agent or a role
+//! forgets them all (a rendered prompt names the role and colleagues), as
+//! does losing the change stream, and a context read across a change is not
+//! kept. Changes made through another roster replica arrive with that
+//! replica's next refresh (a second by default). Memories are kept with
+//! their version, which is read again for every assignment.
+
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex, PoisonError,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+    time::Duration,
+};
+
+use super::Engine;
+use crate::{
+    clients::roster::{RosterFailure, patiently},
+    domain::{memory::MemoryEntry, model::AgentContext},
+};
+
+/// Most agents' contexts, and roles' memories, kept: past it, all are forgotten.
+const KEPT: usize = 10_000;
+
+/// The agents' contexts and roles' memories kept.
+#[derive(Debug, Default)]
+pub(crate) struct Contexts {
+    /// Whether the roster's changes are being followed: nothing is kept otherwise.
+    following: AtomicBool,
+    /// Moved by every change: a context read across one is not kept.
+    generation: AtomicU64,
+    agents: Mutex<HashMap<String, Arc<AgentContext>>>,
+    /// Each role's memory (`""`: agents without a role) and its version.
+    memories: Mutex<HashMap<String, (i64, Arc<Vec<MemoryEntry>>)>>,
+}
+
+impl Contexts {
+    /// The roster's changes are followed (`true`), or no longer (`false`);
+    /// either way what was kept is forgotten.
+    pub(crate) fn following(&self, following: bool) {
+        self.following.store(following, Ordering::Release);
+        self.forget();
+    }
+
+    /// An agent or a role changed: every context is forgotten.
+    pub(crate) fn forget(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.agents.lock().unwrap_or_else(PoisonError::into_inner).clear();
+    }
+
+    fn get(&self, agent_id: &str) -> Option<Arc<AgentContext>> {
+        if !self.following.load(Ordering::Acquire) {
+            return None;
+        }
+        self.agents.lock().unwrap_or_else(PoisonError::into_inner).get(agent_id).cloned()
+    }
+
+    fn keep(&self, agent_id: &str, context: Arc<AgentContext>, generation: u64) {
+        let mut agents = self.agents.lock().unwrap_or_else(PoisonError::into_inner);
+        // Checked under the lock `forget` clears: a change after this keeps nothing stale.
+        if !self.following.load(Ordering::Acquire) || self.generation.load(Ordering::Acquire) != generation {
+            return;
+        }
+        if agents.len() >= KEPT {
+            agents.clear();
+        }
+        agents.insert(agent_id.to_owned(), context);
+    }
+}
+
+impl Engine {
+    /// What an assignment tells `agent_id` about itself (without its
+    /// memory), as kept or from the roster.
+    pub(crate) async fn agent_context(&self, agent_id: &str) -> Result<Arc<AgentContext>, RosterFailure> {
+        if let Some(known) = self.contexts.get(agent_id) {
+            return Ok(known);
+        }
+        let generation = self.contexts.generation.load(Ordering::Acquire);
+        let context =
+            patiently(Duration::from_millis(500), "an assignment", || self.roster.agent_context(agent_id.to_owned()))
+                .await
+                .map(Arc::new)?;
+        self.contexts.keep(agent_id, context.clone(), generation);
+        Ok(context)
+    }
+
+    /// What an agent of `role` remembers and its version: as kept when its
+    /// version has not moved, else read again.
+    pub(crate) async fn recall_kept(&self, role: &str) -> (i64, Vec<MemoryEntry>) {
+        let kept = self.contexts.memories.lock().unwrap_or_else(PoisonError::into_inner).get(role).cloned();
+        let (version, memory) = match kept {
+            Some((version, memory)) => match self.recall_if_changed(role, version).await {
+                None => return (version, memory.to_vec()),
+                Some(fresh) => fresh,
+            },
+            None => self.recall(role).await,
+        };
+        let mut memories = self.contexts.memories.lock().unwrap_or_else(PoisonError::into_inner);
+        if memories.len() >= KEPT {
+            memories.clear();
+        }
+        if memories.get(role).is_none_or(|(kept, _)| *kept < version) {
+            memories.insert(role.to_owned(), (version, Arc::new(memory.clone())));
+        }
+        (version, memory)
+    }
+}

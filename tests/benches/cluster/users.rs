@@ -1,0 +1,285 @@
+//! The shapes users run, on SQLite: the sample behaviour of `muster agent`
+//! serves the agents, the steps of a run go to one agent after another with
+//! the lead informed of each, and many runs go at once.
+//!
+//! - `chain/10`: one 1,000-step chain whose steps go to ten agents in turn.
+//! - `many`: 100, then 1,000 ten-step chains started at once (as fast as
+//!   one client sends them) over 100 agents, ten to a process. Printed with
+//!   the starts refused, the services' health throughout (the execution
+//!   service and the roster asked every 50 ms), and how long a step waited
+//!   for a worker once ready: from the worker answering the step before it
+//!   to the step reaching the worker (so it includes the commit that makes
+//!   the step ready), p50 and p99. Every agent has room for every step at
+//!   once (its capacity is 1,000), so no step waits for an agent's slot.
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use muster::{
+    sample::SampleBehaviour,
+    worker::{AgentCredential, Behaviour, Step, StepOutcome},
+};
+use muster_proto::{
+    execution::v1::{Assignment, StartExecutionRequest, ToolCall, ToolOutput, ToolSpec},
+    roster::v1::Agent,
+};
+use muster_tests::{Backend, ExecutionClient, TestCluster, agent, spawn_worker};
+use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+
+use super::{cpu_seconds, cpu_used, metric_where, publish, run_once, service_pids};
+
+/// Agents the many runs' steps go to.
+const AGENTS: usize = 100;
+/// Agents a process's steps go to, in turn.
+const AGENTS_PER_PROCESS: usize = 10;
+/// Steps of each of the many runs.
+const STEPS: usize = 10;
+/// Steps of the long chain.
+const CHAIN: usize = 1000;
+
+/// The sample behaviour, timing how long each step waited for the worker.
+#[derive(Debug, Clone, Default)]
+struct Timed {
+    tally: Arc<Mutex<Tally>>,
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    /// When the worker last answered a step of each execution.
+    answered: HashMap<String, Instant>,
+    /// From a step's predecessor answered to the step reaching the worker.
+    waits: Vec<Duration>,
+}
+
+impl Timed {
+    /// The waits recorded since the last call, sorted.
+    fn take_waits(&self) -> Vec<Duration> {
+        let mut tally = self.tally.lock().expect("the tally");
+        tally.answered.clear();
+        let mut waits = std::mem::take(&mut tally.waits);
+        waits.sort_unstable();
+        waits
+    }
+}
+
+impl Behaviour for Timed {
+    async fn run(&self, assignment: Assignment, step: Step) -> StepOutcome {
+        let arrived = Instant::now();
+        let execution_id = assignment.execution_id.clone();
+        {
+            let mut tally = self.tally.lock().expect("the tally");
+            if let Some(answered) = tally.answered.get(&execution_id).copied() {
+                tally.waits.push(arrived - answered);
+            }
+        }
+        let outcome = SampleBehaviour.run(assignment, step).await;
+        self.tally.lock().expect("the tally").answered.insert(execution_id, Instant::now());
+        outcome
+    }
+
+    fn tools(&self) -> Vec<ToolSpec> {
+        SampleBehaviour.tools()
+    }
+
+    async fn call_tool(&self, call: ToolCall) -> ToolOutput {
+        SampleBehaviour.call_tool(call).await
+    }
+}
+
+/// A chain of `length` steps, step `i` run by `agents[i % agents.len()]`,
+/// the lead informed of each.
+fn chain_over(name: &str, length: usize, agents: &[String]) -> String {
+    let mut yaml = format!("name: {name}\nlead: lead\nsteps:\n");
+    for index in 0..length {
+        let agent = &agents[index % agents.len()];
+        yaml.push_str(&format!(
+            "  - id: s{index}\n    type: agent_task\n    agent: {agent}\n    message: step {index}\n    roles:\n      executor: {agent}\n      informed: [lead]\n"
+        ));
+        if index > 0 {
+            yaml.push_str(&format!("    depends_on: [s{}]\n", index - 1));
+        }
+    }
+    yaml
+}
+
+/// Asks the execution service's and the roster's health every 50 ms until
+/// stopped; how many answers, and those that were not SERVING.
+struct HealthWatch {
+    stop: tokio::sync::oneshot::Sender<()>,
+    watch: tokio::task::JoinHandle<(usize, Vec<String>)>,
+}
+
+impl HealthWatch {
+    fn start(test: &TestCluster) -> Self {
+        let services: Vec<(&'static str, HealthClient<_>)> = ["execution", "roster"]
+            .into_iter()
+            .map(|service| (service, HealthClient::new(test.operator(service).channel().expect("a channel"))))
+            .collect();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let watch = tokio::spawn(async move {
+            let (mut asked, mut unwell) = (0, Vec::new());
+            let mut services = services;
+            loop {
+                for (service, client) in &mut services {
+                    asked += 1;
+                    match client.check(HealthCheckRequest { service: String::new() }).await {
+                        Ok(answer) if answer.get_ref().status == ServingStatus::Serving as i32 => {}
+                        Ok(answer) => unwell.push(format!("{service}: status {}", answer.get_ref().status)),
+                        Err(status) => unwell.push(format!("{service}: {status}")),
+                    }
+                }
+                tokio::select! {
+                    _ = &mut stopped => return (asked, unwell),
+                    () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+            }
+        });
+        Self { stop, watch }
+    }
+
+    async fn stop(self) -> (usize, Vec<String>) {
+        let _ = self.stop.send(());
+        self.watch.await.expect("the health watch")
+    }
+}
+
+/// Executions that ended, and those of them completed, as the execution
+/// service counts them.
+async fn runs_ended(url: &str) -> (f64, f64) {
+    (
+        metric_where(url, "muster_process_runs_total", "").await,
+        metric_where(url, "muster_process_runs_total", "status=\"completed\"").await,
+    )
+}
+
+/// The `p`th percentile of sorted `waits`, in milliseconds.
+fn percentile(waits: &[Duration], p: f64) -> f64 {
+    if waits.is_empty() {
+        return 0.0;
+    }
+    let index = ((waits.len() - 1) as f64 * p).round() as usize;
+    waits[index].as_secs_f64() * 1e3
+}
+
+/// Runs the users' shapes and prints their rows.
+pub(crate) async fn run() {
+    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let mut agents: Vec<Agent> = (0..AGENTS)
+        .map(|index| Agent { workload_capacity: 1000, ..agent(&format!("user-{index}"), "worker", "users") })
+        .collect();
+    agents.push(agent("lead", "lead", "users"));
+    let tokens = test.register_agents(&agents).await;
+    let credentials: Vec<AgentCredential> = agents
+        .iter()
+        .zip(&tokens)
+        .take(AGENTS)
+        .map(|(agent, token)| AgentCredential { agent_id: agent.id.clone(), token: token.clone() })
+        .collect();
+    let timed = Timed::default();
+    let (stop, worker) = spawn_worker(test.operator("execution"), credentials, timed.clone());
+    let mut client = test.execution();
+    let names: Vec<String> = agents.iter().take(AGENTS).map(|agent| agent.id.clone()).collect();
+    let mut processes = Vec::new();
+    for (index, agents) in names.chunks(AGENTS_PER_PROCESS).enumerate() {
+        processes.push(publish(&mut client, &chain_over(&format!("users-{index}"), STEPS, agents)).await);
+    }
+    // The worker's hello settles.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let pids = service_pids(&test);
+
+    println!();
+    println!(
+        "users'    {:<8} {:>6}  {:>7} {:>11} {:>8}  {:>7} {:>16} {:>8}   CPU % of a core: execution notifier roster worker+client",
+        "shape", "steps", "seconds", "steps/s", "µs/step", "refused", "to worker p50/99", "unwell"
+    );
+    let before: Vec<f64> = pids.iter().map(|pid| cpu_seconds(*pid)).collect();
+    let health = HealthWatch::start(&test);
+    let seconds = run_once(&mut client, &chain_over("users-chain", CHAIN, &names[..AGENTS_PER_PROCESS])).await;
+    let (asked, unwell) = health.stop().await;
+    let waits = timed.take_waits();
+    println!(
+        "{:<9} {:<8} {CHAIN:>6}  {seconds:>7.3} {:>11.0} {:>8.0}  {:>7} {:>7.2} / {:>6.2} {:>8}   {}",
+        "SQLite",
+        "chain/10",
+        CHAIN as f64 / seconds,
+        seconds * 1e6 / CHAIN as f64,
+        0,
+        percentile(&waits, 0.5),
+        percentile(&waits, 0.99),
+        format!("{}/{asked}", unwell.len()),
+        cpu_used(&pids, &before, seconds)
+    );
+    for executions in [100, 1000] {
+        many(&test, &client, &timed, &processes, executions, &pids).await;
+    }
+    let _ = stop.send(());
+    let _ = worker.await;
+    test.shutdown().await;
+}
+
+/// `executions` runs of the ten-step processes at once; prints their row.
+async fn many(
+    test: &TestCluster,
+    client: &ExecutionClient,
+    timed: &Timed,
+    processes: &[String],
+    executions: usize,
+    pids: &[u32],
+) {
+    let url = test.cluster().execution_url();
+    let (ended_before, completed_before) = runs_ended(&url).await;
+    let before: Vec<f64> = pids.iter().map(|pid| cpu_seconds(*pid)).collect();
+    let health = HealthWatch::start(test);
+    let started = Instant::now();
+    let starts: Vec<_> = (0..executions)
+        .map(|index| {
+            let mut client = client.clone();
+            let process_name = processes[index % processes.len()].clone();
+            tokio::spawn(async move {
+                client.start_execution(StartExecutionRequest { process_name, ..Default::default() }).await.err()
+            })
+        })
+        .collect();
+    let mut refusals: HashMap<String, usize> = HashMap::new();
+    for start in starts {
+        if let Some(status) = start.await.expect("a start") {
+            *refusals.entry(format!("{:?}: {}", status.code(), status.message())).or_default() += 1;
+        }
+    }
+    let refused: usize = refusals.values().sum();
+    let running = (executions - refused) as f64;
+    // Until every run started has ended.
+    let ended = loop {
+        let (ended, completed) = runs_ended(&url).await;
+        if ended - ended_before >= running {
+            break (ended - ended_before, completed - completed_before);
+        }
+        assert!(started.elapsed() < Duration::from_secs(600), "the runs did not end in 10 minutes");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let seconds = started.elapsed().as_secs_f64();
+    let (asked, unwell) = health.stop().await;
+    let waits = timed.take_waits();
+    let steps = running as usize * STEPS;
+    println!(
+        "{:<9} {:<8} {steps:>6}  {seconds:>7.3} {:>11.0} {:>8.0}  {refused:>7} {:>7.2} / {:>6.2} {:>8}   {}",
+        "SQLite",
+        format!("many/{executions}"),
+        steps as f64 / seconds,
+        seconds * 1e6 / steps as f64,
+        percentile(&waits, 0.5),
+        percentile(&waits, 0.99),
+        format!("{}/{asked}", unwell.len()),
+        cpu_used(pids, &before, seconds)
+    );
+    assert_eq!(ended.0, ended.1, "every run that ended completed");
+    for (reason, count) in refusals {
+        println!("          {count} starts refused: {reason}");
+    }
+    for reason in unwell.iter().take(5) {
+        println!("          not serving: {reason}");
+    }
+}
