@@ -254,7 +254,7 @@ async fn next_change(
 #[tokio::test]
 async fn watch_roster_streams_changes() {
     let mut server = TestServer::sqlite().await;
-    let mut changes = server.client.watch_roster(pb::WatchRosterRequest {}).await.unwrap().into_inner();
+    let mut changes = server.client.watch_roster(pb::WatchRosterRequest::default()).await.unwrap().into_inner();
     let mut previous = None;
     server.agent("alice", "", "", &["rust"], 2).await;
     let change = next_change(&mut changes, &mut previous).await;
@@ -324,7 +324,7 @@ async fn watch_roster_sends_the_kinds_asked_for() {
 async fn watch_roster_hears_other_replicas(backend: Backend) {
     let Some(mut first) = TestServer::on(backend).await else { return };
     let second = first.replica().await;
-    let mut changes = second.client.clone().watch_roster(pb::WatchRosterRequest {}).await.unwrap().into_inner();
+    let mut changes = second.client.clone().watch_roster(pb::WatchRosterRequest::default()).await.unwrap().into_inner();
     let mut previous = None;
     first.agent("alice", "", "", &["rust"], 2).await;
     let change = next_change(&mut changes, &mut previous).await;

@@ -11,7 +11,7 @@ use muster_proto::{
     execution::v1::Assignment,
     roster::v1::{Agent, PutRoleDefinitionRequest, RoleDefinition, UpdateAgentRequest},
 };
-use muster_tests::{Backend, TestCluster, agent, events_until_finished, publish_and_start, spawn_worker};
+use muster_tests::{Backend, RosterClient, TestCluster, agent, events_until_finished, publish_and_start, spawn_worker};
 
 /// Answers every step, keeping what each assignment told its agent.
 #[derive(Debug, Clone, Default)]
@@ -55,20 +55,21 @@ async fn run(test: &TestCluster, recording: &Recording, source: &str) -> Vec<Ass
     std::mem::take(&mut *recording.0.lock().unwrap())
 }
 
+/// Puts the role `writer` with `mission`.
+async fn put_writer(roster: &mut RosterClient, mission: &str) {
+    let role = RoleDefinition {
+        name: "writer".to_owned(),
+        description: "Writes".to_owned(),
+        mission: mission.to_owned(),
+        ..Default::default()
+    };
+    roster.put_role_definition(PutRoleDefinitionRequest { role: Some(role) }).await.expect("a role");
+}
+
 async fn a_changed_agent_or_role_reaches_the_next_run(backend: Backend) {
     let Some(test) = TestCluster::start(backend).await else { return };
     let mut roster = test.roster();
-    roster
-        .put_role_definition(PutRoleDefinitionRequest {
-            role: Some(RoleDefinition {
-                name: "writer".to_owned(),
-                description: "Writes".to_owned(),
-                mission: "Write the first draft".to_owned(),
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("a role");
+    put_writer(&mut roster, "Write the first draft").await;
     let writer = Agent { backstory: "Trained in Lisbon".to_owned(), ..agent("ada", "writer", "docs") };
     let tokens = test.register_agents(&[writer.clone(), agent("bo", "editor", "docs")]).await;
     let credentials = ["ada", "bo"]
@@ -101,17 +102,7 @@ async fn a_changed_agent_or_role_reaches_the_next_run(backend: Backend) {
     }
 
     // Its role changes: the next run carries the new definition.
-    roster
-        .put_role_definition(PutRoleDefinitionRequest {
-            role: Some(RoleDefinition {
-                name: "writer".to_owned(),
-                description: "Writes".to_owned(),
-                mission: "Write the final copy".to_owned(),
-                ..Default::default()
-            }),
-        })
-        .await
-        .expect("a role");
+    put_writer(&mut roster, "Write the final copy").await;
     let third = run(&test, &recording, &steps_of("drafts", &["ada"])).await;
     let role = third[0].role_definition.as_ref().expect("the role's definition");
     assert_eq!(role.mission, "Write the final copy");

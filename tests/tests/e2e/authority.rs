@@ -208,7 +208,7 @@ fn table() -> Vec<Row> {
             |_| roster::ListDelegationsRequest { agent_id: "alice".into(), ..Default::default() }.encode_to_vec(),
             [PD, OK, OK, OK],
         ),
-        row("RosterService/WatchRoster", |_| roster::WatchRosterRequest {}.encode_to_vec(), ALL),
+        row("RosterService/WatchRoster", |_| roster::WatchRosterRequest::default().encode_to_vec(), ALL),
         row(
             "RosterService/RenderSystemPrompt",
             |_| roster::RenderSystemPromptRequest { agent_id: "alice".into() }.encode_to_vec(),

@@ -29,6 +29,9 @@ use crate::{
 /// Most agents' contexts, and roles' memories, kept: past it, all are forgotten.
 const KEPT: usize = 10_000;
 
+/// A role's memory as kept, with its version.
+type KeptMemory = (i64, Arc<Vec<MemoryEntry>>);
+
 /// The agents' contexts and roles' memories kept.
 #[derive(Debug, Default)]
 pub(crate) struct Contexts {
@@ -38,7 +41,7 @@ pub(crate) struct Contexts {
     generation: AtomicU64,
     agents: Mutex<HashMap<String, Arc<AgentContext>>>,
     /// Each role's memory (`""`: agents without a role) and its version.
-    memories: Mutex<HashMap<String, (i64, Arc<Vec<MemoryEntry>>)>>,
+    memories: Mutex<HashMap<String, KeptMemory>>,
 }
 
 impl Contexts {
