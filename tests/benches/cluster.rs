@@ -51,19 +51,28 @@ async fn metric(url: &str, name: &str) -> f64 {
 
 /// The sum of a metric's series whose line holds `label` (e.g. `status="completed"`).
 async fn metric_where(url: &str, name: &str, label: &str) -> f64 {
+    series(&scrape(url).await, name).filter(|(line, _)| line.contains(label)).map(|(_, value)| value).sum()
+}
+
+/// The metrics a service serves (empty when it cannot be read).
+async fn scrape(url: &str) -> String {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let address = url.trim_start_matches("http://");
-    let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else { return 0.0 };
+    let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else { return String::new() };
     let request = format!("GET /metrics HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
     if stream.write_all(request.as_bytes()).await.is_err() {
-        return 0.0;
+        return String::new();
     }
     let mut text = String::new();
     let _ = stream.read_to_string(&mut text).await;
+    text
+}
+
+/// The series of metric `name` in `text`: each line with its value.
+fn series<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (&'a str, f64)> {
     text.lines()
-        .filter(|line| line.starts_with(name) && line[name.len()..].starts_with([' ', '{']) && line.contains(label))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .filter(move |line| line.starts_with(name) && line[name.len()..].starts_with([' ', '{']))
+        .filter_map(|line| Some((line, line.rsplit(' ').next()?.parse::<f64>().ok()?)))
 }
 
 /// CPU time the PostgreSQL server's processes have used, in seconds (those

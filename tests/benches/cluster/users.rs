@@ -29,7 +29,7 @@ use muster_proto::{
 use muster_tests::{Backend, ExecutionClient, TestCluster, agent, spawn_worker};
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
 
-use super::{cpu_seconds, cpu_used, metric_where, publish, run_once, service_pids};
+use super::{cpu_seconds, cpu_used, metric_where, publish, run_once, scrape, series, service_pids};
 
 /// Agents the many runs' steps go to.
 const AGENTS: usize = 100;
@@ -155,6 +155,37 @@ async fn runs_ended(url: &str) -> (f64, f64) {
     )
 }
 
+/// The execution service's histogram of the time from a step becoming ready
+/// to its assignment being sent: (upper bound in seconds, steps within it).
+async fn dispatch_histogram(url: &str) -> Vec<(f64, f64)> {
+    let text = scrape(url).await;
+    let mut buckets: Vec<(f64, f64)> = series(&text, "muster_execution_step_dispatch_seconds_bucket")
+        .filter_map(|(line, count)| {
+            let bound = line.split("le=\"").nth(1)?.split('"').next()?;
+            Some((if bound == "+Inf" { f64::INFINITY } else { bound.parse().ok()? }, count))
+        })
+        .collect();
+    buckets.sort_by(|left, right| left.0.total_cmp(&right.0));
+    buckets
+}
+
+/// What the engine's dispatch histogram says of the steps sent since
+/// `before`: the bucket bounds under which half and 99% of them fell, in
+/// milliseconds, and the share sent within 5 ms.
+fn dispatch_since(before: &[(f64, f64)], after: &[(f64, f64)]) -> String {
+    let sent: Vec<(f64, f64)> = after
+        .iter()
+        .map(|(bound, count)| {
+            (*bound, count - before.iter().find(|(earlier, _)| earlier == bound).map_or(0.0, |(_, count)| *count))
+        })
+        .collect();
+    let total = sent.last().map_or(0.0, |(_, count)| *count);
+    let bound =
+        |share: f64| sent.iter().find(|(_, count)| *count >= share * total).map_or(f64::NAN, |(bound, _)| bound * 1e3);
+    let within = sent.iter().find(|(bound, _)| (*bound - 0.005).abs() < 1e-9).map_or(0.0, |(_, count)| *count);
+    format!("≤{:>5} / ≤{:>5} {:>6.1}%", bound(0.5), bound(0.99), 100.0 * within / total.max(1.0))
+}
+
 /// The `p`th percentile of sorted `waits`, in milliseconds.
 fn percentile(waits: &[Duration], p: f64) -> f64 {
     if waits.is_empty() {
@@ -192,16 +223,26 @@ pub(crate) async fn run() {
 
     println!();
     println!(
-        "users'    {:<8} {:>6}  {:>7} {:>11} {:>8}  {:>7} {:>16} {:>8}   CPU % of a core: execution notifier roster worker+client",
-        "shape", "steps", "seconds", "steps/s", "µs/step", "refused", "to worker p50/99", "unwell"
+        "users'    {:<9} {:>6}  {:>7} {:>8} {:>8}  {:>7} {:>16} {:>26} {:>8}   CPU % of a core: execution notifier roster worker+client",
+        "shape",
+        "steps",
+        "seconds",
+        "steps/s",
+        "µs/step",
+        "refused",
+        "to worker p50/99",
+        "dispatch p50/p99 ms, ≤5 ms",
+        "unwell"
     );
+    let url = test.cluster().execution_url();
+    let dispatched = dispatch_histogram(&url).await;
     let before: Vec<f64> = pids.iter().map(|pid| cpu_seconds(*pid)).collect();
     let health = HealthWatch::start(&test);
     let seconds = run_once(&mut client, &chain_over("users-chain", CHAIN, &names[..AGENTS_PER_PROCESS])).await;
     let (asked, unwell) = health.stop().await;
     let waits = timed.take_waits();
     println!(
-        "{:<9} {:<8} {CHAIN:>6}  {seconds:>7.3} {:>11.0} {:>8.0}  {:>7} {:>7.2} / {:>6.2} {:>8}   {}",
+        "{:<9} {:<9} {CHAIN:>6}  {seconds:>7.3} {:>8.0} {:>8.0}  {:>7} {:>7.2} / {:>6.2} {:>26} {:>8}   {}",
         "SQLite",
         "chain/10",
         CHAIN as f64 / seconds,
@@ -209,6 +250,7 @@ pub(crate) async fn run() {
         0,
         percentile(&waits, 0.5),
         percentile(&waits, 0.99),
+        dispatch_since(&dispatched, &dispatch_histogram(&url).await),
         format!("{}/{asked}", unwell.len()),
         cpu_used(&pids, &before, seconds)
     );
@@ -231,6 +273,7 @@ async fn many(
 ) {
     let url = test.cluster().execution_url();
     let (ended_before, completed_before) = runs_ended(&url).await;
+    let dispatched = dispatch_histogram(&url).await;
     let before: Vec<f64> = pids.iter().map(|pid| cpu_seconds(*pid)).collect();
     let health = HealthWatch::start(test);
     let started = Instant::now();
@@ -265,13 +308,14 @@ async fn many(
     let waits = timed.take_waits();
     let steps = running as usize * STEPS;
     println!(
-        "{:<9} {:<8} {steps:>6}  {seconds:>7.3} {:>11.0} {:>8.0}  {refused:>7} {:>7.2} / {:>6.2} {:>8}   {}",
+        "{:<9} {:<9} {steps:>6}  {seconds:>7.3} {:>8.0} {:>8.0}  {refused:>7} {:>7.2} / {:>6.2} {:>26} {:>8}   {}",
         "SQLite",
         format!("many/{executions}"),
         steps as f64 / seconds,
         seconds * 1e6 / steps as f64,
         percentile(&waits, 0.5),
         percentile(&waits, 0.99),
+        dispatch_since(&dispatched, &dispatch_histogram(&url).await),
         format!("{}/{asked}", unwell.len()),
         cpu_used(pids, &before, seconds)
     );

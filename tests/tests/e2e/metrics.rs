@@ -131,6 +131,9 @@ async fn every_service_serves_its_metrics() {
     ] {
         assert!(execution.contains(expected), "{expected} missing from:\n{execution}");
     }
+    // Every step went to the worker as soon as it was ready: each sending timed.
+    let dispatched = gauge(&execution, "muster_execution_step_dispatch_seconds_count").unwrap_or_default();
+    assert!(dispatched >= 3.0, "{dispatched} steps' dispatch timed:\n{execution}");
     let roster = scrape(&test.cluster().roster_url()).await;
     assert!(roster.contains("muster_delegation_decisions_total{tier=\""), "{roster}");
     assert!(

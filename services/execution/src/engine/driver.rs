@@ -150,6 +150,9 @@ pub(crate) struct Driver {
     completed: usize,
     /// The span of each attempt underway: the step's part of the trace.
     spans: Vec<Option<tracing::Span>>,
+    /// When each step became ready, while it is on its way to a worker with
+    /// room for it: the time to the assignment's sending is measured.
+    ready_since: Vec<Option<std::time::Instant>>,
     route: mpsc::UnboundedSender<Input>,
     inputs: mpsc::UnboundedReceiver<Input>,
     contexts: HashMap<String, Known>,
@@ -215,6 +218,7 @@ impl Driver {
             memory_outputs: HashMap::new(),
             completed,
             spans: vec![None; count],
+            ready_since: vec![None; count],
             route,
             inputs,
             contexts: HashMap::new(),
@@ -374,6 +378,15 @@ impl Driver {
         let was_final = self.steps[position].status.is_final();
         let was_completed = self.steps[position].status == StepStatus::Completed;
         self.steps[position].status = status;
+        match status {
+            StepStatus::Ready => {
+                self.ready_since[position].get_or_insert_with(std::time::Instant::now);
+            }
+            // Sent after the commit that records the start.
+            StepStatus::Running => {}
+            // Waiting for the agent or a worker to have room, or no longer on its way.
+            _ => self.ready_since[position] = None,
+        }
         match (was_final, status.is_final()) {
             (false, true) => self.ended += 1,
             (true, false) => self.ended -= 1,
@@ -1526,7 +1539,18 @@ impl Driver {
         let mut releases = Vec::new();
         for effect in self.after_commit.drain(..) {
             match effect {
-                Effect::Send { slot, assignment, route } => slot.send(assignment, route),
+                Effect::Send { slot, assignment, route } => {
+                    let ready_since = self.ready_since[route.position].take();
+                    slot.send(assignment, route);
+                    if let Some(since) = ready_since {
+                        muster_runtime::metrics::observe(
+                            "muster_execution_step_dispatch_seconds",
+                            "From a step becoming ready to its assignment being sent to a worker, for the steps whose agent and a worker had room for them at once",
+                            &[],
+                            since.elapsed().as_secs_f64(),
+                        );
+                    }
+                }
                 Effect::CallTool { call, limit, route } => {
                     let span = self.spans[route.position].clone().unwrap_or_else(tracing::Span::none);
                     let call = tool_step::run_call(self.engine.workers.clone(), call, limit, route);

@@ -13,7 +13,7 @@ use sqlx::{Any, AssertSqlSafe, Row, Transaction};
 
 use super::{
     DelegationOutcome, DelegationQuery, DelegationRecord, QueueResolution, QueueState, ReleaseOutcome,
-    index::WorkloadChange,
+    index::{Index, WorkloadChange},
     sql::{AGENT_COLUMNS, SqlStore, agent_from_row, fetch_agent},
 };
 use crate::domain::{
@@ -216,6 +216,66 @@ async fn take_assigned_slot(
     Ok(Some(decision))
 }
 
+/// A task assigned to one agent, in the common case, on the SQLite file's
+/// native connection (the transaction on the calling thread, without a
+/// hand-off per statement): the task holds no slot and waits in no queue,
+/// and the agent, in the organisation in memory, takes it within its
+/// capacity. `Ok(None)`, with nothing written, when any of that is not so:
+/// the general path decides (an urgent task over capacity, a queue, a slot
+/// held, an agent not in memory yet).
+fn take_named_natively(
+    transaction: &rusqlite::Connection,
+    index: &Index,
+    request: &DelegationRequest,
+    now: i64,
+    settings: Settings,
+) -> Result<Option<(Decision, WorkloadChange)>> {
+    let assigned = request.assigned_agent_id.as_str();
+    let Some(known) = index.agent(assigned) else { return Ok(None) };
+    // As the agent would be decided on with a free slot: one whose status
+    // in memory says otherwise goes the general way, which reads the row.
+    let with_a_slot = Agent {
+        current_workload: known.current_workload.min(known.workload_capacity.saturating_sub(1)),
+        ..(*known).clone()
+    };
+    let decision =
+        decide(request, &Snapshot { agents: vec![Arc::new(with_a_slot)], ..Snapshot::default() }, now, settings);
+    if decision.kind != DecisionKind::Delegate || decision.over_capacity {
+        return Ok(None);
+    }
+    let (held_by, queued): (Option<String>, i64) = transaction
+        .prepare_cached(
+            "SELECT (SELECT agent_id FROM reservations WHERE task_id = ?1), \
+             (SELECT COUNT(*) FROM queued_tasks WHERE task_id = ?1 AND state = 'queued')",
+        )?
+        .query_row([request.task_id.as_str()], |row| Ok((row.get(0)?, row.get(1)?)))?;
+    if held_by.is_some() || queued > 0 {
+        return Ok(None);
+    }
+    let taken: Option<(i64, i64)> = transaction
+        .prepare_cached(
+            "UPDATE agents SET current_workload = current_workload + 1, updated_at = ?2, version = version + 1 \
+             WHERE id = ?1 AND current_workload < workload_capacity AND manual_status NOT IN ('offline', 'busy') \
+             RETURNING current_workload, version",
+        )?
+        .query_row(rusqlite::params![assigned, now], |row| Ok((row.get(0)?, row.get(1)?)))
+        .map(Some)
+        .or_else(|error| match error {
+            rusqlite::Error::QueryReturnedNoRows => Ok(None),
+            other => Err(other),
+        })?;
+    let Some((workload, version)) = taken else { return Ok(None) };
+    let workload = u32::try_from(workload.max(0)).unwrap_or(u32::MAX);
+    // Decided as the general path does: from the agent as the task found it.
+    let agent = Agent { current_workload: workload.saturating_sub(1), ..(*known).clone() };
+    let decision = decide(request, &Snapshot { agents: vec![Arc::new(agent)], ..Snapshot::default() }, now, settings);
+    if decision.kind != DecisionKind::Delegate || decision.over_capacity {
+        return Err(Error::Internal(format!("an agent with a free slot was not chosen: {}", decision.reasoning)));
+    }
+    upsert_reservations_natively(transaction, &[(request.task_id.as_str(), assigned, now)])?;
+    Ok(Some((decision, (assigned.to_owned(), version, workload))))
+}
+
 /// Decides from the organisation in memory, with the queue lengths from the
 /// database when the decision may need them; agents whose last slot went
 /// to a concurrent call count as full (`lost_races`: `true` when their slot
@@ -271,7 +331,25 @@ pub(super) async fn delegate_alone(
     settings: Settings,
 ) -> Result<DelegationOutcome> {
     // Loaded before the transaction: a first load reads the whole roster.
-    store.index().await?;
+    let index = store.index().await?;
+    if let Some(native) = store.database.native()
+        && !request.assigned_agent_id.is_empty()
+        && !request.dry_run
+    {
+        let taken = native
+            .write(&store.database.pool, |transaction| take_named_natively(transaction, index, request, now, settings))
+            .await?;
+        if let Some((decision, change)) = taken {
+            let reread = store.index.apply_workloads(std::slice::from_ref(&change));
+            store.reread_after_commit(&reread).await;
+            return Ok(DelegationOutcome {
+                decision,
+                delegation_id: String::new(),
+                changed_agents: vec![request.assigned_agent_id.clone()],
+                queue_changed: false,
+            });
+        }
+    }
     let mut changes = Vec::new();
     let mut lost_races: HashMap<String, bool> = HashMap::new();
     let outcome = delegate_in_transaction(store, request, now, settings, &mut changes, &mut lost_races).await;
