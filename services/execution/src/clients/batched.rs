@@ -7,10 +7,15 @@
 //! A batch the roster refuses for the sake of one of its tasks is asked
 //! again task by task, so each gets its own answer; one the roster cannot
 //! take now fails each of its asks as unavailable (they are asked again).
+//!
+//! An ask sent alone is sent in the span it was made in (a step's, so the
+//! roster's span sits under the step in the trace); a batch has a span of
+//! its own that follows from each of its asks'.
 
 use std::{collections::HashSet, sync::Arc};
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
+use tracing::{Instrument as _, Span};
 
 use super::roster::{AgentInfo, DelegationAsk, RoleGrants, Roster, RosterFailure};
 use crate::{
@@ -24,12 +29,16 @@ const IN_FLIGHT: usize = 4;
 const MOST: usize = 1000;
 
 type Reply<T> = oneshot::Sender<Result<T, RosterFailure>>;
+/// An ask, where its answer goes, and the span it was made in.
+type Asked = (DelegationAsk, Reply<Decision>, Span);
+/// Tasks to release, where the outcome goes, and the span they were given in.
+type Released = (Vec<String>, Reply<()>, Span);
 
 /// A roster whose delegations and releases go in batches.
 pub(crate) struct Batched {
     inner: Arc<dyn Roster>,
-    asks: mpsc::UnboundedSender<(DelegationAsk, Reply<Decision>)>,
-    releases: mpsc::UnboundedSender<(Vec<String>, Reply<()>)>,
+    asks: mpsc::UnboundedSender<Asked>,
+    releases: mpsc::UnboundedSender<Released>,
 }
 
 impl Batched {
@@ -47,7 +56,19 @@ fn stopped() -> RosterFailure {
     RosterFailure::Unavailable("the service is stopping".to_owned())
 }
 
-async fn send_asks(inner: Arc<dyn Roster>, mut queue: mpsc::UnboundedReceiver<(DelegationAsk, Reply<Decision>)>) {
+/// A batch's span, following from each of its parts' spans.
+fn batch_span<'a>(name: &'static str, parts: impl Iterator<Item = &'a Span>) -> Span {
+    let span = tracing::info_span!("roster batch", call = name, tasks = tracing::field::Empty);
+    let mut count = 0;
+    for part in parts {
+        span.follows_from(part);
+        count += 1;
+    }
+    span.record("tasks", count);
+    span
+}
+
+async fn send_asks(inner: Arc<dyn Roster>, mut queue: mpsc::UnboundedReceiver<Asked>) {
     let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(first) = queue.recv().await {
         let Ok(slot) = in_flight.clone().acquire_owned().await else { return };
@@ -68,15 +89,16 @@ async fn send_asks(inner: Arc<dyn Roster>, mut queue: mpsc::UnboundedReceiver<(D
             if batch.len() == 1 {
                 return ask_alone(inner, batch.remove(0)).await;
             }
-            let asks = batch.iter().map(|(ask, _)| ask.clone()).collect();
-            match inner.delegate_batch(asks).await {
+            let asks = batch.iter().map(|(ask, ..)| ask.clone()).collect();
+            let span = batch_span("DelegateBatch", batch.iter().map(|(.., span)| span));
+            match inner.delegate_batch(asks).instrument(span).await {
                 Ok(decisions) => {
-                    for ((_, reply), decision) in batch.into_iter().zip(decisions) {
+                    for ((_, reply, _), decision) in batch.into_iter().zip(decisions) {
                         let _ = reply.send(Ok(decision));
                     }
                 }
                 Err(failure @ RosterFailure::Unavailable(_)) => {
-                    for (_, reply) in batch {
+                    for (_, reply, _) in batch {
                         let _ = reply.send(Err(failure.clone()));
                     }
                 }
@@ -91,11 +113,11 @@ async fn send_asks(inner: Arc<dyn Roster>, mut queue: mpsc::UnboundedReceiver<(D
     }
 }
 
-async fn ask_alone(inner: Arc<dyn Roster>, (ask, reply): (DelegationAsk, Reply<Decision>)) {
-    let _ = reply.send(inner.delegate(ask).await);
+async fn ask_alone(inner: Arc<dyn Roster>, (ask, reply, span): Asked) {
+    let _ = reply.send(inner.delegate(ask).instrument(span).await);
 }
 
-async fn send_releases(inner: Arc<dyn Roster>, mut queue: mpsc::UnboundedReceiver<(Vec<String>, Reply<()>)>) {
+async fn send_releases(inner: Arc<dyn Roster>, mut queue: mpsc::UnboundedReceiver<Released>) {
     let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(first) = queue.recv().await {
         let Ok(slot) = in_flight.clone().acquire_owned().await else { return };
@@ -109,15 +131,19 @@ async fn send_releases(inner: Arc<dyn Roster>, mut queue: mpsc::UnboundedReceive
         let inner = inner.clone();
         tokio::spawn(async move {
             let _slot = slot;
+            let span = match batch.as_slice() {
+                [(.., span)] => span.clone(),
+                _ => batch_span("ReleaseTasks", batch.iter().map(|(.., span)| span)),
+            };
             let mut task_ids: Vec<String> = Vec::with_capacity(tasks);
             let mut replies = Vec::with_capacity(batch.len());
-            for (ids, reply) in batch {
+            for (ids, reply, _) in batch {
                 task_ids.extend(ids);
                 replies.push(reply);
             }
             let released = match task_ids.as_slice() {
-                [task_id] => inner.release(task_id.clone()).await,
-                _ => inner.release_batch(task_ids).await,
+                [task_id] => inner.release(task_id.clone()).instrument(span).await,
+                _ => inner.release_batch(task_ids).instrument(span).await,
             };
             for reply in replies {
                 let _ = reply.send(released.clone());
@@ -129,7 +155,7 @@ async fn send_releases(inner: Arc<dyn Roster>, mut queue: mpsc::UnboundedReceive
 impl Roster for Batched {
     fn delegate(&self, ask: DelegationAsk) -> BoxFuture<'_, Result<Decision, RosterFailure>> {
         let (reply, answer) = oneshot::channel();
-        let sent = self.asks.send((ask, reply));
+        let sent = self.asks.send((ask, reply, Span::current()));
         Box::pin(async move {
             sent.map_err(|_| stopped())?;
             answer.await.map_err(|_| stopped())?
@@ -150,7 +176,7 @@ impl Roster for Batched {
 
     fn release_batch(&self, task_ids: Vec<String>) -> BoxFuture<'_, Result<(), RosterFailure>> {
         let (reply, answer) = oneshot::channel();
-        let sent = self.releases.send((task_ids, reply));
+        let sent = self.releases.send((task_ids, reply, Span::current()));
         Box::pin(async move {
             sent.map_err(|_| stopped())?;
             answer.await.map_err(|_| stopped())?
