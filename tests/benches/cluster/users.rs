@@ -238,26 +238,9 @@ pub(crate) async fn run() {
         "dispatch p50/p99 ms, ≤5 ms",
         "unwell"
     );
-    let url = test.cluster().execution_url();
-    let dispatched = dispatch_histogram(&url).await;
-    let before: Vec<f64> = pids.iter().map(|pid| cpu_seconds(*pid)).collect();
-    let health = HealthWatch::start(&test);
+    let measure = Measure::start(&test, &pids).await;
     let seconds = run_once(&mut client, &chain_over("users-chain", CHAIN, &names[..AGENTS_PER_PROCESS])).await;
-    let (asked, unwell) = health.stop().await;
-    let waits = timed.take_waits();
-    println!(
-        "{:<9} {:<9} {CHAIN:>6}  {seconds:>7.3} {:>8.0} {:>8.0}  {:>7} {:>7.2} / {:>6.2} {:>26} {:>8}   {}",
-        "SQLite",
-        "chain/10",
-        CHAIN as f64 / seconds,
-        seconds * 1e6 / CHAIN as f64,
-        0,
-        percentile(&waits, 0.5),
-        percentile(&waits, 0.99),
-        dispatch_since(&dispatched, &dispatch_histogram(&url).await),
-        format!("{}/{asked}", unwell.len()),
-        cpu_used(&pids, &before, seconds)
-    );
+    measure.row("chain/10", CHAIN, seconds, 0, &timed).await;
     for executions in [100, 1000] {
         many(&test, &client, &timed, &processes, executions, &pids).await;
     }
@@ -277,9 +260,7 @@ async fn many(
 ) {
     let url = test.cluster().execution_url();
     let (ended_before, completed_before) = runs_ended(&url).await;
-    let dispatched = dispatch_histogram(&url).await;
-    let before: Vec<f64> = pids.iter().map(|pid| cpu_seconds(*pid)).collect();
-    let health = HealthWatch::start(test);
+    let measure = Measure::start(test, pids).await;
     let started = Instant::now();
     let starts: Vec<_> = (0..executions)
         .map(|index| {
@@ -308,26 +289,48 @@ async fn many(
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let seconds = started.elapsed().as_secs_f64();
-    let (asked, unwell) = health.stop().await;
-    let waits = timed.take_waits();
-    let steps = running as usize * STEPS;
-    println!(
-        "{:<9} {:<9} {steps:>6}  {seconds:>7.3} {:>8.0} {:>8.0}  {refused:>7} {:>7.2} / {:>6.2} {:>26} {:>8}   {}",
-        "SQLite",
-        format!("many/{executions}"),
-        steps as f64 / seconds,
-        seconds * 1e6 / steps as f64,
-        percentile(&waits, 0.5),
-        percentile(&waits, 0.99),
-        dispatch_since(&dispatched, &dispatch_histogram(&url).await),
-        format!("{}/{asked}", unwell.len()),
-        cpu_used(pids, &before, seconds)
-    );
+    measure.row(&format!("many/{executions}"), running as usize * STEPS, seconds, refused, timed).await;
     assert_eq!(ended.0, ended.1, "every run that ended completed");
     for (reason, count) in refusals {
         println!("          {count} starts refused: {reason}");
     }
-    for reason in unwell.iter().take(5) {
-        println!("          not serving: {reason}");
+}
+
+/// What a row measures around a run: the processes' CPU, the services'
+/// health, the engine's dispatch histogram.
+struct Measure<'a> {
+    pids: &'a [u32],
+    url: String,
+    cpu_before: Vec<f64>,
+    dispatched: Vec<(f64, f64)>,
+    health: HealthWatch,
+}
+
+impl<'a> Measure<'a> {
+    async fn start(test: &TestCluster, pids: &'a [u32]) -> Self {
+        let url = test.cluster().execution_url();
+        let dispatched = dispatch_histogram(&url).await;
+        let cpu_before = pids.iter().map(|pid| cpu_seconds(*pid)).collect();
+        Self { pids, url, cpu_before, dispatched, health: HealthWatch::start(test) }
+    }
+
+    /// Prints the row of `steps` run in `seconds`, with the waits `timed` recorded.
+    async fn row(self, shape: &str, steps: usize, seconds: f64, refused: usize, timed: &Timed) {
+        let (asked, unwell) = self.health.stop().await;
+        let waits = timed.take_waits();
+        println!(
+            "{:<9} {shape:<9} {steps:>6}  {seconds:>7.3} {:>8.0} {:>8.0}  {refused:>7} {:>7.2} / {:>6.2} {:>26} {:>8}   {}",
+            "SQLite",
+            steps as f64 / seconds,
+            seconds * 1e6 / steps as f64,
+            percentile(&waits, 0.5),
+            percentile(&waits, 0.99),
+            dispatch_since(&self.dispatched, &dispatch_histogram(&self.url).await),
+            format!("{}/{asked}", unwell.len()),
+            cpu_used(self.pids, &self.cpu_before, seconds)
+        );
+        for reason in unwell.iter().take(5) {
+            println!("          not serving: {reason}");
+        }
     }
 }

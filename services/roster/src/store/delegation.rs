@@ -50,6 +50,11 @@ const RESERVE_SLOT_SQL: &str = "UPDATE agents SET current_workload = current_wor
      WHERE id = $1 AND current_workload < workload_capacity AND manual_status NOT IN ('offline', 'busy') \
      RETURNING id, version, current_workload";
 
+/// Who holds a slot for task `$1` (`held_by`), and whether it waits in the
+/// queue (`queued`, a count).
+const HELD_AND_QUEUED_SQL: &str = "SELECT (SELECT agent_id FROM reservations WHERE task_id = $1) AS held_by, \
+     (SELECT COUNT(*) FROM queued_tasks WHERE task_id = $1 AND state = 'queued') AS queued";
+
 /// Takes the one slot over capacity of agent `$1`, which only an urgent task
 /// may take, and only while the agent is exactly at capacity: of any number
 /// of concurrent calls, one takes it (6/5), none goes further (7/5).
@@ -243,22 +248,20 @@ fn take_named_natively(
     if decision.kind != DecisionKind::Delegate || decision.over_capacity {
         return Ok(None);
     }
+    // The statements of the general path, their `$n` parameters bound by name.
     let (held_by, queued): (Option<String>, i64) = transaction
-        .prepare_cached(
-            "SELECT (SELECT agent_id FROM reservations WHERE task_id = ?1), \
-             (SELECT COUNT(*) FROM queued_tasks WHERE task_id = ?1 AND state = 'queued')",
-        )?
-        .query_row([request.task_id.as_str()], |row| Ok((row.get(0)?, row.get(1)?)))?;
+        .prepare_cached(HELD_AND_QUEUED_SQL)?
+        .query_row(rusqlite::named_params! {"$1": request.task_id.as_str()}, |row| {
+            Ok((row.get("held_by")?, row.get("queued")?))
+        })?;
     if held_by.is_some() || queued > 0 {
         return Ok(None);
     }
     let taken: Option<(i64, i64)> = transaction
-        .prepare_cached(
-            "UPDATE agents SET current_workload = current_workload + 1, updated_at = ?2, version = version + 1 \
-             WHERE id = ?1 AND current_workload < workload_capacity AND manual_status NOT IN ('offline', 'busy') \
-             RETURNING current_workload, version",
-        )?
-        .query_row(rusqlite::params![assigned, now], |row| Ok((row.get(0)?, row.get(1)?)))
+        .prepare_cached(RESERVE_SLOT_SQL)?
+        .query_row(rusqlite::named_params! {"$1": assigned, "$2": now}, |row| {
+            Ok((row.get("current_workload")?, row.get("version")?))
+        })
         .map(Some)
         .or_else(|error| match error {
             rusqlite::Error::QueryReturnedNoRows => Ok(None),
@@ -373,13 +376,7 @@ async fn delegate_in_transaction(
     let mut transaction = store.database.pool.begin().await?;
     // A task holds one slot; the agent holding it has that slot for it. One
     // statement also tells whether the task waits in the queue.
-    let row = sqlx::query(
-        "SELECT (SELECT agent_id FROM reservations WHERE task_id = $1) AS held_by, \
-         (SELECT COUNT(*) FROM queued_tasks WHERE task_id = $1 AND state = 'queued') AS queued",
-    )
-    .bind(request.task_id.clone())
-    .fetch_one(&mut *transaction)
-    .await?;
+    let row = sqlx::query(HELD_AND_QUEUED_SQL).bind(request.task_id.clone()).fetch_one(&mut *transaction).await?;
     let held_by: Option<String> = row.try_get("held_by")?;
     let was_queued = row.try_get::<i64, _>("queued")? > 0;
     // A decision that places the task takes it out of the queue.
