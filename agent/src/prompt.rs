@@ -91,8 +91,9 @@ pub fn read_context_files(workspace: &Workspace, paths: &[String]) -> Vec<Contex
     files
 }
 
-/// The first user message: the assignment.
-pub fn task(assignment: &Assignment, context_files: &[ContextFile]) -> String {
+/// The first user message: the assignment, with its shared memory (the
+/// worker's [`Step::shared_memory`](muster_worker::Step::shared_memory), decoded).
+pub fn task(assignment: &Assignment, shared_memory: &prost_types::Struct, context_files: &[ContextFile]) -> String {
     let mut task = String::new();
     let _ = writeln!(
         task,
@@ -127,10 +128,10 @@ pub fn task(assignment: &Assignment, context_files: &[ContextFile]) -> String {
             let _ = write!(task, "### {step}\n{}\n", fenced(&value));
         }
     }
-    if let Some(memory) = assignment.shared_memory.as_ref() {
+    {
         // Outputs of earlier steps this one builds on, beyond its direct dependencies.
         let mut text = String::new();
-        for (step, output) in &memory.fields {
+        for (step, output) in &shared_memory.fields {
             if assignment.upstream_outputs.contains_key(step) || text.len() > MAX_MEMORY_CHARS {
                 continue;
             }
@@ -245,12 +246,17 @@ mod tests {
             ContextFile { path: "project/scope.md".into(), content: Ok("the scope".into()) },
             ContextFile { path: "project/timeline.md".into(), content: Err("it does not exist".into()) },
         ];
-        let task = task(&assignment, &files);
+        let memory = muster_client::json::struct_from_text(r#"{"research": {"found": 3}, "plan": {"steps": 2}}"#)
+            .unwrap()
+            .unwrap();
+        let task = task(&assignment, &memory, &files);
         for part in [
             "Write the report",
             "\"topic\": \"auth\"",
             "### research",
             "\"found\": 3",
+            "## Earlier steps this one builds on\n### plan",
+            "\"steps\": 2",
             "[role delivery, by a] Fridays",
             "### project/scope.md\n```\nthe scope",
             "### project/timeline.md\n(not read: it does not exist)",

@@ -82,9 +82,16 @@ impl<'a> StepRun<'a> {
         let context_files = tokio::task::spawn_blocking(move || prompt::read_context_files(&workspace, &context_paths))
             .await
             .unwrap_or_default();
+        let shared_memory = match self.step.shared_memory().decode() {
+            Ok(memory) => memory,
+            Err(error) => {
+                let message = format!("the assignment's shared memory could not be read: {error}");
+                return failed("SHARED_MEMORY_UNREADABLE", &message, true);
+            }
+        };
         let mut conversation = Conversation {
             system: prompt::system_prompt(self.assignment),
-            turns: vec![Turn::User(prompt::task(self.assignment, &context_files))],
+            turns: vec![Turn::User(prompt::task(self.assignment, &shared_memory, &context_files))],
         };
         let tools = self.offered_tools().await;
         let schema = prompt::output_schema(self.assignment);

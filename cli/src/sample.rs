@@ -35,7 +35,7 @@ pub struct SampleBehaviour;
 
 impl SampleBehaviour {
     /// The deterministic output of a step.
-    fn complete(assignment: &Assignment, inputs: &Value) -> StepOutcome {
+    fn complete(assignment: &Assignment, memory_keys: &[String], inputs: &Value) -> StepOutcome {
         let mut upstream: Vec<&String> = assignment.upstream_outputs.keys().collect();
         upstream.sort();
         let upstream_bytes: serde_json::Map<String, Value> = assignment
@@ -43,11 +43,6 @@ impl SampleBehaviour {
             .iter()
             .map(|(step, output)| (step.clone(), json_bytes(output).into()))
             .collect();
-        // Only the keys: the values (up to a hundred steps' outputs) are
-        // not turned into JSON to be listed.
-        let mut memory_keys: Vec<&String> =
-            assignment.shared_memory.as_ref().map(|memory| memory.fields.keys().collect()).unwrap_or_default();
-        memory_keys.sort_unstable();
         // What the agent was told, so its output shows the task context it had.
         let mut output = json!({
             "agent": assignment.agent_id,
@@ -101,8 +96,21 @@ impl SampleBehaviour {
 }
 
 impl Behaviour for SampleBehaviour {
-    async fn run(&self, assignment: Assignment, _step: Step) -> StepOutcome {
+    async fn run(&self, assignment: Assignment, step: Step) -> StepOutcome {
         let inputs = object(assignment.inputs.as_ref());
+        // Only the keys: the values (up to a hundred steps' outputs) are
+        // not decoded to be listed.
+        let mut memory_keys = match step.shared_memory().step_ids() {
+            Ok(keys) => keys,
+            Err(error) => {
+                return StepOutcome::Failed {
+                    error_code: "SHARED_MEMORY_UNREADABLE".to_owned(),
+                    message: format!("the assignment's shared memory could not be read: {error}"),
+                    retryable: true,
+                };
+            }
+        };
+        memory_keys.sort_unstable();
         if let Some(milliseconds) = inputs.get("sleep_ms").and_then(Value::as_u64) {
             tokio::time::sleep(Duration::from_millis(milliseconds)).await;
         }
@@ -124,7 +132,7 @@ impl Behaviour for SampleBehaviour {
         }
         let delegate_to = inputs.get("delegate").and_then(|map| map.get(&assignment.agent_id)).and_then(Value::as_str);
         if let Some(target) = delegate_to {
-            let own = Box::new(Self::complete(&assignment, &inputs));
+            let own = Box::new(Self::complete(&assignment, &memory_keys, &inputs));
             return StepOutcome::Delegate {
                 to_agent_id: target.to_owned(),
                 required_expertise: Vec::new(),
@@ -132,7 +140,7 @@ impl Behaviour for SampleBehaviour {
                 otherwise: own,
             };
         }
-        Self::complete(&assignment, &inputs)
+        Self::complete(&assignment, &memory_keys, &inputs)
     }
 
     fn tools(&self) -> Vec<ToolSpec> {

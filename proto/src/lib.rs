@@ -4,9 +4,12 @@
 //!
 //! This crate owns nothing but the contract: no logic, no conversions. Each
 //! service converts between these types and its domain types in its own
-//! `grpc.rs`. One type is written by hand: [`frame::SubscribeFrame`], the
+//! `grpc.rs`. A few stream messages are written by hand ([`frame`]): the
 //! notifier's `SubscribeResponse` with its event already encoded, so that an
-//! event sent to many subscribers is encoded once.
+//! event sent to many subscribers is encoded once; the execution service's
+//! worker stream with an assignment's shared memory encoded once for every
+//! assignment that carries it, and left encoded by the worker that receives
+//! it until read; the events it sends the notifier as they were stored.
 #![allow(missing_docs, unreachable_pub, clippy::all)]
 
 /// Shared types: diagnostics, step roles, step events.
@@ -44,6 +47,14 @@ pub mod execution {
         /// what the execution service serves (the same wire contract).
         pub mod framed {
             include!(concat!(env!("OUT_DIR"), "/framed/muster.execution.v1.rs"));
+        }
+
+        /// The execution service's client once more, its ConnectWorker and
+        /// RelaySteps streams yielding [`WorkerFrame`](crate::frame::WorkerFrame)s:
+        /// an assignment's shared memory left as it came (the same wire
+        /// contract).
+        pub mod framed_client {
+            include!(concat!(env!("OUT_DIR"), "/framed_client/muster.execution.v1.rs"));
         }
     }
 }

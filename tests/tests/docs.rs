@@ -210,7 +210,7 @@ async fn the_documented_commands_run_as_written() {
         // background is stopped when it ends.
         let mut script = String::from("set -euo pipefail\ntrap 'kill $(jobs -p) 2>/dev/null || true' EXIT\n");
         for block in &runnable {
-            script.push_str(&format!("echo '### {}'\n", block.place));
+            script.push_str(&format!("echo \"### {} (at $SECONDS s)\"\n", block.place));
             match &block.fails {
                 None => script.push_str(&block.text),
                 // Run apart, its status and output checked.
@@ -258,11 +258,29 @@ async fn the_documented_commands_run_as_written() {
         let log = folder.0.join(format!("{}.log", name.replace('/', "-")));
         let output = std::fs::File::create(&log).expect("a log");
         command.stdout(output.try_clone().expect("a log")).stderr(output);
+        let started = std::time::Instant::now();
         let mut child = command.spawn().expect("bash");
         let status = tokio::time::timeout(LIMIT, child.wait()).await;
         let output = std::fs::read_to_string(&log).unwrap_or_default();
         let block = output.lines().rfind(|line| line.starts_with("### ")).unwrap_or("### ?");
         let block = block.trim_start_matches("### ");
+        // How long each block took, for `--nocapture` (the slow ones first).
+        let mut starts: Vec<(&str, u64)> = output
+            .lines()
+            .filter_map(|line| {
+                let (place, at) = line.strip_prefix("### ")?.rsplit_once(" (at ")?;
+                Some((place, at.strip_suffix(" s)")?.parse().ok()?))
+            })
+            .collect();
+        starts.push(("end", started.elapsed().as_secs()));
+        let mut took: Vec<(u64, &str)> = starts.windows(2).map(|pair| (pair[1].1 - pair[0].1, pair[0].0)).collect();
+        took.sort_unstable_by(|left, right| right.cmp(left));
+        eprintln!(
+            "{name}: {} blocks in {:.0?}; slowest: {:?}",
+            runnable.len(),
+            started.elapsed(),
+            &took[..took.len().min(5)]
+        );
         let tail: Vec<&str> = output.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
         let tail = tail.join("\n");
         match status {

@@ -10,6 +10,9 @@
 //! answer, and to call the cluster as the step's agent. A step the service
 //! withdraws (cancelled, reassigned, timed out) is stopped at once: its
 //! behaviour's future is dropped, aborting whatever call it was making.
+//! An assignment's shared memory (up to a hundred earlier outputs) comes
+//! to the behaviour as it came on the wire, in [`Step::shared_memory`], and
+//! is decoded only as far as the behaviour reads it.
 
 use std::{future::Future, sync::Arc, time::Duration};
 
@@ -19,13 +22,20 @@ use muster_client::{
     balance::Balanced,
     tls::{ClientTls, TlsArgs},
 };
-use muster_proto::execution::v1::{
-    Assignment, ConnectWorkerRequest, DelegateStep, DelegationOutcome, MemoryNote, PayloadKind, ReadPayloadRequest,
-    ServedAgent, StepFailure, StepProgress, StepResult, ToolCall, ToolCallResult, ToolOutput, ToolSpec,
-    WorkerHeartbeat, WorkerHello, connect_worker_request, connect_worker_response,
-    execution_service_client::ExecutionServiceClient,
+use muster_proto::{
+    execution::v1::{
+        Assignment, ConnectWorkerRequest, DelegateStep, DelegationOutcome, MemoryNote, PayloadKind, ReadPayloadRequest,
+        ServedAgent, StepFailure, StepProgress, StepResult, ToolCall, ToolCallResult, ToolOutput, ToolSpec,
+        WorkerHeartbeat, WorkerHello, connect_worker_request, connect_worker_response,
+        execution_service_client::ExecutionServiceClient, framed_client,
+    },
+    frame::WorkerFrame,
 };
 use tokio::sync::{mpsc, oneshot};
+
+mod memory;
+
+pub use memory::SharedMemory;
 
 /// JSON values as assignments, results and tool calls carry them
 /// (`google.protobuf.Struct` and `Value`), to and from `serde_json`.
@@ -137,6 +147,7 @@ pub enum StepOutcome {
 #[derive(Clone)]
 pub struct Step {
     assignment_id: String,
+    shared_memory: SharedMemory,
     agent_token: String,
     sender: mpsc::Sender<ConnectWorkerRequest>,
     execution: ExecutionServiceClient<AuthChannel>,
@@ -159,6 +170,13 @@ impl Step {
     /// The assignment's id.
     pub fn assignment_id(&self) -> &str {
         &self.assignment_id
+    }
+
+    /// The assignment's shared memory (`Assignment.shared_memory`, which the
+    /// behaviour's [`Assignment`] does not carry): the outputs of the
+    /// completed steps this one builds on, decoded as far as they are read.
+    pub fn shared_memory(&self) -> &SharedMemory {
+        &self.shared_memory
     }
 
     /// The roster token of the agent the step is for, for calls made as it.
@@ -212,7 +230,9 @@ impl Step {
 
 /// How a worker runs its assignments and the tools it provides.
 pub trait Behaviour: Send + Sync + 'static {
-    /// Runs one assignment; `step` reports on it while it runs.
+    /// Runs one assignment; `step` reports on it while it runs and holds
+    /// its shared memory ([`Step::shared_memory`]; the assignment's own
+    /// `shared_memory` is not set).
     fn run(&self, assignment: Assignment, step: Step) -> impl Future<Output = StepOutcome> + Send;
 
     /// The tools this worker provides (none by default).
@@ -468,8 +488,8 @@ async fn session<B: Behaviour>(
     notify: &mut impl FnMut(Notice),
 ) -> anyhow::Result<()> {
     let replicas = execution.replicas()?;
-    let mut client =
-        ExecutionServiceClient::new(with_credentials(replicas.clone(), Credentials::bearer(&execution.token)?));
+    let channel = with_credentials(replicas.clone(), Credentials::bearer(&execution.token)?);
+    let client = ExecutionServiceClient::new(channel.clone());
     let (sender, receiver) = mpsc::channel::<ConnectWorkerRequest>(256);
     sender
         .send(ConnectWorkerRequest {
@@ -484,7 +504,10 @@ async fn session<B: Behaviour>(
             })),
         })
         .await?;
-    let mut inbound = client.connect_worker(ReceiverStream::new(receiver)).await?.into_inner();
+    let mut inbound = framed_client::execution_service_client::ExecutionServiceClient::new(channel)
+        .connect_worker(ReceiverStream::new(receiver))
+        .await?
+        .into_inner();
     // Large values are read, and a step's calls made, with the token of the
     // agent the assignment is for.
     let mut readers = std::collections::HashMap::new();
@@ -501,8 +524,15 @@ async fn session<B: Behaviour>(
     let mut _heartbeats: Option<AbortOnDrop> = None;
     // Assignments handed onward, waiting for the service's answer: what to report if refused.
     let refused_fallbacks: Arc<std::sync::Mutex<std::collections::HashMap<String, StepOutcome>>> = Arc::default();
-    while let Some(message) = inbound.message().await? {
-        match message.message {
+    while let Some(frame) = inbound.message().await? {
+        let (message, shared_memory) = match frame {
+            WorkerFrame::Assignment { assignment, shared_memory } => {
+                (Some(connect_worker_response::Message::Assignment(assignment)), SharedMemory::new(shared_memory))
+            }
+            WorkerFrame::Message(message) => (message.message, SharedMemory::default()),
+            encoded @ WorkerFrame::Encoded(_) => (encoded.to_message()?.message, SharedMemory::default()),
+        };
+        match message {
             Some(connect_worker_response::Message::Welcome(welcome)) => {
                 tracing::info!(worker_id = %welcome.worker_id, agents = agents.len(), "worker connected");
                 notify(Notice::Connected {
@@ -530,8 +560,13 @@ async fn session<B: Behaviour>(
                     .get(&assignment.agent_id)
                     .cloned()
                     .unwrap_or_else(|| (client.clone(), execution.token.clone()));
+                let shared_memory = match assignment.shared_memory.take() {
+                    Some(memory) => SharedMemory::from(&memory),
+                    None => shared_memory,
+                };
                 let step = Step {
                     assignment_id: assignment.assignment_id.clone(),
+                    shared_memory,
                     agent_token,
                     sender: sender.clone(),
                     execution: reader.clone(),

@@ -5,6 +5,9 @@
 //! encoded once per assignment; a message another replica relayed goes on
 //! as the bytes it came as. Clients decode them with the generated types:
 //! the same fields, the shared memory after the assignment's other fields.
+//! Decoded as a [`WorkerFrame`] (what the worker library does), an
+//! assignment keeps its shared memory as the bytes it came as, so a worker
+//! builds the values of up to a hundred outputs only when it reads them.
 
 use prost::{
     DecodeError, Message,
@@ -12,8 +15,8 @@ use prost::{
     encoding::{self, DecodeContext, WireType},
 };
 
-use super::{encode_length_delimited, length_delimited_len};
-use crate::execution::v1::{Assignment, ConnectWorkerResponse};
+use super::{encode_length_delimited, length_delimited_len, merge_encoded};
+use crate::execution::v1::{Assignment, ConnectWorkerResponse, connect_worker_response};
 
 /// `ConnectWorkerResponse.assignment`.
 const ASSIGNMENT: u32 = 2;
@@ -28,7 +31,8 @@ pub enum WorkerFrame {
     /// A message, encoded as generated.
     Message(ConnectWorkerResponse),
     /// An assignment (its own `shared_memory` unset) and its shared memory:
-    /// the encoded fields of a `google.protobuf.Struct`, always sent.
+    /// the encoded fields of a `google.protobuf.Struct`, always sent. What
+    /// an assignment decodes as.
     Assignment { assignment: Assignment, shared_memory: Bytes },
     /// A whole `ConnectWorkerResponse`, already encoded.
     Encoded(Bytes),
@@ -77,9 +81,24 @@ impl Message for WorkerFrame {
         ctx: DecodeContext,
     ) -> Result<(), DecodeError> {
         let mut message = match std::mem::take(self) {
+            Self::Assignment { assignment, shared_memory } if tag == ASSIGNMENT => {
+                return self.merge_assignment(Split { assignment, shared_memory }, wire_type, buf, ctx);
+            }
             Self::Message(message) => message,
             other => other.to_message()?,
         };
+        if tag == ASSIGNMENT {
+            // A oneof: an assignment replaces any other message, and merges
+            // into an assignment.
+            let split = match message.message.take() {
+                Some(connect_worker_response::Message::Assignment(mut assignment)) => {
+                    let shared_memory = assignment.shared_memory.take().map(|memory| memory.encode_to_vec().into());
+                    Split { assignment, shared_memory: shared_memory.unwrap_or_default() }
+                }
+                _ => Split::default(),
+            };
+            return self.merge_assignment(split, wire_type, buf, ctx);
+        }
         let merged = message.merge_field(tag, wire_type, buf, ctx);
         *self = Self::Message(message);
         merged
@@ -93,6 +112,55 @@ impl Message for WorkerFrame {
             }
             Self::Encoded(bytes) => bytes.len(),
         }
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
+    }
+}
+
+impl WorkerFrame {
+    fn merge_assignment(
+        &mut self,
+        mut split: Split,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        let merged = encoding::message::merge(wire_type, &mut split, buf, ctx);
+        *self = Self::Assignment { assignment: split.assignment, shared_memory: split.shared_memory };
+        merged
+    }
+}
+
+/// An assignment decoded with its shared memory left encoded.
+#[derive(Debug, Default)]
+struct Split {
+    assignment: Assignment,
+    shared_memory: Bytes,
+}
+
+impl Message for Split {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        self.assignment.encode_raw(buf);
+        encode_length_delimited(SHARED_MEMORY, &self.shared_memory, buf);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        match tag {
+            SHARED_MEMORY => merge_encoded(wire_type, &mut self.shared_memory, buf, ctx),
+            _ => self.assignment.merge_field(tag, wire_type, buf, ctx),
+        }
+    }
+
+    fn encoded_len(&self) -> usize {
+        assignment_len(&self.assignment, &self.shared_memory)
     }
 
     fn clear(&mut self) {
@@ -183,8 +251,52 @@ mod tests {
             assert_eq!(ConnectWorkerResponse::decode(encoded.as_slice()).unwrap(), wire);
             assert_eq!((frame.encoded_len(), encoded.len()), (wire.encoded_len(), wire.encoded_len()));
             assert_eq!(frame.to_message().unwrap(), wire);
-            assert_eq!(WorkerFrame::decode(encoded.as_slice()).unwrap(), WorkerFrame::Message(wire));
+            // Decoded as a frame, the shared memory stays as it came.
+            assert_eq!(WorkerFrame::decode(encoded.as_slice()).unwrap(), frame);
+            assert_eq!(WorkerFrame::decode(wire.encode_to_vec().as_slice()).unwrap().to_message().unwrap(), wire);
         }
+    }
+
+    #[test]
+    fn an_assignment_decodes_with_its_shared_memory_encoded() {
+        let memory = Struct { fields: [("a".to_owned(), text("first")), ("b".to_owned(), text("second"))].into() };
+        let wire = generated(Assignment { shared_memory: Some(memory.clone()), ..assignment() });
+        let WorkerFrame::Assignment { assignment: decoded, shared_memory } =
+            WorkerFrame::decode(wire.encode_to_vec().as_slice()).unwrap()
+        else {
+            panic!("an assignment decodes as an assignment frame");
+        };
+        assert_eq!(decoded, assignment());
+        assert_eq!(Struct::decode(shared_memory).unwrap(), memory);
+        // Sent in two parts (a message field seen twice merges), it merges:
+        // the memory's fields from both, the assignment's later fields win.
+        let first = generated(Assignment { shared_memory: Some(memory.clone()), ..assignment() });
+        let more = Struct { fields: [("c".to_owned(), text("third"))].into() };
+        let second = generated(Assignment {
+            assignment_id: "a-2".to_owned(),
+            shared_memory: Some(more),
+            ..Assignment::default()
+        });
+        let both = [first.encode_to_vec(), second.encode_to_vec()].concat();
+        let frame = WorkerFrame::decode(both.as_slice()).unwrap();
+        assert!(matches!(frame, WorkerFrame::Assignment { .. }));
+        assert_eq!(frame.to_message().unwrap(), ConnectWorkerResponse::decode(both.as_slice()).unwrap());
+        // Another message after an assignment replaces it, as the oneof does.
+        let cancel = ConnectWorkerResponse {
+            message: Some(connect_worker_response::Message::Cancel(CancelAssignment {
+                assignment_id: "a-1".to_owned(),
+                reason: "cancelled".to_owned(),
+            })),
+        };
+        let then_cancel = [first.encode_to_vec(), cancel.encode_to_vec()].concat();
+        assert_eq!(WorkerFrame::decode(then_cancel.as_slice()).unwrap(), WorkerFrame::Message(cancel));
+        // A shared memory that is not length-delimited is refused.
+        let mut malformed = Vec::new();
+        encoding::encode_key(ASSIGNMENT, WireType::LengthDelimited, &mut malformed);
+        encoding::encode_varint(2, &mut malformed);
+        encoding::encode_key(SHARED_MEMORY, WireType::Varint, &mut malformed);
+        encoding::encode_varint(1, &mut malformed);
+        assert!(WorkerFrame::decode(malformed.as_slice()).is_err());
     }
 
     #[test]

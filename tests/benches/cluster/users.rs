@@ -2,7 +2,11 @@
 //! serves the agents, the steps of a run go to one agent after another with
 //! the lead informed of each, and many runs go at once.
 //!
-//! - `chain/10`: one 1,000-step chain whose steps go to ten agents in turn.
+//! - `chain/10`: one 1,000-step chain whose steps go to ten agents in turn,
+//!   with the roster's `Delegate` for its steps (the median as the roster
+//!   handled it and as the execution service waited for it).
+//! - `chain/1`: the same chain, every step to one agent: what the sample
+//!   behaviour costs apart from a roster call per step.
 //! - `many`: 100, then 1,000 ten-step chains started at once (as fast as
 //!   one client sends them) over 100 agents, ten to a process. Printed with
 //!   the starts refused, the services' health throughout (the execution
@@ -159,11 +163,12 @@ async fn runs_ended(url: &str) -> (f64, f64) {
     )
 }
 
-/// The execution service's histogram of the time from a step becoming ready
-/// to its assignment being sent: (upper bound in seconds, steps within it).
-async fn dispatch_histogram(url: &str) -> Vec<(f64, f64)> {
+/// A histogram a service serves (`metric`, its series whose line holds
+/// `label`): (upper bound in seconds, count within it).
+async fn histogram(url: &str, metric: &str, label: &str) -> Vec<(f64, f64)> {
     let text = scrape(url).await;
-    let mut buckets: Vec<(f64, f64)> = series(&text, "muster_execution_step_dispatch_seconds_bucket")
+    let mut buckets: Vec<(f64, f64)> = series(&text, &format!("{metric}_bucket"))
+        .filter(|(line, _)| line.contains(label))
         .filter_map(|(line, count)| {
             let bound = line.split("le=\"").nth(1)?.split('"').next()?;
             Some((if bound == "+Inf" { f64::INFINITY } else { bound.parse().ok()? }, count))
@@ -173,21 +178,34 @@ async fn dispatch_histogram(url: &str) -> Vec<(f64, f64)> {
     buckets
 }
 
-/// What the engine's dispatch histogram says of the steps sent since
-/// `before`: the bucket bounds under which half and 99% of them fell, in
-/// milliseconds, and the share sent within 5 ms.
-fn dispatch_since(before: &[(f64, f64)], after: &[(f64, f64)]) -> String {
-    let sent: Vec<(f64, f64)> = after
+/// The execution service's histogram of the time from a step becoming ready
+/// to its assignment being sent.
+async fn dispatch_histogram(url: &str) -> Vec<(f64, f64)> {
+    histogram(url, "muster_execution_step_dispatch_seconds", "").await
+}
+
+/// What a histogram says of what it counted since `before`: the bucket
+/// bounds under which half and 99% fell, in milliseconds, and the share
+/// within `within` seconds.
+fn since(before: &[(f64, f64)], after: &[(f64, f64)], within: f64) -> (f64, f64, f64) {
+    let counted: Vec<(f64, f64)> = after
         .iter()
         .map(|(bound, count)| {
             (*bound, count - before.iter().find(|(earlier, _)| earlier == bound).map_or(0.0, |(_, count)| *count))
         })
         .collect();
-    let total = sent.last().map_or(0.0, |(_, count)| *count);
-    let bound =
-        |share: f64| sent.iter().find(|(_, count)| *count >= share * total).map_or(f64::NAN, |(bound, _)| bound * 1e3);
-    let within = sent.iter().find(|(bound, _)| (*bound - 0.005).abs() < 1e-9).map_or(0.0, |(_, count)| *count);
-    format!("≤{:>5} / ≤{:>5} {:>6.1}%", bound(0.5), bound(0.99), 100.0 * within / total.max(1.0))
+    let total = counted.last().map_or(0.0, |(_, count)| *count);
+    let bound = |share: f64| {
+        counted.iter().find(|(_, count)| *count >= share * total).map_or(f64::NAN, |(bound, _)| bound * 1e3)
+    };
+    let inside = counted.iter().find(|(bound, _)| (*bound - within).abs() < 1e-9).map_or(0.0, |(_, count)| *count);
+    (bound(0.5), bound(0.99), 100.0 * inside / total.max(1.0))
+}
+
+/// The dispatch measure since `before`: p50 and p99 bounds, share within 5 ms.
+fn dispatch_since(before: &[(f64, f64)], after: &[(f64, f64)]) -> String {
+    let (p50, p99, within) = since(before, after, 0.005);
+    format!("≤{p50:>5} / ≤{p99:>5} {within:>6.1}%")
 }
 
 /// The `p`th percentile of sorted `waits`, in milliseconds.
@@ -224,6 +242,7 @@ pub(crate) async fn run() {
     // The worker's hello settles.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let pids = service_pids(&test);
+    let url = test.cluster().execution_url();
 
     println!();
     println!(
@@ -238,9 +257,21 @@ pub(crate) async fn run() {
         "dispatch p50/p99 ms, ≤5 ms",
         "unwell"
     );
+    let roster_url = test.cluster().roster_url();
+    let delegate = "grpc_method=\"Delegate\"";
+    let handled = histogram(&roster_url, "grpc_server_handling_seconds", delegate).await;
+    let waited = histogram(&url, "grpc_client_handling_seconds", delegate).await;
     let measure = Measure::start(&test, &pids).await;
     let seconds = run_once(&mut client, &chain_over("users-chain", CHAIN, &names[..AGENTS_PER_PROCESS])).await;
     measure.row("chain/10", CHAIN, seconds, 0, &timed).await;
+    let (handled, _, _) = since(&handled, &histogram(&roster_url, "grpc_server_handling_seconds", delegate).await, 0.0);
+    let (waited, _, _) = since(&waited, &histogram(&url, "grpc_client_handling_seconds", delegate).await, 0.0);
+    println!(
+        "          a step's Delegate, p50: the roster handled it within {handled} ms, the execution service had its answer within {waited} ms"
+    );
+    let measure = Measure::start(&test, &pids).await;
+    let seconds = run_once(&mut client, &chain_over("users-chain-1", CHAIN, &names[..1])).await;
+    measure.row("chain/1", CHAIN, seconds, 0, &timed).await;
     for executions in [100, 1000] {
         many(&test, &client, &timed, &processes, executions, &pids).await;
     }

@@ -613,4 +613,11 @@ async fn the_demo_runs_the_sample_process_on_a_model() {
     let requests = server.requests();
     assert!(!requests.is_empty(), "no step reached the model:\n{output}");
     assert!(requests.iter().all(|request| request.body["model"] == "fake-gpt"));
+    // A later step's prompt holds what earlier steps beyond its own
+    // dependencies produced: the assignment's shared memory, as the worker
+    // decoded it.
+    let later = requests.iter().map(|request| request.body.to_string()).find(|body| {
+        body.contains("## Earlier steps this one builds on\\n### research") && body.contains("done by the model")
+    });
+    assert!(later.is_some(), "no prompt held the earlier steps' outputs:\n{requests:#?}");
 }
