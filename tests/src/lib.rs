@@ -73,21 +73,10 @@ pub fn build_service_binaries() {
             .args(["build", "--quiet", "--manifest-path"])
             .arg(&manifest)
             .args(release.then_some("--release"))
-            .args([
-                "-p",
-                "muster-validator",
-                "-p",
-                "muster-roster",
-                "-p",
-                "muster-execution",
-                "-p",
-                "muster-notifier",
-                "-p",
-                "muster-console",
-                "-p",
-                "muster",
-                "--bins",
-            ])
+            // Every binary of the workspace, as the README's `cargo build
+            // --bins` does: the same features as `cargo test --workspace`,
+            // so nothing it built is built again.
+            .args(["--workspace", "--bins"])
             .status()
             .expect("running cargo build for the service binaries and muster");
         assert!(status.success(), "building the service binaries and muster failed");
