@@ -306,6 +306,13 @@ async fn workers_on_one_replica_serve_the_runs_of_another() {
     test.cluster_mut().kill("execution").await.unwrap();
     test.cluster_mut().restart("execution").await.unwrap();
     assert_completed_once(&test, &second, &relayed, RELAYED_STEPS).await;
+    // The relayed assignments carried their shared memory whole: the last
+    // step saw the latest hundred outputs of the steps before it.
+    let execution =
+        on_second.get_execution(GetExecutionRequest { id: relayed }).await.unwrap().into_inner().execution.unwrap();
+    let last: serde_json::Value = muster_tests::json_of(&execution.steps.last().unwrap().output);
+    assert_eq!(last["memory_steps"], 100, "{last}");
+    assert_eq!(last["memory_keys"][0], format!("s{}", RELAYED_STEPS - 101), "{last}");
 
     let _ = stop.send(());
     worker.await.unwrap().unwrap();

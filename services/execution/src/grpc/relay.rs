@@ -29,9 +29,9 @@ use std::{
 use muster_proto::{
     execution::v1::{
         self as wire, connect_worker_request, connect_worker_response,
-        execution_service_client::ExecutionServiceClient, relay_steps_request,
+        framed_client::execution_service_client::ExecutionServiceClient, relay_steps_request,
     },
-    frame::RelayFrame,
+    frame::{RelayFrame, WorkerFrame},
 };
 use muster_runtime::{
     auth::{Caller, TokenHash},
@@ -209,12 +209,12 @@ impl Relays {
             loop {
                 tokio::select! {
                     message = inbound.message() => match message {
-                        Ok(Some(wire::RelayStepsResponse { worker: Some(message) })) => {
-                            if let Some(lease) = self.from_peer(link, &upstream, message) {
+                        Ok(Some(RelayFrame { worker: Some(frame) })) => {
+                            if let Some(lease) = self.from_peer(link, &upstream, frame) {
                                 heartbeat = tokio::time::interval(lease.min(self.engine.settings.worker_lease) / 3);
                             }
                         }
-                        Ok(Some(wire::RelayStepsResponse { worker: None })) => {}
+                        Ok(Some(RelayFrame { worker: None })) => {}
                         Ok(None) => return Err("the other replica ended the relay".to_owned()),
                         Err(status) => return Err(status.message().to_owned()),
                     },
@@ -263,9 +263,21 @@ impl Relays {
         self: &Arc<Self>,
         link: u64,
         upstream: &mpsc::UnboundedSender<wire::RelayStepsRequest>,
-        response: wire::ConnectWorkerResponse,
+        frame: WorkerFrame,
     ) -> Option<Duration> {
         use connect_worker_response::Message;
+        let response = match frame {
+            // Passed on to the worker as it came: its shared memory is
+            // neither decoded nor encoded again here.
+            WorkerFrame::Assignment { assignment, shared_memory } => {
+                let (assignment_id, agent_id) = (assignment.assignment_id.clone(), assignment.agent_id.clone());
+                let encoded = WorkerFrame::Assignment { assignment, shared_memory }.encode_to_vec();
+                self.relay_assignment(link, upstream, assignment_id, agent_id, encoded.into());
+                return None;
+            }
+            WorkerFrame::Message(message) => message,
+            encoded @ WorkerFrame::Encoded(_) => encoded.to_message().ok()?,
+        };
         match &response.message {
             Some(Message::Welcome(welcome)) => {
                 return welcome
@@ -276,15 +288,7 @@ impl Relays {
             }
             Some(Message::Assignment(assignment)) => {
                 let (assignment_id, agent_id) = (assignment.assignment_id.clone(), assignment.agent_id.clone());
-                let (stop, stopped) = oneshot::channel();
-                let mut relayed = self.relayed();
-                if relayed.contains_key(&assignment_id) {
-                    return None;
-                }
-                relayed.insert(assignment_id.clone(), Relayed { link, upstream: upstream.clone(), stop });
-                drop(relayed);
-                let encoded = bytes::Bytes::from(response.encode_to_vec());
-                tokio::spawn(self.clone().hold(assignment_id, agent_id, encoded, stopped));
+                self.relay_assignment(link, upstream, assignment_id, agent_id, response.encode_to_vec().into());
             }
             Some(Message::Cancel(cancel)) => {
                 if let Some(entry) = self.relayed().remove(&cancel.assignment_id) {
@@ -332,6 +336,26 @@ impl Relays {
 
     /// Gives a relayed assignment to a worker connected here, again if that
     /// worker goes away, until its report went back or it is withdrawn.
+    /// An assignment from the peer (`encoded`, the whole message) held for
+    /// a local worker, once.
+    fn relay_assignment(
+        self: &Arc<Self>,
+        link: u64,
+        upstream: &mpsc::UnboundedSender<wire::RelayStepsRequest>,
+        assignment_id: String,
+        agent_id: String,
+        encoded: bytes::Bytes,
+    ) {
+        let (stop, stopped) = oneshot::channel();
+        let mut relayed = self.relayed();
+        if relayed.contains_key(&assignment_id) {
+            return;
+        }
+        relayed.insert(assignment_id.clone(), Relayed { link, upstream: upstream.clone(), stop });
+        drop(relayed);
+        tokio::spawn(self.clone().hold(assignment_id, agent_id, encoded, stopped));
+    }
+
     async fn hold(
         self: Arc<Self>,
         assignment_id: String,
