@@ -61,7 +61,19 @@ impl Held {
 struct Hand(mpsc::Sender<Offer>);
 
 impl Behaviour for Hand {
-    async fn run(&self, assignment: Assignment, step: Step) -> StepOutcome {
+    async fn run(&self, mut assignment: Assignment, step: Step) -> StepOutcome {
+        // The member's client reads the assignment whole: its shared memory
+        // goes back into it, decoded.
+        match step.shared_memory().decode() {
+            Ok(memory) => assignment.shared_memory = Some(memory),
+            Err(error) => {
+                return StepOutcome::Failed {
+                    error_code: "SHARED_MEMORY_UNREADABLE".to_owned(),
+                    message: format!("the assignment's shared memory could not be read: {error}"),
+                    retryable: true,
+                };
+            }
+        }
         let (reply, answer) = oneshot::channel();
         if self.0.send(Offer { assignment, step, reply }).await.is_ok()
             && let Ok(outcome) = answer.await

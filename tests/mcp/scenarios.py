@@ -75,6 +75,9 @@ async def over_stdio():
             assignment = taken["assignment"]
             check(assignment["execution_id"] == first and assignment["step_id"] == f"s{index}",
                   f"it is s{index} of {first}")
+            if index == 1:
+                check(assignment["shared_memory"].get("s0") == {"text": "done s0"},
+                      f"s1's shared memory holds what s0 produced: {assignment.get('shared_memory')}")
             if index == 0:
                 refused, error = await call(client, "delegate_step", {
                     "assignment_id": assignment["assignment_id"], "to_agent_id": "nobody", "reason": "try"})
