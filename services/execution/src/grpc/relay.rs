@@ -334,8 +334,6 @@ impl Relays {
         None
     }
 
-    /// Gives a relayed assignment to a worker connected here, again if that
-    /// worker goes away, until its report went back or it is withdrawn.
     /// An assignment from the peer (`encoded`, the whole message) held for
     /// a local worker, once.
     fn relay_assignment(
@@ -356,6 +354,8 @@ impl Relays {
         tokio::spawn(self.clone().hold(assignment_id, agent_id, encoded, stopped));
     }
 
+    /// Gives a relayed assignment to a worker connected here, again if that
+    /// worker goes away, until its report went back or it is withdrawn.
     async fn hold(
         self: Arc<Self>,
         assignment_id: String,
