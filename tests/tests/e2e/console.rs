@@ -3,7 +3,9 @@
 //! through Playwright (sign-in, the role matrix writing the YAML's roles
 //! block, diagnostics at their line, publish and start, the graph turning
 //! live, decisions only for those entitled, agents' text shown inert,
-//! axe-core), saving a screenshot of each page under `docs/console/`.
+//! axe-core), taking a screenshot of each page: into a folder of the
+//! test's own, removed after it, or into `MUSTER_SCREENSHOTS` when set
+//! (`MUSTER_SCREENSHOTS=docs/console` renews the documentation's).
 //! And over plain HTTP: the console's own refusals (no session, no CSRF
 //! token, a tampered cookie), and the team page showing a session's subtask
 //! requests.
@@ -65,7 +67,13 @@ async fn in_a_browser() {
         },
     ));
     let token_of = |id: &str| tokens[AGENTS.iter().position(|(agent, ..)| *agent == id).expect("a test agent")].clone();
-    let screenshots = repository().join("docs/console");
+    // Into the documentation only when asked: a test run leaves the
+    // repository as it found it.
+    let kept = muster_tests::Folder::new("console-screenshots");
+    let screenshots = match std::env::var_os("MUSTER_SCREENSHOTS") {
+        Some(folder) => repository().join(folder),
+        None => kept.0.clone(),
+    };
     let mut browser = tokio::process::Command::new("node");
     browser
         .arg(tests.join("console.mjs"))
