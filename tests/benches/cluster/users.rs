@@ -184,28 +184,28 @@ async fn dispatch_histogram(url: &str) -> Vec<(f64, f64)> {
     histogram(url, "muster_execution_step_dispatch_seconds", "").await
 }
 
-/// What a histogram says of what it counted since `before`: the bucket
-/// bounds under which half and 99% fell, in milliseconds, and the share
-/// within `within` seconds.
-fn since(before: &[(f64, f64)], after: &[(f64, f64)], within: f64) -> (f64, f64, f64) {
-    let counted: Vec<(f64, f64)> = after
+/// What a histogram counted since `before`: (upper bound in seconds, count within it).
+fn since(before: &[(f64, f64)], after: &[(f64, f64)]) -> Vec<(f64, f64)> {
+    after
         .iter()
         .map(|(bound, count)| {
             (*bound, count - before.iter().find(|(earlier, _)| earlier == bound).map_or(0.0, |(_, count)| *count))
         })
-        .collect();
+        .collect()
+}
+
+/// The bucket bound, in milliseconds, under which `share` of what `counted` holds fell.
+fn bound_ms(counted: &[(f64, f64)], share: f64) -> f64 {
     let total = counted.last().map_or(0.0, |(_, count)| *count);
-    let bound = |share: f64| {
-        counted.iter().find(|(_, count)| *count >= share * total).map_or(f64::NAN, |(bound, _)| bound * 1e3)
-    };
-    let inside = counted.iter().find(|(bound, _)| (*bound - within).abs() < 1e-9).map_or(0.0, |(_, count)| *count);
-    (bound(0.5), bound(0.99), 100.0 * inside / total.max(1.0))
+    counted.iter().find(|(_, count)| *count >= share * total).map_or(f64::NAN, |(bound, _)| bound * 1e3)
 }
 
 /// The dispatch measure since `before`: p50 and p99 bounds, share within 5 ms.
 fn dispatch_since(before: &[(f64, f64)], after: &[(f64, f64)]) -> String {
-    let (p50, p99, within) = since(before, after, 0.005);
-    format!("≤{p50:>5} / ≤{p99:>5} {within:>6.1}%")
+    let sent = since(before, after);
+    let total = sent.last().map_or(0.0, |(_, count)| *count);
+    let within = sent.iter().find(|(bound, _)| (*bound - 0.005).abs() < 1e-9).map_or(0.0, |(_, count)| *count);
+    format!("≤{:>5} / ≤{:>5} {:>6.1}%", bound_ms(&sent, 0.5), bound_ms(&sent, 0.99), 100.0 * within / total.max(1.0))
 }
 
 /// The `p`th percentile of sorted `waits`, in milliseconds.
@@ -264,8 +264,9 @@ pub(crate) async fn run() {
     let measure = Measure::start(&test, &pids).await;
     let seconds = run_once(&mut client, &chain_over("users-chain", CHAIN, &names[..AGENTS_PER_PROCESS])).await;
     measure.row("chain/10", CHAIN, seconds, 0, &timed).await;
-    let (handled, _, _) = since(&handled, &histogram(&roster_url, "grpc_server_handling_seconds", delegate).await, 0.0);
-    let (waited, _, _) = since(&waited, &histogram(&url, "grpc_client_handling_seconds", delegate).await, 0.0);
+    let handled =
+        bound_ms(&since(&handled, &histogram(&roster_url, "grpc_server_handling_seconds", delegate).await), 0.5);
+    let waited = bound_ms(&since(&waited, &histogram(&url, "grpc_client_handling_seconds", delegate).await), 0.5);
     println!(
         "          a step's Delegate, p50: the roster handled it within {handled} ms, the execution service had its answer within {waited} ms"
     );
