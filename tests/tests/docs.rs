@@ -124,6 +124,57 @@ fn every_block_not_run_says_why() {
     assert!(blocks_seen > 20, "the documents' blocks were not found ({blocks_seen})");
 }
 
+/// The ports `muster up` listens on by default, which the blocks use.
+const DEFAULT_PORTS: [u16; 5] = [50051, 50052, 50053, 50054, 50080];
+
+/// Waits (up to a minute) until every default port can be listened on; a
+/// port still taken then fails the test naming the process that holds it.
+/// (`.ci/run` keeps these ports out of the range the kernel picks from for
+/// other sockets; elsewhere a test's connection may hold one for a while.)
+async fn ports_free() {
+    let taken = || DEFAULT_PORTS.into_iter().filter(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_err());
+    for _ in 0..60 {
+        if taken().next().is_none() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let held: Vec<String> = taken().map(|port| format!("{port} (held by {})", holder(port))).collect();
+    if !held.is_empty() {
+        panic!("the documented default ports are taken: {}", held.join(", "));
+    }
+}
+
+/// The process with a socket bound to local `port`, as `PID COMMAND`.
+fn holder(port: u16) -> String {
+    let needle = format!(":{port:04X} ");
+    let inodes: Vec<String> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .filter(|line| {
+                    line.split_whitespace().nth(1).is_some_and(|local| format!("{local} ").ends_with(&needle))
+                })
+                .filter_map(|line| line.split_whitespace().nth(9).map(|inode| format!("socket:[{inode}]")))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    for process in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(fds) = std::fs::read_dir(process.path().join("fd")) else { continue };
+        for fd in fds.flatten() {
+            if std::fs::read_link(fd.path())
+                .is_ok_and(|target| inodes.iter().any(|inode| target.as_os_str() == inode.as_str()))
+            {
+                let command = std::fs::read_to_string(process.path().join("cmdline")).unwrap_or_default();
+                return format!("{} {}", process.file_name().to_string_lossy(), command.replace('\0', " ").trim());
+            }
+        }
+    }
+    "an unknown process".to_owned()
+}
+
 /// `program` from `variable`, else on the PATH, when it runs with `probe`.
 fn tool(variable: &str, default: &str, probe: &[&str]) -> Option<PathBuf> {
     let program = std::env::var(variable).unwrap_or_else(|_| default.to_owned());
@@ -168,6 +219,7 @@ async fn the_documented_commands_run_as_written() {
     let Some(_) = tool("MUSTER_NPM", "npm", &["--version"]) else { return };
     let Some(_) = tool("MUSTER_VENV_PYTHON", "python3", &["-c", "import venv, ensurepip"]) else { return };
     build_service_binaries();
+    ports_free().await;
     let root = repository();
     let folder = Folder::new("docs");
     let home = folder.0.join("home");
