@@ -282,6 +282,12 @@ pub(crate) fn delegation_request_from_wire(request: pb::DelegateRequest) -> Resu
     if assigned_agent_id.len() > 256 {
         return Err(Error::invalid("assigned_agent_id", "assigned_agent_id: longer than 256 characters"));
     }
+    if request.only_if_free && assigned_agent_id.is_empty() {
+        return Err(Error::invalid(
+            "only_if_free",
+            "only_if_free: needs assigned_agent_id (the agent whose slot is asked for)",
+        ));
+    }
     Ok(DelegationRequest {
         task_id,
         requester_id,
@@ -295,6 +301,7 @@ pub(crate) fn delegation_request_from_wire(request: pb::DelegateRequest) -> Resu
         description: request.description,
         dry_run: request.dry_run,
         assigned_agent_id,
+        only_if_free: request.only_if_free,
     })
 }
 

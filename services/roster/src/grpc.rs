@@ -690,7 +690,7 @@ impl<S: RosterStore> RosterService for Roster<S> {
             dry_run = request.dry_run,
             "delegation decided"
         );
-        if !request.dry_run {
+        if request.writes(outcome.decision.kind) {
             muster_runtime::metrics::count(
                 "muster_delegation_decisions_total",
                 "Delegation decisions, by tier of the delegation priority order and decision",
@@ -755,13 +755,15 @@ impl<S: RosterStore> RosterService for Roster<S> {
         let outcomes = self.inner.store.delegate_batch(&decided, self.now(), self.inner.settings).await?;
         let mut changed = std::collections::BTreeSet::new();
         let mut queue_changed = false;
-        for outcome in &outcomes {
-            muster_runtime::metrics::count(
-                "muster_delegation_decisions_total",
-                "Delegation decisions, by tier of the delegation priority order and decision",
-                &[("tier", outcome.decision.tier.as_str()), ("decision", outcome.decision.kind.as_str())],
-                1,
-            );
+        for (request, outcome) in decided.iter().zip(&outcomes) {
+            if request.writes(outcome.decision.kind) {
+                muster_runtime::metrics::count(
+                    "muster_delegation_decisions_total",
+                    "Delegation decisions, by tier of the delegation priority order and decision",
+                    &[("tier", outcome.decision.tier.as_str()), ("decision", outcome.decision.kind.as_str())],
+                    1,
+                );
+            }
             changed.extend(outcome.changed_agents.iter().cloned());
             queue_changed |= outcome.queue_changed;
         }

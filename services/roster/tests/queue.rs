@@ -253,6 +253,11 @@ async fn a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates(backend: Ba
     let too_long = server.client.delegate(assigned("f", &"x".repeat(300))).await.unwrap_err();
     assert_eq!(too_long.code(), tonic::Code::InvalidArgument);
     assert!(too_long.message().contains("assigned_agent_id"), "{}", too_long.message());
+    // Asked for only if free, a task names the agent whose slot it wants.
+    let unnamed = pb::DelegateRequest { only_if_free: true, ..delegate_request("g", "boss", &["excel"]) };
+    let unnamed = server.client.delegate(unnamed).await.unwrap_err();
+    assert_eq!(unnamed.code(), tonic::Code::InvalidArgument);
+    assert!(unnamed.message().contains("only_if_free: needs assigned_agent_id"), "{}", unnamed.message());
     server.stop().await;
 }
 

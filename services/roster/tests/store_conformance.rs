@@ -589,3 +589,65 @@ async fn decided_together_on_postgres() {
     let Some(database) = TestDatabase::create().await else { return };
     decided_together(SqlStore::connect(&database.url, 5).unwrap()).await;
 }
+
+/// A task asked for only if its agent has a free slot: placed on a free
+/// slot (or the one it holds), and otherwise answered QUEUE with nothing
+/// written: no slot over capacity, no queue entry, no audit record; alone
+/// and in a batch.
+async fn only_if_free(store: SqlStore) {
+    store.migrate().await.expect("migrate");
+    store.put_team(&Team { name: "core".into(), ..Team::default() }, NOW).await.unwrap();
+    store.insert_agent(&agent("boss", "core", "", &["plan"], 5), &token("hash-boss"), NOW).await.unwrap();
+    store.insert_agent(&agent("dev", "core", "boss", &["rust"], 1), &token("hash-dev"), NOW).await.unwrap();
+    let settings = Settings::default();
+    let ask = |task: &str| DelegationRequest {
+        assigned_agent_id: "dev".into(),
+        only_if_free: true,
+        ..request(task, "boss", &[])
+    };
+    let workload = async || store.get_agent("dev").await.unwrap().current_workload;
+    let records = async || store.list_delegations(&DelegationQuery::default()).await.unwrap().len();
+
+    let placed = store.delegate(&ask("a1"), NOW, settings).await.unwrap();
+    assert_eq!(placed.decision.kind, DecisionKind::Delegate);
+    assert_eq!(placed.decision.primary_agent_id, "dev");
+    assert_eq!(workload().await, 1);
+    let before = records().await;
+
+    for task in [ask("a2"), DelegationRequest { urgency: Urgency::Critical, ..ask("a3") }] {
+        let outcome = store.delegate(&task, NOW, settings).await.unwrap();
+        assert_eq!(outcome.decision.kind, DecisionKind::Queue, "{}: {:?}", task.task_id, outcome.decision);
+        assert!(outcome.delegation_id.is_empty() && !outcome.queue_changed);
+        assert!(matches!(store.queue_state(&task.task_id).await, Err(Error::NotFound { .. })), "{}", task.task_id);
+    }
+    let batch = store.delegate_batch(&[ask("a4"), ask("a5")], NOW, settings).await.unwrap();
+    assert!(batch.iter().all(|outcome| outcome.decision.kind == DecisionKind::Queue), "{batch:?}");
+    assert_eq!(workload().await, 1, "no slot over capacity, not even for an urgent task");
+    assert_eq!(store.queued_task_count().await.unwrap(), 0);
+    assert_eq!(records().await, before, "nothing in the audit trail");
+    for task in ["a2", "a3", "a4", "a5"] {
+        assert!(store.release_task(task, NOW).await.unwrap().agent_id.is_none(), "{task} holds no slot");
+    }
+
+    // The task holding the slot keeps it; once freed, the slot is taken.
+    assert_eq!(store.delegate(&ask("a1"), NOW, settings).await.unwrap().decision.kind, DecisionKind::Delegate);
+    assert_eq!(workload().await, 1);
+    assert_eq!(store.release_task("a1", NOW).await.unwrap().agent_id.as_deref(), Some("dev"));
+    let batch = store.delegate_batch(&[ask("a2"), ask("a3")], NOW, settings).await.unwrap();
+    let kinds: Vec<DecisionKind> = batch.iter().map(|outcome| outcome.decision.kind).collect();
+    assert_eq!(kinds, [DecisionKind::Delegate, DecisionKind::Queue]);
+    assert_eq!(workload().await, 1);
+    assert_eq!(store.queued_task_count().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn only_if_free_on_sqlite() {
+    let file = common::sqlite_file();
+    only_if_free(SqlStore::connect(&file.url, 1).unwrap()).await;
+}
+
+#[tokio::test]
+async fn only_if_free_on_postgres() {
+    let Some(database) = TestDatabase::create().await else { return };
+    only_if_free(SqlStore::connect(&database.url, 5).unwrap()).await;
+}

@@ -63,6 +63,9 @@ pub(crate) struct DelegationAsk {
     /// The agent the step names (or was handed or reassigned to): the
     /// roster checks only its capacity and status.
     pub(crate) assigned_agent_id: String,
+    /// With `assigned_agent_id`: a slot of that agent only if one is free
+    /// now; otherwise nothing is written (no queue, no audit record).
+    pub(crate) only_if_free: bool,
 }
 
 /// What a roster role lists: the tools its agents may use, and the actions
@@ -188,6 +191,7 @@ fn delegate_request(ask: DelegationAsk) -> roster::DelegateRequest {
         delegation_chain: ask.delegation_chain,
         description: ask.description,
         assigned_agent_id: ask.assigned_agent_id,
+        only_if_free: ask.only_if_free,
         ..Default::default()
     }
 }

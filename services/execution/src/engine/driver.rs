@@ -33,7 +33,7 @@ mod progress;
 mod spending;
 mod tool_step;
 
-use super::{Control, Engine, Found, Input, Route, inbox::Cause, schema, workers::Slot};
+use super::{Control, Engine, Found, Input, Route, ahead::Ahead, inbox::Cause, schema, workers::Slot};
 use crate::{
     Result,
     clients::roster::{DelegationAsk, RosterFailure, patiently},
@@ -180,6 +180,8 @@ pub(crate) struct Driver {
     warned_agents: HashSet<String>,
     /// What the running attempts reported so far, by step position.
     reported: HashMap<usize, progress::Reported>,
+    /// Each step's ask ahead for its executor's slot (`ahead.rs`).
+    pub(super) ahead: Vec<Ahead>,
 }
 
 impl Driver {
@@ -235,6 +237,7 @@ impl Driver {
             within_agent_budget: HashSet::new(),
             warned_agents: HashSet::new(),
             reported: HashMap::new(),
+            ahead: vec![Ahead::None; count],
         }
     }
 
@@ -367,6 +370,16 @@ impl Driver {
 
     pub(super) fn is_current(&self, position: usize, attempt: u32) -> bool {
         self.active[position] && self.steps[position].attempt == attempt
+    }
+
+    /// Whether an attempt of the step is underway.
+    pub(super) fn is_active(&self, position: usize) -> bool {
+        self.active[position]
+    }
+
+    /// The next input, for an execution ending.
+    pub(super) async fn next_input(&mut self) -> Option<Input> {
+        self.inputs.recv().await
     }
 
     pub(super) fn route(&self, position: usize) -> Route {
@@ -506,6 +519,9 @@ impl Driver {
         self.in_flight += 1;
         let span = tracing::info_span!("step", step_id = %self.definition(position).id, attempt);
         self.spans[position] = Some(span);
+        if self.start_ahead(position, attempt) {
+            return;
+        }
         if !self.steps[position].slot_task.is_empty() {
             match (&self.steps[position].assigned_to, self.definition(position).executor()) {
                 // The slot it took over is its named executor's: it starts at once.
@@ -523,7 +539,7 @@ impl Driver {
     /// The agent the step was reassigned or handed to, else the one it
     /// names; a tool step that names none and has no criteria runs as the
     /// execution's lead.
-    fn named_executor(&self, position: usize) -> Option<String> {
+    pub(super) fn named_executor(&self, position: usize) -> Option<String> {
         let definition = self.definition(position);
         self.steps[position].assigned_to.clone().or_else(|| definition.executor().map(str::to_owned)).or_else(|| {
             (self.is_tool_step(position) && definition.delegate.is_none() && !self.execution.lead_agent_id.is_empty())
@@ -533,19 +549,28 @@ impl Driver {
 
     /// Asks the roster who takes a step (`assigned`: about the agent named
     /// for it); its answer comes back as [`Input::Executor`].
-    fn ask_roster(&mut self, position: usize, assigned: Option<String>) {
+    pub(super) fn ask_roster(&mut self, position: usize, assigned: Option<String>) {
+        let Some(ask) = self.delegation_ask(position, assigned) else {
+            let message = "the step names no executor and asks for no delegation".to_owned();
+            self.end_attempt(position);
+            self.fail(position, "NO_EXECUTOR", message);
+            return;
+        };
+        let route = self.route(position);
+        let span = self.spans[position].clone().unwrap_or_else(tracing::Span::none);
+        self.asks.push((ask, route, span));
+    }
+
+    /// What the roster is asked about a step (`assigned`: about the agent
+    /// named for it); `None` when the step names nobody and gives no criteria.
+    pub(super) fn delegation_ask(&self, position: usize, assigned: Option<String>) -> Option<DelegationAsk> {
         let definition = self.definition(position);
         let criteria = match (&assigned, definition.delegate.clone()) {
             (_, Some(criteria)) => criteria,
             (Some(_), None) => muster_format::DelegationRequest::default(),
-            (None, None) => {
-                let message = "the step names no executor and asks for no delegation".to_owned();
-                self.end_attempt(position);
-                self.fail(position, "NO_EXECUTOR", message);
-                return;
-            }
+            (None, None) => return None,
         };
-        let ask = DelegationAsk {
+        Some(DelegationAsk {
             assigned_agent_id: assigned.unwrap_or_default(),
             task_id: self.task_id(position),
             requester_id: self.execution.lead_agent_id.clone(),
@@ -556,10 +581,8 @@ impl Driver {
             deadline: criteria.deadline.as_deref().and_then(|text| muster_format::rfc3339_millis(text).ok()),
             delegation_chain: self.steps[position].delegation_chain.clone(),
             description: definition.message.clone(),
-        };
-        let route = self.route(position);
-        let span = self.spans[position].clone().unwrap_or_else(tracing::Span::none);
-        self.asks.push((ask, route, span));
+            only_if_free: false,
+        })
     }
 
     /// Sends the turn's questions to the roster: one alone, or all in one
@@ -599,7 +622,10 @@ impl Driver {
         }
     }
 
-    fn executor_found(&mut self, position: usize, attempt: u32, found: Found) {
+    pub(super) fn executor_found(&mut self, position: usize, attempt: u32, found: Found) {
+        if let Some(agent) = self.asked_ahead(position, attempt) {
+            return self.ahead_answered(position, attempt, agent, found);
+        }
         if !self.is_current(position, attempt) {
             // The step moved on while the roster decided: give back what it
             // reserved, unless the step holds the task's slot again since.
@@ -867,6 +893,7 @@ impl Driver {
         let assignment = Arc::new(self.assignment(position, upstream));
         let route = self.route(position);
         self.after_commit.push(Effect::Send { slot, assignment, route });
+        self.ask_ahead(position);
     }
 
     /// What a worker reported: the attempt ends completed, failed (retried
@@ -1093,6 +1120,7 @@ impl Driver {
 
     /// Frees the roster slot the step holds, if it holds one.
     pub(super) fn release_delegation(&mut self, position: usize) {
+        self.forget_reserved_ahead(position);
         let task_id = self.take_slot_task(position);
         if std::mem::replace(&mut self.steps[position].roster_reserved, false) {
             self.stage(position);
@@ -1436,6 +1464,7 @@ impl Driver {
         event.detail = self.execution.reason.clone();
         self.record(event);
         self.stage_execution();
+        self.give_back_ahead().await;
         self.flush().await?;
         tracing::info!(execution_id = %self.execution.id, status = self.execution.status.as_str(), reason = %self.execution.reason, "execution finished");
         let outcome = [("process", self.execution.process_name.as_str()), ("status", self.execution.status.as_str())];

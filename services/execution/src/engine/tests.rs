@@ -37,6 +37,8 @@ struct FakeRoster {
     queue_resolves: bool,
     /// Agents offline: a step assigned to one is escalated, to nobody.
     offline: Vec<&'static str>,
+    /// How long an ask only if free takes to answer.
+    ahead_delay: Duration,
     /// The role each agent has, by agent.
     roles: HashMap<&'static str, RoleDefinition>,
     asked: Mutex<Vec<DelegationAsk>>,
@@ -83,8 +85,12 @@ impl Roster for FakeRoster {
                 Decision { kind: DecisionKind::Escalate, reasoning: "nobody is left".to_owned(), ..Decision::default() }
             }
         };
+        let delay = if ask.only_if_free { self.ahead_delay } else { Duration::ZERO };
         self.asked.lock().unwrap().push(ask);
-        Box::pin(async move { Ok(decision) })
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            Ok(decision)
+        })
     }
 
     fn delegate_batch(&self, asks: Vec<DelegationAsk>) -> BoxFuture<'_, Result<Vec<Decision>, RosterFailure>> {
@@ -676,6 +682,93 @@ async fn a_chain_of_one_agent_keeps_one_roster_slot_from_first_step_to_last() {
     assert_eq!(released, ["s0", "s3", "s4"], "each slot is given back once, when its last holder ends");
     let steps = harness.steps(&id).await;
     assert!(steps.values().all(|step| !step.roster_reserved && step.slot_task.is_empty()), "{steps:?}");
+}
+
+/// A chain whose steps go from `agents[0]` to `agents[1]` and back.
+fn alternating_chain(length: usize, agents: [&str; 2]) -> String {
+    let mut source = chain(length, agents[0]);
+    for index in (1..length).step_by(2) {
+        source = source.replace(
+            &format!("{{id: s{index}, type: agent_task, agent: {}", agents[0]),
+            &format!("{{id: s{index}, type: agent_task, agent: {}", agents[1]),
+        );
+    }
+    source
+}
+
+/// The steps asked about only if free, and the others, in order.
+fn asked_ahead(roster: &FakeRoster, execution_id: &str) -> (Vec<String>, Vec<String>) {
+    let step = |task: &str| task.strip_prefix(&format!("{execution_id}/")).unwrap_or(task).to_owned();
+    let asked = roster.asked.lock().unwrap();
+    let (ahead, asked): (Vec<_>, Vec<_>) = asked.iter().partition(|ask| ask.only_if_free);
+    (ahead.iter().map(|ask| step(&ask.task_id)).collect(), asked.iter().map(|ask| step(&ask.task_id)).collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_from_agent_to_agent_asks_for_each_next_slot_while_the_step_before_runs() {
+    for ahead_delay in [Duration::ZERO, Duration::from_millis(200)] {
+        let roster = FakeRoster { agents: vec!["a", "b"], ahead_delay, ..FakeRoster::default() };
+        let harness = Harness::new(roster, settings()).await;
+        harness.worker(&["a", "b"], Behaviour::Complete);
+        let id = harness.run(&alternating_chain(6, ["a", "b"])).await;
+        let (status, _) = harness.finished(&id).await;
+        assert_eq!(status, ExecutionStatus::Completed);
+        // Answered at once, the slot waits for the step; answered late, the
+        // step that started meanwhile takes the answer: asked once either way.
+        let (ahead, asked) = asked_ahead(&harness.roster, &id);
+        assert_eq!(ahead, ["s1", "s2", "s3", "s4", "s5"], "{ahead_delay:?}");
+        assert_eq!(asked, ["s0"], "{ahead_delay:?}");
+        let (_, mut released) = roster_calls(&harness.roster, &id);
+        released.sort();
+        assert_eq!(released, ["s0", "s1", "s2", "s3", "s4", "s5"], "{ahead_delay:?}: each slot given back once");
+        let steps = harness.steps(&id).await;
+        assert!(steps.values().all(|step| !step.roster_reserved && step.attempt == 1), "{steps:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_reserved_ahead_is_stored_and_goes_back_when_its_step_cannot_run() {
+    let harness = Harness::new(FakeRoster { agents: vec!["a", "b"], ..FakeRoster::default() }, settings()).await;
+    harness.worker(&["a", "b"], Behaviour::HoldStep("s1"));
+    let id = harness.run(&alternating_chain(4, ["a", "b"])).await;
+    harness.wait_for(&id, "s1", StepStatus::Running).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting = harness.steps(&id).await.remove("s2").unwrap();
+        if waiting.roster_reserved {
+            assert_eq!((waiting.status, waiting.attempt), (StepStatus::Pending, 0));
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "s2's slot was not reserved ahead: {waiting:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // s1 cancelled: s2 never runs, and the slot it held goes back.
+    harness.intervene(&id, "s1", super::InterventionAction::Cancel).await;
+    let (status, _) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Failed);
+    let (ahead, asked) = asked_ahead(&harness.roster, &id);
+    assert_eq!((ahead, asked), (vec!["s1".to_owned(), "s2".to_owned()], vec!["s0".to_owned()]));
+    let (_, mut released) = roster_calls(&harness.roster, &id);
+    released.sort();
+    assert_eq!(released, ["s0", "s1", "s2"]);
+    let steps = harness.steps(&id).await;
+    assert!(steps.values().all(|step| !step.roster_reserved), "{steps:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ask_ahead_that_finds_no_free_slot_leaves_the_step_to_ask_when_it_is_ready() {
+    let roster =
+        FakeRoster { agents: vec!["a", "full"], full: vec!["full"], queue_resolves: true, ..FakeRoster::default() };
+    let harness = Harness::new(roster, settings()).await;
+    harness.worker(&["a", "full"], Behaviour::Complete);
+    let id = harness.run(&alternating_chain(2, ["a", "full"])).await;
+    let (status, events) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Completed);
+    let (ahead, asked) = asked_ahead(&harness.roster, &id);
+    assert_eq!((ahead, asked), (vec!["s1".to_owned()], vec!["s0".to_owned(), "s1".to_owned()]));
+    let queued: Vec<&str> =
+        events.iter().filter(|event| event.kind == EventKind::StepQueued).map(|event| event.step_id.as_str()).collect();
+    assert_eq!(queued, ["s1"], "queued once it was ready, not before");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

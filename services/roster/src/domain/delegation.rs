@@ -94,6 +94,19 @@ pub struct DelegationRequest {
     /// and status decide, see [`decide`]. Empty to choose by the criteria.
     #[serde(default)]
     pub assigned_agent_id: String,
+    /// With `assigned_agent_id`: placed only on a free slot of that agent
+    /// (never over capacity); otherwise answered QUEUE with nothing written.
+    #[serde(default)]
+    pub only_if_free: bool,
+}
+
+impl DelegationRequest {
+    /// Whether a decision of `kind` is written (slot, queue, audit trail):
+    /// not for a dry run, nor for a task asked for only if free that found
+    /// no free slot.
+    pub fn writes(&self, kind: DecisionKind) -> bool {
+        !self.dry_run && (!self.only_if_free || kind == DecisionKind::Delegate)
+    }
 }
 
 /// DELEGATE, QUEUE or ESCALATE.
@@ -501,7 +514,7 @@ fn decide_assigned(
             vec![agent.id.clone()],
         );
     }
-    if request.urgency.is_urgent() && has_slot_over_capacity(agent) {
+    if request.urgency.is_urgent() && !request.only_if_free && has_slot_over_capacity(agent) {
         let reasoning = format!(
             "{} is assigned the task and at capacity ({}/{} tasks); the task is {}, so it takes the agent's one slot over capacity rather than wait.",
             agent.name,

@@ -205,7 +205,7 @@ async fn take_assigned_slot(
         )))
         .bind(assigned.clone())
         .bind(now)
-        .bind(i64::from(request.urgency.is_urgent()))
+        .bind(i64::from(request.urgency.is_urgent() && !request.only_if_free))
         .fetch_optional(&mut **transaction)
         .await?;
         let Some(row) = row else { return Ok(None) };
@@ -437,7 +437,9 @@ async fn delegate_in_transaction(
         reason: "ROSTER_BUSY",
         message: "the roster changed too often while deciding; try again".to_owned(),
     })?;
-    if request.dry_run {
+    // A dry run writes nothing; nor does a task asked for only if its agent
+    // has a free slot, when it has none (the transaction rolls back).
+    if !request.writes(decision.kind) {
         return Ok(DelegationOutcome {
             decision,
             delegation_id: String::new(),

@@ -1,0 +1,177 @@
+//! Asking ahead: when a step goes to a worker, the roster is asked at once
+//! for the slot of each dependant that the step's end will make ready and
+//! that names its agent (another than the running step's: that one's slot
+//! passes on by itself). The ask takes a slot only if the agent has one
+//! free now, and writes nothing otherwise (`only_if_free`). The dependant
+//! finds its slot reserved when it becomes ready, so a chain whose steps go
+//! from agent to agent does not wait for the roster between two steps. A
+//! slot reserved for a step that does not run after all goes back.
+
+use std::{sync::Arc, time::Duration};
+
+use super::{Found, Input, Route, driver::Driver};
+use crate::{
+    clients::roster::{DelegationAsk, Roster},
+    domain::{StepStatus, model::DecisionKind},
+};
+
+/// How long an ending execution waits for the answers to its asks ahead,
+/// to give back the slots they reserved.
+const ANSWERS_AT_THE_END: Duration = Duration::from_secs(2);
+
+/// Where a step stands with an ask ahead.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(super) enum Ahead {
+    #[default]
+    None,
+    /// The roster was asked for this agent's slot, for the attempt the step
+    /// will start next; the answer is on its way.
+    Asked { agent: String, attempt: u32 },
+    /// This agent's slot is reserved for the step.
+    Reserved(String),
+}
+
+impl Driver {
+    /// The step at `position` went to a worker: the roster is asked ahead
+    /// for the dependants it will make ready.
+    pub(super) fn ask_ahead(&mut self, position: usize) {
+        for index in 0..self.dag.dependants(position).len() {
+            let dependant = self.dag.dependants(position)[index];
+            let Some(agent) = self.ahead_agent(position, dependant) else { continue };
+            let Some(mut ask) = self.delegation_ask(dependant, Some(agent.clone())) else { continue };
+            ask.only_if_free = true;
+            let attempt = self.steps[dependant].attempt + 1;
+            let route = Route { attempt, ..self.route(dependant) };
+            self.ahead[dependant] = Ahead::Asked { agent, attempt };
+            self.engine.spawn(resolve_ahead(self.engine.roster.clone(), ask, route));
+        }
+    }
+
+    /// The agent to ask ahead for: the one `dependant` names, when it waits
+    /// only for `running` to complete and will then ask the roster for that
+    /// agent alone.
+    fn ahead_agent(&self, running: usize, dependant: usize) -> Option<String> {
+        let (step, definition) = (&self.steps[dependant], self.definition(dependant));
+        let waits_for_running_alone = self
+            .dag
+            .dependencies(dependant)
+            .iter()
+            .all(|&dependency| dependency == running || self.steps[dependency].status == StepStatus::Completed);
+        if step.status != StepStatus::Pending
+            || self.is_active(dependant)
+            || step.roster_reserved
+            || !step.slot_task.is_empty()
+            || step.retry_at.is_some()
+            || self.ahead[dependant] != Ahead::None
+            || definition.step_type == super::HUMAN_APPROVAL
+            || definition.delegate.is_some()
+            || !waits_for_running_alone
+        {
+            return None;
+        }
+        self.named_executor(dependant).filter(|agent| *agent != self.steps[running].executor)
+    }
+
+    /// The answer to an ask ahead for the step at `position`, asked for
+    /// `agent` and attempt `attempt`. The step started meanwhile: the answer
+    /// is that attempt's (a slot not free, or an agent no longer the step's,
+    /// and it asks as any step does). It has not: a slot taken is kept for
+    /// it while it waits to start, and given back otherwise.
+    pub(super) fn ahead_answered(&mut self, position: usize, attempt: u32, agent: String, found: Found) {
+        let chosen = matches!(&found, Found::Chosen { agent_id, .. } if *agent_id == agent);
+        if self.is_current(position, attempt) {
+            let named = self.named_executor(position);
+            if chosen && named.as_ref() == Some(&agent) {
+                return self.executor_found(position, attempt, found);
+            }
+            return self.ask_roster(position, named);
+        }
+        if !chosen {
+            return;
+        }
+        let step = &self.steps[position];
+        if matches!(step.status, StepStatus::Pending | StepStatus::Ready)
+            && !self.is_active(position)
+            && !step.roster_reserved
+            && step.slot_task.is_empty()
+        {
+            self.steps[position].roster_reserved = true;
+            self.ahead[position] = Ahead::Reserved(agent);
+            self.stage(position);
+        } else {
+            self.release_later(self.task_id(position));
+        }
+    }
+
+    /// A step starting with the slot reserved for it ahead goes on without
+    /// asking the roster; one whose ask ahead is still on its way waits for
+    /// that answer. `false`: the step asks as any step does.
+    pub(super) fn start_ahead(&mut self, position: usize, attempt: u32) -> bool {
+        match std::mem::take(&mut self.ahead[position]) {
+            Ahead::None => false,
+            Ahead::Asked { agent, attempt: asked } => {
+                let waits = asked == attempt;
+                self.ahead[position] = Ahead::Asked { agent, attempt: asked };
+                waits
+            }
+            Ahead::Reserved(agent) => {
+                if !self.steps[position].roster_reserved || self.named_executor(position).as_ref() != Some(&agent) {
+                    return false;
+                }
+                self.steps[position].wait_seconds = 0;
+                self.executor_known(position, attempt, agent);
+                true
+            }
+        }
+    }
+
+    /// The ask ahead for the step at `position`, if one is on its way for `attempt`.
+    pub(super) fn asked_ahead(&mut self, position: usize, attempt: u32) -> Option<String> {
+        match &self.ahead[position] {
+            Ahead::Asked { agent, attempt: asked } if *asked == attempt => {
+                let agent = agent.clone();
+                self.ahead[position] = Ahead::None;
+                Some(agent)
+            }
+            _ => None,
+        }
+    }
+
+    /// The step's slot was given back: what it reserved ahead is no more.
+    pub(super) fn forget_reserved_ahead(&mut self, position: usize) {
+        if matches!(self.ahead[position], Ahead::Reserved(_)) {
+            self.ahead[position] = Ahead::None;
+        }
+    }
+
+    /// The execution ends: answers still on their way for asks ahead are
+    /// awaited (briefly), and the slots they took go back.
+    pub(super) async fn give_back_ahead(&mut self) {
+        let deadline = tokio::time::Instant::now() + ANSWERS_AT_THE_END;
+        while self.ahead.iter().any(|ahead| matches!(ahead, Ahead::Asked { .. })) {
+            match tokio::time::timeout_at(deadline, self.next_input()).await {
+                Ok(Some(Input::Executor { position, attempt, found })) => {
+                    if self.asked_ahead(position, attempt).is_some() && matches!(found, Found::Chosen { .. }) {
+                        self.release_later(self.task_id(position));
+                    }
+                }
+                // Anything else finds the execution ended.
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+}
+
+/// Asks the roster once (an ask ahead that fails costs nothing: the step
+/// asks again when it starts) and tells the driver whether the slot is taken.
+async fn resolve_ahead(roster: Arc<dyn Roster>, ask: DelegationAsk, route: Route) {
+    let found = match roster.delegate(ask).await {
+        Ok(decision) if decision.kind == DecisionKind::Delegate => {
+            Found::Chosen { agent_id: decision.primary_agent_id, escalated: false, detail: String::new() }
+        }
+        Ok(decision) => Found::Failed { code: "NOT_FREE".to_owned(), message: decision.reasoning },
+        Err(failure) => Found::Failed { code: "NOT_ASKED".to_owned(), message: failure.message().to_owned() },
+    };
+    let _ = route.driver.send(Input::Executor { position: route.position, attempt: route.attempt, found });
+}
