@@ -168,7 +168,7 @@ async fn main() {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
             let address = listener.local_addr().expect("address");
             let service =
-                ValidatorServiceServer::new(muster_validator::ValidatorService::new(muster_format::Limits::default()));
+                ValidatorServiceServer::new(muster_validator::ValidatorGrpc::new(muster_format::Limits::default()));
             let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             tokio::spawn(async move {
                 let mut builder = tonic::transport::Server::builder();

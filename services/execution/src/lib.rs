@@ -162,7 +162,7 @@ pub async fn run(
         true
     });
     let limit = config.server.max_message_bytes;
-    let api = grpc::ExecutionApi::new(engine.clone(), security.clone(), limit);
+    let api = grpc::ExecutionGrpc::new(engine.clone(), security.clone(), limit);
     let relays = api.relays();
     let replica_url = match (config.replica_url.as_str(), listener.local_addr()) {
         ("", Ok(address)) if !address.ip().is_unspecified() => {

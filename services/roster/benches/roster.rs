@@ -15,12 +15,12 @@ use muster_proto::roster::v1::{
     self as pb, roster_service_client::RosterServiceClient, roster_service_server::RosterService,
 };
 use muster_roster::{
-    Config, Roster, SystemClock,
+    Config, RosterGrpc, SystemClock,
     domain::{
         delegation::{DelegationRequest, Settings, Snapshot, decide},
         model::Agent,
     },
-    store::{AgentQuery, ImportPlan, RosterStore, SqlStore},
+    store::{AgentQuery, ImportPlan, SqlStore, Store},
 };
 use muster_runtime::{
     auth::{Caller, TokenHash, client::with_credentials},
@@ -178,7 +178,7 @@ async fn main() {
 
     // In process: the service called directly (validation, transaction, reservation, audit),
     // with the audit trail folded in the background as the service does.
-    let roster = Roster::new(store.clone(), Arc::new(SystemClock), Settings::default());
+    let roster = RosterGrpc::new(store.clone(), Arc::new(SystemClock), Settings::default());
     let folding = store.clone();
     let folder = tokio::spawn(async move {
         let mut folds = tokio::time::interval(muster_roster::AUDIT_FOLD_INTERVAL);

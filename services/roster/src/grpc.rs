@@ -30,7 +30,7 @@ use crate::domain::{
     prompt::render_system_prompt,
 };
 use crate::error::{Error, Result};
-use crate::store::{AgentQuery, DelegationQuery, ImportPlan, QueueResolution, QueueState, RosterStore};
+use crate::store::{AgentQuery, DelegationQuery, ImportPlan, QueueResolution, QueueState, Store};
 
 /// Most agents per ListAgents page.
 const MAX_PAGE_SIZE: u32 = 1000;
@@ -50,11 +50,11 @@ const QUEUE_WATCH_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The roster service over a store.
 #[derive(Debug)]
-pub struct Roster<S> {
+pub struct RosterGrpc<S> {
     inner: Arc<Inner<S>>,
 }
 
-impl<S> Clone for Roster<S> {
+impl<S> Clone for RosterGrpc<S> {
     fn clone(&self) -> Self {
         Self { inner: Arc::clone(&self.inner) }
     }
@@ -70,7 +70,7 @@ struct Inner<S> {
     /// delegation or release announces nothing.
     status_watchers: Arc<std::sync::atomic::AtomicUsize>,
     queue_resolutions: broadcast::Sender<QueueResolution>,
-    /// Held while the queue gauge is counted and set (see [`Roster::refresh_queue_gauge`]).
+    /// Held while the queue gauge is counted and set (see [`RosterGrpc::refresh_queue_gauge`]).
     queue_gauge: tokio::sync::Mutex<()>,
     /// Notified after every credential change this process makes.
     credentials_changed: tokio::sync::Notify,
@@ -136,7 +136,7 @@ fn new_token() -> Result<String> {
     token::generate(token::AGENT_PREFIX).map_err(|error| Error::Internal(error.to_string()))
 }
 
-impl<S: RosterStore> Roster<S> {
+impl<S: Store> RosterGrpc<S> {
     /// A service over `store`, reading time from `clock`.
     pub fn new(store: S, clock: Arc<dyn Clock>, settings: Settings) -> Self {
         let (roster_changes, _) = broadcast::channel(CHANNEL_CAPACITY);
@@ -432,7 +432,7 @@ impl<S: RosterStore> Roster<S> {
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send + 'static>>;
 
 #[tonic::async_trait]
-impl<S: RosterStore> RosterService for Roster<S> {
+impl<S: Store> RosterService for RosterGrpc<S> {
     async fn register_agent(
         &self,
         request: Request<pb::RegisterAgentRequest>,
@@ -1060,7 +1060,7 @@ fn async_stream_once<T: Send + 'static>(
     tokio_stream::wrappers::ReceiverStream::new(receiver)
 }
 
-impl<S: RosterStore> muster_runtime::auth::watch::CredentialLog for Roster<S> {
+impl<S: Store> muster_runtime::auth::watch::CredentialLog for RosterGrpc<S> {
     async fn changes_after(&self, position: Position, limit: usize) -> Result<Vec<CredentialChange>, GrpcStatus> {
         Ok(self.inner.store.credential_changes_after(position, limit).await?)
     }

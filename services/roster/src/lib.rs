@@ -33,8 +33,8 @@ use muster_runtime::{ServerArgs, auth::watch::CredentialStream};
 
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{Error, Result};
-pub use grpc::{ACCESS, CREDENTIAL_ACCESS, Roster};
-use store::{RosterStore, SqlStore};
+pub use grpc::{ACCESS, CREDENTIAL_ACCESS, RosterGrpc};
+use store::{SqlStore, Store};
 
 /// The roster's default port.
 pub const DEFAULT_PORT: u16 = 50052;
@@ -107,7 +107,7 @@ pub async fn run_with_clock(
     clock: Arc<dyn Clock>,
 ) -> Result<()> {
     let store = SqlStore::connect(&config.database_url, config.database_max_connections)?;
-    let roster = Roster::new(store, clock, config.delegation_settings());
+    let roster = RosterGrpc::new(store, clock, config.delegation_settings());
     // The roster checks agent tokens against its own copy of the
     // credentials, fed from its database once migrated.
     let directory = roster.directory().clone();
@@ -153,15 +153,15 @@ pub async fn run_with_clock(
 }
 
 /// How often the audit records that decisions appended are moved into the
-/// trail that ListDelegations reads (see [`store::RosterStore::fold_audit_trail`]).
+/// trail that ListDelegations reads (see [`store::Store::fold_audit_trail`]).
 pub const AUDIT_FOLD_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Once the database is ready, until `stop`: escalates stale queued tasks
 /// every `sweep`, takes other replicas' changes into the organisation held
 /// in memory every `refresh`, and folds the audit trail every
 /// [`AUDIT_FOLD_INTERVAL`].
-async fn background<S: RosterStore>(
-    roster: Roster<S>,
+async fn background<S: Store>(
+    roster: RosterGrpc<S>,
     sweep: Duration,
     refresh: Duration,
     mut ready: tokio::sync::watch::Receiver<bool>,

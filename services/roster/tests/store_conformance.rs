@@ -8,7 +8,7 @@ use muster_roster::{
         delegation::{DecisionKind, DelegationRequest, Settings, Urgency},
         model::{Agent, AgentField, RoleDefinition, Status, Team},
     },
-    store::{AgentQuery, DelegationQuery, INDEX_FULL_CHECK_EVERY, ImportPlan, QueueState, RosterStore, SqlStore},
+    store::{AgentQuery, DelegationQuery, INDEX_FULL_CHECK_EVERY, ImportPlan, QueueState, SqlStore, Store},
 };
 use muster_runtime::{
     auth::{TokenHash, directory::Position},

@@ -10,7 +10,7 @@ use muster_roster::{
         delegation::{DecisionKind, DelegationRequest, Settings, Tier, Urgency},
         model::{Agent, Status, Team},
     },
-    store::{DelegationOutcome, DelegationQuery, QueueState, RosterStore, SqlStore},
+    store::{DelegationOutcome, DelegationQuery, QueueState, SqlStore, Store},
 };
 use muster_runtime::{auth::TokenHash, testing::TestDatabase};
 

@@ -6,7 +6,7 @@
 //! `RoleFormat`, an empty name in the context) are INVALID_ARGUMENT.
 
 use muster_proto::validator::v1 as wire;
-use muster_proto::validator::v1::validator_service_server::ValidatorService as ValidatorApi;
+use muster_proto::validator::v1::validator_service_server::ValidatorService;
 use tonic::{Request, Response, Status};
 
 use muster_format::{Context, Diagnostic, KnownAgent, KnownRole, Limits, RoleFormat};
@@ -15,11 +15,11 @@ use crate::Error;
 
 /// The `muster.validator.v1.ValidatorService` implementation.
 #[derive(Debug, Clone)]
-pub struct ValidatorService {
+pub struct ValidatorGrpc {
     limits: Limits,
 }
 
-impl ValidatorService {
+impl ValidatorGrpc {
     /// A service that applies `limits` to every document.
     pub fn new(limits: Limits) -> Self {
         Self { limits }
@@ -118,7 +118,7 @@ fn carried(diagnostics: &[Diagnostic]) -> (Vec<muster_proto::common::v1::Diagnos
 }
 
 #[tonic::async_trait]
-impl ValidatorApi for ValidatorService {
+impl ValidatorService for ValidatorGrpc {
     async fn validate_process(
         &self,
         request: Request<wire::ValidateProcessRequest>,

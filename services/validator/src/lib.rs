@@ -17,7 +17,7 @@ mod error;
 mod grpc;
 
 pub use error::{Error, Result};
-pub use grpc::ValidatorService;
+pub use grpc::ValidatorGrpc;
 use muster_format::Limits;
 
 /// The validator's default port.
@@ -56,7 +56,7 @@ pub async fn run(
     let security = muster_runtime::security::Security::following_roster("validator", &config.server)?;
     let max_message_bytes = config.server.max_message_bytes;
     let service = muster_proto::validator::v1::validator_service_server::ValidatorServiceServer::new(
-        ValidatorService::new(Limits::default()),
+        ValidatorGrpc::new(Limits::default()),
     )
     .max_decoding_message_size(max_message_bytes)
     .max_encoding_message_size(max_message_bytes);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use muster_runtime::auth::{Access, Caller, Rule, rule};
 
-use super::ExecutionApi;
+use super::ExecutionGrpc;
 use crate::{
     Error, Result,
     domain::{
@@ -90,7 +90,7 @@ pub(super) fn refusal(caller: &Caller, action: &str, execution_id: &str, verdict
     )
 }
 
-impl ExecutionApi {
+impl ExecutionGrpc {
     /// Whether `agent_id` takes part in an execution: its lead, a participant
     /// of its session, named in a step (roles, approvers), or the executor of
     /// a step (the store is asked only when nothing else says so). The

@@ -4,7 +4,7 @@
 use muster_proto::execution::v1 as wire;
 use muster_runtime::auth::Caller;
 
-use super::{ExecutionApi, is_role_name, page_size};
+use super::{ExecutionGrpc, is_role_name, page_size};
 use crate::{
     Error, Result,
     domain::{
@@ -135,7 +135,7 @@ fn budget_from_wire(budget: Option<wire::Budget>) -> Result<Budget> {
     Ok(checked)
 }
 
-impl ExecutionApi {
+impl ExecutionGrpc {
     pub(super) async fn set_budget(
         &self,
         caller: &Caller,

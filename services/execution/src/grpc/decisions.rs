@@ -6,7 +6,7 @@
 use muster_proto::execution::v1 as wire;
 use muster_runtime::auth::Caller;
 
-use super::{ExecutionApi, access::denied, convert::execution_to_wire};
+use super::{ExecutionGrpc, access::denied, convert::execution_to_wire};
 use crate::{
     Error, Result,
     engine::{Control, Intervention, InterventionAction, step_roles},
@@ -24,7 +24,7 @@ fn matrix_action(action: &InterventionAction) -> &'static str {
     }
 }
 
-impl ExecutionApi {
+impl ExecutionGrpc {
     pub(super) async fn decide(
         &self,
         caller: &Caller,

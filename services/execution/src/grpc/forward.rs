@@ -16,7 +16,7 @@ use muster_proto::execution::v1::execution_service_client::ExecutionServiceClien
 use muster_runtime::{auth::client::AuthChannel, security::Security};
 use tonic::{Request, Response, Status};
 
-use super::ExecutionApi;
+use super::ExecutionGrpc;
 use crate::store::Replica;
 
 /// The metadata that marks a call handed over by another replica (its
@@ -59,7 +59,7 @@ impl Peers {
     }
 }
 
-impl ExecutionApi {
+impl ExecutionGrpc {
     /// The answer of the replica that drives `execution_id`, when that is
     /// another live replica this one can reach and the caller presented a
     /// token; `None` when the call is answered here.

@@ -4,7 +4,7 @@
 use muster_proto::execution::v1 as wire;
 use muster_runtime::{auth::Caller, time::to_timestamp};
 
-use super::{ExecutionApi, access::denied, keyed_id, page_size, time_and_id};
+use super::{ExecutionGrpc, access::denied, keyed_id, page_size, time_and_id};
 use crate::{
     Error, Result,
     domain::inbox::{InboxMessage, MessageState, Priority},
@@ -73,7 +73,7 @@ pub(super) fn message_to_wire(message: &InboxMessage) -> wire::InboxMessage {
     }
 }
 
-impl ExecutionApi {
+impl ExecutionGrpc {
     pub(super) async fn post(
         &self,
         caller: &Caller,

@@ -3,7 +3,7 @@
 use muster_proto::execution::v1 as wire;
 use muster_runtime::auth::Caller;
 
-use super::{ExecutionApi, convert::matrix_to_wire};
+use super::{ExecutionGrpc, convert::matrix_to_wire};
 use crate::{
     Error, Result,
     domain::{authority::Matrix, model::Finding},
@@ -16,7 +16,7 @@ const MAX_PAGE: u32 = 1000;
 /// Largest matrix document, in bytes.
 const MAX_SOURCE_BYTES: usize = 1024 * 1024;
 
-impl ExecutionApi {
+impl ExecutionGrpc {
     pub(super) async fn put_matrix(
         &self,
         caller: &Caller,

@@ -4,7 +4,7 @@
 use muster_proto::execution::v1 as wire;
 use muster_runtime::auth::Caller;
 
-use super::{ExecutionApi, MAX_ROLE_BYTES, access::denied, is_role_name, page_size, time_and_id};
+use super::{ExecutionGrpc, MAX_ROLE_BYTES, access::denied, is_role_name, page_size, time_and_id};
 use crate::{
     Error, Result,
     domain::memory::{self, MemoryEntry},
@@ -33,7 +33,7 @@ fn memory_of(scope: i32, role: &str) -> Result<String> {
     }
 }
 
-impl ExecutionApi {
+impl ExecutionGrpc {
     pub(super) async fn list_memory(
         &self,
         caller: &Caller,

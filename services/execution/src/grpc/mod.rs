@@ -64,7 +64,7 @@ const DEFAULT_PAGE: u32 = 100;
 const MAX_PAGE: u32 = 1000;
 
 /// The ExecutionService implementation.
-pub(crate) struct ExecutionApi {
+pub(crate) struct ExecutionGrpc {
     engine: Arc<Engine>,
     /// The agents' credentials, to check the tokens a worker presents.
     agents: AgentDirectory,
@@ -137,7 +137,7 @@ fn roster_answer(
     }
 }
 
-impl ExecutionApi {
+impl ExecutionGrpc {
     pub(crate) fn new(engine: Arc<Engine>, security: Security, max_message_bytes: usize) -> Self {
         Self {
             agents: security.agents().clone(),
@@ -496,7 +496,7 @@ fn answer<T>(outcome: Result<T>) -> Result<Response<T>, Status> {
 }
 
 #[tonic::async_trait]
-impl ExecutionService for ExecutionApi {
+impl ExecutionService for ExecutionGrpc {
     async fn publish_process(
         &self,
         request: Request<wire::PublishProcessRequest>,

@@ -7,7 +7,7 @@
 //! a `RelaySteps` stream to each and says which agents its workers serve,
 //! with the token each was proven with, which tools they provide and how
 //! much room they have — again whenever that changes. The other replica
-//! registers the stream as one more worker ([`ExecutionApi::relay_steps`]),
+//! registers the stream as one more worker ([`ExecutionGrpc::relay_steps`]),
 //! which it uses only when no worker connected to it has room: an
 //! assignment, a withdrawal, a tool call or a delegation answer travels
 //! down the stream as to a worker; here it goes to a worker connected here,
@@ -45,7 +45,7 @@ use tokio::{
 use tokio_stream::{StreamExt as _, wrappers::UnboundedReceiverStream};
 use tonic::{Status, Streaming};
 
-use super::{ExecutionApi, ResponseStream, access::denied, streams::handle_worker_message, tools};
+use super::{ExecutionGrpc, ResponseStream, access::denied, streams::handle_worker_message, tools};
 use crate::{
     Error, Result,
     domain::model::{Outcome, Tool, ToolOutput},
@@ -451,7 +451,7 @@ fn offer_from_wire(hello: wire::RelayHello) -> Result<(String, Vec<ServedAgent>,
     Ok((hello.replica, agents, tools, hello.max_concurrency as usize))
 }
 
-impl ExecutionApi {
+impl ExecutionGrpc {
     /// Registers another replica's offer as one worker and serves its stream.
     pub(super) async fn relay_steps(
         &self,

@@ -8,7 +8,7 @@ use muster_runtime::auth::Caller;
 use prost::Message as _;
 
 use super::{
-    ExecutionApi,
+    ExecutionGrpc,
     access::denied,
     convert::{assignment_to_wire, execution_to_wire, subtask_to_wire},
 };
@@ -45,7 +45,7 @@ fn too_long(field: &str, text: &str, limit: usize) -> Result<()> {
     Ok(())
 }
 
-impl ExecutionApi {
+impl ExecutionGrpc {
     /// A role an assignment may give: one of the matrix in force, not `lead`
     /// (the lead is designated with SetLead).
     fn assignable_role(&self, field: &str, role: &str) -> Result<()> {

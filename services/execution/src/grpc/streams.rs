@@ -17,7 +17,7 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::{ExecutionApi, ResponseStream, access::denied, relay::Relays, tools::check_tool_specs};
+use super::{ExecutionGrpc, ResponseStream, access::denied, relay::Relays, tools::check_tool_specs};
 use crate::{
     Error, Result,
     domain::model::{EventKind, HandOff, HandOffAnswer, Outcome},
@@ -111,7 +111,7 @@ fn to_wire(message: ToWorker) -> Result<WorkerFrame, Status> {
     Ok(WorkerFrame::Message(wire::ConnectWorkerResponse { message: Some(message) }))
 }
 
-impl ExecutionApi {
+impl ExecutionGrpc {
     /// Authenticates a worker's hello, registers it and serves its stream.
     pub(super) async fn connect(
         &self,

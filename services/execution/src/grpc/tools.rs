@@ -15,7 +15,7 @@ use std::{
 use muster_proto::execution::v1::InvokeToolRequest;
 use muster_runtime::auth::Caller;
 
-use super::{ExecutionApi, access::denied};
+use super::{ExecutionGrpc, access::denied};
 use crate::{
     Error, Result,
     clients::roster::{RoleGrants, Roster, RosterFailure},
@@ -93,7 +93,7 @@ pub(super) fn check_tool_specs(tools: &[Tool]) -> Result<()> {
     Ok(())
 }
 
-impl ExecutionApi {
+impl ExecutionGrpc {
     /// Runs the checks, then the tool.
     pub(super) async fn invoke_tool_as(&self, caller: &Caller, request: InvokeToolRequest) -> Result<ToolOutput> {
         let Caller::Agent { id: agent_id, role, .. } = caller else {

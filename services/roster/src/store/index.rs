@@ -292,7 +292,7 @@ impl Index {
         self.read().agent(id).cloned()
     }
 
-    /// What [`super::RosterStore::list_agents`] answers, from memory.
+    /// What [`super::Store::list_agents`] answers, from memory.
     pub(super) fn list(&self, query: &AgentQuery) -> Vec<Arc<Agent>> {
         let state = self.read();
         let base: Box<dyn Iterator<Item = &Arc<str>>> = if !query.expertise.is_empty() {

@@ -145,7 +145,7 @@ pub struct IndexChanges {
 }
 
 /// The roster's repository. Every method is one transaction.
-pub trait RosterStore: Send + Sync + 'static {
+pub trait Store: Send + Sync + 'static {
     /// Creates the schema.
     fn migrate(&self) -> impl Future<Output = Result<()>> + Send;
 
@@ -256,7 +256,7 @@ pub trait RosterStore: Send + Sync + 'static {
     fn list_delegations(&self, query: &DelegationQuery) -> impl Future<Output = Result<Vec<DelegationRecord>>> + Send;
 
     /// Moves the audit records that decisions appended since the last call
-    /// into the trail [`RosterStore::list_delegations`] reads (which calls
+    /// into the trail [`Store::list_delegations`] reads (which calls
     /// it first); returns how many moved.
     fn fold_audit_trail(&self) -> impl Future<Output = Result<u64>> + Send;
 }

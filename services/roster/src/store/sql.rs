@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use sqlx::{Any, AssertSqlSafe, Row, Transaction, any::AnyRow};
 
-use super::{AgentQuery, ImportPlan, RosterStore, credentials, index::Index};
+use super::{AgentQuery, ImportPlan, Store, credentials, index::Index};
 use crate::domain::{
     delegation::{DelegationRequest, Settings},
     model::{Agent, AgentField, RoleDefinition, Status, Team},
@@ -400,7 +400,7 @@ fn role_from_json(text: &str) -> Result<RoleDefinition> {
     })
 }
 
-impl RosterStore for SqlStore {
+impl Store for SqlStore {
     async fn migrate(&self) -> Result<()> {
         self.database.migrate(&MIGRATIONS).await.map_err(|error| Error::Internal(format!("migrating: {error}")))
     }

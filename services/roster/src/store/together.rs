@@ -453,7 +453,7 @@ mod tests {
     use super::*;
     use crate::{
         domain::model::{Agent, Team},
-        store::RosterStore,
+        store::Store,
     };
 
     const NOW: i64 = 1_700_000_000_000;
