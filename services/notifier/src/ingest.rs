@@ -8,7 +8,7 @@
 //!
 //! One writer keeps cursors increasing in commit order and the appends in
 //! that order, so the memory files have at most two unconfirmed batches (see
-//! [`crate::memory`]). Several
+//! [`crate::files`]). Several
 //! replicas on one PostgreSQL take turns, a whole batch each
 //! ([`Store::writer_turn`]): a turn first rewrites the lines a replica that
 //! died mid-batch left unwritten, and the live subscribers are offered the
@@ -27,9 +27,9 @@ use crate::{
         memory::{is_safe_agent_directory, ndjson_line, output_summary, relative_file_path, utc_day},
         recipients,
     },
+    files::{MemoryFiles, group_by_file},
     follow::Follower,
     hub::{Hub, LiveNotification},
-    memory::{MemoryFiles, group_by_file},
     store::{IngestOutcome, MemoryProgress, MemoryState, NewEvent, NewRecipient, Store, WriterTurn},
 };
 
@@ -227,7 +227,7 @@ impl<S: Store> Writer<S> {
     /// the appends stay one after the other, in cursor order, and a file the
     /// previous batch appends to keeps the length recorded before that
     /// append, so a crash cuts it back to there and rewrites both batches'
-    /// lines (see [`crate::memory`]). Replicas sharing a database take turns
+    /// lines (see [`crate::files`]). Replicas sharing a database take turns
     /// a whole batch each, lines included.
     async fn process(self: &Arc<Self>, jobs: Vec<Job>, previous: Option<Appending>) -> Option<Appending> {
         if self.store.shared() {
@@ -276,7 +276,7 @@ impl<S: Store> Writer<S> {
         if self.store.shared()
             && let Some(files) = &self.settings.memory
         {
-            crate::memory::recover(self.store.as_ref(), files).await?;
+            crate::files::recover(self.store.as_ref(), files).await?;
         }
         Ok(turn)
     }

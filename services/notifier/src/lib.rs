@@ -18,11 +18,11 @@
 
 pub mod domain;
 mod error;
+mod files;
 mod follow;
 mod grpc;
 mod hub;
 mod ingest;
-mod memory;
 pub mod store;
 
 use std::{future::Future, path::PathBuf, sync::Arc, time::Duration};
@@ -34,10 +34,10 @@ use muster_runtime::ServerArgs;
 use tokio::sync::watch;
 
 use crate::{
+    files::MemoryFiles,
     grpc::NotifierGrpc,
     hub::Hub,
     ingest::{IngestSettings, Ingestor},
-    memory::MemoryFiles,
     store::{SqlStore, Store as _},
 };
 
@@ -130,7 +130,7 @@ pub async fn run(
                 tokio::task::spawn_blocking(move || muster_runtime::files::make_private(&root)).await??;
                 // In its turn: another replica may be appending.
                 let turn = store.writer_turn().await?;
-                memory::recover(store.as_ref(), memory).await?;
+                files::recover(store.as_ref(), memory).await?;
                 turn.end().await?;
             }
             let _ = ready_sender.send(true);
