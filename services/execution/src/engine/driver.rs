@@ -40,7 +40,7 @@ mod tool_step;
 use super::{Control, Engine, Input, Route, ahead::Ahead, inbox::Cause, schema, workers::Slot};
 use crate::{
     Result,
-    clients::roster::DelegationAsk,
+    clients::roster::{DelegationAsk, patiently},
     domain::{
         ExecutionStatus, StepStatus,
         authority::{RoleAssignment, SubtaskRequest},
@@ -55,6 +55,11 @@ use crate::{
     },
     store::{StepWrite, Write},
 };
+
+/// How long the slots of ended steps are offered back to a roster that is
+/// unavailable, and the pause between two tries.
+const RELEASE_PATIENCE: Duration = Duration::from_secs(600);
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// Most steps whose outputs an assignment's shared memory carries.
 const SHARED_MEMORY_STEPS: usize = 100;
@@ -808,17 +813,24 @@ impl Driver {
                 Effect::Posted(inbox) => self.engine.spawn_trigger(inbox, Cause::Posted),
             }
         }
-        // The slots the turn's ended steps held go back in one call.
+        // The slots the turn's ended steps held go back in one call, asked
+        // again while the roster is unavailable (a roster restarting would
+        // otherwise keep them taken).
         if !releases.is_empty() {
             let roster = self.engine.roster.clone();
             self.engine.spawn(async move {
-                let released = match releases.as_slice() {
-                    [task_id] => roster.release(task_id.clone()).await,
-                    _ => roster.release_batch(releases.clone()).await,
+                let release = || match releases.as_slice() {
+                    [task_id] => roster.release(task_id.clone()),
+                    _ => roster.release_batch(releases.clone()),
                 };
-                if let Err(failure) = released {
-                    tracing::warn!(tasks = ?releases, error = %failure.message(), "could not release the slots");
-                }
+                let released =
+                    tokio::time::timeout(RELEASE_PATIENCE, patiently(RETRY_PAUSE, "a release", release)).await;
+                let failure = match released {
+                    Ok(Ok(())) => return,
+                    Ok(Err(failure)) => failure.message().to_owned(),
+                    Err(_) => format!("the roster was unavailable for {RELEASE_PATIENCE:?}"),
+                };
+                tracing::warn!(tasks = ?releases, error = %failure, "could not release the slots");
             });
         }
     }

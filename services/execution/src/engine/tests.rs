@@ -39,6 +39,8 @@ struct FakeRoster {
     offline: Vec<&'static str>,
     /// How long an ask only if free takes to answer.
     ahead_delay: Duration,
+    /// Releases answered UNAVAILABLE before the roster takes them.
+    unavailable_releases: std::sync::atomic::AtomicUsize,
     /// The role each agent has, by agent.
     roles: HashMap<&'static str, RoleDefinition>,
     asked: Mutex<Vec<DelegationAsk>>,
@@ -124,13 +126,22 @@ impl Roster for FakeRoster {
     }
 
     fn release(&self, task_id: String) -> BoxFuture<'_, Result<(), RosterFailure>> {
-        self.released.lock().unwrap().push(task_id);
-        Box::pin(async { Ok(()) })
+        self.release_batch(vec![task_id])
     }
 
     fn release_batch(&self, task_ids: Vec<String>) -> BoxFuture<'_, Result<(), RosterFailure>> {
-        self.released.lock().unwrap().extend(task_ids);
-        Box::pin(async { Ok(()) })
+        let unavailable = self
+            .unavailable_releases
+            .fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok();
+        if !unavailable {
+            self.released.lock().unwrap().extend(task_ids);
+        }
+        Box::pin(
+            async move { if unavailable { Err(RosterFailure::Unavailable("restarting".to_owned())) } else { Ok(()) } },
+        )
     }
 
     fn agent(&self, agent_id: String) -> BoxFuture<'_, Result<AgentInfo, RosterFailure>> {
@@ -769,6 +780,23 @@ async fn an_ask_ahead_that_finds_no_free_slot_leaves_the_step_to_ask_when_it_is_
     let queued: Vec<&str> =
         events.iter().filter(|event| event.kind == EventKind::StepQueued).map(|event| event.step_id.as_str()).collect();
     assert_eq!(queued, ["s1"], "queued once it was ready, not before");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_is_released_once_the_roster_is_back() {
+    let roster = FakeRoster { agents: vec!["doer"], unavailable_releases: 2.into(), ..FakeRoster::default() };
+    let harness = Harness::new(roster, settings()).await;
+    harness.worker(&["doer"], Behaviour::Complete);
+    let id = harness.run("name: one\nsteps:\n  - {id: only, type: agent_task, agent: doer, message: m}\n").await;
+    let (status, _) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Completed);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while roster_calls(&harness.roster, &id).1.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "the slot was never released");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(roster_calls(&harness.roster, &id).1, ["only"]);
+    assert_eq!(harness.roster.unavailable_releases.load(std::sync::atomic::Ordering::SeqCst), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
