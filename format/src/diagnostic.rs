@@ -52,25 +52,6 @@ impl Diagnostic {
     }
 }
 
-#[cfg(feature = "wire")]
-impl From<&Diagnostic> for muster_proto::common::v1::Diagnostic {
-    fn from(diagnostic: &Diagnostic) -> Self {
-        use muster_proto::common::v1 as common;
-        let severity = match diagnostic.severity {
-            Severity::Error => common::Severity::Error,
-            Severity::Warning => common::Severity::Warning,
-        };
-        Self {
-            severity: severity.into(),
-            code: diagnostic.code.to_owned(),
-            message: diagnostic.message.clone(),
-            path: diagnostic.path.clone(),
-            line: diagnostic.line,
-            column: diagnostic.column,
-        }
-    }
-}
-
 /// A line and column pair, both 1-based.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Position {

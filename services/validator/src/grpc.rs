@@ -5,11 +5,12 @@
 //! (tonic answers RESOURCE_EXHAUSTED). Malformed requests (an unknown
 //! `RoleFormat`, an empty name in the context) are INVALID_ARGUMENT.
 
+use muster_proto::common::v1 as common;
 use muster_proto::validator::v1 as wire;
 use muster_proto::validator::v1::validator_service_server::ValidatorService;
 use tonic::{Request, Response, Status};
 
-use muster_format::{Context, Diagnostic, KnownAgent, KnownRole, Limits, RoleFormat};
+use muster_format::{Context, Diagnostic, KnownAgent, KnownRole, Limits, RoleFormat, Severity};
 
 use crate::Error;
 
@@ -107,14 +108,30 @@ const MAX_CARRIED: usize = 1_000;
 
 /// The findings a response carries (all of them in source order, or, of
 /// more than [`MAX_CARRIED`], the errors first), and how many there are.
-fn carried(diagnostics: &[Diagnostic]) -> (Vec<muster_proto::common::v1::Diagnostic>, u32) {
+fn carried(diagnostics: &[Diagnostic]) -> (Vec<common::Diagnostic>, u32) {
     let count = u32::try_from(diagnostics.len()).unwrap_or(u32::MAX);
     if diagnostics.len() <= MAX_CARRIED {
-        return (diagnostics.iter().map(Into::into).collect(), count);
+        return (diagnostics.iter().map(diagnostic_to_wire).collect(), count);
     }
     let errors = diagnostics.iter().filter(|found| found.is_error());
     let warnings = diagnostics.iter().filter(|found| !found.is_error());
-    (errors.chain(warnings).take(MAX_CARRIED).map(Into::into).collect(), count)
+    (errors.chain(warnings).take(MAX_CARRIED).map(diagnostic_to_wire).collect(), count)
+}
+
+/// A finding of the format library as the contract carries it.
+fn diagnostic_to_wire(diagnostic: &Diagnostic) -> common::Diagnostic {
+    let severity = match diagnostic.severity {
+        Severity::Error => common::Severity::Error,
+        Severity::Warning => common::Severity::Warning,
+    };
+    common::Diagnostic {
+        severity: severity.into(),
+        code: diagnostic.code.to_owned(),
+        message: diagnostic.message.clone(),
+        path: diagnostic.path.clone(),
+        line: diagnostic.line,
+        column: diagnostic.column,
+    }
 }
 
 #[tonic::async_trait]
