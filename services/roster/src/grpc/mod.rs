@@ -1,5 +1,8 @@
 //! The generated `RosterService` trait, implemented over the store.
 
+mod delegation;
+mod organisation;
+
 use std::{
     collections::{HashMap, HashSet},
     pin::Pin,
@@ -19,18 +22,12 @@ use tonic::{Request, Response, Status as GrpcStatus};
 
 use crate::clock::Clock;
 use crate::convert::{
-    agent_from_wire, agent_to_wire, decision_to_wire, delegation_request_from_wire, diagnostic_to_wire, record_to_wire,
-    required_id, required_name, role_from_wire, role_to_wire, status_from_wire, team_from_wire, team_to_wire,
-    update_mask_fields,
+    agent_from_wire, agent_to_wire, decision_to_wire, required_id, required_name, role_from_wire, role_to_wire,
+    status_from_wire, team_from_wire, team_to_wire, update_mask_fields,
 };
-use crate::domain::{
-    delegation::Settings,
-    import::{self, ImportFile, Severity},
-    model::normalize_tags,
-    prompt::render_system_prompt,
-};
+use crate::domain::{delegation::Settings, model::normalize_tags, prompt::render_system_prompt};
 use crate::error::{Error, Result};
-use crate::store::{AgentQuery, DelegationQuery, ImportPlan, QueueResolution, QueueState, Store};
+use crate::store::{AgentQuery, QueueResolution, QueueState, Store};
 
 /// Most agents per ListAgents page.
 const MAX_PAGE_SIZE: u32 = 1000;
@@ -323,110 +320,6 @@ impl<S: Store> RosterGrpc<S> {
             tracing::warn!(%error, "counting the delegation queue failed; its gauge is stale until the next change");
         }
     }
-
-    async fn import_roster(&self, request: pb::ImportRosterRequest) -> Result<pb::ImportRosterResponse> {
-        if request.files.is_empty() {
-            return Err(Error::invalid("files", "files: at least one file is required"));
-        }
-        let files: Vec<ImportFile> =
-            request.files.into_iter().map(|file| ImportFile { name: file.name, content: file.content }).collect();
-        let mut parsed = import::parse_files(&files);
-        let existing = import::Existing {
-            agents: self
-                .inner
-                .store
-                .list_agents(&AgentQuery::default())
-                .await?
-                .into_iter()
-                .map(|agent| (agent.id, agent.senior_id))
-                .collect(),
-            teams: self.inner.store.list_teams().await?.into_iter().map(|team| team.name).collect(),
-            roles: self.inner.store.list_roles().await?.into_iter().map(|role| role.name).collect(),
-        };
-        let reference_diagnostics = import::check_references(&parsed, &existing);
-        parsed.diagnostics.extend(reference_diagnostics);
-        let diagnostics: Vec<pb::FileDiagnostic> = parsed.diagnostics.iter().map(diagnostic_to_wire).collect();
-        let has_errors = parsed.diagnostics.iter().any(|diagnostic| diagnostic.severity == Severity::Error);
-        let mut response = pb::ImportRosterResponse { diagnostics, ..Default::default() };
-        if has_errors || request.dry_run {
-            if !has_errors {
-                response.agents_imported = u32::try_from(parsed.agents.len()).unwrap_or(u32::MAX);
-                response.teams_imported = u32::try_from(parsed.teams.len()).unwrap_or(u32::MAX);
-                response.roles_imported = u32::try_from(parsed.roles.len()).unwrap_or(u32::MAX);
-            }
-            return Ok(response);
-        }
-        let mut tokens = Vec::with_capacity(parsed.agents.len());
-        let mut plan = ImportPlan { teams: parsed.teams.clone(), roles: parsed.roles.clone(), agents: Vec::new() };
-        for agent in &parsed.agents {
-            let token = new_token()?;
-            plan.agents.push((agent.clone(), TokenHash::of(&token)));
-            tokens.push((agent.id.clone(), token));
-        }
-        let created = self.inner.store.import(&plan, self.now()).await?;
-        self.credentials_changed().await;
-        let created_set: HashSet<&String> = created.iter().collect();
-        response.issued_tokens = tokens
-            .into_iter()
-            .filter(|(id, _)| created_set.contains(id))
-            .map(|(agent_id, token)| pb::IssuedToken { agent_id, token })
-            .collect();
-        response.agents_imported = u32::try_from(plan.agents.len()).unwrap_or(u32::MAX);
-        response.teams_imported = u32::try_from(plan.teams.len()).unwrap_or(u32::MAX);
-        response.roles_imported = u32::try_from(plan.roles.len()).unwrap_or(u32::MAX);
-        let ids: Vec<String> = plan.agents.iter().map(|(agent, _)| agent.id.clone()).collect();
-        self.announce_agents(pb::RosterChangeKind::AgentUpserted, &ids).await;
-        self.announce_roles(pb::RosterChangeKind::RoleUpserted, plan.roles.iter().map(role_to_wire).collect());
-        tracing::info!(
-            agents = ids.len(),
-            created = created.len(),
-            teams = plan.teams.len(),
-            roles = plan.roles.len(),
-            "roster imported"
-        );
-        Ok(response)
-    }
-
-    async fn organization_roster(
-        &self,
-        request: pb::GetOrganizationRosterRequest,
-    ) -> Result<pb::GetOrganizationRosterResponse> {
-        let agent_id = required_id("agent_id", &request.agent_id)?;
-        // Read from the organisation in memory, like a delegation decision.
-        let caller = self.inner.store.indexed_agent(&agent_id).await?;
-        let filter = pb::RosterFilter::try_from(request.filter)
-            .map_err(|_| Error::invalid("filter", format!("filter: unknown value {}", request.filter)))?;
-        let mut query = AgentQuery::default();
-        let mut without_team = false;
-        match filter {
-            pb::RosterFilter::Unspecified | pb::RosterFilter::All => {}
-            pb::RosterFilter::MyTeam if caller.team.is_empty() => without_team = true,
-            pb::RosterFilter::MyTeam => query.team.clone_from(&caller.team),
-            pb::RosterFilter::Available => query.available_only = true,
-            pb::RosterFilter::ByExpertise => {
-                if request.expertise.trim().is_empty() {
-                    return Err(Error::invalid(
-                        "expertise",
-                        "expertise: required with filter ROSTER_FILTER_BY_EXPERTISE",
-                    ));
-                }
-                // One tag, checked as a list of one: the field is `expertise`, not `expertise[0]`.
-                let tags = normalize_tags("expertise", &[request.expertise])
-                    .map_err(|error| Error::from(error).on_field("expertise"))?;
-                query.expertise = tags.into_iter().next().unwrap_or_default();
-            }
-        }
-        let colleagues = self
-            .inner
-            .store
-            .indexed_agents(&query)
-            .await?
-            .iter()
-            .filter(|agent| agent.id != caller.id && (!without_team || agent.team.is_empty()))
-            .map(|agent| agent_to_wire(agent))
-            .collect();
-        Ok(pb::GetOrganizationRosterResponse { agent_context: Some(agent_to_wire(&caller)), colleagues })
-    }
 }
 
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send + 'static>>;
@@ -649,185 +542,28 @@ impl<S: Store> RosterService for RosterGrpc<S> {
         &self,
         request: Request<pb::DelegateRequest>,
     ) -> Result<Response<pb::DelegateResponse>, GrpcStatus> {
-        let caller = Caller::of(&request)?;
-        let mut request = delegation_request_from_wire(request.into_inner())?;
-        // An agent delegates as itself: the requester is the caller.
-        if let Some(own) = caller.agent_id() {
-            if request.requester_id.is_empty() {
-                request.requester_id = own.to_owned();
-            }
-            only_for_itself(&caller, &request.requester_id.clone(), "delegate on behalf of another agent")?;
-        }
-        if !request.requester_id.is_empty() {
-            // An unknown requester is a caller's mistake, unlike an unknown named colleague.
-            let requester =
-                self.inner.store.indexed_agent(&request.requester_id).await.map_err(|error| match error {
-                    Error::NotFound { .. } => Error::not_found(
-                        crate::error::AGENT,
-                        &request.requester_id,
-                        format!("requester_id: agent {:?} is not in the roster", request.requester_id),
-                    ),
-                    other => other,
-                })?;
-            // An agent whose roster entry does not allow delegation may ask
-            // what would be decided, but not reserve a colleague's capacity.
-            if caller.agent_id().is_some() && !requester.allow_delegation && !request.dry_run {
-                return Err(permission_denied(
-                    &caller,
-                    "delegate a task",
-                    "DELEGATION_NOT_ALLOWED",
-                    "its roster entry does not allow delegation; a dry run shows the decision without reserving anyone",
-                    &[("agent_id", request.requester_id.clone())],
-                ));
-            }
-        }
-        let outcome = self.inner.store.delegate(&request, self.now(), self.inner.settings).await?;
-        // Every step's slot: at debug level (the audit trail keeps the
-        // roster's choices; a line per call costs the roster a twentieth of
-        // its CPU when a run's steps go from agent to agent).
-        tracing::debug!(
-            task_id = %request.task_id,
-            decision = outcome.decision.kind.as_str(),
-            tier = outcome.decision.tier.as_str(),
-            agent_id = %outcome.decision.primary_agent_id,
-            dry_run = request.dry_run,
-            "delegation decided"
-        );
-        if request.writes(outcome.decision.kind) {
-            muster_runtime::metrics::count(
-                "muster_delegation_decisions_total",
-                "Delegation decisions, by tier of the delegation priority order and decision",
-                &[("tier", outcome.decision.tier.as_str()), ("decision", outcome.decision.kind.as_str())],
-                1,
-            );
-            if outcome.queue_changed {
-                self.refresh_queue_gauge_after_change().await;
-            }
-        }
-        self.announce_agents(pb::RosterChangeKind::AgentStatus, &outcome.changed_agents).await;
-        Ok(Response::new(pb::DelegateResponse {
-            decision: Some(decision_to_wire(&outcome.decision)),
-            delegation_id: outcome.delegation_id,
-        }))
+        self.serve_delegate(request).await
     }
 
     async fn delegate_batch(
         &self,
         request: Request<pb::DelegateBatchRequest>,
     ) -> Result<Response<pb::DelegateBatchResponse>, GrpcStatus> {
-        // At most 1,000 requests: the contract's limit, checked on the wire.
-        let requests = request.into_inner().requests;
-        let mut decided = Vec::with_capacity(requests.len());
-        let mut tasks = std::collections::HashSet::new();
-        for (index, request) in requests.into_iter().enumerate() {
-            let request = delegation_request_from_wire(request).map_err(|error| match error {
-                Error::InvalidArgument { field, message } => {
-                    Error::invalid(format!("requests[{index}].{field}"), format!("requests[{index}]: {message}"))
-                }
-                other => Error::invalid(format!("requests[{index}]"), format!("requests[{index}]: {other}")),
-            })?;
-            if request.dry_run {
-                return Err(Error::invalid(
-                    format!("requests[{index}].dry_run"),
-                    format!("requests[{index}]: a batch takes no dry runs"),
-                )
-                .into());
-            }
-            if !tasks.insert(request.task_id.clone()) {
-                return Err(Error::invalid(
-                    format!("requests[{index}].task_id"),
-                    format!("requests[{index}]: task_id {:?} is asked about twice", request.task_id),
-                )
-                .into());
-            }
-            decided.push(request);
-        }
-        // An unknown requester is a caller's mistake: each is looked up once.
-        let requesters: std::collections::BTreeSet<&str> =
-            decided.iter().map(|request| request.requester_id.as_str()).filter(|id| !id.is_empty()).collect();
-        for requester in requesters {
-            self.inner.store.get_agent(requester).await.map_err(|error| match error {
-                Error::NotFound { .. } => Error::not_found(
-                    crate::error::AGENT,
-                    requester,
-                    format!("requester_id: agent {requester:?} is not in the roster"),
-                ),
-                other => other,
-            })?;
-        }
-        let outcomes = self.inner.store.delegate_batch(&decided, self.now(), self.inner.settings).await?;
-        let mut changed = std::collections::BTreeSet::new();
-        let mut queue_changed = false;
-        for (request, outcome) in decided.iter().zip(&outcomes) {
-            if request.writes(outcome.decision.kind) {
-                muster_runtime::metrics::count(
-                    "muster_delegation_decisions_total",
-                    "Delegation decisions, by tier of the delegation priority order and decision",
-                    &[("tier", outcome.decision.tier.as_str()), ("decision", outcome.decision.kind.as_str())],
-                    1,
-                );
-            }
-            changed.extend(outcome.changed_agents.iter().cloned());
-            queue_changed |= outcome.queue_changed;
-        }
-        tracing::debug!(tasks = outcomes.len(), "delegations decided in a batch");
-        if queue_changed {
-            self.refresh_queue_gauge_after_change().await;
-        }
-        self.announce_agents(pb::RosterChangeKind::AgentStatus, &changed.into_iter().collect::<Vec<_>>()).await;
-        let responses = outcomes
-            .into_iter()
-            .map(|outcome| pb::DelegateResponse {
-                decision: Some(decision_to_wire(&outcome.decision)),
-                delegation_id: outcome.delegation_id,
-            })
-            .collect();
-        Ok(Response::new(pb::DelegateBatchResponse { responses }))
+        self.serve_delegate_batch(request).await
     }
 
     async fn release_task(
         &self,
         request: Request<pb::ReleaseTaskRequest>,
     ) -> Result<Response<pb::ReleaseTaskResponse>, GrpcStatus> {
-        let task_id = request.into_inner().task_id.trim().to_owned();
-        if task_id.is_empty() {
-            return Err(Error::invalid("task_id", "task_id: required").into());
-        }
-        let outcome = self.inner.store.release_task(&task_id, self.now()).await?;
-        if outcome.queue_changed {
-            self.refresh_queue_gauge_after_change().await;
-        }
-        if let Some(agent_id) = &outcome.agent_id {
-            tracing::debug!(task_id = %task_id, agent_id = %agent_id, "task released");
-            self.announce_agents(pb::RosterChangeKind::AgentStatus, std::slice::from_ref(agent_id)).await;
-        }
-        if let Some(offered) = &outcome.offered {
-            self.announce_resolutions(std::slice::from_ref(offered));
-        }
-        Ok(Response::new(pb::ReleaseTaskResponse { agent_id: outcome.agent_id.unwrap_or_default() }))
+        self.serve_release_task(request).await
     }
 
     async fn release_tasks(
         &self,
         request: Request<pb::ReleaseTasksRequest>,
     ) -> Result<Response<pb::ReleaseTasksResponse>, GrpcStatus> {
-        // At most 1,000 ids: the contract's limit, checked on the wire.
-        let task_ids: Vec<String> = request.into_inner().task_ids.iter().map(|id| id.trim().to_owned()).collect();
-        if let Some(index) = task_ids.iter().position(String::is_empty) {
-            return Err(Error::invalid(format!("task_ids[{index}]"), format!("task_ids[{index}]: required")).into());
-        }
-        let outcomes = self.inner.store.release_tasks(&task_ids, self.now()).await?;
-        if outcomes.iter().any(|outcome| outcome.queue_changed) {
-            self.refresh_queue_gauge_after_change().await;
-        }
-        let freed: std::collections::BTreeSet<String> =
-            outcomes.iter().filter_map(|outcome| outcome.agent_id.clone()).collect();
-        tracing::debug!(tasks = task_ids.len(), agents = freed.len(), "tasks released");
-        self.announce_agents(pb::RosterChangeKind::AgentStatus, &freed.into_iter().collect::<Vec<_>>()).await;
-        let offered: Vec<QueueResolution> = outcomes.iter().filter_map(|outcome| outcome.offered.clone()).collect();
-        self.announce_resolutions(&offered);
-        let agent_ids = outcomes.into_iter().map(|outcome| outcome.agent_id.unwrap_or_default()).collect();
-        Ok(Response::new(pb::ReleaseTasksResponse { agent_ids }))
+        self.serve_release_tasks(request).await
     }
 
     type WatchQueuedTaskStream = ResponseStream<pb::WatchQueuedTaskResponse>;
@@ -884,33 +620,7 @@ impl<S: Store> RosterService for RosterGrpc<S> {
         &self,
         request: Request<pb::ListDelegationsRequest>,
     ) -> Result<Response<pb::ListDelegationsResponse>, GrpcStatus> {
-        let caller = Caller::of(&request)?;
-        let request = request.into_inner();
-        let mut agent_id = request.agent_id.trim().to_owned();
-        // An agent sees the decisions it asked for or was chosen by.
-        if let Some(own) = caller.agent_id() {
-            if agent_id.is_empty() {
-                agent_id = own.to_owned();
-            }
-            only_for_itself(&caller, &agent_id, "list the delegations of another agent")?;
-        }
-        let query = DelegationQuery {
-            agent_id,
-            task_id: request.task_id.trim().to_owned(),
-            since: request.since.as_ref().map(muster_runtime::time::from_timestamp),
-            until: request.until.as_ref().map(muster_runtime::time::from_timestamp),
-            limit: request.limit,
-            after: delegation_page(&request.page_token)?,
-        };
-        let records = self.inner.store.list_delegations(&query).await?;
-        let page_size = if request.limit == 0 { 1000 } else { request.limit.min(10_000) };
-        // A full page may have a next one; the last page, read short, has none.
-        let next_page_token = match records.last() {
-            Some(last) if records.len() == page_size as usize => format!("{}/{}", last.position.0, last.position.1),
-            _ => String::new(),
-        };
-        let records = records.iter().map(record_to_wire).collect();
-        Ok(Response::new(pb::ListDelegationsResponse { records, next_page_token }))
+        self.serve_list_delegations(request).await
     }
 
     type WatchRosterStream = ResponseStream<pb::WatchRosterResponse>;
@@ -1068,14 +778,4 @@ impl<S: Store> muster_runtime::auth::watch::CredentialLog for RosterGrpc<S> {
     fn changed(&self) -> &tokio::sync::Notify {
         &self.inner.credentials_changed
     }
-}
-
-/// The position a ListDelegations `page_token` names: `decided_at/seq`.
-fn delegation_page(page_token: &str) -> Result<Option<(i64, i64)>, Error> {
-    if page_token.is_empty() {
-        return Ok(None);
-    }
-    let refused = || Error::invalid("page_token", "page_token is not one this service gave");
-    let (decided_at, seq) = page_token.split_once('/').ok_or_else(refused)?;
-    Ok(Some((decided_at.parse().map_err(|_| refused())?, seq.parse().map_err(|_| refused())?)))
 }

@@ -1,0 +1,243 @@
+//! The delegation RPCs: Delegate and DelegateBatch decide who takes a task
+//! (reserving a slot), ReleaseTask and ReleaseTasks give slots back (a freed
+//! slot goes to the oldest task queued for its agent), ListDelegations reads
+//! the audit trail. The trait methods in `mod.rs` call these.
+
+use muster_proto::roster::v1 as pb;
+use muster_runtime::auth::{Caller, only_for_itself, permission_denied};
+use tonic::{Request, Response, Status as GrpcStatus};
+
+use super::RosterGrpc;
+use crate::convert::{decision_to_wire, delegation_request_from_wire, record_to_wire};
+use crate::error::Error;
+use crate::store::{DelegationQuery, QueueResolution, Store};
+
+impl<S: Store> RosterGrpc<S> {
+    pub(super) async fn serve_delegate(
+        &self,
+        request: Request<pb::DelegateRequest>,
+    ) -> Result<Response<pb::DelegateResponse>, GrpcStatus> {
+        let caller = Caller::of(&request)?;
+        let mut request = delegation_request_from_wire(request.into_inner())?;
+        // An agent delegates as itself: the requester is the caller.
+        if let Some(own) = caller.agent_id() {
+            if request.requester_id.is_empty() {
+                request.requester_id = own.to_owned();
+            }
+            only_for_itself(&caller, &request.requester_id.clone(), "delegate on behalf of another agent")?;
+        }
+        if !request.requester_id.is_empty() {
+            // An unknown requester is a caller's mistake, unlike an unknown named colleague.
+            let requester =
+                self.inner.store.indexed_agent(&request.requester_id).await.map_err(|error| match error {
+                    Error::NotFound { .. } => Error::not_found(
+                        crate::error::AGENT,
+                        &request.requester_id,
+                        format!("requester_id: agent {:?} is not in the roster", request.requester_id),
+                    ),
+                    other => other,
+                })?;
+            // An agent whose roster entry does not allow delegation may ask
+            // what would be decided, but not reserve a colleague's capacity.
+            if caller.agent_id().is_some() && !requester.allow_delegation && !request.dry_run {
+                return Err(permission_denied(
+                    &caller,
+                    "delegate a task",
+                    "DELEGATION_NOT_ALLOWED",
+                    "its roster entry does not allow delegation; a dry run shows the decision without reserving anyone",
+                    &[("agent_id", request.requester_id.clone())],
+                ));
+            }
+        }
+        let outcome = self.inner.store.delegate(&request, self.now(), self.inner.settings).await?;
+        // Every step's slot: at debug level (the audit trail keeps the
+        // roster's choices; a line per call costs the roster a twentieth of
+        // its CPU when a run's steps go from agent to agent).
+        tracing::debug!(
+            task_id = %request.task_id,
+            decision = outcome.decision.kind.as_str(),
+            tier = outcome.decision.tier.as_str(),
+            agent_id = %outcome.decision.primary_agent_id,
+            dry_run = request.dry_run,
+            "delegation decided"
+        );
+        if request.writes(outcome.decision.kind) {
+            muster_runtime::metrics::count(
+                "muster_delegation_decisions_total",
+                "Delegation decisions, by tier of the delegation priority order and decision",
+                &[("tier", outcome.decision.tier.as_str()), ("decision", outcome.decision.kind.as_str())],
+                1,
+            );
+            if outcome.queue_changed {
+                self.refresh_queue_gauge_after_change().await;
+            }
+        }
+        self.announce_agents(pb::RosterChangeKind::AgentStatus, &outcome.changed_agents).await;
+        Ok(Response::new(pb::DelegateResponse {
+            decision: Some(decision_to_wire(&outcome.decision)),
+            delegation_id: outcome.delegation_id,
+        }))
+    }
+
+    pub(super) async fn serve_delegate_batch(
+        &self,
+        request: Request<pb::DelegateBatchRequest>,
+    ) -> Result<Response<pb::DelegateBatchResponse>, GrpcStatus> {
+        // At most 1,000 requests: the contract's limit, checked on the wire.
+        let requests = request.into_inner().requests;
+        let mut decided = Vec::with_capacity(requests.len());
+        let mut tasks = std::collections::HashSet::new();
+        for (index, request) in requests.into_iter().enumerate() {
+            let request = delegation_request_from_wire(request).map_err(|error| match error {
+                Error::InvalidArgument { field, message } => {
+                    Error::invalid(format!("requests[{index}].{field}"), format!("requests[{index}]: {message}"))
+                }
+                other => Error::invalid(format!("requests[{index}]"), format!("requests[{index}]: {other}")),
+            })?;
+            if request.dry_run {
+                return Err(Error::invalid(
+                    format!("requests[{index}].dry_run"),
+                    format!("requests[{index}]: a batch takes no dry runs"),
+                )
+                .into());
+            }
+            if !tasks.insert(request.task_id.clone()) {
+                return Err(Error::invalid(
+                    format!("requests[{index}].task_id"),
+                    format!("requests[{index}]: task_id {:?} is asked about twice", request.task_id),
+                )
+                .into());
+            }
+            decided.push(request);
+        }
+        // An unknown requester is a caller's mistake: each is looked up once.
+        let requesters: std::collections::BTreeSet<&str> =
+            decided.iter().map(|request| request.requester_id.as_str()).filter(|id| !id.is_empty()).collect();
+        for requester in requesters {
+            self.inner.store.get_agent(requester).await.map_err(|error| match error {
+                Error::NotFound { .. } => Error::not_found(
+                    crate::error::AGENT,
+                    requester,
+                    format!("requester_id: agent {requester:?} is not in the roster"),
+                ),
+                other => other,
+            })?;
+        }
+        let outcomes = self.inner.store.delegate_batch(&decided, self.now(), self.inner.settings).await?;
+        let mut changed = std::collections::BTreeSet::new();
+        let mut queue_changed = false;
+        for (request, outcome) in decided.iter().zip(&outcomes) {
+            if request.writes(outcome.decision.kind) {
+                muster_runtime::metrics::count(
+                    "muster_delegation_decisions_total",
+                    "Delegation decisions, by tier of the delegation priority order and decision",
+                    &[("tier", outcome.decision.tier.as_str()), ("decision", outcome.decision.kind.as_str())],
+                    1,
+                );
+            }
+            changed.extend(outcome.changed_agents.iter().cloned());
+            queue_changed |= outcome.queue_changed;
+        }
+        tracing::debug!(tasks = outcomes.len(), "delegations decided in a batch");
+        if queue_changed {
+            self.refresh_queue_gauge_after_change().await;
+        }
+        self.announce_agents(pb::RosterChangeKind::AgentStatus, &changed.into_iter().collect::<Vec<_>>()).await;
+        let responses = outcomes
+            .into_iter()
+            .map(|outcome| pb::DelegateResponse {
+                decision: Some(decision_to_wire(&outcome.decision)),
+                delegation_id: outcome.delegation_id,
+            })
+            .collect();
+        Ok(Response::new(pb::DelegateBatchResponse { responses }))
+    }
+
+    pub(super) async fn serve_release_task(
+        &self,
+        request: Request<pb::ReleaseTaskRequest>,
+    ) -> Result<Response<pb::ReleaseTaskResponse>, GrpcStatus> {
+        let task_id = request.into_inner().task_id.trim().to_owned();
+        if task_id.is_empty() {
+            return Err(Error::invalid("task_id", "task_id: required").into());
+        }
+        let outcome = self.inner.store.release_task(&task_id, self.now()).await?;
+        if outcome.queue_changed {
+            self.refresh_queue_gauge_after_change().await;
+        }
+        if let Some(agent_id) = &outcome.agent_id {
+            tracing::debug!(task_id = %task_id, agent_id = %agent_id, "task released");
+            self.announce_agents(pb::RosterChangeKind::AgentStatus, std::slice::from_ref(agent_id)).await;
+        }
+        if let Some(offered) = &outcome.offered {
+            self.announce_resolutions(std::slice::from_ref(offered));
+        }
+        Ok(Response::new(pb::ReleaseTaskResponse { agent_id: outcome.agent_id.unwrap_or_default() }))
+    }
+
+    pub(super) async fn serve_release_tasks(
+        &self,
+        request: Request<pb::ReleaseTasksRequest>,
+    ) -> Result<Response<pb::ReleaseTasksResponse>, GrpcStatus> {
+        // At most 1,000 ids: the contract's limit, checked on the wire.
+        let task_ids: Vec<String> = request.into_inner().task_ids.iter().map(|id| id.trim().to_owned()).collect();
+        if let Some(index) = task_ids.iter().position(String::is_empty) {
+            return Err(Error::invalid(format!("task_ids[{index}]"), format!("task_ids[{index}]: required")).into());
+        }
+        let outcomes = self.inner.store.release_tasks(&task_ids, self.now()).await?;
+        if outcomes.iter().any(|outcome| outcome.queue_changed) {
+            self.refresh_queue_gauge_after_change().await;
+        }
+        let freed: std::collections::BTreeSet<String> =
+            outcomes.iter().filter_map(|outcome| outcome.agent_id.clone()).collect();
+        tracing::debug!(tasks = task_ids.len(), agents = freed.len(), "tasks released");
+        self.announce_agents(pb::RosterChangeKind::AgentStatus, &freed.into_iter().collect::<Vec<_>>()).await;
+        let offered: Vec<QueueResolution> = outcomes.iter().filter_map(|outcome| outcome.offered.clone()).collect();
+        self.announce_resolutions(&offered);
+        let agent_ids = outcomes.into_iter().map(|outcome| outcome.agent_id.unwrap_or_default()).collect();
+        Ok(Response::new(pb::ReleaseTasksResponse { agent_ids }))
+    }
+
+    pub(super) async fn serve_list_delegations(
+        &self,
+        request: Request<pb::ListDelegationsRequest>,
+    ) -> Result<Response<pb::ListDelegationsResponse>, GrpcStatus> {
+        let caller = Caller::of(&request)?;
+        let request = request.into_inner();
+        let mut agent_id = request.agent_id.trim().to_owned();
+        // An agent sees the decisions it asked for or was chosen by.
+        if let Some(own) = caller.agent_id() {
+            if agent_id.is_empty() {
+                agent_id = own.to_owned();
+            }
+            only_for_itself(&caller, &agent_id, "list the delegations of another agent")?;
+        }
+        let query = DelegationQuery {
+            agent_id,
+            task_id: request.task_id.trim().to_owned(),
+            since: request.since.as_ref().map(muster_runtime::time::from_timestamp),
+            until: request.until.as_ref().map(muster_runtime::time::from_timestamp),
+            limit: request.limit,
+            after: delegation_page(&request.page_token)?,
+        };
+        let records = self.inner.store.list_delegations(&query).await?;
+        let page_size = if request.limit == 0 { 1000 } else { request.limit.min(10_000) };
+        // A full page may have a next one; the last page, read short, has none.
+        let next_page_token = match records.last() {
+            Some(last) if records.len() == page_size as usize => format!("{}/{}", last.position.0, last.position.1),
+            _ => String::new(),
+        };
+        let records = records.iter().map(record_to_wire).collect();
+        Ok(Response::new(pb::ListDelegationsResponse { records, next_page_token }))
+    }
+}
+
+/// The position a ListDelegations `page_token` names: `decided_at/seq`.
+fn delegation_page(page_token: &str) -> Result<Option<(i64, i64)>, Error> {
+    if page_token.is_empty() {
+        return Ok(None);
+    }
+    let refused = || Error::invalid("page_token", "page_token is not one this service gave");
+    let (decided_at, seq) = page_token.split_once('/').ok_or_else(refused)?;
+    Ok(Some((decided_at.parse().map_err(|_| refused())?, seq.parse().map_err(|_| refused())?)))
+}
