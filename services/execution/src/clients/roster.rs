@@ -389,6 +389,9 @@ impl Roster for RosterClient {
     }
 }
 
+/// The pause between two calls to a roster that is unavailable.
+pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(500);
+
 /// Retries `call` while the roster is unavailable, waiting `pause` between
 /// attempts; its verdicts (found, not found, refused) end the wait.
 pub(crate) async fn patiently<T, F>(

@@ -107,22 +107,18 @@ impl Driver {
     /// asking the roster; one whose ask ahead is still on its way waits for
     /// that answer. `false`: the step asks as any step does.
     pub(super) fn start_ahead(&mut self, position: usize, attempt: u32) -> bool {
-        match std::mem::take(&mut self.ahead[position]) {
-            Ahead::None => false,
-            Ahead::Asked { agent, attempt: asked } => {
-                let waits = asked == attempt;
-                self.ahead[position] = Ahead::Asked { agent, attempt: asked };
-                waits
-            }
-            Ahead::Reserved(agent) => {
-                if !self.steps[position].roster_reserved || self.named_executor(position).as_ref() != Some(&agent) {
-                    return false;
-                }
-                self.steps[position].wait_seconds = 0;
-                self.executor_known(position, attempt, agent);
-                true
-            }
+        let agent = match &self.ahead[position] {
+            Ahead::None => return false,
+            Ahead::Asked { attempt: asked, .. } => return *asked == attempt,
+            Ahead::Reserved(agent) => agent.clone(),
+        };
+        self.ahead[position] = Ahead::None;
+        if !self.steps[position].roster_reserved || self.named_executor(position).as_ref() != Some(&agent) {
+            return false;
         }
+        self.steps[position].wait_seconds = 0;
+        self.executor_known(position, attempt, agent);
+        true
     }
 
     /// The ask ahead for the step at `position`, if one is on its way for `attempt`.

@@ -17,12 +17,11 @@ use std::{
         Arc, Mutex, PoisonError,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
-    time::Duration,
 };
 
 use super::Engine;
 use crate::{
-    clients::roster::{RosterFailure, patiently},
+    clients::roster::{RETRY_PAUSE, RosterFailure, patiently},
     domain::{memory::MemoryEntry, model::AgentContext},
 };
 
@@ -86,10 +85,9 @@ impl Engine {
             return Ok(known);
         }
         let generation = self.contexts.generation.load(Ordering::Acquire);
-        let context =
-            patiently(Duration::from_millis(500), "an assignment", || self.roster.agent_context(agent_id.to_owned()))
-                .await
-                .map(Arc::new)?;
+        let context = patiently(RETRY_PAUSE, "an assignment", || self.roster.agent_context(agent_id.to_owned()))
+            .await
+            .map(Arc::new)?;
         self.contexts.keep(agent_id, context.clone(), generation);
         Ok(context)
     }

@@ -40,7 +40,7 @@ mod tool_step;
 use super::{Control, Engine, Input, Route, ahead::Ahead, inbox::Cause, schema, workers::Slot};
 use crate::{
     Result,
-    clients::roster::{DelegationAsk, patiently},
+    clients::roster::{DelegationAsk, RETRY_PAUSE, patiently},
     domain::{
         ExecutionStatus, StepStatus,
         authority::{RoleAssignment, SubtaskRequest},
@@ -57,9 +57,8 @@ use crate::{
 };
 
 /// How long the slots of ended steps are offered back to a roster that is
-/// unavailable, and the pause between two tries.
+/// unavailable.
 const RELEASE_PATIENCE: Duration = Duration::from_secs(600);
-const RETRY_PAUSE: Duration = Duration::from_millis(500);
 
 /// Most steps whose outputs an assignment's shared memory carries.
 const SHARED_MEMORY_STEPS: usize = 100;

@@ -10,7 +10,7 @@ use tracing::Instrument as _;
 
 use super::{Driver, Effect, Known, Timer};
 use crate::{
-    clients::roster::{DelegationAsk, RosterFailure, patiently},
+    clients::roster::{DelegationAsk, RETRY_PAUSE, RosterFailure, patiently},
     domain::{
         StepStatus,
         authority::{self, Subject},
@@ -85,7 +85,7 @@ impl Driver {
                 self.engine.spawn(async move {
                     let questions: Vec<DelegationAsk> = asks.iter().map(|(ask, ..)| ask.clone()).collect();
                     let answers =
-                        patiently(Duration::from_millis(500), "a delegation", || roster.delegate_batch(questions.clone()))
+                        patiently(RETRY_PAUSE, "a delegation", || roster.delegate_batch(questions.clone()))
                             .await;
                     match answers {
                         Ok(decisions) => {
@@ -382,7 +382,7 @@ async fn resolve(
     loop {
         let asked = match first.take() {
             Some(decision) => Ok(decision),
-            None => patiently(Duration::from_millis(500), "a delegation", || roster.delegate(ask.clone())).await,
+            None => patiently(RETRY_PAUSE, "a delegation", || roster.delegate(ask.clone())).await,
         };
         let mut decision = match asked {
             Ok(decision) => decision,
