@@ -1,4 +1,5 @@
-//! Memory versions, in SQL: one row per memory (role '' is the global
+//! Memory, in SQL: entries appended (once per id), listed newest first and
+//! forgotten, and one version row per memory (role '' is the global
 //! memory) whose version every added or removed entry raises in the same
 //! transaction. A running execution asks for the version before each
 //! assignment and reads the entries again only when it moved: one indexed
@@ -7,9 +8,10 @@
 use std::collections::BTreeSet;
 
 use muster_runtime::db::Database;
-use sqlx::Row as _;
+use sqlx::{Row, any::AnyRow};
 
-use crate::Result;
+use super::{SqlStore, memory};
+use crate::{Result, domain::memory::MemoryEntry};
 
 /// Raises the version of each memory of `roles`, once each, in the order of
 /// their names: transactions that raise several never wait for each other
@@ -55,4 +57,87 @@ pub(super) async fn version(database: &Database, role: &str) -> Result<i64> {
     .fetch_one(&database.reads)
     .await?;
     Ok(row.try_get("version")?)
+}
+
+pub(super) async fn append_memory(store: &SqlStore, entry: MemoryEntry) -> Result<MemoryEntry> {
+    let stored = || async {
+        let row = sqlx::query("SELECT * FROM memory WHERE id = $1")
+            .bind(entry.id.clone())
+            .fetch_optional(&store.database.pool)
+            .await?;
+        row.as_ref().map(memory_from_row).transpose()
+    };
+    if let Some(existing) = stored().await? {
+        return Ok(existing);
+    }
+    let mut transaction = store.database.pool.begin().await?;
+    if let Err(error) = insert_memory(&mut transaction, &entry).await {
+        drop(transaction);
+        return stored().await?.ok_or(error);
+    }
+    memory::raise_versions(&mut transaction, [entry.role.as_str()]).await?;
+    transaction.commit().await?;
+    Ok(entry)
+}
+
+pub(super) async fn memory<'a>(
+    store: &'a SqlStore,
+    role: &'a str,
+    before: Option<&'a (i64, String)>,
+    limit: u32,
+) -> Result<Vec<MemoryEntry>> {
+    let rows = match before {
+        None => {
+            sqlx::query(
+                "SELECT * FROM memory WHERE role = $1 ORDER BY created_at DESC, id DESC LIMIT CAST($2 AS BIGINT)",
+            )
+            .bind(role.to_owned())
+            .bind(i64::from(limit))
+            .fetch_all(&store.database.reads)
+            .await?
+        }
+        Some((created_at, id)) => {
+            sqlx::query(
+                "SELECT * FROM memory WHERE role = $1 AND (created_at < $2 OR (created_at = $3 AND id < $4)) \
+                 ORDER BY created_at DESC, id DESC LIMIT CAST($5 AS BIGINT)",
+            )
+            .bind(role.to_owned())
+            .bind(*created_at)
+            .bind(*created_at)
+            .bind(id.clone())
+            .bind(i64::from(limit))
+            .fetch_all(&store.database.reads)
+            .await?
+        }
+    };
+    rows.iter().map(memory_from_row).collect()
+}
+
+pub(super) async fn insert_memory(
+    transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
+    entry: &MemoryEntry,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO memory (id, role, text, author, execution_id, created_at) VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(entry.id.clone())
+    .bind(entry.role.clone())
+    .bind(entry.text.clone())
+    .bind(entry.author.clone())
+    .bind(entry.execution_id.clone())
+    .bind(entry.created_at)
+    .execute(&mut **transaction)
+    .await?;
+    Ok(())
+}
+
+pub(super) fn memory_from_row(row: &AnyRow) -> Result<MemoryEntry> {
+    Ok(MemoryEntry {
+        id: row.try_get("id")?,
+        role: row.try_get("role")?,
+        text: row.try_get("text")?,
+        author: row.try_get("author")?,
+        execution_id: row.try_get("execution_id")?,
+        created_at: row.try_get("created_at")?,
+    })
 }

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use muster_runtime::db::Database;
 use sqlx::{AnyConnection, Row as _};
 
-use super::process_from_row;
+use super::processes::process_from_row;
 use crate::{Result, domain::model::named_agents};
 
 /// How many versions are listed per transaction when the service starts.
