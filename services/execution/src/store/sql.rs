@@ -184,7 +184,7 @@ fn database_now(backend: Backend) -> &'static str {
 /// The statement that finds the replica's lease unexpired, on SQLite (whose
 /// writers take turns anyway); the first of every transaction of a replica.
 /// PostgreSQL runs `muster_hold_lease` (its migration 11) with the
-/// transaction's BEGIN: [`begin_holding_lease`].
+/// transaction's BEGIN: `writer::begin_holding_lease`.
 const SQLITE_LEASE_CHECK: &str = concat!("SELECT 1 FROM replicas WHERE id = ?1 AND expires_at > ", sqlite_now!());
 
 /// What a commit of a replica whose lease lapsed fails with.

@@ -703,31 +703,31 @@ impl Store for SqlStore {
     }
 
     async fn release_task(&self, task_id: &str, now: i64) -> Result<super::ReleaseOutcome> {
-        super::delegation::release_task(self, task_id, now).await
+        super::delegation::release::release_task(self, task_id, now).await
     }
 
     async fn release_tasks(&self, task_ids: &[String], now: i64) -> Result<Vec<super::ReleaseOutcome>> {
-        super::delegation::release_tasks(self, task_ids, now).await
+        super::delegation::release::release_tasks(self, task_ids, now).await
     }
 
     async fn escalate_stale(&self, now: i64) -> Result<Vec<super::QueueResolution>> {
-        super::delegation::escalate_stale(self, now).await
+        super::delegation::queue::escalate_stale(self, now).await
     }
 
     async fn queue_state(&self, task_id: &str) -> Result<super::QueueState> {
-        super::delegation::queue_state(self, task_id).await
+        super::delegation::queue::queue_state(self, task_id).await
     }
 
     async fn queued_task_count(&self) -> Result<u64> {
-        super::delegation::queued_task_count(self).await
+        super::delegation::queue::queued_task_count(self).await
     }
 
     async fn list_delegations(&self, query: &super::DelegationQuery) -> Result<Vec<super::DelegationRecord>> {
-        super::delegation::list_delegations(self, query).await
+        super::delegation::audit::list_delegations(self, query).await
     }
 
     async fn fold_audit_trail(&self) -> Result<u64> {
-        super::delegation::fold_audit_trail(self).await
+        super::delegation::audit::fold_audit_trail(self).await
     }
 }
 

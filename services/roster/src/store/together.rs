@@ -33,7 +33,10 @@ use tokio::sync::oneshot;
 use super::{
     DelegationOutcome,
     delegation::{
-        RECORD_COLUMNS, delegate_alone, to_json, upsert_reservations, upsert_reservations_natively, workload_change,
+        audit::RECORD_COLUMNS,
+        delegate_alone,
+        reservation::{upsert_reservations, upsert_reservations_natively, workload_change},
+        to_json,
     },
     index::{Index, WorkloadChange},
     sql::SqlStore,

@@ -89,7 +89,7 @@ pub(super) async fn process_usage<'a>(
 }
 
 /// A usage query's row: `runs`, `cost` and `tokens`.
-pub(super) fn usage_from_row(row: &AnyRow) -> Result<Usage> {
+fn usage_from_row(row: &AnyRow) -> Result<Usage> {
     Ok(Usage {
         cost: row.try_get("cost")?,
         tokens: row.try_get::<i64, _>("tokens")? as u64,
@@ -97,7 +97,7 @@ pub(super) fn usage_from_row(row: &AnyRow) -> Result<Usage> {
     })
 }
 
-pub(super) fn budget_from_row(row: &AnyRow) -> Result<Budget> {
+fn budget_from_row(row: &AnyRow) -> Result<Budget> {
     Ok(Budget {
         process_name: row.try_get("process_name")?,
         period_seconds: row.try_get::<i64, _>("period_seconds")? as u64,

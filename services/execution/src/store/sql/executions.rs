@@ -154,7 +154,7 @@ pub(super) async fn process_activity<'a>(store: &'a SqlStore, process_name: &'a 
     })
 }
 
-pub(super) fn execution_from_row(row: &AnyRow) -> Result<Execution> {
+fn execution_from_row(row: &AnyRow) -> Result<Execution> {
     let status: String = row.try_get("status")?;
     Ok(Execution {
         id: row.try_get("id")?,
@@ -182,7 +182,7 @@ pub(super) fn execution_from_row(row: &AnyRow) -> Result<Execution> {
     })
 }
 
-pub(super) fn step_from_row(row: &AnyRow) -> Result<(String, Step)> {
+fn step_from_row(row: &AnyRow) -> Result<(String, Step)> {
     let status: String = row.try_get("status")?;
     let output: String = row.try_get("output_json")?;
     let chain: String = row.try_get("delegation_chain")?;

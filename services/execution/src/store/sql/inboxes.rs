@@ -178,7 +178,7 @@ pub(super) async fn settle_messages(
     Ok(())
 }
 
-pub(super) fn message_from_row(row: &AnyRow) -> Result<InboxMessage> {
+fn message_from_row(row: &AnyRow) -> Result<InboxMessage> {
     let priority: String = row.try_get("priority")?;
     let state: String = row.try_get("state")?;
     Ok(InboxMessage {

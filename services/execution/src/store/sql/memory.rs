@@ -131,7 +131,7 @@ pub(super) async fn insert_memory(
     Ok(())
 }
 
-pub(super) fn memory_from_row(row: &AnyRow) -> Result<MemoryEntry> {
+fn memory_from_row(row: &AnyRow) -> Result<MemoryEntry> {
     Ok(MemoryEntry {
         id: row.try_get("id")?,
         role: row.try_get("role")?,

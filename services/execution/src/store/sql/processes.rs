@@ -146,19 +146,19 @@ pub(super) async fn list_processes<'a>(
 /// diagnostics, with their count (absent, before warnings were counted:
 /// all of them are stored).
 #[derive(Clone, PartialEq, prost::Message)]
-pub(super) struct StoredDiagnostics {
+struct StoredDiagnostics {
     #[prost(message, repeated, tag = "1")]
     diagnostics: Vec<common::Diagnostic>,
     #[prost(uint32, tag = "2")]
     count: u32,
 }
 
-pub(super) fn encode_warnings(warnings: &Warnings) -> Vec<u8> {
+fn encode_warnings(warnings: &Warnings) -> Vec<u8> {
     StoredDiagnostics { diagnostics: warnings.kept.iter().map(wire::finding_to_wire).collect(), count: warnings.count }
         .encode_to_vec()
 }
 
-pub(super) fn decode_warnings(bytes: &[u8]) -> Result<Warnings> {
+fn decode_warnings(bytes: &[u8]) -> Result<Warnings> {
     let stored = StoredDiagnostics::decode(bytes)
         .map_err(|error| Error::Storage(format!("corrupt stored diagnostics: {error}")))?;
     let kept: Vec<Finding> = stored.diagnostics.into_iter().map(wire::finding_from_wire).collect();

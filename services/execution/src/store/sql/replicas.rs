@@ -157,11 +157,11 @@ pub(super) async fn leads(store: &SqlStore) -> Result<bool> {
 }
 
 /// Milliseconds of a lease, for the database.
-pub(super) fn lease_millis(lease: Duration) -> i64 {
+fn lease_millis(lease: Duration) -> i64 {
     i64::try_from(lease.as_millis()).unwrap_or(i64::MAX)
 }
 
-pub(super) fn replica_from_row(row: &AnyRow) -> Result<Replica> {
+fn replica_from_row(row: &AnyRow) -> Result<Replica> {
     Ok(Replica { id: row.try_get("id")?, url: row.try_get("url")?, address: row.try_get("address")? })
 }
 
@@ -170,4 +170,4 @@ pub(super) fn replica_from_row(row: &AnyRow) -> Result<Replica> {
 /// `muster_hold_lease` takes it for every transaction of a replica (a store
 /// that has not joined the replicas is its process's only writer), and a
 /// takeover takes it too, so the two take turns.
-pub(super) const LOG_LOCK: (i32, i32) = (0x6d75_7374, 0x006c_6f67);
+const LOG_LOCK: (i32, i32) = (0x6d75_7374, 0x006c_6f67);

@@ -31,7 +31,7 @@ pub(super) const EVENT_ROWS_PER_STATEMENT: usize = 1000;
 pub(super) const JSON_ROWS_PER_STATEMENT: usize = 5000;
 
 /// The columns of a step row, in order.
-pub(super) const STEP_COLUMNS: &str = "execution_id, step_id, position, status, executor, attempt, output_json, error_code, \
+const STEP_COLUMNS: &str = "execution_id, step_id, position, status, executor, attempt, output_json, error_code, \
      error_message, started_at, ended_at, cost, tokens_used, assigned_to, delegation_chain, wait_seconds, retry_at, \
      roster_reserved, slot_task";
 
@@ -39,7 +39,7 @@ pub(super) const STEP_COLUMNS: &str = "execution_id, step_id, position, status, 
 pub(super) const STEP_COLUMN_COUNT: usize = 19;
 
 /// What a step row's upsert changes.
-pub(super) const STEP_UPDATE: &str = "ON CONFLICT (execution_id, step_id) DO UPDATE SET status = excluded.status, \
+const STEP_UPDATE: &str = "ON CONFLICT (execution_id, step_id) DO UPDATE SET status = excluded.status, \
      executor = excluded.executor, attempt = excluded.attempt, output_json = excluded.output_json, \
      error_code = excluded.error_code, error_message = excluded.error_message, \
      started_at = excluded.started_at, ended_at = excluded.ended_at, cost = excluded.cost, \

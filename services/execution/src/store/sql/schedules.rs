@@ -42,7 +42,7 @@ pub(super) async fn skip_schedule<'a>(store: &'a SqlStore, process_name: &'a str
     Ok(moved.rows_affected() == 1)
 }
 
-pub(super) fn schedule_from_row(row: &AnyRow) -> Result<ScheduleState> {
+fn schedule_from_row(row: &AnyRow) -> Result<ScheduleState> {
     let missed: String = row.try_get("missed")?;
     Ok(ScheduleState {
         process_name: row.try_get("process_name")?,

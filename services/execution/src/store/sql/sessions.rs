@@ -79,10 +79,10 @@ pub(super) async fn first_matrix(store: &SqlStore, matrix: Matrix) -> Result<Mat
 }
 
 /// The newest version of the permission matrix.
-pub(super) const LATEST_MATRIX: &str = "SELECT * FROM permission_matrices ORDER BY version DESC LIMIT 1";
+const LATEST_MATRIX: &str = "SELECT * FROM permission_matrices ORDER BY version DESC LIMIT 1";
 
 /// A stored matrix version whose document no longer parses is corrupt data.
-pub(super) fn matrix_from_row(row: &AnyRow) -> Result<Matrix> {
+fn matrix_from_row(row: &AnyRow) -> Result<Matrix> {
     let version: i64 = row.try_get("version")?;
     Matrix::parse(version as u32, row.try_get("source")?, row.try_get("created_at")?, row.try_get("created_by")?)
         .map(|(matrix, _)| matrix)

@@ -34,7 +34,7 @@ use crate::{
 };
 
 /// Most commits put into one transaction.
-pub(super) const MOST_COMMITS_PER_TRANSACTION: usize = 256;
+const MOST_COMMITS_PER_TRANSACTION: usize = 256;
 
 /// A commit waiting for the writer.
 pub(super) struct Job {
@@ -46,7 +46,7 @@ pub(super) struct Job {
 /// `muster_hold_lease`: the event log's turn, held until it ends, so no
 /// takeover happens meanwhile; read-only when the lease lapsed, so that its
 /// first write fails with [`Error::Superseded`].
-pub(super) async fn begin_holding_lease<'c>(
+async fn begin_holding_lease<'c>(
     connection: &'c mut sqlx::AnyConnection,
     replica: &str,
 ) -> Result<sqlx::Transaction<'c, sqlx::Any>> {
@@ -64,13 +64,13 @@ pub(super) async fn begin_holding_lease<'c>(
 /// pool of one connection, after every transaction (the store's other
 /// queries need it too). On SQLite the pool's one connection stays in the
 /// pool: a native transaction holds it while it runs.
-pub(super) struct Writer {
+struct Writer {
     database: Database,
     held: Option<sqlx::pool::PoolConnection<sqlx::Any>>,
 }
 
 /// The writer's connection on PostgreSQL, taken from the pool when it holds none.
-pub(super) async fn held_connection<'c>(
+async fn held_connection<'c>(
     database: &Database,
     held: &'c mut Option<sqlx::pool::PoolConnection<sqlx::Any>>,
 ) -> Result<&'c mut sqlx::pool::PoolConnection<sqlx::Any>> {
@@ -82,7 +82,7 @@ pub(super) async fn held_connection<'c>(
 
 /// A transaction of the writer's; on PostgreSQL, holding `replica`'s
 /// lease (SQLite checks it with the transaction's first statement).
-pub(super) async fn begin<'c>(
+async fn begin<'c>(
     database: &Database,
     held: &'c mut Option<sqlx::pool::PoolConnection<sqlx::Any>>,
     replica: Option<&str>,
@@ -152,11 +152,7 @@ pub(super) async fn write_loop(database: Database, replica: Arc<OnceLock<Arc<str
 /// joined the replicas), new executions (owned by `replica`; their steps
 /// and assignments refer to them), then updates, steps, assignments and
 /// events, each table in as few statements as its rows allow.
-pub(super) async fn apply<'a>(
-    writer: &mut Writer,
-    replica: Option<&str>,
-    writes: impl Iterator<Item = &'a Write>,
-) -> Result<()> {
+async fn apply<'a>(writer: &mut Writer, replica: Option<&str>, writes: impl Iterator<Item = &'a Write>) -> Result<()> {
     let outcome = apply_on(writer, replica, writes).await;
     if outcome.is_err() || writer.database.pool.options().get_max_connections() < 2 {
         writer.held = None;
@@ -164,7 +160,7 @@ pub(super) async fn apply<'a>(
     outcome
 }
 
-pub(super) async fn apply_on<'a>(
+async fn apply_on<'a>(
     writer: &mut Writer,
     replica: Option<&str>,
     writes: impl Iterator<Item = &'a Write>,
@@ -330,7 +326,7 @@ pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyA
 /// transaction run whole on the calling thread ([`NativeSqlite`]): a
 /// thread hand-off per statement was where most of a small commit's time
 /// went.
-pub(super) async fn apply_natively(
+async fn apply_natively(
     native: &NativeSqlite,
     database: &Database,
     replica: Option<&str>,
@@ -409,7 +405,7 @@ pub(super) async fn apply_natively(
 /// event log's turn is held before the events draw their positions, and its
 /// statements are planned once per connection: sent as text, they were
 /// planned on every commit.
-pub(super) async fn apply_in_one_round_trip(
+async fn apply_in_one_round_trip(
     database: &Database,
     held: &mut Option<sqlx::pool::PoolConnection<sqlx::Any>>,
     replica: Option<&str>,
