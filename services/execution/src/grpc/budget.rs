@@ -4,7 +4,7 @@
 use muster_proto::execution::v1 as wire;
 use muster_runtime::auth::Caller;
 
-use super::{ExecutionGrpc, is_role_name, page_size};
+use super::{ExecutionGrpc, is_role_name, paging::page_size};
 use crate::{
     Error, Result,
     domain::{

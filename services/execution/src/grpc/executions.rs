@@ -9,7 +9,10 @@ use tokio::sync::broadcast;
 
 use super::access;
 use super::convert::execution_to_wire;
-use super::{ExecutionGrpc, page_size, time_and_id};
+use super::{
+    ExecutionGrpc,
+    paging::{page_size, time_and_id},
+};
 use crate::{
     Error, Result,
     domain::{

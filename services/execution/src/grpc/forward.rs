@@ -13,10 +13,13 @@ use std::{
 };
 
 use muster_proto::execution::v1::execution_service_client::ExecutionServiceClient;
-use muster_runtime::{auth::client::AuthChannel, security::Security};
+use muster_runtime::{
+    auth::{Caller, client::AuthChannel},
+    security::Security,
+};
 use tonic::{Request, Response, Status};
 
-use super::ExecutionGrpc;
+use super::{ExecutionGrpc, answer};
 use crate::store::Replica;
 
 /// The metadata that marks a call handed over by another replica (its
@@ -60,10 +63,36 @@ impl Peers {
 }
 
 impl ExecutionGrpc {
+    /// Answers a call about one execution (named by `execution_id`) where
+    /// the execution is driven: by the replica that drives it when that is
+    /// another ([`Self::hand_over`], which makes the same call there with
+    /// `forward`), otherwise here, by `serve` for the caller.
+    pub(super) async fn where_driven<Q, R, F, Fut, S, Served>(
+        &self,
+        request: Request<Q>,
+        execution_id: fn(&Q) -> &str,
+        forward: F,
+        serve: S,
+    ) -> Result<Response<R>, Status>
+    where
+        Q: Clone,
+        F: FnOnce(PeerClient, Request<Q>) -> Fut,
+        Fut: Future<Output = Result<Response<R>, Status>>,
+        S: FnOnce(Caller, Q) -> Served,
+        Served: Future<Output = crate::Result<R>>,
+    {
+        let id = execution_id(request.get_ref()).to_owned();
+        if let Some(answer) = self.hand_over(&request, &id, forward).await {
+            return answer;
+        }
+        let caller = Caller::of(&request)?;
+        answer(serve(caller, request.into_inner()).await)
+    }
+
     /// The answer of the replica that drives `execution_id`, when that is
     /// another live replica this one can reach and the caller presented a
     /// token; `None` when the call is answered here.
-    pub(super) async fn hand_over<Q, R, F, Fut>(
+    async fn hand_over<Q, R, F, Fut>(
         &self,
         request: &Request<Q>,
         execution_id: &str,

@@ -4,7 +4,12 @@
 use muster_proto::execution::v1 as wire;
 use muster_runtime::{auth::Caller, time::to_timestamp};
 
-use super::{ExecutionGrpc, access::denied, keyed_id, page_size, time_and_id};
+use super::{
+    ExecutionGrpc,
+    access::denied,
+    keyed_id,
+    paging::{page_size, time_and_id},
+};
 use crate::{
     Error, Result,
     domain::inbox::{InboxMessage, MessageState, Priority},

@@ -4,7 +4,12 @@
 use muster_proto::execution::v1 as wire;
 use muster_runtime::auth::Caller;
 
-use super::{ExecutionGrpc, MAX_ROLE_BYTES, access::denied, is_role_name, page_size, time_and_id};
+use super::{
+    ExecutionGrpc, MAX_ROLE_BYTES,
+    access::denied,
+    is_role_name,
+    paging::{page_size, time_and_id},
+};
 use crate::{
     Error, Result,
     domain::memory::{self, MemoryEntry},

@@ -38,6 +38,7 @@ mod forward;
 mod inbox;
 mod matrix;
 mod memory;
+mod paging;
 mod processes;
 mod relay;
 mod sessions;
@@ -46,13 +47,10 @@ mod tools;
 
 pub use access::ACCESS;
 use convert::{Shown, execution_to_wire, process_to_wire};
+use paging::{key_token, page_size};
 use streams::stream_events;
 
 type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
-
-/// Rows of a list page when the caller does not say, and at most.
-const DEFAULT_PAGE: u32 = 100;
-const MAX_PAGE: u32 = 1000;
 
 /// The ExecutionService implementation.
 pub(crate) struct ExecutionGrpc {
@@ -69,32 +67,6 @@ pub(crate) struct ExecutionGrpc {
     peers: forward::Peers,
     /// The steps other replicas relayed to the workers connected here.
     relays: Arc<relay::Relays>,
-}
-
-/// The page size asked for, within bounds.
-fn page_size(asked: u32) -> u32 {
-    if asked == 0 { DEFAULT_PAGE } else { asked.min(MAX_PAGE) }
-}
-
-/// Where a page that this service ends with `<time>/<id>` goes on from;
-/// `None` for the first page.
-/// A page token that names a position by key (a name): refused when it is
-/// not one this service could have given.
-fn key_token(page_token: &str) -> Result<()> {
-    if muster_runtime::paging::is_key_token(page_token) {
-        Ok(())
-    } else {
-        Err(Error::invalid("page_token", muster_runtime::paging::MALFORMED_TOKEN))
-    }
-}
-
-fn time_and_id(page_token: &str) -> Result<Option<(i64, String)>> {
-    if page_token.is_empty() {
-        return Ok(None);
-    }
-    let token_error = || Error::invalid("page_token", "page_token is not one this service gave");
-    let (time, id) = page_token.split_once('/').ok_or_else(token_error)?;
-    Ok(Some((time.parse::<i64>().map_err(|_| token_error())?, id.to_owned())))
 }
 
 /// Longest role name.
@@ -290,18 +262,16 @@ impl ExecutionService for ExecutionGrpc {
         &self,
         request: Request<wire::CancelExecutionRequest>,
     ) -> Result<Response<wire::CancelExecutionResponse>, Status> {
-        let id = request.get_ref().id.clone();
-        if let Some(answer) =
-            self.hand_over(&request, &id, |mut peer, request| async move { peer.cancel_execution(request).await }).await
-        {
-            return answer;
-        }
-        let caller = Caller::of(&request)?;
-        answer(
-            self.cancel(&caller, request.into_inner())
-                .await
-                .map(|execution| wire::CancelExecutionResponse { execution: Some(execution) }),
+        self.where_driven(
+            request,
+            |request| &request.id,
+            |mut peer, request| async move { peer.cancel_execution(request).await },
+            |caller, request| async move {
+                let execution = self.cancel(&caller, request).await?;
+                Ok(wire::CancelExecutionResponse { execution: Some(execution) })
+            },
         )
+        .await
     }
 
     type ConnectWorkerStream = ResponseStream<WorkerFrame>;
@@ -388,28 +358,26 @@ impl ExecutionService for ExecutionGrpc {
         &self,
         request: Request<wire::SubmitApprovalRequest>,
     ) -> Result<Response<wire::SubmitApprovalResponse>, Status> {
-        let id = request.get_ref().execution_id.clone();
-        if let Some(answer) =
-            self.hand_over(&request, &id, |mut peer, request| async move { peer.submit_approval(request).await }).await
-        {
-            return answer;
-        }
-        let caller = Caller::of(&request)?;
-        answer(self.decide(&caller, request.into_inner()).await)
+        self.where_driven(
+            request,
+            |request| &request.execution_id,
+            |mut peer, request| async move { peer.submit_approval(request).await },
+            |caller, request| async move { self.decide(&caller, request).await },
+        )
+        .await
     }
 
     async fn intervene(
         &self,
         request: Request<wire::InterveneRequest>,
     ) -> Result<Response<wire::InterveneResponse>, Status> {
-        let id = request.get_ref().execution_id.clone();
-        if let Some(answer) =
-            self.hand_over(&request, &id, |mut peer, request| async move { peer.intervene(request).await }).await
-        {
-            return answer;
-        }
-        let caller = Caller::of(&request)?;
-        answer(self.intervene_as(&caller, request.into_inner()).await)
+        self.where_driven(
+            request,
+            |request| &request.execution_id,
+            |mut peer, request| async move { peer.intervene(request).await },
+            |caller, request| async move { self.intervene_as(&caller, request).await },
+        )
+        .await
     }
 
     async fn start_session(
@@ -424,14 +392,13 @@ impl ExecutionService for ExecutionGrpc {
         &self,
         request: Request<wire::AssignRoleRequest>,
     ) -> Result<Response<wire::AssignRoleResponse>, Status> {
-        let id = request.get_ref().execution_id.clone();
-        if let Some(answer) =
-            self.hand_over(&request, &id, |mut peer, request| async move { peer.assign_role(request).await }).await
-        {
-            return answer;
-        }
-        let caller = Caller::of(&request)?;
-        answer(self.assign_role_as(&caller, request.into_inner()).await)
+        self.where_driven(
+            request,
+            |request| &request.execution_id,
+            |mut peer, request| async move { peer.assign_role(request).await },
+            |caller, request| async move { self.assign_role_as(&caller, request).await },
+        )
+        .await
     }
 
     async fn get_my_role(
@@ -454,42 +421,39 @@ impl ExecutionService for ExecutionGrpc {
         &self,
         request: Request<wire::SetLeadRequest>,
     ) -> Result<Response<wire::SetLeadResponse>, Status> {
-        let id = request.get_ref().execution_id.clone();
-        if let Some(answer) =
-            self.hand_over(&request, &id, |mut peer, request| async move { peer.set_lead(request).await }).await
-        {
-            return answer;
-        }
-        let caller = Caller::of(&request)?;
-        answer(self.set_lead_as(&caller, request.into_inner()).await)
+        self.where_driven(
+            request,
+            |request| &request.execution_id,
+            |mut peer, request| async move { peer.set_lead(request).await },
+            |caller, request| async move { self.set_lead_as(&caller, request).await },
+        )
+        .await
     }
 
     async fn request_subtask(
         &self,
         request: Request<wire::RequestSubtaskRequest>,
     ) -> Result<Response<wire::RequestSubtaskResponse>, Status> {
-        let id = request.get_ref().execution_id.clone();
-        if let Some(answer) =
-            self.hand_over(&request, &id, |mut peer, request| async move { peer.request_subtask(request).await }).await
-        {
-            return answer;
-        }
-        let caller = Caller::of(&request)?;
-        answer(self.request_subtask_as(&caller, request.into_inner()).await)
+        self.where_driven(
+            request,
+            |request| &request.execution_id,
+            |mut peer, request| async move { peer.request_subtask(request).await },
+            |caller, request| async move { self.request_subtask_as(&caller, request).await },
+        )
+        .await
     }
 
     async fn decide_subtask(
         &self,
         request: Request<wire::DecideSubtaskRequest>,
     ) -> Result<Response<wire::DecideSubtaskResponse>, Status> {
-        let id = request.get_ref().execution_id.clone();
-        if let Some(answer) =
-            self.hand_over(&request, &id, |mut peer, request| async move { peer.decide_subtask(request).await }).await
-        {
-            return answer;
-        }
-        let caller = Caller::of(&request)?;
-        answer(self.decide_subtask_as(&caller, request.into_inner()).await)
+        self.where_driven(
+            request,
+            |request| &request.execution_id,
+            |mut peer, request| async move { peer.decide_subtask(request).await },
+            |caller, request| async move { self.decide_subtask_as(&caller, request).await },
+        )
+        .await
     }
 
     async fn get_session_status(

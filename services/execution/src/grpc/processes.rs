@@ -4,7 +4,10 @@
 use muster_proto::execution::v1 as wire;
 
 use super::convert::{Shown, process_to_wire};
-use super::{ExecutionGrpc, key_token, page_size};
+use super::{
+    ExecutionGrpc,
+    paging::{key_token, page_size},
+};
 use crate::{Error, Result};
 
 impl ExecutionGrpc {
