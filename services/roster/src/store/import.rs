@@ -10,8 +10,9 @@ use sqlx::{Any, Row, Transaction};
 use super::{
     ImportPlan, credentials,
     sql::{
-        SqlStore, hierarchy_loop, insert_agent_rows, missing_senior, missing_team, update_agent_row, upsert_role_row,
-        upsert_team_row,
+        SqlStore,
+        agents::{hierarchy_loop, insert_agent_rows, missing_senior, missing_team, update_agent_row},
+        organisation::{upsert_role_row, upsert_team_row},
     },
 };
 use crate::domain::model::{Agent, Team};
