@@ -10,7 +10,7 @@ mod together;
 
 use std::{future::Future, sync::Arc};
 
-pub use index::FULL_CHECK_EVERY as INDEX_FULL_CHECK_EVERY;
+pub use index::refresh::FULL_CHECK_EVERY as INDEX_FULL_CHECK_EVERY;
 use muster_runtime::auth::{
     TokenHash,
     directory::{CredentialChange, Position},
