@@ -1,33 +1,32 @@
-//! The generated `RosterService` trait, implemented over the store.
+//! The generated `RosterService` trait, implemented over the store. Who may
+//! call what is [`ACCESS`]; the trait's methods call the room of their
+//! subject: [`agents`], [`teams`] (and role definitions), [`organisation`]
+//! (import and the organisation's view), [`delegation`], [`credentials`]
+//! (tokens) and the long-lived [`watches`].
 
+mod agents;
+mod credentials;
 mod delegation;
 mod organisation;
+mod teams;
+mod watches;
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     pin::Pin,
-    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    sync::{Arc, Mutex},
 };
 
 use muster_proto::roster::v1::{self as pb, roster_service_server::RosterService};
-use muster_runtime::auth::{
-    Access, AgentDirectory, Caller, Rule, TokenHash,
-    directory::{CredentialChange, Position},
-    only_for_itself, permission_denied, rule, token,
-};
-use muster_runtime::paging::page;
+use muster_runtime::auth::{Access, AgentDirectory, Caller, Rule, only_for_itself, rule, token};
 use tokio::sync::broadcast;
-use tokio_stream::{Stream, StreamExt, wrappers::BroadcastStream};
+use tokio_stream::Stream;
 use tonic::{Request, Response, Status as GrpcStatus};
 
 use crate::clock::Clock;
-use crate::convert::{
-    agent_from_wire, agent_to_wire, decision_to_wire, required_id, required_name, role_from_wire, role_to_wire,
-    status_from_wire, team_from_wire, team_to_wire, update_mask_fields,
-};
-use crate::domain::{delegation::Settings, model::normalize_tags, prompt::render_system_prompt};
+use crate::domain::delegation::Settings;
 use crate::error::{Error, Result};
-use crate::store::{AgentQuery, QueueResolution, QueueState, Store};
+use crate::store::{QueueResolution, Store};
 
 /// Most agents per ListAgents page.
 const MAX_PAGE_SIZE: u32 = 1000;
@@ -41,10 +40,6 @@ fn page_size(asked: u32) -> usize {
 }
 /// Capacity of the change and queue broadcast channels.
 const CHANNEL_CAPACITY: usize = 1024;
-/// How often a watch of a queued task reads the task's state from the
-/// database, for a resolution another replica made (its own it hears of at once).
-const QUEUE_WATCH_POLL: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// The roster service over a store.
 #[derive(Debug)]
 pub struct RosterGrpc<S> {
@@ -112,22 +107,6 @@ pub const ACCESS: &[Rule] = &[
 /// Who may call the CredentialService: the cluster's services.
 pub const CREDENTIAL_ACCESS: &[Rule] = &[rule("WatchCredentials", Access::SERVICE)];
 
-/// One watcher of agents' status changes, counted while it lives.
-struct StatusWatcher(Arc<std::sync::atomic::AtomicUsize>);
-
-impl StatusWatcher {
-    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
-        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Self(count.clone())
-    }
-}
-
-impl Drop for StatusWatcher {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
 /// A new agent token.
 fn new_token() -> Result<String> {
     token::generate(token::AGENT_PREFIX).map_err(|error| Error::Internal(error.to_string()))
@@ -179,57 +158,6 @@ impl<S: Store> RosterGrpc<S> {
         self.inner.credentials_changed.notify_waiters();
     }
 
-    async fn announce_agents(&self, kind: pb::RosterChangeKind, ids: &[String]) {
-        let status_unwatched = kind == pb::RosterChangeKind::AgentStatus
-            && self.inner.status_watchers.load(std::sync::atomic::Ordering::Relaxed) == 0;
-        if self.inner.roster_changes.receiver_count() == 0 || status_unwatched {
-            return;
-        }
-        for id in ids {
-            // The organisation in memory has every change this replica committed.
-            match self.inner.store.indexed_agent(id).await {
-                Ok(agent) => {
-                    let _ = self.inner.roster_changes.send(pb::WatchRosterResponse {
-                        kind: kind as i32,
-                        agent: Some(agent_to_wire(&agent)),
-                        role: None,
-                    });
-                }
-                Err(error) => {
-                    tracing::debug!(%error, agent_id = %id, "agent changed and vanished before it was announced")
-                }
-            }
-        }
-    }
-
-    /// Tells the roster's watchers about roles put (as stored) or removed
-    /// (by name).
-    fn announce_roles(&self, kind: pb::RosterChangeKind, roles: Vec<pb::RoleDefinition>) {
-        if let Some(known) = self.known_roles().as_mut() {
-            for role in &roles {
-                if kind == pb::RosterChangeKind::RoleRemoved {
-                    known.remove(&role.name);
-                } else {
-                    known.insert(role.name.clone(), role.clone());
-                }
-            }
-        }
-        for role in roles {
-            let _ = self.inner.roster_changes.send(pb::WatchRosterResponse {
-                kind: kind as i32,
-                agent: None,
-                role: Some(role),
-            });
-        }
-    }
-
-    fn announce_resolutions(&self, resolutions: &[QueueResolution]) {
-        for resolution in resolutions {
-            tracing::info!(task_id = %resolution.task_id, decision = resolution.decision.kind.as_str(), agent_id = %resolution.decision.primary_agent_id, "queued task resolved");
-            let _ = self.inner.queue_resolutions.send(resolution.clone());
-        }
-    }
-
     /// Takes into the organisation held in memory what other replicas
     /// changed in the database; a background task calls this every
     /// `MUSTER_ROSTER_INDEX_REFRESH_INTERVAL_MS`.
@@ -248,35 +176,6 @@ impl<S: Store> RosterGrpc<S> {
             });
         }
         self.follow_roles().await
-    }
-
-    fn known_roles(&self) -> MutexGuard<'_, Option<HashMap<String, pb::RoleDefinition>>> {
-        self.inner.known_roles.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Announces the roles another replica put or removed since the last look.
-    async fn follow_roles(&self) -> Result<()> {
-        let listed: HashMap<String, pb::RoleDefinition> =
-            self.inner.store.list_roles().await?.iter().map(|role| (role.name.clone(), role_to_wire(role))).collect();
-        let (put, removed) = {
-            let mut known = self.known_roles();
-            let Some(previous) = known.as_mut() else {
-                *known = Some(listed);
-                return Ok(());
-            };
-            let put: Vec<pb::RoleDefinition> =
-                listed.values().filter(|role| previous.get(&role.name) != Some(*role)).cloned().collect();
-            let removed: Vec<pb::RoleDefinition> = previous
-                .keys()
-                .filter(|name| !listed.contains_key(*name))
-                .map(|name| pb::RoleDefinition { name: name.clone(), ..Default::default() })
-                .collect();
-            *previous = listed;
-            (put, removed)
-        };
-        self.announce_roles(pb::RosterChangeKind::RoleUpserted, put);
-        self.announce_roles(pb::RosterChangeKind::RoleRemoved, removed);
-        Ok(())
     }
 
     /// Escalates the queued tasks gone stale; the background sweeper calls this.
@@ -330,195 +229,91 @@ impl<S: Store> RosterService for RosterGrpc<S> {
         &self,
         request: Request<pb::RegisterAgentRequest>,
     ) -> Result<Response<pb::RegisterAgentResponse>, GrpcStatus> {
-        let agent = agent_from_wire(request.into_inner().agent)?;
-        let token = new_token()?;
-        let stored = self.inner.store.insert_agent(&agent, &TokenHash::of(&token), self.now()).await?;
-        self.credentials_changed().await;
-        tracing::info!(agent_id = %stored.id, "agent registered");
-        self.announce_agents(pb::RosterChangeKind::AgentUpserted, std::slice::from_ref(&stored.id)).await;
-        Ok(Response::new(pb::RegisterAgentResponse { agent: Some(agent_to_wire(&stored)), token }))
+        self.serve_register_agent(request).await
     }
 
     async fn get_agent(
         &self,
         request: Request<pb::GetAgentRequest>,
     ) -> Result<Response<pb::GetAgentResponse>, GrpcStatus> {
-        let id = required_id("id", &request.into_inner().id)?;
-        let agent = self.inner.store.get_agent(&id).await?;
-        Ok(Response::new(pb::GetAgentResponse { agent: Some(agent_to_wire(&agent)) }))
+        self.serve_get_agent(request).await
     }
 
     async fn list_agents(
         &self,
         request: Request<pb::ListAgentsRequest>,
     ) -> Result<Response<pb::ListAgentsResponse>, GrpcStatus> {
-        let request = request.into_inner();
-        if !muster_runtime::paging::is_key_token(&request.page_token) {
-            return Err(Error::invalid("page_token", muster_runtime::paging::MALFORMED_TOKEN).into());
-        }
-        let page_size = page_size(request.page_size) as u32;
-        let expertise = if request.expertise.trim().is_empty() {
-            String::new()
-        } else {
-            normalize_tags("expertise", &[request.expertise])
-                .map_err(|error| Error::from(error).on_field("expertise"))?
-                .into_iter()
-                .next()
-                .unwrap_or_default()
-        };
-        let query = AgentQuery {
-            team: request.team.trim().to_owned(),
-            role: request.role.trim().to_owned(),
-            status: status_from_wire("status", request.status)?,
-            expertise,
-            available_only: false,
-            after_id: request.page_token,
-            limit: page_size + 1,
-        };
-        // The query read the page after the token (and one more, to know
-        // whether another page follows); long prompts can end it earlier.
-        let found = self.inner.store.list_agents(&query).await?;
-        let (agents, next_page_token) =
-            page(&found, |agent| &agent.id, agent_to_wire, page_size as usize, "", MAX_PAGE_BYTES);
-        Ok(Response::new(pb::ListAgentsResponse { agents, next_page_token }))
+        self.serve_list_agents(request).await
     }
 
     async fn update_agent(
         &self,
         request: Request<pb::UpdateAgentRequest>,
     ) -> Result<Response<pb::UpdateAgentResponse>, GrpcStatus> {
-        let request = request.into_inner();
-        let fields = update_mask_fields(request.update_mask.as_ref())?;
-        let agent = agent_from_wire(request.agent)?;
-        let stored = self.inner.store.update_agent(&agent, &fields, self.now()).await?;
-        // Its credentials carry its role.
-        self.credentials_changed().await;
-        self.announce_agents(pb::RosterChangeKind::AgentUpserted, std::slice::from_ref(&stored.id)).await;
-        Ok(Response::new(pb::UpdateAgentResponse { agent: Some(agent_to_wire(&stored)) }))
+        self.serve_update_agent(request).await
     }
 
     async fn remove_agent(
         &self,
         request: Request<pb::RemoveAgentRequest>,
     ) -> Result<Response<pb::RemoveAgentResponse>, GrpcStatus> {
-        let id = required_id("id", &request.into_inner().id)?;
-        self.inner.store.remove_agent(&id, self.now()).await?;
-        self.credentials_changed().await;
-        tracing::info!(agent_id = %id, "agent removed");
-        let _ = self.inner.roster_changes.send(pb::WatchRosterResponse {
-            kind: pb::RosterChangeKind::AgentRemoved as i32,
-            agent: Some(pb::Agent { id, ..Default::default() }),
-            role: None,
-        });
-        Ok(Response::new(pb::RemoveAgentResponse {}))
+        self.serve_remove_agent(request).await
     }
 
     async fn set_agent_status(
         &self,
         request: Request<pb::SetAgentStatusRequest>,
     ) -> Result<Response<pb::SetAgentStatusResponse>, GrpcStatus> {
-        let caller = Caller::of(&request)?;
-        let request = request.into_inner();
-        let id = required_id("id", &request.id)?;
-        only_for_itself(&caller, &id, "set the status of another agent")?;
-        let status = status_from_wire("status", request.status)?;
-        let availability_until = request.availability_until.as_ref().map(muster_runtime::time::from_timestamp);
-        let agent = self.inner.store.set_status(&id, status, availability_until, self.now()).await?;
-        tracing::info!(agent_id = %id, status = agent.status().as_str(), "agent status set");
-        let _ = self.inner.roster_changes.send(pb::WatchRosterResponse {
-            kind: pb::RosterChangeKind::AgentStatus as i32,
-            agent: Some(agent_to_wire(&agent)),
-            role: None,
-        });
-        Ok(Response::new(pb::SetAgentStatusResponse { agent: Some(agent_to_wire(&agent)) }))
+        self.serve_set_agent_status(request).await
     }
 
     async fn put_team(
         &self,
         request: Request<pb::PutTeamRequest>,
     ) -> Result<Response<pb::PutTeamResponse>, GrpcStatus> {
-        let team = team_from_wire(request.into_inner().team)?;
-        let stored = self.inner.store.put_team(&team, self.now()).await?;
-        Ok(Response::new(pb::PutTeamResponse { team: Some(team_to_wire(&stored)) }))
+        self.serve_put_team(request).await
     }
 
     async fn list_teams(
         &self,
         request: Request<pb::ListTeamsRequest>,
     ) -> Result<Response<pb::ListTeamsResponse>, GrpcStatus> {
-        let request = request.into_inner();
-        if !muster_runtime::paging::is_key_token(&request.page_token) {
-            return Err(Error::invalid("page_token", muster_runtime::paging::MALFORMED_TOKEN).into());
-        }
-        let teams = self.inner.store.list_teams().await?;
-        let (teams, next_page_token) = page(
-            &teams,
-            |team| &team.name,
-            team_to_wire,
-            page_size(request.page_size),
-            &request.page_token,
-            MAX_PAGE_BYTES,
-        );
-        Ok(Response::new(pb::ListTeamsResponse { teams, next_page_token }))
+        self.serve_list_teams(request).await
     }
 
     async fn remove_team(
         &self,
         request: Request<pb::RemoveTeamRequest>,
     ) -> Result<Response<pb::RemoveTeamResponse>, GrpcStatus> {
-        let name = required_id("name", &request.into_inner().name)?;
-        self.inner.store.remove_team(&name).await?;
-        Ok(Response::new(pb::RemoveTeamResponse {}))
+        self.serve_remove_team(request).await
     }
 
     async fn put_role_definition(
         &self,
         request: Request<pb::PutRoleDefinitionRequest>,
     ) -> Result<Response<pb::PutRoleDefinitionResponse>, GrpcStatus> {
-        let role = role_from_wire(request.into_inner().role)?;
-        let stored = self.inner.store.put_role(&role, self.now()).await?;
-        self.announce_roles(pb::RosterChangeKind::RoleUpserted, vec![role_to_wire(&stored)]);
-        Ok(Response::new(pb::PutRoleDefinitionResponse { role: Some(role_to_wire(&stored)) }))
+        self.serve_put_role_definition(request).await
     }
 
     async fn get_role_definition(
         &self,
         request: Request<pb::GetRoleDefinitionRequest>,
     ) -> Result<Response<pb::GetRoleDefinitionResponse>, GrpcStatus> {
-        let name = required_name("name", &request.into_inner().name)?;
-        let role = self.inner.store.get_role(&name).await?;
-        Ok(Response::new(pb::GetRoleDefinitionResponse { role: Some(role_to_wire(&role)) }))
+        self.serve_get_role_definition(request).await
     }
 
     async fn list_role_definitions(
         &self,
         request: Request<pb::ListRoleDefinitionsRequest>,
     ) -> Result<Response<pb::ListRoleDefinitionsResponse>, GrpcStatus> {
-        let request = request.into_inner();
-        if !muster_runtime::paging::is_key_token(&request.page_token) {
-            return Err(Error::invalid("page_token", muster_runtime::paging::MALFORMED_TOKEN).into());
-        }
-        let roles = self.inner.store.list_roles().await?;
-        let (roles, next_page_token) = page(
-            &roles,
-            |role| &role.name,
-            role_to_wire,
-            page_size(request.page_size),
-            &request.page_token,
-            MAX_PAGE_BYTES,
-        );
-        Ok(Response::new(pb::ListRoleDefinitionsResponse { roles, next_page_token }))
+        self.serve_list_role_definitions(request).await
     }
 
     async fn remove_role_definition(
         &self,
         request: Request<pb::RemoveRoleDefinitionRequest>,
     ) -> Result<Response<pb::RemoveRoleDefinitionResponse>, GrpcStatus> {
-        let name = required_name("name", &request.into_inner().name)?;
-        self.inner.store.remove_role(&name).await?;
-        let removed = pb::RoleDefinition { name, ..Default::default() };
-        self.announce_roles(pb::RosterChangeKind::RoleRemoved, vec![removed]);
-        Ok(Response::new(pb::RemoveRoleDefinitionResponse {}))
+        self.serve_remove_role_definition(request).await
     }
 
     async fn import_roster(
@@ -572,48 +367,7 @@ impl<S: Store> RosterService for RosterGrpc<S> {
         &self,
         request: Request<pb::WatchQueuedTaskRequest>,
     ) -> Result<Response<Self::WatchQueuedTaskStream>, GrpcStatus> {
-        let task_id = request.into_inner().task_id.trim().to_owned();
-        if task_id.is_empty() {
-            return Err(Error::invalid("task_id", "task_id: required").into());
-        }
-        // Subscribe before reading the state, so a resolution in between is not missed.
-        let mut receiver = self.inner.queue_resolutions.subscribe();
-        let state = self.inner.store.queue_state(&task_id).await?;
-        let roster = self.clone();
-        let stream = async_stream_once(async move {
-            if let QueueState::Resolved(decision) = state {
-                return Ok(pb::WatchQueuedTaskResponse { decision: Some(decision_to_wire(&decision)) });
-            }
-            loop {
-                let Ok(received) = tokio::time::timeout(QUEUE_WATCH_POLL, receiver.recv()).await else {
-                    // Another replica may have resolved it.
-                    if let QueueState::Resolved(decision) = roster.inner.store.queue_state(&task_id).await? {
-                        return Ok(pb::WatchQueuedTaskResponse { decision: Some(decision_to_wire(&decision)) });
-                    }
-                    continue;
-                };
-                match received {
-                    Ok(resolution) if resolution.task_id == task_id => {
-                        return Ok(pb::WatchQueuedTaskResponse {
-                            decision: Some(decision_to_wire(&resolution.decision)),
-                        });
-                    }
-                    Ok(_) => {}
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        if let QueueState::Resolved(decision) = roster.inner.store.queue_state(&task_id).await? {
-                            return Ok(pb::WatchQueuedTaskResponse { decision: Some(decision_to_wire(&decision)) });
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Closed) => {
-                        return Err(Error::RetryLater {
-                            reason: "SHUTTING_DOWN",
-                            message: "the roster is shutting down; try again".to_owned(),
-                        });
-                    }
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(stream)))
+        self.serve_watch_queued_task(request).await
     }
 
     async fn list_delegations(
@@ -629,153 +383,34 @@ impl<S: Store> RosterService for RosterGrpc<S> {
         &self,
         request: Request<pb::WatchRosterRequest>,
     ) -> Result<Response<Self::WatchRosterStream>, GrpcStatus> {
-        let mut kinds = HashSet::new();
-        for (index, &kind) in request.get_ref().kinds.iter().enumerate() {
-            match pb::RosterChangeKind::try_from(kind) {
-                Ok(pb::RosterChangeKind::Unspecified) | Err(_) => {
-                    return Err(Error::invalid(
-                        format!("kinds[{index}]"),
-                        format!("kinds[{index}]: {kind} is not a kind of change"),
-                    )
-                    .into());
-                }
-                Ok(_) => {
-                    kinds.insert(kind);
-                }
-            }
-        }
-        let status = kinds.is_empty() || kinds.contains(&(pb::RosterChangeKind::AgentStatus as i32));
-        // Counted while the stream lives.
-        let watching = status.then(|| StatusWatcher::new(&self.inner.status_watchers));
-        let stream = BroadcastStream::new(self.inner.roster_changes.subscribe()).filter_map(move |change| {
-            let _watching = &watching;
-            match change {
-                Ok(change) if kinds.is_empty() || kinds.contains(&change.kind) => Some(Ok(change)),
-                Ok(_) => None,
-                Err(error) => {
-                    tracing::warn!(%error, "a roster watcher fell behind; changes were skipped");
-                    None
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(stream)))
+        self.serve_watch_roster(request).await
     }
 
     async fn render_system_prompt(
         &self,
         request: Request<pb::RenderSystemPromptRequest>,
     ) -> Result<Response<pb::RenderSystemPromptResponse>, GrpcStatus> {
-        let caller = Caller::of(&request)?;
-        let agent_id = required_id("agent_id", &request.into_inner().agent_id)?;
-        only_for_itself(&caller, &agent_id, "render the system prompt of another agent")?;
-        let agent = self.inner.store.get_agent(&agent_id).await?;
-        let senior = if agent.senior_id.is_empty() {
-            None
-        } else {
-            match self.inner.store.get_agent(&agent.senior_id).await {
-                Ok(senior) => Some(senior),
-                Err(Error::NotFound { .. }) => None,
-                Err(error) => return Err(error.into()),
-            }
-        };
-        let role = if agent.role.is_empty() {
-            None
-        } else {
-            match self.inner.store.get_role(&agent.role).await {
-                Ok(role) => Some(role),
-                Err(Error::NotFound { .. }) => None,
-                Err(error) => return Err(error.into()),
-            }
-        };
-        Ok(Response::new(pb::RenderSystemPromptResponse {
-            system_prompt: render_system_prompt(&agent, role.as_ref(), senior.as_ref()),
-        }))
+        self.serve_render_system_prompt(request).await
     }
 
     async fn authenticate(
         &self,
         request: Request<pb::AuthenticateRequest>,
     ) -> Result<Response<pb::AuthenticateResponse>, GrpcStatus> {
-        let caller = Caller::of(&request)?;
-        let token = request.into_inner().token;
-        let token = token.trim();
-        if token.is_empty() {
-            return Err(Error::invalid("token", "token: required").into());
-        }
-        let agent = self.inner.store.agent_by_token(&TokenHash::of(token)).await?;
-        // An agent learns who it is, and nothing of other tokens: another
-        // agent's token and an unknown one get the same refusal.
-        if let Some(own) = caller.agent_id()
-            && agent.as_ref().is_none_or(|agent| agent.id != own)
-        {
-            return Err(permission_denied(
-                &caller,
-                "authenticate a token",
-                "NOT_THE_AGENT",
-                "an agent may authenticate only its own token".to_owned(),
-                &[],
-            ));
-        }
-        match agent {
-            Some(agent) => Ok(Response::new(pb::AuthenticateResponse { agent: Some(agent_to_wire(&agent)) })),
-            None => Err(Error::Unauthenticated {
-                reason: "CREDENTIAL_UNKNOWN",
-                message: "the token is not valid: unknown, rotated or revoked".into(),
-            }
-            .into()),
-        }
+        self.serve_authenticate(request).await
     }
 
     async fn rotate_token(
         &self,
         request: Request<pb::RotateTokenRequest>,
     ) -> Result<Response<pb::RotateTokenResponse>, GrpcStatus> {
-        let caller = Caller::of(&request)?;
-        let agent_id = required_id("agent_id", &request.into_inner().agent_id)?;
-        only_for_itself(&caller, &agent_id, "rotate the token of another agent")?;
-        let token = new_token()?;
-        self.inner.store.replace_token(&agent_id, Some(&TokenHash::of(&token)), self.now()).await?;
-        self.credentials_changed().await;
-        tracing::info!(agent_id = %agent_id, "token rotated");
-        Ok(Response::new(pb::RotateTokenResponse { token }))
+        self.serve_rotate_token(request).await
     }
 
     async fn revoke_token(
         &self,
         request: Request<pb::RevokeTokenRequest>,
     ) -> Result<Response<pb::RevokeTokenResponse>, GrpcStatus> {
-        let caller = Caller::of(&request)?;
-        let agent_id = required_id("agent_id", &request.into_inner().agent_id)?;
-        only_for_itself(&caller, &agent_id, "revoke the token of another agent")?;
-        self.inner.store.replace_token(&agent_id, None, self.now()).await?;
-        self.credentials_changed().await;
-        tracing::info!(agent_id = %agent_id, "token revoked");
-        Ok(Response::new(pb::RevokeTokenResponse {}))
-    }
-}
-
-/// A stream of the one item `future` produces; the future is dropped when the client goes away.
-fn async_stream_once<T: Send + 'static>(
-    future: impl std::future::Future<Output = Result<T>> + Send + 'static,
-) -> impl Stream<Item = Result<T, GrpcStatus>> + Send + 'static {
-    let (sender, receiver) = tokio::sync::mpsc::channel(1);
-    tokio::spawn(async move {
-        tokio::select! {
-            result = future => {
-                let _ = sender.send(result.map_err(GrpcStatus::from)).await;
-            }
-            () = sender.closed() => {}
-        }
-    });
-    tokio_stream::wrappers::ReceiverStream::new(receiver)
-}
-
-impl<S: Store> muster_runtime::auth::watch::CredentialLog for RosterGrpc<S> {
-    async fn changes_after(&self, position: Position, limit: usize) -> Result<Vec<CredentialChange>, GrpcStatus> {
-        Ok(self.inner.store.credential_changes_after(position, limit).await?)
-    }
-
-    fn changed(&self) -> &tokio::sync::Notify {
-        &self.inner.credentials_changed
+        self.serve_revoke_token(request).await
     }
 }
