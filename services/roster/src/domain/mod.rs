@@ -2,7 +2,6 @@
 //! over the entities, their validation and roster import that the format
 //! library holds (re-exported here as [`model`] and [`import`]). No tonic, no sqlx.
 
-mod decision_text;
 pub mod delegation;
 pub mod prompt;
 

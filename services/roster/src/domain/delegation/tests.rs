@@ -3,6 +3,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::domain::model::Status;
 
 const TAGS: [&str; 3] = ["x", "y", "z"];
 

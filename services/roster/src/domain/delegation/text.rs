@@ -2,8 +2,8 @@
 //! agents' prompt, the reasons that describe a colleague, and the decisions
 //! that resolve a queued task.
 
-use super::delegation::{Decision, DecisionKind, MAX_CANDIDATES, Tier};
-use super::model::Agent;
+use super::{Decision, DecisionKind, MAX_CANDIDATES, Tier};
+use crate::domain::model::Agent;
 
 pub(super) fn tier_phrase(tier: Tier) -> &'static str {
     match tier {
