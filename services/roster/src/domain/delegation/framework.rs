@@ -30,87 +30,126 @@ struct Ranked<'a> {
 /// escalates when it is offline or not in the roster; the criteria, the
 /// chain and the requester do not apply.
 pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settings: Settings) -> Decision {
-    let by_id: HashMap<&str, &Agent> = snapshot.agents.iter().map(|agent| (agent.id.as_str(), &**agent)).collect();
-    let requester = by_id.get(request.requester_id.as_str()).copied();
-    // A team named in the request wins; else the requester's team.
-    let home_team = if request.team.is_empty() {
-        requester.map(|agent| agent.team.as_str()).unwrap_or_default()
-    } else {
-        request.team.as_str()
-    };
-    let chain: HashSet<&str> = request.delegation_chain.iter().map(String::as_str).collect();
-    let mut notes = Vec::new();
-
+    let deciding = Deciding::new(request, snapshot);
     if !request.assigned_agent_id.is_empty() {
-        return decide_assigned(request, snapshot, &by_id, home_team, &chain, now, settings);
+        return deciding.assigned(now, settings);
     }
-
+    let mut notes = Vec::new();
     // The colleague the requester named comes first when eligible; an unknown
     // one is "colleague not in the roster": escalate.
     if !request.preferred_agent_id.is_empty() {
-        match by_id.get(request.preferred_agent_id.as_str()) {
-            None => {
-                let reason = format!(
-                    "colleague {:?} is not in the roster; escalating to the manager",
-                    request.preferred_agent_id
-                );
-                return escalate(request, snapshot, &by_id, home_team, &chain, reason, Vec::new(), notes);
-            }
-            Some(preferred) => match exclusion(request, preferred, &chain) {
-                None if preferred.has_free_slot() => {
-                    let ranked = rank(request, snapshot, home_team, &chain);
-                    let fallback = ranked.iter().find(|candidate| candidate.agent.id != preferred.id);
-                    let matched = matching_tags(request, preferred);
-                    let mut candidates = vec![preferred.id.clone()];
-                    candidates.extend(ranked.iter().map(|c| c.agent.id.clone()).filter(|id| *id != preferred.id));
-                    if !request.required_expertise.is_empty() && matched.len() < request.required_expertise.len() {
-                        notes.push(format!(
-                            "{} was named by the requester but lacks some required expertise",
-                            preferred.name
-                        ));
-                    }
-                    let primary_reason = describe(preferred, &matched, home_team, "named by the requester");
-                    let reasoning = format!(
-                        "{} was named by the requester and is eligible: not offline, with a free slot ({}/{} tasks), not in the delegation chain.",
-                        preferred.name, preferred.current_workload, preferred.workload_capacity
-                    );
-                    return finish(
-                        DecisionKind::Delegate,
-                        Tier::Named,
-                        preferred,
-                        primary_reason,
-                        fallback.map(|f| {
-                            (
-                                f.agent,
-                                describe(f.agent, &matching_tags(request, f.agent), home_team, tier_phrase(f.tier)),
-                            )
-                        }),
-                        reasoning,
-                        0,
-                        notes,
-                        candidates,
-                    );
-                }
-                None => notes.push(format!(
-                    "named colleague {} has no free slot ({}/{} tasks, {}); the framework decided",
-                    preferred.name,
-                    preferred.current_workload,
-                    preferred.workload_capacity,
-                    preferred.status().as_str()
-                )),
-                Some(why) => notes.push(format!("named colleague {} was not chosen: {why}", preferred.name)),
-            },
+        let Some(preferred) = deciding.by_id.get(request.preferred_agent_id.as_str()) else {
+            let reason =
+                format!("colleague {:?} is not in the roster; escalating to the manager", request.preferred_agent_id);
+            return deciding.escalate(reason, Vec::new(), notes);
+        };
+        if let Some(decision) = deciding.named(preferred, &mut notes) {
+            return decision;
         }
     }
-
-    let ranked = rank(request, snapshot, home_team, &chain);
-    let loop_note = loop_note(request, snapshot, &chain);
+    let ranked = rank(request, snapshot, deciding.home_team, &deciding.chain);
+    let loop_note = loop_note(request, snapshot, &deciding.chain);
     if let Some(note) = &loop_note {
         notes.push(note.clone());
     }
     let candidates: Vec<String> = ranked.iter().map(|c| c.agent.id.clone()).collect();
     if let Some(primary) = ranked.first() {
-        let fallback = ranked.get(1);
+        return deciding.best_match(primary, ranked.get(1), notes, candidates);
+    }
+    deciding.expert_at_capacity(candidates, loop_note.is_some(), notes, now, settings)
+}
+
+/// One decision underway: the request, the snapshot it reads, and what
+/// every tier derives from them once.
+struct Deciding<'a> {
+    request: &'a DelegationRequest,
+    snapshot: &'a Snapshot,
+    by_id: HashMap<&'a str, &'a Agent>,
+    /// The team named in the request, else the requester's.
+    home_team: &'a str,
+    /// The agents already in the task's delegation chain.
+    chain: HashSet<&'a str>,
+}
+
+impl<'a> Deciding<'a> {
+    fn new(request: &'a DelegationRequest, snapshot: &'a Snapshot) -> Self {
+        let by_id: HashMap<&str, &Agent> = snapshot.agents.iter().map(|agent| (agent.id.as_str(), &**agent)).collect();
+        let requester = by_id.get(request.requester_id.as_str()).copied();
+        // A team named in the request wins; else the requester's team.
+        let home_team = if request.team.is_empty() {
+            requester.map(|agent| agent.team.as_str()).unwrap_or_default()
+        } else {
+            request.team.as_str()
+        };
+        let chain = request.delegation_chain.iter().map(String::as_str).collect();
+        Self { request, snapshot, by_id, home_team, chain }
+    }
+
+    /// Why `agent` fits, for the decision's text.
+    fn describe(&self, agent: &Agent, tier: &str) -> String {
+        describe(agent, &matching_tags(self.request, agent), self.home_team, tier)
+    }
+
+    /// The colleague the requester named, when eligible with a free slot;
+    /// otherwise `None`, with a note saying why the framework decided.
+    fn named(&self, preferred: &Agent, notes: &mut Vec<String>) -> Option<Decision> {
+        let request = self.request;
+        match exclusion(request, preferred, &self.chain) {
+            None if preferred.has_free_slot() => {
+                let ranked = rank(request, self.snapshot, self.home_team, &self.chain);
+                let fallback = ranked.iter().find(|candidate| candidate.agent.id != preferred.id);
+                let matched = matching_tags(request, preferred);
+                let mut candidates = vec![preferred.id.clone()];
+                candidates.extend(ranked.iter().map(|c| c.agent.id.clone()).filter(|id| *id != preferred.id));
+                if !request.required_expertise.is_empty() && matched.len() < request.required_expertise.len() {
+                    notes.push(format!(
+                        "{} was named by the requester but lacks some required expertise",
+                        preferred.name
+                    ));
+                }
+                let primary_reason = describe(preferred, &matched, self.home_team, "named by the requester");
+                let reasoning = format!(
+                    "{} was named by the requester and is eligible: not offline, with a free slot ({}/{} tasks), not in the delegation chain.",
+                    preferred.name, preferred.current_workload, preferred.workload_capacity
+                );
+                Some(finish(
+                    DecisionKind::Delegate,
+                    Tier::Named,
+                    preferred,
+                    primary_reason,
+                    fallback.map(|f| (f.agent, self.describe(f.agent, tier_phrase(f.tier)))),
+                    reasoning,
+                    0,
+                    std::mem::take(notes),
+                    candidates,
+                ))
+            }
+            None => {
+                notes.push(format!(
+                    "named colleague {} has no free slot ({}/{} tasks, {}); the framework decided",
+                    preferred.name,
+                    preferred.current_workload,
+                    preferred.workload_capacity,
+                    preferred.status().as_str()
+                ));
+                None
+            }
+            Some(why) => {
+                notes.push(format!("named colleague {} was not chosen: {why}", preferred.name));
+                None
+            }
+        }
+    }
+
+    /// Tiers 1 to 3: the best ranked colleague with a free slot (same team
+    /// and full match, same team and partial, another team and full).
+    fn best_match(
+        &self,
+        primary: &Ranked<'_>,
+        fallback: Option<&Ranked<'_>>,
+        mut notes: Vec<String>,
+        candidates: Vec<String>,
+    ) -> Decision {
         let reasoning = match primary.tier {
             Tier::SameTeamMatch => format!(
                 "{} has the required expertise, is on the same team (no coordination overhead) and has the lowest workload among the matches ({}/{} tasks).",
@@ -119,7 +158,7 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
             Tier::SameTeamPartial => format!(
                 "No available same-team colleague has all the required expertise; {} has part of it ({}) and can learn with guidance.",
                 primary.agent.name,
-                matching_tags(request, primary.agent).join(", ")
+                matching_tags(self.request, primary.agent).join(", ")
             ),
             _ => format!(
                 "No same-team colleague is available with the required expertise; {} on team {} has it and a free slot ({}/{} tasks).",
@@ -129,51 +168,115 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
                 primary.agent.workload_capacity
             ),
         };
-        if primary.tier == Tier::CrossTeamMatch && !home_team.is_empty() {
+        if primary.tier == Tier::CrossTeamMatch && !self.home_team.is_empty() {
             notes.push(format!(
-                "cross-team delegation from team {home_team} to team {}: expect coordination overhead",
+                "cross-team delegation from team {} to team {}: expect coordination overhead",
+                self.home_team,
                 display_team(&primary.agent.team)
             ));
         }
-        return finish(
+        finish(
             DecisionKind::Delegate,
             primary.tier,
             primary.agent,
-            describe(primary.agent, &matching_tags(request, primary.agent), home_team, tier_phrase(primary.tier)),
-            fallback.map(|f| {
-                (f.agent, describe(f.agent, &matching_tags(request, f.agent), home_team, tier_phrase(f.tier)))
-            }),
+            self.describe(primary.agent, tier_phrase(primary.tier)),
+            fallback.map(|f| (f.agent, self.describe(f.agent, tier_phrase(f.tier)))),
             reasoning,
             0,
             notes,
             candidates,
-        );
+        )
     }
 
-    // Tier 4: the primary expert is busy but not offline; queue when the wait fits.
-    let mut experts: Vec<(&Agent, i64)> = snapshot
-        .agents
-        .iter()
-        .filter(|agent| !is_excluded(request, agent, &chain))
-        .filter(|agent| expertise_match(request, agent) == Match::Full && !agent.has_free_slot())
-        .map(|agent| (&**agent, estimated_wait(agent, snapshot, now, settings)))
-        .collect();
-    experts.sort_by(|(a, wait_a), (b, wait_b)| {
-        (a.team != home_team || home_team.is_empty(), *wait_a, &a.id).cmp(&(
-            b.team != home_team || home_team.is_empty(),
-            *wait_b,
-            &b.id,
-        ))
-    });
-    let mut considered = candidates;
-    considered.extend(experts.iter().map(|(agent, _)| agent.id.clone()));
-    // 5/5 means only urgent tasks: an urgent task takes the primary expert's
-    // one slot over capacity rather than wait (an expert already over, or set
-    // busy by hand, has none to give).
-    if request.urgency.is_urgent()
-        && let Some((expert, _)) = experts.iter().find(|(agent, _)| has_slot_over_capacity(agent))
-    {
-        let fallback = escalation_target(request, snapshot, &by_id, home_team, &chain)
+    /// Tier 4, when no colleague has a free slot: the primary expert, busy
+    /// but not offline, takes an urgent task in its one slot over capacity,
+    /// or the task queues for it when the wait fits; tier 5 otherwise.
+    fn expert_at_capacity(
+        &self,
+        candidates: Vec<String>,
+        looped: bool,
+        notes: Vec<String>,
+        now: i64,
+        settings: Settings,
+    ) -> Decision {
+        let request = self.request;
+        let home_team = self.home_team;
+        let mut experts: Vec<(&Agent, i64)> = self
+            .snapshot
+            .agents
+            .iter()
+            .filter(|agent| !is_excluded(request, agent, &self.chain))
+            .filter(|agent| expertise_match(request, agent) == Match::Full && !agent.has_free_slot())
+            .map(|agent| (&**agent, estimated_wait(agent, self.snapshot, now, settings)))
+            .collect();
+        experts.sort_by(|(a, wait_a), (b, wait_b)| {
+            (a.team != home_team || home_team.is_empty(), *wait_a, &a.id).cmp(&(
+                b.team != home_team || home_team.is_empty(),
+                *wait_b,
+                &b.id,
+            ))
+        });
+        let mut considered = candidates;
+        considered.extend(experts.iter().map(|(agent, _)| agent.id.clone()));
+        // 5/5 means only urgent tasks: an urgent task takes the primary expert's
+        // one slot over capacity rather than wait (an expert already over, or set
+        // busy by hand, has none to give).
+        if request.urgency.is_urgent()
+            && let Some((expert, _)) = experts.iter().find(|(agent, _)| has_slot_over_capacity(agent))
+        {
+            return self.over_capacity(expert, notes, considered);
+        }
+        let Some(&(expert, wait)) = experts.first() else {
+            return self.escalate(self.why_no_expert(looped), considered, notes);
+        };
+        let limit = request.urgency.max_wait_millis();
+        let fits_deadline = request.deadline.is_none_or(|deadline| now.saturating_add(wait) <= deadline);
+        let reason = match limit {
+            Some(limit) if wait <= limit && fits_deadline => {
+                let target = self.escalation_target();
+                let fallback = target.map(|senior| {
+                    (senior, format!("{}, senior to escalate to if the wait runs over", role_label(senior)))
+                });
+                let reasoning = format!(
+                    "Every matching colleague is at capacity; {} is the primary expert and expects to free a slot in about {}, which fits a {} task.",
+                    expert.name,
+                    format_wait(wait),
+                    request.urgency.as_str()
+                );
+                return finish(
+                    DecisionKind::Queue,
+                    Tier::QueueForExpert,
+                    expert,
+                    self.describe(expert, "primary expert, at capacity"),
+                    fallback,
+                    reasoning,
+                    wait,
+                    notes,
+                    considered,
+                );
+            }
+            None => format!("{} is the primary expert but at capacity, and a critical task cannot wait", expert.name),
+            Some(limit) if wait > limit => format!(
+                "{} is the primary expert but the estimated wait of {} exceeds the {} a {} task may wait",
+                expert.name,
+                format_wait(wait),
+                format_wait(limit),
+                request.urgency.as_str()
+            ),
+            Some(_) => format!(
+                "{} is the primary expert but the estimated wait of {} runs past the deadline",
+                expert.name,
+                format_wait(wait)
+            ),
+        };
+        self.escalate(reason, considered, notes)
+    }
+
+    /// An urgent task in the primary expert's one slot over capacity.
+    fn over_capacity(&self, expert: &Agent, mut notes: Vec<String>, considered: Vec<String>) -> Decision {
+        let request = self.request;
+        let fallback = self
+            .escalation_target()
             .filter(|senior| senior.id != expert.id)
             .map(|senior| (senior, format!("{}, senior to escalate to", role_label(senior))));
         let reasoning = format!(
@@ -184,12 +287,11 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
             request.urgency.as_str()
         );
         notes.push(over_capacity_note(expert, request.urgency));
-        let matched = matching_tags(request, expert);
         let mut decision = finish(
             DecisionKind::Delegate,
             Tier::QueueForExpert,
             expert,
-            describe(expert, &matched, home_team, "primary expert, at capacity"),
+            self.describe(expert, "primary expert, at capacity"),
             fallback,
             reasoning,
             0,
@@ -197,59 +299,25 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
             considered,
         );
         decision.over_capacity = true;
-        return decision;
+        decision
     }
-    let reason = if let Some((expert, wait)) = experts.first() {
-        let limit = request.urgency.max_wait_millis();
-        let fits_deadline = request.deadline.is_none_or(|deadline| now.saturating_add(*wait) <= deadline);
-        match limit {
-            Some(limit) if *wait <= limit && fits_deadline => {
-                let target = escalation_target(request, snapshot, &by_id, home_team, &chain);
-                let fallback = target.map(|senior| {
-                    (senior, format!("{}, senior to escalate to if the wait runs over", role_label(senior)))
-                });
-                let reasoning = format!(
-                    "Every matching colleague is at capacity; {} is the primary expert and expects to free a slot in about {}, which fits a {} task.",
-                    expert.name,
-                    format_wait(*wait),
-                    request.urgency.as_str()
-                );
-                let matched = matching_tags(request, expert);
-                return finish(
-                    DecisionKind::Queue,
-                    Tier::QueueForExpert,
-                    expert,
-                    describe(expert, &matched, home_team, "primary expert, at capacity"),
-                    fallback,
-                    reasoning,
-                    *wait,
-                    notes,
-                    considered,
-                );
-            }
-            None => format!("{} is the primary expert but at capacity, and a critical task cannot wait", expert.name),
-            Some(limit) if *wait > limit => format!(
-                "{} is the primary expert but the estimated wait of {} exceeds the {} a {} task may wait",
-                expert.name,
-                format_wait(*wait),
-                format_wait(limit),
-                request.urgency.as_str()
-            ),
-            Some(_) => format!(
-                "{} is the primary expert but the estimated wait of {} runs past the deadline",
-                expert.name,
-                format_wait(*wait)
-            ),
+
+    /// Why no expert can take the task, when none is merely at capacity:
+    /// offline, all in the delegation chain, or none with the expertise.
+    fn why_no_expert(&self, looped: bool) -> String {
+        let request = self.request;
+        let agents = &self.snapshot.agents;
+        if !agents.iter().any(|agent| {
+            agent.id != request.requester_id
+                && expertise_match(request, agent) != Match::None
+                && role_matches(request, agent)
+        }) {
+            return "no colleague has the required expertise; escalating to the manager for guidance".to_owned();
         }
-    } else if snapshot.agents.iter().any(|agent| {
-        agent.id != request.requester_id
-            && expertise_match(request, agent) != Match::None
-            && role_matches(request, agent)
-    }) {
-        if loop_note.is_some()
-            && !snapshot.agents.iter().any(|agent| {
+        if looped
+            && !agents.iter().any(|agent| {
                 agent.id != request.requester_id
-                    && !chain.contains(agent.id.as_str())
+                    && !self.chain.contains(agent.id.as_str())
                     && expertise_match(request, agent) != Match::None
                     && role_matches(request, agent)
                     && agent.status() != Status::Offline
@@ -259,146 +327,119 @@ pub fn decide(request: &DelegationRequest, snapshot: &Snapshot, now: i64, settin
         } else {
             "every colleague with the required expertise is offline".to_owned()
         }
-    } else {
-        "no colleague has the required expertise; escalating to the manager for guidance".to_owned()
-    };
-    escalate(request, snapshot, &by_id, home_team, &chain, reason, considered, notes)
-}
+    }
 
-/// A task a process assigned to one agent: that agent, its queue, or escalation.
-fn decide_assigned(
-    request: &DelegationRequest,
-    snapshot: &Snapshot,
-    by_id: &HashMap<&str, &Agent>,
-    home_team: &str,
-    chain: &HashSet<&str>,
-    now: i64,
-    settings: Settings,
-) -> Decision {
-    let assigned = request.assigned_agent_id.as_str();
-    let Some(agent) = by_id.get(assigned).copied() else {
-        let reason = format!("{assigned:?}, assigned the task, is not in the roster; escalating to the manager");
-        return escalate(request, snapshot, by_id, home_team, chain, reason, Vec::new(), Vec::new());
-    };
-    if agent.status() == Status::Offline {
-        let reason = format!("{}, assigned the task, is offline; escalating to the manager", agent.name);
-        return escalate(request, snapshot, by_id, home_team, chain, reason, vec![agent.id.clone()], Vec::new());
-    }
-    let matched = matching_tags(request, agent);
-    if agent.has_free_slot() {
+    /// A task a process assigned to one agent: that agent, its queue, or escalation.
+    fn assigned(&self, now: i64, settings: Settings) -> Decision {
+        let request = self.request;
+        let assigned = request.assigned_agent_id.as_str();
+        let Some(agent) = self.by_id.get(assigned).copied() else {
+            let reason = format!("{assigned:?}, assigned the task, is not in the roster; escalating to the manager");
+            return self.escalate(reason, Vec::new(), Vec::new());
+        };
+        if agent.status() == Status::Offline {
+            let reason = format!("{}, assigned the task, is offline; escalating to the manager", agent.name);
+            return self.escalate(reason, vec![agent.id.clone()], Vec::new());
+        }
+        if agent.has_free_slot() {
+            let reasoning = format!(
+                "{} is assigned the task and has a free slot ({}/{} tasks).",
+                agent.name, agent.current_workload, agent.workload_capacity
+            );
+            return finish(
+                DecisionKind::Delegate,
+                Tier::Named,
+                agent,
+                self.describe(agent, "assigned the task"),
+                None,
+                reasoning,
+                0,
+                Vec::new(),
+                vec![agent.id.clone()],
+            );
+        }
+        if request.urgency.is_urgent() && !request.only_if_free && has_slot_over_capacity(agent) {
+            let reasoning = format!(
+                "{} is assigned the task and at capacity ({}/{} tasks); the task is {}, so it takes the agent's one slot over capacity rather than wait.",
+                agent.name,
+                agent.current_workload,
+                agent.workload_capacity,
+                request.urgency.as_str()
+            );
+            let mut decision = finish(
+                DecisionKind::Delegate,
+                Tier::Named,
+                agent,
+                self.describe(agent, "assigned the task, at capacity"),
+                None,
+                reasoning,
+                0,
+                vec![over_capacity_note(agent, request.urgency)],
+                vec![agent.id.clone()],
+            );
+            decision.over_capacity = true;
+            return decision;
+        }
+        let wait = estimated_wait(agent, self.snapshot, now, settings);
+        let fallback = self
+            .escalation_target()
+            .map(|senior| (senior, format!("{}, senior to escalate to if the wait runs over", role_label(senior))));
         let reasoning = format!(
-            "{} is assigned the task and has a free slot ({}/{} tasks).",
-            agent.name, agent.current_workload, agent.workload_capacity
-        );
-        let reason = describe(agent, &matched, home_team, "assigned the task");
-        return finish(
-            DecisionKind::Delegate,
-            Tier::Named,
-            agent,
-            reason,
-            None,
-            reasoning,
-            0,
-            Vec::new(),
-            vec![agent.id.clone()],
-        );
-    }
-    if request.urgency.is_urgent() && !request.only_if_free && has_slot_over_capacity(agent) {
-        let reasoning = format!(
-            "{} is assigned the task and at capacity ({}/{} tasks); the task is {}, so it takes the agent's one slot over capacity rather than wait.",
+            "{} is assigned the task and has no free slot ({}/{} tasks, {}); the task waits for its next free slot, in about {}.",
             agent.name,
             agent.current_workload,
             agent.workload_capacity,
-            request.urgency.as_str()
+            agent.status().as_str(),
+            format_wait(wait)
         );
-        let reason = describe(agent, &matched, home_team, "assigned the task, at capacity");
-        let mut decision = finish(
-            DecisionKind::Delegate,
+        finish(
+            DecisionKind::Queue,
             Tier::Named,
             agent,
-            reason,
-            None,
+            self.describe(agent, "assigned the task, at capacity"),
+            fallback,
             reasoning,
-            0,
-            vec![over_capacity_note(agent, request.urgency)],
+            wait,
+            Vec::new(),
             vec![agent.id.clone()],
-        );
-        decision.over_capacity = true;
-        return decision;
+        )
     }
-    let wait = estimated_wait(agent, snapshot, now, settings);
-    let fallback = escalation_target(request, snapshot, by_id, home_team, chain)
-        .map(|senior| (senior, format!("{}, senior to escalate to if the wait runs over", role_label(senior))));
-    let reasoning = format!(
-        "{} is assigned the task and has no free slot ({}/{} tasks, {}); the task waits for its next free slot, in about {}.",
-        agent.name,
-        agent.current_workload,
-        agent.workload_capacity,
-        agent.status().as_str(),
-        format_wait(wait)
-    );
-    let reason = describe(agent, &matched, home_team, "assigned the task, at capacity");
-    finish(
-        DecisionKind::Queue,
-        Tier::Named,
-        agent,
-        reason,
-        fallback,
-        reasoning,
-        wait,
-        Vec::new(),
-        vec![agent.id.clone()],
-    )
-}
 
-#[allow(clippy::too_many_arguments)]
-fn escalate(
-    request: &DelegationRequest,
-    snapshot: &Snapshot,
-    by_id: &HashMap<&str, &Agent>,
-    home_team: &str,
-    chain: &HashSet<&str>,
-    reason: String,
-    candidates: Vec<String>,
-    notes: Vec<String>,
-) -> Decision {
-    let target = escalation_target(request, snapshot, by_id, home_team, chain);
-    let reasoning = format!("{}.", capitalize(&reason));
-    let mut candidates = candidates;
-    candidates.truncate(MAX_CANDIDATES);
-    escalation(target, reasoning, notes, candidates)
-}
-
-/// The senior to escalate to: the requester's senior, or further up when that
-/// one is offline or in the chain; without a requester, the team's lead.
-fn escalation_target<'a>(
-    request: &DelegationRequest,
-    snapshot: &'a Snapshot,
-    by_id: &HashMap<&str, &'a Agent>,
-    home_team: &str,
-    chain: &HashSet<&str>,
-) -> Option<&'a Agent> {
-    let usable = |agent: &&Agent| {
-        agent.id != request.requester_id && !chain.contains(agent.id.as_str()) && agent.status() != Status::Offline
-    };
-    let mut seen = HashSet::new();
-    let mut current = by_id.get(request.requester_id.as_str()).copied();
-    while let Some(agent) = current {
-        if !seen.insert(agent.id.as_str()) {
-            break;
-        }
-        let senior = by_id.get(agent.senior_id.as_str()).copied();
-        if let Some(senior) = senior.filter(usable) {
-            return Some(senior);
-        }
-        current = senior;
+    /// Tier 5: escalate to the senior, saying why.
+    fn escalate(&self, reason: String, mut candidates: Vec<String>, notes: Vec<String>) -> Decision {
+        let reasoning = format!("{}.", capitalize(&reason));
+        candidates.truncate(MAX_CANDIDATES);
+        escalation(self.escalation_target(), reasoning, notes, candidates)
     }
-    snapshot
-        .teams
-        .iter()
-        .find(|team| team.name == home_team)
-        .and_then(|team| by_id.get(team.lead_agent_id.as_str()).copied())
-        .filter(usable)
+
+    /// The senior to escalate to: the requester's senior, or further up when that
+    /// one is offline or in the chain; without a requester, the team's lead.
+    fn escalation_target(&self) -> Option<&'a Agent> {
+        let request = self.request;
+        let usable = |agent: &&Agent| {
+            agent.id != request.requester_id
+                && !self.chain.contains(agent.id.as_str())
+                && agent.status() != Status::Offline
+        };
+        let mut seen = HashSet::new();
+        let mut current = self.by_id.get(request.requester_id.as_str()).copied();
+        while let Some(agent) = current {
+            if !seen.insert(agent.id.as_str()) {
+                break;
+            }
+            let senior = self.by_id.get(agent.senior_id.as_str()).copied();
+            if let Some(senior) = senior.filter(usable) {
+                return Some(senior);
+            }
+            current = senior;
+        }
+        self.snapshot
+            .teams
+            .iter()
+            .find(|team| team.name == self.home_team)
+            .and_then(|team| self.by_id.get(team.lead_agent_id.as_str()).copied())
+            .filter(usable)
+    }
 }
 
 fn rank<'a>(
