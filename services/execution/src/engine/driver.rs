@@ -4,14 +4,14 @@
 //! to workers ([`placement`], with what they carry: [`assignment`]) or
 //! invokes their tools ([`tool_step`]), follows what running attempts
 //! report ([`progress`]) and what the run spends ([`spending`]), records
-//! the outcomes and fails the dependants of failed steps ([`outcomes`]), and
-//! ends the execution.
+//! the outcomes and fails the dependants of failed steps ([`outcomes`]),
+//! applies due timers ([`timers`]), and ends the execution.
 //!
 //! Everything happens in turns. A turn takes every input waiting (worker
 //! reports, the roster's answers, callers' requests, due timers), applies
 //! them to the state in memory, and writes every change with its events in
-//! one commit; only then does it act on them — send assignments, answer
-//! callers, tell watchers. So a worker never gets a step whose start is not
+//! one commit ([`commit`]); only then does it act on them — send
+//! assignments, answer callers, tell watchers. So a worker never gets a step whose start is not
 //! recorded, and nothing a caller was told is lost if the service dies.
 //!
 //! Costs stay flat as an execution grows: a step that ends looks only at its
@@ -28,19 +28,20 @@ use std::{
 use muster_format::{StepDefinition, StepRoles};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument as _;
 
 mod assignment;
+mod commit;
 mod outcomes;
 mod placement;
 mod progress;
 mod spending;
+mod timers;
 mod tool_step;
 
 use super::{Control, Engine, Input, Route, ahead::Ahead, inbox::Cause, schema, workers::Slot};
 use crate::{
     Result,
-    clients::roster::{DelegationAsk, RETRY_PAUSE, patiently},
+    clients::roster::DelegationAsk,
     domain::{
         ExecutionStatus, StepStatus,
         authority::{RoleAssignment, SubtaskRequest},
@@ -48,12 +49,11 @@ use crate::{
         inbox::InboxMessage,
         memory::MemoryEntry,
         model::{
-            AgentContext, Assignment, Event, EventKind, Execution, HistoryEntry, MemoryOutput, Outcome, ProcessVersion,
+            AgentContext, Assignment, Event, EventKind, Execution, HistoryEntry, MemoryOutput, ProcessVersion,
             SharedMemory, Step,
         },
         payload,
     },
-    store::{StepWrite, Write},
 };
 
 /// How long the slots of ended steps are offered back to a roster that is
@@ -367,15 +367,6 @@ impl Driver {
         Ok(None)
     }
 
-    /// Writes what an accepted request changed before it is answered; a
-    /// refused request changed nothing.
-    async fn written(&mut self, outcome: Result<()>) -> Result<Result<()>> {
-        if outcome.is_ok() {
-            self.flush().await?;
-        }
-        Ok(outcome)
-    }
-
     pub(super) fn is_current(&self, position: usize, attempt: u32) -> bool {
         self.active[position] && self.steps[position].attempt == attempt
     }
@@ -394,66 +385,9 @@ impl Driver {
         Route { driver: self.route.clone(), position, attempt: self.steps[position].attempt }
     }
 
-    /// Sets a step's status, keeping count of ended steps and staging it.
-    pub(super) fn set_status(&mut self, position: usize, status: StepStatus) {
-        let was_final = self.steps[position].status.is_final();
-        let was_completed = self.steps[position].status == StepStatus::Completed;
-        self.steps[position].status = status;
-        match status {
-            StepStatus::Ready => {
-                self.ready_since[position].get_or_insert_with(std::time::Instant::now);
-            }
-            // Sent after the commit that records the start.
-            StepStatus::Running => {}
-            // Waiting for the agent or a worker to have room, or no longer on its way.
-            _ => self.ready_since[position] = None,
-        }
-        match (was_final, status.is_final()) {
-            (false, true) => self.ended += 1,
-            (true, false) => self.ended -= 1,
-            _ => {}
-        }
-        if was_final || status.is_final() {
-            self.upstream = None;
-        }
-        match (was_completed, status == StepStatus::Completed) {
-            (false, true) => self.completed += 1,
-            (true, false) => self.completed -= 1,
-            _ => {}
-        }
-        self.stage(position);
-    }
-
-    pub(super) fn stage(&mut self, position: usize) {
-        if !self.staged_mark[position] {
-            self.staged_mark[position] = true;
-            self.staged.steps.push(position);
-        }
-    }
-
-    pub(super) fn stage_execution(&mut self) {
-        self.staged.execution_changed = true;
-    }
-
-    pub(super) fn stage_assignment(&mut self, assignment: RoleAssignment) {
-        self.staged.assignments.push(assignment);
-    }
-
-    pub(super) fn stage_subtask(&mut self, subtask: SubtaskRequest) {
-        self.staged.subtasks.push(subtask);
-    }
-
-    pub(super) fn record(&mut self, event: Event) {
-        self.staged.events.push(event);
-    }
-
     /// A step that goes back to be started, before the others waiting.
     pub(super) fn reopened_ready(&mut self, position: usize) {
         self.ready.push_front(position);
-    }
-
-    pub(super) fn release_later(&mut self, task_id: String) {
-        self.after_commit.push(Effect::Release(task_id));
     }
 
     /// Ready steps whose dependencies are done, failed steps' dependants
@@ -548,112 +482,6 @@ impl Driver {
         format!("{}/{}", self.execution.id, self.definition(position).id)
     }
 
-    /// Due timers take effect.
-    fn fire_timers(&mut self) {
-        let now = muster_runtime::time::now_millis();
-        while let Some(Reverse((due, timer, position, attempt))) = self.timers.peek().copied() {
-            if due > now {
-                return;
-            }
-            self.timers.pop();
-            if self.steps[position].attempt != attempt {
-                continue;
-            }
-            match timer {
-                Timer::Timeout if self.active[position] && self.steps[position].status == StepStatus::Running => {
-                    self.engine.workers.withdraw(&self.assignment_id(position), "timed out");
-                    let seconds = self.definition(position).timeout_seconds.unwrap_or_default();
-                    self.settle(
-                        position,
-                        Outcome::Failed {
-                            error_code: "TIMEOUT".to_owned(),
-                            message: format!("no result within {seconds} s"),
-                            retryable: true,
-                        },
-                    );
-                }
-                Timer::ScheduleToStart
-                    if self.active[position] && self.steps[position].status == StepStatus::WaitingForWorker =>
-                {
-                    self.no_worker_in_time(position);
-                }
-                Timer::ToolProvider
-                    if self.active[position] && self.steps[position].status == StepStatus::WaitingForWorker =>
-                {
-                    self.look_for_provider(position);
-                }
-                Timer::Retry if !self.active[position] && self.steps[position].status == StepStatus::Ready => {
-                    self.steps[position].retry_at = None;
-                    self.stage(position);
-                    self.ready.push_back(position);
-                }
-                _ => {}
-            }
-        }
-    }
-
-    /// No worker took the step in time: a step the roster chose an agent for
-    /// goes back to the roster without that agent; one whose executor is
-    /// named fails.
-    fn no_worker_in_time(&mut self, position: usize) {
-        let agent_id = self.steps[position].executor.clone();
-        self.engine.workers.stop_waiting(&agent_id, &self.route(position));
-        self.end_attempt(position);
-        let limit = self
-            .definition(position)
-            .schedule_to_start_seconds
-            .map(Duration::from_secs)
-            .or(self.engine.settings.schedule_to_start)
-            .unwrap_or_default();
-        if self.is_tool_step(position) {
-            let tool = self.definition(position).tool.clone().unwrap_or_default();
-            let why = format!("no connected worker provided tool '{tool}' within {}", seconds_or_milliseconds(limit));
-            return self.fail(position, "NO_WORKER", why);
-        }
-        let why = format!("no worker serving '{agent_id}' took the step within {}", seconds_or_milliseconds(limit));
-        let chosen_by_roster =
-            self.steps[position].assigned_to.is_none() && self.definition(position).executor().is_none();
-        if chosen_by_roster {
-            self.steps[position].delegation_chain.push(agent_id);
-            let mut event = self.step_event(EventKind::StepDelegated, position);
-            event.detail = format!("{why}; the roster is asked again, without that agent");
-            self.record(event);
-            self.set_status(position, StepStatus::Ready);
-            self.ready.push_front(position);
-        } else {
-            self.fail(position, "NO_WORKER", why);
-        }
-    }
-
-    /// An event about a step, numbered next.
-    pub(super) fn step_event(&mut self, kind: EventKind, position: usize) -> Event {
-        let now = muster_runtime::time::now_millis();
-        let trace_parent = match &self.spans[position] {
-            Some(span) => muster_runtime::telemetry::traceparent(span),
-            None => muster_runtime::telemetry::traceparent(&tracing::Span::current()),
-        };
-        let mut event = Event::new(&mut self.execution, kind, now, trace_parent);
-        let definition = &self.process.definition.steps[position];
-        let step = &self.steps[position];
-        event.step_id = definition.id.clone();
-        event.step_name = definition.name.clone();
-        event.roles = Some(step_roles(definition));
-        event.agent_id = step.executor.clone();
-        event.retry_count = step.attempt.saturating_sub(1);
-        if kind == EventKind::StepCompleted {
-            event.output_json = step.output_json.clone();
-        }
-        event.cost = step.cost;
-        event.tokens_used = step.tokens_used;
-        event
-    }
-
-    /// An event about the execution as a whole, numbered next.
-    pub(super) fn execution_event(&mut self, kind: EventKind) -> Event {
-        let trace_parent = muster_runtime::telemetry::traceparent(&tracing::Span::current());
-        Event::new(&mut self.execution, kind, muster_runtime::time::now_millis(), trace_parent)
-    }
-
     /// Ends the execution: cancelled when `cancel_reason` is given, else
     /// completed when every step completed and failed otherwise.
     async fn finish(mut self, cancel_reason: Option<String>) -> Result<()> {
@@ -729,109 +557,6 @@ impl Driver {
             _ => {}
         }
         self.end_attempt(position);
-    }
-
-    /// Writes what is staged in one commit with its events, then acts on it:
-    /// assignments go out, watchers hear the events, slots are released.
-    pub(super) async fn flush(&mut self) -> Result<()> {
-        let staged = std::mem::take(&mut self.staged);
-        if staged.steps.is_empty()
-            && !staged.execution_changed
-            && staged.assignments.is_empty()
-            && staged.subtasks.is_empty()
-            && staged.events.is_empty()
-            && staged.messages.is_empty()
-            && staged.memories.is_empty()
-        {
-            self.run_effects();
-            return Ok(());
-        }
-        let mut writes = Vec::with_capacity(4);
-        if staged.execution_changed {
-            writes.push(Write::UpdateExecution(self.execution.clone()));
-        }
-        if !staged.steps.is_empty() {
-            let steps = staged
-                .steps
-                .iter()
-                .map(|&position| {
-                    self.staged_mark[position] = false;
-                    StepWrite {
-                        execution_id: self.execution.id.clone(),
-                        position: position as u32,
-                        step_id: self.definition(position).id.clone(),
-                        step: self.steps[position].clone(),
-                    }
-                })
-                .collect();
-            writes.push(Write::Steps(steps));
-        }
-        for assignment in staged.assignments {
-            writes.push(Write::Assignment { execution_id: self.execution.id.clone(), assignment });
-        }
-        for subtask in staged.subtasks {
-            writes.push(Write::Subtask { execution_id: self.execution.id.clone(), subtask });
-        }
-        if !staged.events.is_empty() {
-            writes.push(Write::Events(staged.events.clone()));
-        }
-        if !staged.messages.is_empty() {
-            writes.push(Write::PostMessages(staged.messages));
-        }
-        if !staged.memories.is_empty() {
-            writes.push(Write::Remember(staged.memories));
-        }
-        self.engine.store.commit(writes).await?;
-        self.engine.announce(staged.events);
-        self.run_effects();
-        Ok(())
-    }
-
-    fn run_effects(&mut self) {
-        let mut releases = Vec::new();
-        for effect in self.after_commit.drain(..) {
-            match effect {
-                Effect::Send { slot, assignment, route } => {
-                    let ready_since = self.ready_since[route.position].take();
-                    slot.send(assignment, route);
-                    if let Some(since) = ready_since {
-                        muster_runtime::metrics::observe(
-                            "muster_execution_step_dispatch_seconds",
-                            "From a step becoming ready to its assignment being sent to a worker, for the steps whose agent and a worker had room for them at once",
-                            &[],
-                            since.elapsed().as_secs_f64(),
-                        );
-                    }
-                }
-                Effect::CallTool { call, limit, route } => {
-                    let span = self.spans[route.position].clone().unwrap_or_else(tracing::Span::none);
-                    let call = tool_step::run_call(self.engine.workers.clone(), call, limit, route);
-                    self.engine.spawn(call.instrument(span));
-                }
-                Effect::Release(task_id) => releases.push(task_id),
-                Effect::Posted(inbox) => self.engine.spawn_trigger(inbox, Cause::Posted),
-            }
-        }
-        // The slots the turn's ended steps held go back in one call, asked
-        // again while the roster is unavailable (a roster restarting would
-        // otherwise keep them taken).
-        if !releases.is_empty() {
-            let roster = self.engine.roster.clone();
-            self.engine.spawn(async move {
-                let release = || match releases.as_slice() {
-                    [task_id] => roster.release(task_id.clone()),
-                    _ => roster.release_batch(releases.clone()),
-                };
-                let released =
-                    tokio::time::timeout(RELEASE_PATIENCE, patiently(RETRY_PAUSE, "a release", release)).await;
-                let failure = match released {
-                    Ok(Ok(())) => return,
-                    Ok(Err(failure)) => failure.message().to_owned(),
-                    Err(_) => format!("the roster was unavailable for {RELEASE_PATIENCE:?}"),
-                };
-                tracing::warn!(tasks = ?releases, error = %failure, "could not release the slots");
-            });
-        }
     }
 }
 
