@@ -16,6 +16,9 @@
 //! relay ([`Workers::acquire_local`], [`Workers::call_local_tool`]) goes
 //! only to the workers connected here, so it never travels on.
 
+mod liveness;
+mod tools;
+
 use std::{
     collections::{HashMap, VecDeque},
     sync::{Arc, Mutex, MutexGuard, PoisonError, Weak},
@@ -532,91 +535,9 @@ impl Workers {
         }
     }
 
-    /// Ends the connections opened with a token that is now `revoked`, and
-    /// takes from every other worker the agents whose token is revoked: their
-    /// assignments on that worker are withdrawn and go back to be assigned.
-    pub(crate) fn drop_revoked(self: &Arc<Self>, revoked: impl Fn(&TokenHash) -> bool) {
-        let closed: Vec<(u64, WorkerSender)> = self
-            .lock()
-            .workers
-            .iter()
-            .filter(|(_, worker)| worker.connection.opened_with.as_ref().is_some_and(&revoked))
-            .map(|(worker_id, worker)| (*worker_id, worker.connection.sender.clone()))
-            .collect();
-        for (worker_id, sender) in closed {
-            tracing::info!(worker_id, "the token the worker connected with was revoked; disconnecting it");
-            let _ = sender.send(ToWorker::Close(Closing::Revoked));
-            self.unregister(worker_id);
-        }
-        let mut state = self.lock();
-        let mut dropped: Vec<(u64, String)> = Vec::new();
-        for (worker_id, worker) in &mut state.workers {
-            worker.connection.agents.retain(|agent| {
-                let keep = !revoked(&agent.token);
-                if !keep {
-                    dropped.push((*worker_id, agent.agent_id.clone()));
-                }
-                keep
-            });
-        }
-        if dropped.is_empty() {
-            return;
-        }
-        let lost: Vec<String> = state
-            .pending
-            .iter()
-            .filter(|(_, pending)| {
-                dropped
-                    .iter()
-                    .any(|(worker_id, agent_id)| *worker_id == pending.worker_id && *agent_id == pending.agent_id)
-            })
-            .map(|(assignment_id, _)| assignment_id.clone())
-            .collect();
-        let routes = Self::take_back(&mut state, &lost, |pending| {
-            format!("the token of agent '{}' was revoked", pending.agent_id)
-        });
-        drop(state);
-        for route in routes {
-            route.report(Outcome::WorkerLost);
-        }
-        self.changed();
-        for (worker_id, agent_id) in &dropped {
-            tracing::info!(worker_id, agent_id = %agent_id, "token revoked; the worker no longer serves the agent");
-        }
-    }
-
     /// Whether a connected worker serves `agent_id`.
     pub(crate) fn serves(&self, agent_id: &str) -> bool {
         self.lock().workers.values().any(|worker| worker.serves(agent_id))
-    }
-
-    /// Notes a sign of life from a worker.
-    pub(crate) fn touch(&self, worker_id: u64) {
-        if let Some(worker) = self.lock().workers.get_mut(&worker_id) {
-            worker.last_seen = Instant::now();
-        }
-    }
-
-    /// Disconnects the workers silent for longer than `lease`: their streams
-    /// end with DEADLINE_EXCEEDED and their assignments go back to be
-    /// assigned again.
-    pub(crate) fn expire_silent(&self, lease: Duration) {
-        let silent: Vec<(u64, WorkerSender)> = self
-            .lock()
-            .workers
-            .iter()
-            .filter(|(_, worker)| worker.last_seen.elapsed() > lease)
-            .map(|(worker_id, worker)| (*worker_id, worker.connection.sender.clone()))
-            .collect();
-        for (worker_id, sender) in silent {
-            tracing::warn!(
-                worker_id,
-                lease_ms = lease.as_millis() as u64,
-                "worker silent past its lease; disconnecting it"
-            );
-            let _ = sender.send(ToWorker::Close(Closing::LeaseExpired(lease)));
-            self.unregister(worker_id);
-        }
     }
 
     /// The connected workers, by id.
@@ -639,73 +560,6 @@ impl Workers {
             .collect();
         views.sort_by_key(|view| view.worker_id);
         views
-    }
-
-    /// The tools connected workers provide, one entry per name, ordered by name.
-    pub(crate) fn tools(&self) -> Vec<Tool> {
-        let state = self.lock();
-        let mut tools: HashMap<&str, &Tool> = HashMap::new();
-        for worker in state.workers.values() {
-            for tool in &worker.connection.tools {
-                tools.entry(tool.name.as_str()).or_insert(tool);
-            }
-        }
-        let mut tools: Vec<Tool> = tools.into_values().cloned().collect();
-        tools.sort_by(|left, right| left.name.cmp(&right.name));
-        tools
-    }
-
-    /// The tool a connected worker provides under `name`, if any.
-    pub(crate) fn tool(&self, name: &str) -> Option<Tool> {
-        let state = self.lock();
-        state.workers.values().flat_map(|worker| &worker.connection.tools).find(|tool| tool.name == name).cloned()
-    }
-
-    /// Sends a tool call to a worker providing the tool (the least busy, one
-    /// connected here first); `None` when no connected worker provides it.
-    pub(crate) fn call_tool(&self, call: ToolCall) -> Option<oneshot::Receiver<ToolOutput>> {
-        self.call_tool_on(call, false)
-    }
-
-    /// Like [`Workers::call_tool`], for a call another replica relayed: only
-    /// a worker connected here takes it.
-    pub(crate) fn call_local_tool(&self, call: ToolCall) -> Option<oneshot::Receiver<ToolOutput>> {
-        self.call_tool_on(call, true)
-    }
-
-    fn call_tool_on(&self, call: ToolCall, local_only: bool) -> Option<oneshot::Receiver<ToolOutput>> {
-        let mut state = self.lock();
-        let (worker_id, sender) = state
-            .workers
-            .iter()
-            .filter(|(_, worker)| {
-                !(local_only && worker.is_relay()) && worker.connection.tools.iter().any(|tool| tool.name == call.tool)
-            })
-            .min_by_key(|(worker_id, worker)| (worker.is_relay(), worker.in_flight, **worker_id))
-            .map(|(worker_id, worker)| (*worker_id, worker.connection.sender.clone()))?;
-        let (reply, receiver) = oneshot::channel();
-        let call_id = call.call_id.clone();
-        state.tool_calls.insert(call_id.clone(), (worker_id, reply));
-        if sender.send(ToWorker::ToolCall(call)).is_err() {
-            state.tool_calls.remove(&call_id);
-            return None;
-        }
-        Some(receiver)
-    }
-
-    /// Records a worker's answer to one of its tool calls; others are ignored.
-    pub(crate) fn complete_tool_call(&self, worker_id: u64, call_id: &str, output: ToolOutput) {
-        let mut state = self.lock();
-        if state.tool_calls.get(call_id).is_some_and(|(owner, _)| *owner == worker_id)
-            && let Some((_, reply)) = state.tool_calls.remove(call_id)
-        {
-            let _ = reply.send(output);
-        }
-    }
-
-    /// Forgets a call that timed out.
-    pub(crate) fn abandon_tool_call(&self, call_id: &str) {
-        self.lock().tool_calls.remove(call_id);
     }
 
     /// Connected workers.
