@@ -104,11 +104,7 @@ pub(super) fn refused_agent(
 }
 
 /// The message reporting a finished assignment.
-fn report(
-    assignment_id: String,
-    outcome: StepOutcome,
-    elapsed: Duration,
-) -> connect_worker_request::Message {
+fn report(assignment_id: String, outcome: StepOutcome, elapsed: Duration) -> connect_worker_request::Message {
     match outcome {
         StepOutcome::Completed { output_json, tokens_used, cost, iterations, remember, skip_triggers } => {
             match muster_client::json::value_from_text(&output_json) {

@@ -13,8 +13,8 @@ use muster_runtime::{
 use crate::domain::{
     ExecutionStatus, StepStatus,
     model::{
-        Assignment, Decision, DecisionKind, Event, EventKind, Finding, HistoryEntry, RoleDefinition, SharedMemory,
-        Tool, ToolCall, ToolOutput,
+        Assignment, Decision, DecisionKind, Event, EventKind, Finding, HistoryEntry, SharedMemory, Tool, ToolCall,
+        ToolOutput,
     },
     payload::{PayloadKind, PayloadRef},
     progress::{ModelCall, Progress},
@@ -199,51 +199,6 @@ pub(crate) fn decision_to_wire(decision: &Decision) -> roster::DelegationDecisio
     }
 }
 
-pub(crate) fn role_definition_from_wire(role: roster::RoleDefinition) -> RoleDefinition {
-    RoleDefinition {
-        name: role.name,
-        description: role.description,
-        goals: role.goals,
-        responsibilities: role.responsibilities,
-        tools: role.tools,
-        permitted_actions: role.permitted_actions,
-        input_schema_json: stored_text(role.input_schema.as_ref()),
-        output_schema_json: stored_text(role.output_schema.as_ref()),
-        mission: role.mission,
-        context_files: role.context_files,
-        read_paths: role.read_paths,
-        write_paths: role.write_paths,
-        schedule: role.schedule,
-        inbox: role.inbox,
-        user_preferences: role.user_preferences,
-        post_to_inbox: role.post_to_inbox,
-    }
-}
-
-fn role_definition_to_wire(role: &RoleDefinition) -> roster::RoleDefinition {
-    roster::RoleDefinition {
-        name: role.name.clone(),
-        description: role.description.clone(),
-        goals: role.goals.clone(),
-        responsibilities: role.responsibilities.clone(),
-        tools: role.tools.clone(),
-        permitted_actions: role.permitted_actions.clone(),
-        input_schema: stored_struct(&role.input_schema_json),
-        output_schema: stored_struct(&role.output_schema_json),
-        mission: role.mission.clone(),
-        context_files: role.context_files.clone(),
-        read_paths: role.read_paths.clone(),
-        write_paths: role.write_paths.clone(),
-        schedule: role.schedule.clone(),
-        inbox: role.inbox.clone(),
-        user_preferences: role.user_preferences.clone(),
-        post_to_inbox: role.post_to_inbox.clone(),
-        // The role's budget and throttle concern its runs' admission, not the worker.
-        budget: None,
-        throttle: None,
-    }
-}
-
 fn history_to_wire(entry: &HistoryEntry) -> wire::HistoryEntry {
     wire::HistoryEntry {
         step_id: entry.step_id.clone(),
@@ -290,7 +245,12 @@ pub(crate) fn assignment_to_wire(assignment: &Assignment) -> wire::Assignment {
         shared_memory: None,
         shared_memory_left_out: assignment.shared_memory_left_out,
         history: assignment.history.iter().map(history_to_wire).collect(),
-        role_definition: context.role_definition.as_ref().map(role_definition_to_wire),
+        role_definition: context.role_definition.as_ref().map(|role| roster::RoleDefinition {
+            // The role's budget and throttle concern its runs' admission, not the worker.
+            budget: None,
+            throttle: None,
+            ..muster_runtime::roles::role_to_wire(role)
+        }),
         system_prompt: context.system_prompt.to_string(),
         roles: Some(roles_to_wire(&assignment.roles)),
         delegation_chain: assignment.delegation_chain.clone(),
@@ -412,17 +372,17 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::domain::model::AgentContext;
+    use crate::domain::model::{AgentContext, RoleDefinition};
 
     #[test]
     fn an_assignment_carries_the_paths_its_role_narrows_the_workspace_to() {
-        let role = role_definition_from_wire(roster::RoleDefinition {
+        let role = RoleDefinition {
             name: "writer".into(),
             tools: vec!["read_file".into(), "write_file".into()],
             read_paths: vec!["notes/".into(), "brief.md".into()],
             write_paths: vec!["out/".into()],
-            ..Default::default()
-        });
+            ..RoleDefinition::default()
+        };
         let context = AgentContext {
             roster_role: "writer".into(),
             role_definition: Some(role),

@@ -3,16 +3,14 @@
 use muster_proto::roster::v1 as pb;
 use muster_runtime::{
     json::{stored_struct, struct_to_text},
-    time::{duration_seconds, from_timestamp, seconds_to_duration, to_duration, to_timestamp},
+    roles,
+    time::{from_timestamp, to_duration, to_timestamp},
 };
 
 use crate::domain::import::{FileDiagnostic, Severity};
 use crate::domain::{
     delegation::{Decision, DecisionKind, DelegationRequest, Tier, Urgency},
-    model::{
-        Agent, AgentField, RoleBudget, RoleDefinition, RoleThrottle, Status, Team, normalize_tags, validate_id,
-        validate_name,
-    },
+    model::{Agent, AgentField, RoleDefinition, Status, Team, normalize_tags, validate_id, validate_name},
 };
 use crate::error::{Error, Result};
 use crate::store::DelegationRecord;
@@ -106,86 +104,11 @@ pub(crate) fn team_from_wire(team: Option<pb::Team>) -> Result<Team> {
     .map_err(Error::from)
 }
 
-pub(crate) fn role_to_wire(role: &RoleDefinition) -> pb::RoleDefinition {
-    pb::RoleDefinition {
-        name: role.name.clone(),
-        description: role.description.clone(),
-        goals: role.goals.clone(),
-        responsibilities: role.responsibilities.clone(),
-        tools: role.tools.clone(),
-        permitted_actions: role.permitted_actions.clone(),
-        input_schema: stored_struct(&role.input_schema_json),
-        output_schema: stored_struct(&role.output_schema_json),
-        mission: role.mission.clone(),
-        context_files: role.context_files.clone(),
-        read_paths: role.read_paths.clone(),
-        write_paths: role.write_paths.clone(),
-        schedule: role.schedule.clone(),
-        inbox: role.inbox.clone(),
-        user_preferences: role.user_preferences.clone(),
-        post_to_inbox: role.post_to_inbox.clone(),
-        budget: role.budget.as_ref().map(|budget| pb::RoleBudget {
-            period: (budget.period_seconds > 0).then(|| seconds_to_duration(budget.period_seconds)),
-            max_runs: budget.max_runs,
-            max_cost: budget.max_cost,
-            max_tokens: budget.max_tokens,
-            run_max_cost: budget.run_max_cost,
-            run_max_tokens: budget.run_max_tokens,
-            on_exceed: budget.on_exceed.clone(),
-        }),
-        throttle: role.throttle.map(|throttle| pb::RoleThrottle {
-            min_interval: (throttle.min_interval_seconds > 0)
-                .then(|| seconds_to_duration(throttle.min_interval_seconds)),
-            max_concurrent: throttle.max_concurrent,
-        }),
-    }
-}
-
+/// A role definition given on input, read and checked.
 pub(crate) fn role_from_wire(role: Option<pb::RoleDefinition>) -> Result<RoleDefinition> {
     let role = role.ok_or_else(|| Error::invalid("role", "role: required"))?;
-    RoleDefinition {
-        name: role.name.trim().to_owned(),
-        description: role.description,
-        goals: role.goals,
-        responsibilities: role.responsibilities,
-        tools: role.tools,
-        permitted_actions: role.permitted_actions,
-        input_schema_json: json_text("role.input_schema", role.input_schema.as_ref())?,
-        output_schema_json: json_text("role.output_schema", role.output_schema.as_ref())?,
-        mission: role.mission,
-        context_files: role.context_files,
-        read_paths: role.read_paths,
-        write_paths: role.write_paths,
-        schedule: role.schedule,
-        inbox: role.inbox,
-        user_preferences: role.user_preferences,
-        post_to_inbox: role.post_to_inbox,
-        budget: role
-            .budget
-            .map(|budget| {
-                Ok::<_, Error>(RoleBudget {
-                    period_seconds: seconds("role.budget.period", budget.period.as_ref())?,
-                    max_runs: budget.max_runs,
-                    max_cost: budget.max_cost,
-                    max_tokens: budget.max_tokens,
-                    run_max_cost: budget.run_max_cost,
-                    run_max_tokens: budget.run_max_tokens,
-                    on_exceed: budget.on_exceed.trim().to_owned(),
-                })
-            })
-            .transpose()?,
-        throttle: role
-            .throttle
-            .map(|throttle| {
-                Ok::<_, Error>(RoleThrottle {
-                    min_interval_seconds: seconds("role.throttle.min_interval", throttle.min_interval.as_ref())?,
-                    max_concurrent: throttle.max_concurrent,
-                })
-            })
-            .transpose()?,
-    }
-    .normalize()
-    .map_err(Error::from)
+    let role = roles::role_from_wire(role).map_err(|invalid| Error::invalid(invalid.field, invalid.message))?;
+    role.normalize().map_err(Error::from)
 }
 
 /// The fields an UpdateAgent changes: those its mask names, or all of them
@@ -224,11 +147,6 @@ fn json_text(field: &str, object: Option<&prost_types::Struct>) -> Result<String
             struct_to_text(Some(object)).map_err(|problem| Error::invalid(field, format!("{field} {problem}")))
         }
     }
-}
-
-/// Whole seconds of a wire duration; not set is zero.
-fn seconds(field: &str, duration: Option<&prost_types::Duration>) -> Result<u64> {
-    duration_seconds(duration).map_err(|problem| Error::invalid(field, format!("{field} {problem}")))
 }
 
 pub(crate) fn required_id(field: &str, value: &str) -> Result<String> {

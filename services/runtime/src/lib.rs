@@ -12,8 +12,9 @@
 //! statuses ([`status`]), who is calling and what it may call ([`auth`],
 //! with the service-to-service credentials of [`security`]), TLS and mutual
 //! TLS ([`tls`]), files that hold secrets ([`files`]), the size limits of
-//! every request field, checked on the wire ([`limits`]), and JSON values
-//! and durations converted at the wire ([`json`], [`time`]).
+//! every request field, checked on the wire ([`limits`]), and JSON values,
+//! durations and the role model converted at the wire ([`json`], [`time`],
+//! [`roles`]).
 //!
 //! What a client of the cluster needs too lives in `muster-client`, which
 //! clients (the worker library) link without this crate's databases, HTTP
@@ -38,6 +39,7 @@ pub mod limits;
 pub mod metrics;
 pub mod paging;
 pub mod process;
+pub mod roles;
 pub mod security;
 pub mod server;
 pub mod shed;

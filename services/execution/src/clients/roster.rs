@@ -8,7 +8,7 @@ use muster_proto::roster::v1 as roster;
 use muster_runtime::auth::client::AuthChannel;
 
 use crate::{
-    domain::model::{AgentContext, Decision},
+    domain::model::{AgentContext, Decision, RoleDefinition},
     store::BoxFuture,
     wire,
 };
@@ -113,7 +113,7 @@ impl RosterClient {
     }
 
     /// Every role definition, page by page.
-    pub(crate) async fn roles(&self) -> Result<Vec<roster::RoleDefinition>, RosterFailure> {
+    pub(crate) async fn roles(&self) -> Result<Vec<RoleDefinition>, RosterFailure> {
         let mut client = self.client.clone();
         let mut roles = Vec::new();
         let mut page_token = String::new();
@@ -123,7 +123,9 @@ impl RosterClient {
                 .await
                 .map_err(failure)?
                 .into_inner();
-            roles.extend(page.roles);
+            for role in page.roles {
+                roles.push(role_from_roster(role)?);
+            }
             if page.next_page_token.is_empty() {
                 return Ok(roles);
             }
@@ -132,7 +134,7 @@ impl RosterClient {
     }
 
     /// The roster's changes, as they happen.
-    pub(crate) async fn watch(&self) -> Result<tonic::Streaming<roster::WatchRosterResponse>, RosterFailure> {
+    pub(crate) async fn watch(&self) -> Result<RosterChanges, RosterFailure> {
         let mut client = self.client.clone();
         // Not agents' status changes: one comes with every delegation and release.
         let kinds = [
@@ -142,8 +144,50 @@ impl RosterClient {
             roster::RosterChangeKind::RoleRemoved,
         ];
         let request = roster::WatchRosterRequest { kinds: kinds.map(|kind| kind as i32).to_vec() };
-        Ok(client.watch_roster(request).await.map_err(failure)?.into_inner())
+        Ok(RosterChanges(client.watch_roster(request).await.map_err(failure)?.into_inner()))
     }
+}
+
+/// A change of the roster's agents or roles, as the engine follows them.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum RosterChange {
+    /// A role was added or changed.
+    RoleUpserted(Box<RoleDefinition>),
+    /// The role of this name was removed.
+    RoleRemoved(String),
+    /// An agent was added, changed or removed (or a role change that does
+    /// not read, which is logged).
+    Other,
+}
+
+/// The roster's changes, as they happen.
+pub(crate) struct RosterChanges(tonic::Streaming<roster::WatchRosterResponse>);
+
+impl RosterChanges {
+    /// The next change; `None` when the stream ends or breaks.
+    pub(crate) async fn next(&mut self) -> Option<RosterChange> {
+        let change = self.0.message().await.ok()??;
+        let kind = roster::RosterChangeKind::try_from(change.kind).unwrap_or_default();
+        Some(match (kind, change.role) {
+            (roster::RosterChangeKind::RoleUpserted, Some(role)) => match role_from_roster(role) {
+                Ok(role) => RosterChange::RoleUpserted(Box::new(role)),
+                Err(failure) => {
+                    tracing::warn!(error = %failure.message(), "a role the roster announced does not read");
+                    RosterChange::Other
+                }
+            },
+            (roster::RosterChangeKind::RoleRemoved, Some(role)) => RosterChange::RoleRemoved(role.name),
+            _ => RosterChange::Other,
+        })
+    }
+}
+
+/// A role definition the roster answered with.
+fn role_from_roster(role: roster::RoleDefinition) -> Result<RoleDefinition, RosterFailure> {
+    let name = role.name.clone();
+    muster_runtime::roles::role_from_wire(role).map_err(|invalid| {
+        RosterFailure::Refused(format!("the roster's role definition '{name}' does not read: {}", invalid.message))
+    })
 }
 
 /// Maps a status: outages are `Unavailable`, the roster's verdicts the others.
@@ -306,7 +350,7 @@ impl Roster for RosterClient {
                 None
             } else {
                 match client.get_role_definition(roster::GetRoleDefinitionRequest { name: agent.role.clone() }).await {
-                    Ok(response) => response.into_inner().role.map(wire::role_definition_from_wire),
+                    Ok(response) => response.into_inner().role.map(role_from_roster).transpose()?,
                     Err(status) if status.code() == tonic::Code::NotFound => None,
                     Err(status) => return Err(failure(status)),
                 }

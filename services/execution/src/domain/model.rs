@@ -309,28 +309,8 @@ pub(crate) struct AgentContext {
     pub(crate) memory: Vec<super::memory::MemoryEntry>,
 }
 
-/// A role definition as an assignment carries it.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct RoleDefinition {
-    pub(crate) name: String,
-    pub(crate) description: String,
-    pub(crate) goals: Vec<String>,
-    pub(crate) responsibilities: Vec<String>,
-    pub(crate) tools: Vec<String>,
-    pub(crate) permitted_actions: Vec<String>,
-    pub(crate) input_schema_json: String,
-    pub(crate) output_schema_json: String,
-    pub(crate) mission: String,
-    pub(crate) context_files: Vec<String>,
-    // What the agent's workspace file tools may read and write (empty: no
-    // narrowing); the worker enforces them.
-    pub(crate) read_paths: Vec<String>,
-    pub(crate) write_paths: Vec<String>,
-    pub(crate) schedule: String,
-    pub(crate) inbox: String,
-    pub(crate) user_preferences: String,
-    pub(crate) post_to_inbox: String,
-}
+/// A role definition, as the roster holds it (the format library's model).
+pub(crate) use muster_format::roster::model::RoleDefinition;
 
 /// A past action, given to an executor as history.
 #[derive(Debug, Clone, PartialEq)]

@@ -11,10 +11,12 @@
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
-use muster_proto::roster::v1 as roster;
-
 use super::Engine;
-use crate::{Result, clients::roster::RosterClient};
+use crate::{
+    Result,
+    clients::roster::{RosterChange, RosterClient},
+    domain::model::RoleDefinition,
+};
 
 /// The prefix of the processes that run roles.
 pub(crate) const PREFIX: &str = "role-";
@@ -45,7 +47,7 @@ fn description(role: &str) -> String {
 
 /// The process source of a role's runs; `None` when nothing starts the role
 /// (no cron schedule, no inbox).
-pub(crate) fn source(role: &roster::RoleDefinition) -> Option<String> {
+pub(crate) fn source(role: &RoleDefinition) -> Option<String> {
     // A schedule that cannot be read fires nothing (the validator says so).
     let schedule = muster_format::role_schedule(&role.schedule).ok().flatten();
     let inbox = muster_format::role_inbox_name(&role.inbox).filter(|_| !role.inbox.trim().is_empty());
@@ -69,9 +71,8 @@ pub(crate) fn source(role: &roster::RoleDefinition) -> Option<String> {
         source.push_str(&format!("  inbox: {inbox}\n"));
     }
     if let Some(budget) = &role.budget {
-        let period_seconds = budget.period.as_ref().map_or(0, |period| period.seconds.max(0));
         let fields = [
-            ("period_seconds", period_seconds.to_string(), period_seconds > 0),
+            ("period_seconds", budget.period_seconds.to_string(), budget.period_seconds > 0),
             ("max_runs", budget.max_runs.to_string(), budget.max_runs > 0),
             ("max_cost", budget.max_cost.to_string(), budget.max_cost > 0.0),
             ("max_tokens", budget.max_tokens.to_string(), budget.max_tokens > 0),
@@ -82,9 +83,8 @@ pub(crate) fn source(role: &roster::RoleDefinition) -> Option<String> {
         source.push_str(&mapping("budget", &fields));
     }
     if let Some(throttle) = &role.throttle {
-        let min_interval_seconds = throttle.min_interval.as_ref().map_or(0, |interval| interval.seconds.max(0));
         let fields = [
-            ("min_interval_seconds", min_interval_seconds.to_string(), min_interval_seconds > 0),
+            ("min_interval_seconds", throttle.min_interval_seconds.to_string(), throttle.min_interval_seconds > 0),
             ("max_concurrent", throttle.max_concurrent.to_string(), throttle.max_concurrent > 0),
         ];
         source.push_str(&mapping("throttle", &fields));
@@ -157,13 +157,13 @@ impl Engine {
                             tracing::warn!(%error, "could not keep the roles' processes in step");
                         }
                     }
-                    change = changes.message() => match change {
-                        Ok(Some(change)) => {
+                    change = changes.next() => match change {
+                        Some(change) => {
                             // Every change watched is of an agent or a role.
                             self.contexts.forget();
                             self.role_changed(change).await;
                         }
-                        Ok(None) | Err(_) => break,
+                        None => break,
                     },
                 }
             }
@@ -172,17 +172,17 @@ impl Engine {
         }
     }
 
-    async fn role_changed(&self, change: roster::WatchRosterResponse) {
-        let Some(role) = change.role else { return };
-        let outcome = if change.kind == roster::RosterChangeKind::RoleUpserted as i32 {
-            self.sync_role(&role).await
-        } else if change.kind == roster::RosterChangeKind::RoleRemoved as i32 {
-            self.retire_role(&role.name).await
-        } else {
-            return;
+    async fn role_changed(&self, change: RosterChange) {
+        let (role, outcome) = match change {
+            RosterChange::RoleUpserted(role) => (role.name.clone(), self.sync_role(&role).await),
+            RosterChange::RoleRemoved(role) => {
+                let outcome = self.retire_role(&role).await;
+                (role, outcome)
+            }
+            RosterChange::Other => return,
         };
         if let Err(error) = outcome {
-            tracing::warn!(role = %role.name, %error, "could not keep the role's process in step");
+            tracing::warn!(%role, %error, "could not keep the role's process in step");
         }
     }
 
@@ -221,7 +221,7 @@ impl Engine {
 
     /// Publishes the process of a role (or retires it when nothing starts
     /// the role any more).
-    async fn sync_role(&self, role: &roster::RoleDefinition) -> Result<()> {
+    async fn sync_role(&self, role: &RoleDefinition) -> Result<()> {
         let Some(source) = source(role) else { return self.retire_role(&role.name).await };
         let name = process_name(&role.name);
         if !self.owns(&name, &role.name).await? {
@@ -277,24 +277,23 @@ pub(crate) fn owned_role(description: &str) -> Option<String> {
 mod tests {
     use super::*;
 
-    fn role() -> roster::RoleDefinition {
-        roster::RoleDefinition {
+    use muster_format::roster::model::{RoleBudget, RoleThrottle};
+
+    fn role() -> RoleDefinition {
+        RoleDefinition {
             name: "Delivery.Manager".into(),
             schedule: "9am and 5pm, weekdays: `0 9,17 * * 1-5`".into(),
             inbox: "agent/inbox/delivery/".into(),
             post_to_inbox: "risk".into(),
-            budget: Some(roster::RoleBudget {
-                period: Some(muster_runtime::time::seconds_to_duration(3600)),
+            budget: Some(RoleBudget {
+                period_seconds: 3600,
                 max_runs: 5,
                 run_max_cost: 0.5,
                 on_exceed: "pause".into(),
-                ..Default::default()
+                ..RoleBudget::default()
             }),
-            throttle: Some(roster::RoleThrottle {
-                min_interval: Some(muster_runtime::time::seconds_to_duration(60)),
-                max_concurrent: 0,
-            }),
-            ..Default::default()
+            throttle: Some(RoleThrottle { min_interval_seconds: 60, max_concurrent: 0 }),
+            ..RoleDefinition::default()
         }
     }
 
@@ -320,7 +319,7 @@ mod tests {
 
     #[test]
     fn a_role_nothing_starts_has_no_process_and_a_retired_one_has_no_triggers() {
-        let quiet = roster::RoleDefinition { schedule: "twice a day".into(), inbox: String::new(), ..role() };
+        let quiet = RoleDefinition { schedule: "twice a day".into(), inbox: String::new(), ..role() };
         assert_eq!(source(&quiet), None);
         let retired = retired_source("role-delivery-manager", "Delivery.Manager");
         let process = muster_format::validate_process(&retired, &muster_format::Context::default())

@@ -8,13 +8,14 @@ use muster_proto::roster::v1 as pb;
 use muster_runtime::auth::TokenHash;
 
 use super::{RosterGrpc, new_token};
-use crate::convert::{agent_to_wire, diagnostic_to_wire, required_id, role_to_wire};
+use crate::convert::{agent_to_wire, diagnostic_to_wire, required_id};
 use crate::domain::{
     import::{self, ImportFile, Severity},
     model::normalize_tags,
 };
 use crate::error::{Error, Result};
 use crate::store::{AgentQuery, ImportPlan, Store};
+use muster_runtime::roles::role_to_wire;
 
 impl<S: Store> RosterGrpc<S> {
     pub(super) async fn import_roster(&self, request: pb::ImportRosterRequest) -> Result<pb::ImportRosterResponse> {

@@ -6,9 +6,10 @@ use muster_runtime::paging::page;
 use tonic::{Request, Response, Status as GrpcStatus};
 
 use super::{MAX_PAGE_BYTES, RosterGrpc, page_size};
-use crate::convert::{required_id, required_name, role_from_wire, role_to_wire, team_from_wire, team_to_wire};
+use crate::convert::{required_id, required_name, role_from_wire, team_from_wire, team_to_wire};
 use crate::error::{Error, Result};
 use crate::store::Store;
+use muster_runtime::roles::role_to_wire;
 
 impl<S: Store> RosterGrpc<S> {
     pub(super) async fn serve_put_team(

@@ -13,9 +13,10 @@ use tokio_stream::{Stream, StreamExt, wrappers::BroadcastStream};
 use tonic::{Request, Response, Status as GrpcStatus};
 
 use super::{ResponseStream, RosterGrpc};
-use crate::convert::{agent_to_wire, decision_to_wire, role_to_wire};
+use crate::convert::{agent_to_wire, decision_to_wire};
 use crate::error::{Error, Result};
 use crate::store::{QueueResolution, QueueState, Store};
+use muster_runtime::roles::role_to_wire;
 
 impl<S: Store> RosterGrpc<S> {
     pub(super) async fn announce_agents(&self, kind: pb::RosterChangeKind, ids: &[String]) {
