@@ -23,8 +23,9 @@ use muster_client::{
     tls::{ClientTls, TlsArgs},
 };
 use muster_proto::execution::v1::{
-    Assignment, ConnectWorkerRequest, DelegateStep, DelegationOutcome, MemoryNote, StepProgress, ToolCall, ToolOutput,
-    ToolSpec, connect_worker_request, execution_service_client::ExecutionServiceClient,
+    Assignment, ConnectWorkerRequest, DelegateStep, DelegationOutcome, MemoryNote, PayloadKind, ReadPayloadRequest,
+    StepProgress, ToolCall, ToolOutput, ToolSpec, connect_worker_request,
+    execution_service_client::ExecutionServiceClient,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -355,5 +356,56 @@ pub async fn serve_reporting<B: Behaviour>(
             () = tokio::time::sleep(backoff) => {}
         }
         backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Reads one value of an execution (`ReadPayload`), chunk by chunk; a read
+/// that breaks off resumes where it stopped, up to three times.
+pub async fn read_payload(
+    client: &mut ExecutionServiceClient<AuthChannel>,
+    execution_id: &str,
+    step_id: &str,
+    kind: PayloadKind,
+) -> Result<String, tonic::Status> {
+    let mut value = Vec::new();
+    let mut breaks = 0;
+    loop {
+        let request = ReadPayloadRequest {
+            execution_id: execution_id.to_owned(),
+            step_id: step_id.to_owned(),
+            kind: kind as i32,
+            offset: value.len() as u64,
+        };
+        let read = async {
+            let mut chunks = client.read_payload(request).await?.into_inner();
+            let mut size = None;
+            while let Some(chunk) = chunks.message().await? {
+                if chunk.offset != value.len() as u64 {
+                    return Err(tonic::Status::data_loss(format!(
+                        "a chunk at offset {} where {} was expected",
+                        chunk.offset,
+                        value.len()
+                    )));
+                }
+                value.extend_from_slice(&chunk.chunk);
+                size = Some(chunk.size_bytes);
+            }
+            Ok(size)
+        };
+        match read.await {
+            Ok(Some(size)) if size == value.len() as u64 => {
+                return String::from_utf8(value)
+                    .map_err(|_| tonic::Status::data_loss("the payload is not UTF-8 text".to_owned()));
+            }
+            Ok(size) => {
+                return Err(tonic::Status::data_loss(format!(
+                    "the payload ended after {} of {} bytes",
+                    value.len(),
+                    size.unwrap_or_default()
+                )));
+            }
+            Err(status) if status.code() == tonic::Code::Unavailable && breaks < 3 => breaks += 1,
+            Err(status) => return Err(status),
+        }
     }
 }

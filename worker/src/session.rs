@@ -8,9 +8,9 @@ use std::{future::Future, sync::Arc, time::Duration};
 use muster_client::auth::{AuthChannel, Credentials, with_credentials};
 use muster_proto::{
     execution::v1::{
-        Assignment, ConnectWorkerRequest, DelegateStep, PayloadKind, ReadPayloadRequest, ServedAgent, StepFailure,
-        StepResult, ToolCallResult, ToolOutput, WorkerHeartbeat, WorkerHello, connect_worker_request,
-        connect_worker_response, execution_service_client::ExecutionServiceClient, framed_client,
+        Assignment, ConnectWorkerRequest, DelegateStep, PayloadKind, ServedAgent, StepFailure, StepResult,
+        ToolCallResult, ToolOutput, WorkerHeartbeat, WorkerHello, connect_worker_request, connect_worker_response,
+        execution_service_client::ExecutionServiceClient, framed_client,
     },
     frame::WorkerFrame,
 };
@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument as _;
 
-use crate::{AgentCredential, Behaviour, Delegations, Endpoint, Notice, SharedMemory, Step, StepOutcome};
+use crate::{AgentCredential, Behaviour, Delegations, Endpoint, Notice, SharedMemory, Step, StepOutcome, read_payload};
 
 /// The assignments a session is running, each stoppable; all are stopped
 /// when the session ends (and drops this).
@@ -404,55 +404,4 @@ async fn fill_payloads(
         }
     }
     Ok(())
-}
-
-/// Reads one value of an execution (`ReadPayload`), chunk by chunk; a read
-/// that breaks off resumes where it stopped, up to three times.
-pub(crate) async fn read_payload(
-    client: &mut ExecutionServiceClient<AuthChannel>,
-    execution_id: &str,
-    step_id: &str,
-    kind: PayloadKind,
-) -> Result<String, tonic::Status> {
-    let mut value = Vec::new();
-    let mut breaks = 0;
-    loop {
-        let request = ReadPayloadRequest {
-            execution_id: execution_id.to_owned(),
-            step_id: step_id.to_owned(),
-            kind: kind as i32,
-            offset: value.len() as u64,
-        };
-        let read = async {
-            let mut chunks = client.read_payload(request).await?.into_inner();
-            let mut size = None;
-            while let Some(chunk) = chunks.message().await? {
-                if chunk.offset != value.len() as u64 {
-                    return Err(tonic::Status::data_loss(format!(
-                        "a chunk at offset {} where {} was expected",
-                        chunk.offset,
-                        value.len()
-                    )));
-                }
-                value.extend_from_slice(&chunk.chunk);
-                size = Some(chunk.size_bytes);
-            }
-            Ok(size)
-        };
-        match read.await {
-            Ok(Some(size)) if size == value.len() as u64 => {
-                return String::from_utf8(value)
-                    .map_err(|_| tonic::Status::data_loss("the payload is not UTF-8 text".to_owned()));
-            }
-            Ok(size) => {
-                return Err(tonic::Status::data_loss(format!(
-                    "the payload ended after {} of {} bytes",
-                    value.len(),
-                    size.unwrap_or_default()
-                )));
-            }
-            Err(status) if status.code() == tonic::Code::Unavailable && breaks < 3 => breaks += 1,
-            Err(status) => return Err(status),
-        }
-    }
 }
