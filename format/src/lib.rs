@@ -45,9 +45,12 @@ pub use model::{
 pub use plain_schedule::{RoleSchedule, Unreadable, role_schedule};
 pub use process::{MAX_RETRIES, STEP_TYPES};
 pub use role::{
-    BUILTIN_TOOLS, MAX_WORKSPACE_PATH_CHARS, MAX_WORKSPACE_PATHS, RoleDefinition, RoleFormat, RoleReport,
-    is_builtin_tool, role_inbox_name, workspace_path_problem,
+    BUILTIN_TOOLS, MAX_WORKSPACE_PATH_CHARS, MAX_WORKSPACE_PATHS, RoleFormat, RoleReport, is_builtin_tool,
+    role_inbox_name, workspace_path_problem,
 };
+/// A role definition: what a role is for and what it may do, as documents
+/// write it and the roster holds it.
+pub use roster::model::RoleDefinition;
 pub use schedule::{MissedRuns, Schedule, rfc3339};
 pub use yaml::Limits;
 

@@ -7,9 +7,10 @@ use super::budget::{check_budget, check_throttle};
 use super::diagnostic::{Diagnostics, Position};
 use super::formats::suggestion;
 use super::role::{
-    ReadRole, RoleDefinition, check_context_file, check_inbox, check_post_to_inbox, check_role_name, check_schedule,
-    check_workspace_path_list, warn_duplicates,
+    ReadRole, check_context_file, check_inbox, check_post_to_inbox, check_role_name, check_schedule,
+    check_workspace_path_list, role_budget, role_throttle, warn_duplicates,
 };
+use super::roster::model::RoleDefinition;
 use super::yaml::{Limits, Node, parse};
 
 const SECTIONS: [&str; 12] = [
@@ -166,11 +167,11 @@ pub(crate) fn check_markdown_role(
             continue;
         }
         if canonical == "Budget" {
-            role.budget = yaml_section(section, limits, diagnostics, check_budget);
+            role.budget = yaml_section(section, limits, diagnostics, check_budget).map(role_budget);
             continue;
         }
         if canonical == "Throttle" {
-            role.throttle = yaml_section(section, limits, diagnostics, check_throttle);
+            role.throttle = yaml_section(section, limits, diagnostics, check_throttle).map(role_throttle);
             continue;
         }
         let text = content.iter().map(|line| line.text.trim()).collect::<Vec<_>>().join("\n");
@@ -195,15 +196,15 @@ pub(crate) fn check_markdown_role(
                     })
                     .collect();
                 check_schedule(&text, &path, &lines, diagnostics);
-                role.schedule = Some(text);
+                role.schedule = text;
             }
             "Inbox" => {
                 check_inbox(&text, &path, at, diagnostics);
-                role.inbox = Some(text);
+                role.inbox = text;
             }
             "Post To Inbox" => {
                 check_post_to_inbox(&text, &path, at, diagnostics);
-                role.post_to_inbox = Some(text);
+                role.post_to_inbox = text;
             }
             _ => role.user_preferences = text,
         }

@@ -10,6 +10,7 @@ use super::formats::{is_identifier, suggestion};
 use super::markdown;
 use super::model::{Context, ProcessBudget, ProcessThrottle};
 use super::plain_schedule::role_schedule;
+use super::roster::model::{RoleBudget, RoleDefinition, RoleThrottle};
 use super::schedule::Schedule;
 use super::yaml::{Limits, Node, parse};
 
@@ -20,49 +21,6 @@ pub enum RoleFormat {
     Yaml,
     /// A Markdown role file: a `# Title` heading and `##` sections.
     Markdown,
-}
-
-/// A role definition that was read (possibly with warnings).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RoleDefinition {
-    /// The role's name (`# Title` in Markdown).
-    pub name: String,
-    /// A short description.
-    pub description: String,
-    /// What the role works towards.
-    pub goals: Vec<String>,
-    /// What the role does.
-    pub responsibilities: Vec<String>,
-    /// Tools the role may use.
-    pub tools: Vec<String>,
-    /// Actions the role may perform.
-    pub permitted_actions: Vec<String>,
-    /// The mission: what the role is for.
-    pub mission: String,
-    /// Files the role reads for context.
-    pub context_files: Vec<String>,
-    /// What the agent's workspace file tools may read: workspace-relative
-    /// paths, a folder ending in `/` covering everything under it; empty for
-    /// no narrowing.
-    pub read_paths: Vec<String>,
-    /// What the agent's workspace file tools may write, as `read_paths`.
-    pub write_paths: Vec<String>,
-    /// When the role runs: a cron expression or the text as written.
-    pub schedule: Option<String>,
-    /// The inbox that triggers the role.
-    pub inbox: Option<String>,
-    /// How the user wants the role to behave.
-    pub user_preferences: String,
-    /// The inbox the role's own runs post their output to.
-    pub post_to_inbox: Option<String>,
-    /// Limits on the role's own runs, as a process's `budget:`.
-    pub budget: Option<ProcessBudget>,
-    /// How often the role's own runs may start, as a process's `throttle:`.
-    pub throttle: Option<ProcessThrottle>,
-    /// JSON schema of the role's task input, as JSON text.
-    pub input_schema_json: Option<String>,
-    /// JSON schema of the role's output, as JSON text.
-    pub output_schema_json: Option<String>,
 }
 
 /// The outcome of [`crate::validate_role_definition`].
@@ -281,20 +239,43 @@ fn check_yaml_role(node: Node<'_>, path: &str, diagnostics: &mut Diagnostics) ->
         context_files: context_files.iter().map(|(_, file)| (*file).to_owned()).collect(),
         read_paths: read_paths.iter().map(|(_, entry)| entry.trim().to_owned()).collect(),
         write_paths: write_paths.iter().map(|(_, entry)| entry.trim().to_owned()).collect(),
-        schedule,
-        inbox,
+        schedule: schedule.unwrap_or_default(),
+        inbox: inbox.unwrap_or_default(),
         user_preferences: text("user_preferences", diagnostics).unwrap_or_default(),
-        post_to_inbox,
-        budget: node.get("budget").filter(|value| !value.is_null()).and_then(|value| check_budget(value, diagnostics)),
+        post_to_inbox: post_to_inbox.unwrap_or_default(),
+        budget: node
+            .get("budget")
+            .filter(|value| !value.is_null())
+            .and_then(|value| check_budget(value, diagnostics))
+            .map(role_budget),
         throttle: node
             .get("throttle")
             .filter(|value| !value.is_null())
-            .and_then(|value| check_throttle(value, diagnostics)),
-        input_schema_json: schema_field(node, "input_schema", path, diagnostics),
-        output_schema_json: schema_field(node, "output_schema", path, diagnostics),
+            .and_then(|value| check_throttle(value, diagnostics))
+            .map(role_throttle),
+        input_schema_json: schema_field(node, "input_schema", path, diagnostics).unwrap_or_default(),
+        output_schema_json: schema_field(node, "output_schema", path, diagnostics).unwrap_or_default(),
         name,
     };
     Some(((role, tools), node.position()))
+}
+
+/// A role's budget, from the `budget:` it writes as a process does.
+pub(crate) fn role_budget(budget: ProcessBudget) -> RoleBudget {
+    RoleBudget {
+        period_seconds: budget.period_seconds,
+        max_runs: budget.max_runs,
+        max_cost: budget.max_cost,
+        max_tokens: budget.max_tokens,
+        run_max_cost: budget.run_max_cost,
+        run_max_tokens: budget.run_max_tokens,
+        on_exceed: budget.on_exceed.as_str().to_owned(),
+    }
+}
+
+/// A role's throttle, from the `throttle:` it writes as a process does.
+pub(crate) fn role_throttle(throttle: ProcessThrottle) -> RoleThrottle {
+    RoleThrottle { min_interval_seconds: throttle.min_interval_seconds, max_concurrent: throttle.max_concurrent }
 }
 
 /// The entries of `read_paths` or `write_paths` (YAML), each at its position.

@@ -72,13 +72,13 @@ fn the_markdown_role_is_read_with_its_plain_english_schedule() {
     let report = validate_role_definition(MARKDOWN_ROLE, RoleFormat::Markdown, &Context::default());
     assert_eq!(report.diagnostics, vec![]);
     let role = &report.roles[0];
-    assert_eq!(role.schedule.as_deref(), Some("9am and 5pm, weekdays"));
+    assert_eq!(role.schedule, "9am and 5pm, weekdays");
     assert_eq!(role.name, "Delivery Manager");
     assert!(role.mission.starts_with("Keep the project delivery"));
     assert_eq!(role.goals.len(), 3);
     assert_eq!(role.context_files.len(), 6);
     assert_eq!(role.tools, vec!["read_file", "write_file", "append_file", "list_files", "move_file"]);
-    assert_eq!(role.inbox.as_deref(), Some("agent/inbox/delivery/"));
+    assert_eq!(role.inbox, "agent/inbox/delivery/");
     assert!(role.user_preferences.contains("Configured by the User"));
 }
 
