@@ -7,7 +7,7 @@
 //! import from YAML and Markdown, and the rendering of agents' system prompts.
 //!
 //! Decisions and the organisation's views are read from the organisation
-//! held in memory, indexed by team and expertise (`store/index.rs`); the
+//! held in memory, indexed by team and expertise (`store/sql/index.rs`); the
 //! database keeps the truth and takes each slot in one conditional update,
 //! so no slot is ever given twice, even by replicas sharing a database.
 //!

@@ -1,21 +1,16 @@
 //! Storage: the repository trait the service talks to and its one sqlx
 //! implementation (SQLite and PostgreSQL through the `Any` driver).
 
-mod credentials;
-mod delegation;
-mod import;
-mod index;
 mod sql;
-mod together;
 
 use std::{future::Future, sync::Arc};
 
-pub use index::refresh::FULL_CHECK_EVERY as INDEX_FULL_CHECK_EVERY;
 use muster_runtime::auth::{
     TokenHash,
     directory::{CredentialChange, Position},
 };
 pub use sql::SqlStore;
+pub use sql::index::refresh::FULL_CHECK_EVERY as INDEX_FULL_CHECK_EVERY;
 
 use crate::domain::{
     delegation::{Decision, DelegationRequest, Settings},

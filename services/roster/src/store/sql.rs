@@ -4,6 +4,10 @@
 //! audit in `delegation.rs`.
 
 pub(super) mod agents;
+mod credentials;
+mod delegation;
+mod import;
+pub(super) mod index;
 pub(super) mod organisation;
 
 use muster_runtime::{
@@ -17,12 +21,13 @@ use std::sync::Arc;
 
 use sqlx::{Any, AssertSqlSafe, Row, Transaction, any::AnyRow};
 
-use super::{AgentQuery, ImportPlan, Store, credentials, index::Index};
+use super::{AgentQuery, ImportPlan, Store};
 use crate::domain::{
     delegation::{DelegationRequest, Settings},
     model::{Agent, AgentField, RoleDefinition, Status, Team},
 };
 use crate::error::{AGENT, Error, Result};
+use index::Index;
 
 static MIGRATIONS: Migrations = Migrations {
     sqlite: &[
@@ -54,9 +59,9 @@ const STATUS_SQL: &str = "(CASE WHEN manual_status <> '' THEN manual_status \
 /// organisation indexed in memory (see `index.rs`).
 #[derive(Debug, Clone)]
 pub struct SqlStore {
-    pub(super) database: Database,
-    pub(super) index: Arc<Index>,
-    pub(super) waiting: Arc<std::sync::Mutex<super::together::Waiting>>,
+    database: Database,
+    index: Arc<Index>,
+    waiting: Arc<std::sync::Mutex<delegation::together::Waiting>>,
 }
 
 impl SqlStore {
@@ -248,7 +253,7 @@ impl Store for SqlStore {
     }
 
     async fn import(&self, plan: &ImportPlan, now: i64) -> Result<Vec<String>> {
-        super::import::import(self, plan, now).await
+        import::import(self, plan, now).await
     }
 
     async fn indexed_agent(&self, id: &str) -> Result<Arc<Agent>> {
@@ -275,7 +280,7 @@ impl Store for SqlStore {
         now: i64,
         settings: Settings,
     ) -> Result<super::DelegationOutcome> {
-        super::together::delegate(self, request, now, settings).await
+        delegation::together::delegate(self, request, now, settings).await
     }
 
     async fn delegate_batch(
@@ -284,35 +289,35 @@ impl Store for SqlStore {
         now: i64,
         settings: Settings,
     ) -> Result<Vec<super::DelegationOutcome>> {
-        super::delegation::delegate_batch(self, requests, now, settings).await
+        delegation::delegate_batch(self, requests, now, settings).await
     }
 
     async fn release_task(&self, task_id: &str, now: i64) -> Result<super::ReleaseOutcome> {
-        super::delegation::release::release_task(self, task_id, now).await
+        delegation::release::release_task(self, task_id, now).await
     }
 
     async fn release_tasks(&self, task_ids: &[String], now: i64) -> Result<Vec<super::ReleaseOutcome>> {
-        super::delegation::release::release_tasks(self, task_ids, now).await
+        delegation::release::release_tasks(self, task_ids, now).await
     }
 
     async fn escalate_stale(&self, now: i64) -> Result<Vec<super::QueueResolution>> {
-        super::delegation::queue::escalate_stale(self, now).await
+        delegation::queue::escalate_stale(self, now).await
     }
 
     async fn queue_state(&self, task_id: &str) -> Result<super::QueueState> {
-        super::delegation::queue::queue_state(self, task_id).await
+        delegation::queue::queue_state(self, task_id).await
     }
 
     async fn queued_task_count(&self) -> Result<u64> {
-        super::delegation::queue::queued_task_count(self).await
+        delegation::queue::queued_task_count(self).await
     }
 
     async fn list_delegations(&self, query: &super::DelegationQuery) -> Result<Vec<super::DelegationRecord>> {
-        super::delegation::audit::list_delegations(self, query).await
+        delegation::audit::list_delegations(self, query).await
     }
 
     async fn fold_audit_trail(&self) -> Result<u64> {
-        super::delegation::audit::fold_audit_trail(self).await
+        delegation::audit::fold_audit_trail(self).await
     }
 }
 

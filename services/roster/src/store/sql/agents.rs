@@ -13,7 +13,7 @@ use sqlx::{Any, AssertSqlSafe, Row, Transaction};
 use super::{AGENT_COLUMNS, STATUS_SQL, SqlStore, agent_from_row, agent_not_found, exists, fetch_agent, stored};
 use crate::domain::model::{Agent, AgentField, Status};
 use crate::error::{AGENT, Error, Result};
-use crate::store::{AgentQuery, credentials};
+use crate::store::{AgentQuery, sql::credentials};
 
 pub(super) async fn insert_agent(store: &SqlStore, agent: &Agent, token: &TokenHash, now: i64) -> Result<Agent> {
     let mut transaction = store.database.pool.begin().await?;

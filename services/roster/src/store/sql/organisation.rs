@@ -27,7 +27,7 @@ pub(super) async fn list_teams(store: &SqlStore) -> Result<Vec<Team>> {
     let rows = sqlx::query("SELECT name, description, lead_agent_id FROM teams ORDER BY name")
         .fetch_all(&store.database.pool)
         .await?;
-    rows.iter().map(crate::store::index::team_from_row).collect()
+    rows.iter().map(crate::store::sql::index::team_from_row).collect()
 }
 
 pub(super) async fn remove_team(store: &SqlStore, name: &str) -> Result<()> {

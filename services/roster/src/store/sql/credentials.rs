@@ -122,7 +122,7 @@ pub(super) async fn changes_after(
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     if let Some(native) = database.native() {
         return native.read(|connection| {
-            let mut statement = connection.prepare_cached(&super::sql::for_rusqlite(CHANGES_AFTER_SQL))?;
+            let mut statement = connection.prepare_cached(&crate::store::sql::for_rusqlite(CHANGES_AFTER_SQL))?;
             let mut rows = statement.query(rusqlite::params![revision, token, limit])?;
             let mut changes = Vec::new();
             while let Some(row) = rows.next()? {

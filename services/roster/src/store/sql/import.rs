@@ -7,16 +7,17 @@ use std::collections::{HashMap, HashSet};
 use muster_runtime::db::Backend;
 use sqlx::{Any, Row, Transaction};
 
-use super::{
-    ImportPlan, credentials,
+use crate::domain::model::{Agent, Team};
+use crate::error::{Error, Result};
+use crate::store::{
+    ImportPlan,
     sql::{
         SqlStore,
         agents::{hierarchy_loop, insert_agent_rows, missing_senior, missing_team, update_agent_row},
+        credentials,
         organisation::{upsert_role_row, upsert_team_row},
     },
 };
-use crate::domain::model::{Agent, Team};
-use crate::error::{Error, Result};
 
 type Tx = Transaction<'static, Any>;
 

@@ -31,21 +31,23 @@ use sqlx::{AssertSqlSafe, Row};
 use tokio::sync::oneshot;
 
 use super::{
-    DelegationOutcome,
-    delegation::{
-        audit::RECORD_COLUMNS,
-        delegate_alone,
-        reservation::{upsert_reservations, upsert_reservations_natively, workload_change},
-        to_json,
-    },
-    index::{Index, WorkloadChange},
-    sql::SqlStore,
+    audit::RECORD_COLUMNS,
+    delegate_alone,
+    reservation::{upsert_reservations, upsert_reservations_natively, workload_change},
+    to_json,
 };
 use crate::domain::{
     delegation::{Decision, DecisionKind, DelegationRequest, Settings, decide},
     model::Agent,
 };
 use crate::error::{Error, Result};
+use crate::store::{
+    DelegationOutcome,
+    sql::{
+        SqlStore,
+        index::{Index, WorkloadChange},
+    },
+};
 
 /// Most calls one transaction decides.
 const MOST_TOGETHER: usize = 256;
@@ -61,7 +63,7 @@ struct Pending {
 
 /// The calls waiting, and whether a task is deciding them.
 #[derive(Debug, Default)]
-pub(super) struct Waiting {
+pub(in crate::store::sql) struct Waiting {
     pending: Vec<Pending>,
     running: bool,
     /// Calls settled by a transaction shared with others, since the start.
@@ -77,7 +79,7 @@ impl SqlStore {
 }
 
 /// Decides `request` with the calls that arrive meanwhile.
-pub(super) async fn delegate(
+pub(in crate::store::sql) async fn delegate(
     store: &SqlStore,
     request: &DelegationRequest,
     now: i64,

@@ -7,6 +7,7 @@ pub(super) mod audit;
 pub(super) mod queue;
 pub(super) mod release;
 pub(super) mod reservation;
+pub(super) mod together;
 
 use std::{
     collections::{HashMap, HashSet},
@@ -15,16 +16,18 @@ use std::{
 
 use sqlx::{Any, AssertSqlSafe, Row, Transaction};
 
-use super::{
-    DelegationOutcome,
-    index::{Index, WorkloadChange},
-    sql::{AGENT_COLUMNS, SqlStore, agent_from_row, fetch_agent},
-};
 use crate::domain::{
     delegation::{Decision, DecisionKind, DelegationRequest, Settings, Snapshot, decide},
     model::{Agent, Status},
 };
 use crate::error::{Error, Result};
+use crate::store::{
+    DelegationOutcome,
+    sql::{
+        AGENT_COLUMNS, SqlStore, agent_from_row, fetch_agent,
+        index::{Index, WorkloadChange},
+    },
+};
 use audit::record;
 use queue::{load_queued, resolve_queued};
 use reservation::{
@@ -417,7 +420,7 @@ pub(super) async fn delegate_batch(
     for (request, outcome) in requests.iter().zip(outcomes) {
         answered.push(match outcome {
             Some(outcome) => outcome,
-            None => super::together::delegate(store, request, now, settings).await?,
+            None => crate::store::sql::delegation::together::delegate(store, request, now, settings).await?,
         });
     }
     Ok(answered)

@@ -32,7 +32,7 @@ fn versioned_columns() -> String {
 
 impl SqlStore {
     /// Loads the index once, on first use.
-    pub(in crate::store) async fn index(&self) -> Result<&Index> {
+    pub(in crate::store::sql) async fn index(&self) -> Result<&Index> {
         self.index
             .loaded
             .get_or_try_init(|| async {

@@ -7,7 +7,7 @@ use sqlx::{Any, AssertSqlSafe, Row};
 
 use super::{BATCH_ROWS_PER_STATEMENT, Tx};
 use crate::error::Result;
-use crate::store::index::WorkloadChange;
+use crate::store::sql::index::WorkloadChange;
 
 /// Runs a workload update that returns `id, version, current_workload`.
 pub(super) async fn workload_update(

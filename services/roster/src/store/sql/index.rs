@@ -17,7 +17,7 @@
 //!   [`refresh::FULL_CHECK_EVERY`] refreshes a pass over every id and version, which
 //!   also finds the agents and teams removed elsewhere.
 
-pub(super) mod refresh;
+pub(in crate::store) mod refresh;
 
 use std::{
     collections::{BTreeSet, HashMap, HashSet},
@@ -26,12 +26,12 @@ use std::{
 
 use sqlx::Row;
 
-use super::AgentQuery;
 use crate::domain::{
     delegation::{DelegationRequest, MAX_CANDIDATES, Snapshot, matched_count, role_matches},
     model::{Agent, Status, Team},
 };
 use crate::error::Result;
+use crate::store::AgentQuery;
 
 /// Most cross-team matches taken beyond the delegation chain's length: the
 /// framework needs the best two (primary and fallback).
@@ -282,7 +282,7 @@ impl Index {
         self.read().agent(id).cloned()
     }
 
-    /// What [`super::Store::list_agents`] answers, from memory.
+    /// What [`crate::store::Store::list_agents`] answers, from memory.
     pub(super) fn list(&self, query: &AgentQuery) -> Vec<Arc<Agent>> {
         let state = self.read();
         let base: Box<dyn Iterator<Item = &Arc<str>>> = if !query.expertise.is_empty() {
@@ -503,8 +503,8 @@ pub(super) fn team_from_row(row: &sqlx::any::AnyRow) -> Result<Team> {
 mod tests {
     use proptest::prelude::*;
 
-    use super::*;
     use crate::domain::delegation::{Decision, DecisionKind, Settings, decide, tests::case_strategy};
+    use super::*;
 
     fn member(id: &str, team: &str, tags: &[&str]) -> Agent {
         Agent {

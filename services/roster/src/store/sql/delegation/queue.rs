@@ -17,8 +17,7 @@ use crate::domain::{
 use crate::error::{Error, QUEUED_TASK, Result};
 use crate::store::{
     QueueResolution, QueueState,
-    index::WorkloadChange,
-    sql::{SqlStore, fetch_agent},
+    sql::{SqlStore, fetch_agent, index::WorkloadChange},
 };
 
 /// How many tasks wait for each expert; only the queue tier and a task

@@ -10,7 +10,10 @@ use super::BATCH_ROWS_PER_STATEMENT;
 use super::queue::offer_slot;
 use super::reservation::workload_change;
 use crate::error::Result;
-use crate::store::{QueueResolution, ReleaseOutcome, index::WorkloadChange, sql::SqlStore};
+use crate::store::{
+    QueueResolution, ReleaseOutcome,
+    sql::{SqlStore, index::WorkloadChange},
+};
 
 pub(in crate::store) async fn release_task(store: &SqlStore, task_id: &str, now: i64) -> Result<ReleaseOutcome> {
     let mut outcomes = release_tasks(store, std::slice::from_ref(&task_id.to_owned()), now).await?;
