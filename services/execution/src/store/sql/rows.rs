@@ -8,7 +8,6 @@ use muster_runtime::db::{Backend, placeholder, placeholders};
 use prost::Message as _;
 
 use super::hex;
-use super::writer::AnyQuery;
 use crate::store::StepWrite;
 use crate::{
     Result,
@@ -18,6 +17,9 @@ use crate::{
     },
     wire,
 };
+
+/// A statement with its parameters bound.
+pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
 
 /// Rows per multi-row statement (SQLite binds each value).
 pub(super) const STEP_ROWS_PER_STATEMENT: usize = 400;

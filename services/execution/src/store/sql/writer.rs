@@ -319,8 +319,6 @@ async fn apply_on<'a>(
     Ok(())
 }
 
-pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
-
 /// A running execution's progress on SQLite (its row, its steps and their
 /// events, nothing that needs an answer between statements) as one
 /// transaction run whole on the calling thread ([`NativeSqlite`]): a

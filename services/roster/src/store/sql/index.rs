@@ -503,8 +503,8 @@ pub(super) fn team_from_row(row: &sqlx::any::AnyRow) -> Result<Team> {
 mod tests {
     use proptest::prelude::*;
 
-    use crate::domain::delegation::{Decision, DecisionKind, Settings, decide, tests::case_strategy};
     use super::*;
+    use crate::domain::delegation::{Decision, DecisionKind, Settings, decide, tests::case_strategy};
 
     fn member(id: &str, team: &str, tags: &[&str]) -> Agent {
         Agent {
