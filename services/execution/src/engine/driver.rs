@@ -1,6 +1,7 @@
 //! One execution's driver: the only writer of its state. It starts ready
 //! steps (up to the parallel limit), has the roster place them (a named
-//! executor's capacity and status, or a choice by criteria) and hands them
+//! executor's capacity and status, or a choice by criteria; the next step's
+//! slot asked for while the one before runs: [`ahead`]) and hands them
 //! to workers ([`placement`], with what they carry: [`assignment`]) or
 //! invokes their tools ([`tool_step`]), follows what running attempts
 //! report ([`progress`]) and what the run spends ([`spending`]), records
@@ -29,6 +30,7 @@ use muster_format::{StepDefinition, StepRoles};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+mod ahead;
 mod assignment;
 mod commit;
 mod outcomes;
@@ -38,7 +40,7 @@ mod spending;
 mod timers;
 mod tool_step;
 
-use super::{Control, Engine, Input, Route, ahead::Ahead, inbox::Cause, schema, workers::Slot};
+use super::{Control, Engine, Input, Route, inbox::Cause, schema, workers::Slot};
 use crate::{
     Result,
     clients::roster::DelegationAsk,
@@ -55,6 +57,7 @@ use crate::{
         payload,
     },
 };
+use ahead::Ahead;
 
 /// How long the slots of ended steps are offered back to a roster that is
 /// unavailable.
@@ -189,7 +192,7 @@ pub(crate) struct Driver {
     /// What the running attempts reported so far, by step position.
     reported: HashMap<usize, progress::Reported>,
     /// Each step's ask ahead for its executor's slot (`ahead.rs`).
-    pub(super) ahead: Vec<Ahead>,
+    ahead: Vec<Ahead>,
 }
 
 impl Driver {

@@ -14,7 +14,6 @@
 //! publisher, the lease sweeper) runs on one [`TaskTracker`]: on shutdown
 //! the engine stops taking work, cancels them and waits for them.
 
-mod ahead;
 mod contexts;
 mod driver;
 mod handoff;

@@ -9,7 +9,8 @@
 
 use std::{sync::Arc, time::Duration};
 
-use super::{Found, Input, Route, driver::Driver};
+use super::Driver;
+use crate::engine::{Found, Input, Route};
 use crate::{
     clients::roster::{DelegationAsk, Roster},
     domain::{StepStatus, model::DecisionKind},
@@ -63,7 +64,7 @@ impl Driver {
             || !step.slot_task.is_empty()
             || step.retry_at.is_some()
             || self.ahead[dependant] != Ahead::None
-            || definition.step_type == super::HUMAN_APPROVAL
+            || definition.step_type == crate::engine::HUMAN_APPROVAL
             || definition.delegate.is_some()
             || !waits_for_running_alone
         {
