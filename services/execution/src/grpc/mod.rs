@@ -44,6 +44,7 @@ mod relay;
 mod sessions;
 mod streams;
 mod tools;
+mod worker_messages;
 
 pub use access::ACCESS;
 use convert::{Shown, execution_to_wire, process_to_wire};

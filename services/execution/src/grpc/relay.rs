@@ -45,7 +45,7 @@ use tokio::{
 use tokio_stream::{StreamExt as _, wrappers::UnboundedReceiverStream};
 use tonic::{Status, Streaming};
 
-use super::{ExecutionGrpc, ResponseStream, access::denied, streams::handle_worker_message, tools};
+use super::{ExecutionGrpc, ResponseStream, access::denied, tools, worker_messages::handle_worker_message};
 use crate::{
     Error, Result,
     domain::model::{Outcome, Tool, ToolOutput},

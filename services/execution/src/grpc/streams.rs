@@ -4,7 +4,7 @@
 //! offer a tool only when entitled to: connected with an operator's
 //! credential, or serving (or calling as) an agent whose role lists the tool.
 
-use std::{collections::BTreeSet, ops::ControlFlow, sync::Arc};
+use std::{collections::BTreeSet, sync::Arc};
 
 use muster_proto::{common::v1 as common, execution::v1 as wire, frame::WorkerFrame};
 use muster_runtime::{
@@ -17,25 +17,24 @@ use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Status, Streaming};
 
-use super::{ExecutionGrpc, ResponseStream, access::denied, relay::Relays, tools::check_tool_specs};
+use super::{
+    ExecutionGrpc, ResponseStream, access::denied, relay::Relays, tools::check_tool_specs,
+    worker_messages::handle_worker_message,
+};
 use crate::{
     Error, Result,
-    domain::model::{EventKind, HandOff, HandOffAnswer, Outcome},
+    domain::model::{EventKind, Outcome},
     engine::{
-        Control, Engine,
+        Engine,
         workers::{Closing, Connection, ServedAgent, ToWorker},
     },
     wire::{
-        assignment_to_wire, decision_to_wire, event_to_wire, progress_from_wire, shared_memory_to_wire,
-        tool_call_to_wire, tool_from_wire, tool_output_from_wire,
+        assignment_to_wire, decision_to_wire, event_to_wire, shared_memory_to_wire, tool_call_to_wire, tool_from_wire,
     },
 };
 
 /// Most assignments a worker takes at once when it does not say.
 const DEFAULT_MAX_CONCURRENCY: usize = 16;
-/// How long a hand-off may wait for the execution's answer.
-const HAND_OFF_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// A message for the worker, on the wire.
 /// `message`, unless it is an assignment too big for one message: that
 /// step fails (ASSIGNMENT_TOO_LARGE, not retried) and the worker's stream,
@@ -293,117 +292,6 @@ async fn serve_worker(
         if handle_worker_message(worker_id, message, engine).await.is_break() {
             return;
         }
-    }
-}
-
-/// Acts on a message of a worker (or of a relay, for another replica's
-/// workers); `Break` ends the connection.
-pub(super) async fn handle_worker_message(
-    worker_id: u64,
-    message: wire::ConnectWorkerRequest,
-    engine: &Arc<Engine>,
-) -> ControlFlow<()> {
-    use wire::connect_worker_request::Message;
-    let workers = &engine.workers;
-    match message.message {
-        Some(Message::Result(result)) => {
-            let (output_json, duration_ms) = match (
-                muster_runtime::json::value_to_text(result.output.as_ref()),
-                muster_runtime::time::from_duration(result.duration.as_ref()),
-            ) {
-                (Ok(output), Ok(duration)) => (output, duration),
-                (Err(problem), _) | (_, Err(problem)) => {
-                    let outcome = Outcome::Failed {
-                        error_code: "INVALID_RESULT".to_owned(),
-                        message: format!("the result's output or duration {problem}"),
-                        retryable: false,
-                    };
-                    workers.complete(worker_id, &result.assignment_id, outcome);
-                    return ControlFlow::Continue(());
-                }
-            };
-            let outcome = Outcome::Completed {
-                output_json,
-                tokens_used: result.tokens_used,
-                cost: result.cost,
-                duration_ms,
-                iterations: result.iterations,
-                post_to_inbox: result.post_to_inbox,
-                skip_triggers: result.skip_triggers,
-                remember: result
-                    .remember
-                    .into_iter()
-                    .map(|note| {
-                        let global = match wire::MemoryScope::try_from(note.scope) {
-                            Ok(wire::MemoryScope::Global) => Some(true),
-                            Ok(wire::MemoryScope::Role) => Some(false),
-                            _ => None,
-                        };
-                        (global, note.text)
-                    })
-                    .collect(),
-            };
-            workers.complete(worker_id, &result.assignment_id, outcome);
-        }
-        Some(Message::Failure(failure)) => {
-            let outcome = Outcome::Failed {
-                error_code: failure.error_code,
-                message: failure.message,
-                retryable: failure.retryable,
-            };
-            workers.complete(worker_id, &failure.assignment_id, outcome);
-        }
-        Some(Message::Delegate(request)) => {
-            let request = HandOff {
-                assignment_id: request.assignment_id,
-                to_agent_id: request.to_agent_id,
-                required_expertise: request.required_expertise,
-                required_role: request.required_role,
-                reason: request.reason,
-            };
-            let assignment_id = request.assignment_id.clone();
-            // Only the worker holding the assignment may hand its step onward.
-            let answer = if workers.holds(worker_id, &assignment_id) {
-                hand_off(engine, request).await
-            } else {
-                Err(format!("this worker does not hold assignment '{assignment_id}'"))
-            };
-            let answer = answer.unwrap_or_else(|reason| HandOffAnswer {
-                assignment_id,
-                accepted: false,
-                decision: None,
-                reason,
-            });
-            workers.send_to(worker_id, ToWorker::HandOffAnswer(answer));
-        }
-        Some(Message::Progress(mut progress)) => {
-            tracing::debug!(worker_id, assignment = %progress.assignment_id, message = %progress.message, tokens_used = progress.tokens_used, "step progress");
-            let assignment_id = std::mem::take(&mut progress.assignment_id);
-            workers.progress(worker_id, &assignment_id, progress_from_wire(progress));
-        }
-        Some(Message::ToolResult(result)) => {
-            let output = tool_output_from_wire(result.output.unwrap_or_default());
-            workers.complete_tool_call(worker_id, &result.call_id, output);
-        }
-        Some(Message::Heartbeat(_)) => {}
-        Some(Message::Hello(_)) | None => {
-            tracing::info!(worker_id, "a worker said hello twice; disconnecting it");
-            return ControlFlow::Break(());
-        }
-    }
-    ControlFlow::Continue(())
-}
-
-/// Hands a worker's hand-off to the driver of the step's execution.
-async fn hand_off(engine: &Engine, request: HandOff) -> std::result::Result<HandOffAnswer, String> {
-    let execution_id = request.assignment_id.split('/').next().unwrap_or_default().to_owned();
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    if !engine.control(&execution_id, Control::HandOff { request, reply }) {
-        return Err(format!("execution '{execution_id}' is not running"));
-    }
-    match tokio::time::timeout(HAND_OFF_WAIT, answer).await {
-        Ok(Ok(answer)) => Ok(answer),
-        _ => Err("the execution did not answer the delegation in time; the step stays with you".to_owned()),
     }
 }
 
