@@ -23,7 +23,6 @@ mod emi;
 mod fields;
 mod formats;
 mod graph;
-mod markdown;
 mod matrix;
 mod model;
 mod plain_schedule;

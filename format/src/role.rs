@@ -1,13 +1,14 @@
 //! Role definitions: YAML with the `RoleDefinition` fields (one mapping or a
 //! list of them) and Markdown role files (a `# Title` and `##` sections).
 
+mod markdown;
+
 use std::collections::HashMap;
 
 use super::budget::{check_budget, check_throttle};
 use super::diagnostic::{Diagnostic, Diagnostics, Position, child_path, index_path};
 use super::fields::{check_keys, string_field, string_list_field};
 use super::formats::{is_identifier, suggestion};
-use super::markdown;
 use super::model::{Context, ProcessBudget, ProcessThrottle};
 use super::plain_schedule::role_schedule;
 use super::roster::model::{RoleBudget, RoleDefinition, RoleThrottle};

@@ -3,12 +3,16 @@
 //! file, the path and the line and column. The format is documented in
 //! `docs/roster-format.md`.
 
+mod markdown;
+mod yaml;
+
 use std::collections::{HashMap, HashSet};
 
 use saphyr::YamlDataOwned;
 
-use super::import_markdown::parse_markdown_role;
-use super::import_yaml::{Fields, load_document, position};
+use markdown::parse_markdown_role;
+use yaml::{Fields, load_document, position};
+
 use super::model::Invalid;
 use super::model::{Agent, RoleDefinition, Team};
 
@@ -484,5 +488,4 @@ fn read_role(mut fields: Fields<'_>, parsed: &mut ParsedRoster) {
 }
 
 #[cfg(test)]
-#[path = "import_tests.rs"]
 mod tests;

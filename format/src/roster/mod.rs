@@ -7,7 +7,5 @@
 //! files offline.
 
 pub mod import;
-mod import_markdown;
-mod import_yaml;
 pub mod llm_config;
 pub mod model;

@@ -9,7 +9,7 @@
 
 use std::borrow::Cow;
 
-use super::parse::Builder;
+use super::builder::Builder;
 use crate::diagnostic::Position;
 
 /// The document is not in the subset this reader takes; the full parser

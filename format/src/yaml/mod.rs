@@ -7,6 +7,7 @@
 //! knows its expanded size, so a "billion laughs" document is refused while
 //! it is read, in memory proportional to its text. Every limit answers with a diagnostic.
 
+mod builder;
 mod fast;
 mod parse;
 mod scalar;

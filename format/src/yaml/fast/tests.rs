@@ -2,7 +2,8 @@
 //! exactly the tree (positions included) and the diagnostics the full parser
 //! builds from the same text.
 
-use super::super::parse::{Builder, read_events};
+use super::super::builder::Builder;
+use super::super::parse::read_events;
 use super::super::{Limits, Parsed};
 use super::read;
 

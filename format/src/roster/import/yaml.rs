@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use saphyr::{LoadableYamlNode, MarkedYamlOwned, ScalarOwned, YamlDataOwned};
 
-use super::import::{FileDiagnostic, MAX_DEPTH, Severity, Source, file_diagnostic};
-use super::llm_config::{PathStep, Spot, check_llm_config};
+use super::{FileDiagnostic, MAX_DEPTH, Severity, Source, file_diagnostic};
+use crate::roster::llm_config::{PathStep, Spot, check_llm_config};
 
 pub(super) fn position(node: &MarkedYamlOwned) -> (u32, u32) {
     let start = node.span.start;

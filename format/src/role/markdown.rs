@@ -3,15 +3,15 @@
 //! Inbox, Post To Inbox, Budget, Throttle and User Preferences describe it. Budget and Throttle
 //! hold YAML mappings, as a process's `budget:` and `throttle:`. Lists are `-`, `*` or `+` bullets.
 
-use super::budget::{check_budget, check_throttle};
-use super::diagnostic::{Diagnostics, Position};
-use super::formats::suggestion;
-use super::role::{
+use super::{
     ReadRole, check_context_file, check_inbox, check_post_to_inbox, check_role_name, check_schedule,
     check_workspace_path_list, role_budget, role_throttle, warn_duplicates,
 };
-use super::roster::model::RoleDefinition;
-use super::yaml::{Limits, Node, parse};
+use crate::budget::{check_budget, check_throttle};
+use crate::diagnostic::{Diagnostics, Position};
+use crate::formats::suggestion;
+use crate::roster::model::RoleDefinition;
+use crate::yaml::{Limits, Node, parse};
 
 const SECTIONS: [&str; 12] = [
     "Mission",

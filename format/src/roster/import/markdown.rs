@@ -7,8 +7,8 @@ use std::collections::HashSet;
 
 use crate::{Context, RoleFormat};
 
-use super::import::{FileDiagnostic, ImportFile, ParsedRoster, Severity, file_diagnostic, invalid_message};
-use super::model::{RoleBudget, RoleDefinition, RoleThrottle};
+use super::{FileDiagnostic, ImportFile, ParsedRoster, Severity, file_diagnostic, invalid_message};
+use crate::roster::model::{RoleBudget, RoleDefinition, RoleThrottle};
 
 /// Sections the roster reads beyond the validator's (Mission, Goals, Context
 /// Files, Tools, Read Paths, Write Paths, Schedule, Inbox, Post To Inbox,
