@@ -1,5 +1,5 @@
-//! The full parser: `saphyr-parser`'s events fed to the [`Builder`], for
-//! the documents the fast reader declines.
+//! Parsing a document: the fast reader first and, when it declines,
+//! `saphyr-parser`'s events fed to the same [`Builder`].
 
 use saphyr_parser::{Parser, ScanError};
 
