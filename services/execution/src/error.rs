@@ -175,7 +175,7 @@ impl From<Error> for tonic::Status {
         use muster_runtime::status::{self, MAX_MESSAGE_BYTES, truncate};
         let message = truncate(&error.to_string(), MAX_MESSAGE_BYTES).into_owned();
         let document = |reason: &str, found: &[Finding]| {
-            let diagnostics: Vec<_> = found.iter().map(crate::wire::finding_to_wire).collect();
+            let diagnostics: Vec<_> = found.iter().map(crate::grpc::convert::finding_to_wire).collect();
             status::refused_document(&message, reason, "source", &diagnostics)
         };
         match error {

@@ -29,7 +29,6 @@ mod engine;
 mod error;
 mod grpc;
 mod store;
-mod wire;
 
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};
 

@@ -9,8 +9,8 @@ use muster_runtime::auth::client::AuthChannel;
 
 use crate::{
     domain::model::{AgentContext, Decision, RoleDefinition},
+    grpc::convert,
     store::BoxFuture,
-    wire,
 };
 
 /// Iterations an agent may run per step when its roster entry says none.
@@ -248,7 +248,7 @@ impl Roster for RosterClient {
         let mut client = self.client.clone();
         Box::pin(async move {
             let response = client.delegate(delegate_request(ask)).await.map_err(failure)?.into_inner();
-            Ok(wire::decision_from_wire(response.decision.unwrap_or_default()))
+            Ok(convert::decision_from_wire(response.decision.unwrap_or_default()))
         })
     }
 
@@ -275,7 +275,7 @@ impl Roster for RosterClient {
                     response
                         .responses
                         .into_iter()
-                        .map(|answer| wire::decision_from_wire(answer.decision.unwrap_or_default())),
+                        .map(|answer| convert::decision_from_wire(answer.decision.unwrap_or_default())),
                 );
             }
             Ok(decisions)
@@ -292,7 +292,7 @@ impl Roster for RosterClient {
                 .into_inner();
             match stream.message().await.map_err(failure)? {
                 Some(roster::WatchQueuedTaskResponse { decision: Some(decision) }) => {
-                    Ok(Some(wire::decision_from_wire(decision)))
+                    Ok(Some(convert::decision_from_wire(decision)))
                 }
                 _ => Ok(None),
             }

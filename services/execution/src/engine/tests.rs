@@ -612,7 +612,7 @@ async fn each_assignment_carries_the_history_and_memory_of_the_steps_it_builds_o
     // The shared memory as a worker decodes it.
     let memory = |assignment: &crate::domain::model::Assignment| -> serde_json::Value {
         use prost::Message as _;
-        let encoded = crate::wire::shared_memory_to_wire(&assignment.shared_memory);
+        let encoded = crate::grpc::convert::shared_memory_to_wire(&assignment.shared_memory);
         muster_runtime::json::object_to_json(&prost_types::Struct::decode(encoded).unwrap()).unwrap()
     };
     assert!(seen("s0").history.is_empty());

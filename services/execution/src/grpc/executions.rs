@@ -21,8 +21,8 @@ use crate::{
         payload::{self, PayloadKind},
     },
     engine::{Control, StartRequest},
+    grpc::convert::{execution_status_from_wire, payload_kind_from_wire},
     store::ExecutionFilter,
-    wire::{execution_status_from_wire, payload_kind_from_wire},
 };
 
 impl ExecutionGrpc {

@@ -35,7 +35,10 @@ impl ExecutionGrpc {
         tracing::info!(version = stored.version, by = %stored.created_by, "permission matrix stored");
         let response = wire::PutPermissionMatrixResponse {
             matrix: Some(matrix_to_wire(&stored, true)),
-            diagnostics: warnings.iter().map(|warning| crate::wire::finding_to_wire(&Finding::from(warning))).collect(),
+            diagnostics: warnings
+                .iter()
+                .map(|warning| crate::grpc::convert::finding_to_wire(&Finding::from(warning)))
+                .collect(),
         };
         self.engine.set_matrix(stored);
         Ok(response)

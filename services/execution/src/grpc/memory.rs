@@ -13,7 +13,7 @@ use super::{
 use crate::{
     Error, Result,
     domain::memory::{self, MemoryEntry},
-    wire::memory_entry_to_wire,
+    grpc::convert::memory_entry_to_wire,
 };
 
 /// The memory a request names: the role (empty for the global memory).

@@ -31,7 +31,7 @@ use crate::{
 
 mod access;
 mod budget;
-mod convert;
+pub(crate) mod convert;
 mod decisions;
 mod executions;
 mod forward;
@@ -331,9 +331,9 @@ impl ExecutionService for ExecutionGrpc {
     ) -> Result<Response<wire::InvokeToolResponse>, Status> {
         let caller = Caller::of(&request)?;
         answer(
-            self.invoke_tool_as(&caller, request.into_inner())
-                .await
-                .map(|output| wire::InvokeToolResponse { output: Some(crate::wire::tool_output_to_wire(output)) }),
+            self.invoke_tool_as(&caller, request.into_inner()).await.map(|output| wire::InvokeToolResponse {
+                output: Some(crate::grpc::convert::tool_output_to_wire(output)),
+            }),
         )
     }
 
@@ -347,7 +347,7 @@ impl ExecutionService for ExecutionGrpc {
         let (tools, next_page_token) = muster_runtime::paging::page(
             &tools,
             |tool| &tool.name,
-            crate::wire::tool_to_wire,
+            crate::grpc::convert::tool_to_wire,
             page_size(request.page_size) as usize,
             &request.page_token,
             1024 * 1024,

@@ -53,8 +53,8 @@ use crate::{
         Engine, Input, Route,
         workers::{Connection, Offer, ServedAgent, ToWorker},
     },
+    grpc::convert::{tool_call_from_wire, tool_from_wire, tool_output_to_wire, tool_to_wire},
     store::Replica,
-    wire::{tool_call_from_wire, tool_from_wire, tool_output_to_wire, tool_to_wire},
 };
 
 /// How often the other replicas are listed again (a replica that joined

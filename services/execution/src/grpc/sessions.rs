@@ -10,7 +10,7 @@ use prost::Message as _;
 use super::{
     ExecutionGrpc,
     access::denied,
-    convert::{assignment_to_wire, execution_to_wire, subtask_to_wire},
+    convert::{execution_to_wire, role_assignment_to_wire, subtask_to_wire},
 };
 use crate::{
     Error, Result,
@@ -192,7 +192,7 @@ impl ExecutionGrpc {
         let control = |reply| Control::AssignRole { assignment: assignment.clone(), matrix_version, reply };
         self.control(&request.execution_id, control).await?;
         Ok(wire::AssignRoleResponse {
-            assignment: Some(assignment_to_wire(&assignment, String::new())),
+            assignment: Some(role_assignment_to_wire(&assignment, String::new())),
             matrix_version,
         })
     }
@@ -296,7 +296,7 @@ impl ExecutionGrpc {
         self.control(&execution.id, control).await?;
         Ok(wire::DecideSubtaskResponse {
             request: Some(subtask_to_wire(&execution.id, &decided)),
-            assignment: assignment.map(|assignment| assignment_to_wire(&assignment, String::new())),
+            assignment: assignment.map(|assignment| role_assignment_to_wire(&assignment, String::new())),
         })
     }
 
@@ -322,7 +322,7 @@ impl ExecutionGrpc {
         let assignment = execution.session.as_ref().and_then(|session| session.assignments.get(agent_id));
         Ok(wire::GetMyRoleResponse {
             assignment: Some(match assignment {
-                Some(assignment) => assignment_to_wire(assignment, activity(agent_id, &views)),
+                Some(assignment) => role_assignment_to_wire(assignment, activity(agent_id, &views)),
                 None => wire::RoleAssignment {
                     agent_id: agent_id.to_owned(),
                     role: role.clone(),
@@ -499,7 +499,7 @@ impl ExecutionGrpc {
             assignments: session
                 .assignments
                 .values()
-                .map(|assignment| assignment_to_wire(assignment, activity(&assignment.agent_id, &views)))
+                .map(|assignment| role_assignment_to_wire(assignment, activity(&assignment.agent_id, &views)))
                 .collect(),
             blockers: blockers
                 .into_iter()
@@ -531,7 +531,7 @@ impl ExecutionGrpc {
                 .as_ref()
                 .map(|session| context_window(&execution.id, session, &execution.lead_agent_id, &views))
                 .unwrap_or_default(),
-            status: crate::wire::execution_status_to_wire(execution.status) as i32,
+            status: crate::grpc::convert::execution_status_to_wire(execution.status) as i32,
             task: execution.session.as_ref().map(|session| wire::SessionTask {
                 title: session.title.clone(),
                 description: session.description.clone(),

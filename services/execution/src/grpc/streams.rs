@@ -28,7 +28,7 @@ use crate::{
         Engine,
         workers::{Closing, Connection, ServedAgent, ToWorker},
     },
-    wire::{
+    grpc::convert::{
         assignment_to_wire, decision_to_wire, event_to_wire, shared_memory_to_wire, tool_call_to_wire, tool_from_wire,
     },
 };

@@ -9,7 +9,7 @@ use muster_proto::execution::v1 as wire;
 use crate::{
     domain::model::{HandOff, HandOffAnswer, Outcome},
     engine::{Control, Engine, workers::ToWorker},
-    wire::{progress_from_wire, tool_output_from_wire},
+    grpc::convert::{progress_from_wire, tool_output_from_wire},
 };
 
 /// How long a hand-off may wait for the execution's answer.

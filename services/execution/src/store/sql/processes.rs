@@ -13,7 +13,7 @@ use crate::store::{NewProcess, Published};
 use crate::{
     Error, Result,
     domain::model::{Finding, ProcessVersion, Warnings},
-    wire,
+    grpc::convert,
 };
 
 pub(super) async fn publish_process(store: &SqlStore, process: NewProcess) -> Result<Published> {
@@ -154,14 +154,17 @@ struct StoredDiagnostics {
 }
 
 fn encode_warnings(warnings: &Warnings) -> Vec<u8> {
-    StoredDiagnostics { diagnostics: warnings.kept.iter().map(wire::finding_to_wire).collect(), count: warnings.count }
-        .encode_to_vec()
+    StoredDiagnostics {
+        diagnostics: warnings.kept.iter().map(convert::finding_to_wire).collect(),
+        count: warnings.count,
+    }
+    .encode_to_vec()
 }
 
 fn decode_warnings(bytes: &[u8]) -> Result<Warnings> {
     let stored = StoredDiagnostics::decode(bytes)
         .map_err(|error| Error::Storage(format!("corrupt stored diagnostics: {error}")))?;
-    let kept: Vec<Finding> = stored.diagnostics.into_iter().map(wire::finding_from_wire).collect();
+    let kept: Vec<Finding> = stored.diagnostics.into_iter().map(convert::finding_from_wire).collect();
     // Versions stored before the count kept every warning.
     Ok(if stored.count == 0 { Warnings::keep(kept) } else { Warnings { kept, count: stored.count } })
 }

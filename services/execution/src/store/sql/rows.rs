@@ -15,7 +15,7 @@ use crate::{
         authority::{RoleAssignment, SubtaskRequest},
         model::{Event, Execution},
     },
-    wire,
+    grpc::convert,
 };
 
 /// A statement with its parameters bound.
@@ -160,7 +160,7 @@ impl<'a> EventRow<'a> {
             .map(|event| EventRow {
                 execution_id: &event.execution_id,
                 sequence: event.sequence as i64,
-                event: hex(&wire::event_to_wire(event).encode_to_vec()),
+                event: hex(&convert::event_to_wire(event).encode_to_vec()),
             })
             .collect()
     }
@@ -239,7 +239,10 @@ pub(super) fn bind_step<'q>(query: AnyQuery<'q>, write: &StepWrite) -> AnyQuery<
 }
 
 pub(super) fn bind_event<'q>(query: AnyQuery<'q>, event: &Event) -> AnyQuery<'q> {
-    query.bind(event.execution_id.clone()).bind(event.sequence as i64).bind(wire::event_to_wire(event).encode_to_vec())
+    query
+        .bind(event.execution_id.clone())
+        .bind(event.sequence as i64)
+        .bind(convert::event_to_wire(event).encode_to_vec())
 }
 
 pub(super) async fn insert_execution(

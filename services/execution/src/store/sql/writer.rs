@@ -30,7 +30,7 @@ use crate::{
         memory::MemoryEntry,
         model::{Event, Execution},
     },
-    wire,
+    grpc::convert,
 };
 
 /// Most commits put into one transaction.
@@ -387,7 +387,7 @@ async fn apply_natively(
                     let first = row * 3;
                     statement.raw_bind_parameter(first + 1, &event.execution_id)?;
                     statement.raw_bind_parameter(first + 2, event.sequence as i64)?;
-                    statement.raw_bind_parameter(first + 3, wire::event_to_wire(event).encode_to_vec())?;
+                    statement.raw_bind_parameter(first + 3, convert::event_to_wire(event).encode_to_vec())?;
                 }
                 statement.raw_execute()?;
             }
