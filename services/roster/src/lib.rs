@@ -18,7 +18,6 @@
 #![forbid(unsafe_code)]
 
 pub mod clock;
-mod convert;
 pub mod domain;
 pub mod error;
 mod grpc;

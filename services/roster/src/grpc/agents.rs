@@ -7,8 +7,8 @@ use muster_runtime::auth::{Caller, TokenHash, only_for_itself};
 use muster_runtime::paging::page;
 use tonic::{Request, Response, Status as GrpcStatus};
 
+use super::convert::{agent_from_wire, agent_to_wire, required_id, status_from_wire, update_mask_fields};
 use super::{MAX_PAGE_BYTES, RosterGrpc, new_token, page_size};
-use crate::convert::{agent_from_wire, agent_to_wire, required_id, status_from_wire, update_mask_fields};
 use crate::domain::{model::normalize_tags, prompt::render_system_prompt};
 use crate::error::{Error, Result};
 use crate::store::{AgentQuery, Store};

@@ -10,8 +10,8 @@ use muster_runtime::auth::{
 };
 use tonic::{Request, Response, Status as GrpcStatus};
 
+use super::convert::{agent_to_wire, required_id};
 use super::{RosterGrpc, new_token};
-use crate::convert::{agent_to_wire, required_id};
 use crate::error::{Error, Result};
 use crate::store::Store;
 

@@ -8,7 +8,7 @@ use muster_runtime::auth::{Caller, only_for_itself, permission_denied};
 use tonic::{Request, Response, Status as GrpcStatus};
 
 use super::RosterGrpc;
-use crate::convert::{decision_to_wire, delegation_request_from_wire, record_to_wire};
+use super::convert::{decision_to_wire, delegation_request_from_wire, record_to_wire};
 use crate::error::Error;
 use crate::store::{DelegationQuery, QueueResolution, Store};
 

@@ -2,9 +2,11 @@
 //! call what is [`ACCESS`]; the trait's methods call the room of their
 //! subject: [`agents`], [`teams`] (and role definitions), [`organisation`]
 //! (import and the organisation's view), [`delegation`], [`credentials`]
-//! (tokens) and the long-lived [`watches`].
+//! (tokens) and the long-lived [`watches`]; the wire forms of the domain
+//! types are in [`convert`].
 
 mod agents;
+mod convert;
 mod credentials;
 mod delegation;
 mod organisation;

@@ -7,8 +7,8 @@ use std::collections::HashSet;
 use muster_proto::roster::v1 as pb;
 use muster_runtime::auth::TokenHash;
 
+use super::convert::{agent_to_wire, diagnostic_to_wire, required_id};
 use super::{RosterGrpc, new_token};
-use crate::convert::{agent_to_wire, diagnostic_to_wire, required_id};
 use crate::domain::{
     import::{self, ImportFile, Severity},
     model::normalize_tags,

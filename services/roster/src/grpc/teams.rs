@@ -5,8 +5,8 @@ use muster_proto::roster::v1 as pb;
 use muster_runtime::paging::page;
 use tonic::{Request, Response, Status as GrpcStatus};
 
+use super::convert::{required_id, required_name, role_from_wire, team_from_wire, team_to_wire};
 use super::{MAX_PAGE_BYTES, RosterGrpc, page_size};
-use crate::convert::{required_id, required_name, role_from_wire, team_from_wire, team_to_wire};
 use crate::error::{Error, Result};
 use crate::store::Store;
 use muster_runtime::roles::role_to_wire;

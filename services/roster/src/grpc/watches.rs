@@ -12,8 +12,8 @@ use tokio::sync::broadcast;
 use tokio_stream::{Stream, StreamExt, wrappers::BroadcastStream};
 use tonic::{Request, Response, Status as GrpcStatus};
 
+use super::convert::{agent_to_wire, decision_to_wire};
 use super::{ResponseStream, RosterGrpc};
-use crate::convert::{agent_to_wire, decision_to_wire};
 use crate::error::{Error, Result};
 use crate::store::{QueueResolution, QueueState, Store};
 use muster_runtime::roles::role_to_wire;
