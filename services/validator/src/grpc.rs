@@ -14,6 +14,17 @@ use muster_format::{Context, Diagnostic, KnownAgent, KnownRole, Limits, RoleForm
 
 use crate::Error;
 
+/// Who may call each method: any authenticated caller (operators, agents,
+/// the cluster's services).
+pub const ACCESS: &[muster_runtime::auth::Rule] = {
+    use muster_runtime::auth::{Access, rule};
+    &[
+        rule("ValidateProcess", Access::ANYONE),
+        rule("ValidateRoleDefinition", Access::ANYONE),
+        rule("ValidatePermissionMatrix", Access::ANYONE),
+    ]
+};
+
 /// The `muster.validator.v1.ValidatorService` implementation.
 #[derive(Debug, Clone)]
 pub struct ValidatorGrpc {

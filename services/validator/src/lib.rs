@@ -17,7 +17,7 @@ mod error;
 mod grpc;
 
 pub use error::{Error, Result};
-pub use grpc::ValidatorGrpc;
+pub use grpc::{ACCESS, ValidatorGrpc};
 use muster_format::Limits;
 
 /// The validator's default port.
@@ -32,17 +32,6 @@ pub struct Config {
     #[command(flatten)]
     pub server: muster_runtime::ServerArgs,
 }
-
-/// Who may call each method: any authenticated caller (operators, agents,
-/// the cluster's services).
-pub const ACCESS: &[muster_runtime::auth::Rule] = {
-    use muster_runtime::auth::{Access, rule};
-    &[
-        rule("ValidateProcess", Access::ANYONE),
-        rule("ValidateRoleDefinition", Access::ANYONE),
-        rule("ValidatePermissionMatrix", Access::ANYONE),
-    ]
-};
 
 /// Serves the validator on `listener` until `shutdown` resolves.
 ///
