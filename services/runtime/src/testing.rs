@@ -12,6 +12,10 @@ use sqlx::{AssertSqlSafe, Connection, Executor, PgConnection};
 /// down (a SQLite connection closing, its checkpointer) can create a file in
 /// the folder while it is being removed, which leaves it behind: the
 /// removal is tried again for up to two seconds until the folder is gone.
+#[expect(
+    clippy::disallowed_methods,
+    reason = "a test's clean-up, retried while a stopped process lets go of its files"
+)]
 pub fn remove_folder(folder: &std::path::Path) {
     for _ in 0..40 {
         let _ = std::fs::remove_dir_all(folder);

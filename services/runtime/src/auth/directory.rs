@@ -318,6 +318,7 @@ mod tests {
         assert!(started.elapsed() >= NEW_TOKEN_GRACE);
     }
 
+    #[expect(clippy::disallowed_methods, reason = "a synchronous test that needs real time to pass, on no runtime")]
     #[test]
     fn a_stale_copy_refuses_agents() {
         let directory = AgentDirectory::new(Duration::from_millis(0));

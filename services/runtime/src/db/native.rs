@@ -208,6 +208,10 @@ impl Checkpointer {
     }
 
     /// One checkpoint, in the mode the log's size and age ask for.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the checkpointer's own thread, outside the runtime, waits for the writers' turn"
+    )]
     fn tick(&mut self, turn: Option<(&tokio::runtime::Handle, &AnyPool)>) -> rusqlite::Result<()> {
         let (frames, _) = self.checkpoint(Checkpoint::Passive)?;
         let now = std::time::Instant::now();
@@ -263,6 +267,10 @@ impl Checkpointer {
 /// How long the checkpointer waits for the writers' turn before it tries again later.
 const TURN_WAIT: Duration = Duration::from_secs(1);
 
+#[expect(
+    clippy::disallowed_methods,
+    reason = "the checkpointer's own thread does nothing but wait between checkpoints"
+)]
 fn checkpoint_while(
     path: &Path,
     alive: &Weak<()>,
@@ -623,6 +631,10 @@ mod tests {
 
     /// The largest the log grew while two overlapping readers read and the
     /// writer wrote 24 MB.
+    #[expect(
+        clippy::disallowed_methods,
+        reason = "the readers are threads of their own, holding their transactions for a while"
+    )]
     async fn largest_log_under_overlapping_readers() -> u64 {
         let (folder, url) = temporary_file();
         let database = Database::connect_lazy_with(&url, Connections { readers: 1, ..Connections::new(1) }).unwrap();
