@@ -295,38 +295,9 @@ fn check_step<'a>(
     let errors_before = diagnostics.error_count();
     check_keys(step, path, &STEP_FIELDS, "STP008", "STP009", "a step", diagnostics);
 
-    let id = string_field(step, "id", path, "STP009", diagnostics);
-    match id {
-        Some((node, text)) if !is_identifier(text) => diagnostics.error(
-            "STP003",
-            &child_path(path, "id"),
-            node.position(),
-            format!("step id '{text}' must match [a-z0-9][a-z0-9_-]* and be at most 64 characters"),
-        ),
-        None if step.get("id").is_none() => diagnostics.error("STP002", path, step.position(), "the step has no 'id'"),
-        _ => {}
-    }
+    let id = check_step_id(step, path, diagnostics);
     let label = || id.map_or_else(|| path.to_owned(), |(_, text)| format!("step '{text}'"));
-
-    let step_type = string_field(step, "type", path, "STP009", diagnostics).map(|(node, text)| {
-        if !STEP_TYPES.contains(&text) {
-            diagnostics.error(
-                "STP006",
-                &child_path(path, "type"),
-                node.position(),
-                format!(
-                    "unknown step type '{text}'{}; known types are {}",
-                    suggestion(text, &STEP_TYPES),
-                    STEP_TYPES.join(", ")
-                ),
-            );
-        }
-        text
-    });
-    if step.get("type").is_none() {
-        diagnostics.error("STP005", path, step.position(), format!("{} has no 'type'", label()));
-    }
-    let step_type = step_type.unwrap_or_default();
+    let step_type = check_step_type(step, path, &label, diagnostics);
 
     let name = string_field(step, "name", path, "STP009", diagnostics)
         .or_else(|| string_field(step, "title", path, "STP009", diagnostics))
@@ -337,16 +308,7 @@ fn check_step<'a>(
     let tool = string_field(step, "tool", path, "STP009", diagnostics);
     let action = string_field(step, "action", path, "STP009", diagnostics);
     if let Some((node, text)) = action {
-        let well_formed = text.bytes().next().is_some_and(|first| first.is_ascii_lowercase())
-            && text.bytes().all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_');
-        if !well_formed {
-            diagnostics.error(
-                "STP014",
-                &child_path(path, "action"),
-                node.position(),
-                format!("action '{text}' must match [a-z][a-z0-9_]* (such as 'code' or 'request_review')"),
-            );
-        }
+        check_action_name(node, text, path, diagnostics);
     }
     let post_to_inbox = string_field(step, "post_to_inbox", path, "STP009", diagnostics);
     if let Some((node, text)) = post_to_inbox
@@ -365,77 +327,14 @@ fn check_step<'a>(
     let approvers = string_list_field(step, "approvers", path, "STP009", diagnostics).unwrap_or_default();
     let schedule_to_start =
         integer_field(step, "schedule_to_start_seconds", path, ("STP009", "STP010"), (1, 31_536_000), diagnostics);
-
-    let inputs_json = match step.get("inputs") {
-        None => "{}".to_owned(),
-        Some(inputs) if inputs.is_null() => "{}".to_owned(),
-        Some(inputs) if inputs.is_mapping() => inputs.to_json_text(),
-        Some(inputs) => {
-            diagnostics.error(
-                "STP009",
-                &child_path(path, "inputs"),
-                inputs.position(),
-                format!("field 'inputs' must be a mapping, found {}", inputs.type_name()),
-            );
-            "{}".to_owned()
-        }
-    };
-
-    let depends_on = string_list_field(step, "depends_on", path, "STP009", diagnostics).unwrap_or_default();
-    let mut dependencies: Vec<Dependency<'a>> = Vec::with_capacity(depends_on.len());
-    // A short list is searched; a long one gets a set.
-    let mut listed = (depends_on.len() > 16).then(|| HashSet::with_capacity(depends_on.len()));
-    for (index, (node, target)) in depends_on.iter().enumerate() {
-        let repeated = match &mut listed {
-            Some(listed) => !listed.insert(*target),
-            None => dependencies.iter().any(|dependency| dependency.target == *target),
-        };
-        if repeated {
-            diagnostics.warning(
-                "STP013",
-                &index_path(&child_path(path, "depends_on"), index),
-                node.position(),
-                format!("'{target}' is listed twice in depends_on"),
-            );
-            continue;
-        }
-        dependencies.push(Dependency { target, index, at: node.position() });
-    }
+    let inputs_json = step_inputs_json(step, path, diagnostics);
+    let dependencies = check_depends_on(step, path, diagnostics);
 
     let roles_node = step.get("roles");
     let roles = roles_node.and_then(|roles| check_step_roles(step, roles, path, step_type, diagnostics));
     let delegate =
         step.get("delegate").and_then(|node| check_delegate(node, &child_path(path, "delegate"), diagnostics));
-
-    // Required fields by type.
-    match step_type {
-        "agent_task" => {
-            if message.is_none() && step.get("message").is_none() {
-                diagnostics.error("STP007", path, step.position(), format!("agent_task {} needs a 'message'", label()));
-            }
-            if agent.is_none() && roles_node.is_none() && step.get("delegate").is_none() && step.get("agent").is_none()
-            {
-                diagnostics.error(
-                    "STP007",
-                    path,
-                    step.position(),
-                    format!("agent_task {} needs an executor: set 'agent', 'roles.executor' or 'delegate'", label()),
-                );
-            }
-        }
-        "tool_call" if step.get("tool").is_none() => {
-            diagnostics.error("STP007", path, step.position(), format!("tool_call {} needs a 'tool'", label()));
-        }
-        _ => {}
-    }
-    if let Some(node) = step.get("tool").filter(|_| !step_type.is_empty() && step_type != "tool_call") {
-        diagnostics.warning(
-            "STP012",
-            &child_path(path, "tool"),
-            node.position(),
-            format!("'tool' is only used by tool_call steps; {} is {step_type}", label()),
-        );
-    }
+    check_required_fields(step, path, step_type, &label, diagnostics);
     let named_executor = roles.as_ref().map(|roles| roles.executor.as_str()).or(agent.map(|(_, text)| text));
     if let (Some(node), Some(executor)) = (step.key_node("delegate"), named_executor) {
         diagnostics.warning(
@@ -476,6 +375,146 @@ fn check_step<'a>(
         post_to_inbox: post_to_inbox.map(|(_, text)| text.to_owned()),
     });
     Some(CheckedStep { id, dependencies, references, definition })
+}
+
+/// A step's `id`: present, and an identifier.
+fn check_step_id<'a>(step: Node<'a>, path: &str, diagnostics: &mut Diagnostics) -> Option<(Node<'a>, &'a str)> {
+    let id = string_field(step, "id", path, "STP009", diagnostics);
+    match id {
+        Some((node, text)) if !is_identifier(text) => diagnostics.error(
+            "STP003",
+            &child_path(path, "id"),
+            node.position(),
+            format!("step id '{text}' must match [a-z0-9][a-z0-9_-]* and be at most 64 characters"),
+        ),
+        None if step.get("id").is_none() => diagnostics.error("STP002", path, step.position(), "the step has no 'id'"),
+        _ => {}
+    }
+    id
+}
+
+/// A step's `type`: present, and one of [`STEP_TYPES`]; empty when it is
+/// not given as text.
+fn check_step_type<'a>(
+    step: Node<'a>,
+    path: &str,
+    label: &impl Fn() -> String,
+    diagnostics: &mut Diagnostics,
+) -> &'a str {
+    let step_type = string_field(step, "type", path, "STP009", diagnostics).map(|(node, text)| {
+        if !STEP_TYPES.contains(&text) {
+            diagnostics.error(
+                "STP006",
+                &child_path(path, "type"),
+                node.position(),
+                format!(
+                    "unknown step type '{text}'{}; known types are {}",
+                    suggestion(text, &STEP_TYPES),
+                    STEP_TYPES.join(", ")
+                ),
+            );
+        }
+        text
+    });
+    if step.get("type").is_none() {
+        diagnostics.error("STP005", path, step.position(), format!("{} has no 'type'", label()));
+    }
+    step_type.unwrap_or_default()
+}
+
+/// An `action` name: lowercase letters, digits and `_`, starting with a letter.
+fn check_action_name(node: Node<'_>, text: &str, path: &str, diagnostics: &mut Diagnostics) {
+    let well_formed = text.bytes().next().is_some_and(|first| first.is_ascii_lowercase())
+        && text.bytes().all(|byte| byte.is_ascii_lowercase() || byte.is_ascii_digit() || byte == b'_');
+    if !well_formed {
+        diagnostics.error(
+            "STP014",
+            &child_path(path, "action"),
+            node.position(),
+            format!("action '{text}' must match [a-z][a-z0-9_]* (such as 'code' or 'request_review')"),
+        );
+    }
+}
+
+/// A step's `inputs` as JSON text: `{}` when not given (or not a mapping).
+fn step_inputs_json(step: Node<'_>, path: &str, diagnostics: &mut Diagnostics) -> String {
+    match step.get("inputs") {
+        None => "{}".to_owned(),
+        Some(inputs) if inputs.is_null() => "{}".to_owned(),
+        Some(inputs) if inputs.is_mapping() => inputs.to_json_text(),
+        Some(inputs) => {
+            diagnostics.error(
+                "STP009",
+                &child_path(path, "inputs"),
+                inputs.position(),
+                format!("field 'inputs' must be a mapping, found {}", inputs.type_name()),
+            );
+            "{}".to_owned()
+        }
+    }
+}
+
+/// A step's `depends_on`, each step once (one listed twice is a warning).
+fn check_depends_on<'a>(step: Node<'a>, path: &str, diagnostics: &mut Diagnostics) -> Vec<Dependency<'a>> {
+    let depends_on = string_list_field(step, "depends_on", path, "STP009", diagnostics).unwrap_or_default();
+    let mut dependencies: Vec<Dependency<'a>> = Vec::with_capacity(depends_on.len());
+    // A short list is searched; a long one gets a set.
+    let mut listed = (depends_on.len() > 16).then(|| HashSet::with_capacity(depends_on.len()));
+    for (index, (node, target)) in depends_on.iter().enumerate() {
+        let repeated = match &mut listed {
+            Some(listed) => !listed.insert(*target),
+            None => dependencies.iter().any(|dependency| dependency.target == *target),
+        };
+        if repeated {
+            diagnostics.warning(
+                "STP013",
+                &index_path(&child_path(path, "depends_on"), index),
+                node.position(),
+                format!("'{target}' is listed twice in depends_on"),
+            );
+            continue;
+        }
+        dependencies.push(Dependency { target, index, at: node.position() });
+    }
+    dependencies
+}
+
+/// The fields a step's type needs (an agent task's message and executor, a
+/// tool call's tool), and a `tool` a step of another type would ignore.
+fn check_required_fields(
+    step: Node<'_>,
+    path: &str,
+    step_type: &str,
+    label: &impl Fn() -> String,
+    diagnostics: &mut Diagnostics,
+) {
+    match step_type {
+        "agent_task" => {
+            if step.get("message").is_none() {
+                diagnostics.error("STP007", path, step.position(), format!("agent_task {} needs a 'message'", label()));
+            }
+            if step.get("roles").is_none() && step.get("delegate").is_none() && step.get("agent").is_none() {
+                diagnostics.error(
+                    "STP007",
+                    path,
+                    step.position(),
+                    format!("agent_task {} needs an executor: set 'agent', 'roles.executor' or 'delegate'", label()),
+                );
+            }
+        }
+        "tool_call" if step.get("tool").is_none() => {
+            diagnostics.error("STP007", path, step.position(), format!("tool_call {} needs a 'tool'", label()));
+        }
+        _ => {}
+    }
+    if let Some(node) = step.get("tool").filter(|_| !step_type.is_empty() && step_type != "tool_call") {
+        diagnostics.warning(
+            "STP012",
+            &child_path(path, "tool"),
+            node.position(),
+            format!("'tool' is only used by tool_call steps; {} is {step_type}", label()),
+        );
+    }
 }
 
 /// The delegation request and the position of its `role` value, if any.
