@@ -3,14 +3,15 @@
 //! travel), reports, progress, hand-offs and tool calls over the stream,
 //! and what a refused agent or a broken stream does.
 
-use std::{future::Future, sync::Arc, time::Duration};
+use std::{collections::HashMap, future::Future, sync::Arc, time::Duration};
 
 use muster_client::auth::{AuthChannel, Credentials, with_credentials};
 use muster_proto::{
     execution::v1::{
-        Assignment, ConnectWorkerRequest, DelegateStep, PayloadKind, ServedAgent, StepFailure, StepResult,
-        ToolCallResult, ToolOutput, WorkerHeartbeat, WorkerHello, connect_worker_request, connect_worker_response,
-        execution_service_client::ExecutionServiceClient, framed_client,
+        Assignment, ConnectWorkerRequest, DelegateStep, DelegationOutcome, PayloadKind, ServedAgent, StepFailure,
+        StepResult, ToolCall, ToolCallResult, ToolOutput, WorkerHeartbeat, WorkerHello, WorkerWelcome,
+        connect_worker_request, connect_worker_response, execution_service_client::ExecutionServiceClient,
+        framed_client,
     },
     frame::WorkerFrame,
 };
@@ -169,22 +170,22 @@ pub(super) async fn session<B: Behaviour>(
         .connect_worker(ReceiverStream::new(receiver))
         .await?
         .into_inner();
-    // Large values are read, and a step's calls made, with the token of the
-    // agent the assignment is for.
-    let mut readers = std::collections::HashMap::new();
+    let mut readers = HashMap::new();
     for agent in agents {
         let channel = with_credentials(replicas.clone(), Credentials::bearer(&agent.token)?);
         readers.insert(agent.agent_id.clone(), (ExecutionServiceClient::new(channel), agent.token.clone()));
     }
-    // The assignments running, to stop one the service withdraws; all of
-    // them stop with the session (the service reassigns them).
-    let running = Running::default();
-    let delegations = Delegations::default();
-    // Heartbeats last as long as this session: a worker that stops (or
-    // reconnects) must not keep its old stream alive with them.
-    let mut _heartbeats: Option<AbortOnDrop> = None;
-    // Assignments handed onward, waiting for the service's answer: what to report if refused.
-    let refused_fallbacks: Arc<std::sync::Mutex<std::collections::HashMap<String, StepOutcome>>> = Arc::default();
+    let mut session = Session {
+        execution,
+        behaviour,
+        client,
+        readers,
+        sender,
+        running: Running::default(),
+        delegations: Delegations::default(),
+        refused_fallbacks: Arc::default(),
+        heartbeats: None,
+    };
     while let Some(frame) = inbound.message().await? {
         let (message, shared_memory) = match frame {
             WorkerFrame::Assignment { assignment, shared_memory } => {
@@ -200,150 +201,187 @@ pub(super) async fn session<B: Behaviour>(
                     worker_id: welcome.worker_id.clone(),
                     agents: agents.iter().map(|agent| agent.agent_id.clone()).collect(),
                 });
-                // Heartbeats keep the lease while assignments take long.
-                let lease = muster_client::time::from_duration(welcome.lease.as_ref()).unwrap_or_default();
-                let heartbeat_every = Duration::from_millis((lease / 3).max(50));
-                let sender = sender.clone();
-                _heartbeats = Some(AbortOnDrop(tokio::spawn(async move {
-                    let heartbeat = ConnectWorkerRequest {
-                        message: Some(connect_worker_request::Message::Heartbeat(WorkerHeartbeat {})),
-                    };
-                    loop {
-                        tokio::time::sleep(heartbeat_every).await;
-                        if sender.send(heartbeat.clone()).await.is_err() {
-                            return;
-                        }
-                    }
-                })));
+                session.welcomed(&welcome);
             }
-            Some(connect_worker_response::Message::Assignment(mut assignment)) => {
-                let (mut reader, agent_token) = readers
-                    .get(&assignment.agent_id)
-                    .cloned()
-                    .unwrap_or_else(|| (client.clone(), execution.token.clone()));
-                let shared_memory = match assignment.shared_memory.take() {
-                    Some(memory) => SharedMemory::from(&memory),
-                    None => shared_memory,
-                };
-                let step = Step {
-                    assignment_id: assignment.assignment_id.clone(),
-                    shared_memory,
-                    agent_token,
-                    sender: sender.clone(),
-                    execution: reader.clone(),
-                    delegations: delegations.clone(),
-                };
-                let behaviour = behaviour.clone();
-                let sender = sender.clone();
-                let refused_fallbacks = refused_fallbacks.clone();
-                let span = tracing::info_span!(
-                    parent: None,
-                    "assignment",
-                    assignment_id = %assignment.assignment_id,
-                    agent_id = %assignment.agent_id,
-                    step_id = %assignment.step_id,
-                );
-                muster_client::trace::continue_from(&span, &assignment.trace_parent);
-                let listed_as = assignment.assignment_id.clone();
-                let run = move |finished: Finished| async move {
-                    let _finished = finished;
-                    let assignment_id = assignment.assignment_id.clone();
-                    let started = std::time::Instant::now();
-                    let outcome = match fill_payloads(&mut reader, &mut assignment).await {
-                        Ok(()) => behaviour.run(assignment, step).await,
-                        Err(status) => StepOutcome::Failed {
-                            error_code: "PAYLOAD_UNAVAILABLE".to_owned(),
-                            message: format!("could not read the assignment's large values: {}", status.message()),
-                            retryable: true,
-                        },
-                    };
-                    let message = match outcome {
-                        StepOutcome::Delegate { to_agent_id, required_expertise, reason, otherwise } => {
-                            refused_fallbacks
-                                .lock()
-                                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                                .insert(assignment_id.clone(), *otherwise);
-                            connect_worker_request::Message::Delegate(DelegateStep {
-                                assignment_id,
-                                to_agent_id,
-                                required_expertise,
-                                required_role: String::new(),
-                                reason,
-                            })
-                        }
-                        StepOutcome::HandedOff => return,
-                        outcome => report(assignment_id, outcome, started.elapsed()),
-                    };
-                    let _ = sender.send(within_limits(message)).await;
-                };
-                running.spawn(listed_as, |finished| run(finished).instrument(span));
+            Some(connect_worker_response::Message::Assignment(assignment)) => {
+                session.assigned(assignment, shared_memory);
             }
             Some(connect_worker_response::Message::Cancel(cancel)) => {
                 tracing::info!(assignment = %cancel.assignment_id, reason = %cancel.reason, "assignment withdrawn");
-                running.abort(&cancel.assignment_id);
+                session.running.abort(&cancel.assignment_id);
             }
             Some(connect_worker_response::Message::Delegation(outcome)) => {
                 tracing::info!(assignment = %outcome.assignment_id, accepted = outcome.accepted, reason = %outcome.reason, "delegation answered");
-                let waiting = delegations
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .remove(&outcome.assignment_id);
-                if let Some(waiting) = waiting {
-                    // A behaviour waits for it (Step::delegate).
-                    let _ = waiting.send(outcome);
-                    continue;
-                }
-                let fallback = refused_fallbacks
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .remove(&outcome.assignment_id);
-                if let (false, Some(fallback)) = (outcome.accepted, fallback) {
-                    let fallback = match fallback {
-                        StepOutcome::Completed {
-                            output_json,
-                            tokens_used,
-                            cost,
-                            iterations,
-                            remember,
-                            skip_triggers,
-                        } => {
-                            let mut output: serde_json::Value = serde_json::from_str(&output_json).unwrap_or_default();
-                            if let Some(object) = output.as_object_mut() {
-                                object.insert("delegation_refused".to_owned(), outcome.reason.clone().into());
-                            }
-                            StepOutcome::Completed {
-                                output_json: output.to_string(),
-                                tokens_used,
-                                cost,
-                                iterations,
-                                remember,
-                                skip_triggers,
-                            }
-                        }
-                        other => other,
-                    };
-                    let message = report(outcome.assignment_id, fallback, Duration::ZERO);
-                    sender.send(within_limits(message)).await?;
-                }
+                session.delegation_answered(outcome).await?;
             }
-            Some(connect_worker_response::Message::ToolCall(call)) => {
-                let behaviour = behaviour.clone();
-                let sender = sender.clone();
-                let span = tracing::info_span!(parent: None, "tool call", tool = %call.tool, agent_id = %call.agent_id);
-                muster_client::trace::continue_from(&span, &call.trace_parent);
-                let run = async move {
-                    let call_id = call.call_id.clone();
-                    let output = behaviour.call_tool(call).await;
-                    let message =
-                        connect_worker_request::Message::ToolResult(ToolCallResult { call_id, output: Some(output) });
-                    let _ = sender.send(within_limits(message)).await;
-                };
-                tokio::spawn(run.instrument(span));
-            }
+            Some(connect_worker_response::Message::ToolCall(call)) => session.tool_call(call),
             None => {}
         }
     }
     Ok(())
+}
+
+/// What one connection acts on the service's messages with.
+struct Session<'s, B> {
+    execution: &'s Endpoint,
+    behaviour: &'s Arc<B>,
+    /// The service, called with the worker's own token.
+    client: ExecutionServiceClient<AuthChannel>,
+    /// Large values are read, and a step's calls made, with the token of the
+    /// agent the assignment is for: a client and the token, by agent.
+    readers: HashMap<String, (ExecutionServiceClient<AuthChannel>, String)>,
+    sender: mpsc::Sender<ConnectWorkerRequest>,
+    /// The assignments running, to stop one the service withdraws; all of
+    /// them stop with the session (the service reassigns them).
+    running: Running,
+    delegations: Delegations,
+    /// Assignments handed onward, waiting for the service's answer: what to
+    /// report if refused.
+    refused_fallbacks: Arc<std::sync::Mutex<HashMap<String, StepOutcome>>>,
+    /// Heartbeats last as long as this session: a worker that stops (or
+    /// reconnects) must not keep its old stream alive with them.
+    heartbeats: Option<AbortOnDrop>,
+}
+
+impl<B: Behaviour> Session<'_, B> {
+    /// The service took the worker: heartbeats keep its lease while
+    /// assignments take long.
+    fn welcomed(&mut self, welcome: &WorkerWelcome) {
+        let lease = muster_client::time::from_duration(welcome.lease.as_ref()).unwrap_or_default();
+        let heartbeat_every = Duration::from_millis((lease / 3).max(50));
+        let sender = self.sender.clone();
+        self.heartbeats = Some(AbortOnDrop(tokio::spawn(async move {
+            let heartbeat =
+                ConnectWorkerRequest { message: Some(connect_worker_request::Message::Heartbeat(WorkerHeartbeat {})) };
+            loop {
+                tokio::time::sleep(heartbeat_every).await;
+                if sender.send(heartbeat.clone()).await.is_err() {
+                    return;
+                }
+            }
+        })));
+    }
+
+    /// Runs an assignment in a task of its own: its large values read first,
+    /// then the behaviour, then its report (or its hand-off onward).
+    fn assigned(&self, mut assignment: Assignment, shared_memory: SharedMemory) {
+        let (mut reader, agent_token) = self
+            .readers
+            .get(&assignment.agent_id)
+            .cloned()
+            .unwrap_or_else(|| (self.client.clone(), self.execution.token.clone()));
+        let shared_memory = match assignment.shared_memory.take() {
+            Some(memory) => SharedMemory::from(&memory),
+            None => shared_memory,
+        };
+        let step = Step {
+            assignment_id: assignment.assignment_id.clone(),
+            shared_memory,
+            agent_token,
+            sender: self.sender.clone(),
+            execution: reader.clone(),
+            delegations: self.delegations.clone(),
+        };
+        let behaviour = self.behaviour.clone();
+        let sender = self.sender.clone();
+        let refused_fallbacks = self.refused_fallbacks.clone();
+        let span = tracing::info_span!(
+            parent: None,
+            "assignment",
+            assignment_id = %assignment.assignment_id,
+            agent_id = %assignment.agent_id,
+            step_id = %assignment.step_id,
+        );
+        muster_client::trace::continue_from(&span, &assignment.trace_parent);
+        let listed_as = assignment.assignment_id.clone();
+        let run = move |finished: Finished| async move {
+            let _finished = finished;
+            let assignment_id = assignment.assignment_id.clone();
+            let started = std::time::Instant::now();
+            let outcome = match fill_payloads(&mut reader, &mut assignment).await {
+                Ok(()) => behaviour.run(assignment, step).await,
+                Err(status) => StepOutcome::Failed {
+                    error_code: "PAYLOAD_UNAVAILABLE".to_owned(),
+                    message: format!("could not read the assignment's large values: {}", status.message()),
+                    retryable: true,
+                },
+            };
+            let message = match outcome {
+                StepOutcome::Delegate { to_agent_id, required_expertise, reason, otherwise } => {
+                    refused_fallbacks
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(assignment_id.clone(), *otherwise);
+                    connect_worker_request::Message::Delegate(DelegateStep {
+                        assignment_id,
+                        to_agent_id,
+                        required_expertise,
+                        required_role: String::new(),
+                        reason,
+                    })
+                }
+                StepOutcome::HandedOff => return,
+                outcome => report(assignment_id, outcome, started.elapsed()),
+            };
+            let _ = sender.send(within_limits(message)).await;
+        };
+        self.running.spawn(listed_as, |finished| run(finished).instrument(span));
+    }
+
+    /// The service's answer to a hand-off: to the behaviour that waits for
+    /// it ([`Step::delegate`]), or, refused, the outcome the behaviour gave
+    /// for that case, reported now.
+    async fn delegation_answered(&self, outcome: DelegationOutcome) -> anyhow::Result<()> {
+        let waiting =
+            self.delegations.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&outcome.assignment_id);
+        if let Some(waiting) = waiting {
+            let _ = waiting.send(outcome);
+            return Ok(());
+        }
+        let fallback = self
+            .refused_fallbacks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&outcome.assignment_id);
+        if let (false, Some(fallback)) = (outcome.accepted, fallback) {
+            let fallback = match fallback {
+                StepOutcome::Completed { output_json, tokens_used, cost, iterations, remember, skip_triggers } => {
+                    let mut output: serde_json::Value = serde_json::from_str(&output_json).unwrap_or_default();
+                    if let Some(object) = output.as_object_mut() {
+                        object.insert("delegation_refused".to_owned(), outcome.reason.clone().into());
+                    }
+                    StepOutcome::Completed {
+                        output_json: output.to_string(),
+                        tokens_used,
+                        cost,
+                        iterations,
+                        remember,
+                        skip_triggers,
+                    }
+                }
+                other => other,
+            };
+            let message = report(outcome.assignment_id, fallback, Duration::ZERO);
+            self.sender.send(within_limits(message)).await?;
+        }
+        Ok(())
+    }
+
+    /// Calls one of the behaviour's tools for the service, in a task of its
+    /// own, and sends the answer back.
+    fn tool_call(&self, call: ToolCall) {
+        let behaviour = self.behaviour.clone();
+        let sender = self.sender.clone();
+        let span = tracing::info_span!(parent: None, "tool call", tool = %call.tool, agent_id = %call.agent_id);
+        muster_client::trace::continue_from(&span, &call.trace_parent);
+        let run = async move {
+            let call_id = call.call_id.clone();
+            let output = behaviour.call_tool(call).await;
+            let message = connect_worker_request::Message::ToolResult(ToolCallResult { call_id, output: Some(output) });
+            let _ = sender.send(within_limits(message)).await;
+        };
+        tokio::spawn(run.instrument(span));
+    }
 }
 
 /// The message to send for a report: the report itself, or, when the
