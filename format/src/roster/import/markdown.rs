@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use crate::{Context, RoleFormat};
 
 use super::{FileDiagnostic, ImportFile, ParsedRoster, Severity, file_diagnostic, invalid_message};
-use crate::roster::model::{RoleBudget, RoleDefinition, RoleThrottle};
+use crate::roster::model::RoleDefinition;
 
 /// Sections the roster reads beyond the validator's (Mission, Goals, Context
 /// Files, Tools, Read Paths, Write Paths, Schedule, Inbox, Post To Inbox,
@@ -104,19 +104,8 @@ pub(super) fn parse_markdown_role(file: &ImportFile, parsed: &mut ParsedRoster) 
         role.description = title;
     }
     if let Some(checked) = report.roles.first() {
-        role.budget = checked.budget.as_ref().map(|budget| RoleBudget {
-            period_seconds: budget.period_seconds,
-            max_runs: budget.max_runs,
-            max_cost: budget.max_cost,
-            max_tokens: budget.max_tokens,
-            run_max_cost: budget.run_max_cost,
-            run_max_tokens: budget.run_max_tokens,
-            on_exceed: budget.on_exceed.as_str().to_owned(),
-        });
-        role.throttle = checked.throttle.map(|throttle| RoleThrottle {
-            min_interval_seconds: throttle.min_interval_seconds,
-            max_concurrent: throttle.max_concurrent,
-        });
+        role.budget.clone_from(&checked.budget);
+        role.throttle = checked.throttle;
     }
     match role.normalize() {
         Ok(role) => parsed.roles.push(role),
