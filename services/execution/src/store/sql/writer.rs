@@ -26,6 +26,7 @@ use crate::store::{StepWrite, Write};
 use crate::{
     Error, Result,
     domain::{
+        authority::{RoleAssignment, SubtaskRequest},
         inbox::InboxMessage,
         memory::MemoryEntry,
         model::{Event, Execution},
@@ -167,54 +168,10 @@ async fn apply_on<'a>(
 ) -> Result<()> {
     let Writer { database, held } = writer;
     let database = &*database;
-    let mut created = Vec::new();
-    let mut updated = Vec::new();
-    let mut steps: Vec<&StepWrite> = Vec::new();
-    let mut assignments = Vec::new();
-    let mut subtasks = Vec::new();
-    let mut events: Vec<&Event> = Vec::new();
-    let mut claims = Vec::new();
-    let mut posted: Vec<&InboxMessage> = Vec::new();
-    let mut fired = Vec::new();
-    let mut remembered: Vec<&MemoryEntry> = Vec::new();
-    for write in writes {
-        match write {
-            Write::CreateExecution(execution) => created.push(execution),
-            Write::UpdateExecution(execution) => updated.push(execution),
-            Write::Steps(rows) => steps.extend(rows),
-            Write::Assignment { execution_id, assignment } => assignments.push((execution_id, assignment)),
-            Write::Subtask { execution_id, subtask } => subtasks.push((execution_id, subtask)),
-            Write::Events(list) => events.extend(list),
-            Write::ClaimMessages { execution_id, message_ids } => claims.push((execution_id, message_ids)),
-            Write::PostMessages(list) => posted.extend(list),
-            Write::Remember(list) => remembered.extend(list),
-            Write::FireSchedule { process_name, due, next, execution_id, fired_at } => {
-                fired.push((process_name, *due, *next, execution_id, *fired_at));
-            }
-        }
-    }
-    // A step written twice in one transaction keeps its last state (one
-    // multi-row upsert may touch a row only once).
-    let mut last_write: HashMap<(&str, u32), usize> = HashMap::with_capacity(steps.len());
-    for (index, step) in steps.iter().enumerate() {
-        last_write.insert((step.execution_id.as_str(), step.position), index);
-    }
-    let steps: Vec<&StepWrite> = steps
-        .iter()
-        .enumerate()
-        .filter(|(index, step)| last_write[&(step.execution_id.as_str(), step.position)] == *index)
-        .map(|(_, step)| *step)
-        .collect();
-
+    let grouped = Grouped::of(writes);
     let backend = database.backend;
-    let only_progress = created.is_empty()
-        && posted.is_empty()
-        && remembered.is_empty()
-        && fired.is_empty()
-        && claims.is_empty()
-        && assignments.is_empty()
-        && subtasks.is_empty()
-        && updated.iter().all(|execution| !execution.status.is_final());
+    let only_progress = grouped.only_progress();
+    let Grouped { created, updated, steps, assignments, subtasks, events, claims, posted, fired, remembered } = grouped;
     if let Some(native) = database.native().filter(|_| only_progress) {
         return apply_natively(native, database, replica, &updated, &steps, &events).await;
     }
@@ -247,6 +204,91 @@ async fn apply_on<'a>(
         insert_memory(&mut transaction, entry).await?;
     }
     memory::raise_versions(&mut transaction, remembered.iter().map(|entry| entry.role.as_str())).await?;
+    fire_schedules(&mut transaction, fired).await?;
+    claim_messages(&mut transaction, claims).await?;
+    upsert_steps(&mut transaction, backend, &steps).await?;
+    for (execution_id, assignment) in assignments {
+        upsert_assignment(&mut transaction, execution_id, assignment).await?;
+    }
+    for (execution_id, subtask) in subtasks {
+        upsert_subtask(&mut transaction, execution_id, subtask).await?;
+    }
+    insert_events(&mut transaction, backend, &events).await?;
+    transaction.commit().await?;
+    Ok(())
+}
+
+/// The writes of one transaction, by table; a step written twice keeps its
+/// last state (one multi-row upsert may touch a row only once).
+#[derive(Default)]
+struct Grouped<'a> {
+    created: Vec<&'a Execution>,
+    updated: Vec<&'a Execution>,
+    steps: Vec<&'a StepWrite>,
+    assignments: Vec<(&'a String, &'a RoleAssignment)>,
+    subtasks: Vec<(&'a String, &'a SubtaskRequest)>,
+    events: Vec<&'a Event>,
+    claims: Vec<(&'a String, &'a Vec<String>)>,
+    posted: Vec<&'a InboxMessage>,
+    /// Schedules fired: the process, when it was due, when it is due next,
+    /// the run it started and when.
+    fired: Vec<(&'a String, i64, i64, &'a String, i64)>,
+    remembered: Vec<&'a MemoryEntry>,
+}
+
+impl<'a> Grouped<'a> {
+    fn of(writes: impl Iterator<Item = &'a Write>) -> Self {
+        let mut grouped = Self::default();
+        let mut steps: Vec<&StepWrite> = Vec::new();
+        for write in writes {
+            match write {
+                Write::CreateExecution(execution) => grouped.created.push(execution),
+                Write::UpdateExecution(execution) => grouped.updated.push(execution),
+                Write::Steps(rows) => steps.extend(rows),
+                Write::Assignment { execution_id, assignment } => grouped.assignments.push((execution_id, assignment)),
+                Write::Subtask { execution_id, subtask } => grouped.subtasks.push((execution_id, subtask)),
+                Write::Events(list) => grouped.events.extend(list),
+                Write::ClaimMessages { execution_id, message_ids } => grouped.claims.push((execution_id, message_ids)),
+                Write::PostMessages(list) => grouped.posted.extend(list),
+                Write::Remember(list) => grouped.remembered.extend(list),
+                Write::FireSchedule { process_name, due, next, execution_id, fired_at } => {
+                    grouped.fired.push((process_name, *due, *next, execution_id, *fired_at));
+                }
+            }
+        }
+        let mut last_write: HashMap<(&str, u32), usize> = HashMap::with_capacity(steps.len());
+        for (index, step) in steps.iter().enumerate() {
+            last_write.insert((step.execution_id.as_str(), step.position), index);
+        }
+        grouped.steps = steps
+            .iter()
+            .enumerate()
+            .filter(|(index, step)| last_write[&(step.execution_id.as_str(), step.position)] == *index)
+            .map(|(_, step)| *step)
+            .collect();
+        grouped
+    }
+
+    /// Whether the writes are only running executions' progress (rows,
+    /// steps, events): nothing that needs an answer between statements.
+    fn only_progress(&self) -> bool {
+        self.created.is_empty()
+            && self.posted.is_empty()
+            && self.remembered.is_empty()
+            && self.fired.is_empty()
+            && self.claims.is_empty()
+            && self.assignments.is_empty()
+            && self.subtasks.is_empty()
+            && self.updated.iter().all(|execution| !execution.status.is_final())
+    }
+}
+
+/// Moves each fired schedule on to its next time, only if it was still due
+/// at the time it fired (another replica may have fired it first).
+async fn fire_schedules(
+    transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
+    fired: Vec<(&String, i64, i64, &String, i64)>,
+) -> Result<()> {
     for (process_name, due, next, execution_id, fired_at) in fired {
         let moved = sqlx::query(
             "UPDATE schedules SET next_fire_at = $1, last_fired_at = $2, last_execution_id = $3 \
@@ -257,12 +299,20 @@ async fn apply_on<'a>(
         .bind(execution_id.clone())
         .bind(process_name.clone())
         .bind(due)
-        .execute(&mut *transaction)
+        .execute(&mut **transaction)
         .await?;
         if moved.rows_affected() == 0 {
             return Err(Error::Superseded(format!("the schedule of process '{process_name}' was no longer due")));
         }
     }
+    Ok(())
+}
+
+/// A new run takes its inbox messages, only those still waiting.
+async fn claim_messages(
+    transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
+    claims: Vec<(&String, &Vec<String>)>,
+) -> Result<()> {
     for (execution_id, message_ids) in claims {
         for id in message_ids {
             let moved = sqlx::query(
@@ -271,7 +321,7 @@ async fn apply_on<'a>(
             )
             .bind(execution_id.clone())
             .bind(id.clone())
-            .execute(&mut *transaction)
+            .execute(&mut **transaction)
             .await?;
             // Another run (of another replica) took it first: this run
             // must not start with it.
@@ -280,42 +330,53 @@ async fn apply_on<'a>(
             }
         }
     }
+    Ok(())
+}
+
+/// The steps' rows, in as few statements as their number allows.
+async fn upsert_steps(
+    transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
+    backend: Backend,
+    steps: &[&StepWrite],
+) -> Result<()> {
     if backend == Backend::Postgres {
         for chunk in steps.chunks(JSON_ROWS_PER_STATEMENT) {
             let rows: Vec<StepRow<'_>> = chunk.iter().map(|write| StepRow::of(write)).collect();
             sqlx::query(AssertSqlSafe(steps_from_json_sql("$1")))
                 .bind(json_rows(&rows)?)
-                .execute(&mut *transaction)
+                .execute(&mut **transaction)
                 .await?;
         }
     } else {
         for chunk in steps.chunks(STEP_ROWS_PER_STATEMENT) {
             let sql = step_upsert_sql(chunk.len());
             let query = chunk.iter().fold(sqlx::query(sql), |query, write| bind_step(query, write));
-            query.execute(&mut *transaction).await?;
+            query.execute(&mut **transaction).await?;
         }
     }
-    for (execution_id, assignment) in assignments {
-        upsert_assignment(&mut transaction, execution_id, assignment).await?;
-    }
-    for (execution_id, subtask) in subtasks {
-        upsert_subtask(&mut transaction, execution_id, subtask).await?;
-    }
+    Ok(())
+}
+
+/// The events, appended to the log in as few statements as their number allows.
+async fn insert_events(
+    transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
+    backend: Backend,
+    events: &[&Event],
+) -> Result<()> {
     if backend == Backend::Postgres {
         for chunk in events.chunks(JSON_ROWS_PER_STATEMENT) {
             sqlx::query(AssertSqlSafe(events_from_json_sql("$1")))
                 .bind(json_rows(&EventRow::all(chunk))?)
-                .execute(&mut *transaction)
+                .execute(&mut **transaction)
                 .await?;
         }
     } else {
         for chunk in events.chunks(EVENT_ROWS_PER_STATEMENT) {
             let sql = event_insert_sql(chunk.len());
             let query = chunk.iter().fold(sqlx::query(sql), |query, event| bind_event(query, event));
-            query.execute(&mut *transaction).await?;
+            query.execute(&mut **transaction).await?;
         }
     }
-    transaction.commit().await?;
     Ok(())
 }
 
