@@ -60,51 +60,8 @@ pub(crate) fn check_markdown_role(
         );
         return None;
     }
-    let mut titles: Vec<(&str, Position)> = Vec::new();
-    let mut sections: Vec<Section<'_>> = Vec::new();
-    let mut in_fence = false;
-    for (index, text) in source.lines().enumerate() {
-        let number = u32::try_from(index + 1).unwrap_or(u32::MAX);
-        let trimmed = text.trim_start();
-        if trimmed.starts_with("```") || trimmed.starts_with("~~~") {
-            in_fence = !in_fence;
-        }
-        if !in_fence {
-            if let Some(title) = text.strip_prefix("# ") {
-                if sections.is_empty() {
-                    titles.push((title.trim(), Position { line: number, column: 3 }));
-                    continue;
-                }
-            } else if let Some(name) = text.strip_prefix("## ") {
-                sections.push(Section {
-                    name: name.trim(),
-                    heading: Position { line: number, column: 4 },
-                    lines: Vec::new(),
-                });
-                continue;
-            }
-        }
-        if let Some(section) = sections.last_mut() {
-            section.lines.push(Line { number, text });
-        }
-    }
-
-    // A leading `# roles/x.md` line names the file (role files may start with
-    // one); the title is the last `#` heading before the first section.
-    let real_titles: Vec<&(&str, Position)> =
-        titles.iter().filter(|(title, _)| !(title.ends_with(".md") || title.contains('/'))).collect();
-    let Some(&&(name, name_at)) = real_titles.last() else {
-        diagnostics.error("MD001", "", first, "the role file has no '# Title' heading naming the role");
-        return None;
-    };
-    if real_titles.len() > 1 {
-        diagnostics.warning(
-            "MD002",
-            "",
-            name_at,
-            format!("several '# ' titles; the role is named by the last one, '{name}'"),
-        );
-    }
+    let (titles, sections) = split_sections(source);
+    let (name, name_at) = role_title(&titles, first, diagnostics)?;
     check_role_name(name, "name", name_at, diagnostics);
 
     let mut role = RoleDefinition { name: name.to_owned(), ..RoleDefinition::default() };
@@ -133,80 +90,22 @@ pub(crate) fn check_markdown_role(
         }
         if LIST_SECTIONS.contains(&canonical) {
             let items = list_items(canonical, &content, diagnostics);
-            match canonical {
-                "Goals" => role.goals = items.into_iter().map(|(item, _)| item.to_owned()).collect(),
-                "Context Files" => {
-                    for (index, (file, at)) in items.iter().enumerate() {
-                        check_context_file(file, &format!("Context Files[{index}]"), *at, diagnostics);
-                    }
-                    role.context_files = items.into_iter().map(|(item, _)| item.to_owned()).collect();
-                }
-                "Read Paths" | "Write Paths" => {
-                    let written: Vec<(&str, String, Position)> = items
-                        .iter()
-                        .enumerate()
-                        .map(|(index, (entry, at))| (*entry, format!("{canonical}[{index}]"), *at))
-                        .collect();
-                    check_workspace_path_list(&written, canonical, section.heading, diagnostics);
-                    let entries = items.into_iter().map(|(entry, _)| entry.to_owned()).collect();
-                    if canonical == "Read Paths" {
-                        role.read_paths = entries;
-                    } else {
-                        role.write_paths = entries;
-                    }
-                }
-                _ => {
-                    tools = items
-                        .into_iter()
-                        .enumerate()
-                        .map(|(index, (tool, at))| (tool.to_owned(), format!("Tools[{index}]"), at))
-                        .collect();
-                    warn_duplicates(&tools, diagnostics);
-                }
-            }
-            continue;
-        }
-        if canonical == "Budget" {
-            role.budget = yaml_section(section, limits, diagnostics, check_budget).map(role_budget);
-            continue;
-        }
-        if canonical == "Throttle" {
-            role.throttle = yaml_section(section, limits, diagnostics, check_throttle).map(role_throttle);
-            continue;
-        }
-        let text = content.iter().map(|line| line.text.trim()).collect::<Vec<_>>().join("\n");
-        let at = Position {
-            line: content[0].number,
-            column: u32::try_from(
-                content[0].text[..content[0].text.len() - content[0].text.trim_start().len()].chars().count() + 1,
-            )
-            .unwrap_or(1),
-        };
-        match canonical {
-            "Mission" => role.mission = text,
-            "Schedule" => {
-                let lines: Vec<Position> = content
-                    .iter()
-                    .map(|line| Position {
-                        line: line.number,
-                        column: u32::try_from(
-                            line.text[..line.text.len() - line.text.trim_start().len()].chars().count() + 1,
-                        )
-                        .unwrap_or(1),
-                    })
+            if canonical == "Tools" {
+                tools = items
+                    .into_iter()
+                    .enumerate()
+                    .map(|(index, (tool, at))| (tool.to_owned(), format!("Tools[{index}]"), at))
                     .collect();
-                check_schedule(&text, &path, &lines, diagnostics);
-                role.schedule = text;
+                warn_duplicates(&tools, diagnostics);
+            } else {
+                read_list_section(&mut role, canonical, section.heading, items, diagnostics);
             }
-            "Inbox" => {
-                check_inbox(&text, &path, at, diagnostics);
-                role.inbox = text;
-            }
-            "Post To Inbox" => {
-                check_post_to_inbox(&text, &path, at, diagnostics);
-                role.post_to_inbox = text;
-            }
-            _ => role.user_preferences = text,
+        } else if canonical == "Budget" {
+            role.budget = yaml_section(section, limits, diagnostics, check_budget).map(role_budget);
+        } else if canonical == "Throttle" {
+            role.throttle = yaml_section(section, limits, diagnostics, check_throttle).map(role_throttle);
+        } else {
+            read_text_section(&mut role, canonical, &path, &content, diagnostics);
         }
     }
     if !seen.contains(&"Mission") {
@@ -214,6 +113,134 @@ pub(crate) fn check_markdown_role(
     }
     role.tools = tools.iter().map(|(tool, _, _)| tool.clone()).collect();
     Some(((role, tools), name_at))
+}
+
+/// The `# ` titles before the first section, and the `## ` sections with
+/// their lines (headings inside fenced code are text).
+fn split_sections(source: &str) -> (Vec<(&str, Position)>, Vec<Section<'_>>) {
+    let mut titles: Vec<(&str, Position)> = Vec::new();
+    let mut sections: Vec<Section<'_>> = Vec::new();
+    let mut in_fence = false;
+    for (index, text) in source.lines().enumerate() {
+        let number = u32::try_from(index + 1).unwrap_or(u32::MAX);
+        let trimmed = text.trim_start();
+        if trimmed.starts_with("```") || trimmed.starts_with("~~~") {
+            in_fence = !in_fence;
+        }
+        if !in_fence {
+            if let Some(title) = text.strip_prefix("# ") {
+                if sections.is_empty() {
+                    titles.push((title.trim(), Position { line: number, column: 3 }));
+                    continue;
+                }
+            } else if let Some(name) = text.strip_prefix("## ") {
+                sections.push(Section {
+                    name: name.trim(),
+                    heading: Position { line: number, column: 4 },
+                    lines: Vec::new(),
+                });
+                continue;
+            }
+        }
+        if let Some(section) = sections.last_mut() {
+            section.lines.push(Line { number, text });
+        }
+    }
+    (titles, sections)
+}
+
+/// The role's name: the last `#` title before the first section. A leading
+/// `# roles/x.md` line names the file (role files may start with one).
+fn role_title<'a>(
+    titles: &[(&'a str, Position)],
+    first: Position,
+    diagnostics: &mut Diagnostics,
+) -> Option<(&'a str, Position)> {
+    let real_titles: Vec<&(&str, Position)> =
+        titles.iter().filter(|(title, _)| !(title.ends_with(".md") || title.contains('/'))).collect();
+    let Some(&&(name, name_at)) = real_titles.last() else {
+        diagnostics.error("MD001", "", first, "the role file has no '# Title' heading naming the role");
+        return None;
+    };
+    if real_titles.len() > 1 {
+        diagnostics.warning(
+            "MD002",
+            "",
+            name_at,
+            format!("several '# ' titles; the role is named by the last one, '{name}'"),
+        );
+    }
+    Some((name, name_at))
+}
+
+/// A list section other than Tools: Goals, Context Files, Read Paths or
+/// Write Paths, each item checked.
+fn read_list_section(
+    role: &mut RoleDefinition,
+    canonical: &str,
+    heading: Position,
+    items: Vec<(&str, Position)>,
+    diagnostics: &mut Diagnostics,
+) {
+    match canonical {
+        "Goals" => role.goals = items.into_iter().map(|(item, _)| item.to_owned()).collect(),
+        "Context Files" => {
+            for (index, (file, at)) in items.iter().enumerate() {
+                check_context_file(file, &format!("Context Files[{index}]"), *at, diagnostics);
+            }
+            role.context_files = items.into_iter().map(|(item, _)| item.to_owned()).collect();
+        }
+        _ => {
+            let written: Vec<(&str, String, Position)> = items
+                .iter()
+                .enumerate()
+                .map(|(index, (entry, at))| (*entry, format!("{canonical}[{index}]"), *at))
+                .collect();
+            check_workspace_path_list(&written, canonical, heading, diagnostics);
+            let entries = items.into_iter().map(|(entry, _)| entry.to_owned()).collect();
+            if canonical == "Read Paths" {
+                role.read_paths = entries;
+            } else {
+                role.write_paths = entries;
+            }
+        }
+    }
+}
+
+/// A text section: Mission, Schedule, Inbox, Post To Inbox or User
+/// Preferences, its lines joined, each checked.
+fn read_text_section(
+    role: &mut RoleDefinition,
+    canonical: &str,
+    path: &str,
+    content: &[&Line<'_>],
+    diagnostics: &mut Diagnostics,
+) {
+    let text = content.iter().map(|line| line.text.trim()).collect::<Vec<_>>().join("\n");
+    let at = Position { line: content[0].number, column: indented_column(content[0].text) };
+    match canonical {
+        "Mission" => role.mission = text,
+        "Schedule" => {
+            let lines: Vec<Position> =
+                content.iter().map(|line| Position { line: line.number, column: indented_column(line.text) }).collect();
+            check_schedule(&text, path, &lines, diagnostics);
+            role.schedule = text;
+        }
+        "Inbox" => {
+            check_inbox(&text, path, at, diagnostics);
+            role.inbox = text;
+        }
+        "Post To Inbox" => {
+            check_post_to_inbox(&text, path, at, diagnostics);
+            role.post_to_inbox = text;
+        }
+        _ => role.user_preferences = text,
+    }
+}
+
+/// The column where a line's text starts, after its indentation.
+fn indented_column(text: &str) -> u32 {
+    u32::try_from(text[..text.len() - text.trim_start().len()].chars().count() + 1).unwrap_or(1)
 }
 
 /// A section that holds a YAML mapping, read by `check` with positions in
