@@ -22,10 +22,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::{
     Error, Result,
     clients::roster::{AgentInfo, RosterFailure},
-    domain::{
-        model::ProcessVersion,
-        payload::{self},
-    },
+    domain::{model::ProcessVersion, payload},
     engine::Engine,
 };
 
