@@ -7,7 +7,7 @@ use crate::domain::model::Finding;
 
 /// Everything that can go wrong in the execution service.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum Error {
+pub enum Error {
     /// A field of the request is malformed.
     #[error("{message}")]
     InvalidArgument {
@@ -105,17 +105,17 @@ pub(crate) enum Error {
 
 /// Why a caller may not do something.
 #[derive(Debug)]
-pub(crate) struct Refusal {
+pub struct Refusal {
     /// Who asked.
-    pub(crate) caller: Caller,
+    pub caller: Caller,
     /// What it asked to do.
-    pub(crate) action: String,
+    pub action: String,
     /// The stable reason, such as `NOT_THE_LEAD`.
-    pub(crate) reason: &'static str,
+    pub reason: &'static str,
     /// Why not, for people.
-    pub(crate) message: String,
+    pub message: String,
     /// More about the refusal, for the `ErrorInfo` detail.
-    pub(crate) metadata: Vec<(&'static str, String)>,
+    pub metadata: Vec<(&'static str, String)>,
 }
 
 /// `2 error(s); first: 3:5: ...`, the first error cut to a sentence's length.
@@ -134,22 +134,22 @@ fn summary(findings: &[Finding]) -> String {
 
 impl Error {
     /// INVALID_ARGUMENT about the request field `field`.
-    pub(crate) fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self::InvalidArgument { field: field.into(), message: message.into() }
     }
 
     /// NOT_FOUND: no `kind` named `name`.
-    pub(crate) fn not_found(kind: &'static str, name: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn not_found(kind: &'static str, name: impl Into<String>, message: impl Into<String>) -> Self {
         Self::NotFound { kind, name: name.into(), message: message.into() }
     }
 
     /// FAILED_PRECONDITION: the condition `kind` does not hold for `subject`.
-    pub(crate) fn precondition(kind: &'static str, subject: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn precondition(kind: &'static str, subject: impl Into<String>, message: impl Into<String>) -> Self {
         Self::FailedPrecondition { kind, subject: subject.into(), message: message.into() }
     }
 
     /// FAILED_PRECONDITION `NOT_A_SESSION`: what `needs` is done in sessions only.
-    pub(crate) fn not_a_session(execution_id: &str, needs: &str) -> Self {
+    pub fn not_a_session(execution_id: &str, needs: &str) -> Self {
         Self::precondition(
             "NOT_A_SESSION",
             format!("execution/{execution_id}"),
@@ -158,7 +158,7 @@ impl Error {
     }
 
     /// NOT_FOUND: no subtask request `request_id` in the execution.
-    pub(crate) fn no_subtask_request(execution_id: &str, request_id: &str) -> Self {
+    pub fn no_subtask_request(execution_id: &str, request_id: &str) -> Self {
         Self::not_found(
             "muster.execution.v1.SubtaskRequest",
             request_id,
@@ -168,7 +168,7 @@ impl Error {
 }
 
 /// The execution service's result type.
-pub(crate) type Result<T, E = Error> = std::result::Result<T, E>;
+pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl From<Error> for tonic::Status {
     fn from(error: Error) -> Self {

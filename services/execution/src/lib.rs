@@ -24,10 +24,29 @@
 #![forbid(unsafe_code)]
 
 mod clients;
-mod domain;
 mod engine;
-mod error;
 mod grpc;
+
+// The domain types, the errors and the store are the service's own; the
+// `testing` feature opens them to the store conformance suite
+// (`tests/store_conformance/`), which holds SQLite and PostgreSQL to one
+// behaviour from outside the crate.
+#[cfg(feature = "testing")]
+#[expect(missing_docs, reason = "fields and variants are named for what they hold; the types say what they are")]
+pub mod domain;
+#[cfg(not(feature = "testing"))]
+#[expect(unreachable_pub, reason = "public under the `testing` feature only")]
+mod domain;
+#[cfg(feature = "testing")]
+pub mod error;
+#[cfg(not(feature = "testing"))]
+#[expect(unreachable_pub, reason = "public under the `testing` feature only")]
+mod error;
+#[cfg(feature = "testing")]
+#[expect(missing_docs, reason = "fields and variants are named for what they hold; the types say what they are")]
+pub mod store;
+#[cfg(not(feature = "testing"))]
+#[expect(unreachable_pub, reason = "public under the `testing` feature only")]
 mod store;
 
 use std::{future::Future, net::SocketAddr, sync::Arc, time::Duration};

@@ -17,32 +17,32 @@
 use std::collections::BTreeMap;
 
 /// The matrix muster starts with (version 1).
-pub(crate) const DEFAULT_MATRIX: &str = include_str!("../../default-permission-matrix.yaml");
+pub const DEFAULT_MATRIX: &str = include_str!("../../default-permission-matrix.yaml");
 
 /// The role of a session's lead.
-pub(crate) const LEAD_ROLE: &str = "lead";
+pub const LEAD_ROLE: &str = "lead";
 
 /// One role of the matrix, resolved.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct MatrixRole {
-    pub(crate) name: String,
-    pub(crate) permitted_actions: Vec<String>,
-    pub(crate) forbidden_actions: Vec<String>,
+pub struct MatrixRole {
+    pub name: String,
+    pub permitted_actions: Vec<String>,
+    pub forbidden_actions: Vec<String>,
 }
 
 /// A stored version of the permission matrix.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Matrix {
-    pub(crate) version: u32,
-    pub(crate) source: String,
-    pub(crate) roles: Vec<MatrixRole>,
-    pub(crate) created_at: i64,
-    pub(crate) created_by: String,
+pub struct Matrix {
+    pub version: u32,
+    pub source: String,
+    pub roles: Vec<MatrixRole>,
+    pub created_at: i64,
+    pub created_by: String,
 }
 
 impl Matrix {
     /// Reads a matrix document; its diagnostics when it has errors.
-    pub(crate) fn parse(
+    pub fn parse(
         version: u32,
         source: String,
         created_at: i64,
@@ -64,58 +64,59 @@ impl Matrix {
         Ok((Self { version, source, roles, created_at, created_by }, report.diagnostics))
     }
 
-    pub(crate) fn role(&self, name: &str) -> Option<&MatrixRole> {
+    /// The role of the matrix named `name`.
+    pub fn role(&self, name: &str) -> Option<&MatrixRole> {
         self.roles.iter().find(|role| role.name == name)
     }
 }
 
 /// An agent's role and subtask in a session.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RoleAssignment {
-    pub(crate) agent_id: String,
-    pub(crate) role: String,
-    pub(crate) subtask: String,
+pub struct RoleAssignment {
+    pub agent_id: String,
+    pub role: String,
+    pub subtask: String,
     /// `operator:<name>` or the assigning lead's id.
-    pub(crate) assigned_by: String,
-    pub(crate) assigned_at: i64,
+    pub assigned_by: String,
+    pub assigned_at: i64,
 }
 
 /// The session side of an execution.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Session {
-    pub(crate) title: String,
-    pub(crate) description: String,
+pub struct Session {
+    pub title: String,
+    pub description: String,
     /// By agent id.
-    pub(crate) assignments: BTreeMap<String, RoleAssignment>,
+    pub assignments: BTreeMap<String, RoleAssignment>,
     /// Subtasks asked of the lead, by id (ids grow with time).
-    pub(crate) subtasks: BTreeMap<String, SubtaskRequest>,
+    pub subtasks: BTreeMap<String, SubtaskRequest>,
 }
 
 /// Most subtask requests a session keeps.
-pub(crate) const MAX_SUBTASK_REQUESTS: usize = 100;
+pub const MAX_SUBTASK_REQUESTS: usize = 100;
 
 /// A subtask asked of the lead, and its decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SubtaskRequest {
-    pub(crate) id: String,
-    pub(crate) requested_by: String,
+pub struct SubtaskRequest {
+    pub id: String,
+    pub requested_by: String,
     /// The agent that would do it.
-    pub(crate) agent_id: String,
-    pub(crate) role: String,
-    pub(crate) subtask: String,
-    pub(crate) reason: String,
-    pub(crate) status: SubtaskStatus,
+    pub agent_id: String,
+    pub role: String,
+    pub subtask: String,
+    pub reason: String,
+    pub status: SubtaskStatus,
     /// `operator:<name>` or the lead's id; empty while pending.
-    pub(crate) decided_by: String,
-    pub(crate) note: String,
-    pub(crate) requested_at: i64,
+    pub decided_by: String,
+    pub note: String,
+    pub requested_at: i64,
     /// 0 while pending.
-    pub(crate) decided_at: i64,
+    pub decided_at: i64,
 }
 
 /// Where a subtask request stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum SubtaskStatus {
+pub enum SubtaskStatus {
     Pending,
     Approved,
     Rejected,
@@ -123,7 +124,7 @@ pub(crate) enum SubtaskStatus {
 
 impl SubtaskStatus {
     /// As stored.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Pending => "pending",
             Self::Approved => "approved",
@@ -131,14 +132,15 @@ impl SubtaskStatus {
         }
     }
 
-    pub(crate) fn parse(text: &str) -> Option<Self> {
+    /// The status stored as `text`.
+    pub fn parse(text: &str) -> Option<Self> {
         [Self::Pending, Self::Approved, Self::Rejected].into_iter().find(|status| status.as_str() == text)
     }
 }
 
 /// Which check decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Check {
+pub enum Check {
     NotAssigned,
     UnknownRole,
     Action,
@@ -150,7 +152,7 @@ pub(crate) enum Check {
 
 impl Check {
     /// The `ErrorInfo` reason of a refusal by this check.
-    pub(crate) fn reason(self) -> &'static str {
+    pub fn reason(self) -> &'static str {
         match self {
             Self::NotAssigned => "NOT_ASSIGNED",
             Self::UnknownRole => "UNKNOWN_ROLE",
@@ -163,36 +165,36 @@ impl Check {
 
 /// What the checks found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Verdict {
-    pub(crate) allowed: bool,
+pub struct Verdict {
+    pub allowed: bool,
     /// The role that applied; empty when none did.
-    pub(crate) role: String,
-    pub(crate) check: Check,
+    pub role: String,
+    pub check: Check,
     /// For people: which check decided and what it found.
-    pub(crate) reason: String,
-    pub(crate) matrix_version: u32,
+    pub reason: String,
+    pub matrix_version: u32,
 }
 
 /// Who is asking, where: what the checks need to know.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Subject<'a> {
-    pub(crate) agent_id: &'a str,
+pub struct Subject<'a> {
+    pub agent_id: &'a str,
     /// The agent's roster role (used outside sessions).
-    pub(crate) roster_role: &'a str,
+    pub roster_role: &'a str,
     /// The actions the roster role lists, when it lists any (outside
     /// sessions they bind the agent acting in its roster role); `None`
     /// when it lists none, or is not known.
-    pub(crate) roster_actions: Option<&'a [String]>,
+    pub roster_actions: Option<&'a [String]>,
     /// The execution's lead, if any.
-    pub(crate) lead: &'a str,
+    pub lead: &'a str,
     /// The session, when the execution runs as one.
-    pub(crate) session: Option<&'a Session>,
+    pub session: Option<&'a Session>,
 }
 
 impl Subject<'_> {
     /// The role the agent holds: `lead` for the lead; in a session its
     /// assignment (none when unassigned); else its roster role.
-    pub(crate) fn role(&self) -> Option<&str> {
+    pub fn role(&self) -> Option<&str> {
         if !self.lead.is_empty() && self.agent_id == self.lead {
             return Some(LEAD_ROLE);
         }
@@ -204,7 +206,7 @@ impl Subject<'_> {
 }
 
 /// Runs the three checks for `action`.
-pub(crate) fn check(matrix: &Matrix, subject: &Subject<'_>, action: &str) -> Verdict {
+pub fn check(matrix: &Matrix, subject: &Subject<'_>, action: &str) -> Verdict {
     let version = matrix.version;
     let verdict = |allowed, role: &str, check, reason: String| Verdict {
         allowed,

@@ -4,11 +4,11 @@
 //! period limit is reached is refused, and a running execution that goes
 //! over a limit is acted on as the budget says ([`Action`]).
 
-pub(crate) use muster_format::BudgetAction as Action;
+pub use muster_format::BudgetAction as Action;
 
 /// Where a budget comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Source {
+pub enum Source {
     /// Set by an operator (SetBudget).
     Operator,
     /// The process's own `budget:`.
@@ -16,7 +16,8 @@ pub(crate) enum Source {
 }
 
 impl Source {
-    pub(crate) fn as_str(self) -> &'static str {
+    /// The name stored in the database.
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Operator => "operator",
             Self::Declared => "declared",
@@ -29,73 +30,73 @@ impl Source {
 /// what they use; it is kept under the key `agent:<id>` ([`agent_key`]),
 /// which no process name can be.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Budget {
+pub struct Budget {
     /// The process, or `agent:<id>`.
-    pub(crate) process_name: String,
-    pub(crate) period_seconds: u64,
-    pub(crate) max_cost: f64,
-    pub(crate) max_tokens: u64,
-    pub(crate) max_runs: u32,
-    pub(crate) run_max_cost: f64,
-    pub(crate) run_max_tokens: u64,
-    pub(crate) on_exceed: Action,
-    pub(crate) source: Source,
+    pub process_name: String,
+    pub period_seconds: u64,
+    pub max_cost: f64,
+    pub max_tokens: u64,
+    pub max_runs: u32,
+    pub run_max_cost: f64,
+    pub run_max_tokens: u64,
+    pub on_exceed: Action,
+    pub source: Source,
 }
 
 /// What a process's executions used in a period.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct Usage {
-    pub(crate) cost: f64,
-    pub(crate) tokens: u64,
-    pub(crate) runs: u64,
+pub struct Usage {
+    pub cost: f64,
+    pub tokens: u64,
+    pub runs: u64,
 }
 
 /// The limit a new run would break, as (limit, what the description says).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Exhausted {
-    pub(crate) limit: &'static str,
-    pub(crate) description: String,
+pub struct Exhausted {
+    pub limit: &'static str,
+    pub description: String,
 }
 
 /// The key of an agent's budget.
-pub(crate) fn agent_key(agent_id: &str) -> String {
+pub fn agent_key(agent_id: &str) -> String {
     format!("agent:{agent_id}")
 }
 
 impl Budget {
     /// The agent whose budget it is, if it is an agent's.
-    pub(crate) fn agent_id(&self) -> Option<&str> {
+    pub fn agent_id(&self) -> Option<&str> {
         self.process_name.strip_prefix("agent:")
     }
 
     /// What the budget limits, for messages: `process 'p'` or `agent 'a'`.
-    pub(crate) fn owner(&self) -> String {
+    pub fn owner(&self) -> String {
         owner(&self.process_name)
     }
 
     /// Whether every limit is 0 (no limit at all).
-    pub(crate) fn is_unlimited(&self) -> bool {
+    pub fn is_unlimited(&self) -> bool {
         !self.has_period_limit() && self.run_max_cost == 0.0 && self.run_max_tokens == 0
     }
 
     /// Whether a limit per period is set.
-    pub(crate) fn has_period_limit(&self) -> bool {
+    pub fn has_period_limit(&self) -> bool {
         self.max_cost > 0.0 || self.max_tokens > 0 || self.max_runs > 0
     }
 
     /// Whether a running execution's use can go over a limit: one on cost
     /// or tokens.
-    pub(crate) fn limits_use(&self) -> bool {
+    pub fn limits_use(&self) -> bool {
         self.max_cost > 0.0 || self.max_tokens > 0 || self.run_max_cost > 0.0 || self.run_max_tokens > 0
     }
 
     /// The start of the current period, for a clock at `now` (milliseconds).
-    pub(crate) fn period_start(&self, now: i64) -> i64 {
+    pub fn period_start(&self, now: i64) -> i64 {
         now.saturating_sub(i64::try_from(self.period_seconds.saturating_mul(1000)).unwrap_or(i64::MAX))
     }
 
     /// The first limit that `usage` leaves no room under for another run.
-    pub(crate) fn exhausted(&self, usage: &Usage) -> Option<Exhausted> {
+    pub fn exhausted(&self, usage: &Usage) -> Option<Exhausted> {
         let period = self.period_seconds;
         if self.max_runs > 0 && usage.runs >= u64::from(self.max_runs) {
             let unit = if self.agent_id().is_some() { "steps" } else { "runs" };
@@ -121,7 +122,7 @@ impl Budget {
 
     /// The first limit a running execution went over, having used `run`,
     /// when the process's other runs had used `others` in the period.
-    pub(crate) fn exceeded(&self, run: &Usage, others: &Usage) -> Option<Exhausted> {
+    pub fn exceeded(&self, run: &Usage, others: &Usage) -> Option<Exhausted> {
         if self.run_max_tokens > 0 && run.tokens > self.run_max_tokens {
             return Some(Exhausted {
                 limit: "run_tokens",
@@ -154,7 +155,7 @@ impl Budget {
 }
 
 /// What a budget key limits, for messages: `process 'p'` or `agent 'a'`.
-pub(crate) fn owner(key: &str) -> String {
+pub fn owner(key: &str) -> String {
     match key.strip_prefix("agent:") {
         Some(agent) => format!("agent '{agent}'"),
         None => format!("process '{key}'"),

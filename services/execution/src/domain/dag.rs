@@ -10,7 +10,7 @@ use super::{StepStatus, model::Step};
 
 /// The dependency graph of a process, by step position.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Dag {
+pub struct Dag {
     dependencies: Vec<Vec<usize>>,
     dependants: Vec<Vec<usize>>,
     continue_on_failure: Vec<bool>,
@@ -18,7 +18,7 @@ pub(crate) struct Dag {
 
 /// What a pending step's dependencies allow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Readiness {
+pub enum Readiness {
     /// Every dependency is done: it may start.
     Ready,
     /// Some dependency has not ended yet.
@@ -30,7 +30,7 @@ pub(crate) enum Readiness {
 
 impl Dag {
     /// The graph of a checked process (step ids unique, references known).
-    pub(crate) fn new(definition: &ProcessDefinition) -> Self {
+    pub fn new(definition: &ProcessDefinition) -> Self {
         let index: std::collections::HashMap<&str, usize> =
             definition.steps.iter().enumerate().map(|(position, step)| (step.id.as_str(), position)).collect();
         let mut dependencies = vec![Vec::new(); definition.steps.len()];
@@ -47,16 +47,18 @@ impl Dag {
         Self { dependencies, dependants, continue_on_failure }
     }
 
-    pub(crate) fn dependencies(&self, position: usize) -> &[usize] {
+    /// The positions of the steps the step at `position` depends on.
+    pub fn dependencies(&self, position: usize) -> &[usize] {
         &self.dependencies[position]
     }
 
-    pub(crate) fn dependants(&self, position: usize) -> &[usize] {
+    /// The positions of the steps that depend on the step at `position`.
+    pub fn dependants(&self, position: usize) -> &[usize] {
         &self.dependants[position]
     }
 
     /// Whether the step at `position` may start, given the steps' states.
-    pub(crate) fn readiness(&self, position: usize, steps: &[Step]) -> Readiness {
+    pub fn readiness(&self, position: usize, steps: &[Step]) -> Readiness {
         let mut waiting = false;
         for &dependency in &self.dependencies[position] {
             match steps[dependency].status {
@@ -71,7 +73,7 @@ impl Dag {
 
     /// The steps reachable from `position` through dependants, each once, in
     /// breadth-first order (without `position` itself).
-    pub(crate) fn downstream(&self, position: usize) -> Vec<usize> {
+    pub fn downstream(&self, position: usize) -> Vec<usize> {
         walk(&self.dependants, position, usize::MAX)
     }
 
@@ -79,7 +81,7 @@ impl Dag {
     /// each once, nearest first (breadth-first), at most `limit` of them.
     /// The walk stops at `limit`, so a step deep in a long chain costs as
     /// little as one near its start.
-    pub(crate) fn upstream(&self, position: usize, limit: usize) -> Vec<usize> {
+    pub fn upstream(&self, position: usize, limit: usize) -> Vec<usize> {
         walk(&self.dependencies, position, limit)
     }
 }

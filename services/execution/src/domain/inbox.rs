@@ -10,7 +10,7 @@ use super::stored_enum;
 
 /// Where a message is in its lifecycle.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum MessageState {
+pub enum MessageState {
     Unprocessed,
     Processed,
     Archived,
@@ -24,7 +24,7 @@ stored_enum!(MessageState {
 
 /// How urgent a message is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Priority {
+pub enum Priority {
     Low,
     Normal,
     High,
@@ -38,50 +38,50 @@ stored_enum!(Priority {
 
 /// A message in an inbox.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct InboxMessage {
-    pub(crate) id: String,
-    pub(crate) inbox: String,
-    pub(crate) sender: String,
-    pub(crate) priority: Priority,
-    pub(crate) subject: String,
-    pub(crate) body: String,
-    pub(crate) posted_at: i64,
-    pub(crate) state: MessageState,
+pub struct InboxMessage {
+    pub id: String,
+    pub inbox: String,
+    pub sender: String,
+    pub priority: Priority,
+    pub subject: String,
+    pub body: String,
+    pub posted_at: i64,
+    pub state: MessageState,
     /// The run that has it now; empty when none.
-    pub(crate) claimed_by: String,
+    pub claimed_by: String,
     /// The run that processed it.
-    pub(crate) processed_by: String,
+    pub processed_by: String,
     /// Why it is still unprocessed: a run had it and failed, or its
     /// process's budget or throttle holds its run back ([`held_note`]).
-    pub(crate) note: String,
+    pub note: String,
 }
 
 /// Longest message body, in bytes (the contract's limit).
-pub(crate) const MAX_BODY_BYTES: usize = 256 * 1024;
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
 /// Most messages one run starts with.
-pub(crate) const MESSAGES_PER_RUN: usize = 100;
+pub const MESSAGES_PER_RUN: usize = 100;
 /// Most bytes of message bodies one run starts with (its inputs are at most 1 MiB).
-pub(crate) const BYTES_PER_RUN: usize = 512 * 1024;
+pub const BYTES_PER_RUN: usize = 512 * 1024;
 
 /// How the note of a message held back (not yet tried by a run) begins.
 const HELD: &str = "held: ";
 
 /// The note of messages whose run `refusal` (a budget or a throttle)
 /// held back.
-pub(crate) fn held_note(refusal: &impl std::fmt::Display) -> String {
+pub fn held_note(refusal: &impl std::fmt::Display) -> String {
     format!("{HELD}{refusal}")
 }
 
 /// Whether a message's note says a run had it and failed: such a message
 /// alone starts no run when another ends (no loop), while one held back by
 /// a limit is tried again.
-pub(crate) fn failed_in_a_run(note: &str) -> bool {
+pub fn failed_in_a_run(note: &str) -> bool {
     !note.is_empty() && !note.starts_with(HELD)
 }
 
 /// The messages a run takes, from the unprocessed ones oldest first: as many
 /// as fit, and always the first.
-pub(crate) fn take_for_run(unprocessed: Vec<InboxMessage>) -> Vec<InboxMessage> {
+pub fn take_for_run(unprocessed: Vec<InboxMessage>) -> Vec<InboxMessage> {
     let mut bytes = 0;
     let mut taken = Vec::new();
     for message in unprocessed.into_iter().take(MESSAGES_PER_RUN) {
@@ -95,7 +95,7 @@ pub(crate) fn take_for_run(unprocessed: Vec<InboxMessage>) -> Vec<InboxMessage> 
 }
 
 /// A run's inputs: the inbox and its messages, most urgent first, then oldest.
-pub(crate) fn run_inputs(inbox: &str, messages: &[InboxMessage]) -> String {
+pub fn run_inputs(inbox: &str, messages: &[InboxMessage]) -> String {
     let mut ordered: Vec<&InboxMessage> = messages.iter().collect();
     ordered.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.posted_at.cmp(&b.posted_at)));
     let messages: Vec<Value> = ordered

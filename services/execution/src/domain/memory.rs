@@ -5,26 +5,26 @@
 //! that fit in [`ASSIGNMENT_BYTES`].
 
 /// Longest entry, in bytes.
-pub(crate) const MAX_TEXT_BYTES: usize = 4096;
+pub const MAX_TEXT_BYTES: usize = 4096;
 /// Most entries one step's result may add.
-pub(crate) const MAX_NOTES_PER_RESULT: usize = 16;
+pub const MAX_NOTES_PER_RESULT: usize = 16;
 /// Most text of the entries an assignment carries, in bytes.
-pub(crate) const ASSIGNMENT_BYTES: usize = 64 * 1024;
+pub const ASSIGNMENT_BYTES: usize = 64 * 1024;
 /// Most entries read for an assignment, per memory.
-pub(crate) const ASSIGNMENT_ENTRIES: u32 = 200;
+pub const ASSIGNMENT_ENTRIES: u32 = 200;
 
 /// An entry a worker asks to be remembered with its step's completion.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Note {
+pub struct Note {
     /// True for the global memory, false for the executing agent's role's.
-    pub(crate) global: bool,
-    pub(crate) text: String,
+    pub global: bool,
+    pub text: String,
 }
 
 /// Why a worker's notes cannot be remembered, if they cannot: too many, a
 /// text empty or too long, a memory not named (`global` is `None`), or a
 /// role's memory for an agent without a role.
-pub(crate) fn check_notes(notes: &[(Option<bool>, String)], has_role: bool) -> Result<Vec<Note>, String> {
+pub fn check_notes(notes: &[(Option<bool>, String)], has_role: bool) -> Result<Vec<Note>, String> {
     if notes.len() > MAX_NOTES_PER_RESULT {
         return Err(format!("remember has {} entries; at most {MAX_NOTES_PER_RESULT} are taken", notes.len()));
     }
@@ -46,21 +46,21 @@ pub(crate) fn check_notes(notes: &[(Option<bool>, String)], has_role: bool) -> R
 
 /// One entry of a memory.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct MemoryEntry {
-    pub(crate) id: String,
+pub struct MemoryEntry {
+    pub id: String,
     /// The role whose memory it is; empty for the global memory.
-    pub(crate) role: String,
-    pub(crate) text: String,
+    pub role: String,
+    pub text: String,
     /// An agent, or `operator:<name>`.
-    pub(crate) author: String,
+    pub author: String,
     /// The execution whose step wrote it; empty for an operator's entry.
-    pub(crate) execution_id: String,
-    pub(crate) created_at: i64,
+    pub execution_id: String,
+    pub created_at: i64,
 }
 
 impl MemoryEntry {
     /// A new entry, written now.
-    pub(crate) fn new(role: &str, text: &str, author: &str, execution_id: &str, now: i64) -> Self {
+    pub fn new(role: &str, text: &str, author: &str, execution_id: &str, now: i64) -> Self {
         Self {
             id: uuid::Uuid::now_v7().to_string(),
             role: role.to_owned(),
@@ -73,7 +73,7 @@ impl MemoryEntry {
 }
 
 /// Why a text cannot be remembered, if it cannot.
-pub(crate) fn check_text(text: &str) -> Result<(), String> {
+pub fn check_text(text: &str) -> Result<(), String> {
     if text.trim().is_empty() {
         return Err("is empty".to_owned());
     }
@@ -85,7 +85,7 @@ pub(crate) fn check_text(text: &str) -> Result<(), String> {
 
 /// The newest entries of `memories` (each newest first) whose text fits in
 /// [`ASSIGNMENT_BYTES`] together, memory by memory.
-pub(crate) fn within_assignment(memories: impl IntoIterator<Item = Vec<MemoryEntry>>) -> Vec<MemoryEntry> {
+pub fn within_assignment(memories: impl IntoIterator<Item = Vec<MemoryEntry>>) -> Vec<MemoryEntry> {
     let mut room = ASSIGNMENT_BYTES;
     let mut kept = Vec::new();
     for memory in memories {

@@ -7,22 +7,22 @@
 //! ([`progress`]), when scheduled runs fire ([`schedule`]), and what runs
 //! remember ([`memory`]).
 
-pub(crate) mod authority;
-pub(crate) mod budget;
-pub(crate) mod dag;
-pub(crate) mod inbox;
-pub(crate) mod memory;
-pub(crate) mod model;
-pub(crate) mod payload;
-pub(crate) mod progress;
-pub(crate) mod schedule;
-pub(crate) mod session;
+pub mod authority;
+pub mod budget;
+pub mod dag;
+pub mod inbox;
+pub mod memory;
+pub mod model;
+pub mod payload;
+pub mod progress;
+pub mod schedule;
+pub mod session;
 
 macro_rules! stored_enum {
     ($name:ident { $($variant:ident => $text:literal),* $(,)? }) => {
         impl $name {
             /// The name stored in the database.
-            pub(crate) fn as_str(self) -> &'static str {
+            pub fn as_str(self) -> &'static str {
                 match self { $(Self::$variant => $text),* }
             }
         }
@@ -43,7 +43,7 @@ pub(crate) use stored_enum;
 
 /// Where an execution is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ExecutionStatus {
+pub enum ExecutionStatus {
     Running,
     Completed,
     Failed,
@@ -60,14 +60,15 @@ stored_enum!(ExecutionStatus {
 });
 
 impl ExecutionStatus {
-    pub(crate) fn is_final(self) -> bool {
+    /// Whether the execution has ended (completed, failed or cancelled).
+    pub fn is_final(self) -> bool {
         matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
     }
 }
 
 /// Where a step is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StepStatus {
+pub enum StepStatus {
     Pending,
     Ready,
     Queued,
@@ -94,14 +95,15 @@ stored_enum!(StepStatus {
 });
 
 impl StepStatus {
-    pub(crate) fn is_final(self) -> bool {
+    /// Whether the step has ended (completed, failed or cancelled).
+    pub fn is_final(self) -> bool {
         matches!(self, Self::Completed | Self::Failed | Self::Cancelled)
     }
 
     /// Handed on to be done: queued for an expert, waiting for a worker, or
     /// with one. (A ready step whose executor is being found is in flight
     /// too; the driver knows which.)
-    pub(crate) fn is_in_flight(self) -> bool {
+    pub fn is_in_flight(self) -> bool {
         matches!(self, Self::Queued | Self::WaitingForWorker | Self::Running)
     }
 }

@@ -10,66 +10,72 @@ use super::{ExecutionStatus, StepStatus, authority::Session};
 
 /// An execution: which process version it runs, where it is, who leads it.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Execution {
-    pub(crate) id: String,
-    pub(crate) process_name: String,
-    pub(crate) process_version: u32,
-    pub(crate) status: ExecutionStatus,
+pub struct Execution {
+    pub id: String,
+    pub process_name: String,
+    pub process_version: u32,
+    pub status: ExecutionStatus,
     /// Why it ended (failed, cancelled); empty otherwise.
-    pub(crate) reason: String,
-    pub(crate) lead_agent_id: String,
+    pub reason: String,
+    pub lead_agent_id: String,
     /// The execution's inputs, a JSON object as text.
-    pub(crate) inputs_json: String,
-    pub(crate) idempotency_key: Option<String>,
-    pub(crate) started_at: i64,
-    pub(crate) ended_at: Option<i64>,
+    pub inputs_json: String,
+    pub idempotency_key: Option<String>,
+    pub started_at: i64,
+    pub ended_at: Option<i64>,
     /// Events numbered so far: the next event is `last_sequence + 1`.
-    pub(crate) last_sequence: u64,
+    pub last_sequence: u64,
     /// W3C traceparent of the span that started it; empty when untraced.
-    pub(crate) trace_parent: String,
+    pub trace_parent: String,
     /// Set when it runs as a team session.
-    pub(crate) session: Option<Session>,
+    pub session: Option<Session>,
 }
 
 /// The state of one step of an execution; steps are kept in definition
 /// order, so a step's position is its index in the process definition.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Step {
-    pub(crate) status: StepStatus,
+pub struct Step {
+    pub status: StepStatus,
     /// The agent executing (or chosen to execute) it; for a decided
     /// approval, who decided.
-    pub(crate) executor: String,
+    pub executor: String,
     /// Attempts started, from 1.
-    pub(crate) attempt: u32,
+    pub attempt: u32,
     /// The output, JSON text, once completed.
-    pub(crate) output_json: Option<Arc<str>>,
-    pub(crate) error_code: String,
-    pub(crate) error_message: String,
-    pub(crate) started_at: Option<i64>,
-    pub(crate) ended_at: Option<i64>,
-    pub(crate) cost: f64,
-    pub(crate) tokens_used: u64,
+    pub output_json: Option<Arc<str>>,
+    pub error_code: String,
+    pub error_message: String,
+    pub started_at: Option<i64>,
+    pub ended_at: Option<i64>,
+    pub cost: f64,
+    pub tokens_used: u64,
     /// The agent a REASSIGN intervention or a hand-off gave the step to: it
     /// takes the place of the named executor or the roster's choice.
-    pub(crate) assigned_to: Option<String>,
+    pub assigned_to: Option<String>,
     /// Agents the step passed through by hand-offs, oldest first.
-    pub(crate) delegation_chain: Vec<String>,
+    pub delegation_chain: Vec<String>,
     /// The estimated wait of a queued step, in seconds.
-    pub(crate) wait_seconds: u64,
+    pub wait_seconds: u64,
     /// When a failed attempt's retry may start (milliseconds since the epoch).
-    pub(crate) retry_at: Option<i64>,
+    pub retry_at: Option<i64>,
     /// The roster holds a slot of the executor for this step (it chose the
     /// executor): released when the step ends or leaves that agent.
-    pub(crate) roster_reserved: bool,
+    pub roster_reserved: bool,
     /// The roster task whose slot the step holds, when it took over the slot
     /// of the step before it in a chain (same named executor); empty when
     /// the slot, if any, is the step's own task's.
-    pub(crate) slot_task: String,
+    pub slot_task: String,
+}
+
+impl Default for Step {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Step {
     /// A step that has not started.
-    pub(crate) fn new() -> Self {
+    pub fn new() -> Self {
         Self {
             status: StepStatus::Pending,
             executor: String::new(),
@@ -92,7 +98,7 @@ impl Step {
 
     /// Records why and when the step ended without its output (the caller
     /// sets its status).
-    pub(crate) fn ended_with_error(&mut self, code: &str, message: String, now: i64) {
+    pub fn ended_with_error(&mut self, code: &str, message: String, now: i64) {
         self.error_code = code.to_owned();
         self.error_message = message;
         self.ended_at = Some(now);
@@ -101,7 +107,7 @@ impl Step {
 
 /// What kind of thing happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum EventKind {
+pub enum EventKind {
     ExecutionStarted,
     StepStarted,
     StepCompleted,
@@ -125,42 +131,42 @@ pub(crate) enum EventKind {
 /// Something that happened in an execution: recorded with the state change,
 /// told to the notifier, streamed to watchers.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Event {
-    pub(crate) event_id: String,
-    pub(crate) kind: EventKind,
-    pub(crate) execution_id: String,
+pub struct Event {
+    pub event_id: String,
+    pub kind: EventKind,
+    pub execution_id: String,
     /// Per execution, from 1, without gaps.
-    pub(crate) sequence: u64,
-    pub(crate) occurred_at: i64,
-    pub(crate) process_name: String,
-    pub(crate) process_version: u32,
-    pub(crate) lead_agent_id: String,
-    pub(crate) step_id: String,
-    pub(crate) step_name: String,
-    pub(crate) roles: Option<StepRoles>,
+    pub sequence: u64,
+    pub occurred_at: i64,
+    pub process_name: String,
+    pub process_version: u32,
+    pub lead_agent_id: String,
+    pub step_id: String,
+    pub step_name: String,
+    pub roles: Option<StepRoles>,
     /// The step's executor, or who acted (intervened, decided, was assigned).
-    pub(crate) agent_id: String,
-    pub(crate) output_json: Option<Arc<str>>,
+    pub agent_id: String,
+    pub output_json: Option<Arc<str>>,
     /// Code and message of a failure.
-    pub(crate) error: Option<(String, String)>,
-    pub(crate) retry_count: u32,
-    pub(crate) cost: f64,
-    pub(crate) tokens_used: u64,
-    pub(crate) duration_ms: u64,
-    pub(crate) wait_seconds: u64,
-    pub(crate) detail: String,
-    pub(crate) waiting_for: Vec<String>,
-    pub(crate) execution_status: Option<ExecutionStatus>,
-    pub(crate) trace_parent: String,
+    pub error: Option<(String, String)>,
+    pub retry_count: u32,
+    pub cost: f64,
+    pub tokens_used: u64,
+    pub duration_ms: u64,
+    pub wait_seconds: u64,
+    pub detail: String,
+    pub waiting_for: Vec<String>,
+    pub execution_status: Option<ExecutionStatus>,
+    pub trace_parent: String,
     /// Agents the event is addressed to beyond the step's roles.
-    pub(crate) participants: Vec<String>,
+    pub participants: Vec<String>,
     /// The permission matrix version that authorised the action (0: none).
-    pub(crate) matrix_version: u32,
+    pub matrix_version: u32,
 }
 
 impl Event {
     /// An event of `execution`, numbered next.
-    pub(crate) fn new(execution: &mut Execution, kind: EventKind, now: i64, trace_parent: String) -> Self {
+    pub fn new(execution: &mut Execution, kind: EventKind, now: i64, trace_parent: String) -> Self {
         execution.last_sequence += 1;
         Self {
             event_id: uuid::Uuid::now_v7().to_string(),
@@ -198,18 +204,18 @@ impl Event {
 /// that carries it; each output's part of it once for every memory the
 /// output is in.
 #[derive(Debug, Default)]
-pub(crate) struct SharedMemory {
-    pub(crate) outputs: Vec<Arc<MemoryOutput>>,
-    pub(crate) encoded: OnceLock<bytes::Bytes>,
+pub struct SharedMemory {
+    pub outputs: Vec<Arc<MemoryOutput>>,
+    pub encoded: OnceLock<bytes::Bytes>,
 }
 
 /// One completed step's output in the shared memory.
 #[derive(Debug)]
-pub(crate) struct MemoryOutput {
-    pub(crate) step_id: String,
+pub struct MemoryOutput {
+    pub step_id: String,
     /// JSON text.
-    pub(crate) output: Arc<str>,
-    pub(crate) encoded: OnceLock<bytes::Bytes>,
+    pub output: Arc<str>,
+    pub encoded: OnceLock<bytes::Bytes>,
 }
 
 /// The warnings found when a process was published: the first
@@ -217,16 +223,17 @@ pub(crate) struct MemoryOutput {
 /// with a warning on each of its thousands of steps is kept, read and
 /// answered without them all.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct Warnings {
-    pub(crate) kept: Vec<Finding>,
-    pub(crate) count: u32,
+pub struct Warnings {
+    pub kept: Vec<Finding>,
+    pub count: u32,
 }
 
 impl Warnings {
-    pub(crate) const KEPT: usize = 100;
+    /// How many warnings are kept with a version.
+    pub const KEPT: usize = 100;
 
     /// The first [`Warnings::KEPT`] of `found`, and their count.
-    pub(crate) fn keep(mut found: Vec<Finding>) -> Self {
+    pub fn keep(mut found: Vec<Finding>) -> Self {
         let count = u32::try_from(found.len()).unwrap_or(u32::MAX);
         found.truncate(Self::KEPT);
         Self { kept: found, count }
@@ -235,24 +242,24 @@ impl Warnings {
 
 /// A published version of a process.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct ProcessVersion {
-    pub(crate) name: String,
-    pub(crate) version: u32,
+pub struct ProcessVersion {
+    pub name: String,
+    pub version: u32,
     /// The YAML exactly as published.
-    pub(crate) source: String,
+    pub source: String,
     /// SHA-256 of the source, hex: publishing the same source again returns this version.
-    pub(crate) content_hash: String,
-    pub(crate) published_at: i64,
-    pub(crate) step_count: u32,
+    pub content_hash: String,
+    pub published_at: i64,
+    pub step_count: u32,
     /// Warnings found when it was published.
-    pub(crate) warnings: Warnings,
+    pub warnings: Warnings,
     /// The definition, parsed and checked once, when it was published.
-    pub(crate) definition: Arc<muster_format::ProcessDefinition>,
+    pub definition: Arc<muster_format::ProcessDefinition>,
 }
 
 impl ProcessVersion {
     /// Whether the definition names `agent_id` in a step (see [`named_agents`]).
-    pub(crate) fn names(&self, agent_id: &str) -> bool {
+    pub fn names(&self, agent_id: &str) -> bool {
         named_agents(&self.definition).any(|named| named == agent_id)
     }
 }
@@ -261,7 +268,7 @@ impl ProcessVersion {
 /// roles (executor, monitors, informed) or among its approvers; an agent
 /// named twice comes twice. The store keeps them per version, so that the
 /// executions an agent takes part in are listed by the same rule.
-pub(crate) fn named_agents(definition: &muster_format::ProcessDefinition) -> impl Iterator<Item = &str> {
+pub fn named_agents(definition: &muster_format::ProcessDefinition) -> impl Iterator<Item = &str> {
     definition.steps.iter().flat_map(|step| {
         let roles = step
             .roles
@@ -273,13 +280,13 @@ pub(crate) fn named_agents(definition: &muster_format::ProcessDefinition) -> imp
 
 /// A diagnostic about a document, as kept with what it was found in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Finding {
-    pub(crate) error: bool,
-    pub(crate) code: String,
-    pub(crate) message: String,
-    pub(crate) path: String,
-    pub(crate) line: u32,
-    pub(crate) column: u32,
+pub struct Finding {
+    pub error: bool,
+    pub code: String,
+    pub message: String,
+    pub path: String,
+    pub line: u32,
+    pub column: u32,
 }
 
 impl From<&muster_format::Diagnostic> for Finding {
@@ -297,71 +304,71 @@ impl From<&muster_format::Diagnostic> for Finding {
 
 /// What an agent is told about itself with each assignment (from the roster).
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct AgentContext {
-    pub(crate) roster_role: String,
-    pub(crate) role_definition: Option<RoleDefinition>,
-    pub(crate) system_prompt: Arc<str>,
-    pub(crate) max_iterations: u32,
-    pub(crate) llm_config_json: String,
-    pub(crate) allow_delegation: bool,
+pub struct AgentContext {
+    pub roster_role: String,
+    pub role_definition: Option<RoleDefinition>,
+    pub system_prompt: Arc<str>,
+    pub max_iterations: u32,
+    pub llm_config_json: String,
+    pub allow_delegation: bool,
     /// The global memory's newest entries, then the agent's role's, as
     /// they are when the step is assigned to the agent.
-    pub(crate) memory: Vec<super::memory::MemoryEntry>,
+    pub memory: Vec<super::memory::MemoryEntry>,
 }
 
 /// A role definition, as the roster holds it (the format library's model).
-pub(crate) use muster_format::roster::model::RoleDefinition;
+pub use muster_format::roster::model::RoleDefinition;
 
 /// A past action, given to an executor as history.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct HistoryEntry {
-    pub(crate) step_id: String,
-    pub(crate) agent_id: String,
-    pub(crate) action: &'static str,
-    pub(crate) at: Option<i64>,
+pub struct HistoryEntry {
+    pub step_id: String,
+    pub agent_id: String,
+    pub action: &'static str,
+    pub at: Option<i64>,
 }
 
 /// A step handed to a worker to run as one of its agents.
 #[derive(Debug, Clone)]
-pub(crate) struct Assignment {
+pub struct Assignment {
     /// `<execution>/<step>/<attempt>`.
-    pub(crate) assignment_id: String,
+    pub assignment_id: String,
     /// `<execution>/<step>`: the same for every attempt.
-    pub(crate) idempotency_key: String,
-    pub(crate) attempt: u32,
-    pub(crate) agent_id: String,
-    pub(crate) execution_id: String,
-    pub(crate) process_name: String,
-    pub(crate) process_version: u32,
-    pub(crate) step_id: String,
-    pub(crate) step_name: String,
-    pub(crate) step_type: String,
-    pub(crate) message: String,
-    pub(crate) inputs_json: String,
+    pub idempotency_key: String,
+    pub attempt: u32,
+    pub agent_id: String,
+    pub execution_id: String,
+    pub process_name: String,
+    pub process_version: u32,
+    pub step_id: String,
+    pub step_name: String,
+    pub step_type: String,
+    pub message: String,
+    pub inputs_json: String,
     /// Outputs of the steps it depends on that travel inline, by step id.
-    pub(crate) upstream_outputs: Vec<(String, Arc<str>)>,
+    pub upstream_outputs: Vec<(String, Arc<str>)>,
     /// The inputs and outputs that travel by reference.
-    pub(crate) payload_refs: Vec<super::payload::PayloadRef>,
+    pub payload_refs: Vec<super::payload::PayloadRef>,
     /// Outputs of the most recently completed steps (bounded: see
     /// `shared_memory_left_out`); shared by the assignments made while no
     /// step ends.
-    pub(crate) shared_memory: Arc<SharedMemory>,
+    pub shared_memory: Arc<SharedMemory>,
     /// Completed steps whose outputs did not fit into `shared_memory`.
-    pub(crate) shared_memory_left_out: u32,
+    pub shared_memory_left_out: u32,
     /// The most recent finished steps, oldest first; shared like the memory.
-    pub(crate) history: Arc<[HistoryEntry]>,
-    pub(crate) context: Arc<AgentContext>,
-    pub(crate) roles: StepRoles,
-    pub(crate) delegation_chain: Vec<String>,
-    pub(crate) timeout_ms: u64,
-    pub(crate) trace_parent: String,
-    pub(crate) session_role: String,
-    pub(crate) session_context: String,
+    pub history: Arc<[HistoryEntry]>,
+    pub context: Arc<AgentContext>,
+    pub roles: StepRoles,
+    pub delegation_chain: Vec<String>,
+    pub timeout_ms: u64,
+    pub trace_parent: String,
+    pub session_role: String,
+    pub session_context: String,
 }
 
 /// What a worker reported of an assignment.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Outcome {
+pub enum Outcome {
     Completed {
         output_json: String,
         tokens_used: u64,
@@ -388,47 +395,47 @@ pub(crate) enum Outcome {
 
 /// A worker hands its step onward.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct HandOff {
-    pub(crate) assignment_id: String,
+pub struct HandOff {
+    pub assignment_id: String,
     /// A named colleague; empty to let the roster choose by the criteria.
-    pub(crate) to_agent_id: String,
-    pub(crate) required_expertise: Vec<String>,
-    pub(crate) required_role: String,
-    pub(crate) reason: String,
+    pub to_agent_id: String,
+    pub required_expertise: Vec<String>,
+    pub required_role: String,
+    pub reason: String,
 }
 
 /// The answer to a hand-off.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct HandOffAnswer {
-    pub(crate) assignment_id: String,
-    pub(crate) accepted: bool,
-    pub(crate) decision: Option<Decision>,
-    pub(crate) reason: String,
+pub struct HandOffAnswer {
+    pub assignment_id: String,
+    pub accepted: bool,
+    pub decision: Option<Decision>,
+    pub reason: String,
 }
 
 /// What the roster decided for a delegation, with its reasons.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct Decision {
-    pub(crate) kind: DecisionKind,
+pub struct Decision {
+    pub kind: DecisionKind,
     /// The tier of the delegation priority order that decided, as the roster names it.
-    pub(crate) tier: i32,
+    pub tier: i32,
     /// The delegate, the expert queued for, or the senior.
-    pub(crate) primary_agent_id: String,
-    pub(crate) primary_reason: String,
-    pub(crate) fallback_agent_id: String,
-    pub(crate) fallback_reason: String,
-    pub(crate) reasoning: String,
+    pub primary_agent_id: String,
+    pub primary_reason: String,
+    pub fallback_agent_id: String,
+    pub fallback_reason: String,
+    pub reasoning: String,
     /// For a queue: the estimated wait, in seconds.
-    pub(crate) wait_seconds: u64,
-    pub(crate) notes: String,
+    pub wait_seconds: u64,
+    pub notes: String,
     /// The decision as text (the DELEGATION DECISION block).
-    pub(crate) text: String,
-    pub(crate) candidates: Vec<String>,
+    pub text: String,
+    pub candidates: Vec<String>,
 }
 
 /// The roster's kinds of decision.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) enum DecisionKind {
+pub enum DecisionKind {
     #[default]
     Delegate,
     Queue,
@@ -437,39 +444,40 @@ pub(crate) enum DecisionKind {
 
 /// A tool a worker provides.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Tool {
-    pub(crate) name: String,
-    pub(crate) description: String,
+pub struct Tool {
+    pub name: String,
+    pub description: String,
     /// JSON schema of the input, JSON text; empty accepts any object.
-    pub(crate) input_schema_json: String,
+    pub input_schema_json: String,
 }
 
 /// A tool call sent to a worker.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct ToolCall {
-    pub(crate) call_id: String,
-    pub(crate) tool: String,
-    pub(crate) input_json: String,
-    pub(crate) agent_id: String,
-    pub(crate) trace_parent: String,
+pub struct ToolCall {
+    pub call_id: String,
+    pub tool: String,
+    pub input_json: String,
+    pub agent_id: String,
+    pub trace_parent: String,
 }
 
 /// A tool's answer, with the tool protocol's status codes (200, 400, 403, 404, 500).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ToolOutput {
-    pub(crate) output_json: String,
-    pub(crate) error: String,
-    pub(crate) status_code: u32,
+pub struct ToolOutput {
+    pub output_json: String,
+    pub error: String,
+    pub status_code: u32,
 }
 
 impl ToolOutput {
-    pub(crate) fn error(status_code: u32, error: String) -> Self {
+    /// A tool call that failed with `status_code`.
+    pub fn error(status_code: u32, error: String) -> Self {
         Self { output_json: String::new(), error, status_code }
     }
 
     /// The answer with a status code that agrees with its error: none given
     /// is 200 without an error and 500 with one; a 2xx with an error is 500.
-    pub(crate) fn normalised(mut self) -> Self {
+    pub fn normalised(mut self) -> Self {
         if self.status_code == 0 {
             self.status_code = if self.error.is_empty() { 200 } else { 500 };
         }

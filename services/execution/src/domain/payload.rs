@@ -10,29 +10,29 @@ use std::sync::Arc;
 use serde_json::{Map, Value};
 
 /// The largest value carried inline.
-pub(crate) const INLINE_BYTES: usize = 64 * 1024;
+pub const INLINE_BYTES: usize = 64 * 1024;
 /// The most bytes of upstream outputs carried inline in one assignment.
-pub(crate) const INLINE_TOTAL_BYTES: usize = 1024 * 1024;
+pub const INLINE_TOTAL_BYTES: usize = 1024 * 1024;
 /// The largest chunk of a `ReadPayload` answer.
-pub(crate) const CHUNK_BYTES: usize = 256 * 1024;
+pub const CHUNK_BYTES: usize = 256 * 1024;
 
 /// Which value of a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PayloadKind {
+pub enum PayloadKind {
     Output,
     Inputs,
 }
 
 /// A value left out of an assignment.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct PayloadRef {
-    pub(crate) step_id: String,
-    pub(crate) kind: PayloadKind,
-    pub(crate) size_bytes: u64,
+pub struct PayloadRef {
+    pub step_id: String,
+    pub kind: PayloadKind,
+    pub size_bytes: u64,
 }
 
 /// A step's inputs: the execution's overlaid with the step's own, as JSON text.
-pub(crate) fn merge_inputs(execution_inputs: &Map<String, Value>, step_inputs: &str) -> String {
+pub fn merge_inputs(execution_inputs: &Map<String, Value>, step_inputs: &str) -> String {
     match serde_json::from_str::<Value>(step_inputs) {
         Ok(Value::Object(own)) if !own.is_empty() => {
             let mut merged = execution_inputs.clone();
@@ -44,7 +44,7 @@ pub(crate) fn merge_inputs(execution_inputs: &Map<String, Value>, step_inputs: &
 }
 
 /// An execution's inputs as a map (an empty one when they are not an object).
-pub(crate) fn execution_inputs(inputs_json: &str) -> Map<String, Value> {
+pub fn execution_inputs(inputs_json: &str) -> Map<String, Value> {
     match serde_json::from_str(inputs_json) {
         Ok(Value::Object(map)) => map,
         _ => Map::new(),
@@ -53,18 +53,18 @@ pub(crate) fn execution_inputs(inputs_json: &str) -> Map<String, Value> {
 
 /// What an assignment carries of a step's inputs and upstream outputs.
 #[derive(Debug, PartialEq)]
-pub(crate) struct Carried {
+pub struct Carried {
     /// The inputs when small enough; empty otherwise.
-    pub(crate) inputs_json: String,
+    pub inputs_json: String,
     /// The upstream outputs that travel inline, by step id.
-    pub(crate) upstream_outputs: Vec<(String, Arc<str>)>,
+    pub upstream_outputs: Vec<(String, Arc<str>)>,
     /// The rest.
-    pub(crate) payload_refs: Vec<PayloadRef>,
+    pub payload_refs: Vec<PayloadRef>,
 }
 
 /// Splits a step's inputs and upstream outputs into what travels inline and
 /// what goes by reference.
-pub(crate) fn split(step_id: &str, inputs: String, upstream: Vec<(String, Arc<str>)>) -> Carried {
+pub fn split(step_id: &str, inputs: String, upstream: Vec<(String, Arc<str>)>) -> Carried {
     let mut refs = Vec::new();
     let inputs = if inputs.len() > INLINE_BYTES {
         refs.push(PayloadRef {

@@ -10,40 +10,40 @@ const SUMMARY_NAME_BYTES: usize = 128;
 
 /// Progress on an attempt.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct Progress {
+pub struct Progress {
     /// The attempt's tokens so far.
-    pub(crate) tokens_used: u64,
+    pub tokens_used: u64,
     /// The attempt's cost so far, in US dollars (not a finite, non-negative
     /// number: none reported).
-    pub(crate) cost: f64,
+    pub cost: f64,
     /// One model call's record, when the report carries one.
-    pub(crate) model_call: Option<ModelCall>,
+    pub model_call: Option<ModelCall>,
 }
 
 /// One call of a model by an agent's loop.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct ModelCall {
-    pub(crate) iteration: u32,
-    pub(crate) model: String,
-    pub(crate) input_tokens: u64,
-    pub(crate) output_tokens: u64,
-    pub(crate) latency_ms: u64,
+pub struct ModelCall {
+    pub iteration: u32,
+    pub model: String,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub latency_ms: u64,
     /// The tools the model asked for, by name.
-    pub(crate) tool_calls: Vec<String>,
-    pub(crate) cost: f64,
+    pub tool_calls: Vec<String>,
+    pub cost: f64,
 }
 
 /// An attempt's use so far, as its reports add up.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub(crate) struct AttemptUse {
-    pub(crate) tokens: u64,
-    pub(crate) cost: f64,
+pub struct AttemptUse {
+    pub tokens: u64,
+    pub cost: f64,
 }
 
 impl AttemptUse {
     /// Takes a report's running totals, each only where it grew; whether
     /// either did.
-    pub(crate) fn take(&mut self, progress: &Progress) -> bool {
+    pub fn take(&mut self, progress: &Progress) -> bool {
         let mut grew = false;
         if progress.tokens_used > self.tokens {
             self.tokens = progress.tokens_used;
@@ -60,7 +60,7 @@ impl AttemptUse {
 impl ModelCall {
     /// One line for people: `model call 2 (gpt-x): 700 in + 112 out
     /// tokens, 340 ms, $0.0031, tools: read_file, write_file`.
-    pub(crate) fn summary(&self) -> String {
+    pub fn summary(&self) -> String {
         let mut line = format!("model call {}", self.iteration);
         let model = one_line(&self.model);
         if !model.is_empty() {

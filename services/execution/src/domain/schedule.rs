@@ -6,21 +6,21 @@ use muster_format::{MissedRuns, Schedule};
 
 /// A process's schedule as stored: its next due time and its last run.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ScheduleState {
-    pub(crate) process_name: String,
-    pub(crate) cron: String,
+pub struct ScheduleState {
+    pub process_name: String,
+    pub cron: String,
     /// IANA name; empty for UTC.
-    pub(crate) time_zone: String,
-    pub(crate) missed: MissedRuns,
+    pub time_zone: String,
+    pub missed: MissedRuns,
     /// Milliseconds since the epoch.
-    pub(crate) next_fire_at: i64,
-    pub(crate) last_fired_at: Option<i64>,
-    pub(crate) last_execution_id: String,
+    pub next_fire_at: i64,
+    pub last_fired_at: Option<i64>,
+    pub last_execution_id: String,
 }
 
 /// What to do with a schedule due at `now`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Decision {
+pub enum Decision {
     /// Start a run for the due time `due`; the schedule moves on to `next`.
     Fire { due: i64, next: i64 },
     /// Start nothing; the schedule moves on to `next`.
@@ -29,7 +29,7 @@ pub(crate) enum Decision {
 
 impl ScheduleState {
     /// The schedule, parsed (it was checked when the process was published).
-    pub(crate) fn schedule(&self) -> Result<Schedule, String> {
+    pub fn schedule(&self) -> Result<Schedule, String> {
         Schedule::parse(&self.cron, &self.time_zone)
     }
 
@@ -37,7 +37,7 @@ impl ScheduleState {
     /// later due time has passed as well (the scheduler was not running)
     /// and missed runs are skipped. `None` when the schedule fires never
     /// again.
-    pub(crate) fn decide(&self, schedule: &Schedule, now: i64) -> Option<Decision> {
+    pub fn decide(&self, schedule: &Schedule, now: i64) -> Option<Decision> {
         let next = schedule.next_after(now)?;
         let missed = schedule.next_after(self.next_fire_at).is_some_and(|later| later <= now);
         Some(if missed && self.missed == MissedRuns::Skip {

@@ -25,48 +25,48 @@ use std::fmt::Write as _;
 use super::{StepStatus, authority::Session};
 
 /// Why a role cannot be assigned outside a session.
-pub(crate) const ASSIGNED_IN_SESSIONS: &str = "roles are assigned in sessions";
+pub const ASSIGNED_IN_SESSIONS: &str = "roles are assigned in sessions";
 /// Why a subtask cannot be asked for outside a session.
-pub(crate) const ASKED_IN_SESSIONS: &str = "subtasks are asked of a session's lead";
+pub const ASKED_IN_SESSIONS: &str = "subtasks are asked of a session's lead";
 
 /// A step as the dashboard sees it.
 #[derive(Debug, Clone)]
-pub(crate) struct StepView<'a> {
-    pub(crate) id: &'a str,
-    pub(crate) name: &'a str,
-    pub(crate) status: StepStatus,
+pub struct StepView<'a> {
+    pub id: &'a str,
+    pub name: &'a str,
+    pub status: StepStatus,
     /// The agent executing it, or to execute it.
-    pub(crate) executor: &'a str,
-    pub(crate) started_at: Option<i64>,
-    pub(crate) timeout_seconds: Option<u64>,
-    pub(crate) error_code: &'a str,
-    pub(crate) error_message: &'a str,
+    pub executor: &'a str,
+    pub started_at: Option<i64>,
+    pub timeout_seconds: Option<u64>,
+    pub error_code: &'a str,
+    pub error_message: &'a str,
     /// For approval steps: who may decide (the session view narrows it to
     /// those SubmitApproval would accept).
-    pub(crate) approvers: Vec<String>,
+    pub approvers: Vec<String>,
 }
 
 /// Whether an agent can work now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Presence {
+pub struct Presence {
     /// The roster marks it offline.
-    pub(crate) offline: bool,
+    pub offline: bool,
     /// A connected worker serves it.
-    pub(crate) served: bool,
+    pub served: bool,
 }
 
 /// A budget limit and its use in the current period.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct BudgetUse {
+pub struct BudgetUse {
     /// `cost`, `tokens` or `runs`.
-    pub(crate) limit: &'static str,
-    pub(crate) used: f64,
-    pub(crate) max: f64,
+    pub limit: &'static str,
+    pub used: f64,
+    pub max: f64,
 }
 
 /// An intervention the dashboard may suggest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Suggested {
+pub enum Suggested {
     Retry,
     Reassign,
     Resume,
@@ -74,24 +74,26 @@ pub(crate) enum Suggested {
     Nothing,
 }
 
+/// A step that holds a session up, and who can unblock it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Blocker {
-    pub(crate) step_id: String,
-    pub(crate) agent_id: String,
-    pub(crate) reason: String,
+pub struct Blocker {
+    pub step_id: String,
+    pub agent_id: String,
+    pub reason: String,
 }
 
+/// An intervention the dashboard suggests, and the rule that suggests it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Suggestion {
-    pub(crate) rule: &'static str,
-    pub(crate) step_id: String,
-    pub(crate) agent_id: String,
-    pub(crate) action: Suggested,
-    pub(crate) text: String,
+pub struct Suggestion {
+    pub rule: &'static str,
+    pub step_id: String,
+    pub agent_id: String,
+    pub action: Suggested,
+    pub text: String,
 }
 
 /// What an agent is doing now, from the steps.
-pub(crate) fn activity(agent_id: &str, steps: &[StepView<'_>]) -> String {
+pub fn activity(agent_id: &str, steps: &[StepView<'_>]) -> String {
     let mine = || steps.iter().filter(move |step| step.executor == agent_id);
     if let Some(step) = mine().find(|step| step.status == StepStatus::Running) {
         return format!("working on {}", step.name);
@@ -119,7 +121,7 @@ pub(crate) fn activity(agent_id: &str, steps: &[StepView<'_>]) -> String {
 
 /// The session as text for an agent's prompt: the task, the lead marked,
 /// each participant with its role, subtask and current activity.
-pub(crate) fn context_window(execution_id: &str, session: &Session, lead: &str, steps: &[StepView<'_>]) -> String {
+pub fn context_window(execution_id: &str, session: &Session, lead: &str, steps: &[StepView<'_>]) -> String {
     let mut text = format!("**Session: {execution_id} - {}**\n", session.title);
     if !session.description.is_empty() {
         let _ = writeln!(text, "{}", session.description);
@@ -147,7 +149,7 @@ const NOT_RETRYABLE: [&str; 3] = ["PERMISSION_DENIED", "INVALID_INPUT", "INPUT_S
 
 /// The dashboard's blockers and suggestions at `now` (milliseconds); none
 /// for an `ended` execution.
-pub(crate) fn dashboard(
+pub fn dashboard(
     ended: bool,
     steps: &[StepView<'_>],
     presence: &dyn Fn(&str) -> Presence,

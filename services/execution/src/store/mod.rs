@@ -1,7 +1,7 @@
 //! Durable state of the execution service, behind the [`Store`] trait:
 //! process versions, executions and their steps, the event log, session
 //! assignments and the permission matrix. [`SqlStore`] implements it on
-//! SQLite and PostgreSQL; `tests/store_conformance.rs` holds both to the
+//! SQLite and PostgreSQL; `tests/store_conformance/` holds both to the
 //! same behaviour.
 //!
 //! Every change of an execution is written with its events in one
@@ -10,13 +10,11 @@
 //! execution are grouped: what arrives while a transaction runs goes into
 //! the next one.
 
-#[cfg(test)]
-mod conformance;
 mod sql;
 
 use std::{future::Future, pin::Pin, sync::Arc, time::Duration};
 
-pub(crate) use sql::SqlStore;
+pub use sql::SqlStore;
 
 use crate::{
     Result,
@@ -32,22 +30,22 @@ use crate::{
 };
 
 /// A boxed future, so the trait can be used as `dyn Store`.
-pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// A version to publish.
 #[derive(Debug, Clone)]
-pub(crate) struct NewProcess {
-    pub(crate) name: String,
-    pub(crate) source: String,
-    pub(crate) content_hash: String,
-    pub(crate) published_at: i64,
-    pub(crate) warnings: Warnings,
-    pub(crate) definition: Arc<muster_format::ProcessDefinition>,
+pub struct NewProcess {
+    pub name: String,
+    pub source: String,
+    pub content_hash: String,
+    pub published_at: i64,
+    pub warnings: Warnings,
+    pub definition: Arc<muster_format::ProcessDefinition>,
 }
 
 impl NewProcess {
     /// The schedule it declares, due first after it is published.
-    pub(crate) fn schedule(&self) -> Option<ScheduleState> {
+    pub fn schedule(&self) -> Option<ScheduleState> {
         let triggers = self.definition.triggers.as_ref()?;
         let cron = triggers.schedule.clone()?;
         let schedule = muster_format::Schedule::parse(&cron, &triggers.time_zone).ok()?;
@@ -65,7 +63,7 @@ impl NewProcess {
 
 /// What publishing did.
 #[derive(Debug, Clone)]
-pub(crate) enum Published {
+pub enum Published {
     /// A new version.
     New(ProcessVersion),
     /// The latest version has the same source: it is returned, nothing is stored.
@@ -74,16 +72,16 @@ pub(crate) enum Published {
 
 /// One step's state to write.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) struct StepWrite {
-    pub(crate) execution_id: String,
-    pub(crate) position: u32,
-    pub(crate) step_id: String,
-    pub(crate) step: Step,
+pub struct StepWrite {
+    pub execution_id: String,
+    pub position: u32,
+    pub step_id: String,
+    pub step: Step,
 }
 
 /// One change, written with the others of its commit in one transaction.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Write {
+pub enum Write {
     /// A new execution (its steps follow as [`Write::Steps`]).
     CreateExecution(Execution),
     /// An execution's row: status, reason, lead, end, event count.
@@ -116,20 +114,20 @@ pub(crate) enum Write {
 
 /// Filters of `inbox_messages`; they combine with AND.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct InboxFilter {
-    pub(crate) inbox: String,
+pub struct InboxFilter {
+    pub inbox: String,
     /// Only this state; `None` means every state but archived.
-    pub(crate) state: Option<MessageState>,
+    pub state: Option<MessageState>,
     /// Only messages no run has.
-    pub(crate) unclaimed: bool,
+    pub unclaimed: bool,
     /// Only messages listed after this one (post time and id), for the next page.
-    pub(crate) after: Option<(i64, String)>,
-    pub(crate) limit: u32,
+    pub after: Option<(i64, String)>,
+    pub limit: u32,
 }
 
 /// What archiving a message did.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Archived {
+pub enum Archived {
     Done(InboxMessage),
     /// A run has it: it cannot be archived now.
     Claimed(InboxMessage),
@@ -138,18 +136,18 @@ pub(crate) enum Archived {
 
 /// Filters of `list_executions`; they combine with AND.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct ExecutionFilter {
-    pub(crate) process_name: Option<String>,
-    pub(crate) status: Option<ExecutionStatus>,
-    pub(crate) started_after: Option<i64>,
-    pub(crate) started_before: Option<i64>,
+pub struct ExecutionFilter {
+    pub process_name: Option<String>,
+    pub status: Option<ExecutionStatus>,
+    pub started_after: Option<i64>,
+    pub started_before: Option<i64>,
     /// Only executions this agent takes part in: its lead, a participant of
     /// its session, the executor of a step, or named in a step of its
     /// process version (the rule of one execution in `grpc/access.rs`).
-    pub(crate) agent_id: Option<String>,
+    pub agent_id: Option<String>,
     /// Only executions listed after this one (start time and id), for the next page.
-    pub(crate) after: Option<(i64, String)>,
-    pub(crate) limit: u32,
+    pub after: Option<(i64, String)>,
+    pub limit: u32,
 }
 
 /// Held while a run of a process is checked against its budget, its
@@ -157,49 +155,50 @@ pub(crate) struct ExecutionFilter {
 /// one database admit the runs under one limit one at a time: on
 /// PostgreSQL, a transaction holding an advisory lock per limit (the
 /// process, each agent), released when this is dropped.
-pub(crate) struct AdmissionLock {
+pub struct AdmissionLock {
     _transaction: sqlx::Transaction<'static, sqlx::Any>,
 }
 
 impl AdmissionLock {
-    pub(crate) fn new(transaction: sqlx::Transaction<'static, sqlx::Any>) -> Self {
+    /// Holds `transaction` open until dropped.
+    pub fn new(transaction: sqlx::Transaction<'static, sqlx::Any>) -> Self {
         Self { _transaction: transaction }
     }
 }
 
 /// A process's executions as a throttle sees them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Activity {
+pub struct Activity {
     /// Executions that have not ended.
-    pub(crate) underway: u64,
+    pub underway: u64,
     /// When the latest one started.
-    pub(crate) last_started_at: Option<i64>,
+    pub last_started_at: Option<i64>,
 }
 
 /// An event of the log: its position and its stored (wire) encoding.
-pub(crate) type LogEntry = (i64, Vec<u8>);
+pub type LogEntry = (i64, Vec<u8>);
 
 /// The name of the notifier's cursor in the event log.
-pub(crate) const NOTIFIER_CURSOR: &str = "notifier";
+pub const NOTIFIER_CURSOR: &str = "notifier";
 
 /// Separates a replica's stable identity from its incarnation in its name
 /// (`execution-0@1a2b3c4d`): [`Store::join`] replaces the previous
 /// incarnations of the identity.
-pub(crate) const INCARNATION: char = '@';
+pub const INCARNATION: char = '@';
 
 /// A replica of the execution service.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Replica {
-    pub(crate) id: String,
+pub struct Replica {
+    pub id: String,
     /// Where the others reach it (empty: they cannot).
-    pub(crate) url: String,
+    pub url: String,
     /// The address to connect to for `url` when its host names a Service
     /// rather than this replica (empty: where the host leads).
-    pub(crate) address: String,
+    pub address: String,
 }
 
 /// The execution service's repository.
-pub(crate) trait Store: Send + Sync + 'static {
+pub trait Store: Send + Sync + 'static {
     /// Creates or upgrades the schema.
     fn migrate(&self) -> BoxFuture<'_, Result<()>>;
 

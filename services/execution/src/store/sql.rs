@@ -125,7 +125,7 @@ fn json_rows<T: serde::Serialize>(rows: &[T]) -> Result<String> {
 
 /// The store on a SQL database.
 #[derive(Clone)]
-pub(crate) struct SqlStore {
+pub struct SqlStore {
     database: Database,
     writer: mpsc::Sender<Job>,
     /// The replica this store writes for, once it joined.
@@ -143,13 +143,13 @@ impl SqlStore {
     /// first use, with a pool of `readers` connections for reads (0: reads
     /// share the writers'). A SQLite file it creates has small pages: a
     /// running execution commits a few small rows per step.
-    pub(crate) fn connect(url: &str, max_connections: u32, readers: u32) -> muster_runtime::Result<Self> {
+    pub fn connect(url: &str, max_connections: u32, readers: u32) -> muster_runtime::Result<Self> {
         let connections = Connections { readers, sqlite_page_size: SMALL_PAGES, ..Connections::new(max_connections) };
         Ok(Self::new(Database::connect_lazy_with(url, connections)?))
     }
 
     /// A store on `database`; its writer runs until the last clone is dropped.
-    pub(crate) fn new(database: Database) -> Self {
+    pub fn new(database: Database) -> Self {
         let (writer, jobs) = mpsc::channel(4096);
         let replica = Arc::new(OnceLock::new());
         tokio::spawn(write_loop(database.clone(), replica.clone(), jobs));

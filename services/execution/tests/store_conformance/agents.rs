@@ -5,8 +5,7 @@
 
 use muster_runtime::{db::Database, testing::TestDatabase};
 
-use super::{PROCESS, SqliteFile, new_process, steps};
-use crate::{
+use muster_execution::{
     domain::{
         ExecutionStatus,
         authority::{RoleAssignment, Session},
@@ -14,6 +13,8 @@ use crate::{
     },
     store::{ExecutionFilter, SqlStore, Store, Write},
 };
+
+use super::{PROCESS, SqliteFile, new_process, steps};
 
 /// Names `writer`, `approver`, `owner`, `monitor` and `watcher`.
 const NAMING: &str = "\

@@ -1,4 +1,4 @@
-//! One conformance suite over the [`Store`], run against SQLite and
+//! One conformance suite over the execution service's `Store`, run against SQLite and
 //! PostgreSQL: both backends behave the same, commit by commit.
 
 mod agents;
@@ -7,12 +7,7 @@ use std::{sync::Arc, time::Duration};
 
 use muster_runtime::testing::TestDatabase;
 
-use super::{
-    Activity, Archived, ExecutionFilter, InboxFilter, NOTIFIER_CURSOR, NewProcess, Published, Replica, SqlStore,
-    StepWrite, Store, Write,
-};
-use crate::{
-    Error,
+use muster_execution::{
     domain::{
         ExecutionStatus, StepStatus,
         authority::{DEFAULT_MATRIX, Matrix, RoleAssignment, Session, SubtaskRequest, SubtaskStatus},
@@ -20,6 +15,11 @@ use crate::{
         inbox::{InboxMessage, MessageState, Priority},
         memory::MemoryEntry,
         model::{Event, EventKind, Execution, Finding, Step, Warnings},
+    },
+    error::Error,
+    store::{
+        Activity, Archived, ExecutionFilter, InboxFilter, NOTIFIER_CURSOR, NewProcess, Published, Replica, SqlStore,
+        StepWrite, Store, Write,
     },
 };
 
