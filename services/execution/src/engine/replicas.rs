@@ -9,9 +9,8 @@ use crate::{Result, domain::model::Step, store::Replica};
 
 impl Engine {
     /// Joins the replicas on the store, with this replica's lease; the
-    /// others reach it at `url` (empty: they cannot).
-    /// Joins the replicas, reached by the others at `url` (connecting to
-    /// `address`, when the URL's host names a Service rather than this replica).
+    /// others reach it at `url` (empty: they cannot), connecting to
+    /// `address` when the URL's host names a Service rather than this replica.
     pub(crate) async fn join(&self, url: &str, address: &str) -> Result<()> {
         let me = Replica { id: self.replica.clone(), url: url.to_owned(), address: address.to_owned() };
         self.store.join(&me, self.settings.ownership_lease).await?;
@@ -99,11 +98,10 @@ impl Engine {
     }
 }
 
-/// A name for this replica: the host's (a pod's name on Kubernetes) and a
-/// random suffix, so that a restarted process is a new replica.
-/// This incarnation's name among the replicas: `IDENTITY@SUFFIX` for a
-/// stable identity (the store knows the previous incarnations by it),
-/// else `HOST-SUFFIX`.
+/// This incarnation's name among the replicas, with a random suffix so that
+/// a restarted process is a new incarnation: `IDENTITY@SUFFIX` for a stable
+/// identity (the store knows the previous incarnations by it), else
+/// `HOST-SUFFIX` (a pod's name on Kubernetes).
 pub(super) fn replica_name(identity: &str) -> String {
     let suffix = uuid::Uuid::new_v4().simple().to_string();
     if !identity.is_empty() {
