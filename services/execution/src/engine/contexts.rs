@@ -1,7 +1,9 @@
 //! What the roster says of each agent for its assignments (role definition,
 //! rendered system prompt, limits, LLM settings) and what each role
 //! remembers, kept for every execution, so that a run whose steps go to one
-//! agent after another does not ask the roster three times per step.
+//! agent after another does not ask the roster three times per step; and
+//! the roster's answer about each agent that a run, a session or a budget
+//! names, so that starting a run does not ask once per agent it names.
 //!
 //! Agents' contexts are kept only while the engine follows the roster's
 //! changes ([`Engine::follow_roles`]): any change of an agent or a role
@@ -21,7 +23,7 @@ use std::{
 
 use super::Engine;
 use crate::{
-    clients::roster::{RETRY_PAUSE, RosterFailure, patiently},
+    clients::roster::{AgentInfo, RETRY_PAUSE, RosterFailure, patiently},
     domain::{memory::MemoryEntry, model::AgentContext},
 };
 
@@ -39,6 +41,8 @@ pub(crate) struct Contexts {
     /// Moved by every change: a context read across one is not kept.
     generation: AtomicU64,
     agents: Mutex<HashMap<String, Arc<AgentContext>>>,
+    /// The roster's answer about each agent asked about.
+    known: Mutex<HashMap<String, AgentInfo>>,
     /// Each role's memory (`""`: agents without a role) and its version.
     memories: Mutex<HashMap<String, KeptMemory>>,
 }
@@ -55,6 +59,7 @@ impl Contexts {
     pub(crate) fn forget(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
         self.agents.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        self.known.lock().unwrap_or_else(PoisonError::into_inner).clear();
     }
 
     fn get(&self, agent_id: &str) -> Option<Arc<AgentContext>> {
@@ -75,9 +80,40 @@ impl Contexts {
         }
         agents.insert(agent_id.to_owned(), context);
     }
+
+    fn known(&self, agent_id: &str) -> Option<AgentInfo> {
+        if !self.following.load(Ordering::Acquire) {
+            return None;
+        }
+        self.known.lock().unwrap_or_else(PoisonError::into_inner).get(agent_id).cloned()
+    }
+
+    fn keep_known(&self, agent: AgentInfo, generation: u64) {
+        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
+        if !self.following.load(Ordering::Acquire) || self.generation.load(Ordering::Acquire) != generation {
+            return;
+        }
+        if known.len() >= KEPT {
+            known.clear();
+        }
+        known.insert(agent.id.clone(), agent);
+    }
 }
 
 impl Engine {
+    /// An agent of the roster (its role, whether it may delegate), as kept
+    /// or from the roster. Its `offline` is as it was when read: status
+    /// changes are not followed, so whoever acts on it asks the roster.
+    pub(crate) async fn roster_agent(&self, agent_id: &str) -> Result<AgentInfo, RosterFailure> {
+        if let Some(known) = self.contexts.known(agent_id) {
+            return Ok(known);
+        }
+        let generation = self.contexts.generation.load(Ordering::Acquire);
+        let agent = self.roster.agent(agent_id.to_owned()).await?;
+        self.contexts.keep_known(agent.clone(), generation);
+        Ok(agent)
+    }
+
     /// What an assignment tells `agent_id` about itself (without its
     /// memory), as kept or from the roster.
     pub(crate) async fn agent_context(&self, agent_id: &str) -> Result<Arc<AgentContext>, RosterFailure> {

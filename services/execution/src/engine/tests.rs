@@ -47,6 +47,8 @@ struct FakeRoster {
     /// The size of each batch asked for.
     batches: Mutex<Vec<usize>>,
     released: Mutex<Vec<String>>,
+    /// How many times an agent was asked about (`GetAgent`).
+    agents_asked: std::sync::atomic::AtomicUsize,
 }
 
 impl Roster for FakeRoster {
@@ -145,6 +147,7 @@ impl Roster for FakeRoster {
     }
 
     fn agent(&self, agent_id: String) -> BoxFuture<'_, Result<AgentInfo, RosterFailure>> {
+        self.agents_asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let known = self.agents.contains(&agent_id.as_str());
         Box::pin(async move {
             if known {
@@ -472,6 +475,33 @@ async fn a_chain_runs_in_order_and_each_step_sees_its_upstream() {
     assert!(events.iter().enumerate().all(|(index, event)| event.sequence == index as u64 + 1));
     let steps = harness.steps(&id).await;
     assert_eq!(steps["s49"].output_json.as_deref(), Some(r#"{"step":"s49"}"#));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_roster_is_asked_about_an_agent_once_while_its_changes_are_followed() {
+    let harness = Harness::new(FakeRoster { agents: vec!["doer"], ..FakeRoster::default() }, settings()).await;
+    let engine = &harness.engine;
+    let asked = || harness.roster.agents_asked.load(std::sync::atomic::Ordering::Relaxed);
+    // Not following the roster's changes: asked every time.
+    engine.roster_agent("doer").await.unwrap();
+    engine.roster_agent("doer").await.unwrap();
+    assert_eq!(asked(), 2);
+    engine.contexts.following(true);
+    engine.roster_agent("doer").await.unwrap();
+    engine.roster_agent("doer").await.unwrap();
+    assert_eq!(asked(), 3, "kept while the changes are followed");
+    // An agent not in the roster is asked about again, every time.
+    for _ in 0..2 {
+        assert!(matches!(engine.roster_agent("ghost").await, Err(RosterFailure::NotFound(_))));
+    }
+    assert_eq!(asked(), 5);
+    // A change of an agent or a role forgets what was kept.
+    engine.contexts.forget();
+    assert_eq!(engine.roster_agent("doer").await.unwrap().id, "doer");
+    assert_eq!(asked(), 6);
+    engine.contexts.following(false);
+    engine.roster_agent("doer").await.unwrap();
+    assert_eq!(asked(), 7, "nothing kept once the changes are no longer followed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

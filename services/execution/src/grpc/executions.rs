@@ -54,8 +54,10 @@ impl ExecutionGrpc {
             ));
         }
         // Every named executor must still be in the roster before anything
-        // runs; each is asked about once. (An approval step's executor may be
-        // a system name: people decide it.)
+        // runs, as this service follows it (`Engine::roster_agent`: the
+        // roster's answers are kept until an agent or a role changes), each
+        // looked up once. (An approval step's executor may be a system name:
+        // people decide it.)
         let mut asked = std::collections::HashSet::new();
         for step in process.definition.steps.iter().filter(|step| step.step_type != crate::engine::HUMAN_APPROVAL) {
             if let Some(executor) = step.executor()

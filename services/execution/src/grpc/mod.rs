@@ -115,9 +115,10 @@ impl ExecutionGrpc {
         self.relays.clone()
     }
 
-    /// An agent of the roster; FAILED_PRECONDITION naming `what` when it is not in it.
+    /// An agent of the roster ([`Engine::roster_agent`]: its `offline` may
+    /// lag); FAILED_PRECONDITION naming `what` when it is not in it.
     async fn roster_agent(&self, agent_id: &str, what: &str) -> Result<AgentInfo> {
-        roster_answer(agent_id, what, self.engine.roster.agent(agent_id.to_owned()).await)
+        roster_answer(agent_id, what, self.engine.roster_agent(agent_id).await)
     }
 }
 

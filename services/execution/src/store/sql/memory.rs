@@ -49,13 +49,16 @@ pub(super) async fn forget(database: &Database, id: &str) -> Result<bool> {
 /// The global memory's version plus `role`'s: both only grow, so the sum
 /// moves exactly when either does.
 pub(super) async fn version(database: &Database, role: &str) -> Result<i64> {
-    let row = sqlx::query(
-        "SELECT CAST(COALESCE(SUM(version), 0) AS BIGINT) AS version FROM memory_versions WHERE role IN ($1, $2)",
-    )
-    .bind(String::new())
-    .bind(role.to_owned())
-    .fetch_one(&database.reads)
-    .await?;
+    const VERSION: &str =
+        "SELECT CAST(COALESCE(SUM(version), 0) AS BIGINT) AS version FROM memory_versions WHERE role IN ($1, $2)";
+    // Read for nearly every assignment: on SQLite, without a hand-off to a
+    // pool's connection thread.
+    if let Some(native) = database.native() {
+        return native.read(|connection| {
+            Ok(connection.prepare_cached(VERSION)?.query_row(rusqlite::params!["", role], |row| row.get(0))?)
+        });
+    }
+    let row = sqlx::query(VERSION).bind(String::new()).bind(role.to_owned()).fetch_one(&database.reads).await?;
     Ok(row.try_get("version")?)
 }
 

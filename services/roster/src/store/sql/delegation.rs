@@ -381,8 +381,11 @@ const BATCH_ROWS_PER_STATEMENT: usize = 300;
 /// [`delegate`] for many tasks. Tasks assigned to the same agent are placed
 /// together in one transaction: those already holding a slot of the agent
 /// keep it, the others take as many of its free slots as there are (one
-/// conditional workload update for all of them). Every task left over — not
-/// assigned, or with no free slot for it — is decided alone.
+/// conditional workload update for all of them). On a SQLite file, the
+/// tasks in the common case (an agent with room, no slot held, no queue)
+/// are placed first, all in one transaction on the native connection, and
+/// only the others go this way. Every task left over — not assigned, or
+/// with no free slot for it — is decided alone.
 pub(super) async fn delegate_batch(
     store: &SqlStore,
     requests: &[DelegationRequest],
@@ -396,6 +399,13 @@ pub(super) async fn delegate_batch(
         }
     }
     let mut outcomes: Vec<Option<DelegationOutcome>> = requests.iter().map(|_| None).collect();
+    if let Some(native) = store.database.native() {
+        take_named_together_natively(store, native, requests, now, settings, &mut outcomes).await?;
+        by_agent.retain(|_, indexes| {
+            indexes.retain(|&index| outcomes[index].is_none());
+            !indexes.is_empty()
+        });
+    }
     if !by_agent.is_empty() {
         let mut transaction = store.database.pool.begin().await?;
         let mut changes = Vec::new();
@@ -424,6 +434,49 @@ pub(super) async fn delegate_batch(
         });
     }
     Ok(answered)
+}
+
+/// The tasks of a batch assigned to one agent each, in the common case
+/// ([`take_named_natively`]), all in one transaction on the SQLite file's
+/// native connection: their `outcomes` filled, the others left `None` for
+/// the general path.
+async fn take_named_together_natively(
+    store: &SqlStore,
+    native: &muster_runtime::db::NativeSqlite,
+    requests: &[DelegationRequest],
+    now: i64,
+    settings: Settings,
+    outcomes: &mut [Option<DelegationOutcome>],
+) -> Result<()> {
+    let named: Vec<usize> = (0..requests.len())
+        .filter(|&position| !requests[position].assigned_agent_id.is_empty() && !requests[position].dry_run)
+        .collect();
+    if named.is_empty() {
+        return Ok(());
+    }
+    let index = store.index().await?;
+    let taken = native
+        .write(&store.database.pool, |transaction| {
+            let mut taken = Vec::new();
+            for &position in &named {
+                if let Some(placed) = take_named_natively(transaction, index, &requests[position], now, settings)? {
+                    taken.push((position, placed));
+                }
+            }
+            Ok::<_, Error>(taken)
+        })
+        .await?;
+    let changes: Vec<WorkloadChange> = taken.iter().map(|(_, (_, change))| change.clone()).collect();
+    store.apply_workloads(&changes).await;
+    for (position, (decision, _)) in taken {
+        outcomes[position] = Some(DelegationOutcome {
+            decision,
+            delegation_id: String::new(),
+            changed_agents: vec![requests[position].assigned_agent_id.clone()],
+            queue_changed: false,
+        });
+    }
+    Ok(())
 }
 
 /// Places the tasks at `indexes` (all assigned to `agent_id`) on its free
