@@ -13,7 +13,8 @@
 //! copy of `clients` and `proto` (the clients are generated and built
 //! there), a Python virtual environment of its own first on the PATH (what
 //! the blocks `pip install` goes there), and `cargo` builds the repository.
-//! The blocks use the default ports (50051–50054, 50080): this test is a
+//! The blocks use the default ports (50051–50054, 50080) and the
+//! tutorial's cluster its own (50061–50064, 50090): this test is a
 //! binary of its own, so no other test of this package runs beside it. It
 //! needs `grpcurl` and `buf` (`MUSTER_GRPCURL`, `MUSTER_BUF`, which
 //! `.ci/run` installs), `python3` with `venv`, Node.js with `npm`, and the
@@ -124,15 +125,17 @@ fn every_block_not_run_says_why() {
     assert!(blocks_seen > 20, "the documents' blocks were not found ({blocks_seen})");
 }
 
-/// The ports `muster up` listens on by default, which the blocks use.
-const DEFAULT_PORTS: [u16; 5] = [50051, 50052, 50053, 50054, 50080];
+/// The ports the blocks' clusters listen on: `muster up`'s defaults and
+/// the tutorial's cluster's.
+const DOCUMENTED_PORTS: [u16; 10] = [50051, 50052, 50053, 50054, 50080, 50061, 50062, 50063, 50064, 50090];
 
-/// Waits (up to a minute) until every default port can be listened on; a
+/// Waits (up to a minute) until every documented port can be listened on; a
 /// port still taken then fails the test naming the process that holds it.
 /// (`.ci/run` keeps these ports out of the range the kernel picks from for
 /// other sockets; elsewhere a test's connection may hold one for a while.)
 async fn ports_free() {
-    let taken = || DEFAULT_PORTS.into_iter().filter(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_err());
+    let taken =
+        || DOCUMENTED_PORTS.into_iter().filter(|port| std::net::TcpListener::bind(("127.0.0.1", *port)).is_err());
     for _ in 0..60 {
         if taken().next().is_none() {
             return;
@@ -141,7 +144,7 @@ async fn ports_free() {
     }
     let held: Vec<String> = taken().map(|port| format!("{port} (held by {})", holder(port))).collect();
     if !held.is_empty() {
-        panic!("the documented default ports are taken: {}", held.join(", "));
+        panic!("the documented ports are taken: {}", held.join(", "));
     }
 }
 
