@@ -62,41 +62,26 @@ impl Contexts {
         self.known.lock().unwrap_or_else(PoisonError::into_inner).clear();
     }
 
-    fn get(&self, agent_id: &str) -> Option<Arc<AgentContext>> {
+    /// What `kept` holds for `agent_id`, while the changes are followed.
+    fn get<T: Clone>(&self, kept: &Mutex<HashMap<String, T>>, agent_id: &str) -> Option<T> {
         if !self.following.load(Ordering::Acquire) {
             return None;
         }
-        self.agents.lock().unwrap_or_else(PoisonError::into_inner).get(agent_id).cloned()
+        kept.lock().unwrap_or_else(PoisonError::into_inner).get(agent_id).cloned()
     }
 
-    fn keep(&self, agent_id: &str, context: Arc<AgentContext>, generation: u64) {
-        let mut agents = self.agents.lock().unwrap_or_else(PoisonError::into_inner);
+    /// Keeps `value` for `agent_id` in `kept`, unless it was read across a
+    /// change (`generation` moved) or the changes are no longer followed.
+    fn keep<T>(&self, kept: &Mutex<HashMap<String, T>>, agent_id: &str, value: T, generation: u64) {
+        let mut kept = kept.lock().unwrap_or_else(PoisonError::into_inner);
         // Checked under the lock `forget` clears: a change after this keeps nothing stale.
         if !self.following.load(Ordering::Acquire) || self.generation.load(Ordering::Acquire) != generation {
             return;
         }
-        if agents.len() >= KEPT {
-            agents.clear();
+        if kept.len() >= KEPT {
+            kept.clear();
         }
-        agents.insert(agent_id.to_owned(), context);
-    }
-
-    fn known(&self, agent_id: &str) -> Option<AgentInfo> {
-        if !self.following.load(Ordering::Acquire) {
-            return None;
-        }
-        self.known.lock().unwrap_or_else(PoisonError::into_inner).get(agent_id).cloned()
-    }
-
-    fn keep_known(&self, agent: AgentInfo, generation: u64) {
-        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
-        if !self.following.load(Ordering::Acquire) || self.generation.load(Ordering::Acquire) != generation {
-            return;
-        }
-        if known.len() >= KEPT {
-            known.clear();
-        }
-        known.insert(agent.id.clone(), agent);
+        kept.insert(agent_id.to_owned(), value);
     }
 }
 
@@ -105,26 +90,28 @@ impl Engine {
     /// or from the roster. Its `offline` is as it was when read: status
     /// changes are not followed, so whoever acts on it asks the roster.
     pub(crate) async fn roster_agent(&self, agent_id: &str) -> Result<AgentInfo, RosterFailure> {
-        if let Some(known) = self.contexts.known(agent_id) {
+        let contexts = &self.contexts;
+        if let Some(known) = contexts.get(&contexts.known, agent_id) {
             return Ok(known);
         }
-        let generation = self.contexts.generation.load(Ordering::Acquire);
+        let generation = contexts.generation.load(Ordering::Acquire);
         let agent = self.roster.agent(agent_id.to_owned()).await?;
-        self.contexts.keep_known(agent.clone(), generation);
+        contexts.keep(&contexts.known, agent_id, agent.clone(), generation);
         Ok(agent)
     }
 
     /// What an assignment tells `agent_id` about itself (without its
     /// memory), as kept or from the roster.
     pub(crate) async fn agent_context(&self, agent_id: &str) -> Result<Arc<AgentContext>, RosterFailure> {
-        if let Some(known) = self.contexts.get(agent_id) {
+        let contexts = &self.contexts;
+        if let Some(known) = contexts.get(&contexts.agents, agent_id) {
             return Ok(known);
         }
-        let generation = self.contexts.generation.load(Ordering::Acquire);
+        let generation = contexts.generation.load(Ordering::Acquire);
         let context = patiently(RETRY_PAUSE, "an assignment", || self.roster.agent_context(agent_id.to_owned()))
             .await
             .map(Arc::new)?;
-        self.contexts.keep(agent_id, context.clone(), generation);
+        contexts.keep(&contexts.agents, agent_id, context.clone(), generation);
         Ok(context)
     }
 

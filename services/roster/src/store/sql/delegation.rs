@@ -211,14 +211,8 @@ pub(super) async fn delegate_alone(
             .write(&store.database.pool, |transaction| take_named_natively(transaction, index, request, now, settings))
             .await?;
         if let Some((decision, change)) = taken {
-            let reread = store.index.apply_workloads(std::slice::from_ref(&change));
-            store.reread_after_commit(&reread).await;
-            return Ok(DelegationOutcome {
-                decision,
-                delegation_id: String::new(),
-                changed_agents: vec![request.assigned_agent_id.clone()],
-                queue_changed: false,
-            });
+            store.apply_workloads(std::slice::from_ref(&change)).await;
+            return Ok(taken_natively(request, decision));
         }
     }
     let mut changes = Vec::new();
@@ -400,7 +394,8 @@ pub(super) async fn delegate_batch(
     }
     let mut outcomes: Vec<Option<DelegationOutcome>> = requests.iter().map(|_| None).collect();
     if let Some(native) = store.database.native() {
-        take_named_together_natively(store, native, requests, now, settings, &mut outcomes).await?;
+        let named: Vec<usize> = by_agent.values().flatten().copied().collect();
+        take_named_together_natively(store, native, requests, &named, now, settings, &mut outcomes).await?;
         by_agent.retain(|_, indexes| {
             indexes.retain(|&index| outcomes[index].is_none());
             !indexes.is_empty()
@@ -436,21 +431,19 @@ pub(super) async fn delegate_batch(
     Ok(answered)
 }
 
-/// The tasks of a batch assigned to one agent each, in the common case
-/// ([`take_named_natively`]), all in one transaction on the SQLite file's
-/// native connection: their `outcomes` filled, the others left `None` for
-/// the general path.
+/// The tasks of a batch at `named` (each assigned to one agent, none a dry
+/// run), in the common case ([`take_named_natively`]), all in one
+/// transaction on the SQLite file's native connection: their `outcomes`
+/// filled, the others left `None` for the general path.
 async fn take_named_together_natively(
     store: &SqlStore,
     native: &muster_runtime::db::NativeSqlite,
     requests: &[DelegationRequest],
+    named: &[usize],
     now: i64,
     settings: Settings,
     outcomes: &mut [Option<DelegationOutcome>],
 ) -> Result<()> {
-    let named: Vec<usize> = (0..requests.len())
-        .filter(|&position| !requests[position].assigned_agent_id.is_empty() && !requests[position].dry_run)
-        .collect();
     if named.is_empty() {
         return Ok(());
     }
@@ -458,7 +451,7 @@ async fn take_named_together_natively(
     let taken = native
         .write(&store.database.pool, |transaction| {
             let mut taken = Vec::new();
-            for &position in &named {
+            for &position in named {
                 if let Some(placed) = take_named_natively(transaction, index, &requests[position], now, settings)? {
                     taken.push((position, placed));
                 }
@@ -469,14 +462,19 @@ async fn take_named_together_natively(
     let changes: Vec<WorkloadChange> = taken.iter().map(|(_, (_, change))| change.clone()).collect();
     store.apply_workloads(&changes).await;
     for (position, (decision, _)) in taken {
-        outcomes[position] = Some(DelegationOutcome {
-            decision,
-            delegation_id: String::new(),
-            changed_agents: vec![requests[position].assigned_agent_id.clone()],
-            queue_changed: false,
-        });
+        outcomes[position] = Some(taken_natively(&requests[position], decision));
     }
     Ok(())
+}
+
+/// The outcome of a task [`take_named_natively`] placed on its agent.
+fn taken_natively(request: &DelegationRequest, decision: Decision) -> DelegationOutcome {
+    DelegationOutcome {
+        decision,
+        delegation_id: String::new(),
+        changed_agents: vec![request.assigned_agent_id.clone()],
+        queue_changed: false,
+    }
 }
 
 /// Places the tasks at `indexes` (all assigned to `agent_id`) on its free
