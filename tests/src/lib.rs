@@ -35,9 +35,11 @@ pub type RosterClient = RosterServiceClient<AuthChannel>;
 pub type NotifierClient = NotifierServiceClient<AuthChannel>;
 
 pub mod command;
+pub mod network;
 pub mod otlp;
 pub mod pki;
 pub mod raw;
+pub mod spread;
 
 /// Which database the services use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

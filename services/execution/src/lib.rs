@@ -232,7 +232,15 @@ pub async fn run(
         )
         .serve(listener, &security, ready, shutdown_or_deposed(shutdown, engine.deposed.clone()))
         .await;
-    engine.shutdown().await;
+    if engine.deposed.is_cancelled() {
+        // Its drivers may wait on a database that does not answer (a cut
+        // network), which refuses what they would commit anyway: a second.
+        if tokio::time::timeout(Duration::from_secs(1), engine.shutdown()).await.is_err() {
+            tracing::warn!("the executions' drivers did not stop within a second; leaving them");
+        }
+    } else {
+        engine.shutdown().await;
+    }
     if engine.deposed.is_cancelled() {
         return Err(muster_runtime::Error::Deposed(format!(
             "replica {} lost its lease on its executions (another replica takes them over)",

@@ -143,7 +143,7 @@ impl From<Error> for tonic::Status {
                 muster_runtime::auth::unauthenticated(reason, status::truncate(&message, status::MAX_MESSAGE_BYTES))
             }
             Error::RetryLater { reason, message } => status::retry_later(message, reason, &[]),
-            Error::Database(error) => status::internal(&error),
+            Error::Database(error) => status::database(&error),
             Error::Sqlite(error) => status::internal(&error),
             Error::Runtime(error) => status::internal(&error),
             Error::Internal(message) => status::internal(&message),

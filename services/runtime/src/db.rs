@@ -144,6 +144,10 @@ pub fn placeholders(backend: Backend, rows: usize, columns: usize) -> String {
     text
 }
 
+/// [`Connections::idle_in_transaction`] unless set: no transaction of
+/// muster's waits on anything but the database for so long.
+pub const IDLE_IN_TRANSACTION: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How many connections a [`Database`] opens, and the SQLite settings
 /// they open with.
 #[derive(Debug, Clone, Copy)]
@@ -161,13 +165,25 @@ pub struct Connections {
     /// each row's parent and keeps a statement journal, so that a missing
     /// parent can undo the statement alone.
     pub sqlite_foreign_keys: bool,
+    /// How long PostgreSQL keeps a transaction whose client has sent
+    /// nothing (`idle_in_transaction_session_timeout`): a process cut off
+    /// from the database mid-transaction, or paused, would otherwise hold
+    /// the transaction's locks (and the turns services take with advisory
+    /// locks) until the server finds the connection dead, hours later.
+    pub idle_in_transaction: std::time::Duration,
 }
 
 impl Connections {
     /// `max_connections` writers, reads on the writers' pool, SQLite's own
     /// page size, foreign keys checked.
     pub fn new(max_connections: u32) -> Self {
-        Self { max_connections, readers: 0, sqlite_page_size: DEFAULT_PAGES, sqlite_foreign_keys: true }
+        Self {
+            max_connections,
+            readers: 0,
+            sqlite_page_size: DEFAULT_PAGES,
+            sqlite_foreign_keys: true,
+            idle_in_transaction: IDLE_IN_TRANSACTION,
+        }
     }
 }
 
@@ -205,7 +221,14 @@ impl Database {
         let writers = Arc::new(std::sync::OnceLock::new());
         let checkpointer = file.clone().and_then(|path| native::spawn_checkpointer(path, writers.clone()));
         let checkpointed = checkpointer.is_some();
-        let settings = sqlite_settings(&connections);
+        let settings = match backend {
+            Backend::Sqlite => sqlite_settings(&connections),
+            Backend::Postgres => format!(
+                "SET idle_in_transaction_session_timeout = {}",
+                connections.idle_in_transaction.as_millis().max(1)
+            )
+            .into(),
+        };
         let pool = pool_options(backend, max_connections, &settings, false, checkpointed).connect_lazy(&url)?;
         let _ = writers.set(pool.clone());
         // Reads get connections of their own, so that a flood of reads
@@ -251,8 +274,8 @@ impl Database {
     }
 }
 
-/// Pool settings: SQLite connections with `settings` (the
-/// read-only ones refuse writes; with `checkpointed`, no commit
+/// Pool settings: connections opened with `settings` (SQLite's pragmas,
+/// PostgreSQL's session settings); SQLite's read-only ones refuse writes; with `checkpointed`, no commit
 /// checkpoints). A SQLite connection is not tested before it is handed
 /// out: it cannot have been cut, and the test is a round trip to its
 /// thread.
@@ -269,8 +292,8 @@ fn pool_options(
     options.after_connect(move |connection, _| {
         let settings = settings.clone();
         Box::pin(async move {
+            connection.execute(sqlx::AssertSqlSafe(&*settings)).await?;
             if backend == Backend::Sqlite {
-                connection.execute(sqlx::AssertSqlSafe(&*settings)).await?;
                 if checkpointed {
                     connection.execute(NO_CHECKPOINT_ON_COMMIT).await?;
                 }

@@ -17,6 +17,7 @@
 //! | OUT_OF_RANGE | `BadRequest`: the field past the end |
 //! | RESOURCE_EXHAUSTED | `QuotaFailure` and, when known, `RetryInfo` (a load-shedding refusal: `RetryInfo`) |
 //! | UNAVAILABLE | `RetryInfo` and `ErrorInfo` naming the dependency |
+//! | ABORTED | `RetryInfo` and `ErrorInfo` (`TRANSACTION_CONFLICT`): the database undid the call's transaction for a concurrent one |
 //! | UNAUTHENTICATED, PERMISSION_DENIED | `ErrorInfo` with the reason (see [`crate::auth`]) |
 
 use std::{collections::HashMap, fmt::Display, time::Duration};
@@ -187,6 +188,27 @@ pub fn internal(error: &dyn Display) -> tonic::Status {
     tonic::Status::internal(format!("internal error (reference {reference}); see the service log"))
 }
 
+/// A database error as a status. A transaction the database aborted to
+/// break a deadlock or a conflict with a concurrent one (SQLSTATE `40P01`,
+/// `40001`) is ABORTED, with a `RetryInfo` and an `ErrorInfo`
+/// (`TRANSACTION_CONFLICT`): the same call made again goes through. Any
+/// other is [`internal`].
+pub fn database(error: &sqlx::Error) -> tonic::Status {
+    let conflict = matches!(error, sqlx::Error::Database(database)
+        if matches!(database.code().as_deref(), Some("40P01" | "40001")));
+    if !conflict {
+        return internal(error);
+    }
+    tracing::warn!(%error, "the database aborted a transaction that conflicted with another; the caller retries");
+    let mut details = ErrorDetails::with_error_info("TRANSACTION_CONFLICT", DOMAIN, HashMap::new());
+    details.set_retry_info(Some(Duration::from_millis(100)));
+    tonic::Status::with_error_details(
+        tonic::Code::Aborted,
+        "the call conflicted with a concurrent one and was undone; try again",
+        details,
+    )
+}
+
 /// An UNAVAILABLE status for a dependency that cannot be reached now, with a
 /// `RetryInfo` and an `ErrorInfo` (`DEPENDENCY_UNAVAILABLE`) naming it.
 pub fn unavailable(what: &str, error: &dyn Display) -> tonic::Status {
@@ -236,6 +258,58 @@ fn uuid_like_reference() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A database error with a SQLSTATE, as PostgreSQL's driver reports one.
+    #[derive(Debug)]
+    struct Sqlstate(&'static str);
+
+    impl std::fmt::Display for Sqlstate {
+        fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(formatter, "error with SQLSTATE {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Sqlstate {}
+
+    impl sqlx::error::DatabaseError for Sqlstate {
+        fn message(&self) -> &str {
+            self.0
+        }
+
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    #[test]
+    fn a_transaction_aborted_for_a_conflict_is_retried_and_other_database_errors_are_internal() {
+        for code in ["40P01", "40001"] {
+            let status = database(&sqlx::Error::Database(Box::new(Sqlstate(code))));
+            assert_eq!(status.code(), tonic::Code::Aborted, "{code}");
+            let details = status.get_error_details();
+            assert_eq!(details.error_info().unwrap().reason, "TRANSACTION_CONFLICT");
+            assert!(details.retry_info().unwrap().retry_delay.is_some());
+        }
+        let unique = database(&sqlx::Error::Database(Box::new(Sqlstate("23505"))));
+        assert_eq!(unique.code(), tonic::Code::Internal);
+        assert_eq!(database(&sqlx::Error::PoolTimedOut).code(), tonic::Code::Internal);
+    }
 
     fn finding(code: &str, line: u32, severity: Severity) -> Diagnostic {
         Diagnostic {

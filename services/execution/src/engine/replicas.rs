@@ -34,13 +34,16 @@ impl Engine {
         loop {
             tick.tick().await;
             let asked = tokio::time::Instant::now();
-            match self.store.renew(lease).await {
-                Ok(true) => held_until = asked + lease,
-                Ok(false) => return self.depose("its lease lapsed"),
-                Err(error) if tokio::time::Instant::now() >= held_until => {
+            // A database that does not answer (a cut network) is waited
+            // for only until the lease lapses.
+            match tokio::time::timeout_at(held_until, self.store.renew(lease)).await {
+                Ok(Ok(true)) => held_until = asked + lease,
+                Ok(Ok(false)) => return self.depose("its lease lapsed"),
+                Err(_) => return self.depose("the database did not answer before its lease lapsed"),
+                Ok(Err(error)) if tokio::time::Instant::now() >= held_until => {
                     return self.depose(&format!("it could not renew its lease in time: {error}"));
                 }
-                Err(error) => tracing::warn!(%error, "renewing this replica's lease failed; retrying"),
+                Ok(Err(error)) => tracing::warn!(%error, "renewing this replica's lease failed; retrying"),
             }
         }
     }

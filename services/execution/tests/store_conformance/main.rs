@@ -750,3 +750,30 @@ async fn the_store_conforms_on_postgres() {
     admission(&SqlStore::connect(&database.url, 4, 0).unwrap(), true).await;
     conformance(SqlStore::connect(&database.url, 4, 0).unwrap()).await;
 }
+
+/// A replica cut off from PostgreSQL in the middle of a transaction (or
+/// paused there) does not keep the event log's turn from the others: the
+/// database ends a transaction whose client stays silent, and its locks go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_transaction_gives_the_logs_turn_back_on_postgres() {
+    use muster_runtime::db::{Connections, Database};
+    use sqlx::{Connection as _, Executor as _};
+    let Some(database) = TestDatabase::create().await else { return };
+    let idle = Duration::from_millis(300);
+    let silent =
+        Database::connect_lazy_with(&database.url, Connections { idle_in_transaction: idle, ..Connections::new(1) })
+            .unwrap();
+    let mut held = silent.pool.acquire().await.unwrap();
+    let mut transaction = held.begin().await.unwrap();
+    transaction.execute("SELECT pg_advisory_xact_lock(1836413812, 7106407)").await.unwrap();
+
+    let mut other = sqlx::PgConnection::connect(&database.url).await.unwrap();
+    let try_turn = "SELECT pg_try_advisory_lock(1836413812, 7106407)";
+    let taken: bool = sqlx::query_scalar(try_turn).fetch_one(&mut other).await.unwrap();
+    assert!(!taken, "the silent transaction holds the turn while it is young");
+    tokio::time::sleep(idle * 3).await;
+    let taken: bool = sqlx::query_scalar(try_turn).fetch_one(&mut other).await.unwrap();
+    assert!(taken, "the turn is free once the database ended the silent transaction");
+    let ended = transaction.execute("SELECT 1").await;
+    assert!(ended.is_err(), "the silent transaction was ended: {ended:?}");
+}

@@ -90,8 +90,10 @@ pub(in crate::store) async fn release_tasks(
     Ok(outcomes)
 }
 
-/// Each agent's freed slots, in the order its tasks were named, with how
-/// long those tasks took on average (ms; 0 when unknown).
+/// Each agent's freed slots, with how long those tasks took on average
+/// (ms; 0 when unknown), in the order of the agents' ids: two releases
+/// that free slots of the same agents change their rows in the same order,
+/// so neither waits for the other while holding what it waits for.
 fn freed_slots(released: &Released, first_mentions: &[&String]) -> Vec<(String, u32, i64)> {
     let mut freed: Vec<(&str, u32, i64)> = Vec::new();
     for task_id in first_mentions {
@@ -106,6 +108,7 @@ fn freed_slots(released: &Released, first_mentions: &[&String]) -> Vec<(String, 
             }
         }
     }
+    freed.sort_unstable_by_key(|(agent, _, _)| *agent);
     freed.into_iter().map(|(agent, count, total)| (agent.to_owned(), count, total / i64::from(count))).collect()
 }
 
