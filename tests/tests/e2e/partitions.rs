@@ -20,7 +20,7 @@ use muster::credentials::Endpoint;
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus, StepEvent},
     execution::v1::{
-        GetExecutionRequest, ListExecutionsRequest, PublishProcessRequest, StartExecutionRequest,
+        GetExecutionRequest, ListExecutionsRequest, PublishProcessRequest, StartExecutionRequest, StepStatus,
         execution_service_client::ExecutionServiceClient,
     },
 };
@@ -38,7 +38,7 @@ const CUT: Duration = Duration::from_secs(5);
 /// shutdown's grace for the calls in flight (5 s), a second for its drivers.
 const STOPS_WITHIN: Duration = Duration::from_millis(LEASE_MS + 9_000);
 /// Steps of each run.
-pub(crate) const STEPS: usize = 40;
+pub(crate) const STEPS: usize = 24;
 /// The agents the runs' steps go to, in turn.
 pub(crate) const DOERS: usize = 4;
 
@@ -158,19 +158,37 @@ async fn runs_of(execution: &Endpoint, name: &str) -> Vec<String> {
 pub(crate) async fn wait_until_finished(cluster: &SpreadCluster, name: &str) -> Duration {
     let began = tokio::time::Instant::now();
     let execution = cluster.operator("execution");
+    let mut described = false;
     loop {
         assert!(began.elapsed() < Duration::from_secs(240), "runs of {name} still run after 4 minutes");
         let mut client = ExecutionServiceClient::new(execution.channel().unwrap());
         let request = ListExecutionsRequest {
             process_name: name.to_owned(),
             status: ExecutionStatus::Running as i32,
-            limit: 1,
+            limit: 10,
             ..Default::default()
         };
-        if let Ok(page) = client.list_executions(request).await
-            && page.into_inner().executions.is_empty()
-        {
-            return began.elapsed();
+        if let Ok(page) = client.list_executions(request).await {
+            let running = page.into_inner().executions;
+            if running.is_empty() {
+                return began.elapsed();
+            }
+            // A run this slow is worth a look: where its steps stand.
+            if !described && began.elapsed() > Duration::from_secs(30) {
+                described = true;
+                for run in running {
+                    let request = GetExecutionRequest { id: run.id.clone() };
+                    let Ok(answer) = client.get_execution(request).await else { continue };
+                    let steps = answer.into_inner().execution.map(|run| run.steps).unwrap_or_default();
+                    let open: Vec<String> = steps
+                        .iter()
+                        .filter(|step| step.status != StepStatus::Completed as i32)
+                        .map(|step| format!("{} {:?}", step.step_id, StepStatus::try_from(step.status)))
+                        .take(3)
+                        .collect();
+                    eprintln!("run {} still runs {:?} later: {}", run.id, began.elapsed(), open.join(", "));
+                }
+            }
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -313,7 +331,7 @@ async fn completed_steps(execution: &Endpoint, id: &str) -> usize {
     let mut client = ExecutionServiceClient::new(execution.channel().unwrap());
     let run = client.get_execution(GetExecutionRequest { id: id.to_owned() }).await.expect("reading a run");
     let steps = run.into_inner().execution.expect("a run").steps;
-    steps.iter().filter(|step| step.status == muster_proto::execution::v1::StepStatus::Completed as i32).count()
+    steps.iter().filter(|step| step.status == StepStatus::Completed as i32).count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
