@@ -227,7 +227,7 @@ pub(crate) struct Engine {
     inbox_gate: tokio::sync::Mutex<()>,
     /// Held while a run of a process with a budget or a throttle is checked
     /// and started.
-    admission_gate: tokio::sync::Mutex<()>,
+    admission_gate: Arc<tokio::sync::Mutex<()>>,
     /// Inboxes whose throttled run is due to start later.
     delayed_triggers: Mutex<HashSet<String>>,
     /// Agents' budgets by agent id, as last read from the store.
@@ -256,7 +256,7 @@ impl Engine {
             matrix: RwLock::new(Arc::new(default_matrix())),
             processes: Mutex::new(HashMap::new()),
             inbox_gate: tokio::sync::Mutex::new(()),
-            admission_gate: tokio::sync::Mutex::new(()),
+            admission_gate: Arc::default(),
             delayed_triggers: Mutex::new(HashSet::new()),
             agent_budgets: RwLock::new(Arc::new(HashMap::new())),
             contexts: contexts::Contexts::default(),

@@ -3,6 +3,7 @@
 //! execution created and its driver spawned.
 
 use std::{sync::Arc, time::Duration};
+use tracing::Instrument as _;
 
 use super::{Engine, StartRequest, TOOL_CALL};
 use crate::{
@@ -50,7 +51,7 @@ impl Engine {
                 ),
             ));
         }
-        let (_admitted, budget) = self.admit(&request.process).await?;
+        let (admitted, budget) = self.admit(&request.process).await?;
         let now = muster_runtime::time::now_millis();
         let trace_parent = muster_runtime::telemetry::traceparent(&tracing::Span::current());
         let mut execution = Execution {
@@ -109,11 +110,22 @@ impl Engine {
                 message_ids: request.claimed_messages,
             });
         }
-        self.store.commit(writes).await?;
-        self.announce(events);
-        tracing::info!(execution_id = %execution.id, process = %execution.process_name, version = execution.process_version, "execution started");
-        self.spawn_driver(execution.clone(), steps, request.process, Some(budget));
-        Ok(execution)
+        // Created and given its driver whether or not the caller waits for
+        // the answer: a call dropped while its creation is committed would
+        // otherwise leave a run this live replica owns and nothing drives.
+        let engine = self.clone();
+        let process = request.process;
+        let created = async move {
+            let _admitted = admitted;
+            engine.store.commit(writes).await?;
+            engine.announce(events);
+            tracing::info!(execution_id = %execution.id, process = %execution.process_name, version = execution.process_version, "execution started");
+            engine.spawn_driver(execution.clone(), steps, process, Some(budget));
+            Ok(execution)
+        };
+        tokio::spawn(created.instrument(tracing::Span::current()))
+            .await
+            .map_err(|error| Error::Storage(format!("creating the execution stopped: {error}")))?
     }
 
     /// Checks that a run of `process` may start now, under its budget, its
@@ -124,7 +136,7 @@ impl Engine {
     /// PostgreSQL, across replicas, so that concurrent starts cannot
     /// overrun them. An agent's budget is locked as a process's is, by its
     /// key (`agent:ID`, which no process name can be).
-    async fn admit(&self, process: &ProcessVersion) -> Result<(Option<Admitted<'_>>, Option<Budget>)> {
+    async fn admit(&self, process: &ProcessVersion) -> Result<(Option<Admitted>, Option<Budget>)> {
         // The agents the process names as executors, in order: every
         // replica locks them in that order, then the process.
         let mut named: Vec<&str> = process.definition.steps.iter().filter_map(|step| step.executor()).collect();
@@ -143,7 +155,7 @@ impl Engine {
         // One start at a time in this replica, then across replicas (the
         // local gate first: a replica holds at most one start's database
         // connections waiting for the shared locks).
-        let local = self.admission_gate.lock().await;
+        let local = self.admission_gate.clone().lock_owned().await;
         let keys: Vec<&str> = agent_budgets
             .iter()
             .map(|agent_budget| agent_budget.process_name.as_str())
@@ -216,7 +228,7 @@ impl Engine {
 }
 
 /// Held from a run's admission until it is created: see [`Engine::admit`].
-pub(crate) struct Admitted<'a> {
-    _local: tokio::sync::MutexGuard<'a, ()>,
+pub(crate) struct Admitted {
+    _local: tokio::sync::OwnedMutexGuard<()>,
     _shared: Option<crate::store::AdmissionLock>,
 }
