@@ -477,6 +477,53 @@ async fn a_chain_runs_in_order_and_each_step_sees_its_upstream() {
     assert_eq!(steps["s49"].output_json.as_deref(), Some(r#"{"step":"s49"}"#));
 }
 
+/// A start whose caller goes away while the run is being created (here
+/// its commit waits for the event log's turn, held elsewhere, as behind a
+/// replica cut off mid-transaction) still gives the run its driver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_caller_went_away_while_it_was_created_is_driven_all_the_same() {
+    use sqlx::Connection as _;
+    let Some(database) = muster_runtime::testing::TestDatabase::create().await else { return };
+    let store: Arc<dyn Store> = Arc::new(SqlStore::connect(&database.url, 4, 0).unwrap());
+    store.migrate().await.unwrap();
+    let roster = Arc::new(FakeRoster { agents: vec!["doer"], ..FakeRoster::default() });
+    let engine = Engine::new(store, roster.clone(), settings());
+    engine.join("", "").await.unwrap();
+    engine.load_matrix().await.unwrap();
+    let harness = Harness { engine, roster, file: std::path::PathBuf::new(), received: Arc::default() };
+    harness.worker(&["doer"], Behaviour::Complete);
+    let (process, _) = harness.engine.publish(chain(3, "doer")).await.unwrap();
+
+    let mut turn = sqlx::PgConnection::connect(&database.url).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(1836413812, 7106407)").execute(&mut turn).await.unwrap();
+    let start = harness.engine.start(StartRequest {
+        process,
+        inputs_json: "{}".to_owned(),
+        lead_agent_id: String::new(),
+        idempotency_key: None,
+        session: None,
+        claimed_messages: Vec::new(),
+        fired_schedule: None,
+    });
+    let answer = tokio::time::timeout(Duration::from_millis(500), start).await;
+    assert!(answer.is_err(), "the creation waits for the log's turn: {answer:?}");
+    sqlx::query("SELECT pg_advisory_unlock(1836413812, 7106407)").execute(&mut turn).await.unwrap();
+
+    // Created once the turn came, it is driven to its end.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let id = loop {
+        let id: Option<String> =
+            sqlx::query_scalar("SELECT id FROM executions").fetch_optional(&mut turn).await.unwrap();
+        if let Some(id) = id {
+            break id;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the run was never created");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let (status, _) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Completed);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_roster_is_asked_about_an_agent_once_while_its_changes_are_followed() {
     let harness = Harness::new(FakeRoster { agents: vec!["doer"], ..FakeRoster::default() }, settings()).await;
