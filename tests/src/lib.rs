@@ -222,27 +222,7 @@ impl TestCluster {
 
     /// Creates the agents' teams, registers the agents and returns their tokens, in order.
     pub async fn register_agents(&self, agents: &[Agent]) -> Vec<String> {
-        let mut roster = self.roster();
-        let mut teams: Vec<&str> =
-            agents.iter().map(|agent| agent.team.as_str()).filter(|team| !team.is_empty()).collect();
-        teams.sort_unstable();
-        teams.dedup();
-        for team in teams {
-            roster
-                .put_team(PutTeamRequest { team: Some(Team { name: team.to_owned(), ..Default::default() }) })
-                .await
-                .unwrap_or_else(|status| panic!("creating team {team}: {status}"));
-        }
-        let mut tokens = Vec::new();
-        for agent in agents {
-            let response = roster
-                .register_agent(RegisterAgentRequest { agent: Some(agent.clone()) })
-                .await
-                .unwrap_or_else(|status| panic!("registering {}: {status}", agent.id))
-                .into_inner();
-            tokens.push(response.token);
-        }
-        tokens
+        register_agents(&mut self.roster(), agents).await
     }
 
     /// Stops the services gracefully; the data folder and databases go on drop.
@@ -269,6 +249,30 @@ impl Drop for TestCluster {
             muster_runtime::testing::remove_folder(&self.data_dir);
         }
     }
+}
+
+/// Creates the agents' teams through `roster`, registers the agents and
+/// returns their tokens, in order.
+pub async fn register_agents(roster: &mut RosterClient, agents: &[Agent]) -> Vec<String> {
+    let mut teams: Vec<&str> = agents.iter().map(|agent| agent.team.as_str()).filter(|team| !team.is_empty()).collect();
+    teams.sort_unstable();
+    teams.dedup();
+    for team in teams {
+        roster
+            .put_team(PutTeamRequest { team: Some(Team { name: team.to_owned(), ..Default::default() }) })
+            .await
+            .unwrap_or_else(|status| panic!("creating team {team}: {status}"));
+    }
+    let mut tokens = Vec::new();
+    for agent in agents {
+        let response = roster
+            .register_agent(RegisterAgentRequest { agent: Some(agent.clone()) })
+            .await
+            .unwrap_or_else(|status| panic!("registering {}: {status}", agent.id))
+            .into_inner();
+        tokens.push(response.token);
+    }
+    tokens
 }
 
 /// Prints the last lines of a service's log to the test's output: the

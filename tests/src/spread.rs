@@ -234,27 +234,12 @@ impl SpreadCluster {
         self.process(service, index).child = Some(child);
     }
 
-    /// Creates the agents' team and registers the agents; their (id, token).
+    /// Creates the agents' teams and registers the agents; their (id, token).
     pub async fn register_agents(&self, agents: &[Agent]) -> Vec<(String, String)> {
         let channel = self.operator("roster").channel().expect("a channel");
         let mut roster = muster_proto::roster::v1::roster_service_client::RosterServiceClient::new(channel);
-        let mut teams: Vec<&str> = agents.iter().map(|agent| agent.team.as_str()).collect();
-        teams.sort_unstable();
-        teams.dedup();
-        for team in teams {
-            let team = muster_proto::roster::v1::Team { name: team.to_owned(), ..Default::default() };
-            roster
-                .put_team(muster_proto::roster::v1::PutTeamRequest { team: Some(team) })
-                .await
-                .expect("creating the team");
-        }
-        let mut tokens = Vec::new();
-        for agent in agents {
-            let request = muster_proto::roster::v1::RegisterAgentRequest { agent: Some(agent.clone()) };
-            let token = roster.register_agent(request).await.expect("registering an agent").into_inner().token;
-            tokens.push((agent.id.clone(), token));
-        }
-        tokens
+        let tokens = crate::register_agents(&mut roster, agents).await;
+        agents.iter().map(|agent| agent.id.clone()).zip(tokens).collect()
     }
 
     /// The process id of replica `index` of `service`, while it runs.

@@ -342,19 +342,7 @@ impl Harness {
 
     async fn run(&self, source: &str) -> String {
         let (process, _) = self.engine.publish(source.to_owned()).await.unwrap();
-        let execution = self
-            .engine
-            .start(StartRequest {
-                process,
-                inputs_json: "{}".to_owned(),
-                lead_agent_id: String::new(),
-                idempotency_key: None,
-                session: None,
-                claimed_messages: Vec::new(),
-                fired_schedule: None,
-            })
-            .await
-            .unwrap();
+        let execution = self.engine.start(start_request(process, "")).await.unwrap();
         execution.id
     }
 
@@ -439,6 +427,19 @@ fn decode(bytes: &[u8]) -> Event {
     event
 }
 
+/// A start of `process` with no inputs, led by `lead` (none when empty).
+fn start_request(process: Arc<crate::domain::model::ProcessVersion>, lead: &str) -> StartRequest {
+    StartRequest {
+        process,
+        inputs_json: "{}".to_owned(),
+        lead_agent_id: lead.to_owned(),
+        idempotency_key: None,
+        session: None,
+        claimed_messages: Vec::new(),
+        fired_schedule: None,
+    }
+}
+
 fn chain(length: usize, agent: &str) -> String {
     let mut yaml = String::from("name: chain\nmax_parallel: 4\nsteps:\n");
     for index in 0..length {
@@ -496,15 +497,7 @@ async fn a_run_whose_caller_went_away_while_it_was_created_is_driven_all_the_sam
 
     let mut turn = sqlx::PgConnection::connect(&database.url).await.unwrap();
     sqlx::query("SELECT pg_advisory_lock(1836413812, 7106407)").execute(&mut turn).await.unwrap();
-    let start = harness.engine.start(StartRequest {
-        process,
-        inputs_json: "{}".to_owned(),
-        lead_agent_id: String::new(),
-        idempotency_key: None,
-        session: None,
-        claimed_messages: Vec::new(),
-        fired_schedule: None,
-    });
+    let start = harness.engine.start(start_request(process, ""));
     let answer = tokio::time::timeout(Duration::from_millis(500), start).await;
     assert!(answer.is_err(), "the creation waits for the log's turn: {answer:?}");
     sqlx::query("SELECT pg_advisory_unlock(1836413812, 7106407)").execute(&mut turn).await.unwrap();
@@ -1012,15 +1005,7 @@ async fn a_tool_step_invokes_its_tool_under_its_executor_and_keeps_its_output() 
         \x20 - {id: later, type: tool_call, agent: doer, tool: later, inputs: {n: 5}}\n";
     // A tool step that names no agent needs the execution's lead.
     let (process, _) = harness.engine.publish(source.to_owned()).await.unwrap();
-    let start = |lead: &str| StartRequest {
-        process: process.clone(),
-        inputs_json: "{}".to_owned(),
-        lead_agent_id: lead.to_owned(),
-        idempotency_key: None,
-        session: None,
-        claimed_messages: Vec::new(),
-        fired_schedule: None,
-    };
+    let start = |lead: &str| start_request(process.clone(), lead);
     let refused = harness.engine.start(start("")).await.unwrap_err();
     assert!(refused.to_string().contains("tool_call step 'as-lead' runs under an agent's identity"), "{refused}");
     let id = harness.engine.start(start("lead")).await.unwrap().id;
