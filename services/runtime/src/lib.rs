@@ -44,9 +44,10 @@ pub mod security;
 pub mod server;
 pub mod shed;
 pub mod shutdown;
+pub mod starting;
 pub mod status;
 pub mod telemetry;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod timeouts;
 pub mod tls;

@@ -31,6 +31,7 @@ use crate::{
     limits::LimitsLayer,
     security::Security,
     shed::{ShedLayer, Shedding},
+    starting::{Started, StartingLayer},
     timeouts::{Timeouts, TimeoutsLayer},
 };
 
@@ -72,8 +73,9 @@ impl Server {
     /// Serves on `listener` until `shutdown` resolves, authenticating
     /// callers with `security` (and speaking TLS when it says so).
     ///
-    /// Health answers NOT_SERVING until `ready` succeeds (the database answers,
-    /// migrations ran); if `ready` fails the server stops with its error. On
+    /// Health answers NOT_SERVING, and muster's calls UNAVAILABLE, until
+    /// `ready` succeeds (the database answers, migrations ran); if `ready`
+    /// fails the server stops with its error. On
     /// shutdown, health turns NOT_SERVING and in-flight calls get the grace
     /// period to finish; long-lived streams are cut after it.
     pub async fn serve(
@@ -132,6 +134,7 @@ impl Server {
             self.args.max_service_calls_in_flight,
         );
         let timeouts = Timeouts::new(&self.args);
+        let started = Started::default();
         let sweeper = tokio::spawn(timeouts.clone().sweep());
         let (stop_sender, stop_receiver) = tokio::sync::oneshot::channel::<()>();
         let grace = self.args.shutdown_grace();
@@ -162,6 +165,7 @@ impl Server {
             .layer(crate::metrics::RpcMetricsLayer)
             .layer(TimeoutsLayer::new(timeouts.clone()))
             .layer(AuthLayer::new(security.authenticator.clone(), self.rules))
+            .layer(StartingLayer::new(started.clone()))
             .layer(ShedLayer::new(shedding.clone()))
             .layer(LimitsLayer::new(self.args.max_message_bytes))
             .add_routes(routes);
@@ -208,6 +212,7 @@ impl Server {
                         return Err(Error::NotReady(error.to_string()));
                     }
                     is_ready = true;
+                    started.done();
                     set_all(&health, &self.service_names, ServingStatus::Serving).await;
                     tracing::info!("serving");
                 }

@@ -181,7 +181,7 @@ pub struct FakeCredentials {
 }
 
 #[derive(Debug, Default)]
-struct MemoryCredentialLog {
+pub(crate) struct MemoryCredentialLog {
     changes: std::sync::Mutex<Vec<crate::auth::directory::CredentialChange>>,
     changed: tokio::sync::Notify,
 }
