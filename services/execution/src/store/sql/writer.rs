@@ -104,7 +104,10 @@ pub(super) const READ_ONLY_TRANSACTION: &str = "25006";
 
 /// Applies queued commits, grouping what waits into one transaction. A
 /// group that fails is applied again commit by commit, so one bad commit
-/// fails alone.
+/// fails alone. Running executions' progress goes first, in a group of its
+/// own (on SQLite, the native connection's short path), and the rest
+/// (starts, ends, messages) after it in another: a burst of starts neither
+/// delays the runs under way nor drags their commits onto the slower path.
 pub(super) async fn write_loop(database: Database, replica: Arc<OnceLock<Arc<str>>>, mut jobs: mpsc::Receiver<Job>) {
     let mut writer = Writer { database, held: None };
     while let Some(first) = jobs.recv().await {
@@ -115,35 +118,46 @@ pub(super) async fn write_loop(database: Database, replica: Arc<OnceLock<Arc<str
                 Err(_) => break,
             }
         }
-        let started = std::time::Instant::now();
         let replica = replica.get().map(|id| &**id);
-        let outcome = apply(&mut writer, replica, group.iter().flat_map(|job| &job.writes)).await;
-        muster_runtime::metrics::observe(
-            "muster_execution_commit_seconds",
-            "Transactions of the execution store's writer, each holding every commit that waited for it",
-            &[],
-            started.elapsed().as_secs_f64(),
-        );
-        muster_runtime::metrics::count(
-            "muster_execution_commits_total",
-            "Commits of executions' changes (several share a transaction when they wait together)",
-            &[],
-            group.len() as u64,
-        );
-        match outcome {
-            Ok(()) => {
-                for job in group {
-                    let _ = job.done.send(Ok(()));
-                }
+        let (progress, rest): (Vec<Job>, Vec<Job>) =
+            group.into_iter().partition(|job| job.writes.iter().all(is_progress));
+        for group in [progress, rest] {
+            if !group.is_empty() {
+                commit_group(&mut writer, replica, group).await;
             }
-            Err(error) if group.len() == 1 => {
-                let _ = group.pop().map(|job| job.done.send(Err(error)));
+        }
+    }
+}
+
+/// Applies a group of commits in one transaction and answers each.
+async fn commit_group(writer: &mut Writer, replica: Option<&str>, mut group: Vec<Job>) {
+    let started = std::time::Instant::now();
+    let outcome = apply(writer, replica, group.iter().flat_map(|job| &job.writes)).await;
+    muster_runtime::metrics::observe(
+        "muster_execution_commit_seconds",
+        "Transactions of the execution store's writer, each holding every commit that waited for it",
+        &[],
+        started.elapsed().as_secs_f64(),
+    );
+    muster_runtime::metrics::count(
+        "muster_execution_commits_total",
+        "Commits of executions' changes (several share a transaction when they wait together)",
+        &[],
+        group.len() as u64,
+    );
+    match outcome {
+        Ok(()) => {
+            for job in group {
+                let _ = job.done.send(Ok(()));
             }
-            Err(_) => {
-                for job in group {
-                    let outcome = apply(&mut writer, replica, job.writes.iter()).await;
-                    let _ = job.done.send(outcome);
-                }
+        }
+        Err(error) if group.len() == 1 => {
+            let _ = group.pop().map(|job| job.done.send(Err(error)));
+        }
+        Err(_) => {
+            for job in group {
+                let outcome = apply(writer, replica, job.writes.iter()).await;
+                let _ = job.done.send(outcome);
             }
         }
     }
@@ -170,8 +184,19 @@ async fn apply_on<'a>(
     let database = &*database;
     let grouped = Grouped::of(writes);
     let backend = database.backend;
-    let only_progress = grouped.only_progress();
-    let Grouped { created, updated, steps, assignments, subtasks, events, claims, posted, fired, remembered } = grouped;
+    let Grouped {
+        created,
+        updated,
+        steps,
+        assignments,
+        subtasks,
+        events,
+        claims,
+        posted,
+        fired,
+        remembered,
+        only_progress,
+    } = grouped;
     if let Some(native) = database.native().filter(|_| only_progress) {
         return apply_natively(native, database, replica, &updated, &steps, &events).await;
     }
@@ -234,13 +259,16 @@ struct Grouped<'a> {
     /// the run it started and when.
     fired: Vec<(&'a String, i64, i64, &'a String, i64)>,
     remembered: Vec<&'a MemoryEntry>,
+    /// Whether every write is a running execution's progress ([`is_progress`]).
+    only_progress: bool,
 }
 
 impl<'a> Grouped<'a> {
     fn of(writes: impl Iterator<Item = &'a Write>) -> Self {
-        let mut grouped = Self::default();
+        let mut grouped = Self { only_progress: true, ..Self::default() };
         let mut steps: Vec<&StepWrite> = Vec::new();
         for write in writes {
+            grouped.only_progress &= is_progress(write);
             match write {
                 Write::CreateExecution(execution) => grouped.created.push(execution),
                 Write::UpdateExecution(execution) => grouped.updated.push(execution),
@@ -268,18 +296,21 @@ impl<'a> Grouped<'a> {
             .collect();
         grouped
     }
+}
 
-    /// Whether the writes are only running executions' progress (rows,
-    /// steps, events): nothing that needs an answer between statements.
-    fn only_progress(&self) -> bool {
-        self.created.is_empty()
-            && self.posted.is_empty()
-            && self.remembered.is_empty()
-            && self.fired.is_empty()
-            && self.claims.is_empty()
-            && self.assignments.is_empty()
-            && self.subtasks.is_empty()
-            && self.updated.iter().all(|execution| !execution.status.is_final())
+/// Whether a write is a running execution's progress (its row, steps,
+/// events): nothing that needs an answer between statements.
+fn is_progress(write: &Write) -> bool {
+    match write {
+        Write::UpdateExecution(execution) => !execution.status.is_final(),
+        Write::Steps(_) | Write::Events(_) => true,
+        Write::CreateExecution(_)
+        | Write::Assignment { .. }
+        | Write::Subtask { .. }
+        | Write::ClaimMessages { .. }
+        | Write::PostMessages(_)
+        | Write::Remember(_)
+        | Write::FireSchedule { .. } => false,
     }
 }
 
