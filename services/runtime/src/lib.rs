@@ -4,7 +4,8 @@
 //! on a Tokio runtime whose idle threads give freed memory back ([`process`]),
 //! the one gRPC server builder that adds health, reflection,
 //! request spans, metrics and graceful shutdown to every service
-//! ([`server`]), the termination signal ([`shutdown`]), database pools and
+//! ([`server`]; calls refused until the service is ready: [`starting`];
+//! load shedding: [`shed`]), the termination signal ([`shutdown`]), database pools and
 //! migrations for SQLite and PostgreSQL, SQLite write transactions run
 //! whole on the calling thread and its log checkpointed off it ([`db`]),
 //! Prometheus metrics
