@@ -28,7 +28,7 @@ pub fn unauthenticated_with(reason: &str, message: impl Into<String>, metadata: 
 }
 
 /// PERMISSION_DENIED naming the caller, its role and the action:
-/// "<caller> may not <action>: <why>", with an `ErrorInfo` whose metadata
+/// `"<caller> may not <action>: <why>"`, with an `ErrorInfo` whose metadata
 /// holds `caller`, `caller_kind`, `role`, `action` and `extra`.
 pub fn permission_denied(
     caller: &Caller,
