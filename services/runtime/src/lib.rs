@@ -4,10 +4,11 @@
 //! on a Tokio runtime whose idle threads give freed memory back ([`process`]),
 //! the one gRPC server builder that adds health, reflection,
 //! request spans, metrics and graceful shutdown to every service
-//! ([`server`]; calls refused until the service is ready: [`starting`];
-//! load shedding: [`shed`]), the termination signal ([`shutdown`]), database pools and
-//! migrations for SQLite and PostgreSQL, SQLite write transactions run
-//! whole on the calling thread and its log checkpointed off it ([`db`]),
+//! ([`server`]; its admission of calls, none before the service is ready
+//! and a bounded number at once: [`shed`]), the termination signal
+//! ([`shutdown`]), database pools and migrations for SQLite and
+//! PostgreSQL, SQLite write transactions run whole on the calling thread
+//! and its log checkpointed off it ([`db`]),
 //! Prometheus metrics
 //! ([`metrics`]), and the convention by which a service's errors become gRPC
 //! statuses ([`status`]), who is calling and what it may call ([`auth`],
@@ -45,7 +46,6 @@ pub mod security;
 pub mod server;
 pub mod shed;
 pub mod shutdown;
-pub mod starting;
 pub mod status;
 pub mod telemetry;
 #[cfg(any(test, feature = "testing"))]

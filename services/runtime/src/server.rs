@@ -31,7 +31,6 @@ use crate::{
     limits::LimitsLayer,
     security::Security,
     shed::{ShedLayer, Shedding},
-    starting::{Started, StartingLayer},
     timeouts::{Timeouts, TimeoutsLayer},
 };
 
@@ -134,7 +133,6 @@ impl Server {
             self.args.max_service_calls_in_flight,
         );
         let timeouts = Timeouts::new(&self.args);
-        let started = Started::default();
         let sweeper = tokio::spawn(timeouts.clone().sweep());
         let (stop_sender, stop_receiver) = tokio::sync::oneshot::channel::<()>();
         let grace = self.args.shutdown_grace();
@@ -165,7 +163,6 @@ impl Server {
             .layer(crate::metrics::RpcMetricsLayer)
             .layer(TimeoutsLayer::new(timeouts.clone()))
             .layer(AuthLayer::new(security.authenticator.clone(), self.rules))
-            .layer(StartingLayer::new(started.clone()))
             .layer(ShedLayer::new(shedding.clone()))
             .layer(LimitsLayer::new(self.args.max_message_bytes))
             .add_routes(routes);
@@ -212,7 +209,7 @@ impl Server {
                         return Err(Error::NotReady(error.to_string()));
                     }
                     is_ready = true;
-                    started.done();
+                    shedding.ready();
                     set_all(&health, &self.service_names, ServingStatus::Serving).await;
                     tracing::info!("serving");
                 }
@@ -309,4 +306,65 @@ pub fn write_port_file(path: &std::path::Path, address: &str) -> Result<()> {
     let io_error = |source| Error::Io { context: format!("writing {}", path.display()), source };
     std::fs::write(&temporary, address).map_err(io_error)?;
     std::fs::rename(&temporary, path).map_err(io_error)
+}
+
+#[cfg(test)]
+mod tests {
+    use muster_proto::roster::v1::{
+        WatchCredentialsRequest, credential_service_client::CredentialServiceClient,
+        credential_service_server::CredentialServiceServer,
+    };
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
+    use tonic_types::StatusExt as _;
+
+    use crate::testing::{MemoryCredentialLog, TestCredentials, connect_when_serving};
+
+    #[tokio::test]
+    async fn calls_made_before_the_service_is_ready_are_refused_with_unavailable_and_a_retry() {
+        let credentials = TestCredentials::new();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let mut args = crate::ServerArgs::default();
+        credentials.apply(&mut args);
+        let directory = crate::auth::AgentDirectory::new(std::time::Duration::from_secs(5));
+        directory.caught_up();
+        let security = crate::security::Security::with_directory("roster", &args, directory).unwrap();
+        let service = CredentialServiceServer::new(crate::auth::watch::CredentialStream::new(std::sync::Arc::new(
+            MemoryCredentialLog::default(),
+        )));
+        let (ready_sender, ready) = tokio::sync::oneshot::channel::<()>();
+        let ready = async move {
+            ready.await.map_err(|_| "the test ended")?;
+            Ok(())
+        };
+        tokio::spawn(async move {
+            let server = crate::Server::new(&args)
+                .add_service(service, &[crate::auth::rule("WatchCredentials", crate::auth::Access::SERVICE)]);
+            let _ = server.serve(listener, &security, ready, std::future::pending()).await;
+        });
+
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        let channel = loop {
+            if let Ok(channel) = tonic::transport::Endpoint::from_shared(url.clone()).unwrap().connect().await {
+                break channel;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "the server never listened");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        };
+        let health = HealthClient::new(channel.clone()).check(HealthCheckRequest { service: String::new() }).await;
+        assert_eq!(health.unwrap().into_inner().status, ServingStatus::NotServing as i32, "health answers throughout");
+        let mut client = CredentialServiceClient::new(crate::auth::client::with_credentials(
+            channel,
+            credentials.service("execution"),
+        ));
+        let refused = client.watch_credentials(WatchCredentialsRequest::default()).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+        assert!(refused.message().contains("starting"), "{}", refused.message());
+        assert!(refused.get_details_retry_info().is_some(), "the refusal says when to retry");
+        assert_eq!(refused.get_details_error_info().unwrap().reason, "STARTING");
+
+        ready_sender.send(()).unwrap();
+        connect_when_serving(&url).await;
+        client.watch_credentials(WatchCredentialsRequest::default()).await.expect("served once ready");
+    }
 }

@@ -2,6 +2,15 @@
 //! once, and answers the rest at once with RESOURCE_EXHAUSTED and a
 //! `RetryInfo` detail, instead of queueing them without bound.
 //!
+//! Nor does it handle any call before it is ready ([`Shedding::ready`]):
+//! until its start is done (the database answers, migrations ran, a replica
+//! joined the others), every call of muster's API is answered at once with
+//! UNAVAILABLE, a `RetryInfo` and an `ErrorInfo` (`STARTING`). The listener
+//! opens first, so that health can say NOT_SERVING, and a call handled in
+//! that window would act on a service half set up: an execution replica
+//! that has not joined the others would create a run no replica owns, its
+//! events appended outside the replicas' turns on the log.
+//!
 //! Reads (`Get*`, `List*`, `Watch*`, `Subscribe`, `Check*`, `Render*`) and
 //! the rest (the calls that do the work: publish, start, report, decide...)
 //! have a budget each, so a flood of reads never sheds the work, nor the
@@ -31,7 +40,10 @@ use std::{
     collections::{HashMap, HashSet},
     future::Future,
     pin::Pin,
-    sync::{Arc, LazyLock, Mutex},
+    sync::{
+        Arc, LazyLock, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     task::{Context, Poll},
     time::Duration,
 };
@@ -66,6 +78,8 @@ pub struct Shedding {
     /// The admission of calls from the cluster's own services.
     services: Arc<Semaphore>,
     capacity: (usize, usize, usize),
+    /// Whether the service's start is done: no call is handled before.
+    ready: AtomicBool,
 }
 
 impl Shedding {
@@ -80,7 +94,13 @@ impl Shedding {
             work: Arc::new(Semaphore::new(work)),
             services: Arc::new(Semaphore::new(services)),
             capacity: (reads, work, services),
+            ready: AtomicBool::new(false),
         })
+    }
+
+    /// The service's start is done: calls are handled from now on.
+    pub fn ready(&self) {
+        self.ready.store(true, Ordering::Release);
     }
 }
 
@@ -129,10 +149,19 @@ where
     }
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        // Health, reflection and `/metrics` are never shed: probes must get through.
+        // Health, reflection and `/metrics` are never shed nor held back
+        // while the service starts: probes must get through.
         let path = request.uri().path();
         if !path.starts_with("/muster.") {
             return Box::pin(self.inner.call(request));
+        }
+        if !self.shedding.ready.load(Ordering::Acquire) {
+            let status = crate::status::retry_later(
+                "the service is starting (its database, migrations, replicas) and serves no call yet; try again",
+                "STARTING",
+                &[],
+            );
+            return Box::pin(std::future::ready(Ok(status.into_http())));
         }
         let method = path.rsplit('/').next().unwrap_or_default();
         let caller = request.extensions().get::<Caller>();
@@ -489,6 +518,7 @@ mod tests {
         use tower::{Layer as _, Service as _, ServiceExt as _};
 
         let shedding = Shedding::new(4, 4, 1, 1);
+        shedding.ready();
         let inner = tower::service_fn(|_: http::Request<Body>| async {
             tokio::time::sleep(Duration::from_millis(50)).await;
             Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
