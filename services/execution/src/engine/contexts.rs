@@ -12,6 +12,11 @@
 //! kept. Changes made through another roster replica arrive with that
 //! replica's next refresh (a second by default). Memories are kept with
 //! their version, which is read again for every assignment.
+//!
+//! An agent missing is asked about once however many runs want it at the
+//! same moment: the others wait for that answer. Without it, a thousand
+//! runs started together (or running when a change forgot everything)
+//! asked the roster a thousand times for the same ten agents.
 
 use std::{
     collections::HashMap,
@@ -45,6 +50,16 @@ pub(crate) struct Contexts {
     known: Mutex<HashMap<String, AgentInfo>>,
     /// Each role's memory (`""`: agents without a role) and its version.
     memories: Mutex<HashMap<String, KeptMemory>>,
+    /// The agents being asked about (for `agents`, for `known`): whoever
+    /// wants one waits for its turn and then finds it kept.
+    asking: [Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>; 2],
+}
+
+/// Which of the kept answers a fetch is for.
+#[derive(Clone, Copy)]
+enum Kind {
+    Context = 0,
+    Known = 1,
 }
 
 impl Contexts {
@@ -85,34 +100,77 @@ impl Contexts {
     }
 }
 
+impl Contexts {
+    /// What `kept` holds for `agent_id`, else what `fetch` answers (kept for
+    /// the next). While the changes are followed, one fetch per agent runs
+    /// at a time and those who wait for it take what it kept.
+    async fn kept_or_fetched<T, F>(
+        &self,
+        kind: Kind,
+        kept: &Mutex<HashMap<String, T>>,
+        agent_id: &str,
+        fetch: impl FnOnce() -> F,
+    ) -> Result<T, RosterFailure>
+    where
+        T: Clone,
+        F: Future<Output = Result<T, RosterFailure>>,
+    {
+        if let Some(value) = self.get(kept, agent_id) {
+            return Ok(value);
+        }
+        if !self.following.load(Ordering::Acquire) {
+            return fetch().await;
+        }
+        let asking = &self.asking[kind as usize];
+        let turn =
+            asking.lock().unwrap_or_else(PoisonError::into_inner).entry(agent_id.to_owned()).or_default().clone();
+        let fetched = async {
+            let _turn = turn.lock().await;
+            if let Some(value) = self.get(kept, agent_id) {
+                return Ok(value);
+            }
+            let generation = self.generation.load(Ordering::Acquire);
+            let value = fetch().await?;
+            self.keep(kept, agent_id, value.clone(), generation);
+            Ok(value)
+        }
+        .await;
+        let mut asking = asking.lock().unwrap_or_else(PoisonError::into_inner);
+        // Nobody else waits for this agent's turn: it goes.
+        if Arc::strong_count(&turn) == 2 {
+            asking.remove(agent_id);
+        }
+        fetched
+    }
+
+    /// Whether no agent is being asked about (for tests).
+    #[cfg(test)]
+    pub(crate) fn asking_nobody(&self) -> bool {
+        self.asking.iter().all(|asking| asking.lock().unwrap_or_else(PoisonError::into_inner).is_empty())
+    }
+}
+
 impl Engine {
     /// An agent of the roster (its role, whether it may delegate), as kept
     /// or from the roster. Its `offline` is as it was when read: status
     /// changes are not followed, so whoever acts on it asks the roster.
     pub(crate) async fn roster_agent(&self, agent_id: &str) -> Result<AgentInfo, RosterFailure> {
         let contexts = &self.contexts;
-        if let Some(known) = contexts.get(&contexts.known, agent_id) {
-            return Ok(known);
-        }
-        let generation = contexts.generation.load(Ordering::Acquire);
-        let agent = self.roster.agent(agent_id.to_owned()).await?;
-        contexts.keep(&contexts.known, agent_id, agent.clone(), generation);
-        Ok(agent)
+        contexts
+            .kept_or_fetched(Kind::Known, &contexts.known, agent_id, || self.roster.agent(agent_id.to_owned()))
+            .await
     }
 
     /// What an assignment tells `agent_id` about itself (without its
     /// memory), as kept or from the roster.
     pub(crate) async fn agent_context(&self, agent_id: &str) -> Result<Arc<AgentContext>, RosterFailure> {
         let contexts = &self.contexts;
-        if let Some(known) = contexts.get(&contexts.agents, agent_id) {
-            return Ok(known);
-        }
-        let generation = contexts.generation.load(Ordering::Acquire);
-        let context = patiently(RETRY_PAUSE, "an assignment", || self.roster.agent_context(agent_id.to_owned()))
-            .await
-            .map(Arc::new)?;
-        contexts.keep(&contexts.agents, agent_id, context.clone(), generation);
-        Ok(context)
+        let fetch = || async {
+            patiently(RETRY_PAUSE, "an assignment", || self.roster.agent_context(agent_id.to_owned()))
+                .await
+                .map(Arc::new)
+        };
+        contexts.kept_or_fetched(Kind::Context, &contexts.agents, agent_id, fetch).await
     }
 
     /// What an agent of `role` remembers and its version: as kept when its

@@ -49,6 +49,10 @@ struct FakeRoster {
     released: Mutex<Vec<String>>,
     /// How many times an agent was asked about (`GetAgent`).
     agents_asked: std::sync::atomic::AtomicUsize,
+    /// How many times an agent's context was asked for.
+    contexts_asked: std::sync::atomic::AtomicUsize,
+    /// How long asking about an agent, or for its context, takes.
+    agent_delay: Duration,
 }
 
 impl Roster for FakeRoster {
@@ -149,7 +153,9 @@ impl Roster for FakeRoster {
     fn agent(&self, agent_id: String) -> BoxFuture<'_, Result<AgentInfo, RosterFailure>> {
         self.agents_asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let known = self.agents.contains(&agent_id.as_str());
+        let delay = self.agent_delay;
         Box::pin(async move {
+            tokio::time::sleep(delay).await;
             if known {
                 Ok(AgentInfo { id: agent_id, allow_delegation: true, ..AgentInfo::default() })
             } else {
@@ -159,9 +165,12 @@ impl Roster for FakeRoster {
     }
 
     fn agent_context(&self, agent_id: String) -> BoxFuture<'_, Result<AgentContext, RosterFailure>> {
+        self.contexts_asked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let known = self.agents.contains(&agent_id.as_str());
         let role = self.roles.get(agent_id.as_str()).cloned();
+        let delay = self.agent_delay;
         Box::pin(async move {
+            tokio::time::sleep(delay).await;
             if known {
                 Ok(AgentContext {
                     max_iterations: 10,
@@ -542,6 +551,40 @@ async fn the_roster_is_asked_about_an_agent_once_while_its_changes_are_followed(
     engine.contexts.following(false);
     engine.roster_agent("doer").await.unwrap();
     assert_eq!(asked(), 7, "nothing kept once the changes are no longer followed");
+}
+
+/// What `count` tasks calling `call` at once answered.
+async fn at_once<T, F>(count: usize, engine: &Arc<Engine>, call: impl Fn(Arc<Engine>) -> F) -> Vec<T>
+where
+    T: Send + 'static,
+    F: std::future::Future<Output = T> + Send + 'static,
+{
+    let tasks: Vec<_> = (0..count).map(|_| tokio::spawn(call(engine.clone()))).collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.expect("a call"));
+    }
+    answers
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_that_want_an_agent_at_the_same_moment_ask_the_roster_about_it_once() {
+    let roster = FakeRoster { agents: vec!["doer"], agent_delay: Duration::from_millis(50), ..FakeRoster::default() };
+    let harness = Harness::new(roster, settings()).await;
+    let engine = &harness.engine;
+    engine.contexts.following(true);
+    let known = at_once(20, engine, |engine| async move { engine.roster_agent("doer").await }).await;
+    let contexts = at_once(20, engine, |engine| async move { engine.agent_context("doer").await }).await;
+    assert!(known.iter().all(|agent| agent.as_ref().is_ok_and(|agent| agent.id == "doer")), "{known:?}");
+    assert!(contexts.iter().all(|context| context.as_ref().is_ok_and(|context| context.max_iterations == 10)));
+    let asked = |count: &std::sync::atomic::AtomicUsize| count.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(asked(&harness.roster.agents_asked), 1, "one GetAgent for twenty runs");
+    assert_eq!(asked(&harness.roster.contexts_asked), 1, "one context fetched for twenty runs");
+    // An agent the roster does not know: each waiting caller asks in its turn, and hears so.
+    let ghosts = at_once(3, engine, |engine| async move { engine.roster_agent("ghost").await }).await;
+    assert!(ghosts.iter().all(|ghost| matches!(ghost, Err(RosterFailure::NotFound(_)))));
+    assert_eq!(asked(&harness.roster.agents_asked), 4);
+    assert!(engine.contexts.asking_nobody(), "no turn outlives its callers");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

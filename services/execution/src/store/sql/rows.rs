@@ -21,10 +21,29 @@ use crate::{
 /// A statement with its parameters bound.
 pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
 
-/// Rows per multi-row statement (SQLite binds each value).
-pub(super) const STEP_ROWS_PER_STATEMENT: usize = 400;
+/// The row counts of SQLite's multi-row statements (each value bound):
+/// a commit's rows go in statements of these sizes, largest first, so a
+/// connection prepares at most four statements per table. A statement per
+/// row count would make hundreds of texts, which take turns in the
+/// connection's statement cache when many runs commit together: each parsed
+/// again, the largest made of thousands of tokens.
+const ROW_COUNTS: [usize; 4] = [256, 32, 4, 1];
 
-pub(super) const EVENT_ROWS_PER_STATEMENT: usize = 1000;
+/// `rows` in the statements they go in: sizes from [`ROW_COUNTS`], largest first.
+pub(super) fn in_statements<T>(mut rows: &[T]) -> impl Iterator<Item = &[T]> {
+    std::iter::from_fn(move || {
+        let size = ROW_COUNTS.into_iter().find(|size| *size <= rows.len())?;
+        let (statement, rest) = rows.split_at(size);
+        rows = rest;
+        Some(statement)
+    })
+}
+
+/// The text of a multi-row statement of `rows` rows (one of [`ROW_COUNTS`]), made once.
+fn multi_row_text(texts: &'static [OnceLock<String>; 4], rows: usize, make: impl FnOnce() -> String) -> &'static str {
+    let index = ROW_COUNTS.iter().position(|count| *count == rows).expect("a row count of ROW_COUNTS");
+    texts[index].get_or_init(make)
+}
 
 /// Rows per statement on PostgreSQL, where all rows travel as one JSON
 /// parameter: the statement's text never changes, so it is prepared once
@@ -50,20 +69,20 @@ const STEP_UPDATE: &str = "ON CONFLICT (execution_id, step_id) DO UPDATE SET sta
      retry_at = excluded.retry_at, roster_reserved = excluded.roster_reserved, \
      slot_task = excluded.slot_task";
 
-/// The SQLite upsert of `rows` step rows, its text made once per row count
-/// (a commit's statements are looked up by their text).
+/// The SQLite upsert of `rows` step rows (one of [`ROW_COUNTS`]), its text
+/// made once (a commit's statements are looked up by their text).
 pub(super) fn step_upsert_sql(rows: usize) -> &'static str {
-    static TEXTS: [OnceLock<String>; STEP_ROWS_PER_STATEMENT] = [const { OnceLock::new() }; STEP_ROWS_PER_STATEMENT];
-    TEXTS[rows - 1].get_or_init(|| {
+    static TEXTS: [OnceLock<String>; 4] = [const { OnceLock::new() }; 4];
+    multi_row_text(&TEXTS, rows, || {
         let values = placeholders(Backend::Sqlite, rows, STEP_COLUMN_COUNT);
         format!("INSERT INTO steps ({STEP_COLUMNS}) VALUES {values} {STEP_UPDATE}")
     })
 }
 
-/// The SQLite insert of `rows` events, its text made once per row count.
+/// The SQLite insert of `rows` events (one of [`ROW_COUNTS`]), its text made once.
 pub(super) fn event_insert_sql(rows: usize) -> &'static str {
-    static TEXTS: [OnceLock<String>; EVENT_ROWS_PER_STATEMENT] = [const { OnceLock::new() }; EVENT_ROWS_PER_STATEMENT];
-    TEXTS[rows - 1].get_or_init(|| {
+    static TEXTS: [OnceLock<String>; 4] = [const { OnceLock::new() }; 4];
+    multi_row_text(&TEXTS, rows, || {
         let values = placeholders(Backend::Sqlite, rows, 3);
         format!("INSERT INTO events (execution_id, sequence, event) VALUES {values}")
     })
@@ -329,4 +348,24 @@ pub(super) async fn upsert_subtask(
     .execute(&mut **transaction)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ROW_COUNTS, in_statements};
+
+    #[test]
+    fn rows_go_in_statements_of_the_few_sizes_prepared_largest_first_each_row_once() {
+        for count in [0, 1, 3, 4, 5, 31, 32, 33, 255, 256, 257, 300, 1000, 4097] {
+            let rows: Vec<usize> = (0..count).collect();
+            let statements: Vec<&[usize]> = in_statements(&rows).collect();
+            assert_eq!(statements.concat(), rows, "every row once, in order ({count})");
+            assert!(statements.iter().all(|statement| ROW_COUNTS.contains(&statement.len())), "{count}");
+            assert!(statements.windows(2).all(|pair| pair[0].len() >= pair[1].len()), "largest first ({count})");
+            // Fewer than 8 of each smaller size: the next larger one takes 8.
+            for size in &ROW_COUNTS[1..] {
+                assert!(statements.iter().filter(|statement| statement.len() == *size).count() < 8, "{count}");
+            }
+        }
+    }
 }

@@ -16,10 +16,9 @@ use super::{
     inboxes::{insert_message, settle_messages},
     memory::insert_memory,
     rows::{
-        EVENT_ROWS_PER_STATEMENT, EventRow, ExecutionRow, JSON_ROWS_PER_STATEMENT, STEP_COLUMN_COUNT,
-        STEP_ROWS_PER_STATEMENT, StepRow, bind_event, bind_execution_update, bind_step, event_insert_sql,
-        events_from_json_sql, insert_execution, step_upsert_sql, steps_from_json_sql, update_execution_sql,
-        upsert_assignment, upsert_subtask,
+        EventRow, ExecutionRow, JSON_ROWS_PER_STATEMENT, STEP_COLUMN_COUNT, StepRow, bind_event, bind_execution_update,
+        bind_step, event_insert_sql, events_from_json_sql, in_statements, insert_execution, step_upsert_sql,
+        steps_from_json_sql, update_execution_sql, upsert_assignment, upsert_subtask,
     },
 };
 use crate::store::{StepWrite, Write};
@@ -379,7 +378,7 @@ async fn upsert_steps(
                 .await?;
         }
     } else {
-        for chunk in steps.chunks(STEP_ROWS_PER_STATEMENT) {
+        for chunk in in_statements(steps) {
             let sql = step_upsert_sql(chunk.len());
             let query = chunk.iter().fold(sqlx::query(sql), |query, write| bind_step(query, write));
             query.execute(&mut **transaction).await?;
@@ -402,7 +401,7 @@ async fn insert_events(
                 .await?;
         }
     } else {
-        for chunk in events.chunks(EVENT_ROWS_PER_STATEMENT) {
+        for chunk in in_statements(events) {
             let sql = event_insert_sql(chunk.len());
             let query = chunk.iter().fold(sqlx::query(sql), |query, event| bind_event(query, event));
             query.execute(&mut **transaction).await?;
@@ -443,7 +442,7 @@ async fn apply_natively(
                     execution.id,
                 ])?;
             }
-            for chunk in steps.chunks(STEP_ROWS_PER_STATEMENT) {
+            for chunk in in_statements(steps) {
                 let mut statement = transaction.prepare_cached(step_upsert_sql(chunk.len()))?;
                 for (row, write) in chunk.iter().enumerate() {
                     let first = row * STEP_COLUMN_COUNT;
@@ -473,7 +472,7 @@ async fn apply_natively(
                 }
                 statement.raw_execute()?;
             }
-            for chunk in events.chunks(EVENT_ROWS_PER_STATEMENT) {
+            for chunk in in_statements(events) {
                 let mut statement = transaction.prepare_cached(event_insert_sql(chunk.len()))?;
                 for (row, event) in chunk.iter().enumerate() {
                     let first = row * 3;
