@@ -110,6 +110,14 @@ enum Effect {
         route: Route,
     },
     Release(String),
+    /// The memory of an agent's role is looked at for an attempt, once
+    /// what the turn remembered is written.
+    CheckMemory {
+        agent_id: String,
+        role: String,
+        position: usize,
+        attempt: u32,
+    },
     /// A message was posted to the inbox: its process may start.
     Posted(String),
 }

@@ -210,6 +210,8 @@ enum Behaviour {
     Hold,
     /// Completes every step but this one, which it never answers.
     HoldStep(&'static str),
+    /// Completes it, asking to remember "learnt in <step id>".
+    Remember,
 }
 
 /// A SQLite file and the engine on it, removed when dropped.
@@ -295,7 +297,10 @@ impl Harness {
                         duration_ms: 0,
                         iterations: 1,
                         post_to_inbox: String::new(),
-                        remember: Vec::new(),
+                        remember: match behaviour {
+                            Behaviour::Remember => vec![(Some(true), format!("learnt in {}", assignment.step_id))],
+                            _ => Vec::new(),
+                        },
                         skip_triggers: false,
                     },
                 };
@@ -701,6 +706,26 @@ async fn an_engine_that_stops_mid_run_resumes_where_the_store_says() {
     assert_eq!(steps["s0"].attempt, 2, "the attempt under way when it stopped is started again");
     assert_eq!(steps["s2"].attempt, 1);
     assert!(events.iter().enumerate().all(|(index, event)| event.sequence == index as u64 + 1), "numbering goes on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_step_remembers_is_in_the_assignment_of_the_step_it_makes_ready() {
+    let harness = Harness::new(FakeRoster { agents: vec!["doer"], ..FakeRoster::default() }, settings()).await;
+    harness.worker(&["doer"], Behaviour::Remember);
+    let source = "name: learning\nsteps:\n\
+        \x20 - {id: s0, type: agent_task, agent: doer, message: m}\n\
+        \x20 - {id: s1, type: agent_task, agent: doer, message: m, depends_on: [s0]}\n\
+        \x20 - {id: s2, type: agent_task, agent: doer, message: m, depends_on: [s1]}\n";
+    let id = harness.run(source).await;
+    assert_eq!(harness.finished(&id).await.0, ExecutionStatus::Completed);
+    let received = harness.received.lock().unwrap().clone();
+    let remembered = |step: &str| -> Vec<String> {
+        let assignment = received.iter().find(|assignment| assignment.step_id == step).unwrap();
+        assignment.context.memory.iter().map(|entry| entry.text.clone()).collect()
+    };
+    assert!(remembered("s0").is_empty());
+    assert_eq!(remembered("s1"), ["learnt in s0"]);
+    assert_eq!(remembered("s2"), ["learnt in s1", "learnt in s0"], "newest first");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -350,6 +350,9 @@ pub trait Store: Send + Sync + 'static {
     /// memory's alone) together: it grows whenever an entry is added to or
     /// removed from either, and only then.
     fn memory_version<'a>(&'a self, role: &'a str) -> BoxFuture<'a, Result<i64>>;
+    /// [`Store::memory_version`] read on the calling thread where that costs
+    /// less than a wait (a SQLite file); `None` where it must be awaited.
+    fn memory_version_at_hand(&self, role: &str) -> Option<Result<i64>>;
     /// What the executions of `process_name` started at or after `since` used,
     /// but `except_execution` (empty: none).
     fn process_usage<'a>(

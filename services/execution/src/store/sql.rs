@@ -415,6 +415,10 @@ impl Store for SqlStore {
         Box::pin(memory::version(&self.database, role))
     }
 
+    fn memory_version_at_hand(&self, role: &str) -> Option<Result<i64>> {
+        memory::version_at_hand(&self.database, role)
+    }
+
     fn process_usage<'a>(
         &'a self,
         process_name: &'a str,

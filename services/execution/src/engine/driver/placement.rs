@@ -198,8 +198,28 @@ impl Driver {
     /// An agent's later attempt: its context is known, but memory may have
     /// grown since it was read (a step of this run or another remembered,
     /// an operator added or removed an entry). The memory's version is asked
-    /// first; the entries are read again only when it moved.
+    /// first; the entries are read again only when it moved. Where the
+    /// version is at hand (SQLite) and has not moved, the attempt goes on in
+    /// this turn: a step made ready by another's end starts in the same
+    /// commit as that end. What this turn remembers is looked for once it
+    /// is written.
     pub(super) fn check_memory(&mut self, position: usize, attempt: u32, agent_id: String, role: String) {
+        if !self.staged.memories.is_empty() {
+            self.after_commit.push(Effect::CheckMemory { agent_id, role, position, attempt });
+            return;
+        }
+        let known = self.memory_versions.get(&agent_id).copied().unwrap_or(-1);
+        if let Some(Ok(version)) = self.engine.store.memory_version_at_hand(&role)
+            && version == known
+        {
+            return self.memory_checked(agent_id, position, attempt, None);
+        }
+        self.spawn_memory_check(position, attempt, agent_id, role);
+    }
+
+    /// Asks for the memory's version (and its entries if it moved) off the
+    /// driver's turn; the answer comes back as [`Input::Memory`].
+    pub(super) fn spawn_memory_check(&self, position: usize, attempt: u32, agent_id: String, role: String) {
         let known = self.memory_versions.get(&agent_id).copied().unwrap_or(-1);
         let engine = self.engine.clone();
         let driver = self.route.clone();

@@ -46,20 +46,28 @@ pub(super) async fn forget(database: &Database, id: &str) -> Result<bool> {
     Ok(true)
 }
 
+/// How the version of the global memory and `role`'s is read: their sum.
+const VERSION: &str =
+    "SELECT CAST(COALESCE(SUM(version), 0) AS BIGINT) AS version FROM memory_versions WHERE role IN ($1, $2)";
+
 /// The global memory's version plus `role`'s: both only grow, so the sum
 /// moves exactly when either does.
 pub(super) async fn version(database: &Database, role: &str) -> Result<i64> {
-    const VERSION: &str =
-        "SELECT CAST(COALESCE(SUM(version), 0) AS BIGINT) AS version FROM memory_versions WHERE role IN ($1, $2)";
-    // Read for nearly every assignment: on SQLite, without a hand-off to a
-    // pool's connection thread.
-    if let Some(native) = database.native() {
-        return native.read(|connection| {
-            Ok(connection.prepare_cached(VERSION)?.query_row(rusqlite::params!["", role], |row| row.get(0))?)
-        });
+    if let Some(version) = version_at_hand(database, role) {
+        return version;
     }
     let row = sqlx::query(VERSION).bind(String::new()).bind(role.to_owned()).fetch_one(&database.reads).await?;
     Ok(row.try_get("version")?)
+}
+
+/// [`version`] on a SQLite file: read on the calling thread (an indexed
+/// lookup of two rows, for nearly every assignment), without a hand-off to
+/// a pool's connection thread.
+pub(super) fn version_at_hand(database: &Database, role: &str) -> Option<Result<i64>> {
+    let native = database.native()?;
+    Some(native.read(|connection| {
+        Ok(connection.prepare_cached(VERSION)?.query_row(rusqlite::params!["", role], |row| row.get(0))?)
+    }))
 }
 
 pub(super) async fn append_memory(store: &SqlStore, entry: MemoryEntry) -> Result<MemoryEntry> {
