@@ -37,7 +37,7 @@ use muster_proto::{
 use muster_tests::{Backend, ExecutionClient, TestCluster, agent, spawn_worker};
 use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient};
 
-use super::{cpu_seconds, cpu_used, metric_where, publish, run_once, scrape, series, service_pids};
+use super::{cpu_seconds, cpu_used, publish, run_once, scrape, series, service_pids};
 
 /// Agents the many runs' steps go to.
 const AGENTS: usize = 100;
@@ -157,10 +157,14 @@ impl HealthWatch {
 /// Executions that ended, and those of them completed, as the execution
 /// service counts them.
 async fn runs_ended(url: &str) -> (f64, f64) {
-    (
-        metric_where(url, "muster_process_runs_total", "").await,
-        metric_where(url, "muster_process_runs_total", "status=\"completed\"").await,
-    )
+    let text = scrape(url).await;
+    let runs = |label: &str| -> f64 {
+        series(&text, "muster_process_runs_total")
+            .filter(|(line, _)| line.contains(label))
+            .map(|(_, value)| value)
+            .sum()
+    };
+    (runs(""), runs("status=\"completed\""))
 }
 
 /// A histogram a service serves (`metric`, its series whose line holds

@@ -173,6 +173,22 @@ impl Engine {
         contexts.kept_or_fetched(Kind::Context, &contexts.agents, agent_id, fetch).await
     }
 
+    /// An agent's context with its role's memory, and that memory's
+    /// version, when all of it is at hand: the context and the memory kept,
+    /// and the memory's version, read on the calling thread, unmoved since.
+    pub(crate) fn context_at_hand(&self, agent_id: &str) -> Option<(Arc<AgentContext>, i64)> {
+        let contexts = &self.contexts;
+        let context = contexts.get(&contexts.agents, agent_id)?;
+        let role = context.roster_role.as_str();
+        let (version, memory) = contexts.memories.lock().unwrap_or_else(PoisonError::into_inner).get(role).cloned()?;
+        match self.store.memory_version_at_hand(role)? {
+            Ok(now) if now == version => {
+                Some((Arc::new(AgentContext { memory: memory.to_vec(), ..(*context).clone() }), version))
+            }
+            _ => None,
+        }
+    }
+
     /// What an agent of `role` remembers and its version: as kept when its
     /// version has not moved, else read again.
     pub(crate) async fn recall_kept(&self, role: &str) -> (i64, Vec<MemoryEntry>) {

@@ -110,14 +110,8 @@ enum Effect {
         route: Route,
     },
     Release(String),
-    /// The memory of an agent's role is looked at for an attempt, once
-    /// what the turn remembered is written.
-    CheckMemory {
-        agent_id: String,
-        role: String,
-        position: usize,
-        attempt: u32,
-    },
+    /// A task that reads memory, spawned once what the turn remembered is written.
+    Spawn(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>),
     /// A message was posted to the inbox: its process may start.
     Posted(String),
 }

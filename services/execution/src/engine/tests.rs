@@ -710,12 +710,19 @@ async fn an_engine_that_stops_mid_run_resumes_where_the_store_says() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_step_remembers_is_in_the_assignment_of_the_step_it_makes_ready() {
-    let harness = Harness::new(FakeRoster { agents: vec!["doer"], ..FakeRoster::default() }, settings()).await;
-    harness.worker(&["doer"], Behaviour::Remember);
+    let harness =
+        Harness::new(FakeRoster { agents: vec!["doer", "helper"], ..FakeRoster::default() }, settings()).await;
+    harness.worker(&["doer", "helper"], Behaviour::Remember);
+    // The helper's first step of the run (its context read), then the doer's second.
     let source = "name: learning\nsteps:\n\
         \x20 - {id: s0, type: agent_task, agent: doer, message: m}\n\
-        \x20 - {id: s1, type: agent_task, agent: doer, message: m, depends_on: [s0]}\n\
+        \x20 - {id: s1, type: agent_task, agent: helper, message: m, depends_on: [s0]}\n\
         \x20 - {id: s2, type: agent_task, agent: doer, message: m, depends_on: [s1]}\n";
+    // A run before it, so that both agents' contexts are kept by the engine.
+    harness.engine.contexts.following(true);
+    let id = harness.run(source).await;
+    assert_eq!(harness.finished(&id).await.0, ExecutionStatus::Completed);
+    harness.received.lock().unwrap().clear();
     let id = harness.run(source).await;
     assert_eq!(harness.finished(&id).await.0, ExecutionStatus::Completed);
     let received = harness.received.lock().unwrap().clone();
@@ -723,9 +730,35 @@ async fn what_a_step_remembers_is_in_the_assignment_of_the_step_it_makes_ready()
         let assignment = received.iter().find(|assignment| assignment.step_id == step).unwrap();
         assignment.context.memory.iter().map(|entry| entry.text.clone()).collect()
     };
-    assert!(remembered("s0").is_empty());
-    assert_eq!(remembered("s1"), ["learnt in s0"]);
-    assert_eq!(remembered("s2"), ["learnt in s1", "learnt in s0"], "newest first");
+    let earlier = ["learnt in s2", "learnt in s1", "learnt in s0"];
+    assert_eq!(remembered("s0"), earlier, "what the run before learnt");
+    assert_eq!(remembered("s1"), [&["learnt in s0"][..], &earlier].concat());
+    assert_eq!(remembered("s2"), [&["learnt in s1", "learnt in s0"][..], &earlier].concat(), "newest first");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entry_added_between_runs_is_in_the_next_assignments_of_agents_whose_contexts_are_kept() {
+    let harness =
+        Harness::new(FakeRoster { agents: vec!["doer", "helper"], ..FakeRoster::default() }, settings()).await;
+    harness.worker(&["doer", "helper"], Behaviour::Complete);
+    let source = "name: kept\nsteps:\n\
+        \x20 - {id: s0, type: agent_task, agent: doer, message: m}\n\
+        \x20 - {id: s1, type: agent_task, agent: helper, message: m, depends_on: [s0]}\n";
+    harness.engine.contexts.following(true);
+    for added in ["the launch moved to Monday", "the client signed"] {
+        let id = harness.run(source).await;
+        assert_eq!(harness.finished(&id).await.0, ExecutionStatus::Completed);
+        let now = muster_runtime::time::now_millis();
+        let entry = crate::domain::memory::MemoryEntry::new("", added, "operator:test", "", now);
+        harness.engine.store.append_memory(entry).await.unwrap();
+    }
+    harness.received.lock().unwrap().clear();
+    let id = harness.run(source).await;
+    assert_eq!(harness.finished(&id).await.0, ExecutionStatus::Completed);
+    for assignment in harness.received.lock().unwrap().iter() {
+        let texts: Vec<&str> = assignment.context.memory.iter().map(|entry| entry.text.as_str()).collect();
+        assert_eq!(texts, ["the client signed", "the launch moved to Monday"], "{}", assignment.step_id);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -171,7 +171,6 @@ impl Driver {
 
     pub(super) fn run_effects(&mut self) {
         let mut releases = Vec::new();
-        let mut memory_checks = Vec::new();
         for effect in self.after_commit.drain(..) {
             match effect {
                 Effect::Send { slot, assignment, route } => {
@@ -192,14 +191,9 @@ impl Driver {
                     self.engine.spawn(call.instrument(span));
                 }
                 Effect::Release(task_id) => releases.push(task_id),
-                Effect::CheckMemory { agent_id, role, position, attempt } => {
-                    memory_checks.push((position, attempt, agent_id, role));
-                }
+                Effect::Spawn(task) => self.engine.spawn(task),
                 Effect::Posted(inbox) => self.engine.spawn_trigger(inbox, Cause::Posted),
             }
-        }
-        for (position, attempt, agent_id, role) in memory_checks {
-            self.spawn_memory_check(position, attempt, agent_id, role);
         }
         // The slots the turn's ended steps held go back in one call, asked
         // again while the roster is unavailable (a roster restarting would

@@ -170,11 +170,20 @@ impl Driver {
                 self.check_memory(position, attempt, agent_id, role);
             }
             Some(Known::Fetching(waiting)) => waiting.push((position, attempt)),
+            // Kept by the engine with its role's memory, whose version has
+            // not moved: the attempt goes on in this turn.
+            None if self.staged.memories.is_empty()
+                && let Some((context, memory_version)) = self.engine.context_at_hand(&agent_id) =>
+            {
+                self.memory_versions.insert(agent_id.clone(), memory_version);
+                self.contexts.insert(agent_id.clone(), Known::Fetching(vec![(position, attempt)]));
+                self.context_known(agent_id, Ok(context));
+            }
             None => {
                 self.contexts.insert(agent_id.clone(), Known::Fetching(vec![(position, attempt)]));
                 let engine = self.engine.clone();
                 let driver = self.route.clone();
-                self.engine.spawn(async move {
+                self.spawn_reading_memory(async move {
                     let fetched = engine.agent_context(&agent_id).await;
                     let mut memory_version = 0;
                     let fetched = match fetched {
@@ -195,6 +204,16 @@ impl Driver {
         }
     }
 
+    /// Spawns `task`, which reads memory: at once, or after this turn's
+    /// commit when the turn remembered something (the task must see it).
+    fn spawn_reading_memory(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        if self.staged.memories.is_empty() {
+            self.engine.spawn(task);
+        } else {
+            self.after_commit.push(Effect::Spawn(Box::pin(task)));
+        }
+    }
+
     /// An agent's later attempt: its context is known, but memory may have
     /// grown since it was read (a step of this run or another remembered,
     /// an operator added or removed an entry). The memory's version is asked
@@ -203,27 +222,17 @@ impl Driver {
     /// this turn: a step made ready by another's end starts in the same
     /// commit as that end. What this turn remembers is looked for once it
     /// is written.
-    pub(super) fn check_memory(&mut self, position: usize, attempt: u32, agent_id: String, role: String) {
-        if !self.staged.memories.is_empty() {
-            self.after_commit.push(Effect::CheckMemory { agent_id, role, position, attempt });
-            return;
-        }
+    fn check_memory(&mut self, position: usize, attempt: u32, agent_id: String, role: String) {
         let known = self.memory_versions.get(&agent_id).copied().unwrap_or(-1);
-        if let Some(Ok(version)) = self.engine.store.memory_version_at_hand(&role)
+        if self.staged.memories.is_empty()
+            && let Some(Ok(version)) = self.engine.store.memory_version_at_hand(&role)
             && version == known
         {
             return self.memory_checked(agent_id, position, attempt, None);
         }
-        self.spawn_memory_check(position, attempt, agent_id, role);
-    }
-
-    /// Asks for the memory's version (and its entries if it moved) off the
-    /// driver's turn; the answer comes back as [`Input::Memory`].
-    pub(super) fn spawn_memory_check(&self, position: usize, attempt: u32, agent_id: String, role: String) {
-        let known = self.memory_versions.get(&agent_id).copied().unwrap_or(-1);
         let engine = self.engine.clone();
         let driver = self.route.clone();
-        self.engine.spawn(async move {
+        self.spawn_reading_memory(async move {
             let fresh = engine.recall_if_changed(&role, known).await;
             let _ = driver.send(Input::Memory { agent_id, position, attempt, fresh });
         });
