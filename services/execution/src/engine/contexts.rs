@@ -98,9 +98,7 @@ impl Contexts {
         }
         kept.insert(agent_id.to_owned(), value);
     }
-}
 
-impl Contexts {
     /// What `kept` holds for `agent_id`, else what `fetch` answers (kept for
     /// the next). While the changes are followed, one fetch per agent runs
     /// at a time and those who wait for it take what it kept.
