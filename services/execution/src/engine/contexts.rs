@@ -45,21 +45,25 @@ pub(crate) struct Contexts {
     following: AtomicBool,
     /// Moved by every change: a context read across one is not kept.
     generation: AtomicU64,
-    agents: Mutex<HashMap<String, Arc<AgentContext>>>,
+    agents: Kept<Arc<AgentContext>>,
     /// The roster's answer about each agent asked about.
-    known: Mutex<HashMap<String, AgentInfo>>,
+    known: Kept<AgentInfo>,
     /// Each role's memory (`""`: agents without a role) and its version.
     memories: Mutex<HashMap<String, KeptMemory>>,
-    /// The agents being asked about (for `agents`, for `known`): whoever
-    /// wants one waits for its turn and then finds it kept.
-    asking: [Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>; 2],
 }
 
-/// Which of the kept answers a fetch is for.
-#[derive(Clone, Copy)]
-enum Kind {
-    Context = 0,
-    Known = 1,
+/// Answers kept by agent, and the agents being asked about: whoever wants
+/// one of those waits for its turn and then finds it kept.
+#[derive(Debug)]
+struct Kept<T> {
+    values: Mutex<HashMap<String, T>>,
+    asking: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl<T> Default for Kept<T> {
+    fn default() -> Self {
+        Self { values: Mutex::default(), asking: Mutex::default() }
+    }
 }
 
 impl Contexts {
@@ -73,22 +77,22 @@ impl Contexts {
     /// An agent or a role changed: every context is forgotten.
     pub(crate) fn forget(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
-        self.agents.lock().unwrap_or_else(PoisonError::into_inner).clear();
-        self.known.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        self.agents.values.lock().unwrap_or_else(PoisonError::into_inner).clear();
+        self.known.values.lock().unwrap_or_else(PoisonError::into_inner).clear();
     }
 
     /// What `kept` holds for `agent_id`, while the changes are followed.
-    fn get<T: Clone>(&self, kept: &Mutex<HashMap<String, T>>, agent_id: &str) -> Option<T> {
+    fn get<T: Clone>(&self, kept: &Kept<T>, agent_id: &str) -> Option<T> {
         if !self.following.load(Ordering::Acquire) {
             return None;
         }
-        kept.lock().unwrap_or_else(PoisonError::into_inner).get(agent_id).cloned()
+        kept.values.lock().unwrap_or_else(PoisonError::into_inner).get(agent_id).cloned()
     }
 
     /// Keeps `value` for `agent_id` in `kept`, unless it was read across a
     /// change (`generation` moved) or the changes are no longer followed.
-    fn keep<T>(&self, kept: &Mutex<HashMap<String, T>>, agent_id: &str, value: T, generation: u64) {
-        let mut kept = kept.lock().unwrap_or_else(PoisonError::into_inner);
+    fn keep<T>(&self, kept: &Kept<T>, agent_id: &str, value: T, generation: u64) {
+        let mut kept = kept.values.lock().unwrap_or_else(PoisonError::into_inner);
         // Checked under the lock `forget` clears: a change after this keeps nothing stale.
         if !self.following.load(Ordering::Acquire) || self.generation.load(Ordering::Acquire) != generation {
             return;
@@ -104,8 +108,7 @@ impl Contexts {
     /// at a time and those who wait for it take what it kept.
     async fn kept_or_fetched<T, F>(
         &self,
-        kind: Kind,
-        kept: &Mutex<HashMap<String, T>>,
+        kept: &Kept<T>,
         agent_id: &str,
         fetch: impl FnOnce() -> F,
     ) -> Result<T, RosterFailure>
@@ -119,9 +122,8 @@ impl Contexts {
         if !self.following.load(Ordering::Acquire) {
             return fetch().await;
         }
-        let asking = &self.asking[kind as usize];
         let turn =
-            asking.lock().unwrap_or_else(PoisonError::into_inner).entry(agent_id.to_owned()).or_default().clone();
+            kept.asking.lock().unwrap_or_else(PoisonError::into_inner).entry(agent_id.to_owned()).or_default().clone();
         let fetched = async {
             let _turn = turn.lock().await;
             if let Some(value) = self.get(kept, agent_id) {
@@ -133,7 +135,7 @@ impl Contexts {
             Ok(value)
         }
         .await;
-        let mut asking = asking.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut asking = kept.asking.lock().unwrap_or_else(PoisonError::into_inner);
         // Nobody else waits for this agent's turn: it goes.
         if Arc::strong_count(&turn) == 2 {
             asking.remove(agent_id);
@@ -144,7 +146,9 @@ impl Contexts {
     /// Whether no agent is being asked about (for tests).
     #[cfg(test)]
     pub(crate) fn asking_nobody(&self) -> bool {
-        self.asking.iter().all(|asking| asking.lock().unwrap_or_else(PoisonError::into_inner).is_empty())
+        [&self.agents.asking, &self.known.asking]
+            .iter()
+            .all(|asking| asking.lock().unwrap_or_else(PoisonError::into_inner).is_empty())
     }
 }
 
@@ -154,9 +158,7 @@ impl Engine {
     /// changes are not followed, so whoever acts on it asks the roster.
     pub(crate) async fn roster_agent(&self, agent_id: &str) -> Result<AgentInfo, RosterFailure> {
         let contexts = &self.contexts;
-        contexts
-            .kept_or_fetched(Kind::Known, &contexts.known, agent_id, || self.roster.agent(agent_id.to_owned()))
-            .await
+        contexts.kept_or_fetched(&contexts.known, agent_id, || self.roster.agent(agent_id.to_owned())).await
     }
 
     /// What an assignment tells `agent_id` about itself (without its
@@ -168,7 +170,7 @@ impl Engine {
                 .await
                 .map(Arc::new)
         };
-        contexts.kept_or_fetched(Kind::Context, &contexts.agents, agent_id, fetch).await
+        contexts.kept_or_fetched(&contexts.agents, agent_id, fetch).await
     }
 
     /// An agent's context with its role's memory, and that memory's
