@@ -14,9 +14,11 @@
 //! Then, on PostgreSQL, a 10,000-step fan-out (three executions of a third
 //! each) driven by one execution replica and by three, a worker on each.
 //!
-//! `cargo bench -p muster-tests --bench cluster [-- SIZE ...] [-- users]`
+//! `cargo bench -p muster-tests --bench cluster [-- SIZE ...] [-- users [SHAPE ...]]`
 //! (default 100 1000 10000; `users` runs the users' shapes alone, beside the
-//! bench's chain and fan-out of 1,000 steps for comparison).
+//! bench's chain and fan-out of 1,000 steps, or of the first SIZE, for
+//! comparison; SHAPEs such as `chain/10` or `many/1000` run only those,
+//! the users' chains as long as the bench's).
 
 use std::time::Instant;
 
@@ -232,7 +234,8 @@ async fn main() {
     for &backend in backends {
         bench_shapes(backend, &sizes).await;
     }
-    users::run().await;
+    let shapes: Vec<String> = arguments.iter().filter(|argument| argument.contains('/')).cloned().collect();
+    users::run(&shapes, if users_only { sizes[0] } else { 1000 }).await;
     if !users_only {
         replicas(10_000).await;
     }

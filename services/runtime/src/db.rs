@@ -125,6 +125,24 @@ pub fn placeholder(backend: Backend, number: usize) -> String {
     }
 }
 
+/// The row counts of multi-row statements on SQLite (each value bound, or
+/// each element of an `IN` list): rows go in statements of these sizes,
+/// largest first ([`in_statements`]), so a connection prepares at most
+/// four texts per statement. A text per row count would make hundreds,
+/// which take turns in the connection's cache of prepared statements when
+/// batches of every size come, each parsed again.
+pub const ROW_COUNTS: [usize; 4] = [256, 32, 4, 1];
+
+/// `rows` in the statements they go in: sizes from [`ROW_COUNTS`], largest first.
+pub fn in_statements<T>(mut rows: &[T]) -> impl Iterator<Item = &[T]> {
+    std::iter::from_fn(move || {
+        let size = ROW_COUNTS.into_iter().find(|size| *size <= rows.len())?;
+        let (statement, rest) = rows.split_at(size);
+        rows = rest;
+        Some(statement)
+    })
+}
+
 /// `placeholder(first), placeholder(first + 1), ..` for `count` parameters.
 pub fn placeholder_list(backend: Backend, first: usize, count: usize) -> String {
     (first..first + count).map(|number| placeholder(backend, number)).collect::<Vec<_>>().join(", ")
@@ -352,5 +370,23 @@ fn with_create_mode(url: &str) -> String {
         format!("{url}&mode=rwc")
     } else {
         format!("{url}?mode=rwc")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rows_go_in_statements_of_the_few_sizes_prepared_largest_first_each_row_once() {
+        for count in [0, 1, 3, 4, 5, 31, 32, 33, 255, 256, 257, 300, 1000, 4097] {
+            let rows: Vec<usize> = (0..count).collect();
+            let statements: Vec<&[usize]> = super::in_statements(&rows).collect();
+            assert_eq!(statements.concat(), rows, "every row once, in order ({count})");
+            assert!(statements.iter().all(|statement| super::ROW_COUNTS.contains(&statement.len())), "{count}");
+            assert!(statements.windows(2).all(|pair| pair[0].len() >= pair[1].len()), "largest first ({count})");
+            // Fewer than 8 of each smaller size: the next larger one takes 8.
+            for size in &super::ROW_COUNTS[1..] {
+                assert!(statements.iter().filter(|statement| statement.len() == *size).count() < 8, "{count}");
+            }
+        }
     }
 }

@@ -45,8 +45,6 @@ const AGENTS: usize = 100;
 const AGENTS_PER_PROCESS: usize = 10;
 /// Steps of each of the many runs.
 const STEPS: usize = 10;
-/// Steps of the long chain.
-const CHAIN: usize = 1000;
 
 /// The sample behaviour, timing how long each step waited for the worker.
 #[derive(Debug, Clone, Default)]
@@ -221,8 +219,11 @@ fn percentile(waits: &[Duration], p: f64) -> f64 {
     waits[index].as_secs_f64() * 1e3
 }
 
-/// Runs the users' shapes and prints their rows.
-pub(crate) async fn run() {
+/// Runs the users' shapes and prints their rows: those `shapes` names
+/// (`chain/10`, `chain/1`, `many/100`, `many/1000`), every one when it is
+/// empty, the chains `chain` steps long.
+pub(crate) async fn run(shapes: &[String], chain: usize) {
+    let runs = |shape: &str| shapes.is_empty() || shapes.iter().any(|wanted| wanted == shape);
     let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
     let mut agents: Vec<Agent> = (0..AGENTS)
         .map(|index| Agent { workload_capacity: 1000, ..agent(&format!("user-{index}"), "worker", "users") })
@@ -261,23 +262,27 @@ pub(crate) async fn run() {
         "dispatch p50/p99 ms, ≤5 ms",
         "unwell"
     );
-    let roster_url = test.cluster().roster_url();
-    let delegate = "grpc_method=\"Delegate\"";
-    let handled = histogram(&roster_url, "grpc_server_handling_seconds", delegate).await;
-    let waited = histogram(&url, "grpc_client_handling_seconds", delegate).await;
-    let measure = Measure::start(&test, &pids).await;
-    let seconds = run_once(&mut client, &chain_over("users-chain", CHAIN, &names[..AGENTS_PER_PROCESS])).await;
-    measure.row("chain/10", CHAIN, seconds, 0, &timed).await;
-    let handled =
-        bound_ms(&since(&handled, &histogram(&roster_url, "grpc_server_handling_seconds", delegate).await), 0.5);
-    let waited = bound_ms(&since(&waited, &histogram(&url, "grpc_client_handling_seconds", delegate).await), 0.5);
-    println!(
-        "          a step's Delegate, p50: the roster handled it within {handled} ms, the execution service had its answer within {waited} ms"
-    );
-    let measure = Measure::start(&test, &pids).await;
-    let seconds = run_once(&mut client, &chain_over("users-chain-1", CHAIN, &names[..1])).await;
-    measure.row("chain/1", CHAIN, seconds, 0, &timed).await;
-    for executions in [100, 1000] {
+    if runs("chain/10") {
+        let roster_url = test.cluster().roster_url();
+        let delegate = "grpc_method=\"Delegate\"";
+        let handled = histogram(&roster_url, "grpc_server_handling_seconds", delegate).await;
+        let waited = histogram(&url, "grpc_client_handling_seconds", delegate).await;
+        let measure = Measure::start(&test, &pids).await;
+        let seconds = run_once(&mut client, &chain_over("users-chain", chain, &names[..AGENTS_PER_PROCESS])).await;
+        measure.row("chain/10", chain, seconds, 0, &timed).await;
+        let handled =
+            bound_ms(&since(&handled, &histogram(&roster_url, "grpc_server_handling_seconds", delegate).await), 0.5);
+        let waited = bound_ms(&since(&waited, &histogram(&url, "grpc_client_handling_seconds", delegate).await), 0.5);
+        println!(
+            "          a step's Delegate, p50: the roster handled it within {handled} ms, the execution service had its answer within {waited} ms"
+        );
+    }
+    if runs("chain/1") {
+        let measure = Measure::start(&test, &pids).await;
+        let seconds = run_once(&mut client, &chain_over("users-chain-1", chain, &names[..1])).await;
+        measure.row("chain/1", chain, seconds, 0, &timed).await;
+    }
+    for executions in [100, 1000].into_iter().filter(|executions| runs(&format!("many/{executions}"))) {
         many(&test, &client, &timed, &processes, executions, &pids).await;
     }
     let _ = stop.send(());
@@ -339,15 +344,35 @@ struct Measure<'a> {
     url: String,
     cpu_before: Vec<f64>,
     dispatched: Vec<(f64, f64)>,
+    /// The execution store's transactions, the commits they held, and
+    /// their time, by kind (progress, other).
+    store_before: [[f64; 3]; 2],
     health: HealthWatch,
+}
+
+/// The execution store's transactions, the commits they held, and their
+/// time in seconds, of the running executions' progress and of the rest.
+async fn store_figures(url: &str) -> [[f64; 3]; 2] {
+    let text = scrape(url).await;
+    ["progress", "other"].map(|kind| {
+        let label = format!("kind=\"{kind}\"");
+        let sum =
+            |name: &str| series(&text, name).filter(|(line, _)| line.contains(&label)).map(|(_, value)| value).sum();
+        [
+            sum("muster_execution_commit_seconds_count"),
+            sum("muster_execution_commits_total"),
+            sum("muster_execution_commit_seconds_sum"),
+        ]
+    })
 }
 
 impl<'a> Measure<'a> {
     async fn start(test: &TestCluster, pids: &'a [u32]) -> Self {
         let url = test.cluster().execution_url();
         let dispatched = dispatch_histogram(&url).await;
+        let store_before = store_figures(&url).await;
         let cpu_before = pids.iter().map(|pid| cpu_seconds(*pid)).collect();
-        Self { pids, url, cpu_before, dispatched, health: HealthWatch::start(test) }
+        Self { pids, url, cpu_before, dispatched, store_before, health: HealthWatch::start(test) }
     }
 
     /// Prints the row of `steps` run in `seconds`, with the waits `timed` recorded.
@@ -365,6 +390,15 @@ impl<'a> Measure<'a> {
             format!("{}/{asked}", unwell.len()),
             cpu_used(self.pids, &self.cpu_before, seconds)
         );
+        let store = store_figures(&self.url).await;
+        for (kind, (after, before)) in ["progress", "other"].iter().zip(store.iter().zip(&self.store_before)) {
+            let [transactions, commits, time] = [0, 1, 2].map(|index| after[index] - before[index]);
+            println!(
+                "          the execution store's {kind}: {transactions} transactions holding {commits} commits, {:.0} µs each, {:.0}% of the time",
+                time * 1e6 / transactions.max(1.0),
+                time * 100.0 / seconds
+            );
+        }
         for reason in unwell.iter().take(5) {
             println!("          not serving: {reason}");
         }

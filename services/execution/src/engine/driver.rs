@@ -130,6 +130,9 @@ struct Upstream {
 #[derive(Default)]
 struct Staged {
     steps: Vec<usize>,
+    /// Whether a step was staged to be written now ([`Driver::stage`]),
+    /// rather than with the next commit ([`Driver::stage_lazily`]).
+    steps_now: bool,
     execution_changed: bool,
     assignments: Vec<RoleAssignment>,
     subtasks: Vec<SubtaskRequest>,
@@ -176,6 +179,9 @@ pub(crate) struct Driver {
     execution_inputs: serde_json::Map<String, serde_json::Value>,
     staged: Staged,
     staged_mark: Vec<bool>,
+    /// When the steps staged lazily are written if no other commit took
+    /// them first (milliseconds since the epoch).
+    lazy_due: Option<i64>,
     after_commit: Vec<Effect>,
     /// Tools' and roles' schemas, compiled once.
     schemas: schema::Compiled,
@@ -195,6 +201,11 @@ pub(crate) struct Driver {
     reported: HashMap<usize, progress::Reported>,
     /// Each step's ask ahead for its executor's slot (`ahead.rs`).
     ahead: Vec<Ahead>,
+    /// The execution was resumed (after a restart, or taken over from
+    /// another replica): slots its steps reserved before may not be
+    /// recorded (a slot reserved ahead is written lazily), so its end
+    /// releases the task of every step that did not complete.
+    pub(super) resumed: bool,
 }
 
 impl Driver {
@@ -242,6 +253,7 @@ impl Driver {
             execution_inputs,
             staged: Staged::default(),
             staged_mark: vec![false; count],
+            lazy_due: None,
             after_commit: Vec::new(),
             schemas: schema::Compiled::default(),
             asks: Vec::new(),
@@ -251,6 +263,7 @@ impl Driver {
             warned_agents: HashSet::new(),
             reported: HashMap::new(),
             ahead: vec![Ahead::None; count],
+            resumed: false,
         }
     }
 
@@ -267,7 +280,7 @@ impl Driver {
                 return self.finish(None).await;
             }
             self.flush().await?;
-            let next_due = self.timers.peek().map(|Reverse((due, ..))| *due);
+            let next_due = self.timers.peek().map(|Reverse((due, ..))| *due).into_iter().chain(self.lazy_due).min();
             let sleep = next_due.map(|due| {
                 let wait = (due - muster_runtime::time::now_millis()).max(0) as u64;
                 tokio::time::sleep(Duration::from_millis(wait))
@@ -521,6 +534,13 @@ impl Driver {
         self.record(event);
         self.stage_execution();
         self.give_back_ahead().await;
+        if self.resumed {
+            for position in 0..self.steps.len() {
+                if self.steps[position].status != StepStatus::Completed {
+                    self.release_later(self.task_id(position));
+                }
+            }
+        }
         self.flush().await?;
         tracing::info!(execution_id = %self.execution.id, status = self.execution.status.as_str(), reason = %self.execution.reason, "execution finished");
         let outcome = [("process", self.execution.process_name.as_str()), ("status", self.execution.status.as_str())];

@@ -359,6 +359,9 @@ impl Engine {
             async move {
                 let execution_id = execution.id.clone();
                 let mut driver = driver::Driver::new(engine.clone(), execution, steps, process, sender, inputs);
+                // A driver of a new execution is given the budget its start
+                // checked; a resumed one reads it again.
+                driver.resumed = budget.is_none();
                 driver.budget = budget;
                 match driver.run(stopping).await {
                     Ok(()) => {}

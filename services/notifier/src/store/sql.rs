@@ -8,7 +8,9 @@
 use std::collections::{HashMap, HashSet};
 
 use bytes::Bytes;
-use muster_runtime::db::{Backend, Connections, Database, Migrations, placeholder, placeholder_list, placeholders};
+use muster_runtime::db::{
+    Backend, Connections, Database, Migrations, in_statements, placeholder, placeholder_list, placeholders,
+};
 use sqlx::{AssertSqlSafe, Row, any::AnyRow};
 
 use super::{IngestOutcome, MemoryProgress, MemoryState, NewEvent, Store, StoredNotification};
@@ -176,7 +178,8 @@ fn ingest_natively(
     memory_file_lengths: &[(String, Option<u64>)],
 ) -> Result<Vec<IngestOutcome>> {
     let mut already_stored: HashSet<String> = HashSet::new();
-    for chunk in events.chunks(ROWS_PER_STATEMENT) {
+    // Statements of a few sizes (`in_statements`), each prepared once.
+    for chunk in in_statements(events) {
         let list = placeholder_list(Backend::Sqlite, 1, chunk.len());
         let mut statement =
             transaction.prepare_cached(&format!("SELECT event_id FROM events WHERE event_id IN ({list})"))?;
@@ -188,11 +191,12 @@ fn ingest_natively(
             already_stored.insert(row.get(0)?);
         }
     }
-    let max_cursor: i64 =
-        transaction.query_row("SELECT COALESCE(MAX(notification_id), 0) FROM notifications", [], |row| row.get(0))?;
+    let max_cursor: i64 = transaction
+        .prepare_cached("SELECT COALESCE(MAX(notification_id), 0) FROM notifications")?
+        .query_row([], |row| row.get(0))?;
     let plan = IngestPlan::new(events, &already_stored, max_cursor);
 
-    for chunk in plan.new_events.chunks(ROWS_PER_STATEMENT / 5) {
+    for chunk in in_statements(&plan.new_events) {
         let values = placeholders(Backend::Sqlite, chunk.len(), 5);
         let mut statement = transaction.prepare_cached(&format!(
             "INSERT OR FAIL INTO events (event_id, event, output_summary, notifications, received_at) VALUES {values}"
@@ -207,7 +211,7 @@ fn ingest_natively(
         }
         statement.raw_execute()?;
     }
-    for chunk in plan.notifications.chunks(ROWS_PER_STATEMENT) {
+    for chunk in in_statements(&plan.notifications) {
         let values = placeholders(Backend::Sqlite, chunk.len(), 5);
         let mut statement = transaction.prepare_cached(&format!(
             "INSERT OR FAIL INTO notifications (notification_id, agent_id, reason, event_id, memory_state) VALUES {values}"
@@ -232,6 +236,35 @@ fn ingest_natively(
         };
     }
     Ok(plan.outcomes)
+}
+
+/// What [`Store::record_memory_progress`] writes, on a SQLite file's native
+/// connection: after every batch's lines are appended, so without a thread
+/// hand-off per statement (or a statement parsed again each time).
+fn record_memory_progress_natively(transaction: &rusqlite::Connection, progress: &MemoryProgress) -> Result<()> {
+    transaction
+        .prepare_cached(
+            "UPDATE memory_progress SET written_through = CASE WHEN ?1 > written_through THEN ?1 \
+             ELSE written_through END WHERE singleton = 1",
+        )?
+        .execute([from_cursor(progress.written_through)])?;
+    for (path, length) in &progress.lengths {
+        transaction.prepare_cached(MEMORY_FILE_UPSERT)?.execute(rusqlite::params![path, from_cursor(*length)])?;
+    }
+    for (cursors, state) in [(&progress.failed, MemoryState::Failed), (&progress.recovered, MemoryState::Written)] {
+        for chunk in in_statements(cursors) {
+            let list = placeholder_list(Backend::Sqlite, 2, chunk.len());
+            let mut statement = transaction.prepare_cached(&format!(
+                "UPDATE notifications SET memory_state = ? WHERE notification_id IN ({list})"
+            ))?;
+            statement.raw_bind_parameter(1, state.to_i64())?;
+            for (index, cursor) in chunk.iter().enumerate() {
+                statement.raw_bind_parameter(index + 2, from_cursor(*cursor))?;
+            }
+            statement.raw_execute()?;
+        }
+    }
+    Ok(())
 }
 
 impl Store for SqlStore {
@@ -392,6 +425,11 @@ impl Store for SqlStore {
     }
 
     async fn record_memory_progress(&self, progress: &MemoryProgress) -> Result<()> {
+        if let Some(native) = self.database.native() {
+            return native
+                .write(&self.database.pool, |transaction| record_memory_progress_natively(transaction, progress))
+                .await;
+        }
         let mut transaction = self.database.pool.begin().await?;
         sqlx::query(
             "UPDATE memory_progress SET written_through = CASE WHEN $1 > written_through THEN $1 \

@@ -98,7 +98,7 @@ impl Driver {
         {
             self.steps[position].roster_reserved = true;
             self.ahead[position] = Ahead::Reserved(agent);
-            self.stage(position);
+            self.stage_lazily(position);
         } else {
             self.release_later(self.task_id(position));
         }

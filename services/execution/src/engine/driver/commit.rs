@@ -5,6 +5,10 @@
 use tracing::Instrument as _;
 
 use super::{Driver, Effect, RELEASE_PATIENCE, step_roles};
+
+/// How long, at most, a step staged lazily waits for another commit to be
+/// written with, in milliseconds.
+const LAZY_WRITE: i64 = 100;
 use crate::engine::inbox::Cause;
 use crate::{
     Result,
@@ -29,6 +33,18 @@ impl Driver {
 
     /// Sets a step's status, keeping count of ended steps and staging it.
     pub(in crate::engine) fn set_status(&mut self, position: usize, status: StepStatus) {
+        self.change_status(position, status);
+        self.stage(position);
+    }
+
+    /// [`Driver::set_status`] for a status that tells nobody anything (a
+    /// step waiting for a worker): written with the next commit.
+    pub(in crate::engine) fn set_status_lazily(&mut self, position: usize, status: StepStatus) {
+        self.change_status(position, status);
+        self.stage_lazily(position);
+    }
+
+    fn change_status(&mut self, position: usize, status: StepStatus) {
         let was_final = self.steps[position].status.is_final();
         let was_completed = self.steps[position].status == StepStatus::Completed;
         self.steps[position].status = status;
@@ -54,10 +70,21 @@ impl Driver {
             (true, false) => self.completed -= 1,
             _ => {}
         }
-        self.stage(position);
     }
 
+    /// Stages a step's row for this turn's commit.
     pub(in crate::engine) fn stage(&mut self, position: usize) {
+        self.staged.steps_now = true;
+        self.stage_lazily(position);
+    }
+
+    /// Stages a step's row for the next commit, of this turn or a later
+    /// one: a change that tells nobody anything and that the engine can do
+    /// without after a restart (a step waiting for a worker, the executor
+    /// found for it, a slot reserved ahead: a restarted service starts the
+    /// step again, asking the roster, which keeps a task's slot). Written
+    /// at the latest [`LAZY_WRITE`] later.
+    pub(in crate::engine) fn stage_lazily(&mut self, position: usize) {
         if !self.staged_mark[position] {
             self.staged_mark[position] = true;
             self.staged.steps.push(position);
@@ -115,19 +142,27 @@ impl Driver {
 
     /// Writes what is staged in one commit with its events, then acts on it:
     /// assignments go out, watchers hear the events, slots are released.
+    /// Steps staged lazily alone wait for a later commit, until [`LAZY_WRITE`].
     pub(in crate::engine) async fn flush(&mut self) -> Result<()> {
-        let staged = std::mem::take(&mut self.staged);
-        if staged.steps.is_empty()
-            && !staged.execution_changed
-            && staged.assignments.is_empty()
-            && staged.subtasks.is_empty()
-            && staged.events.is_empty()
-            && staged.messages.is_empty()
-            && staged.memories.is_empty()
-        {
+        let staged = &self.staged;
+        let now = muster_runtime::time::now_millis();
+        let due = staged.steps_now
+            || staged.execution_changed
+            || !staged.assignments.is_empty()
+            || !staged.subtasks.is_empty()
+            || !staged.events.is_empty()
+            || !staged.messages.is_empty()
+            || !staged.memories.is_empty()
+            || self.lazy_due.is_some_and(|lazy_due| lazy_due <= now);
+        if !due {
+            if !staged.steps.is_empty() {
+                self.lazy_due.get_or_insert(now + LAZY_WRITE);
+            }
             self.run_effects();
             return Ok(());
         }
+        self.lazy_due = None;
+        let staged = std::mem::take(&mut self.staged);
         let mut writes = Vec::with_capacity(4);
         if staged.execution_changed {
             writes.push(Write::UpdateExecution(self.execution.clone()));

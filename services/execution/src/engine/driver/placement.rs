@@ -163,7 +163,7 @@ impl Driver {
     /// to a worker.
     pub(in crate::engine) fn executor_known(&mut self, position: usize, attempt: u32, agent_id: String) {
         self.steps[position].executor = agent_id.clone();
-        self.stage(position);
+        self.stage_lazily(position);
         match self.contexts.get_mut(&agent_id) {
             Some(Known::Ready(context)) => {
                 let role = context.roster_role.clone();
@@ -328,7 +328,7 @@ impl Driver {
 
     /// The step waits for a worker, until its schedule-to-start limit.
     pub(super) fn wait_for_worker(&mut self, position: usize) {
-        self.set_status(position, StepStatus::WaitingForWorker);
+        self.set_status_lazily(position, StepStatus::WaitingForWorker);
         let limit = self
             .definition(position)
             .schedule_to_start_seconds

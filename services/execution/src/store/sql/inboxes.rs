@@ -150,31 +150,32 @@ pub(super) async fn insert_message(
 
 /// The messages an ended execution had: processed when it completed, given
 /// back for the next run, with a note, otherwise.
-pub(super) async fn settle_messages(
-    transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
-    execution: &Execution,
-) -> Result<()> {
+/// The statement that settles the inbox messages an execution that ended
+/// had claimed, and its first parameter (the second is the execution's id):
+/// processed by it when it completed, given back with a note otherwise.
+pub(super) fn settle_messages_statement(execution: &Execution) -> (&'static str, String) {
     if execution.status == crate::domain::ExecutionStatus::Completed {
-        sqlx::query(
+        (
             "UPDATE inbox_messages SET state = 'processed', processed_by = $1, claimed_by = '', note = '' \
              WHERE claimed_by = $2",
+            execution.id.clone(),
         )
-        .bind(execution.id.clone())
-        .bind(execution.id.clone())
-        .execute(&mut **transaction)
-        .await?;
     } else {
         let note = muster_runtime::status::truncate(
             &format!("run {} {}: {}", execution.id, execution.status.as_str(), execution.reason),
             1024,
         )
         .into_owned();
-        sqlx::query("UPDATE inbox_messages SET claimed_by = '', note = $1 WHERE claimed_by = $2")
-            .bind(note)
-            .bind(execution.id.clone())
-            .execute(&mut **transaction)
-            .await?;
+        ("UPDATE inbox_messages SET claimed_by = '', note = $1 WHERE claimed_by = $2", note)
     }
+}
+
+pub(super) async fn settle_messages(
+    transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
+    execution: &Execution,
+) -> Result<()> {
+    let (sql, first) = settle_messages_statement(execution);
+    sqlx::query(sql).bind(first).bind(execution.id.clone()).execute(&mut **transaction).await?;
     Ok(())
 }
 

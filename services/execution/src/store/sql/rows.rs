@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use muster_runtime::db::{Backend, placeholder, placeholders};
+use muster_runtime::db::{Backend, ROW_COUNTS, placeholder, placeholders};
 use prost::Message as _;
 
 use super::hex;
@@ -20,24 +20,6 @@ use crate::{
 
 /// A statement with its parameters bound.
 pub(super) type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments>;
-
-/// The row counts of SQLite's multi-row statements (each value bound):
-/// a commit's rows go in statements of these sizes, largest first, so a
-/// connection prepares at most four statements per table. A statement per
-/// row count would make hundreds of texts, which take turns in the
-/// connection's statement cache when many runs commit together: each parsed
-/// again, the largest made of thousands of tokens.
-const ROW_COUNTS: [usize; 4] = [256, 32, 4, 1];
-
-/// `rows` in the statements they go in: sizes from [`ROW_COUNTS`], largest first.
-pub(super) fn in_statements<T>(mut rows: &[T]) -> impl Iterator<Item = &[T]> {
-    std::iter::from_fn(move || {
-        let size = ROW_COUNTS.into_iter().find(|size| *size <= rows.len())?;
-        let (statement, rest) = rows.split_at(size);
-        rows = rest;
-        Some(statement)
-    })
-}
 
 /// The text of a multi-row statement of `rows` rows (one of [`ROW_COUNTS`]), made once.
 fn multi_row_text(texts: &'static [OnceLock<String>; 4], rows: usize, make: impl FnOnce() -> String) -> &'static str {
@@ -264,35 +246,36 @@ pub(super) fn bind_event<'q>(query: AnyQuery<'q>, event: &Event) -> AnyQuery<'q>
         .bind(convert::event_to_wire(event).encode_to_vec())
 }
 
+/// The insert of an execution's row, its sixteen values as parameters.
+pub(super) const INSERT_EXECUTION: &str = "INSERT INTO executions (id, process_name, process_version, status, reason, lead_agent_id, inputs_json, \
+     idempotency_key, started_at, ended_at, last_sequence, trace_parent, is_session, session_title, \
+     session_description, owner) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)";
+
 pub(super) async fn insert_execution(
     transaction: &mut sqlx::Transaction<'_, sqlx::Any>,
     execution: &Execution,
     owner: Option<&str>,
 ) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO executions (id, process_name, process_version, status, reason, lead_agent_id, inputs_json, \
-         idempotency_key, started_at, ended_at, last_sequence, trace_parent, is_session, session_title, \
-         session_description, owner) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
-    )
-    .bind(execution.id.clone())
-    .bind(execution.process_name.clone())
-    .bind(i64::from(execution.process_version))
-    .bind(execution.status.as_str())
-    .bind(execution.reason.clone())
-    .bind(execution.lead_agent_id.clone())
-    .bind(execution.inputs_json.clone())
-    .bind(execution.idempotency_key.clone())
-    .bind(execution.started_at)
-    .bind(execution.ended_at)
-    .bind(execution.last_sequence as i64)
-    .bind(execution.trace_parent.clone())
-    .bind(i64::from(execution.session.is_some()))
-    .bind(execution.session.as_ref().map(|session| session.title.clone()).unwrap_or_default())
-    .bind(execution.session.as_ref().map(|session| session.description.clone()).unwrap_or_default())
-    .bind(owner.map(str::to_owned))
-    .execute(&mut **transaction)
-    .await?;
+    sqlx::query(INSERT_EXECUTION)
+        .bind(execution.id.clone())
+        .bind(execution.process_name.clone())
+        .bind(i64::from(execution.process_version))
+        .bind(execution.status.as_str())
+        .bind(execution.reason.clone())
+        .bind(execution.lead_agent_id.clone())
+        .bind(execution.inputs_json.clone())
+        .bind(execution.idempotency_key.clone())
+        .bind(execution.started_at)
+        .bind(execution.ended_at)
+        .bind(execution.last_sequence as i64)
+        .bind(execution.trace_parent.clone())
+        .bind(i64::from(execution.session.is_some()))
+        .bind(execution.session.as_ref().map(|session| session.title.clone()).unwrap_or_default())
+        .bind(execution.session.as_ref().map(|session| session.description.clone()).unwrap_or_default())
+        .bind(owner.map(str::to_owned))
+        .execute(&mut **transaction)
+        .await?;
     if let Some(session) = &execution.session {
         for assignment in session.assignments.values() {
             upsert_assignment(transaction, &execution.id, assignment).await?;
@@ -348,24 +331,4 @@ pub(super) async fn upsert_subtask(
     .execute(&mut **transaction)
     .await?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{ROW_COUNTS, in_statements};
-
-    #[test]
-    fn rows_go_in_statements_of_the_few_sizes_prepared_largest_first_each_row_once() {
-        for count in [0, 1, 3, 4, 5, 31, 32, 33, 255, 256, 257, 300, 1000, 4097] {
-            let rows: Vec<usize> = (0..count).collect();
-            let statements: Vec<&[usize]> = in_statements(&rows).collect();
-            assert_eq!(statements.concat(), rows, "every row once, in order ({count})");
-            assert!(statements.iter().all(|statement| ROW_COUNTS.contains(&statement.len())), "{count}");
-            assert!(statements.windows(2).all(|pair| pair[0].len() >= pair[1].len()), "largest first ({count})");
-            // Fewer than 8 of each smaller size: the next larger one takes 8.
-            for size in &ROW_COUNTS[1..] {
-                assert!(statements.iter().filter(|statement| statement.len() == *size).count() < 8, "{count}");
-            }
-        }
-    }
 }

@@ -6,18 +6,18 @@ use std::{
     sync::{Arc, OnceLock},
 };
 
-use muster_runtime::db::{Backend, Database, NativeSqlite};
+use muster_runtime::db::{Backend, Database, NativeSqlite, in_statements};
 use prost::Message as _;
 use sqlx::AssertSqlSafe;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{SQLITE_LEASE_CHECK, json_rows, lease_lapsed, literal, memory};
 use super::{
-    inboxes::{insert_message, settle_messages},
+    inboxes::{insert_message, settle_messages, settle_messages_statement},
     memory::insert_memory,
     rows::{
-        EventRow, ExecutionRow, JSON_ROWS_PER_STATEMENT, STEP_COLUMN_COUNT, StepRow, bind_event, bind_execution_update,
-        bind_step, event_insert_sql, events_from_json_sql, in_statements, insert_execution, step_upsert_sql,
+        EventRow, ExecutionRow, INSERT_EXECUTION, JSON_ROWS_PER_STATEMENT, STEP_COLUMN_COUNT, StepRow, bind_event,
+        bind_execution_update, bind_step, event_insert_sql, events_from_json_sql, insert_execution, step_upsert_sql,
         steps_from_json_sql, update_execution_sql, upsert_assignment, upsert_subtask,
     },
 };
@@ -118,30 +118,37 @@ pub(super) async fn write_loop(database: Database, replica: Arc<OnceLock<Arc<str
             }
         }
         let replica = replica.get().map(|id| &**id);
-        let (progress, rest): (Vec<Job>, Vec<Job>) =
-            group.into_iter().partition(|job| job.writes.iter().all(is_progress));
-        for group in [progress, rest] {
+        // On SQLite what the native connection writes goes in one
+        // transaction, the rest (sessions, messages, memory, schedules)
+        // after it; on PostgreSQL the progress has its one round trip.
+        let split: fn(&Job) -> bool = match writer.database.native() {
+            Some(_) => |job| job.writes.iter().all(is_native),
+            None => |job| job.writes.iter().all(is_progress),
+        };
+        let (progress, rest): (Vec<Job>, Vec<Job>) = group.into_iter().partition(split);
+        for (kind, group) in [("progress", progress), ("other", rest)] {
             if !group.is_empty() {
-                commit_group(&mut writer, replica, group).await;
+                commit_group(&mut writer, replica, kind, group).await;
             }
         }
     }
 }
 
-/// Applies a group of commits in one transaction and answers each.
-async fn commit_group(writer: &mut Writer, replica: Option<&str>, mut group: Vec<Job>) {
+/// Applies a group of commits in one transaction and answers each; `kind`
+/// labels its metrics (`progress`, or `other`).
+async fn commit_group(writer: &mut Writer, replica: Option<&str>, kind: &str, mut group: Vec<Job>) {
     let started = std::time::Instant::now();
     let outcome = apply(writer, replica, group.iter().flat_map(|job| &job.writes)).await;
     muster_runtime::metrics::observe(
         "muster_execution_commit_seconds",
-        "Transactions of the execution store's writer, each holding every commit that waited for it",
-        &[],
+        "Transactions of the execution store's writer, each holding every commit that waited for it, by kind (running executions' progress, or other)",
+        &[("kind", kind)],
         started.elapsed().as_secs_f64(),
     );
     muster_runtime::metrics::count(
         "muster_execution_commits_total",
-        "Commits of executions' changes (several share a transaction when they wait together)",
-        &[],
+        "Commits of executions' changes (several share a transaction when they wait together), by kind (running executions' progress, or other)",
+        &[("kind", kind)],
         group.len() as u64,
     );
     match outcome {
@@ -195,9 +202,10 @@ async fn apply_on<'a>(
         fired,
         remembered,
         only_progress,
+        natively,
     } = grouped;
-    if let Some(native) = database.native().filter(|_| only_progress) {
-        return apply_natively(native, database, replica, &updated, &steps, &events).await;
+    if let Some(native) = database.native().filter(|_| natively) {
+        return apply_natively(native, database, replica, &created, &updated, &steps, &events).await;
     }
     if backend == Backend::Postgres && only_progress {
         return apply_in_one_round_trip(database, held, replica, &updated, &steps, &events).await;
@@ -260,14 +268,17 @@ struct Grouped<'a> {
     remembered: Vec<&'a MemoryEntry>,
     /// Whether every write is a running execution's progress ([`is_progress`]).
     only_progress: bool,
+    /// Whether SQLite's native connection writes them all ([`is_native`]).
+    natively: bool,
 }
 
 impl<'a> Grouped<'a> {
     fn of(writes: impl Iterator<Item = &'a Write>) -> Self {
-        let mut grouped = Self { only_progress: true, ..Self::default() };
+        let mut grouped = Self { only_progress: true, natively: true, ..Self::default() };
         let mut steps: Vec<&StepWrite> = Vec::new();
         for write in writes {
             grouped.only_progress &= is_progress(write);
+            grouped.natively &= is_native(write);
             match write {
                 Write::CreateExecution(execution) => grouped.created.push(execution),
                 Write::UpdateExecution(execution) => grouped.updated.push(execution),
@@ -305,6 +316,22 @@ fn is_progress(write: &Write) -> bool {
         Write::Steps(_) | Write::Events(_) => true,
         Write::CreateExecution(_)
         | Write::Assignment { .. }
+        | Write::Subtask { .. }
+        | Write::ClaimMessages { .. }
+        | Write::PostMessages(_)
+        | Write::Remember(_)
+        | Write::FireSchedule { .. } => false,
+    }
+}
+
+/// Whether SQLite's native connection writes it ([`apply_natively`]): a
+/// running execution's progress, a new execution outside sessions, an
+/// execution's end.
+fn is_native(write: &Write) -> bool {
+    match write {
+        Write::CreateExecution(execution) => execution.session.is_none(),
+        Write::UpdateExecution(_) | Write::Steps(_) | Write::Events(_) => true,
+        Write::Assignment { .. }
         | Write::Subtask { .. }
         | Write::ClaimMessages { .. }
         | Write::PostMessages(_)
@@ -410,15 +437,16 @@ async fn insert_events(
     Ok(())
 }
 
-/// A running execution's progress on SQLite (its row, its steps and their
-/// events, nothing that needs an answer between statements) as one
-/// transaction run whole on the calling thread ([`NativeSqlite`]): a
-/// thread hand-off per statement was where most of a small commit's time
-/// went.
+/// Executions' starts, progress and ends on SQLite (their rows, their
+/// steps and their events, the inbox messages an end settles: nothing that
+/// needs an answer between statements) as one transaction run whole on the
+/// calling thread ([`NativeSqlite`]): a thread hand-off per statement was
+/// where most of a small commit's time went.
 async fn apply_natively(
     native: &NativeSqlite,
     database: &Database,
     replica: Option<&str>,
+    created: &[&Execution],
     updated: &[&Execution],
     steps: &[&StepWrite],
     events: &[&Event],
@@ -431,6 +459,27 @@ async fn apply_natively(
                     return Err(lease_lapsed(replica));
                 }
             }
+            for execution in created {
+                let mut statement = transaction.prepare_cached(INSERT_EXECUTION)?;
+                statement.execute(rusqlite::params![
+                    execution.id,
+                    execution.process_name,
+                    i64::from(execution.process_version),
+                    execution.status.as_str(),
+                    execution.reason,
+                    execution.lead_agent_id,
+                    execution.inputs_json,
+                    execution.idempotency_key,
+                    execution.started_at,
+                    execution.ended_at,
+                    execution.last_sequence as i64,
+                    execution.trace_parent,
+                    false,
+                    "",
+                    "",
+                    replica,
+                ])?;
+            }
             for execution in updated {
                 let mut statement = transaction.prepare_cached(&update_execution_sql(Backend::Sqlite))?;
                 statement.execute(rusqlite::params![
@@ -441,6 +490,10 @@ async fn apply_natively(
                     execution.last_sequence as i64,
                     execution.id,
                 ])?;
+                if execution.status.is_final() {
+                    let (sql, first) = settle_messages_statement(execution);
+                    transaction.prepare_cached(sql)?.execute(rusqlite::params![first, execution.id])?;
+                }
             }
             for chunk in in_statements(steps) {
                 let mut statement = transaction.prepare_cached(step_upsert_sql(chunk.len()))?;
