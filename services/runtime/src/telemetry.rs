@@ -82,7 +82,7 @@ pub fn init(service: &str, format: LogFormat, filter: &str) -> crate::Result<Tel
     tracing_subscriber::registry()
         .with(logs.with_filter(filter))
         .with(traces)
-        .with(dispatch)
+        .with(dispatch.layer())
         .try_init()
         .map_err(|error| crate::Error::Telemetry(error.to_string()))?;
     Ok(Telemetry { provider })
@@ -117,6 +117,18 @@ struct JsonLine {
 /// context is read through this one.
 #[derive(Clone, Default)]
 struct DispatchSlot(std::sync::Arc<std::sync::OnceLock<tracing::dispatcher::WeakDispatch>>);
+
+impl DispatchSlot {
+    /// The slot as a layer that sees no span or event: unfiltered, a layer
+    /// would enable every span and event at every level (the HTTP/2 stack's
+    /// per-frame TRACE spans among them), whatever the log level says.
+    fn layer<S>(self) -> impl Layer<S>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        self.with_filter(LevelFilter::OFF)
+    }
+}
 
 impl<S: tracing::Subscriber> Layer<S> for DispatchSlot {
     fn on_register_dispatch(&self, dispatch: &tracing::Dispatch) {
@@ -263,7 +275,7 @@ mod tests {
         let subscriber = tracing_subscriber::registry()
             .with(json_logs(move || writer.clone(), dispatch.clone()))
             .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")))
-            .with(dispatch);
+            .with(dispatch.layer());
         let expected = tracing::subscriber::with_default(subscriber, || {
             tracing::info!("outside any span");
             let span = tracing::info_span!("work");
@@ -317,5 +329,18 @@ mod tests {
         assert_eq!(line["spans"][0]["name"], "request", "{written}");
         assert_eq!(line["spans"][0]["method"], "Get", "{written}");
         assert!(line.get("trace_id").is_none());
+    }
+
+    #[test]
+    fn spans_and_events_below_the_log_level_are_not_made() {
+        use tracing::Subscriber as _;
+        let dispatch = DispatchSlot::default();
+        let subscriber = tracing_subscriber::registry()
+            .with(fmt::layer().with_writer(std::io::sink).with_filter(EnvFilter::new("info")))
+            .with(dispatch.layer());
+        // The hint is what every callsite below INFO is turned off by, in
+        // every thread, before any filter is asked (callsite interest is
+        // shared between the tests' subscribers, so it is not asked here).
+        assert_eq!(subscriber.max_level_hint(), Some(LevelFilter::INFO));
     }
 }
