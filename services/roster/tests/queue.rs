@@ -369,6 +369,85 @@ async fn a_batch_places_many_tasks_of_one_agent_at_once(backend: Backend) {
     server.stop().await;
 }
 
+/// The PlaceTasks stream: each request's releases, then its delegations,
+/// answered in order with the request's id; a request refused on its own,
+/// the stream going on; a caller that is not a service or an operator refused.
+async fn placements_release_then_decide_on_one_stream(backend: Backend) {
+    let Some(mut server) = org(backend).await else { return };
+    let junior_token = server.agent("junior2", "data", "boss", &["excel"], 5).await;
+    let assigned = |task: &str, only_if_free: bool| pb::DelegateRequest {
+        task_id: task.into(),
+        assigned_agent_id: "expert".into(),
+        only_if_free,
+        ..Default::default()
+    };
+    let place = |id: u64, release: &[&str], delegations: Vec<pb::DelegateRequest>| pb::PlaceTasksRequest {
+        id,
+        release_task_ids: release.iter().map(|task| (*task).to_owned()).collect(),
+        delegations,
+        trace_parent: String::new(),
+    };
+    let (requests, outgoing) = tokio::sync::mpsc::unbounded_channel();
+    let mut answers = server
+        .client
+        .place_tasks(tokio_stream::wrappers::UnboundedReceiverStream::new(outgoing))
+        .await
+        .unwrap()
+        .into_inner();
+    // The expert (capacity 2) takes two; a third asked only if free is not placed.
+    requests.send(place(7, &[], vec![assigned("a", false), assigned("b", false)])).unwrap();
+    requests.send(place(8, &[], vec![assigned("c", true)])).unwrap();
+    // The same task twice: refused whole, nothing released.
+    requests.send(place(9, &["a"], vec![assigned("x", false), assigned("x", false)])).unwrap();
+    // Released first, then decided: c finds a's slot.
+    requests.send(place(10, &["a", "never"], vec![assigned("c", true)])).unwrap();
+    let kinds = |answer: &pb::PlaceTasksResponse| -> Vec<Kind> {
+        answer
+            .delegations
+            .iter()
+            .map(|response| Kind::try_from(response.decision.as_ref().unwrap().decision).unwrap())
+            .collect()
+    };
+    let first = answers.message().await.unwrap().unwrap();
+    assert_eq!((first.id, kinds(&first), first.refusal), (7, vec![Kind::Delegate, Kind::Delegate], None));
+    let second = answers.message().await.unwrap().unwrap();
+    assert_eq!((second.id, kinds(&second)), (8, vec![Kind::Queue]));
+    let refused = answers.message().await.unwrap().unwrap();
+    let refusal = refused.refusal.expect("refused");
+    assert_eq!((refused.id, refusal.code), (9, tonic::Code::InvalidArgument as i32));
+    assert!(refusal.message.contains("delegations[1]: task_id \"x\" is asked about twice"), "{}", refusal.message);
+    assert!(refused.delegations.is_empty() && refused.released_agent_ids.is_empty());
+    let placed = answers.message().await.unwrap().unwrap();
+    assert_eq!(
+        (placed.id, placed.released_agent_ids.as_slice(), kinds(&placed)),
+        (10, &["expert".to_owned(), String::new()][..], vec![Kind::Delegate])
+    );
+    assert_eq!(server.get("expert").await.current_workload, 2, "b and c");
+    // An unknown requester is named; a task id left empty too.
+    let unknown = pb::DelegateRequest { requester_id: "ghost".into(), ..assigned("g", false) };
+    requests.send(place(11, &[" "], Vec::new())).unwrap();
+    requests.send(place(12, &[], vec![unknown])).unwrap();
+    let empty = answers.message().await.unwrap().unwrap().refusal.unwrap();
+    assert!(empty.message.contains("release_task_ids[0]: required"), "{}", empty.message);
+    let ghost = answers.message().await.unwrap().unwrap().refusal.unwrap();
+    assert_eq!(ghost.code, tonic::Code::NotFound as i32, "{}", ghost.message);
+    // Over the limit: the stream ends with the status.
+    let many: Vec<String> = (0..1001).map(|index| format!("m{index}")).collect();
+    requests.send(pb::PlaceTasksRequest { release_task_ids: many, ..Default::default() }).unwrap();
+    let status = answers.message().await.unwrap_err();
+    assert_eq!(status.message(), "field release_task_ids has more than 1000 elements (the limit)");
+    drop(requests);
+    // An agent may not open the stream.
+    let (_requests, outgoing) = tokio::sync::mpsc::unbounded_channel::<pb::PlaceTasksRequest>();
+    let status = server
+        .client_as(&junior_token)
+        .place_tasks(tokio_stream::wrappers::UnboundedReceiverStream::new(outgoing))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status:?}");
+    server.stop().await;
+}
+
 /// A queued task's wait comes from how long the expert's tasks took: the
 /// configured average (30 minutes here) until one ended, then the expert's
 /// own moving figure.
@@ -459,6 +538,16 @@ async fn a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates_on_sqlite()
 #[tokio::test]
 async fn a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates_on_postgres() {
     a_task_assigned_to_an_agent_waits_for_its_slot_or_escalates(Backend::Postgres).await;
+}
+
+#[tokio::test]
+async fn placements_release_then_decide_on_one_stream_on_sqlite() {
+    placements_release_then_decide_on_one_stream(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn placements_release_then_decide_on_one_stream_on_postgres() {
+    placements_release_then_decide_on_one_stream(Backend::Postgres).await;
 }
 
 #[tokio::test]

@@ -199,6 +199,14 @@ fn table() -> Vec<Row> {
             [PD, PD, OK, OK],
         ),
         row(
+            "RosterService/PlaceTasks",
+            |_| {
+                roster::PlaceTasksRequest { id: 1, release_task_ids: vec!["nothing".into()], ..Default::default() }
+                    .encode_to_vec()
+            },
+            [PD, PD, OK, OK],
+        ),
+        row(
             "RosterService/WatchQueuedTask",
             |_| roster::WatchQueuedTaskRequest { task_id: "nothing".into() }.encode_to_vec(),
             [PD, PD, NotFound, NotFound],

@@ -115,7 +115,7 @@ async fn every_service_serves_its_metrics() {
         "muster_steps_total{outcome=\"failed\"} 1",
         // Runs by process and how they ended.
         // The execution service's own calls of the roster, as a client.
-        "grpc_client_handled_total{grpc_type=\"unary\",grpc_service=\"muster.roster.v1.RosterService\",grpc_method=\"DelegateBatch\",grpc_code=\"OK\"} ",
+        "grpc_client_started_total{grpc_type=\"bidi_stream\",grpc_service=\"muster.roster.v1.RosterService\",grpc_method=\"PlaceTasks\"} ",
         "grpc_client_started_total{grpc_type=\"bidi_stream\",grpc_service=\"muster.notifier.v1.NotifierService\",grpc_method=\"IngestEvents\"} ",
         "# TYPE grpc_client_handling_seconds histogram",
         "muster_process_runs_total{process=\"measured\",status=\"failed\"} 1",

@@ -172,7 +172,7 @@ async fn one_execution_is_one_trace_across_the_cluster() {
             assert_eq!(parent.map(|parent| parent.name.as_str()), Some("execution"), "{spans:#?}");
         }
         // The roster placed each step (the named one and the delegated one) inside that step's span.
-        let delegations = with_parents(&spans, trace_id, "muster-roster", "muster.roster.v1.RosterService/Delegate");
+        let delegations = with_parents(&spans, trace_id, "muster-roster", "placement");
         assert_eq!(delegations.len(), 2, "{spans:#?}");
         for (_, parent) in &delegations {
             assert_eq!(parent.map(|parent| parent.name.as_str()), Some("step"), "{spans:#?}");

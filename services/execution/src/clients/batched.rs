@@ -1,20 +1,22 @@
 //! The roster's delegations and releases sent together across executions:
-//! while a few calls of a kind are in flight, the asks of every execution
-//! wait and go in the next one (`DelegateBatch`, `ReleaseTasks`), so that a
-//! thousand executions each placing a step cost a handful of calls, not a
-//! thousand. Alone, an ask goes at once as a call of its own.
+//! while a few placements are in flight, the asks and releases of every
+//! execution wait and go in the next one ([`Roster::place`]: the releases
+//! first, then the delegations), so that a thousand executions each ending
+//! a step and placing the next cost a handful of exchanges, not two
+//! thousand calls. Alone, an ask or a release goes at once.
 //!
-//! A batch the roster refuses for the sake of one of its tasks is asked
-//! again task by task, so each gets its own answer; one the roster cannot
-//! take now fails each of its asks as unavailable (they are asked again).
+//! A placement the roster refuses for the sake of one of its tasks is asked
+//! again part by part, so each gets its own answer; one the roster cannot
+//! take now fails each of its parts as unavailable (they are asked again).
 //!
-//! An ask sent alone is sent in the span it was made in (a step's, so the
-//! roster's span sits under the step in the trace); a batch has a span of
-//! its own that follows from each of its asks'.
+//! A placement with one ask is sent in the span the ask was made in (a
+//! step's, so the roster's span sits under the step in the trace), one of
+//! releases alone in theirs; any other has a span of its own. Each follows
+//! from the spans of its other parts.
 
 use std::{collections::HashSet, sync::Arc};
 
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tracing::{Instrument as _, Span};
 
 use super::roster::{AgentInfo, DelegationAsk, RoleGrants, Roster, RosterFailure};
@@ -23,32 +25,39 @@ use crate::{
     store::BoxFuture,
 };
 
-/// Calls of each kind in flight at once.
-const IN_FLIGHT: usize = 4;
-/// Most tasks in one call.
+/// Placements in flight at once: one being decided, one on its way.
+const IN_FLIGHT: usize = 2;
+/// Most tasks in one placement.
 const MOST: usize = 1000;
 
 type Reply<T> = oneshot::Sender<Result<T, RosterFailure>>;
-/// An ask, where its answer goes, and the span it was made in.
-type Asked = (DelegationAsk, Reply<Decision>, Span);
-/// Tasks to release, where the outcome goes, and the span they were given in.
-type Released = (Vec<String>, Reply<()>, Span);
+
+/// What an execution asks of the roster.
+// Moved once, into the queue: boxing the ask would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
+enum Part {
+    /// A task to decide, and where its decision goes.
+    Ask(DelegationAsk, Reply<Decision>),
+    /// Tasks whose slots go back, and where the outcome goes.
+    Release(Vec<String>, Reply<()>),
+}
 
 /// A roster whose delegations and releases go in batches.
 pub(crate) struct Batched {
     inner: Arc<dyn Roster>,
-    asks: mpsc::UnboundedSender<Asked>,
-    releases: mpsc::UnboundedSender<Released>,
+    parts: mpsc::UnboundedSender<(Part, Span)>,
 }
 
 impl Batched {
-    /// Batches `inner`'s calls; its tasks end when it is dropped.
+    /// Batches `inner`'s calls; its task ends when it is dropped.
     pub(crate) fn new(inner: Arc<dyn Roster>) -> Self {
-        let (asks, asked) = mpsc::unbounded_channel();
-        let (releases, released) = mpsc::unbounded_channel();
-        tokio::spawn(send_asks(inner.clone(), asked));
-        tokio::spawn(send_releases(inner.clone(), released));
-        Self { inner, asks, releases }
+        let (parts, queued) = mpsc::unbounded_channel();
+        tokio::spawn(send_parts(inner.clone(), queued));
+        Self { inner, parts }
+    }
+
+    fn queue(&self, part: Part) -> Result<(), RosterFailure> {
+        self.parts.send((part, Span::current())).map_err(|_| stopped())
     }
 }
 
@@ -56,114 +65,118 @@ fn stopped() -> RosterFailure {
     RosterFailure::Unavailable("the service is stopping".to_owned())
 }
 
-/// A batch's span, following from each of its parts' spans.
-fn batch_span<'a>(name: &'static str, parts: impl Iterator<Item = &'a Span>) -> Span {
-    let span = tracing::info_span!("roster batch", call = name, tasks = tracing::field::Empty);
-    let mut count = 0;
-    for part in parts {
-        span.follows_from(part);
-        count += 1;
-    }
-    span.record("tasks", count);
-    span
-}
-
-async fn send_asks(inner: Arc<dyn Roster>, mut queue: mpsc::UnboundedReceiver<Asked>) {
+async fn send_parts(inner: Arc<dyn Roster>, mut queue: mpsc::UnboundedReceiver<(Part, Span)>) {
     let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
     while let Some(first) = queue.recv().await {
         let Ok(slot) = in_flight.clone().acquire_owned().await else { return };
-        let mut tasks = HashSet::from([first.0.task_id.clone()]);
-        let mut batch = vec![first];
-        while batch.len() < MOST {
+        let mut batch = Batch::default();
+        batch.add(first, &inner);
+        while batch.tasks < MOST {
             let Ok(next) = queue.try_recv() else { break };
-            // The roster takes a task once per batch: a second ask goes alone.
-            if tasks.insert(next.0.task_id.clone()) {
-                batch.push(next);
-            } else {
-                tokio::spawn(ask_alone(inner.clone(), next));
-            }
+            batch.add(next, &inner);
         }
-        let inner = inner.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            if batch.len() == 1 {
-                return ask_alone(inner, batch.remove(0)).await;
-            }
-            let asks = batch.iter().map(|(ask, ..)| ask.clone()).collect();
-            let span = batch_span("DelegateBatch", batch.iter().map(|(.., span)| span));
-            match inner.delegate_batch(asks).instrument(span).await {
-                Ok(decisions) => {
-                    for ((_, reply, _), decision) in batch.into_iter().zip(decisions) {
-                        let _ = reply.send(Ok(decision));
-                    }
-                }
-                Err(failure @ RosterFailure::Unavailable(_)) => {
-                    for (_, reply, _) in batch {
-                        let _ = reply.send(Err(failure.clone()));
-                    }
-                }
-                Err(failure) => {
-                    tracing::warn!(error = %failure.message(), tasks = batch.len(), "the roster refused a batch; asking task by task");
-                    for asked in batch {
-                        tokio::spawn(ask_alone(inner.clone(), asked));
-                    }
-                }
-            }
-        });
+        tokio::spawn(batch.send(inner.clone(), slot));
     }
 }
 
-async fn ask_alone(inner: Arc<dyn Roster>, (ask, reply, span): Asked) {
+/// The parts that go in one placement.
+#[derive(Default)]
+struct Batch {
+    asks: Vec<(DelegationAsk, Reply<Decision>, Span)>,
+    asked: HashSet<String>,
+    releases: Vec<(Vec<String>, Reply<()>, Span)>,
+    tasks: usize,
+}
+
+impl Batch {
+    fn add(&mut self, (part, span): (Part, Span), inner: &Arc<dyn Roster>) {
+        match part {
+            // The roster takes a task once per placement: a second ask goes alone.
+            Part::Ask(ask, reply) if !self.asked.insert(ask.task_id.clone()) => {
+                tokio::spawn(ask_alone(inner.clone(), ask, reply, span));
+            }
+            Part::Ask(ask, reply) => {
+                self.tasks += 1;
+                self.asks.push((ask, reply, span));
+            }
+            Part::Release(task_ids, reply) => {
+                self.tasks += task_ids.len();
+                self.releases.push((task_ids, reply, span));
+            }
+        }
+    }
+
+    /// The placement's span: the one ask's (the roster's span sits under
+    /// its step), else a span of its own; either follows from the others.
+    fn span(&self) -> Span {
+        let mut spans = self.asks.iter().map(|(.., span)| span).chain(self.releases.iter().map(|(.., span)| span));
+        let span = match (self.asks.as_slice(), self.asks.len() + self.releases.len()) {
+            (_, 1) | ([_], _) => spans.next().cloned().unwrap_or_else(Span::none),
+            _ => tracing::info_span!("roster batch", parts = self.asks.len() + self.releases.len()),
+        };
+        for part in spans {
+            span.follows_from(part);
+        }
+        span
+    }
+
+    async fn send(self, inner: Arc<dyn Roster>, _slot: OwnedSemaphorePermit) {
+        let span = self.span();
+        let parts = self.asks.len() + self.releases.len();
+        let Self { asks, releases, .. } = self;
+        let questions = asks.iter().map(|(ask, ..)| ask.clone()).collect();
+        let released = releases.iter().flat_map(|(task_ids, ..)| task_ids.iter().cloned()).collect();
+        match inner.place(released, questions).instrument(span.clone()).await {
+            Ok(decisions) => {
+                for (_, reply, _) in releases {
+                    let _ = reply.send(Ok(()));
+                }
+                for ((_, reply, _), decision) in asks.into_iter().zip(decisions) {
+                    let _ = reply.send(Ok(decision));
+                }
+            }
+            Err(failure) if matches!(failure, RosterFailure::Unavailable(_)) || parts == 1 => {
+                for (_, reply, _) in releases {
+                    let _ = reply.send(Err(failure.clone()));
+                }
+                for (_, reply, _) in asks {
+                    let _ = reply.send(Err(failure.clone()));
+                }
+            }
+            Err(failure) => {
+                tracing::warn!(error = %failure.message(), parts, "the roster refused a placement; asking part by part");
+                let released: Vec<String> =
+                    releases.iter().flat_map(|(task_ids, ..)| task_ids.iter().cloned()).collect();
+                if !released.is_empty() {
+                    let outcome = inner.release_batch(released).instrument(span).await;
+                    for (_, reply, _) in releases {
+                        let _ = reply.send(outcome.clone());
+                    }
+                }
+                for (ask, reply, span) in asks {
+                    tokio::spawn(ask_alone(inner.clone(), ask, reply, span));
+                }
+            }
+        }
+    }
+}
+
+async fn ask_alone(inner: Arc<dyn Roster>, ask: DelegationAsk, reply: Reply<Decision>, span: Span) {
     let _ = reply.send(inner.delegate(ask).instrument(span).await);
-}
-
-async fn send_releases(inner: Arc<dyn Roster>, mut queue: mpsc::UnboundedReceiver<Released>) {
-    let in_flight = Arc::new(Semaphore::new(IN_FLIGHT));
-    while let Some(first) = queue.recv().await {
-        let Ok(slot) = in_flight.clone().acquire_owned().await else { return };
-        let mut tasks = first.0.len();
-        let mut batch = vec![first];
-        while tasks < MOST {
-            let Ok(next) = queue.try_recv() else { break };
-            tasks += next.0.len();
-            batch.push(next);
-        }
-        let inner = inner.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
-            let span = match batch.as_slice() {
-                [(.., span)] => span.clone(),
-                _ => batch_span("ReleaseTasks", batch.iter().map(|(.., span)| span)),
-            };
-            let mut task_ids: Vec<String> = Vec::with_capacity(tasks);
-            let mut replies = Vec::with_capacity(batch.len());
-            for (ids, reply, _) in batch {
-                task_ids.extend(ids);
-                replies.push(reply);
-            }
-            let released = match task_ids.as_slice() {
-                [task_id] => inner.release(task_id.clone()).instrument(span).await,
-                _ => inner.release_batch(task_ids).instrument(span).await,
-            };
-            for reply in replies {
-                let _ = reply.send(released.clone());
-            }
-        });
-    }
 }
 
 impl Roster for Batched {
     fn delegate(&self, ask: DelegationAsk) -> BoxFuture<'_, Result<Decision, RosterFailure>> {
         let (reply, answer) = oneshot::channel();
-        let sent = self.asks.send((ask, reply, Span::current()));
+        let sent = self.queue(Part::Ask(ask, reply));
         Box::pin(async move {
-            sent.map_err(|_| stopped())?;
+            sent?;
             answer.await.map_err(|_| stopped())?
         })
     }
 
     fn delegate_batch(&self, asks: Vec<DelegationAsk>) -> BoxFuture<'_, Result<Vec<Decision>, RosterFailure>> {
-        self.inner.delegate_batch(asks)
+        self.inner.place(Vec::new(), asks)
     }
 
     fn watch_queued(&self, task_id: String) -> BoxFuture<'_, Result<Option<Decision>, RosterFailure>> {
@@ -176,9 +189,9 @@ impl Roster for Batched {
 
     fn release_batch(&self, task_ids: Vec<String>) -> BoxFuture<'_, Result<(), RosterFailure>> {
         let (reply, answer) = oneshot::channel();
-        let sent = self.releases.send((task_ids, reply, Span::current()));
+        let sent = self.queue(Part::Release(task_ids, reply));
         Box::pin(async move {
-            sent.map_err(|_| stopped())?;
+            sent?;
             answer.await.map_err(|_| stopped())?
         })
     }
@@ -234,6 +247,13 @@ mod tests {
             })
         }
         fn delegate_batch(&self, asks: Vec<DelegationAsk>) -> BoxFuture<'_, Result<Vec<Decision>, RosterFailure>> {
+            self.place(Vec::new(), asks)
+        }
+        fn place(
+            &self,
+            releases: Vec<String>,
+            asks: Vec<DelegationAsk>,
+        ) -> BoxFuture<'_, Result<Vec<Decision>, RosterFailure>> {
             Box::pin(async move {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 let tasks: HashSet<&str> = asks.iter().map(|ask| ask.task_id.as_str()).collect();
@@ -241,7 +261,7 @@ mod tests {
                     self.calls.lock().unwrap().push("a task twice in a batch".to_owned());
                     return Err(RosterFailure::Refused("a task asked about twice".to_owned()));
                 }
-                self.calls.lock().unwrap().push(format!("batch of {}", asks.len()));
+                self.calls.lock().unwrap().push(format!("place {} + batch of {}", releases.join(","), asks.len()));
                 if self.unavailable {
                     return Err(RosterFailure::Unavailable("restarting".to_owned()));
                 }
@@ -312,7 +332,7 @@ mod tests {
             assert_eq!(answer.unwrap().primary_agent_id, format!("agent-for-{task}"));
         }
         assert!(calls.len() <= 2 * IN_FLIGHT, "100 asks in {} calls: {calls:?}", calls.len());
-        assert!(calls.iter().any(|call| call.starts_with("batch of")), "{calls:?}");
+        assert!(calls.iter().all(|call| call.starts_with("place  + batch of")), "{calls:?}");
     }
 
     #[tokio::test]
@@ -325,26 +345,23 @@ mod tests {
                 Err(failure) => assert_eq!((*task, failure), ("c", RosterFailure::Refused("c is refused".to_owned()))),
             }
         }
-        assert!(calls.iter().any(|call| call == "delegate c"), "{calls:?}");
+        // The one refusal did not cost the tasks it went with their answers.
+        let together = |call: &String| call.rsplit(' ').next().and_then(|asks| asks.parse::<usize>().ok()).unwrap_or(0);
+        assert!(calls.iter().any(|call| together(call) > 1), "{calls:?}");
     }
 
     #[tokio::test]
     async fn a_batch_the_roster_cannot_take_now_fails_each_ask_as_unavailable() {
         let tasks = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"];
         let (answers, calls) = ask_all(Slow { unavailable: true, ..Slow::default() }, &tasks).await;
-        let batched = calls.iter().filter(|call| call.starts_with("batch of")).count();
-        assert!(batched > 0, "{calls:?}");
-        let unavailable = answers.iter().filter(|answer| matches!(answer, Err(RosterFailure::Unavailable(_)))).count();
-        // Only the asks that went alone (the first, before any call was in flight) were answered.
-        assert!(unavailable >= tasks.len() - IN_FLIGHT, "{answers:?}");
-        assert!(calls.iter().all(|call| call.starts_with("batch of") || call.starts_with("delegate ")), "{calls:?}");
+        assert!(calls.iter().all(|call| call.starts_with("place ")), "no ask was asked again: {calls:?}");
+        assert!(answers.iter().all(|answer| matches!(answer, Err(RosterFailure::Unavailable(_)))), "{answers:?}");
     }
 
     #[tokio::test]
     async fn the_same_task_asked_twice_at_once_goes_alone_the_second_time() {
         let (answers, calls) = ask_all(Slow::default(), &["x", "y", "z", "a", "b", "c", "a", "d"]).await;
         assert!(answers.iter().all(Result::is_ok), "{answers:?}");
-        assert!(calls.iter().any(|call| call.starts_with("batch of")), "{calls:?}");
         assert!(!calls.iter().any(|call| call == "a task twice in a batch"), "{calls:?}");
         assert!(calls.iter().any(|call| call == "delegate a"), "the second ask of a went alone: {calls:?}");
     }
@@ -363,8 +380,35 @@ mod tests {
             released.await.unwrap().unwrap();
         }
         let calls = slow.calls.lock().unwrap().clone();
-        let released: usize = calls.iter().map(|call| call.trim_start_matches("release ").split(',').count()).sum();
+        let released: usize = calls
+            .iter()
+            .map(|call| call.trim_start_matches("place ").trim_end_matches(" + batch of 0").split(',').count())
+            .sum();
         assert_eq!(released, 50, "{calls:?}");
         assert!(calls.len() <= 2 * IN_FLIGHT, "50 releases in {} calls: {calls:?}", calls.len());
+    }
+
+    #[tokio::test]
+    async fn releases_and_asks_that_wait_go_in_one_placement_the_releases_first() {
+        let slow = Arc::new(Slow::default());
+        let batched = Arc::new(Batched::new(slow.clone()));
+        let mut waits = Vec::new();
+        for index in 0..20 {
+            let (releasing, asking) = (batched.clone(), batched.clone());
+            waits.push(tokio::spawn(async move { releasing.release(format!("done{index}")).await.map(|()| None) }));
+            waits.push(tokio::spawn(async move { asking.delegate(ask(&format!("next{index}"))).await.map(Some) }));
+        }
+        for (index, wait) in waits.into_iter().enumerate() {
+            match wait.await.unwrap().unwrap() {
+                Some(decision) => assert_eq!(decision.primary_agent_id, format!("agent-for-next{}", index / 2)),
+                None => assert_eq!(index % 2, 0, "a release answered an ask"),
+            }
+        }
+        let calls = slow.calls.lock().unwrap().clone();
+        assert!(calls.len() <= 2 * IN_FLIGHT, "40 parts in {} placements: {calls:?}", calls.len());
+        assert!(
+            calls.iter().any(|call| call.starts_with("place done") && !call.ends_with("batch of 0")),
+            "releases and asks went together: {calls:?}"
+        );
     }
 }

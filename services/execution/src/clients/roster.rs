@@ -7,6 +7,7 @@ use std::{sync::Arc, time::Duration};
 use muster_proto::roster::v1 as roster;
 use muster_runtime::auth::client::AuthChannel;
 
+use super::placements::Placements;
 use crate::{
     domain::model::{AgentContext, Decision, RoleDefinition},
     grpc::convert,
@@ -89,6 +90,15 @@ pub(crate) trait Roster: Send + Sync + 'static {
     fn release(&self, task_id: String) -> BoxFuture<'_, Result<(), RosterFailure>>;
     /// Ends many tasks' reservations in one call.
     fn release_batch(&self, task_ids: Vec<String>) -> BoxFuture<'_, Result<(), RosterFailure>>;
+    /// Ends `releases`' reservations, then decides `asks` (answering in
+    /// their order), in one exchange where the roster can.
+    fn place(
+        &self,
+        releases: Vec<String>,
+        asks: Vec<DelegationAsk>,
+    ) -> BoxFuture<'_, Result<Vec<Decision>, RosterFailure>> {
+        Box::pin(release_then_delegate(self, releases, asks))
+    }
     /// An agent, or `NotFound`.
     fn agent(&self, agent_id: String) -> BoxFuture<'_, Result<AgentInfo, RosterFailure>>;
     /// What an assignment tells an agent about itself: role definition,
@@ -100,16 +110,35 @@ pub(crate) trait Roster: Send + Sync + 'static {
     fn validation_context(&self) -> BoxFuture<'_, Result<muster_format::Context, RosterFailure>>;
 }
 
+/// [`Roster::place`] in two calls: the releases, then the delegations.
+async fn release_then_delegate<R: Roster + ?Sized>(
+    roster: &R,
+    releases: Vec<String>,
+    asks: Vec<DelegationAsk>,
+) -> Result<Vec<Decision>, RosterFailure> {
+    if !releases.is_empty() {
+        roster.release_batch(releases).await?;
+    }
+    if asks.is_empty() {
+        return Ok(Vec::new());
+    }
+    roster.delegate_batch(asks).await
+}
+
 /// The roster over gRPC: calls carry the service's credential and the
-/// caller's trace context; the channel reconnects by itself.
+/// caller's trace context; the channel reconnects by itself. Placements go
+/// on one stream ([`super::placements`]).
 #[derive(Debug, Clone)]
 pub(crate) struct RosterClient {
     client: roster::roster_service_client::RosterServiceClient<AuthChannel>,
+    placements: Arc<Placements>,
 }
 
 impl RosterClient {
+    /// A client over `channel`; call within the Tokio runtime.
     pub(crate) fn new(channel: AuthChannel) -> Self {
-        Self { client: roster::roster_service_client::RosterServiceClient::new(channel) }
+        let client = roster::roster_service_client::RosterServiceClient::new(channel);
+        Self { placements: Arc::new(Placements::new(client.clone())), client }
     }
 
     /// Every role definition, page by page.
@@ -191,7 +220,7 @@ fn role_from_roster(role: roster::RoleDefinition) -> Result<RoleDefinition, Rost
 }
 
 /// Maps a status: outages are `Unavailable`, the roster's verdicts the others.
-fn failure(status: tonic::Status) -> RosterFailure {
+pub(super) fn failure(status: tonic::Status) -> RosterFailure {
     let message = status.message().to_owned();
     match status.code() {
         tonic::Code::NotFound => RosterFailure::NotFound(message),
@@ -315,6 +344,44 @@ impl Roster for RosterClient {
                 client.release_tasks(request).await.map_err(failure)?;
             }
             Ok(())
+        })
+    }
+
+    fn place(
+        &self,
+        releases: Vec<String>,
+        asks: Vec<DelegationAsk>,
+    ) -> BoxFuture<'_, Result<Vec<Decision>, RosterFailure>> {
+        Box::pin(async move {
+            if self.placements.unimplemented() || releases.len() > BATCH || asks.len() > BATCH {
+                return release_then_delegate(self, releases, asks).await;
+            }
+            let asked = asks.len();
+            let request = roster::PlaceTasksRequest {
+                id: 0,
+                release_task_ids: releases.clone(),
+                delegations: asks.iter().cloned().map(delegate_request).collect(),
+                trace_parent: muster_runtime::telemetry::traceparent(&tracing::Span::current()),
+            };
+            let answer = match self.placements.place(request).await {
+                // A roster without the stream learnt so just now.
+                Err(_) if self.placements.unimplemented() => return release_then_delegate(self, releases, asks).await,
+                answer => answer?,
+            };
+            if let Some(refusal) = answer.refusal {
+                return Err(failure(tonic::Status::new(tonic::Code::from(refusal.code), refusal.message)));
+            }
+            if answer.delegations.len() != asked {
+                return Err(RosterFailure::Refused(format!(
+                    "the roster answered {} of {asked} tasks",
+                    answer.delegations.len()
+                )));
+            }
+            Ok(answer
+                .delegations
+                .into_iter()
+                .map(|answer| convert::decision_from_wire(answer.decision.unwrap_or_default()))
+                .collect())
         })
     }
 

@@ -1,14 +1,18 @@
 //! The delegation RPCs: Delegate and DelegateBatch decide who takes a task
 //! (reserving a slot), ReleaseTask and ReleaseTasks give slots back (a freed
-//! slot goes to the oldest task queued for its agent), ListDelegations reads
-//! the audit trail. The trait methods in `mod.rs` call these.
+//! slot goes to the oldest task queued for its agent), PlaceTasks does both
+//! on one stream, ListDelegations reads the audit trail. The trait methods in `mod.rs` call these.
 
 use muster_proto::roster::v1 as pb;
 use muster_runtime::auth::{Caller, only_for_itself, permission_denied};
+use std::collections::BTreeSet;
+
 use tonic::{Request, Response, Status as GrpcStatus};
+use tracing::Instrument as _;
 
 use super::RosterGrpc;
 use super::convert::{decision_to_wire, delegation_request_from_wire, record_to_wire};
+use crate::domain::delegation::DelegationRequest;
 use crate::error::Error;
 use crate::store::{DelegationQuery, QueueResolution, Store};
 
@@ -84,35 +88,19 @@ impl<S: Store> RosterGrpc<S> {
         request: Request<pb::DelegateBatchRequest>,
     ) -> Result<Response<pb::DelegateBatchResponse>, GrpcStatus> {
         // At most 1,000 requests: the contract's limit, checked on the wire.
-        let requests = request.into_inner().requests;
-        let mut decided = Vec::with_capacity(requests.len());
-        let mut tasks = std::collections::HashSet::new();
-        for (index, request) in requests.into_iter().enumerate() {
-            let request = delegation_request_from_wire(request).map_err(|error| match error {
-                Error::InvalidArgument { field, message } => {
-                    Error::invalid(format!("requests[{index}].{field}"), format!("requests[{index}]: {message}"))
-                }
-                other => Error::invalid(format!("requests[{index}]"), format!("requests[{index}]: {other}")),
-            })?;
-            if request.dry_run {
-                return Err(Error::invalid(
-                    format!("requests[{index}].dry_run"),
-                    format!("requests[{index}]: a batch takes no dry runs"),
-                )
-                .into());
-            }
-            if !tasks.insert(request.task_id.clone()) {
-                return Err(Error::invalid(
-                    format!("requests[{index}].task_id"),
-                    format!("requests[{index}]: task_id {:?} is asked about twice", request.task_id),
-                )
-                .into());
-            }
-            decided.push(request);
+        let requests = delegations_from_wire(request.into_inner().requests, "requests")?;
+        let responses = self.delegate_many(&requests).await?;
+        Ok(Response::new(pb::DelegateBatchResponse { responses }))
+    }
+
+    /// Decides `requests` (checked by [`delegations_from_wire`]) together.
+    async fn delegate_many(&self, requests: &[DelegationRequest]) -> Result<Vec<pb::DelegateResponse>, Error> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
         }
         // An unknown requester is a caller's mistake: each is looked up once.
-        let requesters: std::collections::BTreeSet<&str> =
-            decided.iter().map(|request| request.requester_id.as_str()).filter(|id| !id.is_empty()).collect();
+        let requesters: BTreeSet<&str> =
+            requests.iter().map(|request| request.requester_id.as_str()).filter(|id| !id.is_empty()).collect();
         for requester in requesters {
             self.inner.store.get_agent(requester).await.map_err(|error| match error {
                 Error::NotFound { .. } => Error::not_found(
@@ -123,10 +111,10 @@ impl<S: Store> RosterGrpc<S> {
                 other => other,
             })?;
         }
-        let outcomes = self.inner.store.delegate_batch(&decided, self.now(), self.inner.settings).await?;
-        let mut changed = std::collections::BTreeSet::new();
+        let outcomes = self.inner.store.delegate_batch(requests, self.now(), self.inner.settings).await?;
+        let mut changed = BTreeSet::new();
         let mut queue_changed = false;
-        for (request, outcome) in decided.iter().zip(&outcomes) {
+        for (request, outcome) in requests.iter().zip(&outcomes) {
             if request.writes(outcome.decision.kind) {
                 muster_runtime::metrics::count(
                     "muster_delegation_decisions_total",
@@ -143,14 +131,13 @@ impl<S: Store> RosterGrpc<S> {
             self.refresh_queue_gauge_after_change().await;
         }
         self.announce_agents(pb::RosterChangeKind::AgentStatus, &changed.into_iter().collect::<Vec<_>>()).await;
-        let responses = outcomes
+        Ok(outcomes
             .into_iter()
             .map(|outcome| pb::DelegateResponse {
                 decision: Some(decision_to_wire(&outcome.decision)),
                 delegation_id: outcome.delegation_id,
             })
-            .collect();
-        Ok(Response::new(pb::DelegateBatchResponse { responses }))
+            .collect())
     }
 
     pub(super) async fn serve_release_task(
@@ -180,22 +167,94 @@ impl<S: Store> RosterGrpc<S> {
         request: Request<pb::ReleaseTasksRequest>,
     ) -> Result<Response<pb::ReleaseTasksResponse>, GrpcStatus> {
         // At most 1,000 ids: the contract's limit, checked on the wire.
-        let task_ids: Vec<String> = request.into_inner().task_ids.iter().map(|id| id.trim().to_owned()).collect();
-        if let Some(index) = task_ids.iter().position(String::is_empty) {
-            return Err(Error::invalid(format!("task_ids[{index}]"), format!("task_ids[{index}]: required")).into());
+        let task_ids = task_ids_from_wire(request.into_inner().task_ids, "task_ids")?;
+        let agent_ids = self.release_many(&task_ids).await?;
+        Ok(Response::new(pb::ReleaseTasksResponse { agent_ids }))
+    }
+
+    /// Releases `task_ids` together; per task, the agent whose slot was freed (or empty).
+    async fn release_many(&self, task_ids: &[String]) -> Result<Vec<String>, Error> {
+        if task_ids.is_empty() {
+            return Ok(Vec::new());
         }
-        let outcomes = self.inner.store.release_tasks(&task_ids, self.now()).await?;
+        let outcomes = self.inner.store.release_tasks(task_ids, self.now()).await?;
         if outcomes.iter().any(|outcome| outcome.queue_changed) {
             self.refresh_queue_gauge_after_change().await;
         }
-        let freed: std::collections::BTreeSet<String> =
-            outcomes.iter().filter_map(|outcome| outcome.agent_id.clone()).collect();
+        let freed: BTreeSet<String> = outcomes.iter().filter_map(|outcome| outcome.agent_id.clone()).collect();
         tracing::debug!(tasks = task_ids.len(), agents = freed.len(), "tasks released");
         self.announce_agents(pb::RosterChangeKind::AgentStatus, &freed.into_iter().collect::<Vec<_>>()).await;
         let offered: Vec<QueueResolution> = outcomes.iter().filter_map(|outcome| outcome.offered.clone()).collect();
         self.announce_resolutions(&offered);
-        let agent_ids = outcomes.into_iter().map(|outcome| outcome.agent_id.unwrap_or_default()).collect();
-        Ok(Response::new(pb::ReleaseTasksResponse { agent_ids }))
+        Ok(outcomes.into_iter().map(|outcome| outcome.agent_id.unwrap_or_default()).collect())
+    }
+
+    /// The PlaceTasks stream: its requests handled one after another, in
+    /// order, each answered (or refused) on its own; the stream ends when
+    /// the caller's does, or the caller goes away.
+    pub(super) async fn serve_place_tasks(
+        &self,
+        request: Request<tonic::Streaming<pb::PlaceTasksRequest>>,
+    ) -> Result<Response<super::ResponseStream<pb::PlaceTasksResponse>>, GrpcStatus> {
+        let mut requests = request.into_inner();
+        let (answers, answered) = tokio::sync::mpsc::channel(PLACEMENTS_AHEAD);
+        let service = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let request = tokio::select! {
+                    request = requests.message() => request,
+                    () = answers.closed() => return,
+                };
+                let answer = match request {
+                    Ok(Some(request)) => {
+                        let (releases, delegations) = (request.release_task_ids.len(), request.delegations.len());
+                        // Named for what a trace reader looks for: a step placed, or slots given back.
+                        let span = if delegations == 0 {
+                            tracing::info_span!("release", id = request.id, releases)
+                        } else {
+                            tracing::info_span!("placement", id = request.id, releases, delegations)
+                        };
+                        muster_runtime::telemetry::continue_from(&span, &request.trace_parent);
+                        Ok(service.place(request).instrument(span).await)
+                    }
+                    Ok(None) => return,
+                    // A message over its limits, or a broken stream: the stream ends with it.
+                    Err(status) => Err(status),
+                };
+                let ended = answer.is_err();
+                if answers.send(answer).await.is_err() || ended {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(answered))))
+    }
+
+    /// One PlaceTasks request: its releases, then its delegations.
+    async fn place(&self, request: pb::PlaceTasksRequest) -> pb::PlaceTasksResponse {
+        let id = request.id;
+        let placed = async {
+            let releases = task_ids_from_wire(request.release_task_ids, "release_task_ids")?;
+            let delegations = delegations_from_wire(request.delegations, "delegations")?;
+            let released = self.release_many(&releases).await?;
+            Ok::<_, Error>((released, self.delegate_many(&delegations).await?))
+        };
+        match placed.await {
+            Ok((released_agent_ids, delegations)) => {
+                pb::PlaceTasksResponse { id, released_agent_ids, delegations, refusal: None }
+            }
+            Err(error) => {
+                let status = GrpcStatus::from(error);
+                pb::PlaceTasksResponse {
+                    id,
+                    refusal: Some(pb::PlaceTasksRefusal {
+                        code: status.code() as i32,
+                        message: status.message().to_owned(),
+                    }),
+                    ..Default::default()
+                }
+            }
+        }
     }
 
     pub(super) async fn serve_list_delegations(
@@ -233,6 +292,47 @@ impl<S: Store> RosterGrpc<S> {
 }
 
 /// The position a ListDelegations `page_token` names: `decided_at/seq`.
+/// Answers a PlaceTasks stream keeps ready for a caller slow to read them.
+const PLACEMENTS_AHEAD: usize = 4;
+
+/// The task ids of a batch, trimmed; `field` names the list in errors.
+fn task_ids_from_wire(task_ids: Vec<String>, field: &str) -> Result<Vec<String>, Error> {
+    let task_ids: Vec<String> = task_ids.iter().map(|id| id.trim().to_owned()).collect();
+    match task_ids.iter().position(String::is_empty) {
+        Some(index) => Err(Error::invalid(format!("{field}[{index}]"), format!("{field}[{index}]: required"))),
+        None => Ok(task_ids),
+    }
+}
+
+/// The delegations of a batch, checked: distinct tasks, no dry run; `field`
+/// names the list in errors.
+fn delegations_from_wire(requests: Vec<pb::DelegateRequest>, field: &str) -> Result<Vec<DelegationRequest>, Error> {
+    let mut decided = Vec::with_capacity(requests.len());
+    let mut tasks = std::collections::HashSet::new();
+    for (index, request) in requests.into_iter().enumerate() {
+        let request = delegation_request_from_wire(request).map_err(|error| match error {
+            Error::InvalidArgument { field: inner, message } => {
+                Error::invalid(format!("{field}[{index}].{inner}"), format!("{field}[{index}]: {message}"))
+            }
+            other => Error::invalid(format!("{field}[{index}]"), format!("{field}[{index}]: {other}")),
+        })?;
+        if request.dry_run {
+            return Err(Error::invalid(
+                format!("{field}[{index}].dry_run"),
+                format!("{field}[{index}]: a batch takes no dry runs"),
+            ));
+        }
+        if !tasks.insert(request.task_id.clone()) {
+            return Err(Error::invalid(
+                format!("{field}[{index}].task_id"),
+                format!("{field}[{index}]: task_id {:?} is asked about twice", request.task_id),
+            ));
+        }
+        decided.push(request);
+    }
+    Ok(decided)
+}
+
 fn delegation_page(page_token: &str) -> Result<Option<(i64, i64)>, Error> {
     if page_token.is_empty() {
         return Ok(None);

@@ -97,6 +97,7 @@ pub const ACCESS: &[Rule] = &[
     rule("DelegateBatch", Access::OPERATOR.or(Access::SERVICE)),
     rule("ReleaseTask", Access::OPERATOR.or(Access::SERVICE)),
     rule("ReleaseTasks", Access::OPERATOR.or(Access::SERVICE)),
+    rule("PlaceTasks", Access::OPERATOR.or(Access::SERVICE)),
     rule("WatchQueuedTask", Access::OPERATOR.or(Access::SERVICE)),
     rule("ListDelegations", Access::ANYONE),
     rule("WatchRoster", Access::ANYONE),
@@ -361,6 +362,15 @@ impl<S: Store> RosterService for RosterGrpc<S> {
         request: Request<pb::ReleaseTasksRequest>,
     ) -> Result<Response<pb::ReleaseTasksResponse>, GrpcStatus> {
         self.serve_release_tasks(request).await
+    }
+
+    type PlaceTasksStream = ResponseStream<pb::PlaceTasksResponse>;
+
+    async fn place_tasks(
+        &self,
+        request: Request<tonic::Streaming<pb::PlaceTasksRequest>>,
+    ) -> Result<Response<Self::PlaceTasksStream>, GrpcStatus> {
+        self.serve_place_tasks(request).await
     }
 
     type WatchQueuedTaskStream = ResponseStream<pb::WatchQueuedTaskResponse>;

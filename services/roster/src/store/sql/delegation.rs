@@ -369,9 +369,6 @@ async fn delegate_in_transaction(
     Ok(DelegationOutcome { decision, delegation_id, changed_agents, queue_changed })
 }
 
-/// Most rows in one multi-row statement of a batch.
-const BATCH_ROWS_PER_STATEMENT: usize = 300;
-
 /// [`delegate`] for many tasks. Tasks assigned to the same agent are placed
 /// together in one transaction: those already holding a slot of the agent
 /// keep it, the others take as many of its free slots as there are (one
@@ -493,7 +490,7 @@ async fn place_on_agent(
 ) -> Result<()> {
     // Who holds each task's slot now.
     let mut held_by: HashMap<String, String> = HashMap::new();
-    for chunk in indexes.chunks(BATCH_ROWS_PER_STATEMENT) {
+    for chunk in muster_runtime::db::in_statements(indexes) {
         let sql = format!(
             "SELECT task_id, agent_id FROM reservations WHERE task_id IN ({})",
             muster_runtime::db::placeholder_list(backend, 1, chunk.len())
@@ -558,7 +555,7 @@ async fn place_on_agent(
     upsert_reservations(transaction, backend, &reservations).await?;
     // Tasks that waited in a queue leave it (rare: a step handed to the agent while queued).
     let mut queued = HashSet::new();
-    for chunk in placed.chunks(BATCH_ROWS_PER_STATEMENT) {
+    for chunk in muster_runtime::db::in_statements(&placed) {
         let sql = format!(
             "SELECT task_id FROM queued_tasks WHERE state = 'queued' AND task_id IN ({})",
             muster_runtime::db::placeholder_list(backend, 1, chunk.len())

@@ -6,7 +6,6 @@ use std::collections::{HashMap, HashSet};
 use muster_runtime::db::Backend;
 use sqlx::{AssertSqlSafe, Row};
 
-use super::BATCH_ROWS_PER_STATEMENT;
 use super::queue::offer_slot;
 use super::reservation::workload_change;
 use crate::error::Result;
@@ -128,7 +127,7 @@ async fn release_in_pool(store: &SqlStore, first_mentions: &[&String], now: i64)
     let backend = store.database.backend;
     let mut transaction = store.database.pool.begin().await?;
     let mut released = Released::default();
-    for chunk in first_mentions.chunks(BATCH_ROWS_PER_STATEMENT) {
+    for chunk in muster_runtime::db::in_statements(first_mentions) {
         let list = muster_runtime::db::placeholder_list(backend, 1, chunk.len());
         let sql =
             format!("DELETE FROM reservations WHERE task_id IN ({list}) RETURNING task_id, agent_id, reserved_at");
@@ -178,7 +177,7 @@ fn release_natively(
     now: i64,
 ) -> Result<Option<Released>> {
     let mut released = Released::default();
-    for chunk in first_mentions.chunks(BATCH_ROWS_PER_STATEMENT) {
+    for chunk in muster_runtime::db::in_statements(first_mentions) {
         let list = muster_runtime::db::placeholder_list(Backend::Sqlite, 1, chunk.len());
         let mut waiting = transaction.prepare_cached(&format!(
             "SELECT 1 FROM reservations r JOIN queued_tasks q ON q.expert_id = r.agent_id AND q.state = 'queued' \
@@ -191,7 +190,7 @@ fn release_natively(
             return Ok(None);
         }
     }
-    for chunk in first_mentions.chunks(BATCH_ROWS_PER_STATEMENT) {
+    for chunk in muster_runtime::db::in_statements(first_mentions) {
         let list = muster_runtime::db::placeholder_list(Backend::Sqlite, 1, chunk.len());
         for (sql, taken) in [
             (

@@ -5,7 +5,7 @@
 use muster_runtime::db::Backend;
 use sqlx::{Any, AssertSqlSafe, Row};
 
-use super::{BATCH_ROWS_PER_STATEMENT, Tx};
+use super::Tx;
 use crate::error::Result;
 use crate::store::sql::index::WorkloadChange;
 
@@ -75,7 +75,7 @@ pub(in crate::store) async fn upsert_reservations(
     backend: Backend,
     rows: &[(&str, &str, i64)],
 ) -> Result<()> {
-    for chunk in rows.chunks(BATCH_ROWS_PER_STATEMENT) {
+    for chunk in muster_runtime::db::in_statements(rows) {
         let query = chunk.iter().fold(
             sqlx::query(AssertSqlSafe(reservations_sql(backend, chunk.len()))),
             |query, (task_id, agent_id, at)| query.bind((*task_id).to_owned()).bind((*agent_id).to_owned()).bind(*at),
@@ -91,7 +91,7 @@ pub(in crate::store) fn upsert_reservations_natively(
     transaction: &rusqlite::Connection,
     rows: &[(&str, &str, i64)],
 ) -> Result<()> {
-    for chunk in rows.chunks(BATCH_ROWS_PER_STATEMENT) {
+    for chunk in muster_runtime::db::in_statements(rows) {
         let mut statement = transaction.prepare_cached(&reservations_sql(Backend::Sqlite, chunk.len()))?;
         for (row, (task_id, agent_id, at)) in chunk.iter().enumerate() {
             statement.raw_bind_parameter(row * 3 + 1, *task_id)?;
