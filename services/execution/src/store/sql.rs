@@ -128,6 +128,8 @@ fn json_rows<T: serde::Serialize>(rows: &[T]) -> Result<String> {
 pub struct SqlStore {
     database: Database,
     writer: mpsc::Sender<Job>,
+    /// The memory versions read on SQLite, until a commit raises one.
+    memory_versions: Arc<memory::Versions>,
     /// The replica this store writes for, once it joined.
     replica: Arc<OnceLock<Arc<str>>>,
 }
@@ -152,8 +154,9 @@ impl SqlStore {
     pub fn new(database: Database) -> Self {
         let (writer, jobs) = mpsc::channel(4096);
         let replica = Arc::new(OnceLock::new());
-        tokio::spawn(write_loop(database.clone(), replica.clone(), jobs));
-        Self { database, writer, replica }
+        let memory_versions = Arc::new(memory::Versions::default());
+        tokio::spawn(write_loop(database.clone(), replica.clone(), memory_versions.clone(), jobs));
+        Self { database, writer, memory_versions, replica }
     }
 
     /// The replica this store writes for.
@@ -408,15 +411,15 @@ impl Store for SqlStore {
     }
 
     fn forget_memory<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<bool>> {
-        Box::pin(memory::forget(&self.database, id))
+        Box::pin(memory::forget(&self.database, &self.memory_versions, id))
     }
 
     fn memory_version<'a>(&'a self, role: &'a str) -> BoxFuture<'a, Result<i64>> {
-        Box::pin(memory::version(&self.database, role))
+        Box::pin(memory::version(&self.database, &self.memory_versions, role))
     }
 
     fn memory_version_at_hand(&self, role: &str) -> Option<Result<i64>> {
-        memory::version_at_hand(&self.database, role)
+        memory::version_at_hand(&self.database, &self.memory_versions, role)
     }
 
     fn process_usage<'a>(

@@ -98,11 +98,12 @@ impl<S: Store> RosterGrpc<S> {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        // An unknown requester is a caller's mistake: each is looked up once.
+        // An unknown requester is a caller's mistake: each is looked up
+        // once, in the organisation held in memory (as Delegate does).
         let requesters: BTreeSet<&str> =
             requests.iter().map(|request| request.requester_id.as_str()).filter(|id| !id.is_empty()).collect();
         for requester in requesters {
-            self.inner.store.get_agent(requester).await.map_err(|error| match error {
+            self.inner.store.indexed_agent(requester).await.map_err(|error| match error {
                 Error::NotFound { .. } => Error::not_found(
                     crate::error::AGENT,
                     requester,

@@ -33,7 +33,7 @@ pub(super) async fn raise_versions<'a>(
 }
 
 /// Removes an entry and raises its memory's version; whether it existed.
-pub(super) async fn forget(database: &Database, id: &str) -> Result<bool> {
+pub(super) async fn forget(database: &Database, versions: &Versions, id: &str) -> Result<bool> {
     let mut transaction = database.pool.begin().await?;
     let deleted = sqlx::query("DELETE FROM memory WHERE id = $1 RETURNING role")
         .bind(id.to_owned())
@@ -42,7 +42,9 @@ pub(super) async fn forget(database: &Database, id: &str) -> Result<bool> {
     let Some(deleted) = deleted else { return Ok(false) };
     let role: String = deleted.try_get("role")?;
     raise_versions(&mut transaction, [role.as_str()]).await?;
-    transaction.commit().await?;
+    let committed = transaction.commit().await;
+    versions.forget();
+    committed?;
     Ok(true)
 }
 
@@ -52,22 +54,57 @@ const VERSION: &str =
 
 /// The global memory's version plus `role`'s: both only grow, so the sum
 /// moves exactly when either does.
-pub(super) async fn version(database: &Database, role: &str) -> Result<i64> {
-    if let Some(version) = version_at_hand(database, role) {
+pub(super) async fn version(database: &Database, versions: &Versions, role: &str) -> Result<i64> {
+    if let Some(version) = version_at_hand(database, versions, role) {
         return version;
     }
     let row = sqlx::query(VERSION).bind(String::new()).bind(role.to_owned()).fetch_one(&database.reads).await?;
     Ok(row.try_get("version")?)
 }
 
-/// [`version`] on a SQLite file: read on the calling thread (an indexed
-/// lookup of two rows, for nearly every assignment), without a hand-off to
-/// a pool's connection thread.
-pub(super) fn version_at_hand(database: &Database, role: &str) -> Option<Result<i64>> {
+/// [`version`] on a SQLite file, for nearly every assignment: what
+/// `versions` keeps, else read on the calling thread (an indexed lookup of
+/// two rows) without a hand-off to a pool's connection thread, and kept.
+pub(super) fn version_at_hand(database: &Database, versions: &Versions, role: &str) -> Option<Result<i64>> {
     let native = database.native()?;
-    Some(native.read(|connection| {
+    let generation = {
+        let kept = versions.lock();
+        if let Some(version) = kept.1.get(role) {
+            return Some(Ok(*version));
+        }
+        kept.0
+    };
+    let version = native.read(|connection| {
         Ok(connection.prepare_cached(VERSION)?.query_row(rusqlite::params!["", role], |row| row.get(0))?)
-    }))
+    });
+    if let Ok(version) = &version {
+        let mut kept = versions.lock();
+        // Kept only if no commit raised a version while it was read.
+        if kept.0 == generation {
+            kept.1.insert(role.to_owned(), *version);
+        }
+    }
+    Some(version)
+}
+
+/// The memory versions read from a SQLite file, by role. The file has one
+/// writer, this process, which forgets them all once a commit that raises
+/// one is made and before anyone learns of it; a read that a commit
+/// overtook is not kept (the generation, first, counts the forgettings).
+#[derive(Debug, Default)]
+pub(super) struct Versions(std::sync::Mutex<(u64, std::collections::HashMap<String, i64>)>);
+
+impl Versions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, std::collections::HashMap<String, i64>)> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A commit raised versions (or may have): none kept is current.
+    pub(super) fn forget(&self) {
+        let mut kept = self.lock();
+        kept.0 += 1;
+        kept.1.clear();
+    }
 }
 
 pub(super) async fn append_memory(store: &SqlStore, entry: MemoryEntry) -> Result<MemoryEntry> {
@@ -87,7 +124,9 @@ pub(super) async fn append_memory(store: &SqlStore, entry: MemoryEntry) -> Resul
         return stored().await?.ok_or(error);
     }
     memory::raise_versions(&mut transaction, [entry.role.as_str()]).await?;
-    transaction.commit().await?;
+    let committed = transaction.commit().await;
+    store.memory_versions.forget();
+    committed?;
     Ok(entry)
 }
 

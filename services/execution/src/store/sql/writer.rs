@@ -67,6 +67,8 @@ async fn begin_holding_lease<'c>(
 struct Writer {
     database: Database,
     held: Option<sqlx::pool::PoolConnection<sqlx::Any>>,
+    /// Forgotten after every transaction that remembers something.
+    memory_versions: Arc<memory::Versions>,
 }
 
 /// The writer's connection on PostgreSQL, taken from the pool when it holds none.
@@ -107,8 +109,13 @@ pub(super) const READ_ONLY_TRANSACTION: &str = "25006";
 /// own (on SQLite, the native connection's short path), and the rest
 /// (starts, ends, messages) after it in another: a burst of starts neither
 /// delays the runs under way nor drags their commits onto the slower path.
-pub(super) async fn write_loop(database: Database, replica: Arc<OnceLock<Arc<str>>>, mut jobs: mpsc::Receiver<Job>) {
-    let mut writer = Writer { database, held: None };
+pub(super) async fn write_loop(
+    database: Database,
+    replica: Arc<OnceLock<Arc<str>>>,
+    memory_versions: Arc<memory::Versions>,
+    mut jobs: mpsc::Receiver<Job>,
+) {
+    let mut writer = Writer { database, held: None, memory_versions };
     while let Some(first) = jobs.recv().await {
         let mut group = vec![first];
         while group.len() < MOST_COMMITS_PER_TRANSACTION {
@@ -139,6 +146,11 @@ pub(super) async fn write_loop(database: Database, replica: Arc<OnceLock<Arc<str
 async fn commit_group(writer: &mut Writer, replica: Option<&str>, kind: &str, mut group: Vec<Job>) {
     let started = std::time::Instant::now();
     let outcome = apply(writer, replica, group.iter().flat_map(|job| &job.writes)).await;
+    // Before anyone hears of a commit that remembered something.
+    let remembers = group.iter().flat_map(|job| &job.writes).any(|write| matches!(write, Write::Remember(_)));
+    if remembers {
+        writer.memory_versions.forget();
+    }
     muster_runtime::metrics::observe(
         "muster_execution_commit_seconds",
         "Transactions of the execution store's writer, each holding every commit that waited for it, by kind (running executions' progress, or other)",
@@ -163,6 +175,9 @@ async fn commit_group(writer: &mut Writer, replica: Option<&str>, kind: &str, mu
         Err(_) => {
             for job in group {
                 let outcome = apply(writer, replica, job.writes.iter()).await;
+                if remembers {
+                    writer.memory_versions.forget();
+                }
                 let _ = job.done.send(outcome);
             }
         }
@@ -186,7 +201,7 @@ async fn apply_on<'a>(
     replica: Option<&str>,
     writes: impl Iterator<Item = &'a Write>,
 ) -> Result<()> {
-    let Writer { database, held } = writer;
+    let Writer { database, held, .. } = writer;
     let database = &*database;
     let grouped = Grouped::of(writes);
     let backend = database.backend;
