@@ -134,3 +134,117 @@ fn fail_all(waiting: &mut VecDeque<(u64, oneshot::Sender<Answer>)>, failure: &Ro
         let _ = reply.send(Err(failure.clone()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{
+        convert::Infallible,
+        sync::Mutex,
+        task::{Context, Poll},
+    };
+
+    use super::*;
+    use crate::{
+        clients::roster::{DelegationAsk, Roster, RosterClient},
+        store::BoxFuture,
+    };
+
+    /// A roster from before the PlaceTasks stream: it answers ReleaseTasks
+    /// and DelegateBatch (every task to `agent-for-<task>`) and nothing
+    /// else, recording the methods called.
+    #[derive(Clone, Default)]
+    struct Older(Arc<Mutex<Vec<String>>>);
+
+    impl tonic::server::NamedService for Older {
+        const NAME: &'static str = "muster.roster.v1.RosterService";
+    }
+
+    struct Release;
+    impl tonic::server::UnaryService<roster::ReleaseTasksRequest> for Release {
+        type Response = roster::ReleaseTasksResponse;
+        type Future = std::future::Ready<Result<tonic::Response<Self::Response>, tonic::Status>>;
+        fn call(&mut self, request: tonic::Request<roster::ReleaseTasksRequest>) -> Self::Future {
+            let agent_ids = request.into_inner().task_ids.iter().map(|_| "freed".to_owned()).collect();
+            std::future::ready(Ok(tonic::Response::new(roster::ReleaseTasksResponse { agent_ids })))
+        }
+    }
+
+    struct Decide;
+    impl tonic::server::UnaryService<roster::DelegateBatchRequest> for Decide {
+        type Response = roster::DelegateBatchResponse;
+        type Future = std::future::Ready<Result<tonic::Response<Self::Response>, tonic::Status>>;
+        fn call(&mut self, request: tonic::Request<roster::DelegateBatchRequest>) -> Self::Future {
+            let responses = request
+                .into_inner()
+                .requests
+                .into_iter()
+                .map(|request| roster::DelegateResponse {
+                    decision: Some(roster::DelegationDecision {
+                        decision: roster::DecisionKind::Delegate as i32,
+                        primary_agent_id: format!("agent-for-{}", request.task_id),
+                        ..Default::default()
+                    }),
+                    delegation_id: String::new(),
+                })
+                .collect();
+            std::future::ready(Ok(tonic::Response::new(roster::DelegateBatchResponse { responses })))
+        }
+    }
+
+    impl tower::Service<http::Request<tonic::body::Body>> for Older {
+        type Response = http::Response<tonic::body::Body>;
+        type Error = Infallible;
+        type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+            let calls = self.0.clone();
+            Box::pin(async move {
+                let method = request.uri().path().rsplit('/').next().unwrap_or_default().to_owned();
+                calls.lock().unwrap().push(method.clone());
+                use tonic::server::Grpc;
+                use tonic_prost::ProstCodec;
+                Ok(match method.as_str() {
+                    "ReleaseTasks" => Grpc::new(ProstCodec::default()).unary(Release, request).await,
+                    "DelegateBatch" => Grpc::new(ProstCodec::default()).unary(Decide, request).await,
+                    _ => tonic::Status::unimplemented("not in this version").into_http(),
+                })
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_roster_without_the_stream_is_asked_with_release_tasks_and_delegate_batch() {
+        let older = Older::default();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(older.clone())
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{address}")).unwrap().connect_lazy();
+        let roster = RosterClient::new(muster_runtime::auth::client::with_credentials(
+            channel,
+            muster_runtime::auth::client::Credentials::none(),
+        ));
+        let ask = |task: &str| DelegationAsk { task_id: task.to_owned(), ..DelegationAsk::default() };
+        for round in 0..2 {
+            let decisions = roster.place(vec![format!("done{round}")], vec![ask(&format!("next{round}"))]).await;
+            let decisions = decisions.unwrap_or_else(|failure| panic!("round {round}: {failure:?}"));
+            assert_eq!(decisions.len(), 1);
+            assert_eq!(decisions[0].primary_agent_id, format!("agent-for-next{round}"));
+        }
+        let calls = older.0.lock().unwrap().clone();
+        // The stream was tried once; then each placement in two calls.
+        assert_eq!(
+            calls,
+            ["PlaceTasks", "ReleaseTasks", "DelegateBatch", "ReleaseTasks", "DelegateBatch"],
+            "{calls:?}"
+        );
+        server.abort();
+    }
+}
