@@ -182,6 +182,9 @@ pub(crate) struct Driver {
     /// When the steps staged lazily are written if no other commit took
     /// them first (milliseconds since the epoch).
     lazy_due: Option<i64>,
+    /// Until when the turn's commit waits for an answer to an ask ahead
+    /// that a started step waits for ([`Driver::flush_or_hold`]).
+    hold_until: Option<tokio::time::Instant>,
     after_commit: Vec<Effect>,
     /// Tools' and roles' schemas, compiled once.
     schemas: schema::Compiled,
@@ -254,6 +257,7 @@ impl Driver {
             staged: Staged::default(),
             staged_mark: vec![false; count],
             lazy_due: None,
+            hold_until: None,
             after_commit: Vec::new(),
             schemas: schema::Compiled::default(),
             asks: Vec::new(),
@@ -279,12 +283,17 @@ impl Driver {
             if self.ended == self.steps.len() {
                 return self.finish(None).await;
             }
-            self.flush().await?;
+            self.flush_or_hold().await?;
             let next_due = self.timers.peek().map(|Reverse((due, ..))| *due).into_iter().chain(self.lazy_due).min();
-            let sleep = next_due.map(|due| {
-                let wait = (due - muster_runtime::time::now_millis()).max(0) as u64;
-                tokio::time::sleep(Duration::from_millis(wait))
-            });
+            let wait =
+                next_due.map(|due| Duration::from_millis((due - muster_runtime::time::now_millis()).max(0) as u64));
+            let sleep = match (wait, self.hold_until) {
+                (Some(wait), Some(hold)) => {
+                    Some(tokio::time::sleep_until(hold.min(tokio::time::Instant::now() + wait)))
+                }
+                (Some(wait), None) => Some(tokio::time::sleep(wait)),
+                (None, hold) => hold.map(tokio::time::sleep_until),
+            };
             tokio::select! {
                 biased;
                 () = stopping.cancelled() => return Ok(()),

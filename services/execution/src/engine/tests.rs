@@ -242,7 +242,11 @@ fn settings() -> Settings {
 }
 
 async fn engine_on(file: &std::path::Path, roster: Arc<FakeRoster>, settings: Settings) -> Arc<Engine> {
-    let store: Arc<dyn Store> = Arc::new(SqlStore::connect(&format!("sqlite://{}", file.display()), 1, 2).unwrap());
+    engine_over(SqlStore::connect(&format!("sqlite://{}", file.display()), 1, 2).unwrap(), roster, settings).await
+}
+
+async fn engine_over(store: SqlStore, roster: Arc<FakeRoster>, settings: Settings) -> Arc<Engine> {
+    let store: Arc<dyn Store> = Arc::new(store);
     store.migrate().await.unwrap();
     let engine = Engine::new(store, roster, settings);
     engine.join("", "").await.unwrap();
@@ -906,6 +910,31 @@ async fn a_chain_from_agent_to_agent_asks_for_each_next_slot_while_the_step_befo
         let steps = harness.steps(&id).await;
         assert!(steps.values().all(|step| !step.roster_reserved && step.attempt == 1), "{steps:?}");
     }
+}
+
+/// A step whose slot is still being asked for ahead when the step before
+/// it completes starts in the same commit as that completion (the commit
+/// waits a moment for the answer): a chain from agent to agent costs a
+/// commit a step, not two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_waiting_for_its_slot_asked_ahead_starts_in_the_commit_that_made_it_ready() {
+    const STEPS: u64 = 20;
+    let roster =
+        Arc::new(FakeRoster { agents: vec!["a", "b"], ahead_delay: Duration::from_millis(1), ..FakeRoster::default() });
+    let file = std::env::temp_dir().join(format!("muster-engine-{}.db", uuid::Uuid::new_v4().simple()));
+    let store = SqlStore::connect(&format!("sqlite://{}", file.display()), 1, 2).unwrap();
+    let engine = engine_over(store.clone(), roster.clone(), settings()).await;
+    let harness = Harness { engine, roster, file, received: Arc::default() };
+    harness.worker(&["a", "b"], Behaviour::Complete);
+    let before = store.transactions();
+    let id = harness.run(&alternating_chain(STEPS as usize, ["a", "b"])).await;
+    assert_eq!(harness.finished(&id).await.0, ExecutionStatus::Completed);
+    let (ahead, _) = asked_ahead(&harness.roster, &id);
+    assert_eq!(ahead.len(), STEPS as usize - 1, "every next slot was asked for ahead");
+    // The start, a commit per step (two for some, should an answer come
+    // late), the end; two a step would be 40 and more.
+    let transactions = store.transactions() - before;
+    assert!(transactions <= STEPS * 3 / 2, "{transactions} transactions for {STEPS} steps");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

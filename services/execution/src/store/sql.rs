@@ -130,6 +130,9 @@ pub struct SqlStore {
     writer: mpsc::Sender<Job>,
     /// The memory versions read on SQLite, until a commit raises one.
     memory_versions: Arc<memory::Versions>,
+    /// The writer's transactions so far, for the tests.
+    #[cfg(test)]
+    transactions: Arc<std::sync::atomic::AtomicU64>,
     /// The replica this store writes for, once it joined.
     replica: Arc<OnceLock<Arc<str>>>,
 }
@@ -155,8 +158,29 @@ impl SqlStore {
         let (writer, jobs) = mpsc::channel(4096);
         let replica = Arc::new(OnceLock::new());
         let memory_versions = Arc::new(memory::Versions::default());
-        tokio::spawn(write_loop(database.clone(), replica.clone(), memory_versions.clone(), jobs));
-        Self { database, writer, memory_versions, replica }
+        let shared = writer::Shared {
+            memory_versions: memory_versions.clone(),
+            #[cfg(test)]
+            transactions: Arc::default(),
+        };
+        #[cfg(test)]
+        let transactions = shared.transactions.clone();
+        tokio::spawn(write_loop(database.clone(), replica.clone(), shared, jobs));
+        Self {
+            database,
+            writer,
+            memory_versions,
+            #[cfg(test)]
+            transactions,
+            replica,
+        }
+    }
+
+    /// How many transactions the writer committed (or tried to): commits
+    /// that waited together share one.
+    #[cfg(test)]
+    pub(crate) fn transactions(&self) -> u64 {
+        self.transactions.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The replica this store writes for.

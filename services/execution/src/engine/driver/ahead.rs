@@ -122,6 +122,13 @@ impl Driver {
         true
     }
 
+    /// Whether a started step waits for the answer to its ask ahead.
+    pub(super) fn awaits_ahead(&self) -> bool {
+        self.ahead.iter().enumerate().any(
+            |(position, ahead)| matches!(ahead, Ahead::Asked { attempt, .. } if self.is_current(position, *attempt)),
+        )
+    }
+
     /// The ask ahead for the step at `position`, if one is on its way for `attempt`.
     pub(super) fn asked_ahead(&mut self, position: usize, attempt: u32) -> Option<String> {
         match &self.ahead[position] {

@@ -9,6 +9,9 @@ use super::{Driver, Effect, RELEASE_PATIENCE, step_roles};
 /// How long, at most, a step staged lazily waits for another commit to be
 /// written with, in milliseconds.
 const LAZY_WRITE: i64 = 100;
+/// How long a turn's commit may wait for an answer to an ask ahead
+/// ([`Driver::flush_or_hold`]).
+const HOLD_FOR_AHEAD: std::time::Duration = std::time::Duration::from_millis(2);
 use crate::engine::inbox::Cause;
 use crate::{
     Result,
@@ -138,6 +141,22 @@ impl Driver {
 
     pub(in crate::engine) fn release_later(&mut self, task_id: String) {
         self.after_commit.push(Effect::Release(task_id));
+    }
+
+    /// [`Driver::flush`], unless a started step waits for the answer to its
+    /// ask ahead: then the commit waits for that answer, [`HOLD_FOR_AHEAD`]
+    /// at most, so that the step's start goes in the same commit as what
+    /// made it ready (a step of a chain going from agent to agent costs one
+    /// commit, not two). Nobody has heard of what waits.
+    pub(super) async fn flush_or_hold(&mut self) -> Result<()> {
+        if self.awaits_ahead() {
+            let now = tokio::time::Instant::now();
+            if now < *self.hold_until.get_or_insert(now + HOLD_FOR_AHEAD) {
+                return Ok(());
+            }
+        }
+        self.hold_until = None;
+        self.flush().await
     }
 
     /// Writes what is staged in one commit with its events, then acts on it:

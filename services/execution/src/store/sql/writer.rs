@@ -67,8 +67,16 @@ async fn begin_holding_lease<'c>(
 struct Writer {
     database: Database,
     held: Option<sqlx::pool::PoolConnection<sqlx::Any>>,
+    shared: Shared,
+}
+
+/// What the writer shares with the store.
+pub(super) struct Shared {
     /// Forgotten after every transaction that remembers something.
-    memory_versions: Arc<memory::Versions>,
+    pub(super) memory_versions: Arc<memory::Versions>,
+    /// Counted, each transaction, for the tests.
+    #[cfg(test)]
+    pub(super) transactions: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// The writer's connection on PostgreSQL, taken from the pool when it holds none.
@@ -112,10 +120,10 @@ pub(super) const READ_ONLY_TRANSACTION: &str = "25006";
 pub(super) async fn write_loop(
     database: Database,
     replica: Arc<OnceLock<Arc<str>>>,
-    memory_versions: Arc<memory::Versions>,
+    shared: Shared,
     mut jobs: mpsc::Receiver<Job>,
 ) {
-    let mut writer = Writer { database, held: None, memory_versions };
+    let mut writer = Writer { database, held: None, shared };
     while let Some(first) = jobs.recv().await {
         let mut group = vec![first];
         while group.len() < MOST_COMMITS_PER_TRANSACTION {
@@ -145,11 +153,13 @@ pub(super) async fn write_loop(
 /// labels its metrics (`progress`, or `other`).
 async fn commit_group(writer: &mut Writer, replica: Option<&str>, kind: &str, mut group: Vec<Job>) {
     let started = std::time::Instant::now();
+    #[cfg(test)]
+    writer.shared.transactions.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let outcome = apply(writer, replica, group.iter().flat_map(|job| &job.writes)).await;
     // Before anyone hears of a commit that remembered something.
     let remembers = group.iter().flat_map(|job| &job.writes).any(|write| matches!(write, Write::Remember(_)));
     if remembers {
-        writer.memory_versions.forget();
+        writer.shared.memory_versions.forget();
     }
     muster_runtime::metrics::observe(
         "muster_execution_commit_seconds",
@@ -176,7 +186,7 @@ async fn commit_group(writer: &mut Writer, replica: Option<&str>, kind: &str, mu
             for job in group {
                 let outcome = apply(writer, replica, job.writes.iter()).await;
                 if remembers {
-                    writer.memory_versions.forget();
+                    writer.shared.memory_versions.forget();
                 }
                 let _ = job.done.send(outcome);
             }
