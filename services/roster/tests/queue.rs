@@ -423,6 +423,20 @@ async fn placements_release_then_decide_on_one_stream(backend: Backend) {
         (10, &["expert".to_owned(), String::new()][..], vec![Kind::Delegate])
     );
     assert_eq!(server.get("expert").await.current_workload, 2, "b and c");
+    // A slot freed while a task waits for it goes to that task, not to a
+    // delegation asked only if a slot is free.
+    requests.send(place(13, &[], vec![assigned("q", false)])).unwrap();
+    let queued = answers.message().await.unwrap().unwrap();
+    assert_eq!((queued.id, kinds(&queued)), (13, vec![Kind::Queue]));
+    let mut watch_q = watch(&mut server, "q").await;
+    requests.send(place(14, &["b"], vec![assigned("d", true)])).unwrap();
+    let freed = answers.message().await.unwrap().unwrap();
+    assert_eq!(
+        (freed.id, freed.released_agent_ids.as_slice(), kinds(&freed)),
+        (14, &["expert".to_owned()][..], vec![Kind::Queue])
+    );
+    assert_eq!(watch_q.message().await.unwrap().unwrap().decision.unwrap().primary_agent_id, "expert");
+    assert_eq!(server.get("expert").await.current_workload, 2, "c and q");
     // An unknown requester is named; a task id left empty too.
     let unknown = pb::DelegateRequest { requester_id: "ghost".into(), ..assigned("g", false) };
     requests.send(place(11, &[" "], Vec::new())).unwrap();
