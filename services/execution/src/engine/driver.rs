@@ -204,6 +204,8 @@ pub(crate) struct Driver {
     reported: HashMap<usize, progress::Reported>,
     /// Each step's ask ahead for its executor's slot (`ahead.rs`).
     ahead: Vec<Ahead>,
+    /// The steps asked about ahead whose answer may still be on its way.
+    asked_ahead: Vec<usize>,
     /// The execution was resumed (after a restart, or taken over from
     /// another replica): slots its steps reserved before may not be
     /// recorded (a slot reserved ahead is written lazily), so its end
@@ -267,6 +269,7 @@ impl Driver {
             warned_agents: HashSet::new(),
             reported: HashMap::new(),
             ahead: vec![Ahead::None; count],
+            asked_ahead: Vec::new(),
             resumed: false,
         }
     }

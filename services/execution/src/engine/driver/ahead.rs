@@ -44,6 +44,7 @@ impl Driver {
             let attempt = self.steps[dependant].attempt + 1;
             let route = Route { attempt, ..self.route(dependant) };
             self.ahead[dependant] = Ahead::Asked { agent, attempt };
+            self.asked_ahead.push(dependant);
             self.engine.spawn(resolve_ahead(self.engine.roster.clone(), ask, route));
         }
     }
@@ -122,10 +123,13 @@ impl Driver {
         true
     }
 
-    /// Whether a started step waits for the answer to its ask ahead.
-    pub(super) fn awaits_ahead(&self) -> bool {
-        self.ahead.iter().enumerate().any(
-            |(position, ahead)| matches!(ahead, Ahead::Asked { attempt, .. } if self.is_current(position, *attempt)),
+    /// Whether a started step waits for the answer to its ask ahead (the
+    /// steps whose answer came are forgotten on the way).
+    pub(super) fn awaits_ahead(&mut self) -> bool {
+        let ahead = &self.ahead;
+        self.asked_ahead.retain(|&position| matches!(ahead[position], Ahead::Asked { .. }));
+        self.asked_ahead.iter().any(
+            |&position| matches!(&self.ahead[position], Ahead::Asked { attempt, .. } if self.is_current(position, *attempt)),
         )
     }
 
