@@ -8,9 +8,10 @@
 //! - `fan-out`: one run of as many steps, started and ended 64 at a time
 //!   (a worker's room), a commit per 64.
 //!
-//! Prints steps (or, for the creations, runs) per second, the writer's transactions and the commits
-//! they held, the write-ahead log's frames per step, and the database's
-//! pages afterwards.
+//! Prints steps (or, for the creations, runs) per second, the writer's
+//! transactions and the commits they held, how long each took and how busy
+//! the writer was, and the sizes of the write-ahead log after `many` and of
+//! the database.
 //!
 //! `cargo bench -p muster-execution --bench store [-- EXECUTIONS [OUTPUT_BYTES]]`
 //! (default 1000 runs, outputs of 700 bytes as the sample behaviour's).
