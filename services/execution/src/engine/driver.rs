@@ -288,15 +288,11 @@ impl Driver {
             }
             self.flush_or_hold().await?;
             let next_due = self.timers.peek().map(|Reverse((due, ..))| *due).into_iter().chain(self.lazy_due).min();
-            let wait =
-                next_due.map(|due| Duration::from_millis((due - muster_runtime::time::now_millis()).max(0) as u64));
-            let sleep = match (wait, self.hold_until) {
-                (Some(wait), Some(hold)) => {
-                    Some(tokio::time::sleep_until(hold.min(tokio::time::Instant::now() + wait)))
-                }
-                (Some(wait), None) => Some(tokio::time::sleep(wait)),
-                (None, hold) => hold.map(tokio::time::sleep_until),
-            };
+            let due = next_due.map(|due| {
+                let wait = (due - muster_runtime::time::now_millis()).max(0) as u64;
+                tokio::time::Instant::now() + Duration::from_millis(wait)
+            });
+            let sleep = due.into_iter().chain(self.hold_until).min().map(tokio::time::sleep_until);
             tokio::select! {
                 biased;
                 () = stopping.cancelled() => return Ok(()),

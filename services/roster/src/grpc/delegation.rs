@@ -1,12 +1,13 @@
 //! The delegation RPCs: Delegate and DelegateBatch decide who takes a task
 //! (reserving a slot), ReleaseTask and ReleaseTasks give slots back (a freed
 //! slot goes to the oldest task queued for its agent), PlaceTasks does both
-//! on one stream, ListDelegations reads the audit trail. The trait methods in `mod.rs` call these.
+//! on one stream, ListDelegations reads the audit trail. The trait methods
+//! in `mod.rs` call these.
+
+use std::collections::BTreeSet;
 
 use muster_proto::roster::v1 as pb;
 use muster_runtime::auth::{Caller, only_for_itself, permission_denied};
-use std::collections::BTreeSet;
-
 use tonic::{Request, Response, Status as GrpcStatus};
 use tracing::Instrument as _;
 
@@ -292,7 +293,6 @@ impl<S: Store> RosterGrpc<S> {
     }
 }
 
-/// The position a ListDelegations `page_token` names: `decided_at/seq`.
 /// Answers a PlaceTasks stream keeps ready for a caller slow to read them.
 const PLACEMENTS_AHEAD: usize = 4;
 
@@ -334,6 +334,7 @@ fn delegations_from_wire(requests: Vec<pb::DelegateRequest>, field: &str) -> Res
     Ok(decided)
 }
 
+/// The position a ListDelegations `page_token` names: `decided_at/seq`.
 fn delegation_page(page_token: &str) -> Result<Option<(i64, i64)>, Error> {
     if page_token.is_empty() {
         return Ok(None);

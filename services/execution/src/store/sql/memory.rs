@@ -69,10 +69,10 @@ pub(super) fn version_at_hand(database: &Database, versions: &Versions, role: &s
     let native = database.native()?;
     let generation = {
         let kept = versions.lock();
-        if let Some(version) = kept.1.get(role) {
+        if let Some(version) = kept.by_role.get(role) {
             return Some(Ok(*version));
         }
-        kept.0
+        kept.generation
     };
     let version = native.read(|connection| {
         Ok(connection.prepare_cached(VERSION)?.query_row(rusqlite::params!["", role], |row| row.get(0))?)
@@ -80,8 +80,8 @@ pub(super) fn version_at_hand(database: &Database, versions: &Versions, role: &s
     if let Ok(version) = &version {
         let mut kept = versions.lock();
         // Kept only if no commit raised a version while it was read.
-        if kept.0 == generation {
-            kept.1.insert(role.to_owned(), *version);
+        if kept.generation == generation {
+            kept.by_role.insert(role.to_owned(), *version);
         }
     }
     Some(version)
@@ -90,20 +90,27 @@ pub(super) fn version_at_hand(database: &Database, versions: &Versions, role: &s
 /// The memory versions read from a SQLite file, by role. The file has one
 /// writer, this process, which forgets them all once a commit that raises
 /// one is made and before anyone learns of it; a read that a commit
-/// overtook is not kept (the generation, first, counts the forgettings).
+/// overtook is not kept.
 #[derive(Debug, Default)]
-pub(super) struct Versions(std::sync::Mutex<(u64, std::collections::HashMap<String, i64>)>);
+pub(super) struct Versions(std::sync::Mutex<Kept>);
+
+#[derive(Debug, Default)]
+struct Kept {
+    /// How many times they were forgotten.
+    generation: u64,
+    by_role: std::collections::HashMap<String, i64>,
+}
 
 impl Versions {
-    fn lock(&self) -> std::sync::MutexGuard<'_, (u64, std::collections::HashMap<String, i64>)> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
         self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A commit raised versions (or may have): none kept is current.
     pub(super) fn forget(&self) {
         let mut kept = self.lock();
-        kept.0 += 1;
-        kept.1.clear();
+        kept.generation += 1;
+        kept.by_role.clear();
     }
 }
 
