@@ -15,12 +15,19 @@ use crate::{
 #[derive(Debug)]
 pub struct Agents {
     model: ModelAgent,
+    max_concurrency: u32,
 }
 
 impl Agents {
-    /// Agents run by `model` when they have a provider, by the sample behaviour otherwise.
+    /// Agents run by `model` when they have a provider, by the sample
+    /// behaviour otherwise, as many at once as the worker library's default.
     pub fn new(model: ModelAgent) -> Self {
-        Self { model }
+        Self { model, max_concurrency: crate::worker::DEFAULT_MAX_CONCURRENCY }
+    }
+
+    /// At most `max_concurrency` assignments at once.
+    pub fn with_max_concurrency(self, max_concurrency: u32) -> Self {
+        Self { max_concurrency, ..self }
     }
 }
 
@@ -35,6 +42,10 @@ impl Behaviour for Agents {
 
     fn tools(&self) -> Vec<ToolSpec> {
         SampleBehaviour.tools()
+    }
+
+    fn max_concurrency(&self) -> u32 {
+        self.max_concurrency
     }
 
     async fn call_tool(&self, call: ToolCall) -> ToolOutput {

@@ -236,6 +236,13 @@ pub trait Behaviour: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// The most assignments the worker runs at once, as its hello tells the
+    /// execution service ([`DEFAULT_MAX_CONCURRENCY`] by default). Each
+    /// agent's own capacity in the roster bounds its share of them.
+    fn max_concurrency(&self) -> u32 {
+        DEFAULT_MAX_CONCURRENCY
+    }
+
     /// Runs a tool call; the execution service already checked the caller's
     /// permission and the input's schema.
     fn call_tool(&self, call: ToolCall) -> impl Future<Output = ToolOutput> + Send {
@@ -245,6 +252,12 @@ pub trait Behaviour: Send + Sync + 'static {
     }
 }
 
+/// How many assignments a worker runs at once unless its behaviour says
+/// otherwise ([`Behaviour::max_concurrency`]): enough that a worker serving
+/// many agents is not what holds their steps back, which their capacities
+/// in the roster do.
+pub const DEFAULT_MAX_CONCURRENCY: u32 = 1024;
+
 /// A behaviour's assignments without its tools: for a worker not entitled
 /// to provide them.
 #[derive(Debug, Clone, Copy, Default)]
@@ -253,6 +266,10 @@ pub struct WithoutTools<B>(pub B);
 impl<B: Behaviour> Behaviour for WithoutTools<B> {
     fn run(&self, assignment: Assignment, step: Step) -> impl Future<Output = StepOutcome> + Send {
         self.0.run(assignment, step)
+    }
+
+    fn max_concurrency(&self) -> u32 {
+        self.0.max_concurrency()
     }
 }
 

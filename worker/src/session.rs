@@ -162,7 +162,7 @@ pub(super) async fn session<B: Behaviour>(
                     .map(|agent| ServedAgent { agent_id: agent.agent_id.clone(), token: agent.token.clone() })
                     .collect(),
                 tools: behaviour.tools(),
-                max_concurrency: 64,
+                max_concurrency: behaviour.max_concurrency(),
             })),
         })
         .await?;

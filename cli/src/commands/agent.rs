@@ -33,6 +33,11 @@ pub(crate) struct AgentArgs {
     /// A folder for full transcripts of the model calls (none by default).
     #[arg(long)]
     transcripts: Option<PathBuf>,
+    /// The most steps this worker runs at once, over all its agents (each
+    /// agent's capacity in the roster bounds its own share).
+    #[arg(long, env = "MUSTER_AGENT_MAX_CONCURRENCY", default_value_t = muster::worker::DEFAULT_MAX_CONCURRENCY,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    max_concurrency: u32,
 }
 
 impl AgentArgs {
@@ -45,7 +50,7 @@ impl AgentArgs {
             roster_url: self.roster.clone(),
             transcripts: self.transcripts.clone(),
         };
-        Ok(Agents::new(muster_agent::ModelAgent::new(settings)?))
+        Ok(Agents::new(muster_agent::ModelAgent::new(settings)?).with_max_concurrency(self.max_concurrency))
     }
 }
 

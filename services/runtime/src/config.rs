@@ -68,8 +68,9 @@ pub struct ServerArgs {
     #[arg(long, env = "MUSTER_RESPONSE_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
     pub response_idle_timeout_ms: u64,
     /// Most calls of clients that are not reads handled at once by the
-    /// whole service (a streaming call counts while it opens); more are
-    /// refused at once with RESOURCE_EXHAUSTED and a retry delay.
+    /// whole service (a streaming call counts while it opens); more wait
+    /// 25 ms for a slot, then are refused with RESOURCE_EXHAUSTED and a
+    /// retry delay.
     #[arg(long, env = "MUSTER_MAX_IN_FLIGHT", default_value_t = 256)]
     pub max_in_flight: usize,
     /// Most calls of the cluster's own services handled at once; more wait

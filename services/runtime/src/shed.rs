@@ -1,6 +1,10 @@
 //! Load shedding: a service handles at most a bounded number of calls at
-//! once, and answers the rest at once with RESOURCE_EXHAUSTED and a
-//! `RetryInfo` detail, instead of queueing them without bound.
+//! once, and answers the rest with RESOURCE_EXHAUSTED and a `RetryInfo`
+//! detail, instead of queueing them without bound. A client's call past the
+//! limit waits a moment ([`WORK_GRACE`]) for a slot first: the slot of an
+//! answer whose last bytes are still going out, while its client already
+//! sent the next call, is given back within it, so one client's burst on a
+//! connection never trips the limit that its own streams stay within.
 //!
 //! Nor does it handle any call before it is ready ([`Shedding::ready`]):
 //! until its start is done (the database answers, migrations ran, a replica
@@ -56,6 +60,10 @@ use tonic_types::{ErrorDetails, StatusExt as _};
 
 /// How long a shed caller is told to wait before trying again.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// How long a client's call that is not a read waits for a slot when the
+/// service handles its limit of them, before it is refused.
+const WORK_GRACE: Duration = Duration::from_millis(25);
 
 /// How long a call of another service waits for a slot of their admission.
 const SERVICE_ADMISSION_WAIT: Duration = Duration::from_secs(10);
@@ -180,7 +188,7 @@ where
             Kind::Service => match self.shedding.services.clone().try_acquire_owned() {
                 Ok(permit) => Pending::Taken(Slot::Work(permit)),
                 // The cluster's own calls wait for a slot.
-                Err(_) => Pending::Service(self.shedding.services.clone()),
+                Err(_) => Pending::Admission(self.shedding.services.clone(), SERVICE_ADMISSION_WAIT),
             },
             Kind::Read | Kind::Watch => {
                 let shares = if kind == Kind::Watch { &self.shedding.watches } else { &self.shedding.reads };
@@ -198,7 +206,7 @@ where
             }
             Kind::Work => match self.shedding.work.clone().try_acquire_owned() {
                 Ok(permit) => Pending::Taken(Slot::Work(permit)),
-                Err(_) => return Box::pin(std::future::ready(Ok(refuse(&self.shedding, path, kind, Refusal::Full)))),
+                Err(_) => Pending::Admission(self.shedding.work.clone(), WORK_GRACE),
             },
         };
         let (shedding, path) = (self.shedding.clone(), path.to_owned());
@@ -212,8 +220,8 @@ where
                     Ok(slot) => slot,
                     Err(refusal) => return Ok(refuse(&shedding, &path, kind, refusal)),
                 },
-                Pending::Service(admission) => {
-                    match tokio::time::timeout(SERVICE_ADMISSION_WAIT, admission.acquire_owned()).await {
+                Pending::Admission(admission, wait) => {
+                    match tokio::time::timeout(wait, admission.acquire_owned()).await {
                         Ok(Ok(permit)) => Slot::Work(permit),
                         _ => return Ok(refuse(&shedding, &path, kind, Refusal::Full)),
                     }
@@ -248,8 +256,8 @@ enum Pending {
     Taken(Slot),
     /// Its caller holds its share of the reads.
     OwnShare(Arc<Shares>),
-    /// The admission of the services' calls is full.
-    Service(Arc<Semaphore>),
+    /// Every slot of this admission is taken: the call waits for one, so long at most.
+    Admission(Arc<Semaphore>, Duration),
 }
 
 /// The answer to a call refused for `refusal`: RESOURCE_EXHAUSTED with a
@@ -257,7 +265,7 @@ enum Pending {
 fn refuse(shedding: &Shedding, path: &str, kind: Kind, refusal: Refusal) -> http::Response<Body> {
     crate::metrics::count(
         "muster_rpc_shed_total",
-        "Calls refused at once because the service was handling its limit of calls",
+        "Calls refused because the service was handling its limit of calls",
         &[("method", path)],
         1,
     );
@@ -510,8 +518,10 @@ mod tests {
         assert!(matches!(full, Ok(Err(Refusal::Full))), "{full:?}");
     }
 
-    /// Two calls at once where one slot is free: a client's second is
-    /// refused, a service's second waits for the first to end.
+    /// Two calls at once where one slot is free and the first holds it for
+    /// twice the grace: a client's second is refused, a service's second
+    /// waits for the first to end. Held for less than the grace, a client's
+    /// second waits too.
     #[tokio::test]
     async fn the_services_calls_wait_where_a_clients_are_refused() {
         use http_body::Body as _;
@@ -519,16 +529,17 @@ mod tests {
 
         let shedding = Shedding::new(4, 4, 1, 1);
         shedding.ready();
-        let inner = tower::service_fn(|_: http::Request<Body>| async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        let inner = tower::service_fn(|request: http::Request<Body>| async move {
+            let brief = request.uri().path().ends_with("/Release");
+            tokio::time::sleep(if brief { WORK_GRACE / 5 } else { WORK_GRACE * 2 }).await;
             Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
         });
         let shed = ShedLayer::new(shedding).layer(inner);
-        let call = |caller: Caller| {
+        let call_method = |caller: Caller, method: &'static str| {
             let mut shed = shed.clone();
             async move {
                 let mut request = http::Request::new(Body::empty());
-                *request.uri_mut() = "/muster.roster.v1.RosterService/Delegate".parse().unwrap();
+                *request.uri_mut() = format!("/muster.roster.v1.RosterService/{method}").parse().unwrap();
                 request.extensions_mut().insert(caller);
                 let response = shed.ready().await.unwrap().call(request).await.unwrap();
                 // The slot goes back once the answer's body is read.
@@ -538,10 +549,13 @@ mod tests {
                 status
             }
         };
+        let call = |caller: Caller| call_method(caller, "Delegate");
         let service = || Caller::Service { name: "execution".into() };
         let (first, second) = tokio::join!(call(service()), call(service()));
         assert_eq!((first, second), (None, None), "both served");
         let (first, second) = tokio::join!(call(agent("a")), call(agent("b")));
         assert_eq!((first, second.as_deref()), (None, Some("8")), "the second is RESOURCE_EXHAUSTED");
+        let (first, second) = tokio::join!(call_method(agent("a"), "Release"), call_method(agent("b"), "Release"));
+        assert_eq!((first, second), (None, None), "the second has the first's slot within the grace");
     }
 }

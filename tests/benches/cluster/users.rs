@@ -2,9 +2,7 @@
 //! serves the agents, the steps of a run go to one agent after another with
 //! the lead informed of each, and many runs go at once.
 //!
-//! - `chain/10`: one 1,000-step chain whose steps go to ten agents in turn,
-//!   with the roster's `Delegate` for its steps (the median as the roster
-//!   handled it and as the execution service waited for it).
+//! - `chain/10`: one 1,000-step chain whose steps go to ten agents in turn.
 //! - `chain/1`: the same chain, every step to one agent: what the sample
 //!   behaviour costs apart from a roster call per step.
 //! - `many`: 100, then 1,000 ten-step chains started at once (as fast as
@@ -13,12 +11,12 @@
 //!   service and the roster asked every 50 ms), and how long a step waited
 //!   for a worker once ready: from the worker answering the step before it
 //!   to the step reaching the worker (so it includes the commit that makes
-//!   the step ready, and any wait for one of the worker's 64 slots), p50
-//!   and p99; and, from the execution service's histogram, the time from a
+//!   the step ready, and any wait for a worker's slot), p50 and p99; and, from the execution service's histogram, the time from a
 //!   step becoming ready to its assignment being sent, for the steps whose
 //!   agent and a worker had room (the bucket bounds under which half and
 //!   99% fell, and the share sent within 5 ms). Every agent has room for
-//!   every step at once (its capacity is 1,000), so no step waits for one.
+//!   every step at once (its capacity is 1,000), and the worker too (it
+//!   takes 1,024 at once, as `muster agent` does), so no step waits for one.
 
 use std::{
     collections::HashMap,
@@ -165,12 +163,11 @@ async fn runs_ended(url: &str) -> (f64, f64) {
     (runs(""), runs("status=\"completed\""))
 }
 
-/// A histogram a service serves (`metric`, its series whose line holds
-/// `label`): (upper bound in seconds, count within it).
-async fn histogram(url: &str, metric: &str, label: &str) -> Vec<(f64, f64)> {
+/// The execution service's histogram of the time from a step becoming ready
+/// to its assignment being sent: (upper bound in seconds, count within it).
+async fn dispatch_histogram(url: &str) -> Vec<(f64, f64)> {
     let text = scrape(url).await;
-    let mut buckets: Vec<(f64, f64)> = series(&text, &format!("{metric}_bucket"))
-        .filter(|(line, _)| line.contains(label))
+    let mut buckets: Vec<(f64, f64)> = series(&text, "muster_execution_step_dispatch_seconds_bucket")
         .filter_map(|(line, count)| {
             let bound = line.split("le=\"").nth(1)?.split('"').next()?;
             Some((if bound == "+Inf" { f64::INFINITY } else { bound.parse().ok()? }, count))
@@ -178,12 +175,6 @@ async fn histogram(url: &str, metric: &str, label: &str) -> Vec<(f64, f64)> {
         .collect();
     buckets.sort_by(|left, right| left.0.total_cmp(&right.0));
     buckets
-}
-
-/// The execution service's histogram of the time from a step becoming ready
-/// to its assignment being sent.
-async fn dispatch_histogram(url: &str) -> Vec<(f64, f64)> {
-    histogram(url, "muster_execution_step_dispatch_seconds", "").await
 }
 
 /// What a histogram counted since `before`: (upper bound in seconds, count within it).
@@ -247,7 +238,6 @@ pub(crate) async fn run(shapes: &[String], chain: usize) {
     // The worker's hello settles.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let pids = service_pids(&test);
-    let url = test.cluster().execution_url();
 
     println!();
     println!(
@@ -263,19 +253,9 @@ pub(crate) async fn run(shapes: &[String], chain: usize) {
         "unwell"
     );
     if runs("chain/10") {
-        let roster_url = test.cluster().roster_url();
-        let delegate = "grpc_method=\"Delegate\"";
-        let handled = histogram(&roster_url, "grpc_server_handling_seconds", delegate).await;
-        let waited = histogram(&url, "grpc_client_handling_seconds", delegate).await;
         let measure = Measure::start(&test, &pids).await;
         let seconds = run_once(&mut client, &chain_over("users-chain", chain, &names[..AGENTS_PER_PROCESS])).await;
         measure.row("chain/10", chain, seconds, 0, &timed).await;
-        let handled =
-            bound_ms(&since(&handled, &histogram(&roster_url, "grpc_server_handling_seconds", delegate).await), 0.5);
-        let waited = bound_ms(&since(&waited, &histogram(&url, "grpc_client_handling_seconds", delegate).await), 0.5);
-        println!(
-            "          a step's Delegate, p50: the roster handled it within {handled} ms, the execution service had its answer within {waited} ms"
-        );
     }
     if runs("chain/1") {
         let measure = Measure::start(&test, &pids).await;

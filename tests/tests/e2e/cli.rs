@@ -14,7 +14,7 @@ use std::{
 use muster::worker::AgentCredential;
 use muster_proto::{
     common::v1::{EventType, ExecutionStatus},
-    execution::v1::{GetExecutionRequest, ListExecutionsRequest, StepStatus},
+    execution::v1::{GetExecutionRequest, ListExecutionsRequest, ListWorkersRequest, StepStatus},
     roster::v1::RotateTokenRequest,
 };
 use muster_tests::{
@@ -709,4 +709,66 @@ async fn muster_agent_goes_on_without_an_agent_whose_token_is_refused_on_sqlite(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn muster_agent_goes_on_without_an_agent_whose_token_is_refused_on_postgres() {
     muster_agent_goes_on_without_an_agent_whose_token_is_refused(Backend::Postgres).await;
+}
+
+/// `muster agent --max-concurrency 2` tells the execution service so in its
+/// hello, and of four steps ready at once for an agent with room for ten,
+/// no more than two run at a time. A limit of 0 is refused, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn muster_agent_runs_at_most_its_max_concurrency_at_once() {
+    let Some(test) = TestCluster::start(Backend::Sqlite).await else { return };
+    let doer = muster_proto::roster::v1::Agent { workload_capacity: 10, ..agent("doer", "worker", "team") };
+    let tokens = test.register_agents(&[doer]).await;
+    let tokens_file = test.data_dir.join("tokens.json");
+    std::fs::write(&tokens_file, serde_json::json!({ "doer": tokens[0] }).to_string()).unwrap();
+    let tokens_file = tokens_file.display().to_string();
+    let environment = test.command_environment();
+
+    let refused = run(
+        ["agent", "--tokens-file", &tokens_file, "--max-concurrency", "0"].map(String::from).to_vec(),
+        environment.clone(),
+    )
+    .await;
+    assert_eq!(refused.status.code(), Some(2), "{}", text(&refused));
+    assert!(text(&refused).contains("--max-concurrency"), "{}", text(&refused));
+
+    let mut agents =
+        Background::spawn(&["agent", "--tokens-file", &tokens_file, "--max-concurrency", "2"], &environment);
+    agents.wait_for("connected: serving doer", Duration::from_secs(60)).await;
+    let mut client = test.execution();
+    let workers = client.list_workers(ListWorkersRequest::default()).await.unwrap().into_inner().workers;
+    assert_eq!(workers.iter().map(|worker| worker.max_concurrency).collect::<Vec<_>>(), [2]);
+
+    let mut source = "name: four-at-once\nsteps:\n".to_owned();
+    for index in 0..4 {
+        source.push_str(&format!(
+            "  - {{id: s{index}, type: agent_task, agent: doer, message: m, inputs: {{sleep_ms: 300}}}}\n"
+        ));
+    }
+    let execution_id = publish_and_start(&mut client, &source).await;
+    let finished = events_until_finished(&test.operator("execution"), &execution_id).await;
+    assert_eq!(finished.last().map(|event| event.event_type), Some(EventType::ExecutionFinished as i32));
+    let execution = client
+        .get_execution(GetExecutionRequest { id: execution_id })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .expect("the execution");
+    let millis = |at: Option<prost_types::Timestamp>| {
+        let at = at.expect("a time");
+        at.seconds * 1000 + i64::from(at.nanos) / 1_000_000
+    };
+    let spans: Vec<(i64, i64)> =
+        execution.steps.iter().map(|step| (millis(step.started_at), millis(step.ended_at))).collect();
+    assert_eq!(spans.len(), 4);
+    let most_at_once = spans
+        .iter()
+        .map(|&(start, _)| {
+            spans.iter().filter(|&&(other_start, other_end)| other_start <= start && start < other_end).count()
+        })
+        .max();
+    assert_eq!(most_at_once, Some(2), "steps ran as {spans:?}");
+    drop(agents);
+    test.shutdown().await;
 }
