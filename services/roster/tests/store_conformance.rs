@@ -499,8 +499,12 @@ async fn replicas_on_postgres() {
 
 /// Calls that arrive together are decided together: every slot is given
 /// once, every call gets its own decision and audit record, and the tasks
-/// without a slot wait in the queue.
-async fn decided_together(store: SqlStore) {
+/// without a slot wait in the queue. `held` writes to the store's SQLite
+/// file while the first burst of calls arrives: the first call, whose
+/// transaction waits for the file, is still deciding when the others come,
+/// however busy the machine (its calls run on the calling thread, and would
+/// otherwise be together only when two threads ran at the same moment).
+async fn decided_together(store: SqlStore, held: Option<&str>) {
     store.migrate().await.unwrap();
     store.put_team(&Team { name: "core".into(), ..Team::default() }, NOW).await.unwrap();
     store.insert_agent(&agent("lead", "core", "", &["plan"], 5), &token("h-lead"), NOW).await.unwrap();
@@ -508,6 +512,11 @@ async fn decided_together(store: SqlStore) {
         let id = format!("dev{index}");
         store.insert_agent(&agent(&id, "core", "lead", &["rust"], 3), &token(&format!("h-{id}")), NOW).await.unwrap();
     }
+    let holder = held.map(|path| {
+        let holder = rusqlite::Connection::open(path).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        holder
+    });
     let calls: Vec<_> = (0..40)
         .map(|index| {
             let store = store.clone();
@@ -518,6 +527,11 @@ async fn decided_together(store: SqlStore) {
             })
         })
         .collect();
+    if let Some(holder) = holder {
+        // Well within the store's busy timeout (5 s).
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        holder.execute_batch("ROLLBACK").unwrap();
+    }
     let mut slots: std::collections::HashMap<String, u32> = std::collections::HashMap::new();
     let mut kinds = Vec::new();
     let mut queued = Vec::new();
@@ -581,13 +595,14 @@ async fn decided_together(store: SqlStore) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decided_together_on_sqlite() {
     let file = common::sqlite_file();
-    decided_together(SqlStore::connect(&file.url, 1).unwrap()).await;
+    let path = file.url.trim_start_matches("sqlite://").to_owned();
+    decided_together(SqlStore::connect(&file.url, 1).unwrap(), Some(&path)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decided_together_on_postgres() {
     let Some(database) = TestDatabase::create().await else { return };
-    decided_together(SqlStore::connect(&database.url, 5).unwrap()).await;
+    decided_together(SqlStore::connect(&database.url, 5).unwrap(), None).await;
 }
 
 /// A task asked for only if its agent has a free slot: placed on a free
