@@ -520,7 +520,7 @@ mod tests {
 
     /// Two calls at once where one slot is free and the first holds it for
     /// twice the grace: a client's second is refused, a service's second
-    /// waits for the first to end. Held for less than the grace, a client's
+    /// waits for the first to end. Held for a millisecond (a 25th of the grace), a client's
     /// second waits too.
     #[tokio::test]
     async fn the_services_calls_wait_where_a_clients_are_refused() {
@@ -531,7 +531,7 @@ mod tests {
         shedding.ready();
         let inner = tower::service_fn(|request: http::Request<Body>| async move {
             let brief = request.uri().path().ends_with("/Release");
-            tokio::time::sleep(if brief { WORK_GRACE / 5 } else { WORK_GRACE * 2 }).await;
+            tokio::time::sleep(if brief { Duration::from_millis(1) } else { WORK_GRACE * 2 }).await;
             Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
         });
         let shed = ShedLayer::new(shedding).layer(inner);
