@@ -520,8 +520,8 @@ mod tests {
 
     /// Two calls at once where one slot is free and the first holds it for
     /// twice the grace: a client's second is refused, a service's second
-    /// waits for the first to end. Held for a millisecond (a 25th of the grace), a client's
-    /// second waits too.
+    /// waits for the first to end. Held for a millisecond (a 25th of the
+    /// grace), a client's second waits too.
     #[tokio::test]
     async fn the_services_calls_wait_where_a_clients_are_refused() {
         use http_body::Body as _;

@@ -11,12 +11,13 @@
 //!   service and the roster asked every 50 ms), and how long a step waited
 //!   for a worker once ready: from the worker answering the step before it
 //!   to the step reaching the worker (so it includes the commit that makes
-//!   the step ready, and any wait for a worker's slot), p50 and p99; and, from the execution service's histogram, the time from a
-//!   step becoming ready to its assignment being sent, for the steps whose
-//!   agent and a worker had room (the bucket bounds under which half and
-//!   99% fell, and the share sent within 5 ms). Every agent has room for
-//!   every step at once (its capacity is 1,000), and the worker too (it
-//!   takes 1,024 at once, as `muster agent` does), so no step waits for one.
+//!   the step ready, and any wait for a worker's slot), p50 and p99; and,
+//!   from the execution service's histogram, the time from a step becoming
+//!   ready to its assignment being sent, for the steps whose agent and a
+//!   worker had room (the bucket bounds under which half and 99% fell, and
+//!   the share sent within 5 ms). Every agent has room for every step at
+//!   once (its capacity is 1,000), and the worker too (it takes 1,024 at
+//!   once, as `muster agent` does), so no step waits for one.
 
 use std::{
     collections::HashMap,
