@@ -40,6 +40,8 @@ enum Part {
     Ask(DelegationAsk, Reply<Decision>),
     /// Tasks whose slots go back, and where the outcome goes.
     Release(Vec<String>, Reply<()>),
+    /// Parts that go in the same placement ([`Roster::place`]).
+    Together(Vec<Part>),
 }
 
 /// A roster whose delegations and releases go in batches.
@@ -102,6 +104,11 @@ impl Batch {
             Part::Release(task_ids, reply) => {
                 self.tasks += task_ids.len();
                 self.releases.push((task_ids, reply, span));
+            }
+            Part::Together(parts) => {
+                for part in parts {
+                    self.add((part, span.clone()), inner);
+                }
             }
         }
     }
@@ -193,6 +200,41 @@ impl Roster for Batched {
         Box::pin(async move {
             sent?;
             answer.await.map_err(|_| stopped())?
+        })
+    }
+
+    /// The releases and the asks go in the same placement, with whatever
+    /// other executions queued; it fails if any of its parts does.
+    fn place(
+        &self,
+        releases: Vec<String>,
+        asks: Vec<DelegationAsk>,
+    ) -> BoxFuture<'_, Result<Vec<Decision>, RosterFailure>> {
+        let mut parts = Vec::with_capacity(asks.len() + 1);
+        let released = (!releases.is_empty()).then(|| {
+            let (reply, answer) = oneshot::channel();
+            parts.push(Part::Release(releases, reply));
+            answer
+        });
+        let answers: Vec<_> = asks
+            .into_iter()
+            .map(|ask| {
+                let (reply, answer) = oneshot::channel();
+                parts.push(Part::Ask(ask, reply));
+                answer
+            })
+            .collect();
+        let sent = if parts.is_empty() { Ok(()) } else { self.queue(Part::Together(parts)) };
+        Box::pin(async move {
+            sent?;
+            if let Some(released) = released {
+                released.await.map_err(|_| stopped())??;
+            }
+            let mut decisions = Vec::with_capacity(answers.len());
+            for answer in answers {
+                decisions.push(answer.await.map_err(|_| stopped())??);
+            }
+            Ok(decisions)
         })
     }
 
@@ -410,5 +452,44 @@ mod tests {
             calls.iter().any(|call| call.starts_with("place done") && !call.ends_with("batch of 0")),
             "releases and asks went together: {calls:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn slots_given_back_and_asks_placed_together_go_in_one_placement() {
+        let slow = Arc::new(Slow::default());
+        let batched = Arc::new(Batched::new(slow.clone()));
+        // A call in flight, so what follows waits and is batched.
+        let busy = {
+            let batched = batched.clone();
+            tokio::spawn(async move { batched.release("busy".to_owned()).await })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let mut placed = Vec::new();
+        for index in 0..10 {
+            let batched = batched.clone();
+            placed.push(tokio::spawn(async move {
+                batched
+                    .place(vec![format!("done{index}")], vec![ask(&format!("a{index}")), ask(&format!("b{index}"))])
+                    .await
+            }));
+        }
+        for (index, placed) in placed.into_iter().enumerate() {
+            let decisions = placed.await.unwrap().unwrap();
+            let agents: Vec<_> = decisions.iter().map(|decision| decision.primary_agent_id.as_str()).collect();
+            assert_eq!(agents, [format!("agent-for-a{index}"), format!("agent-for-b{index}")]);
+        }
+        busy.await.unwrap().unwrap();
+        assert!(batched.place(Vec::new(), Vec::new()).await.unwrap().is_empty());
+        let calls = slow.calls.lock().unwrap().clone();
+        // Never split: each placement holds a release for every two asks.
+        for call in &calls[1..] {
+            let (released, asks) = call.trim_start_matches("place ").split_once(" + batch of ").unwrap();
+            assert_eq!(released.split(',').count() * 2, asks.parse::<usize>().unwrap(), "{calls:?}");
+        }
+        assert!(calls.len() <= 3, "ten placements in {} calls: {calls:?}", calls.len());
+        // One that fails fails whole.
+        let refusing = Batched::new(Arc::new(Slow { refuse: Some("c"), ..Slow::default() }));
+        let refused = refusing.place(vec!["done".to_owned()], vec![ask("c")]).await;
+        assert_eq!(refused.unwrap_err(), RosterFailure::Refused("c is refused".to_owned()));
     }
 }

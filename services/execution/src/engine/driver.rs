@@ -206,6 +206,9 @@ pub(crate) struct Driver {
     ahead: Vec<Ahead>,
     /// The steps asked about ahead whose answer may still be on its way.
     asked_ahead: Vec<usize>,
+    /// The asks ahead of this turn, placed after its commit with the slots
+    /// it gives back.
+    asks_ahead: Vec<(DelegationAsk, Route)>,
     /// The execution was resumed (after a restart, or taken over from
     /// another replica): slots its steps reserved before may not be
     /// recorded (a slot reserved ahead is written lazily), so its end
@@ -270,6 +273,7 @@ impl Driver {
             reported: HashMap::new(),
             ahead: vec![Ahead::None; count],
             asked_ahead: Vec::new(),
+            asks_ahead: Vec::new(),
             resumed: false,
         }
     }

@@ -872,11 +872,16 @@ async fn a_chain_of_one_agent_keeps_one_roster_slot_from_first_step_to_last() {
 
 /// A chain whose steps go from `agents[0]` to `agents[1]` and back.
 fn alternating_chain(length: usize, agents: [&str; 2]) -> String {
+    rotating_chain(length, &agents)
+}
+
+/// A chain whose step `i` goes to `agents[i % agents.len()]`.
+fn rotating_chain(length: usize, agents: &[&str]) -> String {
     let mut source = chain(length, agents[0]);
-    for index in (1..length).step_by(2) {
+    for index in 1..length {
         source = source.replace(
             &format!("{{id: s{index}, type: agent_task, agent: {}", agents[0]),
-            &format!("{{id: s{index}, type: agent_task, agent: {}", agents[1]),
+            &format!("{{id: s{index}, type: agent_task, agent: {}", agents[index % agents.len()]),
         );
     }
     source
@@ -964,6 +969,36 @@ async fn a_slot_reserved_ahead_is_stored_and_goes_back_when_its_step_cannot_run(
     assert_eq!(released, ["s0", "s1", "s2"]);
     let steps = harness.steps(&id).await;
     assert!(steps.values().all(|step| !step.roster_reserved), "{steps:?}");
+}
+
+/// While a step runs, the slots of the next two steps are asked for when
+/// each goes to an agent of its own: the second has a whole step's time
+/// for its answer. Both go back when the running step is cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_step_has_the_slots_of_the_two_steps_after_it_asked_for_ahead() {
+    let harness = Harness::new(FakeRoster { agents: vec!["a", "b", "c"], ..FakeRoster::default() }, settings()).await;
+    harness.worker(&["a", "b", "c"], Behaviour::HoldStep("s0"));
+    let id = harness.run(&rotating_chain(4, &["a", "b", "c"])).await;
+    harness.wait_for(&id, "s0", StepStatus::Running).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let steps = harness.steps(&id).await;
+        if steps["s1"].roster_reserved && steps["s2"].roster_reserved {
+            assert!(!steps["s3"].roster_reserved, "s3 waits for s2, which is not running: {steps:?}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "s1's and s2's slots were not reserved ahead: {steps:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    harness.intervene(&id, "s0", super::InterventionAction::Cancel).await;
+    let (status, _) = harness.finished(&id).await;
+    assert_eq!(status, ExecutionStatus::Failed);
+    let (ahead, asked) = asked_ahead(&harness.roster, &id);
+    assert_eq!((ahead, asked), (vec!["s1".to_owned(), "s2".to_owned()], vec!["s0".to_owned()]));
+    let (_, mut released) = roster_calls(&harness.roster, &id);
+    released.sort();
+    assert_eq!(released, ["s0", "s1", "s2"]);
+    assert!(harness.steps(&id).await.values().all(|step| !step.roster_reserved));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

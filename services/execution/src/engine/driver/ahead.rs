@@ -6,13 +6,17 @@
 //! finds its slot reserved when it becomes ready, so a chain whose steps go
 //! from agent to agent does not wait for the roster between two steps. A
 //! slot reserved for a step that does not run after all goes back.
+//!
+//! The asks wait for the turn's commit and go with the slots it gives back,
+//! in one placement ([`place_ahead`]): a step of such a chain costs the
+//! roster one exchange, not two.
 
 use std::{sync::Arc, time::Duration};
 
-use super::Driver;
+use super::{Driver, RELEASE_PATIENCE};
 use crate::engine::{Found, Input, Route};
 use crate::{
-    clients::roster::{DelegationAsk, Roster},
+    clients::roster::{DelegationAsk, RETRY_PAUSE, Roster, patiently},
     domain::{StepStatus, model::DecisionKind},
 };
 
@@ -34,31 +38,55 @@ pub(super) enum Ahead {
 
 impl Driver {
     /// The step at `position` went to a worker: the roster is asked ahead
-    /// for the dependants it will make ready.
+    /// for the dependants it will make ready, and for theirs that wait for
+    /// them alone (two steps ahead: the answer has a whole step's time to
+    /// come, so a step of a chain does not wait for the roster even when
+    /// the roster answers more slowly than a worker does a step).
     pub(super) fn ask_ahead(&mut self, position: usize) {
-        for index in 0..self.dag.dependants(position).len() {
-            let dependant = self.dag.dependants(position)[index];
-            let Some(agent) = self.ahead_agent(position, dependant) else { continue };
+        let running = &self.steps[position].executor;
+        let mut asks = Vec::new();
+        for &next in self.dag.dependants(position) {
+            let next_agent = self.named_executor(next);
+            if let Some(agent) = self.ahead_agent(position, next, [Some(running), None]) {
+                asks.push((next, agent));
+            }
+            if !self.waits_for_alone(next, position) || self.steps[next].status != StepStatus::Pending {
+                continue;
+            }
+            for &after in self.dag.dependants(next) {
+                if let Some(agent) = self.ahead_agent(next, after, [Some(running), next_agent.as_ref()]) {
+                    asks.push((after, agent));
+                }
+            }
+        }
+        for (dependant, agent) in asks {
+            if self.ahead[dependant] != Ahead::None {
+                continue;
+            }
             let Some(mut ask) = self.delegation_ask(dependant, Some(agent.clone())) else { continue };
             ask.only_if_free = true;
             let attempt = self.steps[dependant].attempt + 1;
             let route = Route { attempt, ..self.route(dependant) };
             self.ahead[dependant] = Ahead::Asked { agent, attempt };
             self.asked_ahead.push(dependant);
-            self.engine.spawn(resolve_ahead(self.engine.roster.clone(), ask, route));
+            self.asks_ahead.push((ask, route));
         }
     }
 
-    /// The agent to ask ahead for: the one `dependant` names, when it waits
-    /// only for `running` to complete and will then ask the roster for that
-    /// agent alone.
-    fn ahead_agent(&self, running: usize, dependant: usize) -> Option<String> {
-        let (step, definition) = (&self.steps[dependant], self.definition(dependant));
-        let waits_for_running_alone = self
-            .dag
+    /// Whether `dependant` waits for `step` alone (its other dependencies completed).
+    fn waits_for_alone(&self, dependant: usize, step: usize) -> bool {
+        self.dag
             .dependencies(dependant)
             .iter()
-            .all(|&dependency| dependency == running || self.steps[dependency].status == StepStatus::Completed);
+            .all(|&dependency| dependency == step || self.steps[dependency].status == StepStatus::Completed)
+    }
+
+    /// The agent to ask ahead for: the one `dependant` names, when it waits
+    /// only for `before` to complete and will then ask the roster for that
+    /// agent alone, and it is none of `busy` (agents whose slot passes on
+    /// to it by itself, or is held until it is ready).
+    fn ahead_agent(&self, before: usize, dependant: usize, busy: [Option<&String>; 2]) -> Option<String> {
+        let (step, definition) = (&self.steps[dependant], self.definition(dependant));
         if step.status != StepStatus::Pending
             || self.is_active(dependant)
             || step.roster_reserved
@@ -67,11 +95,11 @@ impl Driver {
             || self.ahead[dependant] != Ahead::None
             || definition.step_type == crate::engine::HUMAN_APPROVAL
             || definition.delegate.is_some()
-            || !waits_for_running_alone
+            || !self.waits_for_alone(dependant, before)
         {
             return None;
         }
-        self.named_executor(dependant).filter(|agent| *agent != self.steps[running].executor)
+        self.named_executor(dependant).filter(|agent| !busy.contains(&Some(agent)))
     }
 
     /// The answer to an ask ahead for the step at `position`, asked for
@@ -155,6 +183,10 @@ impl Driver {
     /// The execution ends: answers still on their way for asks ahead are
     /// awaited (briefly), and the slots they took go back.
     pub(super) async fn give_back_ahead(&mut self) {
+        // Those not yet asked took nothing.
+        for (_, route) in std::mem::take(&mut self.asks_ahead) {
+            self.ahead[route.position] = Ahead::None;
+        }
         let deadline = tokio::time::Instant::now() + ANSWERS_AT_THE_END;
         while self.ahead.iter().any(|ahead| matches!(ahead, Ahead::Asked { .. })) {
             match tokio::time::timeout_at(deadline, self.next_input()).await {
@@ -171,15 +203,41 @@ impl Driver {
     }
 }
 
-/// Asks the roster once (an ask ahead that fails costs nothing: the step
-/// asks again when it starts) and tells the driver whether the slot is taken.
-async fn resolve_ahead(roster: Arc<dyn Roster>, ask: DelegationAsk, route: Route) {
-    let found = match roster.delegate(ask).await {
-        Ok(decision) if decision.kind == DecisionKind::Delegate => {
-            Found::Chosen { agent_id: decision.primary_agent_id, escalated: false, detail: String::new() }
-        }
-        Ok(decision) => Found::Failed { code: "NOT_FREE".to_owned(), message: decision.reasoning },
-        Err(failure) => Found::Failed { code: "NOT_ASKED".to_owned(), message: failure.message().to_owned() },
+/// Gives back `releases` and asks `asks` ahead in one placement, telling
+/// each ask's driver whether its slot is taken (an ask ahead that fails
+/// costs nothing: the step asks again when it starts). Releases that fail
+/// are asked again while the roster is unavailable, [`RELEASE_PATIENCE`] at
+/// most (a roster restarting would otherwise keep the slots taken).
+pub(super) async fn place_ahead(roster: Arc<dyn Roster>, releases: Vec<String>, asks: Vec<(DelegationAsk, Route)>) {
+    let (questions, routes): (Vec<_>, Vec<_>) = asks.into_iter().unzip();
+    let placed = roster.place(releases.clone(), questions).await;
+    let failure = placed.as_ref().err().map(|failure| failure.message().to_owned());
+    let mut decisions = placed.unwrap_or_default().into_iter();
+    for route in routes {
+        let found = match (decisions.next(), &failure) {
+            (Some(decision), _) if decision.kind == DecisionKind::Delegate => {
+                Found::Chosen { agent_id: decision.primary_agent_id, escalated: false, detail: String::new() }
+            }
+            (Some(decision), _) => Found::Failed { code: "NOT_FREE".to_owned(), message: decision.reasoning },
+            (None, failure) => Found::Failed {
+                code: "NOT_ASKED".to_owned(),
+                message: failure.clone().unwrap_or_else(|| "the roster did not answer the ask".to_owned()),
+            },
+        };
+        let _ = route.driver.send(Input::Executor { position: route.position, attempt: route.attempt, found });
+    }
+    if failure.is_none() || releases.is_empty() {
+        return;
+    }
+    let release = || match releases.as_slice() {
+        [task_id] => roster.release(task_id.clone()),
+        _ => roster.release_batch(releases.clone()),
     };
-    let _ = route.driver.send(Input::Executor { position: route.position, attempt: route.attempt, found });
+    let released = tokio::time::timeout(RELEASE_PATIENCE, patiently(RETRY_PAUSE, "a release", release)).await;
+    let failure = match released {
+        Ok(Ok(())) => return,
+        Ok(Err(failure)) => failure.message().to_owned(),
+        Err(_) => format!("the roster was unavailable for {RELEASE_PATIENCE:?}"),
+    };
+    tracing::warn!(tasks = ?releases, error = %failure, "could not release the slots");
 }

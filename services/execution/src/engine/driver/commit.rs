@@ -4,7 +4,7 @@
 
 use tracing::Instrument as _;
 
-use super::{Driver, Effect, RELEASE_PATIENCE, step_roles};
+use super::{Driver, Effect, step_roles};
 
 /// How long, at most, a step staged lazily waits for another commit to be
 /// written with, in milliseconds.
@@ -15,7 +15,6 @@ const HOLD_FOR_AHEAD: std::time::Duration = std::time::Duration::from_millis(2);
 use crate::engine::inbox::Cause;
 use crate::{
     Result,
-    clients::roster::{RETRY_PAUSE, patiently},
     domain::{
         StepStatus,
         authority::{RoleAssignment, SubtaskRequest},
@@ -249,25 +248,11 @@ impl Driver {
                 Effect::Posted(inbox) => self.engine.spawn_trigger(inbox, Cause::Posted),
             }
         }
-        // The slots the turn's ended steps held go back in one call, asked
-        // again while the roster is unavailable (a roster restarting would
-        // otherwise keep them taken).
-        if !releases.is_empty() {
-            let roster = self.engine.roster.clone();
-            self.engine.spawn(async move {
-                let release = || match releases.as_slice() {
-                    [task_id] => roster.release(task_id.clone()),
-                    _ => roster.release_batch(releases.clone()),
-                };
-                let released =
-                    tokio::time::timeout(RELEASE_PATIENCE, patiently(RETRY_PAUSE, "a release", release)).await;
-                let failure = match released {
-                    Ok(Ok(())) => return,
-                    Ok(Err(failure)) => failure.message().to_owned(),
-                    Err(_) => format!("the roster was unavailable for {RELEASE_PATIENCE:?}"),
-                };
-                tracing::warn!(tasks = ?releases, error = %failure, "could not release the slots");
-            });
+        // The slots the turn's ended steps held go back with the asks ahead
+        // of the steps it sent, in one placement.
+        if !releases.is_empty() || !self.asks_ahead.is_empty() {
+            let asks = std::mem::take(&mut self.asks_ahead);
+            self.engine.spawn(super::ahead::place_ahead(self.engine.roster.clone(), releases, asks));
         }
     }
 }
