@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 
 mod memory;
 mod session;
+mod windows;
 
 pub use memory::SharedMemory;
 use session::{is_refusal, refused_agent};
@@ -243,6 +244,16 @@ pub trait Behaviour: Send + Sync + 'static {
         DEFAULT_MAX_CONCURRENCY
     }
 
+    /// How many executions' windows (an assignment's shared memory and
+    /// history) the worker keeps between assignments, as its hello tells the
+    /// execution service, which then sends an execution's next assignment
+    /// only what changed: in a chain, one output and one history entry, not
+    /// a hundred of each ([`DEFAULT_KEPT_WINDOWS`] by default; 0 keeps
+    /// none). The behaviour sees every assignment whole either way.
+    fn kept_windows(&self) -> u32 {
+        DEFAULT_KEPT_WINDOWS
+    }
+
     /// Runs a tool call; the execution service already checked the caller's
     /// permission and the input's schema.
     fn call_tool(&self, call: ToolCall) -> impl Future<Output = ToolOutput> + Send {
@@ -258,6 +269,11 @@ pub trait Behaviour: Send + Sync + 'static {
 /// in the roster do.
 pub const DEFAULT_MAX_CONCURRENCY: u32 = 1024;
 
+/// How many executions' windows a worker keeps unless its behaviour says
+/// otherwise ([`Behaviour::kept_windows`]): as many as the execution service
+/// counts on (1,024), at most 256 KiB of shared memory each.
+pub const DEFAULT_KEPT_WINDOWS: u32 = 1024;
+
 /// A behaviour's assignments without its tools: for a worker not entitled
 /// to provide them.
 #[derive(Debug, Clone, Copy, Default)]
@@ -270,6 +286,10 @@ impl<B: Behaviour> Behaviour for WithoutTools<B> {
 
     fn max_concurrency(&self) -> u32 {
         self.0.max_concurrency()
+    }
+
+    fn kept_windows(&self) -> u32 {
+        self.0.kept_windows()
     }
 }
 

@@ -53,6 +53,26 @@ impl SharedMemory {
         self.0.is_empty()
     }
 
+    /// The encoded fields.
+    pub(crate) fn bytes(&self) -> &Bytes {
+        &self.0
+    }
+
+    /// Its first `entries` outputs, as encoded; `None` when it holds fewer.
+    pub(crate) fn first(&self, entries: usize) -> Result<Option<Bytes>, DecodeError> {
+        let mut rest = self.0.clone();
+        let mut seen = 0;
+        while seen < entries {
+            if !rest.has_remaining() {
+                return Ok(None);
+            }
+            let (tag, wire_type) = encoding::decode_key(&mut rest)?;
+            seen += usize::from(tag == FIELDS);
+            encoding::skip_field(wire_type, tag, &mut rest, DecodeContext::default())?;
+        }
+        Ok(Some(self.0.slice(..self.0.len() - rest.remaining())))
+    }
+
     /// The ids of the steps whose outputs it holds, the latest first.
     pub fn step_ids(&self) -> Result<Vec<String>, DecodeError> {
         let mut seen = HashSet::new();

@@ -19,7 +19,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::Instrument as _;
 
-use crate::{AgentCredential, Behaviour, Delegations, Endpoint, Notice, SharedMemory, Step, StepOutcome, read_payload};
+use crate::{
+    AgentCredential, Behaviour, Delegations, Endpoint, Notice, SharedMemory, Step, StepOutcome, read_payload,
+    windows::Windows,
+};
 
 /// The assignments a session is running, each stoppable; all are stopped
 /// when the session ends (and drops this).
@@ -163,6 +166,7 @@ pub(super) async fn session<B: Behaviour>(
                     .collect(),
                 tools: behaviour.tools(),
                 max_concurrency: behaviour.max_concurrency(),
+                keeps_windows: behaviour.kept_windows(),
             })),
         })
         .await?;
@@ -186,6 +190,7 @@ pub(super) async fn session<B: Behaviour>(
         refused_fallbacks: Arc::default(),
         heartbeats: None,
     };
+    let mut windows = Windows::new(behaviour.kept_windows());
     while let Some(frame) = inbound.message().await? {
         let (message, shared_memory) = match frame {
             WorkerFrame::Assignment { assignment, shared_memory } => {
@@ -203,7 +208,12 @@ pub(super) async fn session<B: Behaviour>(
                 });
                 session.welcomed(&welcome);
             }
-            Some(connect_worker_response::Message::Assignment(assignment)) => {
+            Some(connect_worker_response::Message::Assignment(mut assignment)) => {
+                let shared_memory = match assignment.shared_memory.take() {
+                    Some(memory) => SharedMemory::from(&memory),
+                    None => shared_memory,
+                };
+                let shared_memory = windows.whole(&mut assignment, shared_memory)?;
                 session.assigned(assignment, shared_memory);
             }
             Some(connect_worker_response::Message::Cancel(cancel)) => {
@@ -270,10 +280,6 @@ impl<B: Behaviour> Session<'_, B> {
             .get(&assignment.agent_id)
             .cloned()
             .unwrap_or_else(|| (self.client.clone(), self.execution.token.clone()));
-        let shared_memory = match assignment.shared_memory.take() {
-            Some(memory) => SharedMemory::from(&memory),
-            None => shared_memory,
-        };
         let step = Step {
             assignment_id: assignment.assignment_id.clone(),
             shared_memory,

@@ -636,6 +636,7 @@ async fn a_silent_worker_loses_its_assignment_after_the_lease() {
                 agents: vec![ServedAgent { agent_id: "solo".to_owned(), token: tokens[0].clone() }],
                 tools: Vec::new(),
                 max_concurrency: 1,
+                keeps_windows: 0,
             })),
         })
         .await
@@ -707,6 +708,7 @@ async fn a_lost_stream_gives_its_steps_back_at_once() {
                 agents: vec![ServedAgent { agent_id: "solo".to_owned(), token: tokens[0].clone() }],
                 tools: Vec::new(),
                 max_concurrency: 1,
+                keeps_windows: 0,
             })),
         })
         .await

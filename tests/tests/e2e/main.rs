@@ -45,4 +45,5 @@ mod supervision;
 mod tls;
 mod tools;
 mod tracing;
+mod windows;
 mod workers;

@@ -86,6 +86,7 @@ async fn large_values_travel_by_reference(backend: Backend) {
                 agents: vec![ServedAgent { agent_id: "raw".to_owned(), token: token("raw") }],
                 tools: Vec::new(),
                 max_concurrency: 1,
+                keeps_windows: 0,
             })),
         })
         .await

@@ -39,6 +39,7 @@ impl ByHand {
             agents: vec![ServedAgent { agent_id: "doer".to_owned(), token: token.to_owned() }],
             tools: Vec::new(),
             max_concurrency: 4,
+            keeps_windows: 0,
         };
         sender.send(say(connect_worker_request::Message::Hello(hello))).await.unwrap();
         let mut stream = test

@@ -15,14 +15,15 @@ use crate::{
         ExecutionStatus, StepStatus,
         authority::{Matrix, RoleAssignment, SubtaskRequest, SubtaskStatus},
         model::{
-            Assignment, Decision, DecisionKind, Event, EventKind, Execution, Finding, HistoryEntry, ProcessVersion,
-            SharedMemory, Step, Tool, ToolCall, ToolOutput,
+            Assignment, Decision, DecisionKind, Event, EventKind, Execution, Finding, HistoryEntry, MemoryOutput,
+            ProcessVersion, SharedMemory, Step, Tool, ToolCall, ToolOutput,
         },
         payload::{PayloadKind, PayloadRef},
         progress::{ModelCall, Progress},
         session::activity,
     },
     engine::{step_roles, step_views, workers::WorkerView},
+    grpc::windows::Reuse,
 };
 
 pub(crate) fn finding_to_wire(finding: &Finding) -> common::Diagnostic {
@@ -226,8 +227,11 @@ pub(crate) fn memory_entry_to_wire(entry: &crate::domain::memory::MemoryEntry) -
 }
 
 /// An assignment on the wire: every field but its `shared_memory`, which
-/// travels encoded beside it ([`shared_memory_to_wire`]).
-pub(crate) fn assignment_to_wire(assignment: &Assignment) -> wire::Assignment {
+/// travels encoded beside it ([`shared_memory_reusing`]), less what a
+/// worker keeps from the assignment before it (`grpc::windows`): the
+/// history's first `reuse.history` entries, and the shared memory's last
+/// `reuse.memory` (`shared_memory_reused`).
+pub(crate) fn assignment_reusing(assignment: &Assignment, reuse: Reuse) -> wire::Assignment {
     let context = &assignment.context;
     wire::Assignment {
         assignment_id: assignment.assignment_id.clone(),
@@ -249,7 +253,7 @@ pub(crate) fn assignment_to_wire(assignment: &Assignment) -> wire::Assignment {
             .collect(),
         shared_memory: None,
         shared_memory_left_out: assignment.shared_memory_left_out,
-        history: assignment.history.iter().map(history_to_wire).collect(),
+        history: assignment.history[reuse.history..].iter().map(history_to_wire).collect(),
         role_definition: context.role_definition.as_ref().map(|role| roster::RoleDefinition {
             // The role's budget and throttle concern its runs' admission, not the worker.
             budget: None,
@@ -268,6 +272,8 @@ pub(crate) fn assignment_to_wire(assignment: &Assignment) -> wire::Assignment {
         session_context: assignment.session_context.clone(),
         payload_refs: assignment.payload_refs.iter().map(payload_ref_to_wire).collect(),
         memory: context.memory.iter().map(memory_entry_to_wire).collect(),
+        shared_memory_reused: reuse.memory as u32,
+        history_reused: reuse.history as u32,
     }
 }
 
@@ -276,20 +282,34 @@ pub(crate) fn assignment_to_wire(assignment: &Assignment) -> wire::Assignment {
 /// `Struct` whose fields are encoded one at a time and put side by side is
 /// the `Struct` of them all.
 pub(crate) fn shared_memory_to_wire(memory: &SharedMemory) -> bytes::Bytes {
+    memory.encoded.get_or_init(|| entries_to_wire(&memory.outputs)).clone()
+}
+
+/// [`shared_memory_to_wire`] without its last `reused` entries.
+pub(crate) fn shared_memory_reusing(memory: &SharedMemory, reused: usize) -> bytes::Bytes {
+    match memory.outputs.len() - reused {
+        0 => bytes::Bytes::new(),
+        1 => entry_to_wire(&memory.outputs[0]).clone(),
+        _ if reused == 0 => shared_memory_to_wire(memory),
+        sent => entries_to_wire(&memory.outputs[..sent]),
+    }
+}
+
+fn entries_to_wire(outputs: &[std::sync::Arc<MemoryOutput>]) -> bytes::Bytes {
+    let mut encoded = Vec::new();
+    for entry in outputs {
+        encoded.extend_from_slice(entry_to_wire(entry));
+    }
+    encoded.into()
+}
+
+/// One output's field of the shared memory's `Struct`, encoded once.
+fn entry_to_wire(entry: &MemoryOutput) -> &bytes::Bytes {
     use prost::Message as _;
-    memory
-        .encoded
-        .get_or_init(|| {
-            let mut encoded = Vec::new();
-            for entry in &memory.outputs {
-                encoded.extend_from_slice(entry.encoded.get_or_init(|| {
-                    let fields = [(entry.step_id.clone(), stored_value(&entry.output))].into();
-                    prost_types::Struct { fields }.encode_to_vec().into()
-                }));
-            }
-            encoded.into()
-        })
-        .clone()
+    entry.encoded.get_or_init(|| {
+        let fields = [(entry.step_id.clone(), stored_value(&entry.output))].into();
+        prost_types::Struct { fields }.encode_to_vec().into()
+    })
 }
 
 fn payload_ref_to_wire(reference: &PayloadRef) -> wire::PayloadRef {
@@ -614,7 +634,7 @@ mod tests {
             session_role: String::new(),
             session_context: String::new(),
         };
-        let role = assignment_to_wire(&assignment).role_definition.expect("the role");
+        let role = assignment_reusing(&assignment, Reuse::default()).role_definition.expect("the role");
         assert_eq!(
             (role.read_paths, role.write_paths),
             (vec!["notes/".into(), "brief.md".into()], vec!["out/".into()])

@@ -41,6 +41,7 @@ mod relay;
 mod sessions;
 mod streams;
 mod tools;
+mod windows;
 mod worker_messages;
 
 pub use access::ACCESS;

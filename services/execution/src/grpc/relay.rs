@@ -488,7 +488,9 @@ impl ExecutionGrpc {
             serve_relay(worker_id, &mut inbound, &engine).await;
             engine.workers.unregister(worker_id);
         });
-        let messages = self.outbound(worker_id, outbound);
+        // Windows whole: the worker behind the other replica counts what
+        // reaches it from every replica, which no one of them sees.
+        let messages = self.outbound(worker_id, outbound, super::windows::Windows::default());
         Ok(Box::pin(messages.map(|message| message.map(|worker| RelayFrame { worker: Some(worker) }))))
     }
 }

@@ -29,8 +29,9 @@ use crate::{
         workers::{Closing, Connection, ServedAgent, ToWorker},
     },
     grpc::convert::{
-        assignment_to_wire, decision_to_wire, event_to_wire, shared_memory_to_wire, tool_call_to_wire, tool_from_wire,
+        assignment_reusing, decision_to_wire, event_to_wire, shared_memory_reusing, tool_call_to_wire, tool_from_wire,
     },
+    grpc::windows::Windows,
 };
 
 /// Most assignments a worker takes at once when it does not say.
@@ -76,13 +77,15 @@ fn assignment_id(frame: &WorkerFrame) -> Option<String> {
     }
 }
 
-fn to_wire(message: ToWorker) -> Result<WorkerFrame, Status> {
+/// `message` on the wire; an assignment less what the worker keeps of its window.
+fn to_wire(message: ToWorker, windows: &Windows) -> Result<WorkerFrame, Status> {
     use wire::connect_worker_response::Message;
     let message = match message {
         ToWorker::Assignment(assignment) => {
+            let reuse = windows.reuse(&assignment);
             return Ok(WorkerFrame::Assignment {
-                assignment: assignment_to_wire(&assignment),
-                shared_memory: shared_memory_to_wire(&assignment.shared_memory),
+                assignment: assignment_reusing(&assignment, reuse),
+                shared_memory: shared_memory_reusing(&assignment.shared_memory, reuse.memory),
             });
         }
         ToWorker::Cancel { assignment_id, reason } => Message::Cancel(wire::CancelAssignment { assignment_id, reason }),
@@ -154,15 +157,17 @@ impl ExecutionGrpc {
             serve_worker(worker_id, &mut inbound, &engine, &relays).await;
             engine.workers.unregister(worker_id);
         });
-        Ok(self.outbound(worker_id, outbound))
+        Ok(self.outbound(worker_id, outbound, Windows::new(hello.keeps_windows)))
     }
 
     /// The stream to a registered connection: its welcome, then what is
-    /// sent to it, until a message that closes it.
+    /// sent to it, until a message that closes it; its assignments carry
+    /// what the worker does not keep of their windows.
     pub(super) fn outbound(
         &self,
         worker_id: u64,
         outbound: mpsc::UnboundedReceiver<ToWorker>,
+        mut windows: Windows,
     ) -> ResponseStream<WorkerFrame> {
         let welcome = WorkerFrame::Message(wire::ConnectWorkerResponse {
             message: Some(wire::connect_worker_response::Message::Welcome(wire::WorkerWelcome {
@@ -171,8 +176,21 @@ impl ExecutionGrpc {
             })),
         });
         let (engine, limit) = (self.engine.clone(), self.max_message_bytes);
-        let messages = UnboundedReceiverStream::new(outbound)
-            .filter_map(move |message| deliverable(&engine, worker_id, limit, to_wire(message)));
+        let messages = UnboundedReceiverStream::new(outbound).filter_map(move |message| {
+            let assignment = match &message {
+                ToWorker::Assignment(assignment) => Some(assignment.clone()),
+                ToWorker::Relayed(_) => {
+                    windows.relayed();
+                    None
+                }
+                _ => None,
+            };
+            let frame = deliverable(&engine, worker_id, limit, to_wire(message, &windows));
+            if let (Some(Ok(_)), Some(assignment)) = (&frame, assignment) {
+                windows.sent(&assignment);
+            }
+            frame
+        });
         let mut closed = false;
         let messages = messages.take_while(move |message| {
             let keep = !closed;
