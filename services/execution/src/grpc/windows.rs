@@ -11,10 +11,16 @@
 //! relayed from another replica goes on the stream without this side
 //! knowing what it carries: from then on, the stream's assignments carry
 //! their windows whole.
+//!
+//! What the stream counts does not keep outputs alive: an execution that
+//! ended and is still counted holds its outputs' places, not their text.
 
-use std::{collections::HashMap, sync::Arc};
+use std::{
+    collections::HashMap,
+    sync::{Arc, Weak},
+};
 
-use crate::domain::model::{Assignment, HistoryEntry, MemoryOutput, SharedMemory};
+use crate::domain::model::{Assignment, HistoryEntry, MemoryOutput};
 
 /// Most executions whose windows a stream counts on a worker keeping.
 const MOST_WINDOWS: usize = 1024;
@@ -29,11 +35,13 @@ pub(super) struct Windows {
     latest: HashMap<String, Latest>,
 }
 
-/// An execution's latest assignment on the stream: when it went, and its window.
+/// An execution's latest assignment on the stream: when it went, and its
+/// window (its outputs by reference: a place is never reused while a
+/// `Weak` holds it, so the same place is the same output).
 #[derive(Debug)]
 struct Latest {
     sent: u64,
-    memory: Arc<SharedMemory>,
+    memory: Vec<Weak<MemoryOutput>>,
     history: Arc<[HistoryEntry]>,
 }
 
@@ -56,7 +64,7 @@ impl Windows {
     pub(super) fn reuse(&self, assignment: &Assignment) -> Reuse {
         let Some(latest) = self.latest.get(&assignment.execution_id) else { return Reuse::default() };
         Reuse {
-            memory: memory_reused(&assignment.shared_memory.outputs, &latest.memory.outputs),
+            memory: memory_reused(&assignment.shared_memory.outputs, &latest.memory),
             history: history_reused(&assignment.history, &latest.history),
         }
     }
@@ -67,8 +75,11 @@ impl Windows {
             return;
         }
         self.sent += 1;
-        let latest =
-            Latest { sent: self.sent, memory: assignment.shared_memory.clone(), history: assignment.history.clone() };
+        let latest = Latest {
+            sent: self.sent,
+            memory: assignment.shared_memory.outputs.iter().map(Arc::downgrade).collect(),
+            history: assignment.history.clone(),
+        };
         self.latest.insert(assignment.execution_id.clone(), latest);
         if self.latest.len() > self.capacity {
             let oldest = self.latest.iter().min_by_key(|(_, latest)| latest.sent).map(|(id, _)| id.clone());
@@ -87,12 +98,13 @@ impl Windows {
 
 /// How many of `memory`'s last entries are the first of `before`'s (newest
 /// first both): in a chain, all but the output of the step just ended.
-fn memory_reused(memory: &[Arc<MemoryOutput>], before: &[Arc<MemoryOutput>]) -> usize {
+fn memory_reused(memory: &[Arc<MemoryOutput>], before: &[Weak<MemoryOutput>]) -> usize {
+    let same = |output: &Arc<MemoryOutput>, kept: &Weak<MemoryOutput>| std::ptr::eq(Arc::as_ptr(output), kept.as_ptr());
     let Some(first) = before.first() else { return 0 };
-    let Some(start) = memory.iter().position(|output| Arc::ptr_eq(output, first)) else { return 0 };
+    let Some(start) = memory.iter().position(|output| same(output, first)) else { return 0 };
     let reused = &memory[start..];
-    let same = reused.len() <= before.len() && reused.iter().zip(before).all(|(one, other)| Arc::ptr_eq(one, other));
-    if same { reused.len() } else { 0 }
+    let continues = reused.len() <= before.len() && reused.iter().zip(before).all(|(one, kept)| same(one, kept));
+    if continues { reused.len() } else { 0 }
 }
 
 /// How many of `history`'s first entries are the last of `before`'s
@@ -109,7 +121,7 @@ mod tests {
     use std::sync::OnceLock;
 
     use super::*;
-    use crate::domain::model::AgentContext;
+    use crate::domain::model::{AgentContext, SharedMemory};
 
     fn output(step_id: &str) -> Arc<MemoryOutput> {
         Arc::new(MemoryOutput { step_id: step_id.to_owned(), output: "{}".into(), encoded: OnceLock::new() })
@@ -175,6 +187,9 @@ mod tests {
         assert_eq!(windows.reuse(&apart), Reuse::default());
         let outputs_changed = [output("s3"), outputs[2].clone(), outputs[1].clone()];
         assert_eq!(windows.reuse(&assignment("e", &outputs_changed, &[])).memory, 0, "an output of another make");
+        // What is counted keeps no output alive.
+        drop((s2, s3, s4, other, apart, outputs_changed));
+        assert!(outputs.iter().all(|output| Arc::strong_count(output) == 1));
     }
 
     #[test]
