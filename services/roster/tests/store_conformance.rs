@@ -666,3 +666,83 @@ async fn only_if_free_on_postgres() {
     let Some(database) = TestDatabase::create().await else { return };
     only_if_free(SqlStore::connect(&database.url, 5).unwrap()).await;
 }
+
+/// A placement's releases and delegations in one transaction where the
+/// store can (a SQLite file): a chain's step gives its agent's slot back
+/// and takes the next agent's, the slot freed taken again in the same
+/// commit. Where it cannot (a task waits for a freed slot; PostgreSQL),
+/// nothing is written and the caller releases and delegates apart.
+async fn placed_together(store: SqlStore, together: bool) {
+    store.migrate().await.unwrap();
+    store.put_team(&Team { name: "core".into(), ..Team::default() }, NOW).await.unwrap();
+    store.insert_agent(&agent("lead", "core", "", &["plan"], 5), &token("h-lead"), NOW).await.unwrap();
+    for id in ["a", "b"] {
+        store.insert_agent(&agent(id, "core", "lead", &["rust"], 1), &token(&format!("h-{id}")), NOW).await.unwrap();
+    }
+    let settings = Settings::default();
+    let ask = |task: &str, agent: &str| DelegationRequest {
+        assigned_agent_id: agent.into(),
+        only_if_free: true,
+        ..request(task, "lead", &[])
+    };
+    let workloads = async || {
+        let mut workloads = Vec::new();
+        for id in ["a", "b"] {
+            workloads.push(store.get_agent(id).await.unwrap().current_workload);
+        }
+        workloads
+    };
+    assert_eq!(store.delegate(&ask("t1", "a"), NOW, settings).await.unwrap().decision.kind, DecisionKind::Delegate);
+
+    // t1 gives a's slot back; t2 takes b's, and t3 the slot t1 freed.
+    let placed = store.place_together(&["t1".to_owned()], &[ask("t2", "b"), ask("t3", "a")], NOW, settings).await;
+    match placed.unwrap() {
+        Some((released, decided)) => {
+            assert!(together, "placed together where the store cannot");
+            assert_eq!(released.len(), 1);
+            assert_eq!(released[0].agent_id.as_deref(), Some("a"));
+            let chosen: Vec<_> = decided
+                .iter()
+                .map(|outcome| (outcome.decision.kind, outcome.decision.primary_agent_id.as_str()))
+                .collect();
+            assert_eq!(chosen, [(DecisionKind::Delegate, "b"), (DecisionKind::Delegate, "a")]);
+            assert_eq!(workloads().await, [1, 1]);
+            assert_index_agrees(&store, "after placing together").await;
+        }
+        None => {
+            assert!(!together, "not placed together on a SQLite file");
+            assert_eq!(workloads().await, [1, 0], "nothing written");
+            return;
+        }
+    }
+
+    // A task waits in the queue for a's slot: t3's release is not settled
+    // here (the queue is offered the slot), and nothing is written.
+    let queued = DelegationRequest { assigned_agent_id: "a".into(), ..request("t4", "lead", &[]) };
+    assert_eq!(store.delegate(&queued, NOW, settings).await.unwrap().decision.kind, DecisionKind::Queue);
+    let placed = store.place_together(&["t3".to_owned()], &[ask("t5", "a")], NOW, settings).await.unwrap();
+    assert!(placed.is_none(), "{placed:?}");
+    assert_eq!(workloads().await, [1, 1]);
+    assert_eq!(store.queue_state("t4").await.unwrap(), QueueState::Queued, "the queue was not offered the slot yet");
+    // Nor is a task asked about twice, nor one with no agent named.
+    let twice = [ask("t6", "b"), ask("t6", "b")];
+    assert!(store.place_together(&["t2".to_owned()], &twice, NOW, settings).await.unwrap().is_none());
+    let unnamed = [request("t7", "lead", &["rust"])];
+    assert!(store.place_together(&["t2".to_owned()], &unnamed, NOW, settings).await.unwrap().is_none());
+    // A slot not free: the placement gives way whole, t2 keeps its slot.
+    assert!(store.place_together(&["never".to_owned()], &[ask("t8", "b")], NOW, settings).await.unwrap().is_none());
+    assert_eq!(workloads().await, [1, 1]);
+    assert_index_agrees(&store, "after placements that gave way").await;
+}
+
+#[tokio::test]
+async fn placed_together_on_sqlite() {
+    let file = common::sqlite_file();
+    placed_together(SqlStore::connect(&file.url, 1).unwrap(), true).await;
+}
+
+#[tokio::test]
+async fn placed_together_on_postgres() {
+    let Some(database) = TestDatabase::create().await else { return };
+    placed_together(SqlStore::connect(&database.url, 5).unwrap(), false).await;
+}

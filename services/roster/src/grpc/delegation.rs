@@ -15,7 +15,7 @@ use super::RosterGrpc;
 use super::convert::{decision_to_wire, delegation_request_from_wire, record_to_wire};
 use crate::domain::delegation::DelegationRequest;
 use crate::error::Error;
-use crate::store::{DelegationQuery, QueueResolution, Store};
+use crate::store::{DelegationOutcome, DelegationQuery, QueueResolution, ReleaseOutcome, Store};
 
 impl<S: Store> RosterGrpc<S> {
     pub(super) async fn serve_delegate(
@@ -99,8 +99,14 @@ impl<S: Store> RosterGrpc<S> {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        // An unknown requester is a caller's mistake: each is looked up
-        // once, in the organisation held in memory (as Delegate does).
+        self.check_requesters(requests).await?;
+        let outcomes = self.inner.store.delegate_batch(requests, self.now(), self.inner.settings).await?;
+        Ok(self.decided(requests, outcomes).await)
+    }
+
+    /// An unknown requester is a caller's mistake: each is looked up once,
+    /// in the organisation held in memory (as Delegate does).
+    async fn check_requesters(&self, requests: &[DelegationRequest]) -> Result<(), Error> {
         let requesters: BTreeSet<&str> =
             requests.iter().map(|request| request.requester_id.as_str()).filter(|id| !id.is_empty()).collect();
         for requester in requesters {
@@ -113,7 +119,15 @@ impl<S: Store> RosterGrpc<S> {
                 other => other,
             })?;
         }
-        let outcomes = self.inner.store.delegate_batch(requests, self.now(), self.inner.settings).await?;
+        Ok(())
+    }
+
+    /// Counts, announces and answers the committed decisions of `requests`.
+    async fn decided(
+        &self,
+        requests: &[DelegationRequest],
+        outcomes: Vec<DelegationOutcome>,
+    ) -> Vec<pb::DelegateResponse> {
         let mut changed = BTreeSet::new();
         let mut queue_changed = false;
         for (request, outcome) in requests.iter().zip(&outcomes) {
@@ -133,13 +147,13 @@ impl<S: Store> RosterGrpc<S> {
             self.refresh_queue_gauge_after_change().await;
         }
         self.announce_agents(pb::RosterChangeKind::AgentStatus, &changed.into_iter().collect::<Vec<_>>()).await;
-        Ok(outcomes
+        outcomes
             .into_iter()
             .map(|outcome| pb::DelegateResponse {
                 decision: Some(decision_to_wire(&outcome.decision)),
                 delegation_id: outcome.delegation_id,
             })
-            .collect())
+            .collect()
     }
 
     pub(super) async fn serve_release_task(
@@ -180,6 +194,11 @@ impl<S: Store> RosterGrpc<S> {
             return Ok(Vec::new());
         }
         let outcomes = self.inner.store.release_tasks(task_ids, self.now()).await?;
+        Ok(self.released(task_ids, outcomes).await)
+    }
+
+    /// Announces the committed releases of `task_ids`; per task, the agent whose slot was freed (or empty).
+    async fn released(&self, task_ids: &[String], outcomes: Vec<ReleaseOutcome>) -> Vec<String> {
         if outcomes.iter().any(|outcome| outcome.queue_changed) {
             self.refresh_queue_gauge_after_change().await;
         }
@@ -188,7 +207,7 @@ impl<S: Store> RosterGrpc<S> {
         self.announce_agents(pb::RosterChangeKind::AgentStatus, &freed.into_iter().collect::<Vec<_>>()).await;
         let offered: Vec<QueueResolution> = outcomes.iter().filter_map(|outcome| outcome.offered.clone()).collect();
         self.announce_resolutions(&offered);
-        Ok(outcomes.into_iter().map(|outcome| outcome.agent_id.unwrap_or_default()).collect())
+        outcomes.into_iter().map(|outcome| outcome.agent_id.unwrap_or_default()).collect()
     }
 
     /// The PlaceTasks stream: its requests handled one after another, in
@@ -238,6 +257,14 @@ impl<S: Store> RosterGrpc<S> {
         let placed = async {
             let releases = task_ids_from_wire(request.release_task_ids, "release_task_ids")?;
             let delegations = delegations_from_wire(request.delegations, "delegations")?;
+            if !releases.is_empty() && !delegations.is_empty() {
+                // In one transaction where the store can.
+                self.check_requesters(&delegations).await?;
+                let placed = self.inner.store.place_together(&releases, &delegations, self.now(), self.inner.settings);
+                if let Some((released, decided)) = placed.await? {
+                    return Ok((self.released(&releases, released).await, self.decided(&delegations, decided).await));
+                }
+            }
             let released = self.release_many(&releases).await?;
             Ok::<_, Error>((released, self.delegate_many(&delegations).await?))
         };

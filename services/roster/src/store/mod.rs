@@ -236,6 +236,19 @@ pub trait Store: Send + Sync + 'static {
         now: i64,
         settings: Settings,
     ) -> impl Future<Output = Result<Vec<DelegationOutcome>>> + Send;
+    /// [`Self::release_tasks`], then [`Self::delegate_batch`], in one
+    /// transaction where the store can settle every request so (on a SQLite
+    /// file: each assigned to one agent that takes it within its capacity,
+    /// no dry run, no task twice, no freed slot wanted by the queue);
+    /// `None`, having written nothing, where it cannot: then the caller
+    /// makes the two calls.
+    fn place_together(
+        &self,
+        releases: &[String],
+        requests: &[DelegationRequest],
+        now: i64,
+        settings: Settings,
+    ) -> impl Future<Output = Result<Option<(Vec<ReleaseOutcome>, Vec<DelegationOutcome>)>>> + Send;
     /// Frees a task's slot (idempotent) and offers it to the oldest task queued for that agent.
     fn release_task(&self, task_id: &str, now: i64) -> impl Future<Output = Result<ReleaseOutcome>> + Send;
     /// [`Self::release_task`] for many tasks, in one transaction.

@@ -296,6 +296,16 @@ impl Store for SqlStore {
         delegation::release::release_task(self, task_id, now).await
     }
 
+    async fn place_together(
+        &self,
+        releases: &[String],
+        requests: &[DelegationRequest],
+        now: i64,
+        settings: Settings,
+    ) -> Result<Option<(Vec<super::ReleaseOutcome>, Vec<super::DelegationOutcome>)>> {
+        delegation::place_natively(self, releases, requests, now, settings).await
+    }
+
     async fn release_tasks(&self, task_ids: &[String], now: i64) -> Result<Vec<super::ReleaseOutcome>> {
         delegation::release::release_tasks(self, task_ids, now).await
     }

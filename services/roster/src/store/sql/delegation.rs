@@ -22,7 +22,7 @@ use crate::domain::{
 };
 use crate::error::{Error, Result};
 use crate::store::{
-    DelegationOutcome,
+    DelegationOutcome, ReleaseOutcome,
     sql::{
         AGENT_COLUMNS, SqlStore, agent_from_row, fetch_agent,
         index::{Index, WorkloadChange},
@@ -462,6 +462,65 @@ async fn take_named_together_natively(
         outcomes[position] = Some(taken_natively(&requests[position], decision));
     }
     Ok(())
+}
+
+/// Why a placement on the native connection gives way.
+enum Placing {
+    Failed(Error),
+    /// Something [`place_natively`] does not settle: nothing is written,
+    /// and the releases and delegations go apart.
+    GivesWay,
+}
+
+impl<E: Into<Error>> From<E> for Placing {
+    fn from(error: E) -> Self {
+        Self::Failed(error.into())
+    }
+}
+
+/// `releases` released, then `requests` placed, in one transaction on the
+/// SQLite file's native connection, when each is settled as
+/// [`take_named_natively`] settles it (assigned to one agent, which takes
+/// it within its capacity; no dry run, no task twice) and no freed slot
+/// has a task queued for it: a chain's step gives its slot back and takes
+/// the next one's in one commit. `None`, having written nothing, otherwise.
+pub(in crate::store) async fn place_natively(
+    store: &SqlStore,
+    releases: &[String],
+    requests: &[DelegationRequest],
+    now: i64,
+    settings: Settings,
+) -> Result<Option<(Vec<ReleaseOutcome>, Vec<DelegationOutcome>)>> {
+    let Some(native) = store.database.native() else { return Ok(None) };
+    let mut tasks = HashSet::with_capacity(requests.len());
+    if requests.iter().any(|request| {
+        request.assigned_agent_id.is_empty() || request.dry_run || !tasks.insert(request.task_id.as_str())
+    }) {
+        return Ok(None);
+    }
+    let index = store.index().await?;
+    let (first_mention, first_mentions) = release::first_mentions(releases);
+    let placed = native
+        .write(&store.database.pool, |transaction| {
+            let released = release::release_natively(transaction, &first_mentions, now)?.ok_or(Placing::GivesWay)?;
+            let mut taken = Vec::with_capacity(requests.len());
+            for request in requests {
+                taken.push(take_named_natively(transaction, index, request, now, settings)?.ok_or(Placing::GivesWay)?);
+            }
+            Ok((released, taken))
+        })
+        .await;
+    let (released, taken) = match placed {
+        Ok(placed) => placed,
+        Err(Placing::GivesWay) => return Ok(None),
+        Err(Placing::Failed(error)) => return Err(error),
+    };
+    let released = release::outcomes(store, releases, &first_mention, released).await;
+    let changes: Vec<WorkloadChange> = taken.iter().map(|(_, change)| change.clone()).collect();
+    store.apply_workloads(&changes).await;
+    let decided =
+        requests.iter().zip(taken).map(|(request, (decision, _))| taken_natively(request, decision)).collect();
+    Ok(Some((released, decided)))
 }
 
 /// The outcome of a task [`take_named_natively`] placed on its agent.

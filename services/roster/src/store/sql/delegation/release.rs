@@ -21,7 +21,7 @@ pub(in crate::store) async fn release_task(store: &SqlStore, task_id: &str, now:
 
 /// What a release transaction did.
 #[derive(Default)]
-struct Released {
+pub(in crate::store::sql) struct Released {
     /// Who held a slot for each task.
     held: HashMap<String, String>,
     /// How long each task held its slot, in ms.
@@ -54,11 +54,7 @@ pub(in crate::store) async fn release_tasks(
     task_ids: &[String],
     now: i64,
 ) -> Result<Vec<ReleaseOutcome>> {
-    // A task named twice is released at its first mention.
-    let mut distinct = HashSet::with_capacity(task_ids.len());
-    let first_mention: Vec<bool> = task_ids.iter().map(|task_id| distinct.insert(task_id.as_str())).collect();
-    let first_mentions: Vec<&String> =
-        task_ids.iter().zip(&first_mention).filter(|(_, first)| **first).map(|(task_id, _)| task_id).collect();
+    let (first_mention, first_mentions) = first_mentions(task_ids);
     let natively = match store.database.native() {
         Some(native) => {
             native
@@ -67,13 +63,34 @@ pub(in crate::store) async fn release_tasks(
         }
         None => None,
     };
-    let mut released = match natively {
+    let released = match natively {
         Some(released) => released,
         None => release_in_pool(store, &first_mentions, now).await?,
     };
+    Ok(outcomes(store, task_ids, &first_mention, released).await)
+}
+
+/// Whether each of `task_ids` is its first mention (a task named twice is
+/// released at its first), and the tasks at their first mention.
+pub(in crate::store::sql) fn first_mentions(task_ids: &[String]) -> (Vec<bool>, Vec<&String>) {
+    let mut distinct = HashSet::with_capacity(task_ids.len());
+    let first_mention: Vec<bool> = task_ids.iter().map(|task_id| distinct.insert(task_id.as_str())).collect();
+    let first_mentions =
+        task_ids.iter().zip(&first_mention).filter(|(_, first)| **first).map(|(task_id, _)| task_id).collect();
+    (first_mention, first_mentions)
+}
+
+/// What a committed release of `task_ids` did for each of them, its
+/// changes applied to the organisation in memory.
+pub(in crate::store::sql) async fn outcomes(
+    store: &SqlStore,
+    task_ids: &[String],
+    first_mention: &[bool],
+    mut released: Released,
+) -> Vec<ReleaseOutcome> {
     store.apply_workloads(&released.changes).await;
     store.index.apply_averages(&released.averages);
-    let outcomes = task_ids
+    task_ids
         .iter()
         .zip(first_mention)
         .map(|(task_id, first)| {
@@ -85,8 +102,7 @@ pub(in crate::store) async fn release_tasks(
             let queue_changed = released.left_queue.contains(task_id) || offered.is_some();
             ReleaseOutcome { agent_id, offered, queue_changed }
         })
-        .collect();
-    Ok(outcomes)
+        .collect()
 }
 
 /// Each agent's freed slots, with how long those tasks took on average
@@ -171,7 +187,7 @@ async fn release_in_pool(store: &SqlStore, first_mentions: &[&String], now: i64)
 /// [`release_tasks`]'s transaction on a SQLite file's native connection;
 /// `None`, having written nothing, when a task waits in the queue for an
 /// agent whose slot it frees (the pool's path offers it the slot).
-fn release_natively(
+pub(in crate::store::sql) fn release_natively(
     transaction: &rusqlite::Connection,
     first_mentions: &[&String],
     now: i64,
