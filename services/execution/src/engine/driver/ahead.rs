@@ -1,11 +1,13 @@
-//! Asking ahead: when a step goes to a worker, the roster is asked at once
-//! for the slot of each dependant that the step's end will make ready and
-//! that names its agent (another than the running step's: that one's slot
-//! passes on by itself). The ask takes a slot only if the agent has one
-//! free now, and writes nothing otherwise (`only_if_free`). The dependant
-//! finds its slot reserved when it becomes ready, so a chain whose steps go
-//! from agent to agent does not wait for the roster between two steps. A
-//! slot reserved for a step that does not run after all goes back.
+//! Asking ahead: when a step goes to a worker, the roster is asked for the
+//! slot of each dependant that the step's end will make ready and that
+//! names its agent (another than the running step's: that one's slot
+//! passes on by itself), and of each step that waits for such a dependant
+//! alone and names an agent other than both (two steps ahead, so the answer
+//! has a whole step's time to come). The ask takes a slot only if the agent
+//! has one free now, and writes nothing otherwise (`only_if_free`). The
+//! step finds its slot reserved when it becomes ready, so a chain whose
+//! steps go from agent to agent does not wait for the roster between two
+//! steps. A slot reserved for a step that does not run after all goes back.
 //!
 //! The asks wait for the turn's commit and go with the slots it gives back,
 //! in one placement ([`place_ahead`]): a step of such a chain costs the
