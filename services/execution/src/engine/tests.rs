@@ -942,33 +942,46 @@ async fn a_step_waiting_for_its_slot_asked_ahead_starts_in_the_commit_that_made_
     assert!(transactions <= STEPS * 3 / 2, "{transactions} transactions for {STEPS} steps");
 }
 
+/// Waits until each of `steps` has its slot reserved ahead, still pending
+/// and never started; the execution's steps then.
+async fn reserved_ahead(harness: &Harness, id: &str, steps: &[&str]) -> HashMap<String, crate::domain::model::Step> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let stored = harness.steps(id).await;
+        if steps.iter().all(|step| stored[*step].roster_reserved) {
+            for step in steps {
+                assert_eq!((stored[*step].status, stored[*step].attempt), (StepStatus::Pending, 0), "{step}");
+            }
+            return stored;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{steps:?} not all reserved ahead: {stored:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Cancels the running `step`: the steps after it never run, and every
+/// slot, s0's and those reserved ahead for s1 and s2, goes back once.
+async fn cancelled_with_s1_and_s2_reserved_ahead(harness: &Harness, id: &str, step: &str) {
+    harness.intervene(id, step, super::InterventionAction::Cancel).await;
+    let (status, _) = harness.finished(id).await;
+    assert_eq!(status, ExecutionStatus::Failed);
+    let (ahead, asked) = asked_ahead(&harness.roster, id);
+    assert_eq!((ahead, asked), (vec!["s1".to_owned(), "s2".to_owned()], vec!["s0".to_owned()]));
+    let (_, mut released) = roster_calls(&harness.roster, id);
+    released.sort();
+    assert_eq!(released, ["s0", "s1", "s2"]);
+    let steps = harness.steps(id).await;
+    assert!(steps.values().all(|step| !step.roster_reserved), "{steps:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_reserved_ahead_is_stored_and_goes_back_when_its_step_cannot_run() {
     let harness = Harness::new(FakeRoster { agents: vec!["a", "b"], ..FakeRoster::default() }, settings()).await;
     harness.worker(&["a", "b"], Behaviour::HoldStep("s1"));
     let id = harness.run(&alternating_chain(4, ["a", "b"])).await;
     harness.wait_for(&id, "s1", StepStatus::Running).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let waiting = harness.steps(&id).await.remove("s2").unwrap();
-        if waiting.roster_reserved {
-            assert_eq!((waiting.status, waiting.attempt), (StepStatus::Pending, 0));
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "s2's slot was not reserved ahead: {waiting:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    // s1 cancelled: s2 never runs, and the slot it held goes back.
-    harness.intervene(&id, "s1", super::InterventionAction::Cancel).await;
-    let (status, _) = harness.finished(&id).await;
-    assert_eq!(status, ExecutionStatus::Failed);
-    let (ahead, asked) = asked_ahead(&harness.roster, &id);
-    assert_eq!((ahead, asked), (vec!["s1".to_owned(), "s2".to_owned()], vec!["s0".to_owned()]));
-    let (_, mut released) = roster_calls(&harness.roster, &id);
-    released.sort();
-    assert_eq!(released, ["s0", "s1", "s2"]);
-    let steps = harness.steps(&id).await;
-    assert!(steps.values().all(|step| !step.roster_reserved), "{steps:?}");
+    reserved_ahead(&harness, &id, &["s2"]).await;
+    cancelled_with_s1_and_s2_reserved_ahead(&harness, &id, "s1").await;
 }
 
 /// While a step runs, the slots of the next two steps are asked for when
@@ -980,25 +993,9 @@ async fn a_running_step_has_the_slots_of_the_two_steps_after_it_asked_for_ahead(
     harness.worker(&["a", "b", "c"], Behaviour::HoldStep("s0"));
     let id = harness.run(&rotating_chain(4, &["a", "b", "c"])).await;
     harness.wait_for(&id, "s0", StepStatus::Running).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let steps = harness.steps(&id).await;
-        if steps["s1"].roster_reserved && steps["s2"].roster_reserved {
-            assert!(!steps["s3"].roster_reserved, "s3 waits for s2, which is not running: {steps:?}");
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "s1's and s2's slots were not reserved ahead: {steps:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    harness.intervene(&id, "s0", super::InterventionAction::Cancel).await;
-    let (status, _) = harness.finished(&id).await;
-    assert_eq!(status, ExecutionStatus::Failed);
-    let (ahead, asked) = asked_ahead(&harness.roster, &id);
-    assert_eq!((ahead, asked), (vec!["s1".to_owned(), "s2".to_owned()], vec!["s0".to_owned()]));
-    let (_, mut released) = roster_calls(&harness.roster, &id);
-    released.sort();
-    assert_eq!(released, ["s0", "s1", "s2"]);
-    assert!(harness.steps(&id).await.values().all(|step| !step.roster_reserved));
+    let steps = reserved_ahead(&harness, &id, &["s1", "s2"]).await;
+    assert!(!steps["s3"].roster_reserved, "s3 waits for s2, which is not running: {steps:?}");
+    cancelled_with_s1_and_s2_reserved_ahead(&harness, &id, "s0").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
