@@ -48,13 +48,13 @@ impl Driver {
         let running = &self.steps[position].executor;
         let mut asks = Vec::new();
         for &next in self.dag.dependants(position) {
-            let next_agent = self.named_executor(next);
             if let Some(agent) = self.ahead_agent(position, next, [Some(running), None]) {
                 asks.push((next, agent));
             }
-            if !self.waits_for_alone(next, position) || self.steps[next].status != StepStatus::Pending {
+            if self.steps[next].status != StepStatus::Pending || !self.waits_for_alone(next, position) {
                 continue;
             }
+            let next_agent = self.named_executor(next);
             for &after in self.dag.dependants(next) {
                 if let Some(agent) = self.ahead_agent(next, after, [Some(running), next_agent.as_ref()]) {
                     asks.push((after, agent));
