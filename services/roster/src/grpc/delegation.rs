@@ -96,10 +96,15 @@ impl<S: Store> RosterGrpc<S> {
 
     /// Decides `requests` (checked by [`delegations_from_wire`]) together.
     async fn delegate_many(&self, requests: &[DelegationRequest]) -> Result<Vec<pb::DelegateResponse>, Error> {
+        self.check_requesters(requests).await?;
+        self.decide_checked(requests).await
+    }
+
+    /// [`Self::delegate_many`] of `requests` whose requesters were checked.
+    async fn decide_checked(&self, requests: &[DelegationRequest]) -> Result<Vec<pb::DelegateResponse>, Error> {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        self.check_requesters(requests).await?;
         let outcomes = self.inner.store.delegate_batch(requests, self.now(), self.inner.settings).await?;
         Ok(self.decided(requests, outcomes).await)
     }
@@ -257,16 +262,17 @@ impl<S: Store> RosterGrpc<S> {
         let placed = async {
             let releases = task_ids_from_wire(request.release_task_ids, "release_task_ids")?;
             let delegations = delegations_from_wire(request.delegations, "delegations")?;
+            // Before anything is released.
+            self.check_requesters(&delegations).await?;
             if !releases.is_empty() && !delegations.is_empty() {
                 // In one transaction where the store can.
-                self.check_requesters(&delegations).await?;
                 let placed = self.inner.store.place_together(&releases, &delegations, self.now(), self.inner.settings);
                 if let Some((released, decided)) = placed.await? {
                     return Ok((self.released(&releases, released).await, self.decided(&delegations, decided).await));
                 }
             }
             let released = self.release_many(&releases).await?;
-            Ok::<_, Error>((released, self.delegate_many(&delegations).await?))
+            Ok::<_, Error>((released, self.decide_checked(&delegations).await?))
         };
         match placed.await {
             Ok((released_agent_ids, delegations)) => {
