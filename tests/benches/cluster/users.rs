@@ -18,6 +18,13 @@
 //!   the share sent within 5 ms). Every agent has room for every step at
 //!   once (its capacity is 1,000), and the worker too (it takes 1,024 at
 //!   once, as `muster agent` does), so no step waits for one.
+//! - `paced/1000`: the same 1,000 runs, each step taking the worker
+//!   [`PACE_MS`] (as a model's answer takes time): 2,000 steps a second
+//!   offered, under what the cluster can do, so a step's wait is muster's
+//!   own and not a queue of every run's steps. In `many`, whose worker
+//!   answers at once, the thousand runs' steps all queue in the cluster: a
+//!   step's cycle is the runs in flight over the steps a second, and the
+//!   wait from ready to sent is most of it.
 
 use std::{
     collections::HashMap,
@@ -44,6 +51,8 @@ const AGENTS: usize = 100;
 const AGENTS_PER_PROCESS: usize = 10;
 /// Steps of each of the many runs.
 const STEPS: usize = 10;
+/// How long each step of the paced runs takes the worker.
+const PACE_MS: u64 = 500;
 
 /// The sample behaviour, timing how long each step waited for the worker.
 #[derive(Debug, Clone, Default)]
@@ -97,12 +106,20 @@ impl Behaviour for Timed {
 /// A chain of `length` steps, step `i` run by `agents[i % agents.len()]`,
 /// the lead informed of each.
 fn chain_over(name: &str, length: usize, agents: &[String]) -> String {
+    paced_chain_over(name, length, agents, 0)
+}
+
+/// [`chain_over`] whose every step takes the sample behaviour `pace_ms`.
+fn paced_chain_over(name: &str, length: usize, agents: &[String], pace_ms: u64) -> String {
     let mut yaml = format!("name: {name}\nlead: lead\nsteps:\n");
     for index in 0..length {
         let agent = &agents[index % agents.len()];
         yaml.push_str(&format!(
             "  - id: s{index}\n    type: agent_task\n    agent: {agent}\n    message: step {index}\n    roles:\n      executor: {agent}\n      informed: [lead]\n"
         ));
+        if pace_ms > 0 {
+            yaml.push_str(&format!("    inputs: {{sleep_ms: {pace_ms}}}\n"));
+        }
         if index > 0 {
             yaml.push_str(&format!("    depends_on: [s{}]\n", index - 1));
         }
@@ -232,9 +249,11 @@ pub(crate) async fn run(shapes: &[String], chain: usize) {
     let (stop, worker) = spawn_worker(test.operator("execution"), credentials, timed.clone());
     let mut client = test.execution();
     let names: Vec<String> = agents.iter().take(AGENTS).map(|agent| agent.id.clone()).collect();
-    let mut processes = Vec::new();
+    let (mut processes, mut paced) = (Vec::new(), Vec::new());
     for (index, agents) in names.chunks(AGENTS_PER_PROCESS).enumerate() {
         processes.push(publish(&mut client, &chain_over(&format!("users-{index}"), STEPS, agents)).await);
+        let yaml = paced_chain_over(&format!("users-paced-{index}"), STEPS, agents, PACE_MS);
+        paced.push(publish(&mut client, &yaml).await);
     }
     // The worker's hello settles.
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -264,19 +283,23 @@ pub(crate) async fn run(shapes: &[String], chain: usize) {
         measure.row("chain/1", chain, seconds, 0, &timed).await;
     }
     for executions in [100, 1000].into_iter().filter(|executions| runs(&format!("many/{executions}"))) {
-        many(&test, &client, &timed, &processes, executions, &pids).await;
+        many(&test, &client, &timed, &processes, &format!("many/{executions}"), executions, &pids).await;
+    }
+    if runs("paced/1000") {
+        many(&test, &client, &timed, &paced, "paced/1000", 1000, &pids).await;
     }
     let _ = stop.send(());
     let _ = worker.await;
     test.shutdown().await;
 }
 
-/// `executions` runs of the ten-step processes at once; prints their row.
+/// `executions` runs of the ten-step `processes` at once; prints their row, named `shape`.
 async fn many(
     test: &TestCluster,
     client: &ExecutionClient,
     timed: &Timed,
     processes: &[String],
+    shape: &str,
     executions: usize,
     pids: &[u32],
 ) {
@@ -311,7 +334,7 @@ async fn many(
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let seconds = started.elapsed().as_secs_f64();
-    measure.row(&format!("many/{executions}"), running as usize * STEPS, seconds, refused, timed).await;
+    measure.row(shape, running as usize * STEPS, seconds, refused, timed).await;
     assert_eq!(ended.0, ended.1, "every run that ended completed");
     for (reason, count) in refusals {
         println!("          {count} starts refused: {reason}");
