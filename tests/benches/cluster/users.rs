@@ -252,8 +252,10 @@ pub(crate) async fn run(shapes: &[String], chain: usize) {
     let (mut processes, mut paced) = (Vec::new(), Vec::new());
     for (index, agents) in names.chunks(AGENTS_PER_PROCESS).enumerate() {
         processes.push(publish(&mut client, &chain_over(&format!("users-{index}"), STEPS, agents)).await);
-        let yaml = paced_chain_over(&format!("users-paced-{index}"), STEPS, agents, PACE_MS);
-        paced.push(publish(&mut client, &yaml).await);
+        if runs("paced/1000") {
+            let yaml = paced_chain_over(&format!("users-paced-{index}"), STEPS, agents, PACE_MS);
+            paced.push(publish(&mut client, &yaml).await);
+        }
     }
     // The worker's hello settles.
     tokio::time::sleep(Duration::from_secs(1)).await;
