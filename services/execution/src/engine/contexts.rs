@@ -189,6 +189,32 @@ impl Engine {
         }
     }
 
+    /// Fetches in the background what is not kept of the contexts of
+    /// `agents` and of their roles' memories, so that a run's later steps
+    /// find them at hand: without it, a thousand runs started together
+    /// each wait for the roster at the first step of each of their agents,
+    /// and that step's start takes a commit of its own.
+    pub(crate) fn prefetch_contexts(self: &Arc<Self>, agents: impl IntoIterator<Item = String>) {
+        let contexts = &self.contexts;
+        if !contexts.following.load(Ordering::Acquire) {
+            return;
+        }
+        for agent_id in agents {
+            if contexts.get(&contexts.agents, &agent_id).is_some() {
+                continue;
+            }
+            let engine = self.clone();
+            self.spawn(async move {
+                let Ok(context) = engine.agent_context(&agent_id).await else { return };
+                let role = &context.roster_role;
+                let kept = engine.contexts.memories.lock().unwrap_or_else(PoisonError::into_inner).contains_key(role);
+                if !kept {
+                    engine.recall_kept(role).await;
+                }
+            });
+        }
+    }
+
     /// What an agent of `role` remembers and its version: as kept when its
     /// version has not moved, else read again.
     pub(crate) async fn recall_kept(&self, role: &str) -> (i64, Vec<MemoryEntry>) {

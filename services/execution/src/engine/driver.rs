@@ -73,6 +73,9 @@ const SHARED_MEMORY_BYTES: usize = 256 * 1024;
 const HISTORY_ENTRIES: usize = 100;
 /// Most inputs taken in one turn before writing.
 const INPUTS_PER_TURN: usize = 4096;
+/// Most agents whose contexts a starting or resumed run has fetched ahead of
+/// its steps (the first steps' agents).
+const PREFETCHED: usize = 32;
 
 /// What a timer is for; it applies only if its attempt is still the step's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -133,6 +136,10 @@ struct Staged {
     /// Whether a step was staged to be written now ([`Driver::stage`]),
     /// rather than with the next commit ([`Driver::stage_lazily`]).
     steps_now: bool,
+    /// Whether a step staged lazily waits ([`Driver::stage_lazily`]): the
+    /// steps staged quietly alone ([`Driver::stage_quietly`]) never make a
+    /// commit of their own.
+    lazy: bool,
     execution_changed: bool,
     assignments: Vec<RoleAssignment>,
     subtasks: Vec<SubtaskRequest>,
@@ -211,8 +218,9 @@ pub(crate) struct Driver {
     asks_ahead: Vec<(DelegationAsk, Route)>,
     /// The execution was resumed (after a restart, or taken over from
     /// another replica): slots its steps reserved before may not be
-    /// recorded (a slot reserved ahead is written lazily), so its end
-    /// releases the task of every step that did not complete.
+    /// recorded (a slot reserved ahead is written only with a commit made
+    /// for another reason), so its end releases the task of every step
+    /// that did not complete.
     pub(super) resumed: bool,
 }
 
@@ -284,6 +292,7 @@ impl Driver {
 
     pub(super) async fn run(mut self, stopping: CancellationToken) -> Result<()> {
         self.reopen_all();
+        self.prefetch_contexts();
         loop {
             self.advance();
             self.send_asks();
@@ -316,6 +325,26 @@ impl Driver {
             }
             self.fire_timers();
         }
+    }
+
+    /// Has the contexts of the agents named by the first steps not ended
+    /// fetched ahead of their steps ([`PREFETCHED`] agents at most).
+    fn prefetch_contexts(&self) {
+        let mut agents: Vec<String> = Vec::new();
+        for position in 0..self.steps.len() {
+            if agents.len() == PREFETCHED {
+                break;
+            }
+            if self.steps[position].status.is_final() || self.definition(position).step_type == super::HUMAN_APPROVAL {
+                continue;
+            }
+            if let Some(agent) = self.named_executor(position)
+                && !agents.contains(&agent)
+            {
+                agents.push(agent);
+            }
+        }
+        self.engine.prefetch_contexts(agents);
     }
 
     /// Applies one input; returns the reason when the execution is cancelled.

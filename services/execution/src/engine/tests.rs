@@ -942,20 +942,17 @@ async fn a_step_waiting_for_its_slot_asked_ahead_starts_in_the_commit_that_made_
     assert!(transactions <= STEPS * 3 / 2, "{transactions} transactions for {STEPS} steps");
 }
 
-/// Waits until each of `steps` has its slot reserved ahead, still pending
-/// and never started; the execution's steps then.
-async fn reserved_ahead(harness: &Harness, id: &str, steps: &[&str]) -> HashMap<String, crate::domain::model::Step> {
+/// Waits until the roster was asked ahead for each of `steps`, which are
+/// still pending and never started.
+async fn reserved_ahead(harness: &Harness, id: &str, steps: &[&str]) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let stored = harness.steps(id).await;
-        if steps.iter().all(|step| stored[*step].roster_reserved) {
-            for step in steps {
-                assert_eq!((stored[*step].status, stored[*step].attempt), (StepStatus::Pending, 0), "{step}");
-            }
-            return stored;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{steps:?} not all reserved ahead: {stored:?}");
+    while !steps.iter().all(|step| asked_ahead(&harness.roster, id).0.iter().any(|asked| asked == step)) {
+        assert!(tokio::time::Instant::now() < deadline, "{steps:?} not all asked for ahead");
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stored = harness.steps(id).await;
+    for step in steps {
+        assert_eq!((stored[*step].status, stored[*step].attempt), (StepStatus::Pending, 0), "{step}");
     }
 }
 
@@ -975,7 +972,7 @@ async fn cancelled_with_s1_and_s2_reserved_ahead(harness: &Harness, id: &str, st
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_slot_reserved_ahead_is_stored_and_goes_back_when_its_step_cannot_run() {
+async fn a_slot_reserved_ahead_goes_back_when_its_step_cannot_run() {
     let harness = Harness::new(FakeRoster { agents: vec!["a", "b"], ..FakeRoster::default() }, settings()).await;
     harness.worker(&["a", "b"], Behaviour::HoldStep("s1"));
     let id = harness.run(&alternating_chain(4, ["a", "b"])).await;
@@ -993,9 +990,53 @@ async fn a_running_step_has_the_slots_of_the_two_steps_after_it_asked_for_ahead(
     harness.worker(&["a", "b", "c"], Behaviour::HoldStep("s0"));
     let id = harness.run(&rotating_chain(4, &["a", "b", "c"])).await;
     harness.wait_for(&id, "s0", StepStatus::Running).await;
-    let steps = reserved_ahead(&harness, &id, &["s1", "s2"]).await;
-    assert!(!steps["s3"].roster_reserved, "s3 waits for s2, which is not running: {steps:?}");
+    reserved_ahead(&harness, &id, &["s1", "s2"]).await;
+    assert!(!asked_ahead(&harness.roster, &id).0.contains(&"s3".to_owned()), "s3 waits for s2, which is not running");
     cancelled_with_s1_and_s2_reserved_ahead(&harness, &id, "s0").await;
+}
+
+/// A slot reserved ahead tells nobody anything: it rides the next commit
+/// made for another reason, never one of its own, however long the step
+/// before it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_reserved_ahead_makes_no_commit_of_its_own() {
+    let roster = Arc::new(FakeRoster { agents: vec!["a", "b", "c"], ..FakeRoster::default() });
+    let file = std::env::temp_dir().join(format!("muster-engine-{}.db", uuid::Uuid::new_v4().simple()));
+    let store = SqlStore::connect(&format!("sqlite://{}", file.display()), 1, 2).unwrap();
+    let engine = engine_over(store.clone(), roster.clone(), settings()).await;
+    let harness = Harness { engine, roster, file, received: Arc::default() };
+    harness.worker(&["a", "b", "c"], Behaviour::HoldStep("s0"));
+    let id = harness.run(&rotating_chain(3, &["a", "b", "c"])).await;
+    harness.wait_for(&id, "s0", StepStatus::Running).await;
+    reserved_ahead(&harness, &id, &["s1", "s2"]).await;
+    let before = store.transactions();
+    // Staged lazily, the reservation would be written within 100 ms.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(store.transactions() - before, 0, "a commit while s0 runs and nothing else changed");
+    let steps = harness.steps(&id).await;
+    assert!(!steps["s1"].roster_reserved && !steps["s2"].roster_reserved, "not written: {steps:?}");
+    cancelled_with_s1_and_s2_reserved_ahead(&harness, &id, "s0").await;
+}
+
+/// A run's agents' contexts are fetched as it starts, not as each agent's
+/// first step becomes ready: while s0 runs, s1's and s2's agents are
+/// already known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_starting_run_has_the_contexts_of_its_agents_fetched_ahead_of_their_steps() {
+    let harness = Harness::new(FakeRoster { agents: vec!["a", "b", "c"], ..FakeRoster::default() }, settings()).await;
+    harness.engine.contexts.following(true);
+    harness.worker(&["a", "b", "c"], Behaviour::HoldStep("s0"));
+    let id = harness.run(&rotating_chain(3, &["a", "b", "c"])).await;
+    harness.wait_for(&id, "s0", StepStatus::Running).await;
+    let asked = || harness.roster.contexts_asked.load(std::sync::atomic::Ordering::Relaxed);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while asked() < 3 {
+        assert!(tokio::time::Instant::now() < deadline, "{} of the three contexts fetched while s0 runs", asked());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    reserved_ahead(&harness, &id, &["s1", "s2"]).await;
+    cancelled_with_s1_and_s2_reserved_ahead(&harness, &id, "s0").await;
+    assert_eq!(asked(), 3, "each agent's context fetched once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -129,7 +129,7 @@ impl Driver {
         {
             self.steps[position].roster_reserved = true;
             self.ahead[position] = Ahead::Reserved(agent);
-            self.stage_lazily(position);
+            self.stage_quietly(position);
         } else {
             self.release_later(self.task_id(position));
         }

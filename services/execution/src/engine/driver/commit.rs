@@ -83,10 +83,19 @@ impl Driver {
     /// Stages a step's row for the next commit, of this turn or a later
     /// one: a change that tells nobody anything and that the engine can do
     /// without after a restart (a step waiting for a worker, the executor
-    /// found for it, a slot reserved ahead: a restarted service starts the
-    /// step again, asking the roster, which keeps a task's slot). Written
-    /// at the latest [`LAZY_WRITE`] later.
+    /// found for it: a restarted service starts the step again, asking the
+    /// roster, which keeps a task's slot). Written at the latest
+    /// [`LAZY_WRITE`] later.
     pub(in crate::engine) fn stage_lazily(&mut self, position: usize) {
+        self.staged.lazy = true;
+        self.stage_quietly(position);
+    }
+
+    /// Stages a step's row to ride the next commit made for another reason,
+    /// however late: a change nobody reads from the store but a restarted
+    /// service, which does without it (a slot reserved ahead: the end of a
+    /// resumed execution gives back the slot of every step not completed).
+    pub(in crate::engine) fn stage_quietly(&mut self, position: usize) {
         if !self.staged_mark[position] {
             self.staged_mark[position] = true;
             self.staged.steps.push(position);
@@ -160,7 +169,8 @@ impl Driver {
 
     /// Writes what is staged in one commit with its events, then acts on it:
     /// assignments go out, watchers hear the events, slots are released.
-    /// Steps staged lazily alone wait for a later commit, until [`LAZY_WRITE`].
+    /// Steps staged lazily alone wait for a later commit, until [`LAZY_WRITE`];
+    /// steps staged quietly alone wait for a later commit, however late.
     pub(in crate::engine) async fn flush(&mut self) -> Result<()> {
         let staged = &self.staged;
         let now = muster_runtime::time::now_millis();
@@ -173,7 +183,7 @@ impl Driver {
             || !staged.memories.is_empty()
             || self.lazy_due.is_some_and(|lazy_due| lazy_due <= now);
         if !due {
-            if !staged.steps.is_empty() {
+            if staged.lazy {
                 self.lazy_due.get_or_insert(now + LAZY_WRITE);
             }
             self.run_effects();
