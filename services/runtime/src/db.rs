@@ -260,6 +260,19 @@ impl Database {
         Ok(Self { pool, reads, backend, native, _checkpointer: checkpointer })
     }
 
+    /// Begins a transaction that writes, on [`Database::pool`]. On SQLite it
+    /// is `BEGIN IMMEDIATE`, which takes the file's write lock first (waiting
+    /// for it as `busy_timeout` says): a deferred transaction that read
+    /// before it wrote is refused at once as busy when another connection to
+    /// the file (another replica's, or this process's native one) committed
+    /// since its read.
+    pub async fn begin_write(&self) -> std::result::Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+        match self.backend {
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
+            Backend::Postgres => self.pool.begin().await,
+        }
+    }
+
     /// The native connection of a SQLite file, for write transactions that
     /// should not pay a thread hand-off per statement; `None` on PostgreSQL
     /// and for a SQLite database in memory.

@@ -230,7 +230,7 @@ impl Store for SqlStore {
     }
 
     async fn replace_token(&self, agent_id: &str, token: Option<&TokenHash>, now: i64) -> Result<()> {
-        let mut transaction = self.database.pool.begin().await?;
+        let mut transaction = self.database.begin_write().await?;
         let role: Option<String> = sqlx::query_scalar("SELECT role FROM agents WHERE id = $1")
             .bind(agent_id.to_owned())
             .fetch_optional(&mut *transaction)

@@ -360,6 +360,35 @@ mod tests {
         sqlx::query_scalar("SELECT COUNT(*) FROM t").fetch_one(&database.pool).await.unwrap()
     }
 
+    /// A pool transaction begun to write takes the file's write lock before
+    /// it reads: another connection's commit cannot come between its read
+    /// and its write, which SQLite would refuse at once as busy (the fate of
+    /// a deferred `BEGIN` when another replica commits meanwhile).
+    #[tokio::test]
+    async fn a_write_transaction_on_the_pool_holds_the_lock_from_its_first_read() {
+        let (folder, url) = temporary_file();
+        let database = Database::connect_lazy(&url, 1).unwrap();
+        sqlx::query("CREATE TABLE t (id INTEGER PRIMARY KEY, source TEXT NOT NULL)")
+            .execute(&database.pool)
+            .await
+            .unwrap();
+        let mut transaction = database.begin_write().await.unwrap();
+        let before: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM t").fetch_one(&mut *transaction).await.unwrap();
+        // Another replica's connection, waiting for nobody: refused while the transaction is open.
+        let other = Connection::open(folder.0.join("t.db")).unwrap();
+        other.busy_timeout(Duration::ZERO).unwrap();
+        let refused = other.execute("INSERT INTO t (source) VALUES ('other')", []);
+        assert!(
+            matches!(&refused, Err(rusqlite::Error::SqliteFailure(error, _)) if error.code == rusqlite::ErrorCode::DatabaseBusy),
+            "{refused:?}"
+        );
+        sqlx::query("INSERT INTO t (source) VALUES ('own')").execute(&mut *transaction).await.unwrap();
+        transaction.commit().await.unwrap();
+        assert_eq!(count(&database).await, before + 1);
+        other.execute("INSERT INTO t (source) VALUES ('other')", []).unwrap();
+        assert_eq!(count(&database).await, before + 2);
+    }
+
     #[tokio::test]
     async fn native_and_pool_writes_take_turns_and_a_failure_leaves_nothing() {
         let (_folder, url) = temporary_file();

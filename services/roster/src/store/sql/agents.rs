@@ -16,7 +16,7 @@ use crate::error::{AGENT, Error, Result};
 use crate::store::{AgentQuery, sql::credentials};
 
 pub(super) async fn insert_agent(store: &SqlStore, agent: &Agent, token: &TokenHash, now: i64) -> Result<Agent> {
-    let mut transaction = store.database.pool.begin().await?;
+    let mut transaction = store.database.begin_write().await?;
     if exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", &agent.id).await? {
         return Err(Error::already_exists(AGENT, &agent.id, format!("agent {:?} already exists", agent.id)));
     }
@@ -76,7 +76,7 @@ pub(super) async fn list_agents(store: &SqlStore, query: &AgentQuery) -> Result<
 }
 
 pub(super) async fn update_agent(store: &SqlStore, agent: &Agent, fields: &[AgentField], now: i64) -> Result<Agent> {
-    let mut transaction = store.database.pool.begin().await?;
+    let mut transaction = store.database.begin_write().await?;
     if store.database.backend == Backend::Postgres {
         // Two updates of different fields must not undo each other.
         sqlx::query("SELECT 1 FROM agents WHERE id = $1 FOR UPDATE")
@@ -98,7 +98,7 @@ pub(super) async fn update_agent(store: &SqlStore, agent: &Agent, fields: &[Agen
 }
 
 pub(super) async fn remove_agent(store: &SqlStore, id: &str, now: i64) -> Result<()> {
-    let mut transaction = store.database.pool.begin().await?;
+    let mut transaction = store.database.begin_write().await?;
     if !exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", id).await? {
         return Err(agent_not_found(id));
     }
@@ -140,7 +140,7 @@ pub(super) async fn set_status(
     availability_until: Option<i64>,
     now: i64,
 ) -> Result<Agent> {
-    let mut transaction = store.database.pool.begin().await?;
+    let mut transaction = store.database.begin_write().await?;
     let result = sqlx::query(
         "UPDATE agents SET manual_status = $2, availability_until = $3, updated_at = $4, version = version + 1 \
              WHERE id = $1",

@@ -235,7 +235,7 @@ async fn delegate_in_transaction(
     changes: &mut Vec<WorkloadChange>,
     lost_races: &mut HashMap<String, bool>,
 ) -> Result<DelegationOutcome> {
-    let mut transaction = store.database.pool.begin().await?;
+    let mut transaction = store.database.begin_write().await?;
     // A task holds one slot; the agent holding it has that slot for it. One
     // statement also tells whether the task waits in the queue.
     let row = sqlx::query(HELD_AND_QUEUED_SQL).bind(request.task_id.clone()).fetch_one(&mut *transaction).await?;
@@ -399,7 +399,7 @@ pub(super) async fn delegate_batch(
         });
     }
     if !by_agent.is_empty() {
-        let mut transaction = store.database.pool.begin().await?;
+        let mut transaction = store.database.begin_write().await?;
         let mut changes = Vec::new();
         for (agent_id, indexes) in by_agent {
             place_on_agent(

@@ -30,7 +30,7 @@ const FILES: &str = "files";
 /// Returns the ids of the agents created, in the plan's order.
 pub(super) async fn import(store: &SqlStore, plan: &ImportPlan, now: i64) -> Result<Vec<String>> {
     let backend = store.database.backend;
-    let mut transaction = store.database.pool.begin().await?;
+    let mut transaction = store.database.begin_write().await?;
     for team in &plan.teams {
         // Leads are set once the agents are known to exist.
         upsert_team_row(&mut transaction, &Team { lead_agent_id: String::new(), ..team.clone() }, now).await?;

@@ -8,7 +8,7 @@ use crate::domain::model::{RoleDefinition, Team};
 use crate::error::{Error, ROLE_DEFINITION, Result, TEAM};
 
 pub(super) async fn put_team(store: &SqlStore, team: &Team, now: i64) -> Result<Team> {
-    let mut transaction = store.database.pool.begin().await?;
+    let mut transaction = store.database.begin_write().await?;
     if !team.lead_agent_id.is_empty()
         && !exists(&mut transaction, "SELECT 1 FROM agents WHERE id = $1", &team.lead_agent_id).await?
     {
@@ -31,7 +31,7 @@ pub(super) async fn list_teams(store: &SqlStore) -> Result<Vec<Team>> {
 }
 
 pub(super) async fn remove_team(store: &SqlStore, name: &str) -> Result<()> {
-    let mut transaction = store.database.pool.begin().await?;
+    let mut transaction = store.database.begin_write().await?;
     if !exists(&mut transaction, "SELECT 1 FROM teams WHERE name = $1", name).await? {
         return Err(Error::not_found(TEAM, name, format!("team {name:?} does not exist")));
     }
@@ -54,7 +54,7 @@ pub(super) async fn remove_team(store: &SqlStore, name: &str) -> Result<()> {
 }
 
 pub(super) async fn put_role(store: &SqlStore, role: &RoleDefinition, now: i64) -> Result<RoleDefinition> {
-    let mut transaction = store.database.pool.begin().await?;
+    let mut transaction = store.database.begin_write().await?;
     upsert_role_row(&mut transaction, role, now).await?;
     transaction.commit().await?;
     Ok(role.clone())

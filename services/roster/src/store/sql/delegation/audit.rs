@@ -107,7 +107,7 @@ fn fold_natively(transaction: &rusqlite::Connection, newest: i64) -> Result<(u64
 /// statement moves the records, locking them first: a replica moving the
 /// same records meanwhile is waited for, and each record moves once.
 async fn fold_in_pool(store: &SqlStore, newest: i64) -> Result<(u64, bool)> {
-    let mut transaction = store.database.pool.begin().await?;
+    let mut transaction = store.database.begin_write().await?;
     let moved = match store.database.backend {
         Backend::Sqlite => {
             let [insert, delete] = fold_sqlite_sql();

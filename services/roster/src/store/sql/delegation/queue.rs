@@ -101,7 +101,7 @@ pub(super) async fn offer_slot(
 }
 
 pub(in crate::store) async fn escalate_stale(store: &SqlStore, now: i64) -> Result<Vec<QueueResolution>> {
-    let mut transaction = store.database.pool.begin().await?;
+    let mut transaction = store.database.begin_write().await?;
     let rows = sqlx::query(
         "SELECT q.task_id, q.expert_id, q.escalate_to, q.request_json, q.expires_at, a.manual_status AS expert_status \
          FROM queued_tasks q LEFT JOIN agents a ON a.id = q.expert_id \

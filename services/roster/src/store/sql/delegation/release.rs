@@ -141,7 +141,7 @@ const FREE_SLOTS_SQL: &str = "UPDATE agents SET current_workload = \
 /// slots to the tasks queued for them.
 async fn release_in_pool(store: &SqlStore, first_mentions: &[&String], now: i64) -> Result<Released> {
     let backend = store.database.backend;
-    let mut transaction = store.database.pool.begin().await?;
+    let mut transaction = store.database.begin_write().await?;
     let mut released = Released::default();
     for chunk in muster_runtime::db::in_statements(first_mentions) {
         let list = muster_runtime::db::placeholder_list(backend, 1, chunk.len());

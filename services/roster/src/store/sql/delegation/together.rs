@@ -338,7 +338,7 @@ fn audit_records_sql(backend: Backend, rows: usize) -> String {
 /// [`decide_together`]'s transaction through the pool.
 async fn settle(store: &SqlStore, index: &Index, batch: &[Pending]) -> Result<Settled> {
     let backend = store.database.backend;
-    let mut transaction = store.database.pool.begin().await?;
+    let mut transaction = store.database.begin_write().await?;
     let query = batch
         .iter()
         .chain(batch)
