@@ -256,10 +256,16 @@ async fn engine_over(store: SqlStore, roster: Arc<FakeRoster>, settings: Setting
 
 impl Harness {
     async fn new(roster: FakeRoster, settings: Settings) -> Self {
+        Self::with_store(roster, settings).await.0
+    }
+
+    /// [`Harness::new`], and its store, for a test that counts its transactions.
+    async fn with_store(roster: FakeRoster, settings: Settings) -> (Self, SqlStore) {
         let file = std::env::temp_dir().join(format!("muster-engine-{}.db", uuid::Uuid::new_v4().simple()));
+        let store = SqlStore::connect(&format!("sqlite://{}", file.display()), 1, 2).unwrap();
         let roster = Arc::new(roster);
-        let engine = engine_on(&file, roster.clone(), settings).await;
-        Self { engine, roster, file, received: Arc::default() }
+        let engine = engine_over(store.clone(), roster.clone(), settings).await;
+        (Self { engine, roster, file, received: Arc::default() }, store)
     }
 
     /// A worker serving `agents`; its task ends when its connection does.
@@ -924,12 +930,8 @@ async fn a_chain_from_agent_to_agent_asks_for_each_next_slot_while_the_step_befo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_waiting_for_its_slot_asked_ahead_starts_in_the_commit_that_made_it_ready() {
     const STEPS: u64 = 20;
-    let roster =
-        Arc::new(FakeRoster { agents: vec!["a", "b"], ahead_delay: Duration::from_millis(1), ..FakeRoster::default() });
-    let file = std::env::temp_dir().join(format!("muster-engine-{}.db", uuid::Uuid::new_v4().simple()));
-    let store = SqlStore::connect(&format!("sqlite://{}", file.display()), 1, 2).unwrap();
-    let engine = engine_over(store.clone(), roster.clone(), settings()).await;
-    let harness = Harness { engine, roster, file, received: Arc::default() };
+    let roster = FakeRoster { agents: vec!["a", "b"], ahead_delay: Duration::from_millis(1), ..FakeRoster::default() };
+    let (harness, store) = Harness::with_store(roster, settings()).await;
     harness.worker(&["a", "b"], Behaviour::Complete);
     let before = store.transactions();
     let id = harness.run(&alternating_chain(STEPS as usize, ["a", "b"])).await;
@@ -1000,11 +1002,8 @@ async fn a_running_step_has_the_slots_of_the_two_steps_after_it_asked_for_ahead(
 /// before it runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_reserved_ahead_makes_no_commit_of_its_own() {
-    let roster = Arc::new(FakeRoster { agents: vec!["a", "b", "c"], ..FakeRoster::default() });
-    let file = std::env::temp_dir().join(format!("muster-engine-{}.db", uuid::Uuid::new_v4().simple()));
-    let store = SqlStore::connect(&format!("sqlite://{}", file.display()), 1, 2).unwrap();
-    let engine = engine_over(store.clone(), roster.clone(), settings()).await;
-    let harness = Harness { engine, roster, file, received: Arc::default() };
+    let roster = FakeRoster { agents: vec!["a", "b", "c"], ..FakeRoster::default() };
+    let (harness, store) = Harness::with_store(roster, settings()).await;
     harness.worker(&["a", "b", "c"], Behaviour::HoldStep("s0"));
     let id = harness.run(&rotating_chain(3, &["a", "b", "c"])).await;
     harness.wait_for(&id, "s0", StepStatus::Running).await;
