@@ -26,6 +26,8 @@ use std::{
     },
 };
 
+use tracing::Instrument as _;
+
 use super::Engine;
 use crate::{
     clients::roster::{AgentInfo, RETRY_PAUSE, RosterFailure, patiently},
@@ -193,7 +195,8 @@ impl Engine {
     /// `agents` and of their roles' memories, so that a run's later steps
     /// find them at hand: without it, a thousand runs started together
     /// each wait for the roster at the first step of each of their agents,
-    /// and that step's start takes a commit of its own.
+    /// and that step's start takes a commit of its own. The roster's calls
+    /// are made in the caller's span (the execution's trace).
     pub(crate) fn prefetch_contexts(self: &Arc<Self>, agents: impl IntoIterator<Item = String>) {
         let contexts = &self.contexts;
         if !contexts.following.load(Ordering::Acquire) {
@@ -204,14 +207,18 @@ impl Engine {
                 continue;
             }
             let engine = self.clone();
-            self.spawn(async move {
-                let Ok(context) = engine.agent_context(&agent_id).await else { return };
-                let role = &context.roster_role;
-                let kept = engine.contexts.memories.lock().unwrap_or_else(PoisonError::into_inner).contains_key(role);
-                if !kept {
-                    engine.recall_kept(role).await;
+            self.spawn(
+                async move {
+                    let Ok(context) = engine.agent_context(&agent_id).await else { return };
+                    let role = &context.roster_role;
+                    let kept =
+                        engine.contexts.memories.lock().unwrap_or_else(PoisonError::into_inner).contains_key(role);
+                    if !kept {
+                        engine.recall_kept(role).await;
+                    }
                 }
-            });
+                .instrument(tracing::Span::current()),
+            );
         }
     }
 

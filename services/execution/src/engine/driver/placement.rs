@@ -204,9 +204,11 @@ impl Driver {
         }
     }
 
-    /// Spawns `task`, which reads memory: at once, or after this turn's
-    /// commit when the turn remembered something (the task must see it).
+    /// Spawns `task`, which reads memory, in the execution's span: at once,
+    /// or after this turn's commit when the turn remembered something (the
+    /// task must see it).
     fn spawn_reading_memory(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        let task = task.instrument(tracing::Span::current());
         if self.staged.memories.is_empty() {
             self.engine.spawn(task);
         } else {
