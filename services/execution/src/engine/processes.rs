@@ -113,10 +113,18 @@ impl Engine {
     }
 
     /// A published version (`None`: the latest), from memory once read.
+    /// A version is never changed once published: the latest is asked for
+    /// by its number alone, and each version parsed once.
     pub(crate) async fn process(&self, name: &str, version: Option<u32>) -> Result<Option<Arc<ProcessVersion>>> {
-        if let Some(version) = version
-            && let Some(found) =
-                self.processes.lock().unwrap_or_else(PoisonError::into_inner).get(&(name.to_owned(), version))
+        let version = match version {
+            Some(version) => version,
+            None => match self.store.latest_version(name).await? {
+                Some(latest) => latest,
+                None => return Ok(None),
+            },
+        };
+        if let Some(found) =
+            self.processes.lock().unwrap_or_else(PoisonError::into_inner).get(&(name.to_owned(), version))
         {
             return Ok(Some(found.clone()));
         }

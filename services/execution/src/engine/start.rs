@@ -20,16 +20,27 @@ impl Engine {
     /// Creates an execution and starts driving it; with an idempotency key
     /// already used, returns that execution instead.
     pub(crate) async fn start(self: &Arc<Self>, request: StartRequest) -> Result<Execution> {
+        Ok(self.start_with_steps(request).await?.0)
+    }
+
+    /// [`Engine::start`], with the steps of an execution it created as they
+    /// were committed (`None`: the idempotency key's execution, not created
+    /// now), so that an answer shows them without reading them back.
+    pub(crate) async fn start_with_steps(
+        self: &Arc<Self>,
+        request: StartRequest,
+    ) -> Result<(Execution, Option<Vec<Step>>)> {
         if let Some(key) = &request.idempotency_key
             && let Some(existing) = self.store.find_by_idempotency_key(key).await?
         {
-            return self.store.execution(&existing).await?.ok_or_else(|| {
+            let execution = self.store.execution(&existing).await?.ok_or_else(|| {
                 Error::not_found(
                     "muster.execution.v1.Execution",
                     existing.to_string(),
                     format!("execution {existing} vanished"),
                 )
-            });
+            })?;
+            return Ok((execution, None));
         }
         // A tool step runs under an agent's identity: the one it names, the
         // roster's choice, or the execution's lead.
@@ -120,8 +131,8 @@ impl Engine {
             engine.store.commit(writes).await?;
             engine.announce(events);
             tracing::info!(execution_id = %execution.id, process = %execution.process_name, version = execution.process_version, "execution started");
-            engine.spawn_driver(execution.clone(), steps, process, Some(budget));
-            Ok(execution)
+            engine.spawn_driver(execution.clone(), steps.clone(), process, Some(budget));
+            Ok((execution, Some(steps)))
         };
         tokio::spawn(created.instrument(tracing::Span::current()))
             .await

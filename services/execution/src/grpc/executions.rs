@@ -92,10 +92,10 @@ impl ExecutionGrpc {
         if !lead_agent_id.is_empty() {
             self.roster_agent(&lead_agent_id, "lead").await?;
         }
-        let execution = self
+        let started = self
             .engine
-            .start(StartRequest {
-                process,
+            .start_with_steps(StartRequest {
+                process: process.clone(),
                 inputs_json,
                 lead_agent_id,
                 idempotency_key: Self::idempotency_key(request.idempotency_key)?,
@@ -104,7 +104,7 @@ impl ExecutionGrpc {
                 fired_schedule: None,
             })
             .await?;
-        self.execution_to_wire(execution).await
+        self.started_to_wire(started, &process).await
     }
 
     /// Starts a session from an already checked request.
@@ -138,10 +138,10 @@ impl ExecutionGrpc {
                 ),
             ));
         }
-        let execution = self
+        let started = self
             .engine
-            .start(StartRequest {
-                process,
+            .start_with_steps(StartRequest {
+                process: process.clone(),
                 inputs_json,
                 lead_agent_id,
                 idempotency_key: Self::idempotency_key(idempotency_key)?,
@@ -150,7 +150,7 @@ impl ExecutionGrpc {
                 fired_schedule: None,
             })
             .await?;
-        self.execution_to_wire(execution).await
+        self.started_to_wire(started, &process).await
     }
 
     /// Hands a control to the execution's driver and waits for its answer.
@@ -209,6 +209,19 @@ impl ExecutionGrpc {
 
     pub(super) async fn steps(&self, execution_id: &str) -> Result<Vec<Step>> {
         Ok(self.engine.store.steps(execution_id).await?.into_iter().map(|(_, step)| step).collect())
+    }
+
+    /// An execution just started (with its steps as committed, when it was
+    /// created now) as answers show it.
+    async fn started_to_wire(
+        &self,
+        (execution, steps): (Execution, Option<Vec<Step>>),
+        process: &ProcessVersion,
+    ) -> Result<wire::Execution> {
+        match steps {
+            Some(steps) => Ok(execution_to_wire(&execution, &steps, Some(&process.definition), self.outputs_room())),
+            None => self.execution_to_wire(execution).await,
+        }
     }
 
     /// An execution with its steps, as answers show it.

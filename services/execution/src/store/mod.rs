@@ -205,8 +205,10 @@ pub trait Store: Send + Sync + 'static {
     /// Stores a new version of a process, unless its latest version has the
     /// same source.
     fn publish_process(&self, process: NewProcess) -> BoxFuture<'_, Result<Published>>;
-    /// One version of a process; `None` as version means the latest.
-    fn process<'a>(&'a self, name: &'a str, version: Option<u32>) -> BoxFuture<'a, Result<Option<ProcessVersion>>>;
+    /// One version of a process.
+    fn process<'a>(&'a self, name: &'a str, version: u32) -> BoxFuture<'a, Result<Option<ProcessVersion>>>;
+    /// The number of a process's latest version, without reading the version.
+    fn latest_version<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>>>;
     /// The latest version of each process named after `after_name`, by name.
     fn list_processes<'a>(&'a self, after_name: &'a str, limit: u32) -> BoxFuture<'a, Result<Vec<ProcessVersion>>>;
 

@@ -233,8 +233,12 @@ impl Store for SqlStore {
         Box::pin(processes::publish_process(self, process))
     }
 
-    fn process<'a>(&'a self, name: &'a str, version: Option<u32>) -> BoxFuture<'a, Result<Option<ProcessVersion>>> {
+    fn process<'a>(&'a self, name: &'a str, version: u32) -> BoxFuture<'a, Result<Option<ProcessVersion>>> {
         Box::pin(processes::process(self, name, version))
+    }
+
+    fn latest_version<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<u32>>> {
+        Box::pin(processes::latest_version(self, name))
     }
 
     fn list_processes<'a>(&'a self, after_name: &'a str, limit: u32) -> BoxFuture<'a, Result<Vec<ProcessVersion>>> {

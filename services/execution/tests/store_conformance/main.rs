@@ -94,14 +94,16 @@ async fn conformance(store: SqlStore) {
         panic!("a changed source is a new version");
     };
     assert_eq!(second.version, 2);
-    let latest = store.process("flow", None).await.unwrap().unwrap();
+    assert_eq!(store.latest_version("flow").await.unwrap(), Some(2));
+    assert_eq!(store.latest_version("nothing").await.unwrap(), None);
+    let latest = store.process("flow", 2).await.unwrap().unwrap();
     assert_eq!((latest.version, latest.definition.steps[0].message.as_str()), (2, "n"));
-    let pinned = store.process("flow", Some(1)).await.unwrap().unwrap();
+    let pinned = store.process("flow", 1).await.unwrap().unwrap();
     assert_eq!(
         (pinned.source.as_str(), pinned.definition.steps[1].depends_on.clone()),
         (PROCESS, vec!["a".to_owned()])
     );
-    assert!(store.process("flow", Some(3)).await.unwrap().is_none());
+    assert!(store.process("flow", 3).await.unwrap().is_none());
     for name in ["alpha", "omega"] {
         store
             .publish_process(new_process(&PROCESS.replace("name: flow", &format!("name: {name}")), name))
@@ -127,7 +129,7 @@ async fn conformance(store: SqlStore) {
         ..new_process(&PROCESS.replace("name: flow", "name: warned"), "hash-warned")
     };
     store.publish_process(warned).await.unwrap();
-    let read = store.process("warned", None).await.unwrap().unwrap();
+    let read = store.process("warned", 1).await.unwrap().unwrap();
     assert_eq!((read.warnings.kept.len(), read.warnings.count), (Warnings::KEPT, 250));
     assert_eq!(read.warnings.kept[Warnings::KEPT - 1], warning(Warnings::KEPT as u32));
 

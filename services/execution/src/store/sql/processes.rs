@@ -102,27 +102,21 @@ pub(super) async fn publish_process(store: &SqlStore, process: NewProcess) -> Re
     }))
 }
 
-pub(super) async fn process<'a>(
-    store: &'a SqlStore,
-    name: &'a str,
-    version: Option<u32>,
-) -> Result<Option<ProcessVersion>> {
-    let row = match version {
-        Some(version) => {
-            sqlx::query("SELECT * FROM processes WHERE name = $1 AND version = $2")
-                .bind(name.to_owned())
-                .bind(i64::from(version))
-                .fetch_optional(&store.database.reads)
-                .await?
-        }
-        None => {
-            sqlx::query("SELECT * FROM processes WHERE name = $1 ORDER BY version DESC LIMIT 1")
-                .bind(name.to_owned())
-                .fetch_optional(&store.database.reads)
-                .await?
-        }
-    };
+pub(super) async fn process(store: &SqlStore, name: &str, version: u32) -> Result<Option<ProcessVersion>> {
+    let row = sqlx::query("SELECT * FROM processes WHERE name = $1 AND version = $2")
+        .bind(name.to_owned())
+        .bind(i64::from(version))
+        .fetch_optional(&store.database.reads)
+        .await?;
     row.as_ref().map(process_from_row).transpose()
+}
+
+pub(super) async fn latest_version(store: &SqlStore, name: &str) -> Result<Option<u32>> {
+    let latest: Option<i64> = sqlx::query_scalar("SELECT MAX(version) FROM processes WHERE name = $1")
+        .bind(name.to_owned())
+        .fetch_one(&store.database.reads)
+        .await?;
+    Ok(latest.map(|version| u32::try_from(version).unwrap_or(u32::MAX)))
 }
 
 pub(super) async fn list_processes<'a>(
