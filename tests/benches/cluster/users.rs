@@ -15,9 +15,10 @@
 //!   from the execution service's histogram, the time from a step becoming
 //!   ready to its assignment being sent, for the steps whose agent and a
 //!   worker had room (the bucket bounds under which half and 99% fell, and
-//!   the share sent within 5 ms). Every agent has room for every step at
-//!   once (its capacity is 1,000), and the worker too (it takes 1,024 at
-//!   once, as `muster agent` does), so no step waits for one.
+//!   the share sent within 5 ms), and how soon the starts were answered
+//!   (the runs started first are stepping meanwhile). Every agent has room
+//!   for every step at once (its capacity is 1,000), and the worker too (it
+//!   takes 1,024 at once, as `muster agent` does), so no step waits for one.
 //! - `paced/1000`: the same 1,000 runs, each step taking the worker
 //!   [`PACE_MS`] (as a model's answer takes time): 2,000 steps a second
 //!   offered, under what the cluster can do, so a step's wait is muster's
@@ -324,6 +325,7 @@ async fn many(
             *refusals.entry(format!("{:?}: {}", status.code(), status.message())).or_default() += 1;
         }
     }
+    let answered = started.elapsed().as_secs_f64();
     let refused: usize = refusals.values().sum();
     let running = (executions - refused) as f64;
     // Until every run started has ended.
@@ -337,6 +339,10 @@ async fn many(
     };
     let seconds = started.elapsed().as_secs_f64();
     measure.row(shape, running as usize * STEPS, seconds, refused, timed).await;
+    println!(
+        "          the {executions} starts answered in {answered:.3} s, {:.0} a second",
+        executions as f64 / answered
+    );
     assert_eq!(ended.0, ended.1, "every run that ended completed");
     for (reason, count) in refusals {
         println!("          {count} starts refused: {reason}");
