@@ -774,6 +774,17 @@ async fn versions_are_pinned_context_is_checked_and_parallelism_is_bounded() {
     let second_source =
         "name: versions\nsteps:\n  - id: other\n    type: agent_task\n    agent: doer\n    message: m\n";
     let second = publish_and_start(&mut client, second_source).await;
+    // A start naming no version runs the latest, and answers with the run as created.
+    let third = client
+        .start_execution(StartExecutionRequest { process_name: "versions".to_owned(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner()
+        .execution
+        .unwrap();
+    assert_eq!(third.process_version, 2);
+    let steps: Vec<(&str, i32)> = third.steps.iter().map(|step| (step.step_id.as_str(), step.status)).collect();
+    assert_eq!(steps, [("other", StepStatus::Pending as i32)]);
     let events = events_until_finished(&test.operator("execution"), &first).await;
     assert_eq!(events.last().unwrap().execution_status, ExecutionStatus::Completed as i32);
     assert!(events.iter().all(|event| event.process_version == 1));
