@@ -215,6 +215,10 @@ fn count(elements: usize) -> u32 {
 fn varint(bytes: &mut &[u8]) -> Option<u64> {
     let mut value = 0u64;
     for (index, byte) in bytes.iter().enumerate().take(10) {
+        // The tenth byte holds the 64th bit alone: more overflows, and the decoder refuses it.
+        if index == 9 && *byte > 1 {
+            return None;
+        }
         value |= u64::from(byte & 0x7f) << (7 * index);
         if byte & 0x80 == 0 {
             *bytes = &bytes[index + 1..];
@@ -384,6 +388,19 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_varint_past_64_bits_is_malformed() {
+        let mut widest: &[u8] = &[0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01];
+        assert_eq!(varint(&mut widest), Some(u64::MAX));
+        assert!(widest.is_empty());
+        let overflowing: &[u8] = &[0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x02];
+        assert_eq!(varint(&mut &overflowing[..]), None);
+        // As a field of a request: refused by the check, as the decoder refuses it.
+        let request = [&[16u8][..], overflowing].concat();
+        assert!(check(input_of("/muster.execution.v1.ExecutionService/StartExecution"), &request).is_err());
+        assert!(muster_proto::execution::v1::StartExecutionRequest::decode(&request[..]).is_err());
     }
 
     #[test]
