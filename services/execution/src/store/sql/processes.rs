@@ -116,7 +116,7 @@ pub(super) async fn latest_version(store: &SqlStore, name: &str) -> Result<Optio
         .bind(name.to_owned())
         .fetch_one(&store.database.reads)
         .await?;
-    Ok(latest.map(|version| u32::try_from(version).unwrap_or(u32::MAX)))
+    Ok(latest.map(|version| version as u32))
 }
 
 pub(super) async fn list_processes<'a>(
