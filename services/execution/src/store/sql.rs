@@ -72,6 +72,7 @@ const MIGRATIONS: Migrations = Migrations {
         (13, "process agents", include_str!("../../migrations/sqlite/0013_process_agents.sql")),
         (14, "memory versions", include_str!("../../migrations/sqlite/0014_memory_versions.sql")),
         (15, "session subtasks", include_str!("../../migrations/sqlite/0015_session_subtasks.sql")),
+        (16, "step outputs", include_str!("../../migrations/sqlite/0016_step_outputs.sql")),
     ],
     postgres: &[
         (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),

@@ -377,6 +377,62 @@ async fn conformance(store: SqlStore) {
 
 /// Memory: entries by memory, newest first, page by page; forgotten ones
 /// go; every change raises the version of its memory, and nothing else does.
+/// The steps of `e-out`, and its first step's output alone.
+async fn read_outputs(store: &SqlStore) -> (Step, Step, Option<String>) {
+    let steps = store.steps("e-out").await.unwrap();
+    (steps[0].1.clone(), steps[1].1.clone(), store.step_output("e-out", "a").await.unwrap())
+}
+
+/// A step's output read back however it was written: with the step's
+/// completion (which SQLite appends to a table of outputs), in a later
+/// write of the step alone, cleared for a rerun, and set apart from any
+/// completion (as an operator sets it).
+async fn outputs(store: &SqlStore) {
+    let mut run = execution("e-out", 9_000, None);
+    let mut done = Step {
+        status: StepStatus::Completed,
+        executor: "x".to_owned(),
+        attempt: 1,
+        output_json: Some("{\"answer\":42,\"note\":\"ü ✓\"}".into()),
+        started_at: Some(9_100),
+        ended_at: Some(9_200),
+        roster_reserved: true,
+        ..Step::new()
+    };
+    let running =
+        Step { status: StepStatus::Running, executor: "z".to_owned(), started_at: Some(9_200), ..Step::new() };
+    store.commit(vec![Write::CreateExecution(run.clone()), steps("e-out", &[Step::new(), Step::new()])]).await.unwrap();
+    let mut completed = Event::new(&mut run, EventKind::StepCompleted, 9_200, String::new());
+    completed.step_id = "a".to_owned();
+    completed.output_json = done.output_json.clone();
+    let started = Event::new(&mut run, EventKind::StepStarted, 9_200, String::new());
+    store
+        .commit(vec![
+            Write::UpdateExecution(run.clone()),
+            steps("e-out", &[done.clone(), running.clone()]),
+            Write::Events(vec![completed, started]),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(
+        read_outputs(store).await,
+        (done.clone(), running.clone(), done.output_json.as_deref().map(str::to_owned))
+    );
+    // The step written again without its completion: its slot given back.
+    done.roster_reserved = false;
+    store.commit(vec![Write::UpdateExecution(run.clone()), steps("e-out", &[done.clone()])]).await.unwrap();
+    assert_eq!(read_outputs(store).await.0, done);
+    // Cleared for a rerun, then given an output by an operator.
+    let rerun = Step { status: StepStatus::Pending, ..Step::new() };
+    store.commit(vec![Write::UpdateExecution(run.clone()), steps("e-out", &[rerun.clone()])]).await.unwrap();
+    assert_eq!(read_outputs(store).await.0, rerun);
+    assert_eq!(store.step_output("e-out", "a").await.unwrap(), None);
+    let set = Step { output_json: Some("[\"by hand\"]".into()), ..done.clone() };
+    store.commit(vec![Write::UpdateExecution(run.clone()), steps("e-out", &[set.clone()])]).await.unwrap();
+    assert_eq!(read_outputs(store).await.0, set);
+    assert_eq!(store.step_output("e-out", "a").await.unwrap().as_deref(), Some("[\"by hand\"]"));
+}
+
 async fn memory(store: &SqlStore) {
     let entry = |id: &str, role: &str, at: i64| MemoryEntry {
         id: id.to_owned(),
@@ -731,6 +787,20 @@ async fn the_store_conforms_on_sqlite() {
     let url = format!("sqlite://{}", file.0.display());
     admission(&SqlStore::connect(&url, 1, 2).unwrap(), false).await;
     conformance(SqlStore::connect(&url, 1, 2).unwrap()).await;
+    outputs(&SqlStore::connect(&url, 1, 2).unwrap()).await;
+    // The output that came with its completion was appended once (the
+    // step's later writes did not append it again); the one set by hand
+    // stays in the row.
+    let (appended, in_row): (i64, String) = rusqlite::Connection::open(&file.0)
+        .unwrap()
+        .query_row(
+            "SELECT (SELECT COUNT(*) FROM step_outputs WHERE output LIKE '{\"answer\":42%'), output_json \
+             FROM steps WHERE execution_id = 'e-out' AND step_id = 'a'",
+            [],
+            |row| Ok((row.get(0)?, row.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((appended, in_row.as_str()), (1, "[\"by hand\"]"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -751,6 +821,7 @@ async fn the_store_conforms_on_postgres() {
     let Some(database) = TestDatabase::create().await else { return };
     admission(&SqlStore::connect(&database.url, 4, 0).unwrap(), true).await;
     conformance(SqlStore::connect(&database.url, 4, 0).unwrap()).await;
+    outputs(&SqlStore::connect(&database.url, 4, 0).unwrap()).await;
 }
 
 /// A replica cut off from PostgreSQL in the middle of a transaction (or

@@ -33,10 +33,16 @@ pub(super) async fn execution<'a>(store: &'a SqlStore, id: &'a str) -> Result<Op
 }
 
 pub(super) async fn steps<'a>(store: &'a SqlStore, execution_id: &'a str) -> Result<Vec<(String, Step)>> {
-    let rows = sqlx::query("SELECT * FROM steps WHERE execution_id = $1 ORDER BY position")
-        .bind(execution_id.to_owned())
-        .fetch_all(&store.database.reads)
-        .await?;
+    let sql = match store.database.backend {
+        Backend::Sqlite => {
+            "SELECT s.*, o.output AS appended_output FROM steps s LEFT JOIN step_outputs o ON o.id = s.output_id \
+             WHERE s.execution_id = $1 ORDER BY s.position"
+        }
+        Backend::Postgres => {
+            "SELECT *, CAST(NULL AS TEXT) AS appended_output FROM steps WHERE execution_id = $1 ORDER BY position"
+        }
+    };
+    let rows = sqlx::query(sql).bind(execution_id.to_owned()).fetch_all(&store.database.reads).await?;
     rows.iter().map(step_from_row).collect()
 }
 
@@ -45,7 +51,14 @@ pub(super) async fn step_output<'a>(
     execution_id: &'a str,
     step_id: &'a str,
 ) -> Result<Option<String>> {
-    let row = sqlx::query("SELECT output_json FROM steps WHERE execution_id = $1 AND step_id = $2")
+    let sql = match store.database.backend {
+        Backend::Sqlite => {
+            "SELECT CASE WHEN s.output_json <> '' THEN s.output_json ELSE COALESCE(o.output, '') END AS output_json \
+             FROM steps s LEFT JOIN step_outputs o ON o.id = s.output_id WHERE s.execution_id = $1 AND s.step_id = $2"
+        }
+        Backend::Postgres => "SELECT output_json FROM steps WHERE execution_id = $1 AND step_id = $2",
+    };
+    let row = sqlx::query(sql)
         .bind(execution_id.to_owned())
         .bind(step_id.to_owned())
         .fetch_optional(&store.database.reads)
@@ -184,7 +197,11 @@ fn execution_from_row(row: &AnyRow) -> Result<Execution> {
 
 fn step_from_row(row: &AnyRow) -> Result<(String, Step)> {
     let status: String = row.try_get("status")?;
-    let output: String = row.try_get("output_json")?;
+    // In the row, or appended to `step_outputs` (SQLite).
+    let mut output: String = row.try_get("output_json")?;
+    if output.is_empty() {
+        output = row.try_get::<Option<String>, _>("appended_output")?.unwrap_or_default();
+    }
     let chain: String = row.try_get("delegation_chain")?;
     let step = Step {
         status: status.parse()?,

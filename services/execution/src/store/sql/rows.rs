@@ -38,8 +38,9 @@ const STEP_COLUMNS: &str = "execution_id, step_id, position, status, executor, a
      error_message, started_at, ended_at, cost, tokens_used, assigned_to, delegation_chain, wait_seconds, retry_at, \
      roster_reserved, slot_task";
 
-/// How many columns [`STEP_COLUMNS`] names.
-pub(super) const STEP_COLUMN_COUNT: usize = 19;
+/// How many columns a SQLite step row has: [`STEP_COLUMNS`], then
+/// `output_id` (the row of `step_outputs` holding its output).
+pub(super) const STEP_COLUMN_COUNT: usize = 20;
 
 /// What a step row's upsert changes.
 const STEP_UPDATE: &str = "ON CONFLICT (execution_id, step_id) DO UPDATE SET status = excluded.status, \
@@ -57,7 +58,10 @@ pub(super) fn step_upsert_sql(rows: usize) -> &'static str {
     static TEXTS: [OnceLock<String>; 4] = [const { OnceLock::new() }; 4];
     multi_row_text(&TEXTS, rows, || {
         let values = placeholders(Backend::Sqlite, rows, STEP_COLUMN_COUNT);
-        format!("INSERT INTO steps ({STEP_COLUMNS}) VALUES {values} {STEP_UPDATE}")
+        format!(
+            "INSERT INTO steps ({STEP_COLUMNS}, output_id) VALUES {values} {STEP_UPDATE}, \
+             output_id = excluded.output_id"
+        )
     })
 }
 
@@ -237,6 +241,8 @@ pub(super) fn bind_step<'q>(query: AnyQuery<'q>, write: &StepWrite) -> AnyQuery<
         .bind(row.retry_at)
         .bind(row.roster_reserved)
         .bind(row.slot_task.to_owned())
+        // The output in the row: only the native writer appends outputs.
+        .bind(None::<i64>)
 }
 
 pub(super) fn bind_event<'q>(query: AnyQuery<'q>, event: &Event) -> AnyQuery<'q> {

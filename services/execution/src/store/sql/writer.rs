@@ -28,13 +28,16 @@ use crate::{
         authority::{RoleAssignment, SubtaskRequest},
         inbox::InboxMessage,
         memory::MemoryEntry,
-        model::{Event, Execution},
+        model::{Event, EventKind, Execution},
     },
     grpc::convert,
 };
 
 /// Most commits put into one transaction.
 const MOST_COMMITS_PER_TRANSACTION: usize = 256;
+
+/// Appends a step's output to `step_outputs` (its row id is the step's `output_id`).
+const APPEND_OUTPUT: &str = "INSERT INTO step_outputs (output) VALUES (?1)";
 
 /// A commit waiting for the writer.
 pub(super) struct Job {
@@ -520,11 +523,35 @@ async fn apply_natively(
                     transaction.prepare_cached(sql)?.execute(rusqlite::params![first, execution.id])?;
                 }
             }
+            // The outputs this commit completes their steps with, by execution and step.
+            let completed: HashMap<(&str, &str), &str> = events
+                .iter()
+                .filter(|event| event.kind == EventKind::StepCompleted)
+                .filter_map(|event| Some(((&*event.execution_id, &*event.step_id), &**event.output_json.as_ref()?)))
+                .collect();
+            let mut appended = Vec::new();
             for chunk in in_statements(steps) {
+                // An output that comes with its step's completion is
+                // appended to `step_outputs`; any other stays in the row.
+                appended.clear();
+                for write in chunk {
+                    let output = write.step.output_json.as_deref();
+                    let completes =
+                        output.is_some() && completed.get(&(&*write.execution_id, &*write.step_id)).copied() == output;
+                    appended.push(if completes {
+                        transaction.prepare_cached(APPEND_OUTPUT)?.execute([output])?;
+                        Some(transaction.last_insert_rowid())
+                    } else {
+                        None
+                    });
+                }
                 let mut statement = transaction.prepare_cached(step_upsert_sql(chunk.len()))?;
                 for (row, write) in chunk.iter().enumerate() {
                     let first = row * STEP_COLUMN_COUNT;
-                    let step = StepRow::of(write);
+                    let mut step = StepRow::of(write);
+                    if appended[row].is_some() {
+                        step.output_json = "";
+                    }
                     let mut bind = |column: usize, value: &dyn rusqlite::ToSql| {
                         statement.raw_bind_parameter(first + column, value)
                     };
@@ -547,6 +574,7 @@ async fn apply_natively(
                     bind(17, &step.retry_at)?;
                     bind(18, &step.roster_reserved)?;
                     bind(19, &step.slot_task)?;
+                    bind(20, &appended[row])?;
                 }
                 statement.raw_execute()?;
             }
