@@ -14,7 +14,9 @@
 //! longer write. Reads use the database's read pool, so they never wait
 //! behind the writer. On a
 //! SQLite file, a transaction of running executions' progress (the usual
-//! one) runs whole on the writer's thread through the native connection.
+//! one) runs whole on the writer's thread through the native connection,
+//! which appends each output a step completes with to `step_outputs`
+//! rather than growing the step's row.
 
 use std::{
     sync::{Arc, OnceLock},
