@@ -375,8 +375,6 @@ async fn conformance(store: SqlStore) {
     memory(&store).await;
 }
 
-/// Memory: entries by memory, newest first, page by page; forgotten ones
-/// go; every change raises the version of its memory, and nothing else does.
 /// The steps of `e-out`, and its first step's output alone.
 async fn read_outputs(store: &SqlStore) -> (Step, Step, Option<String>) {
     let steps = store.steps("e-out").await.unwrap();
@@ -420,19 +418,24 @@ async fn outputs(store: &SqlStore) {
     );
     // The step written again without its completion: its slot given back.
     done.roster_reserved = false;
-    store.commit(vec![Write::UpdateExecution(run.clone()), steps("e-out", &[done.clone()])]).await.unwrap();
+    store.commit(vec![Write::UpdateExecution(run.clone()), steps("e-out", std::slice::from_ref(&done))]).await.unwrap();
     assert_eq!(read_outputs(store).await.0, done);
     // Cleared for a rerun, then given an output by an operator.
     let rerun = Step { status: StepStatus::Pending, ..Step::new() };
-    store.commit(vec![Write::UpdateExecution(run.clone()), steps("e-out", &[rerun.clone()])]).await.unwrap();
+    store
+        .commit(vec![Write::UpdateExecution(run.clone()), steps("e-out", std::slice::from_ref(&rerun))])
+        .await
+        .unwrap();
     assert_eq!(read_outputs(store).await.0, rerun);
     assert_eq!(store.step_output("e-out", "a").await.unwrap(), None);
     let set = Step { output_json: Some("[\"by hand\"]".into()), ..done.clone() };
-    store.commit(vec![Write::UpdateExecution(run.clone()), steps("e-out", &[set.clone()])]).await.unwrap();
+    store.commit(vec![Write::UpdateExecution(run.clone()), steps("e-out", std::slice::from_ref(&set))]).await.unwrap();
     assert_eq!(read_outputs(store).await.0, set);
     assert_eq!(store.step_output("e-out", "a").await.unwrap().as_deref(), Some("[\"by hand\"]"));
 }
 
+/// Memory: entries by memory, newest first, page by page; forgotten ones
+/// go; every change raises the version of its memory, and nothing else does.
 async fn memory(store: &SqlStore) {
     let entry = |id: &str, role: &str, at: i64| MemoryEntry {
         id: id.to_owned(),
