@@ -7,7 +7,7 @@
 //!
 //! [`Behaviour::kept_windows`]: crate::Behaviour::kept_windows
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use muster_proto::execution::v1::{Assignment, HistoryEntry};
 use prost::bytes::BytesMut;
@@ -22,6 +22,9 @@ pub(crate) struct Windows {
     /// Assignments received, to order the executions by their latest.
     received: u64,
     latest: HashMap<String, Kept>,
+    /// The executions kept, by when their latest assignment came, so the
+    /// one to leave behind is found without looking at every other.
+    order: BTreeMap<u64, String>,
 }
 
 #[derive(Debug)]
@@ -44,7 +47,7 @@ impl Windows {
     pub(crate) fn whole(&mut self, assignment: &mut Assignment, memory: SharedMemory) -> anyhow::Result<SharedMemory> {
         let (memory_reused, history_reused) =
             (assignment.shared_memory_reused as usize, assignment.history_reused as usize);
-        let kept = self.latest.get(&assignment.execution_id);
+        let kept = self.latest.get_mut(&assignment.execution_id);
         let unknown = |what: &str| {
             anyhow::anyhow!(
                 "assignment {} reuses {what} of execution {}'s last window, which this worker does not keep",
@@ -52,7 +55,7 @@ impl Windows {
                 assignment.execution_id
             )
         };
-        let memory = match (memory_reused, kept) {
+        let memory = match (memory_reused, kept.as_deref()) {
             (0, _) => memory,
             (_, None) => return Err(unknown("shared memory")),
             (reused, Some(kept)) => {
@@ -69,7 +72,10 @@ impl Windows {
             let Some(kept) = kept.filter(|kept| kept.history.len() >= history_reused) else {
                 return Err(unknown(&format!("{history_reused} history entries")));
             };
-            let mut history = kept.history[kept.history.len() - history_reused..].to_vec();
+            // The kept entries move into the assignment (the window kept
+            // next is made from it): copied once an assignment, not twice.
+            let mut history = std::mem::take(&mut kept.history);
+            history.drain(..history.len() - history_reused);
             history.append(&mut assignment.history);
             assignment.history = history;
         }
@@ -77,12 +83,14 @@ impl Windows {
         if self.capacity > 0 {
             self.received += 1;
             let kept = Kept { received: self.received, memory: memory.clone(), history: assignment.history.clone() };
-            self.latest.insert(assignment.execution_id.clone(), kept);
-            if self.latest.len() > self.capacity {
-                let oldest = self.latest.iter().min_by_key(|(_, kept)| kept.received).map(|(id, _)| id.clone());
-                if let Some(oldest) = oldest {
-                    self.latest.remove(&oldest);
-                }
+            if let Some(earlier) = self.latest.insert(assignment.execution_id.clone(), kept) {
+                self.order.remove(&earlier.received);
+            }
+            self.order.insert(self.received, assignment.execution_id.clone());
+            if self.latest.len() > self.capacity
+                && let Some((_, oldest)) = self.order.pop_first()
+            {
+                self.latest.remove(&oldest);
             }
         }
         Ok(memory)
@@ -146,6 +154,22 @@ mod tests {
         let mut bounded = assignment("e", history(&["s3"]), (2, 2));
         assert_eq!(windows.whole(&mut bounded, memory(&["s3"])).unwrap(), memory(&["s3", "s2", "s1"]));
         assert_eq!(bounded.history, history(&["s1", "s2", "s3"]));
+    }
+
+    #[test]
+    fn the_window_left_behind_is_the_one_assigned_longest_ago() {
+        let mut windows = Windows::new(2);
+        for execution in ["a", "b", "a", "c"] {
+            windows.whole(&mut assignment(execution, history(&["s0"]), (0, 0)), memory(&["s0"])).unwrap();
+        }
+        // b's came before a's latest: b's window went, a's and c's stay.
+        let reuse = |windows: &mut Windows, execution: &str| {
+            windows.whole(&mut assignment(execution, history(&["s1"]), (1, 1)), memory(&["s1"])).is_ok()
+        };
+        assert!(!reuse(&mut windows, "b"));
+        assert!(reuse(&mut windows, "a"));
+        assert!(reuse(&mut windows, "c"));
+        assert_eq!((windows.latest.len(), windows.order.len()), (2, 2));
     }
 
     #[test]
