@@ -53,17 +53,20 @@ pub(super) async fn step_output<'a>(
 ) -> Result<Option<String>> {
     let sql = match store.database.backend {
         Backend::Sqlite => {
-            "SELECT CASE WHEN s.output_json <> '' THEN s.output_json ELSE COALESCE(o.output, '') END AS output_json \
-             FROM steps s LEFT JOIN step_outputs o ON o.id = s.output_id WHERE s.execution_id = $1 AND s.step_id = $2"
+            "SELECT s.output_json, o.output AS appended_output FROM steps s \
+             LEFT JOIN step_outputs o ON o.id = s.output_id WHERE s.execution_id = $1 AND s.step_id = $2"
         }
-        Backend::Postgres => "SELECT output_json FROM steps WHERE execution_id = $1 AND step_id = $2",
+        Backend::Postgres => {
+            "SELECT output_json, CAST(NULL AS TEXT) AS appended_output FROM steps \
+             WHERE execution_id = $1 AND step_id = $2"
+        }
     };
     let row = sqlx::query(sql)
         .bind(execution_id.to_owned())
         .bind(step_id.to_owned())
         .fetch_optional(&store.database.reads)
         .await?;
-    let output: Option<String> = row.map(|row| row.try_get("output_json")).transpose()?;
+    let output = row.as_ref().map(stored_output).transpose()?;
     Ok(output.filter(|output| !output.is_empty()))
 }
 
@@ -195,13 +198,19 @@ fn execution_from_row(row: &AnyRow) -> Result<Execution> {
     })
 }
 
+/// A step's output (empty for none): in its row when not empty, else the
+/// one appended to `step_outputs` (SQLite), read as `appended_output`.
+fn stored_output(row: &AnyRow) -> Result<String> {
+    let output: String = row.try_get("output_json")?;
+    if !output.is_empty() {
+        return Ok(output);
+    }
+    Ok(row.try_get::<Option<String>, _>("appended_output")?.unwrap_or_default())
+}
+
 fn step_from_row(row: &AnyRow) -> Result<(String, Step)> {
     let status: String = row.try_get("status")?;
-    // In the row, or appended to `step_outputs` (SQLite).
-    let mut output: String = row.try_get("output_json")?;
-    if output.is_empty() {
-        output = row.try_get::<Option<String>, _>("appended_output")?.unwrap_or_default();
-    }
+    let output = stored_output(row)?;
     let chain: String = row.try_get("delegation_chain")?;
     let step = Step {
         status: status.parse()?,
