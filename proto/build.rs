@@ -53,7 +53,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The notifier's IngestEvents stream, on the execution service's side:
     // an event sent as it is stored, not decoded and encoded again. The
     // execution service's ConnectWorker stream, on a worker's side: an
-    // assignment's shared memory left encoded until the worker reads it.
+    // assignment's shared memory left encoded until the worker reads it, and
+    // a report sent as the bytes its size was checked on.
     framed(
         compiler.file_descriptor_set(),
         &out_dir,
@@ -62,6 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &["muster/notifier/v1/notifier.proto", "muster/execution/v1/execution.proto"],
         &[
             (".muster.notifier.v1.IngestEventsRequest", "crate::frame::IngestFrame"),
+            (".muster.execution.v1.ConnectWorkerRequest", "crate::frame::WorkerRequestFrame"),
             (".muster.execution.v1.ConnectWorkerResponse", "crate::frame::WorkerFrame"),
             (".muster.execution.v1.RelayStepsResponse", "crate::frame::RelayFrame"),
         ],

@@ -6,7 +6,7 @@
 //! subscriber. The bytes on the wire are exactly those of the generated
 //! [`SubscribeResponse`](crate::notifier::v1::SubscribeResponse); clients
 //! decode them with the generated types. The execution service's worker
-//! streams: [`WorkerFrame`] and [`RelayFrame`]; its events to the notifier:
+//! streams: [`WorkerFrame`], [`WorkerRequestFrame`] and [`RelayFrame`]; its events to the notifier:
 //! [`IngestFrame`].
 
 use std::sync::Arc;
@@ -15,7 +15,7 @@ mod ingest;
 mod worker;
 
 pub use ingest::{IngestFrame, event_id};
-pub use worker::{RelayFrame, WorkerFrame};
+pub use worker::{RelayFrame, WorkerFrame, WorkerRequestFrame};
 
 use prost::{
     DecodeError, Message,

@@ -22,10 +22,13 @@ use muster_client::{
     balance::Balanced,
     tls::{ClientTls, TlsArgs},
 };
-use muster_proto::execution::v1::{
-    Assignment, ConnectWorkerRequest, DelegateStep, DelegationOutcome, MemoryNote, PayloadKind, ReadPayloadRequest,
-    StepProgress, ToolCall, ToolOutput, ToolSpec, connect_worker_request,
-    execution_service_client::ExecutionServiceClient,
+use muster_proto::{
+    execution::v1::{
+        Assignment, ConnectWorkerRequest, DelegateStep, DelegationOutcome, MemoryNote, PayloadKind, ReadPayloadRequest,
+        StepProgress, ToolCall, ToolOutput, ToolSpec, connect_worker_request,
+        execution_service_client::ExecutionServiceClient,
+    },
+    frame::WorkerRequestFrame,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -146,7 +149,7 @@ pub struct Step {
     assignment_id: String,
     shared_memory: SharedMemory,
     agent_token: String,
-    sender: mpsc::Sender<ConnectWorkerRequest>,
+    sender: mpsc::Sender<WorkerRequestFrame>,
     execution: ExecutionServiceClient<AuthChannel>,
     delegations: Delegations,
 }
@@ -192,11 +195,12 @@ impl Step {
         progress.assignment_id.clone_from(&self.assignment_id);
         let request = ConnectWorkerRequest { message: Some(connect_worker_request::Message::Progress(progress)) };
         let path = "/muster.execution.v1.ExecutionService/ConnectWorker";
-        if let Err(refusal) = muster_client::limits::check_request(path, &prost::Message::encode_to_vec(&request)) {
+        let encoded = prost::Message::encode_to_vec(&request);
+        if let Err(refusal) = muster_client::limits::check_request(path, &encoded) {
             tracing::warn!(why = %refusal.message(), "progress report too large; not sent");
             return;
         }
-        let _ = self.sender.send(request).await;
+        let _ = self.sender.send(WorkerRequestFrame::Encoded(encoded.into())).await;
     }
 
     /// Hands the step onward and waits for the service's answer. Accepted,
@@ -211,7 +215,7 @@ impl Step {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(self.assignment_id.clone(), answer);
         let message = ConnectWorkerRequest { message: Some(connect_worker_request::Message::Delegate(request)) };
-        if self.sender.send(message).await.is_err() {
+        if self.sender.send(message.into()).await.is_err() {
             return Err("the worker's connection closed".to_owned());
         }
         match tokio::time::timeout(DELEGATION_WAIT, answered).await {

@@ -13,7 +13,7 @@ use muster_proto::{
         connect_worker_request, connect_worker_response, execution_service_client::ExecutionServiceClient,
         framed_client,
     },
-    frame::WorkerFrame,
+    frame::{WorkerFrame, WorkerRequestFrame},
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -155,21 +155,20 @@ pub(super) async fn session<B: Behaviour>(
     let replicas = execution.replicas()?;
     let channel = with_credentials(replicas.clone(), Credentials::bearer(&execution.token)?);
     let client = ExecutionServiceClient::new(channel.clone());
-    let (sender, receiver) = mpsc::channel::<ConnectWorkerRequest>(256);
-    sender
-        .send(ConnectWorkerRequest {
-            message: Some(connect_worker_request::Message::Hello(WorkerHello {
-                worker_name: worker_name.to_owned(),
-                agents: agents
-                    .iter()
-                    .map(|agent| ServedAgent { agent_id: agent.agent_id.clone(), token: agent.token.clone() })
-                    .collect(),
-                tools: behaviour.tools(),
-                max_concurrency: behaviour.max_concurrency(),
-                keeps_windows: behaviour.kept_windows(),
-            })),
-        })
-        .await?;
+    let (sender, receiver) = mpsc::channel::<WorkerRequestFrame>(256);
+    let hello = ConnectWorkerRequest {
+        message: Some(connect_worker_request::Message::Hello(WorkerHello {
+            worker_name: worker_name.to_owned(),
+            agents: agents
+                .iter()
+                .map(|agent| ServedAgent { agent_id: agent.agent_id.clone(), token: agent.token.clone() })
+                .collect(),
+            tools: behaviour.tools(),
+            max_concurrency: behaviour.max_concurrency(),
+            keeps_windows: behaviour.kept_windows(),
+        })),
+    };
+    sender.send(hello.into()).await?;
     let mut inbound = framed_client::execution_service_client::ExecutionServiceClient::new(channel)
         .connect_worker(ReceiverStream::new(receiver))
         .await?
@@ -240,7 +239,7 @@ struct Session<'s, B> {
     /// Large values are read, and a step's calls made, with the token of the
     /// agent the assignment is for: a client and the token, by agent.
     readers: HashMap<String, (ExecutionServiceClient<AuthChannel>, String)>,
-    sender: mpsc::Sender<ConnectWorkerRequest>,
+    sender: mpsc::Sender<WorkerRequestFrame>,
     /// The assignments running, to stop one the service withdraws; all of
     /// them stop with the session (the service reassigns them).
     running: Running,
@@ -261,8 +260,9 @@ impl<B: Behaviour> Session<'_, B> {
         let heartbeat_every = Duration::from_millis((lease / 3).max(50));
         let sender = self.sender.clone();
         self.heartbeats = Some(AbortOnDrop(tokio::spawn(async move {
-            let heartbeat =
-                ConnectWorkerRequest { message: Some(connect_worker_request::Message::Heartbeat(WorkerHeartbeat {})) };
+            let heartbeat = WorkerRequestFrame::from(ConnectWorkerRequest {
+                message: Some(connect_worker_request::Message::Heartbeat(WorkerHeartbeat {})),
+            });
             loop {
                 tokio::time::sleep(heartbeat_every).await;
                 if sender.send(heartbeat.clone()).await.is_err() {
@@ -390,16 +390,17 @@ impl<B: Behaviour> Session<'_, B> {
     }
 }
 
-/// The message to send for a report: the report itself, or, when the
-/// service would refuse it (an output over its limit), the step's or the
-/// tool call's failure saying so — so the stream, with the worker's other
-/// assignments, goes on.
-fn within_limits(message: connect_worker_request::Message) -> ConnectWorkerRequest {
+/// The message to send for a report: the report itself, as the bytes its
+/// size was checked on, or, when the service would refuse it (an output
+/// over its limit), the step's or the tool call's failure saying so — so
+/// the stream, with the worker's other assignments, goes on.
+fn within_limits(message: connect_worker_request::Message) -> WorkerRequestFrame {
     use connect_worker_request::Message;
     const PATH: &str = "/muster.execution.v1.ExecutionService/ConnectWorker";
     let request = ConnectWorkerRequest { message: Some(message) };
-    let Err(refusal) = muster_client::limits::check_request(PATH, &prost::Message::encode_to_vec(&request)) else {
-        return request;
+    let encoded = prost::Message::encode_to_vec(&request);
+    let Err(refusal) = muster_client::limits::check_request(PATH, &encoded) else {
+        return WorkerRequestFrame::Encoded(encoded.into());
     };
     let why = refusal.message().to_owned();
     tracing::warn!(%why, "report too large for the execution service");
@@ -420,9 +421,9 @@ fn within_limits(message: connect_worker_request::Message) -> ConnectWorkerReque
             call_id,
             output: Some(ToolOutput { output: None, error: why, status_code: 500 }),
         }),
-        other => return ConnectWorkerRequest { message: other },
+        other => return ConnectWorkerRequest { message: other }.into(),
     };
-    ConnectWorkerRequest { message: Some(message) }
+    ConnectWorkerRequest { message: Some(message) }.into()
 }
 
 /// Reads the values an assignment names in `payload_refs` into its

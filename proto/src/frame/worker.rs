@@ -8,6 +8,10 @@
 //! Decoded as a [`WorkerFrame`] (what the worker library does), an
 //! assignment keeps its shared memory as the bytes it came as, so a worker
 //! builds the values of up to a hundred outputs only when it reads them.
+//!
+//! `ConnectWorkerRequest` as a worker sends it ([`WorkerRequestFrame`]): a
+//! report whose size the worker checked on its encoded bytes goes as those
+//! bytes, not encoded a second time.
 
 use prost::{
     DecodeError, Message,
@@ -16,7 +20,7 @@ use prost::{
 };
 
 use super::{encode_length_delimited, length_delimited_len, merge_encoded};
-use crate::execution::v1::{Assignment, ConnectWorkerResponse, connect_worker_response};
+use crate::execution::v1::{Assignment, ConnectWorkerRequest, ConnectWorkerResponse, connect_worker_response};
 
 /// `ConnectWorkerResponse.assignment`.
 const ASSIGNMENT: u32 = 2;
@@ -205,6 +209,73 @@ impl Message for RelayFrame {
     }
 }
 
+/// One message of a ConnectWorker stream as a worker sends it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WorkerRequestFrame {
+    /// A message, encoded as generated.
+    Message(ConnectWorkerRequest),
+    /// A whole `ConnectWorkerRequest`, already encoded.
+    Encoded(Bytes),
+}
+
+impl Default for WorkerRequestFrame {
+    fn default() -> Self {
+        Self::Message(ConnectWorkerRequest::default())
+    }
+}
+
+impl From<ConnectWorkerRequest> for WorkerRequestFrame {
+    fn from(message: ConnectWorkerRequest) -> Self {
+        Self::Message(message)
+    }
+}
+
+impl WorkerRequestFrame {
+    /// The generated message this frame encodes.
+    pub fn to_message(&self) -> Result<ConnectWorkerRequest, DecodeError> {
+        match self {
+            Self::Message(message) => Ok(message.clone()),
+            Self::Encoded(bytes) => ConnectWorkerRequest::decode(bytes.clone()),
+        }
+    }
+}
+
+impl Message for WorkerRequestFrame {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        match self {
+            Self::Message(message) => message.encode_raw(buf),
+            Self::Encoded(bytes) => buf.put_slice(bytes),
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        let mut message = match std::mem::take(self) {
+            Self::Message(message) => message,
+            encoded => encoded.to_message()?,
+        };
+        let merged = message.merge_field(tag, wire_type, buf, ctx);
+        *self = Self::Message(message);
+        merged
+    }
+
+    fn encoded_len(&self) -> usize {
+        match self {
+            Self::Message(message) => message.encoded_len(),
+            Self::Encoded(bytes) => bytes.len(),
+        }
+    }
+
+    fn clear(&mut self) {
+        *self = Self::default();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use prost_types::{Struct, Value, value::Kind};
@@ -313,6 +384,35 @@ mod tests {
             assert_eq!(frame.encoded_len(), bytes.len());
             assert_eq!(frame.to_message().unwrap(), cancel);
         }
+    }
+
+    #[test]
+    fn a_request_frame_encodes_as_its_message_and_decodes_as_one() {
+        use crate::execution::v1::{StepResult, connect_worker_request};
+        let report = ConnectWorkerRequest {
+            message: Some(connect_worker_request::Message::Result(StepResult {
+                assignment_id: "a-1".to_owned(),
+                output: Some(text("done")),
+                ..StepResult::default()
+            })),
+        };
+        let bytes = report.encode_to_vec();
+        for frame in [WorkerRequestFrame::from(report.clone()), WorkerRequestFrame::Encoded(bytes.clone().into())] {
+            assert_eq!(frame.encode_to_vec(), bytes);
+            assert_eq!(frame.encoded_len(), bytes.len());
+            assert_eq!(frame.to_message().unwrap(), report);
+            assert_eq!(
+                WorkerRequestFrame::decode(frame.encode_to_vec().as_slice()).unwrap(),
+                frame.clone().to_message().unwrap().into()
+            );
+        }
+        // Merged into, an encoded frame merges as its message does.
+        let heartbeat =
+            ConnectWorkerRequest { message: Some(connect_worker_request::Message::Heartbeat(Default::default())) };
+        let mut frame = WorkerRequestFrame::Encoded(bytes.into());
+        frame.merge(heartbeat.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(frame, WorkerRequestFrame::Message(heartbeat));
+        assert!(WorkerRequestFrame::Encoded(Bytes::from_static(&[0xff])).to_message().is_err());
     }
 
     #[test]
