@@ -10,7 +10,6 @@
 use std::collections::{BTreeMap, HashMap};
 
 use muster_proto::execution::v1::{Assignment, HistoryEntry};
-use prost::bytes::BytesMut;
 
 use crate::SharedMemory;
 
@@ -62,10 +61,7 @@ impl Windows {
                 let Some(first) = kept.memory.first(reused)? else {
                     return Err(unknown(&format!("{reused} outputs")));
                 };
-                let mut whole = BytesMut::with_capacity(memory.bytes().len() + first.len());
-                whole.extend_from_slice(memory.bytes());
-                whole.extend_from_slice(&first);
-                SharedMemory::new(whole.freeze())
+                memory.followed_by(first)?
             }
         };
         if history_reused > 0 {
@@ -154,6 +150,22 @@ mod tests {
         let mut bounded = assignment("e", history(&["s3"]), (2, 2));
         assert_eq!(windows.whole(&mut bounded, memory(&["s3"])).unwrap(), memory(&["s3", "s2", "s1"]));
         assert_eq!(bounded.history, history(&["s1", "s2", "s3"]));
+    }
+
+    #[test]
+    fn a_long_chain_keeps_its_latest_outputs_whole() {
+        let mut windows = Windows::new(1);
+        let steps: Vec<String> = (0..250).map(|step| format!("s{step}")).collect();
+        for (step, id) in steps.iter().enumerate() {
+            let reused = step.min(99);
+            let mut next = assignment("e", history(&[id]), (reused as u32, 0));
+            let whole = windows.whole(&mut next, memory(&[id])).unwrap();
+            // The latest first: this step's, then the 99 before it at most.
+            let latest: Vec<&str> = steps[step.saturating_sub(99)..=step].iter().rev().map(String::as_str).collect();
+            assert_eq!(whole, memory(&latest), "step {step}");
+            assert_eq!(whole.step_ids().unwrap(), latest);
+            assert_eq!(whole.decode().unwrap().fields.len(), latest.len());
+        }
     }
 
     #[test]
