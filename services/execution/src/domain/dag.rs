@@ -89,10 +89,13 @@ impl Dag {
 /// The steps reachable from `position` along `edges`, each once, in
 /// breadth-first order (without `position` itself), at most `limit` of
 /// them. What it has seen is kept in a set, not a flag per step, so a
-/// short walk costs nothing in proportion to the process's size.
+/// short walk costs nothing in proportion to the process's size; both are
+/// sized for the whole walk at once (a chain's walk goes `limit` steps).
 fn walk(edges: &[Vec<usize>], position: usize, limit: usize) -> Vec<usize> {
-    let mut order = Vec::new();
-    let mut seen = std::collections::HashSet::from([position]);
+    let most = limit.min(edges.len());
+    let mut order = Vec::with_capacity(most);
+    let mut seen = std::collections::HashSet::with_capacity(most + 1);
+    seen.insert(position);
     let mut next = 0;
     let mut from = position;
     loop {
