@@ -94,7 +94,8 @@ impl Dag {
 fn walk(edges: &[Vec<usize>], position: usize, limit: usize) -> Vec<usize> {
     let most = limit.min(edges.len());
     let mut order = Vec::with_capacity(most);
-    let mut seen = std::collections::HashSet::with_capacity(most + 1);
+    let mut seen =
+        std::collections::HashSet::with_capacity_and_hasher(most + 1, foldhash::fast::RandomState::default());
     seen.insert(position);
     let mut next = 0;
     let mut from = position;

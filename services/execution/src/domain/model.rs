@@ -218,6 +218,28 @@ pub struct MemoryOutput {
     pub encoded: OnceLock<bytes::Bytes>,
 }
 
+impl MemoryOutput {
+    /// The output of `step_id`, `output` as text and `value` as an encoded
+    /// `google.protobuf.Value` of the same output: its shared memory entry
+    /// (the encoded field of a `google.protobuf.Struct`) is made from the
+    /// value's bytes, without reading the text.
+    pub fn with_value(step_id: String, output: Arc<str>, value: &[u8]) -> Self {
+        use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint, key_len};
+        let field = |len: usize| key_len(1) + encoded_len_varint(len as u64) + len;
+        let entry_len = field(step_id.len()) + field(value.len());
+        let mut entry = Vec::with_capacity(field(entry_len));
+        encode_key(1, WireType::LengthDelimited, &mut entry);
+        encode_varint(entry_len as u64, &mut entry);
+        encode_key(1, WireType::LengthDelimited, &mut entry);
+        encode_varint(step_id.len() as u64, &mut entry);
+        entry.extend_from_slice(step_id.as_bytes());
+        encode_key(2, WireType::LengthDelimited, &mut entry);
+        encode_varint(value.len() as u64, &mut entry);
+        entry.extend_from_slice(value);
+        Self { step_id, output, encoded: OnceLock::from(bytes::Bytes::from(entry)) }
+    }
+}
+
 /// The warnings found when a process was published: the first
 /// [`Warnings::KEPT`] in source order, and how many there were. A process
 /// with a warning on each of its thousands of steps is kept, read and
@@ -371,6 +393,11 @@ pub struct Assignment {
 pub enum Outcome {
     Completed {
         output_json: String,
+        /// The output as the worker sent it, an encoded
+        /// `google.protobuf.Value` (the shared memory's entry for it is made
+        /// from these bytes instead of from the text); `None` when it came
+        /// as text alone.
+        output_value: Option<bytes::Bytes>,
         tokens_used: u64,
         cost: f64,
         duration_ms: u64,

@@ -302,6 +302,7 @@ impl Harness {
                     },
                     _ => Outcome::Completed {
                         output_json: format!(r#"{{"step":"{}"}}"#, assignment.step_id),
+                        output_value: None,
                         tokens_used: 1,
                         cost: 0.0,
                         duration_ms: 0,

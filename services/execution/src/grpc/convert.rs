@@ -591,6 +591,23 @@ mod tests {
     use crate::domain::model::{AgentContext, RoleDefinition};
 
     #[test]
+    fn a_memory_entry_made_from_the_value_is_the_one_made_from_the_text() {
+        use prost::Message as _;
+        let text =
+            r#"{"agent":"a-1","built_on":["s-1","s-2"],"n":-1.5,"nested":{"ok":true,"none":null},"say":"\"é\"\n"}"#;
+        let value = stored_value(text);
+        let output: Arc<str> = Arc::from(muster_runtime::json::value_to_text(Some(&value)).unwrap());
+        let from_text = MemoryOutput { step_id: "s-3".into(), output: output.clone(), encoded: Default::default() };
+        let from_value = MemoryOutput::with_value("s-3".into(), output, &value.encode_to_vec());
+        assert_eq!(entry_to_wire(&from_value), entry_to_wire(&from_text));
+        // A step id long enough for a two-byte length, and a null.
+        let (long, null) = ("s".repeat(300), stored_value("null"));
+        let from_text = MemoryOutput { step_id: long.clone(), output: "null".into(), encoded: Default::default() };
+        let from_value = MemoryOutput::with_value(long, "null".into(), &null.encode_to_vec());
+        assert_eq!(entry_to_wire(&from_value), entry_to_wire(&from_text));
+    }
+
+    #[test]
     fn an_assignment_carries_the_paths_its_role_narrows_the_workspace_to() {
         let role = RoleDefinition {
             name: "writer".into(),

@@ -43,6 +43,7 @@ pub(super) async fn handle_worker_message(
             };
             let outcome = Outcome::Completed {
                 output_json,
+                output_value: result.output.as_ref().map(|value| prost::Message::encode_to_vec(value).into()),
                 tokens_used: result.tokens_used,
                 cost: result.cost,
                 duration_ms,

@@ -12,7 +12,7 @@ use crate::domain::{
     dag::Readiness,
     inbox::{self, InboxMessage},
     memory::{self, MemoryEntry},
-    model::{EventKind, Outcome},
+    model::{EventKind, MemoryOutput, Outcome},
 };
 
 impl Driver {
@@ -63,6 +63,7 @@ impl Driver {
         match outcome {
             Outcome::Completed {
                 output_json,
+                output_value,
                 tokens_used,
                 cost,
                 duration_ms,
@@ -76,8 +77,14 @@ impl Driver {
                     .filter(|inbox| !inbox.is_empty())
                     .or_else(|| self.definition(position).post_to_inbox.clone())
                     .filter(|_| !skip_triggers);
+                let output: Arc<str> = Arc::from(stored_output(output_json));
+                if let Some(value) = output_value {
+                    // The step's entry of later shared memories, from the value as it came.
+                    let entry = MemoryOutput::with_value(self.definition(position).id.clone(), output.clone(), &value);
+                    self.memory_outputs.insert(position, Arc::new(entry));
+                }
                 let step = &mut self.steps[position];
-                step.output_json = Some(Arc::from(stored_output(output_json)));
+                step.output_json = Some(output);
                 step.cost = cost;
                 step.tokens_used = tokens_used;
                 step.ended_at = Some(now);

@@ -120,6 +120,7 @@ fn outcome(tool: &str, answer: ToolOutput, took: Duration) -> Outcome {
     if (200..300).contains(&status) {
         return Outcome::Completed {
             output_json: answer.output_json,
+            output_value: None,
             tokens_used: 0,
             cost: 0.0,
             duration_ms: took.as_millis() as u64,

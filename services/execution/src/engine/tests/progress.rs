@@ -67,6 +67,7 @@ impl ByHand {
     fn complete(&self, assignment: &Assignment, tokens_used: u64, post_to_inbox: &str, skip_triggers: bool) {
         let outcome = Outcome::Completed {
             output_json: r#"{"done":true}"#.to_owned(),
+            output_value: None,
             tokens_used,
             cost: tokens_used as f64 / 1000.0,
             duration_ms: 0,
