@@ -78,8 +78,8 @@ impl Driver {
                     .or_else(|| self.definition(position).post_to_inbox.clone())
                     .filter(|_| !skip_triggers);
                 let output: Arc<str> = Arc::from(stored_output(output_json));
-                if let Some(value) = output_value {
-                    // The step's entry of later shared memories, from the value as it came.
+                if let Some(value) = output_value.filter(|_| !self.dag.dependants(position).is_empty()) {
+                    // The step's entry in its dependants' shared memory, from the value as it came.
                     let entry = MemoryOutput::with_value(self.definition(position).id.clone(), output.clone(), &value);
                     self.memory_outputs.insert(position, Arc::new(entry));
                 }
